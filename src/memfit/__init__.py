@@ -1,0 +1,6 @@
+"""memfit: a language-server-style static checker for training-memory footprints."""
+
+from .calculator import compute_footprint
+
+__version__ = "0.1.0"
+__all__ = ["compute_footprint", "__version__"]

@@ -1,0 +1,68 @@
+"""The command line: parses arguments, then hands them to the runner. Exit codes are a
+published contract: 0 no error, 1 a config failed (or could not be read), 2 usage error."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import __version__
+from .reporters import REPORTERS
+from .units import UnitError, parse_bytes, parse_percent
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _bytes_arg(text: str) -> int:
+    try:
+        return parse_bytes(int(text) if text.strip().isdigit() else text)
+    except UnitError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _percent_arg(text: str):
+    try:
+        return parse_percent(text)
+    except UnitError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="memfit", description="Check that training configs fit in device memory.")
+    top.add_argument("--version", action="version", version=f"memfit {__version__}")
+    commands = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def common(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--budget", type=_bytes_arg, metavar="BYTES", help="memory budget, e.g. 80GiB; supplies or overrides device.memory - reserve")
+        sub.add_argument("--warn-at", type=_percent_arg, metavar="PERCENT", help="warn above this share of the budget (default 90%%, or device.warn_at)")
+
+    check = commands.add_parser("check", help="check configs; exit 1 if any error")
+    check.add_argument("paths", nargs="+", metavar="PATH", help="files, or directories to search for *.yaml / *.yml")
+    check.add_argument("--format", choices=list(REPORTERS), default="text", help="output format (default text)")
+    check.add_argument("--skip-unrecognized", action="store_true", help="skip files that are not memfit configs instead of failing them")
+    check.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
+    check.add_argument("--jobs", "-j", type=int, default=0, metavar="N", help="parallel processes for many files (default: by file count and cores)")
+    common(check)
+
+    explain = commands.add_parser("explain", help="show the footprint breakdown of one config")
+    explain.add_argument("path", metavar="PATH")
+    explain.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour the budget bar (default: on a terminal)")
+    common(explain)
+
+    commands.add_parser("schema", help="print the config JSON Schema")
+
+    lsp = commands.add_parser("lsp", help="run the language server (needs memfit[lsp])")
+    lsp.add_argument("--tcp", metavar="HOST:PORT", help="listen on TCP instead of stdio")
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from . import runner
+
+    try:
+        return runner.run(args)
+    except BrokenPipeError:  # `memfit check ... | head`
+        return EXIT_OK
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,88 @@
+"""`memfit explain`: the breakdown a person reads, at 80 columns, colour only on a terminal."""
+
+from __future__ import annotations
+
+from .config import CATEGORIES
+from .dtypes import describe
+from .units import human
+
+WIDTH = 80
+TOP_TENSORS = 10
+
+
+def _pct(part: int, whole: int) -> str:
+    if not whole:
+        return "-"
+    tenths = (part * 1000 + whole // 2) // whole
+    return f"{tenths // 10}.{tenths % 10}%"
+
+
+def _bar(used: int, budget: int, width: int, colour: bool) -> str:
+    filled = min(width, (used * width + budget - 1) // budget) if budget else width
+    over = used > budget
+    bar = "#" * filled + "." * (width - filled)
+    if colour:
+        code = "31" if over else "33" if used * 10 > budget * 9 else "32"
+        bar = f"\x1b[{code}m{bar}\x1b[0m"
+    return f"[{bar}]"
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def render(result, colour: bool = False) -> str:
+    lines: list[str] = []
+    out = lines.append
+    for d in result.diagnostics:
+        out(f"{result.path}:{d.range.start_line + 1}:{d.range.start_character + 1}: {d.severity}[{d.code}] {d.message}")
+    config = result.config
+    if config is None:
+        out(f"{result.path}: no footprint (fix the errors above)")
+        return "\n".join(lines) + "\n"
+    if lines:
+        out("")
+    title = f"{config.name} ({result.path})" if config.name else result.path
+    out(_cut(title, WIDTH))
+    out("=" * min(WIDTH, len(title)))
+    out(f"optimizer  {config.optimizer}: {config.states} state tensor{'s' if config.states != 1 else ''} per trainable parameter")
+    for category in CATEGORIES:
+        w = config.widths[category]
+        out(f"{'dtype ' + category:<22} {w.name} ({describe(w.bytes)})")
+    out("")
+
+    if config.layers:
+        from .layers import summary_lines
+
+        lines.extend(summary_lines(config.layers, WIDTH))
+        out("")
+
+    fp = config.footprint
+    total = fp["total"]
+    out(f"{'category':<16} {'bytes':>24} {'':>13} {'share':>7}")
+    for category in CATEGORIES:
+        out(f"{category:<16} {fp[category]:>24,} {human(fp[category]):>13} {_pct(fp[category], total):>7}")
+    out(f"{'total':<16} {total:>24,} {human(total):>13}")
+    out("")
+
+    budget = result.budget
+    if budget is not None:
+        out(f"budget {budget:,} B ({human(budget)})")
+        out(f"{_bar(total, budget, WIDTH - 2, colour)}")
+        if total > budget:
+            out(f"{_pct(total, budget)} of the budget: OVER by {total - budget:,} B ({human(total - budget)})")
+        else:
+            out(f"{_pct(total, budget)} of the budget: fits, headroom {budget - total:,} B ({human(budget - total)})")
+        out("")
+
+    largest = sorted(config.tensors, key=lambda t: sum(t.bytes.values()), reverse=True)[:TOP_TENSORS]
+    if largest:
+        out(f"largest tensors (of {len(config.tensors):,}), bytes over all their categories:")
+        out(f"  {'name':<30} {'shape':<20} {'count':>5} {'bytes':>18}")
+        for t in largest:
+            shape = "[" + ", ".join(map(str, t.shape)) + "]"
+            frozen = "" if t.trainable or t.category != "parameters" else " frozen"
+            size = sum(t.bytes.values())
+            out(f"  {_cut(t.name, 30):<30} {_cut(shape, 20):<20} {t.count:>5} {human(size):>18}{frozen}")
+    return "\n".join(lines) + "\n"
+

@@ -1,0 +1,82 @@
+"""Wires a parsed command line to the pipeline: paths -> check -> reporter -> exit code."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .check import Options, Result, check_file
+from .diagnostics import ERROR, FILE_START, Diagnostic
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def expand(paths: list[str]) -> list[tuple[str, Diagnostic | None]]:
+    """Files to check, in a stable order; a directory without YAML files is itself a problem."""
+    out: list[tuple[str, Diagnostic | None]] = []
+    for path in paths:
+        if os.path.isdir(path):
+            found = sorted(
+                os.path.join(root, name)
+                for root, dirs, names in os.walk(path)
+                for name in names
+                if name.endswith(YAML_SUFFIXES)
+            )
+            if not found:
+                out.append((path, Diagnostic(FILE_START, ERROR, "io", f"no *.yaml or *.yml files in directory {path}")))
+            out.extend((name, None) for name in found)
+        else:
+            out.append((path, None))
+    return out
+
+
+def safe_check(path: str, options: Options) -> Result:
+    """check_file, with a last line of defence: a bug in memfit is one diagnostic on one
+    file, never a traceback that stops the other files from being checked."""
+    try:
+        return check_file(path, options)
+    except Exception as error:  # noqa: BLE001
+        message = f"internal error while checking this file ({type(error).__name__}: {error}); please report it"
+        return Result(path, [Diagnostic(FILE_START, ERROR, "internal", message)])
+
+
+def check_paths(paths: list[str], options: Options, jobs: int = 0) -> list[Result]:
+    targets = expand(paths)
+    results: list[Result | None] = [Result(p, [d]) if d else None for p, d in targets]
+    todo = [p for p, d in targets if d is None]
+    from .parallel import map_checked
+
+    checked = iter(map_checked(todo, options, jobs))
+    return [r if r is not None else next(checked) for r in results]
+
+
+def run(args) -> int:
+    if args.command == "schema":
+        from .schema import schema_text
+
+        sys.stdout.write(schema_text())
+        return EXIT_OK
+    if args.command == "lsp":
+        from .lsp_entry import start
+
+        return start(args)
+    options = Options(budget=args.budget, warn_at=args.warn_at, skip_unrecognized=getattr(args, "skip_unrecognized", False))
+    if args.command == "explain":
+        from .explain import render
+
+        result = safe_check(args.path, options)
+        colour = args.color == "always" or (args.color == "auto" and sys.stdout.isatty() and "NO_COLOR" not in os.environ)
+        sys.stdout.write(render(result, colour))
+        return EXIT_FAILED if result.failed else EXIT_OK
+
+    from .reporters import REPORTERS
+
+    results = check_paths(args.paths, options, args.jobs)
+    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    try:
+        REPORTERS[args.format](out).report(results)
+    finally:
+        if args.output:
+            out.close()
+    return EXIT_FAILED if any(r.failed for r in results) else EXIT_OK
