@@ -7,7 +7,6 @@ each problem on the node it concerns, in words, with the code users filter on.
 
 from __future__ import annotations
 
-import difflib
 import json
 from functools import lru_cache
 from importlib.resources import files
@@ -51,7 +50,28 @@ def path_text(path) -> str:
     return out or "the top level"
 
 
+@lru_cache(maxsize=1)
+def precheck():
+    """The schema compiled to a yes/no predicate (see precheck.py), or None if it cannot be."""
+    from .precheck import Unsupported, compile_schema
+
+    try:
+        return compile_schema(schema())
+    except Unsupported:
+        return None
+
+
 def problems(data) -> list[Problem]:
+    """The schema's problems with the document, translated. A document the compiled schema
+    accepts has none, and then jsonschema is neither imported nor run."""
+    valid = precheck()
+    if valid is not None:
+        try:
+            accepted = valid(data)
+        except Exception:  # noqa: BLE001 - jsonschema decides (and reports) whatever the predicate cannot
+            accepted = False
+        if accepted:
+            return []
     found: list[Problem] = []
     for error in validator().iter_errors(data):
         found.extend(_translate(error))
@@ -86,6 +106,8 @@ def _translate(error) -> list[Problem]:
         return [Problem(path, "bad-unit", f"{where} is {value!r}: write a percentage such as '90%'")]
 
     if keyword == "additionalProperties":
+        import difflib
+
         known = list(error.schema.get("properties", {}))
         extra = [key for key in value if key not in error.schema.get("properties", {})]
         out = []
@@ -109,6 +131,8 @@ def _translate(error) -> list[Problem]:
         expected = " or ".join(map(_article, expected)) if isinstance(expected, list) else _article(expected)
         return [Problem(path, "schema", f"{where} is {_show(value)}; expected {expected}")]
     if keyword == "enum":
+        import difflib
+
         near = difflib.get_close_matches(str(value), [str(v) for v in error.validator_value], n=3, cutoff=0.0)
         return [Problem(path, "schema", f"{where}: unknown value {value!r}; expected one of {', '.join(near)}")]
     if keyword in ("anyOf", "oneOf") and error.context:

@@ -1,0 +1,304 @@
+#!/usr/bin/env python3
+"""memfit's speed benchmark against check-jsonschema (issue 6).
+
+    python benchmarks/bench.py                # the full table (several minutes: check-jsonschema is slow on big files)
+    python benchmarks/bench.py --quick        # smaller cases, fewer runs, for iteration
+    python benchmarks/bench.py --json out.json
+
+Synthetic configs come from a fixed seed, so every run times the same files. Each case is a
+whole process (start-up included), run several times; the table shows the median wall time,
+the child's peak RSS, and ratios against check-jsonschema validating the same files with
+memfit's own schema, and against the floor `python -c "import yaml, jsonschema"`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = ROOT / "schemas" / "memfit.schema.json"
+SEED = 20261129
+
+# -- synthetic configs -------------------------------------------------------------------------
+
+# (first dims, other dims) by rank: 2-D weights up to a vocabulary embedding; 3-D and 4-D
+# activations and conv kernels with a batch-like first dim, so a config's total stays plausible
+DIMS = {
+    2: ((1, 64, 768, 1024, 2048, 4096, 50257), (1, 64, 768, 1024, 2304, 3072, 4096)),
+    3: ((1, 2, 4, 8, 16, 32), (1, 3, 64, 128, 512, 768, 1024)),
+    4: ((1, 2, 4, 8), (1, 3, 7, 16, 64, 128, 256)),
+}
+DTYPES = ("bfloat16", "float16", "float32", "int8", "nf4", 0.5, 2)
+PARTS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "ln_1", "ln_2", "embed", "head", "norm", "q_proj", "k_proj", "v_proj")
+TENSOR_KINDS = ("weight", "bias", "scale")
+
+
+def _shape(rng: random.Random) -> list[int]:
+    rank = rng.randint(2, 4)
+    first, rest = DIMS[rank]
+    return [rng.choice(first)] + [rng.choice(rest) for _ in range(rank - 1)]
+
+
+def _flow(shape) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"
+
+
+def _tensor_lines(rng: random.Random, i: int, category: str) -> list[str]:
+    """One list item, in the mix of styles people write: bare shapes, flow mappings, block mappings."""
+    shape = _shape(rng)
+    style = rng.random()
+    if style < 0.35:
+        return [f"  - {_flow(shape)}"]
+    name = f"h.{i // len(PARTS)}.{PARTS[i % len(PARTS)]}.{rng.choice(TENSOR_KINDS)}"
+    fields = [("name", name), ("shape", _flow(shape))]
+    if rng.random() < 0.3:
+        fields.append(("dtype", rng.choice(DTYPES)))
+    if rng.random() < 0.3:
+        fields.append(("count", rng.randint(1, 48)))
+    if category == "parameters" and rng.random() < 0.2:
+        fields.append(("trainable", rng.choice(("false", "true"))))
+    if style < 0.6:
+        return ["  - {" + ", ".join(f"{k}: {v}" for k, v in fields) + "}"]
+    lines = [f"  - {fields[0][0]}: {fields[0][1]}"]
+    lines += [f"    {k}: {v}" for k, v in fields[1:]]
+    return lines
+
+
+def config_text(tensors: int, seed: int = SEED, name: str = "synthetic") -> str:
+    """A valid memfit config with `tensors` tensors (about 2/3 parameters, 1/3 activations)."""
+    rng = random.Random(seed)
+    params = tensors - tensors // 3
+    lines = [
+        "memfit: 1",
+        f"name: {name}",
+        "device:",
+        "  name: A100 80GB",
+        f"  memory: {max(80, tensors // 2)} GiB",
+        "  reserve: 2 GiB",
+        "dtypes:",
+        "  parameters: bfloat16",
+        "  gradients: float32",
+        "  activations: bfloat16",
+        "  optimizer_state: float32",
+        f"optimizer: {rng.choice(('adamw', 'adam', 'sgd', 'lion'))}",
+        "parameters:",
+    ]
+    for i in range(params):
+        lines += _tensor_lines(rng, i, "parameters")
+    lines.append("activations:")
+    for i in range(tensors - params):
+        lines += _tensor_lines(rng, i, "activations")
+    return "\n".join(lines) + "\n"
+
+
+def write_corpus(root: Path, configs: int, sizes: tuple[int, ...]) -> dict:
+    """The benchmark's files: one typical config, `configs` typical ones, one per size."""
+    typical = root / "typical.yaml"
+    typical.write_text(config_text(75), encoding="utf-8")
+    many = root / "many"
+    many.mkdir()
+    for i in range(configs):
+        (many / f"config-{i:04d}.yaml").write_text(config_text(75, seed=SEED + 1 + i, name=f"config-{i}"), encoding="utf-8")
+    big = {}
+    for n in sizes:
+        big[n] = root / f"tensors-{n}.yaml"
+        big[n].write_text(config_text(n, seed=SEED + n, name=f"tensors-{n}"), encoding="utf-8")
+    return {"typical": typical, "many": sorted(many.iterdir()), "big": big}
+
+
+# -- timing whole processes --------------------------------------------------------------------
+
+
+def run_once(argv: list[str]) -> tuple[float, int, int]:
+    """Wall seconds, peak RSS (bytes) of the child, exit code."""
+    start = time.perf_counter()
+    child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(child.pid, 0)
+    elapsed = time.perf_counter() - start
+    child.returncode = os.waitstatus_to_exitcode(status)
+    return elapsed, usage.ru_maxrss * 1024, child.returncode  # ru_maxrss is KiB on Linux
+
+
+def measure(argv: list[str], runs: int, ok=(0, 1)) -> dict:
+    samples = [run_once(argv) for _ in range(runs)]
+    codes = {code for _, _, code in samples}
+    if not codes <= set(ok):
+        raise SystemExit(f"bench: {' '.join(argv[:4])} ... exited {sorted(codes)}; expected {sorted(ok)}")
+    return {
+        "seconds": statistics.median(s for s, _, _ in samples),
+        "peak_bytes": max(m for _, m, _ in samples),
+        "runs": runs,
+        "all_seconds": [round(s, 4) for s, _, _ in samples],
+    }
+
+
+def tool(name: str, module: str | None = None) -> list[str]:
+    """The console script next to this Python, as a hook would run it (or `python -m`)."""
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return [str(beside)]
+    found = shutil.which(name)
+    if found:
+        return [found]
+    if module:
+        return [sys.executable, "-m", module]
+    raise SystemExit(f"bench: {name} not found; install the test extra: pip install -e '.[test]'")
+
+
+def machine() -> dict:
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count()
+    return {"nproc": cores, "cpu": model, "python": platform.python_version(), "platform": platform.platform()}
+
+
+def versions() -> dict:
+    from importlib.metadata import version
+
+    out = {}
+    for name in ("memfit", "jsonschema", "pyyaml", "check-jsonschema"):
+        try:
+            out[name] = version(name)
+        except Exception:  # noqa: BLE001
+            out[name] = "?"
+    return out
+
+
+# -- the cases and the table -------------------------------------------------------------------
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:.0f}"
+
+
+def run(args) -> dict:
+    memfit = tool("memfit", "memfit")
+    competitor = tool("check-jsonschema") + ["--schemafile", str(SCHEMA)]
+    sizes = args.sizes or ((2_000, 20_000, 30_000) if args.quick else (10_000, 100_000, 150_000))
+    configs = args.configs or (200 if args.quick else 1_000)
+    small, huge = (args.runs, args.runs) if args.runs else (3, 1) if args.quick else (7, 3)
+    huge_competitor = 1  # 40-50 s a run on 150,000 tensors
+    root = Path(tempfile.mkdtemp(prefix="memfit-bench-"))
+    rows = []
+    try:
+        corpus = write_corpus(root, configs, sizes)
+        say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if not args.silent else (lambda *a: None)
+
+        say("bench: floor")
+        floor = measure([sys.executable, "-c", "import yaml, jsonschema"], small, ok=(0,))
+        rows.append({"case": "floor: python -c 'import yaml, jsonschema'", "key": "floor", "memfit": floor, "competitor": None})
+
+        say("bench: one typical config, cold")
+        typical = [str(corpus["typical"])]
+        rows.append({"case": "1 config (75 tensors), cold", "key": "cold", "memfit": measure(memfit + ["check"] + typical, small), "competitor": measure(competitor + typical, small, ok=(0,))})
+
+        say(f"bench: {configs:,} configs in one call")
+        files = [str(p) for p in corpus["many"]]
+        rows.append({"case": f"{configs:,} configs in one call", "key": "many", "memfit": measure(memfit + ["check"] + files, huge), "competitor": measure(competitor + files, huge, ok=(0,))})
+
+        for n, path in corpus["big"].items():
+            say(f"bench: one config of {n:,} tensors")
+            runs = small if n == sizes[0] else huge
+            rows.append({"case": f"1 config of {n:,} tensors", "key": f"tensors-{n}", "tensors": n, "memfit": measure(memfit + ["check", str(path)], runs), "competitor": measure(competitor + [str(path)], runs if n == sizes[0] else huge_competitor, ok=(0,))})
+        largest = corpus["big"][sizes[-1]]
+        say(f"bench: memfit explain on {sizes[-1]:,} tensors")
+        rows.append({"case": f"memfit explain, {sizes[-1]:,} tensors", "key": "explain", "memfit": measure(memfit + ["explain", "--color", "never", str(largest)], huge), "competitor": None})
+    finally:
+        if args.keep:
+            print(f"bench: files kept in {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+    for row in rows:
+        m, c = row["memfit"], row["competitor"]
+        row["vs_floor"] = m["seconds"] / floor["seconds"]
+        if c:
+            row["time_ratio"] = m["seconds"] / c["seconds"]  # < 1: memfit is faster
+            row["memory_ratio"] = m["peak_bytes"] / c["peak_bytes"]
+    return {"machine": machine(), "versions": versions(), "quick": args.quick, "rows": rows, "targets": targets(rows, sizes, configs)}
+
+
+def targets(rows: list[dict], sizes, configs: int) -> list[dict]:
+    by = {row["key"]: row for row in rows}
+    cold, many, largest = by["cold"], by["many"], by[f"tensors-{sizes[-1]}"]
+    growth = by[f"tensors-{sizes[1]}"]["memfit"]["seconds"] / by[f"tensors-{sizes[0]}"]["memfit"]["seconds"]
+
+    def target(name, value, limit, better_below=True):
+        met = value <= limit if better_below else value >= limit
+        return {"target": name, "value": round(value, 3), "limit": limit, "met": met}
+
+    return [
+        target("1 config cold: memfit / floor <= 1.3", cold["vs_floor"], 1.3),
+        target("1 config cold: memfit / check-jsonschema <= 0.5", cold["time_ratio"], 0.5),
+        target(f"{configs:,} configs: check-jsonschema / memfit >= 4", 1 / many["time_ratio"], 4, better_below=False),
+        target(f"{sizes[-1]:,} tensors: check-jsonschema / memfit >= 4", 1 / largest["time_ratio"], 4, better_below=False),
+        target(f"{sizes[-1]:,} tensors: memfit / check-jsonschema peak memory <= 0.75", largest["memory_ratio"], 0.75),
+        target(f"{sizes[0]:,} -> {sizes[1]:,} tensors: memfit time grows <= 12x", growth, 12),
+    ]
+
+
+def table(report: dict) -> str:
+    m = report["machine"]
+    lines = [
+        f"machine: {m['nproc']} cores, {m['cpu']}, Python {m['python']} ({m['platform']})",
+        "versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
+        "",
+        "| case | memfit s | memfit MiB | check-jsonschema s | check-jsonschema MiB | memfit/cj time | memfit/cj memory | memfit/floor |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in report["rows"]:
+        mem, comp = row["memfit"], row["competitor"]
+        cj = (f"{comp['seconds']:.3f}", mib(comp["peak_bytes"]), f"{row['time_ratio']:.2f}", f"{row['memory_ratio']:.2f}") if comp else ("", "", "", "")
+        lines.append(f"| {row['case']} | {mem['seconds']:.3f} | {mib(mem['peak_bytes'])} | {cj[0]} | {cj[1]} | {cj[2]} | {cj[3]} | {row['vs_floor']:.2f} |")
+    lines += ["", "| target | measured | met |", "| --- | ---: | --- |"]
+    for t in report["targets"]:
+        lines.append(f"| {t['target']} | {t['value']:.3f} | {'yes' if t['met'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    sizes = tuple(int(part) for part in text.split(","))
+    if len(sizes) != 3:
+        raise argparse.ArgumentTypeError("three tensor counts, e.g. 10000,100000,150000")
+    return sizes
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller cases, fewer runs (for iteration; the targets are for the full run)")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--keep", action="store_true", help="keep the generated configs (their folder is printed)")
+    parser.add_argument("--configs", type=int, metavar="N", help="how many typical configs in the many-files case (default 1000)")
+    parser.add_argument("--sizes", type=_sizes, metavar="A,B,C", help="tensor counts of the big configs (default 10000,100000,150000)")
+    parser.add_argument("--runs", type=int, metavar="N", help="runs per case (default 7 for small cases, 3 for big ones; check-jsonschema once on the two biggest)")
+    parser.add_argument("--silent", action="store_true", help="no progress lines on stderr")
+    args = parser.parse_args(argv)
+    report = run(args)
+    print(table(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
