@@ -253,3 +253,25 @@ def test_a_big_config_with_errors_near_its_end(tmp_path):
     (path.parent / "valid.yaml").write_text(text, encoding="utf-8")
     (entry,) = memfit_json([path.parent / "valid.yaml"])["files"]
     assert entry["footprint"] == reference_footprint(yaml.load(text, Loader=yaml.CSafeLoader))
+
+
+def test_many_errors_of_all_kinds_come_out_the_same_and_in_the_same_order(monkeypatch):
+    # several wrong tensors far apart, two errors on one node, wrong things outside the lists too
+    text = bench.config_text(400, seed=3)
+    values, _ = composed(text)
+    edits = []
+    for category, i, new in [("parameters", 250, '{shape: [1, -1, "x"], count: 0.5, colour: red, dtype: f16}'), ("parameters", 17, "[2, 2.0]"), ("activations", 60, "{}"), ("activations", 3, "[true]")]:
+        while not values[(category, i)].flow_style:  # a block mapping's span runs into the next item
+            i += 1
+        node = values[(category, i)]
+        edits.append((node.start_mark.index, node.end_mark.index, new))
+    for start, end, new in sorted(edits, reverse=True):
+        text = text[:start] + new + text[end:]
+    text = text.replace("optimizer:", "optimiser: adam\noptimizer:").replace("  reserve: 2 GiB", "  reserve: lots")
+    fast = memfit_check.check(text)
+    monkeypatch.setattr(memfit_schema, "precheck", lambda: None)
+    slow = memfit_check.check(text)
+    assert fast.diagnostics == slow.diagnostics
+    assert len(fast.diagnostics) >= 10
+    doubled = [d.message.split(".count ")[1] for d in fast.diagnostics if ".count is 0.5" in d.message]
+    assert doubled == ["is 0.5; expected an integer", "is 0.5; it must be at least 1"]

@@ -27,6 +27,9 @@ _ANNOTATIONS = frozenset(
 
 
 def _is_number(x) -> bool:
+    kind = type(x)
+    if kind is int or kind is float:  # the common case, without the ABC check
+        return True
     return isinstance(x, Number) and not isinstance(x, bool)
 
 
@@ -34,7 +37,7 @@ TYPES = {
     "object": lambda x: isinstance(x, dict),
     "array": lambda x: isinstance(x, list),
     "string": lambda x: isinstance(x, str),
-    "integer": lambda x: isinstance(x, int) and not isinstance(x, bool),  # as schema._is_integer
+    "integer": lambda x: type(x) is int or (isinstance(x, int) and not isinstance(x, bool)),  # as schema._is_integer
     "number": _is_number,
     "boolean": lambda x: isinstance(x, bool),
     "null": lambda x: x is None,
@@ -254,7 +257,13 @@ def _length(kind, compare):
 
 def _bound(compare):
     def make(c, value, schema):
-        return lambda x: not _is_number(x) or compare(x, value)
+        def check(x) -> bool:
+            kind = type(x)
+            if kind is int or kind is float:
+                return compare(x, value)
+            return not _is_number(x) or compare(x, value)
+
+        return check
 
     return make
 
@@ -341,8 +350,12 @@ KEYWORDS = {
 }
 
 
-def compile_schema(root: dict):
-    """A predicate: document -> True if the schema accepts it. Raises Unsupported."""
+def compile_schema(root: dict, at: tuple = ()):
+    """A predicate: document -> True if the schema accepts it (or, with `at`, a path of keys into
+    the schema, the subschema there, its $refs resolved against the whole). Raises Unsupported."""
     if root.get("$schema", "https://json-schema.org/draft/2020-12/schema") != "https://json-schema.org/draft/2020-12/schema":
         raise Unsupported(f"$schema {root['$schema']!r}")
-    return _Compiler(root).compiled(root)
+    node = root
+    for key in at:
+        node = node[key]
+    return _Compiler(root).compiled(node)

@@ -73,9 +73,59 @@ def problems(data) -> list[Problem]:
         if accepted:
             return []
     found: list[Problem] = []
-    for error in validator().iter_errors(data):
+    narrowed, origins = _narrowed(data) if valid is not None else (data, {})
+    for error in validator().iter_errors(narrowed):
+        if len(error.path) >= 2 and error.path[0] in origins:
+            error.path[1] = origins[error.path[0]][error.path[1]]  # back to the item's index in the document
         found.extend(_translate(error))
     return found
+
+
+# a list property whose own schema says no more than this can have no error about the list
+# itself (its length, its contents as a whole) once it is a list: only its items can be wrong
+_LIST_ONLY = {"type", "items", "title", "description", "examples", "default", "$comment"}
+
+
+@lru_cache(maxsize=1)
+def _item_checks() -> dict:
+    """Compiled checks of the items of each top-level list property (parameters, activations)."""
+    from .precheck import Unsupported, compile_schema
+
+    checks = {}
+    for key, sub in schema().get("properties", {}).items():
+        if isinstance(sub, dict) and sub.get("type") == "array" and "items" in sub and set(sub) <= _LIST_ONLY:
+            try:
+                checks[key] = compile_schema(schema(), ("properties", key, "items"))
+            except Unsupported:
+                pass
+    return checks
+
+
+def _narrowed(data) -> tuple[object, dict]:
+    """The document with each long list cut down to the items the compiled check rejects, and
+    where each kept item came from: jsonschema then walks the few wrong tensors, not all 150,000
+    (a typo in a huge config costs seconds less). Errors come out in the same order."""
+    if not isinstance(data, dict):
+        return data, {}
+    narrowed, origins = data, {}
+    for key, check in _item_checks().items():
+        items = data.get(key)
+        if not isinstance(items, list):
+            continue
+        wrong = [i for i, item in enumerate(items) if not _accepts(check, item)]
+        if len(wrong) < len(items):
+            if narrowed is data:
+                narrowed = dict(data)
+            narrowed[key] = [items[i] for i in wrong]
+            origins[key] = wrong
+    return narrowed, origins
+
+
+def _accepts(check, item) -> bool:
+    try:
+        return bool(check(item))
+    except Exception:  # noqa: BLE001 - jsonschema decides
+        return False
 
 
 def _translate(error) -> list[Problem]:
