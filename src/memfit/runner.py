@@ -72,8 +72,12 @@ def run(args) -> int:
 
     from .reporters import REPORTERS
 
+    try:
+        out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    except OSError as error:
+        sys.stderr.write(f"memfit: cannot write {args.output}: {error.strerror or error}\n")
+        return EXIT_USAGE
     results = check_paths(args.paths, options, args.jobs)
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     try:
         REPORTERS[args.format](out).report(results)
     finally:
