@@ -161,6 +161,8 @@ def sarif_validator():
     assert schema["$schema"] == "http://json-schema.org/draft-04/schema#"
     assert cls is jsonschema.Draft4Validator
     cls.check_schema(schema)
+    # "uri" is checked only with rfc3986-validator installed (the test extra has it)
+    assert "uri" in cls.FORMAT_CHECKER.checkers
     return cls(schema, format_checker=cls.FORMAT_CHECKER)
 
 
@@ -174,10 +176,16 @@ def test_sarif_is_valid_against_the_official_schema(configs: Path, sarif_validat
     log = sarif_of(configs, "over.yaml", "near.yaml", "fits.yaml", "broken.yaml", "compose.yaml")
     errors = sorted(sarif_validator.iter_errors(log), key=lambda e: list(e.path))
     assert errors == [], "\n".join(f"{list(e.path)}: {e.message}" for e in errors)
-    # and the validator is not a pushover: a result without its message is rejected
-    broken = json.loads(json.dumps(log))
-    del broken["runs"][0]["results"][0]["message"]
-    assert list(sarif_validator.iter_errors(broken))
+    # and the validator is not a pushover: a result without its message, a 0-based line,
+    # or an informationUri that is no URI are each rejected
+    for spoil in (
+        lambda run: run["results"][0].pop("message"),
+        lambda run: run["results"][0]["locations"][0]["physicalLocation"]["region"].update(startLine=0),
+        lambda run: run["tool"]["driver"].update(informationUri="memfit home page"),
+    ):
+        broken = json.loads(json.dumps(log))
+        spoil(broken["runs"][0])
+        assert list(sarif_validator.iter_errors(broken))
 
 
 def test_sarif_content(configs: Path) -> None:
