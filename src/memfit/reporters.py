@@ -82,7 +82,7 @@ RULES: dict[str, tuple[str, str]] = {
     "budget-exceeded": ("The training footprint exceeds the memory budget", "Reduce the footprint (batch size, dtypes, optimizer, frozen layers) or raise the budget; `memfit explain` shows the breakdown."),
     "near-budget": ("The training footprint is close to the memory budget", "The config fits, but with little headroom; `memfit explain` shows where the memory goes."),
     "not-a-config": ("The file is not a memfit config", "Add a top-level `memfit: 1`, or pass --skip-unrecognized to skip files that are not memfit configs."),
-    "io": ("The file cannot be read as UTF-8 text", "Check that the path exists, is readable and is a UTF-8 text file."),
+    "io": ("The file cannot be read", "Check that the path exists and is a readable UTF-8 text file, and that a directory holds *.yaml or *.yml files."),
     "internal": ("memfit itself failed on this file", "This is a bug in memfit; please report it with the file that triggers it."),
 }
 INFORMATION_URI = "https://pypi.org/project/memfit/"
@@ -94,7 +94,10 @@ def display_path(path: str) -> str:
     """A path as CI systems want it: relative to the working directory (the repository root
     in CI) when under it, with forward slashes."""
     if os.path.isabs(path):
-        relative = os.path.relpath(path)
+        try:
+            relative = os.path.relpath(path)
+        except ValueError:  # another drive (Windows): keep it absolute
+            relative = path
         if not relative.startswith(".."):
             path = relative
     return path.replace(os.sep, "/")
