@@ -75,11 +75,11 @@ def test_github_annotations_exact(configs: Path) -> None:
     assert run.stdout.splitlines() == [
         (
             f"::error file=over.yaml,line=3,col={col},endLine=3,endColumn={col + 5},title=memfit budget-exceeded::"
-            "total 16,000,000 B (15.26 MiB) exceeds the budget 10,000,000 B (9.54 MiB) (device.memory 9.54 MiB) by 6,000,000 B (5.72 MiB)"
+            "total 16,000,000 B (15.26 MiB) exceeds the budget 10,000,000 B (9.54 MiB) (device.memory 10 MB) by 6,000,000 B (5.72 MiB)"
         ),
         (
             "::warning file=near.yaml,line=2,col=18,endLine=2,endColumn=23,title=memfit near-budget::"
-            "total 16,000,000 B (15.26 MiB) is 94.1%25 of the budget 17,000,000 B (16.21 MiB) (device.memory 16.21 MiB), "
+            "total 16,000,000 B (15.26 MiB) is 94.1%25 of the budget 17,000,000 B (16.21 MiB) (device.memory 17 MB), "
             "above the 90%25 warning mark; headroom 1,000,000 B (976.56 KiB)"
         ),
         "memfit: 1 config of 3 failed (1 error, 1 warning), 1 skipped (not memfit configs)",

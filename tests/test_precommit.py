@@ -158,7 +158,7 @@ def test_fits_then_exceeds_then_fixed(tmp_path: Path, env, hook_repo) -> None:
     col = len("  memory: ") + 1
     expected = (
         f"train.yaml:{line}:{col}: error[budget-exceeded] total 16,000,000 B (15.26 MiB) exceeds the budget "
-        f"10,000,000 B (9.54 MiB) (device.memory 9.54 MiB) by 6,000,000 B (5.72 MiB)"
+        f"10,000,000 B (9.54 MiB) (device.memory 10 MB) by 6,000,000 B (5.72 MiB)"
     )
     assert expected in output.splitlines(), output
     assert "memfit: 1 config of 1 failed (1 error, 0 warnings)" in output
@@ -201,7 +201,7 @@ def test_budget_as_hook_args(tmp_path: Path, env, hook_repo, budget: str, passes
         assert commits(repo, env) == 1
     else:
         assert done.returncode != 0
-        assert "model.yaml:1:1: error[budget-exceeded] total 16,000,000 B (15.26 MiB) exceeds the budget 15,000,000 B (14.31 MiB) (--budget 14.31 MiB) by 1,000,000 B (976.56 KiB)" in output
+        assert "model.yaml:1:1: error[budget-exceeded] total 16,000,000 B (15.26 MiB) exceeds the budget 15,000,000 B (14.31 MiB) (from --budget) by 1,000,000 B (976.56 KiB)" in output
         assert commits(repo, env) == 0
 
 
