@@ -15,7 +15,7 @@ EXAMPLES = ROOT / "examples"
 
 
 def memfit(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "memfit", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=120)
+    return subprocess.run([sys.executable, "-m", "memfit", *map(str, args)], check=False, capture_output=True, text=True, cwd=cwd, timeout=120)
 
 
 @pytest.fixture
@@ -128,6 +128,15 @@ def test_directories_recurse_and_bad_inputs_do_not_stop_other_files(tmp_path, co
     assert "Traceback" not in result.stderr + result.stdout
 
 
+def test_directory_walk_skips_hidden_and_vendored_directories(tmp_path, configs):
+    fits, _ = configs
+    for hidden in (".git", ".venv/lib", "node_modules/pkg"):
+        (tmp_path / hidden).mkdir(parents=True)
+        (tmp_path / hidden / "x.yaml").write_text("memfit: 1\n")  # would fail if checked
+    result = memfit("check", "--format", "json", tmp_path)
+    assert [f["path"] for f in json.loads(result.stdout)["files"]] == [str(tmp_path / "fits.yaml"), str(tmp_path / "over.yaml")]
+
+
 def test_not_a_config_named_explicitly_fails_unless_skipped(tmp_path, configs):
     fits, _ = configs
     other = tmp_path / "workflow.yml"
@@ -174,5 +183,5 @@ def test_no_traceback_for_an_unreadable_output(configs, tmp_path):
 @pytest.mark.skipif(os.name != "posix", reason="uses a pipe closed early")
 def test_broken_pipe_is_quiet(configs):
     fits, over = configs
-    proc = subprocess.run(f"{sys.executable} -m memfit check {fits} {over} {over} {over} | head -c 1", shell=True, capture_output=True, text=True)
+    proc = subprocess.run(f"{sys.executable} -m memfit check {fits} {over} {over} {over} | head -c 1", shell=True, check=False, capture_output=True, text=True)
     assert "Traceback" not in proc.stderr

@@ -12,17 +12,22 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
+# never configs, and often huge: a `memfit check .` must not crawl them
+_PRUNED = {"node_modules", "__pycache__", "site-packages"}
+
+
+def _walk_yaml(top: str):
+    for root, dirs, names in os.walk(top):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in _PRUNED]
+        yield from (os.path.join(root, name) for name in names if name.endswith(YAML_SUFFIXES))
+
+
 def expand(paths: list[str]) -> list[tuple[str, Diagnostic | None]]:
     """Files to check, in a stable order; a directory without YAML files is itself a problem."""
     out: list[tuple[str, Diagnostic | None]] = []
     for path in paths:
         if os.path.isdir(path):
-            found = sorted(
-                os.path.join(root, name)
-                for root, dirs, names in os.walk(path)
-                for name in names
-                if name.endswith(YAML_SUFFIXES)
-            )
+            found = sorted(name for name in _walk_yaml(path))
             if not found:
                 out.append((path, Diagnostic(FILE_START, ERROR, "io", f"no *.yaml or *.yml files in directory {path}")))
             out.extend((name, None) for name in found)
@@ -72,11 +77,6 @@ def run(args) -> int:
 
     from .reporters import REPORTERS, summary_markdown
 
-    try:
-        out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    except OSError as error:
-        sys.stderr.write(f"memfit: cannot write {args.output}: {error.strerror or error}\n")
-        return EXIT_USAGE
     results = check_paths(args.paths, options, args.jobs)
     try:
         if args.output:

@@ -155,7 +155,6 @@ def _build(text: str) -> Loaded:
     stack: list[list] = []
     root = None
     documents = 0
-    events = 0
     expanded = 0
 
     def add(value, size: int, event, start=None) -> None:
@@ -198,8 +197,7 @@ def _build(text: str) -> Loaded:
             )
         mapping[key] = value
 
-    for event in _events(text):
-        events += 1
+    for events, event in enumerate(_events(text), 1):
         kind = event.__class__
         if kind is ScalarEvent:
             if event.tag is None or event.tag == "!":
