@@ -17,10 +17,10 @@ import pytest
 pytest.importorskip("pygls")
 pytest_lsp = pytest.importorskip("pytest_lsp")
 
-from lsprotocol import types  # noqa: E402
-from pygls.protocol import default_converter  # noqa: E402
-from pytest_lsp import ClientServerConfig, LanguageClient  # noqa: E402
-from pytest_lsp.client import DEFAULT_CLIENT_FEATURES, register_lsp_features  # noqa: E402
+from lsprotocol import types
+from pygls.protocol import default_converter
+from pytest_lsp import ClientServerConfig, LanguageClient
+from pytest_lsp.client import DEFAULT_CLIENT_FEATURES, register_lsp_features
 
 SERVER = [sys.executable, "-m", "memfit", "lsp"]
 TIMEOUT = 20  # a safety net against a hung server, never the synchronisation itself
@@ -117,12 +117,16 @@ def uri_of(tmp_path: Path, name: str) -> str:
 
 
 def open_doc(client: LanguageClient, uri: str, text: str, version: int = 1) -> None:
-    client.text_document_did_open(types.DidOpenTextDocumentParams(types.TextDocumentItem(uri=uri, language_id="yaml", version=version, text=text)))
+    client.text_document_did_open(
+        types.DidOpenTextDocumentParams(types.TextDocumentItem(uri=uri, language_id="yaml", version=version, text=text))
+    )
 
 
 def replace(client: LanguageClient, uri: str, text: str, version: int) -> None:
     change = types.TextDocumentContentChangeWholeDocument(text=text)
-    client.text_document_did_change(types.DidChangeTextDocumentParams(types.VersionedTextDocumentIdentifier(uri=uri, version=version), [change]))
+    client.text_document_did_change(
+        types.DidChangeTextDocumentParams(types.VersionedTextDocumentIdentifier(uri=uri, version=version), [change])
+    )
 
 
 async def published(client: LanguageClient, uri: str) -> list:
@@ -143,12 +147,16 @@ async def hover(client: LanguageClient, uri: str, position: types.Position):
 
 async def hints(client: LanguageClient, uri: str, first: int, last: int, last_character: int = 0):
     whole = types.Range(start=types.Position(line=first, character=0), end=types.Position(line=last, character=last_character))
-    return await client.text_document_inlay_hint_async(types.InlayHintParams(text_document=types.TextDocumentIdentifier(uri=uri), range=whole))
+    return await client.text_document_inlay_hint_async(
+        types.InlayHintParams(text_document=types.TextDocumentIdentifier(uri=uri), range=whole)
+    )
 
 
 async def complete(client: LanguageClient, uri: str, text: str, line: int):
     position = types.Position(line=line, character=len(text.splitlines()[line]))
-    return await client.text_document_completion_async(types.CompletionParams(text_document=types.TextDocumentIdentifier(uri=uri), position=position))
+    return await client.text_document_completion_async(
+        types.CompletionParams(text_document=types.TextDocumentIdentifier(uri=uri), position=position)
+    )
 
 
 # --- diagnostics -------------------------------------------------------------------------------
@@ -176,9 +184,12 @@ async def test_open_publishes_exactly_the_cli_diagnostics(client: LanguageClient
     ]
     # the same function as the CLI: the json report of the same file says exactly this (ASCII, so
     # UTF-16 columns are the CLI's code-point columns)
-    cli = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)], capture_output=True, text=True, check=False)
+    cli = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "memfit", "check", "--format", "json", str(path), stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await cli.communicate()
     assert cli.returncode == 1
-    expected = json.loads(cli.stdout)["files"][0]["diagnostics"]
+    expected = json.loads(out)["files"][0]["diagnostics"]
     names = {types.DiagnosticSeverity.Error: "error", types.DiagnosticSeverity.Warning: "warning"}
     got = [
         {
@@ -410,7 +421,7 @@ async def test_inlay_hints_honour_the_range(client: LanguageClient, tmp_path: Pa
     some = await hints(client, uri, 7, 8, 200)  # fc.bias and emb only
     lines = BASE.splitlines()
     assert [(h.position.line, h.position.character, h.label) for h in some] == [
-        (7, lines[7].index("[512]") + 5, "12.00 KiB (84.00 KiB in training)"),
+        (7, lines[7].index("[512]") + 5, "× 12 = 12.00 KiB (84.00 KiB in training)"),
         (8, lines[8].index("[1000, 64]") + 10, "125.00 KiB (frozen)"),
     ]
     everything = await hints(client, uri, 0, len(lines))
@@ -436,7 +447,7 @@ async def test_a_syntax_error_keeps_the_last_good_analysis(client: LanguageClien
 
     tensor = await hover(client, uri, at(BASE, 6, "6400"))
     assert "- together: 45,875,200 B (43.75 MiB)" in tensor.contents.value
-    assert [h.label for h in await hints(client, uri, 7, 7, 200)] == ["12.00 KiB (84.00 KiB in training)"]
+    assert [h.label for h in await hints(client, uri, 7, 7, 200)] == ["× 12 = 12.00 KiB (84.00 KiB in training)"]
     (lens,) = await client.text_document_code_lens_async(types.CodeLensParams(text_document=types.TextDocumentIdentifier(uri=uri)))
     assert lens.command.title.endswith("(last valid version)")
     assert "44.02 MiB" in lens.command.title
@@ -512,7 +523,9 @@ async def test_tcp_serves_the_same_diagnostics(tmp_path: Path):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = subprocess.Popen(SERVER + ["--tcp", f"127.0.0.1:{port}"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    server = await asyncio.create_subprocess_exec(
+        *SERVER, "--tcp", f"127.0.0.1:{port}", stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL
+    )
     client = make_client()
     try:
         loop = asyncio.get_running_loop()
@@ -522,7 +535,7 @@ async def test_tcp_serves_the_same_diagnostics(tmp_path: Path):
                 await client.start_tcp("127.0.0.1", port)
                 break
             except OSError:
-                if loop.time() > deadline or server.poll() is not None:
+                if loop.time() > deadline or server.returncode is not None:
                     raise
                 await asyncio.sleep(0.05)
         await _start(client)
@@ -533,4 +546,4 @@ async def test_tcp_serves_the_same_diagnostics(tmp_path: Path):
     finally:
         await client.stop()
         server.kill()
-        server.wait(timeout=10)
+        await asyncio.wait_for(server.wait(), TIMEOUT)

@@ -282,11 +282,12 @@ def tensor_text(tensor, config) -> str:
 def tensor_hint(tensor) -> str:
     own = tensor.bytes.get(tensor.category, 0)
     together = sum(tensor.bytes.values())
+    copies = f"× {tensor.count:,} = " if tensor.count != 1 else ""  # the bytes are of all copies
     if tensor.category == "parameters" and not tensor.trainable:
-        return f"{human(own)} (frozen)"
+        return f"{copies}{human(own)} (frozen)"
     if together != own:
-        return f"{human(own)} ({human(together)} in training)"
-    return human(own)
+        return f"{copies}{human(own)} ({human(together)} in training)"
+    return copies + human(own)
 
 
 def tensor_breakdown(tensor) -> str:

@@ -21,7 +21,7 @@ from .check import Options, Result, check, has_marker
 from .editor import Analysis, choices, completion_context, split_lines
 from .runner import internal_error
 
-DEFAULT_DEBOUNCE_MS = 50  # typing faster than this coalesces into one parse
+DEFAULT_DEBOUNCE_MS = 50  # edits closer together than this coalesce into one analysis
 OPTIONS = Options(skip_unrecognized=True)  # serve memfit configs only, silent on other YAML
 SUMMARY_COMMAND = "memfit.footprint"
 
@@ -44,6 +44,7 @@ class Document:
     good: Analysis | None = None  # the last analysis with a footprint: hover, hints and lens use it
     published: bool = False  # the client holds non-empty diagnostics from us
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+    finished: float = float("-inf")  # loop time when the last analysis ended
 
     @property
     def view(self) -> Analysis | None:
@@ -84,6 +85,7 @@ class MemfitServer(LanguageServer):
         if result.config is not None:
             state.good = analysis
         self.publish(uri, analysis, document.version)
+        state.finished = asyncio.get_running_loop().time()
         return state
 
     def publish(self, uri: str, analysis: Analysis | None, version: int | None) -> None:
@@ -100,12 +102,19 @@ class MemfitServer(LanguageServer):
             source="memfit",
         )
 
-    def schedule(self, uri: str) -> None:
-        """Analyse after a quiet spell; each change restarts the timer, so the latest text wins."""
+    def changed(self, uri: str) -> None:
+        """A change after a quiet spell is analysed at once (its latency is the analysis alone);
+        changes that follow within the debounce delay -- typing, or edits that queued up while
+        an analysis ran -- restart a timer instead, so a burst costs one more analysis, of the
+        latest text."""
         state = self.documents.setdefault(uri, Document())
+        loop = asyncio.get_running_loop()
+        if state.timer is None and loop.time() - state.finished >= self.debounce:
+            self.analyse(uri)
+            return
         if state.timer is not None:
             state.timer.cancel()
-        state.timer = asyncio.get_running_loop().call_later(self.debounce, self._fire, uri)
+        state.timer = loop.call_later(self.debounce, self._fire, uri)
 
     def _fire(self, uri: str) -> None:
         state = self.documents.get(uri)
@@ -163,7 +172,7 @@ def make_server() -> MemfitServer:
 
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(ls: MemfitServer, params: types.DidChangeTextDocumentParams) -> None:
-        ls.schedule(params.text_document.uri)
+        ls.changed(params.text_document.uri)
 
     @server.feature(types.TEXT_DOCUMENT_DID_SAVE, types.SaveOptions(include_text=False))
     def did_save(ls: MemfitServer, params: types.DidSaveTextDocumentParams) -> None:
@@ -226,7 +235,11 @@ def make_server() -> MemfitServer:
         if view is not state.latest:
             title += " (last valid version)"
         lens_range = ls.to_client(view.lines, view.summary_range())
-        return [types.CodeLens(range=lens_range, command=types.Command(title=title, command=SUMMARY_COMMAND, arguments=[params.text_document.uri]))]
+        return [
+            types.CodeLens(
+                range=lens_range, command=types.Command(title=title, command=SUMMARY_COMMAND, arguments=[params.text_document.uri])
+            )
+        ]
 
     @server.command(SUMMARY_COMMAND)
     def footprint(ls: MemfitServer, arguments) -> dict | None:
