@@ -194,7 +194,7 @@ class Analysis:
         if budget is None:
             lines.append("**budget**: none (set device.memory, e.g. '24 GiB')")
         else:
-            origin = f"device.memory {human(config.memory)}" + (f" − reserve {human(config.reserve)}" if config.reserve else "")
+            origin = f"device.memory {human(config.memory)}" + (f" - reserve {human(config.reserve)}" if config.reserve else "")
             lines.append(f"**budget**: {with_bytes(budget)} ({origin})")
         lines.append(f"**total**: {with_bytes(total)}" + (f", {_pct(total, budget)} of the budget" if budget else ""))
         if budget is not None:
