@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -520,24 +519,15 @@ def test_tcp_wants_host_and_port():
 
 @pytest.mark.slow
 async def test_tcp_serves_the_same_diagnostics(tmp_path: Path):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    # port 0: the server picks a free port and says which on stderr once it is listening
     server = await asyncio.create_subprocess_exec(
-        *SERVER, "--tcp", f"127.0.0.1:{port}", stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL
+        *SERVER, "--tcp", "127.0.0.1:0", stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
     )
     client = make_client()
     try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + TIMEOUT
-        while True:  # the server is listening once a connection succeeds (start-up takes ~0.5 s)
-            try:
-                await client.start_tcp("127.0.0.1", port)
-                break
-            except OSError:
-                if loop.time() > deadline or server.returncode is not None:
-                    raise
-                await asyncio.sleep(0.05)
+        line = (await asyncio.wait_for(server.stderr.readline(), TIMEOUT)).decode()
+        assert line.startswith("memfit lsp: listening on 127.0.0.1:"), line
+        await client.start_tcp("127.0.0.1", int(line.rsplit(":", 1)[1]))
         await _start(client)
         uri = uri_of(tmp_path, "bad.yaml")
         open_doc(client, uri, BAD)
@@ -545,5 +535,6 @@ async def test_tcp_serves_the_same_diagnostics(tmp_path: Path):
         await client.shutdown_session()
     finally:
         await client.stop()
-        server.kill()
+        if server.returncode is None:
+            server.kill()
         await asyncio.wait_for(server.wait(), TIMEOUT)

@@ -9,6 +9,8 @@ Imported only by `memfit lsp` (lsp_entry), never on the CLI/hook path.
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import sys
 from dataclasses import dataclass, field
 
@@ -275,14 +277,37 @@ def make_server() -> MemfitServer:
     return server
 
 
+_SOCKET_NAME = re.compile(r"\('([^']*)', (\d+)")
+
+
+class _Announce(logging.Handler):
+    """pygls logs the bound address once listening; say it on stderr, so that a client (or a
+    person who asked for port 0) knows where to connect and that it can connect now."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("Serving on "):
+            # "Serving on ('127.0.0.1', 2087), ..." (socket names) -> 127.0.0.1:2087
+            where = ", ".join(f"{host}:{port}" for host, port in _SOCKET_NAME.findall(message)) or message
+            sys.stderr.write(f"memfit lsp: listening on {where}\n")
+            sys.stderr.flush()
+
+
+def _announce_address() -> None:
+    log = logging.getLogger("pygls.server")
+    log.setLevel(logging.INFO)
+    log.addHandler(_Announce(logging.INFO))
+
+
 def serve(args) -> int:
     server = make_server()
     tcp = getattr(args, "tcp", None)
     if tcp:
         host, _, port = tcp.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            sys.stderr.write(f"memfit lsp: --tcp wants HOST:PORT (e.g. 127.0.0.1:2087), not {tcp!r}\n")
+        if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+            sys.stderr.write(f"memfit lsp: --tcp wants HOST:PORT (e.g. 127.0.0.1:2087; port 0 picks a free one), not {tcp!r}\n")
             return 2
+        _announce_address()
         server.start_tcp(host, int(port))
     else:
         server.start_io()
