@@ -402,11 +402,17 @@ model:
     await published(client, uri)
     answer = await hover(client, uri, at(text, 7, "Conv2D"))
     assert answer is not None
-    # Keras: 8*8*4*32 + 32 = 8,224 parameters; 'same' with stride 4 on 80x80 -> 20x20x32
-    assert "8,224" in answer.contents.value
-    assert "20, 20, 32" in answer.contents.value
+    # Keras: 8*8*4*32 + 32 = 8,224 parameters; 'same' with stride 4 on 80x80 -> 20x20x32 (batch 32);
+    # float32 weight + gradient + 2 adam states: 8,224 x 16 B = 131,584 B = 128.50 KiB;
+    # the conv keeps its float32 input for backward: 32 x 80 x 80 x 4 x 4 B = 3,276,800 B
+    lines = answer.contents.value.splitlines()
+    assert lines[0].startswith("**layer 0**: Conv2D")
+    assert "- output shape: [32, 20, 20, 32]" in lines
+    assert "- parameters: 8,224" in lines
+    assert lines[3].endswith("= 128.50 KiB")
+    assert lines[4].endswith(": 3,276,800 B (3.13 MiB)")
     (hint,) = await hints(client, uri, 7, 7, 200)
-    assert "8,224 params" in hint.label
+    assert hint.label == "→ [32, 20, 20, 32], 8,224 params"
 
 
 # --- inlay hints and the summary ------------------------------------------------------------

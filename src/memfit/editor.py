@@ -168,7 +168,7 @@ class Analysis:
             return self.budget_text(), path
         if path[:2] == ("model", "layers") and len(path) >= 3:
             row = self.layers.get(path[:3])
-            return (layer_text(row, self.data_at(path[:3])) if row is not None else None), path[:3]
+            return (layer_text(row, self.data_at(path[:3]), self.tensors.get(path[:3], [])) if row is not None else None), path[:3]
         return None, path
 
     def _category_text(self, category: str) -> str | None:
@@ -320,19 +320,30 @@ def optimizer_text(value, config) -> str | None:
     return text
 
 
-def layer_text(row, item) -> str:
-    kind = item.get("type") if isinstance(item, dict) else None
+def layer_text(row, item, tensors=()) -> str:
+    """A layer row (path, type, name, output_shape, params, saved_bytes) and the tensor rows
+    derived from it (their bytes as computed by the core)."""
+    kind = _attr(row, "type") or (item.get("type") if isinstance(item, dict) else None)
+    name = _attr(row, "name")
     index = row.path[-1] if row.path else "?"
     output = _attr(row, "output_shape", "output", "shape")
     params = _attr(row, "params", "param_count", "parameters")
     saved = _attr(row, "saved_bytes", "activation_bytes", "saved")
-    lines = [f"**layer {index}**" + (f": {kind}" if kind else "")]
+    lines = [f"**layer {index}**" + (f": {kind}" if kind else "") + (f" `{name}`" if name and name != kind else "")]
     if output is not None:
         lines.append(f"- output shape: {_shape(output)}")
     if params is not None:
         lines.append(f"- parameters: {params:,}")
+    weights: dict[str, int] = {}
+    for tensor in tensors:
+        if tensor.category == "parameters":
+            for category, size in tensor.bytes.items():
+                weights[category] = weights.get(category, 0) + size
+    if weights:
+        parts = " + ".join(f"{human(size)} {_ROLE[category]}" for category, size in weights.items())
+        lines.append(f"- weights in training: {parts} = {human(sum(weights.values()))}")
     if saved is not None:
-        lines.append(f"- saved for backward: {with_bytes(saved)}")
+        lines.append(f"- saved for backward (tensors first kept by this layer): {with_bytes(saved)}")
     return "\n".join(lines)
 
 
@@ -342,7 +353,7 @@ def layer_hint(row) -> str:
     parts = []
     if output is not None:
         parts.append(f"→ {_shape(output)}")
-    if params is not None:
+    if params:
         parts.append(f"{params:,} params")
     return ", ".join(parts)
 
