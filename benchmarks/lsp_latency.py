@@ -35,7 +35,9 @@ def document(tensors: int, memory: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-async def measure(debounce_ms: int | None, texts: list[str], rounds: int, pause: float = 0.0) -> list[float]:
+async def measure(debounce_ms: int | None, texts: list[str], rounds: int, pause: float = 0.0, hints: dict | None = None) -> list[float]:
+    """didChange -> publishDiagnostics times; with `hints`, also the time of the first and of a
+    second inlayHint request (a 60-line viewport) after each analysis, into hints["first"/"again"]."""
     client = LanguageClient("latency", "1")
     waiting: list[asyncio.Future] = []
 
@@ -69,6 +71,15 @@ async def measure(debounce_ms: int | None, texts: list[str], rounds: int, pause:
         if pause:
             await asyncio.sleep(pause)  # the user stops typing (a scenario, not synchronisation)
         times.append(await round_trip(lambda change=change: client.text_document_did_change(change)))
+        if hints is not None:
+            middle = text.count("\n") // 2
+            viewport = types.Range(start=types.Position(line=middle, character=0), end=types.Position(line=middle + 60, character=0))
+            request = types.InlayHintParams(text_document=types.TextDocumentIdentifier(uri=URI), range=viewport)
+            for key in ("first", "again"):
+                start = time.perf_counter()
+                answer = await client.text_document_inlay_hint_async(request)
+                hints.setdefault(key, []).append(time.perf_counter() - start)
+                assert answer and len(answer) >= 60, answer
     await client.shutdown_async(None)
     client.exit(None)
     await client.stop()
@@ -97,10 +108,14 @@ def main() -> None:
         check(texts[i % 2], "x.yaml", Options(skip_unrecognized=True))
         core.append(time.perf_counter() - start)
     print(summary("check() in-process", core))
-    print(summary("debounce 0", asyncio.run(measure(0, texts, args.rounds))))
+    hints: dict = {}
+    print(summary("debounce 0", asyncio.run(measure(0, texts, args.rounds, hints=hints))))
     pause = 4 * DEFAULT_DEBOUNCE_MS / 1000
     print(summary(f"debounce {DEFAULT_DEBOUNCE_MS} ms, edit after a pause", asyncio.run(measure(None, texts, args.rounds, pause))))
     print(summary(f"debounce {DEFAULT_DEBOUNCE_MS} ms, edit inside a burst", asyncio.run(measure(None, texts, args.rounds))))
+    print("inlayHint for a 60-line viewport after an analysis:")
+    print(summary("first request (builds the path index)", hints["first"]))
+    print(summary("next request (index cached)", hints["again"]))
 
 
 if __name__ == "__main__":
