@@ -453,6 +453,8 @@ async def test_a_syntax_error_keeps_the_last_good_analysis(client: LanguageClien
     tensor = await hover(client, uri, at(BASE, 6, "6400"))
     assert "- together: 45,875,200 B (43.75 MiB)" in tensor.contents.value
     assert [h.label for h in await hints(client, uri, 7, 7, 200)] == ["× 12 = 12.00 KiB (84.00 KiB in training)"]
+    (summary,) = await hints(client, uri, 0, 0, 200)
+    assert summary.label == "memfit: total 44.02 MiB = 4.6% of 960.00 MiB, headroom 915.98 MiB (last valid version)"
     (lens,) = await client.text_document_code_lens_async(types.CodeLensParams(text_document=types.TextDocumentIdentifier(uri=uri)))
     assert lens.command.title.endswith("(last valid version)")
     assert "44.02 MiB" in lens.command.title

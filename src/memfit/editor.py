@@ -23,6 +23,7 @@ from .units import UNITS, human, with_bytes
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 TENSOR_CATEGORIES = ("parameters", "activations")
+STALE = " (last valid version)"  # said of a summary taken from the last analysis that had a footprint
 _ROLE = {  # a tensor's byte categories, in the order they are shown, and what to call them
     "parameters": "parameter",
     "gradients": "gradient",
@@ -208,13 +209,16 @@ class Analysis:
 
     # --- inlay hints and the summary ------------------------------------------------
 
-    def hints(self, first_line: int, last_line: int) -> list[Hint]:
-        """Hints whose position lies on lines first_line..last_line (inclusive)."""
+    def hints(self, first_line: int, last_line: int, stale: bool = False) -> list[Hint]:
+        """Hints whose position lies on lines first_line..last_line (inclusive); `stale` when
+        this analysis is the last good one, not the current text's."""
         if self.config is None:
             return []
         values, keys = self.index
         out: list[Hint] = []
         summary = self.summary()
+        if summary and stale:
+            summary += STALE
         memfit_key = keys.get(("memfit",))
         if summary and memfit_key is not None:
             at = values.get(("memfit",), memfit_key)

@@ -20,7 +20,7 @@ from pygls.uris import to_fs_path
 
 from . import __version__
 from .check import Options, Result, check, has_marker
-from .editor import Analysis, choices, completion_context, split_lines
+from .editor import STALE, Analysis, choices, completion_context, split_lines
 from .runner import internal_error
 
 DEFAULT_DEBOUNCE_MS = 50  # edits closer together than this coalesce into one analysis
@@ -214,7 +214,7 @@ def make_server() -> MemfitServer:
         start = ls.position_from_client(view.lines, params.range.start)
         end = ls.position_from_client(view.lines, params.range.end)
         hints = []
-        for hint in view.hints(start[0], end[0]):
+        for hint in view.hints(start[0], end[0], stale=view is not state.latest):
             if not start <= (hint.line, hint.character) <= end:
                 continue
             hints.append(
@@ -233,9 +233,7 @@ def make_server() -> MemfitServer:
         view = state.view if state is not None else None
         if view is None or view.summary() is None or view.summary_range() is None:
             return None
-        title = view.summary()
-        if view is not state.latest:
-            title += " (last valid version)"
+        title = view.summary() + (STALE if view is not state.latest else "")
         lens_range = ls.to_client(view.lines, view.summary_range())
         return [
             types.CodeLens(
