@@ -42,8 +42,13 @@ def safe_check(path: str, options: Options) -> Result:
     try:
         return check_file(path, options)
     except Exception as error:  # noqa: BLE001
-        message = f"internal error while checking this file ({type(error).__name__}: {error}); please report it"
-        return Result(path, [Diagnostic(FILE_START, ERROR, "internal", message)])
+        return Result(path, [internal_error(error)])
+
+
+def internal_error(error: Exception) -> Diagnostic:
+    """A bug in memfit, as one diagnostic (the CLI and the language server both use it)."""
+    message = f"internal error while checking this file ({type(error).__name__}: {error}); please report it"
+    return Diagnostic(FILE_START, ERROR, "internal", message)
 
 
 def check_paths(paths: list[str], options: Options, jobs: int = 0) -> list[Result]:
