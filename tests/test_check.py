@@ -224,6 +224,21 @@ def test_aliases_within_reason_are_fine():
     assert run(ok).footprint["parameters"] == 2 * 512 * 6400 * 4
 
 
+def test_merge_keys_are_applied_and_local_keys_win():
+    source = """\
+    memfit: 1
+    optimizer: sgd
+    device: {memory: 1 MB}
+    parameters:
+      - &base {name: a, shape: [10], trainable: false}
+      - {<<: *base, name: b}
+      - {<<: *base, trainable: true}
+    """
+    result = run(source)
+    assert result.diagnostics == []
+    assert [(t.name, t.trainable) for t in result.config.tensors] == [("a", False), ("b", False), ("a", True)]
+
+
 def test_ten_megabyte_config():
     body = "".join(f"  - {{name: layer{i}.w, shape: [{i % 97 + 1}, {i % 89 + 1}]}}\n" for i in range(260_000))
     source = BASE.replace("  - [512, 6400]\n", body)

@@ -129,7 +129,6 @@ def test_directories_recurse_and_bad_inputs_do_not_stop_other_files(tmp_path, co
 
 
 def test_directory_walk_skips_hidden_and_vendored_directories(tmp_path, configs):
-    fits, _ = configs
     for hidden in (".git", ".venv/lib", "node_modules/pkg"):
         (tmp_path / hidden).mkdir(parents=True)
         (tmp_path / hidden / "x.yaml").write_text("memfit: 1\n")  # would fail if checked

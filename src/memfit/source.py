@@ -151,7 +151,7 @@ def _build(text: str) -> Loaded:
     diagnostics: list[Diagnostic] = []
     anchors: dict[str, tuple[object, int]] = {}
     open_anchors: set[str] = set()
-    # a frame: [container, size, anchor, pending_key, pending_key_event, is_map, start_mark]
+    # a frame: [container, size, anchor, pending_key, pending_key_event, is_map, start_mark, merges]
     stack: list[list] = []
     root = None
     documents = 0
@@ -183,8 +183,8 @@ def _build(text: str) -> Loaded:
         key, key_event = frame[3], frame[4]
         frame[3] = _NO_KEY
         mapping = frame[0]
-        if key_event.__class__ is ScalarEvent and key_event.tag is None and key_event.value == "<<" and key_event.style is None:
-            _merge(mapping, value, event)
+        if key_event.__class__ is ScalarEvent and key_event.tag is None and key_event.value == "<<" and not key_event.style:
+            frame[7].append((value, event))  # applied at the mapping's end: explicit keys win wherever they are
             return
         if key in mapping:
             diagnostics.append(
@@ -215,9 +215,11 @@ def _build(text: str) -> Loaded:
                 raise _tag_error(event, "mapping" if is_map else "sequence")
             if event.anchor is not None:
                 open_anchors.add(event.anchor)
-            stack.append([{} if is_map else [], 1, event.anchor, _NO_KEY, None, is_map, event.start_mark])
+            stack.append([{} if is_map else [], 1, event.anchor, _NO_KEY, None, is_map, event.start_mark, []])
         elif kind is SequenceEndEvent or kind is MappingEndEvent:
-            container, size, anchor, _, _, _, start = stack.pop()
+            container, size, anchor, _, _, _, start, merges = stack.pop()
+            for value, merge_event in merges:
+                _merge(container, value, merge_event)
             if anchor is not None:
                 open_anchors.discard(anchor)
                 anchors[anchor] = (container, size)
