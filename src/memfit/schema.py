@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from functools import lru_cache
 from importlib.resources import files
 
@@ -31,6 +32,13 @@ def _is_integer(checker, instance) -> bool:
     return isinstance(instance, int) and not isinstance(instance, bool)
 
 
+def _is_number(checker, instance) -> bool:
+    # .inf and .nan are YAML floats but no size, width or rate; jsonschema's multipleOf would crash on them
+    if isinstance(instance, bool):
+        return False
+    return isinstance(instance, int) or (isinstance(instance, float) and math.isfinite(instance))
+
+
 @lru_cache(maxsize=1)
 def validator():
     """Built once per process. No remote $ref can be fetched: the schema has only local refs
@@ -39,7 +47,7 @@ def validator():
     from referencing import Registry
 
     base = jsonschema.Draft202012Validator
-    checker = base.TYPE_CHECKER.redefine("integer", _is_integer)
+    checker = base.TYPE_CHECKER.redefine_many({"integer": _is_integer, "number": _is_number})
     cls = jsonschema.validators.extend(base, type_checker=checker)
     return cls(schema(), registry=Registry())
 
