@@ -309,7 +309,8 @@ def test_model_schema_properties_are_documented():
 def test_layer_items_are_discriminated_by_type_not_tried_against_every_type():
     layer = schema()["$defs"]["layer"]
     assert "oneOf" not in layer and "anyOf" not in layer
-    assert all(set(branch) == {"if", "then"} for branch in layer["allOf"])
+    branches = layer["then"]["allOf"]
+    assert len(branches) == len(RULES) and all(set(branch) == {"if", "then"} for branch in branches)
 
 
 def test_a_big_model_checks_quickly():
@@ -328,3 +329,12 @@ def test_schema_command_includes_the_model(tmp_path):
     done = run("schema")
     assert json.loads(done.stdout)["properties"]["model"]["required"] == ["input_shape", "batch_size", "layers"]
     assert os.path.samefile(ROOT / "schemas" / "memfit.schema.json", ROOT / "src" / "memfit" / "memfit.schema.json")
+
+
+def test_schema_is_valid_and_the_examples_validate_with_check_jsonschema():
+    schema_file = str(ROOT / "schemas" / "memfit.schema.json")
+    meta = subprocess.run([sys.executable, "-m", "check_jsonschema", "--check-metaschema", schema_file], capture_output=True, text=True, timeout=120)
+    assert meta.returncode == 0, meta.stdout + meta.stderr
+    examples = [str(p) for p in sorted(EXAMPLES.glob("*.yaml"))]
+    done = subprocess.run([sys.executable, "-m", "check_jsonschema", "--schemafile", schema_file, *examples], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
