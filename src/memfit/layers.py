@@ -96,7 +96,7 @@ def _tuple(value, n: int, what: str) -> list[int]:
 
 def _rank(shape, rank: int, layout: str) -> None:
     if len(shape) != rank:
-        raise Mismatch(f"it needs a rank-{rank} input {layout} (batch included), not rank {len(shape)}")
+        raise Mismatch(f"it needs a rank-{rank} input {layout}, not rank {len(shape)}")
 
 
 @dataclass(frozen=True)
@@ -107,8 +107,11 @@ class Window:
     padded: list | None  # the padded input's shape when 'same' needs an asymmetric pad (a copy), else None
 
 
+LAYOUTS = {1: "(batch, steps, channels)", 2: "(batch, height, width, channels)", 3: "(batch, depth, height, width, channels)"}
+
+
 def _window(shape, n: int, kernel, strides, dilation, padding: str, what: str = "kernel") -> Window:
-    _rank(shape, n + 2, "(batch, " + ", ".join(["spatial"] * n) + ", channels)")
+    _rank(shape, n + 2, LAYOUTS[n])
     k = _tuple(kernel, n, f"{what}_size" if what == "kernel" else "pool_size")
     s = _tuple(strides, n, "strides")
     d = _tuple(dilation, n, "dilation_rate")
@@ -206,7 +209,7 @@ def _pool(n: int, keep_indices: bool) -> Rule:
 
 def _global(n: int, keep: list) -> Rule:
     def shape(p, s):
-        _rank(s, n + 2, "(batch, " + ", ".join(["spatial"] * n) + ", channels)")
+        _rank(s, n + 2, LAYOUTS[n])
         return [s[0], s[-1]]
 
     return Rule(shape, saved=lambda p, s, o: list(keep))
