@@ -23,9 +23,9 @@ torch = pytest.importorskip("torch")
 keras = pytest.importorskip("keras")
 F = torch.nn.functional
 
-from memfit.calculator import OPTIMIZER_STATES  # noqa: E402
-from memfit.check import check  # noqa: E402
-from memfit.layers import RULES, defaults  # noqa: E402
+from memfit.calculator import OPTIMIZER_STATES
+from memfit.check import check
+from memfit.layers import RULES, defaults
 
 # toggling oneDNN off around each reference run makes torch warn about TF32 on Intel GPUs
 pytestmark = pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Callable
 
 from .config import Config, Tensor, make_tensor, width
 from .diagnostics import Problem
@@ -49,9 +49,10 @@ class Mismatch(Exception):
 
 
 # --- saved-tensor specs -------------------------------------------------------------
-# ("in",): the incoming tensor; ("out",): the layer's output; (label, shape, dtype):
-# a tensor of its own (dtype None = the activations dtype).
-IN, OUT = ("in",), ("out",)
+# ("in",): the incoming tensor; ("out",): the layer's output; ("ids",): the incoming
+# tensor as int64 ids (a cast copy unless it already is); (label, shape, dtype): a tensor
+# of its own (dtype None = the activations dtype).
+IN, OUT, IDS = ("in",), ("out",), ("ids",)
 
 
 def _new(label: str, shape, dtype: str | None = None) -> tuple:
@@ -278,7 +279,7 @@ def _mha_shape(p, s):
 
 
 def _mha_weights(p, s):
-    b, t, h, dk, dv = _mha_dims(p, s)
+    _, _, h, dk, dv = _mha_dims(p, s)
     d = s[-1]
     out = []
     for part, dim in (("query", dk), ("key", dk), ("value", dv)):
@@ -304,10 +305,6 @@ def _mha_saved(p, s, o):
     else:
         kept.append(_new("attention weights", scores))
     return kept + [_new("context", [b, t, h * dv])]
-
-
-def _embedding_saved(p, s, o):
-    return ["ids"]  # resolved in derive: the incoming ids when they are integer, else a cast copy
 
 
 RULES: dict[str, Rule] = {
@@ -359,7 +356,7 @@ RULES: dict[str, Rule] = {
         lambda p, s: _norm_weights(p, s, moving=False),
         lambda p, s, o: [IN, _new("mean", [*s[:-1], 1], FLOAT32), _new("inverse std", [*s[:-1], 1], FLOAT32)],
     ),
-    "Embedding": Rule(lambda p, s: [*s, p["output_dim"]], lambda p, s: [("embeddings", [p["input_dim"], p["output_dim"]], True)], _embedding_saved),
+    "Embedding": Rule(lambda p, s: [*s, p["output_dim"]], lambda p, s: [("embeddings", [p["input_dim"], p["output_dim"]], True)], lambda p, s, o: [IDS]),
     "SimpleRNN": Rule(_rnn_shape, _rnn_weights("simple_rnn_cell", 1), _rnn_saved(0, 0)),
     "LSTM": Rule(_rnn_shape, _rnn_weights("lstm_cell", 4), _rnn_saved(4, 3)),
     "GRU": Rule(_rnn_shape, _rnn_weights("gru_cell", 3), _rnn_saved(3, 4)),
@@ -436,10 +433,10 @@ def derive(model: dict, config: Config) -> tuple[list[Tensor], list[Problem]]:
         activation = ACTIVATIONS.get(p.get("activation", "linear")) if rule.activation else None
         if activation is not None:  # the layer's own output becomes a pre-activation tensor
             pre = (flow.fresh(), out_shape, None)
-            resolved = [_resolve(s, current, pre, flow, kind) for s in specs]
-            resolved.append(_resolve(activation, pre, out, flow, kind, pre_activation=True))
+            resolved = [_resolve(s, current, pre, flow) for s in specs]
+            resolved.append(_resolve(activation, pre, out, flow, pre_activation=True))
         else:
-            resolved = [_resolve(s, current, out, flow, kind) for s in specs]
+            resolved = [_resolve(s, current, out, flow) for s in specs]
         for label, (tid, tshape, dtype) in resolved:
             _keep(flow, tensors, row, name, label, tid, tshape, dtype)
         current = out
@@ -455,11 +452,10 @@ def _auto_name(base: str, seen: dict) -> str:
     return base if n == 0 else f"{base}_{n}"
 
 
-def _resolve(spec, incoming, out, flow: _Flow, kind: str, pre_activation: bool = False) -> tuple[str, tuple]:
+def _resolve(spec, incoming, out, flow: _Flow, pre_activation: bool = False) -> tuple[str, tuple]:
     """A saved-tensor spec -> (label, (id, shape, dtype))."""
-    if spec == "ids":
-        tid, tshape, dtype = incoming
-        return "ids", incoming if dtype == INT64 else (flow.fresh(), tshape, INT64)
+    if spec == IDS:
+        return "ids", incoming if incoming[2] == INT64 else (flow.fresh(), incoming[1], INT64)
     if spec == IN:
         return ("pre-activation" if pre_activation else "input"), incoming
     if spec == OUT:
