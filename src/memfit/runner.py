@@ -70,13 +70,27 @@ def run(args) -> int:
         sys.stdout.write(render(result, colour))
         return EXIT_FAILED if result.failed else EXIT_OK
 
-    from .reporters import REPORTERS
+    from .reporters import REPORTERS, summary_markdown
 
-    results = check_paths(args.paths, options, args.jobs)
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     try:
-        REPORTERS[args.format](out).report(results)
-    finally:
+        out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    except OSError as error:
+        sys.stderr.write(f"memfit: cannot write {args.output}: {error.strerror or error}\n")
+        return EXIT_USAGE
+    results = check_paths(args.paths, options, args.jobs)
+    try:
         if args.output:
-            out.close()
+            with open(args.output, "w", encoding="utf-8") as out:
+                REPORTERS[args.format](out).report(results)
+        else:
+            REPORTERS[args.format](sys.stdout).report(results)
+        if args.summary_md:
+            # appended, not replaced: $GITHUB_STEP_SUMMARY collects every step's summary
+            with open(args.summary_md, "a", encoding="utf-8") as out:
+                out.write(summary_markdown(results))
+    except BrokenPipeError:
+        raise  # the CLI's own handling: `memfit check ... | head` is not an error
+    except OSError as error:
+        sys.stderr.write(f"memfit: cannot write {error.filename}: {error.strerror or error}\n")
+        return EXIT_USAGE
     return EXIT_FAILED if any(r.failed for r in results) else EXIT_OK

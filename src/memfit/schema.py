@@ -52,10 +52,10 @@ def path_text(path) -> str:
 
 
 def problems(data) -> list[Problem]:
-    found: list[Problem] = []
+    found: dict[Problem, None] = {}  # ordered, and one `required` error per key must not repeat
     for error in validator().iter_errors(data):
-        found.extend(_translate(error))
-    return found
+        found.update(dict.fromkeys(_translate(error)))
+    return list(found)
 
 
 def _translate(error) -> list[Problem]:
@@ -100,8 +100,8 @@ def _translate(error) -> list[Problem]:
             out.append(Problem(path + (key,), "schema", f"unknown key {key!r} in {where}{hint}", on_key=True))
         return out
     if keyword == "required":
-        missing = error.message.split("'")[1] if "'" in error.message else error.validator_value
-        return [Problem(path, "schema", f"{where} is missing the required key {missing!r}", on_key=bool(path))]
+        missing = [key for key in error.validator_value if key not in value]
+        return [Problem(path, "schema", f"{where} is missing the required key {key!r}", on_key=bool(path)) for key in missing]
     if keyword == "const" and path == ("memfit",):
         return [Problem(path, "schema", f"memfit is {value!r}: this memfit reads format version 1 (write 'memfit: 1')")]
     if keyword in ("minimum", "type") and _is_dim(path):

@@ -71,8 +71,8 @@ class _Scalars:
         return result
 
     def construct(self, tag: str, value: str):
-        if tag in (_STR, _TIMESTAMP, _MERGE):
-            return value  # dates stay text: the data model is JSON's
+        if tag not in (_INT, _FLOAT, _BOOL, _NULL):
+            return value  # dates (and PyYAML's odd '=' value tag) stay text: the data model is JSON's
         node = yaml.ScalarNode(tag, value)
         method = {
             _INT: self._constructor.construct_yaml_int,
@@ -151,14 +151,14 @@ def _build(text: str) -> Loaded:
     diagnostics: list[Diagnostic] = []
     anchors: dict[str, tuple[object, int]] = {}
     open_anchors: set[str] = set()
-    # a frame: [container, size, anchor, pending_key, pending_key_event, is_map]
+    # a frame: [container, size, anchor, pending_key, pending_key_event, is_map, start_mark]
     stack: list[list] = []
     root = None
     documents = 0
     events = 0
     expanded = 0
 
-    def add(value, size: int, event) -> None:
+    def add(value, size: int, event, start=None) -> None:
         nonlocal root
         if not stack:
             root = value
@@ -172,7 +172,7 @@ def _build(text: str) -> Loaded:
             if isinstance(value, (list, dict)):
                 raise LoadError(
                     Diagnostic(
-                        _range(event.start_mark, event.end_mark),
+                        _range(start or event.start_mark, event.end_mark),
                         ERROR,
                         "yaml-syntax",
                         "a mapping key must be a plain scalar, not a list or mapping",
@@ -217,13 +217,13 @@ def _build(text: str) -> Loaded:
                 raise _tag_error(event, "mapping" if is_map else "sequence")
             if event.anchor is not None:
                 open_anchors.add(event.anchor)
-            stack.append([{} if is_map else [], 1, event.anchor, _NO_KEY, None, is_map])
+            stack.append([{} if is_map else [], 1, event.anchor, _NO_KEY, None, is_map, event.start_mark])
         elif kind is SequenceEndEvent or kind is MappingEndEvent:
-            container, size, anchor, _, _, _ = stack.pop()
+            container, size, anchor, _, _, _, start = stack.pop()
             if anchor is not None:
                 open_anchors.discard(anchor)
                 anchors[anchor] = (container, size)
-            add(container, size, event)
+            add(container, size, event, start)
         elif kind is AliasEvent:
             if event.anchor in open_anchors:
                 raise LoadError(
