@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 import pytest
 import yaml
@@ -430,3 +431,18 @@ def test_optimizer_states_match_torch_optim(name):
     state = optimizer.state[weight]
     full = [v for v in state.values() if torch.is_tensor(v) and v.shape == weight.shape]
     assert len(full) == OPTIMIZER_STATES[name]
+
+
+MODEL_EXAMPLES = sorted(p.name for p in (Path(__file__).resolve().parent.parent / "examples").glob("*.yaml") if "model" in yaml.safe_load(p.read_text()))
+
+
+@pytest.mark.parametrize("example", MODEL_EXAMPLES)
+def test_example_models_match_keras_and_autograd(example):
+    doc = yaml.safe_load((Path(__file__).resolve().parent.parent / "examples" / example).read_text())
+    input_shape, layers = doc["model"]["input_shape"], doc["model"]["layers"]
+    config = memfit(input_shape, layers)
+    model, built = keras_model(input_shape, layers)
+    assert [tuple(r.output_shape) for r in config.layers] == [shape for _, shape in built]
+    assert [r.params for r in config.layers] == [layer.count_params() for layer, _ in built]
+    assert sum(r.params for r in config.layers) == model.count_params()
+    assert config.footprint["activations"] == saved_by_autograd(input_shape, layers)
