@@ -93,6 +93,11 @@ def _translate(error) -> list[Problem]:
     if anchor == "percent":
         return [Problem(path, "bad-unit", f"{where} is {value!r}: write a percentage such as '90%'")]
 
+    if anchor == "layer-type" and keyword == "enum":
+        known = error.schema["enum"]
+        ranked = sorted(known, key=lambda name: -difflib.SequenceMatcher(None, str(value).lower(), name.lower()).ratio())
+        return [Problem(path, "schema", f"{where}: unknown layer type {value!r}; known types, nearest first: {', '.join(ranked)}")]
+
     if keyword == "additionalProperties":
         known = list(error.schema.get("properties", {}))
         extra = [key for key in value if key not in error.schema.get("properties", {})]
@@ -109,8 +114,8 @@ def _translate(error) -> list[Problem]:
         return [Problem(path, "schema", f"memfit is {value!r}: this memfit reads format version 1 (write 'memfit: 1')")]
     if keyword in ("minimum", "type") and _is_dim(path):
         return [Problem(path, "schema", f"{where} is {value!r}; dims must be non-negative integers")]
-    if keyword in ("minimum", "exclusiveMinimum", "maximum", "minItems", "maxItems"):
-        bound = {"minimum": "at least", "exclusiveMinimum": "more than", "maximum": "at most", "minItems": "at least this many items:", "maxItems": "at most this many items:"}[keyword]
+    if keyword in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum", "minItems", "maxItems"):
+        bound = {"minimum": "at least", "exclusiveMinimum": "more than", "maximum": "at most", "exclusiveMaximum": "less than", "minItems": "at least this many items:", "maxItems": "at most this many items:"}[keyword]
         return [Problem(path, "schema", f"{where} is {_show(value)}; it must be {bound} {error.validator_value}")]
     if keyword == "type":
         expected = error.validator_value
@@ -122,7 +127,9 @@ def _translate(error) -> list[Problem]:
     if keyword in ("anyOf", "oneOf") and error.context:
         from jsonschema.exceptions import best_match
 
-        return _translate(best_match(error.context))
+        # the branch written for the value's own type says more than "expected an integer"
+        fitting = [e for e in error.context if e.validator != "type"]
+        return _translate(best_match(fitting or error.context))
     return [Problem(path, "schema", f"{where}: {error.message}")]
 
 
@@ -130,7 +137,7 @@ def _is_dim(path) -> bool:
     # parameters[i][j] (bare shape) or parameters[i].shape[j]
     return (len(path) == 3 and path[0] in ("parameters", "activations") and isinstance(path[2], int)) or (
         len(path) == 4 and path[0] in ("parameters", "activations") and path[2] == "shape"
-    ) or (len(path) >= 2 and path[-2] in ("shape", "input_shape", "target_shape") and isinstance(path[-1], int))
+    ) or (len(path) >= 2 and path[-2] == "shape" and isinstance(path[-1], int))
 
 
 def _show(value) -> str:
