@@ -39,6 +39,16 @@ def _is_number(checker, instance) -> bool:
     return isinstance(instance, int) or (isinstance(instance, float) and math.isfinite(instance))
 
 
+def _multiple_of(validator, divisor, instance, schema):
+    # exact, with Fractions: jsonschema divides as floats, which overflows on huge ints
+    from fractions import Fraction
+
+    from jsonschema.exceptions import ValidationError
+
+    if validator.is_type(instance, "number") and (Fraction(instance) / Fraction(divisor)).denominator != 1:
+        yield ValidationError(f"{instance!r} is not a multiple of {divisor}")
+
+
 @lru_cache(maxsize=1)
 def validator():
     """Built once per process. No remote $ref can be fetched: the schema has only local refs
@@ -48,7 +58,7 @@ def validator():
 
     base = jsonschema.Draft202012Validator
     checker = base.TYPE_CHECKER.redefine_many({"integer": _is_integer, "number": _is_number})
-    cls = jsonschema.validators.extend(base, type_checker=checker)
+    cls = jsonschema.validators.extend(base, validators={"multipleOf": _multiple_of}, type_checker=checker)
     return cls(schema(), registry=Registry())
 
 
