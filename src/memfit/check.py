@@ -31,6 +31,7 @@ class Result:
     diagnostics: list = field(default_factory=list)
     config: Config | None = None
     budget: int | None = None
+    budget_origin: str | None = None  # where the budget comes from, as written: "device.memory 24 GiB - reserve 1 GiB"
     skipped: bool = False
     data: object = None
 
@@ -116,7 +117,7 @@ def _budget(config: Config, options: Options, result: Result, data: dict) -> lis
     else:
         at = ("device",) if "device" in data else ("memfit",)
         return [Problem(at, "no-budget", "no memory budget: set device.memory (e.g. '24 GiB') or pass --budget", on_key=True)]
-    result.budget = budget
+    result.budget, result.budget_origin = budget, origin
     total = config.footprint["total"]
     if total > budget:
         return [

@@ -32,23 +32,6 @@ _ROLE = {  # a tensor's byte categories, in the order they are shown, and what t
 }
 
 
-def layers_module():
-    """The layer model, if this install has it (it arrives with the `model` section)."""
-    try:
-        from . import layers
-    except ImportError:
-        return None
-    return layers
-
-
-def _attr(row, *names, default=None):
-    for name in names:
-        value = getattr(row, name, None)
-        if value is not None:
-            return value
-    return default
-
-
 def _shape(shape) -> str:
     return "[" + ", ".join(map(str, shape)) + "]"
 
@@ -169,7 +152,7 @@ class Analysis:
             return self.budget_text(), path
         if path[:2] == ("model", "layers") and len(path) >= 3:
             row = self.layers.get(path[:3])
-            return (layer_text(row, self.data_at(path[:3]), self.tensors.get(path[:3], [])) if row is not None else None), path[:3]
+            return (layer_text(row, self.tensors.get(path[:3], [])) if row is not None else None), path[:3]
         return None, path
 
     def _category_text(self, category: str) -> str | None:
@@ -195,8 +178,7 @@ class Analysis:
         if budget is None:
             lines.append("**budget**: none (set device.memory, e.g. '24 GiB')")
         else:
-            origin = f"device.memory {human(config.memory)}" + (f" - reserve {human(config.reserve)}" if config.reserve else "")
-            lines.append(f"**budget**: {with_bytes(budget)} ({origin})")
+            lines.append(f"**budget**: {with_bytes(budget)} ({self.result.budget_origin})")
         lines.append(f"**total**: {with_bytes(total)}" + (f", {_pct(total, budget)} of the budget" if budget else ""))
         if budget is not None:
             if total > budget:
@@ -324,20 +306,12 @@ def optimizer_text(value, config) -> str | None:
     return text
 
 
-def layer_text(row, item, tensors=()) -> str:
+def layer_text(row, tensors=()) -> str:
     """A layer row (path, type, name, output_shape, params, saved_bytes) and the tensor rows
     derived from it (their bytes as computed by the core)."""
-    kind = _attr(row, "type") or (item.get("type") if isinstance(item, dict) else None)
-    name = _attr(row, "name")
-    index = row.path[-1] if row.path else "?"
-    output = _attr(row, "output_shape", "output", "shape")
-    params = _attr(row, "params", "param_count", "parameters")
-    saved = _attr(row, "saved_bytes", "activation_bytes", "saved")
-    lines = [f"**layer {index}**" + (f": {kind}" if kind else "") + (f" `{name}`" if name and name != kind else "")]
-    if output is not None:
-        lines.append(f"- output shape: {_shape(output)}")
-    if params is not None:
-        lines.append(f"- parameters: {params:,}")
+    lines = [f"**layer {row.index}**: {row.type}" + (f" `{row.name}`" if row.name != row.type else "")]
+    lines.append(f"- output shape: {_shape(row.output_shape)}")
+    lines.append(f"- parameters: {row.params:,}")
     weights: dict[str, int] = {}
     for tensor in tensors:
         if tensor.category == "parameters":
@@ -346,19 +320,14 @@ def layer_text(row, item, tensors=()) -> str:
     if weights:
         parts = " + ".join(f"{human(size)} {_ROLE[category]}" for category, size in weights.items())
         lines.append(f"- weights in training: {parts} = {human(sum(weights.values()))}")
-    if saved is not None:
-        lines.append(f"- saved for backward (tensors first kept by this layer): {with_bytes(saved)}")
+    lines.append(f"- saved for backward (tensors first kept by this layer): {with_bytes(row.saved_bytes)}")
     return "\n".join(lines)
 
 
 def layer_hint(row) -> str:
-    output = _attr(row, "output_shape", "output", "shape")
-    params = _attr(row, "params", "param_count", "parameters")
-    parts = []
-    if output is not None:
-        parts.append(f"→ {_shape(output)}")
-    if params:
-        parts.append(f"{params:,} params")
+    parts = [f"→ {_shape(row.output_shape)}"]
+    if row.params:
+        parts.append(f"{row.params:,} params")
     return ", ".join(parts)
 
 
@@ -428,14 +397,9 @@ def completion_context(lines: list[str], line: int, character: int) -> tuple[str
 
 
 def layer_types() -> list[str]:
-    module = layers_module()
-    if module is None:
-        return []
-    for name in ("LAYERS", "LAYER_TYPES", "RULES"):
-        table = getattr(module, name, None)
-        if isinstance(table, dict):
-            return sorted(table)
-    return []
+    from .layers import RULES
+
+    return sorted(RULES)
 
 
 def choices(vocabulary: str) -> list[Choice]:
