@@ -1,52 +1,42 @@
-"""editor.py without a client: the layer views against a row shaped as the layer model's
-(a stand-in until memfit.layers lands; the end-to-end layer test in test_lsp.py runs then),
-and the completion contexts."""
+"""editor.py without a client: the layer views from the real layer model's rows, and the
+completion contexts."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-from memfit import config, source
-from memfit.check import Result
+from memfit.check import check
 from memfit.editor import Analysis, completion_context, split_lines
 
 MODEL = """\
 memfit: 1
 optimizer: adam
+device: {memory: 1 GiB}
 model:
+  input_shape: [80, 80, 4]
+  batch_size: 32
   layers:
     - {type: Conv2D, filters: 32, kernel_size: [8, 8], strides: [4, 4], padding: same}
     - {type: ReLU}
 """
 
 
-def analysis_with_layer_rows() -> Analysis:
-    data = source.load(MODEL).data
-    built, _ = config.build(data)
-    built.footprint = config.footprint(built)
-    # a stand-in row with the layer model's attributes (path, output_shape, params, saved_bytes)
-    built.layers = [
-        SimpleNamespace(path=("model", "layers", 0), output_shape=[32, 20, 20, 32], params=8224, saved_bytes=3_276_800),
-        SimpleNamespace(path=("model", "layers", 1), output_shape=[32, 20, 20, 32], params=0, saved_bytes=1_638_400),
-    ]
-    return Analysis(MODEL, Result("model.yaml", config=built, data=data))
-
-
 def test_layer_hover_and_hint_read_the_row():
-    view = analysis_with_layer_rows()
-    hover = view.hover(4, MODEL.splitlines()[4].index("filters"))
+    result = check(MODEL, "model.yaml")
+    assert result.diagnostics == []
+    view = Analysis(MODEL, result)
+    line = MODEL.splitlines()[7]
+    hover = view.hover(7, line.index("filters"))
     assert hover.markdown.splitlines() == [
-        "**layer 0**: Conv2D",
+        "**layer 0**: Conv2D `conv2d`",
         "- output shape: [32, 20, 20, 32]",
         "- parameters: 8,224",
+        "- weights in training: 32.13 KiB parameter + 32.13 KiB gradient + 64.25 KiB optimizer state = 128.50 KiB",
         "- saved for backward (tensors first kept by this layer): 3,276,800 B (3.13 MiB)",
     ]
-    line4 = MODEL.splitlines()[4]
-    assert (hover.range.start_character, hover.range.end_character) == (line4.index("{"), len(line4))
-    hints = view.hints(4, 5)
+    assert (hover.range.start_character, hover.range.end_character) == (line.index("{"), len(line))
+    hints = view.hints(7, 8)
     assert [(h.line, h.character, h.label) for h in hints] == [
-        (4, len(line4), "→ [32, 20, 20, 32], 8,224 params"),
-        (5, len(MODEL.splitlines()[5]), "→ [32, 20, 20, 32]"),  # no parameters: no count
+        (7, len(line), "→ [32, 20, 20, 32], 8,224 params"),
+        (8, len(MODEL.splitlines()[8]), "→ [32, 20, 20, 32]"),  # no parameters: no count
     ]
 
 

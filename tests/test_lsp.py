@@ -367,7 +367,7 @@ async def test_hover_tensor_budget_dtype_and_optimizer(client: LanguageClient, t
     budget = await hover(client, uri, at(BASE, 2, "GiB"))
     lines = budget.contents.value.splitlines()
     assert lines[:3] == [
-        "**budget**: 1,006,632,960 B (960.00 MiB) (device.memory 1.00 GiB - reserve 64.00 MiB)",
+        "**budget**: 1,006,632,960 B (960.00 MiB) (device.memory 1 GiB - reserve 64 MiB)",
         "**total**: 46,154,752 B (44.02 MiB), 4.6% of the budget",
         "**headroom**: 960,478,208 B (915.98 MiB)",
     ]
