@@ -31,11 +31,14 @@ def _bench():
 bench = _bench()
 
 
-def reference(schema: dict):
-    """jsonschema as memfit configures it: Draft 2020-12, integers exclude floats and bools."""
-    base = jsonschema.Draft202012Validator
-    checker = base.TYPE_CHECKER.redefine("integer", lambda c, x: isinstance(x, int) and not isinstance(x, bool))
-    return jsonschema.validators.extend(base, type_checker=checker)(schema)
+def reference(schema: dict, dialect: bool = True):
+    """jsonschema as memfit configures it (integers exclude 2.0, numbers exclude inf, exact
+    multipleOf), or stock Draft 2020-12."""
+    return (memfit_schema.validator_class() if dialect else jsonschema.Draft202012Validator)(schema)
+
+
+def fast(schema: dict, dialect: bool = True):
+    return compile_schema(schema, **(memfit_schema.DIALECT if dialect else {}))
 
 
 def outcome(check, instance):
@@ -53,8 +56,8 @@ def agree(fast, slow) -> bool:
 
 
 MEMFIT = memfit_schema.schema()
-FAST = compile_schema(MEMFIT)
-SLOW = reference(MEMFIT)
+FAST = fast(MEMFIT)
+SLOW = memfit_schema.validator()
 
 # values that sit on the schema's edges: bools vs ints, floats vs ints, multiples of 1/8, units, dtypes
 EDGES = st.sampled_from(
@@ -134,7 +137,8 @@ EVERY_KEYWORD = {
         "tree": {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "array", "items": {"$ref": "#/$defs/tree"}}]},
     },
 }
-FAST_EVERY, SLOW_EVERY = compile_schema(EVERY_KEYWORD), reference(EVERY_KEYWORD)
+FAST_EVERY, SLOW_EVERY = fast(EVERY_KEYWORD), reference(EVERY_KEYWORD)
+STOCK_FAST_EVERY, STOCK_SLOW_EVERY = fast(EVERY_KEYWORD, dialect=False), reference(EVERY_KEYWORD, dialect=False)
 KEYS = st.sampled_from(["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "z1", "zz", "other", "x", "y", "Q"])
 ANY = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(KEYS, inner, max_size=4)), max_leaves=10)
 
@@ -143,6 +147,7 @@ ANY = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4),
 @given(instance=st.one_of(ANY, st.dictionaries(KEYS, ANY, max_size=6)))
 def test_agrees_with_jsonschema_on_every_supported_keyword(instance):
     assert agree(outcome(FAST_EVERY, instance), outcome(SLOW_EVERY.is_valid, instance)), instance
+    assert agree(outcome(STOCK_FAST_EVERY, instance), outcome(STOCK_SLOW_EVERY.is_valid, instance)), instance
 
 
 @settings(max_examples=300, deadline=None)
@@ -151,6 +156,7 @@ def test_agrees_with_jsonschema_keyword_by_keyword(key, value):
     # one key at a time, so one keyword's disagreement is not hidden by another's failure
     instance = {key: value}
     assert agree(outcome(FAST_EVERY, instance), outcome(SLOW_EVERY.is_valid, instance)), instance
+    assert agree(outcome(STOCK_FAST_EVERY, instance), outcome(STOCK_SLOW_EVERY.is_valid, instance)), instance
 
 
 # where a plausible implementation would differ from jsonschema: bools are not ints, float
@@ -180,6 +186,11 @@ EDGE_CASES = [
     ({"multipleOf": 3}, 7),
     ({"multipleOf": 3}, "7"),
     ({"type": "integer"}, 2.0),
+    ({"type": "integer"}, 2.5),
+    ({"type": "number"}, float("inf")),
+    ({"minimum": 0}, float("-inf")),
+    ({"multipleOf": 0.125}, 10**400 // 8 * 8),
+    ({"multipleOf": 0.125}, float("nan")),
     ({"type": "integer"}, True),
     ({"type": "number"}, True),
     ({"type": "number"}, 2.5),
@@ -220,9 +231,10 @@ EDGE_CASES = [
 ]
 
 
+@pytest.mark.parametrize("dialect", [True, False], ids=["memfit", "stock"])
 @pytest.mark.parametrize(("schema", "instance"), EDGE_CASES)
-def test_agrees_with_jsonschema_on_edge_cases(schema, instance):
-    assert agree(outcome(compile_schema(schema), instance), outcome(reference(schema).is_valid, instance))
+def test_agrees_with_jsonschema_on_edge_cases(schema, instance, dialect):
+    assert agree(outcome(fast(schema, dialect), instance), outcome(reference(schema, dialect).is_valid, instance))
 
 
 def test_the_every_keyword_schema_really_uses_every_supported_keyword():
@@ -272,3 +284,28 @@ def test_a_valid_config_is_checked_without_importing_jsonschema(tmp_path):
 
 def test_an_invalid_config_is_explained_by_jsonschema(tmp_path):
     assert _imports_after_check(tmp_path, bench.config_text(75).replace("optimizer:", "optimiser:")) == "True"
+
+
+@pytest.mark.parametrize(
+    ("change", "valid"),
+    [
+        (lambda d: d["parameters"].append([2.0, 3]), False),
+        (lambda d: d["parameters"].append([True]), False),
+        (lambda d: d["parameters"].append([10**400, 3]), True),
+        (lambda d: d["dtypes"].update(parameters=float("inf")), False),
+        (lambda d: d["dtypes"].update(parameters=0.1), False),
+        (lambda d: d["dtypes"].update(parameters=10**400 + 1), True),
+        (lambda d: d["dtypes"].update(parameters=2.0**-10), False),
+        (lambda d: d["dtypes"].update(parameters=1e300), True),
+        (lambda d: d["activations"].append({"shape": [1], "count": True}), False),
+    ],
+)
+def test_memfits_own_check_uses_memfits_dialect(change, valid, monkeypatch):
+    # the compiled check as problems() really builds it, against jsonschema alone
+    doc = yaml.safe_load(bench.config_text(20))
+    change(doc)
+    assert memfit_schema.precheck()(doc) is valid
+    found = memfit_schema.problems(doc)
+    monkeypatch.setattr(memfit_schema, "precheck", lambda: None)
+    assert found == memfit_schema.problems(doc)
+    assert bool(found) is not valid

@@ -3,4 +3,4 @@
 from .calculator import compute_footprint
 
 __version__ = "0.1.0"
-__all__ = ["compute_footprint", "__version__"]
+__all__ = ["__version__", "compute_footprint"]

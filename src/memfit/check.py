@@ -11,7 +11,7 @@ from fractions import Fraction
 from . import source
 from .config import Config, build, footprint
 from .diagnostics import ERROR, FILE_START, WARNING, Diagnostic, Problem
-from .units import human, with_bytes
+from .units import with_bytes
 
 # A memfit config has a top-level `memfit:` key; without one anywhere in the text, a file
 # is not a config and is skipped in --skip-unrecognized mode before any parsing.
@@ -31,6 +31,7 @@ class Result:
     diagnostics: list = field(default_factory=list)
     config: Config | None = None
     budget: int | None = None
+    budget_origin: str | None = None  # where the budget comes from, as written: "device.memory 24 GiB - reserve 1 GiB"
     skipped: bool = False
     data: object = None
 
@@ -80,7 +81,8 @@ def check(text: str, path: str = "<text>", options: Options = Options()) -> Resu
             problems.extend(layer_problems)
         config.footprint = footprint(config)
         result.config = config
-        problems.extend(_budget(config, options, result, data))
+        if not any(p.code == "bad-unit" for p in problems):  # no budget can be trusted otherwise
+            problems.extend(_budget(config, options, result, data))
     result.diagnostics.extend(place(text, problems, data))
     result.diagnostics.sort(key=lambda d: (d.range.start_line, d.range.start_character))
     return result
@@ -106,15 +108,16 @@ def place(text: str, problems: list[Problem], data) -> list[Diagnostic]:
 
 def _budget(config: Config, options: Options, result: Result, data: dict) -> list[Problem]:
     if options.budget is not None:
-        budget, where, origin = options.budget, ("memfit",), f"--budget {human(options.budget)}"
+        budget, where, origin = options.budget, ("memfit",), "from --budget"
         on_key = True
     elif config.memory is not None:
         budget, where, on_key = config.budget, ("device", "memory"), False
-        origin = f"device.memory {human(config.memory)}" + (f" - reserve {human(config.reserve)}" if config.reserve else "")
+        device = data["device"]
+        origin = f"device.memory {device['memory']}" + (f" - reserve {device['reserve']}" if "reserve" in device else "")
     else:
         at = ("device",) if "device" in data else ("memfit",)
         return [Problem(at, "no-budget", "no memory budget: set device.memory (e.g. '24 GiB') or pass --budget", on_key=True)]
-    result.budget = budget
+    result.budget, result.budget_origin = budget, origin
     total = config.footprint["total"]
     if total > budget:
         return [

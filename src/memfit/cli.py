@@ -4,7 +4,6 @@ published contract: 0 no error, 1 a config failed (or could not be read), 2 usag
 from __future__ import annotations
 
 import argparse
-import sys
 
 from . import __version__
 from .reporters import REPORTERS
@@ -41,6 +40,7 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--format", choices=list(REPORTERS), default="text", help="output format (default text)")
     check.add_argument("--skip-unrecognized", action="store_true", help="skip files that are not memfit configs instead of failing them")
     check.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
+    check.add_argument("--summary-md", metavar="FILE", help="also append a Markdown table (file, total, budget, headroom, verdict) to FILE, e.g. $GITHUB_STEP_SUMMARY")
     check.add_argument("--jobs", "-j", type=int, default=0, metavar="N", help="parallel processes for many files (default: by file count and cores)")
     common(check)
 

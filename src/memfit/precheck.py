@@ -4,9 +4,10 @@ jsonschema stays the authority on *what* is wrong and where (schema.problems ask
 this says no); this only spares the common case, a valid config, from jsonschema's import
 (~30 ms, a pre-commit hook's whole budget) and from its per-node cost (seconds on 150,000
 tensors). It reads the schema, never a copy of it: each keyword the schema uses becomes a
-closure with jsonschema's exact semantics for that keyword (Draft 2020-12, memfit's integer
-type that excludes floats and bools, no format assertion). A keyword it does not know makes
-`compile_schema` raise Unsupported, and then every document goes to jsonschema as before.
+closure with jsonschema's exact semantics for that keyword (Draft 2020-12, no format assertion;
+the caller passes its own integer and number types and multipleOf, as schema.py does for memfit's
+dialect). A keyword it does not know makes `compile_schema` raise Unsupported, and then every
+document goes to jsonschema as before.
 """
 
 from __future__ import annotations
@@ -33,15 +34,33 @@ def _is_number(x) -> bool:
     return isinstance(x, Number) and not isinstance(x, bool)
 
 
+def _is_integer(x) -> bool:
+    if type(x) is int:
+        return True
+    return not isinstance(x, bool) and (isinstance(x, int) or (isinstance(x, float) and x.is_integer()))
+
+
+# jsonschema's Draft 2020-12 types; compile_schema(types=...) replaces any of them
 TYPES = {
     "object": lambda x: isinstance(x, dict),
     "array": lambda x: isinstance(x, list),
     "string": lambda x: isinstance(x, str),
-    "integer": lambda x: type(x) is int or (isinstance(x, int) and not isinstance(x, bool)),  # as schema._is_integer
+    "integer": _is_integer,
     "number": _is_number,
     "boolean": lambda x: isinstance(x, bool),
     "null": lambda x: x is None,
 }
+
+
+def _float_multiple(x, divisor) -> bool:
+    """jsonschema's own multipleOf: float division, exact only when that overflows."""
+    if isinstance(divisor, float):
+        quotient = x / divisor
+        try:
+            return int(quotient) == quotient
+        except OverflowError:
+            return (Fraction(x) / Fraction(divisor)).denominator == 1
+    return not (x % divisor)
 
 
 def _unbool(x):
@@ -72,8 +91,11 @@ def _never(x) -> bool:
 
 
 class _Compiler:
-    def __init__(self, root: dict) -> None:
+    def __init__(self, root: dict, types: dict, multiple_of) -> None:
         self.root = root
+        self.types = types
+        self.is_number = types["number"]
+        self.multiple_of = multiple_of
         self.done: dict[int, object] = {}
         self.busy: set[int] = set()
 
@@ -160,7 +182,7 @@ def _all(checks: list):
 def _type(c, value, schema):
     names = value if isinstance(value, list) else [value]
     try:
-        tests = [TYPES[name] for name in names]
+        tests = [c.types[name] for name in names]
     except KeyError as error:
         raise Unsupported(f"type {error}") from None
     if len(tests) == 1:
@@ -257,11 +279,12 @@ def _length(kind, compare):
 
 def _bound(compare):
     def make(c, value, schema):
+        is_number = c.is_number
+
         def check(x) -> bool:
-            kind = type(x)
-            if kind is int or kind is float:
+            if type(x) is int:  # a number under any dialect, and the common case
                 return compare(x, value)
-            return not _is_number(x) or compare(x, value)
+            return not is_number(x) or compare(x, value)
 
         return check
 
@@ -269,18 +292,8 @@ def _bound(compare):
 
 
 def _multiple_of(c, value, schema):
-    def check(x) -> bool:
-        if not _is_number(x):
-            return True
-        if isinstance(value, float):
-            quotient = x / value
-            try:
-                return int(quotient) == quotient
-            except OverflowError:
-                return (Fraction(x) / Fraction(value)).denominator == 1
-        return not (x % value)
-
-    return check
+    is_number, multiple = c.is_number, c.multiple_of
+    return lambda x: not is_number(x) or multiple(x, value)
 
 
 def _pattern(c, value, schema):
@@ -350,12 +363,14 @@ KEYWORDS = {
 }
 
 
-def compile_schema(root: dict, at: tuple = ()):
+def compile_schema(root: dict, at: tuple = (), types: dict | None = None, multiple_of=None):
     """A predicate: document -> True if the schema accepts it (or, with `at`, a path of keys into
-    the schema, the subschema there, its $refs resolved against the whole). Raises Unsupported."""
+    the schema, the subschema there, its $refs resolved against the whole). `types` replaces
+    type predicates (x -> bool), `multiple_of(x, divisor) -> bool` the multipleOf test for
+    numbers, as the validator they must agree with was extended. Raises Unsupported."""
     if root.get("$schema", "https://json-schema.org/draft/2020-12/schema") != "https://json-schema.org/draft/2020-12/schema":
         raise Unsupported(f"$schema {root['$schema']!r}")
     node = root
     for key in at:
         node = node[key]
-    return _Compiler(root).compiled(node)
+    return _Compiler(root, {**TYPES, **(types or {})}, multiple_of or _float_multiple).compiled(node)

@@ -12,17 +12,22 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
+# never configs, and often huge: a `memfit check .` must not crawl them
+_PRUNED = {"node_modules", "__pycache__", "site-packages"}
+
+
+def _walk_yaml(top: str):
+    for root, dirs, names in os.walk(top):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in _PRUNED]
+        yield from (os.path.join(root, name) for name in names if name.endswith(YAML_SUFFIXES))
+
+
 def expand(paths: list[str]) -> list[tuple[str, Diagnostic | None]]:
     """Files to check, in a stable order; a directory without YAML files is itself a problem."""
     out: list[tuple[str, Diagnostic | None]] = []
     for path in paths:
         if os.path.isdir(path):
-            found = sorted(
-                os.path.join(root, name)
-                for root, dirs, names in os.walk(path)
-                for name in names
-                if name.endswith(YAML_SUFFIXES)
-            )
+            found = sorted(name for name in _walk_yaml(path))
             if not found:
                 out.append((path, Diagnostic(FILE_START, ERROR, "io", f"no *.yaml or *.yml files in directory {path}")))
             out.extend((name, None) for name in found)
@@ -37,8 +42,13 @@ def safe_check(path: str, options: Options) -> Result:
     try:
         return check_file(path, options)
     except Exception as error:  # noqa: BLE001
-        message = f"internal error while checking this file ({type(error).__name__}: {error}); please report it"
-        return Result(path, [Diagnostic(FILE_START, ERROR, "internal", message)])
+        return Result(path, [internal_error(error)])
+
+
+def internal_error(error: Exception) -> Diagnostic:
+    """A bug in memfit, as one diagnostic (the CLI and the language server both use it)."""
+    message = f"internal error while checking this file ({type(error).__name__}: {error}); please report it"
+    return Diagnostic(FILE_START, ERROR, "internal", message)
 
 
 def check_paths(paths: list[str], options: Options, jobs: int = 0) -> list[Result]:
@@ -70,13 +80,22 @@ def run(args) -> int:
         sys.stdout.write(render(result, colour))
         return EXIT_FAILED if result.failed else EXIT_OK
 
-    from .reporters import REPORTERS
+    from .reporters import REPORTERS, summary_markdown
 
     results = check_paths(args.paths, options, args.jobs)
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     try:
-        REPORTERS[args.format](out).report(results)
-    finally:
         if args.output:
-            out.close()
+            with open(args.output, "w", encoding="utf-8") as out:
+                REPORTERS[args.format](out).report(results)
+        else:
+            REPORTERS[args.format](sys.stdout).report(results)
+        if args.summary_md:
+            # appended, not replaced: $GITHUB_STEP_SUMMARY collects every step's summary
+            with open(args.summary_md, "a", encoding="utf-8") as out:
+                out.write(summary_markdown(results))
+    except BrokenPipeError:
+        raise  # the CLI's own handling: `memfit check ... | head` is not an error
+    except OSError as error:
+        sys.stderr.write(f"memfit: cannot write {error.filename}: {error.strerror or error}\n")
+        return EXIT_USAGE
     return EXIT_FAILED if any(r.failed for r in results) else EXIT_OK

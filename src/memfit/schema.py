@@ -8,6 +8,7 @@ each problem on the node it concerns, in words, with the code users filter on.
 from __future__ import annotations
 
 import json
+import math
 from functools import lru_cache
 from importlib.resources import files
 
@@ -25,22 +26,62 @@ def schema() -> dict:
     return json.loads(schema_text())
 
 
-def _is_integer(checker, instance) -> bool:
+# memfit's dialect of JSON Schema, in one place for both jsonschema (validator_class) and the
+# compiled yes/no check (precheck): the two must agree on every document.
+
+
+def is_integer(instance) -> bool:
     # YAML tells 2 from 2.0 (JSON Schema's integer would accept 2.0) and True from 1
-    return isinstance(instance, int) and not isinstance(instance, bool)
+    return type(instance) is int or (isinstance(instance, int) and not isinstance(instance, bool))
+
+
+def is_number(instance) -> bool:
+    # .inf and .nan are YAML floats but no size, width or rate; jsonschema's multipleOf would crash on them
+    if type(instance) is int:  # the common case first: this runs for every dim of every tensor
+        return True
+    if isinstance(instance, bool):
+        return False
+    return isinstance(instance, int) or (isinstance(instance, float) and math.isfinite(instance))
+
+
+def is_multiple(instance, divisor) -> bool:
+    # exact, with Fractions: jsonschema divides as floats, which overflows on huge ints
+    from fractions import Fraction
+
+    return (Fraction(instance) / Fraction(divisor)).denominator == 1
+
+
+DIALECT = {"types": {"integer": is_integer, "number": is_number}, "multiple_of": is_multiple}
+
+
+def _multiple_of(validator, divisor, instance, schema):
+    from jsonschema.exceptions import ValidationError
+
+    if validator.is_type(instance, "number") and not is_multiple(instance, divisor):
+        yield ValidationError(f"{instance!r} is not a multiple of {divisor}")
+
+
+def _type_check(test):
+    return lambda checker, instance: test(instance)
+
+
+@lru_cache(maxsize=1)
+def validator_class():
+    """jsonschema's Draft 2020-12 validator with memfit's dialect."""
+    import jsonschema
+
+    base = jsonschema.Draft202012Validator
+    checker = base.TYPE_CHECKER.redefine_many({name: _type_check(test) for name, test in DIALECT["types"].items()})
+    return jsonschema.validators.extend(base, validators={"multipleOf": _multiple_of}, type_checker=checker)
 
 
 @lru_cache(maxsize=1)
 def validator():
     """Built once per process. No remote $ref can be fetched: the schema has only local refs
     and the registry is empty, so an unknown ref fails instead of going to the network."""
-    import jsonschema
     from referencing import Registry
 
-    base = jsonschema.Draft202012Validator
-    checker = base.TYPE_CHECKER.redefine("integer", _is_integer)
-    cls = jsonschema.validators.extend(base, type_checker=checker)
-    return cls(schema(), registry=Registry())
+    return validator_class()(schema(), registry=Registry())
 
 
 def path_text(path) -> str:
@@ -56,7 +97,7 @@ def precheck():
     from .precheck import Unsupported, compile_schema
 
     try:
-        return compile_schema(schema())
+        return compile_schema(schema(), **DIALECT)
     except Unsupported:
         return None
 
@@ -72,13 +113,13 @@ def problems(data) -> list[Problem]:
             accepted = False
         if accepted:
             return []
-    found: list[Problem] = []
+    found: dict[Problem, None] = {}  # ordered, and one `required` error per key must not repeat
     narrowed, origins = _narrowed(data) if valid is not None else (data, {})
     for error in validator().iter_errors(narrowed):
         if len(error.path) >= 2 and error.path[0] in origins:
             error.path[1] = origins[error.path[0]][error.path[1]]  # back to the item's index in the document
-        found.extend(_translate(error))
-    return found
+        found.update(dict.fromkeys(_translate(error)))
+    return list(found)
 
 
 # a list property whose own schema says no more than this can have no error about the list
@@ -95,7 +136,7 @@ def _item_checks() -> dict:
     for key, sub in schema().get("properties", {}).items():
         if isinstance(sub, dict) and sub.get("type") == "array" and "items" in sub and set(sub) <= _LIST_ONLY:
             try:
-                checks[key] = compile_schema(schema(), ("properties", key, "items"))
+                checks[key] = compile_schema(schema(), ("properties", key, "items"), **DIALECT)
             except Unsupported:
                 pass
     return checks
@@ -155,6 +196,13 @@ def _translate(error) -> list[Problem]:
     if anchor == "percent":
         return [Problem(path, "bad-unit", f"{where} is {value!r}: write a percentage such as '90%'")]
 
+    if anchor == "layer-type" and keyword == "enum":
+        import difflib
+
+        known = error.schema["enum"]
+        ranked = sorted(known, key=lambda name: -difflib.SequenceMatcher(None, str(value).lower(), name.lower()).ratio())
+        return [Problem(path, "schema", f"{where}: unknown layer type {value!r}; known types, nearest first: {', '.join(ranked)}")]
+
     if keyword == "additionalProperties":
         import difflib
 
@@ -167,14 +215,14 @@ def _translate(error) -> list[Problem]:
             out.append(Problem(path + (key,), "schema", f"unknown key {key!r} in {where}{hint}", on_key=True))
         return out
     if keyword == "required":
-        missing = error.message.split("'")[1] if "'" in error.message else error.validator_value
-        return [Problem(path, "schema", f"{where} is missing the required key {missing!r}", on_key=bool(path))]
+        missing = [key for key in error.validator_value if key not in value]
+        return [Problem(path, "schema", f"{where} is missing the required key {key!r}", on_key=bool(path)) for key in missing]
     if keyword == "const" and path == ("memfit",):
         return [Problem(path, "schema", f"memfit is {value!r}: this memfit reads format version 1 (write 'memfit: 1')")]
     if keyword in ("minimum", "type") and _is_dim(path):
         return [Problem(path, "schema", f"{where} is {value!r}; dims must be non-negative integers")]
-    if keyword in ("minimum", "exclusiveMinimum", "maximum", "minItems", "maxItems"):
-        bound = {"minimum": "at least", "exclusiveMinimum": "more than", "maximum": "at most", "minItems": "at least this many items:", "maxItems": "at most this many items:"}[keyword]
+    if keyword in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum", "minItems", "maxItems"):
+        bound = {"minimum": "at least", "exclusiveMinimum": "more than", "maximum": "at most", "exclusiveMaximum": "less than", "minItems": "at least this many items:", "maxItems": "at most this many items:"}[keyword]
         return [Problem(path, "schema", f"{where} is {_show(value)}; it must be {bound} {error.validator_value}")]
     if keyword == "type":
         expected = error.validator_value
@@ -188,7 +236,9 @@ def _translate(error) -> list[Problem]:
     if keyword in ("anyOf", "oneOf") and error.context:
         from jsonschema.exceptions import best_match
 
-        return _translate(best_match(error.context))
+        # the branch written for the value's own type says more than "expected an integer"
+        fitting = [e for e in error.context if e.validator != "type"]
+        return _translate(best_match(fitting or error.context))
     return [Problem(path, "schema", f"{where}: {error.message}")]
 
 
@@ -196,7 +246,7 @@ def _is_dim(path) -> bool:
     # parameters[i][j] (bare shape) or parameters[i].shape[j]
     return (len(path) == 3 and path[0] in ("parameters", "activations") and isinstance(path[2], int)) or (
         len(path) == 4 and path[0] in ("parameters", "activations") and path[2] == "shape"
-    ) or (len(path) >= 2 and path[-2] in ("shape", "input_shape", "target_shape") and isinstance(path[-1], int))
+    ) or (len(path) >= 2 and path[-2] == "shape" and isinstance(path[-1], int))
 
 
 def _show(value) -> str:

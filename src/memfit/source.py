@@ -71,8 +71,8 @@ class _Scalars:
         return result
 
     def construct(self, tag: str, value: str):
-        if tag in (_STR, _TIMESTAMP, _MERGE):
-            return value  # dates stay text: the data model is JSON's
+        if tag not in (_INT, _FLOAT, _BOOL, _NULL):
+            return value  # dates (and PyYAML's odd '=' value tag) stay text: the data model is JSON's
         node = yaml.ScalarNode(tag, value)
         method = {
             _INT: self._constructor.construct_yaml_int,
@@ -151,14 +151,13 @@ def _build(text: str) -> Loaded:
     diagnostics: list[Diagnostic] = []
     anchors: dict[str, tuple[object, int]] = {}
     open_anchors: set[str] = set()
-    # a frame: [container, size, anchor, pending_key, pending_key_event, is_map]
+    # a frame: [container, size, anchor, pending_key, pending_key_event, is_map, start_mark, merges]
     stack: list[list] = []
     root = None
     documents = 0
-    events = 0
     expanded = 0
 
-    def add(value, size: int, event) -> None:
+    def add(value, size: int, event, start=None) -> None:
         nonlocal root
         if not stack:
             root = value
@@ -172,7 +171,7 @@ def _build(text: str) -> Loaded:
             if isinstance(value, (list, dict)):
                 raise LoadError(
                     Diagnostic(
-                        _range(event.start_mark, event.end_mark),
+                        _range(start or event.start_mark, event.end_mark),
                         ERROR,
                         "yaml-syntax",
                         "a mapping key must be a plain scalar, not a list or mapping",
@@ -184,8 +183,8 @@ def _build(text: str) -> Loaded:
         key, key_event = frame[3], frame[4]
         frame[3] = _NO_KEY
         mapping = frame[0]
-        if key_event.__class__ is ScalarEvent and key_event.tag is None and key_event.value == "<<" and key_event.style is None:
-            _merge(mapping, value, event)
+        if key_event.__class__ is ScalarEvent and key_event.tag is None and key_event.value == "<<" and not key_event.style:
+            frame[7].append((value, event))  # applied at the mapping's end: explicit keys win wherever they are
             return
         if key in mapping:
             diagnostics.append(
@@ -198,8 +197,7 @@ def _build(text: str) -> Loaded:
             )
         mapping[key] = value
 
-    for event in _events(text):
-        events += 1
+    for events, event in enumerate(_events(text), 1):
         kind = event.__class__
         if kind is ScalarEvent:
             if event.tag is None or event.tag == "!":
@@ -217,13 +215,15 @@ def _build(text: str) -> Loaded:
                 raise _tag_error(event, "mapping" if is_map else "sequence")
             if event.anchor is not None:
                 open_anchors.add(event.anchor)
-            stack.append([{} if is_map else [], 1, event.anchor, _NO_KEY, None, is_map])
+            stack.append([{} if is_map else [], 1, event.anchor, _NO_KEY, None, is_map, event.start_mark, []])
         elif kind is SequenceEndEvent or kind is MappingEndEvent:
-            container, size, anchor, _, _, _ = stack.pop()
+            container, size, anchor, _, _, _, start, merges = stack.pop()
+            for value, merge_event in merges:
+                _merge(container, value, merge_event)
             if anchor is not None:
                 open_anchors.discard(anchor)
                 anchors[anchor] = (container, size)
-            add(container, size, event)
+            add(container, size, event, start)
         elif kind is AliasEvent:
             if event.anchor in open_anchors:
                 raise LoadError(

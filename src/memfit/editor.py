@@ -1,0 +1,414 @@
+"""What an editor shows for one analysed text: hover text, inlay hints, the summary lens and
+completion vocabularies. No LSP types here (lsp.py translates); positions are the core's,
+0-based lines and code-point columns of the analysed text. Every number shown is taken
+from check()'s Result (config.tensors rows, config.footprint, result.budget): nothing is
+computed a second time here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cached_property
+
+from . import source
+from .calculator import OPTIMIZER_STATES, byte_width
+from .check import Result
+from .diagnostics import Range
+from .dtypes import DTYPES, describe
+from .explain import _pct
+from .units import UNITS, human, with_bytes
+
+# LSP counts lines on these breaks only (libyaml also breaks on NEL/LS/PS; rare in configs)
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+TENSOR_CATEGORIES = ("parameters", "activations")
+STALE = " (last valid version)"  # said of a summary taken from the last analysis that had a footprint
+_ROLE = {  # a tensor's byte categories, in the order they are shown, and what to call them
+    "parameters": "parameter",
+    "gradients": "gradient",
+    "optimizer_state": "optimizer state",
+    "activations": "activation",
+}
+
+
+def _shape(shape) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"
+
+
+def split_lines(text: str) -> list[str]:
+    return _LINE_BREAK.split(text)
+
+
+@dataclass(frozen=True)
+class Hint:
+    line: int
+    character: int
+    label: str
+    tooltip: str | None = None
+
+
+@dataclass(frozen=True)
+class Hover:
+    range: Range
+    markdown: str
+
+
+class Analysis:
+    """check()'s result for one version of a document, plus lazily built editor indexes
+    (built at most once per analysis, i.e. per document version, and only if asked for)."""
+
+    def __init__(self, text: str, result: Result, version: int | None = None) -> None:
+        self.text = text
+        self.result = result
+        self.version = version
+
+    @property
+    def config(self):
+        return self.result.config
+
+    @cached_property
+    def lines(self) -> list[str]:
+        return split_lines(self.text)
+
+    @cached_property
+    def index(self) -> tuple[dict, dict]:
+        return source.index(self.text)
+
+    @cached_property
+    def _by_line(self) -> tuple[dict, list]:
+        """Nodes by the line they sit on; multi-line nodes (block containers) apart."""
+        single: dict[int, list] = {}
+        multi: list = []
+        values, keys = self.index
+        for kind, table in (("value", values), ("key", keys)):
+            for path, where in table.items():
+                entry = (path, kind, where)
+                if where.start_line == where.end_line:
+                    single.setdefault(where.start_line, []).append(entry)
+                else:
+                    multi.append(entry)
+        return single, multi
+
+    @cached_property
+    def tensors(self) -> dict[tuple, list]:
+        rows: dict[tuple, list] = {}
+        for tensor in self.config.tensors if self.config is not None else ():
+            rows.setdefault(tuple(tensor.path), []).append(tensor)
+        return rows
+
+    @cached_property
+    def layers(self) -> dict[tuple, object]:
+        return {tuple(row.path): row for row in getattr(self.config, "layers", None) or () if getattr(row, "path", None) is not None}
+
+    def node_at(self, line: int, character: int):
+        """The deepest node under the cursor: (path, 'key'|'value', range), or None."""
+        single, multi = self._by_line
+        best = None
+        for entry in single.get(line, []) + multi:
+            path, kind, where = entry
+            if where.contains(line, character):
+                rank = (len(path), kind == "value")
+                if best is None or rank > best[0]:
+                    best = (rank, entry)
+        return best[1] if best else None
+
+    def data_at(self, path: tuple):
+        node = self.result.data
+        for part in path:
+            try:
+                node = node[part]
+            except (KeyError, IndexError, TypeError):
+                return None
+        return node
+
+    # --- hover -----------------------------------------------------------------------
+
+    def hover(self, line: int, character: int) -> Hover | None:
+        if self.result.data is None:
+            return None
+        found = self.node_at(line, character)
+        if found is None:
+            return None
+        path, kind, where = found
+        text, subject = self._hover_text(path, kind)
+        if not text:
+            return None
+        # the range of what the hover is about (a whole tensor item, a layer), not of the token
+        return Hover(self.index[0].get(subject, where) if subject != path else where, text)
+
+    def _hover_text(self, path: tuple, kind: str) -> tuple[str | None, tuple]:
+        head = path[:1]
+        if kind == "value" and (path[-1:] == ("dtype",) or (head == ("dtypes",) and len(path) == 2)):
+            return dtype_text(self.data_at(path)), path
+        if head and head[0] in TENSOR_CATEGORIES:
+            if len(path) == 1:
+                return self._category_text(path[0]), path
+            rows = self.tensors.get(path[:2])
+            return (tensor_text(rows[0], self.config) if rows else None), path[:2]
+        if head == ("optimizer",):
+            return optimizer_text(self.data_at(path), self.config), path
+        if head == ("device",) or head == ("memfit",):
+            return self.budget_text(), path
+        if path[:2] == ("model", "layers") and len(path) >= 3:
+            row = self.layers.get(path[:3])
+            return (layer_text(row, self.tensors.get(path[:3], [])) if row is not None else None), path[:3]
+        return None, path
+
+    def _category_text(self, category: str) -> str | None:
+        if self.config is None:
+            return None
+        fp = self.config.footprint
+        rows = [t for t in self.config.tensors if t.category == category]
+        parts = ("parameters", "gradients", "optimizer_state") if category == "parameters" else ("activations",)
+        lines = [f"**{category}**: {len(rows):,} tensor{'s' if len(rows) != 1 else ''}"]
+        lines += [f"- {_ROLE[p]}s: {with_bytes(fp[p])}" for p in parts]
+        if len(parts) > 1:
+            lines.append(f"- together: {with_bytes(sum(fp[p] for p in parts))}")
+        return "\n".join(lines)
+
+    def budget_text(self) -> str | None:
+        config = self.config
+        if config is None:
+            return None
+        fp = config.footprint
+        total = fp["total"]
+        budget = self.result.budget
+        lines = []
+        if budget is None:
+            lines.append("**budget**: none (set device.memory, e.g. '24 GiB')")
+        else:
+            lines.append(f"**budget**: {with_bytes(budget)} ({self.result.budget_origin})")
+        lines.append(f"**total**: {with_bytes(total)}" + (f", {_pct(total, budget)} of the budget" if budget else ""))
+        if budget is not None:
+            if total > budget:
+                lines.append(f"**over** by {with_bytes(total - budget)}")
+            else:
+                lines.append(f"**headroom**: {with_bytes(budget - total)}")
+        lines.append("")
+        lines += [f"- {category}: {with_bytes(fp[category])}" for category in ("parameters", "gradients", "optimizer_state", "activations")]
+        return "\n".join(lines)
+
+    # --- inlay hints and the summary ------------------------------------------------
+
+    def hints(self, first_line: int, last_line: int, stale: bool = False) -> list[Hint]:
+        """Hints whose position lies on lines first_line..last_line (inclusive); `stale` when
+        this analysis is the last good one, not the current text's."""
+        if self.config is None:
+            return []
+        values, keys = self.index
+        out: list[Hint] = []
+        summary = self.summary()
+        if summary and stale:
+            summary += STALE
+        memfit_key = keys.get(("memfit",))
+        if summary and memfit_key is not None:
+            at = values.get(("memfit",), memfit_key)
+            if first_line <= at.end_line <= last_line:
+                out.append(Hint(at.end_line, at.end_character, summary))
+        for path, rows in self.tensors.items():
+            if path[:1] not in (("parameters",), ("activations",)) or len(path) != 2:
+                continue  # layer-derived rows are hinted on their layer
+            where = values.get(path + ("shape",)) or values.get(path)
+            if where is None or not first_line <= where.end_line <= last_line:
+                continue
+            tensor = rows[0]
+            out.append(Hint(where.end_line, where.end_character, tensor_hint(tensor), tensor_breakdown(tensor)))
+        for path, row in self.layers.items():
+            where = values.get(path)
+            if where is None or not first_line <= where.end_line <= last_line:
+                continue
+            out.append(Hint(where.end_line, where.end_character, layer_hint(row)))
+        out.sort(key=lambda h: (h.line, h.character))
+        return out
+
+    def summary(self) -> str | None:
+        """One line: the total and its share of the budget (a lens or hint on `memfit:`)."""
+        if self.config is None:
+            return None
+        total = self.config.footprint["total"]
+        budget = self.result.budget
+        if budget is None:
+            return f"memfit: total {human(total)}, no budget set"
+        state = f"over by {human(total - budget)}" if total > budget else f"headroom {human(budget - total)}"
+        return f"memfit: total {human(total)} = {_pct(total, budget)} of {human(budget)}, {state}"
+
+    def summary_range(self) -> Range | None:
+        return self.index[1].get(("memfit",))
+
+
+# --- hover texts (tables of data -> words) -----------------------------------------------
+
+
+def _width_text(width) -> str:
+    return f"{width.name}, {describe(width.bytes)}"
+
+
+def tensor_text(tensor, config) -> str:
+    role = "parameter" if tensor.category == "parameters" else "activation"
+    copies = f" × {tensor.count:,} copies" if tensor.count != 1 else ""
+    each = " each" if tensor.count != 1 else ""
+    lines = [f"**{tensor.name}**: {role} {_shape(tensor.shape)}{copies}", f"{tensor.elements:,} elements{each}", ""]
+    widths = {
+        "parameters": tensor.dtype,
+        "activations": tensor.dtype,
+        "gradients": config.widths["gradients"],
+        "optimizer_state": config.widths["optimizer_state"],
+    }
+    for category, size in tensor.bytes.items():
+        extra = f"{config.optimizer}: {config.states} × " if category == "optimizer_state" else ""
+        lines.append(f"- {_ROLE[category]} ({extra}{_width_text(widths[category])}): {with_bytes(size)}")
+    if tensor.category == "parameters" and not tensor.trainable:
+        lines.append("- frozen (trainable: false): no gradient, no optimizer state")
+    if len(tensor.bytes) > 1:
+        lines.append(f"- together: {with_bytes(sum(tensor.bytes.values()))}")
+    return "\n".join(lines)
+
+
+def tensor_hint(tensor) -> str:
+    own = tensor.bytes.get(tensor.category, 0)
+    together = sum(tensor.bytes.values())
+    copies = f"× {tensor.count:,} = " if tensor.count != 1 else ""  # the bytes are of all copies
+    if tensor.category == "parameters" and not tensor.trainable:
+        return f"{copies}{human(own)} (frozen)"
+    if together != own:
+        return f"{copies}{human(own)} ({human(together)} in training)"
+    return copies + human(own)
+
+
+def tensor_breakdown(tensor) -> str:
+    return ", ".join(f"{_ROLE[c]} {with_bytes(n)}" for c, n in tensor.bytes.items())
+
+
+def dtype_text(value) -> str | None:
+    if isinstance(value, str):
+        if value not in DTYPES:
+            return None
+        width, what = DTYPES[value]
+        return f"**{value}**: {describe(width)} ({what})"
+    try:
+        exact = byte_width(value, "dtype")
+    except (TypeError, ValueError):
+        return None
+    return f"**{value}**: {describe(exact.numerator if exact.denominator == 1 else exact)} (a width given as a number)"
+
+
+def optimizer_text(value, config) -> str | None:
+    if not isinstance(value, str) or value.strip().lower() not in OPTIMIZER_STATES:
+        return None
+    states = OPTIMIZER_STATES[value.strip().lower()]
+    text = f"**{value}**: {states} state tensor{'s' if states != 1 else ''} per trainable parameter, each of the parameter's shape"
+    if config is not None and states:
+        width = config.widths["optimizer_state"]
+        per = states * width.bytes
+        text += f"\n\nstored as dtypes.optimizer_state ({_width_text(width)}): {describe(per).replace(' per element', '')} per trainable parameter element"
+        text += f"\n\noptimizer state in this config: {with_bytes(config.footprint['optimizer_state'])}"
+    return text
+
+
+def layer_text(row, tensors=()) -> str:
+    """A layer row (path, type, name, output_shape, params, saved_bytes) and the tensor rows
+    derived from it (their bytes as computed by the core)."""
+    lines = [f"**layer {row.index}**: {row.type}" + (f" `{row.name}`" if row.name != row.type else "")]
+    lines.append(f"- output shape: {_shape(row.output_shape)}")
+    lines.append(f"- parameters: {row.params:,}")
+    weights: dict[str, int] = {}
+    for tensor in tensors:
+        if tensor.category == "parameters":
+            for category, size in tensor.bytes.items():
+                weights[category] = weights.get(category, 0) + size
+    if weights:
+        parts = " + ".join(f"{human(size)} {_ROLE[category]}" for category, size in weights.items())
+        lines.append(f"- weights in training: {parts} = {human(sum(weights.values()))}")
+    lines.append(f"- saved for backward (tensors first kept by this layer): {with_bytes(row.saved_bytes)}")
+    return "\n".join(lines)
+
+
+def layer_hint(row) -> str:
+    parts = [f"→ {_shape(row.output_shape)}"]
+    if row.params:
+        parts.append(f"{row.params:,} params")
+    return ", ".join(parts)
+
+
+# --- completion ------------------------------------------------------------------------
+
+_KEY_BEFORE = re.compile(r"""(?P<key>[A-Za-z_]+)["']?\s*:\s*["']?(?P<value>[^:,{}\[\]"']*)$""")
+_OPEN_FLOW_PARENT = re.compile(r"""(?P<key>[A-Za-z_]+)["']?\s*:\s*\{[^{}]*$""")
+_BLOCK_KEY = re.compile(r"""^(?P<indent>\s*)(?:-\s+)?["']?(?P<key>[A-Za-z_]+)["']?\s*:\s*(?:#.*)?$""")
+_NUMBER_THEN_UNIT = re.compile(r"""^\s*[0-9]+(?:\.[0-9]+)?\s*(?P<unit>[A-Za-z]*)$""")
+_WORD = re.compile(r"[A-Za-z0-9_]*$")
+
+DTYPE_CATEGORIES = ("parameters", "gradients", "activations", "optimizer_state")
+
+
+@dataclass(frozen=True)
+class Choice:
+    label: str
+    detail: str
+    kind: str  # "dtype", "optimizer", "unit", "layer"
+
+
+def _parent_key(lines: list[str], line: int, prefix: str) -> str | None:
+    """The mapping key that encloses the cursor: an open flow mapping on this line, or the
+    nearest less-indented block key above it."""
+    flow = _OPEN_FLOW_PARENT.search(prefix)
+    if flow:
+        return flow.group("key")
+    indent = len(prefix) - len(prefix.lstrip())
+    stripped = prefix.lstrip()
+    if stripped.startswith("- "):
+        indent += 2
+    for above in range(line - 1, -1, -1):
+        text = lines[above]
+        if not text.strip() or text.lstrip().startswith("#"):
+            continue
+        width = len(text) - len(text.lstrip())
+        if width < indent:
+            match = _BLOCK_KEY.match(text)
+            return match.group("key") if match else None
+    return None
+
+
+def completion_context(lines: list[str], line: int, character: int) -> tuple[str, int] | None:
+    """(vocabulary, start column of the word being typed), or None outside the closed vocabularies."""
+    if line >= len(lines):
+        return None
+    prefix = lines[line][:character]
+    match = _KEY_BEFORE.search(prefix)
+    if not match:
+        return None
+    key, value = match.group("key"), match.group("value")
+    word_start = character - len(_WORD.search(prefix).group(0))
+    if key == "dtype":
+        return "dtype", word_start
+    if key in DTYPE_CATEGORIES and _parent_key(lines, line, prefix[: match.start()]) == "dtypes":
+        return "dtype", word_start
+    if key == "optimizer":
+        return "optimizer", word_start
+    if key in ("memory", "reserve"):
+        unit = _NUMBER_THEN_UNIT.match(value)
+        if unit:
+            return "unit", character - len(unit.group("unit"))
+        return None
+    if key == "type" and layer_types():
+        return "layer", word_start
+    return None
+
+
+def layer_types() -> list[str]:
+    from .layers import RULES
+
+    return sorted(RULES)
+
+
+def choices(vocabulary: str) -> list[Choice]:
+    if vocabulary == "dtype":
+        return [Choice(name, f"{describe(width)}: {what}", "dtype") for name, (width, what) in DTYPES.items()]
+    if vocabulary == "optimizer":
+        return [Choice(name, f"{n} state tensor{'s' if n != 1 else ''} per parameter", "optimizer") for name, n in OPTIMIZER_STATES.items()]
+    if vocabulary == "unit":
+        return [Choice(name, f"{size:,} bytes", "unit") for name, size in UNITS.items()]
+    if vocabulary == "layer":
+        return [Choice(name, "layer type", "layer") for name in layer_types()]
+    return []

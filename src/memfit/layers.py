@@ -1,0 +1,507 @@
+"""A declared Keras-style layer stack (`model:`) -> weight tensors, saved activations, rows.
+
+Semantics are Keras 3's (shapes, defaults, weight layout, trainable or not); the defaults
+live in the schema (`default` on each layer property, so editors show them too) and are
+read from there. Every layer type is ONE entry in RULES: how it maps the incoming shape,
+which weights it owns, and which tensors PyTorch's eager autograd keeps for its backward
+in training mode (measured with torch.autograd.graph.saved_tensors_hooks; see
+tests/test_frameworks.py and docs/layers.md). Adding a layer is one entry here, one
+schema $def and one cross-check there.
+
+Saved activations are counted as distinct tensors: a ReLU's output that the next Dense
+keeps as its input is one tensor, counted once, on the first layer that keeps it. Views
+(Flatten, Reshape, Dropout(0), a linear Activation) are the same tensor as their input.
+The model's final output is kept by the loss, so it is counted too.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from .config import Config, Tensor, make_tensor, width
+from .diagnostics import Problem
+
+INT64, BOOL, FLOAT32 = "int64", "bool", "float32"
+
+
+@dataclass(slots=True)
+class LayerRow:
+    """One layer as `explain` and the language server show it (plain fields, no logic)."""
+
+    index: int  # position in model.layers
+    path: tuple  # ("model", "layers", index): where the layer is declared
+    type: str  # the layer type as written, e.g. "Conv2D"
+    name: str  # Keras's name: "conv2d", "conv2d_1", ... or the layer's own `name`
+    output_shape: list  # batch axis included, e.g. [32, 20, 20, 32]
+    params: int  # elements of all its weights (Keras's "Param #")
+    trainable: list = field(default_factory=list)  # [(weight name, shape)], e.g. ("conv2d/kernel", [8, 8, 4, 32])
+    non_trainable: list = field(default_factory=list)  # [(weight name, shape)]: BatchNormalization moving stats
+    saved_bytes: int = 0  # bytes of activations first kept for backward by this layer
+    saved: list = field(default_factory=list)  # [(label, shape, dtype)] of those tensors; dtype None = dtypes.activations
+
+
+class Mismatch(Exception):
+    """The layer cannot take the incoming shape; the message says why."""
+
+
+# --- saved-tensor specs -------------------------------------------------------------
+# ("in",): the incoming tensor; ("out",): the layer's output; ("ids",): the incoming
+# tensor as int64 ids (a cast copy unless it already is); (label, shape, dtype): a tensor
+# of its own (dtype None = the activations dtype).
+IN, OUT, IDS = ("in",), ("out",), ("ids",)
+
+
+def _new(label: str, shape, dtype: str | None = None) -> tuple:
+    return (label, list(shape), dtype)
+
+
+# Activation name -> which tensor its backward keeps (None: identity, nothing).
+# Measured per function in tests/test_frameworks.py against torch.
+ACTIVATIONS: dict[str, tuple | None] = {
+    "linear": None,
+    "relu": OUT,
+    "relu6": IN,
+    "sigmoid": OUT,
+    "tanh": OUT,
+    "softmax": OUT,
+    "log_softmax": OUT,
+    "exponential": OUT,
+    "gelu": IN,
+    "silu": IN,
+    "swish": IN,
+    "elu": IN,
+    "selu": IN,
+    "softplus": IN,
+    "leaky_relu": IN,
+    "mish": IN,
+    "hard_sigmoid": IN,
+}
+
+
+# --- shape helpers ------------------------------------------------------------------
+def _shape_text(shape) -> str:
+    return "(" + ", ".join(map(str, shape)) + ")"
+
+
+def _tuple(value, n: int, what: str) -> list[int]:
+    if isinstance(value, int):
+        return [value] * n
+    if len(value) != n:
+        raise Mismatch(f"{what} has {len(value)} values; this layer needs {n} (one per spatial axis)")
+    return list(value)
+
+
+def _rank(shape, rank: int, layout: str) -> None:
+    if len(shape) != rank:
+        raise Mismatch(f"it needs a rank-{rank} input {layout}, not rank {len(shape)}")
+
+
+@dataclass(frozen=True)
+class Window:
+    """A sliding window over the spatial axes of a channels-last tensor."""
+
+    out: list  # output spatial sizes
+    padded: list | None  # the padded input's shape when 'same' needs an asymmetric pad (a copy), else None
+
+
+LAYOUTS = {1: "(batch, steps, channels)", 2: "(batch, height, width, channels)", 3: "(batch, depth, height, width, channels)"}
+
+
+def _window(shape, n: int, kernel, strides, dilation, padding: str, what: str = "kernel") -> Window:
+    _rank(shape, n + 2, LAYOUTS[n])
+    k = _tuple(kernel, n, f"{what}_size" if what == "kernel" else "pool_size")
+    s = _tuple(strides, n, "strides")
+    d = _tuple(dilation, n, "dilation_rate")
+    if max(s) > 1 and max(d) > 1:
+        raise Mismatch("Keras does not allow strides > 1 together with dilation_rate > 1")
+    sizes, pads = [], []
+    for axis, (size, kk, ss, dd) in enumerate(zip(shape[1:-1], k, s, d), start=1):
+        span = dd * (kk - 1) + 1
+        if padding == "valid":
+            if size < span:
+                grown = f" (dilated to {span})" if dd > 1 else ""
+                raise Mismatch(f"its {what} {kk}{grown} is larger than axis {axis} ({size}) under padding 'valid': the output would be empty")
+            out = (size - span) // ss + 1
+        else:
+            out = -(-size // ss)
+        sizes.append(out)
+        pads.append(max((out - 1) * ss + span - size, 0))
+    # PyTorch pads symmetrically inside the kernel; an odd total needs F.pad: a padded copy is what is kept
+    padded = None
+    if padding == "same" and any(p % 2 for p in pads):
+        padded = [shape[0], *(size + p for size, p in zip(shape[1:-1], pads)), shape[-1]]
+    return Window(sizes, padded)
+
+
+def _kept_input(window: Window) -> tuple:
+    return IN if window.padded is None else _new("padded input", window.padded)
+
+
+# --- per-type rules ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Rule:
+    shape: Callable  # (params, in_shape) -> out_shape; raises Mismatch
+    weights: Callable = lambda p, s: []  # (params, in_shape) -> [(name, shape, trainable)]
+    saved: Callable = lambda p, s, o: []  # (params, in_shape, out_shape) -> [spec]: what backward keeps
+    view: Callable = lambda p: False  # the output is the same tensor as the input (no copy)
+    activation: bool = False  # takes an `activation` argument applied to its output
+    inner: tuple = ()  # automatic names Keras's own sublayers take (they advance the same counters)
+
+
+def _bias(p, shape) -> list:
+    return [("bias", shape, True)] if p["use_bias"] else []
+
+
+def _conv(n: int) -> Rule:
+    def window(p, s):
+        return _window(s, n, p["kernel_size"], p["strides"], p["dilation_rate"], p["padding"])
+
+    def shape(p, s):
+        if s[-1] % p["groups"]:
+            raise Mismatch(f"its {s[-1]} input channels are not divisible by groups={p['groups']}")
+        if p["filters"] % p["groups"]:
+            raise Mismatch(f"filters={p['filters']} is not divisible by groups={p['groups']}")
+        return [s[0], *window(p, s).out, p["filters"]]
+
+    def weights(p, s):
+        k = _tuple(p["kernel_size"], n, "kernel_size")
+        return [("kernel", [*k, s[-1] // p["groups"], p["filters"]], True), *_bias(p, [p["filters"]])]
+
+    return Rule(shape, weights, lambda p, s, o: [_kept_input(window(p, s))], activation=True)
+
+
+def _depthwise_window(p, s):
+    return _window(s, 2, p["kernel_size"], p["strides"], p["dilation_rate"], p["padding"])
+
+
+def _depthwise_shape(p, s):
+    return [s[0], *_depthwise_window(p, s).out, s[-1] * p["depth_multiplier"]]
+
+
+def _separable_shape(p, s):
+    return [s[0], *_depthwise_window(p, s).out, p["filters"]]
+
+
+def _separable_weights(p, s):
+    k = _tuple(p["kernel_size"], 2, "kernel_size")
+    middle = s[-1] * p["depth_multiplier"]
+    return [
+        ("depthwise_kernel", [*k, s[-1], p["depth_multiplier"]], True),
+        ("pointwise_kernel", [1, 1, middle, p["filters"]], True),
+        *_bias(p, [p["filters"]]),
+    ]
+
+
+def _pool(n: int, keep_indices: bool) -> Rule:
+    def window(p, s):
+        strides = p["strides"] if p.get("strides") is not None else p["pool_size"]
+        return _window(s, n, p["pool_size"], strides, 1, p["padding"], what="pool")
+
+    def saved(p, s, o):
+        kept = [_kept_input(window(p, s))]
+        return kept + [_new("indices", o, INT64)] if keep_indices else kept
+
+    return Rule(lambda p, s: [s[0], *window(p, s).out, s[-1]], saved=saved)
+
+
+def _global(n: int, keep: list) -> Rule:
+    def shape(p, s):
+        _rank(s, n + 2, LAYOUTS[n])
+        return [s[0], s[-1]]
+
+    return Rule(shape, saved=lambda p, s, o: list(keep))
+
+
+def _reshape(p, s):
+    target = list(p["target_shape"])
+    size = math.prod(s[1:])
+    if 0 in target:
+        raise Mismatch("target_shape has a 0; every dim must be positive (or one -1)")
+    if target.count(-1) > 1:
+        raise Mismatch("target_shape has more than one -1; only one dim can be inferred")
+    known = math.prod(d for d in target if d != -1)
+    if -1 in target:
+        if size % known:
+            raise Mismatch(f"{size} elements per sample cannot be split into {_shape_text(target)}: {size} is not a multiple of {known}")
+        target[target.index(-1)] = size // known
+    elif known != size:
+        raise Mismatch(f"target_shape {_shape_text(target)} holds {known} elements per sample, the input has {size}")
+    return [s[0], *target]
+
+
+def _norm_weights(p, s, moving: bool) -> list:
+    c = [s[-1]]
+    out = ([("gamma", c, True)] if p["scale"] else []) + ([("beta", c, True)] if p["center"] else [])
+    return out + ([("moving_mean", c, False), ("moving_variance", c, False)] if moving else [])
+
+
+def _rnn_shape(p, s):
+    _rank(s, 3, "(batch, timesteps, features)")
+    return [s[0], s[1], p["units"]] if p["return_sequences"] else [s[0], p["units"]]
+
+
+def _rnn_weights(cell: str, gates: int):
+    def weights(p, s):
+        u = p["units"]
+        bias = [u * gates] if cell != "gru_cell" or not p["reset_after"] else [2, u * gates]
+        out = [(f"{cell}/kernel", [s[-1], u * gates], True), (f"{cell}/recurrent_kernel", [u, u * gates], True)]
+        return out + ([(f"{cell}/bias", bias, True)] if p["use_bias"] else [])
+
+    return weights
+
+
+def _rnn_saved(gates: int, per_step: int):
+    """PyTorch's native (unfused) cell loop: the input once (its projection is one matmul),
+    then per timestep the gate pre-activations and `per_step` state-sized tensors.
+    SimpleRNN (gates=0) keeps the hidden states h0..hT."""
+
+    def saved(p, s, o):
+        b, t, u = s[0], s[1], p["units"]
+        if not gates:
+            return [IN, _new("hidden states", [t + 1, b, u])]
+        return [IN, _new("gates", [t, b, gates * u]), _new("cell states", [t, b, per_step * u])]
+
+    return saved
+
+
+def _mha_dims(p, s):
+    _rank(s, 3, "(batch, sequence, features)")
+    return s[0], s[1], p["num_heads"], p["key_dim"], p["value_dim"] or p["key_dim"]
+
+
+def _mha_shape(p, s):
+    _mha_dims(p, s)
+    return list(s)  # self-attention; Keras's output_shape defaults to the query's last axis
+
+
+def _mha_weights(p, s):
+    _, _, h, dk, dv = _mha_dims(p, s)
+    d = s[-1]
+    out = []
+    for part, dim in (("query", dk), ("key", dk), ("value", dv)):
+        out.append((f"{part}/kernel", [d, h, dim], True))
+        if p["use_bias"]:
+            out.append((f"{part}/bias", [h, dim], True))
+    out.append(("attention_output/kernel", [h, dv, d], True))
+    return out + ([("attention_output/bias", [d], True)] if p["use_bias"] else [])
+
+
+def _mha_saved(p, s, o):
+    """Keras runs fused dot-product attention when dropout is 0 (PyTorch's SDPA: flash on
+    CPU and CUDA keeps q, k, v, the output and a float32 logsumexp), and the explicit
+    softmax(QK^T)V otherwise. PyTorch's CPU flash kernel needs key_dim == value_dim;
+    otherwise SDPA falls back to the math path, which keeps the attention weights."""
+    b, t, h, dk, dv = _mha_dims(p, s)
+    kept = [IN, _new("query", [b, h, t, dk]), _new("key", [b, h, t, dk]), _new("value", [b, h, t, dv])]
+    scores = [b, h, t, t]
+    if p["dropout"] > 0:
+        kept += [_new("attention weights", scores), _new("dropout mask", scores, BOOL), _new("dropped weights", scores)]
+    elif dk == dv:
+        kept.append(_new("logsumexp", [b, h, t], FLOAT32))
+    else:
+        kept.append(_new("attention weights", scores))
+    return kept + [_new("context", [b, t, h * dv])]
+
+
+RULES: dict[str, Rule] = {
+    "Dense": Rule(
+        lambda p, s: [*s[:-1], p["units"]],
+        lambda p, s: [("kernel", [s[-1], p["units"]], True), *_bias(p, [p["units"]])],
+        lambda p, s, o: [IN],
+        activation=True,
+    ),
+    "Conv1D": _conv(1),
+    "Conv2D": _conv(2),
+    "Conv3D": _conv(3),
+    "DepthwiseConv2D": Rule(
+        _depthwise_shape,
+        lambda p, s: [("kernel", [*_tuple(p["kernel_size"], 2, "kernel_size"), s[-1], p["depth_multiplier"]], True), *_bias(p, [s[-1] * p["depth_multiplier"]])],
+        lambda p, s, o: [_kept_input(_depthwise_window(p, s))],
+        activation=True,
+    ),
+    "SeparableConv2D": Rule(
+        _separable_shape,
+        _separable_weights,
+        lambda p, s, o: [_kept_input(_depthwise_window(p, s)), _new("depthwise output", [*o[:-1], s[-1] * p["depth_multiplier"]])],
+        activation=True,
+    ),
+    "MaxPooling1D": _pool(1, True),
+    "MaxPooling2D": _pool(2, True),
+    "MaxPooling3D": _pool(3, True),
+    "AveragePooling1D": _pool(1, False),
+    "AveragePooling2D": _pool(2, False),
+    "AveragePooling3D": _pool(3, False),
+    "GlobalAveragePooling1D": _global(1, []),
+    "GlobalAveragePooling2D": _global(2, []),
+    "GlobalAveragePooling3D": _global(3, []),
+    "GlobalMaxPooling1D": _global(1, [IN, OUT]),
+    "GlobalMaxPooling2D": _global(2, [IN, OUT]),
+    "GlobalMaxPooling3D": _global(3, [IN, OUT]),
+    "Flatten": Rule(lambda p, s: [s[0], math.prod(s[1:])], view=lambda p: True),
+    "Reshape": Rule(_reshape, view=lambda p: True),
+    "Dropout": Rule(lambda p, s: list(s), saved=lambda p, s, o: [_new("dropout mask", s, BOOL)] if p["rate"] > 0 else [], view=lambda p: p["rate"] == 0),
+    "Activation": Rule(lambda p, s: list(s), saved=lambda p, s, o: [k for k in [ACTIVATIONS[p["activation"]]] if k], view=lambda p: ACTIVATIONS[p["activation"]] is None),
+    "ReLU": Rule(lambda p, s: list(s), saved=lambda p, s, o: [OUT]),
+    "BatchNormalization": Rule(
+        lambda p, s: list(s),
+        lambda p, s: _norm_weights(p, s, moving=True),
+        lambda p, s, o: [IN, _new("batch mean", [s[-1]], FLOAT32), _new("batch inverse std", [s[-1]], FLOAT32)],
+    ),
+    "LayerNormalization": Rule(
+        lambda p, s: list(s),
+        lambda p, s: _norm_weights(p, s, moving=False),
+        lambda p, s, o: [IN, _new("mean", [*s[:-1], 1], FLOAT32), _new("inverse std", [*s[:-1], 1], FLOAT32)],
+    ),
+    "Embedding": Rule(lambda p, s: [*s, p["output_dim"]], lambda p, s: [("embeddings", [p["input_dim"], p["output_dim"]], True)], lambda p, s, o: [IDS]),
+    "SimpleRNN": Rule(_rnn_shape, _rnn_weights("simple_rnn_cell", 1), _rnn_saved(0, 0)),
+    "LSTM": Rule(_rnn_shape, _rnn_weights("lstm_cell", 4), _rnn_saved(4, 3)),
+    "GRU": Rule(_rnn_shape, _rnn_weights("gru_cell", 3), _rnn_saved(3, 4)),
+    "MultiHeadAttention": Rule(_mha_shape, _mha_weights, _mha_saved, inner=("softmax", "dropout")),
+}
+
+
+# --- defaults (from the schema: one place, shown by editors too) ----------------------
+@lru_cache(maxsize=1)
+def defaults() -> dict[str, dict]:
+    from .schema import schema
+
+    defs = schema()["$defs"]
+    return {name: {k: v["default"] for k, v in defs[f"layer_{name}"]["properties"].items() if "default" in v} for name in RULES}
+
+
+def snake(name: str) -> str:
+    """Keras's automatic layer name: Conv2D -> conv2d, ReLU -> re_lu, MultiHeadAttention -> multi_head_attention."""
+    name = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", name)
+    return re.sub(r"([a-z])([A-Z])", r"\1_\2", name).lower()
+
+
+# --- the walk ---------------------------------------------------------------------------
+@dataclass
+class _Flow:
+    """Distinct tensors: ids for identity, each counted once."""
+
+    config: Config
+    counted: set = field(default_factory=set)
+    next_id: int = 0
+
+    def fresh(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+
+def derive(model: dict, config: Config) -> tuple[list[Tensor], list[Problem]]:
+    """Weights and saved activations of a schema-valid `model` section; fills config.layers."""
+    tensors: list[Tensor] = []
+    problems: list[Problem] = []
+    flow = _Flow(config)
+    layers = model.get("layers", [])
+    batch = model["batch_size"]
+    shape = [batch, *model["input_shape"]]
+    ids_in = bool(layers) and layers[0]["type"] == "Embedding"
+    current = (flow.fresh(), shape, INT64 if ids_in else None)  # (id, shape, dtype) of the running tensor
+    seen_names: dict[str, int] = {}
+    row = None
+    for i, layer in enumerate(layers):
+        kind = layer["type"]
+        rule = RULES[kind]
+        p = {**defaults().get(kind, {}), **layer}
+        path = ("model", "layers", i)
+        try:
+            out_shape = rule.shape(p, current[1])
+            weights = rule.weights(p, current[1])
+            specs = rule.saved(p, current[1], out_shape)
+        except Mismatch as why:
+            problems.append(Problem(path + ("type",), "shape-mismatch", f"{kind} cannot take the incoming shape {_shape_text(current[1])}: {why}"))
+            break
+        name = p.get("name") or _auto_name(snake(kind), seen_names)
+        for inner in rule.inner:
+            _auto_name(inner, seen_names)
+        row = LayerRow(i, path, kind, name, out_shape, 0)
+        config.layers.append(row)
+
+        for weight, wshape, trainable in weights:
+            tensor = make_tensor("parameters", path, f"{name}/{weight}", wshape, 1, trainable, None, config)
+            tensors.append(tensor)
+            row.params += tensor.elements
+            (row.trainable if trainable else row.non_trainable).append((tensor.name, wshape))
+
+        out = (current[0], out_shape, current[2]) if rule.view(p) else (flow.fresh(), out_shape, None)
+        activation = ACTIVATIONS.get(p.get("activation", "linear")) if rule.activation else None
+        if activation is not None:  # the layer's own output becomes a pre-activation tensor
+            pre = (flow.fresh(), out_shape, None)
+            resolved = [_resolve(s, current, pre, flow) for s in specs]
+            resolved.append(_resolve(activation, pre, out, flow, pre_activation=True))
+        else:
+            resolved = [_resolve(s, current, out, flow) for s in specs]
+        for label, (tid, tshape, dtype) in resolved:
+            _keep(flow, tensors, row, name, label, tid, tshape, dtype)
+        current = out
+
+    if row is not None and not problems:
+        _keep(flow, tensors, row, row.name, "output (kept by the loss)", *current)
+    return tensors, problems
+
+
+def _auto_name(base: str, seen: dict) -> str:
+    n = seen.get(base, 0)
+    seen[base] = n + 1
+    return base if n == 0 else f"{base}_{n}"
+
+
+def _resolve(spec, incoming, out, flow: _Flow, pre_activation: bool = False) -> tuple[str, tuple]:
+    """A saved-tensor spec -> (label, (id, shape, dtype))."""
+    if spec == IDS:
+        return "ids", incoming if incoming[2] == INT64 else (flow.fresh(), incoming[1], INT64)
+    if spec == IN:
+        return ("pre-activation" if pre_activation else "input"), incoming
+    if spec == OUT:
+        return "output", out
+    label, shape, dtype = spec
+    return label, (flow.fresh(), shape, dtype)
+
+
+def _keep(flow: _Flow, tensors: list, row: LayerRow, name: str, label: str, tid: int, shape, dtype) -> None:
+    if tid in flow.counted:
+        return
+    flow.counted.add(tid)
+    tensor = make_tensor("activations", row.path, f"{name} {label}", shape, 1, True, width(dtype) if dtype else None, flow.config)
+    tensors.append(tensor)
+    row.saved_bytes += tensor.bytes["activations"]
+    row.saved.append((label, shape, dtype))
+
+
+# --- explain ----------------------------------------------------------------------------
+def summary_lines(rows: list[LayerRow], width: int = 80) -> list[str]:
+    """A Keras model.summary()-like table with the batch axis and the bytes kept for backward."""
+    from .units import human
+
+    name_w, shape_w, param_w = 31, 20, 12
+    saved_w = max(10, width - name_w - shape_w - param_w - 3)
+    rule = "-" * min(width, name_w + shape_w + param_w + saved_w + 3)
+    out = [f"{'Layer (type)':<{name_w}} {'Output Shape':<{shape_w}} {'Param #':>{param_w}} {'Saved':>{saved_w}}", "=" * len(rule)]
+    for r in rows:
+        label = f"{r.name} ({r.type})"
+        label = label if len(label) <= name_w else label[: name_w - 1] + "…"
+        shape = _shape_text(r.output_shape)
+        shape = shape if len(shape) <= shape_w else shape[: shape_w - 1] + "…"
+        out.append(f"{label:<{name_w}} {shape:<{shape_w}} {r.params:>{param_w},} {human(r.saved_bytes) if r.saved_bytes else '0':>{saved_w}}")
+    out.append(rule)
+    total = sum(r.params for r in rows)
+    frozen = sum(math.prod(s) for r in rows for _, s in r.non_trainable)
+    saved = sum(r.saved_bytes for r in rows)
+    out.append(f"Total params: {total:,}")
+    out.append(f"Trainable params: {total - frozen:,}")
+    out.append(f"Non-trainable params: {frozen:,}")
+    out.append(f"Saved for backward: {saved:,} B ({human(saved)}): each tensor autograd keeps, counted once")
+    out.append("")
+    out.append("kept for backward, by layer (what PyTorch's autograd saves in training):")
+    for r in rows:
+        if r.saved:
+            what = ", ".join(f"{label} {_shape_text(shape)}" + (f" {dtype}" if dtype else "") for label, shape, dtype in r.saved)
+            line = f"  {r.name}: {what}"
+            out.append(line if len(line) <= width else line[: width - 1] + "…")
+    return out

@@ -1,0 +1,448 @@
+"""memfit's layer rules against the real frameworks (the `frameworks` extra; CI installs it).
+
+- Keras 3 (PyTorch backend, CPU): for every layer type and a few whole models, each layer's
+  output shape, each weight's name, shape (Keras layout) and trainable flag, and the defaults.
+- Plain PyTorch: the bytes autograd keeps for backward in training, recorded with
+  torch.autograd.graph.saved_tensors_hooks, distinct storages counted once, parameters and
+  buffers excluded, plus the model's output (the loss keeps it) — compared exactly with
+  memfit's activations. Keras on the torch backend adds layout copies of its own, so the
+  reference is plain PyTorch on the same channels-last tensors (permuted views, no copies).
+- torch.optim: the per-parameter state tensors each optimizer keeps, against OPTIMIZER_STATES.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+os.environ.setdefault("KERAS_BACKEND", "torch")
+torch = pytest.importorskip("torch")
+keras = pytest.importorskip("keras")
+F = torch.nn.functional
+
+from memfit.calculator import OPTIMIZER_STATES
+from memfit.check import check
+from memfit.layers import RULES, defaults
+
+# toggling oneDNN off around each reference run makes torch warn about TF32 on Intel GPUs
+pytestmark = pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
+B = 2  # batch: small, the rules are per element
+
+# --- cases: (input_shape, layers); every layer type appears at least once ---------------
+ACTS = ["linear", "relu", "relu6", "sigmoid", "tanh", "softmax", "log_softmax", "exponential", "gelu", "silu", "swish", "elu", "selu", "softplus", "leaky_relu", "mish", "hard_sigmoid"]
+
+SEED = (
+    [80, 80, 4],
+    [
+        {"type": "Conv2D", "filters": 32, "kernel_size": [8, 8], "strides": [4, 4], "padding": "same"},
+        {"type": "Activation", "activation": "relu"},
+        {"type": "Conv2D", "filters": 64, "kernel_size": [4, 4], "strides": [2, 2], "padding": "same"},
+        {"type": "Activation", "activation": "relu"},
+        {"type": "Conv2D", "filters": 64, "kernel_size": [3, 3], "strides": [1, 1], "padding": "same"},
+        {"type": "Activation", "activation": "relu"},
+        {"type": "Flatten"},
+        {"type": "Dense", "units": 512},
+        {"type": "Activation", "activation": "relu"},
+        {"type": "Dense", "units": 2},
+    ],
+)
+
+CASES = {
+    "seed-cnn": SEED,
+    "mlp": ([12], [{"type": "Dense", "units": 16}, {"type": "ReLU"}, {"type": "Dense", "units": 8, "use_bias": False}, {"type": "ReLU"}, {"type": "Dense", "units": 3}]),
+    "dense-rank3-activations": ([5, 7], [{"type": "Dense", "units": 6, "activation": "gelu"}, {"type": "Dense", "units": 4, "activation": "relu"}, {"type": "Dense", "units": 3, "activation": "tanh"}]),
+    **{f"activation-{a}": ([4, 6], [{"type": "Dense", "units": 5}, {"type": "Activation", "activation": a}, {"type": "Dense", "units": 3}]) for a in ACTS},
+    "conv1d-pools": (
+        [17, 4],
+        [
+            {"type": "Conv1D", "filters": 6, "kernel_size": 3},
+            {"type": "Conv1D", "filters": 6, "kernel_size": 3, "padding": "same", "dilation_rate": 2, "groups": 2, "activation": "relu"},
+            {"type": "MaxPooling1D", "pool_size": 2, "padding": "same"},
+            {"type": "Conv1D", "filters": 4, "kernel_size": 4, "strides": 2, "padding": "same", "use_bias": False},
+            {"type": "AveragePooling1D", "pool_size": 2},
+            {"type": "GlobalMaxPooling1D"},
+        ],
+    ),
+    "conv2d-family": (
+        [11, 10, 3],
+        [
+            {"type": "Conv2D", "filters": 6, "kernel_size": [3, 2], "strides": 2, "padding": "same"},
+            {"type": "BatchNormalization"},
+            {"type": "ReLU"},
+            {"type": "DepthwiseConv2D", "kernel_size": 3, "depth_multiplier": 2, "padding": "same"},
+            {"type": "SeparableConv2D", "filters": 5, "kernel_size": 2, "padding": "same", "activation": "silu"},
+            {"type": "MaxPooling2D", "pool_size": 2, "strides": 1},
+            {"type": "AveragePooling2D", "pool_size": [2, 1], "padding": "same"},
+            {"type": "Conv2D", "filters": 4, "kernel_size": 2, "dilation_rate": 2, "groups": 1},
+            {"type": "GlobalAveragePooling2D"},
+            {"type": "Dense", "units": 3},
+        ],
+    ),
+    "conv2d-odd-same-pool": (
+        [9, 9, 2],
+        [
+            {"type": "Conv2D", "filters": 4, "kernel_size": 2, "padding": "same"},
+            {"type": "MaxPooling2D", "pool_size": 2, "padding": "same"},
+            {"type": "GlobalMaxPooling2D"},
+        ],
+    ),
+    "conv3d": (
+        [6, 7, 5, 2],
+        [
+            {"type": "Conv3D", "filters": 3, "kernel_size": 2, "activation": "relu"},
+            {"type": "MaxPooling3D", "pool_size": 2, "padding": "same"},
+            {"type": "Conv3D", "filters": 4, "kernel_size": [1, 2, 1], "padding": "same", "groups": 1},
+            {"type": "AveragePooling3D", "pool_size": [1, 2, 1]},
+            {"type": "GlobalMaxPooling3D"},
+        ],
+    ),
+    "conv3d-global-average": ([4, 4, 4, 2], [{"type": "Conv3D", "filters": 3, "kernel_size": 3}, {"type": "GlobalAveragePooling3D"}, {"type": "Dense", "units": 2}]),
+    "encoder": (
+        [9],
+        [
+            {"type": "Embedding", "input_dim": 50, "output_dim": 8},
+            {"type": "MultiHeadAttention", "num_heads": 2, "key_dim": 4},
+            {"type": "LayerNormalization"},
+            {"type": "Dense", "units": 16, "activation": "gelu"},
+            {"type": "Dropout", "rate": 0.1},
+            {"type": "Dense", "units": 8},
+            {"type": "LayerNormalization"},
+            {"type": "GlobalAveragePooling1D"},
+            {"type": "Dense", "units": 2},
+        ],
+    ),
+    "attention-value-dim": ([6, 8], [{"type": "MultiHeadAttention", "num_heads": 2, "key_dim": 3, "value_dim": 5}]),
+    "attention-dropout": ([6, 8], [{"type": "MultiHeadAttention", "num_heads": 3, "key_dim": 2, "dropout": 0.2, "use_bias": False}]),
+    "rnns": (
+        [5, 7],
+        [
+            {"type": "SimpleRNN", "units": 4, "return_sequences": True},
+            {"type": "LSTM", "units": 3, "return_sequences": True},
+            {"type": "GRU", "units": 5, "return_sequences": True, "use_bias": False},
+            {"type": "LSTM", "units": 2},
+        ],
+    ),
+    "rnn-last": ([4, 3], [{"type": "SimpleRNN", "units": 6, "use_bias": False}, {"type": "Dense", "units": 2}]),
+    "gru-last": ([6, 3], [{"type": "GRU", "units": 4}, {"type": "Dense", "units": 2}]),
+    "reshapes": (
+        [6, 4],
+        [
+            {"type": "Reshape", "target_shape": [3, -1]},
+            {"type": "Dropout", "rate": 0.0},
+            {"type": "Flatten"},
+            {"type": "Reshape", "target_shape": [2, 3, 4]},
+            {"type": "Conv2D", "filters": 2, "kernel_size": 2},
+            {"type": "BatchNormalization", "center": False},
+            {"type": "Flatten"},
+            {"type": "BatchNormalization", "scale": False},
+            {"type": "Dropout", "rate": 0.5},
+        ],
+    ),
+    "bn-rank3": ([5, 3], [{"type": "BatchNormalization"}, {"type": "Activation", "activation": "sigmoid"}]),
+}
+# No PyTorch counterpart (torch's GRU is reset_after=True): Keras shapes and weights only.
+KERAS_ONLY = {"gru-reset-before": ([5, 3], [{"type": "GRU", "units": 4, "reset_after": False, "return_sequences": True}])}
+
+
+def test_every_layer_type_is_cross_checked():
+    used = {layer["type"] for _, layers in CASES.values() for layer in layers}
+    assert used == set(RULES)
+    assert {layer["activation"] for _, layers in CASES.values() for layer in layers if layer["type"] == "Activation"} == set(ACTS)
+
+
+def memfit(input_shape, layers, batch=B):
+    text = yaml.safe_dump({"memfit": 1, "optimizer": "sgd", "device": {"memory": "1 TiB"}, "model": {"input_shape": input_shape, "batch_size": batch, "layers": layers}})
+    result = check(text)
+    assert not result.failed, result.diagnostics
+    return result.config
+
+
+# --- Keras ------------------------------------------------------------------------------
+def keras_model(input_shape, layers):
+    keras.backend.clear_session()  # automatic names restart at conv2d, conv2d_1, ...
+    ids = layers[0]["type"] == "Embedding"
+    x = inputs = keras.Input(tuple(input_shape), batch_size=B, dtype="int32" if ids else "float32")
+    built = []
+    for spec in layers:
+        args = {k: v for k, v in spec.items() if k != "type"}
+        if "kernel_size" in args and isinstance(args["kernel_size"], list):
+            args["kernel_size"] = tuple(args["kernel_size"])
+        layer = getattr(keras.layers, spec["type"])(**args)
+        x = layer(x, x) if spec["type"] == "MultiHeadAttention" else layer(x)
+        built.append((layer, tuple(x.shape)))
+    return keras.Model(inputs, x), built
+
+
+@pytest.mark.parametrize("case", sorted({**CASES, **KERAS_ONLY}))
+def test_shapes_and_weights_match_keras(case):
+    input_shape, layers = {**CASES, **KERAS_ONLY}[case]
+    config = memfit(input_shape, layers)
+    model, built = keras_model(input_shape, layers)
+    assert len(config.layers) == len(built)
+    for row, (layer, shape) in zip(config.layers, built):
+        assert row.name == layer.name
+        assert tuple(row.output_shape) == shape, (row.name, row.output_shape, shape)
+        ours = [(n, tuple(s), True) for n, s in row.trainable] + [(n, tuple(s), False) for n, s in row.non_trainable]
+        theirs = [(w.path.split("/", 1)[1] if w.path.startswith(model.name + "/") else w.path, tuple(w.shape), w.trainable) for w in layer.weights]
+        assert sorted(ours) == sorted(theirs), row.name
+        assert row.params == layer.count_params()
+    assert sum(r.params for r in config.layers) == model.count_params()
+
+
+def test_seed_model_matches_keras_summary():
+    config = memfit(*SEED)
+    model, built = keras_model(*SEED)
+    keras_params = [layer.count_params() for layer, _ in built if layer.count_params()]
+    assert keras_params == [8224, 32832, 36928, 3277312, 1026] == [r.params for r in config.layers if r.params]
+    assert model.count_params() == 3356322
+
+
+def _keras_default(value):
+    if isinstance(value, (tuple, list)) and len(set(value)) == 1:
+        return value[0]
+    return value
+
+
+NULL_MEANS = {"strides": "pool_size", "value_dim": "key_dim"}
+REQUIRED = {
+    "units": 3, "filters": 2, "kernel_size": 2, "rate": 0.5, "activation": "relu", "target_shape": [4],
+    "input_dim": 5, "output_dim": 2, "num_heads": 2, "key_dim": 2, "pool_size": 3,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(RULES))
+def test_defaults_are_keras_defaults(kind):
+    from memfit.schema import schema
+
+    spec = schema()["$defs"][f"layer_{kind}"]
+    args = {k: REQUIRED[k] for k in spec["required"] if k != "type"}
+    got = getattr(keras.layers, kind)(**args).get_config()
+    for key, ours in defaults()[kind].items():
+        theirs = _keras_default(got[key] if key in got else getattr(getattr(keras.layers, kind)(**args), key))
+        if ours is None:  # null stands for another argument's value, which Keras fills in
+            ours = _keras_default(got[NULL_MEANS[key]])
+        if key == "activation" and kind != "Activation":
+            theirs = theirs or "linear"
+        assert ours == theirs, (kind, key, ours, theirs)
+
+
+# --- plain PyTorch: what autograd keeps ---------------------------------------------------
+ACT_FN = {
+    "linear": lambda x: x, "relu": F.relu, "relu6": F.relu6, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+    "softmax": lambda x: F.softmax(x, -1), "log_softmax": lambda x: F.log_softmax(x, -1), "exponential": torch.exp,
+    "gelu": F.gelu, "silu": F.silu, "swish": F.silu, "elu": F.elu, "selu": F.selu, "softplus": F.softplus,
+    "leaky_relu": lambda x: F.leaky_relu(x, 0.2), "mish": F.mish, "hard_sigmoid": F.hardsigmoid,
+}
+
+
+def _first(x):  # channels-last (B, *spatial, C) -> a channels-first VIEW (B, C, *spatial)
+    return x.movedim(-1, 1)
+
+
+def _last(x):
+    # back to channels-last; .contiguous() copies only when the kernel chose a channels-first
+    # output, whose storage nothing saves (conv and pooling keep inputs), so counts are unchanged
+    return x.movedim(1, -1).contiguous()
+
+
+class Reference:
+    """The same layers in plain PyTorch, on channels-last tensors (permuted views, no copies)."""
+
+    def __init__(self):
+        self.params, self.buffers = [], []
+
+    def param(self, *shape):
+        p = torch.nn.Parameter(torch.randn(*shape) * 0.1)
+        self.params.append(p)
+        return p
+
+    def _window(self, x, n, p, kernel, strides, dilation, fill):
+        """Keras 'same': symmetric pads go to the op; an odd total needs F.pad (a copy)."""
+        size = x.shape[2:]
+        k = [kernel] * n if isinstance(kernel, int) else kernel
+        s = [strides] * n if isinstance(strides, int) else strides
+        d = [dilation] * n if isinstance(dilation, int) else dilation
+        if p["padding"] == "valid":
+            return x, [0] * n, k, s, d
+        pads = [max((-(-size[i] // s[i]) - 1) * s[i] + d[i] * (k[i] - 1) + 1 - size[i], 0) for i in range(n)]
+        if all(t % 2 == 0 for t in pads):
+            return x, [t // 2 for t in pads], k, s, d
+        flat = []
+        for t in reversed(pads):
+            flat += [t // 2, t - t // 2]
+        return F.pad(x, flat, value=fill), [0] * n, k, s, d
+
+    def layer(self, spec, x):
+        p = {**defaults()[spec["type"]], **spec}
+        kind = spec["type"]
+        if kind == "Dense":
+            y = F.linear(x, self.param(p["units"], x.shape[-1]), self.param(p["units"]) if p["use_bias"] else None)
+        elif kind.startswith("Conv"):
+            n = int(kind[4])
+            xc, pad, k, s, d = self._window(_first(x), n, p, p["kernel_size"], p["strides"], p["dilation_rate"], 0.0)
+            w = self.param(p["filters"], x.shape[-1] // p["groups"], *k)
+            conv = (F.conv1d, F.conv2d, F.conv3d)[n - 1]
+            y = _last(conv(xc, w, self.param(p["filters"]) if p["use_bias"] else None, s, pad, d, p["groups"]))
+        elif kind in ("DepthwiseConv2D", "SeparableConv2D"):
+            c, m = x.shape[-1], p["depth_multiplier"]
+            xc, pad, k, s, d = self._window(_first(x), 2, p, p["kernel_size"], p["strides"], p["dilation_rate"], 0.0)
+            last_bias = p["use_bias"] and kind == "DepthwiseConv2D"
+            y = F.conv2d(xc, self.param(c * m, 1, *k), self.param(c * m) if last_bias else None, s, pad, d, c)
+            if kind == "SeparableConv2D":
+                y = F.conv2d(y, self.param(p["filters"], c * m, 1, 1), self.param(p["filters"]) if p["use_bias"] else None)
+            y = _last(y)
+        elif "Pooling" in kind and not kind.startswith("Global"):
+            n = int(kind[-2])
+            strides = p["strides"] if p["strides"] is not None else p["pool_size"]
+            is_max = kind.startswith("Max")
+            xc, pad, k, s, _ = self._window(_first(x), n, p, p["pool_size"], strides, 1, -math.inf if is_max else 0.0)
+            if is_max:
+                y = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[n - 1](xc, k, s, pad)
+            else:
+                y = (F.avg_pool1d, F.avg_pool2d, F.avg_pool3d)[n - 1](xc, k, s, pad, count_include_pad=False)
+            y = _last(y)
+        elif kind.startswith("Global"):
+            axes = tuple(range(1, x.dim() - 1))
+            y = x.amax(dim=axes) if "Max" in kind else x.mean(dim=axes)
+        elif kind == "Flatten":
+            y = x.reshape(x.shape[0], -1)
+        elif kind == "Reshape":
+            y = x.reshape(x.shape[0], *p["target_shape"])
+        elif kind == "Dropout":
+            # CUDA's dropout kernel (native_dropout) keeps a 1-byte bool mask; CPU's F.dropout
+            # would keep a full-width float one. memfit follows CUDA, so the reference calls
+            # the same kernel CUDA dispatches to (native_dropout also runs on the CPU).
+            y = torch.native_dropout(x, p["rate"], True)[0] if p["rate"] > 0 else x
+        elif kind == "Activation":
+            y = ACT_FN[p["activation"]](x)
+        elif kind == "ReLU":
+            y = F.relu(x)
+        elif kind == "BatchNormalization":
+            c = x.shape[-1]
+            mean, var = torch.zeros(c), torch.ones(c)
+            self.buffers += [mean, var]
+            y = _last(F.batch_norm(_first(x), mean, var, self.param(c) if p["scale"] else None, self.param(c) if p["center"] else None, training=True))
+        elif kind == "LayerNormalization":
+            c = x.shape[-1]
+            y = F.layer_norm(x, (c,), self.param(c) if p["scale"] else None, self.param(c) if p["center"] else None, p["epsilon"])
+        elif kind == "Embedding":
+            y = F.embedding(x, self.param(p["input_dim"], p["output_dim"]))
+        elif kind in ("SimpleRNN", "LSTM", "GRU"):
+            cls = {"SimpleRNN": torch.nn.RNN, "LSTM": torch.nn.LSTM, "GRU": torch.nn.GRU}[kind]
+            rnn = cls(x.shape[-1], p["units"], bias=p["use_bias"], batch_first=True)
+            self.params += list(rnn.parameters())
+            out, h = rnn(x)
+            y = out if p["return_sequences"] else (h[0] if kind == "LSTM" else h)[0]
+        elif kind == "MultiHeadAttention":
+            y = self.attention(p, x)
+        else:  # pragma: no cover - test_every_layer_type_is_cross_checked keeps this honest
+            raise AssertionError(kind)
+        if p.get("activation") and kind != "Activation":
+            y = ACT_FN[p["activation"]](y)
+        return y
+
+    def attention(self, p, x):
+        b, t, d = x.shape
+        h, dk = p["num_heads"], p["key_dim"]
+        dv = p["value_dim"] or dk
+
+        def project(dim):
+            return F.linear(x, self.param(h * dim, d), self.param(h * dim) if p["use_bias"] else None).view(b, t, h, dim).transpose(1, 2)
+
+        q, k, v = project(dk), project(dk), project(dv)
+        if p["dropout"] == 0:
+            context = F.scaled_dot_product_attention(q, k, v)
+        else:
+            weights = torch.softmax((q * dk**-0.5) @ k.transpose(-1, -2), -1)
+            context = torch.native_dropout(weights, p["dropout"], True)[0] @ v
+        context = context.transpose(1, 2).reshape(b, t, h * dv)
+        return F.linear(context, self.param(d, h * dv), self.param(d) if p["use_bias"] else None)
+
+
+def saved_by_autograd(input_shape, layers, batch=B) -> int:
+    torch.manual_seed(0)
+    ref = Reference()
+    if layers[0]["type"] == "Embedding":
+        x = torch.randint(0, layers[0]["input_dim"], (batch, *input_shape))
+    else:
+        x = torch.randn(batch, *input_shape, requires_grad=True)
+    kept: dict[int, int] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        kept[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    # oneDNN's fused LSTM keeps an opaque workspace; the rule follows PyTorch's native cell loop
+    with torch.backends.mkldnn.flags(enabled=False), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = x
+        for spec in layers:
+            y = ref.layer(spec, y)
+    kept.setdefault(y.untyped_storage().data_ptr(), y.untyped_storage().nbytes())  # the loss keeps the output
+    for owned in ref.params + ref.buffers:
+        kept.pop(owned.untyped_storage().data_ptr(), None)
+    return sum(kept.values())
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_saved_activations_match_pytorch_autograd(case):
+    input_shape, layers = CASES[case]
+    config = memfit(input_shape, layers)
+    assert config.footprint["activations"] == saved_by_autograd(input_shape, layers)
+
+
+def test_seed_saved_activations_at_batch_32():
+    config = memfit(*SEED, batch=32)
+    assert config.footprint["activations"] == saved_by_autograd(*SEED, batch=32) == 6_619_392
+
+
+# --- torch.optim state -------------------------------------------------------------------
+OPTIMIZERS = {
+    "sgd": lambda ps: torch.optim.SGD(ps, lr=0.1),
+    "momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+    "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+    "nesterov": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True),
+    "adagrad": lambda ps: torch.optim.Adagrad(ps),
+    "rmsprop": lambda ps: torch.optim.RMSprop(ps),
+    "adadelta": lambda ps: torch.optim.Adadelta(ps),
+    "adam": lambda ps: torch.optim.Adam(ps),
+    "adamw": lambda ps: torch.optim.AdamW(ps),
+    "adamax": lambda ps: torch.optim.Adamax(ps),
+    "nadam": lambda ps: torch.optim.NAdam(ps),
+    "radam": lambda ps: torch.optim.RAdam(ps),
+}
+
+
+def test_every_optimizer_but_lion_is_cross_checked():
+    assert set(OPTIMIZER_STATES) - set(OPTIMIZERS) == {"lion"}
+    assert not hasattr(torch.optim, "Lion")  # Lion's 1 state follows the reference implementations
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_optimizer_states_match_torch_optim(name):
+    weight = torch.nn.Parameter(torch.randn(3, 5))
+    optimizer = OPTIMIZERS[name]([weight])
+    (weight**2).sum().backward()
+    optimizer.step()
+    state = optimizer.state[weight]
+    full = [v for v in state.values() if torch.is_tensor(v) and v.shape == weight.shape]
+    assert len(full) == OPTIMIZER_STATES[name]
+
+
+MODEL_EXAMPLES = sorted(p.name for p in (Path(__file__).resolve().parent.parent / "examples").glob("*.yaml") if "model" in yaml.safe_load(p.read_text()))
+
+
+@pytest.mark.parametrize("example", MODEL_EXAMPLES)
+def test_example_models_match_keras_and_autograd(example):
+    doc = yaml.safe_load((Path(__file__).resolve().parent.parent / "examples" / example).read_text())
+    input_shape, layers = doc["model"]["input_shape"], doc["model"]["layers"]
+    config = memfit(input_shape, layers)
+    model, built = keras_model(input_shape, layers)
+    assert [tuple(r.output_shape) for r in config.layers] == [shape for _, shape in built]
+    assert [r.params for r in config.layers] == [layer.count_params() for layer, _ in built]
+    assert sum(r.params for r in config.layers) == model.count_params()
+    assert config.footprint["activations"] == saved_by_autograd(input_shape, layers)
