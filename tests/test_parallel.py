@@ -1,4 +1,4 @@
-"""Many files: a pool only when it pays, never nested under pre-commit, results in input order."""
+"""Many files: a pool only when it pays, results in input order, pre-commit's splitting still fine."""
 
 from __future__ import annotations
 
@@ -29,7 +29,6 @@ bench = _bench()
 
 @pytest.fixture
 def four_cores(monkeypatch):
-    monkeypatch.delenv("PRE_COMMIT", raising=False)
     monkeypatch.setattr(parallel, "cores", lambda: 4)
 
 
@@ -49,12 +48,6 @@ def test_jobs_asked_for_are_given_but_never_more_than_files(four_cores):
     assert jobs_for(10_000, jobs=1) == 1
 
 
-def test_under_pre_commit_the_automatic_choice_is_one_process(four_cores, monkeypatch):
-    monkeypatch.setenv("PRE_COMMIT", "1")
-    assert jobs_for(100 * MIN_FILES_PER_JOB) == 1
-    assert jobs_for(100 * MIN_FILES_PER_JOB, jobs=2) == 2
-
-
 def test_a_pool_returns_results_in_input_order_with_footprints(tmp_path):
     paths = []
     for i in range(12):
@@ -72,7 +65,8 @@ def test_a_pool_returns_results_in_input_order_with_footprints(tmp_path):
 
 
 @pytest.mark.slow
-def test_pre_commit_splitting_its_file_list_still_works(tmp_path):
+@pytest.mark.parametrize("serial", ["true", "false"], ids=["one-memfit-pools", "pre-commit-splits"])
+def test_pre_commit_runs_the_hook_on_many_files(tmp_path, serial):
     if shutil.which("git") is None:
         pytest.fail("git is needed for the pre-commit test")
     repo = tmp_path / "repo"
@@ -81,7 +75,8 @@ def test_pre_commit_splitting_its_file_list_still_works(tmp_path):
         (repo / "configs" / f"c{i:03d}.yaml").write_text(bench.config_text(20, seed=i, name=f"c{i}"), encoding="utf-8")
     (repo / ".pre-commit-config.yaml").write_text(
         "repos:\n- repo: local\n  hooks:\n  - id: memfit\n    name: memfit\n"
-        f"    entry: {sys.executable} -m memfit check\n    args: [--budget, 100TiB]\n    language: system\n    files: ^configs/.*\\.yaml$\n",
+        f"    entry: {sys.executable} -m memfit check\n    args: [--budget, 100TiB]\n    language: system\n    files: ^configs/.*\\.yaml$\n"
+        f"    require_serial: {serial}\n",
         encoding="utf-8",
     )
     env = {**os.environ, "PRE_COMMIT_HOME": str(tmp_path / "cache"), "GIT_CONFIG_GLOBAL": os.devnull}
@@ -96,7 +91,9 @@ def test_pre_commit_splitting_its_file_list_still_works(tmp_path):
     git("add", ".")
     done = hook()
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("checked, all fit") >= 1
+    assert done.stdout.count("checked, all fit") == (1 if serial == "true" else done.stdout.count("memfit: "))
+    if serial == "true":
+        assert "150 configs checked, all fit" in done.stdout
 
     broken = repo / "configs" / "c137.yaml"
     broken.write_text(broken.read_text(encoding="utf-8").replace("optimizer:", "optimiser:"), encoding="utf-8")

@@ -2,9 +2,9 @@
 for the workers.
 
 A typical config checks in about a millisecond and a forked worker costs a few, so a pool only
-starts from MIN_FILES_PER_JOB files per worker on. Under pre-commit (it sets PRE_COMMIT=1 and
-already runs one memfit per core, each on its share of the files) the automatic choice is one
-process; --jobs N asks for N anyway.
+starts from MIN_FILES_PER_JOB files per worker on; --jobs N asks for N anyway. memfit's pre-commit
+hook is require_serial (one memfit gets every staged file), so this is its parallelism; a hook
+that lets pre-commit split the files gets one pool per share only when each share is that large.
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ def jobs_for(files: int, jobs: int = 0) -> int:
     """Worker processes for `files` files: `jobs` if given (>= 1), else by file count and cores."""
     if jobs >= 1:
         return max(1, min(jobs, files))
-    if os.environ.get("PRE_COMMIT"):
-        return 1
     return max(1, min(cores(), files // MIN_FILES_PER_JOB))
 
 
