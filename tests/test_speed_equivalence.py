@@ -275,3 +275,22 @@ def test_many_errors_of_all_kinds_come_out_the_same_and_in_the_same_order(monkey
     assert len(fast.diagnostics) >= 10
     doubled = [d.message.split(".count ")[1] for d in fast.diagnostics if ".count is 0.5" in d.message]
     assert doubled == ["is 0.5; expected an integer", "is 0.5; it must be at least 1"]
+
+
+def test_positions_stopping_early_equal_those_of_a_full_walk():
+    from memfit import source
+
+    text = bench.config_text(300, seed=11)
+    values, _ = composed(text)
+    paths = sorted(values, key=str)
+    requests = [(p, source.VALUE) for p in paths[::7]] + [(p, source.KEY) for p in paths[::5]]
+    requests += [(("parameters", 999, "shape"), source.VALUE), (("activations", 3, "nope"), source.KEY), (("nowhere",), source.VALUE)]
+    for chunk in (requests[:1], requests[:3], requests[40:60], requests):
+        assert source.locate(text, chunk, unique_keys=True) == source.locate(text, chunk)
+
+
+def test_with_a_duplicate_key_the_position_is_that_of_the_value_memfit_read():
+    # YAML keeps the last of two equal keys; a stop at the first would point at the wrong one
+    text = "memfit: 1\noptimizer: adam\nparameters:\n  - [1, 2]\ndevice: {memory: 1 GiB}\nparameters:\n  - [3, -4]\n"
+    result = memfit_check.check(text)
+    assert [(d.code, d.range.start_line, d.range.start_character) for d in result.diagnostics] == [("duplicate-key", 5, 0), ("schema", 6, 8)]

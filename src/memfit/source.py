@@ -298,9 +298,12 @@ KEY = "key"
 VALUE = "value"
 
 
-def locate(text: str, requests) -> dict[tuple, Range]:
+def locate(text: str, requests, unique_keys: bool = False) -> dict[tuple, Range]:
     """Ranges for (path, KEY|VALUE) requests, in one pass; a path that does not exist as
-    written (inside an alias, or missing) gets its nearest existing ancestor's range."""
+    written (inside an alias, or missing) gets its nearest existing ancestor's range. With
+    unique_keys (the document has no duplicate key, so the first node at a path is the only
+    one) the pass stops as soon as every request has its own node: a typo near the top of a
+    huge config is not followed by a walk through the rest."""
     requests = set(requests)
     wanted: set[tuple] = set()
     for path, _ in requests:
@@ -308,7 +311,7 @@ def locate(text: str, requests) -> dict[tuple, Range]:
             wanted.add(path[:i])
     values: dict[tuple, Range] = {}
     keys: dict[tuple, Range] = {}
-    _walk(text, wanted, values, keys)
+    _walk(text, wanted, values, keys, set(requests) if unique_keys else None)
     found: dict[tuple, Range] = {}
     for request in requests:
         path, kind = request
@@ -324,8 +327,13 @@ def locate(text: str, requests) -> dict[tuple, Range]:
     return found
 
 
-def _walk(text: str, wanted, values: dict, keys: dict) -> None:
-    """Record value and key ranges of the wanted paths (all paths when wanted is None)."""
+class _Found(Exception):
+    """Every request of an early-stopping walk has its node."""
+
+
+def _walk(text: str, wanted, values: dict, keys: dict, outstanding: set | None = None) -> None:
+    """Record value and key ranges of the wanted paths (all paths when wanted is None); stop
+    once `outstanding` (path, KEY|VALUE) requests, if given, all have their exact node."""
     scalars = _Scalars()
     # frame: [path, is_map, next_index_or_pending_key, start_mark, last_end_mark]
     stack: list[list] = []
@@ -338,6 +346,11 @@ def _walk(text: str, wanted, values: dict, keys: dict) -> None:
     def finish(path, start, end):
         if everything or path in wanted:
             values[path] = _range(start, end)
+            if outstanding is not None:
+                outstanding.discard((path, KEY))  # a list item has no key: its value stands for it
+                outstanding.discard((path, VALUE))
+                if not outstanding:
+                    raise _Found
         if stack:
             frame = stack[-1]
             frame[4] = end
@@ -363,6 +376,10 @@ def _walk(text: str, wanted, values: dict, keys: dict) -> None:
                     path = frame[0] + (key,)
                     if everything or path in wanted:
                         keys[path] = _range(event.start_mark, event.end_mark)
+                        if outstanding is not None:
+                            outstanding.discard((path, KEY))
+                            if not outstanding:
+                                raise _Found
                     if kind in (SequenceStartEvent, MappingStartEvent):
                         stack.append([path + ("?",), kind is MappingStartEvent, _NO_KEY if kind is MappingStartEvent else 0, event.start_mark, event.end_mark])
                     continue
@@ -382,6 +399,8 @@ def _walk(text: str, wanted, values: dict, keys: dict) -> None:
                 finish(path, start, end)
     except yaml.YAMLError:
         pass  # positions up to the error are still good
+    except _Found:
+        pass
 
 
 def _key_of(event, scalars: _Scalars):
