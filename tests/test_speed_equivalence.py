@@ -294,3 +294,53 @@ def test_with_a_duplicate_key_the_position_is_that_of_the_value_memfit_read():
     text = "memfit: 1\noptimizer: adam\nparameters:\n  - [1, 2]\ndevice: {memory: 1 GiB}\nparameters:\n  - [3, -4]\n"
     result = memfit_check.check(text)
     assert [(d.code, d.range.start_line, d.range.start_character) for d in result.diagnostics] == [("duplicate-key", 5, 0), ("schema", 6, 8)]
+
+
+TRICKY = """\
+memfit: 1
+base: &b
+  shape: [1, 2]
+  count: 2
+empty_list: []
+empty_map: {}
+block_empty:
+nested:
+  - - [1, 2]
+    - {a: [], b: {}}
+  -
+    - x
+  - ? [complex, key]
+    : value
+  - <<: *b
+    name: merged
+  - *b
+  - "quoted": 'single'
+last:
+  - a: 1
+    b:
+      - 2
+      - c: 3
+"""
+
+
+@pytest.mark.parametrize("text", [TRICKY, bench.config_text(40, seed=5)], ids=["tricky", "benchmark"])
+def test_positions_asked_for_a_few_nodes_equal_those_of_the_whole_index(text):
+    # locate skips the subtrees nothing is asked in and stops early; index walks every node
+    from memfit import source
+
+    values, keys = source.index(text)
+
+    def expected(path, kind):
+        if kind == source.KEY and path in keys:
+            return keys[path]
+        return next(values[path[:i]] for i in range(len(path), -1, -1) if path[:i] in values)
+
+    # the paths a problem can have (a complex key's inside gets placeholder parts; nothing asks for it)
+    paths = sorted((p for p in values if all(isinstance(part, (str, int)) for part in p)), key=str)
+    singles = [[(p, kind)] for p in paths for kind in (source.VALUE, source.KEY)]
+    groups = [[(paths[i], source.VALUE), (paths[-1 - i], source.KEY)] for i in range(len(paths))]
+    missing = [[(p + ("missing", 0), source.VALUE)] for p in paths[::3]]
+    assert len(paths) > 20
+    for requests in singles + groups + missing:
+        for unique in (False, True):
+            assert source.locate(text, requests, unique) == {r: expected(*r) for r in requests}, requests

@@ -359,8 +359,9 @@ def _walk(text: str, wanted, values: dict, keys: dict, outstanding: set | None =
             else:
                 frame[2] += 1
 
+    events = _events(text)
     try:
-        for event in _events(text):
+        for event in events:
             kind = event.__class__
             if kind is DocumentStartEvent:
                 documents += 1
@@ -386,6 +387,8 @@ def _walk(text: str, wanted, values: dict, keys: dict, outstanding: set | None =
                 path = child_path(stack[-1]) if stack else ()
                 if kind is ScalarEvent or kind is AliasEvent:
                     finish(path, event.start_mark, event.end_mark)
+                elif not everything and path not in wanted:
+                    finish(path, event.start_mark, _skip(events, event))  # nothing asked for inside
                 else:
                     is_map = kind is MappingStartEvent
                     stack.append([path, is_map, _NO_KEY if is_map else 0, event.start_mark, event.end_mark])
@@ -401,6 +404,25 @@ def _walk(text: str, wanted, values: dict, keys: dict, outstanding: set | None =
         pass  # positions up to the error are still good
     except _Found:
         pass
+
+
+def _skip(events, start):
+    """Consume a container no request is in; its end mark, as the walk above would find it
+    (a block container ends at its last child), without building a path for anything inside."""
+    lasts = [start.end_mark]
+    for event in events:
+        kind = event.__class__
+        if kind is SequenceStartEvent or kind is MappingStartEvent:
+            lasts.append(event.end_mark)
+        elif kind is SequenceEndEvent or kind is MappingEndEvent:
+            last = lasts.pop()
+            end = event.end_mark if event.start_mark.index != event.end_mark.index else last
+            if not lasts:
+                return end
+            lasts[-1] = end
+        else:
+            lasts[-1] = event.end_mark
+    return lasts[0]
 
 
 def _key_of(event, scalars: _Scalars):
