@@ -5,7 +5,7 @@ live in the schema (`default` on each layer property, so editors show them too) 
 read from there. Every layer type is ONE entry in RULES: how it maps the incoming shape,
 which weights it owns, and which tensors PyTorch's eager autograd keeps for its backward
 in training mode (measured with torch.autograd.graph.saved_tensors_hooks; see
-tests/test_frameworks.py and docs/layers.md). Adding a layer is one entry here, one
+tests/test_frameworks.py and the README). Adding a layer is one entry here, one
 schema $def and one cross-check there.
 
 Saved activations are counted as distinct tensors: a ReLU's output that the next Dense
