@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -10,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from benchmark_module import bench
 
 from memfit import parallel
 from memfit.parallel import MIN_FILES_PER_JOB, jobs_for
@@ -17,14 +17,6 @@ from memfit.parallel import MIN_FILES_PER_JOB, jobs_for
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("memfit_bench", ROOT / "benchmarks" / "bench.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _bench()
 
 
 @pytest.fixture

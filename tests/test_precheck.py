@@ -4,7 +4,6 @@ jsonschema rejects would pass unreported. Each test compares against jsonschema 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from benchmark_module import bench
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,14 +21,6 @@ from memfit.precheck import Unsupported, compile_schema
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("memfit_bench", ROOT / "benchmarks" / "bench.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _bench()
 
 
 def reference(schema: dict, dialect: bool = True):

@@ -6,7 +6,6 @@ injected at known nodes."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -17,6 +16,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from benchmark_module import bench
 
 from memfit import check as memfit_check
 from memfit import schema as memfit_schema
@@ -27,14 +27,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((ROOT / "schemas" / "memfit.schema.json").read_text(encoding="utf-8"))
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("memfit_bench", ROOT / "benchmarks" / "bench.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _bench()
 
 
 # --- the independent reference ------------------------------------------------------------
