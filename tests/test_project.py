@@ -10,3 +10,18 @@ def test_ci_runs_the_readme_test_command():
     command = ci[-1]
     assert "pytest" in command and "pip install" in command
     assert f"\n{command}\n" in (ROOT / "README.md").read_text()
+
+
+def test_every_documented_diagnostic_code_is_a_sarif_rule_and_vice_versa():
+    import re
+
+    from memfit.reporters import RULES
+
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("### Diagnostic codes (stable)") :]
+    table = table[: table.index("\n\n#")]
+    documented = re.findall(r"^\| `([a-z-]+)` \|", table, re.MULTILINE)
+    assert sorted(documented) == sorted(RULES)
+    source = "".join(p.read_text() for p in (ROOT / "src" / "memfit").glob("*.py"))
+    for code in RULES:
+        assert f'"{code}"' in source

@@ -78,6 +78,7 @@ RULES: dict[str, tuple[str, str]] = {
     "unknown-dtype": ("A dtype name memfit does not know", "Use a known dtype name such as bfloat16 or float32, or a positive byte width that is a multiple of 1/8."),
     "unknown-optimizer": ("An optimizer memfit does not know", "Use a known optimizer name (adam, adamw, sgd, ...): it sets the optimizer state kept per parameter."),
     "bad-unit": ("A byte quantity or percentage that cannot be read", "Write an integer byte count or '<number> <unit>' with B, kB, MB, GB, TB, KiB, MiB, GiB or TiB, e.g. '24 GiB'."),
+    "shape-mismatch": ("A layer cannot take the shape that reaches it", "Fix the layer's arguments (kernel, strides, padding, target_shape) or the layers before it; the message names the incoming shape."),
     "no-budget": ("No memory budget to check against", "Set device.memory (and optionally device.reserve) in the config, or pass --budget."),
     "budget-exceeded": ("The training footprint exceeds the memory budget", "Reduce the footprint (batch size, dtypes, optimizer, frozen layers) or raise the budget; `memfit explain` shows the breakdown."),
     "near-budget": ("The training footprint is close to the memory budget", "The config fits, but with little headroom; `memfit explain` shows where the memory goes."),
