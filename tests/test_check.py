@@ -177,7 +177,7 @@ def test_huge_dims_are_exact():
 @pytest.mark.parametrize(
     "source, expected",
     [
-        ("memfit: 1\noptimizer: [adam\n", [(3, 1, "yaml-syntax")]),
+        ("memfit: 1\noptimizer: [adam\n", [(2, 12, "yaml-syntax")]),  # where the unclosed [ opened
         ("", [(1, 1, "not-a-config")]),
         ("- memfit: 1\n", [(1, 1, "not-a-config")]),
         ("42\n", [(1, 1, "not-a-config")]),
@@ -195,10 +195,35 @@ def test_bad_documents(source, expected):
 
 
 def test_skip_unrecognized_skips_other_yaml_even_broken():
-    for text in ("name: x\n", "- 1\n", "", "key: [unclosed\n", "{{ helm }}: x\n"):
+    gitlab_job_named_memfit = "memfit:\n  image: python:3.12\n  script:\n    - memfit check configs/\n"
+    gitlab_reference = ".setup:\n  script: [x]\nmemfit:\n  script:\n    - !reference [.setup, script]\n"
+    cloudformation = "Resources:\n  memfit: !Ref Thing\n"
+    for text in ("name: x\n", "- 1\n", "", "key: [unclosed\n", "{{ helm }}: x\n", gitlab_job_named_memfit, gitlab_reference, cloudformation, "jobs:\n  memfit: 1\n"):
         result = check(text, "other.yaml", Options(skip_unrecognized=True))
         assert result.skipped and result.diagnostics == []
     assert not check("memfit: 1\noptimizer: [\n", "c.yaml", Options(skip_unrecognized=True)).skipped
+
+
+def test_a_bom_before_the_marker_is_still_a_config():
+    assert check("\ufeffmemfit: 1\noptimizer: [\n", "c.yaml", Options(skip_unrecognized=True)).diagnostics
+
+
+@pytest.mark.parametrize("dim", ["064", "1:30", "1_000", "0b101"])
+def test_yaml_1_1_only_number_forms_are_not_silently_dims(dim):
+    d = only(BASE.replace("[512, 6400]", f"[512, {dim}]"))
+    assert (d.range.start_line + 1, d.range.start_character + 1, d.code) == (6, 11, "schema")
+    assert f"is '{dim}'; dims must be" in d.message
+
+
+def test_hex_and_signed_decimal_stay_numbers():
+    assert run(BASE.replace("[512, 6400]", "[0x200, +6400]")).footprint == run(BASE).footprint
+
+
+def test_no_footprint_when_the_numbers_would_be_wrong():
+    unknown_optimizer = run(BASE.replace("optimizer: adam", "optimizer: adamm"))
+    assert unknown_optimizer.footprint is None and unknown_optimizer.budget is None
+    bad_unit = run(BASE.replace("24 GiB", "0.3 B"))  # schema-valid, but not whole bytes
+    assert bad_unit.footprint == run(BASE).footprint and bad_unit.budget is None  # only the budget is unknown
 
 
 def test_alias_bomb_is_refused_in_bounded_time_and_memory():

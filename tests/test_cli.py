@@ -136,6 +136,17 @@ def test_directory_walk_skips_hidden_and_vendored_directories(tmp_path, configs)
     assert [f["path"] for f in json.loads(result.stdout)["files"]] == [str(tmp_path / "fits.yaml"), str(tmp_path / "over.yaml")]
 
 
+def test_skip_mode_still_checks_configs_in_other_encodings(tmp_path):
+    over = "memfit: 1\nname: café\ndevice: {memory: 1 kB}\noptimizer: adam\nparameters: [[1000, 1000]]\n"
+    (tmp_path / "latin1.yaml").write_bytes(over.encode("latin-1"))
+    (tmp_path / "utf16.yaml").write_bytes(over.encode("utf-16"))  # with a BOM, which YAML allows
+    (tmp_path / "other-latin1.yaml").write_bytes("name: café\n".encode("latin-1"))
+    result = memfit("check", "--skip-unrecognized", "--format", "json", tmp_path)
+    files = {Path(f["path"]).name: [d["code"] for d in f["diagnostics"]] for f in json.loads(result.stdout)["files"]}
+    assert files == {"latin1.yaml": ["io"], "utf16.yaml": ["budget-exceeded"]}
+    assert result.returncode == 1
+
+
 def test_not_a_config_named_explicitly_fails_unless_skipped(tmp_path, configs):
     fits, _ = configs
     other = tmp_path / "workflow.yml"
@@ -149,11 +160,17 @@ def test_not_a_config_named_explicitly_fails_unless_skipped(tmp_path, configs):
     assert "1 config checked, all fit, 2 skipped" in skipped.stdout
 
 
-def test_explain_reads_well_at_80_columns_without_colour():
-    result = memfit("explain", EXAMPLES / "gpt2-small.yaml")
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+def test_every_example_explains_within_80_columns(example):
+    result = memfit("explain", EXAMPLES / example)
     assert result.returncode == 0
     lines = result.stdout.splitlines()
     assert all(len(line) <= 80 for line in lines), max(lines, key=len)
+
+
+def test_explain_reads_well_without_colour():
+    result = memfit("explain", EXAMPLES / "gpt2-small.yaml")
+    assert result.returncode == 0
     assert "\x1b[" not in result.stdout
     text = result.stdout
     for fragment in ("optimizer  adamw: 2 state tensors", "dtype parameters", "bfloat16", "optimizer_state", "total", "of the budget: fits", "largest tensors", "h.attn.probs"):

@@ -253,7 +253,7 @@ def test_no_traceback_on_odd_layer_items(tmp_path):
     path = write(tmp_path, "odd.yaml", HEAD + "    - 7\n    - {filters: 3}\n    - {type: MaxPooling2D, pool_size: [2, 2, 2]}\n")
     done = run("check", path)
     assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert "model.layers[2].pool_size is a list; it must be at most this many items: 2" in done.stdout
+    assert "model.layers[2].pool_size has 3 items; it must have at most 2 items" in done.stdout
 
 
 # --- the seed, explain and the examples ----------------------------------------------------

@@ -9,14 +9,13 @@ import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from . import source
-from .config import Config, build, footprint
-from .diagnostics import ERROR, FILE_START, WARNING, Diagnostic, Problem
+from .diagnostics import ERROR, FILE_START, WARNING, Diagnostic, Problem, Range
 from .units import with_bytes
 
-# A memfit config has a top-level `memfit:` key; without one anywhere in the text, a file
-# is not a config and is skipped in --skip-unrecognized mode before any parsing.
-_MARKER = re.compile(r"""(?:^|[{,]|\n)[ \t]*["']?memfit["']?[ \t]*:""")
+# The marker of a memfit config: a top-level `memfit: <version>` (column 0 in block style, or
+# in a flow mapping). In --skip-unrecognized mode a file without it is skipped before parsing:
+# a GitLab job named `memfit:`, a Helm template or a CloudFormation `!Ref` never fails the hook.
+_MARKER = re.compile(r"""(?:^\ufeff?|[{,][ \t]*)["']?memfit["']?[ \t]*:[ \t]*["']?[0-9]""", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -30,7 +29,7 @@ class Options:
 class Result:
     path: str
     diagnostics: list = field(default_factory=list)
-    config: Config | None = None
+    config: object = None  # config.Config when the footprint could be computed
     budget: int | None = None
     budget_origin: str | None = None  # where the budget comes from, as written: "device.memory 24 GiB - reserve 1 GiB"
     skipped: bool = False
@@ -47,6 +46,10 @@ class Result:
 
 def has_marker(text: str) -> bool:
     return _MARKER.search(text) is not None
+
+
+def _is_config(data) -> bool:
+    return isinstance(data, dict) and "memfit" in data and not isinstance(data["memfit"], (dict, list))
 
 
 def check(text: str, path: str = "<text>", options: Options = Options()) -> Result:
@@ -67,12 +70,14 @@ def _check(text: str, path: str, options: Options) -> Result:
     if options.skip_unrecognized and not has_marker(text):
         result.skipped = True
         return result
+    from . import source  # after the marker test: a skipped file costs no YAML import
+
     loaded = source.load(text)
     result.diagnostics.extend(loaded.diagnostics)
     data = loaded.data
     if data is None and loaded.diagnostics:
         return result
-    if not isinstance(data, dict) or "memfit" not in data:
+    if not _is_config(data):
         if options.skip_unrecognized:
             result.skipped = True
             result.diagnostics.clear()
@@ -83,6 +88,7 @@ def _check(text: str, path: str, options: Options) -> Result:
     result.data = data
 
     from . import schema
+    from .config import build, footprint
 
     problems = schema.problems(data)
     if not problems:
@@ -93,10 +99,13 @@ def _check(text: str, path: str, options: Options) -> Result:
             tensors, layer_problems = derive(data["model"], config)
             config.tensors.extend(tensors)
             problems.extend(layer_problems)
-        config.footprint = footprint(config)
-        result.config = config
-        if not any(p.code == "bad-unit" for p in problems):  # no budget can be trusted otherwise
-            problems.extend(_budget(config, options, result, data))
+        # an unknown optimizer or a layer that cannot apply leaves a number that is not the
+        # footprint: report none rather than a wrong one; a bad unit spoils only the budget
+        if not any(p.code != "bad-unit" for p in problems):
+            config.footprint = footprint(config)
+            result.config = config
+            if not problems:
+                problems.extend(_budget(config, options, result, data))
     unique = not any(d.code == "duplicate-key" for d in result.diagnostics)
     result.diagnostics.extend(place(text, problems, data, unique_keys=unique))
     result.diagnostics.sort(key=lambda d: (d.range.start_line, d.range.start_character))
@@ -114,14 +123,16 @@ def place(text: str, problems: list[Problem], data, unique_keys: bool = False) -
     requests = {}
     for problem in problems:
         if problem.path == () and isinstance(data, dict) and "memfit" in data:
-            requests[problem] = (("memfit",), source.KEY)  # the document as a whole: its marker
+            requests[problem] = (("memfit",), "key")  # the document as a whole: its marker
         else:
-            requests[problem] = (problem.path, source.KEY if problem.on_key else source.VALUE)
+            requests[problem] = (problem.path, "key" if problem.on_key else "value")
+    from . import source
+
     ranges = source.locate(text, requests.values(), unique_keys)
     return [Diagnostic(ranges[requests[p]], p.severity, p.code, p.message) for p in problems]
 
 
-def _budget(config: Config, options: Options, result: Result, data: dict) -> list[Problem]:
+def _budget(config, options: Options, result: Result, data: dict) -> list[Problem]:
     if options.budget is not None:
         budget, where, origin = options.budget, ("memfit",), "from --budget"
         on_key = True
@@ -158,30 +169,40 @@ def _budget(config: Config, options: Options, result: Result, data: dict) -> lis
     return []
 
 
-def read(path: str) -> tuple[str | None, Diagnostic | None]:
-    """A file's text, or an io diagnostic saying why there is none."""
+# YAML allows UTF-8, UTF-16 and UTF-32, told apart by a byte order mark (longest first)
+_BOMS = (
+    (b"\xff\xfe\x00\x00", "utf-32"),
+    (b"\x00\x00\xfe\xff", "utf-32"),
+    (b"\xff\xfe", "utf-16"),
+    (b"\xfe\xff", "utf-16"),
+)
+
+
+def read(path: str) -> tuple[str | None, Diagnostic | None, bytes]:
+    """A file's text, or an io diagnostic saying why there is none (and the raw bytes read)."""
     try:
         with open(path, "rb") as handle:
             raw = handle.read()
     except OSError as error:
-        return None, Diagnostic(FILE_START, ERROR, "io", f"cannot read {path}: {error.strerror or error}")
-    if b"\0" in raw[:8192]:
-        return None, Diagnostic(FILE_START, ERROR, "io", "binary file (it contains NUL bytes), not a YAML config")
+        return None, Diagnostic(FILE_START, ERROR, "io", f"cannot read {path}: {error.strerror or error}"), b""
+    encoding = next((name for bom, name in _BOMS if raw.startswith(bom)), "utf-8-sig")
+    if encoding == "utf-8-sig" and b"\0" in raw[:8192]:
+        return None, Diagnostic(FILE_START, ERROR, "io", "binary file (it contains NUL bytes), not a YAML config"), raw
     try:
-        return raw.decode("utf-8-sig"), None
+        return raw.decode(encoding), None, raw
     except UnicodeDecodeError as error:
         line = raw[: error.start].count(b"\n")
         column = error.start - (raw.rfind(b"\n", 0, error.start) + 1)
-        from .diagnostics import Range
-
         where = Range(line, column, line, column + 1)
-        return None, Diagnostic(where, ERROR, "io", f"not UTF-8 text: byte 0x{raw[error.start]:02x} at offset {error.start} cannot be decoded")
+        message = f"not {encoding.removesuffix('-sig').upper()} text: byte 0x{raw[error.start]:02x} at offset {error.start} cannot be decoded"
+        return None, Diagnostic(where, ERROR, "io", message), raw
 
 
 def check_file(path: str, options: Options = Options()) -> Result:
-    text, problem = read(path)
+    text, problem, raw = read(path)
     if problem is not None:
-        if options.skip_unrecognized and problem.code == "io" and "cannot read" not in problem.message:
+        # in skip mode an undecodable file is skipped only when it does not even look like a config
+        if options.skip_unrecognized and raw and not has_marker(raw.decode("utf-8", "replace")):
             return Result(path, skipped=True)
         return Result(path, [problem])
     return check(text, path, options)

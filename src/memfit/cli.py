@@ -9,14 +9,19 @@ from . import __version__
 from .reporters import REPORTERS
 from .units import UnitError, parse_bytes, parse_percent
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-
 
 def _bytes_arg(text: str) -> int:
     try:
-        return parse_bytes(int(text) if text.strip().isdigit() else text)
+        digits = text.strip()
+        return parse_bytes(int(digits) if digits.isascii() and digits.isdigit() else text)
     except UnitError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _jobs_arg(text: str) -> int:
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of processes (0: choose by file count and cores)")
+    return int(text)
 
 
 def _percent_arg(text: str):
@@ -41,7 +46,7 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--skip-unrecognized", action="store_true", help="skip files that are not memfit configs instead of failing them")
     check.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
     check.add_argument("--summary-md", metavar="FILE", help="also append a Markdown table (file, total, budget, headroom, verdict) to FILE, e.g. $GITHUB_STEP_SUMMARY")
-    check.add_argument("--jobs", "-j", type=int, default=0, metavar="N", help="parallel processes for many files (default: by file count and cores)")
+    check.add_argument("--jobs", "-j", type=_jobs_arg, default=0, metavar="N", help="parallel processes for many files (default: by file count and cores)")
     common(check)
 
     explain = commands.add_parser("explain", help="show the footprint breakdown of one config")
@@ -63,6 +68,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return runner.run(args)
     except BrokenPipeError:  # `memfit check ... | head`
-        return EXIT_OK
+        return runner.EXIT_OK
     except KeyboardInterrupt:
         return 130

@@ -7,6 +7,7 @@ frozen tensors, and the budget arithmetic.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -66,12 +67,6 @@ def width(value) -> Width:
     return Width(str(value), exact.numerator if exact.denominator == 1 else exact)
 
 
-def element_count(shape) -> int:
-    n = 1
-    for dim in shape:
-        n *= dim
-    return n
-
 
 def build(data: dict) -> tuple[Config, list[Problem]]:
     """Tensors declared explicitly; layer-derived ones and the footprint are added by check."""
@@ -125,7 +120,7 @@ def make_tensor(category, path, name, shape, count, trainable, dtype: Width | No
     """Bytes of a tensor under the config's widths; `dtype` overrides only its own storage:
     a parameter's gradient and optimizer state keep the gradients/optimizer_state dtypes,
     as a mixed-precision recipe sets them, not the weight's storage format."""
-    elements = element_count(shape)
+    elements = math.prod(shape)  # dims are schema-checked ints here
     if category == "parameters":
         own = dtype or config.widths["parameters"]
         sizes = {"parameters": count * tensor_bytes(elements, own.bytes)}

@@ -78,11 +78,11 @@ def render(result, colour: bool = False) -> str:
     largest = sorted(config.tensors, key=lambda t: sum(t.bytes.values()), reverse=True)[:TOP_TENSORS]
     if largest:
         out(f"largest tensors (of {len(config.tensors):,}), bytes over all their categories:")
-        out(f"  {'name':<30} {'shape':<20} {'count':>5} {'bytes':>18}")
+        out(f"  {'name':<26} {'shape':<21} {'count':>6} {'bytes':>11}")
         for t in largest:
             shape = "[" + ", ".join(map(str, t.shape)) + "]"
             frozen = "" if t.trainable or t.category != "parameters" else " frozen"
             size = sum(t.bytes.values())
-            out(f"  {_cut(t.name, 30):<30} {_cut(shape, 20):<20} {t.count:>5} {human(size):>18}{frozen}")
+            out(f"  {_cut(t.name, 26):<26} {_cut(shape, 21):<21} {t.count:>6,} {human(size):>11}{frozen}")
     return "\n".join(lines) + "\n"
 

@@ -496,7 +496,7 @@ def summary_lines(rows: list[LayerRow], width: int = 80) -> list[str]:
     out.append(f"Total params: {total:,}")
     out.append(f"Trainable params: {total - frozen:,}")
     out.append(f"Non-trainable params: {frozen:,}")
-    out.append(f"Saved for backward: {saved:,} B ({human(saved)}): each tensor autograd keeps, counted once")
+    out.append(f"Saved for backward: {saved:,} B ({human(saved)}), each kept tensor counted once")
     out.append("")
     out.append("kept for backward, by layer (what PyTorch's autograd saves in training):")
     for r in rows:

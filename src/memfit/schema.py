@@ -218,11 +218,15 @@ def _translate(error) -> list[Problem]:
         missing = [key for key in error.validator_value if key not in value]
         return [Problem(path, "schema", f"{where} is missing the required key {key!r}", on_key=bool(path)) for key in missing]
     if keyword == "const" and path == ("memfit",):
-        return [Problem(path, "schema", f"memfit is {value!r}: this memfit reads format version 1 (write 'memfit: 1')")]
+        return [Problem(path, "schema", f"memfit is {_show(value)}: this memfit reads format version 1 (write 'memfit: 1')")]
     if keyword in ("minimum", "type") and _is_dim(path):
-        return [Problem(path, "schema", f"{where} is {value!r}; dims must be non-negative integers")]
-    if keyword in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum", "minItems", "maxItems"):
-        bound = {"minimum": "at least", "exclusiveMinimum": "more than", "maximum": "at most", "exclusiveMaximum": "less than", "minItems": "at least this many items:", "maxItems": "at most this many items:"}[keyword]
+        return [Problem(path, "schema", f"{where} is {_show(value)}; dims must be non-negative integers")]
+    if keyword in ("minItems", "maxItems"):
+        n = error.validator_value
+        bound = f"{'at least' if keyword == 'minItems' else 'at most'} {n} item{'s' if n != 1 else ''}"
+        return [Problem(path, "schema", f"{where} has {len(value)} item{'s' if len(value) != 1 else ''}; it must have {bound}")]
+    if keyword in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+        bound = {"minimum": "at least", "exclusiveMinimum": "more than", "maximum": "at most", "exclusiveMaximum": "less than"}[keyword]
         return [Problem(path, "schema", f"{where} is {_show(value)}; it must be {bound} {error.validator_value}")]
     if keyword == "type":
         expected = error.validator_value
@@ -231,8 +235,9 @@ def _translate(error) -> list[Problem]:
     if keyword == "enum":
         import difflib
 
-        near = difflib.get_close_matches(str(value), [str(v) for v in error.validator_value], n=3, cutoff=0.0)
-        return [Problem(path, "schema", f"{where}: unknown value {value!r}; expected one of {', '.join(near)}")]
+        allowed = [str(v) for v in error.validator_value]
+        near = difflib.get_close_matches(str(value), allowed, n=len(allowed), cutoff=0.0)  # all, nearest first
+        return [Problem(path, "schema", f"{where}: unknown value {_show(value)}; expected one of {', '.join(near)}")]
     if keyword in ("anyOf", "oneOf") and error.context:
         from jsonschema.exceptions import best_match
 
@@ -256,6 +261,8 @@ def _show(value) -> str:
         return "a list"
     if value is None:
         return "empty (null)"
+    if isinstance(value, bool):
+        return f"{str(value).lower()} (a boolean)"  # YAML's yes/no/on/off are booleans too
     return repr(value)
 
 

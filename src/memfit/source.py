@@ -8,7 +8,7 @@ Only the YAML core types are built (safe loading); any other tag is a diagnostic
 
 from __future__ import annotations
 
-import gc
+import re
 from dataclasses import dataclass, field
 
 import yaml
@@ -47,6 +47,12 @@ _EXPANSION_PER_EVENT = 100
 _EXPANSION_FLOOR = 100_000
 
 
+# Number forms only YAML 1.1 reads as numbers: 064 (octal 52), 1:30 (base 60: 90), 1_000, 0b101.
+# YAML 1.2 (and editors' yaml-language-server) reads most of them as text, so a dim written
+# so is ambiguous: it stays text here and the schema reports it instead of a surprising size.
+_YAML11_ONLY = re.compile(r"[_:]|^[-+]?0[0-9]|^[-+]?0b")
+
+
 class _Scalars:
     """Plain-scalar resolution with YAML 1.1's rules (as PyYAML's SafeLoader), memoised by text."""
 
@@ -66,7 +72,10 @@ class _Scalars:
             return self._cache[value]
         except KeyError:
             pass
-        result = self.construct(self.tag(value), value)
+        tag = self.tag(value)
+        if tag in (_INT, _FLOAT) and _YAML11_ONLY.search(value):
+            tag = _STR  # see _YAML11_ONLY
+        result = self.construct(tag, value)
         self._cache[value] = result
         return result
 
@@ -110,8 +119,11 @@ def _events(text: str):
         loader.dispose()
 
 
-def _syntax(error: yaml.YAMLError) -> Diagnostic:
+def _syntax(error: yaml.YAMLError, text: str) -> Diagnostic:
     mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    context = getattr(error, "context_mark", None)
+    if context is not None and mark is not None and mark.index >= len(text.rstrip()):
+        mark = context  # found at the end of the file (an unclosed [ or {): point where it opened
     problem = getattr(error, "problem", None) or str(error)
     context = getattr(error, "context", None)
     message = f"{context}: {problem}" if context else problem
@@ -120,19 +132,14 @@ def _syntax(error: yaml.YAMLError) -> Diagnostic:
 
 
 def load(text: str) -> Loaded:
-    """Build the data in one pass over the parser's events, pausing the cyclic GC meanwhile
-    (the build allocates many containers and none can form a cycle, so collections are waste)."""
-    enabled = gc.isenabled()
-    gc.disable()
+    """Build the data in one pass over the parser's events (check() pauses the cyclic GC
+    around it: the build allocates many containers and none can form a cycle)."""
     try:
         return _build(text)
     except LoadError as error:
         return Loaded(None, [error.diagnostic])
     except yaml.YAMLError as error:
-        return Loaded(None, [_syntax(error)])
-    finally:
-        if enabled:
-            gc.enable()
+        return Loaded(None, [_syntax(error, text)])
 
 
 def _tag_error(event, what: str) -> LoadError:

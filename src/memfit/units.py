@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from fractions import Fraction
 
 UNITS: dict[str, int] = {
@@ -79,15 +79,12 @@ def parse_reserve(value: object, memory: int | None) -> int:
 
 
 def parse_percent(value: object) -> Fraction:
-    """'90%' or 90 -> Fraction(9, 10)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise UnitError(f"{value!r} is not a percentage")
-    text = str(value).strip().removesuffix("%")
-    try:
-        share = Fraction(Decimal(text.strip()))
-    except (InvalidOperation, ValueError):
-        raise UnitError(f"{value!r} is not a percentage such as '90%'") from None
-    if not 0 <= share <= 100:
+    """'90%' -> Fraction(9, 10). The sign is required: '0.9' could mean 0.9% or 90%."""
+    match = _PERCENT.match(value) if isinstance(value, str) else None
+    if not match:
+        raise UnitError(f"{value!r} is not a percentage; write it with a % sign, e.g. '90%'")
+    share = Fraction(Decimal(match.group(1)))
+    if share > 100:
         raise UnitError(f"{value!r} must be between 0% and 100%")
     return share / 100
 
