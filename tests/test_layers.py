@@ -338,3 +338,12 @@ def test_schema_is_valid_and_the_examples_validate_with_check_jsonschema():
     examples = [str(p) for p in sorted(EXAMPLES.glob("*.yaml"))]
     done = subprocess.run([sys.executable, "-m", "check_jsonschema", "--schemafile", schema_file, *examples], check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_duplicate_layer_names_are_refused_as_keras_does(tmp_path):
+    body = HEAD + "    - {type: Dense, units: 4, name: head}\n    - {type: Dense, units: 2, name: head}\n"
+    done = run("check", write(tmp_path, "dup.yaml", body))
+    assert done.returncode == 1
+    line = body.splitlines().index("    - {type: Dense, units: 2, name: head}") + 1
+    col = body.splitlines()[line - 1].index("head") + 1
+    assert f"dup.yaml:{line}:{col}: error[schema] layer name 'head' is already used by model.layers[" in done.stdout

@@ -404,6 +404,7 @@ def derive(model: dict, config: Config) -> tuple[list[Tensor], list[Problem]]:
     ids_in = bool(layers) and layers[0]["type"] == "Embedding"
     current = (flow.fresh(), shape, INT64 if ids_in else None)  # (id, shape, dtype) of the running tensor
     seen_names: dict[str, int] = {}
+    used: dict[str, int] = {}  # layer name -> its index: Keras refuses a Sequential with two of one name
     row = None
     for i, layer in enumerate(layers):
         kind = layer["type"]
@@ -418,6 +419,10 @@ def derive(model: dict, config: Config) -> tuple[list[Tensor], list[Problem]]:
             problems.append(Problem(path + ("type",), "shape-mismatch", f"{kind} cannot take the incoming shape {_shape_text(current[1])}: {why}"))
             break
         name = p.get("name") or _auto_name(snake(kind), seen_names)
+        if name in used:
+            where = path + ("name",) if "name" in layer else path + ("type",)
+            problems.append(Problem(where, "schema", f"layer name {name!r} is already used by model.layers[{used[name]}]; Keras requires unique layer names"))
+        used.setdefault(name, i)
         for inner in rule.inner:
             _auto_name(inner, seen_names)
         row = LayerRow(i, path, kind, name, out_shape, 0)
