@@ -16,12 +16,13 @@ import math
 import os
 from pathlib import Path
 
+import needs
 import pytest
 import yaml
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
-torch = pytest.importorskip("torch")
-keras = pytest.importorskip("keras")
+torch = needs.module("torch")
+keras = needs.module("keras")
 F = torch.nn.functional
 
 from memfit.calculator import OPTIMIZER_STATES

@@ -11,10 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import needs
 import pytest
 
-pytest.importorskip("pygls")
-pytest_lsp = pytest.importorskip("pytest_lsp")
+needs.module("pygls")
+pytest_lsp = needs.module("pytest_lsp")
 
 from lsprotocol import types
 from pygls.protocol import default_converter
@@ -385,7 +386,6 @@ async def test_hover_tensor_budget_dtype_and_optimizer(client: LanguageClient, t
 
 
 async def test_hover_layer(client: LanguageClient, tmp_path: Path):
-    pytest.importorskip("memfit.layers")  # the layer model arrives with issue 4 (another branch)
     text = """\
 memfit: 1
 device: {memory: 24 GiB}

@@ -14,10 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import needs
 import pytest
 
 pytestmark = pytest.mark.slow
-pytest.importorskip("pre_commit")
+needs.module("pre_commit")
 
 ROOT = Path(__file__).resolve().parents[1]
 HOOK_NAME = "memfit (training memory fits the budget)"
@@ -47,10 +48,7 @@ UNRELATED = {
 
 def _require(tool: str) -> None:
     if shutil.which(tool) is None:
-        message = f"{tool} is not installed"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        needs.unavailable(f"{tool} is not installed")
 
 
 def run(args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
@@ -85,10 +83,7 @@ def hook_repo(tmp_path_factory, env) -> tuple[Path, str]:
     files left out), committed to a scratch repository: what `rev:` would name after a push."""
     listed = run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], ROOT, env)
     if listed.returncode != 0:
-        message = f"{ROOT} is not a git checkout: {listed.stderr.strip()}"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        needs.unavailable(f"{ROOT} is not a git checkout: {listed.stderr.strip()}")
     repo = tmp_path_factory.mktemp("memfit-hook-repo")
     for name in filter(None, listed.stdout.split("\0")):
         source = ROOT / name
