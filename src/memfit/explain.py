@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from .config import CATEGORIES
 from .dtypes import describe
-from .units import human
+from .reporters import diagnostic_line
+from .units import human, with_bytes
 
 WIDTH = 80
 TOP_TENSORS = 10
@@ -34,8 +35,7 @@ def _cut(text: str, width: int) -> str:
 def render(result, colour: bool = False) -> str:
     lines: list[str] = []
     out = lines.append
-    for d in result.diagnostics:
-        out(f"{result.path}:{d.range.start_line + 1}:{d.range.start_character + 1}: {d.severity}[{d.code}] {d.message}")
+    lines.extend(diagnostic_line(result.path, d) for d in result.diagnostics)
     config = result.config
     if config is None:
         out(f"{result.path}: no footprint (fix the errors above)")
@@ -67,12 +67,12 @@ def render(result, colour: bool = False) -> str:
 
     budget = result.budget
     if budget is not None:
-        out(f"budget {budget:,} B ({human(budget)})")
+        out(f"budget {with_bytes(budget)} ({result.budget_origin})")
         out(f"{_bar(total, budget, WIDTH - 2, colour)}")
         if total > budget:
-            out(f"{_pct(total, budget)} of the budget: OVER by {total - budget:,} B ({human(total - budget)})")
+            out(f"{_pct(total, budget)} of the budget: OVER by {with_bytes(total - budget)}")
         else:
-            out(f"{_pct(total, budget)} of the budget: fits, headroom {budget - total:,} B ({human(budget - total)})")
+            out(f"{_pct(total, budget)} of the budget: fits, headroom {with_bytes(budget - total)}")
         out("")
 
     largest = sorted(config.tensors, key=lambda t: sum(t.bytes.values()), reverse=True)[:TOP_TENSORS]

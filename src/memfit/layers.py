@@ -482,7 +482,7 @@ def _keep(flow: _Flow, tensors: list, row: LayerRow, name: str, label: str, tid:
 # --- explain ----------------------------------------------------------------------------
 def summary_lines(rows: list[LayerRow], width: int = 80) -> list[str]:
     """A Keras model.summary()-like table with the batch axis and the bytes kept for backward."""
-    from .units import human
+    from .units import human, with_bytes
 
     name_w, shape_w, param_w = 31, 20, 12
     saved_w = max(10, width - name_w - shape_w - param_w - 3)
@@ -501,7 +501,7 @@ def summary_lines(rows: list[LayerRow], width: int = 80) -> list[str]:
     out.append(f"Total params: {total:,}")
     out.append(f"Trainable params: {total - frozen:,}")
     out.append(f"Non-trainable params: {frozen:,}")
-    out.append(f"Saved for backward: {saved:,} B ({human(saved)}), each kept tensor counted once")
+    out.append(f"Saved for backward: {with_bytes(saved)}, each kept tensor counted once")
     out.append("")
     out.append("kept for backward, by layer (what PyTorch's autograd saves in training):")
     for r in rows:

@@ -37,8 +37,12 @@ class TextReporter(Reporter):
         write = self.out.write
         for result in results:
             for d in result.diagnostics:
-                write(f"{result.path}:{d.range.start_line + 1}:{d.range.start_character + 1}: {d.severity}[{d.code}] {d.message}\n")
+                write(diagnostic_line(result.path, d) + "\n")
         write(summary_line(results) + "\n")
+
+
+def diagnostic_line(path: str, d) -> str:
+    return f"{path}:{d.range.start_line + 1}:{d.range.start_character + 1}: {d.severity}[{d.code}] {d.message}"
 
 
 def summary_line(results) -> str:
