@@ -384,3 +384,34 @@ def test_fuzz_every_request_is_answered_once_and_the_server_never_exits(start, s
     for reply in replies:
         assert reply.get("jsonrpc") == "2.0"
         assert ("result" in reply) != ("error" in reply) or "method" in reply
+
+
+def test_tcp_bounds_header_lines_and_frames():
+    server = subprocess.Popen([*SERVER, "--tcp", "127.0.0.1:0"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        line = server.stderr.readline().decode()
+        assert line.startswith("memfit lsp: listening on 127.0.0.1:"), line
+        import socket
+
+        with socket.create_connection(("127.0.0.1", int(line.rsplit(":", 1)[1])), timeout=TIMEOUT) as sock:
+            stream = sock.makefile("rwb")
+
+            def read_message() -> dict:
+                length = None
+                while (header := stream.readline()) != b"\r\n":
+                    if header.lower().startswith(b"content-length:"):
+                        length = int(header.split(b":")[1])
+                return json.loads(stream.read(length))
+
+            stream.write(b"X-Junk " + b"a" * 200_000 + b"\r\n\r\n")  # longer than the stream's buffer limit
+            stream.write(b"Content-Length: 1000000000000\r\n\r\n" + b"x" * 2**20)
+            stream.flush()
+            refused = read_message()
+            assert refused["error"]["code"] == -32600 and "over the limit" in refused["error"]["message"]
+            time.sleep(0.3)
+            assert server.poll() is None
+            assert rss_kib(server.pid) < 200 * 1024
+    finally:
+        server.kill()
+        server.wait()
+        server.stderr.close()
