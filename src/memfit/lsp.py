@@ -19,9 +19,8 @@ from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 
 from . import __version__
-from .check import Options, Result, check, has_marker
+from .check import Options, Result, check, has_marker, internal_error
 from .editor import STALE, Analysis, choices, completion_context, split_lines
-from .runner import internal_error
 
 DEFAULT_DEBOUNCE_MS = 50  # edits closer together than this coalesce into one analysis
 OPTIONS = Options(skip_unrecognized=True)  # serve memfit configs only, silent on other YAML

@@ -23,6 +23,7 @@ from yaml.events import (
     StreamEndEvent,
 )
 
+from . import codes
 from .diagnostics import ERROR, FILE_START, Diagnostic, Range
 
 try:  # the C parser is ~10x faster; pure Python stays correct where libyaml is missing
@@ -35,8 +36,6 @@ _INT = "tag:yaml.org,2002:int"
 _FLOAT = "tag:yaml.org,2002:float"
 _BOOL = "tag:yaml.org,2002:bool"
 _NULL = "tag:yaml.org,2002:null"
-_MERGE = "tag:yaml.org,2002:merge"
-_TIMESTAMP = "tag:yaml.org,2002:timestamp"
 _SEQ = "tag:yaml.org,2002:seq"
 _MAP = "tag:yaml.org,2002:map"
 _SCALAR_TAGS = {_STR, _INT, _FLOAT, _BOOL, _NULL}
@@ -128,7 +127,7 @@ def _syntax(error: yaml.YAMLError, text: str) -> Diagnostic:
     context = getattr(error, "context", None)
     message = f"{context}: {problem}" if context else problem
     where = Range(mark.line, mark.column, mark.line, mark.column + 1) if mark else FILE_START
-    return Diagnostic(where, ERROR, "yaml-syntax", f"invalid YAML: {message}")
+    return Diagnostic(where, ERROR, codes.YAML_SYNTAX, f"invalid YAML: {message}")
 
 
 def load(text: str) -> Loaded:
@@ -147,7 +146,7 @@ def _tag_error(event, what: str) -> LoadError:
         Diagnostic(
             _range(event.start_mark, event.end_mark),
             ERROR,
-            "yaml-syntax",
+            codes.YAML_SYNTAX,
             f"unsupported tag {event.tag} on a {what}: memfit loads plain YAML data only (safe loading)",
         )
     )
@@ -180,7 +179,7 @@ def _build(text: str) -> Loaded:
                     Diagnostic(
                         _range(start or event.start_mark, event.end_mark),
                         ERROR,
-                        "yaml-syntax",
+                        codes.YAML_SYNTAX,
                         "a mapping key must be a plain scalar, not a list or mapping",
                     )
                 )
@@ -198,7 +197,7 @@ def _build(text: str) -> Loaded:
                 Diagnostic(
                     _range(key_event.start_mark, key_event.end_mark),
                     ERROR,
-                    "duplicate-key",
+                    codes.DUPLICATE_KEY,
                     f"duplicate key {key!r}: YAML keeps only one of them; remove or rename this one",
                 )
             )
@@ -237,7 +236,7 @@ def _build(text: str) -> Loaded:
                     Diagnostic(
                         _range(event.start_mark, event.end_mark),
                         ERROR,
-                        "yaml-syntax",
+                        codes.YAML_SYNTAX,
                         f"alias *{event.anchor} refers to a node that contains it (a recursive structure)",
                     )
                 )
@@ -246,7 +245,7 @@ def _build(text: str) -> Loaded:
                     Diagnostic(
                         _range(event.start_mark, event.end_mark),
                         ERROR,
-                        "yaml-syntax",
+                        codes.YAML_SYNTAX,
                         f"alias *{event.anchor} refers to no anchor &{event.anchor} before it",
                     )
                 )
@@ -257,7 +256,7 @@ def _build(text: str) -> Loaded:
                     Diagnostic(
                         _range(event.start_mark, event.end_mark),
                         ERROR,
-                        "yaml-syntax",
+                        codes.YAML_SYNTAX,
                         "aliases expand this document beyond a sane size (an alias bomb?); refusing to load it",
                     )
                 )
@@ -269,7 +268,7 @@ def _build(text: str) -> Loaded:
                     Diagnostic(
                         _range(event.start_mark, event.end_mark),
                         ERROR,
-                        "yaml-syntax",
+                        codes.YAML_SYNTAX,
                         "a memfit config is one YAML document; this file has more (only the first is checked)",
                     )
                 )
@@ -291,7 +290,7 @@ def _merge(mapping: dict, value, event) -> None:
                 Diagnostic(
                     _range(event.start_mark, event.end_mark),
                     ERROR,
-                    "yaml-syntax",
+                    codes.YAML_SYNTAX,
                     "a merge key (<<) takes a mapping or a list of mappings",
                 )
             )
