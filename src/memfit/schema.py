@@ -18,13 +18,14 @@ from .diagnostics import Problem
 SCHEMA_FILE = "memfit.schema.json"
 
 
-def schema_text() -> str:
+def shipped_text() -> str:
+    """The checked-in schema (schemagen.py generates it; a test keeps the two identical)."""
     return files("memfit").joinpath(SCHEMA_FILE).read_text(encoding="utf-8")
 
 
 @lru_cache(maxsize=1)
 def schema() -> dict:
-    return json.loads(schema_text())
+    return json.loads(shipped_text())
 
 
 # memfit's dialect of JSON Schema, in one place for both jsonschema (validator_class) and the
@@ -171,12 +172,18 @@ def _accepts(check, item) -> bool:
 
 
 def _translate(error) -> list[Problem]:
+    """One jsonschema error -> problems on the node they concern, in words: first by the kind
+    of value the failing subschema describes (its $anchor), then by the failing keyword."""
     path = tuple(error.absolute_path)
+    anchor = error.schema.get("$anchor") if isinstance(error.schema, dict) else None
+    by_anchor = _by_anchor(error, path, anchor)
+    return by_anchor if by_anchor is not None else _by_keyword(error, path)
+
+
+def _by_anchor(error, path: tuple, anchor) -> list[Problem] | None:
     where = path_text(path)
     keyword = error.validator
-    anchor = error.schema.get("$anchor") if isinstance(error.schema, dict) else None
     value = error.instance
-
     if anchor == "dtype":
         from .dtypes import DTYPES, nearest
 
@@ -203,7 +210,13 @@ def _translate(error) -> list[Problem]:
         known = error.schema["enum"]
         ranked = sorted(known, key=lambda name: -difflib.SequenceMatcher(None, str(value).lower(), name.lower()).ratio())
         return [Problem(path, codes.SCHEMA, f"{where}: unknown layer type {value!r}; known types, nearest first: {', '.join(ranked)}")]
+    return None
 
+
+def _by_keyword(error, path: tuple) -> list[Problem]:
+    where = path_text(path)
+    keyword = error.validator
+    value = error.instance
     if keyword == "additionalProperties":
         import difflib
 

@@ -143,13 +143,21 @@ def load(text: str) -> Loaded:
 
 def _tag_error(event, what: str) -> LoadError:
     return LoadError(
-        Diagnostic(
-            _range(event.start_mark, event.end_mark),
-            ERROR,
-            codes.YAML_SYNTAX,
-            f"unsupported tag {event.tag} on a {what}: memfit loads plain YAML data only (safe loading)",
-        )
+        _syntax_at(event.start_mark, event.end_mark, f"unsupported tag {event.tag} on a {what}: memfit loads plain YAML data only (safe loading)")
     )
+
+
+def _syntax_at(start, end, message: str) -> Diagnostic:
+    return Diagnostic(_range(start, end), ERROR, codes.YAML_SYNTAX, message)
+
+
+def _alias(event, anchors: dict, open_anchors: set) -> tuple[object, int]:
+    """The (value, node count) an alias stands for; a recursive or dangling alias is an error."""
+    if event.anchor in open_anchors:
+        raise LoadError(_syntax_at(event.start_mark, event.end_mark, f"alias *{event.anchor} refers to a node that contains it (a recursive structure)"))
+    if event.anchor not in anchors:
+        raise LoadError(_syntax_at(event.start_mark, event.end_mark, f"alias *{event.anchor} refers to no anchor &{event.anchor} before it"))
+    return anchors[event.anchor]
 
 
 def _build(text: str) -> Loaded:
@@ -176,12 +184,7 @@ def _build(text: str) -> Loaded:
         if frame[3] is _NO_KEY:
             if isinstance(value, (list, dict)):
                 raise LoadError(
-                    Diagnostic(
-                        _range(start or event.start_mark, event.end_mark),
-                        ERROR,
-                        codes.YAML_SYNTAX,
-                        "a mapping key must be a plain scalar, not a list or mapping",
-                    )
+                    _syntax_at(start or event.start_mark, event.end_mark, "a mapping key must be a plain scalar, not a list or mapping")
                 )
             frame[3] = value
             frame[4] = event
@@ -231,46 +234,18 @@ def _build(text: str) -> Loaded:
                 anchors[anchor] = (container, size)
             add(container, size, event, start)
         elif kind is AliasEvent:
-            if event.anchor in open_anchors:
-                raise LoadError(
-                    Diagnostic(
-                        _range(event.start_mark, event.end_mark),
-                        ERROR,
-                        codes.YAML_SYNTAX,
-                        f"alias *{event.anchor} refers to a node that contains it (a recursive structure)",
-                    )
-                )
-            if event.anchor not in anchors:
-                raise LoadError(
-                    Diagnostic(
-                        _range(event.start_mark, event.end_mark),
-                        ERROR,
-                        codes.YAML_SYNTAX,
-                        f"alias *{event.anchor} refers to no anchor &{event.anchor} before it",
-                    )
-                )
-            value, size = anchors[event.anchor]
+            value, size = _alias(event, anchors, open_anchors)
             expanded += size
             if expanded > _EXPANSION_FLOOR + _EXPANSION_PER_EVENT * events:
                 raise LoadError(
-                    Diagnostic(
-                        _range(event.start_mark, event.end_mark),
-                        ERROR,
-                        codes.YAML_SYNTAX,
-                        "aliases expand this document beyond a sane size (an alias bomb?); refusing to load it",
-                    )
+                    _syntax_at(event.start_mark, event.end_mark, "aliases expand this document beyond a sane size (an alias bomb?); refusing to load it")
                 )
             add(value, size, event)
         elif kind is DocumentStartEvent:
             documents += 1
             if documents > 1:
                 diagnostics.append(
-                    Diagnostic(
-                        _range(event.start_mark, event.end_mark),
-                        ERROR,
-                        codes.YAML_SYNTAX,
-                        "a memfit config is one YAML document; this file has more (only the first is checked)",
-                    )
+                    _syntax_at(event.start_mark, event.end_mark, "a memfit config is one YAML document; this file has more (only the first is checked)")
                 )
                 break
         elif kind is StreamEndEvent:
@@ -287,12 +262,7 @@ def _merge(mapping: dict, value, event) -> None:
     for source in sources:
         if not isinstance(source, dict):
             raise LoadError(
-                Diagnostic(
-                    _range(event.start_mark, event.end_mark),
-                    ERROR,
-                    codes.YAML_SYNTAX,
-                    "a merge key (<<) takes a mapping or a list of mappings",
-                )
+                _syntax_at(event.start_mark, event.end_mark, "a merge key (<<) takes a mapping or a list of mappings")
             )
         for key, item in source.items():
             mapping.setdefault(key, item)
