@@ -191,12 +191,9 @@ def test_the_checker_and_the_seed_contract_share_the_cost_model():
 
 
 def test_a_recipe_plugs_in_without_touching_the_callers():
-    from dataclasses import dataclass
-
     from memfit.costs import Recipe
     from memfit.placement import place
 
-    @dataclass(frozen=True, slots=True)
     class MasterWeights(Recipe):  # a float32 copy of every trainable weight (mixed precision)
         def cost(self, category, elements, count=1, trainable=True, own=None):
             sizes = Recipe.cost(self, category, elements, count, trainable, own)

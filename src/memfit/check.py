@@ -80,14 +80,17 @@ def _check(text: str, path: str, options: Options) -> Result:
         return result
     result.data = data
 
-    from . import models, schema
+    from . import schema
     from .config import build
     from .placement import place
 
     problems = schema.problems(data)
     if not problems:
         config, problems = build(data)
-        problems.extend(models.derive(data, config))
+        if "model" in data:
+            from . import models
+
+            problems.extend(models.derive(data, config))
         # an unknown optimizer or a layer that cannot apply leaves a number that is not the
         # footprint: report none rather than a wrong one; a bad unit spoils only the budget
         if all(lookup(p.code).keeps_footprint for p in problems):

@@ -5,20 +5,25 @@ below, and what a code means for the pipeline is a property here, never a string
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 ERROR = "error"
 WARNING = "warning"
 
 
-@dataclass(frozen=True, slots=True)
 class Code:
-    id: str
-    severity: str  # the default; a raise site may not override it
-    summary: str  # one line, no final period
-    help: str  # what to do about it
-    keeps_footprint: bool = False  # the footprint is still right when this problem is present
-    ambiguous_keys: bool = False  # the document has a key twice: positions cannot stop early
+    """One registry entry. A plain class, not a dataclass: it is built on every cold start."""
+
+    __slots__ = ("id", "severity", "summary", "help", "keeps_footprint", "ambiguous_keys")
+
+    def __init__(self, id: str, severity: str, summary: str, help: str, keeps_footprint: bool = False, ambiguous_keys: bool = False) -> None:
+        self.id = id
+        self.severity = severity  # the default; a raise site may override it
+        self.summary = summary  # one line, no final period
+        self.help = help  # what to do about it
+        self.keeps_footprint = keeps_footprint  # the footprint is still right when this problem is present
+        self.ambiguous_keys = ambiguous_keys  # the document has a key twice: positions cannot stop early
+
+    def __repr__(self) -> str:
+        return f"Code({self.id!r}, {self.severity!r})"
 
 
 def _register(*codes: Code) -> dict[str, Code]:

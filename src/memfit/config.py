@@ -127,4 +127,4 @@ def make_tensor(category, path, name, shape, count, trainable, dtype: Width | No
     recipe = config.recipe
     sizes = recipe.cost(category, elements, count, trainable, dtype)
     label = name if name is not None else f"{path[0]}[{path[1]}]" if len(path) == 2 else ".".join(map(str, path))
-    return Tensor(category, path, label, shape, count, elements, recipe.storage(category, dtype), trainable, sizes)
+    return Tensor(category, path, label, shape, count, elements, dtype or recipe.widths[category], trainable, sizes)

@@ -15,7 +15,6 @@ between two.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from fractions import Fraction
 from numbers import Rational
 
@@ -75,10 +74,21 @@ def tensor_bytes(elements: int, width: Fraction | int) -> int:
     return -(-(elements * width.numerator) // width.denominator)
 
 
-@dataclass(slots=True)
 class Width:
-    name: str  # a dtype name, or the number as written
-    bytes: int | Fraction  # an int when whole: the common case stays integer arithmetic
+    """A storage width: its name as written and bytes per element (an int when whole, so the
+    common case stays integer arithmetic). Plain classes here: they are built on every start."""
+
+    __slots__ = ("name", "bytes")
+
+    def __init__(self, name: str, bytes: int | Fraction) -> None:
+        self.name = name
+        self.bytes = bytes
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Width) and (self.name, self.bytes) == (other.name, other.bytes)
+
+    def __repr__(self) -> str:
+        return f"Width({self.name!r}, {self.bytes!r})"
 
 
 def width(value) -> Width:
@@ -89,19 +99,22 @@ def width(value) -> Width:
     return Width(str(value), exact.numerator if exact.denominator == 1 else exact)
 
 
-@dataclass(frozen=True, slots=True)
 class Recipe:
     """How training keeps a tensor: one storage width per category and the optimizer's
     state tensors per trainable parameter. `own` (a tensor's own dtype) overrides only its
     storage: a parameter's gradient and optimizer state keep the gradients/optimizer_state
-    widths, as a mixed-precision recipe sets them, not the weight's storage format."""
+    widths, as a mixed-precision recipe sets them, not the weight's storage format.
+    Another recipe subclasses this and overrides `cost`."""
 
-    optimizer: str
-    states: int
-    widths: dict  # category -> Width
+    __slots__ = ("optimizer", "states", "widths")
 
-    def storage(self, category: str, own: Width | None = None) -> Width:
-        return own or self.widths[category]
+    def __init__(self, optimizer: str, states: int, widths: dict) -> None:
+        self.optimizer = optimizer
+        self.states = states
+        self.widths = widths  # category -> Width
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.optimizer!r}, {self.states}, {self.widths!r})"
 
     def cost(self, category: str, elements: int, count: int = 1, trainable: bool = True, own: Width | None = None) -> dict:
         """Bytes of `count` copies of a tensor of `elements` elements, per category."""

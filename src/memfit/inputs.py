@@ -100,7 +100,11 @@ def read_bytes(path: str, max_size: int = DEFAULT_MAX_FILE_SIZE) -> tuple[bytes 
                 return None, _io(f"cannot read {path}: it is {kind}, not a regular file")
             if status.st_size > max_size:
                 return None, _too_big(path, status.st_size, max_size)
-            raw = handle.read(max_size + 1)  # a file that grows while read is cut at the limit
+            # sized by the stat, not the limit (a read of 64 MiB allocates 64 MiB); a file that
+            # grows while it is read is read on, up to one byte past the limit
+            raw = handle.read(status.st_size + 1)
+            if len(raw) > status.st_size:
+                raw += handle.read(max_size + 1 - len(raw))
     except OSError as error:
         return None, _io(f"cannot read {path}: {error.strerror or error}")
     if len(raw) > max_size:

@@ -8,25 +8,27 @@ there is one layout, a single device holding every tensor whole.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from .costs import totals
+from .costs import CATEGORIES
 
 
-@dataclass(frozen=True, slots=True)
 class Layout:
-    """Where training runs: `devices` devices (1 today)."""
+    """Where training runs: `devices` devices (1 today). Plain classes here: built on every start."""
 
-    devices: int = 1
+    __slots__ = ("devices",)
+
+    def __init__(self, devices: int = 1) -> None:
+        self.devices = devices
 
 
 SINGLE = Layout()
 
 
-@dataclass(slots=True)
 class Placement:
-    layout: Layout
-    devices: list = field(default_factory=list)  # per device: category -> bytes, and "total"
+    __slots__ = ("layout", "devices")
+
+    def __init__(self, layout: Layout, devices: list) -> None:
+        self.layout = layout
+        self.devices = devices  # per device: category -> bytes, and "total"
 
     @property
     def binding(self) -> int:
@@ -45,4 +47,9 @@ class Placement:
 def place(tensors, layout: Layout = SINGLE) -> Placement:
     if layout.devices != 1:
         raise ValueError(f"{layout.devices} devices: only a single-device layout is modelled")
-    return Placement(layout, [totals(t.bytes for t in tensors)])
+    held = dict.fromkeys(CATEGORIES, 0)
+    for tensor in tensors:
+        for category, size in tensor.bytes.items():
+            held[category] += size
+    held["total"] = sum(held[c] for c in CATEGORIES)
+    return Placement(layout, [held])

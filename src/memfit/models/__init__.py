@@ -9,8 +9,6 @@ from __future__ import annotations
 
 def derive(data: dict, config) -> list:
     """Tensors of the document's model section appended to config.tensors; the problems found."""
-    if "model" not in data:
-        return []
     from . import keras
 
     tensors, problems = keras.derive(data["model"], config)
