@@ -55,7 +55,8 @@ def test_phases_of_a_two_row_step():
         Row("a", grads=[40], params=[40], input=1, output=2, kept=[1], grad_input=False),
         Row("b", grads=[20], params=[20], input=2, output=3, kept=[2, 3]),
     ]
-    step = Step(rows, tensors, [1, 5], Loss(forward=30, backward=60), optimizer_state=120, optimizer_temporaries=60)
+    # Adam's foreach step: two states per parameter, one temporary per parameter
+    step = Step(rows, tensors, [1, 5], Loss(forward=(30,), backward=(30, 30)), [40, 40, 20, 20], "adam", "foreach")
     by = phases(step)
     # forward ends with everything kept (x, h, logits, labels) and the log-softmax copy
     assert by["forward"]["live"] == {"parameters": 60, "gradients": 0, "activations": 198, "optimizer_state": 120, "transient": 30, "overhead": 0}
@@ -68,8 +69,17 @@ def test_phases_of_a_two_row_step():
 
 
 def test_overhead_is_live_in_every_phase():
-    step = Step([Row("a", grads=[4], params=[4], input=1, output=2, kept=[1], grad_input=False)], {1: 8, 2: 8}, [1], Loss(8, 16), 0, 0, overhead=1000)
+    step = Step([Row("a", grads=[4], params=[4], input=1, output=2, kept=[1], grad_input=False)], {1: 8, 2: 8}, [1], Loss((8,), (8, 8)), [], "sgd", "foreach", overhead=1000)
     assert all(p["live"]["overhead"] == 1000 for p in phases(step).values())
+
+
+def test_allocator_granularity_rounds_every_live_tensor():
+    step = Step([Row("a", grads=[4], params=[4], input=1, output=2, kept=[1], grad_input=False)], {1: 8, 2: 8}, [1], Loss((8,), (8, 8)), [], "sgd", "foreach")
+    exact, coarse = peak(step), peak(step, granule=512)
+    # backward at "a": its weight (4) and gradient (4), x (8), its output's gradient (8): four blocks of 512
+    assert coarse["phase"] == exact["phase"] == "backward"
+    assert coarse["bytes"] == 4 * 512 and coarse["live"]["overhead"] == 4 * 512 - exact["bytes"]
+    assert {k: v for k, v in coarse["live"].items() if k != "overhead"} == {k: v for k, v in exact["live"].items() if k != "overhead"}
 
 
 # --- Keras-form models against MemTracker --------------------------------------------------------
@@ -107,3 +117,41 @@ def test_the_flowing_gradients_are_a_third_of_a_small_cnn_peak():
     ours = memfit_peak(*MODELS["seed-cnn"], "sgd", "foreach")
     assert ours["phase"] == "backward"
     assert ours["live"]["transient"] == 2 * 32 * 20 * 20 * 32 * 4
+
+
+# --- presets ----------------------------------------------------------------------------------
+from memfit import presets
+
+REQUIRED_PRESETS = ["V100-16GB", "V100-32GB", "T4", "A10G", "L4", "L40S", "RTX-3090", "RTX-4090", "A100-40GB", "A100-80GB", "H100-80GB", "H200", "B200", "MI300X"]
+
+
+def test_the_issue_lists_gpus_are_presets_with_a_source():
+    assert set(REQUIRED_PRESETS) <= set(presets.PRESETS)
+    for name in REQUIRED_PRESETS:
+        p = presets.PRESETS[name]
+        assert isinstance(p.memory, int) and p.memory > 10**10 and p.source
+
+
+def test_an_80_gb_card_is_not_80_gib():
+    # the issue: users write `memory: 80 GB` for a card that reports 81920 MiB (A100) or 81559 MiB (H100)
+    assert presets.lookup("A100-80GB").memory == 81920 * 2**20 > 80 * 10**9
+    assert presets.lookup("h100 80gb").memory == 81559 * 2**20
+
+
+def test_lookup_ignores_case_and_punctuation_and_suggests_close_names():
+    assert presets.lookup("a100_80gb").name == "A100-80GB"
+    assert presets.lookup("rtx 4090").name == "RTX-4090"
+    assert presets.lookup("A100-80") is None
+    assert presets.closest("A100-80")[0] == "A100-80GB"
+    assert "H100-80GB" in presets.closest("H100-8OGB")
+
+
+def test_overhead_lines_are_named_and_sourced_and_sum_to_auto():
+    for p in presets.PRESETS.values():
+        lines = presets.overhead_lines(p)
+        assert lines and all(line.name and line.source and isinstance(line.bytes, int) and line.bytes > 0 for line in lines)
+    hopper = {line.name: line.bytes for line in presets.overhead_lines(presets.PRESETS["H100-80GB"])}
+    ampere = {line.name: line.bytes for line in presets.overhead_lines(presets.PRESETS["A100-80GB"])}
+    # PyTorch's default cuBLAS workspace: 32 MiB on sm90, :4096:2:16:8 elsewhere; one per thread (forward, autograd)
+    assert sum(v for k, v in hopper.items() if k.startswith("cuBLAS workspace")) == 2 * 32 * 2**20
+    assert sum(v for k, v in ampere.items() if k.startswith("cuBLAS workspace")) == 2 * (8 * 2**20 + 128 * 2**10)

@@ -28,7 +28,7 @@ layer stack below; the transformers families) build the rows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 PHASES = ("forward", "backward", "optimizer_step")
 LIVE = ("parameters", "gradients", "activations", "optimizer_state", "transient", "overhead")
@@ -95,7 +95,7 @@ class Row:
     name: str
     grads: list = field(default_factory=list)  # bytes of each trainable parameter's gradient, in order
     params: list = field(default_factory=list)  # bytes of each trainable parameter, in order
-    frozen: int = 0  # bytes of parameters and buffers without gradients
+    frozen: list = field(default_factory=list)  # bytes of each parameter or buffer without a gradient
     input: int | None = None  # id of the tensor it reads
     output: int | None = None  # id of the tensor it produces
     view: bool = False  # the output is a view of the input (no new storage, no new gradient)
@@ -113,8 +113,8 @@ class Loss:
     makes while the logits are alive (fp32 upcast, log-softmax); in backward the gradients from the
     loss back to the logits."""
 
-    forward: int
-    backward: int
+    forward: tuple  # bytes of each tensor
+    backward: tuple
 
 
 @dataclass(slots=True)
@@ -123,9 +123,28 @@ class Step:
     tensors: dict  # id -> bytes
     batch: list  # ids the training loop holds for the whole step: the input batch, the labels
     loss: Loss
-    optimizer_state: int
-    optimizer_temporaries: int
-    overhead: int = 0
+    optimizer_state: list  # bytes of each state tensor (allocated by an earlier step)
+    optimizer: str  # its name in OPTIMIZER_TEMPORARIES
+    impl: str  # foreach | fused | for_loop
+    overhead: int = 0  # fixed runtime overhead (presets.overhead_lines or a given size)
+
+
+def _up(n: int, granule: int) -> int:
+    return -(-n // granule) * granule
+
+
+def rounded(step: Step, granule: int) -> Step:
+    """The same step with every tensor rounded up to the allocator's granule."""
+    def each(xs):
+        return [_up(x, granule) for x in xs]
+
+    rows = [
+        replace(r, grads=each(r.grads), params=each(r.params), frozen=each(r.frozen), inner=_up(r.inner, granule), backward_extra=_up(r.backward_extra, granule))
+        for r in step.rows
+    ]
+    return Step(rows, {t: _up(b, granule) for t, b in step.tensors.items()}, list(step.batch),
+                Loss(tuple(each(step.loss.forward)), tuple(each(step.loss.backward))),
+                each(step.optimizer_state), step.optimizer, step.impl, step.overhead)
 
 
 def _live(parameters, gradients, activations, optimizer_state, transient, overhead) -> dict:
@@ -135,7 +154,9 @@ def _live(parameters, gradients, activations, optimizer_state, transient, overhe
 def phases(step: Step) -> dict[str, dict]:
     """Each phase's worst moment: {"forward"|"backward"|"optimizer_step": {"bytes", "live", "at"}}."""
     rows, size = step.rows, step.tensors
-    params = sum(sum(r.params) + r.frozen for r in rows)
+    params = sum(sum(r.params) + sum(r.frozen) for r in rows)
+    state = sum(step.optimizer_state)
+    temporaries = optimizer_temporaries(step.optimizer, step.impl, [b for r in rows for b in r.params])
     all_grads = sum(sum(r.grads) for r in rows)
     keepers: dict[int, int] = {}  # kept id -> earliest row keeping it
     for i, row in enumerate(rows):
@@ -160,13 +181,13 @@ def phases(step: Step) -> dict[str, dict]:
         saved = {t for t in created if t in kept_ever or t in batch}
         moving = {t for t in (row.input, row.output) if t is not None and t not in saved}
         inner = 0 if row.inner_kept else row.inner
-        consider("forward", row.name, _live(params, 0, sum(size[t] for t in saved), step.optimizer_state, sum(size[t] for t in moving) + inner, step.overhead))
+        consider("forward", row.name, _live(params, 0, sum(size[t] for t in saved), state, sum(size[t] for t in moving) + inner, step.overhead))
     saved_all = {t for t in created if t in kept_ever or t in batch}
-    consider("forward", "loss", _live(params, 0, sum(size[t] for t in saved_all), step.optimizer_state, step.loss.forward, step.overhead))
+    consider("forward", "loss", _live(params, 0, sum(size[t] for t in saved_all), state, sum(step.loss.forward), step.overhead))
 
     # backward: the loss, then rows in reverse
     saved_bytes = sum(size[t] for t in saved_all)
-    consider("backward", "loss", _live(params, 0, saved_bytes, step.optimizer_state, step.loss.backward, step.overhead))
+    consider("backward", "loss", _live(params, 0, saved_bytes, state, sum(step.loss.backward), step.overhead))
     done = 0  # gradients accumulated by rows after the current one
     freed = set()
     for i in range(len(rows) - 1, -1, -1):
@@ -177,22 +198,32 @@ def phases(step: Step) -> dict[str, dict]:
         g_out = size.get(row.output, 0) if row.output is not None else 0
         g_in = size.get(row.input, 0) if row.grad_input and not row.view and row.input is not None else 0
         if row.inner:  # the activation's backward, then the row's own
-            consider("backward", row.name, _live(params, done, alive, step.optimizer_state, g_out + row.inner, step.overhead))
+            consider("backward", row.name, _live(params, done, alive, state, g_out + row.inner, step.overhead))
             flowing = row.inner + g_in
         else:
             flowing = g_out + g_in
-        consider("backward", row.name, _live(params, done + sum(row.grads), alive, step.optimizer_state, flowing + row.backward_extra, step.overhead))
+        consider("backward", row.name, _live(params, done + sum(row.grads), alive, state, flowing + row.backward_extra, step.overhead))
         done += sum(row.grads)
         freed.update(t for t, k in keepers.items() if k == i and t not in batch)
 
     batch_bytes = sum(size[t] for t in batch)
-    consider("optimizer_step", "step", _live(params, all_grads, batch_bytes, step.optimizer_state, step.optimizer_temporaries, step.overhead))
+    consider("optimizer_step", "step", _live(params, all_grads, batch_bytes, state, temporaries, step.overhead))
     return {p: out[p] for p in PHASES}
 
 
-def peak(step: Step) -> dict:
-    """{"bytes", "phase", "live", "phases": {phase: {"bytes", "live", "at"}}}: the worst phase, earliest on a tie."""
+def peak(step: Step, granule: int | None = None) -> dict:
+    """{"bytes", "phase", "live", "phases": {phase: {"bytes", "live", "at"}}}: the worst phase, earliest on a tie.
+
+    With a granule (the CUDA caching allocator's 512 bytes) each phase also holds what rounding
+    every live tensor up to it adds, as overhead: the categories stay the tensors' own bytes."""
     by_phase = phases(step)
+    if granule:
+        coarse = phases(rounded(step, granule))
+        for p in PHASES:
+            extra = coarse[p]["bytes"] - by_phase[p]["bytes"]
+            by_phase[p]["live"]["overhead"] += extra
+            by_phase[p]["bytes"] += extra
+            by_phase[p]["granularity"] = extra
     worst = max(PHASES, key=lambda p: (by_phase[p]["bytes"], -PHASES.index(p)))
     return {"bytes": by_phase[worst]["bytes"], "phase": worst, "live": dict(by_phase[worst]["live"]), "phases": by_phase}
 
@@ -229,6 +260,7 @@ def keras_step(model: dict, config, optimizer: str, impl: str, overhead: int = 0
     current_dtype = INT64 if ids_in else None
     batch = [current]
     rows: list[Row] = []
+    elements: list[int] = []  # of each trainable weight, in order
     requires_grad = False
     for layer in layers:
         kind = layer["type"]
@@ -241,10 +273,11 @@ def keras_step(model: dict, config, optimizer: str, impl: str, overhead: int = 0
             for d in wshape:
                 n *= d
             if trainable:
+                elements.append(n)
                 row.params.append(tensor_bytes(n, widths["parameters"].bytes))
                 row.grads.append(tensor_bytes(n, widths["gradients"].bytes))
             else:
-                row.frozen += tensor_bytes(n, widths["parameters"].bytes)
+                row.frozen.append(tensor_bytes(n, widths["parameters"].bytes))
         row.grad_input = requires_grad
         view = rule.view(p)
         out = current if view else fresh(out_shape)
@@ -281,12 +314,5 @@ def keras_step(model: dict, config, optimizer: str, impl: str, overhead: int = 0
         rows[-1].kept.append(current)
     labels = fresh(shape[:-1], INT64)
     batch.append(labels)
-    return Step(
-        rows,
-        tensors,
-        batch,
-        Loss(forward=logits, backward=2 * logits),
-        optimizer_state=config.footprint.get("optimizer_state", 0) if config.footprint else 0,
-        optimizer_temporaries=optimizer_temporaries(optimizer, impl, [b for r in rows for b in r.params]),
-        overhead=overhead,
-    )
+    states = [tensor_bytes(n, widths["optimizer_state"].bytes) for n in elements for _ in range(config.states)]
+    return Step(rows, tensors, batch, Loss(forward=(logits,), backward=(logits, logits)), states, optimizer, impl, overhead)
