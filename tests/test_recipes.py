@@ -463,3 +463,10 @@ def test_optimizer_table_keeps_the_seed_counts():
     from memfit.calculator import OPTIMIZER_STATES
 
     assert optim.STATE_COUNTS == OPTIMIZER_STATES
+
+
+def test_docs_table_is_generated():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "recipes.md").read_text()
+    assert precision.table() in doc

@@ -202,3 +202,46 @@ def bytes_per_parameter(resolved: Resolved, optimizer: str, *, shape=(4096, 4096
     items = parameter_tensors(resolved, optimizer, shape)
     n = _elements(shape)
     return {c: Fraction(size, n) for c, size in totals(items).items() if c != "activations"}
+
+
+# Named setups for the bytes-per-parameter table (docs/recipes.md, explain):
+# (label, resolve() keyword arguments).
+SETUPS: list[tuple[str, dict]] = [
+    ("32-true", {"precision": "32-true"}),
+    ("bf16-true", {"precision": "bf16-true"}),
+    ("16-true", {"precision": "16-true"}),
+    ("bf16-mixed", {"precision": "bf16-mixed"}),
+    ("16-mixed", {"precision": "16-mixed"}),
+    ("bf16-true +M", {"precision": "bf16-true", "master_weights": "float32"}),
+    ("16-true +M (ZeRO)", {"precision": "16-true", "master_weights": "float32"}),
+    ("16-true +M +A (DeepSpeed)", {"precision": "16-true", "master_weights": "float32", "grad_accum_dtype": "float32"}),
+    ("16-true +M +G32 (Megatron)", {"precision": "16-true", "master_weights": "float32", "dtypes": {"gradients": "float32"}}),
+]
+
+
+def _decimal(value: Fraction) -> str:
+    """Exact decimal of a Fraction whose denominator is a power of two (every width here)."""
+    whole, rest = divmod(value.numerator, value.denominator)
+    if rest == 0:
+        return str(whole)
+    digits = ""
+    while rest and len(digits) < 12:
+        rest *= 10
+        digit, rest = divmod(rest, value.denominator)
+        digits += str(digit)
+    return f"{whole}.{digits}"
+
+
+def table(optimizers=None, shape=(4096, 4096)) -> str:
+    """Markdown: total bytes per trainable parameter (weights + gradients + optimizer
+    state) for every setup x optimizer, on a `shape` matrix."""
+    names = list(optim.OPTIMIZERS) if optimizers is None else list(optimizers)
+    head = "| optimizer | " + " | ".join(label for label, _ in SETUPS) + " |"
+    lines = [head, "|" + "---|" * (len(SETUPS) + 1)]
+    for name in names:
+        cells = []
+        for _, kwargs in SETUPS:
+            per = bytes_per_parameter(resolve(**kwargs), name, shape=shape)
+            cells.append(_decimal(sum(per.values(), Fraction(0))))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
