@@ -74,10 +74,32 @@ def run(rank, world, cases, store, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     mesh = init_device_mesh("cpu", (world,))
-    reports = [step(rank, mesh, *case.split(":")) for case in cases]
+    reports = [(tensor_parallel if case == "llama:tp" else step)(rank, mesh, *case.split(":")) for case in cases]
     with open(f"{out}.{rank}", "w") as f:
         json.dump(reports, f)
     dist.destroy_process_group()
+
+
+def tensor_parallel(rank, mesh, model_name, _):
+    """transformers' own tensor-parallel plan for Llama (base_model_tp_plan), applied with torch's
+    ColwiseParallel / RowwiseParallel: each rank's local parameter shapes."""
+    import fnmatch
+
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.manual_seed(0)
+    model, _ = build(model_name)
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    plan = {}
+    for name, _module in model.model.named_modules():
+        for pattern, style in model.config.base_model_tp_plan.items():
+            if fnmatch.fnmatchcase(name, pattern):
+                plan[name] = styles[style]()
+    parallelize_module(model.model, mesh, plan)
+    local = [(n, tuple(p.to_local().shape if isinstance(p, DTensor) else p.shape)) for n, p in model.named_parameters()]
+    shapes = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+    return {"rank": rank, "case": "llama:tp", "shapes": shapes, "local": local, "plan": sorted(plan)}
 
 
 def step(rank, mesh, model_name, precision):

@@ -155,10 +155,13 @@ def test_deepspeed_printed_tables_agree_with_memfit():
 
 
 def test_deepspeed_terms_one_by_one():
-    """The estimator's terms as memfit categories (no offload, 8 GPUs, P = 800M, no padding):
-    ZeRO-2 keeps the 16-bit parameters whole (2P) and a 1/N share of 16-bit gradients, fp32
-    gradient partition, fp32 master and Adam's two moments (18P/N); ZeRO-3 shards all of them and
-    gathers one module: its 16-bit parameters and, while they are reduced, its 16-bit gradients."""
+    """The estimator's terms as memfit categories (8 GPUs, P = 800M, no padding): ZeRO-2 keeps the
+    16-bit parameters whole (2P) and a 1/N share of 16-bit gradients, fp32 gradient partition, fp32
+    master and Adam's two moments (18P/N). ZeRO-3 shards the 16-bit parameters too but keeps no
+    16-bit gradient shard: each module's 16-bit gradients exist only while they are reduced into
+    the fp32 partition, so 18P/N = 2 + 4 + 4 + 8, and the gathered module is 4 x its parameters
+    (16-bit weights and 16-bit gradients). Optimizer offload moves the fp32 partitions and Adam to
+    the host: 2P/N stays."""
     tensors = [Tensor(f"m{i}.weight", (100_000_000,), DEEPSPEED) for i in range(8)]
     r2 = shard(tensors, Parallel(data=8, zero=2)).most_loaded
     assert r2.device == {"parameters": 1_600_000_000, "gradients": 200_000_000, "grad_accum": 400_000_000, "master": 400_000_000, "optimizer_state": 800_000_000}
@@ -198,6 +201,22 @@ def test_fsdp_pads_dim_0_and_the_optimizer_sees_the_unpadded_shard():
 # ---------------------------------------------------------------- real FSDP2
 
 
+# one process group per world size runs every case (starting ranks is the slow part)
+RUNS = {2: ["blocks:fp32", "llama:bf16", "llama:tp"], 4: ["blocks:bf16"]}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    done = {}
+
+    def get(world):
+        if world not in done:
+            done[world] = _fsdp_run(world, RUNS[world], tmp_path_factory.mktemp("fsdp"))
+        return done[world]
+
+    return get
+
+
 def _fsdp_run(world, cases, tmp_path):
     needs.module("torch")
     if any(c.startswith("llama") for c in cases):
@@ -209,13 +228,13 @@ def _fsdp_run(world, cases, tmp_path):
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("world, cases", [(2, ["blocks:fp32", "llama:bf16"]), (4, ["blocks:bf16"])])
-def test_real_fsdp2_step_matches_memfit_per_rank(world, cases, tmp_path):
+@pytest.mark.parametrize("world", [2, 4])
+def test_real_fsdp2_step_matches_memfit_per_rank(world, runs):
     """One real fully_shard step per rank (gloo on 127.0.0.1's file store): parameter, gradient and
     Adam state storage on every rank equal memfit's, padding included; the parameters unsharded at
     a layer's forward (the root unit, kept unsharded by FSDP2, plus that layer) equal memfit's
     gathered transient."""
-    reports = _fsdp_run(world, cases, tmp_path)
+    reports = [[m for m in per_rank if not m["case"].endswith(":tp")] for per_rank in runs(world)]
     widths = {"fp32": FP32_ADAM, "bf16": BF16_MIXED_ADAM}
     seen = 0
     for per_rank in reports:
@@ -231,7 +250,7 @@ def test_real_fsdp2_step_matches_memfit_per_rank(world, cases, tmp_path):
             }, measured["case"]
             assert memfit.transient["gathered parameters"] == measured["gathered"], measured["case"]
             seen += 1
-    assert seen == world * len(cases)
+    assert seen == world * len(reports[0])
     # the uneven chunks make rank 0 the most loaded, as memfit reports
     assert reports[0][0]["optimizer_state"] > reports[-1][0]["optimizer_state"]
 
@@ -406,3 +425,65 @@ def test_korthikanti_table_2(s, b, h, a, t):
         assert abs(got - expected) <= Fraction(5, 100) * expected, (recompute, sp, got, float(expected))
     # no parallelism: 34sbh + 5as^2b exactly
     assert activation_bytes_per_rank(kept, Parallel()) == 34 * sbh + 5 * a * s * s * b
+
+
+# transformers' tensor-parallel plan styles -> memfit's roles
+TP_STYLES = {"colwise": "column", "colwise_gather_output": "column", "rowwise": "row", "rowwise_split_input": "row", "replicated_with_grad_allreduce": "replicated", "embedding_rowwise": "vocab"}
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma2", "olmo2", "starcoder2", "phi", "gpt_neox", "cohere"])
+def test_tp_roles_agree_with_transformers_tp_plans(family):
+    """Every parameter a transformers family's base_model_tp_plan names gets the same role from
+    memfit's name rules (a row-parallel bias is replicated, as RowwiseParallel keeps it)."""
+    needs.module("transformers")
+    torch = needs.module("torch")
+    import transformers
+
+    config = transformers.AutoConfig.for_model(family)
+    small = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128}
+    config = transformers.AutoConfig.for_model(family, **{k: v for k, v in small.items() if hasattr(config, k)})
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    checked = 0
+    for name, p in model.named_parameters():
+        base = name.split(".", 1)[1] if name.startswith(("model.", "gpt_neox.")) else name
+        for pattern, style in config.base_model_tp_plan.items():
+            if re.match("^" + re.escape(pattern).replace(r"\*", r"\d+") + r"\.(weight|bias)$", base):
+                want = TP_STYLES[style]
+                if want == "row" and name.endswith(".bias"):
+                    want = "replicated"
+                assert tp_role(Tensor(name, tuple(p.shape), {}, "linear")) == want, (name, style)
+                checked += 1
+    assert checked >= 7
+
+
+def test_real_tensor_parallel_local_shapes(runs):
+    """transformers' Llama plan applied by torch's ColwiseParallel / RowwiseParallel on 2 ranks:
+    every planned parameter's local shape is memfit's tensor-rank shape."""
+    for per_rank in runs(2):
+        (measured,) = [m for m in per_rank if m["case"] == "llama:tp"]
+        local = dict((n, tuple(s)) for n, s in measured["local"])
+        planned = [n for n, _ in measured["shapes"] if any(n.startswith("model." + m + ".") for m in measured["plan"])]
+        assert len(planned) == 7 * 2
+        for name, shape in measured["shapes"]:
+            if name in planned:
+                assert tp_shard_shape(Tensor(name, tuple(shape), {}, "linear"), 2, measured["rank"]) == local[name], name
+
+
+def test_host_memory_per_node_under_offload():
+    tensors = [Tensor(f"m{i}.weight", (100_000_000,), DEEPSPEED) for i in range(8)]
+    # 16 ranks on 2 nodes of 8: each node holds 8 ranks' offloaded fp32 partitions and Adam state
+    result = shard(tensors, Parallel(data=16, zero=3, offload_optimizer=True, offload_parameters=True, gpus_per_node=8))
+    per_rank = {"parameters": 100_000_000, "grad_accum": 200_000_000, "master": 200_000_000, "optimizer_state": 400_000_000}
+    assert result.most_loaded.host == per_rank
+    assert result.most_loaded.device == {}
+    assert result.host_per_node == {k: 8 * v for k, v in per_rank.items()}
+    # ZeRO-2 + optimizer offload: the gradient partitions go to the host with the optimizer
+    result = shard(tensors, Parallel(data=8, zero=2, offload_optimizer=True, gpus_per_node=4))
+    assert result.most_loaded.device == {"parameters": 1_600_000_000}
+    assert result.host_per_node == {"gradients": 4 * 200_000_000, "grad_accum": 4 * 400_000_000, "master": 4 * 400_000_000, "optimizer_state": 4 * 800_000_000}
+    # pipeline stages on different nodes: the node of the heaviest stage
+    staged = [Tensor(f"layers.{i}.w.weight", (1000 * (i + 1),), DEEPSPEED) for i in range(4)]
+    result = shard(staged, Parallel(data=2, pipeline=4, zero=1, offload_optimizer=True, gpus_per_node=2))
+    assert result.host_per_node == {k: 2 * v for k, v in result.stages[3].host.items()}
+    assert result.most_loaded.stage == 3
