@@ -470,3 +470,54 @@ def test_docs_table_is_generated():
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "recipes.md").read_text()
     assert precision.table() in doc
+
+
+# --- every transformer family memfit models (models/hf.py), on the meta device ---------------
+def _families():
+    from test_transformers_params import CONFIGS, OTHER_ARCHITECTURES
+
+    from memfit.models import hf, hf_config
+
+    for model_type, givens in CONFIGS.items():
+        for i, given in enumerate(givens):
+            cfg = hf_config.normalize({"model_type": model_type, **given})
+            for arch in [hf.architecture(cfg)] + ([OTHER_ARCHITECTURES[model_type]] if model_type in OTHER_ARCHITECTURES else []):
+                yield pytest.param(model_type, given, arch, id=f"{model_type}{i}-{arch}")
+
+
+@pytest.mark.parametrize("model_type,given,arch", list(_families()))
+def test_families_lora_and_quantized_modules(model_type, given, arch):
+    from test_transformers_params import build
+    from transformers.quantizers.base import get_keys_to_not_convert
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    from memfit.models import hf, hf_config
+
+    cfg = dict(hf_config.normalize({"model_type": model_type, **given}), architectures=[arch])
+    params, linears = hf.parameters(cfg), hf.linear_modules(cfg)
+    head = lora.OUTPUT_HEADS[hf.head(cfg)]
+    model = build(transformers, model_type, given, arch)
+    # quantization: transformers' default skips, over memfit's linear modules
+    tied = [k for pair in model.all_tied_weights_keys.items() for k in pair]
+    theirs = [n for n, *_ in linears if should_convert_module(n, get_keys_to_not_convert(model))]
+    assert quant.quantized_modules(linears, output_head=head, params=params, tied=tied) == theirs
+    # LoRA: the whole named_parameters() list
+    cases = [{"r": 4, "target_modules": ["q_proj", "v_proj"]}] if model_type in lora.MOE_RETARGETED else [{"r": 4, "target_modules": "all-linear"}]
+    cases.append({"r": 3})  # peft's per-family default targets
+    for cfg_lora in cases:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if "target_modules" not in cfg_lora and (model_type not in lora.DEFAULT_TARGETS or model_type in lora.MOE_RETARGETED):
+                with pytest.raises(ValueError, match="target_modules"):
+                    peft.get_peft_model(build(transformers, model_type, given, arch), peft.LoraConfig(**cfg_lora))
+                with pytest.raises(lora.LoraError, match="target_modules is not given"):
+                    lora.spec(cfg_lora, model_type=model_type)
+                continue
+            got = peft.get_peft_model(build(transformers, model_type, given, arch), peft.LoraConfig(**cfg_lora))
+        mine = lora.peft_parameters(params, linears, cfg_lora, output_head=head, model_type=model_type)
+        assert [(n, tuple(p.shape), p.requires_grad) for n, p in got.named_parameters()] == [(p.name, p.shape, p.trainable) for p in mine]
+
+
+def test_mixtral_all_linear_is_refused_not_guessed():
+    with pytest.raises(lora.LoraError, match="MoE"):
+        lora.spec({"r": 4, "target_modules": "all-linear"}, model_type="mixtral")

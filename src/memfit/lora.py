@@ -55,6 +55,24 @@ DEFAULT_TARGETS: dict[str, list[str]] = {
 }
 
 
+# Heads (models/families.py names) -> the module get_output_embeddings() returns,
+# which "all-linear" leaves out; a classification head has none, so peft adapts it.
+OUTPUT_HEADS: dict[str, str | None] = {
+    "causal-lm": "lm_head",
+    "masked-lm": "cls.predictions.decoder",
+    "sequence-classification": None,
+}
+
+# peft 0.21 rewrites these families' targets for transformers 5's fused MoE layers
+# (utils/transformers_weight_conversion.py, _MOE_TARGET_MODULE_MAPPING): a string
+# target is resolved to include the router and experts, which then get LoRA as
+# target_parameters. memfit does not model that conversion.
+MOE_RETARGETED: dict[str, tuple] = {
+    "mixtral": ("gate", "w1", "w3", "w2"),
+    "qwen2_moe": ("gate", "gate_proj", "up_proj", "down_proj"),
+}
+
+
 class LoraError(ValueError):
     """Bad LoRA input; `field` is the config key it is about."""
 
@@ -91,6 +109,12 @@ def spec(config: dict, *, model_type: str | None = None) -> LoraSpec:
     alpha = config.get("alpha", config.get("lora_alpha", 8))
     dropout = config.get("dropout", config.get("lora_dropout", 0.0))
     targets = config.get("target_modules")
+    if targets is None and model_type in MOE_RETARGETED:
+        raise LoraError(
+            f"lora.target_modules is not given: on {model_type}, peft 0.21 refuses a LoraConfig without targets "
+            "(its transformers-5 MoE conversion finds none); list the modules, e.g. [q_proj, v_proj]",
+            "lora.target_modules",
+        )
     if targets is None:
         if model_type not in DEFAULT_TARGETS:
             raise LoraError(
@@ -102,6 +126,13 @@ def spec(config: dict, *, model_type: str | None = None) -> LoraSpec:
         targets = ALL_LINEAR if targets.lower() == ALL_LINEAR else targets
     else:
         targets = list(targets)
+    if model_type in MOE_RETARGETED and (isinstance(targets, str) or set(targets) & set(MOE_RETARGETED[model_type])):
+        raise LoraError(
+            f"lora.target_modules {targets!r} on {model_type}: peft retargets the router and experts of transformers 5's fused "
+            "MoE layers (target_parameters), which memfit does not model; list the attention projections instead "
+            "(e.g. [q_proj, k_proj, v_proj, o_proj])",
+            "lora.target_modules",
+        )
     saved = tuple(config.get("modules_to_save") or ())
     return LoraSpec(r, alpha, dropout, targets, saved)
 
