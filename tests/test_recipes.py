@@ -521,3 +521,25 @@ def test_families_lora_and_quantized_modules(model_type, given, arch):
 def test_mixtral_all_linear_is_refused_not_guessed():
     with pytest.raises(lora.LoraError, match="MoE"):
         lora.spec({"r": 4, "target_modules": "all-linear"}, model_type="mixtral")
+
+
+@pytest.mark.parametrize("method,double_quant", [("nf4", True), ("fp4", False), ("int8", False)])
+def test_qlora_whole_model_bytes(llama_dir, method, double_quant):
+    """QLoRA end to end: every byte of the quantized, peft-wrapped model (distinct storages of its
+    parameters and QuantState tensors) against training_parameters."""
+    from memfit.models import hf, hf_config
+
+    cfg = hf_config.normalize({"model_type": "llama", **LLAMA})
+    params, linears = hf.parameters(cfg), hf.linear_modules(cfg)
+    lora_cfg = {"r": 4, "target_modules": ["q_proj", "v_proj", "down_proj"], "modules_to_save": ["embed_tokens"]}
+    qcfg = {"method": method, "double_quant": double_quant}
+    model = _peft(_load(llama_dir, method, double_quant), r=4, target_modules=lora_cfg["target_modules"], modules_to_save=lora_cfg["modules_to_save"])
+    rows = lora.training_parameters(params, linears, base_dtype="bfloat16", lora_config=lora_cfg, quantization=qcfg)
+    held = list(model.parameters())
+    for m in model.modules():
+        if isinstance(m, (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt)):
+            held += list(_held(m).values())
+    width = {"bfloat16": 2, "float32": 4, "uint8": 1, "int8": 1}
+    assert distinct(held) == sum(math.prod(r.shape) * width[r.dtype] for r in rows)
+    got = [(n, p.requires_grad) for n, p in model.named_parameters()]
+    assert got == [(r.name, r.trainable) for r in rows if r.role != "quant_state"]
