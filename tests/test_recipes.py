@@ -543,3 +543,18 @@ def test_qlora_whole_model_bytes(llama_dir, method, double_quant):
     assert distinct(held) == sum(math.prod(r.shape) * width[r.dtype] for r in rows)
     got = [(n, p.requires_grad) for n, p in model.named_parameters()]
     assert got == [(r.name, r.trainable) for r in rows if r.role != "quant_state"]
+
+
+def test_per_parameter_view():
+    r = precision.resolve("16-true", master_weights="float32", grad_accum_dtype="float32")
+    shapes = [(64, 32), (32,)]
+    entries = [(precision.parameter_tensors(r, "adamw", s), 3, math.prod(s), True) for s in shapes]
+    rows, every, trainable = precision.per_parameter_view(entries)
+    assert every == trainable == 3 * (64 * 32 + 32)
+    assert sum(row.per_parameter for row in rows) == 20
+    assert {(row.label, row.per_parameter, row.origin) for row in rows if row.category == "gradients"} == {
+        ("grad", 2, "like its parameter"),
+        ("grad accum buffer", 4, "training.grad_accum_dtype"),
+    }
+    lines = precision.view_lines(rows, every, trainable)
+    assert lines[-1].split()[:2] == ["total", "20"] and all(len(line) <= 80 for line in lines)
