@@ -487,3 +487,40 @@ def test_host_memory_per_node_under_offload():
     result = shard(staged, Parallel(data=2, pipeline=4, zero=1, offload_optimizer=True, gpus_per_node=2))
     assert result.host_per_node == {k: 2 * v for k, v in result.stages[3].host.items()}
     assert result.most_loaded.stage == 3
+
+
+def _gpt_paper_config(h, a, s):
+    """A GPT-2-family layer under Korthikanti's assumptions: plain GeLU, dropout after attention
+    and MLP (and on the attention probabilities), no KV cache kept."""
+    from memfit.models.hf_config import normalize
+
+    return normalize({"model_type": "gpt2", "n_embd": h, "n_head": a, "n_layer": 2, "n_positions": s, "vocab_size": 50257,
+                      "activation_function": "gelu", "use_cache": False, "attn_pdrop": 0.1, "resid_pdrop": 0.1})
+
+
+@pytest.mark.parametrize("s, b, h, a", [(2048, 1, 12288, 96), (2048, 4, 4096, 32), (1024, 2, 1024, 16)])
+@pytest.mark.parametrize("t", [2, 8])
+def test_korthikanti_table_2_through_the_transformer_model(s, b, h, a, t):
+    """The per-rank layer from models.hf_activations' GPT-2 rows (eager attention, 16-bit
+    activations as dtypes.activations: bfloat16): within 5% of Table 2 in every row."""
+    from memfit.models.hf_activations import nbytes
+
+    from memfit.sharding import layer_saved_per_rank
+
+    cfg = _gpt_paper_config(h, a, s)
+    sbh = s * b * h
+    table = {
+        ("none", False): sbh * (10 + Fraction(24, t) + Fraction(5 * a * s, h * t)),
+        ("none", True): sbh * (Fraction(34, t) + Fraction(5 * a * s, h * t)),
+        ("selective", False): sbh * (10 + Fraction(24, t)),
+        ("selective", True): sbh * Fraction(34, t),
+        ("full", False): 2 * sbh,
+        ("full", True): Fraction(2 * sbh, t),  # Megatron keeps the sequence-parallel input: 2sbh/t
+    }
+    for (recompute, sp), expected in table.items():
+        kept = layer_saved_per_rank(cfg, micro_batch=b, seq_len=s, tensor=t, sequence_parallel=sp, attention="eager",
+                                    checkpointing=recompute, dtypes={"activations": "bfloat16"})
+        got = nbytes(kept)
+        assert abs(got - expected) <= Fraction(5, 100) * expected, (recompute, sp, got, float(expected))
+    whole = layer_saved_per_rank(cfg, micro_batch=b, seq_len=s, attention="eager", dtypes={"activations": "bfloat16"})
+    assert abs(nbytes(whole) - (34 * sbh + 5 * a * s * s * b)) <= 0.05 * (34 * sbh + 5 * a * s * s * b)

@@ -544,3 +544,50 @@ def korthikanti_layer(s: int, b: int, h: int, a: int) -> list:
         ("fc2_in", 8 * sbh),
         ("mlp_residual_dropout_mask", sbh),
     ]
+
+
+# ---------------------------------------------------------------- a transformer layer's saved tensors per rank
+
+# Symbolic dims (models.hf_activations) a tensor-parallel rank holds 1/t of: heads and the
+# intermediate width live between a column- and a row-parallel linear. Sequence parallelism splits
+# the sequence of what lies outside that region (the residual stream, norms, dropout masks).
+TP_SPLIT_DIMS = frozenset({"H", "KV", "q", "kv", "qkv", "i", "i2"})
+SP_SPLIT_DIMS = frozenset({"s", "T", "Tl"})
+
+
+def layer_saved_per_rank(cfg: dict, *, micro_batch: int, seq_len: int, tensor: int = 1, sequence_parallel: bool = False,
+                         attention: str = "sdpa", checkpointing: str = "none", precision: str = "32-true",
+                         dtypes: dict | None = None) -> list:
+    """One transformer layer's saved tensors on one tensor-parallel rank: models.hf_activations'
+    rows, each evaluated with the rank's share of its dims (Megatron's split: column-parallel
+    outputs and the attention core by heads, the MLP by its intermediate width; under sequence
+    parallelism everything else by the sequence)."""
+    from .models import hf_activations as A
+
+    A.check(cfg, attention, checkpointing, precision)
+    fam = A.FAMILIES[cfg["model_type"]]
+    sizes = A._sizes(cfg, micro_batch, seq_len)
+    roles = A._dtypes(precision, dtypes)
+    split = dict(sizes)
+    for dim in TP_SPLIT_DIMS:
+        split[dim] = -(-sizes[dim] // tensor)
+    seq = dict(sizes)
+    if sequence_parallel:
+        local_s = -(-sizes["s"] // tensor)
+        seq.update(s=local_s, T=micro_batch * local_s, Tl=-(-sizes["Tl"] // tensor))
+    if checkpointing == "full":
+        b = A._boundary(fam, roles, sizes)
+        return [A.Kept(b.label, (seq["b"], seq["s"], seq["h"]), b.dtype)]
+    cond = A._conditions(cfg, fam, attention, checkpointing, micro_batch)
+    out, by_what = [], {}
+    for r in A.layer_rows(cfg["model_type"], A._act(cfg), A._parallel(cfg)):
+        if not cond[r.when]:
+            continue
+        dtype = roles[r.role]
+        if r.alias is not None and by_what.get(r.alias) == dtype:
+            continue
+        by_what[r.what] = dtype
+        dims = {x for x in r.shape if isinstance(x, str)}
+        table = split if dims & TP_SPLIT_DIMS else seq
+        out.append(A.Kept(f"{r.op}: {r.what}", tuple(table[x] if isinstance(x, str) else x for x in r.shape), dtype))
+    return out
