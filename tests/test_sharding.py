@@ -120,7 +120,8 @@ def test_deepspeed_estimators_within_a_tenth_of_a_percent(model, gpus, nodes):
             total, largest, gpus, nodes, cpu_offload=offload_optimizer, cpu_offload_params=offload_parameters
         )
         r3 = _memfit_gpu(tensors, 3, gpus, nodes, offload_optimizer, offload_parameters).most_loaded
-        assert r3.transient == {"gathered parameters": 2 * largest, "unit gradients": 2 * largest} or model == "llama-7b"
+        if largest % (gpus * nodes) == 0 and model != "llama-7b":  # one parameter, nothing padded
+            assert r3.transient == {"gathered parameters": 2 * largest, "unit gradients": 2 * largest}
         assert sum(r3.transient.values()) == pytest.approx(largest_layer_memory, rel=1e-3)
         assert r3.peak == pytest.approx(gpu3, rel=1e-3), (offload_optimizer, offload_parameters)
         if not offload_parameters:
