@@ -525,3 +525,11 @@ def test_korthikanti_table_2_through_the_transformer_model(s, b, h, a, t):
         assert abs(got - expected) <= Fraction(5, 100) * expected, (recompute, sp, got, float(expected))
     whole = layer_saved_per_rank(cfg, micro_batch=b, seq_len=s, attention="eager", dtypes={"activations": "bfloat16"})
     assert abs(nbytes(whole) - (34 * sbh + 5 * a * s * s * b)) <= 0.05 * (34 * sbh + 5 * a * s * s * b)
+
+
+def test_count_is_copies_each_sharded_on_its_own():
+    one = [Tensor(f"m.w{i}", (5, 3), FP32_ADAM) for i in range(4)]
+    many = [Tensor("m.w", (5, 3), FP32_ADAM, count=4)]
+    for layout in (Parallel(data=4, fsdp="full_shard"), Parallel(data=4, zero=3), Parallel(data=4, zero=2), Parallel(data=3, zero=1), Parallel(tensor=2)):
+        a, b = shard(one, layout).most_loaded, shard(many, layout).most_loaded
+        assert (a.device, a.transient) == (b.device, b.transient), layout

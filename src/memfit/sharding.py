@@ -90,6 +90,7 @@ class Tensor:
     kind: str = "other"
     tp: str | None = None
     unit: str | None = None
+    count: int = 1  # identical copies (a declared tensor's `count`), each sharded on its own
 
     @property
     def numel(self) -> int:
@@ -384,12 +385,13 @@ def rank_bytes(tensors: list, p: Parallel, stage: int = 0, data_rank: int = 0, t
     gathering = n > 1 and ((engine == "fsdp" and p.fsdp != "no_shard") or (engine == "zero" and p.zero == 3))
     for t, shape in local:
         numel = math.prod(shape)
+        k = t.count
         widths = _fsdp_widths(t) if engine == "fsdp" else _zero3_widths(t) if p.zero == 3 else t.widths
         for category, width in widths.items():
             cls = SHARD_CLASS.get(category)
             home = out.host if cls in offloaded else out.device
             if cls not in sharded:
-                put(home, category, _bytes(numel, width))
+                put(home, category, k * _bytes(numel, width))
                 out.sharded[category] = "offloaded" if home is out.host else "replicated"
                 continue
             out.sharded[category] = "offloaded" if home is out.host else "sharded"
@@ -398,12 +400,12 @@ def rank_bytes(tensors: list, p: Parallel, stage: int = 0, data_rank: int = 0, t
                 rest = numel // d0 if d0 else 0
                 padded, own = _chunk_rows(d0, n, data_rank)
                 rows = own if cls == "optimizer" else padded  # torch.optim's zeros_like sees the unpadded shard
-                put(home, category, _bytes(rows * rest, width))
+                put(home, category, k * _bytes(rows * rest, width))
             elif p.zero == 3:
-                put(home, category, _bytes(-(-numel // n), width))
+                put(home, category, k * _bytes(-(-numel // n), width))
             else:
                 key = (category, width, home is out.host)
-                flat[key] = flat.get(key, 0) + numel
+                flat[key] = flat.get(key, 0) + k * numel
         if gathering:
             unit = units.setdefault(_unit_of(t, engine), {"parameters": 0, "gradients": 0})
             if engine == "fsdp":
@@ -411,9 +413,9 @@ def rank_bytes(tensors: list, p: Parallel, stage: int = 0, data_rank: int = 0, t
                 gathered = -(-d0 // n) * n * (numel // d0 if d0 else 0)  # the padded all-gather output
             else:
                 gathered = -(-numel // n) * n
-            unit["parameters"] += _bytes(gathered, t.widths["parameters"])
+            unit["parameters"] += k * _bytes(gathered, t.widths["parameters"])
             if "gradients" in t.widths:
-                unit["gradients"] += _bytes(gathered, t.widths["gradients"])
+                unit["gradients"] += k * _bytes(gathered, t.widths["gradients"])
     alignment = 2 * n  # nccl_start_alignment_factor * dp world size
     for (category, width, on_host), elements in flat.items():
         partition = -(-elements // alignment) * alignment // n
