@@ -533,3 +533,22 @@ def test_count_is_copies_each_sharded_on_its_own():
     for layout in (Parallel(data=4, fsdp="full_shard"), Parallel(data=4, zero=3), Parallel(data=4, zero=2), Parallel(data=3, zero=1), Parallel(tensor=2)):
         a, b = shard(one, layout).most_loaded, shard(many, layout).most_loaded
         assert (a.device, a.transient) == (b.device, b.transient), layout
+
+
+def test_config_keys():
+    from memfit.sharding import from_config
+
+    data = {
+        "parallel": {"data": 4, "tensor": 2, "pipeline": 2, "sequence_parallel": True, "zero": 3, "gpus_per_node": 8,
+                     "offload": {"optimizer": "cpu", "parameters": "cpu"}, "buckets": {"reduce": 500, "allgather": 200}},
+        "training": {"gradient_accumulation": 8},
+        "host": {"memory": "512 GiB"},
+    }
+    layout, host, problems = from_config(data)
+    assert layout == Parallel(4, 2, 2, True, 3, None, 8, True, True, 500, 200, 8)
+    assert host == 512 * 2**30 and problems == []
+    assert layout.world == 16
+    del data["host"]
+    _, host, problems = from_config(data)
+    assert host is None and [(p, s) for p, _, s in problems] == [(("parallel", "offload"), "note")]
+    assert from_config({}) == (None, None, [])

@@ -593,3 +593,56 @@ def layer_saved_per_rank(cfg: dict, *, micro_batch: int, seq_len: int, tensor: i
         table = split if dims & TP_SPLIT_DIMS else seq
         out.append(A.Kept(f"{r.op}: {r.what}", tuple(table[x] if isinstance(x, str) else x for x in r.shape), dtype))
     return out
+
+
+# ---------------------------------------------------------------- the config's keys
+
+OFFLOAD_DEVICES = ("cpu", "none")
+
+
+def from_config(data: dict) -> tuple:
+    """`parallel`, `training.gradient_accumulation` and `host.memory` of a schema-valid document ->
+    (Parallel or None when there is no `parallel` section, host budget in bytes or None, problems);
+    problems are (path tuple, message, severity) with severity "error" or "note"."""
+    from .units import UnitError, parse_bytes
+
+    problems = []
+    host = None
+    if isinstance(data.get("host"), dict) and "memory" in data["host"]:
+        try:
+            host = parse_bytes(data["host"]["memory"])
+        except UnitError as error:
+            problems.append((("host", "memory"), f"host.memory: {error}", "error"))
+    section = data.get("parallel")
+    if not isinstance(section, dict):
+        return None, host, problems
+    offload = section.get("offload") or {}
+    buckets = section.get("buckets") or {}
+    training = data.get("training") if isinstance(data.get("training"), dict) else {}
+    layout = Parallel(
+        data=section.get("data", 1),
+        tensor=section.get("tensor", 1),
+        pipeline=section.get("pipeline", 1),
+        sequence_parallel=bool(section.get("sequence_parallel", False)),
+        zero=section.get("zero"),
+        fsdp=section.get("fsdp"),
+        gpus_per_node=section.get("gpus_per_node", 8),
+        offload_optimizer=offload.get("optimizer", "none") not in (None, "none", False),
+        offload_parameters=offload.get("parameters", "none") not in (None, "none", False),
+        reduce_bucket=buckets.get("reduce"),
+        allgather_bucket=buckets.get("allgather"),
+        gradient_accumulation=training.get("gradient_accumulation", 1),
+    )
+    if (layout.offload_optimizer or layout.offload_parameters) and host is None:
+        at = ("parallel", "offload")
+        problems.append((at, "offload without a host budget: set host.memory (per node) to check what the host holds", "note"))
+    return layout, host, problems
+
+
+def problems_for(layout: Parallel, model: dict | None = None) -> list:
+    """check_layout with the config paths as tuples and the model's dims when known
+    (`model`: heads, kv_heads, layers)."""
+    out = []
+    for path, message, severity in check_layout(layout, **(model or {})):
+        out.append((tuple(path.split(".")), message, severity))
+    return out
