@@ -552,3 +552,25 @@ def test_config_keys():
     _, host, problems = from_config(data)
     assert host is None and [(p, s) for p, _, s in problems] == [(("parallel", "offload"), "note")]
     assert from_config({}) == (None, None, [])
+
+
+def test_llama_3_70b_from_the_transformer_form_under_tensor_and_pipeline_parallel():
+    """Llama-3-70B's named parameters (models.hf, transformers 5.24's layout) under t = 8, p = 4:
+    per layer (2h^2 + 2 kv h + 3 h i)/t split + 2h replicated norms; the vocabulary padded from
+    128,256 to 129,024 (a multiple of 128 x 8) and split; 20 layers a stage; the embedding on the
+    first stage, the final norm and the untied head on the last."""
+    from memfit.models import hf
+    from memfit.models.hf_config import normalize
+
+    cfg = normalize({"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+                     "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256})
+    tensors = [Tensor(p.name, p.shape, {"parameters": 2}, p.kind) for p in hf.parameters(cfg)]
+    h, kv, i, V, t = 8192, 1024, 28672, 129024, 8
+    layer = (2 * h * h + 2 * kv * h + 3 * h * i) // t + 2 * h
+    result = shard(tensors, Parallel(tensor=t, pipeline=4, data=2))
+    first, last = result.stages[0], result.stages[3]
+    assert first.layers == (0, 20) and last.layers == (60, 80)
+    assert first.device["parameters"] == 2 * (20 * layer + V * h // t)
+    assert last.device["parameters"] == 2 * (20 * layer + h + V * h // t)  # final norm + lm_head
+    assert result.most_loaded is last and result.most_loaded.rank == 3 * 16
+    assert check_layout(Parallel(tensor=16), heads=64, kv_heads=8) == [("parallel.tensor", "tensor = 16 does not divide the 8 key/value heads", "error")]

@@ -59,6 +59,7 @@ VOCAB_DIVISIBLE_BY = 128
 TP_RULES: tuple[tuple[str, str], ...] = (
     (r"(^|\.)(embed_tokens|wte|word_embeddings|shared|embed_in)\.weight$", "vocab"),
     (r"(^|\.)(lm_head|embed_out|output_layer)\.weight$", "vocab"),
+    (r"(^|\.)(pooler|cls\.predictions\.transform)\.", "replicated"),  # BERT's pooler and MLM transform: whole on every rank
     (r"(^|\.)(attention\.output\.dense|output\.dense)\.", "row"),
     (r"(^|\.)(intermediate\.dense)\.", "column"),
     (r"(^|\.)(q_proj|k_proj|v_proj|qkv_proj|query_key_value|c_attn|query|key|value|q|k|v|Wqkv|wq|wk|wv)\.", "column"),
