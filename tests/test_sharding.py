@@ -574,3 +574,23 @@ def test_llama_3_70b_from_the_transformer_form_under_tensor_and_pipeline_paralle
     assert last.device["parameters"] == 2 * (20 * layer + h + V * h // t)  # final norm + lm_head
     assert result.most_loaded is last and result.most_loaded.rank == 3 * 16
     assert check_layout(Parallel(tensor=16), heads=64, kv_heads=8) == [("parallel.tensor", "tensor = 16 does not divide the 8 key/value heads", "error")]
+
+
+def test_activations_per_stage_match_hf_activations_without_parallelism_and_split_with_it():
+    from memfit.models import hf_activations as A
+    from memfit.models.hf_config import normalize
+    from memfit.sharding import activations_per_stage
+
+    cfg = normalize({"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 4,
+                     "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000})
+    common = dict(micro_batch=2, seq_len=32, precision="bf16-mixed")
+    assert activations_per_stage(cfg, Parallel(), **common) == [A.total(A.saved(cfg, **common))]
+    # pipeline 2, 4 micro-batches: the first stage keeps 2 in flight, the last 1
+    stages = activations_per_stage(cfg, Parallel(pipeline=2, gradient_accumulation=4), **common)
+    blocks = {b.name: b for b in A.saved(cfg, **common)}
+    layer = A.nbytes(blocks["layer"].kept)
+    assert stages == [2 * (2 * layer + A.nbytes(blocks["embeddings"].kept)), 2 * layer + A.nbytes(blocks["head"].kept) + A.nbytes(blocks["loss"].kept)]
+    # tensor parallel: less per rank, and sequence parallelism less again
+    t2 = activations_per_stage(cfg, Parallel(tensor=2), **common)[0]
+    sp = activations_per_stage(cfg, Parallel(tensor=2, sequence_parallel=True), **common)[0]
+    assert sp < t2 < A.total(A.saved(cfg, **common))
