@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from .costs import OPTIMIZER_STATES, Recipe, Width, byte_width, optimizer_states, totals
+from .costs import OPTIMIZER_STATES, Recipe, Width, byte_width, optimizer_states, tensor_bytes, totals
 
-__all__ = ["OPTIMIZER_STATES", "byte_width", "compute_footprint", "element_count", "optimizer_states"]
+__all__ = ["OPTIMIZER_STATES", "byte_width", "compute_footprint", "element_count", "optimizer_states", "tensor_bytes"]
 
 _DIM_RULE = "dims must be non-negative integers"
 
