@@ -339,3 +339,23 @@ def test_the_language_server_links_the_referenced_file():
     (link,) = sent.related_information
     assert link.location.uri.endswith("/hf/config.json") or link.location.uri == "hf/config.json"
     assert (link.location.range.start.line, link.location.range.start.character) == (3, 17)
+
+
+# --- presentation ----------------------------------------------------------------------------
+
+
+def test_the_explain_bar_turns_yellow_at_the_warning_mark_in_force():
+    from memfit.explain import render
+
+    text = "memfit: 1\ndevice: {memory: 1 KiB, warn_at: 50%}\noptimizer: sgd\nparameters: [[100]]\n"  # 800 B (weights and gradients) of 1,024: 78%
+    coloured = render(check(text, "c.yaml"), colour=True)
+    assert "\x1b[33m" in coloured  # above device.warn_at 50%: yellow, not the default 90% mark's green
+    assert "\x1b[32m" in render(check(text, "c.yaml", Options(warn_at=__import__("fractions").Fraction(9, 10))), colour=True)
+
+
+def test_presentation_helpers():
+    from memfit.present import cut, pct, shape_text
+
+    assert shape_text([32, 20]) == "[32, 20]" and shape_text([32, 20], "()") == "(32, 20)"
+    assert cut("abcdef", 4) == "abc…" and cut("abc", 4) == "abc"
+    assert pct(1, 3) == "33.3%" and pct(1, 0) == "-"
