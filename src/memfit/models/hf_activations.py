@@ -120,7 +120,8 @@ def _linear(group: list, x: tuple, f: str, low_input: bool = False, source: str 
             K(f"{short}.lora_A", "dropped-out input", x, "ada_low", "lora_dropout", lora),
             K(f"{short}.lora_A", "input (cast to the adapter dtype when it differs)", x, "ada", "lora_plain", lora, key),
             K(f"{short}.lora_A", "input, cast to the low dtype by autocast", x, "low", "lora_plain_mixed", lora),
-            K(f"{short}.lora_A", "weight, cast to the low dtype by autocast", ("R", x[-1]), "low", "mixed", lora),
+            K(f"{short}.lora_A", "weight, cast to the low dtype by autocast", ("R", x[-1]), "low", "mixed",
+              ((f"L:{m}", f),)),
             K(f"{short}.lora_B", "input (lora_A's output)", ("T", "R"), "ada_low", None, lora),
             K(f"{short}.lora_B", "weight, cast to the low dtype by autocast", (width, "R"), "low", "mixed", lora),
         ]
@@ -209,15 +210,16 @@ def _attention(fam: Family, n: dict) -> list:
         K("p @ v", "probabilities, cast to the value dtype", ("b", "H", "s", "s"), "low", "eager_core_no_dropout",
           ("v",), f"softmax: {soft}"),
         K("p @ v", "v (repeated to every query head)", ("b", "H", "s", "d"), "lin", "eager_kv", ("qk",)),
-        # fused kernels (SDPA's flash / memory-efficient, flash-attn): q, k, v at their own head counts, output, lse
-        K("attention", "q", ("b", "H", "s", "d"), "lin", "fused_q", ("attn",)),
+        # fused kernels (SDPA's flash / memory-efficient, flash-attn): q, k, v at their own head counts, output, lse;
+        # flash-attn pads the head dim to a multiple of 8 (dk; copies then) and keeps its RNG state
+        K("attention", "q", ("b", "H", "s", "dk"), "lin", "fused_q", ("attn",)),
         K("attention", "q (a view of the fused qkv output)", ("b", "s", "qkv"), "lin", "fused_q_view", ("attn",)),
-        K("attention", "k (the cache's copy)", ("b", "KV", "s", "d"), "lin", "fused_cache", ("attn",)),
-        K("attention", "v (the cache's copy)", ("b", "KV", "s", "d"), "lin", "fused_cache", ("attn",)),
-        K("attention", "k", ("b", "KV", "s", "d"), "lin", "fused_k_nocache", ("attn",)),
-        K("attention", "v", ("b", "KV", "s", "d"), "lin", "fused_v_nocache", ("attn",)),
+        K("attention", "k (the cache's copy)", ("b", "KV", "s", "dk"), "lin", "fused_cache", ("attn",)),
+        K("attention", "v (the cache's copy)", ("b", "KV", "s", "dk"), "lin", "fused_cache", ("attn",)),
+        K("attention", "k", ("b", "KV", "s", "dk"), "lin", "fused_k_nocache", ("attn",)),
+        K("attention", "v", ("b", "KV", "s", "dk"), "lin", "fused_v_nocache", ("attn",)),
         K("attention", "v (a view of the fused qkv output)", ("b", "s", "qkv"), "lin", "fused_v_view", ("attn",)),
-        K("attention", "output", ("b", "s", "H", "d"), "lin", "fused", ("attn",)),
+        K("attention", "output", ("b", "s", "H", "dk"), "lin", "fused", ("attn",)),
         K("attention", "log-sum-exp (fp32)", ("b", "H", "s"), "f32", "fused", ("attn",)),
         K("attention", "RNG state (flash-attn)", (2,), "i64", "flash", ("attn",)),
     ]
@@ -266,6 +268,14 @@ def _mlp(fam: Family, n: dict, act: str) -> list:
         K("experts (LoRA)", "gate_up_proj + scaling * B @ A (every expert's effective weight)", ("E", "i2", "h"), "act",
           None, ("L:experts",)),
         K("experts (LoRA)", "down_proj + scaling * B @ A", ("E", "h", "i"), "act", None, ("L:experts",)),
+        # the fold runs in the weight's dtype: on a 16-bit model it keeps 16-bit copies of the fp32 factors (peft
+        # gives the fused gate_up twice the rank)
+        K("experts (LoRA)", "gate_up factors B, cast to the weight dtype", ("E", "i2", "R2"), "act", "true16",
+          ("L:experts",)),
+        K("experts (LoRA)", "gate_up factors A, cast to the weight dtype", ("E", "R2", "h"), "act", "true16",
+          ("L:experts",)),
+        K("experts (LoRA)", "down factors B, cast to the weight dtype", ("E", "h", "R"), "act", "true16", ("L:experts",)),
+        K("experts (LoRA)", "down factors A, cast to the weight dtype", ("E", "R", "i"), "act", "true16", ("L:experts",)),
         K("grouped_mm gate_up", "routed tokens (one row per chosen expert)", ("S", "h"), "act", None, ("W:experts",)),
         K("act_fn(gate), * up", "gate_up output", ("S", "i2"), "act", None, ("e",)),
         K("act * up", "act_fn(gate)", ("S", "i"), "act", None, ("e",)),
@@ -337,7 +347,7 @@ LOSS_ROWS = [
 # --------------------------------------------------------------------------------------------- evaluation
 
 
-def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int) -> dict:
+def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int, attention: str = "sdpa") -> dict:
     mt = cfg["model_type"]
     h = cfg["n_embd"] if mt == "gpt2" else cfg["hidden_size"]
     heads = cfg["n_head"] if mt == "gpt2" else cfg["num_attention_heads"]
@@ -349,9 +359,10 @@ def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int) -> dict:
     tokens = micro_batch * seq_len
     k = cfg.get("num_experts_per_tok", 0)
     return {"b": micro_batch, "s": seq_len, "h": h, "i": inter, "i2": 2 * inter, "H": heads, "KV": kv_heads, "d": d,
+            "dk": -(-d // 8) * 8 if attention == "flash" else d,
             "q": heads * d, "kv": kv_heads * d, "qkv": heads * d + 2 * kv_heads * d, "rot": rotary,
             "V": cfg["vocab_size"], "T": tokens, "Tl": tokens if micro_batch > 1 else seq_len + 1,
-            "E": cfg.get("num_local_experts", 0), "k": k, "S": tokens * k, "R": rank}
+            "E": cfg.get("num_local_experts", 0), "k": k, "S": tokens * k, "R": rank, "R2": 2 * rank}
 
 
 def _drop(cfg: dict, fam: Family, which: str) -> bool:
@@ -396,6 +407,7 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, prec
         "causal": fam.head == "causal",
         "mlm": fam.head == "mlm",
         "mixed": mixed,
+        "true16": precision in ("bf16-true", "16-true"),
         "not_mixed": not mixed,
         "lora_dropout": lora_dropout,
         "lora_plain": not lora_dropout and not mixed,
@@ -542,7 +554,7 @@ def _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dt
     check(cfg, attention, checkpointing, precision)
     mt = cfg["model_type"]
     fam = FAMILIES[mt]
-    sizes = _sizes(cfg, micro_batch, seq_len, int((lora or {}).get("r") or 0))
+    sizes = _sizes(cfg, micro_batch, seq_len, int((lora or {}).get("r") or 0), attention)
     cond = _conditions(cfg, fam, attention, checkpointing, precision, micro_batch, lora)
     roles = _roles(precision, dtypes, "float32")   # peft keeps adapters in fp32 (autocast_adapter_dtype)
     w = _trainable(fam, lora)
@@ -567,7 +579,7 @@ def saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa",
     """Blocks in forward order: embeddings, layer (x num_hidden_layers; the first layer apart when it differs, as
     under LoRA), head, loss; each lists its kept storages. With checkpointing "full" the layer block holds what
     stays saved through the forward (each layer's input); `peak_saved` adds one layer's recomputation."""
-    fam, sizes, roles, embeddings, layer0, layer1, head, loss = _evaluate(
+    _, sizes, roles, embeddings, layer0, layer1, head, loss = _evaluate(
         cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora)
     layers = _layers(cfg)
     if checkpointing == "full":
