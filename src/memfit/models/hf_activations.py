@@ -50,6 +50,26 @@ class K(NamedTuple):
     def label(self) -> str:
         return f"{self.op}: {self.what}"
 
+    @property
+    def alias(self) -> str | None:
+        """The `what` of the source row (sources are named by label; a row's label is "op: what")."""
+        return None if self.source is None else self.source.split(": ", 1)[1]
+
+
+def _and(*names) -> str | None:
+    """Conditions combine as "a&b" (a string, so a row's `when` indexes the conditions table directly)."""
+    names = [n for n in names if n]
+    return "&".join(names) or None
+
+
+class Conditions(dict):
+    """Named static conditions; "a&b" holds when both do."""
+
+    def __missing__(self, key):
+        if isinstance(key, str) and "&" in key:
+            return all(self[k] for k in key.split("&"))
+        raise KeyError(key)
+
 
 WIDTH = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1}
 PRECISIONS = ("32-true", "bf16-true", "16-true", "bf16-mixed", "16-mixed")
@@ -120,10 +140,10 @@ def _linear(group: list, x: tuple, f: str, low_input: bool = False, source: str 
             K(f"{short}.lora_A", "dropped-out input", x, "ada_low", "lora_dropout", lora),
             K(f"{short}.lora_A", "input (cast to the adapter dtype when it differs)", x, "ada", "lora_plain", lora, key),
             K(f"{short}.lora_A", "input, cast to the low dtype by autocast", x, "low", "lora_plain_mixed", lora),
-            K(f"{short}.lora_A", "weight, cast to the low dtype by autocast", ("R", x[-1]), "low", "mixed",
+            K(f"{short}.lora_A", "weight, cast to the low dtype by autocast", ("R", x[-1]), "low", "lora&mixed",
               ((f"L:{m}", f),)),
-            K(f"{short}.lora_B", "input (lora_A's output)", ("T", "R"), "ada_low", None, lora),
-            K(f"{short}.lora_B", "weight, cast to the low dtype by autocast", (width, "R"), "low", "mixed", lora),
+            K(f"{short}.lora_B", "input (lora_A's output)", ("T", "R"), "ada_low", "lora", lora),
+            K(f"{short}.lora_B", "weight, cast to the low dtype by autocast", (width, "R"), "low", "lora&mixed", lora),
         ]
     return rows
 
@@ -226,8 +246,8 @@ def _attention(fam: Family, n: dict) -> list:
     # o_proj's input: eager merges heads with a copy; SDPA on CPU returns the output in q's layout, so a contiguous
     # q (partial rotary's cat) makes it a copy too; otherwise it is a view of the kept output
     o = [(n["o"], "h")]
-    rows += [r._replace(when=("o_copy", r.when)) for r in _linear(o, ("T", "q"), "attn", low_input=True)]
-    rows += [r._replace(when=("o_view", r.when))
+    rows += [r._replace(when=_and("o_copy", r.when)) for r in _linear(o, ("T", "q"), "attn", low_input=True)]
+    rows += [r._replace(when=_and("o_view", r.when))
              for r in _linear(o, ("T", "q"), "attn", low_input=True, source="attention: output")]
     rows.append(K("attention output dropout", "mask", ("b", "s", "h"), "bool", "resid_dropout", ("o",)))
     return rows
@@ -257,7 +277,7 @@ def _mlp(fam: Family, n: dict, act: str) -> list:
         K("router", "input", T, "act", "not_mixed", ("W:router",)),
         K("router", "input, cast to the low dtype by autocast", T, "low", "mixed", ("W:router",)),
         K("router", "weight, cast to the low dtype by autocast", ("E", "h"), "low", "mixed", ("n2",)),
-        K("router (LoRA)", "weight + scaling * B @ A (the effective weight)", ("E", "h"), "act", None, ("L:router",)),
+        K("router (LoRA)", "weight + scaling * B @ A (the effective weight)", ("E", "h"), "act", "lora", ("L:router",)),
         K("router softmax", "probabilities (fp32)", ("T", "E"), "f32", None, ("r",)),
         K("router top-k", "indices", ("T", "k"), "i64", None, ("r",)),
         K("routing weights / sum", "sum (fp32)", ("T", 1), "f32", None, ("r",)),
@@ -266,16 +286,16 @@ def _mlp(fam: Family, n: dict, act: str) -> list:
         K("gather weights", "permutation", ("S",), "i64", None, ("r",)),
         K("grouped_mm", "group offsets", ("E",), "i32", None, ("e",)),
         K("experts (LoRA)", "gate_up_proj + scaling * B @ A (every expert's effective weight)", ("E", "i2", "h"), "act",
-          None, ("L:experts",)),
-        K("experts (LoRA)", "down_proj + scaling * B @ A", ("E", "h", "i"), "act", None, ("L:experts",)),
+          "lora", ("L:experts",)),
+        K("experts (LoRA)", "down_proj + scaling * B @ A", ("E", "h", "i"), "act", "lora", ("L:experts",)),
         # the fold runs in the weight's dtype: on a 16-bit model it keeps 16-bit copies of the fp32 factors (peft
         # gives the fused gate_up twice the rank)
-        K("experts (LoRA)", "gate_up factors B, cast to the weight dtype", ("E", "i2", "R2"), "act", "true16",
+        K("experts (LoRA)", "gate_up factors B, cast to the weight dtype", ("E", "i2", "R2"), "act", "lora&true16",
           ("L:experts",)),
-        K("experts (LoRA)", "gate_up factors A, cast to the weight dtype", ("E", "R2", "h"), "act", "true16",
+        K("experts (LoRA)", "gate_up factors A, cast to the weight dtype", ("E", "R2", "h"), "act", "lora&true16",
           ("L:experts",)),
-        K("experts (LoRA)", "down factors B, cast to the weight dtype", ("E", "h", "R"), "act", "true16", ("L:experts",)),
-        K("experts (LoRA)", "down factors A, cast to the weight dtype", ("E", "R", "i"), "act", "true16", ("L:experts",)),
+        K("experts (LoRA)", "down factors B, cast to the weight dtype", ("E", "h", "R"), "act", "lora&true16", ("L:experts",)),
+        K("experts (LoRA)", "down factors A, cast to the weight dtype", ("E", "R", "i"), "act", "lora&true16", ("L:experts",)),
         K("grouped_mm gate_up", "routed tokens (one row per chosen expert)", ("S", "h"), "act", None, ("W:experts",)),
         K("act_fn(gate), * up", "gate_up output", ("S", "i2"), "act", None, ("e",)),
         K("act * up", "act_fn(gate)", ("S", "i"), "act", None, ("e",)),
@@ -347,7 +367,7 @@ LOSS_ROWS = [
 # --------------------------------------------------------------------------------------------- evaluation
 
 
-def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int, attention: str = "sdpa") -> dict:
+def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int = 0, attention: str = "sdpa") -> dict:
     mt = cfg["model_type"]
     h = cfg["n_embd"] if mt == "gpt2" else cfg["hidden_size"]
     heads = cfg["n_head"] if mt == "gpt2" else cfg["num_attention_heads"]
@@ -370,8 +390,10 @@ def _drop(cfg: dict, fam: Family, which: str) -> bool:
     return bool(key and (cfg.get(key) or 0) > 0)
 
 
-def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, precision: str, micro_batch: int,
-                lora: dict | None) -> dict:
+def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micro_batch: int,
+                precision: str | None = None, lora: dict | None = None) -> dict:
+    if precision is None:   # compat: models.sharding resolves rows itself and names the recipe to `_dtypes` only
+        precision = _LAST_RECIPE[0]
     eager = attention == "eager"
     fused = not eager
     cache = fam.cache and bool(cfg.get("use_cache", True)) and checkpointing != "full"
@@ -384,7 +406,7 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, prec
     mixed = precision.endswith("-mixed")
     lora_dropout = bool(lora) and (lora.get("dropout") or 0) > 0
     o_copy = eager or (attention == "sdpa" and fam.rope == "partial")
-    return {
+    return Conditions({
         None: True,
         "eager_q": eager and not qkv_views,
         "eager_q_view": eager and qkv_views,
@@ -409,10 +431,11 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, prec
         "mixed": mixed,
         "true16": precision in ("bf16-true", "16-true"),
         "not_mixed": not mixed,
+        "lora": bool(lora),
         "lora_dropout": lora_dropout,
-        "lora_plain": not lora_dropout and not mixed,
-        "lora_plain_mixed": not lora_dropout and mixed,
-    }
+        "lora_plain": bool(lora) and not lora_dropout and not mixed,
+        "lora_plain_mixed": bool(lora) and not lora_dropout and mixed,
+    })
 
 
 def _roles(precision: str, dtypes: dict | None, adapter: str) -> dict:
@@ -429,10 +452,25 @@ def _roles(precision: str, dtypes: dict | None, adapter: str) -> dict:
             "i64": "int64", "i32": "int32", "bool": "bool"}
 
 
-def _resolve(rows: list, cond: dict, roles: dict, sizes: dict, flags: dict) -> list:
-    """Rows -> Kept, each storage once: a row with a `source` of the same dtype is that source's storage."""
+_LAST_RECIPE = ["32-true"]
+
+
+def _dtypes(precision: str, dtypes: dict | None) -> dict:
+    """The dtype of each role for a recipe (adapters in fp32, as peft keeps them). Remembers the recipe for a caller
+    that asks `_conditions` without one (models.sharding, until it evaluates rows through `saved(shape=...)`)."""
+    _LAST_RECIPE[0] = precision
+    return _roles(precision, dtypes, "float32")
+
+
+def _shape(symbols: tuple, sizes: dict) -> tuple:
+    return tuple(sizes[x] if isinstance(x, str) else x for x in symbols)
+
+
+def _resolve(rows: list, cond: dict, roles: dict, sizes: dict, flags: dict, shape=_shape) -> list:
+    """Rows -> Kept, each storage once: a row with a `source` of the same dtype is that source's storage.
+    `shape(symbols, sizes)` evaluates a row's symbolic shape (a parallel layout passes a rank's share)."""
     def on(r):
-        return all(cond[c] for c in (r.when if isinstance(r.when, tuple) else (r.when,)))
+        return cond[r.when]
 
     dtype_of = {r.label: roles[r.role] for r in rows if on(r)}
     kept, seen = [], set()
@@ -446,7 +484,7 @@ def _resolve(rows: list, cond: dict, roles: dict, sizes: dict, flags: dict) -> l
         if key in seen:
             continue
         seen.add(key)
-        kept.append(Kept(r.label, tuple(sizes[x] if isinstance(x, str) else x for x in r.shape), dtype))
+        kept.append(Kept(r.label, shape(r.shape, sizes), dtype))
     return kept
 
 
@@ -550,13 +588,18 @@ def _layers(cfg: dict) -> int:
     return cfg["n_layer"] if cfg["model_type"] == "gpt2" else cfg["num_hidden_layers"]
 
 
-def _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora):
+def _boundary(fam: Family, roles: dict, sizes: dict, shape=_shape) -> Kept:
+    return Kept("checkpoint: the layer's input (kept for the recomputation)", shape(("b", "s", "h"), sizes),
+                roles["act"])
+
+
+def _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape=_shape):
     check(cfg, attention, checkpointing, precision)
     mt = cfg["model_type"]
     fam = FAMILIES[mt]
     sizes = _sizes(cfg, micro_batch, seq_len, int((lora or {}).get("r") or 0), attention)
-    cond = _conditions(cfg, fam, attention, checkpointing, precision, micro_batch, lora)
-    roles = _roles(precision, dtypes, "float32")   # peft keeps adapters in fp32 (autocast_adapter_dtype)
+    cond = _conditions(cfg, fam, attention, checkpointing, micro_batch, precision, lora)
+    roles = _dtypes(precision, dtypes)
     w = _trainable(fam, lora)
     parallel = _parallel(cfg)
     rows = layer_rows(mt, _act(cfg), parallel)
@@ -565,27 +608,30 @@ def _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dt
     first = _grads(fam, w, w["W:embed"], parallel)
     later = _grads(fam, w, first["out"], parallel)
     flags0, flags1 = {**w, **first}, {**w, **later}
-    layer0 = _resolve(rows, cond, roles, sizes, flags0)
-    layer1 = _resolve(rows, cond, roles, sizes, flags1)
+    layer0 = _resolve(rows, cond, roles, sizes, flags0, shape)
+    layer1 = _resolve(rows, cond, roles, sizes, flags1, shape)
     top = {**w, "rope": first["qk"] or later["qk"], "x": later["out"], "t": True, "tn": True, "fn": True}
-    embeddings = _resolve(_embedding_rows(fam), cond, roles, sizes, top)
-    head = _resolve(_head_rows(fam), cond, roles, sizes, {**top, "t": later["out"] or top.get(f"W:{fam.names.get('transform')}", False)})
-    loss = _resolve(LOSS_ROWS, cond, roles, sizes, top)
+    embeddings = _resolve(_embedding_rows(fam), cond, roles, sizes, top, shape)
+    top["t"] = later["out"] or top.get(f"W:{fam.names.get('transform')}", False)
+    head = _resolve(_head_rows(fam), cond, roles, sizes, top, shape)
+    loss = _resolve(LOSS_ROWS, cond, roles, sizes, top, shape)
     return fam, sizes, roles, embeddings, layer0, layer1, head, loss
 
 
 def saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
-          precision: str = "32-true", dtypes: dict | None = None, lora: dict | None = None) -> list:
+          precision: str = "32-true", dtypes: dict | None = None, lora: dict | None = None, shape=None) -> list:
     """Blocks in forward order: embeddings, layer (x num_hidden_layers; the first layer apart when it differs, as
     under LoRA), head, loss; each lists its kept storages. With checkpointing "full" the layer block holds what
-    stays saved through the forward (each layer's input); `peak_saved` adds one layer's recomputation."""
-    _, sizes, roles, embeddings, layer0, layer1, head, loss = _evaluate(
-        cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora)
+    stays saved through the forward (each layer's input); `peak_saved` adds one layer's recomputation.
+
+    `shape(symbols, sizes) -> tuple[int, ...]`, if given, evaluates each row's symbolic shape (see `_sizes` for
+    the symbols), e.g. with one tensor-parallel rank's share of the heads and widths."""
+    shape = shape or _shape
+    fam, sizes, roles, embeddings, layer0, layer1, head, loss = _evaluate(
+        cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape)
     layers = _layers(cfg)
     if checkpointing == "full":
-        boundary = [Kept("checkpoint: the layer's input (kept for the recomputation)",
-                         (sizes["b"], sizes["s"], sizes["h"]), roles["act"])]
-        middle = [Block("layer", layers, boundary)]
+        middle = [Block("layer", layers, [_boundary(fam, roles, sizes, shape)])]
     elif layer0 == layer1 or layers == 1:
         middle = [Block("layer", layers, layer0)]
     else:
@@ -602,17 +648,17 @@ def total(blocks: list) -> int:
 
 
 def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
-               precision: str = "32-true", dtypes: dict | None = None, lora: dict | None = None) -> int:
+               precision: str = "32-true", dtypes: dict | None = None, lora: dict | None = None, shape=None) -> int:
     """The peak of live saved bytes during the step. Without full checkpointing everything saved is live at the end
     of the forward. With it, the embeddings' tensors and every layer's input stay saved; on top of them either the
     head and the loss (at the end of the forward) or one layer's recomputation (in the backward, once the head and
     loss are released; it runs without the cache, and its input is the boundary already counted)."""
     blocks = saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing,
-                   precision=precision, dtypes=dtypes, lora=lora)
+                   precision=precision, dtypes=dtypes, lora=lora, shape=shape)
     if checkpointing != "full":
         return total(blocks)
     emb, layer, head, loss = blocks
-    *_, later, _, _ = _evaluate(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora)
+    *_, later, _, _ = _evaluate(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora, shape or _shape)
     boundary = layer.kept[0]
     recomputed = nbytes(later)
     if later and later[0].dtype == boundary.dtype and prod(later[0].shape) == prod(boundary.shape):
