@@ -156,8 +156,9 @@ def _live(parameters, gradients, activations, optimizer_state, transient, overhe
     return dict(zip(LIVE, (parameters, gradients, activations, optimizer_state, transient, overhead)))
 
 
-def phases(step: Step) -> dict[str, dict]:
-    """Each phase's worst moment: {"forward"|"backward"|"optimizer_step": {"bytes", "live", "at"}}."""
+def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
+    """Each phase's worst moment: {"forward"|"backward"|"optimizer_step": {"bytes", "live", "at"}}.
+    `trace` (a list) receives every moment considered, in order: (phase, at, live)."""
     rows, size = step.rows, step.tensors
     params = sum(sum(r.params) + sum(r.frozen) for r in rows)
     state = sum(step.optimizer_state)
@@ -171,6 +172,8 @@ def phases(step: Step) -> dict[str, dict]:
     out: dict[str, dict] = {}
 
     def consider(phase, at, live):
+        if trace is not None:
+            trace.append((phase, at, live))
         total = sum(live.values())
         best = out.get(phase)
         if best is None or total > best["bytes"]:  # the first moment wins a tie, as MemTracker records it
@@ -422,20 +425,22 @@ def hf_step(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa
                 out.append(fresh(nbytes))
         return out
 
-    # parameters by row
+    # parameters by row: embeddings; each layer as four parts (norm and attention, its output
+    # projection, norm and MLP, its down projection); the head
     params = hfparams.parameters(cfg)
     n_layers = next(bl.count for bl in blocks if bl.name == "layer")
-    groups = {"embeddings": [], "head": [], **{i: [] for i in range(n_layers)}}
+    groups: dict = {"embeddings": [], "head": []}
     seen_layer = False
     for p in params:
         m = _LAYER.search(p.name)
         if m:
-            groups[int(m.group(1))].append(_elements(p.shape))
+            groups.setdefault((int(m.group(1)), _part(p.name)), []).append(_elements(p.shape))
             seen_layer = True
         else:
             groups["head" if seen_layer else "embeddings"].append(_elements(p.shape))
 
-    def weights(row: Row, elements: list[int]) -> Row:
+    def weights(row: Row, key) -> Row:
+        elements = groups.get(key, [])
         row.params = [n * widths["parameters"] for n in elements]
         row.grads = [n * widths["gradients"] for n in elements]
         return row
@@ -445,40 +450,98 @@ def hf_step(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa
     hidden = b * s * h * act_w
     rows = []
     x = fresh(hidden)
-    row = weights(Row("embeddings", input=ids, output=x, grad_input=False), groups["embeddings"])
+    row = weights(Row("embeddings", input=ids, output=x, grad_input=False), "embeddings")
     row.kept = [ids if k.label.endswith("input ids") else fresh(_elements(k.shape) * _WIDTH[k.dtype]) for k in emb.kept]
+    row.frozen = _buffers(cfg, sizes, widths["parameters"])
     rows.append(row)
-    full = acts.saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing="none", precision=precision)[1]
-    one_layer = sum(_elements(k.shape) * _WIDTH[k.dtype] for k in full.kept)
-    flight = _layer_flight(cfg, sizes, act_w, lin_w)
+    every = acts.saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing="none", precision=precision)[1].kept
+    parts = _split(every)
+    part_bytes = [sum(_elements(k.shape) * _WIDTH[k.dtype] for k in kept) for _, kept in parts]
+    flights = _layer_flights(cfg, sizes, act_w, lin_w)
     for i in range(n_layers):
-        y = fresh(hidden)
-        row = weights(Row(f"layer {i}", input=x, output=y), groups[i])
-        row.kept = kept_ids(layer.kept, x, hidden)
-        if checkpointing == "full":
-            row.recompute = one_layer - hidden  # the recomputed layer keeps all it keeps, its input is the boundary
-        row.forward_flight = hidden  # its output while it is written (the layer's inner tensors are kept)
-        row.backward_flight = flight
-        rows.append(row)
-        x = y
+        for n, (part, kept) in enumerate(parts):
+            y = fresh(hidden)
+            row = weights(Row(f"layer {i} {part}", input=x, output=y), (i, part))
+            if checkpointing == "full":
+                # only the boundary (the layer's input) stays kept; backward recomputes the layer
+                # first, and each part's tensors go when its backward is done
+                row.kept = [x] if n == 0 else []
+                row.recompute = sum(part_bytes[: n + 1]) - hidden
+            else:
+                row.kept = kept_ids(kept, x, hidden) if n == 0 else [fresh(_elements(k.shape) * _WIDTH[k.dtype]) for k in kept]
+            row.forward_flight = hidden  # its output while it is written; its inner tensors are kept
+            row.backward_flight = flights[part]
+            rows.append(row)
+            x = y
     logits = fresh(T * sizes["V"] * lin_w)
-    row = weights(Row("head", input=x, output=logits), groups["head"])
+    row = weights(Row("head", input=x, output=logits), "head")
     row.kept = kept_ids(head.kept, x, hidden) + [fresh(_elements(k.shape) * _WIDTH[k.dtype]) for k in loss.kept]
     rows.append(row)
     logits32 = T * sizes["V"] * 4
     upcast = logits32 if lin_w != 4 else 0
-    states_bytes = [n * widths["optimizer_state"] for r in (groups["embeddings"], *[groups[i] for i in range(n_layers)], groups["head"]) for n in r for _ in range(states)]
+    order = ["embeddings", *[(i, part) for i in range(n_layers) for part, _ in parts], "head"]
+    states_bytes = [n * widths["optimizer_state"] for key in order for n in groups.get(key, []) for _ in range(states)]
     return Step(rows, tensors, [ids, labels], Loss(forward=(tensors[logits], *([upcast] if upcast else [])), backward=(logits32, logits32)),
                 states_bytes, optimizer, impl, overhead)
 
 
-def _layer_flight(cfg: dict, sizes: dict, act_w: int, lin_w: int) -> int:
-    """Gradients in flight at a layer's worst backward moment: the gradient of its output (the
-    residual stream's, alive through the whole layer) and, in the MLP, the gradients of the down
-    projection's input and of the gate and up projections' outputs (a gated MLP: 3 x intermediate)
-    or of the fc input and the activation (a plain one); in attention, of o_proj's input and q, k, v."""
+def _buffers(cfg: dict, sizes: dict, width: int) -> list:
+    """The model's buffers (on the device, without gradients): the rotary embedding's inv_freq and
+    original_inv_freq; BERT's position_ids and token_type_ids (int64, max_position_embeddings);
+    Gemma's embedding normalizer (a float32 scalar)."""
+    out = [sizes["r"] // 2 * width] * 2 if sizes["r"] else []
+    if cfg["model_type"] == "bert":
+        out += [cfg["max_position_embeddings"] * 8] * 2
+    if cfg["model_type"] == "gemma":
+        out.append(4)
+    return out
+
+
+# A layer's parameters by part, from their names (the families' spellings); the first match wins.
+_PARTS = (
+    ("o_proj", ("o_proj", "attn.c_proj", "attention.dense", "attention.output.")),
+    ("attention", ("attn", "attention", "input_layernorm", "ln_1", "q_norm", "k_norm")),
+    ("down_proj", ("down_proj", "mlp.c_proj", "dense_4h_to_h", ".output.")),
+    ("mlp", ("",)),
+)
+# Where each part's kept tensors begin in hf_activations' layer table (labels "op: what").
+_STARTS = {"o_proj": ("o_proj",), "mlp": ("post_attention_layernorm", "fc_in"), "down_proj": ("down_proj", "fc_out", "grouped_mm down")}
+
+
+def _part(name: str) -> str:
+    return next(part for part, words in _PARTS if any(w in name for w in words))
+
+
+def _split(kept: list) -> list:
+    """A layer's kept tensors as its four parts, in forward order (a part that keeps nothing of
+    its own, such as o_proj whose input the attention kernel keeps, is empty)."""
+    order = ["attention", "o_proj", "mlp", "down_proj"]
+    starts = [0] * len(order) + [len(kept)]
+    for n in range(len(order) - 1, 0, -1):
+        found = next((m for m, k in enumerate(kept) if k.label.startswith(_STARTS[order[n]])), None)
+        starts[n] = min(found if found is not None else starts[n + 1], starts[n + 1])
+    return [(part, kept[starts[n] : starts[n + 1]]) for n, part in enumerate(order)]
+
+
+def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int) -> dict:
+    """Gradients in flight at the worst backward moment of each part of a layer; the residual
+    stream's gradient is alive through all of them, a residual dropout's gradient beside it. The
+    down projection: its input's gradient; the MLP: the gradients of the down projection's input
+    and of the gate and up outputs (a plain MLP: of the activation's input); o_proj: its input's;
+    attention: o_proj's input's and those of q, k and v."""
+    from .models import hf_activations as acts
+
     T, h, i, q, kv = sizes["T"], sizes["h"], sizes["i"], sizes["q"], sizes["kv"]
-    gated = cfg["model_type"] not in ("gpt2", "gpt_neox", "bert")
-    mlp = (3 if gated else 2) * i
-    attention = 2 * q + 2 * kv
-    return T * h * act_w + T * max(mlp, attention) * lin_w
+    fam = acts.FAMILIES[cfg["model_type"]]
+    k = 2 if fam.mlp == "plain" else 3
+    routed = sizes["k"] or 1  # a mixture of experts runs its MLP once per (token, chosen expert)
+    res = T * h * act_w
+    dropout = res if acts._drop(cfg, fam, "resid") else 0
+    return {
+        "down_proj": res + dropout + routed * T * i * lin_w,
+        "mlp": res + dropout + routed * T * k * i * lin_w,
+        "o_proj": res + dropout + T * q * lin_w,
+        "attention": res + T * (2 * q + 2 * kv) * lin_w,
+    }
+
+
