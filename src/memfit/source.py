@@ -355,7 +355,7 @@ def _scalar(event, scalars: _Scalars):
             Diagnostic(
                 _range(event.start_mark, event.end_mark),
                 ERROR,
-                codes.SCHEMA,
+                codes.TOO_LARGE,
                 f"an integer of {error.length:,} digits: memfit reads integers of at most {MAX_INT_CHARS:,} digits",
             )
         ) from None
