@@ -112,6 +112,23 @@ def test_an_aliased_megabyte_string_gives_a_small_report(tmp_path: Path):
         assert seconds < 60, (label, seconds)
 
 
+def test_a_long_value_quoted_back_is_cut_short(tmp_path: Path):
+    """A value echoed in a message (an unknown dtype, layer type, unit, key) is cut short, once or
+    under the alias guard: the report of a 1 MB value is a few kilobytes."""
+    big = "y" * 1_000_000
+    text = (
+        f"memfit: 1\nname: {big}\ndevice: {{memory: '{big} GB', reserve: {big}}}\noptimizer: {big}\n"
+        f"dtypes: {{parameters: {big}}}\n{big}: 1\nparameters:\n  - {{shape: [2], name: {big}}}\n"
+        f"model: {{input_shape: [4], batch_size: 1, layers: [{{type: {big}}}]}}\n"
+    )
+    (tmp_path / "long.yaml").write_text(text, encoding="utf-8")
+    outputs = every_output(tmp_path, "long.yaml")
+    assert_no_internal_error(outputs)
+    for label, (done, written, _) in outputs.items():
+        assert done.returncode == 1, label
+        assert len(written) < 64 * 1024, (label, len(written))
+
+
 # --- huge numbers -----------------------------------------------------------------------------------------
 
 HUGE = {
