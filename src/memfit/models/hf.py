@@ -271,3 +271,35 @@ def linear_modules(cfg: dict) -> list[tuple[str, int, int, bool]]:
         out += [(prefix + m.path, *m.dims) for m in template]
     out += [(m.path, *m.dims) for m in after if m.type in ("linear", "conv1d")]
     return out
+
+
+def blocks(cfg: dict) -> list[tuple[str, int, list[Param]]]:
+    """The parameters grouped as hf_activations groups what is saved: (block, count, params) for
+    "embeddings", "layer" (one layer, names relative to it, `count` = the number of layers) and "head"
+    (the final norm and the head), tied weights once. Concatenated with the layer repeated, this is
+    parameters()."""
+    before, layers, layer, after, tied = _tree(cfg)
+    return [
+        ("embeddings", 1, [p for m in before for p in _params(m, m.path)]),
+        ("layer", num_layers(cfg), [p for m in layer for p in _params(m, m.path)]),
+        ("head", 1, [p for m in after for p in _params(m, m.path) if p.name not in tied]),
+    ]
+
+
+def layer_prefix(cfg: dict) -> str:
+    """The name prefix of layer i is layer_prefix(cfg) + f"{i}."."""
+    return _tree(cfg)[1] + "."
+
+
+def summary(cfg: dict) -> str:
+    """One line for a hover: the class, its size and its shape."""
+    fam = family(cfg)
+    heads = cfg["n_head"] if fam.model_type == "gpt2" else cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads")
+    attention = f"{heads} heads" + (f" ({kv} key/value)" if kv is not None and kv != heads else "") + f" of {head_dim(cfg)}"
+    text = f"{architecture(cfg)}: {parameter_count(cfg):,} parameters; {num_layers(cfg)} layers, hidden {_hidden(cfg, fam)}, {attention}"
+    if fam.block == "mixtral":
+        text += f", {cfg['num_local_experts']} experts ({cfg['num_experts_per_tok']} per token)"
+    if cfg.get("tie_word_embeddings") and head(cfg) != SEQUENCE_CLASSIFICATION:
+        text += ", embeddings tied to the head"
+    return text
