@@ -88,9 +88,9 @@ def _check(text: str, path: str, options: Options) -> Result:
     if not problems:
         config, problems = build(data)
         if "model" in data:
-            from . import models
+            from .models.dispatch import derive
 
-            problems.extend(models.derive(data, config))
+            problems.extend(derive(data, config, path))
         # an unknown optimizer or a layer that cannot apply leaves a number that is not the
         # footprint: report none rather than a wrong one; a bad unit spoils only the budget
         if all(lookup(p.code).keeps_footprint for p in problems):
