@@ -86,7 +86,30 @@ def _check(text: str, path: str, options: Options) -> Result:
         result.diagnostics.append(Diagnostic(FILE_START, ERROR, "not-a-config", f"not a memfit config: {what} (add 'memfit: 1')"))
         return result
     result.data = data
+    problems = _pipeline(data, options, result)
+    unique = not any(d.code == "duplicate-key" for d in result.diagnostics)
+    result.diagnostics.extend(place(text, problems, data, unique_keys=unique))
+    result.diagnostics.sort(key=lambda d: (d.range.start_line, d.range.start_character))
+    return result
 
+
+def evaluate(data, options: Options = Options(), path: str = "<data>") -> Result:
+    """The pipeline from loaded data, without positions (each diagnostic at the file start):
+    fit and fixes re-run it with one key changed, never re-reading or re-parsing the text."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        result = Result(path, data=data)
+        problems = _pipeline(data, options, result)
+        result.diagnostics.extend(Diagnostic(FILE_START, p.severity, p.code, p.message) for p in problems)
+        return result
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _pipeline(data: dict, options: Options, result: Result) -> list[Problem]:
+    """schema -> config -> tensors -> footprint -> budget, on a document that is a config."""
     from . import schema
     from .config import build, footprint
 
@@ -106,10 +129,7 @@ def _check(text: str, path: str, options: Options) -> Result:
             result.config = config
             if not problems:
                 problems.extend(_budget(config, options, result, data))
-    unique = not any(d.code == "duplicate-key" for d in result.diagnostics)
-    result.diagnostics.extend(place(text, problems, data, unique_keys=unique))
-    result.diagnostics.sort(key=lambda d: (d.range.start_line, d.range.start_character))
-    return result
+    return problems
 
 
 def _kind(data) -> str:

@@ -54,6 +54,14 @@ def parser() -> argparse.ArgumentParser:
     explain.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour the budget bar (default: on a terminal)")
     common(explain)
 
+    from .fit import DEFAULT_VARY, VARY
+
+    fit = commands.add_parser("fit", help="the largest micro_batch (or other training key) that fits")
+    fit.add_argument("paths", nargs="+", metavar="CONFIG", help="config files, or directories to search for *.yaml / *.yml")
+    fit.add_argument("--vary", choices=list(VARY), default=DEFAULT_VARY, help=f"the key to search (default {DEFAULT_VARY})")
+    fit.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
+    common(fit)
+
     commands.add_parser("schema", help="print the config JSON Schema")
 
     lsp = commands.add_parser("lsp", help="run the language server (needs memfit[lsp])")

@@ -72,6 +72,8 @@ def run(args) -> int:
 
         return start(args)
     options = Options(budget=args.budget, warn_at=args.warn_at, skip_unrecognized=getattr(args, "skip_unrecognized", False))
+    if args.command == "fit":
+        return run_fit(args, options)
     if args.command == "explain":
         from .explain import render
 
@@ -99,3 +101,27 @@ def run(args) -> int:
         sys.stderr.write(f"memfit: cannot write {error.filename}: {error.strerror or error}\n")
         return EXIT_USAGE
     return EXIT_FAILED if any(r.failed for r in results) else EXIT_OK
+
+
+def fit_file(path: str, vary: str, options: Options):
+    """One file's fit answer; like safe_check, a bug in memfit is a diagnostic on that file."""
+    from .check import check, read
+    from .fit import Fit, fit
+
+    try:
+        text, problem, _ = read(path)
+        if problem is not None:
+            return Fit(path, vary, diagnostics=[problem])
+        return fit(check(text, path, options), text, vary, options)
+    except Exception as error:  # noqa: BLE001
+        return Fit(path, vary, diagnostics=[internal_error(error)])
+
+
+def run_fit(args, options: Options) -> int:
+    from .fit import REPORTERS, Fit
+
+    fits = [Fit(p, args.vary, diagnostics=[d]) if d else fit_file(p, args.vary, options) for p, d in expand(args.paths)]
+    REPORTERS[args.format](sys.stdout).report(fits)
+    if any(f.usage for f in fits):
+        return EXIT_USAGE
+    return EXIT_FAILED if any(f.failed for f in fits) else EXIT_OK
