@@ -34,6 +34,7 @@ class Result:
     budget_origin: str | None = None  # where the budget comes from, as written: "device.memory 24 GiB - reserve 1 GiB"
     skipped: bool = False
     data: object = None
+    fixes: list | None = None  # with --suggest: fixes.Fix, cheapest first
 
     @property
     def footprint(self) -> dict | None:

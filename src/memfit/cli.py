@@ -46,6 +46,7 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--skip-unrecognized", action="store_true", help="skip files that are not memfit configs instead of failing them")
     check.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
     check.add_argument("--summary-md", metavar="FILE", help="also append a Markdown table (file, total, budget, headroom, verdict) to FILE, e.g. $GITHUB_STEP_SUMMARY")
+    check.add_argument("--suggest", action="store_true", help="for a config over (or near) its budget, the single changes that make it fit, with their edits")
     check.add_argument("--jobs", "-j", type=_jobs_arg, default=0, metavar="N", help="parallel processes for many files (default: by file count and cores)")
     common(check)
 

@@ -85,6 +85,8 @@ def run(args) -> int:
     from .reporters import REPORTERS, summary_markdown
 
     results = check_paths(args.paths, options, args.jobs)
+    if args.suggest:
+        results = [suggest(r, options) for r in results]
     try:
         if args.output:
             with open(args.output, "w", encoding="utf-8") as out:
@@ -125,3 +127,23 @@ def run_fit(args, options: Options) -> int:
     if any(f.usage for f in fits):
         return EXIT_USAGE
     return EXIT_FAILED if any(f.failed for f in fits) else EXIT_OK
+
+
+def suggest(result: Result, options: Options) -> Result:
+    """--suggest: the fixes of an over- or near-budget config (the file read and checked
+    again here when its result came back from a worker without the data)."""
+    from .check import check, read
+    from .fixes import FIXABLE, fixes
+
+    if result.skipped or not any(d.code in FIXABLE for d in result.diagnostics):
+        return result
+    try:
+        text, problem, _ = read(result.path)
+        if problem is not None:
+            return result
+        if result.data is None:
+            result = check(text, result.path, options)
+        result.fixes = fixes(result, text, options)
+    except Exception as error:  # noqa: BLE001
+        result.diagnostics.append(internal_error(error))
+    return result
