@@ -206,17 +206,23 @@ def read(path: str) -> tuple[str | None, Diagnostic | None, bytes]:
             raw = handle.read()
     except OSError as error:
         return None, Diagnostic(FILE_START, ERROR, "io", f"cannot read {path}: {error.strerror or error}"), b""
+    text, problem = decode(raw)
+    return text, problem, raw
+
+
+def decode(raw: bytes) -> tuple[str | None, Diagnostic | None]:
+    """A config's bytes as text (by its byte order mark, else UTF-8), or an io diagnostic."""
     encoding = next((name for bom, name in _BOMS if raw.startswith(bom)), "utf-8-sig")
     if encoding == "utf-8-sig" and b"\0" in raw[:8192]:
-        return None, Diagnostic(FILE_START, ERROR, "io", "binary file (it contains NUL bytes), not a YAML config"), raw
+        return None, Diagnostic(FILE_START, ERROR, "io", "binary file (it contains NUL bytes), not a YAML config")
     try:
-        return raw.decode(encoding), None, raw
+        return raw.decode(encoding), None
     except UnicodeDecodeError as error:
         line = raw[: error.start].count(b"\n")
         column = error.start - (raw.rfind(b"\n", 0, error.start) + 1)
         where = Range(line, column, line, column + 1)
         message = f"not {encoding.removesuffix('-sig').upper()} text: byte 0x{raw[error.start]:02x} at offset {error.start} cannot be decoded"
-        return None, Diagnostic(where, ERROR, "io", message), raw
+        return None, Diagnostic(where, ERROR, "io", message)
 
 
 def check_file(path: str, options: Options = Options()) -> Result:

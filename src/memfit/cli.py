@@ -31,6 +31,15 @@ def _percent_arg(text: str):
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _share_arg(text: str):
+    from .diff import parse_share
+
+    try:
+        return parse_share(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="memfit", description="Check that training configs fit in device memory.")
     top.add_argument("--version", action="version", version=f"memfit {__version__}")
@@ -63,6 +72,12 @@ def parser() -> argparse.ArgumentParser:
     fit.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
     common(fit)
 
+    diff = commands.add_parser("diff", help="each config's footprint at a git revision beside the working tree")
+    diff.add_argument("rev", metavar="REV", help="the git revision to compare against, e.g. main or the pull request's base SHA")
+    diff.add_argument("paths", nargs="*", metavar="PATH", help="files or directories (default: the whole repository)")
+    diff.add_argument("--format", choices=("text", "json", "markdown"), default="text", help="output format (default text)")
+    diff.add_argument("--fail-on-growth", type=_share_arg, metavar="PERCENT", help="exit 1 when any config's total grows by more than this share, e.g. 5%%")
+
     commands.add_parser("schema", help="print the config JSON Schema")
 
     lsp = commands.add_parser("lsp", help="run the language server (needs memfit[lsp])")
@@ -71,7 +86,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    top = parser()
+    args, extra = top.parse_known_args(argv)
+    # `diff REV --format markdown PATH`: argparse takes the positionals before an option in one
+    # go, so the paths after it come back unparsed; they are paths, anything else is an error
+    if extra and (args.command != "diff" or any(x.startswith("-") for x in extra)):
+        top.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.paths += extra
     from . import runner
 
     try:

@@ -71,6 +71,8 @@ def run(args) -> int:
         from .lsp_entry import start
 
         return start(args)
+    if args.command == "diff":
+        return run_diff(args)
     options = Options(budget=args.budget, warn_at=args.warn_at, skip_unrecognized=getattr(args, "skip_unrecognized", False))
     if args.command == "fit":
         return run_fit(args, options)
@@ -147,3 +149,21 @@ def suggest(result: Result, options: Options) -> Result:
     except Exception as error:  # noqa: BLE001
         result.diagnostics.append(internal_error(error))
     return result
+
+
+def run_diff(args) -> int:
+    from .diff import REPORTERS, UsageError, compare, grown
+
+    try:
+        comparison = compare(args.rev, args.paths)
+    except UsageError as error:
+        sys.stderr.write(f"memfit diff: {error}\n")
+        return EXIT_USAGE
+    REPORTERS[args.format](sys.stdout).report(comparison)
+    if args.fail_on_growth is not None:
+        over = grown(comparison, args.fail_on_growth)
+        for entry in over:
+            sys.stderr.write(f"memfit diff: {entry.path}: the total grew by {float(entry.growth * 100):.1f}%, more than {float(args.fail_on_growth * 100):g}%\n")
+        if over:
+            return EXIT_FAILED
+    return EXIT_OK
