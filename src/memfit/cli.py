@@ -59,8 +59,8 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--jobs", "-j", type=_jobs_arg, default=0, metavar="N", help="parallel processes for many files (default: by file count and cores)")
     common(check)
 
-    explain = commands.add_parser("explain", help="show the footprint breakdown of one config")
-    explain.add_argument("path", metavar="PATH")
+    explain = commands.add_parser("explain", help="show the footprint breakdown of configs")
+    explain.add_argument("paths", nargs="+", metavar="PATH", help="config files, or directories to search for *.yaml / *.yml")
     explain.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour the budget bar (default: on a terminal)")
     common(explain)
 

@@ -79,10 +79,10 @@ def run(args) -> int:
     if args.command == "explain":
         from .explain import render
 
-        result = safe_check(args.path, options)
         colour = args.color == "always" or (args.color == "auto" and sys.stdout.isatty() and "NO_COLOR" not in os.environ)
-        sys.stdout.write(render(result, colour))
-        return EXIT_FAILED if result.failed else EXIT_OK
+        results = [Result(p, [d]) if d else safe_check(p, options) for p, d in expand(args.paths)]
+        sys.stdout.write("\n".join(render(result, colour) for result in results))
+        return EXIT_FAILED if any(result.failed for result in results) else EXIT_OK
 
     from .reporters import REPORTERS, summary_markdown
 
