@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md"]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FITS = "memfit: 1\ndevice: {memory: 24 GiB}\noptimizer: adam\nparameters:\n  - [1000, 1000]\n"
 OVER = "memfit: 1\ndevice: {memory: 10 MB}\noptimizer: adam\nparameters:\n  - [1000, 1000]\n"
 

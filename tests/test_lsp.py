@@ -22,6 +22,7 @@ from pygls.protocol import default_converter
 from pytest_lsp import ClientServerConfig, LanguageClient
 from pytest_lsp.client import DEFAULT_CLIENT_FEATURES, register_lsp_features
 
+ROOT = Path(__file__).resolve().parents[1]
 SERVER = [sys.executable, "-m", "memfit", "lsp"]
 TIMEOUT = 20  # a safety net against a hung server, never the synchronisation itself
 
@@ -504,7 +505,10 @@ def test_lsp_without_pygls_exits_2_with_the_install_hint():
     code = "import sys; sys.modules['pygls'] = None; from memfit.cli import main; sys.exit(main(['lsp']))"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert run.returncode == 2
-    assert run.stderr == "memfit lsp needs the language-server extra: pip install 'memfit[lsp]'\n"
+    from memfit.lsp_entry import MISSING_EXTRA
+
+    assert run.stderr == MISSING_EXTRA + "\n"
+    assert f"`{MISSING_EXTRA}`" in (ROOT / "docs" / "editors.md").read_text()  # the docs quote the message verbatim
     assert run.stdout == ""
 
 

@@ -1,0 +1,403 @@
+"""The ten transformer families memfit derives from a Hugging Face config.json: data, no logic.
+
+For each `model_type`: the fields of the transformers config class with their defaults and
+accepted JSON types (transformers 5.24.0; tests/test_transformers_params.py compares every
+default with the installed config class), its attribute aliases, the rules its __post_init__
+applies, the architectures (`architectures[0]`) memfit models with the head each one has, and
+the structure facts models/hf.py needs (module names, which projections carry a bias, how the
+attention and MLP weights are laid out). memfit never imports transformers at run time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Field types as JSON gives them: "?" also accepts null; "number" is int or float;
+# "ids" is an int or a list of ints; "strs" a list of strings.
+TYPES = ("int", "int?", "float", "number", "number?", "bool", "bool?", "str", "str?", "ids?", "strs?", "dict?")
+
+# PreTrainedConfig's own fields, shared by every family.
+BASE_FIELDS = {
+    'transformers_version': (None, 'str?'),
+    'architectures': (None, 'strs?'),
+    'output_hidden_states': (False, 'bool?'),
+    'return_dict': (True, 'bool?'),
+    'dtype': (None, 'str?'),
+    'chunk_size_feed_forward': (0, 'int'),
+    'is_encoder_decoder': (False, 'bool'),
+    'id2label': (None, 'dict?'),
+    'label2id': (None, 'dict?'),
+    'problem_type': (None, 'str?'),
+}
+
+# Keys transformers' PreTrainedConfig.__post_init__ drops from a config.json (GenerationConfig's
+# parameters are popped unless the config class declares them; the rest are load-time options).
+DROPPED_KEYS = frozenset(
+    {
+        "assistant_confidence_threshold", "assistant_lookbehind", "bad_words_ids", "begin_suppress_tokens",
+        "diversity_penalty", "do_sample", "early_stopping", "encoder_no_repeat_ngram_size",
+        "encoder_repetition_penalty", "epsilon_cutoff", "eta_cutoff", "exponential_decay_length_penalty",
+        "forced_bos_token_id", "forced_eos_token_id", "length_penalty", "max_length", "min_length",
+        "no_repeat_ngram_size", "num_assistant_tokens", "num_assistant_tokens_schedule", "num_beam_groups",
+        "num_beams", "num_return_sequences", "output_scores", "remove_invalid_values", "repetition_penalty",
+        "return_dict_in_generate", "suppress_tokens", "target_lookbehind", "temperature", "top_k", "top_p",
+        "typical_p", "use_cache",
+        "name_or_path", "_commit_hash", "attn_implementation", "experts_implementation",
+        "_attn_implementation_internal", "_experts_implementation_internal", "per_layer_config",
+    }
+)
+
+# The heads memfit models, by what the architecture's forward computes for training.
+CAUSAL_LM = "causal-lm"  # next-token logits over the vocabulary, loss from shifted labels
+MASKED_LM = "masked-lm"  # BERT's MLM head (transform + tied decoder), loss at every position
+SEQUENCE_CLASSIFICATION = "sequence-classification"  # one score per sequence (num_labels)
+HEADS = (CAUSAL_LM, MASKED_LM, SEQUENCE_CLASSIFICATION)
+
+
+@dataclass(frozen=True)
+class Family:
+    model_type: str
+    config_class: str  # the transformers config class (tests compare defaults with it)
+    fields: dict  # name -> (default, type)
+    architectures: dict  # architectures[0] -> head
+    default_architecture: str  # when config.json names none
+    attribute_map: dict = field(default_factory=dict)  # alias -> field (GPT2Config's hidden_size -> n_embd)
+    # __post_init__ rules, in the order the config class applies them
+    kv_heads_default: bool = False  # num_key_value_heads None -> num_attention_heads
+    head_dim_default: bool = False  # head_dim None -> hidden_size // num_attention_heads (stored)
+    sliding_window_flag: bool = False  # sliding_window kept only when use_sliding_window (Qwen2/3)
+    layer_types_default: bool = False  # layer_types filled per layer (Qwen2/3)
+    gelu_means_tanh: bool = False  # Gemma: hidden_act "gelu" is read as "gelu_pytorch_tanh"
+    rope_theta_default: float | None = 10000.0  # None: no rotary embedding (absolute positions)
+    rope_legacy: dict = field(default_factory=dict)  # legacy top-level key -> rope_parameters key
+    rope_partial_default: float | None = None  # partial_rotary_factor set when absent (GPT-NeoX, Phi-3)
+    rope_partial_kept: bool = False  # Phi-3 also keeps a top-level partial_rotary_factor as an attribute
+    # structure (models/hf.py)
+    block: str = "llama"  # the decoder-layer layout: llama | phi3 | mixtral | gpt2 | bert | gpt_neox
+    base: str = "model"  # the attribute that holds the base model in a head class
+    qkv_bias: str | bool = False  # a bool, or the config key that decides it
+    o_bias: str | bool = False
+    mlp_bias: str | bool = False
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k
+    padding_idx: bool = True  # the embedding takes pad_token_id as padding_idx (must lie in the vocabulary)
+    head_dim_key: bool = True  # the attention reads config.head_dim when set
+
+    @property
+    def hidden_key(self) -> str:
+        return "n_embd" if self.model_type == "gpt2" else "hidden_size"
+
+
+def _arch(prefix: str, causal: str = "ForCausalLM") -> dict:
+    return {f"{prefix}{causal}": CAUSAL_LM, f"{prefix}ForSequenceClassification": SEQUENCE_CLASSIFICATION}
+
+
+FAMILIES: dict[str, Family] = {
+    'llama': Family(
+        'llama',
+        'LlamaConfig',
+        fields={
+            'vocab_size': (32000, 'int'),
+            'hidden_size': (4096, 'int'),
+            'intermediate_size': (11008, 'int'),
+            'num_hidden_layers': (32, 'int'),
+            'num_attention_heads': (32, 'int'),
+            'num_key_value_heads': (None, 'int?'),
+            'hidden_act': ('silu', 'str'),
+            'max_position_embeddings': (2048, 'int'),
+            'initializer_range': (0.02, 'float'),
+            'rms_norm_eps': (1e-06, 'float'),
+            'use_cache': (True, 'bool'),
+            'pad_token_id': (None, 'int?'),
+            'bos_token_id': (1, 'int?'),
+            'eos_token_id': (2, 'ids?'),
+            'pretraining_tp': (1, 'int?'),
+            'tie_word_embeddings': (False, 'bool'),
+            'rope_parameters': (None, 'dict?'),
+            'attention_bias': (False, 'bool'),
+            'attention_dropout': (0.0, 'number?'),
+            'mlp_bias': (False, 'bool'),
+            'head_dim': (None, 'int?'),
+        },
+        architectures=_arch('Llama'),
+        default_architecture='LlamaForCausalLM',
+        kv_heads_default=True, head_dim_default=True, qkv_bias='attention_bias', o_bias='attention_bias', mlp_bias='mlp_bias',
+    ),
+    'mistral': Family(
+        'mistral',
+        'MistralConfig',
+        fields={
+            'vocab_size': (32000, 'int'),
+            'hidden_size': (4096, 'int'),
+            'intermediate_size': (14336, 'int'),
+            'num_hidden_layers': (32, 'int'),
+            'num_attention_heads': (32, 'int'),
+            'num_key_value_heads': (8, 'int'),
+            'head_dim': (None, 'int?'),
+            'hidden_act': ('silu', 'str'),
+            'max_position_embeddings': (131072, 'int'),
+            'initializer_range': (0.02, 'float'),
+            'rms_norm_eps': (1e-06, 'float'),
+            'use_cache': (True, 'bool'),
+            'pad_token_id': (None, 'int?'),
+            'bos_token_id': (1, 'int?'),
+            'eos_token_id': (2, 'ids?'),
+            'tie_word_embeddings': (False, 'bool'),
+            'rope_parameters': (None, 'dict?'),
+            'sliding_window': (4096, 'int?'),
+            'attention_dropout': (0.0, 'number'),
+        },
+        architectures=_arch('Mistral'),
+        default_architecture='MistralForCausalLM',
+        kv_heads_default=True, head_dim_default=True,
+    ),
+    'qwen2': Family(
+        'qwen2',
+        'Qwen2Config',
+        fields={
+            'vocab_size': (151936, 'int'),
+            'hidden_size': (4096, 'int'),
+            'intermediate_size': (22016, 'int'),
+            'num_hidden_layers': (32, 'int'),
+            'num_attention_heads': (32, 'int'),
+            'num_key_value_heads': (32, 'int?'),
+            'hidden_act': ('silu', 'str'),
+            'max_position_embeddings': (32768, 'int'),
+            'initializer_range': (0.02, 'float'),
+            'rms_norm_eps': (1e-06, 'float'),
+            'use_cache': (True, 'bool'),
+            'tie_word_embeddings': (False, 'bool'),
+            'rope_parameters': (None, 'dict?'),
+            'use_sliding_window': (False, 'bool'),
+            'sliding_window': (4096, 'int?'),
+            'max_window_layers': (28, 'int'),
+            'layer_types': (None, 'strs?'),
+            'attention_dropout': (0.0, 'number'),
+            'pad_token_id': (None, 'int?'),
+            'bos_token_id': (None, 'int?'),
+            'eos_token_id': (None, 'ids?'),
+        },
+        architectures=_arch('Qwen2'),
+        default_architecture='Qwen2ForCausalLM',
+        kv_heads_default=True, sliding_window_flag=True, layer_types_default=True, qkv_bias=True,
+    ),
+    'qwen3': Family(
+        'qwen3',
+        'Qwen3Config',
+        fields={
+            'vocab_size': (151936, 'int'),
+            'hidden_size': (4096, 'int'),
+            'intermediate_size': (22016, 'int'),
+            'num_hidden_layers': (32, 'int'),
+            'num_attention_heads': (32, 'int'),
+            'num_key_value_heads': (32, 'int?'),
+            'head_dim': (128, 'int'),
+            'hidden_act': ('silu', 'str'),
+            'max_position_embeddings': (32768, 'int'),
+            'initializer_range': (0.02, 'float'),
+            'rms_norm_eps': (1e-06, 'float'),
+            'use_cache': (True, 'bool'),
+            'tie_word_embeddings': (False, 'bool'),
+            'rope_parameters': (None, 'dict?'),
+            'attention_bias': (False, 'bool'),
+            'use_sliding_window': (False, 'bool'),
+            'sliding_window': (4096, 'int?'),
+            'max_window_layers': (28, 'int'),
+            'layer_types': (None, 'strs?'),
+            'attention_dropout': (0.0, 'number'),
+            'pad_token_id': (None, 'int?'),
+            'bos_token_id': (None, 'int?'),
+            'eos_token_id': (None, 'ids?'),
+        },
+        architectures=_arch('Qwen3'),
+        default_architecture='Qwen3ForCausalLM',
+        kv_heads_default=True, sliding_window_flag=True, layer_types_default=True, qkv_bias='attention_bias', o_bias='attention_bias', qk_norm=True,
+    ),
+    'gemma': Family(
+        'gemma',
+        'GemmaConfig',
+        fields={
+            'vocab_size': (256000, 'int'),
+            'hidden_size': (3072, 'int'),
+            'intermediate_size': (24576, 'int'),
+            'num_hidden_layers': (28, 'int'),
+            'num_attention_heads': (16, 'int'),
+            'num_key_value_heads': (16, 'int'),
+            'head_dim': (256, 'int'),
+            'hidden_act': ('gelu_pytorch_tanh', 'str'),
+            'max_position_embeddings': (8192, 'int'),
+            'initializer_range': (0.02, 'float'),
+            'rms_norm_eps': (1e-06, 'float'),
+            'use_cache': (True, 'bool'),
+            'pad_token_id': (0, 'int?'),
+            'eos_token_id': (1, 'ids?'),
+            'bos_token_id': (2, 'int?'),
+            'tie_word_embeddings': (True, 'bool'),
+            'rope_parameters': (None, 'dict?'),
+            'attention_bias': (False, 'bool'),
+            'attention_dropout': (0.0, 'number'),
+            'use_bidirectional_attention': (None, 'bool?'),
+        },
+        architectures=_arch('Gemma'),
+        default_architecture='GemmaForCausalLM',
+        gelu_means_tanh=True, qkv_bias='attention_bias', o_bias='attention_bias',
+    ),
+    'phi3': Family(
+        'phi3',
+        'Phi3Config',
+        fields={
+            'vocab_size': (32064, 'int'),
+            'hidden_size': (3072, 'int'),
+            'intermediate_size': (8192, 'int'),
+            'num_hidden_layers': (32, 'int'),
+            'num_attention_heads': (32, 'int'),
+            'num_key_value_heads': (None, 'int?'),
+            'resid_pdrop': (0.0, 'number'),
+            'embd_pdrop': (0.0, 'number'),
+            'attention_dropout': (0.0, 'number'),
+            'hidden_act': ('silu', 'str'),
+            'max_position_embeddings': (4096, 'int'),
+            'original_max_position_embeddings': (4096, 'int'),
+            'initializer_range': (0.02, 'float'),
+            'rms_norm_eps': (1e-05, 'float'),
+            'use_cache': (True, 'bool'),
+            'tie_word_embeddings': (False, 'bool'),
+            'rope_parameters': (None, 'dict?'),
+            'bos_token_id': (1, 'int?'),
+            'eos_token_id': (32000, 'ids?'),
+            'pad_token_id': (32000, 'int?'),
+            'sliding_window': (None, 'int?'),
+        },
+        architectures=_arch('Phi3'),
+        default_architecture='Phi3ForCausalLM',
+        kv_heads_default=True, rope_partial_default=1.0, rope_partial_kept=True, block='phi3',
+    ),
+    'gpt2': Family(
+        'gpt2',
+        'GPT2Config',
+        fields={
+            'vocab_size': (50257, 'int'),
+            'n_positions': (1024, 'int'),
+            'n_embd': (768, 'int'),
+            'n_layer': (12, 'int'),
+            'n_head': (12, 'int'),
+            'n_inner': (None, 'int?'),
+            'activation_function': ('gelu_new', 'str'),
+            'resid_pdrop': (0.1, 'number'),
+            'embd_pdrop': (0.1, 'number'),
+            'attn_pdrop': (0.1, 'number'),
+            'layer_norm_epsilon': (1e-05, 'float'),
+            'initializer_range': (0.02, 'float'),
+            'summary_type': ('cls_index', 'str'),
+            'summary_use_proj': (True, 'bool'),
+            'summary_activation': (None, 'str?'),
+            'summary_proj_to_labels': (True, 'bool'),
+            'summary_first_dropout': (0.1, 'number'),
+            'scale_attn_weights': (True, 'bool'),
+            'use_cache': (True, 'bool'),
+            'bos_token_id': (50256, 'int?'),
+            'eos_token_id': (50256, 'ids?'),
+            'pad_token_id': (None, 'int?'),
+            'scale_attn_by_inverse_layer_idx': (False, 'bool'),
+            'reorder_and_upcast_attn': (False, 'bool'),
+            'add_cross_attention': (False, 'bool'),
+            'tie_word_embeddings': (True, 'bool'),
+        },
+        architectures=_arch('GPT2', 'LMHeadModel'),
+        default_architecture='GPT2LMHeadModel',
+        attribute_map={'hidden_size': 'n_embd', 'max_position_embeddings': 'n_positions', 'num_attention_heads': 'n_head', 'num_hidden_layers': 'n_layer'}, rope_theta_default=None, block='gpt2', base='transformer', qkv_bias=True, o_bias=True, mlp_bias=True, padding_idx=False, head_dim_key=False,
+    ),
+    'bert': Family(
+        'bert',
+        'BertConfig',
+        fields={
+            'vocab_size': (30522, 'int'),
+            'hidden_size': (768, 'int'),
+            'num_hidden_layers': (12, 'int'),
+            'num_attention_heads': (12, 'int'),
+            'intermediate_size': (3072, 'int'),
+            'hidden_act': ('gelu', 'str'),
+            'hidden_dropout_prob': (0.1, 'number'),
+            'attention_probs_dropout_prob': (0.1, 'number'),
+            'max_position_embeddings': (512, 'int'),
+            'type_vocab_size': (2, 'int'),
+            'initializer_range': (0.02, 'float'),
+            'layer_norm_eps': (1e-12, 'float'),
+            'pad_token_id': (0, 'int?'),
+            'use_cache': (True, 'bool'),
+            'classifier_dropout': (None, 'number?'),
+            'is_decoder': (False, 'bool'),
+            'add_cross_attention': (False, 'bool'),
+            'bos_token_id': (None, 'int?'),
+            'eos_token_id': (None, 'ids?'),
+            'tie_word_embeddings': (True, 'bool'),
+        },
+        architectures={'BertForMaskedLM': MASKED_LM, 'BertLMHeadModel': CAUSAL_LM, 'BertForSequenceClassification': SEQUENCE_CLASSIFICATION},
+        default_architecture='BertForMaskedLM',
+        rope_theta_default=None, block='bert', base='bert', qkv_bias=True, o_bias=True, mlp_bias=True, head_dim_key=False,
+    ),
+    'gpt_neox': Family(
+        'gpt_neox',
+        'GPTNeoXConfig',
+        fields={
+            'vocab_size': (50432, 'int'),
+            'hidden_size': (6144, 'int'),
+            'num_hidden_layers': (44, 'int'),
+            'num_attention_heads': (64, 'int'),
+            'intermediate_size': (24576, 'int'),
+            'hidden_act': ('gelu', 'str'),
+            'attention_dropout': (0.0, 'number'),
+            'hidden_dropout': (0.0, 'number'),
+            'classifier_dropout': (0.1, 'number'),
+            'max_position_embeddings': (2048, 'int'),
+            'initializer_range': (0.02, 'float'),
+            'layer_norm_eps': (1e-05, 'float'),
+            'use_cache': (True, 'bool'),
+            'bos_token_id': (0, 'int?'),
+            'eos_token_id': (2, 'ids?'),
+            'pad_token_id': (None, 'int?'),
+            'tie_word_embeddings': (False, 'bool'),
+            'use_parallel_residual': (True, 'bool'),
+            'rope_parameters': (None, 'dict?'),
+            'attention_bias': (True, 'bool'),
+            'is_decoder': (False, 'bool'),
+        },
+        architectures=_arch('GPTNeoX'),
+        default_architecture='GPTNeoXForCausalLM',
+        rope_legacy={'rotary_emb_base': 'rope_theta', 'rotary_pct': 'partial_rotary_factor'}, rope_partial_default=0.25, block='gpt_neox', base='gpt_neox', qkv_bias='attention_bias', o_bias='attention_bias', mlp_bias=True, padding_idx=False, head_dim_key=False,
+    ),
+    'mixtral': Family(
+        'mixtral',
+        'MixtralConfig',
+        fields={
+            'vocab_size': (32000, 'int'),
+            'hidden_size': (4096, 'int'),
+            'intermediate_size': (14336, 'int'),
+            'num_hidden_layers': (32, 'int'),
+            'num_attention_heads': (32, 'int'),
+            'num_key_value_heads': (8, 'int'),
+            'head_dim': (None, 'int?'),
+            'hidden_act': ('silu', 'str'),
+            'max_position_embeddings': (131072, 'int'),
+            'initializer_range': (0.02, 'float'),
+            'rms_norm_eps': (1e-05, 'float'),
+            'use_cache': (True, 'bool'),
+            'pad_token_id': (None, 'int?'),
+            'bos_token_id': (1, 'int?'),
+            'eos_token_id': (2, 'ids?'),
+            'tie_word_embeddings': (False, 'bool'),
+            'sliding_window': (None, 'int?'),
+            'attention_dropout': (0.0, 'number'),
+            'num_experts_per_tok': (2, 'int'),
+            'num_local_experts': (8, 'int'),
+            'output_router_logits': (False, 'bool'),
+            'router_aux_loss_coef': (0.001, 'float'),
+            'router_jitter_noise': (0.0, 'float'),
+            'rope_parameters': (None, 'dict?'),
+        },
+        architectures=_arch('Mixtral'),
+        default_architecture='MixtralForCausalLM',
+        attribute_map={'num_experts': 'num_local_experts'}, kv_heads_default=True, rope_theta_default=1000000.0, block='mixtral',
+    ),
+}
+
+SUPPORTED = tuple(FAMILIES)

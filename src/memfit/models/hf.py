@@ -1,0 +1,273 @@
+"""A transformers model's parameters, from its normalized config (models/hf_config.normalize).
+
+`parameters(cfg)` lists what `named_parameters()` of the transformers 5.24 class yields for that
+config (built on the meta device): the same names, shapes and order, a tied weight once (at its
+first name, the input embedding), buffers left out (rotary inv_freq, BERT's position ids, Gemma's
+embedding scale). `linear_modules(cfg)` lists the nn.Linear (and GPT-2 Conv1D) modules a LoRA
+adapter can target. Both come from one description of the module tree per family, written once
+per layer kind and repeated for the layers, so a 70B config derives as fast as a tiny one.
+
+Module order follows each class's __init__ (named_parameters visits a module's own parameters,
+then its children in registration order); tests/test_transformers_params.py builds every family
+with transformers and compares.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .families import CAUSAL_LM, FAMILIES, MASKED_LM, SEQUENCE_CLASSIFICATION, Family
+
+LINEAR, LINEAR_BIAS, CONV1D, EMBEDDING, NORM, OTHER = "linear", "linear_bias", "conv1d", "embedding", "norm", "other"
+
+
+class Param(NamedTuple):
+    name: str
+    shape: tuple
+    kind: str  # linear | linear_bias | conv1d | embedding | norm | other
+
+
+class Module(NamedTuple):
+    """One module with parameters: `type` is linear, conv1d, embedding, rmsnorm, layernorm or param (a bare
+    nn.Parameter named `path`); `dims` are (in, out, bias) for linear/conv1d, (rows, dim) for an embedding,
+    (dim,) for a norm, the shape for a param."""
+
+    path: str
+    type: str
+    dims: tuple
+
+
+def family(cfg: dict) -> Family:
+    return FAMILIES[cfg["model_type"]]
+
+
+def architecture(cfg: dict) -> str:
+    names = cfg.get("architectures")
+    return names[0] if names else family(cfg).default_architecture
+
+
+def head(cfg: dict) -> str:
+    """causal-lm, masked-lm or sequence-classification: what the architecture puts on the base model."""
+    return family(cfg).architectures[architecture(cfg)]
+
+
+def _hidden(cfg: dict, fam: Family) -> int:
+    return cfg[fam.hidden_key]
+
+
+def head_dim(cfg: dict) -> int:
+    fam = family(cfg)
+    if fam.head_dim_key and cfg.get("head_dim"):
+        return cfg["head_dim"]
+    heads = cfg["n_head"] if fam.model_type == "gpt2" else cfg["num_attention_heads"]
+    return _hidden(cfg, fam) // heads
+
+
+def num_layers(cfg: dict) -> int:
+    return cfg["n_layer"] if cfg["model_type"] == "gpt2" else cfg["num_hidden_layers"]
+
+
+def _flag(cfg: dict, rule) -> bool:
+    return bool(cfg.get(rule)) if isinstance(rule, str) else rule
+
+
+def _layer(cfg: dict, fam: Family) -> list[Module]:
+    """One decoder (or encoder) layer's modules, paths relative to the layer."""
+    h = _hidden(cfg, fam)
+    block = fam.block
+    if block == "gpt2":
+        inner = cfg["n_inner"] if cfg["n_inner"] is not None else 4 * h
+        return [
+            Module("ln_1", "layernorm", (h,)),
+            Module("attn.c_attn", "conv1d", (h, 3 * h, True)),
+            Module("attn.c_proj", "conv1d", (h, h, True)),
+            Module("ln_2", "layernorm", (h,)),
+            Module("mlp.c_fc", "conv1d", (h, inner, True)),
+            Module("mlp.c_proj", "conv1d", (inner, h, True)),
+        ]
+    if block == "bert":
+        inner = cfg["intermediate_size"]
+        size = cfg["num_attention_heads"] * (h // cfg["num_attention_heads"])
+        return [
+            Module("attention.self.query", "linear", (h, size, True)),
+            Module("attention.self.key", "linear", (h, size, True)),
+            Module("attention.self.value", "linear", (h, size, True)),
+            Module("attention.output.dense", "linear", (h, h, True)),
+            Module("attention.output.LayerNorm", "layernorm", (h,)),
+            Module("intermediate.dense", "linear", (h, inner, True)),
+            Module("output.dense", "linear", (inner, h, True)),
+            Module("output.LayerNorm", "layernorm", (h,)),
+        ]
+    if block == "gpt_neox":
+        inner = cfg["intermediate_size"]
+        bias = _flag(cfg, fam.qkv_bias)
+        return [
+            Module("input_layernorm", "layernorm", (h,)),
+            Module("post_attention_layernorm", "layernorm", (h,)),
+            Module("attention.query_key_value", "linear", (h, 3 * h, bias)),
+            Module("attention.dense", "linear", (h, h, _flag(cfg, fam.o_bias))),
+            Module("mlp.dense_h_to_4h", "linear", (h, inner, True)),
+            Module("mlp.dense_4h_to_h", "linear", (inner, h, True)),
+        ]
+
+    # the Llama layout and its relatives: attention, MLP (or mixture of experts), two RMSNorms
+    heads, kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
+    inner = cfg["intermediate_size"]
+    qkv_bias, o_bias = _flag(cfg, fam.qkv_bias), _flag(cfg, fam.o_bias)
+    if block == "phi3":
+        attention = [
+            Module("self_attn.o_proj", "linear", (heads * d, h, False)),
+            Module("self_attn.qkv_proj", "linear", (h, heads * d + 2 * kv * d, False)),
+        ]
+    else:
+        attention = [
+            Module("self_attn.q_proj", "linear", (h, heads * d, qkv_bias)),
+            Module("self_attn.k_proj", "linear", (h, kv * d, qkv_bias)),
+            Module("self_attn.v_proj", "linear", (h, kv * d, qkv_bias)),
+            Module("self_attn.o_proj", "linear", (heads * d, h, o_bias)),
+        ]
+        if fam.qk_norm:
+            attention += [Module("self_attn.q_norm", "rmsnorm", (d,)), Module("self_attn.k_norm", "rmsnorm", (d,))]
+    if block == "phi3":
+        mlp = [
+            Module("mlp.gate_up_proj", "linear", (h, 2 * inner, False)),
+            Module("mlp.down_proj", "linear", (inner, h, False)),
+        ]
+    elif block == "mixtral":
+        experts = cfg["num_local_experts"]
+        # transformers 5.x: one router weight and the experts as two stacked tensors (grouped matmul)
+        mlp = [
+            Module("mlp.gate.weight", "param", (experts, h)),
+            Module("mlp.experts.gate_up_proj", "param", (experts, 2 * inner, h)),
+            Module("mlp.experts.down_proj", "param", (experts, h, inner)),
+        ]
+    else:
+        bias = _flag(cfg, fam.mlp_bias)
+        mlp = [
+            Module("mlp.gate_proj", "linear", (h, inner, bias)),
+            Module("mlp.up_proj", "linear", (h, inner, bias)),
+            Module("mlp.down_proj", "linear", (inner, h, bias)),
+        ]
+    norms = [Module("input_layernorm", "rmsnorm", (h,)), Module("post_attention_layernorm", "rmsnorm", (h,))]
+    return attention + mlp + norms
+
+
+def _base(cfg: dict, fam: Family, with_pooler: bool) -> tuple[list[Module], str, list[Module]]:
+    """(modules before the layers, the layer list's path, modules after the layers), relative to the base model."""
+    h, vocab = _hidden(cfg, fam), cfg["vocab_size"]
+    if fam.block == "gpt2":
+        return [Module("wte", "embedding", (vocab, h)), Module("wpe", "embedding", (cfg["n_positions"], h))], "h", [
+            Module("ln_f", "layernorm", (h,))
+        ]
+    if fam.block == "bert":
+        before = [
+            Module("embeddings.word_embeddings", "embedding", (vocab, h)),
+            Module("embeddings.position_embeddings", "embedding", (cfg["max_position_embeddings"], h)),
+            Module("embeddings.token_type_embeddings", "embedding", (cfg["type_vocab_size"], h)),
+            Module("embeddings.LayerNorm", "layernorm", (h,)),
+        ]
+        after = [Module("pooler.dense", "linear", (h, h, True))] if with_pooler else []
+        return before, "encoder.layer", after
+    if fam.block == "gpt_neox":
+        return [Module("embed_in", "embedding", (vocab, h))], "layers", [Module("final_layer_norm", "layernorm", (h,))]
+    return [Module("embed_tokens", "embedding", (vocab, h))], "layers", [Module("norm", "rmsnorm", (h,))]
+
+
+def _tree(cfg: dict) -> tuple[list[Module], str, list[Module], list[Module], set]:
+    """(modules before the layers, layer prefix, one layer's modules, modules after, tied parameter names)."""
+    fam = family(cfg)
+    kind = head(cfg)
+    h, vocab = _hidden(cfg, fam), cfg["vocab_size"]
+    labels = len(cfg["id2label"]) if cfg.get("id2label") is not None else 2
+    with_pooler = fam.block == "bert" and kind == SEQUENCE_CLASSIFICATION
+    before, layers, after = _base(cfg, fam, with_pooler)
+    prefix = fam.base + "."
+    before = [Module(prefix + m.path, m.type, m.dims) for m in before]
+    after = [Module(prefix + m.path, m.type, m.dims) for m in after]
+    embedding = before[0].path + ".weight"
+    tied: set = set()
+    tie = bool(cfg.get("tie_word_embeddings"))
+    if kind == SEQUENCE_CLASSIFICATION:
+        if fam.block == "bert":
+            after.append(Module("classifier", "linear", (h, labels, True)))
+        else:
+            after.append(Module("score", "linear", (h, labels, False)))
+    elif fam.block == "bert":  # BertForMaskedLM and BertLMHeadModel share the MLM prediction head
+        after += [
+            Module("cls.predictions.bias", "param", (vocab,)),
+            Module("cls.predictions.transform.dense", "linear", (h, h, True)),
+            Module("cls.predictions.transform.LayerNorm", "layernorm", (h,)),
+            Module("cls.predictions.decoder", "linear", (h, vocab, True)),
+        ]
+        if tie:
+            tied = {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
+    else:
+        after.append(Module("lm_head", "linear", (h, vocab, False)))
+        if tie:
+            tied = {"lm_head.weight"}
+    return before, prefix + layers, _layer(cfg, fam), after, tied
+
+
+def _params(module: Module, name: str) -> list[Param]:
+    kind, dims = module.type, module.dims
+    if kind == "linear":
+        fan_in, fan_out, bias = dims
+        out = [Param(name + ".weight", (fan_out, fan_in), LINEAR)]
+        return out + [Param(name + ".bias", (fan_out,), LINEAR_BIAS)] if bias else out
+    if kind == "conv1d":  # GPT-2's Conv1D keeps its weight transposed: (in, out)
+        fan_in, fan_out, bias = dims
+        out = [Param(name + ".weight", (fan_in, fan_out), CONV1D)]
+        return out + [Param(name + ".bias", (fan_out,), LINEAR_BIAS)] if bias else out
+    if kind == "embedding":
+        return [Param(name + ".weight", dims, EMBEDDING)]
+    if kind == "rmsnorm":
+        return [Param(name + ".weight", dims, NORM)]
+    if kind == "layernorm":
+        return [Param(name + ".weight", dims, NORM), Param(name + ".bias", dims, NORM)]
+    return [Param(name, dims, OTHER)]
+
+
+def layer_parameters(cfg: dict) -> list[Param]:
+    """One layer's parameters, names relative to the layer (every layer of these families is alike)."""
+    return [p for m in _tree(cfg)[2] for p in _params(m, m.path)]
+
+
+def parameters(cfg: dict) -> list[Param]:
+    """named_parameters() of the transformers class for this config, in order, tied weights once."""
+    before, layers, layer, after, tied = _tree(cfg)
+    out = [p for m in before for p in _params(m, m.path)]
+    template = [p for m in layer for p in _params(m, m.path)]
+    for index in range(num_layers(cfg)):
+        prefix = f"{layers}.{index}."
+        out += [Param(prefix + p.name, p.shape, p.kind) for p in template]
+    out += [p for m in after for p in _params(m, m.path) if p.name not in tied]
+    return out
+
+
+def parameter_count(cfg: dict) -> int:
+    """Elements of all parameters (tied ones once), without listing each layer."""
+    before, _, layer, after, tied = _tree(cfg)
+
+    def elements(params) -> int:
+        total = 0
+        for p in params:
+            n = 1
+            for d in p.shape:
+                n *= d
+            total += n
+        return total
+
+    fixed = [p for m in before for p in _params(m, m.path)] + [p for m in after for p in _params(m, m.path) if p.name not in tied]
+    return elements(fixed) + num_layers(cfg) * elements([p for m in layer for p in _params(m, m.path)])
+
+
+def linear_modules(cfg: dict) -> list[tuple[str, int, int, bool]]:
+    """(module name, in_features, out_features, has_bias) of every nn.Linear and GPT-2 Conv1D, in module order."""
+    before, layers, layer, after, _ = _tree(cfg)
+    out = [(m.path, *m.dims) for m in before if m.type in ("linear", "conv1d")]
+    template = [m for m in layer if m.type in ("linear", "conv1d")]
+    for index in range(num_layers(cfg)):
+        prefix = f"{layers}.{index}."
+        out += [(prefix + m.path, *m.dims) for m in template]
+    out += [(m.path, *m.dims) for m in after if m.type in ("linear", "conv1d")]
+    return out

@@ -1,0 +1,453 @@
+"""A Hugging Face config.json: read it (with positions), validate it, normalize it.
+
+`load(path)` reads one file and parses it as JSON, keeping where every key and value is, so a
+problem inside config.json is reported at its own line:column. `validate(raw)` checks what
+models/hf.py relies on and returns problems with stable codes at key paths of that dict (the
+caller places them: in config.json through `Positions`, or in the YAML for an inline
+`transformer:` mapping). `normalize(raw)` gives the dict transformers' config class would
+serialize (`AutoConfig.for_model(model_type, **raw).to_dict()`), defaults from models/families.py.
+
+Nothing here imports transformers or fetches anything; messages quote at most a short excerpt
+of the referenced file.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass
+
+from ..diagnostics import Range
+from .families import BASE_FIELDS, DROPPED_KEYS, FAMILIES, SUPPORTED, Family
+
+IO = "io"
+JSON_SYNTAX = "json-syntax"
+UNSUPPORTED_MODEL = "unsupported-model"
+BAD_MODEL_CONFIG = "bad-model-config"
+SHAPE_MISMATCH = "shape-mismatch"
+
+MAX_BYTES = 4 * 1024 * 1024  # real config.json files are a few kB; a label map can make them larger
+EXCERPT = 40  # characters of a referenced file's content a message may quote
+
+# Sizes that must be at least 1 for the model to be built at all.
+POSITIVE = frozenset(
+    {
+        "vocab_size", "hidden_size", "n_embd", "intermediate_size", "n_inner", "num_hidden_layers", "n_layer",
+        "num_attention_heads", "n_head", "num_key_value_heads", "head_dim", "max_position_embeddings",
+        "n_positions", "type_vocab_size", "num_local_experts", "num_experts_per_tok",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class HFProblem:
+    path: tuple  # key path inside the config dict; () is the whole document
+    code: str
+    message: str
+    on_key: bool = False  # about the key itself rather than its value
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    raw: object  # the parsed JSON (a dict when it is a usable config)
+    positions: "Positions"
+
+
+class LoadError(Exception):
+    """The file cannot be used: `code` is io or json-syntax; `range` is in config.json (None: no position there)."""
+
+    def __init__(self, code: str, message: str, range: Range | None = None):
+        super().__init__(message)
+        self.code, self.message, self.range = code, message, range
+
+
+def excerpt(value, limit: int = EXCERPT) -> str:
+    text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def load(path: str) -> Loaded:
+    """Read and parse config.json at `path`; raise LoadError for anything unusable."""
+    try:
+        info = os.stat(path)
+    except OSError as error:
+        raise LoadError(IO, f"cannot read {path}: {error.strerror or error}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise LoadError(IO, f"{path} is a directory, not a config.json")
+    if not stat.S_ISREG(info.st_mode):
+        raise LoadError(IO, f"{path} is not a regular file")
+    if info.st_size > MAX_BYTES:
+        raise LoadError(IO, f"{path} is {info.st_size} bytes; a config.json is at most {MAX_BYTES} bytes")
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_BYTES + 1)
+    except OSError as error:
+        raise LoadError(IO, f"cannot read {path}: {error.strerror or error}") from None
+    if b"\0" in data:
+        raise LoadError(IO, f"{path} is a binary file (it contains NUL bytes), not a config.json")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start)
+        column = len(data[data.rfind(b"\n", 0, error.start) + 1 : error.start].decode("utf-8", "replace"))
+        raise LoadError(IO, f"{path} is not UTF-8 text (byte {error.start})", Range(line, column, line, column + 1)) from None
+    return parse(text)
+
+
+def parse(text: str) -> Loaded:
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as error:
+        line, column = error.lineno - 1, error.colno - 1
+        raise LoadError(JSON_SYNTAX, f"invalid JSON: {error.msg}", Range(line, column, line, column + 1)) from None
+    except RecursionError:
+        raise LoadError(JSON_SYNTAX, "invalid JSON: nested too deeply", Range(0, 0, 0, 1)) from None
+    return Loaded(raw, Positions(text))
+
+
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]:,]|[^\s{}\[\]:,"]+')
+
+
+class Positions:
+    """Where each key and value of a (valid) JSON text is: key path -> (key range, value range).
+
+    Built lazily, on the first problem that needs a position: a valid config is never scanned.
+    """
+
+    def __init__(self, text: str):
+        self.text = text
+        self._map: dict | None = None
+        self._lines: list[int] | None = None
+
+    def _point(self, offset: int) -> tuple[int, int]:
+        if self._lines is None:
+            self._lines = [m.end() for m in re.finditer("\n", self.text)]
+        line = bisect.bisect_right(self._lines, offset)
+        return line, offset - (self._lines[line - 1] if line else 0)
+
+    def _range(self, start: int, end: int) -> Range:
+        (a, b), (c, d) = self._point(start), self._point(end)
+        return Range(a, b, c, d)
+
+    def _build(self) -> dict:
+        found: dict = {}
+        tokens = [(m.group(), m.start(), m.end()) for m in _TOKEN.finditer(self.text)]
+        index = 0
+
+        def value(path: tuple) -> tuple[int, int]:
+            nonlocal index
+            token, start, _ = tokens[index]
+            if token == "{":
+                index += 1
+                while tokens[index][0] != "}":
+                    if tokens[index][0] == ",":
+                        index += 1
+                        continue
+                    key_token, key_start, key_end = tokens[index]
+                    key = json.loads(key_token)
+                    index += 2  # the key and ':'
+                    value_start, value_end = value(path + (key,))
+                    found[path + (key,)] = ((key_start, key_end), (value_start, value_end))
+                end = tokens[index][2]
+                index += 1
+                return start, end
+            if token == "[":
+                index += 1
+                item = 0
+                while tokens[index][0] != "]":
+                    if tokens[index][0] == ",":
+                        index += 1
+                        continue
+                    item_start, item_end = value(path + (item,))
+                    found[path + (item,)] = ((item_start, item_end), (item_start, item_end))
+                    item += 1
+                end = tokens[index][2]
+                index += 1
+                return start, end
+            index += 1
+            return start, tokens[index - 1][2]
+
+        if tokens:
+            start, end = value(())
+            found[()] = ((start, start + 1), (start, end))
+        return found
+
+    def range(self, path: tuple, on_key: bool = False) -> Range:
+        """The range of the value (or key) at `path`; its nearest located ancestor when it is absent."""
+        if self._map is None:
+            self._map = self._build()
+        while path and path not in self._map:
+            path = path[:-1]
+        if path not in self._map:
+            return Range(0, 0, 0, 0)
+        (key_start, key_end), (value_start, value_end) = self._map[path]
+        if on_key or not path:
+            # a missing key or the whole document: the opening brace, not the whole file
+            return self._range(key_start, key_end)
+        return self._range(value_start, value_end)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+
+
+def _type_ok(value, kind: str) -> bool:
+    if value is None:
+        return kind.endswith("?")
+    base = kind.rstrip("?")
+    if base == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if base in ("float", "number"):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if base == "bool":
+        return isinstance(value, bool)
+    if base == "str":
+        return isinstance(value, str)
+    if base == "ids":
+        return (isinstance(value, int) and not isinstance(value, bool)) or (
+            isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        )
+    if base == "strs":
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if base == "dict":
+        return isinstance(value, dict)
+    return True
+
+
+_TYPE_WORDS = {
+    "int": "an integer",
+    "float": "a number",
+    "number": "a number",
+    "bool": "true or false",
+    "str": "a string",
+    "ids": "an integer or a list of integers",
+    "strs": "a list of strings",
+    "dict": "an object",
+}
+
+
+def _expected(kind: str) -> str:
+    words = _TYPE_WORDS[kind.rstrip("?")]
+    return words + " or null" if kind.endswith("?") else words
+
+
+def family_of(raw) -> Family | None:
+    if isinstance(raw, dict):
+        return FAMILIES.get(raw.get("model_type")) if isinstance(raw.get("model_type"), str) else None
+    return None
+
+
+def validate(raw) -> list[HFProblem]:
+    """Problems that keep memfit from deriving this model, each at a key path of `raw`."""
+    if not isinstance(raw, dict):
+        return [HFProblem((), BAD_MODEL_CONFIG, f"a model config is a JSON object of keys, not {type(raw).__name__}")]
+    if "model_type" not in raw:
+        return [HFProblem((), BAD_MODEL_CONFIG, f"no model_type: name the model family ({', '.join(SUPPORTED)})")]
+    model_type = raw["model_type"]
+    family = family_of(raw)
+    if family is None:
+        shown = excerpt(model_type)
+        return [HFProblem(("model_type",), UNSUPPORTED_MODEL, f"model_type {shown} is not supported; supported: {', '.join(SUPPORTED)}")]
+
+    problems: list[HFProblem] = []
+    kinds = dict(BASE_FIELDS)
+    kinds.update(family.fields)
+    if family.head_dim_key and "head_dim" not in kinds:
+        kinds["head_dim"] = (None, "int?")  # read through getattr by the attention
+    for key, value in raw.items():
+        key = family.attribute_map.get(key, key)
+        if key in kinds:
+            kind = kinds[key][1]
+            if not _type_ok(value, kind):
+                problems.append(HFProblem((key,), BAD_MODEL_CONFIG, f"{key} must be {_expected(kind)}, not {excerpt(value)}"))
+            elif key in POSITIVE and value is not None and value < 1:
+                problems.append(HFProblem((key,), BAD_MODEL_CONFIG, f"{key} must be at least 1, not {value}"))
+    if problems:
+        return problems
+
+    architectures = raw.get("architectures")
+    if architectures:
+        name = architectures[0]
+        if name not in family.architectures:
+            problems.append(
+                HFProblem(
+                    ("architectures", 0),
+                    UNSUPPORTED_MODEL,
+                    f"architecture {excerpt(name)} is not supported for {family.model_type}; supported: {', '.join(family.architectures)}",
+                )
+            )
+    for key in ("add_cross_attention",):
+        if raw.get(key) is True:
+            problems.append(HFProblem((key,), UNSUPPORTED_MODEL, "cross-attention (an encoder-decoder setup) is not modeled"))
+
+    cfg = normalize(raw)
+    hidden, heads = cfg[family.hidden_key], cfg["n_head" if family.model_type == "gpt2" else "num_attention_heads"]
+    heads_key = "n_head" if family.model_type == "gpt2" else "num_attention_heads"
+    explicit_head_dim = family.head_dim_key and _given(raw, family, "head_dim") is not None
+    if hidden % heads and (not explicit_head_dim or family.model_type == "llama"):
+        problems.append(
+            HFProblem(
+                (_where(raw, family, family.hidden_key),),
+                SHAPE_MISMATCH,
+                f"{family.hidden_key} {hidden} is not divisible by {heads_key} {heads}: each head gets an equal share",
+            )
+        )
+    kv = cfg.get("num_key_value_heads")
+    if family.kv_heads_default or "num_key_value_heads" in family.fields:
+        if kv is not None and heads % kv:
+            problems.append(
+                HFProblem(
+                    (_where(raw, family, "num_key_value_heads"),),
+                    SHAPE_MISMATCH,
+                    f"{heads_key} {heads} is not divisible by num_key_value_heads {kv}: each key/value head serves a whole group",
+                )
+            )
+    pad = cfg.get("pad_token_id")
+    if family.padding_idx and pad is not None and not -cfg["vocab_size"] <= pad < cfg["vocab_size"]:
+        problems.append(
+            HFProblem(
+                (_where(raw, family, "pad_token_id"),),
+                SHAPE_MISMATCH,
+                f"pad_token_id {pad} is outside the vocabulary (vocab_size {cfg['vocab_size']}): the embedding's padding row must exist",
+            )
+        )
+    if family.block == "mixtral" and cfg["num_experts_per_tok"] > cfg["num_local_experts"]:
+        problems.append(
+            HFProblem(
+                (_where(raw, family, "num_experts_per_tok"),),
+                SHAPE_MISMATCH,
+                f"num_experts_per_tok {cfg['num_experts_per_tok']} exceeds num_local_experts {cfg['num_local_experts']}",
+            )
+        )
+    return problems
+
+
+def _given(raw: dict, family: Family, key: str):
+    for alias, target in family.attribute_map.items():
+        if target == key and alias in raw:
+            return raw[alias]
+    return raw.get(key)
+
+
+def _where(raw: dict, family: Family, key: str):
+    """The key as config.json spells it (an alias when that is what it uses)."""
+    if key in raw:
+        return key
+    for alias, target in family.attribute_map.items():
+        if target == key and alias in raw:
+            return alias
+    return key
+
+
+# ---------------------------------------------------------------------------------------------
+# Normalization
+
+
+def normalize(raw: dict) -> dict:
+    """The dict transformers' config class for raw["model_type"] serializes to (to_dict()), defaults filled.
+
+    `raw` must have passed validate() (a supported model_type, well-typed values).
+    """
+    family = FAMILIES[raw["model_type"]]
+    fields = family.fields
+    out = {key: _copy(default) for key, (default, _) in BASE_FIELDS.items()}
+    out.update({key: _copy(default) for key, (default, _) in fields.items()})
+    extra: dict = {}
+    for key, value in raw.items():
+        key = family.attribute_map.get(key, key)
+        if key in out:
+            out[key] = _copy(value)
+        else:
+            extra[key] = _copy(value)
+
+    # PreTrainedConfig.__post_init__ and the family's own, in their order
+    if family.kv_heads_default and out.get("num_key_value_heads") is None:
+        out["num_key_value_heads"] = out["num_attention_heads"]
+    if family.head_dim_default and out.get("head_dim") is None:
+        out["head_dim"] = out["hidden_size"] // out["num_attention_heads"]
+    if family.sliding_window_flag:
+        if not out["use_sliding_window"]:
+            out["sliding_window"] = None
+        if out["layer_types"] is None:
+            window, first = out["sliding_window"], out["max_window_layers"]
+            out["layer_types"] = [
+                "sliding_attention" if window is not None and i >= first else "full_attention" for i in range(out["num_hidden_layers"])
+            ]
+    if family.gelu_means_tanh and out["hidden_act"] == "gelu":
+        out["hidden_act"] = "gelu_pytorch_tanh"
+
+    torch_dtype = extra.pop("torch_dtype", None)
+    if torch_dtype is not None and out["dtype"] is None:
+        out["dtype"] = torch_dtype
+    if isinstance(out["dtype"], str) and out["dtype"].startswith("torch."):
+        out["dtype"] = out["dtype"][len("torch.") :]
+
+    if out["id2label"] is None:
+        labels = extra.pop("num_labels", None)
+        labels = 2 if labels is None else labels
+        out["id2label"] = {i: f"LABEL_{i}" for i in range(labels)}
+        if out["label2id"] is None:
+            out["label2id"] = {f"LABEL_{i}": i for i in range(labels)}
+    else:
+        extra.pop("num_labels", None)
+        out["id2label"] = {int(key): value for key, value in out["id2label"].items()}
+        if out["label2id"] is None:
+            out["label2id"] = {value: key for key, value in out["id2label"].items()}
+
+    if family.rope_theta_default is not None:
+        _rope(out, extra, family)
+
+    out["output_attentions"] = bool(extra.pop("output_attentions", False))
+    out["_name_or_path"] = str(extra.pop("name_or_path", ""))
+    for key in DROPPED_KEYS:
+        if key not in fields and key not in BASE_FIELDS:
+            extra.pop(key, None)
+    extra.pop("transformers_version", None)
+    out.update(extra)
+    out["model_type"] = family.model_type
+    out["transformers_version"] = "5.24.0"
+    return out
+
+
+def _rope(out: dict, extra: dict, family: Family) -> None:
+    scaling = extra.pop("rope_scaling", None)
+    parameters = scaling or out.get("rope_parameters")
+    parameters = dict(parameters) if parameters else {}
+    theta = extra.pop("rope_theta", None)
+    partial = extra.get("partial_rotary_factor") if family.rope_partial_kept else extra.pop("partial_rotary_factor", None)
+    for legacy, key in family.rope_legacy.items():
+        if legacy in extra:
+            value = extra.pop(legacy)
+            if key == "rope_theta":
+                theta = value
+            else:
+                partial = value
+    parameters.setdefault("rope_theta", family.rope_theta_default if theta is None else theta)
+    if partial is not None:
+        parameters.setdefault("partial_rotary_factor", partial)
+    elif family.rope_partial_default is not None:
+        parameters.setdefault("partial_rotary_factor", family.rope_partial_default)
+    parameters.setdefault("rope_type", parameters.get("type", "default"))
+    if parameters["rope_type"] in ("llama3", "yarn", "longrope"):
+        if "original_max_position_embeddings" in out:
+            parameters["original_max_position_embeddings"] = out["original_max_position_embeddings"]
+        else:
+            parameters.setdefault("original_max_position_embeddings", out["max_position_embeddings"])
+    if family.model_type == "phi3" and parameters["rope_type"] in ("su", "yarn"):
+        parameters["rope_type"] = "longrope"
+    out["rope_parameters"] = parameters
+
+
+def _copy(value):
+    if isinstance(value, dict):
+        return {key: _copy(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_copy(item) for item in value]
+    return value
