@@ -234,3 +234,18 @@ def test_explain_takes_several_files():
     done = memfit("explain", EXAMPLES / "atari-cnn.yaml", EXAMPLES / "cifar-cnn.yaml")
     assert done.returncode == 0
     assert "atari-cnn (seed 004)" in done.stdout and "cifar10-cnn" in done.stdout
+
+
+def test_the_docs_show_real_output():
+    """Every `$ memfit fit|check|explain …` block of docs/fit-and-diff.md is what that command prints
+    on the bundled examples today (diff's blocks need an edited clone: tests/test_diff.py)."""
+    import re
+    import shlex
+
+    page = (ROOT / "docs" / "fit-and-diff.md").read_text(encoding="utf-8")
+    blocks = [b for b in re.findall(r"```text\n(.*?)```", page, re.DOTALL) if b.startswith("$ memfit ") and not b.startswith("$ memfit diff")]
+    assert len(blocks) >= 4
+    for block in blocks:
+        command, _, expected = block.partition("\n")
+        done = memfit(*shlex.split(command)[2:], cwd=ROOT)
+        assert done.stdout == expected, command

@@ -64,7 +64,9 @@ def fix_lines(result) -> list[str]:
             return [f"{result.path}: no single change memfit knows of makes this config fit"]
         return []
     budget = f" of {human(result.budget)}" if result.budget is not None else ""
-    lines = [f"{result.path}: {_plural(len(result.fixes), 'fix')}, cheapest in training speed first:"]
+    codes = {d.code for d in result.diagnostics}
+    goal = "" if "budget-exceeded" in codes else " (each brings it below the warning mark)"
+    lines = [f"{result.path}: {_plural(len(result.fixes), 'fix')}, cheapest in training speed first{goal}:"]
     for i, fix in enumerate(result.fixes, 1):
         lines.append(f"  {i}. {fix.title}: total {human(fix.total)}{budget}")
         for edit in fix.edits:
