@@ -249,3 +249,11 @@ def test_the_docs_show_real_output():
         command, _, expected = block.partition("\n")
         done = memfit(*shlex.split(command)[2:], cwd=ROOT)
         assert done.stdout == expected, command
+
+
+def test_suggest_with_worker_processes(keras, tmp_path):
+    """Pooled results come back without the data: --suggest reads and checks those files again."""
+    other = tmp_path / "other.yaml"
+    other.write_text(KERAS, encoding="utf-8")
+    done = memfit("check", "--suggest", "--jobs", "2", "--format", "json", keras, other)
+    assert [len(f["fixes"]) for f in json.loads(done.stdout)["files"]] == [1, 1]
