@@ -246,7 +246,7 @@ def fixes(result: Result, text: str, options: Options = Options()) -> list[Fix]:
                 continue  # the change is not valid here (the pipeline refuses it)
             if any(d.code in refuse for d in after.diagnostics):
                 continue  # it does not make the config fit
-            found.append(Fix(remedy.kind, title, gated(after.footprint), changes, edits(text, changes), remedy.speed))
+            found.append(Fix(remedy.kind, title, gated(after.footprint), changes, edits(text, changes, result.data), remedy.speed))
     found.sort(key=lambda f: f.speed)
     return found
 
@@ -277,7 +277,7 @@ def _block(path: tuple, value, indent: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def edits(text: str, changes) -> list[Edit]:
+def edits(text: str, changes, data=None) -> list[Edit]:
     """Minimal edits: a new value over the old value's range; a new key inserted into its
     nearest existing mapping (flow or block style, as that mapping is written)."""
     from . import source
@@ -288,21 +288,20 @@ def edits(text: str, changes) -> list[Edit]:
             where = source.locate(text, [(path, source.VALUE)])[(path, source.VALUE)]
             out.append(Edit(where, scalar(value)))
             continue
-        out.append(_insert(text, path, value))
+        if data is None:
+            data = source.load(text).data
+        out.append(_insert(text, data, path, value))
     return out
 
 
 def _lines(text: str) -> list[str]:
-    from .editor import split_lines
-
-    return split_lines(text)
+    return re.split(r"\r\n|\r|\n", text)  # the lines LSP counts, as the positions do
 
 
-def _insert(text: str, path: tuple, value) -> Edit:
+def _insert(text: str, data, path: tuple, value) -> Edit:
+    """A new key inside its nearest existing mapping (data: the text's loaded data)."""
     from . import source
-    from .source import load
 
-    data = load(text).data
     depth = len(path) - 1
     while depth > 0 and not isinstance(_get(data, path[:depth]), dict):
         depth -= 1
