@@ -221,3 +221,37 @@ def test_try_repo(tmp_path: Path, env, hook_repo) -> None:
     assert done.returncode == 1, output
     assert re.search(r"^over\.yaml:4:11: error\[budget-exceeded\] .* by 15,000,000 B \(14\.31 MiB\)$", output, re.MULTILINE), output
     assert "memfit: 1 config of 2 failed (1 error, 0 warnings), 4 skipped (not memfit configs)" in output
+
+
+def test_the_readme_snippet_works_as_printed_with_the_release_tag(tmp_path: Path, env, hook_repo) -> None:
+    """The README's `.pre-commit-config.yaml`, changed in nothing but the repository URL (memfit has
+    no public home yet), pins `rev:` to the tag docs/releasing.md's commands create; pre-commit
+    installs that tag and runs the hook, and `pre-commit autoupdate` moves the pin to a newer tag."""
+    path, _ = hook_repo
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    (snippet,) = [b for b in re.findall(r"```yaml\n(.*?)```", readme, re.DOTALL) if b.lstrip().startswith("# .pre-commit-config.yaml")]
+    snippet = "\n".join(line[len(snippet) - len(snippet.lstrip(" ")) :] for line in snippet.splitlines()) + "\n"
+    releasing = (ROOT / "docs" / "releasing.md").read_text(encoding="utf-8")
+    (commands,) = re.findall(r"```sh\n(.*?)```", releasing, re.DOTALL)
+    tag_commands = "\n".join(line.strip() for line in commands.splitlines() if "git push" not in line)
+    tagged = subprocess.run(["bash", "-ec", tag_commands], cwd=path, env={**env, "PYTHONPATH": str(path / "src")}, capture_output=True, text=True, timeout=60, check=False)
+    assert tagged.returncode == 0, tagged.stderr
+
+    repo = tmp_path / "user-repo"
+    repo.mkdir()
+    assert run(["git", "init", "-q"], repo, env).returncode == 0
+    (repo / ".pre-commit-config.yaml").write_text(snippet.replace("<memfit's git URL>", str(path)), encoding="utf-8")
+    for name, text in {"ok.yaml": CONFIG.format(name="ok", memory="1 GiB"), "over.yaml": CONFIG.format(name="over", memory="1 MB")}.items():
+        (repo / name).write_text(text, encoding="utf-8")
+    assert run(["git", "add", "-A"], repo, env).returncode == 0
+    done = run([sys.executable, "-m", "pre_commit", "run", "--all-files"], repo, env)
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    assert "over.yaml:4:11: error[budget-exceeded]" in output
+
+    bumped = run(["git", "tag", "-a", "v99.0.0", "-m", "a later release"], path, env)
+    assert bumped.returncode == 0, bumped.stderr
+    updated = run([sys.executable, "-m", "pre_commit", "autoupdate"], repo, env)
+    assert updated.returncode == 0, updated.stdout + updated.stderr
+    assert "rev: v99.0.0" in (repo / ".pre-commit-config.yaml").read_text(encoding="utf-8")
+    run(["git", "tag", "-d", "v99.0.0"], path, env)

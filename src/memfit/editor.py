@@ -374,11 +374,82 @@ def layer_hint(row) -> str:
 
 # --- completion ------------------------------------------------------------------------
 
-_KEY_BEFORE = re.compile(r"""(?P<key>[A-Za-z_]+)["']?\s*:\s*["']?(?P<value>[^:,{}\[\]"']*)$""")
-_OPEN_FLOW_PARENT = re.compile(r"""(?P<key>[A-Za-z_]+)["']?\s*:\s*\{[^{}]*$""")
 _BLOCK_KEY = re.compile(r"""^(?P<indent>\s*)(?:-\s+)?["']?(?P<key>[A-Za-z_]+)["']?\s*:\s*(?:#.*)?$""")
 _NUMBER_THEN_UNIT = re.compile(r"""^\s*[0-9]+(?:\.[0-9]+)?\s*(?P<unit>[A-Za-z]*)$""")
-_WORD = re.compile(r"[A-Za-z0-9_]*$")
+_SPECIAL = frozenset(":,{}[]\"'")
+_QUOTES = frozenset("\"'")
+_KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
+_WORD_CHARS = _KEY_CHARS | frozenset("0123456789")
+
+# The prefix matchers below scan backwards from the cursor once. The regular expressions they
+# replace (key: value at the end of the prefix) were searched from every start position, which is
+# quadratic in a long run of letters: 60,000 letters held the server for 30 s.
+
+
+def _key_start(prefix: str, colon: int) -> int | None:
+    """Start of `key["']?\\s*` ending just before prefix[colon] (a ':'), or None."""
+    at = colon - 1
+    while at >= 0 and prefix[at].isspace():
+        at -= 1
+    if at >= 0 and prefix[at] in _QUOTES:
+        at -= 1
+    end = at
+    while at >= 0 and prefix[at] in _KEY_CHARS:
+        at -= 1
+    return at + 1 if at < end else None
+
+
+def _key_before(prefix: str) -> tuple[str, str, int] | None:
+    """(key, value, start of key) when the prefix ends in `key: value`, the value free of
+    `:,{}[]"'` (an open quote before it allowed)."""
+    last = len(prefix) - 1
+    while last >= 0 and prefix[last] not in _SPECIAL:
+        last -= 1
+    if last < 0:
+        return None
+    value = prefix[last + 1 :]
+    colon = last
+    if prefix[colon] in _QUOTES:
+        colon -= 1
+        while colon >= 0 and prefix[colon].isspace():
+            colon -= 1
+    else:
+        value = value.lstrip()
+    if colon < 0 or prefix[colon] != ":":
+        return None
+    start = _key_start(prefix, colon)
+    if start is None:
+        return None
+    key_end = start
+    while key_end < len(prefix) and prefix[key_end] in _KEY_CHARS:
+        key_end += 1
+    return prefix[start:key_end], value, start
+
+
+def _open_flow_parent(prefix: str) -> str | None:
+    """The key of a flow mapping left open at the end of the prefix (`key: {a: 1, b`)."""
+    brace = max(prefix.rfind("{"), prefix.rfind("}"))
+    if brace < 0 or prefix[brace] != "{":
+        return None
+    colon = brace - 1
+    while colon >= 0 and prefix[colon].isspace():
+        colon -= 1
+    if colon < 0 or prefix[colon] != ":":
+        return None
+    start = _key_start(prefix, colon)
+    if start is None:
+        return None
+    end = start
+    while prefix[end] in _KEY_CHARS:
+        end += 1
+    return prefix[start:end]
+
+
+def _word_length(prefix: str) -> int:
+    at = len(prefix)
+    while at > 0 and prefix[at - 1] in _WORD_CHARS:
+        at -= 1
+    return len(prefix) - at
 
 DTYPE_CATEGORIES = ("parameters", "gradients", "activations", "optimizer_state")
 
@@ -393,9 +464,9 @@ class Choice:
 def _parent_key(lines: list[str], line: int, prefix: str) -> str | None:
     """The mapping key that encloses the cursor: an open flow mapping on this line, or the
     nearest less-indented block key above it."""
-    flow = _OPEN_FLOW_PARENT.search(prefix)
+    flow = _open_flow_parent(prefix)
     if flow:
-        return flow.group("key")
+        return flow
     indent = len(prefix) - len(prefix.lstrip())
     stripped = prefix.lstrip()
     if stripped.startswith("- "):
@@ -416,14 +487,14 @@ def completion_context(lines: list[str], line: int, character: int) -> tuple[str
     if line >= len(lines):
         return None
     prefix = lines[line][:character]
-    match = _KEY_BEFORE.search(prefix)
-    if not match:
+    found = _key_before(prefix)
+    if found is None:
         return None
-    key, value = match.group("key"), match.group("value")
-    word_start = character - len(_WORD.search(prefix).group(0))
+    key, value, key_start = found
+    word_start = character - _word_length(prefix)
     if key == "dtype":
         return "dtype", word_start
-    if key in DTYPE_CATEGORIES and _parent_key(lines, line, prefix[: match.start()]) == "dtypes":
+    if key in DTYPE_CATEGORIES and _parent_key(lines, line, prefix[:key_start]) == "dtypes":
         return "dtype", word_start
     if key == "optimizer":
         return "optimizer", word_start

@@ -1,0 +1,126 @@
+"""Optimizers as data: the state each keeps per parameter, as a function of the
+parameter's shape and dtype.
+
+Three layouts:
+- "elementwise": torch.optim's per-element buffers, each `zeros_like(param)`, so
+  in the parameter's dtype (or the master copy's, when the optimizer steps one).
+- "blockwise8": bitsandbytes' 8-bit optimizers (optim/optimizer.py,
+  Optimizer2State/Optimizer1State.init_state): one uint8 per state element plus
+  one fp32 absmax per block of 256 elements; a tensor with fewer than
+  `min_8bit_size` (4096) elements gets fp32 state instead (whatever the
+  parameter's dtype). The quantization maps (256 fp32 each) exist once per
+  optimizer, moved to the device when the first 8-bit state is made.
+- "factored": torch.optim.Adafactor: a row and a column statistic for a tensor
+  of 2+ dims (the shape with the last, resp. second-to-last, dim set to 1), a full
+  `variance` for 0-/1-dim tensors, all `grad.new_zeros` (the gradient's dtype).
+
+Scalar step counters (torch's `step`, NAdam's `mu_product`) are not counted: on a
+GPU they stay in host memory unless the optimizer is fused or capturable.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+BNB_BLOCKSIZE = 256  # bitsandbytes optim/optimizer.py: `blocksize = 256` in init_state
+BNB_MIN_8BIT_SIZE = 4096  # Optimizer8bit's `min_8bit_size` default
+BNB_QMAP_ELEMENTS = 256  # F.create_dynamic_map(): 256 fp32 code values
+
+
+@dataclass(frozen=True, slots=True)
+class Optimizer:
+    name: str
+    layout: str  # "elementwise" | "blockwise8" | "factored"
+    states: tuple  # the framework's per-parameter state keys, in its order
+    framework: str  # the class that keeps this state
+    note: str = ""
+    qmaps: tuple = ()  # blockwise8: the shared quantization maps moved to the device
+    paged: bool = False
+
+
+def _torch(name, states, cls, note=""):
+    return Optimizer(name, "elementwise", states, cls, note)
+
+
+def _bnb(name, states, cls, qmaps, paged=False):
+    note = "bitsandbytes 8-bit blockwise state"
+    if paged:
+        note += "; paged: state tensors of 100,000+ elements live in CUDA unified memory and may spill to host memory under pressure (same bytes)"
+    return Optimizer(name, "blockwise8", states, cls, note, qmaps, paged)
+
+
+OPTIMIZERS: dict[str, Optimizer] = {
+    o.name: o
+    for o in (
+        _torch("sgd", (), "torch.optim.SGD(momentum=0)", "no state"),
+        _torch("momentum", ("momentum_buffer",), "torch.optim.SGD(momentum>0)"),
+        _torch("sgd_momentum", ("momentum_buffer",), "torch.optim.SGD(momentum>0)"),
+        _torch("nesterov", ("momentum_buffer",), "torch.optim.SGD(nesterov=True)"),
+        _torch("adagrad", ("sum",), "torch.optim.Adagrad"),
+        _torch("rmsprop", ("square_avg",), "torch.optim.RMSprop", "momentum>0 adds momentum_buffer, centered adds grad_avg"),
+        _torch("adadelta", ("square_avg", "acc_delta"), "torch.optim.Adadelta"),
+        _torch("lion", ("exp_avg",), "Lion (not in torch.optim)", "as the reference implementations and bitsandbytes' 32-bit Lion keep it"),
+        _torch("adam", ("exp_avg", "exp_avg_sq"), "torch.optim.Adam"),
+        _torch("adamw", ("exp_avg", "exp_avg_sq"), "torch.optim.AdamW"),
+        _torch("adamax", ("exp_avg", "exp_inf"), "torch.optim.Adamax"),
+        _torch("nadam", ("exp_avg", "exp_avg_sq"), "torch.optim.NAdam", "mu_product is a scalar"),
+        _torch("radam", ("exp_avg", "exp_avg_sq"), "torch.optim.RAdam"),
+        _bnb("adam8bit", ("state1", "state2"), "bitsandbytes.optim.Adam8bit", ("qmap1", "qmap2")),
+        _bnb("adamw8bit", ("state1", "state2"), "bitsandbytes.optim.AdamW8bit", ("qmap1", "qmap2")),
+        _bnb("paged_adam8bit", ("state1", "state2"), "bitsandbytes.optim.PagedAdam8bit", ("qmap1", "qmap2"), paged=True),
+        _bnb("paged_adamw8bit", ("state1", "state2"), "bitsandbytes.optim.PagedAdamW8bit", ("qmap1", "qmap2"), paged=True),
+        _bnb("lion8bit", ("state1",), "bitsandbytes.optim.Lion8bit", ("qmap1",)),
+        Optimizer("adafactor", "factored", ("row_var", "col_var", "variance"), "torch.optim.Adafactor", "factored second moment, no first moment"),
+    )
+}
+
+# The seed contract's optimizer -> state-tensor count (elementwise optimizers).
+STATE_COUNTS: dict[str, int] = {name: len(o.states) for name, o in OPTIMIZERS.items() if o.layout == "elementwise"}
+
+
+def lookup(name: str) -> Optimizer:
+    key = name.strip().lower() if isinstance(name, str) else name
+    try:
+        return OPTIMIZERS[key]
+    except (KeyError, TypeError):
+        raise ValueError(f"optimizer is {name!r}: unknown optimizer; known: {', '.join(sorted(OPTIMIZERS))}") from None
+
+
+def is_8bit(optimizer: Optimizer, elements: int, min_8bit_size: int = BNB_MIN_8BIT_SIZE) -> bool:
+    return optimizer.layout == "blockwise8" and elements >= min_8bit_size
+
+
+def state_tensors(name: str, shape, dtype: str, *, min_8bit_size: int = BNB_MIN_8BIT_SIZE) -> list[tuple[str, tuple, str]]:
+    """(state key, shape, dtype) of every per-element state tensor one parameter gets.
+
+    `dtype` is the dtype torch.optim would use (the parameter's, or its master
+    copy's); bitsandbytes ignores it and uses uint8 or fp32.
+    """
+    optimizer = lookup(name)
+    shape = tuple(shape)
+    n = math.prod(shape)
+    if optimizer.layout == "elementwise":
+        return [(key, shape, dtype) for key in optimizer.states]
+    if optimizer.layout == "factored":
+        if len(shape) > 1:
+            return [("row_var", shape[:-1] + (1,), dtype), ("col_var", shape[:-2] + (1, shape[-1]), dtype)]
+        return [("variance", shape, dtype)]
+    if not is_8bit(optimizer, n, min_8bit_size):
+        return [(key, shape, "float32") for key in optimizer.states]
+    blocks = -(-n // BNB_BLOCKSIZE)
+    out = []
+    for i, key in enumerate(optimizer.states, start=1):
+        out.append((key, shape, "uint8"))
+        out.append((f"absmax{i}", (blocks,), "float32"))
+    return out
+
+
+def shared_tensors(name: str, states) -> list[tuple[str, tuple, str]]:
+    """Tensors the optimizer keeps once, not per parameter: bitsandbytes' quantization
+    maps, on the device as soon as one parameter has 8-bit state (`states`: the
+    optimizer-state items of all parameters, anything with a `.dtype`)."""
+    optimizer = lookup(name)
+    if optimizer.layout != "blockwise8" or not any(getattr(s, "dtype", None) == "uint8" for s in states):
+        return []
+    return [(key, (BNB_QMAP_ELEMENTS,), "float32") for key in optimizer.qmaps]

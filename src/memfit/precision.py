@@ -1,0 +1,247 @@
+"""Precision recipes: which dtype each memory category of a parameter is kept in.
+
+A recipe (Lightning's names) sets the dtype of parameters, gradients, optimizer
+state and activations; `master_weights` adds an fp32 copy of every trainable
+parameter (under optimizer_state, where the ZeRO paper counts it) and
+`grad_accum_dtype` a second gradient buffer (under gradients), as DeepSpeed's
+fp16/bf16 optimizers keep them. A dtype given explicitly for a category wins.
+
+Counts are exact ints; a parameter's bytes come from `parameter_tensors`, which
+lists every tensor a training step keeps for it, so `explain` can say where each
+byte comes from.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from .calculator import tensor_bytes
+from .dtypes import DTYPES
+from . import optim
+
+CATEGORIES = ("parameters", "gradients", "activations", "optimizer_state")
+DEFAULT_PRECISION = "32-true"
+
+
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    parameters: str
+    gradients: str
+    optimizer_state: str
+    activations: str  # the dtype a layer's output is kept in (autocast's low dtype for *-mixed)
+    autocast: str | None  # torch.autocast dtype, None when no autocast runs
+    summary: str
+
+
+# Lightning (lightning.fabric/pytorch `precision=`): *-true casts the model, so
+# torch.optim keeps state in that dtype too (zeros_like(param)); *-mixed keeps an
+# fp32 model and runs matmuls under torch.autocast.
+RECIPES: dict[str, Recipe] = {
+    "64-true": Recipe("float64", "float64", "float64", "float64", None, "model in float64"),
+    "32-true": Recipe("float32", "float32", "float32", "float32", None, "model in float32 (the default)"),
+    "bf16-true": Recipe("bfloat16", "bfloat16", "bfloat16", "bfloat16", None, "model cast to bfloat16: weights, gradients and optimizer state"),
+    "16-true": Recipe("float16", "float16", "float16", "float16", None, "model cast to float16: weights, gradients and optimizer state"),
+    "bf16-mixed": Recipe("float32", "float32", "float32", "bfloat16", "bfloat16", "fp32 model, torch.autocast(bfloat16)"),
+    "16-mixed": Recipe("float32", "float32", "float32", "float16", "float16", "fp32 model, torch.autocast(float16) with a GradScaler"),
+}
+
+
+class RecipeError(ValueError):
+    """Bad recipe input; `field` names the config key, `suggestions` the closest known names."""
+
+    def __init__(self, message: str, field: str, suggestions: list[str] | None = None):
+        super().__init__(message)
+        self.field = field
+        self.suggestions = suggestions or []
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    precision: str
+    parameters: str
+    gradients: str
+    optimizer_state: str
+    activations: str
+    autocast: str | None
+    master_weights: str | None
+    grad_accum_dtype: str | None
+    origin: dict = field(default_factory=dict)  # category -> where its dtype came from
+    explicit: frozenset = frozenset()  # categories set by `dtypes`
+    # No `precision` key: today's semantics, each category its own dtype (float32
+    # unless `dtypes` says otherwise), so configs written before recipes keep their numbers.
+    legacy: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One tensor a parameter brings: its category, what it is, its shape, dtype and exact bytes."""
+
+    category: str
+    label: str
+    shape: tuple
+    dtype: str
+    bytes: int
+
+
+def closest(name: str, vocabulary) -> list[str]:
+    return difflib.get_close_matches(str(name).strip().lower(), list(vocabulary), n=3, cutoff=0.4)
+
+
+def _dtype(name: str, field_name: str) -> str:
+    if not isinstance(name, str) or name not in DTYPES:
+        raise RecipeError(f"{field_name} is {name!r}: unknown dtype", field_name, closest(str(name), DTYPES))
+    return name
+
+
+def resolve(precision: str | None = None, dtypes: dict | None = None, master_weights: str | None = None, grad_accum_dtype: str | None = None) -> Resolved:
+    """Per-category dtypes of a recipe; explicit `dtypes` entries win category by category.
+
+    The optimizer state follows the master copy when there is one: the optimizer
+    steps the fp32 master weights (DeepSpeed, Apex O2, Megatron), so its moments
+    are fp32 too.
+    """
+    name = DEFAULT_PRECISION if precision is None else precision
+    if not isinstance(name, str) or name.strip().lower() not in RECIPES:
+        raise RecipeError(f"precision is {name!r}: unknown recipe; known: {', '.join(RECIPES)}", "precision", closest(str(name), RECIPES))
+    name = name.strip().lower()
+    recipe = RECIPES[name]
+    given = dict(dtypes or {})
+    master = None if master_weights is None else _dtype(master_weights, "master_weights")
+    accum = None if grad_accum_dtype is None else _dtype(grad_accum_dtype, "training.grad_accum_dtype")
+    chosen, origin = {}, {}
+    for category in CATEGORIES:
+        if category in given:
+            chosen[category] = given[category]
+            origin[category] = f"dtypes.{category}"
+        elif category == "optimizer_state" and master is not None:
+            chosen[category] = master
+            origin[category] = "master_weights (the optimizer steps the master copy)"
+        else:
+            chosen[category] = getattr(recipe, category)
+            origin[category] = f"precision {name}"
+    return Resolved(name, chosen["parameters"], chosen["gradients"], chosen["optimizer_state"], chosen["activations"], recipe.autocast, master, accum, origin, frozenset(given), precision is None)
+
+
+def _width(dtype):
+    """A dtype name or an explicit byte width (int/Fraction, as `dtypes` may give one)."""
+    return DTYPES[dtype][0] if isinstance(dtype, str) else dtype
+
+
+def _bytes(elements: int, dtype) -> int:
+    width = _width(dtype)
+    if isinstance(width, Fraction) and width.denominator == 1:
+        width = width.numerator
+    return tensor_bytes(elements, width)
+
+
+def _elements(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def parameter_tensors(resolved: Resolved, optimizer: str, shape: tuple, *, trainable: bool = True, param_dtype=None, **optimizer_args) -> list[Item]:
+    """Every tensor one parameter brings to a training step, with exact bytes.
+
+    `param_dtype` is the parameter's own storage when it differs from the recipe
+    (an fp32 LoRA adapter on a bf16 model). PyTorch keeps a gradient in its
+    parameter's dtype and torch.optim its state too (zeros_like), so both follow
+    the parameter unless `dtypes` sets them or a master copy carries the state.
+    Without a `precision` key (legacy), each category keeps its own dtype.
+    """
+    shape = tuple(shape)
+    n = _elements(shape)
+    own = resolved.parameters if param_dtype is None else param_dtype
+    items = [Item("parameters", "weight", shape, str(own), _bytes(n, own))]
+    if not trainable:
+        return items
+    follows = not resolved.legacy
+    grad = own if follows and "gradients" not in resolved.explicit else resolved.gradients
+    pinned = "optimizer_state" in resolved.explicit or resolved.master_weights is not None
+    state = own if follows and not pinned else resolved.optimizer_state
+    items.append(Item("gradients", "grad", shape, str(grad), _bytes(n, grad)))
+    if resolved.grad_accum_dtype is not None:
+        items.append(Item("gradients", "grad accumulation buffer", shape, resolved.grad_accum_dtype, _bytes(n, resolved.grad_accum_dtype)))
+    if resolved.master_weights is not None:
+        items.append(Item("optimizer_state", "master weight", shape, resolved.master_weights, _bytes(n, resolved.master_weights)))
+    for label, state_shape, dtype in optim.state_tensors(optimizer, shape, state, **optimizer_args):
+        items.append(Item("optimizer_state", label, tuple(state_shape), str(dtype), _bytes(_elements(state_shape), dtype)))
+    return items
+
+
+def totals(items) -> dict[str, int]:
+    out = dict.fromkeys(CATEGORIES, 0)
+    for item in items:
+        out[item.category] += item.bytes
+    return out
+
+
+def model_state_bytes(resolved: Resolved, optimizer: str, shapes, *, trainable: bool = True, **optimizer_args) -> dict[str, int]:
+    """Parameters, gradients and optimizer state of a list of parameter shapes, with
+    the optimizer's once-per-optimizer constants (bitsandbytes' quantization maps)."""
+    out = dict.fromkeys(CATEGORIES, 0)
+    states = []
+    for shape in shapes:
+        items = parameter_tensors(resolved, optimizer, shape, trainable=trainable, **optimizer_args)
+        states.extend(i for i in items if i.category == "optimizer_state")
+        for category, size in totals(items).items():
+            out[category] += size
+    for label, shape, dtype in optim.shared_tensors(optimizer, states):
+        out["optimizer_state"] += _bytes(_elements(shape), dtype)
+    out["total"] = sum(out[c] for c in CATEGORIES)
+    return out
+
+
+def bytes_per_parameter(resolved: Resolved, optimizer: str, *, shape=(4096, 4096)) -> dict[str, Fraction]:
+    """The "16 B/param" view: bytes per trainable parameter element by category,
+    for a matrix of `shape` (large enough that bitsandbytes quantizes its state in
+    8 bits; Adafactor's factored statistics depend on the shape)."""
+    items = parameter_tensors(resolved, optimizer, shape)
+    n = _elements(shape)
+    return {c: Fraction(size, n) for c, size in totals(items).items() if c != "activations"}
+
+
+# Named setups for the bytes-per-parameter table (docs/recipes.md, explain):
+# (label, resolve() keyword arguments).
+SETUPS: list[tuple[str, dict]] = [
+    ("32-true", {"precision": "32-true"}),
+    ("bf16-true", {"precision": "bf16-true"}),
+    ("16-true", {"precision": "16-true"}),
+    ("bf16-mixed", {"precision": "bf16-mixed"}),
+    ("16-mixed", {"precision": "16-mixed"}),
+    ("bf16-true +M", {"precision": "bf16-true", "master_weights": "float32"}),
+    ("16-true +M (ZeRO)", {"precision": "16-true", "master_weights": "float32"}),
+    ("16-true +M +A (DeepSpeed)", {"precision": "16-true", "master_weights": "float32", "grad_accum_dtype": "float32"}),
+    ("16-true +M +G32 (Megatron)", {"precision": "16-true", "master_weights": "float32", "dtypes": {"gradients": "float32"}}),
+]
+
+
+def _decimal(value: Fraction) -> str:
+    """Exact decimal of a Fraction whose denominator is a power of two (every width here)."""
+    whole, rest = divmod(value.numerator, value.denominator)
+    if rest == 0:
+        return str(whole)
+    digits = ""
+    while rest and len(digits) < 12:
+        rest *= 10
+        digit, rest = divmod(rest, value.denominator)
+        digits += str(digit)
+    return f"{whole}.{digits}"
+
+
+def table(optimizers=None, shape=(4096, 4096)) -> str:
+    """Markdown: total bytes per trainable parameter (weights + gradients + optimizer
+    state) for every setup x optimizer, on a `shape` matrix."""
+    names = list(optim.OPTIMIZERS) if optimizers is None else list(optimizers)
+    head = "| optimizer | " + " | ".join(label for label, _ in SETUPS) + " |"
+    lines = [head, "|" + "---|" * (len(SETUPS) + 1)]
+    for name in names:
+        cells = []
+        for _, kwargs in SETUPS:
+            per = bytes_per_parameter(resolve(**kwargs), name, shape=shape)
+            cells.append(_decimal(sum(per.values(), Fraction(0))))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,108 @@
+"""bitsandbytes weight quantization (transformers' BitsAndBytesConfig): what a
+quantized linear layer stores, exactly as bitsandbytes 0.50 stores it.
+
+4-bit (nf4/fp4, functional.quantize_4bit, blocksize 64):
+  weight    Params4bit, uint8 of shape ((n+1)//2, 1): two 4-bit codes per byte
+  absmax    one fp32 scale per block of 64 weights
+  code      the 16-value fp32 code table, one copy per weight's QuantState
+with double quantization (bnb_4bit_use_double_quant; quantize_blockwise, blocksize 256):
+  absmax    the scales themselves quantized to uint8
+  offset    their fp32 mean (a 0-dim tensor)
+  state2.absmax  one fp32 scale per 256 scales
+  state2.code    the 256-value fp32 dynamic map, copied per weight (code.to(copy=True))
+int8 (LLM.int8(), Int8Params): weight int8 (out, in) plus SCB, one fp32 scale per output row.
+
+The bias, when the layer has one, stays an ordinary tensor in the model's dtype.
+Which modules are quantized follows transformers' quantizer: every nn.Linear
+(and GPT-2's Conv1D) except the skipped ones; with no skip list given, the
+output head (get_keys_to_not_convert); a given list replaces that default.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+BLOCKSIZE_4BIT = 64  # quantize_4bit's default (BitsAndBytesConfig has no knob for it)
+NESTED_BLOCKSIZE = 256  # quantize_4bit(compress_statistics=True) -> quantize_blockwise(blocksize=256)
+CODE_4BIT = 16  # get_4bit_type(): 16 fp32 values
+CODE_8BIT = 256  # create_dynamic_map(): 256 fp32 values
+
+
+@dataclass(frozen=True, slots=True)
+class Method:
+    name: str
+    bits: int
+    summary: str
+
+
+METHODS: dict[str, Method] = {
+    "nf4": Method("nf4", 4, "4-bit NormalFloat (QLoRA), blockwise absmax scales"),
+    "fp4": Method("fp4", 4, "4-bit float (E2M1), blockwise absmax scales"),
+    "int8": Method("int8", 8, "LLM.int8(): int8 weights with one fp32 scale per output row"),
+}
+
+
+class QuantError(ValueError):
+    def __init__(self, message: str, field: str, suggestions=None):
+        super().__init__(message)
+        self.field = field
+        self.suggestions = suggestions or []
+
+
+def method(name) -> Method:
+    key = name.strip().lower() if isinstance(name, str) else name
+    if key not in METHODS:
+        import difflib
+
+        close = difflib.get_close_matches(str(name).lower(), list(METHODS), n=3, cutoff=0.3)
+        raise QuantError(f"quantization.method is {name!r}: unknown method; known: {', '.join(METHODS)}", "quantization.method", close)
+    return METHODS[key]
+
+
+def weight_tensors(in_features: int, out_features: int, method_name: str, *, double_quant: bool = False, blocksize: int = BLOCKSIZE_4BIT) -> list[tuple[str, tuple, str]]:
+    """(bitsandbytes' name, shape, dtype) of everything a quantized weight keeps."""
+    m = method(method_name)
+    n = in_features * out_features
+    if m.bits == 8:
+        return [("weight", (out_features, in_features), "int8"), ("weight.SCB", (out_features,), "float32")]
+    blocks = -(-n // blocksize)
+    out = [("weight", ((n + 1) // 2, 1), "uint8")]
+    if not double_quant:
+        out.append(("quant_state.absmax", (blocks,), "float32"))
+        out.append(("quant_state.code", (CODE_4BIT,), "float32"))
+        return out
+    out.append(("quant_state.absmax", (blocks,), "uint8"))
+    out.append(("quant_state.code", (CODE_4BIT,), "float32"))
+    out.append(("quant_state.offset", (), "float32"))
+    out.append(("quant_state.state2.absmax", (-(-blocks // NESTED_BLOCKSIZE),), "float32"))
+    out.append(("quant_state.state2.code", (CODE_8BIT,), "float32"))
+    return out
+
+
+_WIDTH = {"uint8": 1, "int8": 1, "float32": 4}
+
+
+def weight_bytes(in_features: int, out_features: int, method_name: str, *, double_quant: bool = False) -> int:
+    return sum(math.prod(shape) * _WIDTH[dtype] for _, shape, dtype in weight_tensors(in_features, out_features, method_name, double_quant=double_quant))
+
+
+def skipped(module_name: str, patterns) -> bool:
+    """transformers' quantizers_utils.should_convert_module, negated: a pattern skips a
+    module when it matches from the start up to a module boundary (as a regex) or
+    is a plain suffix of the name."""
+    boundary = r"(?:(?<=\.)|(?=\.|$))"
+    return any(re.match(rf"(?:{key}){boundary}", module_name) or module_name.endswith(key) for key in patterns)
+
+
+def quantized_modules(linears, *, skip_modules=None, output_head: str | None = "lm_head", keep_in_fp32=()) -> list[str]:
+    """Names of the linear modules transformers replaces by bitsandbytes layers.
+
+    `linears`: (module_name, in_features, out_features, has_bias) rows. With no
+    `skip_modules` the output head is kept (get_keys_to_not_convert); a given list
+    replaces that default, as transformers does; `keep_in_fp32` (a model class's
+    _keep_in_fp32_modules) is always added."""
+    patterns = list(skip_modules) if skip_modules is not None else ([output_head] if output_head else [])
+    patterns += list(keep_in_fp32)
+    return [row[0] for row in linears if not skipped(row[0], patterns)]

@@ -1,0 +1,259 @@
+"""Measure what autograd saves for backward in one training step of a real transformers model (CPU).
+
+The measurement the activation model (memfit.models.hf_activations) is checked against:
+
+- one step: forward with `labels` (loss at every position; BERT's masked-LM head included), then backward;
+- every tensor autograd saves passes `torch.autograd.graph.saved_tensors_hooks`' pack hook; each distinct storage
+  (untyped storage data_ptr, nbytes) counts once, at its full size; parameters and buffers are left out (they are
+  counted as parameters), as are storages that alias them (a transposed weight view);
+- dropout goes through `torch.native_dropout`, the fused kernel CUDA runs, which saves a 1-byte bool mask
+  (CPU's plain `F.dropout` would save a noise tensor of the input's dtype instead);
+- live bytes: each packed tensor is wrapped in a holder that lives exactly as long as autograd keeps the saved
+  value; a storage is live while any holder of it is. With non-reentrant checkpointing (transformers' default) the
+  recomputed tensors go to torch.utils.checkpoint's own recomputation hook, whose pack hook is wrapped so that they
+  count too (they live until their backward node releases them). The peak is the largest live total seen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint as checkpoint_module
+import transformers
+
+# Tiny sizes (hidden 64, 2 layers, vocab 128) in each family's own key names where they differ.
+_BASE = {"hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 2, "num_attention_heads": 4}
+_GQA = {**_BASE, "num_key_value_heads": 2}
+TINY = {
+    "llama": _GQA,
+    "mistral": {**_GQA, "head_dim": 16},
+    "qwen2": _GQA,
+    "qwen3": {**_GQA, "head_dim": 16},
+    "gemma": {**_GQA, "head_dim": 16},
+    "phi3": {**_GQA, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+    "gpt2": {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 128, "bos_token_id": 0, "eos_token_id": 0},
+    "bert": _BASE,
+    "gpt_neox": _BASE,
+    "mixtral": {**_GQA, "intermediate_size": 48, "num_local_experts": 4, "num_experts_per_tok": 2},
+}
+FAMILIES = tuple(TINY)
+VOCAB = 128
+
+
+def tiny(model_type: str, **overrides) -> dict:
+    given = dict(TINY[model_type], vocab_size=VOCAB, max_position_embeddings=128)
+    if model_type == "gpt2":
+        given.pop("max_position_embeddings")
+    given.update(overrides)
+    return transformers.AutoConfig.for_model(model_type, **given).to_dict()
+
+
+ATTENTION_DROPOUT = {"gpt2": "attn_pdrop", "bert": "attention_probs_dropout_prob"}
+
+
+def without_attention_dropout(cfg: dict) -> dict:
+    """SDPA on CPU falls back to its math kernel when attention dropout is on; CUDA's kernels keep only an RNG
+    state for it. The model counts the fused kernels' tensors, so the sdpa measurement turns that dropout off."""
+    key = ATTENTION_DROPOUT.get(cfg["model_type"], "attention_dropout")
+    return dict(cfg, **{key: 0.0})
+
+
+def build(cfg: dict, attention: str = "sdpa", precision: str = "32-true", lora: dict | None = None, seed: int = 0):
+    torch.manual_seed(seed)
+    fields = {k: v for k, v in cfg.items() if k != "model_type"}
+    config = transformers.AutoConfig.for_model(cfg["model_type"], **fields)
+    architectures = cfg.get("architectures") or []
+    if architectures:
+        cls = getattr(transformers, architectures[0])
+    elif cfg["model_type"] == "bert":
+        cls = transformers.AutoModelForMaskedLM
+    else:
+        cls = transformers.AutoModelForCausalLM
+    model = cls.from_config(config, attn_implementation=attention) if cls.__name__.startswith("Auto") else \
+        cls._from_config(config, attn_implementation=attention)
+    if precision in ("bf16-true", "16-true"):
+        model = model.to(torch.bfloat16 if precision == "bf16-true" else torch.float16)
+    if lora is not None:
+        peft = __import__("peft")
+        lora_config = peft.LoraConfig(r=lora.get("r", 8), lora_alpha=lora.get("alpha", 16),
+                                      lora_dropout=lora.get("dropout", 0.0),
+                                      target_modules=lora.get("target_modules", "all-linear"),
+                                      modules_to_save=lora.get("modules_to_save") or None)
+        model = peft.get_peft_model(model, lora_config)
+    model.train()
+    return model
+
+
+def _native_dropout(input, p=0.5, training=True, inplace=False):
+    if not training or p == 0.0:
+        return input
+    out, _mask = torch.native_dropout(input, p, True)
+    if inplace:
+        return input.copy_(out)
+    return out
+
+
+@contextlib.contextmanager
+def cuda_dropout():
+    """Route F.dropout (nn.Dropout and the functional calls in transformers) through torch.native_dropout."""
+    original = F.dropout
+    F.dropout = _native_dropout
+    try:
+        yield
+    finally:
+        F.dropout = original
+
+
+def _key(t: torch.Tensor):
+    s = t.untyped_storage()
+    return (s.data_ptr(), s.nbytes())
+
+
+class Tracker:
+    """Distinct saved storages, their live bytes and the peak of those."""
+
+    def __init__(self, excluded: set):
+        self.excluded = excluded
+        self.refs: dict = {}
+        self.seen: dict = {}
+        self.live = 0
+        self.peak = 0
+        self.items: list = []
+
+    def add(self, owner, t: torch.Tensor):
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            return
+        key = _key(t)
+        if key[0] in self.excluded or key[1] == 0:
+            return
+        if key not in self.seen:
+            self.seen[key] = key[1]
+            self.items.append((tuple(t.shape), str(t.dtype).replace("torch.", ""), key[1]))
+        count = self.refs.get(key, 0)
+        self.refs[key] = count + 1
+        if count == 0:
+            self.live += key[1]
+            self.peak = max(self.peak, self.live)
+        weakref.finalize(owner, self._drop, key)
+
+    def _drop(self, key):
+        count = self.refs[key] - 1
+        self.refs[key] = count
+        if count == 0:
+            self.live -= key[1]
+
+    @property
+    def total(self) -> int:
+        return sum(self.seen.values())
+
+
+class _Holder:
+    __slots__ = ("__weakref__", "t")
+
+    def __init__(self, t):
+        self.t = t
+
+
+@contextlib.contextmanager
+def _track_recomputation(tracker: Tracker):
+    original = checkpoint_module._recomputation_hook
+
+    class Counting(original):
+        def __init__(self, target_frame_ref, gid):
+            super().__init__(target_frame_ref, gid)
+            inner = self.pack_hook
+
+            def pack_hook(x):
+                frame = target_frame_ref()
+                index = frame.recomp_counter[gid]
+                try:
+                    return inner(x)
+                finally:
+                    # the frame keeps x while the holder's handle for this graph task lives
+                    holder = frame.weak_holders[index]() if index < len(frame.weak_holders) else None
+                    handle = holder.handles.get(gid) if holder is not None else None
+                    if handle is not None:
+                        tracker.add(handle, x)
+
+            self.pack_hook = pack_hook
+
+    checkpoint_module._recomputation_hook = Counting
+    try:
+        yield
+    finally:
+        checkpoint_module._recomputation_hook = original
+
+
+def inputs(cfg: dict, micro_batch: int, seq_len: int, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, cfg["vocab_size"], (micro_batch, seq_len), generator=g)
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+def measure(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
+            precision: str = "32-true", lora: dict | None = None, model=None) -> dict:
+    """One forward + backward; returns {'total': distinct saved bytes, 'peak': peak live saved bytes, 'items': ...}."""
+    if model is None:
+        model = build(cfg, attention, precision, lora)
+    if checkpointing == "full":
+        model.activation_checkpointing_enable()
+    excluded = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    excluded |= {b.untyped_storage().data_ptr() for b in model.buffers()}
+    tracker = Tracker(excluded)
+
+    def pack(t):
+        holder = _Holder(t)
+        tracker.add(holder, t)
+        return holder
+
+    def unpack(holder):
+        return holder.t
+
+    batch = inputs(cfg, micro_batch, seq_len)
+    autocast = contextlib.nullcontext()
+    if precision in ("bf16-mixed", "16-mixed"):
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16 if precision == "bf16-mixed" else torch.float16)
+    with cuda_dropout(), _track_recomputation(tracker), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        with autocast:
+            loss = model(**batch).loss
+        loss.backward()
+    return {"total": tracker.total, "peak": tracker.peak, "items": tracker.items}
+
+
+def saved_by_node(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", precision: str = "32-true",
+                  lora: dict | None = None) -> list:
+    """For reading, not for the bands: each graph node's saved tensors (name, attribute, shape, dtype, storage bytes),
+    in reverse topological order from the loss, so one sees which op keeps what."""
+    model = build(cfg, attention, precision, lora)
+    excluded = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    excluded |= {b.untyped_storage().data_ptr() for b in model.buffers()}
+    batch = inputs(cfg, micro_batch, seq_len)
+    autocast = contextlib.nullcontext()
+    if precision in ("bf16-mixed", "16-mixed"):
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16 if precision == "bf16-mixed" else torch.float16)
+    with cuda_dropout(), autocast:
+        loss = model(**batch).loss
+    rows, seen, stack, visited = [], set(), [loss.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in visited:
+            continue
+        visited.add(node)
+        for attr in dir(node):
+            if not attr.startswith("_saved_"):
+                continue
+            value = getattr(node, attr)
+            values = value if isinstance(value, (tuple, list)) else [value]
+            for v in values:
+                if isinstance(v, torch.Tensor):
+                    key = _key(v)
+                    new = key not in seen and key[0] not in excluded
+                    seen.add(key)
+                    rows.append((type(node).__name__, attr, tuple(v.shape), str(v.dtype).replace("torch.", ""),
+                                 key[1] if new else 0))
+        for next_node, _ in node.next_functions:
+            stack.append(next_node)
+    return rows
