@@ -10,9 +10,9 @@ import subprocess
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from .check import Options, Result, check, decode, has_marker
-from .config import CATEGORIES
-from .runner import YAML_SUFFIXES
+from .check import Options, Result, check
+from .costs import CATEGORIES
+from .inputs import YAML_SUFFIXES, decode, has_marker
 
 
 class UsageError(Exception):
@@ -183,7 +183,7 @@ def _checked(raw: bytes, name: str, options: Options) -> Result:
     try:
         return check(text, name, options)
     except Exception as error:  # noqa: BLE001
-        from .runner import internal_error
+        from .check import internal_error
 
         return Result(name, [internal_error(error)])
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .check import Options, Result, evaluate, place
-from .diagnostics import ERROR, Problem
+from . import codes
+from .check import Options, Result, evaluate, position
+from .diagnostics import Problem
 
 # The name asked for -> where it lives in a config's data, first present wins. A new model
 # form with its own batch axis (or sequence length) adds its path here.
@@ -24,8 +25,8 @@ VARY: dict[str, tuple[tuple[str, ...], ...]] = {
 DEFAULT_VARY = "micro_batch"
 CEILING = 1 << 62  # no footprint stays under a budget this far out; the search stops here
 
-OVER = frozenset({"budget-exceeded"})  # the gate's verdict "does not fit"
-CLEAR = frozenset({"budget-exceeded", "near-budget"})  # "does not fit below the warning mark"
+OVER = frozenset({codes.BUDGET_EXCEEDED})  # the gate's verdict "does not fit"
+CLEAR = frozenset({codes.BUDGET_EXCEEDED, codes.NEAR_BUDGET})  # "does not fit below the warning mark"
 
 
 def gated(footprint: dict) -> int:
@@ -165,7 +166,7 @@ class Fit:
 
     @property
     def failed(self) -> bool:
-        return self.max is None or self.max == 0 or any(d.severity == ERROR for d in self.diagnostics)
+        return self.max is None or self.max == 0 or any(d.severity == codes.ERROR for d in self.diagnostics)
 
 
 def fit(checked: Result, text: str, vary: str = DEFAULT_VARY, options: Options = Options(), refuse=OVER) -> Fit:
@@ -174,7 +175,7 @@ def fit(checked: Result, text: str, vary: str = DEFAULT_VARY, options: Options =
     # what check says about the budget is the question fit answers; everything else stands
     out.diagnostics = [d for d in checked.diagnostics if d.code not in CLEAR]
     data = checked.data
-    if checked.config is None or any(d.severity == ERROR for d in out.diagnostics):
+    if checked.config is None or any(d.severity == codes.ERROR for d in out.diagnostics):
         return out
     out.budget = checked.budget
     key = location(data, vary)
@@ -202,7 +203,7 @@ def fit(checked: Result, text: str, vary: str = DEFAULT_VARY, options: Options =
 
 def _usage(out: Fit, text: str, data, where: tuple, message: str, on_key: bool = False) -> Fit:
     out.usage = True
-    out.diagnostics.extend(place(text, [Problem(where, "cannot-vary", message, on_key=on_key)], data))
+    out.diagnostics.extend(position(text, [Problem(where, codes.CANNOT_VARY, message, on_key=on_key)], data))
     return out
 
 

@@ -16,11 +16,12 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from . import codes
 from .check import Options, Result, evaluate
 from .diagnostics import Range
 from .fit import CLEAR, OVER, Probe, gated, largest, location, read
 
-FIXABLE = ("budget-exceeded", "near-budget")
+FIXABLE = (codes.BUDGET_EXCEEDED, codes.NEAR_BUDGET)
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,7 @@ def _eight_bit(data, options, refuse, result):
 
 
 def _known_optimizer(name: str) -> bool:
-    from .calculator import OPTIMIZER_STATES
+    from .costs import OPTIMIZER_STATES
 
     return name in OPTIMIZER_STATES
 
@@ -207,10 +208,10 @@ REMEDIES: tuple[Remedy, ...] = (
 
 def refused(result: Result):
     """What the budget gate says about this result: the codes a fix must clear, or None."""
-    codes = {d.code for d in result.diagnostics}
-    if "budget-exceeded" in codes:
+    found = {d.code for d in result.diagnostics}
+    if codes.BUDGET_EXCEEDED in found:
         return OVER
-    if "near-budget" in codes:
+    if codes.NEAR_BUDGET in found:
         return CLEAR
     return None
 
@@ -242,7 +243,7 @@ def fixes(result: Result, text: str, options: Options = Options()) -> list[Fix]:
                 continue
             seen.add(key)
             after = evaluate(apply(result.data, changes), options)
-            if after.footprint is None or any(d.severity == "error" and d.code not in CLEAR for d in after.diagnostics):
+            if after.footprint is None or any(d.severity == codes.ERROR and d.code not in CLEAR for d in after.diagnostics):
                 continue  # the change is not valid here (the pipeline refuses it)
             if any(d.code in refuse for d in after.diagnostics):
                 continue  # it does not make the config fit
