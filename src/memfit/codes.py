@@ -48,6 +48,7 @@ INTERNAL = "internal"
 JSON_SYNTAX = "json-syntax"
 UNSUPPORTED_MODEL = "unsupported-model"
 BAD_MODEL_CONFIG = "bad-model-config"
+CANNOT_VARY = "cannot-vary"
 
 CODES: dict[str, Code] = _register(
     Code(YAML_SYNTAX, ERROR, "The file is not valid YAML", "Fix the YAML syntax at the position shown; memfit reads YAML 1.1 with core tags only."),
@@ -104,6 +105,12 @@ CODES: dict[str, Code] = _register(
         ERROR,
         "A model config.json key is missing or has the wrong type",
         "Give the key the type the transformers config class takes (an integer for sizes, true/false for flags); model_type is required.",
+    ),
+    Code(
+        CANNOT_VARY,
+        ERROR,
+        "memfit fit has nothing to vary in this config",
+        "Set the key `--vary` names (training.micro_batch, or model.batch_size in a Keras model; training.seq_len; training.gradient_accumulation), or vary one that changes memory.",
     ),
 )
 
