@@ -14,7 +14,7 @@ from .diagnostics import FILE_START, Diagnostic, Problem, diagnostic
 from .inputs import DEFAULT_MAX_FILE_SIZE, has_marker, is_config, looks_like_config, read
 from .units import with_bytes
 
-__all__ = ["Options", "Result", "check", "check_file", "has_marker", "internal_error", "safe_check"]
+__all__ = ["Options", "Result", "check", "check_file", "evaluate", "has_marker", "internal_error", "safe_check"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class Result:
     warn_at: Fraction | None = None  # the warning mark in force (--warn-at, device.warn_at or the default)
     skipped: bool = False
     data: object = None
+    fixes: list | None = None  # with --suggest: fixes.Fix, cheapest first
 
     @property
     def footprint(self) -> dict | None:
@@ -79,7 +80,30 @@ def _check(text: str, path: str, options: Options) -> Result:
         result.diagnostics.append(diagnostic(FILE_START, codes.NOT_A_CONFIG, f"not a memfit config: {what} (add 'memfit: 1')"))
         return result
     result.data = data
+    problems = _pipeline(data, options, result)
+    unique = not any(lookup(d.code).ambiguous_keys for d in result.diagnostics)
+    result.diagnostics.extend(position(text, problems, data, unique_keys=unique))
+    result.diagnostics.sort(key=lambda d: (d.range.start_line, d.range.start_character))
+    return result
 
+
+def evaluate(data, options: Options = Options(), path: str = "<data>") -> Result:
+    """The pipeline from loaded data, without positions (each diagnostic at the file start):
+    fit and fixes re-run it with one key changed, never re-reading or re-parsing the text."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        result = Result(path, data=data)
+        problems = _pipeline(data, options, result)
+        result.diagnostics.extend(Diagnostic(FILE_START, p.level, p.code, p.message) for p in problems)
+        return result
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _pipeline(data: dict, options: Options, result: Result) -> list[Problem]:
+    """schema -> config -> tensors -> placement -> footprint -> budget, on a document that is a config."""
     from . import schema
     from .config import build
     from .placement import place
@@ -88,9 +112,9 @@ def _check(text: str, path: str, options: Options) -> Result:
     if not problems:
         config, problems = build(data)
         if "model" in data:
-            from . import models
+            from .models.dispatch import derive
 
-            problems.extend(models.derive(data, config))
+            problems.extend(derive(data, config, result.path))
         # an unknown optimizer or a layer that cannot apply leaves a number that is not the
         # footprint: report none rather than a wrong one; a bad unit spoils only the budget
         if all(lookup(p.code).keeps_footprint for p in problems):
@@ -102,10 +126,7 @@ def _check(text: str, path: str, options: Options) -> Result:
                 result.config = config
                 if not problems:
                     problems.extend(_budget(config, options, result, data))
-    unique = not any(lookup(d.code).ambiguous_keys for d in result.diagnostics)
-    result.diagnostics.extend(position(text, problems, data, unique_keys=unique))
-    result.diagnostics.sort(key=lambda d: (d.range.start_line, d.range.start_character))
-    return result
+    return problems
 
 
 # Every output prints the footprint as an exact integer, and Python converts at most 4,300 digits

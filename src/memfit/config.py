@@ -47,6 +47,7 @@ class Config:
     warn_at: Fraction = DEFAULT_WARN_AT
     placement: object = None  # placement.Placement, once the tensors are all known
     layers: list = field(default_factory=list)  # per-layer rows when a model section is declared
+    model: object = None  # models.hf.Model when the model is a transformer (block rows, summary)
 
     @property
     def optimizer(self) -> str:

@@ -40,6 +40,12 @@ def _render(result, colour: bool, lines: list[str]) -> int | None:
         out(f"{'dtype ' + category:<22} {w.name} ({describe(w.bytes)})")
     out("")
 
+    if config.model is not None:
+        from .models.hf import summary_lines as model_lines
+
+        lines.extend(model_lines(config.model, WIDTH, config.widths["parameters"].name))
+        out("")
+
     if config.layers:
         from .models.keras import summary_lines
 

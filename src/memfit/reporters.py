@@ -38,7 +38,46 @@ class TextReporter(Reporter):
         for result in results:
             for d in result.diagnostics:
                 write(diagnostic_line(result.path, d) + "\n")
+            if result.fixes is not None:
+                write("".join(line + "\n" for line in fix_lines(result)))
+        checked = [r for r in results if not r.skipped]
+        if len(checked) <= HANDFUL:
+            # a passing check says what it found; past a handful of files it stays quiet, as linters do
+            write("".join(found_line(r) + "\n" for r in checked if not r.failed and r.footprint is not None and r.budget is not None))
         write(summary_line(results) + "\n")
+
+
+HANDFUL = 5  # up to this many configs, a passing check prints each one's total against its budget
+
+
+def found_line(result) -> str:
+    from .present import pct
+
+    total, budget = result.footprint["total"], result.budget
+    return f"{result.path}: total {human(total)} of {human(budget)} ({pct(total, budget)}), fits"
+
+
+def fix_lines(result) -> list[str]:
+    """--suggest: the fixes under the file's diagnostics, each with its edit as path:line:col."""
+    found = {d.code for d in result.diagnostics}
+    if not result.fixes:
+        if found & {codes.BUDGET_EXCEEDED, codes.NEAR_BUDGET}:
+            return [f"{result.path}: no single change memfit knows of makes this config fit"]
+        return []
+    budget = f" of {human(result.budget)}" if result.budget is not None else ""
+    goal = "" if codes.BUDGET_EXCEEDED in found else " (each brings it below the warning mark)"
+    count = f"{len(result.fixes)} fix{'' if len(result.fixes) == 1 else 'es'}"
+    lines = [f"{result.path}: {count}, cheapest in training speed first{goal}:"]
+    for i, fix in enumerate(result.fixes, 1):
+        lines.append(f"  {i}. {fix.title}: total {human(fix.total)}{budget}")
+        for edit in fix.edits:
+            r = edit.range
+            where = f"{result.path}:{r.start_line + 1}:{r.start_character + 1}"
+            if (r.start_line, r.start_character) == (r.end_line, r.end_character):
+                lines.append(f"     {where}: insert {edit.new_text.strip(chr(10))!r}")
+            else:
+                lines.append(f"     {where}: replace with {edit.new_text!r}")
+    return lines
 
 
 def diagnostic_line(path: str, d) -> str:
@@ -71,6 +110,7 @@ class JsonReporter(Reporter):
                 "footprint": r.footprint,
                 "budget": r.budget,
                 "diagnostics": [d.to_json() for d in r.diagnostics],
+                **({"fixes": [f.to_json() for f in r.fixes]} if r.fixes is not None else {}),
             }
             for r in results
             if not r.skipped
