@@ -184,12 +184,13 @@ FAMILIES = {
                                   "down": "mlp.down_proj", "lm_head": "lm_head"},
                            dropout_keys=(("attn", "attention_dropout"), ("resid", "resid_pdrop"), ("embd", "embd_pdrop"))),
     "gpt2": Family("layer", {"qkv": "attn.c_attn", "o": "attn.c_proj", "fc_in": "mlp.c_fc", "fc_out": "mlp.c_proj",
-                             "lm_head": "lm_head"},
+                             "lm_head": "lm_head", "norm1": "ln_1", "norm2": "ln_2", "final": "transformer.ln_f"},
                    "fused", None, "plain", "activation_function", True, embed_extra=("positions",),
                    dropout_keys=(("embd", "embd_pdrop"), ("attn", "attn_pdrop"), ("resid", "resid_pdrop")),
                    softmax_fp32=False, lora_default=("c_attn",)),
     "gpt_neox": Family("layer", {"qkv": "attention.query_key_value", "o": "attention.dense",
-                                 "fc_in": "mlp.dense_h_to_4h", "fc_out": "mlp.dense_4h_to_h", "lm_head": "embed_out"},
+                                 "fc_in": "mlp.dense_h_to_4h", "fc_out": "mlp.dense_4h_to_h", "lm_head": "embed_out",
+                                 "final": "gpt_neox.final_layer_norm"},
                        "fused", "partial", "plain", "hidden_act", True, parallel_key="use_parallel_residual",
                        dropout_keys=(("attn", "attention_dropout"), ("resid", "hidden_dropout"), ("embd", "hidden_dropout")),
                        lora_default=("query_key_value",)),
@@ -229,7 +230,9 @@ def _attention(fam: Family, n: dict) -> list:
         K("p @ v", "dropped-out probabilities", ("b", "H", "s", "s"), "low", "eager_attn_dropout", ("v",)),
         K("p @ v", "probabilities, cast to the value dtype", ("b", "H", "s", "s"), "low", "eager_core_no_dropout",
           ("v",), f"softmax: {soft}"),
-        K("p @ v", "v (repeated to every query head)", ("b", "H", "s", "d"), "lin", "eager_kv", ("qk",)),
+        K("p @ v", "v (repeated to every query head)", ("b", "H", "s", "d"), "lin", "eager_v", ("qk",)),
+        K("p @ v", "v (a view of the fused qkv output: one sequence folds without a copy)", ("b", "s", "qkv"), "lin",
+          "eager_v_view", ("qk",)),
         # fused kernels (SDPA's flash / memory-efficient, flash-attn): q, k, v at their own head counts, output, lse;
         # flash-attn pads the head dim to a multiple of 8 (dk; copies then) and keeps its RNG state
         K("attention", "q", ("b", "H", "s", "dk"), "lin", "fused_q", ("attn",)),
@@ -318,10 +321,10 @@ def layer_rows(model_type: str, act: str | None = None, parallel: bool = True) -
         mlp = [r._replace(needs=tuple("h1n" if x == "n2" else x for x in r.needs)) for r in mlp]
         return (attention + [r._replace(op="attention.output LayerNorm") for r in _norm(fam.norm, "", X, "h1")]
                 + mlp + [r._replace(op="output LayerNorm") for r in _norm(fam.norm, "", X, "out")])
-    second = _norm(fam.norm, "post_attention_layernorm", X, "x" if parallel and fam.parallel_key else "h1")
+    second = _norm(fam.norm, n.get("norm2", "post_attention_layernorm"), X, "x" if parallel and fam.parallel_key else "h1")
     if parallel and fam.parallel_key:   # both norms read the layer input: its storage is kept once
         second = [r for r in second if not r.what.startswith("input")]
-    return _norm(fam.norm, "input_layernorm", X, "x") + attention + second + mlp
+    return _norm(fam.norm, n.get("norm1", "input_layernorm"), X, "x") + attention + second + mlp
 
 
 def _embedding_rows(fam: Family) -> list:
@@ -349,7 +352,7 @@ def _head_rows(fam: Family) -> list:
                 + [r._replace(what="input (the activation's output)", role="lin") if i == 0 else r
                    for i, r in enumerate(_norm(fam.norm, "transform.LayerNorm", X, "t"))]
                 + _linear([(n["lm_head"], "V")], ("T", "h"), "tn"))
-    return _norm(fam.norm, "final norm", X, "x") + _linear([(n["lm_head"], "V")], ("T", "h"), "fn")
+    return _norm(fam.norm, n.get("final", "model.norm"), X, "x") + _linear([(n["lm_head"], "V")], ("T", "h"), "fn")
 
 
 # Causal LMs upcast the logits (logits.float()) before the cross-entropy; BERT's masked-LM loss does not
@@ -403,6 +406,10 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
     # unless b == 1 (then q's view keeps the whole qkv output, and k, v without the cache are views of it too)
     qkv_views = fam.qkv == "fused" and not fam.rope and micro_batch == 1
     no_rope_fused = fam.qkv == "fused" and not fam.rope
+    # likewise a rotary fused-qkv model's v without the cache, when no grouped-query repeat copies it first
+    heads = cfg.get("num_attention_heads") or cfg.get("n_head")
+    v_view = (fam.qkv == "fused" and bool(fam.rope) and not cache and micro_batch == 1
+              and (cfg.get("num_key_value_heads") or heads) == heads)
     mixed = precision.endswith("-mixed")
     lora_dropout = bool(lora) and (lora.get("dropout") or 0) > 0
     o_copy = eager or (attention == "sdpa" and fam.rope == "partial")
@@ -411,6 +418,8 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
         "eager_q": eager and not qkv_views,
         "eager_q_view": eager and qkv_views,
         "eager_kv": eager and (cache or not qkv_views),
+        "eager_v": eager and (cache or not qkv_views) and not v_view,
+        "eager_v_view": eager and v_view,
         "eager_core": core,
         "eager_attn_dropout": core and attn_drop,
         "eager_core_no_dropout": core and not attn_drop,
@@ -501,7 +510,7 @@ def _match(name: str, targets) -> bool:
 
 def _trainable(fam: Family, lora: dict | None) -> dict:
     """Weight flags: W:<module> (the weight trains), L:<module> (a LoRA adapter on it)."""
-    modules = list(fam.names.values())
+    modules = [m for k, m in fam.names.items() if k not in ("norm1", "norm2", "final")]
     if not lora:
         flags = {f"W:{m}": True for m in modules}
         flags.update({"W:norm": True, "W:embed": True, "W:experts": True, "W:router": True})
@@ -665,3 +674,38 @@ def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "s
         recomputed -= nbytes([boundary])
     kept = nbytes(emb.kept) + layer.count * nbytes(layer.kept)
     return kept + max(nbytes(head.kept) + nbytes(loss.kept), recomputed)
+
+
+# ----------------------------------------------------------------------------------------- documentation
+
+SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int64": "i64", "int32": "i32", "bool": "bool"}
+TABLE_PRECISIONS = ("32-true", "bf16-true", "bf16-mixed")
+
+
+def layer_table(cfg: dict) -> list:
+    """One layer's rows for the docs, full training: (op, keeps, shape, eager, sdpa), where the eager and sdpa cells
+    give the dtype kept under 32-true · bf16-true · bf16-mixed ("—": not kept; one shared storage is listed once)."""
+    fam = FAMILIES[cfg["model_type"]]
+    rows = layer_rows(cfg["model_type"], _act(cfg), _parallel(cfg))
+    w = _trainable(fam, None)
+    flags = {**w, **_grads(fam, w, True, _parallel(cfg))}
+    symbolic = {r.label: "(" + ", ".join(str(x) for x in r.shape) + ")" for r in rows}
+    seen: dict = {}
+    for attention in ("eager", "sdpa"):
+        for precision in TABLE_PRECISIONS:
+            cond = _conditions(cfg, fam, attention, "none", 2, precision, None)
+            for k in _resolve(rows, cond, _roles(precision, None, "float32"), _sizes(cfg, 2, 16), flags):
+                seen.setdefault(k.label, {})[(attention, precision)] = SHORT[k.dtype]
+    out = []
+    for r in rows:
+        if r.label not in seen or any(o[0] == r.op and o[1] == r.what for o in out):
+            continue
+        cells = [" · ".join(seen[r.label].get((a, p), "—") for p in TABLE_PRECISIONS) for a in ("eager", "sdpa")]
+        out.append((r.op, r.what, symbolic[r.label], *cells))
+    return out
+
+
+def markdown_table(cfg: dict) -> str:
+    lines = ["| op | keeps | shape | eager (32-true · bf16-true · bf16-mixed) | sdpa |", "|---|---|---|---|---|"]
+    lines += [f"| {op} | {what} | {shape} | {e} | {s} |" for op, what, shape, e, s in layer_table(cfg)]
+    return "\n".join(lines)
