@@ -193,3 +193,11 @@ def test_korthikanti_block_matches_a_real_step():
     measured = hm.measure(cfg, micro_batch=2, seq_len=16, attention="eager", precision="bf16-true")["total"]
     assert_band(measured, modelled(cfg, micro_batch=2, seq_len=16, attention="eager", precision="bf16-true"), 0.05,
                 "Korthikanti's GPT block")
+
+
+def test_the_docs_print_each_familys_table_as_the_rules_make_it():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "transformer-activations.md").read_text(encoding="utf-8")
+    for family in hm.FAMILIES:
+        assert f"#### {family}\n\n{ha.markdown_table(hm.tiny(family))}\n" in doc, f"{family}: regenerate the table"
