@@ -676,6 +676,14 @@ def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "s
     return kept + max(nbytes(head.kept) + nbytes(loss.kept), recomputed)
 
 
+def qlora_precision(compute_dtype: str = "bfloat16") -> str:
+    """The recipe whose activations a QLoRA model keeps. bitsandbytes' 4-bit matmul (MatMul4Bit) saves nothing for
+    backward but the packed weight (a parameter) on its context, so a quantized base linear keeps no activations,
+    like a frozen one; the rest of the model computes in `compute_dtype`. QLoRA's saved activations are LoRA's on
+    the model in that dtype: `saved(cfg, ..., precision=qlora_precision(compute), lora=...)`."""
+    return {"bfloat16": "bf16-true", "float16": "16-true", "float32": "32-true"}[compute_dtype]
+
+
 # ----------------------------------------------------------------------------------------- documentation
 
 SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int64": "i64", "int32": "i32", "bool": "bool"}
