@@ -120,18 +120,34 @@ def _activation(name: str, op: str, shape: tuple, f: str, role: str = "lin") -> 
     return [K(op, "input (the projection's output)", shape, role, needs=(f,))] + [K(op, w, shape, role, needs=(f,)) for w in rule]
 
 
+ROLE = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "qkv": "qkv_proj", "o": "o_proj", "gate": "gate_proj",
+        "up": "up_proj", "gate_up": "gate_up_proj", "down": "down_proj", "fc_in": "fc_in", "fc_out": "fc_out",
+        "lm_head": "lm_head", "transform": "transform", "norm1": "input_layernorm", "norm2": "post_attention_layernorm",
+        "final": "final norm"}
+
+
+def _op(role: str, module: str) -> str:
+    """A row's op: the role (stable across families: o_proj, down_proj, fc_in...), with the module path when the
+    family spells it differently."""
+    return role if module == role or module.endswith("." + role) else f"{role} ({module})"
+
+
 def _linear(group: list, x: tuple, f: str, low_input: bool = False, source: str | None = None) -> list:
-    """Linears reading one input `x` whose gradient flag is `f`. The input is kept once if any of their weights
-    trains (`source`: it is that row's storage). Under autocast each linear keeps its own low-precision copy of an
-    fp32 input (`low_input`: the input already comes out of a matmul, low) and of its weight, the latter whenever
-    the input needs a gradient, frozen or not. A LoRA adapter keeps its input (peft casts it to the adapter's fp32
-    first: a copy per adapter on a 16-bit model), or a dropout mask and the dropped copy, and its rank-R output."""
-    names = "/".join([group[0][0]] + [m.rsplit(".", 1)[-1] for m, _ in group[1:]])
+    """Linears reading one input `x` whose gradient flag is `f`; `group` lists (role, module path, output width).
+    The input is kept once if any of their weights trains (`source`: it is that row's storage). Under autocast each
+    linear keeps its own low-precision copy of an fp32 input (`low_input`: the input already comes out of a matmul,
+    low) and of its weight, the latter whenever the input needs a gradient, frozen or not. A LoRA adapter keeps its
+    input (peft casts it to the adapter's fp32 first: a copy per adapter on a 16-bit model), or a dropout mask and
+    the dropped copy, and its rank-R output."""
+    roles = "/".join(ROLE[r] for r, _, _ in group)
+    modules = "/".join([group[0][1]] + [m.rsplit(".", 1)[-1] for _, m, _ in group[1:]])
+    names = roles if all(m.endswith(ROLE[r]) for r, m, _ in group) else f"{roles} ({modules})"
+    group = [(_op(ROLE[r], m), m, width) for r, m, width in group]
     base = K(names, "input", x, "lin" if low_input else "act", None if low_input else "not_mixed",
-             tuple(f"W:{m}" for m, _ in group), source)
+             tuple(f"W:{m}" for _, m, _ in group), source)
     rows, key = [base], source or base.label
-    for m, width in group:
-        short, lora = m, (f"L:{m}",)
+    for short, m, width in group:
+        lora = (f"L:{m}",)
         if not low_input:
             rows.append(K(short, "input, cast to the low dtype by autocast", x, "low", "mixed", (f"W:{m}",)))
         rows += [
@@ -210,9 +226,9 @@ def _attention(fam: Family, n: dict) -> list:
     """Projections, attention (every kernel: `_conditions` picks the rows that apply), output projection."""
     T = ("T", "h")
     if fam.qkv == "separate":
-        rows = _linear([(n["q"], "q"), (n["k"], "kv"), (n["v"], "kv")], T, "n1")
+        rows = _linear([("q", n["q"], "q"), ("k", n["k"], "kv"), ("v", n["v"], "kv")], T, "n1")
     else:
-        rows = _linear([(n["qkv"], "qkv")], T, "n1")
+        rows = _linear([("qkv", n["qkv"], "qkv")], T, "n1")
     if fam.qk_norm:
         # per-head RMSNorm on q_proj's and k_proj's outputs (its upcast is those outputs when they are fp32)
         rows += _norm(fam.norm, "q_norm", ("b", "s", "H", "d"), "q_raw", "lin")
@@ -248,7 +264,7 @@ def _attention(fam: Family, n: dict) -> list:
     ]
     # o_proj's input: eager merges heads with a copy; SDPA on CPU returns the output in q's layout, so a contiguous
     # q (partial rotary's cat) makes it a copy too; otherwise it is a view of the kept output
-    o = [(n["o"], "h")]
+    o = [("o", n["o"], "h")]
     rows += [r._replace(when=_and("o_copy", r.when)) for r in _linear(o, ("T", "q"), "attn", low_input=True)]
     rows += [r._replace(when=_and("o_view", r.when))
              for r in _linear(o, ("T", "q"), "attn", low_input=True, source="attention: output")]
@@ -259,19 +275,19 @@ def _attention(fam: Family, n: dict) -> list:
 def _mlp(fam: Family, n: dict, act: str) -> list:
     T, X = ("T", "h"), ("b", "s", "h")
     if fam.mlp == "gated":
-        return _linear([(n["gate"], "i"), (n["up"], "i")], T, "n2") + _activation(act, "act_fn(gate)", ("b", "s", "i"), "g") + [
+        return _linear([("gate", n["gate"], "i"), ("up", n["up"], "i")], T, "n2") + _activation(act, "act_fn(gate)", ("b", "s", "i"), "g") + [
             K("act * up", "act_fn(gate)", ("b", "s", "i"), "lin", None, ("u",)),
             K("act * up", "up", ("b", "s", "i"), "lin", None, ("g",)),
-        ] + _linear([(n["down"], "h")], ("T", "i"), "p", low_input=True)
+        ] + _linear([("down", n["down"], "h")], ("T", "i"), "p", low_input=True)
     if fam.mlp == "gated_fused":
-        return _linear([(n["gate_up"], "i2")], T, "n2") + [
+        return _linear([("gate_up", n["gate_up"], "i2")], T, "n2") + [
             K("act_fn(gate), * up", "gate_up output (gate and up are halves of it)", ("b", "s", "i2"), "lin", None, ("g",)),
             K("act * up", "act_fn(gate)", ("b", "s", "i"), "lin", None, ("g",)),
-        ] + _linear([(n["down"], "h")], ("T", "i"), "p", low_input=True) + [
+        ] + _linear([("down", n["down"], "h")], ("T", "i"), "p", low_input=True) + [
             K("mlp output dropout", "mask", X, "bool", "resid_dropout", ("d",))]
     if fam.mlp == "plain":
-        return _linear([(n["fc_in"], "i")], T, "n2") + _activation(act, "act", ("b", "s", "i"), "g") + \
-            _linear([(n["fc_out"], "h")], ("T", "i"), "g", low_input=True) + [
+        return _linear([("fc_in", n["fc_in"], "i")], T, "n2") + _activation(act, "act", ("b", "s", "i"), "g") + \
+            _linear([("fc_out", n["fc_out"], "h")], ("T", "i"), "g", low_input=True) + [
                 K("mlp output dropout", "mask", X, "bool", "resid_dropout", ("d",))]
     # Mixtral: a router, then every routed (token, expert) pair through one grouped matmul (transformers 5.24's
     # `grouped_mm` experts: F.grouped_mm is not autocast, so the experts run in the model's dtype): sorted by expert,
@@ -321,10 +337,10 @@ def layer_rows(model_type: str, act: str | None = None, parallel: bool = True) -
         mlp = [r._replace(needs=tuple("h1n" if x == "n2" else x for x in r.needs)) for r in mlp]
         return (attention + [r._replace(op="attention.output LayerNorm") for r in _norm(fam.norm, "", X, "h1")]
                 + mlp + [r._replace(op="output LayerNorm") for r in _norm(fam.norm, "", X, "out")])
-    second = _norm(fam.norm, n.get("norm2", "post_attention_layernorm"), X, "x" if parallel and fam.parallel_key else "h1")
+    second = _norm(fam.norm, _op(ROLE["norm2"], n.get("norm2", "post_attention_layernorm")), X, "x" if parallel and fam.parallel_key else "h1")
     if parallel and fam.parallel_key:   # both norms read the layer input: its storage is kept once
         second = [r for r in second if not r.what.startswith("input")]
-    return _norm(fam.norm, n.get("norm1", "input_layernorm"), X, "x") + attention + second + mlp
+    return _norm(fam.norm, _op(ROLE["norm1"], n.get("norm1", "input_layernorm")), X, "x") + attention + second + mlp
 
 
 def _embedding_rows(fam: Family) -> list:
@@ -347,12 +363,12 @@ def _embedding_rows(fam: Family) -> list:
 def _head_rows(fam: Family) -> list:
     X, n = ("b", "s", "h"), fam.names
     if fam.head == "mlm":   # BertForMaskedLM: dense, activation, LayerNorm, decoder
-        return (_linear([(n["transform"], "h")], ("T", "h"), "x")
+        return (_linear([("transform", n["transform"], "h")], ("T", "h"), "x")
                 + _activation("gelu", "transform act", X, "t")
                 + [r._replace(what="input (the activation's output)", role="lin") if i == 0 else r
                    for i, r in enumerate(_norm(fam.norm, "transform.LayerNorm", X, "t"))]
-                + _linear([(n["lm_head"], "V")], ("T", "h"), "tn"))
-    return _norm(fam.norm, n.get("final", "model.norm"), X, "x") + _linear([(n["lm_head"], "V")], ("T", "h"), "fn")
+                + _linear([("lm_head", n["lm_head"], "V")], ("T", "h"), "tn"))
+    return _norm(fam.norm, _op(ROLE["final"], n.get("final", "model.norm")), X, "x") + _linear([("lm_head", n["lm_head"], "V")], ("T", "h"), "fn")
 
 
 # Causal LMs upcast the logits (logits.float()) before the cross-entropy; BERT's masked-LM loss does not
@@ -382,7 +398,7 @@ def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int = 0, attention: 
     tokens = micro_batch * seq_len
     k = cfg.get("num_experts_per_tok", 0)
     return {"b": micro_batch, "s": seq_len, "h": h, "i": inter, "i2": 2 * inter, "H": heads, "KV": kv_heads, "d": d,
-            "dk": -(-d // 8) * 8 if attention == "flash" else d,
+            "dk": -(-d // 8) * 8 if attention == "flash" else d, "r": rotary,
             "q": heads * d, "kv": kv_heads * d, "qkv": heads * d + 2 * kv_heads * d, "rot": rotary,
             "V": cfg["vocab_size"], "T": tokens, "Tl": tokens if micro_batch > 1 else seq_len + 1,
             "E": cfg.get("num_local_experts", 0), "k": k, "S": tokens * k, "R": rank, "R2": 2 * rank}
