@@ -13,9 +13,11 @@ names a `source` is that source's storage when both resolve to the same dtype (n
 Dtype roles, resolved per precision recipe by `_roles`:
   act    the model's dtype: the residual stream, norms' in/outputs (fp32 under *-mixed: autocast leaves them)
   lin    what a matmul produces (the low dtype under *-true and *-mixed)
-  soft   eager attention's softmax result where the model does not upcast it (fp32 under autocast)
+  soft   eager attention's softmax result where the model does not upcast it (fp32 under autocast, where GPT-2's
+         fp32 causal mask promotes the scores; BERT's unmasked softmax stays low: it uses `lin`)
   low    a copy autocast makes for a matmul (the low dtype under *-mixed; act otherwise)
-  ada    a LoRA adapter's dtype (fp32: peft upcasts adapters on a 16-bit base)
+  ada    a LoRA adapter's dtype (fp32: peft upcasts adapters on a 16-bit base); ada_low: what the adapter's matmul
+         keeps (the autocast copy under *-mixed, else ada)
   f32, i64, i32, bool   fixed: statistics and upcasts, indices, offsets, dropout masks (1 byte, as CUDA keeps them)
 """
 
