@@ -37,7 +37,10 @@ class Diagnostic:
     severity: str
     code: str
     message: str
-    file: str | None = None  # the file the problem is in, when it is not the checked file
+    # the file the problem is in, when it is not the checked file: a path as the checked path is
+    # given (joined onto the checked file's directory by whoever reads the reference), so the CLI
+    # shows it as the user would open it and the language server (absolute paths) can link it
+    file: str | None = None
     related: Range | None = None  # then: the key of the checked file that refers to `file`
 
     def to_json(self) -> dict:
