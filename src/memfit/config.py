@@ -106,7 +106,10 @@ def _device(device: dict, config: Config) -> list[Problem]:
                 Problem(("device", "reserve"), codes.BAD_BUDGET, f"device.reserve ({config.reserve:,} B) is more than device.memory ({config.memory:,} B): the budget would be negative")
             )
     if "warn_at" in device:
-        config.warn_at = parse_percent(device["warn_at"])
+        try:
+            config.warn_at = parse_percent(device["warn_at"])
+        except UnitError as error:
+            problems.append(Problem(("device", "warn_at"), codes.BAD_UNIT, f"device.warn_at: {error}"))
     return problems
 
 

@@ -110,6 +110,22 @@ class Analysis:
                     best = (rank, entry)
         return best[1] if best else None
 
+    @cached_property
+    def fixes(self) -> list:
+        """The fixes for this version when it is over (or near) its budget, cheapest first."""
+        from .fixes import fixes
+
+        return fixes(self.result, self.text) if self.config is not None else []
+
+    @cached_property
+    def fit(self):
+        """The largest micro_batch that fits, for the hover on it (None without a batch axis)."""
+        from .fit import fit, location
+
+        if self.config is None or self.result.data is None or location(self.result.data, "micro_batch") is None:
+            return None
+        return fit(self.result, self.text)
+
     def data_at(self, path: tuple):
         node = self.result.data
         for part in path:
@@ -147,6 +163,11 @@ class Analysis:
             return optimizer_text(self.data_at(path), self.config), path
         if head == ("device",) or head == ("memfit",):
             return self.budget_text(), path
+        if path in _BATCH_AXES and self.fit is not None:
+            text = micro_batch_text(self.fit)
+            if head == ("training",) and self.config is not None and self.config.model is not None:
+                text = "\n\n".join(t for t in (training_text(path[1], self.config.model), text) if t)
+            return text, path
         if head == ("model",) and self.config is not None and self.config.model is not None:
             return model_text(self.config.model, self.config), path[:2]
         if head == ("training",) and len(path) == 2 and self.config is not None and self.config.model is not None:
@@ -287,6 +308,29 @@ def training_text(key: str, model) -> str:
         "checkpointing": "full: each layer keeps only its input and is recomputed in the backward",
     }[key]
     return f"**training.{key}** = {model.training[key]}: {meaning}  \n{training_hint(key, model)}"
+
+
+def _batch_axes() -> tuple:
+    from .fit import VARY
+
+    return VARY["micro_batch"]
+
+
+_BATCH_AXES = _batch_axes()
+
+
+def micro_batch_text(found) -> str | None:
+    """Hover on the batch axis: the largest micro_batch that fits (fit's answer, not recomputed)."""
+    if found.max is None:
+        return None
+    budget = with_bytes(found.budget)
+    if found.max == 0:
+        return f"**micro_batch**: even 1 does not fit: it needs {with_bytes(found.bytes_at_next)} of the budget {budget}"
+    lines = [f"**micro_batch**: the largest that fits is **{found.max:,}** (now {found.current:,})", ""]
+    lines.append(f"- at {found.max:,}: {with_bytes(found.bytes_at_max)} of the budget {budget}")
+    if found.bytes_at_next is not None:
+        lines.append(f"- at {found.max + 1:,}: {with_bytes(found.bytes_at_next)}")
+    return "\n".join(lines)
 
 
 def _width_text(width) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .families import CAUSAL_LM, FAMILIES, MASKED_LM, SEQUENCE_CLASSIFICATION, Family
+from .families import FAMILIES, SEQUENCE_CLASSIFICATION, Family
 
 LINEAR, LINEAR_BIAS, CONV1D, EMBEDDING, NORM, OTHER = "linear", "linear_bias", "conv1d", "embedding", "norm", "other"
 ATTENTIONS = ("eager", "sdpa", "flash")  # training.attention; sdpa is transformers' default
