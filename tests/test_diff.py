@@ -38,6 +38,7 @@ def repo(tmp_path):
     (repo / "configs").mkdir(parents=True)
     for name in ("text-encoder.yaml", "cifar-cnn.yaml", "gpt2-small.yaml"):
         shutil.copy(EXAMPLES / name, repo / "configs" / name)
+    shutil.copytree(EXAMPLES / "models", repo / "configs" / "models")  # gpt2-small's hf_config
     (repo / "configs" / "compose.yaml").write_text("services: {web: {image: nginx}}\n", encoding="utf-8")
     git(repo, "init", "-q")
     git(repo, "add", ".")

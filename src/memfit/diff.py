@@ -168,7 +168,7 @@ def compare(rev: str, paths: list[str], cwd: str | None = None, options: Options
         if name not in explicit and not any(has_marker(raw.decode("utf-8", "replace")) for raw in texts.values()):
             continue
         for side, raw in texts.items():
-            setattr(entry, side, Side(_checked(raw, name, options)))
+            setattr(entry, side, Side(_checked(raw, name, options, root)))
         entries.append(entry)
     for w in wanted:
         if w and w not in explicit and not under(w, names) and not os.path.isdir(os.path.join(root, w)):
@@ -176,12 +176,16 @@ def compare(rev: str, paths: list[str], cwd: str | None = None, options: Options
     return Comparison(rev, sha, entries)
 
 
-def _checked(raw: bytes, name: str, options: Options) -> Result:
+def _checked(raw: bytes, name: str, options: Options, root: str = "") -> Result:
     text, problem = decode(raw)
     if problem is not None:
         return Result(name, [problem])
     try:
-        return check(text, name, options)
+        # checked at its place in the repository, so that a model.hf_config relative to it resolves
+        # from any working directory (it is read from the working tree, also for the revision's side)
+        result = check(text, os.path.join(root, name), options)
+        result.path = name
+        return result
     except Exception as error:  # noqa: BLE001
         from .check import internal_error
 
