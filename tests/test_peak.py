@@ -82,6 +82,19 @@ def test_allocator_granularity_rounds_every_live_tensor():
     assert {k: v for k, v in coarse["live"].items() if k != "overhead"} == {k: v for k, v in exact["live"].items() if k != "overhead"}
 
 
+def test_a_declared_tensor_list_peaks_at_its_footprint_in_backward():
+    from memfit.config import build, footprint
+    from memfit.peak import tensors_step
+
+    doc = {"memfit": 1, "optimizer": "adam", "parameters": [[1000, 10], {"shape": [10], "trainable": False, "count": 2}], "activations": [[64, 1000]]}
+    config, problems = build(doc)
+    assert not problems
+    fp = footprint(config)
+    top = peak(tensors_step(config.tensors, "adam", "for_loop"))
+    assert top["phase"] == "backward" and top["bytes"] == fp["total"]
+    assert top["phases"]["optimizer_step"]["live"]["transient"] == 2 * 40_000  # for_loop Adam: two of its one parameter
+
+
 # --- Keras-form models against MemTracker --------------------------------------------------------
 MODELS = {
     "seed-cnn": (*tf.SEED, 32),  # the seed's Atari CNN: 3.4 M parameters, batch 32

@@ -241,12 +241,13 @@ def peak(step: Step, granule: int | None = None) -> dict:
 
 
 # --- the Keras-form layer stack (`model:`) -------------------------------------------------
-def keras_step(model: dict, config, optimizer: str, impl: str, overhead: int = 0) -> Step:
+def keras_step(model: dict, config, optimizer: str, impl: str, overhead: int = 0, declared=()) -> Step:
     """The rows of a schema-valid, shape-checked `model` section under the config's dtypes.
 
     Walks the layers as layers.derive does (the same RULES, the same tensor identities), keeping
     what derive folds away: which tensor each layer reads and writes. The loss is PyTorch's
-    cross-entropy on the last layer's output with integer class labels (one per output row)."""
+    cross-entropy on the last layer's output with integer class labels (one per output row).
+    `declared`: tensors listed explicitly beside the model (declared_row)."""
     from .calculator import tensor_bytes
     from .layers import ACTIVATIONS, IDS, IN, INT64, OUT, RULES, defaults
     from .dtypes import DTYPES
@@ -272,6 +273,9 @@ def keras_step(model: dict, config, optimizer: str, impl: str, overhead: int = 0
     current_dtype = INT64 if ids_in else None
     batch = [current]
     rows: list[Row] = []
+    extra = declared_row(declared, 0, tensors)
+    if extra is not None:
+        rows.append(extra)
     elements: list[int] = []  # of each trainable weight, in order
     requires_grad = False
     names = [r.name for r in config.layers] if len(config.layers) == len(layers) else [None] * len(layers)
@@ -327,7 +331,7 @@ def keras_step(model: dict, config, optimizer: str, impl: str, overhead: int = 0
         rows[-1].kept.append(current)
     labels = fresh(shape[:-1], INT64)
     batch.append(labels)
-    states = [tensor_bytes(n, widths["optimizer_state"].bytes) for n in elements for _ in range(config.states)]
+    states = declared_state(declared) + [tensor_bytes(n, widths["optimizer_state"].bytes) for n in elements for _ in range(config.states)]
     return Step(rows, tensors, batch, Loss(forward=(logits,), backward=(logits, logits)), states, optimizer, impl, overhead)
 
 
@@ -545,3 +549,48 @@ def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int) -> dict:
     }
 
 
+
+
+# --- declared tensors (`parameters:` / `activations:` lists) -------------------------------------
+def declared_row(tensors, states: int, ids: dict) -> Row | None:
+    """The explicitly declared tensors as one row ahead of any model: its parameters (count copies
+    each), and its activations, all kept for backward (what a list of tensors says: they are saved).
+    `ids` (id -> bytes) receives the activations. None when nothing is declared."""
+    row = Row("declared tensors", grad_input=False, output_grad=False)
+    any_declared = False
+    for t in tensors:
+        any_declared = True
+        copies = max(t.count, 1)
+        if t.category == "parameters":
+            each = t.bytes.get("parameters", 0) // copies
+            if t.trainable:
+                row.params += [each] * copies
+                row.grads += [t.bytes.get("gradients", 0) // copies] * copies
+            else:
+                row.frozen += [each] * copies
+        else:
+            for _ in range(copies):
+                ids[len(ids) + 1] = t.bytes.get("activations", 0) // copies
+                row.kept.append(len(ids))
+    if row.grads:  # its parameters are trained, so its backward runs (their gradients appear)
+        row.output_grad = True
+    return row if any_declared else None
+
+
+def declared_state(tensors) -> list:
+    """Optimizer state of the declared trainable parameters, as tensors (bytes each)."""
+    out = []
+    for t in tensors:
+        if t.category == "parameters" and t.trainable and t.bytes.get("optimizer_state"):
+            out.append(t.bytes["optimizer_state"])
+    return out
+
+
+def tensors_step(tensors, optimizer: str, impl: str, overhead: int = 0) -> Step:
+    """A run described only by declared tensors: forward keeps all the activations, backward adds
+    the gradients, the optimizer step its temporaries. No layer structure, so no flowing
+    gradients: the backward is the footprint's total."""
+    ids: dict = {}
+    row = declared_row(tensors, 0, ids)
+    rows = [row] if row is not None else []
+    return Step(rows, ids, [], Loss((), ()), declared_state(tensors), optimizer, impl, overhead)
