@@ -470,3 +470,91 @@ def test_docs_table_is_generated():
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "recipes.md").read_text()
     assert precision.table() in doc
+
+
+# --- every transformer family memfit models (models/hf.py), on the meta device ---------------
+def _families():
+    from test_transformers_params import CONFIGS, OTHER_ARCHITECTURES
+
+    from memfit.models import hf, hf_config
+
+    for model_type, givens in CONFIGS.items():
+        for i, given in enumerate(givens):
+            cfg = hf_config.normalize({"model_type": model_type, **given})
+            for arch in [hf.architecture(cfg)] + ([OTHER_ARCHITECTURES[model_type]] if model_type in OTHER_ARCHITECTURES else []):
+                yield pytest.param(model_type, given, arch, id=f"{model_type}{i}-{arch}")
+
+
+@pytest.mark.parametrize("model_type,given,arch", list(_families()))
+def test_families_lora_and_quantized_modules(model_type, given, arch):
+    from test_transformers_params import build
+    from transformers.quantizers.base import get_keys_to_not_convert
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    from memfit.models import hf, hf_config
+
+    cfg = dict(hf_config.normalize({"model_type": model_type, **given}), architectures=[arch])
+    params, linears = hf.parameters(cfg), hf.linear_modules(cfg)
+    head = lora.OUTPUT_HEADS[hf.head(cfg)]
+    model = build(transformers, model_type, given, arch)
+    # quantization: transformers' default skips, over memfit's linear modules
+    tied = [k for pair in model.all_tied_weights_keys.items() for k in pair]
+    theirs = [n for n, *_ in linears if should_convert_module(n, get_keys_to_not_convert(model))]
+    assert quant.quantized_modules(linears, output_head=head, params=params, tied=tied) == theirs
+    # LoRA: the whole named_parameters() list
+    cases = [{"r": 4, "target_modules": ["q_proj", "v_proj"]}] if model_type in lora.MOE_RETARGETED else [{"r": 4, "target_modules": "all-linear"}]
+    cases.append({"r": 3})  # peft's per-family default targets
+    for cfg_lora in cases:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if "target_modules" not in cfg_lora and (model_type not in lora.DEFAULT_TARGETS or model_type in lora.MOE_RETARGETED):
+                with pytest.raises(ValueError, match="target_modules"):
+                    peft.get_peft_model(build(transformers, model_type, given, arch), peft.LoraConfig(**cfg_lora))
+                with pytest.raises(lora.LoraError, match="target_modules is not given"):
+                    lora.spec(cfg_lora, model_type=model_type)
+                continue
+            got = peft.get_peft_model(build(transformers, model_type, given, arch), peft.LoraConfig(**cfg_lora))
+        mine = lora.peft_parameters(params, linears, cfg_lora, output_head=head, model_type=model_type)
+        assert [(n, tuple(p.shape), p.requires_grad) for n, p in got.named_parameters()] == [(p.name, p.shape, p.trainable) for p in mine]
+
+
+def test_mixtral_all_linear_is_refused_not_guessed():
+    with pytest.raises(lora.LoraError, match="MoE"):
+        lora.spec({"r": 4, "target_modules": "all-linear"}, model_type="mixtral")
+
+
+@pytest.mark.parametrize("method,double_quant", [("nf4", True), ("fp4", False), ("int8", False)])
+def test_qlora_whole_model_bytes(llama_dir, method, double_quant):
+    """QLoRA end to end: every byte of the quantized, peft-wrapped model (distinct storages of its
+    parameters and QuantState tensors) against training_parameters."""
+    from memfit.models import hf, hf_config
+
+    cfg = hf_config.normalize({"model_type": "llama", **LLAMA})
+    params, linears = hf.parameters(cfg), hf.linear_modules(cfg)
+    lora_cfg = {"r": 4, "target_modules": ["q_proj", "v_proj", "down_proj"], "modules_to_save": ["embed_tokens"]}
+    qcfg = {"method": method, "double_quant": double_quant}
+    model = _peft(_load(llama_dir, method, double_quant), r=4, target_modules=lora_cfg["target_modules"], modules_to_save=lora_cfg["modules_to_save"])
+    rows = lora.training_parameters(params, linears, base_dtype="bfloat16", lora_config=lora_cfg, quantization=qcfg)
+    held = list(model.parameters())
+    for m in model.modules():
+        if isinstance(m, (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt)):
+            held += list(_held(m).values())
+    width = {"bfloat16": 2, "float32": 4, "uint8": 1, "int8": 1}
+    assert distinct(held) == sum(math.prod(r.shape) * width[r.dtype] for r in rows)
+    got = [(n, p.requires_grad) for n, p in model.named_parameters()]
+    assert got == [(r.name, r.trainable) for r in rows if r.role != "quant_state"]
+
+
+def test_per_parameter_view():
+    r = precision.resolve("16-true", master_weights="float32", grad_accum_dtype="float32")
+    shapes = [(64, 32), (32,)]
+    entries = [(precision.parameter_tensors(r, "adamw", s), 3, math.prod(s), True) for s in shapes]
+    rows, every, trainable = precision.per_parameter_view(entries)
+    assert every == trainable == 3 * (64 * 32 + 32)
+    assert sum(row.per_parameter for row in rows) == 20
+    assert {(row.label, row.per_parameter, row.origin) for row in rows if row.category == "gradients"} == {
+        ("grad", 2, "like its parameter"),
+        ("grad accum buffer", 4, "training.grad_accum_dtype"),
+    }
+    lines = precision.view_lines(rows, every, trainable)
+    assert lines[-1].split()[:2] == ["total", "20"] and all(len(line) <= 80 for line in lines)

@@ -55,6 +55,24 @@ DEFAULT_TARGETS: dict[str, list[str]] = {
 }
 
 
+# Heads (models/families.py names) -> the module get_output_embeddings() returns,
+# which "all-linear" leaves out; a classification head has none, so peft adapts it.
+OUTPUT_HEADS: dict[str, str | None] = {
+    "causal-lm": "lm_head",
+    "masked-lm": "cls.predictions.decoder",
+    "sequence-classification": None,
+}
+
+# peft 0.21 rewrites these families' targets for transformers 5's fused MoE layers
+# (utils/transformers_weight_conversion.py, _MOE_TARGET_MODULE_MAPPING): a string
+# target is resolved to include the router and experts, which then get LoRA as
+# target_parameters. memfit does not model that conversion.
+MOE_RETARGETED: dict[str, tuple] = {
+    "mixtral": ("gate", "w1", "w3", "w2"),
+    "qwen2_moe": ("gate", "gate_proj", "up_proj", "down_proj"),
+}
+
+
 class LoraError(ValueError):
     """Bad LoRA input; `field` is the config key it is about."""
 
@@ -91,6 +109,12 @@ def spec(config: dict, *, model_type: str | None = None) -> LoraSpec:
     alpha = config.get("alpha", config.get("lora_alpha", 8))
     dropout = config.get("dropout", config.get("lora_dropout", 0.0))
     targets = config.get("target_modules")
+    if targets is None and model_type in MOE_RETARGETED:
+        raise LoraError(
+            f"lora.target_modules is not given: on {model_type}, peft 0.21 refuses a LoraConfig without targets "
+            "(its transformers-5 MoE conversion finds none); list the modules, e.g. [q_proj, v_proj]",
+            "lora.target_modules",
+        )
     if targets is None:
         if model_type not in DEFAULT_TARGETS:
             raise LoraError(
@@ -102,6 +126,13 @@ def spec(config: dict, *, model_type: str | None = None) -> LoraSpec:
         targets = ALL_LINEAR if targets.lower() == ALL_LINEAR else targets
     else:
         targets = list(targets)
+    if model_type in MOE_RETARGETED and (isinstance(targets, str) or set(targets) & set(MOE_RETARGETED[model_type])):
+        raise LoraError(
+            f"lora.target_modules {targets!r} on {model_type}: peft retargets the router and experts of transformers 5's fused "
+            "MoE layers (target_parameters), which memfit does not model; list the attention projections instead "
+            "(e.g. [q_proj, k_proj, v_proj, o_proj])",
+            "lora.target_modules",
+        )
     saved = tuple(config.get("modules_to_save") or ())
     return LoraSpec(r, alpha, dropout, targets, saved)
 
@@ -213,3 +244,47 @@ def adapter_count(linears, config, *, output_head: str | None = "lm_head", model
     lora = config if isinstance(config, LoraSpec) else spec(config, model_type=model_type)
     rows = {row[0]: row for row in linears}
     return sum(lora.r * (rows[m][1] + rows[m][2]) for m in targeted(linears, lora, output_head=output_head))
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One tensor of the (peft-wrapped, quantized) transformer: what it is and how it is kept."""
+
+    name: str
+    shape: tuple
+    dtype: str
+    trainable: bool
+    role: str  # "adapter" | "base" | "saved_copy" | "original" | "frozen" | "weight" | "quant_state"
+
+
+def training_parameters(params, linears, *, base_dtype: str, lora_config=None, quantization=None, output_head: str | None = "lm_head", tied=(), model_type: str | None = None) -> list[Row]:
+    """Every parameter (and bitsandbytes quantization constant) of a transformers model
+    loaded in `base_dtype`, quantized as `quantization` says ({method, double_quant,
+    skip_modules}) and wrapped by peft as `lora_config` says, in named_parameters() order,
+    each quantized weight followed by its QuantState tensors."""
+    from . import quant
+
+    rows_by_module = {row[0]: row for row in linears}
+    quantized: set = set()
+    method = double = None
+    if quantization is not None:
+        method = quant.method(quantization.get("method", "nf4")).name
+        double = bool(quantization.get("double_quant", False))
+        quantized = set(quant.quantized_modules(linears, skip_modules=quantization.get("skip_modules"), output_head=output_head, params=params, tied=tied))
+    if lora_config is not None:
+        wrapped = peft_parameters(params, linears, lora_config, output_head=output_head, model_type=model_type)
+        source_rows = [(p.name, p.shape, p.dtype or base_dtype, p.trainable, p.role, p.source) for p in wrapped]
+    else:
+        source_rows = [(name, tuple(shape), base_dtype, True, "weight", name) for name, shape, *_ in params]
+    out: list[Row] = []
+    for name, shape, dtype, trainable, role, source in source_rows:
+        module, _, leaf = source.rpartition(".")
+        if source and leaf == "weight" and module in quantized and role not in ("saved_copy",):
+            _, fan_in, fan_out, _ = rows_by_module[module]
+            stem = name[: -len(".weight")]
+            for label, qshape, qdtype in quant.weight_tensors(fan_in, fan_out, method, double_quant=double):
+                full = f"{stem}.{label}" if label != "weight" else name
+                out.append(Row(full, qshape, qdtype, False, "weight" if label == "weight" else "quant_state"))
+            continue
+        out.append(Row(name, tuple(shape), dtype, trainable, role))
+    return out

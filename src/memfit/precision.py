@@ -83,6 +83,7 @@ class Item:
     shape: tuple
     dtype: str
     bytes: int
+    origin: str = ""  # where the dtype comes from, for explain
 
 
 def closest(name: str, vocabulary) -> list[str]:
@@ -117,7 +118,7 @@ def resolve(precision: str | None = None, dtypes: dict | None = None, master_wei
             origin[category] = f"dtypes.{category}"
         elif category == "optimizer_state" and master is not None:
             chosen[category] = master
-            origin[category] = "master_weights (the optimizer steps the master copy)"
+            origin[category] = "master_weights"
         else:
             chosen[category] = getattr(recipe, category)
             origin[category] = f"precision {name}"
@@ -155,20 +156,33 @@ def parameter_tensors(resolved: Resolved, optimizer: str, shape: tuple, *, train
     shape = tuple(shape)
     n = _elements(shape)
     own = resolved.parameters if param_dtype is None else param_dtype
-    items = [Item("parameters", "weight", shape, str(own), _bytes(n, own))]
+    own_origin = resolved.origin.get("parameters", "") if param_dtype is None else "the tensor's own dtype"
+    items = [Item("parameters", "weight", shape, str(own), _bytes(n, own), own_origin)]
     if not trainable:
         return items
     follows = not resolved.legacy
-    grad = own if follows and "gradients" not in resolved.explicit else resolved.gradients
+    grad_follows = follows and "gradients" not in resolved.explicit
+    grad = own if grad_follows else resolved.gradients
     pinned = "optimizer_state" in resolved.explicit or resolved.master_weights is not None
     state = own if follows and not pinned else resolved.optimizer_state
-    items.append(Item("gradients", "grad", shape, str(grad), _bytes(n, grad)))
+    grad_origin = "like its parameter" if grad_follows else resolved.origin.get("gradients", "")
+    items.append(Item("gradients", "grad", shape, str(grad), _bytes(n, grad), grad_origin))
     if resolved.grad_accum_dtype is not None:
-        items.append(Item("gradients", "grad accumulation buffer", shape, resolved.grad_accum_dtype, _bytes(n, resolved.grad_accum_dtype)))
+        items.append(Item("gradients", "grad accum buffer", shape, resolved.grad_accum_dtype, _bytes(n, resolved.grad_accum_dtype), "training.grad_accum_dtype"))
     if resolved.master_weights is not None:
-        items.append(Item("optimizer_state", "master weight", shape, resolved.master_weights, _bytes(n, resolved.master_weights)))
+        items.append(Item("optimizer_state", "master weight", shape, resolved.master_weights, _bytes(n, resolved.master_weights), "master_weights"))
+    spec = optim.lookup(optimizer)
+    short = spec.framework.split("(")[0].rsplit(".", 1)[-1]
+    if spec.layout == "blockwise8":
+        state_origin = f"{short}, 8-bit blockwise"
+    elif follows and not pinned:
+        state_origin = f"{short}, like its parameter"
+    elif resolved.master_weights is not None and "optimizer_state" not in resolved.explicit:
+        state_origin = f"{short}, follows master_weights"
+    else:
+        state_origin = f"{short}, {resolved.origin.get('optimizer_state', '')}"
     for label, state_shape, dtype in optim.state_tensors(optimizer, shape, state, **optimizer_args):
-        items.append(Item("optimizer_state", label, tuple(state_shape), str(dtype), _bytes(_elements(state_shape), dtype)))
+        items.append(Item("optimizer_state", label, tuple(state_shape), str(dtype), _bytes(_elements(state_shape), dtype), state_origin))
     return items
 
 
@@ -245,3 +259,58 @@ def table(optimizers=None, shape=(4096, 4096)) -> str:
             cells.append(_decimal(sum(per.values(), Fraction(0))))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class ViewRow:
+    category: str
+    label: str
+    dtype: str
+    bytes: int
+    per_parameter: Fraction  # bytes per parameter element (per trainable element for gradients/optimizer state)
+    origin: str
+
+
+def per_parameter_view(entries, shared=()) -> tuple[list[ViewRow], int, int]:
+    """The "16 B/param" view of a config: its parameter tensors' items grouped by what
+    they are, each as bytes per parameter element (gradients and optimizer state per
+    trainable element). `entries`: (items, count, elements, trainable) per declared
+    parameter; `shared`: once-per-optimizer items. Returns (rows, all, trainable elements)."""
+    groups: dict = {}
+    every = trainable_elements = 0
+    for items, count, elements, trainable in entries:
+        every += count * elements
+        trainable_elements += count * elements if trainable else 0
+        for item in items:
+            key = (item.category, item.label, item.dtype, item.origin)
+            groups[key] = groups.get(key, 0) + count * item.bytes
+    for item in shared:
+        key = (item.category, item.label, item.dtype, item.origin)
+        groups[key] = groups.get(key, 0) + item.bytes
+    rows = []
+    for (category, label, dtype, origin), size in groups.items():
+        base = every if category == "parameters" else trainable_elements
+        rows.append(ViewRow(category, label, dtype, size, Fraction(size, base) if base else Fraction(0), origin))
+    order = {c: i for i, c in enumerate(CATEGORIES)}
+    rows.sort(key=lambda r: (order[r.category], -r.bytes))
+    return rows, every, trainable_elements
+
+
+def shared_items(optimizer: str, items) -> list[Item]:
+    """Once-per-optimizer tensors (bitsandbytes' quantization maps) as Items."""
+    return [Item("optimizer_state", label, shape, dtype, _bytes(_elements(shape), dtype), "one per optimizer") for label, shape, dtype in optim.shared_tensors(optimizer, items)]
+
+
+def view_lines(rows, every: int, trainable: int, width: int = 80) -> list[str]:
+    """Text of the per-parameter view: one line per kind of tensor, then a total."""
+    out = [f"bytes per parameter ({every:,}; per trainable one, {trainable:,}, for gradients and state):"]
+    total = Fraction(0)
+    for r in rows:
+        total += r.per_parameter if r.category != "parameters" or trainable == every else Fraction(0)
+        value = f"{float(r.per_parameter):.4f}".rstrip("0").rstrip(".")
+        line = f"  {r.category:<16} {value:>7}  {r.dtype:<9} {r.label} ({r.origin})"
+        out.append(line if len(line) <= width else line[: width - 1] + "…")
+    if trainable == every:
+        value = f"{float(total):.4f}".rstrip("0").rstrip(".")
+        out.append(f"  {'total':<16} {value:>7}  per parameter")
+    return out

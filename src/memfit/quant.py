@@ -96,13 +96,32 @@ def skipped(module_name: str, patterns) -> bool:
     return any(re.match(rf"(?:{key}){boundary}", module_name) or module_name.endswith(key) for key in patterns)
 
 
-def quantized_modules(linears, *, skip_modules=None, output_head: str | None = "lm_head", keep_in_fp32=()) -> list[str]:
+def default_skip_patterns(params, output_head: str | None, tied=()) -> list[str]:
+    """transformers' get_keys_to_not_convert: the tied parameters (both ends), the
+    last parameter and the output-embedding module, each without a ".weight" suffix.
+
+    `params`: the model's (name, ...) rows in named_parameters() order; `tied`: the
+    names of tied parameters, both ends (lm_head.weight, model.embed_tokens.weight)."""
+    keys = set(tied)
+    if params:
+        keys.add(params[-1][0])
+    if output_head:
+        keys.add(output_head)
+    return sorted({k.removesuffix(".weight") for k in keys})
+
+
+def quantized_modules(linears, *, skip_modules=None, output_head: str | None = "lm_head", keep_in_fp32=(), params=None, tied=()) -> list[str]:
     """Names of the linear modules transformers replaces by bitsandbytes layers.
 
     `linears`: (module_name, in_features, out_features, has_bias) rows. With no
-    `skip_modules` the output head is kept (get_keys_to_not_convert); a given list
-    replaces that default, as transformers does; `keep_in_fp32` (a model class's
-    _keep_in_fp32_modules) is always added."""
-    patterns = list(skip_modules) if skip_modules is not None else ([output_head] if output_head else [])
+    `skip_modules` transformers' defaults apply (default_skip_patterns; the output
+    head when `params` is not given); a given list replaces them, as transformers
+    does; `keep_in_fp32` (a model class's _keep_in_fp32_modules) is always added."""
+    if skip_modules is not None:
+        patterns = list(skip_modules)
+    elif params is not None:
+        patterns = default_skip_patterns(params, output_head, tied)
+    else:
+        patterns = [output_head] if output_head else []
     patterns += list(keep_in_fp32)
     return [row[0] for row in linears if not skipped(row[0], patterns)]
