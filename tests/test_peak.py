@@ -185,6 +185,8 @@ HF_RUNS = (
     # one sequence of 8 tokens: the activations are small and the optimizer step is the peak
     + [(f, "adamw", i, "none", 1, 8) for f in ("llama", "gpt2") for i in IMPLS]
 )
+# bf16 parameters (model.to(bfloat16)): the loss upcasts the logits to fp32
+HF_BF16 = [(f, "adamw", "foreach", c, b, s) for f in ("llama", "gpt2") for c in ("none", "full") for b, s in ((2, 64), (1, 8))]
 
 
 def hf_tiny(family):
@@ -192,11 +194,22 @@ def hf_tiny(family):
 
 
 @pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("precision", ["32-true"])
 @pytest.mark.parametrize("family,optimizer,impl,checkpointing,micro_batch,seq_len", HF_RUNS)
-def test_transformers_peak_matches_memtracker(family, optimizer, impl, checkpointing, micro_batch, seq_len):
+def test_transformers_peak_matches_memtracker(family, optimizer, impl, checkpointing, micro_batch, seq_len, precision):
+    check_hf(family, optimizer, impl, checkpointing, micro_batch, seq_len, precision)
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("family,optimizer,impl,checkpointing,micro_batch,seq_len", HF_BF16)
+def test_transformers_peak_in_bf16_matches_memtracker(family, optimizer, impl, checkpointing, micro_batch, seq_len):
+    check_hf(family, optimizer, impl, checkpointing, micro_batch, seq_len, "bf16-true")
+
+
+def check_hf(family, optimizer, impl, checkpointing, micro_batch, seq_len, precision):
     cfg = hf_tiny(family)
-    theirs = ref.measure_hf(cfg, micro_batch=micro_batch, seq_len=seq_len, optimizer=optimizer, impl=impl, checkpointing=checkpointing)
-    step = hf_step(hf_config.normalize(cfg), micro_batch=micro_batch, seq_len=seq_len, checkpointing=checkpointing, optimizer=optimizer, impl=impl, states=STATES[optimizer])
+    theirs = ref.measure_hf(cfg, micro_batch=micro_batch, seq_len=seq_len, optimizer=optimizer, impl=impl, checkpointing=checkpointing, precision=precision)
+    step = hf_step(hf_config.normalize(cfg), micro_batch=micro_batch, seq_len=seq_len, checkpointing=checkpointing, precision=precision, optimizer=optimizer, impl=impl, states=STATES[optimizer])
     ours = peak(step)
     assert ours["phase"] == theirs["phase"]
     assert abs(ours["bytes"] - theirs["bytes"]) <= BAND * theirs["bytes"], (ours["bytes"], theirs["bytes"])
