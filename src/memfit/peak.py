@@ -249,7 +249,7 @@ def keras_step(model: dict, config, optimizer: str, impl: str, overhead: int = 0
     cross-entropy on the last layer's output with integer class labels (one per output row).
     `declared`: tensors listed explicitly beside the model (declared_row)."""
     from .calculator import tensor_bytes
-    from .layers import ACTIVATIONS, IDS, IN, INT64, OUT, RULES, defaults
+    from .models.keras import ACTIVATIONS, IDS, IN, INT64, OUT, RULES, defaults
     from .dtypes import DTYPES
 
     widths = config.widths
