@@ -83,13 +83,14 @@ def test_allocator_granularity_rounds_every_live_tensor():
 
 
 def test_a_declared_tensor_list_peaks_at_its_footprint_in_backward():
-    from memfit.config import build, footprint
+    from memfit.config import build
     from memfit.peak import tensors_step
+    from memfit.placement import place
 
     doc = {"memfit": 1, "optimizer": "adam", "parameters": [[1000, 10], {"shape": [10], "trainable": False, "count": 2}], "activations": [[64, 1000]]}
     config, problems = build(doc)
     assert not problems
-    fp = footprint(config)
+    fp = place(config.tensors).footprint
     top = peak(tensors_step(config.tensors, "adam", "for_loop"))
     assert top["phase"] == "backward" and top["bytes"] == fp["total"]
     assert top["phases"]["optimizer_step"]["live"]["transient"] == 2 * 40_000  # for_loop Adam: two of its one parameter
