@@ -459,7 +459,7 @@ def hf_step(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa
     row.frozen = _buffers(cfg, sizes, widths["parameters"])
     rows.append(row)
     every = acts.saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing="none", precision=precision)[1].kept
-    parts = _split(every)
+    parts = _split(every, acts.FAMILIES[cfg["model_type"]])
     part_bytes = [sum(_elements(k.shape) * _WIDTH[k.dtype] for k in kept) for _, kept in parts]
     flights = _layer_flights(cfg, sizes, act_w, lin_w)
     for i in range(n_layers):
@@ -493,7 +493,7 @@ def _buffers(cfg: dict, sizes: dict, width: int) -> list:
     """The model's buffers (on the device, without gradients): the rotary embedding's inv_freq and
     original_inv_freq; BERT's position_ids and token_type_ids (int64, max_position_embeddings);
     Gemma's embedding normalizer (a float32 scalar)."""
-    out = [sizes["r"] // 2 * width] * 2 if sizes["r"] else []
+    out = [sizes["rot"] // 2 * width] * 2 if sizes["rot"] else []
     if cfg["model_type"] == "bert":
         out += [cfg["max_position_embeddings"] * 8] * 2
     if cfg["model_type"] == "gemma":
@@ -508,23 +508,26 @@ _PARTS = (
     ("down_proj", ("down_proj", "mlp.c_proj", "dense_4h_to_h", ".output.")),
     ("mlp", ("",)),
 )
-# Where each part's kept tensors begin in hf_activations' layer table (labels "op: what").
-_STARTS = {"o_proj": ("o_proj",), "mlp": ("post_attention_layernorm", "fc_in"), "down_proj": ("down_proj", "fc_out", "grouped_mm down")}
-
-
 def _part(name: str) -> str:
     return next(part for part, words in _PARTS if any(w in name for w in words))
 
 
-def _split(kept: list) -> list:
+def _split(kept: list, fam) -> list:
     """A layer's kept tensors as its four parts, in forward order (a part that keeps nothing of
-    its own, such as o_proj whose input the attention kernel keeps, is empty)."""
+    its own, such as o_proj whose input the attention kernel keeps, is empty). The labels of
+    hf_activations begin with the module's name: a part begins at its first module's."""
+    n = fam.names
+    starts_with = {
+        "o_proj": (n["o"],),
+        "mlp": ("post_attention_layernorm", *(n[k] for k in ("gate", "gate_up", "fc_in") if k in n)),
+        "down_proj": (*(n[k] for k in ("down", "fc_out") if k in n), "grouped_mm down"),
+    }
     order = ["attention", "o_proj", "mlp", "down_proj"]
     starts = [0] * len(order) + [len(kept)]
-    for n in range(len(order) - 1, 0, -1):
-        found = next((m for m, k in enumerate(kept) if k.label.startswith(_STARTS[order[n]])), None)
-        starts[n] = min(found if found is not None else starts[n + 1], starts[n + 1])
-    return [(part, kept[starts[n] : starts[n + 1]]) for n, part in enumerate(order)]
+    for i in range(len(order) - 1, 0, -1):
+        found = next((m for m, k in enumerate(kept) if k.label.startswith(starts_with[order[i]])), None)
+        starts[i] = min(found if found is not None else starts[i + 1], starts[i + 1])
+    return [(part, kept[starts[i] : starts[i + 1]]) for i, part in enumerate(order)]
 
 
 def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int) -> dict:
