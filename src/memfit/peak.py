@@ -66,7 +66,10 @@ class PeakError(ValueError):
 
 
 def optimizer_temporaries(optimizer: str, impl: str, params: list[int]) -> int:
-    """Bytes of the optimizer step's temporaries; `params` = bytes of each trainable parameter in order."""
+    """Bytes of the optimizer step's temporaries; `params` = bytes of each trainable parameter in order.
+    optimizer None: one torch.optim does not have (its temporaries are not modelled: none)."""
+    if optimizer is None and impl in IMPLS:
+        return 0
     table = OPTIMIZER_TEMPORARIES.get(optimizer)
     if table is None:
         raise PeakError(f"the temporaries of {optimizer!r} are not modelled (torch.optim has no {optimizer!r}); known: {', '.join(sorted(OPTIMIZER_TEMPORARIES))}")
@@ -375,7 +378,13 @@ def phase_lines(result: dict, budget: int | None = None, width: int = 80) -> lis
     peak_info = result["phases"][result["phase"]]
     at = peak_info.get("at")
     out.append(f"the peak is in {PHASE_WORDS[result['phase']]}" + (f", at {at}" if at and at not in ("step", "loss") else " (the loss)" if at == "loss" else "") + ":")
-    out.append("  " + live_text(result["live"]))
+    line = " "
+    for part in live_text(result["live"]).split(", "):
+        if len(line) + len(part) + 2 > width and line.strip():
+            out.append(line.rstrip(","))
+            line = " "
+        line += " " + part + ","
+    out.append(line.rstrip(","))
     return out
 
 

@@ -118,6 +118,45 @@ def _layer() -> dict:
     }
 
 
+def _device_peak() -> dict:
+    from .presets import PRESETS
+
+    return {
+        "preset": {
+            "title": "Preset",
+            "description": "A GPU from memfit's table: fills device.memory with the memory its driver reports (an explicit device.memory wins). Case, spaces and dashes do not matter.",
+            "type": "string",
+            "examples": list(PRESETS),
+        },
+        "overhead": {
+            "title": "Runtime overhead",
+            "description": "Memory the process holds besides the tensors: auto (the preset's CUDA context, cuBLAS workspaces and the allocator's 512-byte rounding, each line sourced in docs/peak.md), a byte size, or 0.",
+            "anyOf": [{"const": "auto"}, {"$ref": "#/$defs/bytes"}],
+            "examples": ["auto", "1 GiB", 0],
+        },
+    }
+
+
+def _training() -> dict:
+    from .peak import IMPLS
+
+    return {
+        "title": "Training",
+        "description": "The run these tensors belong to: memfit then checks the peak of a training step (forward, backward, optimizer step) against the budget, not the sum of the categories.",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "optimizer_impl": {
+                "title": "Optimizer implementation",
+                "description": "How torch.optim runs the step, which sets its temporaries: foreach (PyTorch's default on GPU; one temporary per parameter at once), fused (none) or for_loop (one parameter at a time).",
+                "enum": list(IMPLS),
+                "default": "foreach",
+            },
+        },
+        "examples": [{"optimizer_impl": "foreach"}],
+    }
+
+
 def generate() -> dict:
     """The schema as data (key order is the file's)."""
     return {
@@ -158,8 +197,9 @@ def generate() -> dict:
                         "title": "Warn at",
                         "description": "Warn when the total is above this share of the budget (default 90%).",
                     },
+                    **_device_peak(),
                 },
-                "examples": [{"name": "RTX 4090", "memory": "24 GiB", "reserve": "1 GiB"}],
+                "examples": [{"name": "RTX 4090", "memory": "24 GiB", "reserve": "1 GiB"}, {"preset": "A100-80GB", "overhead": "auto"}],
             },
             "dtypes": {
                 "title": "dtypes",
@@ -179,6 +219,7 @@ def generate() -> dict:
                 "examples": [{"parameters": "bfloat16", "gradients": "float32", "activations": "bfloat16", "optimizer_state": "float32"}],
             },
             "optimizer": _optimizer(),
+            "training": _training(),
             "parameters": {
                 "title": "Parameters",
                 "description": "Parameter tensors; each also has a gradient (if trainable) and optimizer state.",
