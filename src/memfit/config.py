@@ -47,6 +47,7 @@ class Config:
     warn_at: Fraction = DEFAULT_WARN_AT
     placement: object = None  # placement.Placement, once the tensors are all known
     layers: list = field(default_factory=list)  # per-layer rows when a model section is declared
+    model: object = None  # models.hf.Model when the model is a transformer (block rows, summary)
     preset: object = None  # presets.Preset named by device.preset
     memory_origin: str | None = None  # how device memory was given when not as device.memory: "preset A100-80GB"
     overhead: int = 0  # runtime overhead on the device (device.overhead), bytes
@@ -111,7 +112,10 @@ def _device(device: dict, config: Config) -> list[Problem]:
                 Problem(("device", "reserve"), codes.BAD_BUDGET, f"device.reserve ({config.reserve:,} B) is more than device.memory ({config.memory:,} B): the budget would be negative")
             )
     if "warn_at" in device:
-        config.warn_at = parse_percent(device["warn_at"])
+        try:
+            config.warn_at = parse_percent(device["warn_at"])
+        except UnitError as error:
+            problems.append(Problem(("device", "warn_at"), codes.BAD_UNIT, f"device.warn_at: {error}"))
     problems.extend(_overhead(device, config))
     return problems
 

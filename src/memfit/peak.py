@@ -252,8 +252,8 @@ def keras_step(model: dict, config, optimizer: str, impl: str, overhead: int = 0
     cross-entropy on the last layer's output with integer class labels (one per output row).
     `declared`: tensors listed explicitly beside the model (declared_row)."""
     from .costs import tensor_bytes
-    from .models.keras import ACTIVATIONS, IDS, IN, INT64, OUT, RULES, defaults
     from .dtypes import DTYPES
+    from .models.keras import ACTIVATIONS, IDS, IN, INT64, OUT, RULES, defaults
 
     widths = config.widths
 
@@ -402,21 +402,24 @@ def _elements(shape) -> int:
 
 def hf_step(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
             precision: str = "32-true", optimizer: str = "adamw", impl: str = "foreach", states: int = 2,
-            widths: dict | None = None, overhead: int = 0) -> Step:
+            widths: dict | None = None, overhead: int = 0, dtypes: dict | None = None, declared=()) -> Step:
     """One training step of a transformers model: embeddings, each layer, the head (with the loss).
 
     What each block keeps comes from models.hf_activations.saved; the parameters from models.hf.
     `widths` = bytes per element of parameters, gradients and optimizer state (default: the
     precision's parameter dtype for all three, as torch.optim keeps its state in the parameter's
-    dtype). The loss is transformers' ForCausalLMLoss: an fp32 copy of the logits when they are
-    not fp32, log-softmax (kept), and in backward two fp32 logits-sized gradients."""
+    dtype; a Fraction for sub-byte storage). `dtypes`: the config's dtypes (an activations dtype
+    overrides the recipe's, as in hf_activations). The loss is transformers' ForCausalLMLoss: an
+    fp32 copy of the logits when they are not fp32, log-softmax (kept), and in backward two fp32
+    logits-sized gradients. `declared`: tensors listed explicitly beside the model."""
+    from .costs import tensor_bytes
     from .models import hf as hfparams
     from .models import hf_activations as acts
 
     low = {"bf16-true": 2, "16-true": 2}.get(precision, 4)
     widths = widths or {"parameters": low, "gradients": low, "optimizer_state": low}
-    blocks = acts.saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing, precision=precision)
-    roles = acts._dtypes(precision, None)
+    blocks = acts.saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing, precision=precision, dtypes=dtypes)
+    roles = acts._dtypes(precision, dtypes)
     sizes = acts._sizes(cfg, micro_batch, seq_len)
     b, s, h, T = sizes["b"], sizes["s"], sizes["h"], sizes["T"]
     act_w, lin_w = _WIDTH[roles["act"]], _WIDTH[roles["lin"]]
@@ -454,20 +457,23 @@ def hf_step(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa
 
     def weights(row: Row, key) -> Row:
         elements = groups.get(key, [])
-        row.params = [n * widths["parameters"] for n in elements]
-        row.grads = [n * widths["gradients"] for n in elements]
+        row.params = [tensor_bytes(n, widths["parameters"]) for n in elements]
+        row.grads = [tensor_bytes(n, widths["gradients"]) for n in elements]
         return row
 
     emb, layer, head, loss = blocks
     ids, labels = fresh(b * s * 8), fresh(b * s * 8)
     hidden = b * s * h * act_w
     rows = []
+    extra = declared_row(declared, 0, tensors)
+    if extra is not None:
+        rows.append(extra)
     x = fresh(hidden)
     row = weights(Row("embeddings", input=ids, output=x, grad_input=False), "embeddings")
     row.kept = [ids if k.label.endswith("input ids") else fresh(_elements(k.shape) * _WIDTH[k.dtype]) for k in emb.kept]
-    row.frozen = _buffers(cfg, sizes, widths["parameters"])
+    row.frozen = _buffers(cfg, sizes, low)
     rows.append(row)
-    every = acts.saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing="none", precision=precision)[1].kept
+    every = acts.saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing="none", precision=precision, dtypes=dtypes)[1].kept
     parts = _split(every, acts.FAMILIES[cfg["model_type"]])
     part_bytes = [sum(_elements(k.shape) * _WIDTH[k.dtype] for k in kept) for _, kept in parts]
     flights = _layer_flights(cfg, sizes, act_w, lin_w)
@@ -493,7 +499,7 @@ def hf_step(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa
     logits32 = T * sizes["V"] * 4
     upcast = logits32 if lin_w != 4 else 0
     order = ["embeddings", *[(i, part) for i in range(n_layers) for part, _ in parts], "head"]
-    states_bytes = [n * widths["optimizer_state"] for key in order for n in groups.get(key, []) for _ in range(states)]
+    states_bytes = declared_state(declared) + [tensor_bytes(n, widths["optimizer_state"]) for key in order for n in groups.get(key, []) for _ in range(states)]
     return Step(rows, tensors, [ids, labels], Loss(forward=(tensors[logits], *([upcast] if upcast else [])), backward=(logits32, logits32)),
                 states_bytes, optimizer, impl, overhead)
 
