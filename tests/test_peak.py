@@ -344,3 +344,27 @@ def test_a_fused_step_torch_optim_does_not_have_is_refused():
     _, run = run_doc(optimizer="lion")
     [d] = run.diagnostics
     assert (d.code, d.severity) == ("optimizer-impl", "information") and run.peak is not None
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("family,checkpointing", [("llama", "none"), ("gpt2", "full")])
+def test_a_transformer_run_through_check_matches_memtracker(family, checkpointing):
+    """The whole pipeline on a transformer config (model.transformer inline, a training section)
+    against a real step of the same tiny model."""
+    cfg = hf_tiny(family)
+    given = {k: v for k, v in cfg.items() if k in ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                                                     "num_key_value_heads", "max_position_embeddings", "n_embd", "n_layer", "n_head", "n_positions", "attn_pdrop", "bos_token_id", "eos_token_id")}
+    doc = {
+        "memfit": 1,
+        "optimizer": "adamw",
+        "device": {"memory": "1 GiB"},
+        "model": {"transformer": given},
+        "training": {"micro_batch": 2, "seq_len": 64, "checkpointing": checkpointing, "optimizer_impl": "for_loop"},
+    }
+    result = check(yaml.safe_dump(doc, sort_keys=False))
+    assert not result.failed, result.diagnostics
+    theirs = ref.measure_hf(cfg, micro_batch=2, seq_len=64, optimizer="adamw", impl="for_loop", checkpointing=checkpointing)
+    ours = result.peak
+    assert ours["phase"] == theirs["phase"]
+    assert abs(ours["bytes"] - theirs["bytes"]) <= BAND * theirs["bytes"], (ours["bytes"], theirs["bytes"])
+    assert ours["live"]["parameters"] == theirs["parameters"] and ours["live"]["optimizer_state"] == theirs["optimizer_state"]
