@@ -18,7 +18,7 @@ def peak_lines(config, budget) -> list[str]:
     in it, and the overhead's named lines."""
     from .peak import phase_lines, summary
 
-    out = [cut(f"{summary(config.peak)}; each phase of a step at its worst moment:", WIDTH)]
+    out = [cut(f"{summary(config.peak)}; each phase at its worst:", WIDTH)]
     out += ["  " + line for line in phase_lines(config.peak, budget, WIDTH - 2)]
     if config.overhead_lines or config.overhead:
         granularity = config.peak["phases"][config.peak["phase"]].get("granularity", 0)
