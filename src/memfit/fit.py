@@ -35,15 +35,23 @@ def gated(footprint: dict) -> int:
     return peak if isinstance(peak, int) else footprint["total"]
 
 
-def location(data, vary: str) -> tuple | None:
-    """Where the key named `vary` is written in this config, or None."""
+def locations(data, vary: str) -> tuple[tuple, ...]:
+    """Every place the key named `vary` is written in this config (a form may accept two
+    spellings of one axis, which must then agree: they are varied together)."""
+    found = []
     for path in VARY[vary]:
         node = data
         for part in path:
             node = node.get(part) if isinstance(node, dict) else None
         if node is not None:
-            return path
-    return None
+            found.append(path)
+    return tuple(found)
+
+
+def location(data, vary: str) -> tuple | None:
+    """Where the key named `vary` is written in this config (the first of its spellings), or None."""
+    found = locations(data, vary)
+    return found[0] if found else None
 
 
 def read(data, path: tuple):
@@ -62,22 +70,24 @@ def with_value(data: dict, path: tuple, value) -> dict:
 
 
 class Probe:
-    """The pipeline at one value of one key (a change applied to the base data), memoized."""
+    """The pipeline at one value of one key (written at one or more paths), memoized."""
 
-    def __init__(self, data: dict, path: tuple, options: Options, refuse=OVER, change=None) -> None:
+    def __init__(self, data: dict, paths, options: Options, refuse=OVER, source: str = "<data>") -> None:
         self.data = data
-        self.path = path
+        self.paths = (paths,) if paths and isinstance(paths[0], str) else tuple(paths)
         self.options = options
         self.refuse = refuse
-        self.change = change  # data -> data, applied before the key is set (a fix combined with the search)
+        self.source = source  # the config's path: files it refers to are found beside it
         self.runs = 0
         self._seen: dict[int, Result] = {}
 
     def result(self, value: int) -> Result:
         if value not in self._seen:
             self.runs += 1
-            data = self.change(self.data) if self.change is not None else self.data
-            self._seen[value] = evaluate(with_value(data, self.path, value), self.options)
+            data = self.data
+            for path in self.paths:
+                data = with_value(data, path, value)
+            self._seen[value] = evaluate(data, self.options, self.source)
         return self._seen[value]
 
     def fits(self, value: int) -> bool:
@@ -186,7 +196,7 @@ def fit(checked: Result, text: str, vary: str = DEFAULT_VARY, options: Options =
             message += "; tensors declared with explicit shapes have no batch axis memfit can change"
         return _usage(out, text, data, ("memfit",), message, on_key=True)
     out.key, out.current = key, read(data, key)
-    probe = Probe(data, key, options, refuse)
+    probe = Probe(data, locations(data, vary), options, refuse, checked.path)
     try:
         out.max = largest(probe)
     except NoEffect:

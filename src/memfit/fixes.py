@@ -19,7 +19,7 @@ from functools import lru_cache
 from . import codes
 from .check import Options, Result, evaluate
 from .diagnostics import Range
-from .fit import CLEAR, OVER, Probe, gated, largest, location, read
+from .fit import CLEAR, OVER, Probe, gated, largest, location, locations, read
 
 FIXABLE = (codes.BUDGET_EXCEEDED, codes.NEAR_BUDGET)
 
@@ -103,10 +103,11 @@ def _micro_batch(data: dict, options: Options, refuse, result: Result) -> list[t
     if key is None:
         return []
     current = read(data, key)
-    new = largest(Probe(data, key, options, refuse))
+    both = locations(data, "micro_batch")  # spellings of one axis agree: all change together
+    new = largest(Probe(data, both, options, refuse, result.path))
     if new == 0 or new >= current:
         return []
-    changes = [(key, current, new)]
+    changes = [(path, read(data, path), new) for path in both]
     accumulate = ("training", "gradient_accumulation")
     steps = _get(data, accumulate)
     if steps is not None or declared(accumulate) is not None:
@@ -242,7 +243,7 @@ def fixes(result: Result, text: str, options: Options = Options()) -> list[Fix]:
             if key in seen:
                 continue
             seen.add(key)
-            after = evaluate(apply(result.data, changes), options)
+            after = evaluate(apply(result.data, changes), options, result.path)
             if after.footprint is None or any(d.severity == codes.ERROR and d.code not in CLEAR for d in after.diagnostics):
                 continue  # the change is not valid here (the pipeline refuses it)
             if any(d.code in refuse for d in after.diagnostics):
