@@ -177,9 +177,10 @@ def _known_optimizer(name: str) -> bool:
 
 def _offload(data, options, refuse, result):
     path = ("parallel", "offload", "optimizer")
-    if declared(path) is None or _get(data, path) is not None:
+    before = _get(data, path)
+    if declared(path) is None or before not in (None, "none") or (_enum(path) and "cpu" not in _enum(path)):
         return []
-    return [("offload the optimizer state to CPU", [(path, None, "cpu")])]
+    return [("offload the optimizer state to the CPU (parallel.offload.optimizer: cpu)", [(path, before, "cpu")])]
 
 
 @dataclass(frozen=True)
