@@ -112,21 +112,47 @@ def _pipeline(data: dict, options: Options, result: Result) -> list[Problem]:
     if not problems:
         config, problems = build(data)
         if "model" in data:
-            from . import models
+            from .models.dispatch import derive
 
-            problems.extend(models.derive(data, config))
+            problems.extend(derive(data, config, result.path))
         # an unknown optimizer or a layer that cannot apply leaves a number that is not the
         # footprint: report none rather than a wrong one; a bad unit spoils only the budget
         if all(lookup(p.code).keeps_footprint for p in problems):
             config.placement = place(config.tensors)
-            result.config = config
-            if not problems:
-                problems.extend(_budget(config, options, result, data))
+            too_large = _too_large(config)
+            if too_large is not None:
+                problems.append(too_large)
+            else:
+                result.config = config
+                if not problems:
+                    problems.extend(_budget(config, options, result, data))
     return problems
 
 
+# Every output prints the footprint as an exact integer, and Python converts at most 4,300 digits
+# to text (the conversion is quadratic). A footprint past 14,000 bits (about 4,214 digits) leaves
+# room for the figures derived from it (per tensor, in training, elements at half a byte each).
+MAX_FOOTPRINT_BITS = 14_000
+
+
+def _too_large(config) -> Problem | None:
+    total = config.footprint.get("total", 0)
+    if total.bit_length() <= MAX_FOOTPRINT_BITS:
+        return None
+    biggest = max(config.tensors, key=lambda tensor: sum(tensor.bytes.values()), default=None)
+    digits = total.bit_length() * 30103 // 100000 + 1
+    message = f"the footprint is a number of about {digits:,} digits: memfit reports footprints of up to about 4,200 digits"
+    return Problem(biggest.path if biggest is not None else (), codes.TOO_LARGE, message)
+
+
 def _kind(data) -> str:
-    return "a list" if isinstance(data, list) else "empty" if data is None else f"a scalar ({data!r})"
+    """What the top level is, without quoting it: the file may not be a config at all (a symlink
+    to a secret, say), and its content is not the report's to repeat."""
+    if isinstance(data, list):
+        return "a list"
+    if data is None:
+        return "empty"
+    return f"a scalar ({type(data).__name__})" if not isinstance(data, str) else f"a scalar (a string of {len(data):,} characters)"
 
 
 def position(text: str, problems: list[Problem], data, unique_keys: bool = False) -> list[Diagnostic]:

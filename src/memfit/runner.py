@@ -50,10 +50,16 @@ def run(args) -> int:
         return EXIT_FAILED if any(result.failed for result in results) else EXIT_OK
 
     from .reporters import REPORTERS, summary_markdown
+    from .safe_text import printable
 
+    clash = _output_onto_input(args)
+    if clash is not None:
+        sys.stderr.write(printable(clash) + "\n")
+        return EXIT_USAGE
     results = check_paths(args.paths, options, args.jobs)
     if args.suggest:
         results = [suggest(r, options) for r in results]
+    target = args.output or "standard output"
     try:
         if args.output:
             with open(args.output, "w", encoding="utf-8") as out:
@@ -61,13 +67,15 @@ def run(args) -> int:
         else:
             REPORTERS[args.format](sys.stdout).report(results)
         if args.summary_md:
+            target = args.summary_md
             # appended, not replaced: $GITHUB_STEP_SUMMARY collects every step's summary
             with open(args.summary_md, "a", encoding="utf-8") as out:
                 out.write(summary_markdown(results))
     except BrokenPipeError:
         raise  # the CLI's own handling: `memfit check ... | head` is not an error
     except OSError as error:
-        sys.stderr.write(f"memfit: cannot write {error.filename}: {error.strerror or error}\n")
+        # a failed write or close (a full disk: /dev/full) carries no file name: name the target
+        sys.stderr.write(printable(f"memfit: cannot write {error.filename or target}: {error.strerror or error}") + "\n")
         return EXIT_USAGE
     return EXIT_FAILED if any(r.failed for r in results) else EXIT_OK
 
@@ -134,3 +142,21 @@ def run_diff(args) -> int:
         if over:
             return EXIT_FAILED
     return EXIT_OK
+def _output_onto_input(args) -> str | None:
+    """A report written over a config it checks would destroy it: `-o a.yaml a.yaml`, or an
+    output that is an input under another name (./a.yaml, a symlink, inside a checked directory)."""
+    outputs = [(flag, name) for flag, name in (("--output", args.output), ("--summary-md", args.summary_md)) if name]
+    if not outputs:
+        return None
+    existing = [(flag, name) for flag, name in outputs if os.path.exists(name)]
+    if not existing:
+        return None
+    for path, _ in expand(args.paths):
+        for flag, name in existing:
+            try:
+                same = os.path.samefile(path, name)
+            except OSError:
+                continue
+            if same:
+                return f"memfit: {flag} {name} is one of the inputs ({path}): refusing to write over a config being checked"
+    return None
