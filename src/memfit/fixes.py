@@ -19,7 +19,7 @@ from functools import lru_cache
 from . import codes
 from .check import Options, Result, evaluate
 from .diagnostics import Range
-from .fit import CLEAR, OVER, Probe, gated, largest, location, locations, read
+from .fit import CLEAR, OVER, Probe, gated, inline, largest, location, locations, read
 
 FIXABLE = (codes.BUDGET_EXCEEDED, codes.NEAR_BUDGET)
 
@@ -238,13 +238,14 @@ def fixes(result: Result, text: str, options: Options = Options()) -> list[Fix]:
         return []
     found: list[Fix] = []
     seen: set = set()
+    evaluated = inline(result.data, result.path)  # referenced files read once
     for remedy in REMEDIES:
-        for title, changes in remedy.propose(result.data, options, refuse, result):
+        for title, changes in remedy.propose(evaluated, options, refuse, result):
             key = tuple((p, after) for p, _, after in changes)
             if key in seen:
                 continue
             seen.add(key)
-            after = evaluate(apply(result.data, changes), options, result.path)
+            after = evaluate(apply(evaluated, changes), options, result.path)
             if after.footprint is None or any(d.severity == codes.ERROR and d.code not in CLEAR for d in after.diagnostics):
                 continue  # the change is not valid here (the pipeline refuses it)
             if any(d.code in refuse for d in after.diagnostics):
