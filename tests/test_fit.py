@@ -279,3 +279,29 @@ def test_suggest_with_worker_processes(keras, tmp_path):
     other.write_text(KERAS, encoding="utf-8")
     done = memfit("check", "--suggest", "--jobs", "2", "--format", "json", keras, other)
     assert [len(f["fixes"]) for f in json.loads(done.stdout)["files"]] == [1, 1]
+
+
+def test_checkpointing_fix_on_a_transformer_config(tmp_path):
+    """Where the format has training.checkpointing, `full` is offered after the cheaper micro_batch
+    fix; its edit is an insertion into the training mapping, and the edited file passes."""
+    import shutil
+
+    shutil.copytree(EXAMPLES / "models", tmp_path / "models")
+    config = tmp_path / "gpt2.yaml"
+    shutil.copy(EXAMPLES / "gpt2-small.yaml", config)
+    (entry,) = json.loads(memfit("check", "--suggest", "--budget", "9GiB", "--format", "json", config).stdout)["files"]
+    assert [f["kind"] for f in entry["fixes"]] == ["micro_batch", "checkpointing"]
+    checkpointing = entry["fixes"][1]
+    assert checkpointing["changes"] == [{"key": "training.checkpointing", "from": None, "to": "full"}]
+    from memfit.diagnostics import Range
+    from memfit.fixes import Edit
+
+    (edit,) = checkpointing["edits"]
+    start, end = edit["range"]["start"], edit["range"]["end"]
+    text = config.read_text(encoding="utf-8")
+    fixed = apply_edits(text, [Edit(Range(start["line"], start["character"], end["line"], end["character"]), edit["new_text"])])
+    assert fixed == text + "  checkpointing: full\n"
+    config.write_text(fixed, encoding="utf-8")
+    after = checked_json(config)
+    done = memfit("check", "--budget", "9GiB", config)
+    assert done.returncode == 0 and after["footprint"]["total"] == checkpointing["total"]

@@ -117,7 +117,7 @@ def _micro_batch(data: dict, options: Options, refuse, result: Result) -> list[t
             changes.append((accumulate, steps, after))
         title = f"micro_batch {current} → {new}, gradient_accumulation {before} → {after} (global batch {current * before} → {new * after})"
     else:
-        title = f"micro_batch {current} → {new} (this model form has no gradient_accumulation: the batch per step shrinks)"
+        title = f"micro_batch {current} → {new} (no gradient_accumulation key to keep the global batch: it shrinks)"
     return [(title, changes)]
 
 
