@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import codes
-from .check import Options, Result, evaluate, position
+from .check import Options, Result, evaluate, gated, position
 from .diagnostics import Problem
 
 # The name asked for -> where it lives in a config's data, first present wins. A new model
@@ -27,12 +27,6 @@ CEILING = 1 << 62  # no footprint stays under a budget this far out; the search 
 
 OVER = frozenset({codes.BUDGET_EXCEEDED})  # the gate's verdict "does not fit"
 CLEAR = frozenset({codes.BUDGET_EXCEEDED, codes.NEAR_BUDGET})  # "does not fit below the warning mark"
-
-
-def gated(footprint: dict) -> int:
-    """The figure the budget gate compares: the peak where there is one, else the total."""
-    peak = footprint.get("peak")
-    return peak if isinstance(peak, int) else footprint["total"]
 
 
 # A key naming a file the config refers to -> the key that takes that file's content inline.
@@ -132,8 +126,7 @@ class Probe:
         return result.footprint is not None and result.budget is not None and not any(d.code in self.refuse for d in result.diagnostics)
 
     def bytes(self, value: int) -> int | None:
-        footprint = self.result(value).footprint
-        return gated(footprint) if footprint is not None else None
+        return gated(self.result(value))
 
 
 class NoEffect(Exception):

@@ -250,7 +250,7 @@ def fixes(result: Result, text: str, options: Options = Options()) -> list[Fix]:
                 continue  # the change is not valid here (the pipeline refuses it)
             if any(d.code in refuse for d in after.diagnostics):
                 continue  # it does not make the config fit
-            found.append(Fix(remedy.kind, title, gated(after.footprint), changes, edits(text, changes, result.data), remedy.speed))
+            found.append(Fix(remedy.kind, title, gated(after), changes, edits(text, changes, result.data), remedy.speed))
     found.sort(key=lambda f: f.speed)
     return found
 
