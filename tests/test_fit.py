@@ -305,3 +305,47 @@ def test_checkpointing_fix_on_a_transformer_config(tmp_path):
     after = checked_json(config)
     done = memfit("check", "--budget", "9GiB", config)
     assert done.returncode == 0 and after["footprint"]["total"] == checkpointing["total"]
+
+
+def test_remedies_propose_only_where_the_format_and_the_config_allow(monkeypatch):
+    """The table's entries for keys other features bring (parallel.zero/fsdp/offload, 8-bit
+    optimizers): what each proposes, against a format that has those keys. Whether the change
+    then fits is the pipeline's to say (fixes() evaluates every proposal)."""
+    from memfit import fixes as fx
+
+    fmt = {
+        "properties": {
+            "optimizer": {"type": "string"},
+            "training": {"properties": {"checkpointing": {"enum": ["none", "full"]}, "gradient_accumulation": {"type": "integer"}}},
+            "parallel": {
+                "properties": {
+                    "data": {"type": "integer"},
+                    "zero": {"enum": [0, 1, 2, 3]},
+                    "fsdp": {"enum": ["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]},
+                    "offload": {"properties": {"optimizer": {"enum": ["cpu", "none"]}}},
+                }
+            },
+        }
+    }
+    monkeypatch.setattr(fx, "_schema", lambda: fmt)
+    monkeypatch.setattr(fx, "_known_optimizer", lambda name: name in {"adamw8bit", "adam8bit", "lion8bit"})
+    by_kind = {r.kind + str(r.speed): r.propose for r in fx.REMEDIES}
+
+    def changes(kind, data):
+        return [c for _, cs in by_kind[kind](data, None, fx.OVER, None) for c in cs]
+
+    eight = {"optimizer": "adamw"}
+    assert changes("optimizer_8bit0", eight) == [(("optimizer",), "adamw", "adamw8bit")]
+    assert changes("optimizer_8bit0", {"optimizer": "sgd"}) == []
+    dp = {"parallel": {"data": 8, "zero": 1}}
+    assert changes("zero1", dp) == [(("parallel", "zero"), 1, 2)]
+    assert changes("zero1", {"parallel": {"data": 1, "zero": 1}}) == []  # nothing to shard over
+    assert changes("zero1", {"parallel": {"data": 8, "zero": 3}}) == []
+    assert changes("fsdp4", {"parallel": {"data": 8}}) == [(("parallel", "fsdp"), None, "full_shard")]
+    assert changes("fsdp4", dp) == []  # ZeRO and FSDP are not both
+    # selective is not in this format's enum: only full is proposed
+    assert changes("checkpointing3", {}) == [] and changes("checkpointing5", {}) == [(("training", "checkpointing"), None, "full")]
+    assert changes("offload6", {"parallel": {"offload": {"optimizer": "none"}}}) == [(("parallel", "offload", "optimizer"), "none", "cpu")]
+    assert changes("offload6", {"parallel": {"offload": {"optimizer": "cpu"}}}) == []
+    # the cost order of the table: cheaper in training speed first
+    assert [r.speed for r in fx.REMEDIES] == sorted(r.speed for r in fx.REMEDIES)

@@ -170,9 +170,12 @@ def _eight_bit(data, options, refuse, result):
 
 
 def _known_optimizer(name: str) -> bool:
+    """In the seed's table or the recipes' (bitsandbytes' 8-bit optimizers live there); the
+    pipeline still has the last word: a change it refuses is never offered."""
     from .costs import OPTIMIZER_STATES
+    from .optim import OPTIMIZERS
 
-    return name in OPTIMIZER_STATES
+    return name in OPTIMIZER_STATES or name in OPTIMIZERS
 
 
 def _offload(data, options, refuse, result):
