@@ -506,7 +506,7 @@ def test_korthikanti_table_2_through_the_transformer_model(s, b, h, a, t):
     activations as dtypes.activations: bfloat16): within 5% of Table 2 in every row."""
     from memfit.models.hf_activations import nbytes
 
-    from memfit.sharding import layer_saved_per_rank
+    from memfit.models.hf_sharded import layer_saved_per_rank
 
     cfg = _gpt_paper_config(h, a, s)
     sbh = s * b * h
@@ -579,7 +579,7 @@ def test_llama_3_70b_from_the_transformer_form_under_tensor_and_pipeline_paralle
 def test_activations_per_stage_match_hf_activations_without_parallelism_and_split_with_it():
     from memfit.models import hf_activations as A
     from memfit.models.hf_config import normalize
-    from memfit.sharding import activations_per_stage
+    from memfit.models.hf_sharded import activations_per_stage
 
     cfg = normalize({"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 4,
                      "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000})

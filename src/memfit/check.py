@@ -41,6 +41,16 @@ class Result:
         return self.config.footprint if self.config is not None else None
 
     @property
+    def parallel_peak(self) -> dict | None:
+        """Under a parallel layout: the binding GPU's peak (footprint + what it gathers), its rank and the world size."""
+        return self.config.placement.peak if self.config is not None and self.config.placement is not None else None
+
+    @property
+    def host(self) -> dict | None:
+        """Under offload: the host memory of the most-loaded node."""
+        return self.config.placement.host if self.config is not None and self.config.placement is not None else None
+
+    @property
     def failed(self) -> bool:
         return any(d.severity == codes.ERROR for d in self.diagnostics)
 
@@ -82,7 +92,7 @@ def _check(text: str, path: str, options: Options) -> Result:
 
     from . import schema
     from .config import build
-    from .placement import place
+    from .placement import SINGLE, Layout, place
 
     problems = schema.problems(data)
     if not problems:
@@ -91,13 +101,16 @@ def _check(text: str, path: str, options: Options) -> Result:
             from . import models
 
             problems.extend(models.derive(data, config))
+        if config.parallel is not None:
+            problems.extend(_layout_problems(config))
         # an unknown optimizer or a layer that cannot apply leaves a number that is not the
         # footprint: report none rather than a wrong one; a bad unit spoils only the budget
         if all(lookup(p.code).keeps_footprint for p in problems):
-            config.placement = place(config.tensors)
+            config.placement = place(config.tensors, Layout(parallel=config.parallel) if config.parallel is not None else SINGLE)
             result.config = config
-            if not problems:
+            if all(lookup(p.code).severity == codes.INFO for p in problems):
                 problems.extend(_budget(config, options, result, data))
+                problems.extend(_host_budget(config))
     unique = not any(lookup(d.code).ambiguous_keys for d in result.diagnostics)
     result.diagnostics.extend(position(text, problems, data, unique_keys=unique))
     result.diagnostics.sort(key=lambda d: (d.range.start_line, d.range.start_character))
@@ -131,6 +144,31 @@ def position(text: str, problems: list[Problem], data, unique_keys: bool = False
     return out
 
 
+def _layout_problems(config) -> list[Problem]:
+    """The parallel layout against the model: what cannot run is a positioned bad-parallel."""
+    from .sharding import layer_of, problems_for
+
+    model = dict(getattr(config, "model_dims", None) or {})
+    if config.parallel.pipeline > 1 and "layers" not in model:
+        # the layers a pipeline can split: indices in the parameters' names (layers.3.…, h.3.…)
+        model["layers"] = len({i for i in (layer_of(t.name) for t in config.tensors if t.category == "parameters") if i is not None})
+    return [Problem(path, codes.BAD_PARALLEL, message, on_key=True) for path, message, _ in problems_for(config.parallel, model)]
+
+
+def _host_budget(config) -> list[Problem]:
+    host = config.placement.host
+    if host is None or config.host_memory is None or host["total"] <= config.host_memory:
+        return []
+    gpus = host["gpus"]
+    return [
+        Problem(
+            ("host", "memory"),
+            codes.HOST_BUDGET_EXCEEDED,
+            f"the {gpus} GPU{'s' if gpus != 1 else ''} of a node offload {with_bytes(host['total'])}, more than host.memory {with_bytes(config.host_memory)} by {with_bytes(host['total'] - config.host_memory)}",
+        )
+    ]
+
+
 def _budget(config, options: Options, result: Result, data: dict) -> list[Problem]:
     if options.budget is not None:
         budget, where, origin = options.budget, ("memfit",), "from --budget"
@@ -147,12 +185,17 @@ def _budget(config, options: Options, result: Result, data: dict) -> list[Proble
     if budget <= 0:
         return [Problem(where, codes.BAD_BUDGET, f"the budget is {with_bytes(budget)} ({origin}): nothing fits in it", on_key=on_key)]
     total = config.footprint["total"]
+    peak = config.placement.peak
+    what = "total"
+    if peak is not None:  # per GPU: the most-loaded rank, with what it gathers for a moment
+        total = peak["bytes"]
+        what = f"GPU rank {peak['rank']} of {peak['ranks']}: peak"
     if total > budget:
         return [
             Problem(
                 where,
                 codes.BUDGET_EXCEEDED,
-                f"total {with_bytes(total)} exceeds the budget {with_bytes(budget)} ({origin}) by {with_bytes(total - budget)}",
+                f"{what} {with_bytes(total)} exceeds the budget {with_bytes(budget)} ({origin}) by {with_bytes(total - budget)}",
                 on_key=on_key,
             )
         ]
@@ -162,7 +205,7 @@ def _budget(config, options: Options, result: Result, data: dict) -> list[Proble
             Problem(
                 where,
                 codes.NEAR_BUDGET,
-                f"total {with_bytes(total)} is {float(share):.1f}% of the budget {with_bytes(budget)} ({origin}), above the {float(warn_at * 100):g}% warning mark; headroom {with_bytes(budget - total)}",
+                f"{what} {with_bytes(total)} is {float(share):.1f}% of the budget {with_bytes(budget)} ({origin}), above the {float(warn_at * 100):g}% warning mark; headroom {with_bytes(budget - total)}",
                 on_key=on_key,
             )
         ]

@@ -63,16 +63,17 @@ class JsonReporter(Reporter):
     """The published json contract: files[].{path, footprint, budget, diagnostics}."""
 
     def report(self, results) -> None:
-        files = [
-            {
-                "path": r.path,
-                "footprint": r.footprint,
-                "budget": r.budget,
-                "diagnostics": [d.to_json() for d in r.diagnostics],
-            }
-            for r in results
-            if not r.skipped
-        ]
+        files = []
+        for r in results:
+            if r.skipped:
+                continue
+            entry = {"path": r.path, "footprint": r.footprint, "budget": r.budget}
+            # under a parallel layout: the binding GPU's peak (with what it gathers) and the host side
+            for key, value in (("peak", r.parallel_peak), ("host", r.host)):
+                if value is not None:
+                    entry[key] = value
+            entry["diagnostics"] = [d.to_json() for d in r.diagnostics]
+            files.append(entry)
         json.dump({"files": files}, self.out, indent=2)
         self.out.write("\n")
 
