@@ -134,7 +134,7 @@ def test_json_and_explain_show_the_rank(tmp_path):
     entry = json.loads(out.stdout)["files"][0]
     assert entry["footprint"]["ranks"] == 8 and entry["footprint"]["rank"] == 0
     # the root unit (the embedding, kept gathered) + the largest layer, fp32 weights and gradients
-    assert entry["peak"]["transient"] == {"gathered parameters": 4 * (1000 * 64 + 256 * 64), "unit gradients": 4 * (1000 * 64 + 256 * 64)}
+    assert entry["peak"]["gathered"] == {"gathered parameters": 4 * (1000 * 64 + 256 * 64), "unit gradients": 4 * (1000 * 64 + 256 * 64)}
     assert "host" not in entry
     text = render(check(path.read_text(), str(path)))
     assert "parallel   8 GPUs = data 8 x tensor 1 x pipeline 1; FSDP full_shard" in text

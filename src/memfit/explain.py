@@ -51,7 +51,7 @@ def render(result, colour: bool = False) -> str:
 
     peak = config.placement.peak
     if peak is not None:
-        for what, size in peak["transient"].items():
+        for what, size in peak["gathered"].items():
             out(f"{'+ ' + what:<28} {size:>12,} {human(size):>13}  (for a moment)")
         out(f"{'peak':<16} {peak['bytes']:>24,} {human(peak['bytes']):>13}")
         out("")

@@ -65,8 +65,12 @@ class Placement:
         if self.sharded is None:
             return None
         i = self.binding
-        transient = dict(self.transients[i])
-        return {"bytes": self.devices[i]["total"] + sum(transient.values()), "transient": transient, "rank": self.rank, "ranks": self.sharded.ranks}
+        held, transient = self.devices[i], dict(self.transients[i])
+        live = {c: held[c] for c in CATEGORIES}
+        live["transient"] = sum(transient.values())
+        live["overhead"] = 0
+        # the shape of peak.py's report ("live" per category); "gathered" says what the transient is
+        return {"bytes": held["total"] + live["transient"], "live": live, "gathered": transient, "rank": self.rank, "ranks": self.sharded.ranks}
 
     @property
     def host(self) -> dict | None:
