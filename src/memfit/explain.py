@@ -50,7 +50,7 @@ def render(result, colour: bool = False) -> str:
     out("")
 
     peak = config.placement.peak
-    if peak is not None:
+    if peak is not None and peak["gathered"]:
         for what, size in peak["gathered"].items():
             out(f"{'+ ' + what:<28} {size:>12,} {human(size):>13}  (for a moment)")
         out(f"{'peak':<16} {peak['bytes']:>24,} {human(peak['bytes']):>13}")
@@ -103,7 +103,7 @@ def parallel_lines(placement) -> list:
     ]
     status = sharded.most_loaded.sharded
     if status:
-        out.append("           " + cut(", ".join(f"{c} {s}" for c, s in status.items()), WIDTH - 11))
+        out.append(cut("  over the data ranks: " + ", ".join(f"{c} {s}" for c, s in status.items()), WIDTH))
     out.append(f"  {'stage':>5} {'rank':>6} {'layers':>9} {'on the GPU':>13} {'gathered':>11} {'peak':>11} {'host':>11}")
     for s, r in enumerate(sharded.stages):
         device = placement.devices[s]["total"]
