@@ -103,7 +103,8 @@ def parallel_lines(placement) -> list:
     ]
     status = sharded.most_loaded.sharded
     if status:
-        out.append(cut("  over the data ranks: " + ", ".join(f"{c} {s}" for c, s in status.items()), WIDTH))
+        short = {"parameters": "weights", "gradients": "grads", "grad_accum": "fp32 grads", "master": "master", "optimizer_state": "optimizer"}
+        out.append(cut("  over the data ranks: " + ", ".join(f"{short.get(c, c)} {s}" for c, s in status.items()), WIDTH))
     out.append(f"  {'stage':>5} {'rank':>6} {'layers':>9} {'on the GPU':>13} {'gathered':>11} {'peak':>11} {'host':>11}")
     for s, r in enumerate(sharded.stages):
         device = placement.devices[s]["total"]
