@@ -35,6 +35,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import lru_cache
 
 ZERO_STAGES = (0, 1, 2, 3)
 FSDP_STRATEGIES = ("full_shard", "shard_grad_op", "hybrid_shard", "no_shard")
@@ -205,15 +206,25 @@ def check_layout(p: Parallel, *, heads: int | None = None, kv_heads: int | None 
 # ---------------------------------------------------------------- tensor parallel
 
 
-def tp_role(t: Tensor) -> str:
-    if t.tp is not None:
-        return t.tp
-    for pattern, role in TP_RULES:
-        if re.search(pattern, t.name):
-            if role == "row" and len(t.shape) == 1:
+_TP_COMPILED = tuple((re.compile(pattern), role) for pattern, role in TP_RULES)
+_INDEX = re.compile(r"\.\d+\.")
+
+
+@lru_cache(maxsize=65536)
+def _role_by_name(generic: str, one_dim: bool) -> str:
+    for pattern, role in _TP_COMPILED:
+        if pattern.search(generic):
+            if role == "row" and one_dim:
                 return "replicated"  # a row-parallel linear's bias is added after the all-reduce
             return role
     return "replicated"
+
+
+def tp_role(t: Tensor) -> str:
+    if t.tp is not None:
+        return t.tp
+    # the rules never look at layer indices: one lookup serves every layer
+    return _role_by_name(_INDEX.sub(".#.", t.name), len(t.shape) == 1)
 
 
 def padded_vocab(vocab: int, tensor: int, divisible_by: int = VOCAB_DIVISIBLE_BY) -> int:
@@ -294,6 +305,8 @@ def in_flight(stage: int, pipeline: int, gradient_accumulation: int) -> int:
 
 
 def _bytes(elements: int, width) -> int:
+    if type(width) is int:
+        return elements * width
     if isinstance(width, Fraction) and width.denominator != 1:
         return -(-(elements * width.numerator) // width.denominator)
     return elements * int(width)
