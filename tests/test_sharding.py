@@ -203,7 +203,7 @@ def test_fsdp_pads_dim_0_and_the_optimizer_sees_the_unpadded_shard():
 
 
 # one process group per world size runs every case (starting ranks is the slow part)
-RUNS = {2: ["blocks:fp32", "llama:bf16", "llama:tp"], 4: ["blocks:bf16"]}
+RUNS = {2: ["blocks:fp32", "llama:bf16", "llama:tp"], 4: ["blocks:bf16", "blocks:hsdp"]}
 
 
 @pytest.fixture(scope="module")
@@ -236,14 +236,17 @@ def test_real_fsdp2_step_matches_memfit_per_rank(world, runs):
     a layer's forward (the root unit, kept unsharded by FSDP2, plus that layer) equal memfit's
     gathered transient."""
     reports = [[m for m in per_rank if not m["case"].endswith(":tp")] for per_rank in runs(world)]
-    widths = {"fp32": FP32_ADAM, "bf16": BF16_MIXED_ADAM}
+    widths = {"fp32": FP32_ADAM, "bf16": BF16_MIXED_ADAM, "hsdp": FP32_ADAM}
     seen = 0
     for per_rank in reports:
         for measured in per_rank:
             precision = measured["case"].split(":")[1]
             tensors = [Tensor(name, tuple(shape), widths[precision]) for name, shape in measured["shapes"]]
-            layout = Parallel(data=world, fsdp="full_shard")
-            memfit = rank_bytes(tensors, layout, data_rank=measured["rank"])
+            if precision == "hsdp":  # 2 ranks a node: shards over the node, replicas across nodes
+                layout, data_rank = Parallel(data=world, fsdp="hybrid_shard", gpus_per_node=2), measured["rank"] % 2
+            else:
+                layout, data_rank = Parallel(data=world, fsdp="full_shard"), measured["rank"]
+            memfit = rank_bytes(tensors, layout, data_rank=data_rank)
             assert memfit.device == {
                 "parameters": measured["parameters"],
                 "gradients": measured["gradients"],
