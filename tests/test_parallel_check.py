@@ -139,3 +139,39 @@ def test_json_and_explain_show_the_rank(tmp_path):
     text = render(check(path.read_text(), str(path)))
     assert "parallel   8 GPUs = data 8 x tensor 1 x pipeline 1; FSDP full_shard" in text
     assert "GPU rank 0 of 8 (the most loaded)" in text
+
+
+def test_layer_tensors_written_once_with_a_count_are_one_per_layer():
+    """models.hf writes a layer's tensors once ("model.layers.*.…", count = layers) and its saved
+    activations as "layer: …" rows: the pipeline splits them, FSDP gathers one layer."""
+    per_layer = run("""
+        memfit: 1
+        device: {memory: 80 GB}
+        optimizer: sgd
+        parameters:
+          - {name: model.embed_tokens.weight, shape: [100, 8]}
+          - {name: model.layers.*.mlp.up_proj.weight, shape: [32, 8], count: 4}
+          - {name: model.layers.*.mlp.down_proj.weight, shape: [8, 32], count: 4}
+          - {name: lm_head.weight, shape: [100, 8]}
+        activations:
+          - {name: "embeddings: dropout mask", shape: [10], dtype: bool}
+          - {name: "layer: mlp input", shape: [100], count: 4}
+          - {name: "loss: log-softmax", shape: [1000]}
+        parallel: {pipeline: 2, data: 2, fsdp: full_shard}
+        training: {gradient_accumulation: 4}
+    """)
+    assert per_layer.diagnostics == []
+    first, last = per_layer.config.placement.devices
+    assert first["activations"] == 2 * (10 + 2 * 400) and last["activations"] == 2 * 400 + 4000
+    assert first["parameters"] == 4 * (50 * 8 + 2 * (16 * 8 + 4 * 32))
+    gathered = per_layer.config.placement.transients[0]["gathered parameters"]
+    assert gathered == 4 * (100 * 8 + 32 * 8 + 8 * 32)  # the root unit (embedding) + one layer
+    too_many = run("""
+        memfit: 1
+        device: {memory: 80 GB}
+        optimizer: sgd
+        parameters:
+          - {name: model.layers.*.w, shape: [8], count: 4}
+        parallel: {pipeline: 8}
+    """)
+    assert [d.code for d in too_many.diagnostics] == ["bad-parallel"]

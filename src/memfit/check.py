@@ -146,12 +146,12 @@ def position(text: str, problems: list[Problem], data, unique_keys: bool = False
 
 def _layout_problems(config) -> list[Problem]:
     """The parallel layout against the model: what cannot run is a positioned bad-parallel."""
-    from .sharding import layer_of, problems_for
+    from .sharding import layer_count, problems_for
 
     model = dict(getattr(config, "model_dims", None) or {})
     if config.parallel.pipeline > 1 and "layers" not in model:
         # the layers a pipeline can split: indices in the parameters' names (layers.3.…, h.3.…)
-        model["layers"] = len({i for i in (layer_of(t.name) for t in config.tensors if t.category == "parameters") if i is not None})
+        model["layers"] = layer_count((t.name, t.count) for t in config.tensors if t.category == "parameters")
     return [Problem(path, codes.BAD_PARALLEL, message, on_key=True) for path, message, _ in problems_for(config.parallel, model)]
 
 

@@ -108,6 +108,10 @@ def _width(size: int, elements: int):
     return w.numerator if w.denominator == 1 else w
 
 
+def _per_layer(name: str) -> bool:
+    return name.startswith("layer:") or ".*." in "." + name
+
+
 def _place_parallel(tensors, layout: Layout) -> Placement:
     from . import sharding
 
@@ -120,15 +124,24 @@ def _place_parallel(tensors, layout: Layout) -> Placement:
             shardable.append(sharding.Tensor(t.name, tuple(t.shape), widths, count=t.count))
         else:
             activations.append(t)
-    result = sharding.shard(shardable, p)
+    result = sharding.shard(sharding.expand_layers(shardable), p)
     # a declared activation sits on its layer's stage (by the index in its name), else on the first;
     # a stage keeps the activations of the micro-batches 1F1B has in flight there
     ranges = [r.layers for r in result.stages]
     per_stage = [0] * p.pipeline
     for t in activations:
+        size = sum(t.bytes.values())
+        if t.count > 1 and _per_layer(t.name):
+            # one copy per layer (models.hf's "layer: ..." rows): each stage keeps its layers' copies
+            for s, (a, b) in enumerate(ranges):
+                per_stage[s] += size // t.count * (b - a)
+            continue
         index = sharding.layer_of(t.name)
-        stage = next((s for s, (a, b) in enumerate(ranges) if index is not None and a <= index < b), 0)
-        per_stage[stage] += sum(t.bytes.values())
+        if index is not None:
+            stage = next((s for s, (a, b) in enumerate(ranges) if a <= index < b), 0)
+        else:  # before the layers (embeddings) on the first stage, after them (head, loss) on the last
+            stage = p.pipeline - 1 if t.name.startswith(("head:", "loss:")) else 0
+        per_stage[stage] += size
     devices = []
     for s, r in enumerate(result.stages):
         held = dict.fromkeys(CATEGORIES, 0)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from functools import lru_cache
 
@@ -256,6 +256,35 @@ def tp_shard_shape(t: Tensor, tensor: int, tensor_rank: int = 0) -> tuple[int, .
 
 
 # ---------------------------------------------------------------- pipeline
+
+
+REPEATED = ".*."  # a layer tensor written once for every layer (models.hf: "model.layers.*.mlp.up_proj.weight", count = layers)
+
+
+def expand_layers(tensors: list) -> list:
+    """A tensor named with a `*` layer index and a count stands for one copy per layer: give each
+    copy its index, so that pipeline stages, FSDP units and ZeRO-3 modules see the layers."""
+    out = []
+    for t in tensors:
+        if t.count > 1 and REPEATED in "." + t.name:
+            head, tail = ("." + t.name).split(REPEATED, 1)
+            out.extend(replace(t, name=f"{head[1:]}.{i}.{tail}" if head else f"{i}.{tail}", count=1) for i in range(t.count))
+        else:
+            out.append(t)
+    return out
+
+
+def layer_count(names_counts) -> int:
+    """Layers a pipeline can split: indices in the names, or the count of a `*` layer tensor."""
+    seen, repeated = set(), 0
+    for name, count in names_counts:
+        if REPEATED in "." + name:
+            repeated = max(repeated, count)
+        else:
+            i = layer_of(name)
+            if i is not None:
+                seen.add(i)
+    return max(len(seen), repeated)
 
 
 def layer_of(name: str) -> int | None:
