@@ -175,3 +175,34 @@ def test_layer_tensors_written_once_with_a_count_are_one_per_layer():
         parallel: {pipeline: 8}
     """)
     assert [d.code for d in too_many.diagnostics] == ["bad-parallel"]
+
+
+def test_tensor_parallel_must_divide_the_transformers_heads():
+    base = """
+        memfit: 1
+        device: {memory: 80 GB}
+        optimizer: sgd
+        parameters: [[8]]
+        model:
+          transformer: {model_type: llama, num_attention_heads: 32, num_key_value_heads: 8, num_hidden_layers: 4}
+        parallel: {tensor: %d, pipeline: %d}
+    """
+    from memfit.check import _transformer_dims
+
+    import yaml
+
+    data = yaml.safe_load(textwrap.dedent(base % (16, 1)))
+    assert _transformer_dims(data, "<text>") == {"heads": 32, "kv_heads": 8, "layers": 4}
+    from memfit.check import _layout_problems
+    from memfit.config import build
+
+    config, _ = build(data)
+    assert [m for _, _, m in [(p.path, p.code, p.message) for p in _layout_problems(config, _transformer_dims(data, "<text>"))]] == [
+        "tensor = 16 does not divide the 8 key/value heads"
+    ]
+    data = yaml.safe_load(textwrap.dedent(base % (3, 8)))
+    config, _ = build(data)
+    found = [(p.path, p.message) for p in _layout_problems(config, _transformer_dims(data, "<text>"))]
+    assert found == [(("parallel", "tensor"), "tensor = 3 does not divide the 32 attention heads"),
+                     (("parallel", "tensor"), "tensor = 3 does not divide the 8 key/value heads"),
+                     (("parallel", "pipeline"), "pipeline = 8 stages but the model has 4 layers")]

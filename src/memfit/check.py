@@ -102,7 +102,7 @@ def _check(text: str, path: str, options: Options) -> Result:
 
             problems.extend(models.derive(data, config))
         if config.parallel is not None:
-            problems.extend(_layout_problems(config))
+            problems.extend(_layout_problems(config, _transformer_dims(data, path)))
         # an unknown optimizer or a layer that cannot apply leaves a number that is not the
         # footprint: report none rather than a wrong one; a bad unit spoils only the budget
         if all(lookup(p.code).keeps_footprint for p in problems):
@@ -144,11 +144,41 @@ def position(text: str, problems: list[Problem], data, unique_keys: bool = False
     return out
 
 
-def _layout_problems(config) -> list[Problem]:
+def _transformer_dims(data: dict, path: str) -> dict:
+    """Heads, KV heads and layers of a transformer model section (`transformer` inline or `hf_config`
+    beside the checked file), for the layout checks; {} when there is none or it cannot be read
+    (the model derivation reports that)."""
+    import os
+
+    model = data.get("model")
+    if not isinstance(model, dict) or not ({"transformer", "hf_config"} & set(model)):
+        return {}
+    from .models.hf_config import LoadError, load, normalize, validate
+
+    raw = model.get("transformer")
+    if raw is None:
+        base = os.path.dirname(path) if path and not path.startswith("<") else "."
+        try:
+            raw = load(os.path.normpath(os.path.join(base, os.path.expanduser(str(model["hf_config"]))))).raw
+        except LoadError:
+            return {}
+    if not isinstance(raw, dict) or validate(raw):
+        return {}
+    cfg = normalize(raw)
+    gpt2 = cfg.get("model_type") == "gpt2"
+    heads = cfg["n_head"] if gpt2 else cfg.get("num_attention_heads")
+    return {
+        "heads": heads,
+        "kv_heads": (None if gpt2 else cfg.get("num_key_value_heads")) or heads,
+        "layers": cfg["n_layer"] if gpt2 else cfg.get("num_hidden_layers"),
+    }
+
+
+def _layout_problems(config, model: dict) -> list[Problem]:
     """The parallel layout against the model: what cannot run is a positioned bad-parallel."""
     from .sharding import layer_count, problems_for
 
-    model = dict(getattr(config, "model_dims", None) or {})
+    model = {k: v for k, v in model.items() if v is not None}
     if config.parallel.pipeline > 1 and "layers" not in model:
         # the layers a pipeline can split: indices in the parameters' names (layers.3.…, h.3.…)
         model["layers"] = layer_count((t.name, t.count) for t in config.tensors if t.category == "parameters")
