@@ -92,9 +92,10 @@ def _check(text: str, path: str, options: Options) -> Result:
 
     from . import schema
     from .config import build
-    from .placement import SINGLE, Layout, place
+    from .placement import SINGLE, place
 
     problems = schema.problems(data)
+    cfg = None
     if not problems:
         config, problems = build(data)
         if "model" in data:
@@ -102,11 +103,12 @@ def _check(text: str, path: str, options: Options) -> Result:
 
             problems.extend(models.derive(data, config))
         if config.parallel is not None:
-            problems.extend(_layout_problems(config, _transformer_dims(data, path)))
+            cfg = _transformer_config(data, path)
+            problems.extend(_layout_problems(config, _dims(cfg)))
         # an unknown optimizer or a layer that cannot apply leaves a number that is not the
         # footprint: report none rather than a wrong one; a bad unit spoils only the budget
         if all(lookup(p.code).keeps_footprint for p in problems):
-            config.placement = place(config.tensors, Layout(parallel=config.parallel) if config.parallel is not None else SINGLE)
+            config.placement = place(config.tensors, _layout(config, data, cfg) if config.parallel is not None else SINGLE)
             result.config = config
             if all(lookup(p.code).severity == codes.INFO for p in problems):
                 problems.extend(_budget(config, options, result, data))
@@ -144,15 +146,15 @@ def position(text: str, problems: list[Problem], data, unique_keys: bool = False
     return out
 
 
-def _transformer_dims(data: dict, path: str) -> dict:
-    """Heads, KV heads and layers of a transformer model section (`transformer` inline or `hf_config`
-    beside the checked file), for the layout checks; {} when there is none or it cannot be read
-    (the model derivation reports that)."""
+def _transformer_config(data: dict, path: str) -> dict | None:
+    """The normalized config of a transformer model section (`transformer` inline or `hf_config`
+    beside the checked file); None when there is none or it cannot be read (the model derivation
+    reports that)."""
     import os
 
     model = data.get("model")
     if not isinstance(model, dict) or not ({"transformer", "hf_config"} & set(model)):
-        return {}
+        return None
     from .models.hf_config import LoadError, load, normalize, validate
 
     raw = model.get("transformer")
@@ -161,10 +163,37 @@ def _transformer_dims(data: dict, path: str) -> dict:
         try:
             raw = load(os.path.normpath(os.path.join(base, os.path.expanduser(str(model["hf_config"]))))).raw
         except LoadError:
-            return {}
+            return None
     if not isinstance(raw, dict) or validate(raw):
+        return None
+    return normalize(raw)
+
+
+def _layout(config, data: dict, cfg: dict | None):
+    """The parallel layout; for a transformer, its activations per stage and rank as Megatron splits them."""
+    from .placement import Layout
+
+    stages = None
+    training = data.get("training") if isinstance(data.get("training"), dict) else {}
+    if cfg is not None and "micro_batch" in training and "seq_len" in training:
+        from .models.hf_sharded import activations_per_stage
+
+        declared = data.get("dtypes", {}).get("activations")
+        try:
+            stages = activations_per_stage(
+                cfg, config.parallel, micro_batch=training["micro_batch"], seq_len=training["seq_len"],
+                attention=training.get("attention", "sdpa"), checkpointing=training.get("checkpointing", "none"),
+                dtypes={"activations": declared} if isinstance(declared, str) else None,
+            )
+        except (ValueError, KeyError):  # a model hf_activations does not cover: its rows, as derived
+            stages = None
+    return Layout(parallel=config.parallel, model_activations=stages)
+
+
+def _dims(cfg: dict | None) -> dict:
+    """Heads, KV heads and layers, for the layout checks."""
+    if cfg is None:
         return {}
-    cfg = normalize(raw)
     gpt2 = cfg.get("model_type") == "gpt2"
     heads = cfg["n_head"] if gpt2 else cfg.get("num_attention_heads")
     return {

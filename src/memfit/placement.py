@@ -22,11 +22,14 @@ FOOTPRINT_CATEGORY = {"parameters": "parameters", "gradients": "gradients", "gra
 class Layout:
     """Where training runs: one device, or `parallel` (a sharding.Parallel). Plain classes here: built on every start."""
 
-    __slots__ = ("devices", "parallel")
+    __slots__ = ("devices", "parallel", "model_activations")
 
-    def __init__(self, devices: int = 1, parallel=None) -> None:
+    def __init__(self, devices: int = 1, parallel=None, model_activations: list | None = None) -> None:
         self.devices = devices if parallel is None else parallel.world
         self.parallel = parallel
+        # per pipeline stage, a transformer's saved activations on its most-loaded rank
+        # (models.hf_sharded); they replace the model section's whole-model activation rows
+        self.model_activations = model_activations
 
 
 SINGLE = Layout()
@@ -129,6 +132,8 @@ def _place_parallel(tensors, layout: Layout) -> Placement:
     # a stage keeps the activations of the micro-batches 1F1B has in flight there
     ranges = [r.layers for r in result.stages]
     per_stage = [0] * p.pipeline
+    if layout.model_activations is not None:
+        activations = [t for t in activations if not (t.path and t.path[0] == "model")]
     for t in activations:
         size = sum(t.bytes.values())
         if t.count > 1 and _per_layer(t.name):
@@ -148,6 +153,8 @@ def _place_parallel(tensors, layout: Layout) -> Placement:
         for category, size in r.device.items():
             held[FOOTPRINT_CATEGORY.get(category, category)] += size
         held["activations"] += sharding.in_flight(s, p.pipeline, p.gradient_accumulation) * per_stage[s]
+        if layout.model_activations is not None:
+            held["activations"] += layout.model_activations[s]
         held["total"] = sum(held[c] for c in CATEGORIES)
         devices.append(held)
     return Placement(layout, devices, result, [dict(r.transient) for r in result.stages])
