@@ -189,7 +189,10 @@ def check_layout(p: Parallel, *, heads: int | None = None, kv_heads: int | None 
     if kv_heads is not None and kv_heads % p.tensor:
         out.append(("parallel.tensor", f"tensor = {p.tensor} does not divide the {kv_heads} key/value heads", "error"))
     if layers is not None and p.pipeline > layers:
-        out.append(("parallel.pipeline", f"pipeline = {p.pipeline} stages but the model has {layers} layers", "error"))
+        if layers == 0:
+            out.append(("parallel.pipeline", f"pipeline = {p.pipeline} stages but no layers to split: name the layer tensors with their index (model.layers.3.…) or use a transformer model", "error"))
+        else:
+            out.append(("parallel.pipeline", f"pipeline = {p.pipeline} stages but the model has {layers} layers", "error"))
     if p.fsdp == "hybrid_shard" and p.world % p.gpus_per_node:
         out.append(("parallel.gpus_per_node", f"hybrid_shard shards within a node: world size {p.world} is not a multiple of gpus_per_node = {p.gpus_per_node}", "error"))
     if p.offload_parameters and p.engine == "zero" and p.zero != 3:
