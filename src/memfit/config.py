@@ -49,6 +49,7 @@ class Config:
     layers: list = field(default_factory=list)  # per-layer rows when a model section is declared
     parallel: object = None  # sharding.Parallel when a `parallel` section is declared
     host_memory: int | None = None  # host.memory, bytes per node
+    model: object = None  # models.hf.Model when the model is a transformer (block rows, summary)
 
     @property
     def optimizer(self) -> str:
@@ -117,7 +118,10 @@ def _device(device: dict, config: Config) -> list[Problem]:
                 Problem(("device", "reserve"), codes.BAD_BUDGET, f"device.reserve ({config.reserve:,} B) is more than device.memory ({config.memory:,} B): the budget would be negative")
             )
     if "warn_at" in device:
-        config.warn_at = parse_percent(device["warn_at"])
+        try:
+            config.warn_at = parse_percent(device["warn_at"])
+        except UnitError as error:
+            problems.append(Problem(("device", "warn_at"), codes.BAD_UNIT, f"device.warn_at: {error}"))
     return problems
 
 

@@ -17,9 +17,9 @@ import difflib
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from . import optim
 from .calculator import tensor_bytes
 from .dtypes import DTYPES
-from . import optim
 
 CATEGORIES = ("parameters", "gradients", "activations", "optimizer_state")
 DEFAULT_PRECISION = "32-true"
