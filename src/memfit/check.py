@@ -222,16 +222,15 @@ def _layout(config, data: dict, cfg: dict | None):
     from .placement import Layout
 
     stages = None
-    training = data.get("training") if isinstance(data.get("training"), dict) else {}
-    if cfg is not None and "micro_batch" in training and "seq_len" in training:
+    model = getattr(config, "model", None)  # models.hf.Model: the training keys in force
+    if model is not None:
         from .models.hf_sharded import activations_per_stage
 
-        declared = data.get("dtypes", {}).get("activations")
+        t = model.training
         try:
             stages = activations_per_stage(
-                cfg, config.parallel, micro_batch=training["micro_batch"], seq_len=training["seq_len"],
-                attention=training.get("attention", "sdpa"), checkpointing=training.get("checkpointing", "none"),
-                dtypes={"activations": declared} if isinstance(declared, str) else None,
+                model.cfg, config.parallel, micro_batch=t["micro_batch"], seq_len=t["seq_len"],
+                attention=t["attention"], checkpointing=t["checkpointing"], dtypes=model.dtypes,
             )
         except (ValueError, KeyError):  # a model hf_activations does not cover: its rows, as derived
             stages = None
