@@ -54,6 +54,10 @@ def found_line(result) -> str:
     from .present import pct
 
     total, budget = result.footprint["total"], result.budget
+    peak = result.parallel_peak
+    if peak is not None:  # the budget is per GPU: the most-loaded rank at its worst moment
+        total = peak["bytes"]
+        return f"{result.path}: GPU rank {peak['rank']} of {peak['ranks']}: peak {human(total)} of {human(budget)} ({pct(total, budget)}), fits"
     return f"{result.path}: total {human(total)} of {human(budget)} ({pct(total, budget)}), fits"
 
 
@@ -264,6 +268,8 @@ def summary_markdown(results) -> str:
         if result.skipped:
             continue
         total = result.footprint["total"] if result.footprint is not None else None
+        if result.parallel_peak is not None:  # per GPU: the most-loaded rank's peak is what the budget gates
+            total = result.parallel_peak["bytes"]
         budget = result.budget
         headroom = budget - total if total is not None and budget is not None else None
         cells = [
