@@ -56,8 +56,7 @@ class Placement:
         held = self.devices[self.binding]
         if self.sharded is None:
             return held
-        # `peak`: what the budget gates per GPU (fit and diff read it as fit.gated does)
-        return {**held, "ranks": self.sharded.ranks, "rank": self.rank, "peak": held["total"] + sum(self.transients[self.binding].values())}
+        return {**held, "ranks": self.sharded.ranks, "rank": self.rank}
 
     @property
     def rank(self) -> int | None:
