@@ -194,15 +194,9 @@ def test_suggest_gives_the_largest_batch_that_fits_as_an_edit(keras, tmp_path):
     (entry,) = json.loads(done.stdout)["files"]
     (fix,) = entry["fixes"]
     top = json.loads(memfit("fit", "--format", "json", keras).stdout)["files"][0]["max"]
-    # training.gradient_accumulation exists in the schema (parallel layouts): the fix keeps the global batch
-    steps = -(-512 // top)
-    assert fix["kind"] == "micro_batch" and fix["changes"] == [
-        {"key": "model.batch_size", "from": 512, "to": top},
-        {"key": "training.gradient_accumulation", "from": None, "to": steps},
-    ]
+    assert fix["kind"] == "micro_batch" and fix["changes"] == [{"key": "model.batch_size", "from": 512, "to": top}]
     # the edit is the value's range only: comments, flow style and key order are kept
-    edit, insert = fix["edits"]
-    assert insert["new_text"].rstrip("\n") == f"training:\n  gradient_accumulation: {steps}"
+    (edit,) = fix["edits"]
     assert edit["range"] == {"start": {"line": 5, "character": 14}, "end": {"line": 5, "character": 17}} and edit["new_text"] == str(top)
     fixed = tmp_path / "fixed.yaml"
     fixed.write_text(KERAS.replace("batch_size: 512", f"batch_size: {top}"), encoding="utf-8")
