@@ -103,8 +103,12 @@ def tensor_parallel(rank, mesh, model_name, _):
 
 
 def step(rank, mesh, model_name, precision):
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor import DTensor
+
+    if precision == "hsdp":  # hybrid sharding: replicate over 2 "nodes", shard within each of 2 ranks
+        mesh = init_device_mesh("cpu", (mesh.size() // 2, 2), mesh_dim_names=("replicate", "shard"))
 
     torch.manual_seed(0)
     model, layers_of = build(model_name)

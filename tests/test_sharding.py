@@ -203,7 +203,7 @@ def test_fsdp_pads_dim_0_and_the_optimizer_sees_the_unpadded_shard():
 
 
 # one process group per world size runs every case (starting ranks is the slow part)
-RUNS = {2: ["blocks:fp32", "llama:bf16", "llama:tp"], 4: ["blocks:bf16"]}
+RUNS = {2: ["blocks:fp32", "llama:bf16", "llama:tp"], 4: ["blocks:bf16", "blocks:hsdp"]}
 
 
 @pytest.fixture(scope="module")
@@ -236,14 +236,17 @@ def test_real_fsdp2_step_matches_memfit_per_rank(world, runs):
     a layer's forward (the root unit, kept unsharded by FSDP2, plus that layer) equal memfit's
     gathered transient."""
     reports = [[m for m in per_rank if not m["case"].endswith(":tp")] for per_rank in runs(world)]
-    widths = {"fp32": FP32_ADAM, "bf16": BF16_MIXED_ADAM}
+    widths = {"fp32": FP32_ADAM, "bf16": BF16_MIXED_ADAM, "hsdp": FP32_ADAM}
     seen = 0
     for per_rank in reports:
         for measured in per_rank:
             precision = measured["case"].split(":")[1]
             tensors = [Tensor(name, tuple(shape), widths[precision]) for name, shape in measured["shapes"]]
-            layout = Parallel(data=world, fsdp="full_shard")
-            memfit = rank_bytes(tensors, layout, data_rank=measured["rank"])
+            if precision == "hsdp":  # 2 ranks a node: shards over the node, replicas across nodes
+                layout, data_rank = Parallel(data=world, fsdp="hybrid_shard", gpus_per_node=2), measured["rank"] % 2
+            else:
+                layout, data_rank = Parallel(data=world, fsdp="full_shard"), measured["rank"]
+            memfit = rank_bytes(tensors, layout, data_rank=data_rank)
             assert memfit.device == {
                 "parameters": measured["parameters"],
                 "gradients": measured["gradients"],
@@ -506,7 +509,7 @@ def test_korthikanti_table_2_through_the_transformer_model(s, b, h, a, t):
     activations as dtypes.activations: bfloat16): within 5% of Table 2 in every row."""
     from memfit.models.hf_activations import nbytes
 
-    from memfit.sharding import layer_saved_per_rank
+    from memfit.models.hf_sharded import layer_saved_per_rank
 
     cfg = _gpt_paper_config(h, a, s)
     sbh = s * b * h
@@ -579,7 +582,7 @@ def test_llama_3_70b_from_the_transformer_form_under_tensor_and_pipeline_paralle
 def test_activations_per_stage_match_hf_activations_without_parallelism_and_split_with_it():
     from memfit.models import hf_activations as A
     from memfit.models.hf_config import normalize
-    from memfit.sharding import activations_per_stage
+    from memfit.models.hf_sharded import activations_per_stage
 
     cfg = normalize({"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 4,
                      "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000})

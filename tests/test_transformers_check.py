@@ -175,7 +175,10 @@ def test_hover_on_hf_config_and_hints_on_training(tmp_path):
     model = analysis.config.model
     assert hints[6].startswith("activations ") and "at 3:" in hints[6]
     assert "eager" in hints[8] and "sdpa" in hints[8] and "flash" in hints[8]
-    assert hints[9] == f"activations: none {_human(model.activations)} · full {_human(model.activations_with(checkpointing='full'))}"
+    assert hints[9] == (
+        f"activations: none {_human(model.activations)} · full {_human(model.activations_with(checkpointing='full'))}"
+        f" · selective {_human(model.activations_with(checkpointing='selective'))}"
+    )
     assert "training.seq_len" in analysis.hover(7, 3).markdown
 
 

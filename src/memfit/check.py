@@ -42,8 +42,22 @@ class Result:
         return self.config.footprint if self.config is not None else None
 
     @property
+    def parallel_peak(self) -> dict | None:
+        """Under a parallel layout: the binding GPU's peak (footprint + what it gathers), its rank and the world size."""
+        return self.config.placement.peak if self.config is not None and self.config.placement is not None else None
+
+    @property
+    def host(self) -> dict | None:
+        """Under offload: the host memory of the most-loaded node."""
+        return self.config.placement.host if self.config is not None and self.config.placement is not None else None
+
+    @property
     def peak(self) -> dict | None:
-        """{"bytes", "phase", "live"} of a run (a config with a training section), else None."""
+        """{"bytes", "phase", "live"} of a run (a config with a training section), else None; under a
+        parallel layout the most-loaded GPU's (with what it gathers, its rank and the world size)."""
+        parallel = self.parallel_peak
+        if parallel is not None:
+            return parallel
         found = getattr(self.config, "peak", None) if self.config is not None else None
         return None if found is None else {"bytes": found["bytes"], "phase": found["phase"], "live": dict(found["live"])}
 
@@ -121,28 +135,35 @@ def _pipeline(data: dict, options: Options, result: Result) -> list[Problem]:
     """schema -> config -> tensors -> placement -> footprint -> budget, on a document that is a config."""
     from . import schema
     from .config import build
-    from .placement import place
+    from .placement import SINGLE, place
 
     problems = schema.problems(data)
+    cfg = None
     if not problems:
         config, problems = build(data)
         if "model" in data:
             from .models.dispatch import derive
 
             problems.extend(derive(data, config, result.path))
+        if config.parallel is not None:
+            model = getattr(config, "model", None)  # models.hf.Model: a transformer's normalized config
+            cfg = model.cfg if model is not None else _transformer_config(data, result.path)
+            problems.extend(_layout_problems(config, _dims(cfg)))
         # an unknown optimizer or a layer that cannot apply leaves a number that is not the
         # footprint: report none rather than a wrong one; a bad unit spoils only the budget
         if all(lookup(p.code).keeps_footprint for p in problems):
-            config.placement = place(config.tensors)
+            config.placement = place(config.tensors, _layout(config, data, cfg) if config.parallel is not None else SINGLE)
             too_large = _too_large(config)
             if too_large is not None:
                 problems.append(too_large)
             else:
                 result.config = config
-                if "training" in data and not _errors(problems):
+                # a parallel layout's peak is per GPU (placement); the phase walk is a single device's
+                if "training" in data and config.parallel is None and not _errors(problems):
                     problems.extend(_peak(config, data))
                 if not _errors(problems):
                     problems.extend(_budget(config, options, result, data))
+                    problems.extend(_host_budget(config))
     return problems
 
 
@@ -233,6 +254,87 @@ def position(text: str, problems: list[Problem], data, unique_keys: bool = False
     return out
 
 
+def _transformer_config(data: dict, path: str) -> dict | None:
+    """The normalized config of a transformer model section (`transformer` inline or `hf_config`
+    beside the checked file); None when there is none or it cannot be read (the model derivation
+    reports that)."""
+    import os
+
+    model = data.get("model")
+    if not isinstance(model, dict) or not ({"transformer", "hf_config"} & set(model)):
+        return None
+    from .models.hf_config import LoadError, load, normalize, validate
+
+    raw = model.get("transformer")
+    if raw is None:
+        base = os.path.dirname(path) if path and not path.startswith("<") else "."
+        try:
+            raw = load(os.path.normpath(os.path.join(base, os.path.expanduser(str(model["hf_config"]))))).raw
+        except LoadError:
+            return None
+    if not isinstance(raw, dict) or validate(raw):
+        return None
+    return normalize(raw)
+
+
+def _layout(config, data: dict, cfg: dict | None):
+    """The parallel layout; for a transformer, its activations per stage and rank as Megatron splits them."""
+    from .placement import Layout
+
+    stages = None
+    model = getattr(config, "model", None)  # models.hf.Model: the training keys in force
+    if model is not None:
+        from .models.hf_sharded import activations_per_stage
+
+        t = model.training
+        try:
+            stages = activations_per_stage(
+                model.cfg, config.parallel, micro_batch=t["micro_batch"], seq_len=t["seq_len"],
+                attention=t["attention"], checkpointing=t["checkpointing"], dtypes=model.dtypes,
+            )
+        except (ValueError, KeyError):  # a model hf_activations does not cover: its rows, as derived
+            stages = None
+    return Layout(parallel=config.parallel, model_activations=stages)
+
+
+def _dims(cfg: dict | None) -> dict:
+    """Heads, KV heads and layers, for the layout checks."""
+    if cfg is None:
+        return {}
+    gpt2 = cfg.get("model_type") == "gpt2"
+    heads = cfg["n_head"] if gpt2 else cfg.get("num_attention_heads")
+    return {
+        "heads": heads,
+        "kv_heads": (None if gpt2 else cfg.get("num_key_value_heads")) or heads,
+        "layers": cfg["n_layer"] if gpt2 else cfg.get("num_hidden_layers"),
+    }
+
+
+def _layout_problems(config, model: dict) -> list[Problem]:
+    """The parallel layout against the model: what cannot run is a positioned bad-parallel."""
+    from .sharding import layer_count, problems_for
+
+    model = {k: v for k, v in model.items() if v is not None}
+    if config.parallel.pipeline > 1 and "layers" not in model:
+        # the layers a pipeline can split: indices in the parameters' names (layers.3.…, h.3.…)
+        model["layers"] = layer_count((t.name, t.count) for t in config.tensors if t.category == "parameters")
+    return [Problem(path, codes.BAD_PARALLEL, message, on_key=True) for path, message, _ in problems_for(config.parallel, model)]
+
+
+def _host_budget(config) -> list[Problem]:
+    host = config.placement.host
+    if host is None or config.host_memory is None or host["total"] <= config.host_memory:
+        return []
+    gpus = host["gpus"]
+    return [
+        Problem(
+            ("host", "memory"),
+            codes.HOST_BUDGET_EXCEEDED,
+            f"the {gpus} GPU{'s' if gpus != 1 else ''} of a node offload {with_bytes(host['total'])}, more than host.memory {with_bytes(config.host_memory)} by {with_bytes(host['total'] - config.host_memory)}",
+        )
+    ]
+
+
 def _budget(config, options: Options, result: Result, data: dict) -> list[Problem]:
     if options.budget is not None:
         budget, where, origin = options.budget, ("memfit",), "from --budget"
@@ -253,12 +355,17 @@ def _budget(config, options: Options, result: Result, data: dict) -> list[Proble
     result.budget, result.budget_origin, result.warn_at = budget, origin, warn_at
     if budget <= 0:
         return [Problem(where, codes.BAD_BUDGET, f"the budget is {with_bytes(budget)} ({origin}): nothing fits in it", on_key=on_key)]
+    parallel = config.placement.peak
     if config.peak is not None:
         from .peak import PHASE_WORDS
 
         used = config.peak["bytes"]
         what = f"peak {with_bytes(used)} during {PHASE_WORDS[config.peak['phase']]}"
         aside = f" (the four categories at full size total {with_bytes(config.footprint['total'])})"
+    elif parallel is not None:  # per GPU: the most-loaded rank, with what it gathers for a moment
+        used = parallel["bytes"]
+        what = f"GPU rank {parallel['rank']} of {parallel['ranks']}: peak {with_bytes(used)}"
+        aside = f" (on the GPU {with_bytes(config.footprint['total'])}, gathered for a moment {with_bytes(used - config.footprint['total'])})" if used != config.footprint["total"] else ""
     else:
         used = config.footprint["total"]
         what, aside = f"total {with_bytes(used)}", ""

@@ -8,6 +8,7 @@ from __future__ import annotations
 ERROR = "error"
 WARNING = "warning"
 INFORMATION = "information"
+INFO = INFORMATION  # a note: nothing is wrong, something is not checked
 
 
 class Code:
@@ -46,6 +47,9 @@ OPTIMIZER_IMPL = "optimizer-impl"
 NO_BUDGET = "no-budget"
 BUDGET_EXCEEDED = "budget-exceeded"
 NEAR_BUDGET = "near-budget"
+BAD_PARALLEL = "bad-parallel"
+HOST_BUDGET_EXCEEDED = "host-budget-exceeded"
+NO_HOST_BUDGET = "no-host-budget"
 TOO_LARGE = "too-large"
 NOT_A_CONFIG = "not-a-config"
 IO = "io"
@@ -116,6 +120,26 @@ CODES: dict[str, Code] = _register(
         "Reduce the footprint (batch size, dtypes, optimizer, frozen layers) or raise the budget; `memfit explain` shows the breakdown.",
     ),
     Code(NEAR_BUDGET, WARNING, "The training footprint is close to the memory budget", "The config fits, but with little headroom; `memfit explain` shows where the memory goes."),
+    Code(
+        BAD_PARALLEL,
+        ERROR,
+        "A parallel layout that cannot run",
+        "Fix the key shown: one engine (zero or fsdp), sequence_parallel only with tensor > 1, tensor dividing the heads, at most one pipeline stage per layer, offload the engine supports.",
+    ),
+    Code(
+        HOST_BUDGET_EXCEEDED,
+        ERROR,
+        "What the GPUs offload exceeds a node's host memory",
+        "Offload less (parameters stay on the GPUs without offload.parameters), use more nodes, or raise host.memory; `memfit explain` shows the host side.",
+        keeps_footprint=True,
+    ),
+    Code(
+        NO_HOST_BUDGET,
+        INFO,
+        "Offloaded memory is not checked against a host budget",
+        "Set host.memory (RAM per node) to have the offloaded bytes checked too.",
+        keeps_footprint=True,
+    ),
     Code(
         TOO_LARGE,
         ERROR,

@@ -47,6 +47,8 @@ class Config:
     warn_at: Fraction = DEFAULT_WARN_AT
     placement: object = None  # placement.Placement, once the tensors are all known
     layers: list = field(default_factory=list)  # per-layer rows when a model section is declared
+    parallel: object = None  # sharding.Parallel when a `parallel` section is declared
+    host_memory: int | None = None  # host.memory, bytes per node
     model: object = None  # models.hf.Model when the model is a transformer (block rows, summary)
     preset: object = None  # presets.Preset named by device.preset
     memory_origin: str | None = None  # how device memory was given when not as device.memory: "preset A100-80GB"
@@ -89,10 +91,20 @@ def build(data: dict) -> tuple[Config, list[Problem]]:
     widths = {c: width(declared.get(c, DEFAULT_DTYPE)) for c in CATEGORIES}
     config = Config(data.get("name"), Recipe(data["optimizer"], states, widths))
     problems.extend(_device(data.get("device", {}), config))
+    if "parallel" in data or "host" in data:
+        problems.extend(_parallel(data, config))
     for category in ("parameters", "activations"):
         for i, item in enumerate(data.get(category, ())):
             config.tensors.append(_tensor(category, (category, i), item, config))
     return config, problems
+
+
+def _parallel(data: dict, config: Config) -> list[Problem]:
+    from .sharding import from_config
+
+    config.parallel, config.host_memory, found = from_config(data)
+    code = {"error": codes.BAD_UNIT, "note": codes.NO_HOST_BUDGET}
+    return [Problem(path, code[severity], message, on_key=severity == "note") for path, message, severity in found]
 
 
 def _device(device: dict, config: Config) -> list[Problem]:

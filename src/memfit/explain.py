@@ -73,11 +73,31 @@ def _render(result, colour: bool, lines: list[str]) -> int | None:
 
     fp = config.footprint
     total = fp["total"]
+    if config.placement.sharded is not None:
+        lines.extend(parallel_lines(config.placement))
+        out("")
+        out(f"GPU rank {fp['rank']} of {fp['ranks']} (the most loaded):")
     out(f"{'category':<16} {'bytes':>24} {'':>13} {'share':>7}")
     for category in CATEGORIES:
         out(f"{category:<16} {fp[category]:>24,} {human(fp[category]):>13} {pct(fp[category], total):>7}")
     out(f"{'total':<16} {total:>24,} {human(total):>13}")
     out("")
+
+    peak = config.placement.peak
+    if peak is not None and peak["gathered"]:
+        for what, size in peak["gathered"].items():
+            out(f"{'+ ' + what:<28} {size:>12,} {human(size):>13}  (for a moment)")
+        out(f"{'peak':<16} {peak['bytes']:>24,} {human(peak['bytes']):>13}")
+        out("")
+        total = peak["bytes"]
+    host = config.placement.host
+    if host is not None:
+        limit = f" of host.memory {with_bytes(config.host_memory)}" if config.host_memory is not None else " (no host.memory to check against)"
+        out(f"host memory per node ({host['gpus']} GPUs offloading): {with_bytes(host['total'])}{limit}")
+        for category in ("parameters", "gradients", "optimizer_state"):
+            if host.get(category):
+                out(f"  {category:<14} {host[category]:>24,} {human(host[category]):>13}")
+        out("")
 
     budget = result.budget
     if budget is not None:
@@ -99,7 +119,8 @@ def _render(result, colour: bool, lines: list[str]) -> int | None:
     placement = config.placement
     largest = sorted(config.tensors, key=lambda t: sum(placement.of(t).values()), reverse=True)[:TOP_TENSORS]
     if largest:
-        out(f"largest tensors (of {len(config.tensors):,}), bytes over all their categories:")
+        whole = " (whole, before sharding)" if placement.sharded is not None else ""
+        out(f"largest tensors (of {len(config.tensors):,}), bytes over all their categories{whole}:")
         out(f"  {'name':<26} {'shape':<21} {'count':>6} {'bytes':>11}")
         for t in largest:
             shape = shape_text(t.shape)
@@ -108,3 +129,28 @@ def _render(result, colour: bool, lines: list[str]) -> int | None:
             out(f"  {cut(printable(t.name), 26):<26} {cut(shape, 21):<21} {t.count:>6,} {human(size):>11}{frozen}")
     return bar_line
 
+
+
+def parallel_lines(placement) -> list:
+    """The per-rank table: each pipeline stage's most-loaded rank, what each category is (sharded,
+    replicated, offloaded), and what it gathers for a moment."""
+    sharded = placement.sharded
+    p = sharded.layout
+    engine = f"ZeRO-{p.zero}" if p.engine == "zero" else f"FSDP {p.fsdp}" if p.engine == "fsdp" else "DDP (no sharding)"
+    offload = [name for name, on in (("optimizer", p.offload_optimizer), ("parameters", p.offload_parameters)) if on]
+    out = [
+        f"parallel   {sharded.ranks} GPUs = data {p.data} x tensor {p.tensor} x pipeline {p.pipeline}"
+        + (" (sequence parallel)" if p.sequence_parallel else "") + f"; {engine}" + (f"; offload {', '.join(offload)} to the host" if offload else ""),
+    ]
+    status = sharded.most_loaded.sharded
+    if status:
+        short = {"parameters": "weights", "gradients": "grads", "grad_accum": "fp32 grads", "master": "master", "optimizer_state": "optimizer"}
+        out.append(cut("  over the data ranks: " + ", ".join(f"{short.get(c, c)} {s}" for c, s in status.items()), WIDTH))
+    out.append(f"  {'stage':>5} {'rank':>6} {'layers':>9} {'on the GPU':>13} {'gathered':>11} {'peak':>11} {'host':>11}")
+    for s, r in enumerate(sharded.stages):
+        device = placement.devices[s]["total"]
+        gathered = sum(placement.transients[s].values())
+        a, b = r.layers
+        span = f"{a}-{b - 1}" if b > a else "-"
+        out.append(f"  {s:>5} {r.rank:>6} {span:>9} {human(device):>13} {human(gathered):>11} {human(device + gathered):>11} {human(sum(r.host.values())):>11}")
+    return out

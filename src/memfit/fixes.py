@@ -110,7 +110,8 @@ def _micro_batch(data: dict, options: Options, refuse, result: Result) -> list[t
     changes = [(path, read(data, path), new) for path in both]
     accumulate = ("training", "gradient_accumulation")
     steps = _get(data, accumulate)
-    if steps is not None or declared(accumulate) is not None:
+    # a config without a training section is not a run: adding one would change what the gate compares
+    if steps is not None or (declared(accumulate) is not None and "training" in data):
         before = steps if steps is not None else 1
         after = math.ceil(current * before / new)
         if after != before:

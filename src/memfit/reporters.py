@@ -56,6 +56,9 @@ def found_line(result) -> str:
     from .check import gated
 
     used, budget = gated(result), result.budget
+    peak = getattr(result, "parallel_peak", None)
+    if peak is not None:  # the budget is per GPU: the most-loaded rank at its worst moment
+        return f"{result.path}: GPU rank {peak['rank']} of {peak['ranks']}: peak {human(used)} of {human(budget)} ({pct(used, budget)}), fits"
     what = "peak" if getattr(result, "peak", None) else "total"  # what the gate compared
     return f"{result.path}: {what} {human(used)} of {human(budget)} ({pct(used, budget)}), fits"
 
@@ -121,6 +124,9 @@ def _entry(result, rest: dict) -> dict:
     entry = {"path": result.path, "footprint": result.footprint}
     if result.peak is not None:
         entry["peak"] = result.peak
+    host = getattr(result, "host", None)  # under offload: the most-loaded node's host memory
+    if host is not None:
+        entry["host"] = host
     entry.update(rest)
     return entry
 

@@ -118,6 +118,59 @@ def _layer() -> dict:
     }
 
 
+def _count(title: str, description: str) -> dict:
+    return {"title": title, "description": description, "type": "integer", "minimum": 1}
+
+
+def _parallel_sections() -> dict:
+    """`parallel` and `host` (sharding.py); `training.gradient_accumulation` is in _training."""
+    from .sharding import FSDP_STRATEGIES, ZERO_STAGES
+
+    offload = {"title": "Offload", "description": "Where it lives: 'cpu' (host memory) or 'none'.", "enum": ["cpu", "none"]}
+    return {
+        "parallel": {
+            "title": "Parallel layout",
+            "description": "Data, tensor and pipeline parallelism with DeepSpeed ZeRO or PyTorch FSDP: memfit checks the most-loaded GPU. World size = data x tensor x pipeline.",
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "data": _count("Data parallel", "Data-parallel ranks (default 1)."),
+                "tensor": _count("Tensor parallel", "Megatron-style tensor-parallel ranks: column/row-parallel linears, vocabulary-parallel embedding (default 1)."),
+                "pipeline": _count("Pipeline stages", "Pipeline stages under the 1F1B schedule (default 1)."),
+                "sequence_parallel": {"title": "Sequence parallel", "description": "Megatron sequence parallelism (needs tensor > 1).", "type": "boolean"},
+                "zero": {"title": "ZeRO stage", "description": "DeepSpeed ZeRO stage: 1 shards the optimizer state, 2 also gradients, 3 also parameters. Not with fsdp.", "enum": list(ZERO_STAGES)},
+                "fsdp": {"title": "FSDP strategy", "description": "PyTorch FSDP sharding strategy. Not with zero.", "enum": list(FSDP_STRATEGIES)},
+                "gpus_per_node": _count("GPUs per node", "GPUs in one node: hybrid_shard shards within a node, host memory is per node (default 8)."),
+                "offload": {
+                    "title": "CPU offload",
+                    "description": "ZeRO-Offload / FSDP CPUOffload: what lives in host memory.",
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"optimizer": offload, "parameters": offload},
+                },
+                "buckets": {
+                    "title": "Communication buckets",
+                    "description": "Counted only when declared, in elements (DeepSpeed's reduce_bucket_size, allgather_bucket_size).",
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "reduce": _count("Reduce bucket", "Elements of the gradient reduce bucket."),
+                        "allgather": _count("All-gather bucket", "Elements of the parameter all-gather bucket."),
+                    },
+                },
+            },
+            "examples": [{"data": 8, "fsdp": "full_shard", "gpus_per_node": 8}, {"data": 2, "tensor": 8, "pipeline": 4, "sequence_parallel": True, "zero": 1}],
+        },
+        "host": {
+            "title": "Host",
+            "description": "The host (CPU) side of a node.",
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"memory": {"$ref": "#/$defs/bytes", "title": "Host memory", "description": "RAM per node: the budget for what the node's GPUs offload."}},
+        },
+    }
+
+
 def _transformer_properties() -> dict:
     from .models.families import FAMILIES, SUPPORTED
 
@@ -239,10 +292,11 @@ def _training() -> dict:
             },
             "checkpointing": {
                 "title": "Activation checkpointing",
-                "description": "none, or full: each layer keeps only its input and is recomputed in the backward (the peak adds one layer's recomputation).",
+                "description": "none; full: each layer keeps only its input and is recomputed in the backward (the peak adds one layer's recomputation); selective: the attention core (softmax, its dropout) is recomputed, as Megatron-LM does.",
                 "enum": list(CHECKPOINTING),
                 "default": "none",
             },
+            "gradient_accumulation": _count("Gradient accumulation", "Micro-batches per optimizer step (under pipeline parallelism: micro-batches in flight, up to the stages)."),
             "optimizer_impl": {
                 "title": "Optimizer implementation",
                 "description": "How torch.optim runs the step, which sets its temporaries: foreach (PyTorch's default on GPU; one temporary per parameter at once), fused (none) or for_loop (one parameter at a time).",
@@ -370,6 +424,7 @@ def generate() -> dict:
                     },
                 ],
             },
+            **_parallel_sections(),
         },
         "$defs": {
             "bytes": _bytes(),

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
+from functools import lru_cache
 
 ZERO_STAGES = (0, 1, 2, 3)
 FSDP_STRATEGIES = ("full_shard", "shard_grad_op", "hybrid_shard", "no_shard")
@@ -188,7 +189,10 @@ def check_layout(p: Parallel, *, heads: int | None = None, kv_heads: int | None 
     if kv_heads is not None and kv_heads % p.tensor:
         out.append(("parallel.tensor", f"tensor = {p.tensor} does not divide the {kv_heads} key/value heads", "error"))
     if layers is not None and p.pipeline > layers:
-        out.append(("parallel.pipeline", f"pipeline = {p.pipeline} stages but the model has {layers} layers", "error"))
+        if layers == 0:
+            out.append(("parallel.pipeline", f"pipeline = {p.pipeline} stages but no layers to split: name the layer tensors with their index (model.layers.3.…) or use a transformer model", "error"))
+        else:
+            out.append(("parallel.pipeline", f"pipeline = {p.pipeline} stages but the model has {layers} layers", "error"))
     if p.fsdp == "hybrid_shard" and p.world % p.gpus_per_node:
         out.append(("parallel.gpus_per_node", f"hybrid_shard shards within a node: world size {p.world} is not a multiple of gpus_per_node = {p.gpus_per_node}", "error"))
     if p.offload_parameters and p.engine == "zero" and p.zero != 3:
@@ -205,15 +209,25 @@ def check_layout(p: Parallel, *, heads: int | None = None, kv_heads: int | None 
 # ---------------------------------------------------------------- tensor parallel
 
 
-def tp_role(t: Tensor) -> str:
-    if t.tp is not None:
-        return t.tp
-    for pattern, role in TP_RULES:
-        if re.search(pattern, t.name):
-            if role == "row" and len(t.shape) == 1:
+_TP_COMPILED = tuple((re.compile(pattern), role) for pattern, role in TP_RULES)
+_INDEX = re.compile(r"\.\d+\.")
+
+
+@lru_cache(maxsize=65536)
+def _role_by_name(generic: str, one_dim: bool) -> str:
+    for pattern, role in _TP_COMPILED:
+        if pattern.search(generic):
+            if role == "row" and one_dim:
                 return "replicated"  # a row-parallel linear's bias is added after the all-reduce
             return role
     return "replicated"
+
+
+def tp_role(t: Tensor) -> str:
+    if t.tp is not None:
+        return t.tp
+    # the rules never look at layer indices: one lookup serves every layer
+    return _role_by_name(_INDEX.sub(".#.", t.name), len(t.shape) == 1)
 
 
 def padded_vocab(vocab: int, tensor: int, divisible_by: int = VOCAB_DIVISIBLE_BY) -> int:
@@ -245,6 +259,35 @@ def tp_shard_shape(t: Tensor, tensor: int, tensor_rank: int = 0) -> tuple[int, .
 
 
 # ---------------------------------------------------------------- pipeline
+
+
+REPEATED = ".*."  # a layer tensor written once for every layer (models.hf: "model.layers.*.mlp.up_proj.weight", count = layers)
+
+
+def expand_layers(tensors: list) -> list:
+    """A tensor named with a `*` layer index and a count stands for one copy per layer: give each
+    copy its index, so that pipeline stages, FSDP units and ZeRO-3 modules see the layers."""
+    out = []
+    for t in tensors:
+        if t.count > 1 and REPEATED in "." + t.name:
+            head, tail = ("." + t.name).split(REPEATED, 1)
+            out.extend(replace(t, name=f"{head[1:]}.{i}.{tail}" if head else f"{i}.{tail}", count=1) for i in range(t.count))
+        else:
+            out.append(t)
+    return out
+
+
+def layer_count(names_counts) -> int:
+    """Layers a pipeline can split: indices in the names, or the count of a `*` layer tensor."""
+    seen, repeated = set(), 0
+    for name, count in names_counts:
+        if REPEATED in "." + name:
+            repeated = max(repeated, count)
+        else:
+            i = layer_of(name)
+            if i is not None:
+                seen.add(i)
+    return max(len(seen), repeated)
 
 
 def layer_of(name: str) -> int | None:
@@ -294,6 +337,8 @@ def in_flight(stage: int, pipeline: int, gradient_accumulation: int) -> int:
 
 
 def _bytes(elements: int, width) -> int:
+    if type(width) is int:
+        return elements * width
     if isinstance(width, Fraction) and width.denominator != 1:
         return -(-(elements * width.numerator) // width.denominator)
     return elements * int(width)
@@ -547,94 +592,6 @@ def korthikanti_layer(s: int, b: int, h: int, a: int) -> list:
         ("fc2_in", 8 * sbh),
         ("mlp_residual_dropout_mask", sbh),
     ]
-
-
-# ---------------------------------------------------------------- a transformer layer's saved tensors per rank
-
-# Symbolic dims (models.hf_activations) a tensor-parallel rank holds 1/t of: heads and the
-# intermediate width live between a column- and a row-parallel linear. Sequence parallelism splits
-# the sequence of what lies outside that region (the residual stream, norms, dropout masks).
-TP_SPLIT_DIMS = frozenset({"H", "KV", "q", "kv", "qkv", "i", "i2"})
-SP_SPLIT_DIMS = frozenset({"s", "T", "Tl"})
-
-
-def _rank_sizes(sizes: dict, tensor: int, sequence_parallel: bool, micro_batch: int) -> tuple:
-    split = dict(sizes)
-    for dim in TP_SPLIT_DIMS:
-        split[dim] = -(-sizes[dim] // tensor)
-    if tensor > 1:  # the logits of a vocabulary-parallel output layer: the padded vocabulary / t
-        split["V"] = padded_vocab(sizes["V"], tensor) // tensor
-    seq = dict(sizes)
-    if sequence_parallel:
-        local_s = -(-sizes["s"] // tensor)
-        seq.update(s=local_s, T=micro_batch * local_s, Tl=-(-sizes["Tl"] // tensor))
-    return split, seq
-
-
-def _resolve_per_rank(rows: list, cond: dict, roles: dict, split: dict, seq: dict) -> list:
-    """models.hf_activations._resolve, each row evaluated with the rank's share of its dims."""
-    from .models.hf_activations import Kept
-
-    out, by_what = [], {}
-    for r in rows:
-        if not cond[r.when]:
-            continue
-        dtype = roles[r.role]
-        if r.alias is not None and by_what.get(r.alias) == dtype:
-            continue
-        by_what[r.what] = dtype
-        dims = {x for x in r.shape if isinstance(x, str)}
-        table = split if dims & (TP_SPLIT_DIMS | {"V"}) else seq
-        out.append(Kept(f"{r.op}: {r.what}", tuple(table[x] if isinstance(x, str) else x for x in r.shape), dtype))
-    return out
-
-
-def layer_saved_per_rank(cfg: dict, *, micro_batch: int, seq_len: int, tensor: int = 1, sequence_parallel: bool = False,
-                         attention: str = "sdpa", checkpointing: str = "none", precision: str = "32-true",
-                         dtypes: dict | None = None) -> list:
-    """One transformer layer's saved tensors on one tensor-parallel rank: models.hf_activations'
-    rows, each evaluated with the rank's share of its dims (Megatron's split: column-parallel
-    outputs and the attention core by heads, the MLP by its intermediate width; under sequence
-    parallelism everything else by the sequence)."""
-    from .models import hf_activations as A
-
-    A.check(cfg, attention, checkpointing, precision)
-    fam = A.FAMILIES[cfg["model_type"]]
-    sizes = A._sizes(cfg, micro_batch, seq_len)
-    roles = A._dtypes(precision, dtypes)
-    split, seq = _rank_sizes(sizes, tensor, sequence_parallel, micro_batch)
-    if checkpointing == "full":
-        b = A._boundary(fam, roles, sizes)
-        return [A.Kept(b.label, (seq["b"], seq["s"], seq["h"]), b.dtype)]
-    cond = A._conditions(cfg, fam, attention, checkpointing, micro_batch)
-    return _resolve_per_rank(A.layer_rows(cfg["model_type"], A._act(cfg), A._parallel(cfg)), cond, roles, split, seq)
-
-
-def activations_per_stage(cfg: dict, layout: Parallel, *, micro_batch: int, seq_len: int, attention: str = "sdpa",
-                          checkpointing: str = "none", precision: str = "32-true", dtypes: dict | None = None) -> list:
-    """Saved-activation bytes on the most-loaded rank of every pipeline stage: the stage's layers
-    (and the embeddings on the first stage, the head and loss on the last), per tensor-parallel
-    rank, times the micro-batches 1F1B keeps in flight there; under full checkpointing plus one
-    layer's recomputation."""
-    from .models import hf_activations as A
-
-    t, sp = layout.tensor, layout.sequence_parallel
-    fam = A.FAMILIES[cfg["model_type"]]
-    sizes = A._sizes(cfg, micro_batch, seq_len)
-    roles = A._dtypes(precision, dtypes)
-    split, seq = _rank_sizes(sizes, t, sp, micro_batch)
-    cond = A._conditions(cfg, fam, attention, checkpointing, micro_batch)
-    embeddings = A.nbytes(_resolve_per_rank(A._embedding_rows(fam), cond, roles, split, seq))
-    ends = A.nbytes(_resolve_per_rank(A._head_rows(fam), cond, roles, split, seq) + _resolve_per_rank(A.LOSS_ROWS, cond, roles, split, seq))
-    common = dict(micro_batch=micro_batch, seq_len=seq_len, tensor=t, sequence_parallel=sp, attention=attention, precision=precision, dtypes=dtypes)
-    layer = A.nbytes(layer_saved_per_rank(cfg, checkpointing=checkpointing, **common))
-    recompute = A.nbytes(layer_saved_per_rank(cfg, checkpointing="none" if checkpointing == "full" else checkpointing, **common)) if checkpointing == "full" else 0
-    layers = cfg["n_layer"] if cfg["model_type"] == "gpt2" else cfg["num_hidden_layers"]
-    out = []
-    for s, (a, b) in enumerate(stage_layers(layers, layout.pipeline)):
-        kept = (b - a) * layer + (embeddings if s == 0 else 0) + (ends if s == layout.pipeline - 1 else 0)
-        out.append(in_flight(s, layout.pipeline, layout.gradient_accumulation) * kept + recompute)
-    return out
 
 
 # ---------------------------------------------------------------- the config's keys

@@ -20,7 +20,7 @@ from .families import FAMILIES, SEQUENCE_CLASSIFICATION, Family
 
 LINEAR, LINEAR_BIAS, CONV1D, EMBEDDING, NORM, OTHER = "linear", "linear_bias", "conv1d", "embedding", "norm", "other"
 ATTENTIONS = ("eager", "sdpa", "flash")  # training.attention; sdpa is transformers' default
-CHECKPOINTING = ("none", "full")  # training.checkpointing
+CHECKPOINTING = ("none", "full", "selective")  # training.checkpointing; selective recomputes the attention core (Korthikanti et al.)
 
 
 class Param(NamedTuple):

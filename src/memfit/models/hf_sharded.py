@@ -1,0 +1,91 @@
+"""A transformer's saved activations on one rank under tensor, sequence and pipeline parallelism.
+
+models.hf_activations lists what autograd keeps per layer as symbolic rows; here each row is
+evaluated with one rank's share of its dims, as Megatron-LM splits them (sharding.py has the
+layout and the parameter side). Checked against Korthikanti et al. 2022, Table 2, in
+tests/test_sharding.py.
+"""
+
+from __future__ import annotations
+
+from ..sharding import Parallel, in_flight, padded_vocab, stage_layers
+from . import hf_activations as A
+
+# Symbolic dims (models.hf_activations) a tensor-parallel rank holds 1/t of: heads and the
+# intermediate width live between a column- and a row-parallel linear. Sequence parallelism splits
+# the sequence of what lies outside that region (the residual stream, norms, dropout masks).
+TP_SPLIT_DIMS = frozenset({"H", "KV", "q", "kv", "qkv", "i", "i2"})
+SP_SPLIT_DIMS = frozenset({"s", "T", "Tl"})
+
+
+def _rank_sizes(sizes: dict, tensor: int, sequence_parallel: bool, micro_batch: int) -> tuple:
+    split = dict(sizes)
+    for dim in TP_SPLIT_DIMS:
+        split[dim] = -(-sizes[dim] // tensor)
+    if tensor > 1:  # the logits of a vocabulary-parallel output layer: the padded vocabulary / t
+        split["V"] = padded_vocab(sizes["V"], tensor) // tensor
+    seq = dict(sizes)
+    if sequence_parallel:
+        local_s = -(-sizes["s"] // tensor)
+        seq.update(s=local_s, T=micro_batch * local_s, Tl=-(-sizes["Tl"] // tensor))
+    return split, seq
+
+
+def _resolve_per_rank(rows: list, cond: dict, roles: dict, split: dict, seq: dict) -> list:
+    """models.hf_activations._resolve, each row evaluated with the rank's share of its dims."""
+    out, by_what = [], {}
+    for r in rows:
+        if not cond[r.when]:
+            continue
+        dtype = roles[r.role]
+        if r.alias is not None and by_what.get(r.alias) == dtype:
+            continue
+        by_what[r.what] = dtype
+        dims = {x for x in r.shape if isinstance(x, str)}
+        table = split if dims & (TP_SPLIT_DIMS | {"V"}) else seq
+        out.append(A.Kept(f"{r.op}: {r.what}", tuple(table[x] if isinstance(x, str) else x for x in r.shape), dtype))
+    return out
+
+
+def layer_saved_per_rank(cfg: dict, *, micro_batch: int, seq_len: int, tensor: int = 1, sequence_parallel: bool = False,
+                         attention: str = "sdpa", checkpointing: str = "none", precision: str = "32-true",
+                         dtypes: dict | None = None) -> list:
+    """One transformer layer's saved tensors on one tensor-parallel rank: models.hf_activations'
+    rows, each evaluated with the rank's share of its dims (Megatron's split: column-parallel
+    outputs and the attention core by heads, the MLP by its intermediate width; under sequence
+    parallelism everything else by the sequence)."""
+    A.check(cfg, attention, checkpointing, precision)
+    fam = A.FAMILIES[cfg["model_type"]]
+    sizes = A._sizes(cfg, micro_batch, seq_len)
+    roles = A._dtypes(precision, dtypes)
+    split, seq = _rank_sizes(sizes, tensor, sequence_parallel, micro_batch)
+    if checkpointing == "full":
+        b = A._boundary(fam, roles, sizes)
+        return [A.Kept(b.label, (seq["b"], seq["s"], seq["h"]), b.dtype)]
+    cond = A._conditions(cfg, fam, attention, checkpointing, micro_batch)
+    return _resolve_per_rank(A.layer_rows(cfg["model_type"], A._act(cfg), A._parallel(cfg)), cond, roles, split, seq)
+
+
+def activations_per_stage(cfg: dict, layout: Parallel, *, micro_batch: int, seq_len: int, attention: str = "sdpa",
+                          checkpointing: str = "none", precision: str = "32-true", dtypes: dict | None = None) -> list:
+    """Saved-activation bytes on the most-loaded rank of every pipeline stage: the stage's layers
+    (and the embeddings on the first stage, the head and loss on the last), per tensor-parallel
+    rank, times the micro-batches 1F1B keeps in flight there; under full checkpointing plus one
+    layer's recomputation."""
+    t, sp = layout.tensor, layout.sequence_parallel
+    fam = A.FAMILIES[cfg["model_type"]]
+    sizes = A._sizes(cfg, micro_batch, seq_len)
+    roles = A._dtypes(precision, dtypes)
+    split, seq = _rank_sizes(sizes, t, sp, micro_batch)
+    cond = A._conditions(cfg, fam, attention, checkpointing, micro_batch)
+    embeddings = A.nbytes(_resolve_per_rank(A._embedding_rows(fam), cond, roles, split, seq))
+    ends = A.nbytes(_resolve_per_rank(A._head_rows(fam), cond, roles, split, seq) + _resolve_per_rank(A.LOSS_ROWS, cond, roles, split, seq))
+    common = dict(micro_batch=micro_batch, seq_len=seq_len, tensor=t, sequence_parallel=sp, attention=attention, precision=precision, dtypes=dtypes)
+    layer = A.nbytes(layer_saved_per_rank(cfg, checkpointing=checkpointing, **common))
+    recompute = A.nbytes(layer_saved_per_rank(cfg, checkpointing="none" if checkpointing == "full" else checkpointing, **common)) if checkpointing == "full" else 0
+    layers = cfg["n_layer"] if cfg["model_type"] == "gpt2" else cfg["num_hidden_layers"]
+    out = []
+    for s, (a, b) in enumerate(stage_layers(layers, layout.pipeline)):
+        kept = (b - a) * layer + (embeddings if s == 0 else 0) + (ends if s == layout.pipeline - 1 else 0)
+        out.append(in_flight(s, layout.pipeline, layout.gradient_accumulation) * kept + recompute)
+    return out
