@@ -314,3 +314,31 @@ def view_lines(rows, every: int, trainable: int, width: int = 80) -> list[str]:
         value = f"{float(total):.4f}".rstrip("0").rstrip(".")
         out.append(f"  {'total':<16} {value:>7}  per parameter")
     return out
+
+
+def schema_properties() -> dict:
+    """JSON-schema properties for the recipe keys, generated from RECIPES (schemagen merges them)."""
+    names = ", ".join(f"{name}: {recipe.summary}" for name, recipe in RECIPES.items())
+    return {
+        "precision": {
+            "title": "Precision recipe",
+            "description": f"Lightning's precision names; sets the dtypes of parameters, gradients, optimizer state and activations (explicit dtypes win per category). {names}.",
+            "type": "string",
+            "examples": list(RECIPES),
+        },
+        "master_weights": {
+            "$ref": "#/$defs/dtype",
+            "title": "Master weights",
+            "description": "Keep a copy of every trainable parameter in this dtype (float32), counted under optimizer_state; the optimizer steps it, so its state takes this dtype too.",
+        },
+    }
+
+
+def schema_training_properties() -> dict:
+    return {
+        "grad_accum_dtype": {
+            "$ref": "#/$defs/dtype",
+            "title": "Gradient accumulation dtype",
+            "description": "A second gradient buffer per trainable parameter in this dtype, counted under gradients (DeepSpeed's data_types.grad_accum_dtype).",
+        }
+    }
