@@ -80,7 +80,7 @@ def build(cfg: dict, attention: str = "sdpa", precision: str = "32-true", lora: 
         peft = __import__("peft")
         lora_config = peft.LoraConfig(r=lora.get("r", 8), lora_alpha=lora.get("alpha", 16),
                                       lora_dropout=lora.get("dropout", 0.0),
-                                      target_modules=lora.get("target_modules", "all-linear"),
+                                      target_modules=lora.get("target_modules"),
                                       modules_to_save=lora.get("modules_to_save") or None)
         model = peft.get_peft_model(model, lora_config)
     model.train()

@@ -181,3 +181,18 @@ def optimizer_step_temporaries(optimizer, impl, sizes, warmup: int = 8) -> int:
     with tracker:
         opt.step()
     return tracker.get_tracker_snapshot("peak")[CPU]["Total"] - tracker.get_tracker_snapshot("current")[CPU]["Total"]
+
+
+# --- transformers models (tests/hf_measure.py builds them as the activation cross-checks do) -----
+def measure_hf(cfg: dict, *, micro_batch: int, seq_len: int, optimizer: str, impl: str, checkpointing: str = "none") -> dict:
+    """One step of a tiny transformers model with its labels (the model computes the loss), attention
+    dropout off and dropout through torch.native_dropout (CUDA's 1-byte mask), as in hf_measure."""
+    import hf_measure
+
+    model = hf_measure.build(cfg)
+    if checkpointing == "full":
+        model.gradient_checkpointing_enable()  # transformers' default: non-reentrant torch.utils.checkpoint
+    batch = hf_measure.inputs(cfg, micro_batch, seq_len)
+    opt = OPTIMIZERS[optimizer](model.parameters(), **IMPLS[impl])
+    with hf_measure.cuda_dropout():
+        return measure(model, (batch["input_ids"], batch["labels"]), lambda m, x, y: m(input_ids=x, labels=y).loss, opt)

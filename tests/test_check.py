@@ -95,7 +95,18 @@ def test_bad_units_are_diagnostics_not_guesses(memory, fragment):
 def test_negative_budget_is_a_bad_unit():
     assert problems(BASE.replace("24 GiB", "-1 GiB")) == [(3, 11, "bad-unit")]
     assert problems(BASE.replace("24 GiB", "-5")) == [(3, 11, "bad-unit")]
-    assert problems(BASE.replace("24 GiB", "1 GiB\n  reserve: 2 GiB")) == [(4, 12, "bad-unit")]
+
+
+
+def test_a_budget_of_zero_or_less_is_a_bad_budget():
+    # reserve > memory: a budget below zero (issue 10: its own code, no longer bad-unit)
+    assert problems(BASE.replace("24 GiB", "1 GiB\n  reserve: 2 GiB")) == [(4, 12, "bad-budget")]
+    # reserve == memory: nothing fits; the footprint is still computed
+    result = run(BASE.replace("24 GiB", "1 GiB\n  reserve: 100%"))
+    assert [(d.range.start_line + 1, d.range.start_character + 1, d.code, d.severity) for d in result.diagnostics] == [(3, 11, "bad-budget", "error")]
+    assert "the budget is 0 B (device.memory 1 GiB - reserve 100%)" in result.diagnostics[0].message
+    assert result.footprint["total"] > 0
+    assert problems(BASE, budget=0) == [(1, 1, "bad-budget")]
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ F = torch.nn.functional
 
 from memfit.calculator import OPTIMIZER_STATES
 from memfit.check import check
-from memfit.layers import RULES, defaults
+from memfit.models.keras import RULES, defaults
 
 # toggling oneDNN off around each reference run makes torch warn about TF32 on Intel GPUs
 pytestmark = pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from memfit.check import check
-from memfit.layers import ACTIVATIONS, RULES, snake
+from memfit.models.keras import ACTIVATIONS, RULES, snake
 from memfit.schema import schema
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -346,4 +346,4 @@ def test_duplicate_layer_names_are_refused_as_keras_does(tmp_path):
     assert done.returncode == 1
     line = body.splitlines().index("    - {type: Dense, units: 2, name: head}") + 1
     col = body.splitlines()[line - 1].index("head") + 1
-    assert f"dup.yaml:{line}:{col}: error[schema] layer name 'head' is already used by model.layers[" in done.stdout
+    assert f"dup.yaml:{line}:{col}: error[duplicate-layer] layer name 'head' is already used by model.layers[" in done.stdout

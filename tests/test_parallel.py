@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from benchmark_module import bench
 
-from memfit import parallel
-from memfit.parallel import MIN_FILES_PER_JOB, jobs_for
+from memfit import pool
+from memfit.pool import MIN_FILES_PER_JOB, jobs_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def four_cores(monkeypatch):
-    monkeypatch.setattr(parallel, "cores", lambda: 4)
+    monkeypatch.setattr(pool, "cores", lambda: 4)
 
 
 def test_few_files_get_no_pool(four_cores):
@@ -48,9 +48,9 @@ def test_a_pool_returns_results_in_input_order_with_footprints(tmp_path):
         paths.append(str(path))
     paths.reverse()
     from memfit.check import Options
-    from memfit.runner import safe_check
+    from memfit.check import safe_check
 
-    pooled = parallel.map_checked(paths, Options(), jobs=3)
+    pooled = pool.map_checked(paths, Options(), jobs=3)
     alone = [safe_check(p, Options()) for p in paths]
     assert [r.path for r in pooled] == paths
     assert [(r.footprint, r.budget, r.diagnostics) for r in pooled] == [(r.footprint, r.budget, r.diagnostics) for r in alone]

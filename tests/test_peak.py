@@ -88,7 +88,7 @@ MODELS = {
     "mlp": (*tf.CASES["mlp"], 8),
     "encoder": (*tf.CASES["encoder"], 4),  # embedding, attention, layer norms, GELU, dropout, pooling
 }
-RUNS = [(m, o, i) for m in MODELS for o in ("sgd", "adam", "adamw") for i in IMPLS]
+RUNS = [(m, o, i) for m in MODELS for o in ("sgd", "adamw") for i in IMPLS] + [(m, "adam", "foreach") for m in MODELS]
 
 
 def memfit_peak(input_shape, layers, batch, optimizer, impl):
@@ -155,3 +155,37 @@ def test_overhead_lines_are_named_and_sourced_and_sum_to_auto():
     # PyTorch's default cuBLAS workspace: 32 MiB on sm90, :4096:2:16:8 elsewhere; one per thread (forward, autograd)
     assert sum(v for k, v in hopper.items() if k.startswith("cuBLAS workspace")) == 2 * 32 * 2**20
     assert sum(v for k, v in ampere.items() if k.startswith("cuBLAS workspace")) == 2 * (8 * 2**20 + 128 * 2**10)
+
+
+# --- transformers families against MemTracker ----------------------------------------------------
+needs.module("transformers")
+import hf_measure  # noqa: E402
+
+from memfit.models import hf_config  # noqa: E402
+from memfit.peak import hf_step  # noqa: E402
+
+STATES = {"sgd": 0, "adam": 2, "adamw": 2}
+HF_RUNS = (
+    [(f, "adamw", "foreach", c, 2, 64) for f in hf_measure.FAMILIES for c in ("none", "full")]
+    + [(f, "sgd", "foreach", c, 2, 64) for f in ("llama", "gpt2") for c in ("none", "full")]
+    + [(f, "adamw", i, c, 2, 64) for f in ("llama", "gpt2") for i in ("fused", "for_loop") for c in ("none", "full")]
+    # one sequence of 8 tokens: the activations are small and the optimizer step is the peak
+    + [(f, "adamw", i, "none", 1, 8) for f in ("llama", "gpt2") for i in IMPLS]
+)
+
+
+def hf_tiny(family):
+    return hf_measure.without_attention_dropout(hf_measure.tiny(family))
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("family,optimizer,impl,checkpointing,micro_batch,seq_len", HF_RUNS)
+def test_transformers_peak_matches_memtracker(family, optimizer, impl, checkpointing, micro_batch, seq_len):
+    cfg = hf_tiny(family)
+    theirs = ref.measure_hf(cfg, micro_batch=micro_batch, seq_len=seq_len, optimizer=optimizer, impl=impl, checkpointing=checkpointing)
+    step = hf_step(hf_config.normalize(cfg), micro_batch=micro_batch, seq_len=seq_len, checkpointing=checkpointing, optimizer=optimizer, impl=impl, states=STATES[optimizer])
+    ours = peak(step)
+    assert ours["phase"] == theirs["phase"]
+    assert abs(ours["bytes"] - theirs["bytes"]) <= BAND * theirs["bytes"], (ours["bytes"], theirs["bytes"])
+    assert ours["live"]["parameters"] == theirs["parameters"]
+    assert ours["live"]["optimizer_state"] == theirs["optimizer_state"]

@@ -1,21 +1,20 @@
-"""The one pipeline every front end calls: text -> data -> schema -> config -> tensors ->
-footprint -> budget -> positioned diagnostics. The CLI, the hook and the language server
-are thin shells over `check`; nothing here is computed anywhere else."""
+"""The one pipeline every front end calls: path -> text -> data -> schema -> config ->
+tensors -> placement -> footprint -> budget -> positioned diagnostics. The CLI, the hook and
+the language server are thin shells over `check`; nothing here is computed anywhere else."""
 
 from __future__ import annotations
 
 import gc
-import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from .diagnostics import ERROR, FILE_START, WARNING, Diagnostic, Problem, Range
+from . import codes
+from .codes import lookup
+from .diagnostics import FILE_START, Diagnostic, Problem, diagnostic
+from .inputs import DEFAULT_MAX_FILE_SIZE, has_marker, is_config, looks_like_config, read
 from .units import with_bytes
 
-# The marker of a memfit config: a top-level `memfit: <version>` (column 0 in block style, or
-# in a flow mapping). In --skip-unrecognized mode a file without it is skipped before parsing:
-# a GitLab job named `memfit:`, a Helm template or a CloudFormation `!Ref` never fails the hook.
-_MARKER = re.compile(r"""(?:^\ufeff?|[{,][ \t]*)["']?memfit["']?[ \t]*:[ \t]*["']?[0-9]""", re.MULTILINE)
+__all__ = ["Options", "Result", "check", "check_file", "has_marker", "internal_error", "safe_check"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +22,7 @@ class Options:
     budget: int | None = None  # bytes, from --budget: supplies or overrides device.memory - reserve
     warn_at: Fraction | None = None  # overrides device.warn_at
     skip_unrecognized: bool = False  # files that are not memfit configs are skipped, not errors
+    max_file_size: int = DEFAULT_MAX_FILE_SIZE  # bytes; a bigger file is an io error, never read
 
 
 @dataclass
@@ -32,6 +32,7 @@ class Result:
     config: object = None  # config.Config when the footprint could be computed
     budget: int | None = None
     budget_origin: str | None = None  # where the budget comes from, as written: "device.memory 24 GiB - reserve 1 GiB"
+    warn_at: Fraction | None = None  # the warning mark in force (--warn-at, device.warn_at or the default)
     skipped: bool = False
     data: object = None
 
@@ -41,15 +42,7 @@ class Result:
 
     @property
     def failed(self) -> bool:
-        return any(d.severity == ERROR for d in self.diagnostics)
-
-
-def has_marker(text: str) -> bool:
-    return _MARKER.search(text) is not None
-
-
-def _is_config(data) -> bool:
-    return isinstance(data, dict) and "memfit" in data and not isinstance(data["memfit"], (dict, list))
+        return any(d.severity == codes.ERROR for d in self.diagnostics)
 
 
 def check(text: str, path: str = "<text>", options: Options = Options()) -> Result:
@@ -77,37 +70,36 @@ def _check(text: str, path: str, options: Options) -> Result:
     data = loaded.data
     if data is None and loaded.diagnostics:
         return result
-    if not _is_config(data):
+    if not is_config(data):
         if options.skip_unrecognized:
             result.skipped = True
             result.diagnostics.clear()
             return result
         what = "the file is empty" if data is None else f"its top level is {_kind(data)}, not a mapping with a 'memfit' key" if not isinstance(data, dict) else "it has no top-level 'memfit' key"
-        result.diagnostics.append(Diagnostic(FILE_START, ERROR, "not-a-config", f"not a memfit config: {what} (add 'memfit: 1')"))
+        result.diagnostics.append(diagnostic(FILE_START, codes.NOT_A_CONFIG, f"not a memfit config: {what} (add 'memfit: 1')"))
         return result
     result.data = data
 
     from . import schema
-    from .config import build, footprint
+    from .config import build
+    from .placement import place
 
     problems = schema.problems(data)
     if not problems:
         config, problems = build(data)
         if "model" in data:
-            from .layers import derive
+            from . import models
 
-            tensors, layer_problems = derive(data["model"], config)
-            config.tensors.extend(tensors)
-            problems.extend(layer_problems)
+            problems.extend(models.derive(data, config))
         # an unknown optimizer or a layer that cannot apply leaves a number that is not the
         # footprint: report none rather than a wrong one; a bad unit spoils only the budget
-        if not any(p.code != "bad-unit" for p in problems):
-            config.footprint = footprint(config)
+        if all(lookup(p.code).keeps_footprint for p in problems):
+            config.placement = place(config.tensors)
             result.config = config
             if not problems:
                 problems.extend(_budget(config, options, result, data))
-    unique = not any(d.code == "duplicate-key" for d in result.diagnostics)
-    result.diagnostics.extend(place(text, problems, data, unique_keys=unique))
+    unique = not any(lookup(d.code).ambiguous_keys for d in result.diagnostics)
+    result.diagnostics.extend(position(text, problems, data, unique_keys=unique))
     result.diagnostics.sort(key=lambda d: (d.range.start_line, d.range.start_character))
     return result
 
@@ -116,7 +108,7 @@ def _kind(data) -> str:
     return "a list" if isinstance(data, list) else "empty" if data is None else f"a scalar ({data!r})"
 
 
-def place(text: str, problems: list[Problem], data, unique_keys: bool = False) -> list[Diagnostic]:
+def position(text: str, problems: list[Problem], data, unique_keys: bool = False) -> list[Diagnostic]:
     """Positions for all problems in one pass over the text (cut short when it can be: see source.locate)."""
     if not problems:
         return []
@@ -129,7 +121,14 @@ def place(text: str, problems: list[Problem], data, unique_keys: bool = False) -
     from . import source
 
     ranges = source.locate(text, requests.values(), unique_keys)
-    return [Diagnostic(ranges[requests[p]], p.severity, p.code, p.message) for p in problems]
+    out = []
+    for p in problems:
+        where = ranges[requests[p]]
+        if p.file is None:
+            out.append(Diagnostic(where, p.level, p.code, p.message))
+        else:  # inside a referenced file: placed there, linked from the key that refers to it
+            out.append(Diagnostic(p.at or FILE_START, p.level, p.code, p.message, file=p.file, related=where))
+    return out
 
 
 def _budget(config, options: Options, result: Result, data: dict) -> list[Problem]:
@@ -142,67 +141,54 @@ def _budget(config, options: Options, result: Result, data: dict) -> list[Proble
         origin = f"device.memory {device['memory']}" + (f" - reserve {device['reserve']}" if "reserve" in device else "")
     else:
         at = ("device",) if "device" in data else ("memfit",)
-        return [Problem(at, "no-budget", "no memory budget: set device.memory (e.g. '24 GiB') or pass --budget", on_key=True)]
-    result.budget, result.budget_origin = budget, origin
+        return [Problem(at, codes.NO_BUDGET, "no memory budget: set device.memory (e.g. '24 GiB') or pass --budget", on_key=True)]
+    warn_at = options.warn_at if options.warn_at is not None else config.warn_at
+    result.budget, result.budget_origin, result.warn_at = budget, origin, warn_at
+    if budget <= 0:
+        return [Problem(where, codes.BAD_BUDGET, f"the budget is {with_bytes(budget)} ({origin}): nothing fits in it", on_key=on_key)]
     total = config.footprint["total"]
     if total > budget:
         return [
             Problem(
                 where,
-                "budget-exceeded",
+                codes.BUDGET_EXCEEDED,
                 f"total {with_bytes(total)} exceeds the budget {with_bytes(budget)} ({origin}) by {with_bytes(total - budget)}",
                 on_key=on_key,
             )
         ]
-    warn_at = options.warn_at if options.warn_at is not None else config.warn_at
-    if budget and total > warn_at * budget:
+    if total > warn_at * budget:
         share = Fraction(total * 100, budget)
         return [
             Problem(
                 where,
-                "near-budget",
+                codes.NEAR_BUDGET,
                 f"total {with_bytes(total)} is {float(share):.1f}% of the budget {with_bytes(budget)} ({origin}), above the {float(warn_at * 100):g}% warning mark; headroom {with_bytes(budget - total)}",
-                WARNING,
                 on_key=on_key,
             )
         ]
     return []
 
 
-# YAML allows UTF-8, UTF-16 and UTF-32, told apart by a byte order mark (longest first)
-_BOMS = (
-    (b"\xff\xfe\x00\x00", "utf-32"),
-    (b"\x00\x00\xfe\xff", "utf-32"),
-    (b"\xff\xfe", "utf-16"),
-    (b"\xfe\xff", "utf-16"),
-)
-
-
-def read(path: str) -> tuple[str | None, Diagnostic | None, bytes]:
-    """A file's text, or an io diagnostic saying why there is none (and the raw bytes read)."""
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
-    except OSError as error:
-        return None, Diagnostic(FILE_START, ERROR, "io", f"cannot read {path}: {error.strerror or error}"), b""
-    encoding = next((name for bom, name in _BOMS if raw.startswith(bom)), "utf-8-sig")
-    if encoding == "utf-8-sig" and b"\0" in raw[:8192]:
-        return None, Diagnostic(FILE_START, ERROR, "io", "binary file (it contains NUL bytes), not a YAML config"), raw
-    try:
-        return raw.decode(encoding), None, raw
-    except UnicodeDecodeError as error:
-        line = raw[: error.start].count(b"\n")
-        column = error.start - (raw.rfind(b"\n", 0, error.start) + 1)
-        where = Range(line, column, line, column + 1)
-        message = f"not {encoding.removesuffix('-sig').upper()} text: byte 0x{raw[error.start]:02x} at offset {error.start} cannot be decoded"
-        return None, Diagnostic(where, ERROR, "io", message), raw
-
-
 def check_file(path: str, options: Options = Options()) -> Result:
-    text, problem, raw = read(path)
+    text, problem, raw = read(path, options.max_file_size)
     if problem is not None:
         # in skip mode an undecodable file is skipped only when it does not even look like a config
-        if options.skip_unrecognized and raw and not has_marker(raw.decode("utf-8", "replace")):
+        if options.skip_unrecognized and raw and not looks_like_config(raw):
             return Result(path, skipped=True)
         return Result(path, [problem])
     return check(text, path, options)
+
+
+def safe_check(path: str, options: Options = Options()) -> Result:
+    """check_file, with a last line of defence: a bug in memfit is one diagnostic on one
+    file, never a traceback that stops the other files from being checked."""
+    try:
+        return check_file(path, options)
+    except Exception as error:  # noqa: BLE001
+        return Result(path, [internal_error(error)])
+
+
+def internal_error(error: Exception) -> Diagnostic:
+    """A bug in memfit, as one diagnostic (the CLI and the language server both use it)."""
+    message = f"internal error while checking this file ({type(error).__name__}: {error}); please report it"
+    return diagnostic(FILE_START, codes.INTERNAL, message)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from . import __version__
+from .inputs import DEFAULT_MAX_FILE_SIZE
 from .reporters import REPORTERS
 from .units import UnitError, parse_bytes, parse_percent
 
@@ -39,6 +40,9 @@ def parser() -> argparse.ArgumentParser:
     def common(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("--budget", type=_bytes_arg, metavar="BYTES", help="memory budget, e.g. 80GiB; supplies or overrides device.memory - reserve")
         sub.add_argument("--warn-at", type=_percent_arg, metavar="PERCENT", help="warn above this share of the budget (default 90%%, or device.warn_at)")
+        sub.add_argument(
+            "--max-file-size", type=_bytes_arg, default=DEFAULT_MAX_FILE_SIZE, metavar="BYTES", help="refuse to read a config larger than this (default 64 MiB)"
+        )
 
     check = commands.add_parser("check", help="check configs; exit 1 if any error")
     check.add_argument("paths", nargs="+", metavar="PATH", help="files, or directories to search for *.yaml / *.yml")

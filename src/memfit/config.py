@@ -1,8 +1,8 @@
-"""A schema-valid document -> tensors with widths, the optimizer, and the budget.
+"""A schema-valid document -> the recipe, the declared tensors, and the budget.
 
 Structure is the schema's job and already checked; what is left here is meaning:
 dtype names to widths, units to bytes, the optimizer's state count, repeated and
-frozen tensors, and the budget arithmetic.
+frozen tensors, and the budget arithmetic. Bytes come from the cost model (costs.py).
 """
 
 from __future__ import annotations
@@ -11,25 +11,20 @@ import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from .calculator import byte_width, optimizer_states, tensor_bytes
+from . import codes
+from .costs import CATEGORIES, Recipe, Width, optimizer_states, width
 from .diagnostics import Problem
-from .dtypes import DTYPES
 from .units import UnitError, parse_bytes, parse_percent, parse_reserve
 
-CATEGORIES = ("parameters", "gradients", "activations", "optimizer_state")
+__all__ = ["CATEGORIES", "Config", "Tensor", "Width", "build", "make_tensor", "width"]
+
 DEFAULT_DTYPE = "float32"
 DEFAULT_WARN_AT = Fraction(9, 10)
 
 
 @dataclass(slots=True)
-class Width:
-    name: str  # a dtype name, or the number as written
-    bytes: int | Fraction
-
-
-@dataclass(slots=True)
 class Tensor:
-    """One declared tensor (count copies of it); bytes per category, all copies included."""
+    """One declared tensor (count copies of it); its cost per category, all copies included."""
 
     category: str  # "parameters" or "activations"
     path: tuple  # where it is declared, for positions
@@ -39,69 +34,79 @@ class Tensor:
     elements: int  # of one copy
     dtype: Width
     trainable: bool
-    bytes: dict  # category -> int
+    bytes: dict  # category -> int, from costs.Recipe.cost; per-device figures: placement.Placement.of
 
 
 @dataclass(slots=True)
 class Config:
     name: str | None
-    optimizer: str
-    states: int
-    widths: dict  # category -> Width
+    recipe: Recipe
     tensors: list = field(default_factory=list)
     memory: int | None = None
     reserve: int = 0
     warn_at: Fraction = DEFAULT_WARN_AT
-    footprint: dict = field(default_factory=dict)
+    placement: object = None  # placement.Placement, once the tensors are all known
     layers: list = field(default_factory=list)  # per-layer rows when a model section is declared
+
+    @property
+    def optimizer(self) -> str:
+        return self.recipe.optimizer
+
+    @property
+    def states(self) -> int:
+        return self.recipe.states
+
+    @property
+    def widths(self) -> dict:
+        return self.recipe.widths
+
+    @property
+    def footprint(self) -> dict:
+        """Bytes per category on the device that must fit (from the placement)."""
+        return self.placement.footprint if self.placement is not None else {}
 
     @property
     def budget(self) -> int | None:
         return None if self.memory is None else self.memory - self.reserve
 
 
-def width(value) -> Width:
-    if isinstance(value, str):
-        return Width(value, DTYPES[value][0])
-    exact = byte_width(value, "dtype")
-    return Width(str(value), exact.numerator if exact.denominator == 1 else exact)
-
-
-
 def build(data: dict) -> tuple[Config, list[Problem]]:
-    """Tensors declared explicitly; layer-derived ones and the footprint are added by check."""
+    """Tensors declared explicitly; model-derived ones and the placement are added by check."""
     problems: list[Problem] = []
     try:
         states = optimizer_states(data["optimizer"])
     except ValueError as error:
-        problems.append(Problem(("optimizer",), "unknown-optimizer", str(error)))
+        problems.append(Problem(("optimizer",), codes.UNKNOWN_OPTIMIZER, str(error)))
         states = 0
     declared = data.get("dtypes", {})
     widths = {c: width(declared.get(c, DEFAULT_DTYPE)) for c in CATEGORIES}
-    config = Config(data.get("name"), data["optimizer"], states, widths)
-
-    device = data.get("device", {})
-    if "memory" in device:
-        try:
-            config.memory = parse_bytes(device["memory"])
-        except UnitError as error:
-            problems.append(Problem(("device", "memory"), "bad-unit", f"device.memory: {error}"))
-    if "reserve" in device:
-        try:
-            config.reserve = parse_reserve(device["reserve"], config.memory)
-        except UnitError as error:
-            problems.append(Problem(("device", "reserve"), "bad-unit", f"device.reserve: {error}"))
-        if config.memory is not None and config.reserve > config.memory:
-            problems.append(
-                Problem(("device", "reserve"), "bad-unit", f"device.reserve ({config.reserve:,} B) is more than device.memory ({config.memory:,} B): the budget would be negative")
-            )
-    if "warn_at" in device:
-        config.warn_at = parse_percent(device["warn_at"])
-
+    config = Config(data.get("name"), Recipe(data["optimizer"], states, widths))
+    problems.extend(_device(data.get("device", {}), config))
     for category in ("parameters", "activations"):
         for i, item in enumerate(data.get(category, ())):
             config.tensors.append(_tensor(category, (category, i), item, config))
     return config, problems
+
+
+def _device(device: dict, config: Config) -> list[Problem]:
+    problems = []
+    if "memory" in device:
+        try:
+            config.memory = parse_bytes(device["memory"])
+        except UnitError as error:
+            problems.append(Problem(("device", "memory"), codes.BAD_UNIT, f"device.memory: {error}"))
+    if "reserve" in device:
+        try:
+            config.reserve = parse_reserve(device["reserve"], config.memory)
+        except UnitError as error:
+            problems.append(Problem(("device", "reserve"), codes.BAD_UNIT, f"device.reserve: {error}"))
+        if config.memory is not None and config.reserve > config.memory:
+            problems.append(
+                Problem(("device", "reserve"), codes.BAD_BUDGET, f"device.reserve ({config.reserve:,} B) is more than device.memory ({config.memory:,} B): the budget would be negative")
+            )
+    if "warn_at" in device:
+        config.warn_at = parse_percent(device["warn_at"])
+    return problems
 
 
 def _tensor(category: str, path: tuple, item, config: Config) -> Tensor:
@@ -117,27 +122,9 @@ def _tensor(category: str, path: tuple, item, config: Config) -> Tensor:
 
 
 def make_tensor(category, path, name, shape, count, trainable, dtype: Width | None, config: Config) -> Tensor:
-    """Bytes of a tensor under the config's widths; `dtype` overrides only its own storage:
-    a parameter's gradient and optimizer state keep the gradients/optimizer_state dtypes,
-    as a mixed-precision recipe sets them, not the weight's storage format."""
+    """A declared tensor and its cost under the config's recipe; `dtype` overrides only its own storage."""
     elements = math.prod(shape)  # dims are schema-checked ints here
-    if category == "parameters":
-        own = dtype or config.widths["parameters"]
-        sizes = {"parameters": count * tensor_bytes(elements, own.bytes)}
-        if trainable:
-            sizes["gradients"] = count * tensor_bytes(elements, config.widths["gradients"].bytes)
-            sizes["optimizer_state"] = count * config.states * tensor_bytes(elements, config.widths["optimizer_state"].bytes)
-    else:
-        own = dtype or config.widths["activations"]
-        sizes = {"activations": count * tensor_bytes(elements, own.bytes)}
+    recipe = config.recipe
+    sizes = recipe.cost(category, elements, count, trainable, dtype)
     label = name if name is not None else f"{path[0]}[{path[1]}]" if len(path) == 2 else ".".join(map(str, path))
-    return Tensor(category, path, label, shape, count, elements, own, trainable, sizes)
-
-
-def footprint(config: Config) -> dict:
-    totals = dict.fromkeys(CATEGORIES, 0)
-    for tensor in config.tensors:
-        for category, size in tensor.bytes.items():
-            totals[category] += size
-    totals["total"] = sum(totals[c] for c in CATEGORIES)
-    return totals
+    return Tensor(category, path, label, shape, count, elements, dtype or recipe.widths[category], trainable, sizes)

@@ -43,10 +43,6 @@ DTYPES: dict[str, tuple[int | Fraction, str]] = {
 }
 
 
-def width_of(name: str) -> int | Fraction:
-    return DTYPES[name][0]
-
-
 def nearest(name: str, vocabulary=DTYPES) -> list[str]:
     """Known names nearest to a misspelt one, best first."""
     folded = name.strip().lower()

@@ -1,8 +1,8 @@
 """What an editor shows for one analysed text: hover text, inlay hints, the summary lens and
 completion vocabularies. No LSP types here (lsp.py translates); positions are the core's,
 0-based lines and code-point columns of the analysed text. Every number shown is taken
-from check()'s Result (config.tensors rows, config.footprint, result.budget): nothing is
-computed a second time here.
+from check()'s Result (its placement's per-device bytes, result.budget): nothing is computed
+a second time here.
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from . import source
-from .calculator import OPTIMIZER_STATES, byte_width
 from .check import Result
+from .costs import OPTIMIZER_STATES, byte_width
 from .diagnostics import Range
 from .dtypes import DTYPES, describe
-from .explain import _pct
+from .present import pct as _pct
+from .present import shape_text as _shape
 from .units import UNITS, human, with_bytes
 
 # LSP counts lines on these breaks only (libyaml also breaks on NEL/LS/PS; rare in configs)
@@ -30,10 +31,6 @@ _ROLE = {  # a tensor's byte categories, in the order they are shown, and what t
     "optimizer_state": "optimizer state",
     "activations": "activation",
 }
-
-
-def _shape(shape) -> str:
-    return "[" + ", ".join(map(str, shape)) + "]"
 
 
 def split_lines(text: str) -> list[str]:
@@ -152,7 +149,7 @@ class Analysis:
             return self.budget_text(), path
         if path[:2] == ("model", "layers") and len(path) >= 3:
             row = self.layers.get(path[:3])
-            return (layer_text(row, self.tensors.get(path[:3], [])) if row is not None else None), path[:3]
+            return (layer_text(row, self.tensors.get(path[:3], []), self.config.placement) if row is not None else None), path[:3]
         return None, path
 
     def _category_text(self, category: str) -> str | None:
@@ -213,7 +210,8 @@ class Analysis:
             if where is None or not first_line <= where.end_line <= last_line:
                 continue
             tensor = rows[0]
-            out.append(Hint(where.end_line, where.end_character, tensor_hint(tensor), tensor_breakdown(tensor)))
+            sizes = self.config.placement.of(tensor)
+            out.append(Hint(where.end_line, where.end_character, tensor_hint(tensor, sizes), tensor_breakdown(sizes)))
         for path, row in self.layers.items():
             where = values.get(path)
             if where is None or not first_line <= where.end_line <= last_line:
@@ -255,19 +253,21 @@ def tensor_text(tensor, config) -> str:
         "gradients": config.widths["gradients"],
         "optimizer_state": config.widths["optimizer_state"],
     }
-    for category, size in tensor.bytes.items():
+    sizes = config.placement.of(tensor)
+    for category, size in sizes.items():
         extra = f"{config.optimizer}: {config.states} × " if category == "optimizer_state" else ""
         lines.append(f"- {_ROLE[category]} ({extra}{_width_text(widths[category])}): {with_bytes(size)}")
     if tensor.category == "parameters" and not tensor.trainable:
         lines.append("- frozen (trainable: false): no gradient, no optimizer state")
-    if len(tensor.bytes) > 1:
-        lines.append(f"- together: {with_bytes(sum(tensor.bytes.values()))}")
+    if len(sizes) > 1:
+        lines.append(f"- together: {with_bytes(sum(sizes.values()))}")
     return "\n".join(lines)
 
 
-def tensor_hint(tensor) -> str:
-    own = tensor.bytes.get(tensor.category, 0)
-    together = sum(tensor.bytes.values())
+def tensor_hint(tensor, sizes: dict) -> str:
+    """`sizes`: the bytes per category the tensor puts on the device shown (Placement.of)."""
+    own = sizes.get(tensor.category, 0)
+    together = sum(sizes.values())
     copies = f"× {tensor.count:,} = " if tensor.count != 1 else ""  # the bytes are of all copies
     if tensor.category == "parameters" and not tensor.trainable:
         return f"{copies}{human(own)} (frozen)"
@@ -276,8 +276,8 @@ def tensor_hint(tensor) -> str:
     return copies + human(own)
 
 
-def tensor_breakdown(tensor) -> str:
-    return ", ".join(f"{_ROLE[c]} {with_bytes(n)}" for c, n in tensor.bytes.items())
+def tensor_breakdown(sizes: dict) -> str:
+    return ", ".join(f"{_ROLE[c]} {with_bytes(n)}" for c, n in sizes.items())
 
 
 def dtype_text(value) -> str | None:
@@ -306,16 +306,16 @@ def optimizer_text(value, config) -> str | None:
     return text
 
 
-def layer_text(row, tensors=()) -> str:
+def layer_text(row, tensors=(), placement=None) -> str:
     """A layer row (path, type, name, output_shape, params, saved_bytes) and the tensor rows
-    derived from it (their bytes as computed by the core)."""
+    derived from it (their bytes on the device shown, from the placement)."""
     lines = [f"**layer {row.index}**: {row.type}" + (f" `{row.name}`" if row.name != row.type else "")]
     lines.append(f"- output shape: {_shape(row.output_shape)}")
     lines.append(f"- parameters: {row.params:,}")
     weights: dict[str, int] = {}
     for tensor in tensors:
         if tensor.category == "parameters":
-            for category, size in tensor.bytes.items():
+            for category, size in (placement.of(tensor) if placement is not None else tensor.bytes).items():
                 weights[category] = weights.get(category, 0) + size
     if weights:
         parts = " + ".join(f"{human(size)} {_ROLE[category]}" for category, size in weights.items())
@@ -468,7 +468,7 @@ def completion_context(lines: list[str], line: int, character: int) -> tuple[str
 
 
 def layer_types() -> list[str]:
-    from .layers import RULES
+    from .models.keras import RULES
 
     return sorted(RULES)
 

@@ -2,34 +2,14 @@
 
 from __future__ import annotations
 
-from .config import CATEGORIES
+from .costs import CATEGORIES
 from .dtypes import describe
+from .present import bar, cut, pct, shape_text
 from .reporters import diagnostic_line
 from .units import human, with_bytes
 
 WIDTH = 80
 TOP_TENSORS = 10
-
-
-def _pct(part: int, whole: int) -> str:
-    if not whole:
-        return "-"
-    tenths = (part * 1000 + whole // 2) // whole
-    return f"{tenths // 10}.{tenths % 10}%"
-
-
-def _bar(used: int, budget: int, width: int, colour: bool) -> str:
-    filled = min(width, (used * width + budget - 1) // budget) if budget else width
-    over = used > budget
-    bar = "#" * filled + "." * (width - filled)
-    if colour:
-        code = "31" if over else "33" if used * 10 > budget * 9 else "32"
-        bar = f"\x1b[{code}m{bar}\x1b[0m"
-    return f"[{bar}]"
-
-
-def _cut(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def render(result, colour: bool = False) -> str:
@@ -43,7 +23,7 @@ def render(result, colour: bool = False) -> str:
     if lines:
         out("")
     title = f"{config.name} ({result.path})" if config.name else result.path
-    out(_cut(title, WIDTH))
+    out(cut(title, WIDTH))
     out("=" * min(WIDTH, len(title)))
     out(f"optimizer  {config.optimizer}: {config.states} state tensor{'s' if config.states != 1 else ''} per trainable parameter")
     for category in CATEGORIES:
@@ -52,7 +32,7 @@ def render(result, colour: bool = False) -> str:
     out("")
 
     if config.layers:
-        from .layers import summary_lines
+        from .models.keras import summary_lines
 
         lines.extend(summary_lines(config.layers, WIDTH))
         out("")
@@ -61,28 +41,29 @@ def render(result, colour: bool = False) -> str:
     total = fp["total"]
     out(f"{'category':<16} {'bytes':>24} {'':>13} {'share':>7}")
     for category in CATEGORIES:
-        out(f"{category:<16} {fp[category]:>24,} {human(fp[category]):>13} {_pct(fp[category], total):>7}")
+        out(f"{category:<16} {fp[category]:>24,} {human(fp[category]):>13} {pct(fp[category], total):>7}")
     out(f"{'total':<16} {total:>24,} {human(total):>13}")
     out("")
 
     budget = result.budget
     if budget is not None:
         out(f"budget {with_bytes(budget)} ({result.budget_origin})")
-        out(f"{_bar(total, budget, WIDTH - 2, colour)}")
+        out(bar(total, budget, WIDTH - 2, colour, result.warn_at if result.warn_at is not None else config.warn_at))
         if total > budget:
-            out(f"{_pct(total, budget)} of the budget: OVER by {with_bytes(total - budget)}")
+            out(f"{pct(total, budget)} of the budget: OVER by {with_bytes(total - budget)}")
         else:
-            out(f"{_pct(total, budget)} of the budget: fits, headroom {with_bytes(budget - total)}")
+            out(f"{pct(total, budget)} of the budget: fits, headroom {with_bytes(budget - total)}")
         out("")
 
-    largest = sorted(config.tensors, key=lambda t: sum(t.bytes.values()), reverse=True)[:TOP_TENSORS]
+    placement = config.placement
+    largest = sorted(config.tensors, key=lambda t: sum(placement.of(t).values()), reverse=True)[:TOP_TENSORS]
     if largest:
         out(f"largest tensors (of {len(config.tensors):,}), bytes over all their categories:")
         out(f"  {'name':<26} {'shape':<21} {'count':>6} {'bytes':>11}")
         for t in largest:
-            shape = "[" + ", ".join(map(str, t.shape)) + "]"
+            shape = shape_text(t.shape)
             frozen = "" if t.trainable or t.category != "parameters" else " frozen"
-            size = sum(t.bytes.values())
-            out(f"  {_cut(t.name, 26):<26} {_cut(shape, 21):<21} {t.count:>6,} {human(size):>11}{frozen}")
+            size = sum(placement.of(t).values())
+            out(f"  {cut(t.name, 26):<26} {cut(shape, 21):<21} {t.count:>6,} {human(size):>11}{frozen}")
     return "\n".join(lines) + "\n"
 

@@ -23,12 +23,11 @@ from pygls.exceptions import JsonRpcInvalidParams
 from pygls.io_ import StdoutWriter
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol, default_converter
-from pygls.uris import to_fs_path
+from pygls.uris import from_fs_path, to_fs_path
 
 from . import __version__
-from .check import Options, Result, check, has_marker
+from .check import Options, Result, check, has_marker, internal_error
 from .editor import STALE, Analysis, choices, completion_context, split_lines
-from .runner import internal_error
 
 # A frame bigger than this is refused (and its bytes skipped) instead of read into memory: a
 # config of 64 MiB is far past anything memfit checks, and a header claiming 10^12 bytes must not
@@ -74,6 +73,13 @@ class Document:
         if self.latest is not None and self.latest.config is not None:
             return self.latest
         return self.good
+
+
+def _plain_range(where) -> types.Range:
+    return types.Range(
+        start=types.Position(line=where.start_line, character=where.start_character),
+        end=types.Position(line=where.end_line, character=where.end_character),
+    )
 
 
 class MemfitProtocol(LanguageServerProtocol):
@@ -378,12 +384,28 @@ class MemfitServer(LanguageServer):
         self.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=uri, diagnostics=diagnostics, version=version))
 
     def diagnostic(self, analysis: Analysis, d) -> types.Diagnostic:
+        if d.file is None:
+            return types.Diagnostic(
+                range=self.to_client(analysis.lines, d.range),
+                message=d.message,
+                severity=SEVERITY.get(d.severity, types.DiagnosticSeverity.Error),
+                code=d.code,
+                source="memfit",
+            )
+        # a problem inside a referenced file: shown on the key that refers to it, linked to the
+        # place in that file (its columns are code points: that file's text is not open here)
         return types.Diagnostic(
-            range=self.to_client(analysis.lines, d.range),
+            range=self.to_client(analysis.lines, d.related or d.range),
             message=d.message,
             severity=SEVERITY.get(d.severity, types.DiagnosticSeverity.Error),
             code=d.code,
             source="memfit",
+            related_information=[
+                types.DiagnosticRelatedInformation(
+                    location=types.Location(uri=from_fs_path(d.file) or d.file, range=_plain_range(d.range)),
+                    message=f"{d.code}: {d.message}",
+                )
+            ],
         )
 
     def changed(self, uri: str) -> None:

@@ -28,6 +28,7 @@ layer stack below; the transformers families) build the rows.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 PHASES = ("forward", "backward", "optimizer_step")
@@ -105,6 +106,9 @@ class Row:
     output_grad: bool = True  # its output needs a gradient (False: nothing before it is trained, no backward runs)
     grad_input: bool = True  # produces a gradient for its input (False for the first row: the batch needs none)
     backward_extra: int = 0  # bytes of further gradient buffers alive during its backward (e.g. a padded input's)
+    recompute: int = 0  # bytes a checkpointed row recomputes at the start of its backward (alive until it is done)
+    forward_flight: int | None = None  # the row's own worst transient in forward, when known better than input/output/inner
+    backward_flight: int | None = None  # the gradients in flight at its worst backward moment, when known better
 
 
 @dataclass(slots=True)
@@ -139,7 +143,8 @@ def rounded(step: Step, granule: int) -> Step:
         return [_up(x, granule) for x in xs]
 
     rows = [
-        replace(r, grads=each(r.grads), params=each(r.params), frozen=each(r.frozen), inner=_up(r.inner, granule), backward_extra=_up(r.backward_extra, granule))
+        replace(r, grads=each(r.grads), params=each(r.params), frozen=each(r.frozen), inner=_up(r.inner, granule),
+                backward_extra=_up(r.backward_extra, granule), recompute=_up(r.recompute, granule))
         for r in step.rows
     ]
     return Step(rows, {t: _up(b, granule) for t, b in step.tensors.items()}, list(step.batch),
@@ -151,8 +156,9 @@ def _live(parameters, gradients, activations, optimizer_state, transient, overhe
     return dict(zip(LIVE, (parameters, gradients, activations, optimizer_state, transient, overhead)))
 
 
-def phases(step: Step) -> dict[str, dict]:
-    """Each phase's worst moment: {"forward"|"backward"|"optimizer_step": {"bytes", "live", "at"}}."""
+def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
+    """Each phase's worst moment: {"forward"|"backward"|"optimizer_step": {"bytes", "live", "at"}}.
+    `trace` (a list) receives every moment considered, in order: (phase, at, live)."""
     rows, size = step.rows, step.tensors
     params = sum(sum(r.params) + sum(r.frozen) for r in rows)
     state = sum(step.optimizer_state)
@@ -166,6 +172,8 @@ def phases(step: Step) -> dict[str, dict]:
     out: dict[str, dict] = {}
 
     def consider(phase, at, live):
+        if trace is not None:
+            trace.append((phase, at, live))
         total = sum(live.values())
         best = out.get(phase)
         if best is None or total > best["bytes"]:  # the first moment wins a tie, as MemTracker records it
@@ -181,7 +189,8 @@ def phases(step: Step) -> dict[str, dict]:
         saved = {t for t in created if t in kept_ever or t in batch}
         moving = {t for t in (row.input, row.output) if t is not None and t not in saved}
         inner = 0 if row.inner_kept else row.inner
-        consider("forward", row.name, _live(params, 0, sum(size[t] for t in saved), state, sum(size[t] for t in moving) + inner, step.overhead))
+        transient = sum(size[t] for t in moving) + inner if row.forward_flight is None else row.forward_flight
+        consider("forward", row.name, _live(params, 0, sum(size[t] for t in saved), state, transient, step.overhead))
     saved_all = {t for t in created if t in kept_ever or t in batch}
     consider("forward", "loss", _live(params, 0, sum(size[t] for t in saved_all), state, sum(step.loss.forward), step.overhead))
 
@@ -194,15 +203,18 @@ def phases(step: Step) -> dict[str, dict]:
         row = rows[i]
         if not row.output_grad:
             continue
-        alive = sum(size[t] for t in saved_all if t not in freed)
+        alive = sum(size[t] for t in saved_all if t not in freed) + row.recompute
         g_out = size.get(row.output, 0) if row.output is not None else 0
         g_in = size.get(row.input, 0) if row.grad_input and not row.view and row.input is not None else 0
-        if row.inner:  # the activation's backward, then the row's own
+        if row.backward_flight is not None:
+            consider("backward", row.name, _live(params, done + sum(row.grads), alive, state, row.backward_flight, step.overhead))
+        elif row.inner:  # the activation's backward, then the row's own
             consider("backward", row.name, _live(params, done, alive, state, g_out + row.inner, step.overhead))
             flowing = row.inner + g_in
         else:
             flowing = g_out + g_in
-        consider("backward", row.name, _live(params, done + sum(row.grads), alive, state, flowing + row.backward_extra, step.overhead))
+        if row.backward_flight is None:
+            consider("backward", row.name, _live(params, done + sum(row.grads), alive, state, flowing + row.backward_extra, step.overhead))
         done += sum(row.grads)
         freed.update(t for t, k in keepers.items() if k == i and t not in batch)
 
@@ -236,7 +248,7 @@ def keras_step(model: dict, config, optimizer: str, impl: str, overhead: int = 0
     what derive folds away: which tensor each layer reads and writes. The loss is PyTorch's
     cross-entropy on the last layer's output with integer class labels (one per output row)."""
     from .calculator import tensor_bytes
-    from .layers import ACTIVATIONS, IDS, IN, INT64, OUT, RULES, defaults
+    from .models.keras import ACTIVATIONS, IDS, IN, INT64, OUT, RULES, defaults
     from .dtypes import DTYPES
 
     widths = config.widths
@@ -262,12 +274,13 @@ def keras_step(model: dict, config, optimizer: str, impl: str, overhead: int = 0
     rows: list[Row] = []
     elements: list[int] = []  # of each trainable weight, in order
     requires_grad = False
-    for layer in layers:
+    names = [r.name for r in config.layers] if len(config.layers) == len(layers) else [None] * len(layers)
+    for layer, name in zip(layers, names):
         kind = layer["type"]
         rule = RULES[kind]
         p = {**defaults().get(kind, {}), **layer}
         out_shape = rule.shape(p, shape)
-        row = Row(kind, input=current)
+        row = Row(f"{name} ({kind})" if name else kind, input=current)
         for _, wshape, trainable in rule.weights(p, shape):
             n = 1
             for d in wshape:
@@ -316,3 +329,219 @@ def keras_step(model: dict, config, optimizer: str, impl: str, overhead: int = 0
     batch.append(labels)
     states = [tensor_bytes(n, widths["optimizer_state"].bytes) for n in elements for _ in range(config.states)]
     return Step(rows, tensors, batch, Loss(forward=(logits,), backward=(logits, logits)), states, optimizer, impl, overhead)
+
+
+# --- words and bars (explain, hover, the budget's diagnostic) ---------------------------------
+PHASE_WORDS = {"forward": "forward", "backward": "backward", "optimizer_step": "the optimizer step"}
+LIVE_WORDS = {"parameters": "parameters", "gradients": "gradients", "activations": "activations", "optimizer_state": "optimizer state", "transient": "transient", "overhead": "overhead"}
+
+
+def public(result: dict) -> dict:
+    """The JSON form: {"bytes", "phase", "live"} (the per-phase detail stays internal)."""
+    return {"bytes": result["bytes"], "phase": result["phase"], "live": dict(result["live"])}
+
+
+def summary(result: dict) -> str:
+    """'peak 78.2 GiB during backward'."""
+    from .units import human
+
+    return f"peak {human(result['bytes'])} during {PHASE_WORDS[result['phase']]}"
+
+
+def live_text(live: dict) -> str:
+    from .units import human
+
+    return ", ".join(f"{LIVE_WORDS[k]} {human(v)}" for k, v in live.items() if v or k in ("parameters", "activations"))
+
+
+def phase_lines(result: dict, budget: int | None = None, width: int = 80) -> list[str]:
+    """One bar per phase, scaled to the budget (or to the peak without one), the peak marked."""
+    from .units import human
+
+    scale = max(budget or 0, result["bytes"]) or 1
+    label_w, size_w = 16, 11
+    bar_w = max(10, width - label_w - size_w - 16)
+    out = []
+    for phase in PHASES:
+        info = result["phases"][phase]
+        filled = min(bar_w, -(-info["bytes"] * bar_w // scale))
+        bar = "#" * filled + "." * (bar_w - filled)
+        mark = "  <- peak" if phase == result["phase"] else ""
+        out.append(f"{phase:<{label_w}}[{bar}] {human(info['bytes']):>{size_w}}{mark}")
+    peak_info = result["phases"][result["phase"]]
+    at = peak_info.get("at")
+    out.append(f"the peak is in {PHASE_WORDS[result['phase']]}" + (f", at {at}" if at and at not in ("step", "loss") else " (the loss)" if at == "loss" else "") + ":")
+    out.append("  " + live_text(result["live"]))
+    return out
+
+
+# --- transformers models (a normalized config, models.hf + models.hf_activations) ---------------
+_LAYER = re.compile(r"\.(?:layers|h|layer)\.(\d+)\.")
+_WIDTH = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1}
+
+
+def _elements(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def hf_step(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
+            precision: str = "32-true", optimizer: str = "adamw", impl: str = "foreach", states: int = 2,
+            widths: dict | None = None, overhead: int = 0) -> Step:
+    """One training step of a transformers model: embeddings, each layer, the head (with the loss).
+
+    What each block keeps comes from models.hf_activations.saved; the parameters from models.hf.
+    `widths` = bytes per element of parameters, gradients and optimizer state (default: the
+    precision's parameter dtype for all three, as torch.optim keeps its state in the parameter's
+    dtype). The loss is transformers' ForCausalLMLoss: an fp32 copy of the logits when they are
+    not fp32, log-softmax (kept), and in backward two fp32 logits-sized gradients."""
+    from .models import hf as hfparams
+    from .models import hf_activations as acts
+
+    low = {"bf16-true": 2, "16-true": 2}.get(precision, 4)
+    widths = widths or {"parameters": low, "gradients": low, "optimizer_state": low}
+    blocks = acts.saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing, precision=precision)
+    roles = acts._dtypes(precision, None)
+    sizes = acts._sizes(cfg, micro_batch, seq_len)
+    b, s, h, T = sizes["b"], sizes["s"], sizes["h"], sizes["T"]
+    act_w, lin_w = _WIDTH[roles["act"]], _WIDTH[roles["lin"]]
+
+    tensors: dict[int, int] = {}
+
+    def fresh(nbytes: int) -> int:
+        tensors[len(tensors) + 1] = nbytes
+        return len(tensors)
+
+    def kept_ids(kept, input_id, input_bytes):
+        """Fresh ids, but the row's input where the first kept tensor is it (a norm keeping its fp32 input)."""
+        out = []
+        for n, k in enumerate(kept):
+            nbytes = _elements(k.shape) * _WIDTH[k.dtype]
+            if n == 0 and input_id is not None and nbytes == input_bytes and _elements(k.shape) == b * s * h and "input" in k.label:
+                out.append(input_id)
+            else:
+                out.append(fresh(nbytes))
+        return out
+
+    # parameters by row: embeddings; each layer as four parts (norm and attention, its output
+    # projection, norm and MLP, its down projection); the head
+    params = hfparams.parameters(cfg)
+    n_layers = next(bl.count for bl in blocks if bl.name == "layer")
+    groups: dict = {"embeddings": [], "head": []}
+    seen_layer = False
+    for p in params:
+        m = _LAYER.search(p.name)
+        if m:
+            groups.setdefault((int(m.group(1)), _part(p.name)), []).append(_elements(p.shape))
+            seen_layer = True
+        else:
+            groups["head" if seen_layer else "embeddings"].append(_elements(p.shape))
+
+    def weights(row: Row, key) -> Row:
+        elements = groups.get(key, [])
+        row.params = [n * widths["parameters"] for n in elements]
+        row.grads = [n * widths["gradients"] for n in elements]
+        return row
+
+    emb, layer, head, loss = blocks
+    ids, labels = fresh(b * s * 8), fresh(b * s * 8)
+    hidden = b * s * h * act_w
+    rows = []
+    x = fresh(hidden)
+    row = weights(Row("embeddings", input=ids, output=x, grad_input=False), "embeddings")
+    row.kept = [ids if k.label.endswith("input ids") else fresh(_elements(k.shape) * _WIDTH[k.dtype]) for k in emb.kept]
+    row.frozen = _buffers(cfg, sizes, widths["parameters"])
+    rows.append(row)
+    every = acts.saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing="none", precision=precision)[1].kept
+    parts = _split(every)
+    part_bytes = [sum(_elements(k.shape) * _WIDTH[k.dtype] for k in kept) for _, kept in parts]
+    flights = _layer_flights(cfg, sizes, act_w, lin_w)
+    for i in range(n_layers):
+        for n, (part, kept) in enumerate(parts):
+            y = fresh(hidden)
+            row = weights(Row(f"layer {i} {part}", input=x, output=y), (i, part))
+            if checkpointing == "full":
+                # only the boundary (the layer's input) stays kept; backward recomputes the layer
+                # first, and each part's tensors go when its backward is done
+                row.kept = [x] if n == 0 else []
+                row.recompute = sum(part_bytes[: n + 1]) - hidden
+            else:
+                row.kept = kept_ids(kept, x, hidden) if n == 0 else [fresh(_elements(k.shape) * _WIDTH[k.dtype]) for k in kept]
+            row.forward_flight = hidden  # its output while it is written; its inner tensors are kept
+            row.backward_flight = flights[part]
+            rows.append(row)
+            x = y
+    logits = fresh(T * sizes["V"] * lin_w)
+    row = weights(Row("head", input=x, output=logits), "head")
+    row.kept = kept_ids(head.kept, x, hidden) + [fresh(_elements(k.shape) * _WIDTH[k.dtype]) for k in loss.kept]
+    rows.append(row)
+    logits32 = T * sizes["V"] * 4
+    upcast = logits32 if lin_w != 4 else 0
+    order = ["embeddings", *[(i, part) for i in range(n_layers) for part, _ in parts], "head"]
+    states_bytes = [n * widths["optimizer_state"] for key in order for n in groups.get(key, []) for _ in range(states)]
+    return Step(rows, tensors, [ids, labels], Loss(forward=(tensors[logits], *([upcast] if upcast else [])), backward=(logits32, logits32)),
+                states_bytes, optimizer, impl, overhead)
+
+
+def _buffers(cfg: dict, sizes: dict, width: int) -> list:
+    """The model's buffers (on the device, without gradients): the rotary embedding's inv_freq and
+    original_inv_freq; BERT's position_ids and token_type_ids (int64, max_position_embeddings);
+    Gemma's embedding normalizer (a float32 scalar)."""
+    out = [sizes["r"] // 2 * width] * 2 if sizes["r"] else []
+    if cfg["model_type"] == "bert":
+        out += [cfg["max_position_embeddings"] * 8] * 2
+    if cfg["model_type"] == "gemma":
+        out.append(4)
+    return out
+
+
+# A layer's parameters by part, from their names (the families' spellings); the first match wins.
+_PARTS = (
+    ("o_proj", ("o_proj", "attn.c_proj", "attention.dense", "attention.output.")),
+    ("attention", ("attn", "attention", "input_layernorm", "ln_1", "q_norm", "k_norm")),
+    ("down_proj", ("down_proj", "mlp.c_proj", "dense_4h_to_h", ".output.")),
+    ("mlp", ("",)),
+)
+# Where each part's kept tensors begin in hf_activations' layer table (labels "op: what").
+_STARTS = {"o_proj": ("o_proj",), "mlp": ("post_attention_layernorm", "fc_in"), "down_proj": ("down_proj", "fc_out", "grouped_mm down")}
+
+
+def _part(name: str) -> str:
+    return next(part for part, words in _PARTS if any(w in name for w in words))
+
+
+def _split(kept: list) -> list:
+    """A layer's kept tensors as its four parts, in forward order (a part that keeps nothing of
+    its own, such as o_proj whose input the attention kernel keeps, is empty)."""
+    order = ["attention", "o_proj", "mlp", "down_proj"]
+    starts = [0] * len(order) + [len(kept)]
+    for n in range(len(order) - 1, 0, -1):
+        found = next((m for m, k in enumerate(kept) if k.label.startswith(_STARTS[order[n]])), None)
+        starts[n] = min(found if found is not None else starts[n + 1], starts[n + 1])
+    return [(part, kept[starts[n] : starts[n + 1]]) for n, part in enumerate(order)]
+
+
+def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int) -> dict:
+    """Gradients in flight at the worst backward moment of each part of a layer; the residual
+    stream's gradient is alive through all of them, a residual dropout's gradient beside it. The
+    down projection: its input's gradient; the MLP: the gradients of the down projection's input
+    and of the gate and up outputs (a plain MLP: of the activation's input); o_proj: its input's;
+    attention: o_proj's input's and those of q, k and v."""
+    from .models import hf_activations as acts
+
+    T, h, i, q, kv = sizes["T"], sizes["h"], sizes["i"], sizes["q"], sizes["kv"]
+    fam = acts.FAMILIES[cfg["model_type"]]
+    k = 2 if fam.mlp == "plain" else 3
+    routed = sizes["k"] or 1  # a mixture of experts runs its MLP once per (token, chosen expert)
+    res = T * h * act_w
+    dropout = res if acts._drop(cfg, fam, "resid") else 0
+    return {
+        "down_proj": res + dropout + routed * T * i * lin_w,
+        "mlp": res + dropout + routed * T * k * i * lin_w,
+        "o_proj": res + dropout + T * q * lin_w,
+        "attention": res + T * (2 * q + 2 * kv) * lin_w,
+    }
+
+

@@ -6,7 +6,9 @@ import json
 import os
 import sys
 
-from . import __version__
+from . import __version__, codes
+from .codes import CODES, lookup
+from .present import plural as _plural
 from .units import human
 
 
@@ -26,10 +28,6 @@ def counts(results) -> tuple[int, int, int, int]:
     return len(checked), failed, errors, warnings
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
 class TextReporter(Reporter):
     """ruff-style lines: path:line:col: severity[code] message (1-based), then a summary."""
 
@@ -42,7 +40,13 @@ class TextReporter(Reporter):
 
 
 def diagnostic_line(path: str, d) -> str:
-    return f"{path}:{d.range.start_line + 1}:{d.range.start_character + 1}: {d.severity}[{d.code}] {d.message}"
+    """path:line:col: severity[code] message; a problem inside a referenced file is placed in
+    that file and names the key of `path` that refers to it."""
+    where = d.file if d.file is not None else path
+    line = f"{where}:{d.range.start_line + 1}:{d.range.start_character + 1}: {d.severity}[{d.code}] {d.message}"
+    if d.file is not None and d.related is not None:
+        line += f" (referenced from {path}:{d.related.start_line + 1}:{d.related.start_character + 1})"
+    return line
 
 
 def summary_line(results) -> str:
@@ -73,23 +77,9 @@ class JsonReporter(Reporter):
         self.out.write("\n")
 
 
-# Every diagnostic code (a published contract): a one-line description and what to do.
-# The SARIF reporter publishes these as rules; code scanning shows `help` beside an alert.
-RULES: dict[str, tuple[str, str]] = {
-    "yaml-syntax": ("The file is not valid YAML", "Fix the YAML syntax at the position shown; memfit reads YAML 1.1 with core tags only."),
-    "duplicate-key": ("A mapping key appears twice", "Remove one of the duplicated keys: YAML loaders silently keep only the last one."),
-    "schema": ("The config does not match the memfit schema", "Compare the node with `memfit schema`; unknown keys usually are typos of a known key."),
-    "unknown-dtype": ("A dtype name memfit does not know", "Use a known dtype name such as bfloat16 or float32, or a positive byte width that is a multiple of 1/8."),
-    "unknown-optimizer": ("An optimizer memfit does not know", "Use a known optimizer name (adam, adamw, sgd, ...): it sets the optimizer state kept per parameter."),
-    "bad-unit": ("A byte quantity or percentage that cannot be read", "Write an integer byte count or '<number> <unit>' with B, kB, MB, GB, TB, KiB, MiB, GiB or TiB, e.g. '24 GiB'."),
-    "shape-mismatch": ("A layer cannot take the shape that reaches it", "Fix the layer's arguments (kernel, strides, padding, target_shape) or the layers before it; the message names the incoming shape."),
-    "no-budget": ("No memory budget to check against", "Set device.memory (and optionally device.reserve) in the config, or pass --budget."),
-    "budget-exceeded": ("The training footprint exceeds the memory budget", "Reduce the footprint (batch size, dtypes, optimizer, frozen layers) or raise the budget; `memfit explain` shows the breakdown."),
-    "near-budget": ("The training footprint is close to the memory budget", "The config fits, but with little headroom; `memfit explain` shows where the memory goes."),
-    "not-a-config": ("The file is not a memfit config", "Add a top-level `memfit: 1`, or pass --skip-unrecognized to skip files that are not memfit configs."),
-    "io": ("The file cannot be read", "Check that the path exists and is a readable UTF-8 text file, and that a directory holds *.yaml or *.yml files."),
-    "internal": ("memfit itself failed on this file", "This is a bug in memfit; please report it with the file that triggers it."),
-}
+# Every diagnostic code (a published contract), from the registry: a one-line description and
+# what to do. The SARIF reporter publishes these as rules; code scanning shows `help` beside an alert.
+RULES: dict[str, tuple[str, str]] = {code.id: (code.summary, code.help) for code in CODES.values()}
 INFORMATION_URI = "https://pypi.org/project/memfit/"
 GITHUB_COMMANDS = {"error": "error", "warning": "warning", "information": "notice"}
 SARIF_LEVELS = {"error": "error", "warning": "warning", "information": "note"}
@@ -123,8 +113,8 @@ class GithubReporter(Reporter):
     def report(self, results) -> None:
         write = self.out.write
         for result in results:
-            path = _escape_property(display_path(result.path))
             for d in result.diagnostics:
+                path = _escape_property(display_path(d.file if d.file is not None else result.path))
                 r = d.range
                 properties = (
                     f"file={path},line={r.start_line + 1},col={r.start_character + 1},"
@@ -142,8 +132,8 @@ class SarifReporter(Reporter):
     SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 
     def report(self, results) -> None:
-        codes = list(RULES) + sorted({d.code for r in results for d in r.diagnostics} - RULES.keys())
-        index = {code: i for i, code in enumerate(codes)}
+        ids = list(RULES) + sorted({d.code for r in results for d in r.diagnostics} - RULES.keys())
+        index = {code: i for i, code in enumerate(ids)}
         sarif_results = []
         for result in results:
             if result.skipped:
@@ -159,22 +149,25 @@ class SarifReporter(Reporter):
                     "locations": [
                         {
                             "physicalLocation": {
-                                "artifactLocation": {"uri": uri, "uriBaseId": "%SRCROOT%"},
-                                "region": {
-                                    "startLine": r.start_line + 1,
-                                    "startColumn": r.start_character + 1,
-                                    "endLine": r.end_line + 1,
-                                    "endColumn": r.end_character + 1,
-                                },
+                                "artifactLocation": {"uri": display_path(d.file) if d.file is not None else uri, "uriBaseId": "%SRCROOT%"},
+                                "region": _region(r),
                             }
                         }
                     ],
                 }
+                if d.file is not None and d.related is not None:
+                    entry["relatedLocations"] = [
+                        {
+                            "id": 0,
+                            "physicalLocation": {"artifactLocation": {"uri": uri, "uriBaseId": "%SRCROOT%"}, "region": _region(d.related)},
+                            "message": {"text": "referenced here"},
+                        }
+                    ]
                 if result.footprint is not None:
                     entry["properties"] = {"footprint": result.footprint, "budget": result.budget}
                 sarif_results.append(entry)
         run = {
-            "tool": {"driver": {"name": "memfit", "version": __version__, "informationUri": INFORMATION_URI, "rules": [_rule(c) for c in codes]}},
+            "tool": {"driver": {"name": "memfit", "version": __version__, "informationUri": INFORMATION_URI, "rules": [_rule(c) for c in ids]}},
             "columnKind": "unicodeCodePoints",
             "results": sarif_results,
             "properties": {
@@ -185,15 +178,20 @@ class SarifReporter(Reporter):
         self.out.write("\n")
 
 
+def _region(r) -> dict:
+    return {"startLine": r.start_line + 1, "startColumn": r.start_character + 1, "endLine": r.end_line + 1, "endColumn": r.end_character + 1}
+
+
 def _rule(code: str) -> dict:
-    short, help_text = RULES.get(code, (f"memfit diagnostic {code}", "See memfit's documentation for this diagnostic code."))
+    entry = lookup(code)
+    short, help_text = entry.summary, entry.help
     return {
         "id": code,
         "name": "".join(part.capitalize() for part in code.split("-")),
         "shortDescription": {"text": short},
         "fullDescription": {"text": f"{short}. {help_text}"},
         "help": {"text": help_text},
-        "defaultConfiguration": {"level": "warning" if code == "near-budget" else "error"},
+        "defaultConfiguration": {"level": SARIF_LEVELS.get(entry.severity, "note")},
     }
 
 
@@ -225,12 +223,12 @@ def summary_markdown(results) -> str:
 
 
 def _verdict(result, headroom: int | None) -> str:
-    codes = [d.code for d in result.diagnostics if d.severity == "error"]
-    if "budget-exceeded" in codes:
+    errors = [d.code for d in result.diagnostics if d.severity == codes.ERROR]
+    if codes.BUDGET_EXCEEDED in errors:
         return f"❌ exceeds by {human(-headroom)}"
-    if codes:
-        return "❌ " + ", ".join(dict.fromkeys(codes))
-    if any(d.code == "near-budget" for d in result.diagnostics):
+    if errors:
+        return "❌ " + ", ".join(dict.fromkeys(errors))
+    if any(d.code == codes.NEAR_BUDGET for d in result.diagnostics):
         return "⚠️ fits, near budget"
     return "✅ fits"
 

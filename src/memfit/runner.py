@@ -5,57 +5,17 @@ from __future__ import annotations
 import os
 import sys
 
-from .check import Options, Result, check_file
-from .diagnostics import ERROR, FILE_START, Diagnostic
+from .check import Options, Result, safe_check
+from .inputs import expand
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-YAML_SUFFIXES = (".yaml", ".yml")
-
-
-# never configs, and often huge: a `memfit check .` must not crawl them
-_PRUNED = {"node_modules", "__pycache__", "site-packages"}
-
-
-def _walk_yaml(top: str):
-    for root, dirs, names in os.walk(top):
-        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in _PRUNED]
-        yield from (os.path.join(root, name) for name in names if name.endswith(YAML_SUFFIXES))
-
-
-def expand(paths: list[str]) -> list[tuple[str, Diagnostic | None]]:
-    """Files to check, in a stable order; a directory without YAML files is itself a problem."""
-    out: list[tuple[str, Diagnostic | None]] = []
-    for path in paths:
-        if os.path.isdir(path):
-            found = sorted(name for name in _walk_yaml(path))
-            if not found:
-                out.append((path, Diagnostic(FILE_START, ERROR, "io", f"no *.yaml or *.yml files in directory {path}")))
-            out.extend((name, None) for name in found)
-        else:
-            out.append((path, None))
-    return out
-
-
-def safe_check(path: str, options: Options) -> Result:
-    """check_file, with a last line of defence: a bug in memfit is one diagnostic on one
-    file, never a traceback that stops the other files from being checked."""
-    try:
-        return check_file(path, options)
-    except Exception as error:  # noqa: BLE001
-        return Result(path, [internal_error(error)])
-
-
-def internal_error(error: Exception) -> Diagnostic:
-    """A bug in memfit, as one diagnostic (the CLI and the language server both use it)."""
-    message = f"internal error while checking this file ({type(error).__name__}: {error}); please report it"
-    return Diagnostic(FILE_START, ERROR, "internal", message)
 
 
 def check_paths(paths: list[str], options: Options, jobs: int = 0) -> list[Result]:
     targets = expand(paths)
     results: list[Result | None] = [Result(p, [d]) if d else None for p, d in targets]
     todo = [p for p, d in targets if d is None]
-    from .parallel import map_checked
+    from .pool import map_checked
 
     checked = iter(map_checked(todo, options, jobs))
     return [r if r is not None else next(checked) for r in results]
@@ -63,7 +23,7 @@ def check_paths(paths: list[str], options: Options, jobs: int = 0) -> list[Resul
 
 def run(args) -> int:
     if args.command == "schema":
-        from .schema import schema_text
+        from .schemagen import schema_text
 
         sys.stdout.write(schema_text())
         return EXIT_OK
@@ -71,7 +31,12 @@ def run(args) -> int:
         from .lsp_entry import start
 
         return start(args)
-    options = Options(budget=args.budget, warn_at=args.warn_at, skip_unrecognized=getattr(args, "skip_unrecognized", False))
+    options = Options(
+        budget=args.budget,
+        warn_at=args.warn_at,
+        skip_unrecognized=getattr(args, "skip_unrecognized", False),
+        max_file_size=args.max_file_size,
+    )
     if args.command == "explain":
         from .explain import render
 

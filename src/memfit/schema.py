@@ -12,18 +12,20 @@ import math
 from functools import lru_cache
 from importlib.resources import files
 
+from . import codes
 from .diagnostics import Problem
 
 SCHEMA_FILE = "memfit.schema.json"
 
 
-def schema_text() -> str:
+def shipped_text() -> str:
+    """The checked-in schema (schemagen.py generates it; a test keeps the two identical)."""
     return files("memfit").joinpath(SCHEMA_FILE).read_text(encoding="utf-8")
 
 
 @lru_cache(maxsize=1)
 def schema() -> dict:
-    return json.loads(schema_text())
+    return json.loads(shipped_text())
 
 
 # memfit's dialect of JSON Schema, in one place for both jsonschema (validator_class) and the
@@ -170,20 +172,26 @@ def _accepts(check, item) -> bool:
 
 
 def _translate(error) -> list[Problem]:
+    """One jsonschema error -> problems on the node they concern, in words: first by the kind
+    of value the failing subschema describes (its $anchor), then by the failing keyword."""
     path = tuple(error.absolute_path)
+    anchor = error.schema.get("$anchor") if isinstance(error.schema, dict) else None
+    by_anchor = _by_anchor(error, path, anchor)
+    return by_anchor if by_anchor is not None else _by_keyword(error, path)
+
+
+def _by_anchor(error, path: tuple, anchor) -> list[Problem] | None:
     where = path_text(path)
     keyword = error.validator
-    anchor = error.schema.get("$anchor") if isinstance(error.schema, dict) else None
     value = error.instance
-
     if anchor == "dtype":
         from .dtypes import DTYPES, nearest
 
         if isinstance(value, str):
             near = nearest(value)
             hint = f"; did you mean {' or '.join(near)}?" if near else f" (known: {', '.join(DTYPES)})"
-            return [Problem(path, "unknown-dtype", f"{where}: unknown dtype {value!r}{hint}")]
-        return [Problem(path, "unknown-dtype", f"{where} is {value!r}: a dtype is a name such as 'bfloat16' or a positive byte width that is a multiple of 1/8")]
+            return [Problem(path, codes.UNKNOWN_DTYPE, f"{where}: unknown dtype {value!r}{hint}")]
+        return [Problem(path, codes.UNKNOWN_DTYPE, f"{where} is {value!r}: a dtype is a name such as 'bfloat16' or a positive byte width that is a multiple of 1/8")]
     if anchor == "bytes" or (keyword == "anyOf" and path[-1:] == ("reserve",)):
         from .units import UnitError, parse_bytes, parse_reserve
 
@@ -192,17 +200,23 @@ def _translate(error) -> list[Problem]:
             message = f"{where} is {value!r}: not a byte quantity"
         except UnitError as why:
             message = f"{where}: {why}"
-        return [Problem(path, "bad-unit", message)]
+        return [Problem(path, codes.BAD_UNIT, message)]
     if anchor == "percent":
-        return [Problem(path, "bad-unit", f"{where} is {value!r}: write a percentage such as '90%'")]
+        return [Problem(path, codes.BAD_UNIT, f"{where} is {value!r}: write a percentage such as '90%'")]
 
     if anchor == "layer-type" and keyword == "enum":
         import difflib
 
         known = error.schema["enum"]
         ranked = sorted(known, key=lambda name: -difflib.SequenceMatcher(None, str(value).lower(), name.lower()).ratio())
-        return [Problem(path, "schema", f"{where}: unknown layer type {value!r}; known types, nearest first: {', '.join(ranked)}")]
+        return [Problem(path, codes.SCHEMA, f"{where}: unknown layer type {value!r}; known types, nearest first: {', '.join(ranked)}")]
+    return None
 
+
+def _by_keyword(error, path: tuple) -> list[Problem]:
+    where = path_text(path)
+    keyword = error.validator
+    value = error.instance
     if keyword == "additionalProperties":
         import difflib
 
@@ -212,39 +226,39 @@ def _translate(error) -> list[Problem]:
         for key in extra:
             near = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
             hint = f"; did you mean {near[0]!r}?" if near else f" (known: {', '.join(known)})"
-            out.append(Problem(path + (key,), "schema", f"unknown key {key!r} in {where}{hint}", on_key=True))
+            out.append(Problem(path + (key,), codes.SCHEMA, f"unknown key {key!r} in {where}{hint}", on_key=True))
         return out
     if keyword == "required":
         missing = [key for key in error.validator_value if key not in value]
-        return [Problem(path, "schema", f"{where} is missing the required key {key!r}", on_key=bool(path)) for key in missing]
+        return [Problem(path, codes.SCHEMA, f"{where} is missing the required key {key!r}", on_key=bool(path)) for key in missing]
     if keyword == "const" and path == ("memfit",):
-        return [Problem(path, "schema", f"memfit is {_show(value)}: this memfit reads format version 1 (write 'memfit: 1')")]
+        return [Problem(path, codes.SCHEMA, f"memfit is {_show(value)}: this memfit reads format version 1 (write 'memfit: 1')")]
     if keyword in ("minimum", "type") and _is_dim(path):
-        return [Problem(path, "schema", f"{where} is {_show(value)}; dims must be non-negative integers")]
+        return [Problem(path, codes.SCHEMA, f"{where} is {_show(value)}; dims must be non-negative integers")]
     if keyword in ("minItems", "maxItems"):
         n = error.validator_value
         bound = f"{'at least' if keyword == 'minItems' else 'at most'} {n} item{'s' if n != 1 else ''}"
-        return [Problem(path, "schema", f"{where} has {len(value)} item{'s' if len(value) != 1 else ''}; it must have {bound}")]
+        return [Problem(path, codes.SCHEMA, f"{where} has {len(value)} item{'s' if len(value) != 1 else ''}; it must have {bound}")]
     if keyword in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
         bound = {"minimum": "at least", "exclusiveMinimum": "more than", "maximum": "at most", "exclusiveMaximum": "less than"}[keyword]
-        return [Problem(path, "schema", f"{where} is {_show(value)}; it must be {bound} {error.validator_value}")]
+        return [Problem(path, codes.SCHEMA, f"{where} is {_show(value)}; it must be {bound} {error.validator_value}")]
     if keyword == "type":
         expected = error.validator_value
         expected = " or ".join(map(_article, expected)) if isinstance(expected, list) else _article(expected)
-        return [Problem(path, "schema", f"{where} is {_show(value)}; expected {expected}")]
+        return [Problem(path, codes.SCHEMA, f"{where} is {_show(value)}; expected {expected}")]
     if keyword == "enum":
         import difflib
 
         allowed = [str(v) for v in error.validator_value]
         near = difflib.get_close_matches(str(value), allowed, n=len(allowed), cutoff=0.0)  # all, nearest first
-        return [Problem(path, "schema", f"{where}: unknown value {_show(value)}; expected one of {', '.join(near)}")]
+        return [Problem(path, codes.SCHEMA, f"{where}: unknown value {_show(value)}; expected one of {', '.join(near)}")]
     if keyword in ("anyOf", "oneOf") and error.context:
         from jsonschema.exceptions import best_match
 
         # the branch written for the value's own type says more than "expected an integer"
         fitting = [e for e in error.context if e.validator != "type"]
         return _translate(best_match(fitting or error.context))
-    return [Problem(path, "schema", f"{where}: {error.message}")]
+    return [Problem(path, codes.SCHEMA, f"{where}: {error.message}")]
 
 
 def _is_dim(path) -> bool:

@@ -59,6 +59,7 @@ VOCAB_DIVISIBLE_BY = 128
 TP_RULES: tuple[tuple[str, str], ...] = (
     (r"(^|\.)(embed_tokens|wte|word_embeddings|shared|embed_in)\.weight$", "vocab"),
     (r"(^|\.)(lm_head|embed_out|output_layer)\.weight$", "vocab"),
+    (r"(^|\.)(pooler|cls\.predictions\.transform)\.", "replicated"),  # BERT's pooler and MLM transform: whole on every rank
     (r"(^|\.)(attention\.output\.dense|output\.dense)\.", "row"),
     (r"(^|\.)(intermediate\.dense)\.", "column"),
     (r"(^|\.)(q_proj|k_proj|v_proj|qkv_proj|query_key_value|c_attn|query|key|value|q|k|v|Wqkv|wq|wk|wv)\.", "column"),
@@ -90,6 +91,7 @@ class Tensor:
     kind: str = "other"
     tp: str | None = None
     unit: str | None = None
+    count: int = 1  # identical copies (a declared tensor's `count`), each sharded on its own
 
     @property
     def numel(self) -> int:
@@ -384,12 +386,13 @@ def rank_bytes(tensors: list, p: Parallel, stage: int = 0, data_rank: int = 0, t
     gathering = n > 1 and ((engine == "fsdp" and p.fsdp != "no_shard") or (engine == "zero" and p.zero == 3))
     for t, shape in local:
         numel = math.prod(shape)
+        k = t.count
         widths = _fsdp_widths(t) if engine == "fsdp" else _zero3_widths(t) if p.zero == 3 else t.widths
         for category, width in widths.items():
             cls = SHARD_CLASS.get(category)
             home = out.host if cls in offloaded else out.device
             if cls not in sharded:
-                put(home, category, _bytes(numel, width))
+                put(home, category, k * _bytes(numel, width))
                 out.sharded[category] = "offloaded" if home is out.host else "replicated"
                 continue
             out.sharded[category] = "offloaded" if home is out.host else "sharded"
@@ -398,12 +401,12 @@ def rank_bytes(tensors: list, p: Parallel, stage: int = 0, data_rank: int = 0, t
                 rest = numel // d0 if d0 else 0
                 padded, own = _chunk_rows(d0, n, data_rank)
                 rows = own if cls == "optimizer" else padded  # torch.optim's zeros_like sees the unpadded shard
-                put(home, category, _bytes(rows * rest, width))
+                put(home, category, k * _bytes(rows * rest, width))
             elif p.zero == 3:
-                put(home, category, _bytes(-(-numel // n), width))
+                put(home, category, k * _bytes(-(-numel // n), width))
             else:
                 key = (category, width, home is out.host)
-                flat[key] = flat.get(key, 0) + numel
+                flat[key] = flat.get(key, 0) + k * numel
         if gathering:
             unit = units.setdefault(_unit_of(t, engine), {"parameters": 0, "gradients": 0})
             if engine == "fsdp":
@@ -411,9 +414,9 @@ def rank_bytes(tensors: list, p: Parallel, stage: int = 0, data_rank: int = 0, t
                 gathered = -(-d0 // n) * n * (numel // d0 if d0 else 0)  # the padded all-gather output
             else:
                 gathered = -(-numel // n) * n
-            unit["parameters"] += _bytes(gathered, t.widths["parameters"])
+            unit["parameters"] += k * _bytes(gathered, t.widths["parameters"])
             if "gradients" in t.widths:
-                unit["gradients"] += _bytes(gathered, t.widths["gradients"])
+                unit["gradients"] += k * _bytes(gathered, t.widths["gradients"])
     alignment = 2 * n  # nccl_start_alignment_factor * dp world size
     for (category, width, on_host), elements in flat.items():
         partition = -(-elements // alignment) * alignment // n
@@ -544,3 +547,144 @@ def korthikanti_layer(s: int, b: int, h: int, a: int) -> list:
         ("fc2_in", 8 * sbh),
         ("mlp_residual_dropout_mask", sbh),
     ]
+
+
+# ---------------------------------------------------------------- a transformer layer's saved tensors per rank
+
+# Symbolic dims (models.hf_activations) a tensor-parallel rank holds 1/t of: heads and the
+# intermediate width live between a column- and a row-parallel linear. Sequence parallelism splits
+# the sequence of what lies outside that region (the residual stream, norms, dropout masks).
+TP_SPLIT_DIMS = frozenset({"H", "KV", "q", "kv", "qkv", "i", "i2"})
+SP_SPLIT_DIMS = frozenset({"s", "T", "Tl"})
+
+
+def _rank_sizes(sizes: dict, tensor: int, sequence_parallel: bool, micro_batch: int) -> tuple:
+    split = dict(sizes)
+    for dim in TP_SPLIT_DIMS:
+        split[dim] = -(-sizes[dim] // tensor)
+    if tensor > 1:  # the logits of a vocabulary-parallel output layer: the padded vocabulary / t
+        split["V"] = padded_vocab(sizes["V"], tensor) // tensor
+    seq = dict(sizes)
+    if sequence_parallel:
+        local_s = -(-sizes["s"] // tensor)
+        seq.update(s=local_s, T=micro_batch * local_s, Tl=-(-sizes["Tl"] // tensor))
+    return split, seq
+
+
+def _resolve_per_rank(rows: list, cond: dict, roles: dict, split: dict, seq: dict) -> list:
+    """models.hf_activations._resolve, each row evaluated with the rank's share of its dims."""
+    from .models.hf_activations import Kept
+
+    out, by_what = [], {}
+    for r in rows:
+        if not cond[r.when]:
+            continue
+        dtype = roles[r.role]
+        if r.alias is not None and by_what.get(r.alias) == dtype:
+            continue
+        by_what[r.what] = dtype
+        dims = {x for x in r.shape if isinstance(x, str)}
+        table = split if dims & (TP_SPLIT_DIMS | {"V"}) else seq
+        out.append(Kept(f"{r.op}: {r.what}", tuple(table[x] if isinstance(x, str) else x for x in r.shape), dtype))
+    return out
+
+
+def layer_saved_per_rank(cfg: dict, *, micro_batch: int, seq_len: int, tensor: int = 1, sequence_parallel: bool = False,
+                         attention: str = "sdpa", checkpointing: str = "none", precision: str = "32-true",
+                         dtypes: dict | None = None) -> list:
+    """One transformer layer's saved tensors on one tensor-parallel rank: models.hf_activations'
+    rows, each evaluated with the rank's share of its dims (Megatron's split: column-parallel
+    outputs and the attention core by heads, the MLP by its intermediate width; under sequence
+    parallelism everything else by the sequence)."""
+    from .models import hf_activations as A
+
+    A.check(cfg, attention, checkpointing, precision)
+    fam = A.FAMILIES[cfg["model_type"]]
+    sizes = A._sizes(cfg, micro_batch, seq_len)
+    roles = A._dtypes(precision, dtypes)
+    split, seq = _rank_sizes(sizes, tensor, sequence_parallel, micro_batch)
+    if checkpointing == "full":
+        b = A._boundary(fam, roles, sizes)
+        return [A.Kept(b.label, (seq["b"], seq["s"], seq["h"]), b.dtype)]
+    cond = A._conditions(cfg, fam, attention, checkpointing, micro_batch)
+    return _resolve_per_rank(A.layer_rows(cfg["model_type"], A._act(cfg), A._parallel(cfg)), cond, roles, split, seq)
+
+
+def activations_per_stage(cfg: dict, layout: Parallel, *, micro_batch: int, seq_len: int, attention: str = "sdpa",
+                          checkpointing: str = "none", precision: str = "32-true", dtypes: dict | None = None) -> list:
+    """Saved-activation bytes on the most-loaded rank of every pipeline stage: the stage's layers
+    (and the embeddings on the first stage, the head and loss on the last), per tensor-parallel
+    rank, times the micro-batches 1F1B keeps in flight there; under full checkpointing plus one
+    layer's recomputation."""
+    from .models import hf_activations as A
+
+    t, sp = layout.tensor, layout.sequence_parallel
+    fam = A.FAMILIES[cfg["model_type"]]
+    sizes = A._sizes(cfg, micro_batch, seq_len)
+    roles = A._dtypes(precision, dtypes)
+    split, seq = _rank_sizes(sizes, t, sp, micro_batch)
+    cond = A._conditions(cfg, fam, attention, checkpointing, micro_batch)
+    embeddings = A.nbytes(_resolve_per_rank(A._embedding_rows(fam), cond, roles, split, seq))
+    ends = A.nbytes(_resolve_per_rank(A._head_rows(fam), cond, roles, split, seq) + _resolve_per_rank(A.LOSS_ROWS, cond, roles, split, seq))
+    common = dict(micro_batch=micro_batch, seq_len=seq_len, tensor=t, sequence_parallel=sp, attention=attention, precision=precision, dtypes=dtypes)
+    layer = A.nbytes(layer_saved_per_rank(cfg, checkpointing=checkpointing, **common))
+    recompute = A.nbytes(layer_saved_per_rank(cfg, checkpointing="none" if checkpointing == "full" else checkpointing, **common)) if checkpointing == "full" else 0
+    layers = cfg["n_layer"] if cfg["model_type"] == "gpt2" else cfg["num_hidden_layers"]
+    out = []
+    for s, (a, b) in enumerate(stage_layers(layers, layout.pipeline)):
+        kept = (b - a) * layer + (embeddings if s == 0 else 0) + (ends if s == layout.pipeline - 1 else 0)
+        out.append(in_flight(s, layout.pipeline, layout.gradient_accumulation) * kept + recompute)
+    return out
+
+
+# ---------------------------------------------------------------- the config's keys
+
+OFFLOAD_DEVICES = ("cpu", "none")
+
+
+def from_config(data: dict) -> tuple:
+    """`parallel`, `training.gradient_accumulation` and `host.memory` of a schema-valid document ->
+    (Parallel or None when there is no `parallel` section, host budget in bytes or None, problems);
+    problems are (path tuple, message, severity) with severity "error" or "note"."""
+    from .units import UnitError, parse_bytes
+
+    problems = []
+    host = None
+    if isinstance(data.get("host"), dict) and "memory" in data["host"]:
+        try:
+            host = parse_bytes(data["host"]["memory"])
+        except UnitError as error:
+            problems.append((("host", "memory"), f"host.memory: {error}", "error"))
+    section = data.get("parallel")
+    if not isinstance(section, dict):
+        return None, host, problems
+    offload = section.get("offload") or {}
+    buckets = section.get("buckets") or {}
+    training = data.get("training") if isinstance(data.get("training"), dict) else {}
+    layout = Parallel(
+        data=section.get("data", 1),
+        tensor=section.get("tensor", 1),
+        pipeline=section.get("pipeline", 1),
+        sequence_parallel=bool(section.get("sequence_parallel", False)),
+        zero=section.get("zero"),
+        fsdp=section.get("fsdp"),
+        gpus_per_node=section.get("gpus_per_node", 8),
+        offload_optimizer=offload.get("optimizer", "none") not in (None, "none", False),
+        offload_parameters=offload.get("parameters", "none") not in (None, "none", False),
+        reduce_bucket=buckets.get("reduce"),
+        allgather_bucket=buckets.get("allgather"),
+        gradient_accumulation=training.get("gradient_accumulation", 1),
+    )
+    if (layout.offload_optimizer or layout.offload_parameters) and host is None:
+        at = ("parallel", "offload")
+        problems.append((at, "offload without a host budget: set host.memory (per node) to check what the host holds", "note"))
+    return layout, host, problems
+
+
+def problems_for(layout: Parallel, model: dict | None = None) -> list:
+    """check_layout with the config paths as tuples and the model's dims when known
+    (`model`: heads, kv_heads, layers)."""
+    out = []
+    for path, message, severity in check_layout(layout, **(model or {})):
+        out.append((tuple(path.split(".")), message, severity))
+    return out

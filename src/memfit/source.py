@@ -23,6 +23,7 @@ from yaml.events import (
     StreamEndEvent,
 )
 
+from . import codes
 from .diagnostics import ERROR, FILE_START, Diagnostic, Range
 
 try:  # the C parser is ~10x faster; pure Python stays correct where libyaml is missing
@@ -35,8 +36,6 @@ _INT = "tag:yaml.org,2002:int"
 _FLOAT = "tag:yaml.org,2002:float"
 _BOOL = "tag:yaml.org,2002:bool"
 _NULL = "tag:yaml.org,2002:null"
-_MERGE = "tag:yaml.org,2002:merge"
-_TIMESTAMP = "tag:yaml.org,2002:timestamp"
 _SEQ = "tag:yaml.org,2002:seq"
 _MAP = "tag:yaml.org,2002:map"
 _SCALAR_TAGS = {_STR, _INT, _FLOAT, _BOOL, _NULL}
@@ -128,7 +127,7 @@ def _syntax(error: yaml.YAMLError, text: str) -> Diagnostic:
     context = getattr(error, "context", None)
     message = f"{context}: {problem}" if context else problem
     where = Range(mark.line, mark.column, mark.line, mark.column + 1) if mark else FILE_START
-    return Diagnostic(where, ERROR, "yaml-syntax", f"invalid YAML: {message}")
+    return Diagnostic(where, ERROR, codes.YAML_SYNTAX, f"invalid YAML: {message}")
 
 
 def load(text: str) -> Loaded:
@@ -144,13 +143,21 @@ def load(text: str) -> Loaded:
 
 def _tag_error(event, what: str) -> LoadError:
     return LoadError(
-        Diagnostic(
-            _range(event.start_mark, event.end_mark),
-            ERROR,
-            "yaml-syntax",
-            f"unsupported tag {event.tag} on a {what}: memfit loads plain YAML data only (safe loading)",
-        )
+        _syntax_at(event.start_mark, event.end_mark, f"unsupported tag {event.tag} on a {what}: memfit loads plain YAML data only (safe loading)")
     )
+
+
+def _syntax_at(start, end, message: str) -> Diagnostic:
+    return Diagnostic(_range(start, end), ERROR, codes.YAML_SYNTAX, message)
+
+
+def _alias(event, anchors: dict, open_anchors: set) -> tuple[object, int]:
+    """The (value, node count) an alias stands for; a recursive or dangling alias is an error."""
+    if event.anchor in open_anchors:
+        raise LoadError(_syntax_at(event.start_mark, event.end_mark, f"alias *{event.anchor} refers to a node that contains it (a recursive structure)"))
+    if event.anchor not in anchors:
+        raise LoadError(_syntax_at(event.start_mark, event.end_mark, f"alias *{event.anchor} refers to no anchor &{event.anchor} before it"))
+    return anchors[event.anchor]
 
 
 def _build(text: str) -> Loaded:
@@ -177,12 +184,7 @@ def _build(text: str) -> Loaded:
         if frame[3] is _NO_KEY:
             if isinstance(value, (list, dict)):
                 raise LoadError(
-                    Diagnostic(
-                        _range(start or event.start_mark, event.end_mark),
-                        ERROR,
-                        "yaml-syntax",
-                        "a mapping key must be a plain scalar, not a list or mapping",
-                    )
+                    _syntax_at(start or event.start_mark, event.end_mark, "a mapping key must be a plain scalar, not a list or mapping")
                 )
             frame[3] = value
             frame[4] = event
@@ -198,7 +200,7 @@ def _build(text: str) -> Loaded:
                 Diagnostic(
                     _range(key_event.start_mark, key_event.end_mark),
                     ERROR,
-                    "duplicate-key",
+                    codes.DUPLICATE_KEY,
                     f"duplicate key {key!r}: YAML keeps only one of them; remove or rename this one",
                 )
             )
@@ -232,46 +234,18 @@ def _build(text: str) -> Loaded:
                 anchors[anchor] = (container, size)
             add(container, size, event, start)
         elif kind is AliasEvent:
-            if event.anchor in open_anchors:
-                raise LoadError(
-                    Diagnostic(
-                        _range(event.start_mark, event.end_mark),
-                        ERROR,
-                        "yaml-syntax",
-                        f"alias *{event.anchor} refers to a node that contains it (a recursive structure)",
-                    )
-                )
-            if event.anchor not in anchors:
-                raise LoadError(
-                    Diagnostic(
-                        _range(event.start_mark, event.end_mark),
-                        ERROR,
-                        "yaml-syntax",
-                        f"alias *{event.anchor} refers to no anchor &{event.anchor} before it",
-                    )
-                )
-            value, size = anchors[event.anchor]
+            value, size = _alias(event, anchors, open_anchors)
             expanded += size
             if expanded > _EXPANSION_FLOOR + _EXPANSION_PER_EVENT * events:
                 raise LoadError(
-                    Diagnostic(
-                        _range(event.start_mark, event.end_mark),
-                        ERROR,
-                        "yaml-syntax",
-                        "aliases expand this document beyond a sane size (an alias bomb?); refusing to load it",
-                    )
+                    _syntax_at(event.start_mark, event.end_mark, "aliases expand this document beyond a sane size (an alias bomb?); refusing to load it")
                 )
             add(value, size, event)
         elif kind is DocumentStartEvent:
             documents += 1
             if documents > 1:
                 diagnostics.append(
-                    Diagnostic(
-                        _range(event.start_mark, event.end_mark),
-                        ERROR,
-                        "yaml-syntax",
-                        "a memfit config is one YAML document; this file has more (only the first is checked)",
-                    )
+                    _syntax_at(event.start_mark, event.end_mark, "a memfit config is one YAML document; this file has more (only the first is checked)")
                 )
                 break
         elif kind is StreamEndEvent:
@@ -288,12 +262,7 @@ def _merge(mapping: dict, value, event) -> None:
     for source in sources:
         if not isinstance(source, dict):
             raise LoadError(
-                Diagnostic(
-                    _range(event.start_mark, event.end_mark),
-                    ERROR,
-                    "yaml-syntax",
-                    "a merge key (<<) takes a mapping or a list of mappings",
-                )
+                _syntax_at(event.start_mark, event.end_mark, "a merge key (<<) takes a mapping or a list of mappings")
             )
         for key, item in source.items():
             mapping.setdefault(key, item)

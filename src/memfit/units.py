@@ -19,6 +19,10 @@ UNITS: dict[str, int] = {
 }
 _BY_FOLDED = {name.lower(): name for name in UNITS}
 
+# The grammar as JSON Schema patterns (ECMA 262), for editors: a number, then a known unit.
+BYTES_PATTERN = r"^\s*([0-9]+(\.[0-9]+)?|\.[0-9]+)\s*(" + "|".join(UNITS) + r")\s*$"
+PERCENT_PATTERN = r"^\s*[0-9]+(\.[0-9]+)?\s*%\s*$"
+# Read more leniently (any letters): a wrong unit gets a message that names the right one.
 _QUANTITY = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?|\.[0-9]+)\s*([A-Za-z]+)\s*\Z")
 _PERCENT = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*%\s*\Z")
 

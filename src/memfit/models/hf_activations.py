@@ -1,16 +1,22 @@
 """What autograd saves for backward in one training step of a transformers model: closed form per layer kind.
 
-Each block lists the distinct storages autograd keeps (each once, under the first op that keeps it), with a
-symbolic shape; `saved()` evaluates them for one config. Nothing here is per element: a 70B config costs the same
-as a tiny one. The per-op rules are the tables below (NORMS, ACTIVATIONS, the attention kernels, FAMILIES) and
-were read off transformers 5.24 / torch 2.13 and checked against a real step (tests/test_transformers_activations.py,
-docs/transformer-activations.md).
+Each block lists the distinct storages autograd keeps (each once, under the first op that keeps it) with its shape
+and dtype; `saved()` evaluates the symbolic tables below for one config. Nothing is per element: a 70B config costs
+the same as a tiny one. The rules were read off transformers 5.24, torch 2.13 and peft 0.21 and are checked against
+a real step on CPU (tests/test_transformers_activations.py; docs/transformer-activations.md prints the tables).
 
-Dtype roles in the tables, resolved per precision recipe by `_dtypes`:
-  act   the activation dtype (the parameters' dtype under *-true; under *-mixed what the op produces)
-  lin   a linear layer's output (the low dtype under autocast, else act)
-  f32   kept in float32 whatever the recipe (norm statistics and upcasts, softmax under upcast, the loss)
-  i64, i32, bool   index tensors, offsets, dropout masks (one byte per element, as CUDA's fused dropout keeps them)
+A table row (`K`) says: this op keeps this tensor, of this symbolic shape, in this dtype *role*, under this static
+condition (`when`: attention kernel, dropout on, cache, autocast...), provided one of the listed gradient flags is
+set (`needs`: autograd only keeps what some gradient needs; a frozen weight's op keeps no input for it). A row that
+names a `source` is that source's storage when both resolve to the same dtype (no cast happened), a copy otherwise.
+
+Dtype roles, resolved per precision recipe by `_roles`:
+  act    the model's dtype: the residual stream, norms' in/outputs (fp32 under *-mixed: autocast leaves them)
+  lin    what a matmul produces (the low dtype under *-true and *-mixed)
+  soft   eager attention's softmax result where the model does not upcast it (fp32 under autocast)
+  low    a copy autocast makes for a matmul (the low dtype under *-mixed; act otherwise)
+  ada    a LoRA adapter's dtype (fp32: peft upcasts adapters on a 16-bit base)
+  f32, i64, i32, bool   fixed: statistics and upcasts, indices, offsets, dropout masks (1 byte, as CUDA keeps them)
 """
 
 from __future__ import annotations
@@ -32,87 +38,140 @@ class Block(NamedTuple):
 
 
 class K(NamedTuple):
-    """A table row: what one op keeps. `when` names a condition (see `_conditions`); `alias` names a row that is the
-    same storage whenever both resolve to the same dtype (then this row is not counted again)."""
-
     op: str
     what: str
     shape: tuple
     role: str
     when: str | None = None
-    alias: str | None = None
+    needs: tuple = ()
+    source: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.op}: {self.what}"
+
+    @property
+    def alias(self) -> str | None:
+        """The `what` of the source row (sources are named by label; a row's label is "op: what")."""
+        return None if self.source is None else self.source.split(": ", 1)[1]
+
+
+def _and(*names) -> str | None:
+    """Conditions combine as "a&b" (a string, so a row's `when` indexes the conditions table directly)."""
+    names = [n for n in names if n]
+    return "&".join(names) or None
+
+
+class Conditions(dict):
+    """Named static conditions; "a&b" holds when both do."""
+
+    def __missing__(self, key):
+        if isinstance(key, str) and "&" in key:
+            return all(self[k] for k in key.split("&"))
+        raise KeyError(key)
 
 
 WIDTH = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1}
 PRECISIONS = ("32-true", "bf16-true", "16-true", "bf16-mixed", "16-mixed")
 ATTENTIONS = ("eager", "sdpa", "flash")
 CHECKPOINTING = ("none", "full", "selective")
+LOW = {"bf16-true": "bfloat16", "16-true": "float16", "bf16-mixed": "bfloat16", "16-mixed": "float16"}
 
-# ---------------------------------------------------------------------------------------------------------------
-# Op rules. Shapes use the symbols of `_sizes`: b batch, s sequence, h hidden, i intermediate, H/KV heads, d head
-# dim, q = H*d, kv = KV*d, qkv = q + 2*kv, i2 = 2*i, r rotary dims, V vocab, T = b*s tokens, E experts, k experts
-# per token, S = T*k routed tokens.
+# Shape symbols (see `_sizes`): b batch, s sequence, h hidden, i intermediate, i2 = 2i, H / KV query / key-value
+# heads, d head dim, q = H*d, kv = KV*d, qkv = q + 2kv, rot rotary dims, V vocab, T = b*s tokens, Tl the stored
+# targets, E experts, k experts per token, S = T*k routed tokens, R LoRA rank.
 
-# HF RMSNorm (llama and relatives): upcast to fp32, x * rsqrt(mean(x^2)+eps), cast back, then weight * that.
-# pow and mul keep the fp32 input (the input itself when it is fp32), mul keeps 1/rms, weight* keeps the cast-back
-# normalized tensor. Gemma multiplies by (1 + weight) in fp32 before the cast: it keeps fp32 normalized and 1+w.
-# nn.LayerNorm (native_layer_norm) keeps its input, mean and 1/std (fp32 statistics).
-NORMS = {
-    "rms": lambda n, x: [
-        K(n, "input, upcast to fp32 (in fp32 the input itself)", x, "f32"),
-        K(n, "1/rms", x[:-1] + (1,), "f32"),
-        K(n, "normalized, cast back to the input dtype (weight * it)", x, "act"),
-    ],
-    "gemma_rms": lambda n, x: [
-        K(n, "input, upcast to fp32", x, "f32"),
-        K(n, "1/rms", x[:-1] + (1,), "f32"),
-        K(n, "normalized (fp32)", x, "f32"),
-        K(n, "1 + weight (fp32)", (x[-1],), "f32"),
-    ],
-    "layer": lambda n, x: [
-        K(n, "input", x, "act"),
-        K(n, "mean", x[:-1] + (1,), "f32"),
-        K(n, "1/std", x[:-1] + (1,), "f32"),
-    ],
-}
+# ------------------------------------------------------------------------------------------------- op rules
 
-# Activation functions: what each keeps beyond its input (None: not even the input; relu keeps its result, which
-# the next op keeps anyway). gelu_new is a Python expression: x^3 and tanh keep x, tanh's result, 0.5*x and 1+tanh.
+# Norms, given their input's flag `f` and role. HF RMSNorm upcasts to fp32, multiplies by 1/rms, casts back, then
+# weight * that: pow and mul keep the fp32 input (the input itself when already fp32) and 1/rms (if the input needs
+# a gradient); weight * keeps the cast-back tensor only when the weight trains. Gemma keeps fp32 normalized and
+# (1 + weight) instead. nn.LayerNorm (one op) keeps input, mean and 1/std when anything needs a gradient.
+def _norm(kind: str, n: str, x: tuple, f: str, role: str = "act") -> list:
+    stat = x[:-1] + (1,)
+    if kind == "rms":
+        return [K(n, "input, upcast to fp32 (in fp32 the input itself)", x, "f32", needs=(f,)),
+                K(n, "1/rms", stat, "f32", needs=(f,)),
+                K(n, "normalized, cast back to the input dtype (weight * it)", x, role, needs=("W:norm",))]
+    if kind == "gemma_rms":
+        return [K(n, "input, upcast to fp32", x, "f32", needs=(f,)),
+                K(n, "1/rms", stat, "f32", needs=(f,)),
+                K(n, "normalized (fp32; (1 + weight) * it)", x, "f32", needs=("W:norm",)),
+                K(n, "1 + weight (fp32)", (x[-1],), "f32", needs=(f,))]
+    return [K(n, "input", x, role, needs=(f, "W:norm")),
+            K(n, "mean (fp32)", stat, "f32", needs=(f, "W:norm")),
+            K(n, "1/std (fp32)", stat, "f32", needs=(f, "W:norm"))]
+
+
+# Activation functions: what each keeps beyond its input, all on its input's flag (None: not even the input; relu
+# keeps its result, which the next op keeps anyway). gelu_new is a Python expression whose pow and tanh keep x,
+# tanh's result, 0.5*x and 1+tanh.
 ACTIVATIONS = {
-    "silu": [], "swish": [], "gelu": [], "gelu_pytorch_tanh": [], "gelu_fast": None, "relu": None,
-    "gelu_new": [("tanh(...) result", "act"), ("0.5 * x", "act"), ("1 + tanh(...)", "act")],
+    "silu": [], "swish": [], "gelu": [], "gelu_pytorch_tanh": [], "relu": None,
+    "gelu_new": ["tanh(...) result", "0.5 * x", "1 + tanh(...)"],
 }
 ACTIVATIONS["gelu_fast"] = ACTIVATIONS["gelu_new"]
-ACTIVATIONS["relu"] = None
 
 
-def _activation(name: str, op: str, shape: tuple) -> list:
+def _activation(name: str, op: str, shape: tuple, f: str, role: str = "lin") -> list:
     rule = ACTIVATIONS[name]
     if rule is None:
         return []
-    rows = [K(op, "input (the projection's output)", shape, "lin")]
-    rows += [K(op, what, shape, role) for what, role in rule]
+    return [K(op, "input (the projection's output)", shape, role, needs=(f,))] + [K(op, w, shape, role, needs=(f,)) for w in rule]
+
+
+def _linear(group: list, x: tuple, f: str, low_input: bool = False, source: str | None = None) -> list:
+    """Linears reading one input `x` whose gradient flag is `f`. The input is kept once if any of their weights
+    trains (`source`: it is that row's storage). Under autocast each linear keeps its own low-precision copy of an
+    fp32 input (`low_input`: the input already comes out of a matmul, low) and of its weight, the latter whenever
+    the input needs a gradient, frozen or not. A LoRA adapter keeps its input (peft casts it to the adapter's fp32
+    first: a copy per adapter on a 16-bit model), or a dropout mask and the dropped copy, and its rank-R output."""
+    names = "/".join([group[0][0]] + [m.rsplit(".", 1)[-1] for m, _ in group[1:]])
+    base = K(names, "input", x, "lin" if low_input else "act", None if low_input else "not_mixed",
+             tuple(f"W:{m}" for m, _ in group), source)
+    rows, key = [base], source or base.label
+    for m, width in group:
+        short, lora = m, (f"L:{m}",)
+        if not low_input:
+            rows.append(K(short, "input, cast to the low dtype by autocast", x, "low", "mixed", (f"W:{m}",)))
+        rows += [
+            K(short, "weight, cast to the low dtype by autocast", (width, x[-1]), "low", "mixed", (f,)),
+            K(f"{short}.lora_dropout", "mask", x, "bool", "lora_dropout", ((f"L:{m}", f),)),
+            K(f"{short}.lora_A", "dropped-out input", x, "ada_low", "lora_dropout", lora),
+            K(f"{short}.lora_A", "input (cast to the adapter dtype when it differs)", x, "ada", "lora_plain", lora, key),
+            K(f"{short}.lora_A", "input, cast to the low dtype by autocast", x, "low", "lora_plain_mixed", lora),
+            K(f"{short}.lora_A", "weight, cast to the low dtype by autocast", ("R", x[-1]), "low", "lora&mixed",
+              ((f"L:{m}", f),)),
+            K(f"{short}.lora_B", "input (lora_A's output)", ("T", "R"), "ada_low", "lora", lora),
+            K(f"{short}.lora_B", "weight, cast to the low dtype by autocast", (width, "R"), "low", "lora&mixed", lora),
+        ]
     return rows
 
 
 class Family(NamedTuple):
-    norm: str                 # NORMS key
-    qkv: str                  # "separate" | "fused" (one projection; q, k, v are slices of it)
+    norm: str                 # "rms" | "gemma_rms" | "layer"
+    names: dict               # role -> module path inside a layer (or of the head)
+    qkv: str                  # "separate" | "fused" (q, k, v are slices of one projection)
     rope: str | None          # "full" (elementwise: q keeps its (b,s,H,d) layout) | "partial" (a cat copy) | None
     mlp: str                  # "gated" | "gated_fused" | "plain" | "moe"
     act_key: str              # config key naming the activation function
     cache: bool               # the model builds a DynamicCache in a training step (decoders, use_cache)
     qk_norm: bool = False
     embed_extra: tuple = ()   # extra index tensors in the embeddings ("positions", "token_types")
-    embed_norm: bool = False  # a norm (and dropout) right after the embeddings (BERT)
-    post_norm: bool = False   # BERT: the norm comes after each residual add
+    post_norm: bool = False   # BERT: norm after each residual add, and a norm after the embeddings
     parallel_key: str | None = None   # GPT-NeoX: attention and MLP read the same input
-    dropout_keys: tuple = ()  # (dropout, config key) pairs: which key sets the embd, attn and resid dropouts
+    dropout_keys: tuple = ()  # (dropout, config key): which key sets the embd, attn and resid dropouts
     head: str = "causal"      # "causal" | "mlm"
-    softmax_fp32: bool = True  # eager softmax upcast to fp32 (dtype=torch.float32) before the cast back
+    softmax_fp32: bool = True  # eager softmax upcast to fp32 (dtype=torch.float32) then cast to q's dtype
+    softmax_role: str = "soft"  # without the upcast: "soft" where an fp32 causal mask promotes the scores (GPT-2), "lin"
+    # where nothing does (BERT: CPU autocast leaves softmax in the low dtype; CUDA autocast would upcast it)
+    lora_default: tuple = ("q_proj", "v_proj")   # peft 0.21's default target_modules (none for phi3)
 
 
-LLAMA = Family("rms", "separate", "full", "gated", "hidden_act", True, dropout_keys=(("attn", "attention_dropout"),))
+LLAMA_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
+               "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj", "lm_head": "lm_head"}
+LLAMA = Family("rms", LLAMA_NAMES, "separate", "full", "gated", "hidden_act", True,
+               dropout_keys=(("attn", "attention_dropout"),))
 FAMILIES = {
     "llama": LLAMA,
     "mistral": LLAMA,
@@ -120,182 +179,210 @@ FAMILIES = {
     "qwen3": LLAMA._replace(qk_norm=True),
     "gemma": LLAMA._replace(norm="gemma_rms"),
     "mixtral": LLAMA._replace(mlp="moe"),
-    "phi3": LLAMA._replace(qkv="fused", rope="partial", mlp="gated_fused",
+    "phi3": LLAMA._replace(qkv="fused", rope="partial", mlp="gated_fused", lora_default=(),
+                           names={"qkv": "self_attn.qkv_proj", "o": "self_attn.o_proj", "gate_up": "mlp.gate_up_proj",
+                                  "down": "mlp.down_proj", "lm_head": "lm_head"},
                            dropout_keys=(("attn", "attention_dropout"), ("resid", "resid_pdrop"), ("embd", "embd_pdrop"))),
-    "gpt2": Family("layer", "fused", None, "plain", "activation_function", True, embed_extra=("positions",),
+    "gpt2": Family("layer", {"qkv": "attn.c_attn", "o": "attn.c_proj", "fc_in": "mlp.c_fc", "fc_out": "mlp.c_proj",
+                             "lm_head": "lm_head"},
+                   "fused", None, "plain", "activation_function", True, embed_extra=("positions",),
                    dropout_keys=(("embd", "embd_pdrop"), ("attn", "attn_pdrop"), ("resid", "resid_pdrop")),
-                   softmax_fp32=False),
-    "gpt_neox": Family("layer", "fused", "partial", "plain", "hidden_act", True, parallel_key="use_parallel_residual",
-                       dropout_keys=(("attn", "attention_dropout"), ("resid", "hidden_dropout"), ("embd", "hidden_dropout"))),
-    "bert": Family("layer", "separate", None, "plain", "hidden_act", False, embed_extra=("token_types",),
-                   embed_norm=True, post_norm=True, head="mlm", softmax_fp32=False,
+                   softmax_fp32=False, lora_default=("c_attn",)),
+    "gpt_neox": Family("layer", {"qkv": "attention.query_key_value", "o": "attention.dense",
+                                 "fc_in": "mlp.dense_h_to_4h", "fc_out": "mlp.dense_4h_to_h", "lm_head": "embed_out"},
+                       "fused", "partial", "plain", "hidden_act", True, parallel_key="use_parallel_residual",
+                       dropout_keys=(("attn", "attention_dropout"), ("resid", "hidden_dropout"), ("embd", "hidden_dropout")),
+                       lora_default=("query_key_value",)),
+    "bert": Family("layer", {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",
+                             "o": "attention.output.dense", "fc_in": "intermediate.dense", "fc_out": "output.dense",
+                             "transform": "cls.predictions.transform.dense", "lm_head": "cls.predictions.decoder"},
+                   "separate", None, "plain", "hidden_act", False, embed_extra=("token_types",), post_norm=True,
+                   head="mlm", softmax_fp32=False, softmax_role="lin", lora_default=("query", "value"),
                    dropout_keys=(("attn", "attention_probs_dropout_prob"), ("resid", "hidden_dropout_prob"),
                                  ("embd", "hidden_dropout_prob"))),
 }
 SUPPORTED = tuple(FAMILIES)
+DEFAULT_ACT = {"gpt2": "gelu_new", "bert": "gelu", "gpt_neox": "gelu", "gemma": "gelu_pytorch_tanh"}
 
 
-def _attention(fam: Family) -> list:
-    """The attention sub-block, all kernels; `_conditions` picks the rows that apply."""
-    X = ("b", "s", "h")
-    rows = [K("q_proj/k_proj/v_proj" if fam.qkv == "separate" else "qkv_proj", "input", ("T", "h"), "act")]
+def _attention(fam: Family, n: dict) -> list:
+    """Projections, attention (every kernel: `_conditions` picks the rows that apply), output projection."""
+    T = ("T", "h")
+    if fam.qkv == "separate":
+        rows = _linear([(n["q"], "q"), (n["k"], "kv"), (n["v"], "kv")], T, "n1")
+    else:
+        rows = _linear([(n["qkv"], "qkv")], T, "n1")
     if fam.qk_norm:
-        # per-head RMSNorm on q_proj's and k_proj's outputs (in fp32, the upcast is those outputs themselves)
-        rows += NORMS[fam.norm]("q_norm", ("b", "s", "H", "d")) + NORMS[fam.norm]("k_norm", ("b", "s", "KV", "d"))
+        # per-head RMSNorm on q_proj's and k_proj's outputs (its upcast is those outputs when they are fp32)
+        rows += _norm(fam.norm, "q_norm", ("b", "s", "H", "d"), "q_raw", "lin")
+        rows += _norm(fam.norm, "k_norm", ("b", "s", "KV", "d"), "k_raw", "lin")
     # rotary: q*cos + rotate_half(q)*sin keeps only cos and sin, shared by every layer (counted with the embeddings)
-    # eager: q @ k^T keeps q and k (k repeated to all heads when grouped), softmax its result, p @ v keeps p and v
+    soft = "probabilities" + (" (fp32)" if fam.softmax_fp32 else "")
     rows += [
-        K("q @ k^T", "q", ("b", "H", "s", "d"), "lin", "eager_q"),
+        # eager: q @ k^T keeps each side for the other's gradient (k repeated to every query head when grouped)
+        K("q @ k^T", "q", ("b", "H", "s", "d"), "lin", "eager_q", ("k",)),
         K("q @ k^T", "q (a view of the fused qkv output: one sequence folds without a copy)", ("b", "s", "qkv"), "lin",
-          "eager_q_view"),
-        K("q @ k^T", "k (repeated to every query head)", ("b", "H", "s", "d"), "lin", "eager_kv"),
-        K("softmax", "probabilities" + (" (fp32)" if fam.softmax_fp32 else ""), ("b", "H", "s", "s"),
-          "f32" if fam.softmax_fp32 else "soft", "eager_core"),
-        K("dropout", "mask", ("b", "H", "s", "s"), "bool", "eager_attn_dropout"),
-        K("p @ v", "dropped-out probabilities", ("b", "H", "s", "s"), "soft_lo", "eager_attn_dropout"),
-        K("p @ v", "probabilities, cast to the value dtype", ("b", "H", "s", "s"), "soft_lo", "eager_core_no_dropout",
-          alias="probabilities" + (" (fp32)" if fam.softmax_fp32 else "")),
-        K("p @ v", "v (repeated to every query head)", ("b", "H", "s", "d"), "lin", "eager_kv"),
-        K("o_proj", "input (heads merged: a copy)", ("T", "q"), "lin", "eager"),
+          "eager_q_view", ("k",)),
+        K("q @ k^T", "k (repeated to every query head)", ("b", "H", "s", "d"), "lin", "eager_kv", ("q",)),
+        K("softmax", soft, ("b", "H", "s", "s"), "f32" if fam.softmax_fp32 else fam.softmax_role, "eager_core", ("qk",)),
+        K("attention dropout", "mask", ("b", "H", "s", "s"), "bool", "eager_attn_dropout", ("qk",)),
+        K("p @ v", "dropped-out probabilities", ("b", "H", "s", "s"), "low", "eager_attn_dropout", ("v",)),
+        K("p @ v", "probabilities, cast to the value dtype", ("b", "H", "s", "s"), "low", "eager_core_no_dropout",
+          ("v",), f"softmax: {soft}"),
+        K("p @ v", "v (repeated to every query head)", ("b", "H", "s", "d"), "lin", "eager_kv", ("qk",)),
+        # fused kernels (SDPA's flash / memory-efficient, flash-attn): q, k, v at their own head counts, output, lse;
+        # flash-attn pads the head dim to a multiple of 8 (dk; copies then) and keeps its RNG state
+        K("attention", "q", ("b", "H", "s", "dk"), "lin", "fused_q", ("attn",)),
+        K("attention", "q (a view of the fused qkv output)", ("b", "s", "qkv"), "lin", "fused_q_view", ("attn",)),
+        K("attention", "k (the cache's copy)", ("b", "KV", "s", "dk"), "lin", "fused_cache", ("attn",)),
+        K("attention", "v (the cache's copy)", ("b", "KV", "s", "dk"), "lin", "fused_cache", ("attn",)),
+        K("attention", "k", ("b", "KV", "s", "dk"), "lin", "fused_k_nocache", ("attn",)),
+        K("attention", "v", ("b", "KV", "s", "dk"), "lin", "fused_v_nocache", ("attn",)),
+        K("attention", "v (a view of the fused qkv output)", ("b", "s", "qkv"), "lin", "fused_v_view", ("attn",)),
+        K("attention", "output", ("b", "s", "H", "dk"), "lin", "fused", ("attn",)),
+        K("attention", "log-sum-exp (fp32)", ("b", "H", "s"), "f32", "fused", ("attn",)),
+        K("attention", "RNG state (flash-attn)", (2,), "i64", "flash", ("attn",)),
     ]
-    # fused kernels (SDPA's flash/efficient, flash-attn): q, k, v at their own head counts, output, log-sum-exp
-    fused_q = ("b", "s", "qkv") if fam.qkv == "fused" and not fam.rope else ("b", "H", "s", "d")
-    rows += [
-        K("attention", "q" if fused_q[-1] != "qkv" else "q (a view of the fused qkv output)", fused_q, "lin", "fused"),
-        K("attention", "k (the cache's copy)", ("b", "KV", "s", "d"), "lin", "fused_cache"),
-        K("attention", "v (the cache's copy)", ("b", "KV", "s", "d"), "lin", "fused_cache"),
-        K("attention", "k", ("b", "KV", "s", "d"), "lin", "fused_k_nocache"),
-        K("attention", "v", ("b", "KV", "s", "d"), "lin", "fused_v_nocache"),
-        K("attention", "v (a view of the fused qkv output)", ("b", "s", "qkv"), "lin", "fused_v_view"),
-        K("attention", "output", ("b", "s", "H", "d"), "lin", "fused"),
-        K("attention", "log-sum-exp (fp32)", ("b", "H", "s"), "f32", "fused"),
-        K("attention", "RNG state (flash-attn)", (2,), "i64", "flash"),
-        K("o_proj", "input (a copy: SDPA on CPU returns (b,H,s,d) for a contiguous q)", ("T", "q"), "lin", "sdpa_o_copy"),
-        K("dropout", "mask", X, "bool", "resid_dropout"),
-    ]
+    # o_proj's input: eager merges heads with a copy; SDPA on CPU returns the output in q's layout, so a contiguous
+    # q (partial rotary's cat) makes it a copy too; otherwise it is a view of the kept output
+    o = [(n["o"], "h")]
+    rows += [r._replace(when=_and("o_copy", r.when)) for r in _linear(o, ("T", "q"), "attn", low_input=True)]
+    rows += [r._replace(when=_and("o_view", r.when))
+             for r in _linear(o, ("T", "q"), "attn", low_input=True, source="attention: output")]
+    rows.append(K("attention output dropout", "mask", ("b", "s", "h"), "bool", "resid_dropout", ("o",)))
     return rows
 
 
-def _mlp(fam: Family, act: str) -> list:
-    X = ("b", "s", "h")
+def _mlp(fam: Family, n: dict, act: str) -> list:
+    T, X = ("T", "h"), ("b", "s", "h")
     if fam.mlp == "gated":
-        return [K("gate_proj/up_proj", "input", ("T", "h"), "act")] + _activation(act, "act_fn(gate)", ("b", "s", "i")) + [
-            K("act * up", "act_fn(gate)", ("b", "s", "i"), "lin"),
-            K("act * up", "up", ("b", "s", "i"), "lin"),
-            K("down_proj", "input", ("T", "i"), "lin"),
-        ]
+        return _linear([(n["gate"], "i"), (n["up"], "i")], T, "n2") + _activation(act, "act_fn(gate)", ("b", "s", "i"), "g") + [
+            K("act * up", "act_fn(gate)", ("b", "s", "i"), "lin", None, ("u",)),
+            K("act * up", "up", ("b", "s", "i"), "lin", None, ("g",)),
+        ] + _linear([(n["down"], "h")], ("T", "i"), "p", low_input=True)
     if fam.mlp == "gated_fused":
-        return [K("gate_up_proj", "input", ("T", "h"), "act"),
-                K("act_fn(gate), * up", "gate_up output (gate and up are halves of it)", ("b", "s", "i2"), "lin"),
-                K("act * up", "act_fn(gate)", ("b", "s", "i"), "lin"),
-                K("down_proj", "input", ("T", "i"), "lin"),
-                K("dropout", "mask", X, "bool", "resid_dropout")]
+        return _linear([(n["gate_up"], "i2")], T, "n2") + [
+            K("act_fn(gate), * up", "gate_up output (gate and up are halves of it)", ("b", "s", "i2"), "lin", None, ("g",)),
+            K("act * up", "act_fn(gate)", ("b", "s", "i"), "lin", None, ("g",)),
+        ] + _linear([(n["down"], "h")], ("T", "i"), "p", low_input=True) + [
+            K("mlp output dropout", "mask", X, "bool", "resid_dropout", ("d",))]
     if fam.mlp == "plain":
-        return [K("fc_in", "input", ("T", "h"), "act")] + _activation(act, "act", ("b", "s", "i")) + [
-            K("fc_out", "input (the activation's output)", ("T", "i"), "lin"),
-            K("dropout", "mask", X, "bool", "resid_dropout"),
-        ]
-    # Mixtral: a router, then every routed (token, expert) pair through one grouped matmul (transformers 5.24
-    # `grouped_mm` experts): sorted by expert, gathered, gate_up, act * up, down, times the routing weight, unsorted.
+        return _linear([(n["fc_in"], "i")], T, "n2") + _activation(act, "act", ("b", "s", "i"), "g") + \
+            _linear([(n["fc_out"], "h")], ("T", "i"), "g", low_input=True) + [
+                K("mlp output dropout", "mask", X, "bool", "resid_dropout", ("d",))]
+    # Mixtral: a router, then every routed (token, expert) pair through one grouped matmul (transformers 5.24's
+    # `grouped_mm` experts: F.grouped_mm is not autocast, so the experts run in the model's dtype): sorted by expert,
+    # gathered, gate_up, act * up, down, times the routing weight, unsorted; each routed token once per expert
     return [
-        K("router", "input", ("T", "h"), "act"),
-        K("router softmax", "probabilities (fp32)", ("T", "E"), "f32"),
-        K("router top-k", "indices", ("T", "k"), "i64"),
-        K("routing weights / sum", "sum (fp32)", ("T", 1), "f32"),
-        K("routing weights / sum", "weights (fp32)", ("T", "k"), "f32"),
-        K("gather by expert", "token index", ("S",), "i64"),
-        K("gather weights", "permutation", ("S",), "i64"),
-        K("grouped_mm", "group offsets", ("E",), "i32"),
-        K("grouped_mm gate_up", "routed tokens (one row per chosen expert)", ("S", "h"), "act"),
-        K("act_fn(gate), * up", "gate_up output", ("S", "i2"), "lin"),
-        K("act * up", "act_fn(gate)", ("S", "i"), "lin"),
-        K("grouped_mm down", "input", ("S", "i"), "lin"),
-        K("* routing weight", "expert output", ("S", "h"), "lin"),
-        K("* routing weight", "routing weight column (fp32)", ("S", 1), "f32"),
-        K("unsort", "inverse permutation", ("S",), "i64"),
+        K("router", "input", T, "act", "not_mixed", ("W:router",)),
+        K("router", "input, cast to the low dtype by autocast", T, "low", "mixed", ("W:router",)),
+        K("router", "weight, cast to the low dtype by autocast", ("E", "h"), "low", "mixed", ("n2",)),
+        K("router (LoRA)", "weight + scaling * B @ A (the effective weight)", ("E", "h"), "act", "lora", ("L:router",)),
+        K("router softmax", "probabilities (fp32)", ("T", "E"), "f32", None, ("r",)),
+        K("router top-k", "indices", ("T", "k"), "i64", None, ("r",)),
+        K("routing weights / sum", "sum (fp32)", ("T", 1), "f32", None, ("r",)),
+        K("routing weights / sum", "weights (fp32)", ("T", "k"), "f32", None, ("r",)),
+        K("gather by expert", "token index", ("S",), "i64", None, ("n2",)),
+        K("gather weights", "permutation", ("S",), "i64", None, ("r",)),
+        K("grouped_mm", "group offsets", ("E",), "i32", None, ("e",)),
+        K("experts (LoRA)", "gate_up_proj + scaling * B @ A (every expert's effective weight)", ("E", "i2", "h"), "act",
+          "lora", ("L:experts",)),
+        K("experts (LoRA)", "down_proj + scaling * B @ A", ("E", "h", "i"), "act", "lora", ("L:experts",)),
+        # the fold runs in the weight's dtype: on a 16-bit model it keeps 16-bit copies of the fp32 factors (peft
+        # gives the fused gate_up twice the rank)
+        K("experts (LoRA)", "gate_up factors B, cast to the weight dtype", ("E", "i2", "R2"), "act", "lora&true16",
+          ("L:experts",)),
+        K("experts (LoRA)", "gate_up factors A, cast to the weight dtype", ("E", "R2", "h"), "act", "lora&true16",
+          ("L:experts",)),
+        K("experts (LoRA)", "down factors B, cast to the weight dtype", ("E", "h", "R"), "act", "lora&true16", ("L:experts",)),
+        K("experts (LoRA)", "down factors A, cast to the weight dtype", ("E", "R", "i"), "act", "lora&true16", ("L:experts",)),
+        K("grouped_mm gate_up", "routed tokens (one row per chosen expert)", ("S", "h"), "act", None, ("W:experts",)),
+        K("act_fn(gate), * up", "gate_up output", ("S", "i2"), "act", None, ("e",)),
+        K("act * up", "act_fn(gate)", ("S", "i"), "act", None, ("e",)),
+        K("grouped_mm down", "input", ("S", "i"), "act", None, ("W:experts",)),
+        K("* routing weight", "expert output", ("S", "h"), "act", None, ("r",)),
+        K("* routing weight", "routing weight column (fp32)", ("S", 1), "f32", None, ("e",)),
+        K("unsort", "inverse permutation", ("S",), "i64", None, ("e",)),
     ]
 
 
 def layer_rows(model_type: str, act: str | None = None, parallel: bool = True) -> list:
-    """The symbolic table of one layer: every row any kernel/config may keep (conditions unevaluated)."""
+    """The symbolic table of one layer: every row any kernel / recipe may keep, conditions unevaluated."""
     fam = FAMILIES[model_type]
-    act = act or {"gpt2": "gelu_new", "bert": "gelu", "gpt_neox": "gelu", "gemma": "gelu_pytorch_tanh"}.get(model_type, "silu")
+    n = fam.names
+    act = act or DEFAULT_ACT.get(model_type, "silu")
     X = ("b", "s", "h")
-    norm = NORMS[fam.norm]
-    if fam.post_norm:   # BERT: attention, add, norm; MLP, add, norm (the output is the next layer's input)
-        attention = _attention(fam)
-        attention[0] = attention[0]._replace(what="input (the previous layer's output)")
-        mlp = _mlp(fam, act)
-        return (attention
-                + [K("attention.output", "add & norm: " + r.what, r.shape, r.role) for r in norm("LayerNorm", X)]
-                + [mlp[0]._replace(what="input (the norm's output)")] + mlp[1:]
-                + [K("output", "add & norm: " + r.what, r.shape, r.role) for r in norm("LayerNorm", X)])
-    first = norm("input_layernorm", X)
-    second = norm("post_attention_layernorm", X)
+    attention, mlp = _attention(fam, n), _mlp(fam, n, act)
+    if fam.post_norm:   # BERT: attention, add & norm; MLP, add & norm (whose output is the next layer's input)
+        attention = [r._replace(needs=tuple("x" if x == "n1" else x for x in r.needs)) for r in attention]
+        mlp = [r._replace(needs=tuple("h1n" if x == "n2" else x for x in r.needs)) for r in mlp]
+        return (attention + [r._replace(op="attention.output LayerNorm") for r in _norm(fam.norm, "", X, "h1")]
+                + mlp + [r._replace(op="output LayerNorm") for r in _norm(fam.norm, "", X, "out")])
+    second = _norm(fam.norm, "post_attention_layernorm", X, "x" if parallel and fam.parallel_key else "h1")
     if parallel and fam.parallel_key:   # both norms read the layer input: its storage is kept once
         second = [r for r in second if not r.what.startswith("input")]
-    attention = _attention(fam)
-    attention[0] = attention[0]._replace(what="input (the norm's output)")
-    mlp = _mlp(fam, act)
-    mlp[0] = mlp[0]._replace(what="input (the norm's output)")
-    return first + attention + second + mlp
+    return _norm(fam.norm, "input_layernorm", X, "x") + attention + second + mlp
 
 
 def _embedding_rows(fam: Family) -> list:
-    rows = [K("embed_tokens", "input ids", ("b", "s"), "i64")]
+    X = ("b", "s", "h")
+    rows = [K("embed_tokens", "input ids", ("b", "s"), "i64", None, ("W:embed",))]
     if "positions" in fam.embed_extra:
-        rows.append(K("position embedding", "position ids", (1, "s"), "i64"))
+        rows.append(K("position embedding", "position ids", (1, "s"), "i64", None, ("W:embed",)))
     if "token_types" in fam.embed_extra:
-        rows.append(K("token_type embedding", "token type ids (gathered from the buffer)", (1, "s"), "i64"))
-    if fam.embed_norm:
-        rows += NORMS[fam.norm]("LayerNorm", ("b", "s", "h"))
-    rows.append(K("dropout", "mask", ("b", "s", "h"), "bool", "embd_dropout"))
+        rows.append(K("token_type embedding", "token type ids (gathered from the buffer)", (1, "s"), "i64", None,
+                      ("W:embed",)))
+    if fam.post_norm:
+        rows += _norm(fam.norm, "LayerNorm", X, "W:embed")
+    rows.append(K("embedding dropout", "mask", X, "bool", "embd_dropout", ("W:embed",)))
     if fam.rope:
-        rows += [K("rotary", "cos (shared by every layer)", (1, "s", "r"), "act"),
-                 K("rotary", "sin (shared by every layer)", (1, "s", "r"), "act")]
+        rows += [K("rotary", "cos (shared by every layer)", (1, "s", "rot"), "act", None, ("rope",)),
+                 K("rotary", "sin (shared by every layer)", (1, "s", "rot"), "act", None, ("rope",))]
     return rows
 
 
 def _head_rows(fam: Family) -> list:
-    X = ("b", "s", "h")
+    X, n = ("b", "s", "h"), fam.names
     if fam.head == "mlm":   # BertForMaskedLM: dense, activation, LayerNorm, decoder
-        norm = NORMS[fam.norm]("transform.LayerNorm", X)
-        return ([K("transform.dense", "input (the last layer's output)", ("T", "h"), "act")]
-                + _activation("gelu", "transform.act", X)
-                + [norm[0]._replace(what="input (the activation's output)", role="lin")] + norm[1:]
-                + [K("decoder", "input (the norm's output)", ("T", "h"), "act")])
-    return NORMS[fam.norm]("final norm", X) + [K("lm_head", "input (the norm's output)", ("T", "h"), "act")]
+        return (_linear([(n["transform"], "h")], ("T", "h"), "x")
+                + _activation("gelu", "transform act", X, "t")
+                + [r._replace(what="input (the activation's output)", role="lin") if i == 0 else r
+                   for i, r in enumerate(_norm(fam.norm, "transform.LayerNorm", X, "t"))]
+                + _linear([(n["lm_head"], "V")], ("T", "h"), "tn"))
+    return _norm(fam.norm, "final norm", X, "x") + _linear([(n["lm_head"], "V")], ("T", "h"), "fn")
 
 
+# Causal LMs upcast the logits (logits.float()) before the cross-entropy; BERT's masked-LM loss does not
+# (autocast runs its log-softmax in fp32 all the same).
 LOSS_ROWS = [
-    K("cross-entropy", "log-softmax of the logits (fp32)", ("T", "V"), "f32"),
+    K("cross-entropy", "log-softmax of the logits (fp32)", ("T", "V"), "f32", "causal"),
+    K("cross-entropy", "log-softmax of the logits", ("T", "V"), "soft", "mlm"),
     K("cross-entropy", "targets (labels padded by one and shifted: one sequence keeps the padded storage)", ("Tl",),
       "i64", "causal"),
     K("cross-entropy", "targets (the labels)", ("T",), "i64", "mlm"),
-    K("cross-entropy", "total weight", (), "f32"),
+    K("cross-entropy", "total weight", (), "f32", "causal"),
+    K("cross-entropy", "total weight", (), "soft", "mlm"),
 ]
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------- evaluation
 
 
-def _sizes(cfg: dict, micro_batch: int, seq_len: int) -> dict:
+def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int = 0, attention: str = "sdpa") -> dict:
     mt = cfg["model_type"]
     h = cfg["n_embd"] if mt == "gpt2" else cfg["hidden_size"]
     heads = cfg["n_head"] if mt == "gpt2" else cfg["num_attention_heads"]
     kv_heads = cfg.get("num_key_value_heads") or heads
     d = cfg.get("head_dim") or h // heads
-    if mt == "gpt2":
-        inter = cfg.get("n_inner") or 4 * h
-    else:
-        inter = cfg["intermediate_size"]
+    inter = (cfg.get("n_inner") or 4 * h) if mt == "gpt2" else cfg["intermediate_size"]
     rope = cfg.get("rope_parameters") or {}
     rotary = int(d * rope.get("partial_rotary_factor", 1.0)) if FAMILIES[mt].rope else 0
     tokens = micro_batch * seq_len
     k = cfg.get("num_experts_per_tok", 0)
     return {"b": micro_batch, "s": seq_len, "h": h, "i": inter, "i2": 2 * inter, "H": heads, "KV": kv_heads, "d": d,
-            "q": heads * d, "kv": kv_heads * d, "qkv": heads * d + 2 * kv_heads * d, "r": rotary,
-            "V": cfg["vocab_size"], "T": tokens,
-            "Tl": tokens if micro_batch > 1 else seq_len + 1, "E": cfg.get("num_local_experts", 0), "k": k, "S": tokens * k}
+            "dk": -(-d // 8) * 8 if attention == "flash" else d,
+            "q": heads * d, "kv": kv_heads * d, "qkv": heads * d + 2 * kv_heads * d, "rot": rotary,
+            "V": cfg["vocab_size"], "T": tokens, "Tl": tokens if micro_batch > 1 else seq_len + 1,
+            "E": cfg.get("num_local_experts", 0), "k": k, "S": tokens * k, "R": rank, "R2": 2 * rank}
 
 
 def _drop(cfg: dict, fam: Family, which: str) -> bool:
@@ -303,21 +390,24 @@ def _drop(cfg: dict, fam: Family, which: str) -> bool:
     return bool(key and (cfg.get(key) or 0) > 0)
 
 
-def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micro_batch: int) -> dict:
+def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micro_batch: int,
+                precision: str | None = None, lora: dict | None = None) -> dict:
+    if precision is None:   # compat: models.sharding resolves rows itself and names the recipe to `_dtypes` only
+        precision = _LAST_RECIPE[0]
     eager = attention == "eager"
     fused = not eager
     cache = fam.cache and bool(cfg.get("use_cache", True)) and checkpointing != "full"
     attn_drop = _drop(cfg, fam, "attn")
-    # q stays a (b,s,H,d)-strided view unless partial rotary rebuilds it with a cat; SDPA on CPU returns the output
-    # in q's layout, so a contiguous q makes o_proj's input a copy (CUDA's kernels return (b,s,H,d) either way)
-    q_contiguous = fam.rope == "partial"
-    core = eager and checkpointing != "selective"
+    core = eager and checkpointing != "selective"   # selective recomputation drops the attention core's tensors
     # GPT-2's q, k, v are strided views of one qkv output; matmul folds (b, H) into one batch dim, which copies them
     # unless b == 1 (then q's view keeps the whole qkv output, and k, v without the cache are views of it too)
     qkv_views = fam.qkv == "fused" and not fam.rope and micro_batch == 1
-    return {
+    no_rope_fused = fam.qkv == "fused" and not fam.rope
+    mixed = precision.endswith("-mixed")
+    lora_dropout = bool(lora) and (lora.get("dropout") or 0) > 0
+    o_copy = eager or (attention == "sdpa" and fam.rope == "partial")
+    return Conditions({
         None: True,
-        "eager": eager,
         "eager_q": eager and not qkv_views,
         "eager_q_view": eager and qkv_views,
         "eager_kv": eager and (cache or not qkv_views),
@@ -325,84 +415,164 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
         "eager_attn_dropout": core and attn_drop,
         "eager_core_no_dropout": core and not attn_drop,
         "fused": fused,
+        "fused_q": fused and not no_rope_fused,
+        "fused_q_view": fused and no_rope_fused,
         "fused_cache": fused and cache,
-        "fused_k_nocache": fused and not cache and not (fam.qkv == "fused" and not fam.rope),
+        "fused_k_nocache": fused and not cache and not no_rope_fused,
         "fused_v_nocache": fused and not cache and fam.qkv == "separate",
         "fused_v_view": fused and not cache and fam.qkv == "fused" and bool(fam.rope),
         "flash": attention == "flash",
-        "causal": fam.head == "causal",
-        "mlm": fam.head == "mlm",
-        "sdpa_o_copy": attention == "sdpa" and q_contiguous,
+        "o_copy": o_copy,
+        "o_view": not o_copy,
         "resid_dropout": _drop(cfg, fam, "resid"),
         "embd_dropout": _drop(cfg, fam, "embd"),
-    }
+        "causal": fam.head == "causal",
+        "mlm": fam.head == "mlm",
+        "mixed": mixed,
+        "true16": precision in ("bf16-true", "16-true"),
+        "not_mixed": not mixed,
+        "lora": bool(lora),
+        "lora_dropout": lora_dropout,
+        "lora_plain": bool(lora) and not lora_dropout and not mixed,
+        "lora_plain_mixed": bool(lora) and not lora_dropout and mixed,
+    })
+
+
+def _roles(precision: str, dtypes: dict | None, adapter: str) -> dict:
+    low = LOW.get(precision, "float32")
+    if precision.endswith("-mixed"):
+        act, lin, soft, copy = "float32", low, "float32", low
+    else:
+        act = lin = soft = copy = low
+    forced = (dtypes or {}).get("activations")
+    if forced:
+        act = lin = soft = copy = forced
+    ada_low = copy if precision.endswith("-mixed") else adapter
+    return {"act": act, "lin": lin, "soft": soft, "low": copy, "ada": adapter, "ada_low": ada_low, "f32": "float32",
+            "i64": "int64", "i32": "int32", "bool": "bool"}
+
+
+_LAST_RECIPE = ["32-true"]
 
 
 def _dtypes(precision: str, dtypes: dict | None) -> dict:
-    low = {"bf16-true": "bfloat16", "16-true": "float16", "bf16-mixed": "bfloat16", "16-mixed": "float16"}.get(
-        precision, "float32")
-    if precision.endswith("-true"):
-        act = lin = soft = soft_lo = low
-    elif precision.endswith("-mixed"):
-        # autocast: linears and matmuls run low; norms, softmax and the residual stream stay fp32
-        act, lin, soft, soft_lo = "float32", low, "float32", "float32"
-    else:
-        act = lin = soft = soft_lo = "float32"
-    roles = {"act": act, "lin": lin, "soft": soft, "soft_lo": soft_lo, "f32": "float32", "i64": "int64",
-             "i32": "int32", "bool": "bool"}
-    if dtypes and dtypes.get("activations"):
-        forced = dtypes["activations"]
-        for role in ("act", "lin", "soft", "soft_lo"):
-            roles[role] = forced
-    return roles
+    """The dtype of each role for a recipe (adapters in fp32, as peft keeps them). Remembers the recipe for a caller
+    that asks `_conditions` without one (models.sharding, until it evaluates rows through `saved(shape=...)`)."""
+    _LAST_RECIPE[0] = precision
+    return _roles(precision, dtypes, "float32")
 
 
-def _resolve(rows: list, cond: dict, roles: dict, sizes: dict) -> list:
-    kept, by_what = [], {}
+def _shape(symbols: tuple, sizes: dict) -> tuple:
+    return tuple(sizes[x] if isinstance(x, str) else x for x in symbols)
+
+
+def _resolve(rows: list, cond: dict, roles: dict, sizes: dict, flags: dict, shape=_shape) -> list:
+    """Rows -> Kept, each storage once: a row with a `source` of the same dtype is that source's storage.
+    `shape(symbols, sizes)` evaluates a row's symbolic shape (a parallel layout passes a rank's share)."""
+    def on(r):
+        return cond[r.when]
+
+    dtype_of = {r.label: roles[r.role] for r in rows if on(r)}
+    kept, seen = [], set()
     for r in rows:
-        if not cond[r.when]:
+        if not on(r) or (r.needs and not any(_flag(flags, x) for x in r.needs)):
             continue
         dtype = roles[r.role]
-        if r.alias is not None and by_what.get(r.alias) == dtype:
+        key = r.label
+        if r.source is not None and dtype_of.get(r.source) == dtype:
+            key = r.source
+        if key in seen:
             continue
-        by_what[r.what] = dtype
-        shape = tuple(sizes[x] if isinstance(x, str) else x for x in r.shape)
-        kept.append(Kept(f"{r.op}: {r.what}", shape, dtype))
+        seen.add(key)
+        kept.append(Kept(r.label, shape(r.shape, sizes), dtype))
     return kept
+
+
+def _flag(flags: dict, need) -> bool:
+    """A need is a flag name, or a tuple of names that must all hold."""
+    if isinstance(need, tuple):
+        return all(flags.get(x, False) for x in need)
+    return flags.get(need, False)
+
+
+def _match(name: str, targets) -> bool:
+    return any(name == t or name.endswith("." + t) for t in targets)
+
+
+def _trainable(fam: Family, lora: dict | None) -> dict:
+    """Weight flags: W:<module> (the weight trains), L:<module> (a LoRA adapter on it)."""
+    modules = list(fam.names.values())
+    if not lora:
+        flags = {f"W:{m}": True for m in modules}
+        flags.update({"W:norm": True, "W:embed": True, "W:experts": True, "W:router": True})
+        return flags
+    targets = lora.get("target_modules") or fam.lora_default
+    if not targets:
+        raise ValueError("peft has no default target_modules for this model type: name them")
+    all_linear = targets in ("all-linear", ["all-linear"])
+    save = lora.get("modules_to_save") or ()
+    # peft 0.21's all-linear also wraps a mixture of experts' router and stacked expert weights (as parameters)
+    experts = all_linear and fam.mlp == "moe"
+    flags = {"W:norm": False, "W:embed": False, "W:experts": experts, "L:experts": experts, "W:router": experts,
+             "L:router": experts}
+    for m in modules:
+        if all_linear:
+            adapted = m != fam.names["lm_head"]   # peft's all-linear leaves the output layer alone
+        elif isinstance(targets, str):
+            adapted = _match(m, [targets])
+        else:
+            adapted = _match(m, targets)
+        flags[f"W:{m}"] = _match(m, save)
+        flags[f"L:{m}"] = adapted and not flags[f"W:{m}"]
+    return flags
+
+
+def _grads(fam: Family, w: dict, x: bool, parallel: bool) -> dict:
+    """Which tensors of one layer need a gradient, given whether its input does and which weights train."""
+    n = fam.names
+
+    def t(role):   # the projection's output needs a gradient even when its input does not
+        m = n.get(role)
+        return m is not None and (w.get(f"W:{m}", False) or w.get(f"L:{m}", False))
+
+    g = {"x": x}
+    g["n1"] = x or w["W:norm"]
+    if fam.qkv == "fused":
+        g["q_raw"] = g["k_raw"] = g["v"] = g["n1"] or t("qkv")
+    else:
+        g["q_raw"], g["k_raw"], g["v"] = (g["n1"] or t("q"), g["n1"] or t("k"), g["n1"] or t("v"))
+    g["q"] = g["q_raw"] or (fam.qk_norm and w["W:norm"])
+    g["k"] = g["k_raw"] or (fam.qk_norm and w["W:norm"])
+    g["qk"] = g["q"] or g["k"]
+    g["attn"] = g["qk"] or g["v"]
+    g["o"] = g["attn"] or t("o")
+    g["h1"] = x or g["o"]
+    g["h1n"] = g["h1"] or w["W:norm"]
+    g["n2"] = (x if parallel and fam.parallel_key else g["h1"]) or w["W:norm"]
+    if fam.mlp == "gated":
+        g["g"], g["u"] = g["n2"] or t("gate"), g["n2"] or t("up")
+    elif fam.mlp == "gated_fused":
+        g["g"] = g["u"] = g["n2"] or t("gate_up")
+    elif fam.mlp == "plain":
+        g["g"] = g["u"] = (g["h1n"] if fam.post_norm else g["n2"]) or t("fc_in")
+    else:
+        g["r"] = g["n2"] or w["W:router"]
+        g["g"] = g["u"] = g["e"] = g["n2"] or w["W:experts"]
+    g["p"] = g["g"] or g["u"]
+    g["d"] = g["p"] or t("down") or t("fc_out")
+    g["out"] = g["h1"] or g["d"]
+    return g
 
 
 def check(cfg: dict, attention: str, checkpointing: str, precision: str) -> None:
     if cfg.get("model_type") not in FAMILIES:
         raise ValueError(f"unsupported model_type {cfg.get('model_type')!r}; supported: {', '.join(SUPPORTED)}")
     if attention not in ATTENTIONS:
-        raise ValueError(f"attention must be one of {ATTENTIONS}")
+        raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}")
     if checkpointing not in CHECKPOINTING:
-        raise ValueError(f"checkpointing must be one of {CHECKPOINTING}")
+        raise ValueError(f"checkpointing must be one of {', '.join(CHECKPOINTING)}")
     if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}")
-
-
-def saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
-          precision: str = "32-true", dtypes: dict | None = None, lora: dict | None = None) -> list:
-    """Blocks in forward order: embeddings, layer (x num_hidden_layers), head, loss; each lists its kept storages.
-
-    With checkpointing "full" the layer block holds what stays saved through the forward (each layer's input);
-    `peak_saved` adds one layer's recomputation."""
-    check(cfg, attention, checkpointing, precision)
-    mt = cfg["model_type"]
-    fam = FAMILIES[mt]
-    sizes = _sizes(cfg, micro_batch, seq_len)
-    cond = _conditions(cfg, fam, attention, checkpointing, micro_batch)
-    roles = _dtypes(precision, dtypes)
-    layers = cfg["n_layer"] if mt == "gpt2" else cfg["num_hidden_layers"]
-    embeddings = _resolve(_embedding_rows(fam), cond, roles, sizes)
-    layer = _resolve(layer_rows(mt, _act(cfg), _parallel(cfg)), cond, roles, sizes)
-    if checkpointing == "full":
-        layer = [_boundary(fam, roles, sizes)]
-    head = _resolve(_head_rows(fam), cond, roles, sizes)
-    loss = _resolve(LOSS_ROWS, cond, roles, sizes)
-    return [Block("embeddings", 1, embeddings), Block("layer", layers, layer), Block("head", 1, head),
-            Block("loss", 1, loss)]
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}")
 
 
 def _act(cfg: dict) -> str:
@@ -414,9 +584,59 @@ def _parallel(cfg: dict) -> bool:
     return bool(cfg.get(key, True)) if key else False
 
 
-def _boundary(fam: Family, roles: dict, sizes: dict) -> Kept:
-    return Kept("checkpoint: the layer's input (kept for the recomputation)", (sizes["b"], sizes["s"], sizes["h"]),
+def _layers(cfg: dict) -> int:
+    return cfg["n_layer"] if cfg["model_type"] == "gpt2" else cfg["num_hidden_layers"]
+
+
+def _boundary(fam: Family, roles: dict, sizes: dict, shape=_shape) -> Kept:
+    return Kept("checkpoint: the layer's input (kept for the recomputation)", shape(("b", "s", "h"), sizes),
                 roles["act"])
+
+
+def _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape=_shape):
+    check(cfg, attention, checkpointing, precision)
+    mt = cfg["model_type"]
+    fam = FAMILIES[mt]
+    sizes = _sizes(cfg, micro_batch, seq_len, int((lora or {}).get("r") or 0), attention)
+    cond = _conditions(cfg, fam, attention, checkpointing, micro_batch, precision, lora)
+    roles = _dtypes(precision, dtypes)
+    w = _trainable(fam, lora)
+    parallel = _parallel(cfg)
+    rows = layer_rows(mt, _act(cfg), parallel)
+    # the layer input needs a gradient from the first layer on when the embeddings train; under LoRA the first
+    # layer's input does not, and every later one does as soon as an earlier adapter reaches the residual stream
+    first = _grads(fam, w, w["W:embed"], parallel)
+    later = _grads(fam, w, first["out"], parallel)
+    flags0, flags1 = {**w, **first}, {**w, **later}
+    layer0 = _resolve(rows, cond, roles, sizes, flags0, shape)
+    layer1 = _resolve(rows, cond, roles, sizes, flags1, shape)
+    top = {**w, "rope": first["qk"] or later["qk"], "x": later["out"], "t": True, "tn": True, "fn": True}
+    embeddings = _resolve(_embedding_rows(fam), cond, roles, sizes, top, shape)
+    top["t"] = later["out"] or top.get(f"W:{fam.names.get('transform')}", False)
+    head = _resolve(_head_rows(fam), cond, roles, sizes, top, shape)
+    loss = _resolve(LOSS_ROWS, cond, roles, sizes, top, shape)
+    return fam, sizes, roles, embeddings, layer0, layer1, head, loss
+
+
+def saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
+          precision: str = "32-true", dtypes: dict | None = None, lora: dict | None = None, shape=None) -> list:
+    """Blocks in forward order: embeddings, layer (x num_hidden_layers; the first layer apart when it differs, as
+    under LoRA), head, loss; each lists its kept storages. With checkpointing "full" the layer block holds what
+    stays saved through the forward (each layer's input); `peak_saved` adds one layer's recomputation.
+
+    `shape(symbols, sizes) -> tuple[int, ...]`, if given, evaluates each row's symbolic shape (see `_sizes` for
+    the symbols), e.g. with one tensor-parallel rank's share of the heads and widths."""
+    shape = shape or _shape
+    fam, sizes, roles, embeddings, layer0, layer1, head, loss = _evaluate(
+        cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape)
+    layers = _layers(cfg)
+    if checkpointing == "full":
+        middle = [Block("layer", layers, [_boundary(fam, roles, sizes, shape)])]
+    elif layer0 == layer1 or layers == 1:
+        middle = [Block("layer", layers, layer0)]
+    else:
+        middle = [Block("layer", 1, layer0), Block("layer", layers - 1, layer1)]
+    return [Block("embeddings", 1, embeddings), *middle, Block("head", 1, head), Block("loss", 1, loss)]
 
 
 def nbytes(kept: list) -> int:
@@ -428,22 +648,20 @@ def total(blocks: list) -> int:
 
 
 def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
-               precision: str = "32-true", dtypes: dict | None = None, lora: dict | None = None) -> int:
+               precision: str = "32-true", dtypes: dict | None = None, lora: dict | None = None, shape=None) -> int:
     """The peak of live saved bytes during the step. Without full checkpointing everything saved is live at the end
-    of the forward. With it: the embeddings and every layer's input stay saved; then either the head and loss (end
-    of the forward) or one layer's recomputation (in the backward, after the head and loss are released)."""
+    of the forward. With it, the embeddings' tensors and every layer's input stay saved; on top of them either the
+    head and the loss (at the end of the forward) or one layer's recomputation (in the backward, once the head and
+    loss are released; it runs without the cache, and its input is the boundary already counted)."""
     blocks = saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing,
-                   precision=precision, dtypes=dtypes, lora=lora)
+                   precision=precision, dtypes=dtypes, lora=lora, shape=shape)
     if checkpointing != "full":
         return total(blocks)
     emb, layer, head, loss = blocks
+    *_, later, _, _ = _evaluate(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora, shape or _shape)
     boundary = layer.kept[0]
-    recomputed = _resolve(layer_rows(cfg["model_type"], _act(cfg), _parallel(cfg)),
-                          _conditions(cfg, FAMILIES[cfg["model_type"]], attention, "full", micro_batch),
-                          _dtypes(precision, dtypes), _sizes(cfg, micro_batch, seq_len))
-    one_layer = nbytes(recomputed)
-    first = recomputed[0]
-    if first.dtype == boundary.dtype and prod(first.shape) == prod(boundary.shape):
-        one_layer -= nbytes([boundary])   # the recomputed layer's input is the boundary itself
+    recomputed = nbytes(later)
+    if later and later[0].dtype == boundary.dtype and prod(later[0].shape) == prod(boundary.shape):
+        recomputed -= nbytes([boundary])
     kept = nbytes(emb.kept) + layer.count * nbytes(layer.kept)
-    return kept + max(nbytes(head.kept) + nbytes(loss.kept), one_layer)
+    return kept + max(nbytes(head.kept) + nbytes(loss.kept), recomputed)

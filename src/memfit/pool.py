@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import sys
 
+from .check import safe_check
+
 MIN_FILES_PER_JOB = 50
 CHUNKS_PER_JOB = 4  # contiguous chunks, several per worker, so one slow file does not idle the rest
 
@@ -34,8 +36,6 @@ def map_checked(paths: list[str], options, jobs: int = 0) -> list:
     """safe_check for each path, in order. Pooled results carry what the reporters read (path,
     diagnostics, footprint, budget, skipped), not the per-tensor rows or the raw data: sending
     those back would cost more than checking the file."""
-    from .runner import safe_check
-
     workers = jobs_for(len(paths), jobs)
     if workers <= 1:
         return [safe_check(path, options) for path in paths]
@@ -59,8 +59,6 @@ def map_checked(paths: list[str], options, jobs: int = 0) -> list:
 
 
 def _check_chunk(paths: list[str], options) -> list:
-    from .runner import safe_check
-
     results = []
     for path in paths:
         result = safe_check(path, options)

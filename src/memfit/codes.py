@@ -1,0 +1,100 @@
+"""The diagnostic-code registry: every code memfit reports, with its default severity, a
+one-line summary and what to do. Codes are a published contract (users filter on them, SARIF
+publishes them as rules, the README lists them); raise sites name them through the constants
+below, and what a code means for the pipeline is a property here, never a string comparison."""
+
+from __future__ import annotations
+
+ERROR = "error"
+WARNING = "warning"
+
+
+class Code:
+    """One registry entry. A plain class, not a dataclass: it is built on every cold start."""
+
+    __slots__ = ("id", "severity", "summary", "help", "keeps_footprint", "ambiguous_keys")
+
+    def __init__(self, id: str, severity: str, summary: str, help: str, keeps_footprint: bool = False, ambiguous_keys: bool = False) -> None:
+        self.id = id
+        self.severity = severity  # the default; a raise site may override it
+        self.summary = summary  # one line, no final period
+        self.help = help  # what to do about it
+        self.keeps_footprint = keeps_footprint  # the footprint is still right when this problem is present
+        self.ambiguous_keys = ambiguous_keys  # the document has a key twice: positions cannot stop early
+
+    def __repr__(self) -> str:
+        return f"Code({self.id!r}, {self.severity!r})"
+
+
+def _register(*codes: Code) -> dict[str, Code]:
+    return {code.id: code for code in codes}
+
+
+YAML_SYNTAX = "yaml-syntax"
+DUPLICATE_KEY = "duplicate-key"
+SCHEMA = "schema"
+UNKNOWN_DTYPE = "unknown-dtype"
+UNKNOWN_OPTIMIZER = "unknown-optimizer"
+BAD_UNIT = "bad-unit"
+BAD_BUDGET = "bad-budget"
+SHAPE_MISMATCH = "shape-mismatch"
+DUPLICATE_LAYER = "duplicate-layer"
+NO_BUDGET = "no-budget"
+BUDGET_EXCEEDED = "budget-exceeded"
+NEAR_BUDGET = "near-budget"
+NOT_A_CONFIG = "not-a-config"
+IO = "io"
+INTERNAL = "internal"
+
+CODES: dict[str, Code] = _register(
+    Code(YAML_SYNTAX, ERROR, "The file is not valid YAML", "Fix the YAML syntax at the position shown; memfit reads YAML 1.1 with core tags only."),
+    Code(DUPLICATE_KEY, ERROR, "A mapping key appears twice", "Remove one of the duplicated keys: YAML loaders silently keep only the last one.", ambiguous_keys=True),
+    Code(SCHEMA, ERROR, "The config does not match the memfit schema", "Compare the node with `memfit schema`; unknown keys usually are typos of a known key."),
+    Code(UNKNOWN_DTYPE, ERROR, "A dtype name memfit does not know", "Use a known dtype name such as bfloat16 or float32, or a positive byte width that is a multiple of 1/8."),
+    Code(UNKNOWN_OPTIMIZER, ERROR, "An optimizer memfit does not know", "Use a known optimizer name (adam, adamw, sgd, ...): it sets the optimizer state kept per parameter."),
+    Code(
+        BAD_UNIT,
+        ERROR,
+        "A byte quantity or percentage that cannot be read",
+        "Write an integer byte count or '<number> <unit>' with B, kB, MB, GB, TB, KiB, MiB, GiB or TiB, e.g. '24 GiB'.",
+        keeps_footprint=True,
+    ),
+    Code(
+        BAD_BUDGET,
+        ERROR,
+        "The memory budget is zero or negative",
+        "Make device.reserve smaller than device.memory (or pass a positive --budget): nothing fits in a budget of zero or less.",
+        keeps_footprint=True,
+    ),
+    Code(
+        SHAPE_MISMATCH,
+        ERROR,
+        "A layer cannot take the shape that reaches it",
+        "Fix the layer's arguments (kernel, strides, padding, target_shape) or the layers before it; the message names the incoming shape.",
+    ),
+    Code(
+        DUPLICATE_LAYER,
+        ERROR,
+        "Two layers of the model have the same name",
+        "Rename one of them or drop its `name` to get Keras's automatic one: Keras refuses a model with two layers of one name.",
+    ),
+    Code(NO_BUDGET, ERROR, "No memory budget to check against", "Set device.memory (and optionally device.reserve) in the config, or pass --budget."),
+    Code(
+        BUDGET_EXCEEDED,
+        ERROR,
+        "The training footprint exceeds the memory budget",
+        "Reduce the footprint (batch size, dtypes, optimizer, frozen layers) or raise the budget; `memfit explain` shows the breakdown.",
+    ),
+    Code(NEAR_BUDGET, WARNING, "The training footprint is close to the memory budget", "The config fits, but with little headroom; `memfit explain` shows where the memory goes."),
+    Code(NOT_A_CONFIG, ERROR, "The file is not a memfit config", "Add a top-level `memfit: 1`, or pass --skip-unrecognized to skip files that are not memfit configs."),
+    Code(IO, ERROR, "The file cannot be read", "Check that the path exists and is a readable UTF-8 text file, and that a directory holds *.yaml or *.yml files."),
+    Code(INTERNAL, ERROR, "memfit itself failed on this file", "This is a bug in memfit; please report it with the file that triggers it."),
+)
+
+
+def lookup(code: str) -> Code:
+    """The registry entry; a code from elsewhere (a plugin, a newer memfit) gets a neutral one."""
+    found = CODES.get(code)
+    if found is None:
+        return Code(code, ERROR, f"memfit diagnostic {code}", "See memfit's documentation for this diagnostic code.")
+    return found

@@ -1,0 +1,881 @@
+"""A declared Keras-style layer stack (`model:`) -> weight tensors, saved activations, rows.
+
+Semantics are Keras 3's (shapes, defaults, weight layout, trainable or not). Every layer type
+is ONE entry in RULES: how it maps the incoming shape, which weights it owns, which tensors
+PyTorch's eager autograd keeps for its backward in training mode (measured with
+torch.autograd.graph.saved_tensors_hooks; see tests/test_frameworks.py and the README), and
+its arguments with their defaults, from which the JSON Schema is generated (schemagen.py).
+Adding a layer is one entry here plus its cross-check there.
+
+Saved activations are counted as distinct tensors: a ReLU's output that the next Dense
+keeps as its input is one tensor, counted once, on the first layer that keeps it. Views
+(Flatten, Reshape, Dropout(0), a linear Activation) are the same tensor as their input.
+The model's final output is kept by the loss, so it is counted too.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+
+from .. import codes
+from ..config import Config, Tensor, make_tensor, width
+from ..diagnostics import Problem
+from ..present import cut, shape_text
+
+INT64, BOOL, FLOAT32 = "int64", "bool", "float32"
+
+
+@dataclass(slots=True)
+class LayerRow:
+    """One layer as `explain` and the language server show it (plain fields, no logic)."""
+
+    index: int  # position in model.layers
+    path: tuple  # ("model", "layers", index): where the layer is declared
+    type: str  # the layer type as written, e.g. "Conv2D"
+    name: str  # Keras's name: "conv2d", "conv2d_1", ... or the layer's own `name`
+    output_shape: list  # batch axis included, e.g. [32, 20, 20, 32]
+    params: int  # elements of all its weights (Keras's "Param #")
+    trainable: list = field(default_factory=list)  # [(weight name, shape)], e.g. ("conv2d/kernel", [8, 8, 4, 32])
+    non_trainable: list = field(default_factory=list)  # [(weight name, shape)]: BatchNormalization moving stats
+    saved_bytes: int = 0  # bytes of activations first kept for backward by this layer
+    saved: list = field(default_factory=list)  # [(label, shape, dtype)] of those tensors; dtype None = dtypes.activations
+
+
+class Mismatch(Exception):
+    """The layer cannot take the incoming shape; the message says why."""
+
+
+# --- saved-tensor specs -------------------------------------------------------------
+# ("in",): the incoming tensor; ("out",): the layer's output; ("ids",): the incoming
+# tensor as int64 ids (a cast copy unless it already is); (label, shape, dtype): a tensor
+# of its own (dtype None = the activations dtype).
+IN, OUT, IDS = ("in",), ("out",), ("ids",)
+
+
+def _new(label: str, shape, dtype: str | None = None) -> tuple:
+    return (label, list(shape), dtype)
+
+
+# Activation name -> which tensor its backward keeps (None: identity, nothing).
+# Measured per function in tests/test_frameworks.py against torch.
+ACTIVATIONS: dict[str, tuple | None] = {
+    "linear": None,
+    "relu": OUT,
+    "relu6": IN,
+    "sigmoid": OUT,
+    "tanh": OUT,
+    "softmax": OUT,
+    "log_softmax": OUT,
+    "exponential": OUT,
+    "gelu": IN,
+    "silu": IN,
+    "swish": IN,
+    "elu": IN,
+    "selu": IN,
+    "softplus": IN,
+    "leaky_relu": IN,
+    "mish": IN,
+    "hard_sigmoid": IN,
+}
+
+
+# --- shape helpers ------------------------------------------------------------------
+def _shape_text(shape) -> str:
+    return shape_text(shape, "()")
+
+
+def _tuple(value, n: int, what: str) -> list[int]:
+    if isinstance(value, int):
+        return [value] * n
+    if len(value) != n:
+        raise Mismatch(f"{what} has {len(value)} values; this layer needs {n} (one per spatial axis)")
+    return list(value)
+
+
+def _rank(shape, rank: int, layout: str) -> None:
+    if len(shape) != rank:
+        raise Mismatch(f"it needs a rank-{rank} input {layout}, not rank {len(shape)}")
+
+
+@dataclass(frozen=True)
+class Window:
+    """A sliding window over the spatial axes of a channels-last tensor."""
+
+    out: list  # output spatial sizes
+    padded: list | None  # the padded input's shape when 'same' needs an asymmetric pad (a copy), else None
+
+
+LAYOUTS = {1: "(batch, steps, channels)", 2: "(batch, height, width, channels)", 3: "(batch, depth, height, width, channels)"}
+
+
+def _window(shape, n: int, kernel, strides, dilation, padding: str, what: str = "kernel") -> Window:
+    _rank(shape, n + 2, LAYOUTS[n])
+    k = _tuple(kernel, n, f"{what}_size" if what == "kernel" else "pool_size")
+    s = _tuple(strides, n, "strides")
+    d = _tuple(dilation, n, "dilation_rate")
+    if max(s) > 1 and max(d) > 1:
+        raise Mismatch("Keras does not allow strides > 1 together with dilation_rate > 1")
+    sizes, pads = [], []
+    for axis, (size, kk, ss, dd) in enumerate(zip(shape[1:-1], k, s, d), start=1):
+        span = dd * (kk - 1) + 1
+        if padding == "valid":
+            if size < span:
+                grown = f" (dilated to {span})" if dd > 1 else ""
+                raise Mismatch(f"its {what} {kk}{grown} is larger than axis {axis} ({size}) under padding 'valid': the output would be empty")
+            out = (size - span) // ss + 1
+        else:
+            out = -(-size // ss)
+        sizes.append(out)
+        pads.append(max((out - 1) * ss + span - size, 0))
+    # PyTorch pads symmetrically inside the kernel; an odd total needs F.pad: a padded copy is what is kept
+    padded = None
+    if padding == "same" and any(p % 2 for p in pads):
+        padded = [shape[0], *(size + p for size, p in zip(shape[1:-1], pads)), shape[-1]]
+    return Window(sizes, padded)
+
+
+def _kept_input(window: Window) -> tuple:
+    return IN if window.padded is None else _new("padded input", window.padded)
+
+
+# --- per-type rules ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Rule:
+    shape: Callable  # (params, in_shape) -> out_shape; raises Mismatch
+    weights: Callable = lambda p, s: []  # (params, in_shape) -> [(name, shape, trainable)]
+    saved: Callable = lambda p, s, o: []  # (params, in_shape, out_shape) -> [spec]: what backward keeps
+    view: Callable = lambda p: False  # the output is the same tensor as the input (no copy)
+    activation: bool = False  # takes an `activation` argument applied to its output
+    inner: tuple = ()  # automatic names Keras's own sublayers take (they advance the same counters)
+    doc: str = ""  # the schema's description of the layer type
+    args: dict = field(default_factory=dict)  # argument -> its JSON Schema (title, description, default: editors show them)
+    required: tuple = ()  # arguments without a default
+
+
+def _bias(p, shape) -> list:
+    return [("bias", shape, True)] if p["use_bias"] else []
+
+
+def _conv(n: int) -> Rule:
+    def window(p, s):
+        return _window(s, n, p["kernel_size"], p["strides"], p["dilation_rate"], p["padding"])
+
+    def shape(p, s):
+        if s[-1] % p["groups"]:
+            raise Mismatch(f"its {s[-1]} input channels are not divisible by groups={p['groups']}")
+        if p["filters"] % p["groups"]:
+            raise Mismatch(f"filters={p['filters']} is not divisible by groups={p['groups']}")
+        return [s[0], *window(p, s).out, p["filters"]]
+
+    def weights(p, s):
+        k = _tuple(p["kernel_size"], n, "kernel_size")
+        return [("kernel", [*k, s[-1] // p["groups"], p["filters"]], True), *_bias(p, [p["filters"]])]
+
+    return Rule(shape, weights, lambda p, s, o: [_kept_input(window(p, s))], activation=True)
+
+
+def _depthwise_window(p, s):
+    return _window(s, 2, p["kernel_size"], p["strides"], p["dilation_rate"], p["padding"])
+
+
+def _depthwise_shape(p, s):
+    return [s[0], *_depthwise_window(p, s).out, s[-1] * p["depth_multiplier"]]
+
+
+def _separable_shape(p, s):
+    return [s[0], *_depthwise_window(p, s).out, p["filters"]]
+
+
+def _separable_weights(p, s):
+    k = _tuple(p["kernel_size"], 2, "kernel_size")
+    middle = s[-1] * p["depth_multiplier"]
+    return [
+        ("depthwise_kernel", [*k, s[-1], p["depth_multiplier"]], True),
+        ("pointwise_kernel", [1, 1, middle, p["filters"]], True),
+        *_bias(p, [p["filters"]]),
+    ]
+
+
+def _pool(n: int, keep_indices: bool) -> Rule:
+    def window(p, s):
+        strides = p["strides"] if p.get("strides") is not None else p["pool_size"]
+        return _window(s, n, p["pool_size"], strides, 1, p["padding"], what="pool")
+
+    def saved(p, s, o):
+        kept = [_kept_input(window(p, s))]
+        return kept + [_new("indices", o, INT64)] if keep_indices else kept
+
+    return Rule(lambda p, s: [s[0], *window(p, s).out, s[-1]], saved=saved)
+
+
+def _global(n: int, keep: list) -> Rule:
+    def shape(p, s):
+        _rank(s, n + 2, LAYOUTS[n])
+        return [s[0], s[-1]]
+
+    return Rule(shape, saved=lambda p, s, o: list(keep))
+
+
+def _reshape(p, s):
+    target = list(p["target_shape"])
+    size = math.prod(s[1:])
+    if 0 in target:
+        raise Mismatch("target_shape has a 0; every dim must be positive (or one -1)")
+    if target.count(-1) > 1:
+        raise Mismatch("target_shape has more than one -1; only one dim can be inferred")
+    known = math.prod(d for d in target if d != -1)
+    if -1 in target:
+        if size % known:
+            raise Mismatch(f"{size} elements per sample cannot be split into {_shape_text(target)}: {size} is not a multiple of {known}")
+        target[target.index(-1)] = size // known
+    elif known != size:
+        raise Mismatch(f"target_shape {_shape_text(target)} holds {known} elements per sample, the input has {size}")
+    return [s[0], *target]
+
+
+def _norm_weights(p, s, moving: bool) -> list:
+    c = [s[-1]]
+    out = ([("gamma", c, True)] if p["scale"] else []) + ([("beta", c, True)] if p["center"] else [])
+    return out + ([("moving_mean", c, False), ("moving_variance", c, False)] if moving else [])
+
+
+def _rnn_shape(p, s):
+    _rank(s, 3, "(batch, timesteps, features)")
+    return [s[0], s[1], p["units"]] if p["return_sequences"] else [s[0], p["units"]]
+
+
+def _rnn_weights(cell: str, gates: int):
+    def weights(p, s):
+        u = p["units"]
+        bias = [u * gates] if cell != "gru_cell" or not p["reset_after"] else [2, u * gates]
+        out = [(f"{cell}/kernel", [s[-1], u * gates], True), (f"{cell}/recurrent_kernel", [u, u * gates], True)]
+        return out + ([(f"{cell}/bias", bias, True)] if p["use_bias"] else [])
+
+    return weights
+
+
+def _rnn_saved(gates: int, per_step: int):
+    """PyTorch's native (unfused) cell loop: the input once (its projection is one matmul),
+    then per timestep the gate pre-activations and `per_step` state-sized tensors.
+    SimpleRNN (gates=0) keeps the hidden states h0..hT."""
+
+    def saved(p, s, o):
+        b, t, u = s[0], s[1], p["units"]
+        if not gates:
+            return [IN, _new("hidden states", [t + 1, b, u])]
+        return [IN, _new("gates", [t, b, gates * u]), _new("cell states", [t, b, per_step * u])]
+
+    return saved
+
+
+def _mha_dims(p, s):
+    _rank(s, 3, "(batch, sequence, features)")
+    return s[0], s[1], p["num_heads"], p["key_dim"], p["value_dim"] or p["key_dim"]
+
+
+def _mha_shape(p, s):
+    _mha_dims(p, s)
+    return list(s)  # self-attention; Keras's output_shape defaults to the query's last axis
+
+
+def _mha_weights(p, s):
+    _, _, h, dk, dv = _mha_dims(p, s)
+    d = s[-1]
+    out = []
+    for part, dim in (("query", dk), ("key", dk), ("value", dv)):
+        out.append((f"{part}/kernel", [d, h, dim], True))
+        if p["use_bias"]:
+            out.append((f"{part}/bias", [h, dim], True))
+    out.append(("attention_output/kernel", [h, dv, d], True))
+    return out + ([("attention_output/bias", [d], True)] if p["use_bias"] else [])
+
+
+def _mha_saved(p, s, o):
+    """Keras runs fused dot-product attention when dropout is 0 (PyTorch's SDPA: flash on
+    CPU and CUDA keeps q, k, v, the output and a float32 logsumexp), and the explicit
+    softmax(QK^T)V otherwise. PyTorch's CPU flash kernel needs key_dim == value_dim;
+    otherwise SDPA falls back to the math path, which keeps the attention weights."""
+    b, t, h, dk, dv = _mha_dims(p, s)
+    kept = [IN, _new("query", [b, h, t, dk]), _new("key", [b, h, t, dk]), _new("value", [b, h, t, dv])]
+    scores = [b, h, t, t]
+    if p["dropout"] > 0:
+        kept += [_new("attention weights", scores), _new("dropout mask", scores, BOOL), _new("dropped weights", scores)]
+    elif dk == dv:
+        kept.append(_new("logsumexp", [b, h, t], FLOAT32))
+    else:
+        kept.append(_new("attention weights", scores))
+    return kept + [_new("context", [b, t, h * dv])]
+
+
+# --- argument specs: what the schema says of each argument (the defaults are read from here) ---
+def _ints(n: int, nullable: bool = False) -> list:
+    """One positive int for all n spatial axes, or a list of n (or null: the layer decides)."""
+    base = [{"type": "integer", "minimum": 1}, {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": n, "maxItems": n}]
+    return base + ([{"type": "null"}] if nullable else [])
+
+
+ACTIVATION = {
+    "$ref": "#/$defs/activation_function",
+    "title": "Activation",
+    "description": "Applied to the output (Keras default: none, i.e. 'linear').",
+    "default": "linear",
+}
+CENTER = {"title": "Center", "description": "Has the trainable offset beta (default true).", "type": "boolean", "default": True}
+EPSILON = {"title": "Epsilon", "description": "Added to the variance (no effect on memory; default 0.001).", "type": "number", "default": 0.001}
+FILTERS = {"title": "Filters", "description": "Number of output channels.", "type": "integer", "minimum": 1}
+GROUPS = {
+    "title": "Groups",
+    "description": "Input channels and filters are split into this many groups (default 1).",
+    "type": "integer",
+    "minimum": 1,
+    "default": 1,
+}
+PADDING = {
+    "title": "Padding",
+    "description": "'valid' (no padding: out = floor((n - d*(k-1) - 1)/s) + 1) or 'same' (out = ceil(n/s)).",
+    "enum": ["valid", "same"],
+    "default": "valid",
+}
+RETURN_SEQUENCES = {
+    "title": "Return sequences",
+    "description": "Return the whole sequence (batch, timesteps, units) rather than the last state (batch, units); default false.",
+    "type": "boolean",
+    "default": False,
+}
+SCALE = {"title": "Scale", "description": "Has the trainable scale gamma (default true).", "type": "boolean", "default": True}
+UNITS_HIDDEN = {"title": "Units", "description": "Size of the hidden state.", "type": "integer", "minimum": 1}
+USE_BIAS = {"title": "Use bias", "description": "Whether the layer has a bias vector (Keras default true).", "type": "boolean", "default": True}
+
+
+def _layer(rule: Rule, doc: str, args: dict, required: tuple = ()) -> Rule:
+    return replace(rule, doc=doc, args=args, required=required)
+
+
+RULES: dict[str, Rule] = {
+    "Dense": _layer(
+        Rule(
+            lambda p, s: [*s[:-1], p["units"]],
+            lambda p, s: [("kernel", [s[-1], p["units"]], True), *_bias(p, [p["units"]])],
+            lambda p, s, o: [IN],
+            activation=True,
+        ),
+        "A fully connected layer on the last axis (a rank-3 input keeps its middle axis).",
+        {
+            "units": {"title": "Units", "description": "Size of the last axis of the output.", "type": "integer", "minimum": 1},
+            "use_bias": USE_BIAS,
+            "activation": ACTIVATION,
+        },
+        required=("units",),
+    ),
+    "Conv1D": _layer(
+        _conv(1),
+        "A 1D convolution over a channels-last input (batch, spatial, channels).",
+        {
+            "filters": FILTERS,
+            "kernel_size": {"title": "Kernel size", "description": "One int for all 1 spatial axes, or a list of 1.", "anyOf": _ints(1)},
+            "strides": {"title": "Strides", "description": "One int or a list of 1 (default 1).", "anyOf": _ints(1), "default": 1},
+            "padding": PADDING,
+            "dilation_rate": {
+                "title": "Dilation rate",
+                "description": "One int or a list of 1 (default 1); Keras does not allow it above 1 together with strides above 1.",
+                "anyOf": _ints(1),
+                "default": 1,
+            },
+            "groups": GROUPS,
+            "use_bias": USE_BIAS,
+            "activation": ACTIVATION,
+        },
+        required=("filters", "kernel_size"),
+    ),
+    "Conv2D": _layer(
+        _conv(2),
+        "A 2D convolution over a channels-last input (batch, spatial, spatial, channels).",
+        {
+            "filters": FILTERS,
+            "kernel_size": {"title": "Kernel size", "description": "One int for all 2 spatial axes, or a list of 2.", "anyOf": _ints(2)},
+            "strides": {"title": "Strides", "description": "One int or a list of 2 (default 1).", "anyOf": _ints(2), "default": 1},
+            "padding": PADDING,
+            "dilation_rate": {
+                "title": "Dilation rate",
+                "description": "One int or a list of 2 (default 1); Keras does not allow it above 1 together with strides above 1.",
+                "anyOf": _ints(2),
+                "default": 1,
+            },
+            "groups": GROUPS,
+            "use_bias": USE_BIAS,
+            "activation": ACTIVATION,
+        },
+        required=("filters", "kernel_size"),
+    ),
+    "Conv3D": _layer(
+        _conv(3),
+        "A 3D convolution over a channels-last input (batch, spatial, spatial, spatial, channels).",
+        {
+            "filters": FILTERS,
+            "kernel_size": {"title": "Kernel size", "description": "One int for all 3 spatial axes, or a list of 3.", "anyOf": _ints(3)},
+            "strides": {"title": "Strides", "description": "One int or a list of 3 (default 1).", "anyOf": _ints(3), "default": 1},
+            "padding": PADDING,
+            "dilation_rate": {
+                "title": "Dilation rate",
+                "description": "One int or a list of 3 (default 1); Keras does not allow it above 1 together with strides above 1.",
+                "anyOf": _ints(3),
+                "default": 1,
+            },
+            "groups": GROUPS,
+            "use_bias": USE_BIAS,
+            "activation": ACTIVATION,
+        },
+        required=("filters", "kernel_size"),
+    ),
+    "DepthwiseConv2D": _layer(
+        Rule(
+            _depthwise_shape,
+            lambda p, s: [("kernel", [*_tuple(p["kernel_size"], 2, "kernel_size"), s[-1], p["depth_multiplier"]], True), *_bias(p, [s[-1] * p["depth_multiplier"]])],
+            lambda p, s, o: [_kept_input(_depthwise_window(p, s))],
+            activation=True,
+        ),
+        "A depthwise 2D convolution: each input channel convolved with depth_multiplier filters of its own.",
+        {
+            "kernel_size": {"title": "Kernel size", "description": "One int or a list of 2.", "anyOf": _ints(2)},
+            "strides": {"title": "Strides", "description": "One int or a list of 2 (default 1).", "anyOf": _ints(2), "default": 1},
+            "padding": PADDING,
+            "depth_multiplier": {
+                "title": "Depth multiplier",
+                "description": "Output channels per input channel (default 1).",
+                "type": "integer",
+                "minimum": 1,
+                "default": 1,
+            },
+            "dilation_rate": {"title": "Dilation rate", "description": "One int or a list of 2 (default 1).", "anyOf": _ints(2), "default": 1},
+            "use_bias": USE_BIAS,
+            "activation": ACTIVATION,
+        },
+        required=("kernel_size",),
+    ),
+    "SeparableConv2D": _layer(
+        Rule(
+            _separable_shape,
+            _separable_weights,
+            lambda p, s, o: [_kept_input(_depthwise_window(p, s)), _new("depthwise output", [*o[:-1], s[-1] * p["depth_multiplier"]])],
+            activation=True,
+        ),
+        "A depthwise 2D convolution followed by a 1x1 pointwise one.",
+        {
+            "filters": FILTERS,
+            "kernel_size": {"title": "Kernel size", "description": "One int or a list of 2.", "anyOf": _ints(2)},
+            "strides": {"title": "Strides", "description": "One int or a list of 2 (default 1).", "anyOf": _ints(2), "default": 1},
+            "padding": PADDING,
+            "depth_multiplier": {
+                "title": "Depth multiplier",
+                "description": "Depthwise output channels per input channel (default 1).",
+                "type": "integer",
+                "minimum": 1,
+                "default": 1,
+            },
+            "dilation_rate": {"title": "Dilation rate", "description": "One int or a list of 2 (default 1).", "anyOf": _ints(2), "default": 1},
+            "use_bias": USE_BIAS,
+            "activation": ACTIVATION,
+        },
+        required=("filters", "kernel_size"),
+    ),
+    "MaxPooling1D": _layer(
+        _pool(1, True),
+        "1D maximum pooling over a channels-last input.",
+        {
+            "pool_size": {"title": "Pool size", "description": "One int or a list of 1 (default 2).", "anyOf": _ints(1), "default": 2},
+            "strides": {
+                "title": "Strides",
+                "description": "One int or a list of 1; default (null): the pool size.",
+                "anyOf": _ints(1, nullable=True),
+                "default": None,
+            },
+            "padding": PADDING,
+        },
+    ),
+    "MaxPooling2D": _layer(
+        _pool(2, True),
+        "2D maximum pooling over a channels-last input.",
+        {
+            "pool_size": {"title": "Pool size", "description": "One int or a list of 2 (default 2).", "anyOf": _ints(2), "default": 2},
+            "strides": {
+                "title": "Strides",
+                "description": "One int or a list of 2; default (null): the pool size.",
+                "anyOf": _ints(2, nullable=True),
+                "default": None,
+            },
+            "padding": PADDING,
+        },
+    ),
+    "MaxPooling3D": _layer(
+        _pool(3, True),
+        "3D maximum pooling over a channels-last input.",
+        {
+            "pool_size": {"title": "Pool size", "description": "One int or a list of 3 (default 2).", "anyOf": _ints(3), "default": 2},
+            "strides": {
+                "title": "Strides",
+                "description": "One int or a list of 3; default (null): the pool size.",
+                "anyOf": _ints(3, nullable=True),
+                "default": None,
+            },
+            "padding": PADDING,
+        },
+    ),
+    "AveragePooling1D": _layer(
+        _pool(1, False),
+        "1D average pooling over a channels-last input.",
+        {
+            "pool_size": {"title": "Pool size", "description": "One int or a list of 1 (required, as in Keras).", "anyOf": _ints(1)},
+            "strides": {
+                "title": "Strides",
+                "description": "One int or a list of 1; default (null): the pool size.",
+                "anyOf": _ints(1, nullable=True),
+                "default": None,
+            },
+            "padding": PADDING,
+        },
+        required=("pool_size",),
+    ),
+    "AveragePooling2D": _layer(
+        _pool(2, False),
+        "2D average pooling over a channels-last input.",
+        {
+            "pool_size": {"title": "Pool size", "description": "One int or a list of 2 (required, as in Keras).", "anyOf": _ints(2)},
+            "strides": {
+                "title": "Strides",
+                "description": "One int or a list of 2; default (null): the pool size.",
+                "anyOf": _ints(2, nullable=True),
+                "default": None,
+            },
+            "padding": PADDING,
+        },
+        required=("pool_size",),
+    ),
+    "AveragePooling3D": _layer(
+        _pool(3, False),
+        "3D average pooling over a channels-last input.",
+        {
+            "pool_size": {"title": "Pool size", "description": "One int or a list of 3 (required, as in Keras).", "anyOf": _ints(3)},
+            "strides": {
+                "title": "Strides",
+                "description": "One int or a list of 3; default (null): the pool size.",
+                "anyOf": _ints(3, nullable=True),
+                "default": None,
+            },
+            "padding": PADDING,
+        },
+        required=("pool_size",),
+    ),
+    "GlobalAveragePooling1D": _layer(
+        _global(1, []),
+        "The mean over the 1 spatial axes: (batch, channels).",
+        {},
+    ),
+    "GlobalAveragePooling2D": _layer(
+        _global(2, []),
+        "The mean over the 2 spatial axes: (batch, channels).",
+        {},
+    ),
+    "GlobalAveragePooling3D": _layer(
+        _global(3, []),
+        "The mean over the 3 spatial axes: (batch, channels).",
+        {},
+    ),
+    "GlobalMaxPooling1D": _layer(
+        _global(1, [IN, OUT]),
+        "The maximum over the 1 spatial axes: (batch, channels).",
+        {},
+    ),
+    "GlobalMaxPooling2D": _layer(
+        _global(2, [IN, OUT]),
+        "The maximum over the 2 spatial axes: (batch, channels).",
+        {},
+    ),
+    "GlobalMaxPooling3D": _layer(
+        _global(3, [IN, OUT]),
+        "The maximum over the 3 spatial axes: (batch, channels).",
+        {},
+    ),
+    "Flatten": _layer(
+        Rule(lambda p, s: [s[0], math.prod(s[1:])], view=lambda p: True),
+        "Flattens all axes but the batch axis (a view: no copy, nothing saved).",
+        {},
+    ),
+    "Reshape": _layer(
+        Rule(_reshape, view=lambda p: True),
+        "Reshapes each sample (a view: no copy, nothing saved).",
+        {
+            "target_shape": {
+                "title": "Target shape",
+                "description": "The new shape of one sample, no batch axis; one dim may be -1 (inferred).",
+                "type": "array",
+                "minItems": 1,
+                "items": {"type": "integer", "minimum": -1, "description": "A dim: a positive integer, or -1 once."},
+            },
+        },
+        required=("target_shape",),
+    ),
+    "Dropout": _layer(
+        Rule(lambda p, s: list(s), saved=lambda p, s, o: [_new("dropout mask", s, BOOL)] if p["rate"] > 0 else [], view=lambda p: p["rate"] == 0),
+        "Dropout in training (inverted, scaled by 1/(1-rate)); keeps a one-byte mask.",
+        {
+            "rate": {
+                "title": "Rate",
+                "description": "Fraction of the units to drop, 0 <= rate < 1.",
+                "type": "number",
+                "minimum": 0,
+                "exclusiveMaximum": 1,
+            },
+        },
+        required=("rate",),
+    ),
+    "Activation": _layer(
+        Rule(lambda p, s: list(s), saved=lambda p, s, o: [k for k in [ACTIVATIONS[p["activation"]]] if k], view=lambda p: ACTIVATIONS[p["activation"]] is None),
+        "An activation function as a layer.",
+        {
+            "activation": {"$ref": "#/$defs/activation_function", "title": "Activation", "description": "The activation function's Keras name."},
+        },
+        required=("activation",),
+    ),
+    "ReLU": _layer(
+        Rule(lambda p, s: list(s), saved=lambda p, s, o: [OUT]),
+        "max(x, 0) as a layer (Keras's defaults).",
+        {},
+    ),
+    "BatchNormalization": _layer(
+        Rule(
+            lambda p, s: list(s),
+            lambda p, s: _norm_weights(p, s, moving=True),
+            lambda p, s, o: [IN, _new("batch mean", [s[-1]], FLOAT32), _new("batch inverse std", [s[-1]], FLOAT32)],
+        ),
+        "Batch normalization over the last axis: gamma and beta are trained; moving_mean and moving_variance are non-trainable weights.",
+        {
+            "center": CENTER,
+            "scale": SCALE,
+            "momentum": {
+                "title": "Momentum",
+                "description": "Momentum of the moving statistics (no effect on memory; default 0.99).",
+                "type": "number",
+                "default": 0.99,
+            },
+            "epsilon": EPSILON,
+        },
+    ),
+    "LayerNormalization": _layer(
+        Rule(
+            lambda p, s: list(s),
+            lambda p, s: _norm_weights(p, s, moving=False),
+            lambda p, s, o: [IN, _new("mean", [*s[:-1], 1], FLOAT32), _new("inverse std", [*s[:-1], 1], FLOAT32)],
+        ),
+        "Layer normalization over the last axis.",
+        {"center": CENTER, "scale": SCALE, "epsilon": EPSILON},
+    ),
+    "Embedding": _layer(
+        Rule(lambda p, s: [*s, p["output_dim"]], lambda p, s: [("embeddings", [p["input_dim"], p["output_dim"]], True)], lambda p, s, o: [IDS]),
+        "A lookup table: integer ids (any shape) -> vectors; adds an output_dim axis.",
+        {
+            "input_dim": {"title": "Input dim", "description": "Vocabulary size (number of rows).", "type": "integer", "minimum": 1},
+            "output_dim": {"title": "Output dim", "description": "Size of each vector.", "type": "integer", "minimum": 1},
+        },
+        required=("input_dim", "output_dim"),
+    ),
+    "SimpleRNN": _layer(
+        Rule(_rnn_shape, _rnn_weights("simple_rnn_cell", 1), _rnn_saved(0, 0)),
+        "A fully connected RNN (tanh) over a (batch, timesteps, features) input.",
+        {"units": UNITS_HIDDEN, "return_sequences": RETURN_SEQUENCES, "use_bias": USE_BIAS},
+        required=("units",),
+    ),
+    "LSTM": _layer(
+        Rule(_rnn_shape, _rnn_weights("lstm_cell", 4), _rnn_saved(4, 3)),
+        "A long short-term memory layer over a (batch, timesteps, features) input.",
+        {"units": UNITS_HIDDEN, "return_sequences": RETURN_SEQUENCES, "use_bias": USE_BIAS},
+        required=("units",),
+    ),
+    "GRU": _layer(
+        Rule(_rnn_shape, _rnn_weights("gru_cell", 3), _rnn_saved(3, 4)),
+        "A gated recurrent unit layer over a (batch, timesteps, features) input.",
+        {
+            "units": UNITS_HIDDEN,
+            "return_sequences": RETURN_SEQUENCES,
+            "use_bias": USE_BIAS,
+            "reset_after": {
+                "title": "Reset after",
+                "description": "Apply the reset gate after the recurrent matmul (Keras default true, as cuDNN and PyTorch do); adds a second bias row.",
+                "type": "boolean",
+                "default": True,
+            },
+        },
+        required=("units",),
+    ),
+    "MultiHeadAttention": _layer(
+        Rule(_mha_shape, _mha_weights, _mha_saved, inner=("softmax", "dropout")),
+        "Multi-head self-attention on the running (batch, sequence, features) tensor; output keeps its shape.",
+        {
+            "num_heads": {"title": "Heads", "description": "Number of attention heads.", "type": "integer", "minimum": 1},
+            "key_dim": {"title": "Key dim", "description": "Size of each head for query and key.", "type": "integer", "minimum": 1},
+            "value_dim": {
+                "title": "Value dim",
+                "description": "Size of each head for value (default null: key_dim).",
+                "anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}],
+                "default": None,
+            },
+            "dropout": {
+                "title": "Dropout",
+                "description": "Dropout on the attention weights, 0 <= dropout < 1 (default 0).",
+                "type": "number",
+                "minimum": 0,
+                "exclusiveMaximum": 1,
+                "default": 0.0,
+            },
+            "use_bias": USE_BIAS,
+        },
+        required=("num_heads", "key_dim"),
+    ),
+}
+
+
+# --- defaults (from the argument specs, which the generated schema shows editors too) ---
+@lru_cache(maxsize=1)
+def defaults() -> dict[str, dict]:
+    return {name: {k: v["default"] for k, v in rule.args.items() if "default" in v} for name, rule in RULES.items()}
+
+
+def snake(name: str) -> str:
+    """Keras's automatic layer name: Conv2D -> conv2d, ReLU -> re_lu, MultiHeadAttention -> multi_head_attention."""
+    name = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", name)
+    return re.sub(r"([a-z])([A-Z])", r"\1_\2", name).lower()
+
+
+# --- the walk ---------------------------------------------------------------------------
+@dataclass
+class _Flow:
+    """Distinct tensors: ids for identity, each counted once."""
+
+    config: Config
+    counted: set = field(default_factory=set)
+    next_id: int = 0
+
+    def fresh(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+
+def derive(model: dict, config: Config) -> tuple[list[Tensor], list[Problem]]:
+    """Weights and saved activations of a schema-valid `model` section; fills config.layers."""
+    tensors: list[Tensor] = []
+    problems: list[Problem] = []
+    flow = _Flow(config)
+    layers = model.get("layers", [])
+    batch = model["batch_size"]
+    shape = [batch, *model["input_shape"]]
+    ids_in = bool(layers) and layers[0]["type"] == "Embedding"
+    current = (flow.fresh(), shape, INT64 if ids_in else None)  # (id, shape, dtype) of the running tensor
+    seen_names: dict[str, int] = {}
+    used: dict[str, int] = {}  # layer name -> its index: Keras refuses a Sequential with two of one name
+    row = None
+    for i, layer in enumerate(layers):
+        kind = layer["type"]
+        rule = RULES[kind]
+        p = {**defaults().get(kind, {}), **layer}
+        path = ("model", "layers", i)
+        try:
+            out_shape = rule.shape(p, current[1])
+            weights = rule.weights(p, current[1])
+            specs = rule.saved(p, current[1], out_shape)
+        except Mismatch as why:
+            problems.append(Problem(path + ("type",), codes.SHAPE_MISMATCH, f"{kind} cannot take the incoming shape {_shape_text(current[1])}: {why}"))
+            break
+        name = p.get("name") or _auto_name(snake(kind), seen_names)
+        if name in used:
+            where = path + ("name",) if "name" in layer else path + ("type",)
+            problems.append(Problem(where, codes.DUPLICATE_LAYER, f"layer name {name!r} is already used by model.layers[{used[name]}]; Keras requires unique layer names"))
+        used.setdefault(name, i)
+        for inner in rule.inner:
+            _auto_name(inner, seen_names)
+        row = LayerRow(i, path, kind, name, out_shape, 0)
+        config.layers.append(row)
+
+        for weight, wshape, trainable in weights:
+            tensor = make_tensor("parameters", path, f"{name}/{weight}", wshape, 1, trainable, None, config)
+            tensors.append(tensor)
+            row.params += tensor.elements
+            (row.trainable if trainable else row.non_trainable).append((tensor.name, wshape))
+
+        out = (current[0], out_shape, current[2]) if rule.view(p) else (flow.fresh(), out_shape, None)
+        activation = ACTIVATIONS.get(p.get("activation", "linear")) if rule.activation else None
+        if activation is not None:  # the layer's own output becomes a pre-activation tensor
+            pre = (flow.fresh(), out_shape, None)
+            resolved = [_resolve(s, current, pre, flow) for s in specs]
+            resolved.append(_resolve(activation, pre, out, flow, pre_activation=True))
+        else:
+            resolved = [_resolve(s, current, out, flow) for s in specs]
+        for label, (tid, tshape, dtype) in resolved:
+            _keep(flow, tensors, row, name, label, tid, tshape, dtype)
+        current = out
+
+    if row is not None and not problems:
+        _keep(flow, tensors, row, row.name, "output (kept by the loss)", *current)
+    return tensors, problems
+
+
+def _auto_name(base: str, seen: dict) -> str:
+    n = seen.get(base, 0)
+    seen[base] = n + 1
+    return base if n == 0 else f"{base}_{n}"
+
+
+def _resolve(spec, incoming, out, flow: _Flow, pre_activation: bool = False) -> tuple[str, tuple]:
+    """A saved-tensor spec -> (label, (id, shape, dtype))."""
+    if spec == IDS:
+        return "ids", incoming if incoming[2] == INT64 else (flow.fresh(), incoming[1], INT64)
+    if spec == IN:
+        return ("pre-activation" if pre_activation else "input"), incoming
+    if spec == OUT:
+        return "output", out
+    label, shape, dtype = spec
+    return label, (flow.fresh(), shape, dtype)
+
+
+def _keep(flow: _Flow, tensors: list, row: LayerRow, name: str, label: str, tid: int, shape, dtype) -> None:
+    if tid in flow.counted:
+        return
+    flow.counted.add(tid)
+    tensor = make_tensor("activations", row.path, f"{name} {label}", shape, 1, True, width(dtype) if dtype else None, flow.config)
+    tensors.append(tensor)
+    row.saved_bytes += tensor.bytes["activations"]
+    row.saved.append((label, shape, dtype))
+
+
+# --- explain ----------------------------------------------------------------------------
+def summary_lines(rows: list[LayerRow], width: int = 80) -> list[str]:
+    """A Keras model.summary()-like table with the batch axis and the bytes kept for backward."""
+    from ..units import human, with_bytes
+
+    name_w, shape_w, param_w = 31, 20, 12
+    saved_w = max(10, width - name_w - shape_w - param_w - 3)
+    rule = "-" * min(width, name_w + shape_w + param_w + saved_w + 3)
+    out = [f"{'Layer (type)':<{name_w}} {'Output Shape':<{shape_w}} {'Param #':>{param_w}} {'Saved':>{saved_w}}", "=" * len(rule)]
+    for r in rows:
+        label = f"{r.name} ({r.type})"
+        label = cut(label, name_w)
+        shape = cut(_shape_text(r.output_shape), shape_w)
+        out.append(f"{label:<{name_w}} {shape:<{shape_w}} {r.params:>{param_w},} {human(r.saved_bytes) if r.saved_bytes else '0':>{saved_w}}")
+    out.append(rule)
+    total = sum(r.params for r in rows)
+    frozen = sum(math.prod(s) for r in rows for _, s in r.non_trainable)
+    saved = sum(r.saved_bytes for r in rows)
+    out.append(f"Total params: {total:,}")
+    out.append(f"Trainable params: {total - frozen:,}")
+    out.append(f"Non-trainable params: {frozen:,}")
+    out.append(f"Saved for backward: {with_bytes(saved)}, each kept tensor counted once")
+    out.append("")
+    out.append("kept for backward, by layer (what PyTorch's autograd saves in training):")
+    for r in rows:
+        if r.saved:
+            what = ", ".join(f"{label} {_shape_text(shape)}" + (f" {dtype}" if dtype else "") for label, shape, dtype in r.saved)
+            line = f"  {r.name}: {what}"
+            out.append(cut(line, width))
+    return out

@@ -1,0 +1,309 @@
+"""The JSON Schema, generated from memfit's tables: dtypes (dtypes.DTYPES), the unit grammar
+(units.UNITS), optimizers (costs.OPTIMIZER_STATES), layer types with their argument specs and
+activations (models.keras). `memfit schema` prints it; schemas/memfit.schema.json is that output
+checked in (a test fails when it is stale), and what the checker validates against.
+
+The texts here are what editors show (titles, descriptions, defaults, examples): the format's
+structure is written once, below; what a table decides is computed from the table.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .costs import OPTIMIZER_STATES
+from .dtypes import DTYPES
+from .units import BYTES_PATTERN, PERCENT_PATTERN, UNITS
+
+ROOT_DEFS = "#/$defs/"
+
+
+def schema_text() -> str:
+    """The schema as `memfit schema` prints it and the checked-in file holds it."""
+    return json.dumps(generate(), indent=2) + "\n"
+
+
+def _bytes() -> dict:
+    binary = [name for name, size in UNITS.items() if size > 1 and size & (size - 1) == 0]
+    decimal = [name for name, size in UNITS.items() if size > 1 and name not in binary]
+    return {
+        "$anchor": "bytes",
+        "title": "Byte quantity",
+        "description": f"An integer byte count, or '<number> <unit>' with B, {', '.join(decimal)} (powers of 1000) or {', '.join(binary)} (powers of 1024).",
+        "anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": BYTES_PATTERN}],
+        "examples": ["24 GiB", "80GB", 1073741824],
+    }
+
+
+def _percent() -> dict:
+    return {"$anchor": "percent", "title": "Percentage", "description": "A percentage such as '10%'.", "type": "string", "pattern": PERCENT_PATTERN, "examples": ["10%"]}
+
+
+def _dtype() -> dict:
+    return {
+        "$anchor": "dtype",
+        "title": "dtype",
+        "description": "A dtype name or a positive byte width (a multiple of 1/8: 0.5 for 4-bit).",
+        "anyOf": [{"enum": list(DTYPES)}, {"type": "number", "exclusiveMinimum": 0, "multipleOf": 0.125}],
+        "examples": ["float32", "bfloat16", "float16", "int8", "nf4"],
+    }
+
+
+def _optimizer() -> dict:
+    states = ", ".join(f"{name} {n}" for name, n in OPTIMIZER_STATES.items())
+    return {
+        "title": "Optimizer",
+        "description": f"The optimizer, case-insensitive; sets the state tensors kept per parameter ({states}).",
+        "type": "string",
+        "examples": sorted(OPTIMIZER_STATES),
+    }
+
+
+def _activation_function() -> dict:
+    from .models.keras import ACTIVATIONS
+
+    return {"$anchor": "activation-function", "title": "Activation", "description": "A Keras activation function name.", "enum": list(ACTIVATIONS)}
+
+
+def _layer_type() -> dict:
+    from .models.keras import RULES
+
+    return {
+        "$anchor": "layer-type",
+        "title": "Layer type",
+        "description": "The Keras layer class, e.g. Conv2D, Dense, LSTM.",
+        "type": "string",
+        "enum": list(RULES),
+    }
+
+
+_LAYER_NAME = {"title": "Name", "description": "The layer's name (default: Keras's automatic name, e.g. 'conv2d_1').", "type": "string"}
+
+
+def _layer_defs() -> dict:
+    """One closed definition per layer type, its arguments from the layer's table entry."""
+    from .models.keras import RULES
+
+    return {
+        f"layer_{kind}": {
+            "title": kind,
+            "description": rule.doc,
+            "type": "object",
+            "required": ["type", *rule.required],
+            "additionalProperties": False,
+            "properties": {"type": {"title": "Layer type", "description": f"{kind}.", "const": kind}, "name": _LAYER_NAME, **rule.args},
+        }
+        for kind, rule in RULES.items()
+    }
+
+
+def _layer() -> dict:
+    """The discriminator: `type` selects the closed definition of that layer type."""
+    from .models.keras import RULES
+
+    branches = [
+        {"if": {"properties": {"type": {"title": "Layer type", "description": f"Selects the {kind} arguments.", "const": kind}}}, "then": {"$ref": f"{ROOT_DEFS}layer_{kind}"}}
+        for kind in RULES
+    ]
+    return {
+        "$anchor": "layer",
+        "title": "A layer",
+        "description": "One Keras layer: `type` and that type's arguments (Keras 3 defaults).",
+        "type": "object",
+        "required": ["type"],
+        "properties": {"type": {"$ref": f"{ROOT_DEFS}layer_type", "title": "Layer type", "description": "The Keras layer class, e.g. Conv2D, Dense, LSTM."}},
+        "if": {"type": "object", "required": ["type"]},
+        "then": {"allOf": branches},
+        "examples": [{"type": "Conv2D", "filters": 32, "kernel_size": [8, 8], "strides": [4, 4], "padding": "same"}, {"type": "Dense", "units": 512}],
+    }
+
+
+def generate() -> dict:
+    """The schema as data (key order is the file's)."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "urn:memfit:schema:config:1",
+        "title": "memfit training config",
+        "description": "Tensor shapes, dtypes, the optimizer and a device memory budget; memfit computes the training footprint and fails when it exceeds the budget.",
+        "type": "object",
+        "required": ["memfit", "optimizer"],
+        "additionalProperties": False,
+        "properties": {
+            "memfit": {
+                "title": "Format version",
+                "description": "The marker that makes this file a memfit config, and the format version (1).",
+                "const": 1,
+            },
+            "name": {"title": "Name", "description": "A name for this config, shown in reports.", "type": "string"},
+            "device": {
+                "title": "Device",
+                "description": "The device whose memory is the budget.",
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "name": {"title": "Device name", "description": "A label, e.g. 'RTX 4090' or 'A100 80GB'.", "type": "string"},
+                    "memory": {
+                        "$ref": "#/$defs/bytes",
+                        "title": "Memory",
+                        "description": "Device memory: an integer byte count or '<number> <unit>' such as '24 GiB' or '80GB'. The budget is memory minus reserve.",
+                    },
+                    "reserve": {
+                        "title": "Reserve",
+                        "description": "Headroom kept free (CUDA context, allocator, fragmentation): bytes, a unit string, or a percentage of memory such as '10%'.",
+                        "anyOf": [{"$ref": "#/$defs/bytes"}, {"$ref": "#/$defs/percent"}],
+                        "examples": ["1 GiB", "10%"],
+                    },
+                    "warn_at": {
+                        "$ref": "#/$defs/percent",
+                        "title": "Warn at",
+                        "description": "Warn when the total is above this share of the budget (default 90%).",
+                    },
+                },
+                "examples": [{"name": "RTX 4090", "memory": "24 GiB", "reserve": "1 GiB"}],
+            },
+            "dtypes": {
+                "title": "dtypes",
+                "description": "Storage dtype per category: a dtype name or a positive byte width (a multiple of 1/8). Each defaults to float32.",
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "parameters": {"$ref": "#/$defs/dtype", "description": "Storage of the weights (default float32).", "title": "dtype"},
+                    "gradients": {"$ref": "#/$defs/dtype", "description": "Storage of the gradients (default float32).", "title": "dtype"},
+                    "activations": {
+                        "$ref": "#/$defs/dtype",
+                        "description": "Storage of the activations saved for backward (default float32).",
+                        "title": "dtype",
+                    },
+                    "optimizer_state": {"$ref": "#/$defs/dtype", "description": "Storage of each optimizer state tensor (default float32).", "title": "dtype"},
+                },
+                "examples": [{"parameters": "bfloat16", "gradients": "float32", "activations": "bfloat16", "optimizer_state": "float32"}],
+            },
+            "optimizer": _optimizer(),
+            "parameters": {
+                "title": "Parameters",
+                "description": "Parameter tensors; each also has a gradient (if trainable) and optimizer state.",
+                "type": "array",
+                "items": {"$ref": "#/$defs/parameter"},
+            },
+            "activations": {
+                "title": "Activations",
+                "description": "Activation tensors saved for backward, batch axis included.",
+                "type": "array",
+                "items": {"$ref": "#/$defs/activation"},
+            },
+            "model": {
+                "title": "Model",
+                "description": "A sequential Keras-style layer stack; memfit derives each layer's weights and the activations training keeps from the shapes. Added to any explicit parameters/activations. Residual adds and branches are out of scope.",
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["input_shape", "batch_size", "layers"],
+                "properties": {
+                    "input_shape": {
+                        "title": "Input shape",
+                        "description": "One sample's shape, no batch axis, channels last (Keras convention); integer ids' shape when the first layer is an Embedding.",
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {"type": "integer", "minimum": 1, "description": "A dimension's size: a positive integer."},
+                        "examples": [[80, 80, 4], [128]],
+                    },
+                    "batch_size": {
+                        "title": "Batch size",
+                        "description": "Samples per training step: the batch axis of every activation.",
+                        "type": "integer",
+                        "minimum": 1,
+                    },
+                    "layers": {
+                        "title": "Layers",
+                        "description": "The layers in order, each applied to the previous one's output.",
+                        "type": "array",
+                        "items": {"$ref": "#/$defs/layer"},
+                    },
+                },
+                "examples": [
+                    {
+                        "input_shape": [80, 80, 4],
+                        "batch_size": 32,
+                        "layers": [
+                            {"type": "Conv2D", "filters": 32, "kernel_size": 8, "strides": 4, "padding": "same"},
+                            {"type": "ReLU"},
+                            {"type": "Flatten"},
+                            {"type": "Dense", "units": 2},
+                        ],
+                    },
+                ],
+            },
+        },
+        "$defs": {
+            "bytes": _bytes(),
+            "percent": _percent(),
+            "dtype": _dtype(),
+            "parameter": {
+                "title": "A parameter tensor",
+                "description": "A bare shape such as [512, 6400], or a mapping with 'shape' and optional name, dtype, count, trainable.",
+                "type": ["array", "object"],
+                "items": {"type": "integer", "minimum": 0, "description": "A dimension's size: a non-negative integer."},
+                "properties": {
+                    "name": {"type": "string", "title": "Name", "description": "A label shown in reports (e.g. 'h.0.attn.c_attn.weight')."},
+                    "shape": {
+                        "type": "array",
+                        "title": "Shape",
+                        "description": "The tensor's dims; [] is a scalar (one element), a 0 dim gives zero elements.",
+                        "items": {"type": "integer", "minimum": 0, "description": "A dimension's size: a non-negative integer."},
+                        "examples": [[512, 6400], [768], []],
+                    },
+                    "dtype": {
+                        "$ref": "#/$defs/dtype",
+                        "description": "Storage dtype of this tensor, overriding dtypes.parameters. Its gradient and optimizer state keep dtypes.gradients and dtypes.optimizer_state.",
+                    },
+                    "count": {
+                        "type": "integer",
+                        "minimum": 1,
+                        "title": "Count",
+                        "description": "How many identical copies (e.g. 12 transformer blocks).",
+                        "default": 1,
+                    },
+                    "trainable": {
+                        "type": "boolean",
+                        "title": "Trainable",
+                        "default": True,
+                        "description": "false keeps the tensor in parameters but gives it no gradient and no optimizer state (frozen weights, LoRA base).",
+                    },
+                },
+                "required": ["shape"],
+                "additionalProperties": False,
+                "examples": [[512, 6400], {"name": "fc.bias", "shape": [512], "count": 12}],
+            },
+            "activation": {
+                "title": "A activation tensor",
+                "description": "A bare shape such as [512, 6400], or a mapping with 'shape' and optional name, dtype, count.",
+                "type": ["array", "object"],
+                "items": {"type": "integer", "minimum": 0, "description": "A dimension's size: a non-negative integer."},
+                "properties": {
+                    "name": {"type": "string", "title": "Name", "description": "A label shown in reports (e.g. 'h.0.attn.c_attn.weight')."},
+                    "shape": {
+                        "type": "array",
+                        "title": "Shape",
+                        "description": "The tensor's dims; [] is a scalar (one element), a 0 dim gives zero elements.",
+                        "items": {"type": "integer", "minimum": 0, "description": "A dimension's size: a non-negative integer."},
+                        "examples": [[512, 6400], [768], []],
+                    },
+                    "dtype": {"$ref": "#/$defs/dtype", "description": "Storage dtype of this tensor, overriding dtypes.activations. "},
+                    "count": {
+                        "type": "integer",
+                        "minimum": 1,
+                        "title": "Count",
+                        "description": "How many identical copies (e.g. 12 transformer blocks).",
+                        "default": 1,
+                    },
+                },
+                "required": ["shape"],
+                "additionalProperties": False,
+                "examples": [[512, 6400], {"name": "fc.bias", "shape": [512], "count": 12}],
+            },
+            "activation_function": _activation_function(),
+            "layer_type": _layer_type(),
+            **_layer_defs(),
+            "layer": _layer(),
+        },
+        "examples": [{"memfit": 1, "device": {"memory": "24 GiB"}, "optimizer": "adam", "parameters": [[512, 6400]], "activations": [[32, 512]]}],
+    }
