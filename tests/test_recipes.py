@@ -554,7 +554,7 @@ def test_per_parameter_view():
     assert sum(row.per_parameter for row in rows) == 20
     assert {(row.label, row.per_parameter, row.origin) for row in rows if row.category == "gradients"} == {
         ("grad", 2, "like its parameter"),
-        ("grad accum buffer", 4, "training.grad_accum_dtype"),
+        ("grad accum buffer", 4, "grad_accum_dtype"),
     }
     lines = precision.view_lines(rows, every, trainable)
     assert lines[-1].split()[:2] == ["total", "20"] and all(len(line) <= 80 for line in lines)

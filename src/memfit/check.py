@@ -81,7 +81,7 @@ def _check(text: str, path: str, options: Options) -> Result:
     result.data = data
 
     from . import schema
-    from .config import build
+    from .config import build, optimizer_constants
     from .placement import place
 
     problems = schema.problems(data)
@@ -94,6 +94,7 @@ def _check(text: str, path: str, options: Options) -> Result:
         # an unknown optimizer or a layer that cannot apply leaves a number that is not the
         # footprint: report none rather than a wrong one; a bad unit spoils only the budget
         if all(lookup(p.code).keeps_footprint for p in problems):
+            config.tensors.extend(optimizer_constants(config))
             config.placement = place(config.tensors)
             result.config = config
             if not problems:

@@ -31,6 +31,13 @@ def render(result, colour: bool = False) -> str:
         out(f"{'dtype ' + category:<22} {w.name} ({describe(w.bytes)})")
     out("")
 
+    from .precision import explain_lines
+
+    per_parameter = explain_lines(config, WIDTH)
+    if per_parameter:
+        lines.extend(per_parameter)
+        out("")
+
     if config.layers:
         from .models.keras import summary_lines
 

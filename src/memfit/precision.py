@@ -13,11 +13,10 @@ byte comes from.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from .calculator import tensor_bytes
+from .costs import tensor_bytes
 from .dtypes import DTYPES
 from . import optim
 
@@ -87,10 +86,15 @@ class Item:
 
 
 def closest(name: str, vocabulary) -> list[str]:
+    import difflib
+
     return difflib.get_close_matches(str(name).strip().lower(), list(vocabulary), n=3, cutoff=0.4)
 
 
-def _dtype(name: str, field_name: str) -> str:
+def _dtype(name, field_name: str):
+    """A dtype name, or a byte width (an int or Fraction, as a config may give one)."""
+    if isinstance(name, (int, Fraction)) and not isinstance(name, bool) and name > 0:
+        return name
     if not isinstance(name, str) or name not in DTYPES:
         raise RecipeError(f"{field_name} is {name!r}: unknown dtype", field_name, closest(str(name), DTYPES))
     return name
@@ -168,7 +172,7 @@ def parameter_tensors(resolved: Resolved, optimizer: str, shape: tuple, *, train
     grad_origin = "like its parameter" if grad_follows else resolved.origin.get("gradients", "")
     items.append(Item("gradients", "grad", shape, str(grad), _bytes(n, grad), grad_origin))
     if resolved.grad_accum_dtype is not None:
-        items.append(Item("gradients", "grad accum buffer", shape, resolved.grad_accum_dtype, _bytes(n, resolved.grad_accum_dtype), "training.grad_accum_dtype"))
+        items.append(Item("gradients", "grad accum buffer", shape, resolved.grad_accum_dtype, _bytes(n, resolved.grad_accum_dtype), "grad_accum_dtype"))
     if resolved.master_weights is not None:
         items.append(Item("optimizer_state", "master weight", shape, resolved.master_weights, _bytes(n, resolved.master_weights), "master_weights"))
     spec = optim.lookup(optimizer)
@@ -303,11 +307,13 @@ def shared_items(optimizer: str, items) -> list[Item]:
 
 def view_lines(rows, every: int, trainable: int, width: int = 80) -> list[str]:
     """Text of the per-parameter view: one line per kind of tensor, then a total."""
-    out = [f"bytes per parameter ({every:,}; per trainable one, {trainable:,}, for gradients and state):"]
+    head = f"bytes per parameter ({every:,}, {trainable:,} trainable; grads, state per trainable):"
+    out = [head if len(head) <= width else f"bytes per parameter ({trainable:,} of {every:,} trainable):"]
     total = Fraction(0)
     for r in rows:
         total += r.per_parameter if r.category != "parameters" or trainable == every else Fraction(0)
         value = f"{float(r.per_parameter):.4f}".rstrip("0").rstrip(".")
+        value = "~0" if value == "0" and r.per_parameter else value
         line = f"  {r.category:<16} {value:>7}  {r.dtype:<9} {r.label} ({r.origin})"
         out.append(line if len(line) <= width else line[: width - 1] + "…")
     if trainable == every:
@@ -342,3 +348,142 @@ def schema_training_properties() -> dict:
             "description": "A second gradient buffer per trainable parameter in this dtype, counted under gradients (DeepSpeed's data_types.grad_accum_dtype).",
         }
     }
+
+
+# --- the config seam: `precision`, `master_weights`, `training.grad_accum_dtype`, `optimizer` ---
+
+from .costs import Recipe, Width  # noqa: E402  (costs imports nothing from here)
+
+
+def _as_dtype(value):
+    """A config dtype (a name or a byte width) as parameter_tensors takes it."""
+    if isinstance(value, str):
+        return value
+    from .costs import byte_width
+
+    exact = byte_width(value, "dtype")
+    return exact.numerator if exact.denominator == 1 else exact
+
+
+def _as_width(value) -> Width:
+    return Width(value, DTYPES[value][0]) if isinstance(value, str) else Width(str(value), value)
+
+
+class TrainingRecipe(Recipe):
+    """The cost model under a precision recipe: every parameter's tensors from
+    parameter_tensors (master copy, gradient buffers, the optimizer's own layout)."""
+
+    __slots__ = ("resolved", "spec", "any_8bit")
+    shaped = True  # cost() takes the tensor's shape
+
+    def __init__(self, optimizer: str, resolved: Resolved) -> None:
+        spec = optim.lookup(optimizer)
+        widths = {c: _as_width(getattr(resolved, c)) for c in CATEGORIES}
+        super().__init__(spec.name, len(spec.states), widths)
+        self.resolved = resolved
+        self.spec = spec
+        self.any_8bit = False
+
+    def cost(self, category, elements, count=1, trainable=True, own=None, shape=None) -> dict:
+        if category != "parameters":
+            return {category: count * tensor_bytes(elements, (own or self.widths[category]).bytes)}
+        param_dtype = None if own is None else (own.name if own.name in DTYPES else own.bytes)
+        items = parameter_tensors(self.resolved, self.optimizer, tuple(shape) if shape is not None else (elements,), trainable=trainable, param_dtype=param_dtype)
+        sizes: dict = {}
+        for item in items:
+            sizes[item.category] = sizes.get(item.category, 0) + count * item.bytes
+            if item.dtype == "uint8" and item.category == "optimizer_state":
+                self.any_8bit = True
+        return sizes
+
+    def items(self, shape, trainable=True, own=None) -> list[Item]:
+        param_dtype = None if own is None else (own.name if own.name in DTYPES else own.bytes)
+        return parameter_tensors(self.resolved, self.optimizer, tuple(shape), trainable=trainable, param_dtype=param_dtype)
+
+    def shared(self) -> list[Item]:
+        """Once-per-optimizer tensors, given what cost() has seen (bitsandbytes' maps);
+        config.optimizer_constants makes them config tensors."""
+        if not self.any_8bit:
+            return []
+        marker = [Item("optimizer_state", "", (), "uint8", 0)]
+        return shared_items(self.optimizer, marker)
+
+
+def wants_training_recipe(data: dict) -> bool:
+    """Whether a config uses anything beyond the seed contract's recipe (which stays
+    byte-for-byte today's for configs without these keys)."""
+    if "precision" in data or "master_weights" in data:
+        return True
+    training = data.get("training")
+    if isinstance(training, dict) and "grad_accum_dtype" in training:
+        return True
+    optimizer = data.get("optimizer")
+    try:
+        return optim.lookup(optimizer).layout != "elementwise"
+    except ValueError:
+        return False
+
+
+def from_config(data: dict):
+    """(TrainingRecipe or None, problems) for a schema-valid config. Problems are
+    diagnostics.Problem with stable codes, positioned at the key they are about."""
+    from . import codes
+    from .diagnostics import Problem
+
+    problems = []
+    try:
+        spec = optim.lookup(data["optimizer"])
+    except ValueError:
+        near = closest(str(data["optimizer"]), optim.OPTIMIZERS)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        seed = sorted(n for n, o in optim.OPTIMIZERS.items() if n in optim.STATE_COUNTS)
+        known = ", ".join(seed + sorted(set(optim.OPTIMIZERS) - set(seed)))
+        problems.append(Problem(("optimizer",), codes.UNKNOWN_OPTIMIZER, f"optimizer is {data['optimizer']!r}: unknown optimizer{hint} (known: {known})"))
+        spec = None
+    dtypes = {c: _as_dtype(v) for c, v in (data.get("dtypes") or {}).items()}
+    training = data.get("training") or {}
+    master = data.get("master_weights")
+    accum = training.get("grad_accum_dtype")
+    try:
+        resolved = resolve(data.get("precision"), dtypes, None, None)
+    except RecipeError as error:
+        hint = f"; did you mean {error.suggestions[0]!r}?" if error.suggestions else ""
+        problems.append(Problem(("precision",), codes.UNKNOWN_PRECISION, f"precision is {data.get('precision')!r}: unknown recipe{hint} (known: {', '.join(RECIPES)})"))
+        return None, problems
+    if spec is None:
+        return None, problems
+    if master is not None:
+        master = _as_dtype(master)
+        if _width(master) <= _width(resolved.parameters):
+            problems.append(
+                Problem(
+                    ("master_weights",),
+                    codes.MASTER_WEIGHTS_NOOP,
+                    f"master_weights {master} with {resolved.parameters} parameters (precision {resolved.precision}): a master copy is only kept for weights narrower than it, so this changes nothing and is not counted",
+                )
+            )
+            master = None
+    resolved = resolve(data.get("precision"), dtypes, master, None if accum is None else _as_dtype(accum))
+    return TrainingRecipe(spec.name, resolved), problems
+
+
+def explain_lines(config, width: int = 80) -> list[str]:
+    """`memfit explain`'s bytes-per-parameter view of a built config (either cost model)."""
+    recipe = config.recipe
+    if not isinstance(recipe, TrainingRecipe):
+        dtypes = {c: (w.name if w.name in DTYPES else w.bytes) for c, w in recipe.widths.items()}
+        try:
+            recipe = TrainingRecipe(recipe.optimizer, resolve(None, dtypes))
+        except ValueError:
+            return []
+    entries, shared = [], []
+    for t in config.tensors:
+        if t.category == "parameters":
+            own = None if t.dtype == recipe.widths["parameters"] else t.dtype
+            entries.append((recipe.items(t.shape, t.trainable, own), t.count, t.elements, t.trainable))
+        elif t.category == "optimizer_state":
+            shared.append(Item("optimizer_state", t.name.rsplit(".", 1)[-1], tuple(t.shape), t.dtype.name, t.bytes["optimizer_state"], "one per optimizer"))
+    if not entries:
+        return []
+    rows, every, trainable = per_parameter_view(entries, shared)
+    return view_lines(rows, every, trainable, width)
