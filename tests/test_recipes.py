@@ -558,3 +558,93 @@ def test_per_parameter_view():
     }
     lines = precision.view_lines(rows, every, trainable)
     assert lines[-1].split()[:2] == ["total", "20"] and all(len(line) <= 80 for line in lines)
+
+
+# --- through the pipeline: configs with the recipe keys ----------------------------------------
+from memfit.check import check  # noqa: E402
+
+ZERO = "memfit: 1\ndevice: {memory: 200 GB}\nprecision: 16-true\nmaster_weights: float32\noptimizer: adam\nparameters:\n  - {name: w, shape: [7500000000]}\n"
+
+
+@pytest.mark.parametrize(
+    "extra,total",
+    [
+        ("", 120 * 10**9),
+        ("dtypes: {optimizer_state: float32}\n", 120 * 10**9),
+        ("training: {grad_accum_dtype: float32}\n", 150 * 10**9),
+        ("dtypes: {gradients: float32}\n", 135 * 10**9),
+    ],
+)
+def test_published_recipes_through_check(extra, total):
+    result = check(ZERO + extra)
+    assert not result.diagnostics and result.footprint["total"] == total
+
+
+def test_bnb_config_through_check_matches_a_real_step():
+    """The Wide model declared as a config: check's optimizer_state equals bitsandbytes' own
+    state after a step, quantization maps included."""
+    torch.manual_seed(0)
+    model = Wide().to(torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt = bnb.optim.AdamW8bit(model.parameters())
+        model(torch.randn(3, 70, dtype=torch.bfloat16)).float().backward()
+        opt.step()
+    shapes = "\n".join(f"  - {list(p.shape)}" for p in model.parameters())
+    result = check(f"memfit: 1\ndevice: {{memory: 1 GiB}}\nprecision: bf16-true\noptimizer: adamw8bit\nparameters:\n{shapes}\n")
+    assert not result.diagnostics
+    states = [v for p in model.parameters() for v in opt.state[p].values() if torch.is_tensor(v)]
+    params = list(model.parameters())
+    assert result.footprint["optimizer_state"] == distinct(states)
+    assert (result.footprint["parameters"], result.footprint["gradients"]) == (distinct(params), distinct(p.grad for p in params))
+
+
+def test_adafactor_through_check_uses_the_shape():
+    p = torch.nn.Parameter(torch.randn(64, 48, dtype=torch.bfloat16))
+    opt = torch.optim.Adafactor([p])
+    p.grad = torch.ones_like(p)
+    opt.step()
+    result = check("memfit: 1\ndevice: {memory: 1 GiB}\nprecision: bf16-true\noptimizer: adafactor\nparameters:\n  - [64, 48]\n")
+    assert result.footprint["optimizer_state"] == distinct(v for k, v in opt.state[p].items() if k != "step") == (64 + 48) * 2
+
+
+BAD = {
+    "precision: bf16-mixd\noptimizer: adam\n": [(3, 12, "unknown-precision", "did you mean 'bf16-mixed'")],
+    "optimizer: adamw8bt\n": [(3, 12, "unknown-optimizer", "did you mean 'adamw8bit'")],
+    "precision: 32-true\nmaster_weights: float32\noptimizer: adam\n": [(4, 17, "master-weights-noop", "changes nothing")],
+    "optimizer: adam\nlora: {r: 0, target_modules: [q_proj]}\n": [(4, 1, "needs-transformer", "transformer"), (4, 11, "bad-lora", "positive")],
+    "optimizer: adam\nquantization: {method: nf5}\n": [(4, 1, "needs-transformer", "transformer"), (4, 24, "unknown-quantization", "did you mean 'nf4'")],
+}
+
+
+@pytest.mark.parametrize("body", list(BAD))
+def test_bad_recipe_input_is_positioned(body):
+    result = check("memfit: 1\ndevice: {memory: 1 GiB}\n" + body + "parameters: [[10, 10]]\n")
+    got = [(d.range.start_line + 1, d.range.start_character + 1, d.code, d.message) for d in result.diagnostics]
+    assert [(line, col, code) for line, col, code, _ in got] == [(line, col, code) for line, col, code, _ in BAD[body]]
+    assert all(want in message for (*_, message), (*_, want) in zip(got, BAD[body]))
+
+
+def test_master_weights_noop_keeps_the_footprint_and_counts_no_copy():
+    result = check("memfit: 1\ndevice: {memory: 1 GiB}\nprecision: bf16-mixed\nmaster_weights: float32\noptimizer: adam\nparameters: [[10, 10]]\n")
+    assert [d.severity for d in result.diagnostics] == ["warning"]
+    assert result.footprint["optimizer_state"] == 800
+
+
+def test_configs_without_recipe_keys_keep_the_seed_recipe():
+    from memfit.costs import Recipe
+
+    result = check("memfit: 1\ndevice: {memory: 1 GiB}\ndtypes: {parameters: bfloat16}\noptimizer: adam\nparameters: [[10, 10]]\n")
+    assert type(result.config.recipe) is Recipe
+    assert result.footprint == {"parameters": 200, "gradients": 400, "activations": 0, "optimizer_state": 800, "total": 1400}
+
+
+def test_explain_shows_bytes_per_parameter():
+    from memfit.explain import render
+
+    text = render(check(ZERO + "training: {grad_accum_dtype: float32}\n"))
+    assert "bytes per parameter" in text
+    rows = {line.split()[0] + " " + line.split()[-1]: line.split()[1] for line in text.splitlines() if line.startswith("  ") and "(" in line and line.split()[0] in ("parameters", "gradients", "optimizer_state")}
+    assert any(line.split()[:2] == ["total", "20"] for line in text.splitlines())
+    assert "master weight (master_weights)" in text and "grad accum buffer (grad_accum_dtype)" in text
+    assert rows
