@@ -308,7 +308,8 @@ def _held(module):
     """Every tensor a bitsandbytes layer's weight holds, by bitsandbytes' own names."""
     w = module.weight
     if isinstance(module, bnb.nn.Linear8bitLt):
-        return {"weight": w.data, "weight.SCB": w.SCB}
+        # the first forward moves CB/SCB from the weight to the layer's MatmulLtState
+        return {"weight": w.data, "weight.SCB": w.SCB if w.SCB is not None else module.state.SCB}
     qs = w.quant_state
     held = {"weight": w.data, "quant_state.absmax": qs.absmax, "quant_state.code": qs.code}
     if qs.nested:
@@ -648,3 +649,57 @@ def test_explain_shows_bytes_per_parameter():
     assert any(line.split()[:2] == ["total", "20"] for line in text.splitlines())
     assert "master weight (master_weights)" in text and "grad accum buffer (grad_accum_dtype)" in text
     assert rows
+
+
+@pytest.mark.parametrize("method", ["nf4", "int8"])
+def test_transformer_parameters_against_a_real_qlora_step(llama_dir, method):
+    """adapters.transformer_parameters (what the transformer model form costs under lora +
+    quantization) against a quantized, peft-wrapped Llama after one AdamW step: parameters
+    (with every QuantState tensor), gradients and optimizer state, byte for byte."""
+    from memfit import adapters
+    from memfit.config import build, make_tensor
+    from memfit.costs import width
+    from memfit.models import hf_config
+    from memfit.placement import place
+
+    lora_cfg = {"r": 4, "target_modules": "all-linear", "modules_to_save": ["embed_tokens"]}
+    data = {"memfit": 1, "precision": "bf16-true", "optimizer": "adamw", "lora": lora_cfg, "quantization": {"method": method, "double_quant": True}}
+    config, _ = build(data)
+    cfg = hf_config.normalize({"model_type": "llama", **LLAMA})
+    rows, problems = adapters.transformer_rows(cfg, data, "bfloat16")
+    assert not problems
+    tensors = [make_tensor("parameters", ("model",), r.name, list(r.shape), 1, r.trainable, None if r.dtype == "bfloat16" else width(r.dtype), config) for r in rows]
+    modelled = place(tensors).footprint
+
+    model = _peft(_load(llama_dir, method, double_quant=True), r=4, target_modules="all-linear", modules_to_save=["embed_tokens"])
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable)
+    model(input_ids=torch.randint(0, 130, (2, 8)), labels=torch.randint(0, 130, (2, 8))).loss.backward()
+    opt.step()
+    held = list(model.parameters())
+    for m in model.modules():
+        if isinstance(m, (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt)):
+            held += list(_held(m).values())
+    assert modelled["parameters"] == distinct(held)
+    assert modelled["gradients"] == distinct(p.grad for p in trainable)
+    assert modelled["optimizer_state"] == distinct(v for p in trainable for k, v in opt.state[p].items() if k != "step")
+
+
+def test_transformer_parameters_unmatched_targets_listed():
+    from memfit import adapters, codes
+    from memfit.models import hf_config
+
+    data = {"memfit": 1, "optimizer": "adamw", "lora": {"r": 4, "target_modules": ["qproj"]}}
+    cfg = hf_config.normalize({"model_type": "llama", **LLAMA})
+    _, problems = adapters.transformer_rows(cfg, data, "bfloat16")
+    assert [(p.path, p.code) for p in problems] == [(("lora", "target_modules"), codes.LORA_NO_MATCH)]
+    assert "q_proj" in problems[0].message and "down_proj" in problems[0].message
+
+
+@pytest.mark.parametrize("name,per_param", [("llama-3.2-1b-deepspeed.yaml", 20), ("llama-3.2-1b-bf16-mixed.yaml", 16)])
+def test_recipe_examples(name, per_param):
+    from pathlib import Path
+
+    result = check((Path(__file__).resolve().parents[1] / "examples" / name).read_text())
+    assert not result.diagnostics
+    assert result.footprint["total"] == per_param * 1_235_814_400  # Llama-3.2-1B's parameter count

@@ -41,3 +41,33 @@ def problems(data: dict) -> list[Problem]:
             hint = f"; did you mean {error.suggestions[0]!r}?" if error.suggestions else ""
             out.append(Problem(("quantization", "method"), codes.UNKNOWN_QUANTIZATION, f"quantization.method is {section['method']!r}: unknown method{hint} (known: {', '.join(quant.METHODS)})"))
     return out
+
+
+def transformer_rows(cfg: dict, data: dict, base_dtype: str) -> tuple[list, list[Problem]]:
+    """The parameters of a transformer under `lora` / `quantization`, as lora.Row (peft's
+    names, adapters in their own dtype, bitsandbytes' storage as frozen rows), and the
+    problems. `cfg` is the normalized transformer config (models.hf_config.normalize); the
+    model derivation turns the rows into config tensors (config.make_tensor)."""
+    from . import lora as lora_rules
+    from .models import hf
+
+    params, linears = hf.parameters(cfg), hf.linear_modules(cfg)
+    head = lora_rules.OUTPUT_HEADS.get(hf.head(cfg))
+    section = data.get("lora") or {}
+    try:
+        rows = lora_rules.training_parameters(
+            params,
+            linears,
+            base_dtype=base_dtype,
+            lora_config=data.get("lora"),
+            quantization=data.get("quantization"),
+            output_head=head,
+            model_type=cfg.get("model_type"),
+        )
+    except lora_rules.LoraError as error:
+        code = codes.LORA_NO_MATCH if "match no" in str(error) else codes.BAD_LORA
+        key = error.field.split(".")[-1]
+        hint = f"; did you mean {error.suggestions[0]!r}?" if error.suggestions else ""
+        path = ("lora", key) if key in section else ("lora",)
+        return [], [Problem(path, code, f"{error}{hint}", on_key=path == ("lora",))]
+    return rows, []

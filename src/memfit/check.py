@@ -87,6 +87,10 @@ def _check(text: str, path: str, options: Options) -> Result:
     problems = schema.problems(data)
     if not problems:
         config, problems = build(data)
+        if "lora" in data or "quantization" in data:
+            from . import adapters
+
+            problems.extend(adapters.problems(data))
         if "model" in data:
             from . import models
 

@@ -89,10 +89,6 @@ def build(data: dict) -> tuple[Config, list[Problem]]:
         widths = {c: width(declared.get(c, DEFAULT_DTYPE)) for c in CATEGORIES}
         recipe = Recipe(data["optimizer"], states, widths)
     config = Config(data.get("name"), recipe)
-    if "lora" in data or "quantization" in data:
-        from . import adapters
-
-        problems.extend(adapters.problems(data))
     problems.extend(_device(data.get("device", {}), config))
     for category in ("parameters", "activations"):
         for i, item in enumerate(data.get(category, ())):
