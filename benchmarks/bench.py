@@ -102,10 +102,30 @@ def config_text(tensors: int, seed: int = SEED, name: str = "synthetic") -> str:
     return "\n".join(lines) + "\n"
 
 
+# A Llama-3-70B-size config.json (its published shape): a transformer derived from hf_config.
+LLAMA_70B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672,
+    "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256,
+    "max_position_embeddings": 8192, "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "bos_token_id": 128000, "eos_token_id": 128001,
+}
+HF_YAML = """memfit: 1
+name: llama-70b
+optimizer: adamw
+device: {memory: 8 TiB}
+dtypes: {parameters: bfloat16, gradients: bfloat16, activations: bfloat16}
+model:
+  hf_config: llama-70b.json
+training: {micro_batch: 1, seq_len: 8192, attention: sdpa, checkpointing: full}
+"""
+
+
 def layout(root: Path, configs: int, sizes: tuple[int, ...]) -> dict:
-    """Where the benchmark's files go: one typical config, `configs` typical ones, one per size."""
+    """Where the benchmark's files go: one typical config, `configs` typical ones, one per size,
+    and one transformer from a 70B-size config.json."""
     return {
         "typical": root / "typical.yaml",
+        "hf": root / "hf70b.yaml",
         "many": [root / "many" / f"config-{i:04d}.yaml" for i in range(configs)],
         "big": {n: root / f"tensors-{n}.yaml" for n in sizes},
     }
@@ -114,6 +134,8 @@ def layout(root: Path, configs: int, sizes: tuple[int, ...]) -> dict:
 def write_corpus(root: Path, configs: int, sizes: tuple[int, ...]) -> dict:
     files = layout(root, configs, sizes)
     files["typical"].write_text(config_text(75), encoding="utf-8")
+    files["hf"].write_text(HF_YAML, encoding="utf-8")
+    (root / "llama-70b.json").write_text(json.dumps(LLAMA_70B, indent=2), encoding="utf-8")
     (root / "many").mkdir()
     for i, path in enumerate(files["many"]):
         path.write_text(config_text(75, seed=SEED + 1 + i, name=f"config-{i}"), encoding="utf-8")
@@ -222,6 +244,10 @@ def run(args) -> dict:
         typical = [str(corpus["typical"])]
         rows.append({"case": "1 config (75 tensors), cold", "key": "cold", "memfit": measure(memfit + ["check"] + typical, small), "competitor": measure(competitor + typical, small, ok=(0,))})
 
+        say("bench: a 70B-size hf_config, cold")
+        hf = [str(corpus["hf"])]
+        rows.append({"case": "1 config with a 70B-size hf_config, cold", "key": "hf70b", "memfit": measure(memfit + ["check"] + hf, small), "competitor": measure(competitor + hf, small, ok=(0,))})
+
         say(f"bench: {configs:,} configs in one call")
         files = [str(p) for p in corpus["many"]]
         rows.append({"case": f"{configs:,} configs in one call", "key": "many", "memfit": measure(memfit + ["check"] + files, huge), "competitor": measure(competitor + files, huge, ok=(0,))})
@@ -262,6 +288,7 @@ def targets(rows: list[dict], sizes, configs: int) -> list[dict]:
 
     return [
         target("1 config cold: memfit / floor <= 1.3", cold["vs_floor"], 1.3),
+        target("70B-size hf_config cold: memfit / floor <= 1.3", by["hf70b"]["vs_floor"], 1.3),
         target("1 config cold: memfit / check-jsonschema <= 0.5", cold["time_ratio"], 0.5),
         target(f"{configs:,} configs: check-jsonschema / memfit >= 4", 1 / many["time_ratio"], 4, better_below=False),
         target(f"{sizes[-1]:,} tensors: check-jsonschema / memfit >= 4", 1 / largest["time_ratio"], 4, better_below=False),

@@ -135,3 +135,16 @@ def test_action_steps_run(tmp_path: Path) -> None:
     usage = step(1, {"paths": "configs", "budget": "12 XB", "sarif": "again.sarif"})
     assert usage.returncode != 0
     assert "unknown unit 'XB'" in usage.stderr
+
+    # baseline: the job summary gains the diff against that revision, largest growth first
+    identity = {"GIT_AUTHOR_NAME": "ci", "GIT_AUTHOR_EMAIL": "ci@example.com", "GIT_COMMITTER_NAME": "ci", "GIT_COMMITTER_EMAIL": "ci@example.com"}
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "base"]):
+        subprocess.run(["git", *args], cwd=workspace, check=True, capture_output=True, env={**base, **identity})
+    (workspace / "configs" / "fits.yaml").write_text(FITS.replace("[1000, 1000]", "[1000, 2000]"), encoding="utf-8")
+    compared = step(1, {"paths": "configs", "budget": "80GiB", "baseline": "HEAD"})
+    assert compared.returncode == 0, compared.stdout + compared.stderr
+    summary = (tmp_path / "summary.md").read_text(encoding="utf-8")
+    assert "### memfit: memory against `HEAD`" in summary
+    assert "| `configs/fits.yaml` | 15.26 MiB | 30.52 MiB | +15.26 MiB (+100.0%) |" in summary
+    missing = step(1, {"paths": "configs", "baseline": "no-such-rev"})
+    assert missing.returncode == 2 and "unknown revision 'no-such-rev'" in missing.stderr

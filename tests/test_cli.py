@@ -173,7 +173,7 @@ def test_explain_reads_well_without_colour():
     assert result.returncode == 0
     assert "\x1b[" not in result.stdout
     text = result.stdout
-    for fragment in ("optimizer  adamw: 2 state tensors", "dtype parameters", "bfloat16", "optimizer_state", "total", "of the budget: fits", "largest tensors", "h.attn.probs"):
+    for fragment in ("optimizer  adamw: 2 state tensors", "dtype parameters", "bfloat16", "optimizer_state", "total", "of the budget: fits", "largest tensors", "softmax: probabilities", "GPT2LMHeadModel"):
         assert fragment in text
     total = json.loads(memfit("check", "--format", "json", EXAMPLES / "gpt2-small.yaml").stdout)["files"][0]["footprint"]["total"]
     assert f"{total:,}" in text

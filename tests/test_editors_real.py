@@ -1,6 +1,6 @@
 """Two real clients that nobody here wrote, driven end to end:
 
-- Neovim (Debian's package; 0.7 on Debian 12) with the setup docs/editors.md prints for it, the
+- Neovim (Debian's package; 0.7 on Debian 12) with the setup the README (and docs/editors.md) prints for it, the
   snippet taken from the page itself: its own LSP client must receive memfit's diagnostics (the
   ones `memfit check` prints, at the same positions) and answer a hover.
 - yaml-language-server (npm, installed into .ci/node by .ci/run) with memfit's schema through the
@@ -43,9 +43,15 @@ def memfit_check(path: Path) -> list[dict]:
 
 
 def lua_snippet(first_line: str) -> str:
-    blocks = [b for b in re.findall(r"```lua\n(.*?)```", EDITORS.read_text(encoding="utf-8"), re.DOTALL) if b.startswith(first_line)]
-    assert len(blocks) == 1, f"docs/editors.md must print one lua block starting {first_line!r}"
-    return blocks[0]
+    """The block the README prints (indented in a list item there); docs/editors.md prints the same."""
+    found = {}
+    for page in (ROOT / "README.md", EDITORS):
+        blocks = re.findall(r"^( *)```lua\n(.*?)^ *```", page.read_text(encoding="utf-8"), re.DOTALL | re.MULTILINE)
+        blocks = ["".join(line[len(indent) :] + "\n" for line in body.splitlines()) for indent, body in blocks]
+        found[page.name] = [b for b in blocks if b.startswith(first_line)]
+        assert len(found[page.name]) == 1, f"{page.name} must print one lua block starting {first_line!r}"
+    assert found["README.md"] == found["editors.md"], "the README and docs/editors.md print different Neovim setups"
+    return found["README.md"][0]
 
 
 def client_env(tmp_path: Path) -> dict:

@@ -306,3 +306,18 @@ def test_inline_dict_problems_are_key_paths():
         hf_config.HFProblem(("num_key_value_heads",), "shape-mismatch", "num_attention_heads 32 is not divisible by num_key_value_heads 5: each key/value head serves a whole group")
     ]
     assert hf_config.validate([1, 2])[0].code == "bad-model-config"
+
+
+def test_blocks_concatenate_to_parameters():
+    for model_type, configs in CONFIGS.items():
+        for given in configs:
+            cfg = hf_config.normalize({"model_type": model_type, **given})
+            (_, _, embeddings), (_, layers, layer), (_, _, head) = hf.blocks(cfg)
+            prefix = hf.layer_prefix(cfg)
+            flat = embeddings + [hf.Param(f"{prefix}{i}.{p.name}", p.shape, p.kind) for i in range(layers) for p in layer] + head
+            assert flat == hf.parameters(cfg)
+
+
+def test_summary():
+    cfg = hf_config.normalize(REAL["llama-3-8b"])
+    assert hf.summary(cfg) == "LlamaForCausalLM: 8,030,261,248 parameters; 32 layers, hidden 4096, 32 heads (8 key/value) of 128"

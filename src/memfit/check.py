@@ -14,7 +14,7 @@ from .diagnostics import FILE_START, Diagnostic, Problem, diagnostic
 from .inputs import DEFAULT_MAX_FILE_SIZE, has_marker, is_config, looks_like_config, read
 from .units import with_bytes
 
-__all__ = ["Options", "Result", "check", "check_file", "has_marker", "internal_error", "safe_check"]
+__all__ = ["Options", "Result", "check", "check_file", "evaluate", "has_marker", "internal_error", "safe_check"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class Result:
     warn_at: Fraction | None = None  # the warning mark in force (--warn-at, device.warn_at or the default)
     skipped: bool = False
     data: object = None
+    fixes: list | None = None  # with --suggest: fixes.Fix, cheapest first
 
     @property
     def footprint(self) -> dict | None:
@@ -79,7 +80,30 @@ def _check(text: str, path: str, options: Options) -> Result:
         result.diagnostics.append(diagnostic(FILE_START, codes.NOT_A_CONFIG, f"not a memfit config: {what} (add 'memfit: 1')"))
         return result
     result.data = data
+    problems = _pipeline(data, options, result)
+    unique = not any(lookup(d.code).ambiguous_keys for d in result.diagnostics)
+    result.diagnostics.extend(position(text, problems, data, unique_keys=unique))
+    result.diagnostics.sort(key=lambda d: (d.range.start_line, d.range.start_character))
+    return result
 
+
+def evaluate(data, options: Options = Options(), path: str = "<data>") -> Result:
+    """The pipeline from loaded data, without positions (each diagnostic at the file start):
+    fit and fixes re-run it with one key changed, never re-reading or re-parsing the text."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        result = Result(path, data=data)
+        problems = _pipeline(data, options, result)
+        result.diagnostics.extend(Diagnostic(FILE_START, p.level, p.code, p.message) for p in problems)
+        return result
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _pipeline(data: dict, options: Options, result: Result) -> list[Problem]:
+    """schema -> config -> tensors -> placement -> footprint -> budget, on a document that is a config."""
     from . import schema
     from .config import build, optimizer_constants
     from .placement import place
@@ -92,25 +116,48 @@ def _check(text: str, path: str, options: Options) -> Result:
 
             problems.extend(adapters.problems(data))
         if "model" in data:
-            from . import models
+            from .models.dispatch import derive
 
-            problems.extend(models.derive(data, config))
+            problems.extend(derive(data, config, result.path))
         # an unknown optimizer or a layer that cannot apply leaves a number that is not the
         # footprint: report none rather than a wrong one; a bad unit spoils only the budget
         if all(lookup(p.code).keeps_footprint for p in problems):
             config.tensors.extend(optimizer_constants(config))
             config.placement = place(config.tensors)
-            result.config = config
-            if not problems:
-                problems.extend(_budget(config, options, result, data))
-    unique = not any(lookup(d.code).ambiguous_keys for d in result.diagnostics)
-    result.diagnostics.extend(position(text, problems, data, unique_keys=unique))
-    result.diagnostics.sort(key=lambda d: (d.range.start_line, d.range.start_character))
-    return result
+            too_large = _too_large(config)
+            if too_large is not None:
+                problems.append(too_large)
+            else:
+                result.config = config
+                if not problems:
+                    problems.extend(_budget(config, options, result, data))
+    return problems
+
+
+# Every output prints the footprint as an exact integer, and Python converts at most 4,300 digits
+# to text (the conversion is quadratic). A footprint past 14,000 bits (about 4,214 digits) leaves
+# room for the figures derived from it (per tensor, in training, elements at half a byte each).
+MAX_FOOTPRINT_BITS = 14_000
+
+
+def _too_large(config) -> Problem | None:
+    total = config.footprint.get("total", 0)
+    if total.bit_length() <= MAX_FOOTPRINT_BITS:
+        return None
+    biggest = max(config.tensors, key=lambda tensor: sum(tensor.bytes.values()), default=None)
+    digits = total.bit_length() * 30103 // 100000 + 1
+    message = f"the footprint is a number of about {digits:,} digits: memfit reports footprints of up to about 4,200 digits"
+    return Problem(biggest.path if biggest is not None else (), codes.TOO_LARGE, message)
 
 
 def _kind(data) -> str:
-    return "a list" if isinstance(data, list) else "empty" if data is None else f"a scalar ({data!r})"
+    """What the top level is, without quoting it: the file may not be a config at all (a symlink
+    to a secret, say), and its content is not the report's to repeat."""
+    if isinstance(data, list):
+        return "a list"
+    if data is None:
+        return "empty"
+    return f"a scalar ({type(data).__name__})" if not isinstance(data, str) else f"a scalar (a string of {len(data):,} characters)"
 
 
 def position(text: str, problems: list[Problem], data, unique_keys: bool = False) -> list[Diagnostic]:

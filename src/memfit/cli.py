@@ -32,6 +32,15 @@ def _percent_arg(text: str):
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _share_arg(text: str):
+    from .diff import parse_share
+
+    try:
+        return parse_share(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="memfit", description="Check that training configs fit in device memory.")
     top.add_argument("--version", action="version", version=f"memfit {__version__}")
@@ -50,13 +59,28 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--skip-unrecognized", action="store_true", help="skip files that are not memfit configs instead of failing them")
     check.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
     check.add_argument("--summary-md", metavar="FILE", help="also append a Markdown table (file, total, budget, headroom, verdict) to FILE, e.g. $GITHUB_STEP_SUMMARY")
+    check.add_argument("--suggest", action="store_true", help="for a config over (or near) its budget, the single changes that make it fit, with their edits")
     check.add_argument("--jobs", "-j", type=_jobs_arg, default=0, metavar="N", help="parallel processes for many files (default: by file count and cores)")
     common(check)
 
-    explain = commands.add_parser("explain", help="show the footprint breakdown of one config")
-    explain.add_argument("path", metavar="PATH")
+    explain = commands.add_parser("explain", help="show the footprint breakdown of configs")
+    explain.add_argument("paths", nargs="+", metavar="PATH", help="config files, or directories to search for *.yaml / *.yml")
     explain.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour the budget bar (default: on a terminal)")
     common(explain)
+
+    from .fit import DEFAULT_VARY, VARY
+
+    fit = commands.add_parser("fit", help="the largest micro_batch (or other training key) that fits")
+    fit.add_argument("paths", nargs="+", metavar="CONFIG", help="config files, or directories to search for *.yaml / *.yml")
+    fit.add_argument("--vary", choices=list(VARY), default=DEFAULT_VARY, help=f"the key to search (default {DEFAULT_VARY})")
+    fit.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
+    common(fit)
+
+    diff = commands.add_parser("diff", help="each config's footprint at a git revision beside the working tree")
+    diff.add_argument("rev", metavar="REV", help="the git revision to compare against, e.g. main or the pull request's base SHA")
+    diff.add_argument("paths", nargs="*", metavar="PATH", help="files or directories (default: the whole repository)")
+    diff.add_argument("--format", choices=("text", "json", "markdown"), default="text", help="output format (default text)")
+    diff.add_argument("--fail-on-growth", type=_share_arg, metavar="PERCENT", help="exit 1 when any config's total grows by more than this share, e.g. 5%%")
 
     commands.add_parser("schema", help="print the config JSON Schema")
 
@@ -66,7 +90,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    top = parser()
+    args, extra = top.parse_known_args(argv)
+    # `diff REV --format markdown PATH`: argparse takes the positionals before an option in one
+    # go, so the paths after it come back unparsed; they are paths, anything else is an error
+    if extra and (args.command != "diff" or any(x.startswith("-") for x in extra)):
+        top.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.paths += extra
     from . import runner
 
     try:

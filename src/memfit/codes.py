@@ -12,7 +12,7 @@ WARNING = "warning"
 class Code:
     """One registry entry. A plain class, not a dataclass: it is built on every cold start."""
 
-    __slots__ = ("id", "severity", "summary", "help", "keeps_footprint", "ambiguous_keys")
+    __slots__ = ("ambiguous_keys", "help", "id", "keeps_footprint", "severity", "summary")
 
     def __init__(self, id: str, severity: str, summary: str, help: str, keeps_footprint: bool = False, ambiguous_keys: bool = False) -> None:
         self.id = id
@@ -48,9 +48,14 @@ DUPLICATE_LAYER = "duplicate-layer"
 NO_BUDGET = "no-budget"
 BUDGET_EXCEEDED = "budget-exceeded"
 NEAR_BUDGET = "near-budget"
+TOO_LARGE = "too-large"
 NOT_A_CONFIG = "not-a-config"
 IO = "io"
 INTERNAL = "internal"
+JSON_SYNTAX = "json-syntax"
+UNSUPPORTED_MODEL = "unsupported-model"
+BAD_MODEL_CONFIG = "bad-model-config"
+CANNOT_VARY = "cannot-vary"
 
 CODES: dict[str, Code] = _register(
     Code(YAML_SYNTAX, ERROR, "The file is not valid YAML", "Fix the YAML syntax at the position shown; memfit reads YAML 1.1 with core tags only."),
@@ -104,9 +109,34 @@ CODES: dict[str, Code] = _register(
         "Reduce the footprint (batch size, dtypes, optimizer, frozen layers) or raise the budget; `memfit explain` shows the breakdown.",
     ),
     Code(NEAR_BUDGET, WARNING, "The training footprint is close to the memory budget", "The config fits, but with little headroom; `memfit explain` shows where the memory goes."),
+    Code(
+        TOO_LARGE,
+        ERROR,
+        "A number too long to work with",
+        "memfit reads integers of up to 4,300 digits and reports footprints of up to about 4,200 digits (Python's own limit on printing a number); check the dims, counts and sizes near the position shown.",
+    ),
     Code(NOT_A_CONFIG, ERROR, "The file is not a memfit config", "Add a top-level `memfit: 1`, or pass --skip-unrecognized to skip files that are not memfit configs."),
     Code(IO, ERROR, "The file cannot be read", "Check that the path exists and is a readable UTF-8 text file, and that a directory holds *.yaml or *.yml files."),
     Code(INTERNAL, ERROR, "memfit itself failed on this file", "This is a bug in memfit; please report it with the file that triggers it."),
+    Code(JSON_SYNTAX, ERROR, "A referenced config.json is not valid JSON", "Fix the JSON at the position shown in that file (a trailing comma or a missing quote, usually)."),
+    Code(
+        UNSUPPORTED_MODEL,
+        ERROR,
+        "A model family or architecture memfit does not derive",
+        "Use one of the supported model_type values and architectures the message lists, or declare the tensors explicitly.",
+    ),
+    Code(
+        BAD_MODEL_CONFIG,
+        ERROR,
+        "A model config.json key is missing or has the wrong type",
+        "Give the key the type the transformers config class takes (an integer for sizes, true/false for flags); model_type is required.",
+    ),
+    Code(
+        CANNOT_VARY,
+        ERROR,
+        "memfit fit has nothing to vary in this config",
+        "Set the key `--vary` names (training.micro_batch, or model.batch_size in a Keras model; training.seq_len; training.gradient_accumulation), or vary one that changes memory.",
+    ),
 )
 
 

@@ -47,6 +47,7 @@ class Config:
     warn_at: Fraction = DEFAULT_WARN_AT
     placement: object = None  # placement.Placement, once the tensors are all known
     layers: list = field(default_factory=list)  # per-layer rows when a model section is declared
+    model: object = None  # models.hf.Model when the model is a transformer (block rows, summary)
 
     @property
     def optimizer(self) -> str:
@@ -123,7 +124,10 @@ def _device(device: dict, config: Config) -> list[Problem]:
                 Problem(("device", "reserve"), codes.BAD_BUDGET, f"device.reserve ({config.reserve:,} B) is more than device.memory ({config.memory:,} B): the budget would be negative")
             )
     if "warn_at" in device:
-        config.warn_at = parse_percent(device["warn_at"])
+        try:
+            config.warn_at = parse_percent(device["warn_at"])
+        except UnitError as error:
+            problems.append(Problem(("device", "warn_at"), codes.BAD_UNIT, f"device.warn_at: {error}"))
     return problems
 
 

@@ -78,7 +78,7 @@ class Width:
     """A storage width: its name as written and bytes per element (an int when whole, so the
     common case stays integer arithmetic). Plain classes here: they are built on every start."""
 
-    __slots__ = ("name", "bytes")
+    __slots__ = ("bytes", "name")
 
     def __init__(self, name: str, bytes: int | Fraction) -> None:
         self.name = name

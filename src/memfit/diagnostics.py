@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from .codes import ERROR, WARNING, lookup
 
-__all__ = ["ERROR", "WARNING", "FILE_START", "Range", "Diagnostic", "Problem"]
+__all__ = ["ERROR", "FILE_START", "WARNING", "Diagnostic", "Problem", "Range"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +29,13 @@ class Range:
 
 
 FILE_START = Range(0, 0, 0, 0)
+MESSAGE_LIMIT = 1000
+
+
+def clip_middle(message: str, limit: int = MESSAGE_LIMIT) -> str:
+    """The start and the end of a long message (where the value and the advice are), the middle cut."""
+    head, tail = limit * 6 // 10, limit * 3 // 10
+    return f"{message[:head]}… ({len(message) - head - tail:,} characters cut) …{message[-tail:]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,8 +44,17 @@ class Diagnostic:
     severity: str
     code: str
     message: str
-    file: str | None = None  # the file the problem is in, when it is not the checked file
+    # the file the problem is in, when it is not the checked file: a path as the checked path is
+    # given (joined onto the checked file's directory by whoever reads the reference), so the CLI
+    # shows it as the user would open it and the language server (absolute paths) can link it
+    file: str | None = None
     related: Range | None = None  # then: the key of the checked file that refers to `file`
+
+    def __post_init__(self) -> None:
+        # A message may quote a value from the config; whatever the raise site, a long one is cut
+        # here, the one place every message passes: a small file gives a small report.
+        if len(self.message) > MESSAGE_LIMIT:
+            object.__setattr__(self, "message", clip_middle(self.message))
 
     def to_json(self) -> dict:
         out = {"range": self.range.to_json(), "severity": self.severity, "code": self.code, "message": self.message}

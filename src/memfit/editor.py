@@ -110,6 +110,22 @@ class Analysis:
                     best = (rank, entry)
         return best[1] if best else None
 
+    @cached_property
+    def fixes(self) -> list:
+        """The fixes for this version when it is over (or near) its budget, cheapest first."""
+        from .fixes import fixes
+
+        return fixes(self.result, self.text) if self.config is not None else []
+
+    @cached_property
+    def fit(self):
+        """The largest micro_batch that fits, for the hover on it (None without a batch axis)."""
+        from .fit import fit, location
+
+        if self.config is None or self.result.data is None or location(self.result.data, "micro_batch") is None:
+            return None
+        return fit(self.result, self.text)
+
     def data_at(self, path: tuple):
         node = self.result.data
         for part in path:
@@ -147,6 +163,15 @@ class Analysis:
             return optimizer_text(self.data_at(path), self.config), path
         if head == ("device",) or head == ("memfit",):
             return self.budget_text(), path
+        if path in _BATCH_AXES and self.fit is not None:
+            text = micro_batch_text(self.fit)
+            if head == ("training",) and self.config is not None and self.config.model is not None:
+                text = "\n\n".join(t for t in (training_text(path[1], self.config.model), text) if t)
+            return text, path
+        if head == ("model",) and self.config is not None and self.config.model is not None:
+            return model_text(self.config.model, self.config), path[:2]
+        if head == ("training",) and len(path) == 2 and self.config is not None and self.config.model is not None:
+            return training_text(path[1], self.config.model), path
         if path[:2] == ("model", "layers") and len(path) >= 3:
             row = self.layers.get(path[:3])
             return (layer_text(row, self.tensors.get(path[:3], []), self.config.placement) if row is not None else None), path[:3]
@@ -212,6 +237,13 @@ class Analysis:
             tensor = rows[0]
             sizes = self.config.placement.of(tensor)
             out.append(Hint(where.end_line, where.end_character, tensor_hint(tensor, sizes), tensor_breakdown(sizes)))
+        model = self.config.model
+        if model is not None:
+            for key in model.training:
+                where = values.get(("training", key))
+                if where is None or not first_line <= where.end_line <= last_line:
+                    continue
+                out.append(Hint(where.end_line, where.end_character, training_hint(key, model)))
         for path, row in self.layers.items():
             where = values.get(path)
             if where is None or not first_line <= where.end_line <= last_line:
@@ -236,6 +268,69 @@ class Analysis:
 
 
 # --- hover texts (tables of data -> words) -----------------------------------------------
+
+
+def model_text(model, config) -> str:
+    """Hover on the model section of a transformer: what memfit derived from its config."""
+    fp = config.footprint
+    head, _, rest = model.summary.partition("; ")
+    lines = [f"**{head}**" + (f"  \n{rest}" if rest else "")]
+    if model.file is not None:
+        lines.append(f"from `{model.file}`")
+    lines.append("")
+    lines += [f"- {_ROLE[p]}s: {with_bytes(fp[p])}" for p in ("parameters", "gradients", "optimizer_state")]
+    lines.append(f"- activations kept for backward: {with_bytes(model.activations)}")
+    lines.append("")
+    lines.append("| block | count | params (each) | saved (each) |")
+    lines.append("| --- | ---: | ---: | ---: |")
+    lines += [f"| {r.name} | {r.count:,} | {r.params:,} | {human(r.saved_bytes)} |" for r in model.blocks]
+    return "\n".join(lines)
+
+
+def training_hint(key: str, model) -> str:
+    """What a training key costs: the activations figure, and what the alternatives would give."""
+    now = model.training[key]
+    if key in ("attention", "checkpointing"):
+        from .models.hf import ATTENTIONS, CHECKPOINTING
+
+        options = ATTENTIONS if key == "attention" else CHECKPOINTING
+        parts = [f"{option} {human(model.activations if option == now else model.activations_with(**{key: option}))}" for option in options]
+        return "activations: " + " · ".join(parts)
+    more = now + 1 if key == "micro_batch" else now * 2
+    return f"activations {human(model.activations)}; at {more:,}: {human(model.activations_with(**{key: more}))}"
+
+
+def training_text(key: str, model) -> str:
+    meaning = {
+        "micro_batch": "sequences per device per step: the batch axis of every activation",
+        "seq_len": "tokens per sequence",
+        "attention": "the attention kernel: what it keeps for backward",
+        "checkpointing": "full: each layer keeps only its input and is recomputed in the backward",
+    }[key]
+    return f"**training.{key}** = {model.training[key]}: {meaning}  \n{training_hint(key, model)}"
+
+
+def _batch_axes() -> tuple:
+    from .fit import VARY
+
+    return VARY["micro_batch"]
+
+
+_BATCH_AXES = _batch_axes()
+
+
+def micro_batch_text(found) -> str | None:
+    """Hover on the batch axis: the largest micro_batch that fits (fit's answer, not recomputed)."""
+    if found.max is None:
+        return None
+    budget = with_bytes(found.budget)
+    if found.max == 0:
+        return f"**micro_batch**: even 1 does not fit: it needs {with_bytes(found.bytes_at_next)} of the budget {budget}"
+    lines = [f"**micro_batch**: the largest that fits is **{found.max:,}** (now {found.current:,})", ""]
+    lines.append(f"- at {found.max:,}: {with_bytes(found.bytes_at_max)} of the budget {budget}")
+    if found.bytes_at_next is not None:
+        lines.append(f"- at {found.max + 1:,}: {with_bytes(found.bytes_at_next)}")
+    return "\n".join(lines)
 
 
 def _width_text(width) -> str:

@@ -6,6 +6,7 @@ from .costs import CATEGORIES
 from .dtypes import describe
 from .present import bar, cut, pct, shape_text
 from .reporters import diagnostic_line
+from .safe_text import printable
 from .units import human, with_bytes
 
 WIDTH = 80
@@ -13,16 +14,24 @@ TOP_TENSORS = 10
 
 
 def render(result, colour: bool = False) -> str:
+    """The breakdown; every line made printable (names and paths come from the config and the
+    file system), except the bar, whose colour is ours."""
     lines: list[str] = []
+    bar_line = _render(result, colour, lines)
+    return "\n".join(line if i == bar_line else printable(line) for i, line in enumerate(lines)) + "\n"
+
+
+def _render(result, colour: bool, lines: list[str]) -> int | None:
     out = lines.append
+    bar_line = None
     lines.extend(diagnostic_line(result.path, d) for d in result.diagnostics)
     config = result.config
     if config is None:
         out(f"{result.path}: no footprint (fix the errors above)")
-        return "\n".join(lines) + "\n"
+        return None
     if lines:
         out("")
-    title = f"{config.name} ({result.path})" if config.name else result.path
+    title = printable(f"{config.name} ({result.path})" if config.name else result.path)
     out(cut(title, WIDTH))
     out("=" * min(WIDTH, len(title)))
     out(f"optimizer  {config.optimizer}: {config.states} state tensor{'s' if config.states != 1 else ''} per trainable parameter")
@@ -36,6 +45,12 @@ def render(result, colour: bool = False) -> str:
     per_parameter = explain_lines(config, WIDTH)
     if per_parameter:
         lines.extend(per_parameter)
+        out("")
+
+    if config.model is not None:
+        from .models.hf import summary_lines as model_lines
+
+        lines.extend(model_lines(config.model, WIDTH, config.widths["parameters"].name))
         out("")
 
     if config.layers:
@@ -55,6 +70,7 @@ def render(result, colour: bool = False) -> str:
     budget = result.budget
     if budget is not None:
         out(f"budget {with_bytes(budget)} ({result.budget_origin})")
+        bar_line = len(lines)
         out(bar(total, budget, WIDTH - 2, colour, result.warn_at if result.warn_at is not None else config.warn_at))
         if total > budget:
             out(f"{pct(total, budget)} of the budget: OVER by {with_bytes(total - budget)}")
@@ -71,6 +87,6 @@ def render(result, colour: bool = False) -> str:
             shape = shape_text(t.shape)
             frozen = "" if t.trainable or t.category != "parameters" else " frozen"
             size = sum(placement.of(t).values())
-            out(f"  {cut(t.name, 26):<26} {cut(shape, 21):<21} {t.count:>6,} {human(size):>11}{frozen}")
-    return "\n".join(lines) + "\n"
+            out(f"  {cut(printable(t.name), 26):<26} {cut(shape, 21):<21} {t.count:>6,} {human(size):>11}{frozen}")
+    return bar_line
 

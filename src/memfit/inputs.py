@@ -11,22 +11,17 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import stat
 
 from . import codes
 from .diagnostics import FILE_START, Diagnostic, Range, diagnostic
+from .marker import is_marked
 
 DEFAULT_MAX_FILE_SIZE = 64 * 2**20  # far above any hand-written config; a 150,000-tensor one is ~10 MiB
 YAML_SUFFIXES = (".yaml", ".yml")
 
 # never configs, and often huge: a `memfit check .` must not crawl them
 _PRUNED = {"node_modules", "__pycache__", "site-packages"}
-
-# The marker of a memfit config: a top-level `memfit: <version>` (column 0 in block style, or
-# in a flow mapping). In --skip-unrecognized mode a file without it is skipped before parsing:
-# a GitLab job named `memfit:`, a Helm template or a CloudFormation `!Ref` never fails the hook.
-_MARKER = re.compile(r"""(?:^\ufeff?|[{,][ \t]*)["']?memfit["']?[ \t]*:[ \t]*["']?[0-9]""", re.MULTILINE)
 
 # YAML allows UTF-8, UTF-16 and UTF-32, told apart by a byte order mark (longest first)
 _BOMS = (
@@ -38,7 +33,8 @@ _BOMS = (
 
 
 def has_marker(text: str) -> bool:
-    return _MARKER.search(text) is not None
+    """Whether the text may be a memfit config, however its key is spelt (marker.py says how)."""
+    return is_marked(text)
 
 
 def is_config(data) -> bool:
@@ -120,7 +116,10 @@ def decode(raw: bytes) -> tuple[str | None, Diagnostic | None]:
     """A file's bytes as text, or an io diagnostic at the first byte that cannot be decoded."""
     encoding = next((name for bom, name in _BOMS if raw.startswith(bom)), "utf-8-sig")
     if encoding == "utf-8-sig" and b"\0" in raw[:8192]:
-        return None, _io("binary file (it contains NUL bytes), not a YAML config")
+        at = raw.index(b"\0")
+        line = raw[:at].count(b"\n")
+        column = len(raw[raw.rfind(b"\n", 0, at) + 1 : at].decode("utf-8", "replace"))
+        return None, diagnostic(Range(line, column, line, column + 1), codes.IO, "binary file (a NUL byte here), not a YAML config")
     try:
         return raw.decode(encoding), None
     except UnicodeDecodeError as error:

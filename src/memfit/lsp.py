@@ -28,6 +28,8 @@ from pygls.uris import from_fs_path, to_fs_path
 from . import __version__
 from .check import Options, Result, check, has_marker, internal_error
 from .editor import STALE, Analysis, choices, completion_context, split_lines
+from .fixes import FIXABLE
+from .units import human
 
 # A frame bigger than this is refused (and its bytes skipped) instead of read into memory: a
 # config of 64 MiB is far past anything memfit checks, and a header claiming 10^12 bytes must not
@@ -554,6 +556,31 @@ def make_server() -> MemfitServer:
         state = ls.documents.get(uri) if isinstance(uri, str) else None
         view = state.view if state is not None else None
         return dict(view.config.footprint) if view is not None else None
+
+    @server.feature(types.TEXT_DOCUMENT_CODE_ACTION, types.CodeActionOptions(code_action_kinds=[types.CodeActionKind.QuickFix]))
+    def code_action(ls: MemfitServer, params: types.CodeActionParams) -> list[types.CodeAction] | None:
+        """Quick fixes on the budget diagnostics: each fix's edit, applied as a workspace edit."""
+        asked = [d for d in params.context.diagnostics if d.code in FIXABLE and d.source == "memfit"]
+        if not asked:
+            return None
+        uri = params.text_document.uri
+        state = ls.current(uri)
+        analysis = state.latest if state is not None else None
+        if analysis is None or analysis.config is None:
+            return None
+        actions = []
+        for i, fix in enumerate(analysis.fixes):
+            edits = [types.TextEdit(range=ls.to_client(analysis.lines, e.range), new_text=e.new_text) for e in fix.edits]
+            actions.append(
+                types.CodeAction(
+                    title=f"memfit: {fix.title} (total {human(fix.total)})",
+                    kind=types.CodeActionKind.QuickFix,
+                    diagnostics=asked,
+                    is_preferred=i == 0,
+                    edit=types.WorkspaceEdit(changes={uri: edits}),
+                )
+            )
+        return actions
 
     @server.feature(types.TEXT_DOCUMENT_COMPLETION, types.CompletionOptions(trigger_characters=[" "]))
     def completion(ls: MemfitServer, params: types.CompletionParams) -> types.CompletionList | None:

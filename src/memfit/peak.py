@@ -248,8 +248,8 @@ def keras_step(model: dict, config, optimizer: str, impl: str, overhead: int = 0
     what derive folds away: which tensor each layer reads and writes. The loss is PyTorch's
     cross-entropy on the last layer's output with integer class labels (one per output row)."""
     from .calculator import tensor_bytes
-    from .models.keras import ACTIVATIONS, IDS, IN, INT64, OUT, RULES, defaults
     from .dtypes import DTYPES
+    from .models.keras import ACTIVATIONS, IDS, IN, INT64, OUT, RULES, defaults
 
     widths = config.widths
 

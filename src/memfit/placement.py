@@ -24,7 +24,7 @@ SINGLE = Layout()
 
 
 class Placement:
-    __slots__ = ("layout", "devices")
+    __slots__ = ("devices", "layout")
 
     def __init__(self, layout: Layout, devices: list) -> None:
         self.layout = layout

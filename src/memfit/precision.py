@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from . import optim
 from .costs import tensor_bytes
 from .dtypes import DTYPES
-from . import optim
 
 CATEGORIES = ("parameters", "gradients", "activations", "optimizer_state")
 DEFAULT_PRECISION = "32-true"

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import os
 import sys
+from urllib.parse import quote
 
 from . import __version__, codes
 from .codes import CODES, lookup
 from .present import plural as _plural
+from .safe_text import markdown_code, printable
 from .units import human
 
 
@@ -36,16 +38,55 @@ class TextReporter(Reporter):
         for result in results:
             for d in result.diagnostics:
                 write(diagnostic_line(result.path, d) + "\n")
+            if result.fixes is not None:
+                write("".join(line + "\n" for line in fix_lines(result)))
+        checked = [r for r in results if not r.skipped]
+        if len(checked) <= HANDFUL:
+            # a passing check says what it found; past a handful of files it stays quiet, as linters do
+            write("".join(found_line(r) + "\n" for r in checked if not r.failed and r.footprint is not None and r.budget is not None))
         write(summary_line(results) + "\n")
+
+
+HANDFUL = 5  # up to this many configs, a passing check prints each one's total against its budget
+
+
+def found_line(result) -> str:
+    from .present import pct
+
+    total, budget = result.footprint["total"], result.budget
+    return f"{result.path}: total {human(total)} of {human(budget)} ({pct(total, budget)}), fits"
+
+
+def fix_lines(result) -> list[str]:
+    """--suggest: the fixes under the file's diagnostics, each with its edit as path:line:col."""
+    found = {d.code for d in result.diagnostics}
+    if not result.fixes:
+        if found & {codes.BUDGET_EXCEEDED, codes.NEAR_BUDGET}:
+            return [f"{result.path}: no single change memfit knows of makes this config fit"]
+        return []
+    budget = f" of {human(result.budget)}" if result.budget is not None else ""
+    goal = "" if codes.BUDGET_EXCEEDED in found else " (each brings it below the warning mark)"
+    count = f"{len(result.fixes)} fix{'' if len(result.fixes) == 1 else 'es'}"
+    lines = [f"{result.path}: {count}, cheapest in training speed first{goal}:"]
+    for i, fix in enumerate(result.fixes, 1):
+        lines.append(f"  {i}. {fix.title}: total {human(fix.total)}{budget}")
+        for edit in fix.edits:
+            r = edit.range
+            where = f"{result.path}:{r.start_line + 1}:{r.start_character + 1}"
+            if (r.start_line, r.start_character) == (r.end_line, r.end_character):
+                lines.append(f"     {where}: insert {edit.new_text.strip(chr(10))!r}")
+            else:
+                lines.append(f"     {where}: replace with {edit.new_text!r}")
+    return lines
 
 
 def diagnostic_line(path: str, d) -> str:
     """path:line:col: severity[code] message; a problem inside a referenced file is placed in
     that file and names the key of `path` that refers to it."""
     where = d.file if d.file is not None else path
-    line = f"{where}:{d.range.start_line + 1}:{d.range.start_character + 1}: {d.severity}[{d.code}] {d.message}"
+    line = f"{printable(where)}:{d.range.start_line + 1}:{d.range.start_character + 1}: {d.severity}[{d.code}] {printable(d.message)}"
     if d.file is not None and d.related is not None:
-        line += f" (referenced from {path}:{d.related.start_line + 1}:{d.related.start_character + 1})"
+        line += f" (referenced from {printable(path)}:{d.related.start_line + 1}:{d.related.start_character + 1})"
     return line
 
 
@@ -69,6 +110,7 @@ class JsonReporter(Reporter):
                 "footprint": r.footprint,
                 "budget": r.budget,
                 "diagnostics": [d.to_json() for d in r.diagnostics],
+                **({"fixes": [f.to_json() for f in r.fixes]} if r.fixes is not None else {}),
             }
             for r in results
             if not r.skipped
@@ -86,16 +128,29 @@ SARIF_LEVELS = {"error": "error", "warning": "warning", "information": "note"}
 
 
 def display_path(path: str) -> str:
-    """A path as CI systems want it: relative to the working directory (the repository root
-    in CI) when under it, with forward slashes."""
-    if os.path.isabs(path):
-        try:
-            relative = os.path.relpath(path)
-        except ValueError:  # another drive (Windows): keep it absolute
-            relative = path
-        if not relative.startswith(".."):
-            path = relative
+    """A path as CI systems want it: relative to the repository root (GitHub's workspace when
+    set, else the working directory) when under it, normalised (no `./`, no `a/../`), with
+    forward slashes; a path outside it stays absolute."""
+    root = os.environ.get("GITHUB_WORKSPACE") or os.getcwd()
+    absolute = os.path.normpath(os.path.join(os.getcwd(), path))
+    try:
+        relative = os.path.relpath(absolute, root)
+    except ValueError:  # another drive (Windows): keep it absolute
+        relative = os.pardir
+    if relative != os.pardir and not relative.startswith(os.pardir + os.sep):
+        path = relative
+    elif not os.path.isabs(path):
+        path = absolute
     return path.replace(os.sep, "/")
+
+
+def _artifact(path: str) -> dict:
+    """A SARIF artifactLocation: a percent-encoded URI reference, relative to the root when it can be."""
+    shown = display_path(path)
+    encoded = quote(os.fsencode(shown), safe="/")  # the file system's bytes: a name that is not UTF-8 too
+    if shown.startswith("/") or os.path.isabs(shown):
+        return {"uri": "file://" + (encoded if encoded.startswith("/") else "/" + encoded)}
+    return {"uri": encoded, "uriBaseId": "%SRCROOT%"}
 
 
 def _escape_data(text: str) -> str:
@@ -114,13 +169,13 @@ class GithubReporter(Reporter):
         write = self.out.write
         for result in results:
             for d in result.diagnostics:
-                path = _escape_property(display_path(d.file if d.file is not None else result.path))
+                path = _escape_property(printable(display_path(d.file if d.file is not None else result.path)))
                 r = d.range
                 properties = (
                     f"file={path},line={r.start_line + 1},col={r.start_character + 1},"
                     f"endLine={r.end_line + 1},endColumn={r.end_character + 1},title={_escape_property(f'memfit {d.code}')}"
                 )
-                write(f"::{GITHUB_COMMANDS.get(d.severity, 'notice')} {properties}::{_escape_data(d.message)}\n")
+                write(f"::{GITHUB_COMMANDS.get(d.severity, 'notice')} {properties}::{_escape_data(printable(d.message))}\n")
         write(summary_line(results) + "\n")
 
 
@@ -138,7 +193,7 @@ class SarifReporter(Reporter):
         for result in results:
             if result.skipped:
                 continue
-            uri = display_path(result.path)
+            artifact = _artifact(result.path)
             for d in result.diagnostics:
                 r = d.range
                 entry = {
@@ -149,7 +204,7 @@ class SarifReporter(Reporter):
                     "locations": [
                         {
                             "physicalLocation": {
-                                "artifactLocation": {"uri": display_path(d.file) if d.file is not None else uri, "uriBaseId": "%SRCROOT%"},
+                                "artifactLocation": _artifact(d.file) if d.file is not None else artifact,
                                 "region": _region(r),
                             }
                         }
@@ -159,7 +214,7 @@ class SarifReporter(Reporter):
                     entry["relatedLocations"] = [
                         {
                             "id": 0,
-                            "physicalLocation": {"artifactLocation": {"uri": uri, "uriBaseId": "%SRCROOT%"}, "region": _region(d.related)},
+                            "physicalLocation": {"artifactLocation": artifact, "region": _region(d.related)},
                             "message": {"text": "referenced here"},
                         }
                     ]
@@ -210,7 +265,7 @@ def summary_markdown(results) -> str:
         budget = result.budget
         headroom = budget - total if total is not None and budget is not None else None
         cells = [
-            f"`{display_path(result.path)}`".replace("|", "\\|"),
+            markdown_code(display_path(result.path)),
             human(total) if total is not None else "—",
             human(budget) if budget is not None else "—",
             human(headroom) if headroom is not None else "—",

@@ -136,6 +136,116 @@ def _layer() -> dict:
     }
 
 
+def _transformer_properties() -> dict:
+    from .models.families import FAMILIES, SUPPORTED
+
+    architectures = [name for family in FAMILIES.values() for name in family.architectures]
+    return {
+        "hf_config": {
+            "title": "Hugging Face config.json",
+            "description": f"Path of a model's config.json, relative to this file; memfit derives the transformer's exact parameters and the activations training keeps. Families (model_type): {', '.join(SUPPORTED)}.",
+            "type": "string",
+            "minLength": 1,
+            "examples": ["models/llama-3-8b.json"],
+        },
+        "transformer": {
+            "title": "Transformer config",
+            "description": "The keys of a Hugging Face config.json, inline; keys left out take the transformers config class's defaults.",
+            "type": "object",
+            "additionalProperties": False,
+            "properties": _transformer_keys(),
+            "examples": [{"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256}],
+        },
+    }
+
+
+_JSON_TYPES = {
+    "int": ["integer"],
+    "float": ["number"],
+    "number": ["number"],
+    "bool": ["boolean"],
+    "str": ["string"],
+    "ids": ["integer", "array"],
+    "strs": ["array"],
+    "dict": ["object"],
+}
+# keys a config.json may carry besides the config class's fields: legacy spellings transformers
+# converts (rope, dtype, labels) and GPT-2's n_ctx
+_LEGACY_KEYS = {
+    "rope_theta": ("number", "The rotary base (transformers moves it into rope_parameters)."),
+    "rope_scaling": ("object", "Rotary scaling (transformers moves it into rope_parameters)."),
+    "partial_rotary_factor": ("number", "The share of each head's dims that are rotated."),
+    "rotary_pct": ("number", "GPT-NeoX: the share of each head's dims that are rotated."),
+    "rotary_emb_base": ("number", "GPT-NeoX: the rotary base."),
+    "torch_dtype": ("string", "The checkpoint's dtype; training dtypes come from the memfit config's dtypes."),
+    "num_labels": ("integer", "Classes of a classification head."),
+    "n_ctx": ("integer", "GPT-2: the context length (n_positions is what sizes the model)."),
+    "task_specific_params": ("object", "Generation settings; no effect on memory."),
+}
+
+
+def _transformer_keys() -> dict:
+    """Every key of the ten families' config classes (a typo is a schema error, not a silent default)."""
+    from .models.families import BASE_FIELDS, FAMILIES, SUPPORTED
+
+    owners: dict = {}
+    kinds: dict = {}
+    for name, family in FAMILIES.items():
+        for key, (_, kind) in {**BASE_FIELDS, **family.fields, **{alias: (None, "int") for alias in family.attribute_map}}.items():
+            owners.setdefault(key, []).append(name)
+            kinds.setdefault(key, kind)
+        if family.head_dim_key and name not in owners.setdefault("head_dim", []):
+            owners["head_dim"].append(name)  # read through getattr by the attention even where not a field
+            kinds.setdefault("head_dim", "int?")
+    out = {
+        "model_type": {"title": "Model family", "description": f"One of {', '.join(SUPPORTED)}.", "type": "string", "examples": list(SUPPORTED)},
+        "architectures": {
+            "title": "Architectures",
+            "description": "The model class first; default: the family's causal-LM class (BertForMaskedLM for bert).",
+            "type": "array",
+            "items": {"type": "string", "examples": [name for family in FAMILIES.values() for name in family.architectures]},
+        },
+    }
+    for key in sorted(owners):
+        if key in out:
+            continue
+        kind = kinds[key]
+        types = list(_JSON_TYPES[kind.rstrip("?")]) + (["null"] if kind.endswith("?") else [])
+        families = "every family" if len(owners[key]) == len(FAMILIES) else ", ".join(owners[key])
+        out[key] = {"title": key, "description": f"A config.json key ({families}).", "type": types if len(types) > 1 else types[0]}
+    for key, (kind, text) in _LEGACY_KEYS.items():
+        out[key] = {"title": key, "description": text, "type": [kind, "null"]}
+    return out
+
+
+def _training() -> dict:
+    from .models.hf import ATTENTIONS, CHECKPOINTING
+
+    return {
+        "title": "Training",
+        "description": "The shape of one training step on one device.",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "micro_batch": {"title": "Micro-batch", "description": "Sequences (samples) per device per step: the batch axis.", "type": "integer", "minimum": 1, "examples": [4]},
+            "seq_len": {"title": "Sequence length", "description": "Tokens per sequence (a transformer model).", "type": "integer", "minimum": 1, "examples": [4096]},
+            "attention": {
+                "title": "Attention kernel",
+                "description": "eager (softmax probabilities kept), sdpa (PyTorch's fused kernel: q, k, v, output, log-sum-exp) or flash (flash-attention).",
+                "enum": list(ATTENTIONS),
+                "default": "sdpa",
+            },
+            "checkpointing": {
+                "title": "Activation checkpointing",
+                "description": "none, or full: each layer keeps only its input and is recomputed in the backward (the peak adds one layer's recomputation).",
+                "enum": list(CHECKPOINTING),
+                "default": "none",
+            },
+        },
+        "examples": [{"micro_batch": 4, "seq_len": 4096, "attention": "sdpa", "checkpointing": "none"}],
+    }
+
+
 def generate() -> dict:
     """The schema as data (key order is the file's)."""
     return {
@@ -209,13 +319,14 @@ def generate() -> dict:
                 "type": "array",
                 "items": {"$ref": "#/$defs/activation"},
             },
+            "training": _training(),
             "model": {
                 "title": "Model",
-                "description": "A sequential Keras-style layer stack; memfit derives each layer's weights and the activations training keeps from the shapes. Added to any explicit parameters/activations. Residual adds and branches are out of scope.",
+                "description": "The model memfit derives tensors from, added to any explicit parameters/activations: a transformer from a Hugging Face config.json (hf_config, or its keys inline as transformer), or a sequential Keras-style layer stack (input_shape, layers; residual adds and branches are out of scope). One form, not both.",
                 "type": "object",
                 "additionalProperties": False,
-                "required": ["input_shape", "batch_size", "layers"],
                 "properties": {
+                    **_transformer_properties(),
                     "input_shape": {
                         "title": "Input shape",
                         "description": "One sample's shape, no batch axis, channels last (Keras convention); integer ids' shape when the first layer is an Embedding.",
@@ -226,7 +337,7 @@ def generate() -> dict:
                     },
                     "batch_size": {
                         "title": "Batch size",
-                        "description": "Samples per training step: the batch axis of every activation.",
+                        "description": "Samples per training step: the batch axis of every activation (the Keras form; training.micro_batch says the same, and the two must agree).",
                         "type": "integer",
                         "minimum": 1,
                     },

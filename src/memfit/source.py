@@ -9,6 +9,7 @@ Only the YAML core types are built (safe loading); any other tag is a diagnostic
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
 import yaml
@@ -25,6 +26,7 @@ from yaml.events import (
 
 from . import codes
 from .diagnostics import ERROR, FILE_START, Diagnostic, Range
+from .safe_text import echo
 
 try:  # the C parser is ~10x faster; pure Python stays correct where libyaml is missing
     from yaml import CSafeLoader as _Loader
@@ -41,9 +43,22 @@ _MAP = "tag:yaml.org,2002:map"
 _SCALAR_TAGS = {_STR, _INT, _FLOAT, _BOOL, _NULL}
 
 # Aliases may repeat a subtree, but not blow it up: the expanded document may hold at
-# most this many nodes per parser event (plus a floor), which stops "billion laughs".
+# most this many nodes per parser event (plus a floor), which stops "billion laughs". A
+# string counts one node per _CHARS_PER_NODE characters, so a long anchored string repeated
+# a thousand times (1 MB x 1000: a gigabyte of report) is a bomb too.
 _EXPANSION_PER_EVENT = 100
 _EXPANSION_FLOOR = 100_000
+_CHARS_PER_NODE = 64
+
+# Nesting deeper than this is refused where it starts: a config is a few levels deep, and the
+# stages after loading (schema checks, positions, reports) may then recurse without a guard.
+MAX_DEPTH = 64
+
+# An integer literal longer than this is refused where it is written. Python itself refuses to
+# convert more than 4,300 decimal digits (int <-> str is quadratic), so every output could not
+# print it; the limit also bounds what a hex literal (which Python converts freely) can spell.
+MAX_INT_CHARS = 4300
+_MAX_INT_BITS = 14284  # 10**4300 < 2**14285
 
 
 # Number forms only YAML 1.1 reads as numbers: 064 (octal 52), 1:30 (base 60: 90), 1_000, 0b101.
@@ -81,6 +96,8 @@ class _Scalars:
     def construct(self, tag: str, value: str):
         if tag not in (_INT, _FLOAT, _BOOL, _NULL):
             return value  # dates (and PyYAML's odd '=' value tag) stay text: the data model is JSON's
+        if tag == _INT and len(value) > MAX_INT_CHARS:
+            raise _TooLong(len(value))
         node = yaml.ScalarNode(tag, value)
         method = {
             _INT: self._constructor.construct_yaml_int,
@@ -88,11 +105,51 @@ class _Scalars:
             _BOOL: self._constructor.construct_yaml_bool,
             _NULL: self._constructor.construct_yaml_null,
         }[tag]
-        return method(node)
+        result = method(node)
+        if tag == _INT and result.bit_length() > _MAX_INT_BITS:  # 0x... spells big numbers in few characters
+            raise _TooLong(result.bit_length() * 30103 // 100000 + 1)
+        return result
+
+
+class _TooLong(ValueError):
+    def __init__(self, length: int) -> None:
+        super().__init__(length)
+        self.length = length
 
 
 def _range(start, end) -> Range:
     return Range(start.line, start.column, end.line, end.column)
+
+
+# libyaml counts NEL, LINE SEPARATOR and PARAGRAPH SEPARATOR as line breaks, as YAML 1.1 says;
+# editors (LSP) and every other tool count only CR, LF and CRLF. In a text holding one of them,
+# each mark's line and column are recomputed from its character index.
+_EXOTIC_BREAKS = re.compile("[\x85\u2028\u2029]")
+_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+class _Lines:
+    def __init__(self, text: str) -> None:
+        self.starts = [0] + [m.end() for m in _BREAK.finditer(text)]
+
+    def at(self, index: int) -> tuple[int, int]:
+        line = bisect_right(self.starts, index) - 1
+        return line, index - self.starts[line]
+
+    def fix(self, mark):
+        """A mark like libyaml's (whose own are read-only), with the editor's line and column."""
+        return _Mark(mark.index, *self.at(mark.index))
+
+
+class _Mark:
+    __slots__ = ("column", "index", "line")
+
+    def __init__(self, index: int, line: int, column: int) -> None:
+        self.index, self.line, self.column = index, line, column
+
+
+def _lines_if_needed(text: str) -> _Lines | None:
+    return _Lines(text) if _EXOTIC_BREAKS.search(text) else None
 
 
 class LoadError(Exception):
@@ -110,10 +167,20 @@ class Loaded:
 
 
 def _events(text: str):
+    lines = _lines_if_needed(text)
     loader = _Loader(text)
     try:
         while loader.check_event():
-            yield loader.get_event()
+            event = loader.get_event()
+            if lines is not None:
+                event.start_mark, event.end_mark = lines.fix(event.start_mark), lines.fix(event.end_mark)
+            yield event
+    except yaml.YAMLError as error:
+        if lines is not None:
+            for name in ("problem_mark", "context_mark"):
+                if getattr(error, name, None) is not None:
+                    setattr(error, name, lines.fix(getattr(error, name)))
+        raise
     finally:
         loader.dispose()
 
@@ -126,6 +193,16 @@ def _syntax(error: yaml.YAMLError, text: str) -> Diagnostic:
     problem = getattr(error, "problem", None) or str(error)
     context = getattr(error, "context", None)
     message = f"{context}: {problem}" if context else problem
+    if isinstance(error, yaml.reader.ReaderError):
+        # a character YAML does not allow (a control character, a lone surrogate): libyaml gives
+        # its index, not a mark; say which character, escaped, at its own line and column
+        line, column = _Lines(text).at(error.position) if 0 <= error.position <= len(text) else (0, 0)
+        return Diagnostic(
+            Range(line, column, line, column + 1),
+            ERROR,
+            codes.YAML_SYNTAX,
+            f"invalid YAML: the character {echo(chr(error.character) if isinstance(error.character, int) else str(error.character))} (U+{error.character if isinstance(error.character, int) else 0:04X}) is not allowed in YAML",
+        )
     where = Range(mark.line, mark.column, mark.line, mark.column + 1) if mark else FILE_START
     return Diagnostic(where, ERROR, codes.YAML_SYNTAX, f"invalid YAML: {message}")
 
@@ -193,7 +270,16 @@ def _build(text: str) -> Loaded:
         frame[3] = _NO_KEY
         mapping = frame[0]
         if key_event.__class__ is ScalarEvent and key_event.tag is None and key_event.value == "<<" and not key_event.style:
-            frame[7].append((value, event))  # applied at the mapping's end: explicit keys win wherever they are
+            if frame[7]:  # a second merge key: YAML (and PyYAML) keeps the last one's keys first
+                diagnostics.append(
+                    Diagnostic(
+                        _range(key_event.start_mark, key_event.end_mark),
+                        ERROR,
+                        codes.DUPLICATE_KEY,
+                        "duplicate merge key '<<': YAML keeps only one of them; merge a list instead (<<: [*a, *b])",
+                    )
+                )
+            frame[7].insert(0, (value, event))  # applied at the mapping's end: explicit keys win wherever they are
             return
         if key in mapping:
             diagnostics.append(
@@ -209,19 +295,17 @@ def _build(text: str) -> Loaded:
     for events, event in enumerate(_events(text), 1):
         kind = event.__class__
         if kind is ScalarEvent:
-            if event.tag is None or event.tag == "!":
-                value = scalars.plain(event.value) if event.implicit[0] else event.value
-            elif event.tag in _SCALAR_TAGS:
-                value = scalars.construct(event.tag, event.value)
-            else:
-                raise _tag_error(event, "scalar")
+            value = _scalar(event, scalars)
+            size = 1 + len(value) // _CHARS_PER_NODE if value.__class__ is str else 1
             if event.anchor is not None:
-                anchors[event.anchor] = (value, 1)
-            add(value, 1, event)
+                anchors[event.anchor] = (value, size)
+            add(value, size, event)
         elif kind is SequenceStartEvent or kind is MappingStartEvent:
             is_map = kind is MappingStartEvent
             if event.tag not in (None, "!", _MAP if is_map else _SEQ):
                 raise _tag_error(event, "mapping" if is_map else "sequence")
+            if len(stack) >= MAX_DEPTH:
+                raise LoadError(_syntax_at(event.start_mark, event.end_mark, f"nesting deeper than {MAX_DEPTH} levels: a memfit config needs a handful; refusing to load it"))
             if event.anchor is not None:
                 open_anchors.add(event.anchor)
             stack.append([{} if is_map else [], 1, event.anchor, _NO_KEY, None, is_map, event.start_mark, []])
@@ -254,6 +338,33 @@ def _build(text: str) -> Loaded:
 
 
 _NO_KEY = object()
+
+_TAG_NAMES = {_INT: "an integer", _FLOAT: "a number", _BOOL: "a boolean", _NULL: "null"}
+
+
+def _scalar(event, scalars: _Scalars):
+    """A scalar event's value; a tag that cannot apply to it, or an integer too long to print,
+    is a diagnostic on the scalar itself."""
+    try:
+        if event.tag is None or event.tag == "!":
+            return scalars.plain(event.value) if event.implicit[0] else event.value
+        if event.tag in _SCALAR_TAGS:
+            return scalars.construct(event.tag, event.value)
+    except _TooLong as error:
+        raise LoadError(
+            Diagnostic(
+                _range(event.start_mark, event.end_mark),
+                ERROR,
+                codes.TOO_LARGE,
+                f"an integer of {error.length:,} digits: memfit reads integers of at most {MAX_INT_CHARS:,} digits",
+            )
+        ) from None
+    except (ValueError, KeyError, TypeError, OverflowError):
+        short = event.tag.rsplit(":", 1)[-1]
+        raise LoadError(
+            _syntax_at(event.start_mark, event.end_mark, f"!!{short} {echo(event.value)} is not {_TAG_NAMES.get(event.tag, 'a ' + short)}")
+        ) from None
+    raise _tag_error(event, "scalar")
 
 
 def _merge(mapping: dict, value, event) -> None:

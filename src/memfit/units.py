@@ -6,6 +6,8 @@ import re
 from decimal import Decimal
 from fractions import Fraction
 
+from .safe_text import echo
+
 UNITS: dict[str, int] = {
     "B": 1,
     "kB": 10**3,
@@ -31,39 +33,55 @@ class UnitError(ValueError):
     """A byte quantity that cannot be read; the message says why, for people."""
 
 
+# Decimal and Fraction read any number of digits, in time that grows with the square of their
+# count: a million-digit size took 33 s. Past Python's own int limit a size is refused at once.
+MAX_DIGITS = 4300
+
+
+def _q(value: object) -> str:
+    """A value quoted back in a message: short, and with no character a terminal acts on."""
+    return f"'{echo(value)}'" if isinstance(value, str) else echo(value)
+
+
+def _number(text: str, value: object) -> Fraction:
+    if len(text) > MAX_DIGITS:
+        raise UnitError(f"{_q(value)} has a number of {len(text):,} digits; memfit reads at most {MAX_DIGITS:,}")
+    return Fraction(Decimal(text))
+
+
 def _unit(name: str) -> int:
     if name in UNITS:
         return UNITS[name]
     folded = name.lower()
     if folded == "kb":
-        raise UnitError(f"unit {name!r} is ambiguous: write kB (1000 bytes) or KiB (1024 bytes)")
+        raise UnitError(f"unit {_q(name)} is ambiguous: write kB (1000 bytes) or KiB (1024 bytes)")
     if folded in _BY_FOLDED:
-        raise UnitError(f"unknown unit {name!r}; did you mean {_BY_FOLDED[folded]}?")
+        raise UnitError(f"unknown unit {_q(name)}; did you mean {_BY_FOLDED[folded]}?")
     guess = _BY_FOLDED.get(folded + "ib") or _BY_FOLDED.get(folded + "b")
     hint = f"; did you mean {guess}?" if guess else ""
-    raise UnitError(f"unknown unit {name!r}{hint} (known: {', '.join(UNITS)})")
+    raise UnitError(f"unknown unit {_q(name)}{hint} (known: {', '.join(UNITS)})")
 
 
 def parse_bytes(value: object) -> int:
     """An int byte count, or '<number> <unit>' that is a whole number of bytes."""
     if isinstance(value, bool):
-        raise UnitError(f"{value!r} is not a byte quantity")
+        raise UnitError(f"{_q(value)} is not a byte quantity")
     if isinstance(value, int):
         if value < 0:
             raise UnitError(f"{value} is negative; a byte quantity must be >= 0")
         return value
     if not isinstance(value, str):
-        raise UnitError(f"{value!r} is not a byte quantity; write an integer byte count or e.g. '24 GiB'")
+        raise UnitError(f"{_q(value)} is not a byte quantity; write an integer byte count or e.g. '24 GiB'")
     text = value.strip()
     if text.startswith("-"):
-        raise UnitError(f"{value!r} is negative; a byte quantity must be >= 0")
+        raise UnitError(f"{_q(value)} is negative; a byte quantity must be >= 0")
     match = _QUANTITY.match(text)
     if not match:
-        raise UnitError(f"{value!r} is not a byte quantity; write '<number> <unit>' such as '24 GiB' or '80GB'")
+        raise UnitError(f"{_q(value)} is not a byte quantity; write '<number> <unit>' such as '24 GiB' or '80GB'")
     number, unit = match.groups()
-    exact = Fraction(Decimal(number)) * _unit(unit)
+    exact = _number(number, value) * _unit(unit)
     if exact.denominator != 1:
-        raise UnitError(f"{value!r} is not a whole number of bytes ({float(exact)!r} B)")
+        raise UnitError(f"{_q(value)} is not a whole number of bytes ({_approx(exact)} B)")
     return exact.numerator
 
 
@@ -72,11 +90,11 @@ def parse_reserve(value: object, memory: int | None) -> int:
     if isinstance(value, str):
         match = _PERCENT.match(value)
         if match:
-            share = Fraction(Decimal(match.group(1)))
+            share = _number(match.group(1), value)
             if share > 100:
-                raise UnitError(f"{value!r} is more than 100%")
+                raise UnitError(f"{_q(value)} is more than 100%")
             if memory is None:
-                raise UnitError(f"{value!r} is a percentage, but there is no device.memory to take it of")
+                raise UnitError(f"{_q(value)} is a percentage, but there is no device.memory to take it of")
             amount = share * memory / 100
             return -(-amount.numerator // amount.denominator)
     return parse_bytes(value)
@@ -86,11 +104,18 @@ def parse_percent(value: object) -> Fraction:
     """'90%' -> Fraction(9, 10). The sign is required: '0.9' could mean 0.9% or 90%."""
     match = _PERCENT.match(value) if isinstance(value, str) else None
     if not match:
-        raise UnitError(f"{value!r} is not a percentage; write it with a % sign, e.g. '90%'")
-    share = Fraction(Decimal(match.group(1)))
+        raise UnitError(f"{_q(value)} is not a percentage; write it with a % sign, e.g. '90%'")
+    share = _number(match.group(1), value)
     if share > 100:
-        raise UnitError(f"{value!r} must be between 0% and 100%")
+        raise UnitError(f"{_q(value)} must be between 0% and 100%")
     return share / 100
+
+
+def _approx(exact: Fraction) -> str:
+    try:
+        return repr(float(exact))
+    except OverflowError:  # past a float's range: the whole part, shortened
+        return echo(exact.numerator // exact.denominator)
 
 
 def human(n: int) -> str:

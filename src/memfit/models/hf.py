@@ -16,9 +16,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .families import CAUSAL_LM, FAMILIES, MASKED_LM, SEQUENCE_CLASSIFICATION, Family
+from .families import FAMILIES, SEQUENCE_CLASSIFICATION, Family
 
 LINEAR, LINEAR_BIAS, CONV1D, EMBEDDING, NORM, OTHER = "linear", "linear_bias", "conv1d", "embedding", "norm", "other"
+ATTENTIONS = ("eager", "sdpa", "flash")  # training.attention; sdpa is transformers' default
+CHECKPOINTING = ("none", "full")  # training.checkpointing
 
 
 class Param(NamedTuple):
@@ -270,4 +272,212 @@ def linear_modules(cfg: dict) -> list[tuple[str, int, int, bool]]:
         prefix = f"{layers}.{index}."
         out += [(prefix + m.path, *m.dims) for m in template]
     out += [(m.path, *m.dims) for m in after if m.type in ("linear", "conv1d")]
+    return out
+
+
+def blocks(cfg: dict) -> list[tuple[str, int, list[Param]]]:
+    """The parameters grouped as hf_activations groups what is saved: (block, count, params) for
+    "embeddings", "layer" (one layer, names relative to it, `count` = the number of layers) and "head"
+    (the final norm and the head), tied weights once. Concatenated with the layer repeated, this is
+    parameters()."""
+    before, layers, layer, after, tied = _tree(cfg)
+    return [
+        ("embeddings", 1, [p for m in before for p in _params(m, m.path)]),
+        ("layer", num_layers(cfg), [p for m in layer for p in _params(m, m.path)]),
+        ("head", 1, [p for m in after for p in _params(m, m.path) if p.name not in tied]),
+    ]
+
+
+def layer_prefix(cfg: dict) -> str:
+    """The name prefix of layer i is layer_prefix(cfg) + f"{i}."."""
+    return _tree(cfg)[1] + "."
+
+
+def summary(cfg: dict) -> str:
+    """One line for a hover: the class, its size and its shape."""
+    fam = family(cfg)
+    heads = cfg["n_head"] if fam.model_type == "gpt2" else cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads")
+    attention = f"{heads} heads" + (f" ({kv} key/value)" if kv is not None and kv != heads else "") + f" of {head_dim(cfg)}"
+    text = f"{architecture(cfg)}: {parameter_count(cfg):,} parameters; {num_layers(cfg)} layers, hidden {_hidden(cfg, fam)}, {attention}"
+    if fam.block == "mixtral":
+        text += f", {cfg['num_local_experts']} experts ({cfg['num_experts_per_tok']} per token)"
+    if cfg.get("tie_word_embeddings") and head(cfg) != SEQUENCE_CLASSIFICATION:
+        text += ", embeddings tied to the head"
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# The pipeline's seam: a schema-valid document's transformer model -> tensors (config.tensors)
+
+
+class BlockRow(NamedTuple):
+    """One block as explain and the language server show it: `count` copies of `params` elements
+    and `saved_bytes` kept for backward (each), with what is kept: [(label, shape, dtype)]."""
+
+    name: str
+    count: int
+    params: int
+    saved_bytes: int
+    kept: list
+
+
+class Model(NamedTuple):
+    """What the check derived, for explain / hover: the normalized config and the block rows."""
+
+    cfg: dict
+    file: str | None  # the config.json read, when hf_config names one
+    summary: str
+    blocks: list
+    activations: int  # bytes of the activations figure (the peak of live saved bytes with checkpointing: full)
+    training: dict  # micro_batch, seq_len, attention, checkpointing in force
+    dtypes: dict | None  # the activation dtype the config forces, as hf_activations takes it
+
+    def activations_with(self, **change) -> int:
+        """The activations figure with some training keys changed (what-if, for hints)."""
+        return activation_bytes(self.cfg, self.dtypes, **{**self.training, **change})
+
+
+def activation_bytes(cfg: dict, dtypes: dict | None, micro_batch: int, seq_len: int, attention: str, checkpointing: str) -> int:
+    from .hf_activations import peak_saved, saved, total
+
+    if checkpointing == "full":
+        return peak_saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing, dtypes=dtypes)
+    return total(saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing, dtypes=dtypes))
+
+
+def is_transformer(model: dict) -> bool:
+    return "hf_config" in model or "transformer" in model
+
+
+def derive(data: dict, config, path: str) -> list:
+    """Tensors of `data["model"]` (the transformer form) appended to config.tensors; the problems.
+
+    `path` is the checked file's: hf_config is relative to its directory."""
+    import os
+
+    from .. import codes
+    from ..diagnostics import Problem
+    from .hf_config import LoadError, load, normalize, validate
+
+    model = data["model"]
+    training = data.get("training", {})
+    if "hf_config" in model:
+        where = ("model", "hf_config")
+        reference = model["hf_config"]
+        base = os.path.dirname(path) if path and not path.startswith("<") else "."
+        file = os.path.normpath(os.path.join(base, os.path.expanduser(reference)))
+        try:
+            loaded = load(file)
+        except LoadError as error:
+            if error.range is None:
+                return [Problem(where, codes.IO, error.message)]
+            return [Problem(where, error.code, error.message, file=file, at=error.range)]
+        raw = loaded.raw
+        found = validate(raw)
+        problems = [Problem(where, p.code, p.message, file=file, at=loaded.positions.range(p.path, p.on_key)) for p in found]
+    else:
+        where, file = ("model", "transformer"), None
+        raw = model["transformer"]
+        problems = [Problem(where + p.path, p.code, p.message, on_key=p.on_key or not p.path) for p in validate(raw)]
+    if problems:
+        return problems
+    cfg = normalize(raw)
+    kind = head(cfg)
+    fam = family(cfg)
+    if kind != fam.architectures[fam.default_architecture]:
+        # hf_activations models the family's own language-model head (and its loss) only
+        message = f"{architecture(cfg)}: activations are modeled for {fam.default_architecture} only, not for a {kind} head"
+        if file is not None:
+            return [Problem(where, codes.UNSUPPORTED_MODEL, message, file=file, at=loaded.positions.range(("architectures", 0)))]
+        return [Problem(where + ("architectures", 0), codes.UNSUPPORTED_MODEL, message)]
+    missing = [key for key in ("micro_batch", "seq_len") if key not in training]
+    if missing:
+        at = ("training",) if "training" in data else ("model",)
+        need = " and ".join(f"training.{key}" for key in missing)
+        return [Problem(at, codes.SCHEMA, f"a transformer model needs {need}: the batch axis and the tokens per sequence", on_key=True)]
+    micro_batch, seq_len = training["micro_batch"], training["seq_len"]
+    attention = training.get("attention", "sdpa")
+    checkpointing = training.get("checkpointing", "none")
+    return _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpointing, data)
+
+
+def _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpointing, data) -> list:
+    from ..config import make_tensor
+    from ..costs import width
+    from .hf_activations import peak_saved, saved as saved_by, total as total_of
+
+    rows = []
+    prefix = layer_prefix(cfg)
+    declared = data.get("dtypes", {})
+    dtypes = {"activations": declared["activations"]} if isinstance(declared.get("activations"), str) else None
+    saved = saved_by(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing, dtypes=dtypes)
+    by_block = {b.name: b for b in saved}
+    for name, count, params in blocks(cfg):
+        elements = 0
+        for p in params:
+            label = f"{prefix}*.{p.name}" if name == "layer" else p.name
+            tensor = make_tensor("parameters", where, label, list(p.shape), count, True, None, config)
+            config.tensors.append(tensor)
+            elements += tensor.elements
+        kept = by_block[name].kept if name in by_block else []
+        saved_bytes = 0
+        for k in kept:
+            tensor = make_tensor("activations", where, f"{name}: {k.label}", list(k.shape), count, True, width(k.dtype), config)
+            config.tensors.append(tensor)
+            saved_bytes += tensor.bytes["activations"] // count
+        rows.append(BlockRow(name, count, elements, saved_bytes, [(k.label, k.shape, k.dtype) for k in kept]))
+    loss = by_block.get("loss")
+    if loss is not None:
+        saved_bytes = 0
+        for k in loss.kept:
+            tensor = make_tensor("activations", where, f"loss: {k.label}", list(k.shape), 1, True, width(k.dtype), config)
+            config.tensors.append(tensor)
+            saved_bytes += tensor.bytes["activations"]
+        rows.append(BlockRow("loss", 1, 0, saved_bytes, [(k.label, k.shape, k.dtype) for k in loss.kept]))
+    total = total_of(saved)
+    if checkpointing == "full":
+        peak = peak_saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing, dtypes=dtypes)
+        if peak > total:
+            # the backward recomputes one layer at a time: its saved tensors live beside the boundaries
+            extra = peak - total
+            label = "recomputation: one layer's saved tensors in the backward, beyond the head and loss"
+            config.tensors.append(make_tensor("activations", where, label, [extra], 1, True, width("uint8"), config))
+            rows.append(BlockRow("recomputed layer", 1, 0, extra, []))
+        total = max(peak, total)
+    training = {"micro_batch": micro_batch, "seq_len": seq_len, "attention": attention, "checkpointing": checkpointing}
+    config.model = Model(cfg, file, summary(cfg), rows, total, training, dtypes)
+    return []
+
+
+def summary_lines(model: Model, width: int = 80, parameter_dtype: str | None = None) -> list[str]:
+    """explain's transformer section: the class, then one row per block (embeddings, one layer x N,
+    head, loss) with its parameters and the bytes it keeps for backward, then what each keeps."""
+    from ..present import cut, shape_text
+    from ..units import human
+
+    head_text, _, rest = model.summary.partition("; ")
+    out = [cut(f"model  {head_text}", width)]
+    if rest:
+        out.append(cut(f"       {rest}", width))
+    if model.file is not None:
+        out.append(cut(f"       from {model.file}", width))
+    given = model.cfg.get("dtype")
+    if parameter_dtype is not None and given and given != parameter_dtype:
+        out.append(cut(f"       config.json says dtype {given}; training uses dtypes.parameters {parameter_dtype}", width))
+    out.append("")
+    out.append(f"{'block':<18} {'count':>6} {'params (each)':>16} {'saved (each)':>14} {'saved (all)':>14}")
+    out.append("=" * min(width, 72))
+    for row in model.blocks:
+        out.append(f"{cut(row.name, 18):<18} {row.count:>6,} {row.params:>16,} {human(row.saved_bytes):>14} {human(row.saved_bytes * row.count):>14}")
+    out.append("-" * min(width, 72))
+    out.append(f"activations, each kept storage once: {human(model.activations)}")
+    out.append("")
+    out.append("kept for backward, per block (what autograd saves in one training step):")
+    for row in model.blocks:
+        if not row.kept:
+            continue
+        out.append(cut(f"  {row.name}{' (x' + format(row.count, ',') + ')' if row.count > 1 else ''}:", width))
+        for label, shape, dtype in row.kept:
+            out.append(cut(f"    {shape_text(shape) + ' ' + dtype:<26} {label}", width))
     return out

@@ -53,7 +53,7 @@ class HFProblem:
 @dataclass(frozen=True, slots=True)
 class Loaded:
     raw: object  # the parsed JSON (a dict when it is a usable config)
-    positions: "Positions"
+    positions: Positions
 
 
 class LoadError(Exception):

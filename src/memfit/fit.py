@@ -1,0 +1,257 @@
+"""`memfit fit`: the largest value of one training key for which a config fits.
+
+Every number comes from the pipeline (check.evaluate on the loaded data with one key
+changed); nothing here computes bytes. The footprint is monotone in the keys that can be
+varied, so the answer is searched exactly: a guess from the first two points (exact where
+the footprint is affine in the key, as it is in the batch), then galloping and bisection,
+O(log n) pipeline runs in all, on data parsed once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import codes
+from .check import Options, Result, evaluate, position
+from .diagnostics import Problem
+
+# The name asked for -> where it lives in a config's data, first present wins. A new model
+# form with its own batch axis (or sequence length) adds its path here.
+VARY: dict[str, tuple[tuple[str, ...], ...]] = {
+    "micro_batch": (("training", "micro_batch"), ("model", "batch_size")),
+    "seq_len": (("training", "seq_len"),),
+    "gradient_accumulation": (("training", "gradient_accumulation"),),
+}
+DEFAULT_VARY = "micro_batch"
+CEILING = 1 << 62  # no footprint stays under a budget this far out; the search stops here
+
+OVER = frozenset({codes.BUDGET_EXCEEDED})  # the gate's verdict "does not fit"
+CLEAR = frozenset({codes.BUDGET_EXCEEDED, codes.NEAR_BUDGET})  # "does not fit below the warning mark"
+
+
+def gated(footprint: dict) -> int:
+    """The figure the budget gate compares: the peak where there is one, else the total."""
+    peak = footprint.get("peak")
+    return peak if isinstance(peak, int) else footprint["total"]
+
+
+def location(data, vary: str) -> tuple | None:
+    """Where the key named `vary` is written in this config, or None."""
+    for path in VARY[vary]:
+        node = data
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
+            return path
+    return None
+
+
+def read(data, path: tuple):
+    for part in path:
+        data = data[part]
+    return data
+
+
+def with_value(data: dict, path: tuple, value) -> dict:
+    """A copy of `data` with one value replaced: the mappings along the path are copied,
+    everything else is shared (the data is never mutated)."""
+    if not path:
+        return value
+    head, rest = path[0], path[1:]
+    return {**data, head: with_value(data[head], rest, value)}
+
+
+class Probe:
+    """The pipeline at one value of one key (a change applied to the base data), memoized."""
+
+    def __init__(self, data: dict, path: tuple, options: Options, refuse=OVER, change=None) -> None:
+        self.data = data
+        self.path = path
+        self.options = options
+        self.refuse = refuse
+        self.change = change  # data -> data, applied before the key is set (a fix combined with the search)
+        self.runs = 0
+        self._seen: dict[int, Result] = {}
+
+    def result(self, value: int) -> Result:
+        if value not in self._seen:
+            self.runs += 1
+            data = self.change(self.data) if self.change is not None else self.data
+            self._seen[value] = evaluate(with_value(data, self.path, value), self.options)
+        return self._seen[value]
+
+    def fits(self, value: int) -> bool:
+        result = self.result(value)
+        return result.footprint is not None and result.budget is not None and not any(d.code in self.refuse for d in result.diagnostics)
+
+    def bytes(self, value: int) -> int | None:
+        footprint = self.result(value).footprint
+        return gated(footprint) if footprint is not None else None
+
+
+class NoEffect(Exception):
+    """The key does not change the footprint."""
+
+
+def largest(probe: Probe) -> int:
+    """The largest value >= 1 that fits (0 when 1 does not), exactly, assuming monotonicity."""
+    if not probe.fits(1):
+        return 0
+    if probe.bytes(2) == probe.bytes(1):
+        if probe.fits(CEILING):
+            raise NoEffect
+    if not probe.fits(2):
+        return 1
+    low, high = 2, None  # low fits; high (when known) does not
+    budget = probe.result(1).budget
+    slope = probe.bytes(2) - probe.bytes(1)
+    if slope > 0:
+        guess = (budget - (probe.bytes(1) - slope)) // slope  # exact when bytes are affine in the value
+        guess = min(max(guess, low), CEILING)
+        if guess > low:
+            if probe.fits(guess):
+                low = guess
+            else:
+                high = guess
+                step = 1  # gallop down from the guess: it is usually off by a little
+                while high - step > low:
+                    if probe.fits(high - step):
+                        low = high - step
+                        break
+                    high -= step
+                    step *= 2
+    step = 1
+    while high is None:  # gallop up from the last value that fits
+        candidate = min(low + step, CEILING)
+        if probe.fits(candidate):
+            low = candidate
+            if low == CEILING:
+                return low
+            step *= 2
+        else:
+            high = candidate
+    while high - low > 1:
+        middle = (low + high) // 2
+        if probe.fits(middle):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+@dataclass
+class Fit:
+    path: str
+    vary: str
+    max: int | None = None
+    bytes_at_max: int | None = None
+    bytes_at_next: int | None = None
+    budget: int | None = None
+    diagnostics: list = field(default_factory=list)
+    key: tuple | None = None  # where the varied value is written
+    current: int | None = None  # its value as written
+    runs: int = 0  # pipeline evaluations the search took
+    usage: bool = False  # the question does not apply to this config (nothing to vary, no effect)
+
+    def to_json(self) -> dict:
+        return {
+            "path": self.path,
+            "vary": self.vary,
+            "max": self.max,
+            "bytes_at_max": self.bytes_at_max,
+            "bytes_at_next": self.bytes_at_next,
+            "budget": self.budget,
+            "diagnostics": [d.to_json() for d in self.diagnostics],
+        }
+
+    @property
+    def failed(self) -> bool:
+        return self.max is None or self.max == 0 or any(d.severity == codes.ERROR for d in self.diagnostics)
+
+
+def fit(checked: Result, text: str, vary: str = DEFAULT_VARY, options: Options = Options(), refuse=OVER) -> Fit:
+    """The answer for one checked config (`checked` is check()'s result on `text`)."""
+    out = Fit(checked.path, vary)
+    # what check says about the budget is the question fit answers; everything else stands
+    out.diagnostics = [d for d in checked.diagnostics if d.code not in CLEAR]
+    data = checked.data
+    if checked.config is None or any(d.severity == codes.ERROR for d in out.diagnostics):
+        return out
+    out.budget = checked.budget
+    key = location(data, vary)
+    if key is None:
+        where = " or ".join(".".join(p) for p in VARY[vary])
+        message = f"nothing to vary: this config does not set {where} ({vary})"
+        if vary == "micro_batch":
+            message += "; tensors declared with explicit shapes have no batch axis memfit can change"
+        return _usage(out, text, data, ("memfit",), message, on_key=True)
+    out.key, out.current = key, read(data, key)
+    probe = Probe(data, key, options, refuse)
+    try:
+        out.max = largest(probe)
+    except NoEffect:
+        at_one = probe.bytes(1)
+        message = f"{vary} does not change memory in this config (the footprint is {at_one:,} B at 1 and at {CEILING:,}): nothing to fit"
+        return _usage(out, text, data, key, message)
+    out.runs = probe.runs
+    if out.max:
+        out.bytes_at_max = probe.bytes(out.max)
+    if out.max < CEILING:
+        out.bytes_at_next = probe.bytes(out.max + 1)
+    return out
+
+
+def _usage(out: Fit, text: str, data, where: tuple, message: str, on_key: bool = False) -> Fit:
+    out.usage = True
+    out.diagnostics.extend(position(text, [Problem(where, codes.CANNOT_VARY, message, on_key=on_key)], data))
+    return out
+
+
+# --- reporters --------------------------------------------------------------------------
+
+
+def text_line(found: Fit) -> str | None:
+    from .units import human
+
+    if found.max is None:
+        return None
+    figures = [found.budget, found.bytes_at_max, found.bytes_at_next]
+    shown = [human(n) for n in figures if n is not None]
+    # at 2 decimals the three figures can read the same; then they are given exactly
+    size = human if len(set(shown)) == len(shown) else (lambda n: f"{n:,} B")
+    budget = size(found.budget)
+    if found.max == 0:
+        return f"{found.path}: {found.vary} = 1 does not fit ({size(found.bytes_at_next)} of {budget})"
+    line = f"{found.path}: {found.vary} ≤ {found.max} fits ({size(found.bytes_at_max)} of {budget})"
+    if found.bytes_at_next is not None:
+        line += f"; {found.max + 1} needs {size(found.bytes_at_next)}"
+    return line
+
+
+class TextReporter:
+    def __init__(self, out) -> None:
+        self.out = out
+
+    def report(self, fits: list[Fit]) -> None:
+        from .reporters import diagnostic_line
+
+        for found in fits:
+            for d in found.diagnostics:
+                self.out.write(diagnostic_line(found.path, d) + "\n")
+            line = text_line(found)
+            if line is not None:
+                self.out.write(line + "\n")
+
+
+class JsonReporter:
+    def __init__(self, out) -> None:
+        self.out = out
+
+    def report(self, fits: list[Fit]) -> None:
+        import json
+
+        json.dump({"files": [f.to_json() for f in fits]}, self.out, indent=2)
+        self.out.write("\n")
+
+
+REPORTERS = {"text": TextReporter, "json": JsonReporter}

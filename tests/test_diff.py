@@ -1,0 +1,129 @@
+"""`memfit diff` with real git: a temporary repository, two commits, a diff between them and
+against the working tree. Every footprint is compared with `memfit check` on the same text."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+pytestmark = pytest.mark.skipif(shutil.which("git") is None and not __import__("os").environ.get("CI"), reason="git is not installed")
+
+
+def memfit(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "memfit", *map(str, args)], check=False, capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def git(repo: Path, *args) -> str:
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com", "HOME": str(repo), "PATH": __import__("os").environ["PATH"]}
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True, env=env).stdout
+
+
+def footprint(path: Path) -> dict:
+    return json.loads(subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)], capture_output=True, text=True, check=False).stdout)["files"][0]["footprint"]
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """Commit 1: two configs and a YAML file that is no config. Commit 2: the text encoder's
+    batch doubled, cifar removed, atari added, and a config that no longer parses."""
+    repo = tmp_path / "repo"
+    (repo / "configs").mkdir(parents=True)
+    for name in ("text-encoder.yaml", "cifar-cnn.yaml", "gpt2-small.yaml"):
+        shutil.copy(EXAMPLES / name, repo / "configs" / name)
+    (repo / "configs" / "compose.yaml").write_text("services: {web: {image: nginx}}\n", encoding="utf-8")
+    git(repo, "init", "-q")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "one")
+    encoder = repo / "configs" / "text-encoder.yaml"
+    encoder.write_text(encoder.read_text(encoding="utf-8").replace("batch_size: 64", "batch_size: 128"), encoding="utf-8")
+    git(repo, "rm", "-q", "configs/cifar-cnn.yaml")
+    shutil.copy(EXAMPLES / "atari-cnn.yaml", repo / "configs" / "atari-cnn.yaml")
+    small = repo / "configs" / "gpt2-small.yaml"
+    small.write_text(small.read_text(encoding="utf-8").replace("optimizer: adamw", "optimizer: [adamw"), encoding="utf-8")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "two")
+    return repo
+
+
+def test_diff_between_two_commits_in_json(repo):
+    # the working tree is commit two; compare it with commit one, from a subdirectory
+    done = memfit("diff", "HEAD~1", "--format", "json", cwd=repo / "configs")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["base"] == "HEAD~1"
+    files = {f["path"]: f for f in report["files"]}
+    assert sorted(files) == ["configs/atari-cnn.yaml", "configs/cifar-cnn.yaml", "configs/gpt2-small.yaml", "configs/text-encoder.yaml"]
+
+    encoder = files["configs/text-encoder.yaml"]
+    old_text = EXAMPLES / "text-encoder.yaml"
+    assert encoder["before"] == footprint(old_text)
+    assert encoder["after"] == footprint(repo / "configs" / "text-encoder.yaml")
+    assert encoder["delta"] == {k: encoder["after"][k] - encoder["before"][k] for k in encoder["before"]}
+    assert encoder["delta"]["parameters"] == 0 and encoder["delta"]["activations"] > 0
+    assert "diagnostics" not in encoder
+
+    added, removed = files["configs/atari-cnn.yaml"], files["configs/cifar-cnn.yaml"]
+    assert added["before"] is None and added["delta"] == added["after"] == footprint(EXAMPLES / "atari-cnn.yaml")
+    assert removed["after"] is None and removed["delta"] == {k: -v for k, v in footprint(EXAMPLES / "cifar-cnn.yaml").items()}
+
+    broken = files["configs/gpt2-small.yaml"]
+    assert broken["before"] == footprint(EXAMPLES / "gpt2-small.yaml") and broken["after"] is None and broken["delta"] is None
+    assert [(d["side"], d["code"]) for d in broken["diagnostics"]] == [("after", "yaml-syntax")]
+
+
+def test_diff_against_the_working_tree_and_between_paths(repo):
+    encoder = repo / "configs" / "text-encoder.yaml"
+    encoder.write_text(encoder.read_text(encoding="utf-8").replace("batch_size: 128", "batch_size: 32"), encoding="utf-8")
+    done = memfit("diff", "HEAD", "configs/text-encoder.yaml", "--format", "json", cwd=repo)
+    (entry,) = json.loads(done.stdout)["files"]
+    assert entry["path"] == "configs/text-encoder.yaml" and entry["delta"]["total"] < 0
+    text = memfit("diff", "HEAD", "configs/text-encoder.yaml", cwd=repo).stdout
+    assert "configs/text-encoder.yaml: 745.63 MiB → 311.98 MiB (-433.64 MiB, -58.2%)" in text and "activations" in text
+
+
+def test_markdown_largest_growth_first_and_fail_on_growth(repo):
+    done = memfit("diff", "HEAD~1", "--format", "markdown", "--fail-on-growth", "5%", cwd=repo)
+    assert done.returncode == 1
+    assert "configs/text-encoder.yaml: the total grew by 63.3%, more than 5%" in done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| `")]
+    assert [row.split("`")[1] for row in rows] == [
+        "configs/text-encoder.yaml",  # +289.09 MiB
+        "configs/atari-cnn.yaml",  # added
+        "configs/cifar-cnn.yaml",  # removed
+        "configs/gpt2-small.yaml",  # no footprint now
+    ]
+    assert rows[0].startswith("| `configs/text-encoder.yaml` | 456.53 MiB | 745.63 MiB | +289.09 MiB (+63.3%) |")
+    assert memfit("diff", "HEAD~1", "--fail-on-growth", "70%", cwd=repo).returncode == 0
+    assert memfit("diff", "HEAD", "--fail-on-growth", "0%", cwd=repo).returncode == 0  # nothing changed since
+
+
+def test_bad_input(repo, tmp_path):
+    unknown = memfit("diff", "no-such-rev", cwd=repo)
+    assert unknown.returncode == 2 and "unknown revision 'no-such-rev'" in unknown.stderr and "Traceback" not in unknown.stderr
+    outside = memfit("diff", "HEAD", str(tmp_path), cwd=repo)
+    assert outside.returncode == 2 and "outside the repository" in outside.stderr
+    missing = memfit("diff", "HEAD", "configs/nope.yaml", cwd=repo)
+    assert missing.returncode == 2 and "no such file" in missing.stderr
+    assert memfit("diff", "HEAD", "--fail-on-growth", "lots", cwd=repo).returncode == 2
+    nowhere = tmp_path / "plain"
+    nowhere.mkdir()
+    assert memfit("diff", "HEAD", cwd=nowhere).returncode == 2
+
+
+def test_config_that_does_not_parse_at_the_revision(repo):
+    small = repo / "configs" / "gpt2-small.yaml"
+    shutil.copy(EXAMPLES / "gpt2-small.yaml", small)
+    done = memfit("diff", "HEAD", "configs/gpt2-small.yaml", "--format", "json", cwd=repo)
+    assert done.returncode == 0
+    (entry,) = json.loads(done.stdout)["files"]
+    assert entry["before"] is None and entry["after"] == footprint(small) and entry["delta"] is None
+    assert [(d["side"], d["code"]) for d in entry["diagnostics"]] == [("before", "yaml-syntax")]
+    assert "no footprint at HEAD:" in memfit("diff", "HEAD", "configs/gpt2-small.yaml", cwd=repo).stdout

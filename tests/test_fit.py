@@ -1,0 +1,259 @@
+"""`memfit fit`, `memfit check --suggest` and a passing check's lines, through the real CLI.
+The oracle for every answer is `memfit check` itself on the edited file: fit and the fixes
+must agree with the gate they predict."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memfit import fit as fitmod
+from memfit.check import check
+from memfit.fixes import apply_edits, fixes
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+# a Keras stack whose batch axis is model.batch_size; at 512 it needs more than 2 MiB
+KERAS = """\
+memfit: 1
+device: {memory: 2 MiB}
+optimizer: adam  # keep this comment
+model:
+  input_shape: [256]
+  batch_size: 512
+  layers:
+    - {type: Dense, units: 256, activation: relu}
+    - {type: Dense, units: 10}
+"""
+
+
+def memfit(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "memfit", *map(str, args)], check=False, capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def checked_json(path: Path) -> dict:
+    return json.loads(memfit("check", "--format", "json", path).stdout)["files"][0]
+
+
+def with_batch(tmp_path: Path, text: str, batch: int) -> Path:
+    path = tmp_path / f"batch-{batch}.yaml"
+    path.write_text(text.replace("batch_size: 512", f"batch_size: {batch}"), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def keras(tmp_path):
+    path = tmp_path / "keras.yaml"
+    path.write_text(KERAS, encoding="utf-8")
+    return path
+
+
+def test_fit_is_exact_against_check(keras, tmp_path):
+    done = memfit("fit", "--format", "json", keras)
+    assert done.returncode == 0, done.stderr
+    (entry,) = json.loads(done.stdout)["files"]
+    assert list(entry) == ["path", "vary", "max", "bytes_at_max", "bytes_at_next", "budget", "diagnostics"]
+    assert entry["vary"] == "micro_batch" and entry["diagnostics"] == []
+    top = entry["max"]
+    at_max, at_next = checked_json(with_batch(tmp_path, KERAS, top)), checked_json(with_batch(tmp_path, KERAS, top + 1))
+    assert at_max["footprint"]["total"] == entry["bytes_at_max"] <= entry["budget"] == at_max["budget"] == 2 * 2**20
+    assert at_next["footprint"]["total"] == entry["bytes_at_next"] > entry["budget"]
+    assert "budget-exceeded" not in [d["code"] for d in at_max["diagnostics"]]
+    assert "budget-exceeded" in [d["code"] for d in at_next["diagnostics"]]
+    text = memfit("fit", keras).stdout
+    assert text.startswith(f"{keras}: micro_batch ≤ {top} fits (") and f"; {top + 1} needs " in text
+
+
+def test_fit_when_even_one_does_not_fit(keras):
+    done = memfit("fit", "--format", "json", "--budget", "64 KiB", keras)
+    assert done.returncode == 1
+    (entry,) = json.loads(done.stdout)["files"]
+    assert entry["max"] == 0 and entry["bytes_at_max"] is None and entry["bytes_at_next"] > entry["budget"] == 65536
+    assert "micro_batch = 1 does not fit" in memfit("fit", "--budget", "64 KiB", keras).stdout
+
+
+def test_fit_nothing_to_vary_and_usage_errors(keras):
+    done = memfit("fit", EXAMPLES / "cifar-cnn.yaml")
+    assert done.returncode == 2
+    assert "error[cannot-vary] nothing to vary: this config does not set training.micro_batch or model.batch_size" in done.stdout
+    assert memfit("fit", "--vary", "gradient_accumulation", keras).returncode == 2
+    assert memfit("fit", "--vary", "width", keras).returncode == 2  # not a key fit knows
+    assert memfit("fit").returncode == 2
+    broken = keras.parent / "broken.yaml"
+    broken.write_text("memfit: 1\noptimizer: [\n", encoding="utf-8")
+    done = memfit("fit", broken)
+    assert done.returncode == 1 and "error[yaml-syntax]" in done.stdout
+
+
+def test_vary_on_a_key_that_does_not_change_memory(tmp_path, monkeypatch, capsys):
+    """A key that exists but leaves the footprint alone: a width of a category this config has
+    no tensors of (the vary table is data, so a test entry can point there)."""
+    path = tmp_path / "still.yaml"
+    path.write_text("memfit: 1\ndevice: {memory: 1 GiB}\noptimizer: adam\ndtypes: {activations: 2}\nparameters: [[4, 4]]\n", encoding="utf-8")
+    monkeypatch.setitem(fitmod.VARY, "seq_len", (("dtypes", "activations"),))
+    from memfit.cli import main
+
+    assert main(["fit", "--vary", "seq_len", str(path)]) == 2
+    out = capsys.readouterr().out
+    assert f"{path}:4:23: error[cannot-vary] seq_len does not change memory in this config" in out
+
+
+class Curve:
+    """A stand-in for the pipeline: any monotone byte curve, counting evaluations."""
+
+    def __init__(self, bytes_at, budget):
+        self.at, self.budget, self.runs = bytes_at, budget, 0
+
+    def bytes(self, value):
+        self.runs += 1
+        return self.at(value)
+
+    def fits(self, value):
+        return self.bytes(value) <= self.budget
+
+    def result(self, value):
+        return type("R", (), {"budget": self.budget})()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    base=st.integers(0, 10**6),
+    linear=st.integers(0, 5000),
+    square=st.integers(0, 50),
+    step=st.integers(1, 64),
+    budget=st.integers(1, 10**8),
+)
+def test_search_is_exact_for_any_monotone_curve(base, linear, square, step, budget):
+    curve = Curve(lambda v: base + linear * v + square * v * v + (v // step) * 1000 + v, budget)
+    expected = 0
+    low, high = 0, 1
+    while curve.at(high) <= budget:  # the brute force answer, by doubling then scanning
+        low, high = high, high * 2
+    expected = max([v for v in range(max(low, 1), high) if curve.at(v) <= budget], default=0)
+    assert fitmod.largest(curve) == expected
+    assert curve.runs <= 6 * max(expected, 2).bit_length() + 8  # O(log n) pipeline runs
+
+
+def test_fit_reuses_the_parsed_data_and_runs_a_few_times(keras):
+    text = keras.read_text(encoding="utf-8")
+    result = check(text, str(keras))
+    found = fitmod.fit(result, text)
+    assert found.max > 0 and found.runs <= 8  # affine in the batch: the first guess is the answer
+
+
+def test_fit_takes_at_most_twice_the_time_of_check():
+    example = EXAMPLES / "text-encoder.yaml"
+
+    def timed(*args):
+        start = time.perf_counter()
+        assert memfit(*args).returncode == 0
+        return time.perf_counter() - start
+
+    checks = statistics.median(timed("check", example) for _ in range(3))
+    fits = statistics.median(timed("fit", example) for _ in range(3))
+    assert fits <= 2 * checks, (fits, checks)
+
+
+# --- fixes -----------------------------------------------------------------------------------
+
+
+def test_suggest_gives_the_largest_batch_that_fits_as_an_edit(keras, tmp_path):
+    done = memfit("check", "--suggest", "--format", "json", keras)
+    assert done.returncode == 1
+    (entry,) = json.loads(done.stdout)["files"]
+    (fix,) = entry["fixes"]
+    top = json.loads(memfit("fit", "--format", "json", keras).stdout)["files"][0]["max"]
+    assert fix["kind"] == "micro_batch" and fix["changes"] == [{"key": "model.batch_size", "from": 512, "to": top}]
+    # the edit is the value's range only: comments, flow style and key order are kept
+    (edit,) = fix["edits"]
+    assert edit["range"] == {"start": {"line": 5, "character": 14}, "end": {"line": 5, "character": 17}} and edit["new_text"] == str(top)
+    fixed = tmp_path / "fixed.yaml"
+    fixed.write_text(KERAS.replace("batch_size: 512", f"batch_size: {top}"), encoding="utf-8")
+    after = checked_json(fixed)
+    assert after["footprint"]["total"] == fix["total"] and after["budget"] >= fix["total"]
+    assert memfit("check", fixed).returncode == 0
+    text = memfit("check", "--suggest", keras).stdout
+    assert f"1. micro_batch 512 → {top}" in text and f"{keras}:6:15: replace with '{top}'" in text
+    # without --suggest the json contract is unchanged
+    assert "fixes" not in json.loads(memfit("check", "--format", "json", keras).stdout)["files"][0]
+
+
+def test_near_budget_fixes_clear_the_warning(keras):
+    text = KERAS.replace("batch_size: 512", "batch_size: 450")  # 97% of the budget
+    result = check(text, "near.yaml")
+    assert [d.code for d in result.diagnostics] == ["near-budget"]
+    (fix,) = fixes(result, text)
+    again = check(apply_edits(text, fix.edits), "near.yaml")
+    assert again.diagnostics == [] and again.footprint["total"] == fix.total
+
+
+def test_no_fix_for_explicit_tensors_is_said():
+    done = memfit("check", "--suggest", EXAMPLES / "over-budget" / "gpt2-medium-on-t4.yaml")
+    assert done.returncode == 1 and "no single change memfit knows of makes this config fit" in done.stdout
+
+
+def test_insertions_keep_the_layout():
+    from memfit.fixes import edits
+
+    block = "memfit: 1\ntraining:\n  micro_batch: 8   # per device\noptimizer: adam\n"
+    (edit,) = edits(block, [(("training", "gradient_accumulation"), None, 4)])
+    assert apply_edits(block, [edit]) == "memfit: 1\ntraining:\n  micro_batch: 8   # per device\n  gradient_accumulation: 4\noptimizer: adam\n"
+    flow = "memfit: 1\ntraining: {micro_batch: 8}\n"
+    (edit,) = edits(flow, [(("training", "checkpointing"), None, "full")])
+    assert apply_edits(flow, [edit]) == "memfit: 1\ntraining: {micro_batch: 8, checkpointing: full}\n"
+    bare = "memfit: 1\noptimizer: adam"
+    (edit,) = edits(bare, [(("parallel", "offload", "optimizer"), None, "cpu")])
+    assert apply_edits(bare, [edit]) == "memfit: 1\noptimizer: adam\nparallel:\n  offload:\n    optimizer: cpu\n"
+
+
+# --- a passing check says what it found; explain takes several files -----------------------------
+
+
+def test_passing_check_prints_each_total_for_a_handful():
+    few = [EXAMPLES / name for name in ("atari-cnn.yaml", "gpt2-small.yaml")]
+    lines = memfit("check", *few).stdout.splitlines()
+    assert lines == [
+        f"{few[0]}: total 57.53 MiB of 2.00 GiB (2.8%), fits",
+        f"{few[1]}: total 7.44 GiB of 38.00 GiB (19.6%), fits",
+        "memfit: 2 configs checked, all fit",
+    ]
+    many = sorted(EXAMPLES.glob("*.yaml")) + [EXAMPLES / "atari-cnn.yaml"]
+    assert memfit("check", *many).stdout.splitlines() == ["memfit: 6 configs checked, all fit"]
+
+
+def test_explain_takes_several_files():
+    done = memfit("explain", EXAMPLES / "atari-cnn.yaml", EXAMPLES / "cifar-cnn.yaml")
+    assert done.returncode == 0
+    assert "atari-cnn (seed 004)" in done.stdout and "cifar10-cnn" in done.stdout
+
+
+def test_the_docs_show_real_output():
+    """Every `$ memfit fit|check|explain …` block of docs/fit-and-diff.md is what that command prints
+    on the bundled examples today (diff's blocks need an edited clone: tests/test_diff.py)."""
+    import re
+    import shlex
+
+    page = (ROOT / "docs" / "fit-and-diff.md").read_text(encoding="utf-8")
+    blocks = [b for b in re.findall(r"```text\n(.*?)```", page, re.DOTALL) if b.startswith("$ memfit ") and not b.startswith("$ memfit diff")]
+    assert len(blocks) >= 4
+    for block in blocks:
+        command, _, expected = block.partition("\n")
+        done = memfit(*shlex.split(command)[2:], cwd=ROOT)
+        assert done.stdout == expected, command
+
+
+def test_suggest_with_worker_processes(keras, tmp_path):
+    """Pooled results come back without the data: --suggest reads and checks those files again."""
+    other = tmp_path / "other.yaml"
+    other.write_text(KERAS, encoding="utf-8")
+    done = memfit("check", "--suggest", "--jobs", "2", "--format", "json", keras, other)
+    assert [len(f["fixes"]) for f in json.loads(done.stdout)["files"]] == [1, 1]
