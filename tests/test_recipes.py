@@ -703,3 +703,45 @@ def test_recipe_examples(name, per_param):
     result = check((Path(__file__).resolve().parents[1] / "examples" / name).read_text())
     assert not result.diagnostics
     assert result.footprint["total"] == per_param * 1_235_814_400  # Llama-3.2-1B's parameter count
+
+
+def test_qlora_config_through_check_matches_a_real_step(llama_dir):
+    """The whole pipeline: a config with model.transformer + lora + quantization gives, for
+    parameters, gradients and optimizer state, what a quantized peft Llama holds after one
+    AdamW step on CPU."""
+    import json as _json
+
+    transformer = _json.dumps({"model_type": "llama", **LLAMA})
+    text = (
+        "memfit: 1\ndevice: {memory: 1 GiB}\nprecision: bf16-true\noptimizer: adamw\n"
+        f"model: {{transformer: {transformer}}}\ntraining: {{micro_batch: 2, seq_len: 8}}\n"
+        "lora: {r: 4, target_modules: [q_proj, v_proj, down_proj], modules_to_save: [embed_tokens]}\n"
+        "quantization: {method: nf4, double_quant: true, compute_dtype: bfloat16}\n"
+    )
+    result = check(text)
+    assert not result.diagnostics, result.diagnostics
+    model = _peft(_load(llama_dir, "nf4", double_quant=True), r=4, target_modules=["q_proj", "v_proj", "down_proj"], modules_to_save=["embed_tokens"])
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable)
+    model(input_ids=torch.randint(0, 130, (2, 8)), labels=torch.randint(0, 130, (2, 8))).loss.backward()
+    opt.step()
+    held = list(model.parameters())
+    for m in model.modules():
+        if isinstance(m, bnb.nn.Linear4bit):
+            held += list(_held(m).values())
+    fp = result.footprint
+    assert fp["parameters"] == distinct(held)
+    assert fp["gradients"] == distinct(p.grad for p in trainable)
+    assert fp["optimizer_state"] == distinct(v for p in trainable for k, v in opt.state[p].items() if k != "step")
+    names = [t.name for t in result.config.tensors if t.category == "parameters"]
+    assert [n for n, _ in model.named_parameters()] == [n for n in names if ".quant_state." not in n and not n.endswith(".weight.SCB")]
+
+
+def test_lora_on_a_transformer_with_unmatched_targets_is_positioned():
+    import json as _json
+
+    transformer = _json.dumps({"model_type": "llama", **LLAMA})
+    text = f"memfit: 1\ndevice: {{memory: 1 GiB}}\noptimizer: adamw\nmodel: {{transformer: {transformer}}}\ntraining: {{micro_batch: 1, seq_len: 8}}\nlora:\n  r: 4\n  target_modules: [qproj]\n"
+    result = check(text)
+    assert [(d.range.start_line + 1, d.code) for d in result.diagnostics] == [(8, "lora-no-match")]
+    assert "q_proj" in result.diagnostics[0].message and "did you mean 'q_proj'" in result.diagnostics[0].message

@@ -60,18 +60,12 @@ def _optimizer() -> dict:
 
 
 def _recipes() -> dict:
-    """precision, master_weights, training, lora, quantization: from the recipe modules' tables."""
+    """precision, master_weights, lora, quantization (training.grad_accum_dtype is in _training):
+    from the recipe modules' tables."""
     from . import lora, precision, quant
 
     return {
         **precision.schema_properties(),
-        "training": {
-            "title": "Training",
-            "description": "How the training step runs.",
-            "type": "object",
-            "additionalProperties": False,
-            "properties": precision.schema_training_properties(),
-        },
         "lora": lora.schema_property(),
         "quantization": quant.schema_property(),
     }
@@ -220,6 +214,7 @@ def _transformer_keys() -> dict:
 
 def _training() -> dict:
     from .models.hf import ATTENTIONS, CHECKPOINTING
+    from .precision import schema_training_properties
 
     return {
         "title": "Training",
@@ -241,6 +236,7 @@ def _training() -> dict:
                 "enum": list(CHECKPOINTING),
                 "default": "none",
             },
+            **schema_training_properties(),
         },
         "examples": [{"micro_batch": 4, "seq_len": 4096, "attention": "sdpa", "checkpointing": "none"}],
     }
