@@ -659,14 +659,14 @@ def test_transformer_parameters_against_a_real_qlora_step(llama_dir, method):
     from memfit import adapters
     from memfit.config import build, make_tensor
     from memfit.costs import width
-    from memfit.models import hf_config
+    from memfit.models import hf, hf_config
     from memfit.placement import place
 
     lora_cfg = {"r": 4, "target_modules": "all-linear", "modules_to_save": ["embed_tokens"]}
     data = {"memfit": 1, "precision": "bf16-true", "optimizer": "adamw", "lora": lora_cfg, "quantization": {"method": method, "double_quant": True}}
     config, _ = build(data)
     cfg = hf_config.normalize({"model_type": "llama", **LLAMA})
-    rows, problems = adapters.transformer_rows(cfg, data, "bfloat16")
+    rows, problems = adapters.transformer_rows(cfg, data, "bfloat16", hf.parameters(cfg), hf.linear_modules(cfg), hf.head(cfg))
     assert not problems
     tensors = [make_tensor("parameters", ("model",), r.name, list(r.shape), 1, r.trainable, None if r.dtype == "bfloat16" else width(r.dtype), config) for r in rows]
     modelled = place(tensors).footprint
@@ -687,11 +687,11 @@ def test_transformer_parameters_against_a_real_qlora_step(llama_dir, method):
 
 def test_transformer_parameters_unmatched_targets_listed():
     from memfit import adapters, codes
-    from memfit.models import hf_config
+    from memfit.models import hf, hf_config
 
     data = {"memfit": 1, "optimizer": "adamw", "lora": {"r": 4, "target_modules": ["qproj"]}}
     cfg = hf_config.normalize({"model_type": "llama", **LLAMA})
-    _, problems = adapters.transformer_rows(cfg, data, "bfloat16")
+    _, problems = adapters.transformer_rows(cfg, data, "bfloat16", hf.parameters(cfg), hf.linear_modules(cfg), hf.head(cfg))
     assert [(p.path, p.code) for p in problems] == [(("lora", "target_modules"), codes.LORA_NO_MATCH)]
     assert "q_proj" in problems[0].message and "down_proj" in problems[0].message
 
@@ -745,3 +745,28 @@ def test_lora_on_a_transformer_with_unmatched_targets_is_positioned():
     result = check(text)
     assert [(d.range.start_line + 1, d.code) for d in result.diagnostics] == [(8, "lora-no-match")]
     assert "q_proj" in result.diagnostics[0].message and "did you mean 'q_proj'" in result.diagnostics[0].message
+
+
+def test_qlora_example_by_hand():
+    """examples/llama7b-qlora.yaml against arithmetic written out from bitsandbytes' layout
+    (nf4 + double quant per weight: n/2 packed, n/64 uint8 absmax, 16 fp32 code, fp32 offset,
+    ceil(n/64/256) fp32 second-level scales, 256 fp32 code copy)."""
+    from pathlib import Path
+
+    from memfit.explain import render
+
+    def nf4_dq(n):
+        return n // 2 + n // 64 + 16 * 4 + 4 + -(-(n // 64) // 256) * 4 + 256 * 4
+
+    attn, mlp = 4096 * 4096, 4096 * 11008
+    quantized = 128 * nf4_dq(attn) + 96 * nf4_dq(mlp)
+    bf16 = 2 * (2 * 32000 * 4096 + 65 * 4096)  # embeddings, head, 65 RMSNorm weights
+    adapters = 128 * 16 * (4096 + 4096)  # r 16 on q, k, v, o of 32 layers, fp32
+    path = Path(__file__).resolve().parents[1] / "examples" / "llama7b-qlora.yaml"
+    result = check(path.read_text(), str(path))
+    assert not result.diagnostics
+    fp = result.footprint
+    assert fp["parameters"] == quantized + bf16 + 4 * adapters == 3_932_945_280
+    assert (fp["gradients"], fp["optimizer_state"]) == (4 * adapters, 8 * adapters)
+    text = render(result)
+    assert "4-bit weight, packed (quantization)" in text and "LoRA adapter (peft)" in text

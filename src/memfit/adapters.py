@@ -43,16 +43,14 @@ def problems(data: dict) -> list[Problem]:
     return out
 
 
-def transformer_rows(cfg: dict, data: dict, base_dtype: str) -> tuple[list, list[Problem]]:
+def transformer_rows(cfg: dict, data: dict, base_dtype: str, params, linears, head: str) -> tuple[list, list[Problem]]:
     """The parameters of a transformer under `lora` / `quantization`, as lora.Row (peft's
     names, adapters in their own dtype, bitsandbytes' storage as frozen rows), and the
-    problems. `cfg` is the normalized transformer config (models.hf_config.normalize); the
-    model derivation turns the rows into config tensors (config.make_tensor)."""
+    problems. `cfg` is the normalized transformer config; `params`, `linears` and `head` (the
+    head kind) are models.hf's for it, which turns the rows into config tensors."""
     from . import lora as lora_rules
-    from .models import hf
 
-    params, linears = hf.parameters(cfg), hf.linear_modules(cfg)
-    head = lora_rules.OUTPUT_HEADS.get(hf.head(cfg))
+    head = lora_rules.OUTPUT_HEADS.get(head)
     section = data.get("lora") or {}
     try:
         rows = lora_rules.training_parameters(

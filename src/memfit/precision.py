@@ -275,13 +275,13 @@ class ViewRow:
     origin: str
 
 
-def per_parameter_view(entries, shared=()) -> tuple[list[ViewRow], int, int]:
+def per_parameter_view(entries, shared=(), every: int | None = None) -> tuple[list[ViewRow], int, int]:
     """The "16 B/param" view of a config: its parameter tensors' items grouped by what
     they are, each as bytes per parameter element (gradients and optimizer state per
     trainable element). `entries`: (items, count, elements, trainable) per declared
     parameter; `shared`: once-per-optimizer items. Returns (rows, all, trainable elements)."""
     groups: dict = {}
-    every = trainable_elements = 0
+    given, every, trainable_elements = every, 0, 0
     for items, count, elements, trainable in entries:
         every += count * elements
         trainable_elements += count * elements if trainable else 0
@@ -291,6 +291,7 @@ def per_parameter_view(entries, shared=()) -> tuple[list[ViewRow], int, int]:
     for item in shared:
         key = (item.category, item.label, item.dtype, item.origin)
         groups[key] = groups.get(key, 0) + item.bytes
+    every = every if given is None else given
     rows = []
     for (category, label, dtype, origin), size in groups.items():
         base = every if category == "parameters" else trainable_elements
@@ -480,10 +481,35 @@ def explain_lines(config, width: int = 80) -> list[str]:
     for t in config.tensors:
         if t.category == "parameters":
             own = None if t.dtype == recipe.widths["parameters"] else t.dtype
-            entries.append((recipe.items(t.shape, t.trainable, own), t.count, t.elements, t.trainable))
+            items = recipe.items(t.shape, t.trainable, own)
+            kind = _kind(t.name, t.dtype.name, t.trainable)
+            if kind is not None:
+                items = [Item(i.category, kind[0] if i.label == "weight" else i.label, i.shape, i.dtype, i.bytes, kind[1] if i.label == "weight" else i.origin) for i in items]
+            entries.append((items, t.count, t.elements, t.trainable))
         elif t.category == "optimizer_state":
             shared.append(Item("optimizer_state", t.name.rsplit(".", 1)[-1], tuple(t.shape), t.dtype.name, t.bytes["optimizer_state"], "one per optimizer"))
     if not entries:
         return []
-    rows, every, trainable = per_parameter_view(entries, shared)
+    model = getattr(config, "model", None)
+    logical = None
+    if model is not None and any(_kind(t.name, t.dtype.name, t.trainable) for t in config.tensors if t.category == "parameters"):
+        # quantized storage is not one element per parameter: count the model's, plus what peft adds
+        added = sum(t.count * t.elements for t in config.tensors if t.category == "parameters" and (_kind(t.name, t.dtype.name, t.trainable) or ("",))[0] in ("LoRA adapter", "modules_to_save copy"))
+        logical = sum(row.count * row.params for row in model.blocks) + added
+    rows, every, trainable = per_parameter_view(entries, shared, logical)
     return view_lines(rows, every, trainable, width)
+
+
+def _kind(name: str, dtype: str, trainable: bool):
+    """(label, origin) for the tensors lora and quantization make, by their framework names."""
+    if ".quant_state." in name:
+        return f"quant_state.{name.split('.quant_state.', 1)[1]}", "bitsandbytes"
+    if name.endswith(".weight.SCB"):
+        return "int8 row scales (SCB)", "bitsandbytes"
+    if not trainable and dtype in ("uint8", "int8") and name.endswith(".weight"):
+        return ("4-bit weight, packed" if dtype == "uint8" else "int8 weight"), "quantization"
+    if ".lora_A." in name or ".lora_B." in name:
+        return "LoRA adapter", "peft"
+    if ".modules_to_save." in name:
+        return "modules_to_save copy", "peft"
+    return None

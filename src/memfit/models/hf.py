@@ -436,7 +436,7 @@ def _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpoi
             return []  # reported by check already; no footprint is shown
         base = config.widths["parameters"].name
         base = base if base in DTYPES else "float32"
-        param_rows, problems = adapters.transformer_rows(cfg, data, base)
+        param_rows, problems = adapters.transformer_rows(cfg, data, base, parameters(cfg), linear_modules(cfg), head(cfg))
         if problems:
             return problems
     saved = saved_by(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing, dtypes=dtypes, **recipe)
