@@ -413,6 +413,14 @@ def _recipe_arguments(data: dict) -> dict:
         out["precision"] = data["precision"].strip().lower()
     if isinstance(data.get("lora"), dict):
         out["lora"] = data["lora"]
+    quantization = data.get("quantization")
+    if isinstance(quantization, dict) and quantization.get("method") in ("nf4", "fp4") and "compute_dtype" in quantization:
+        from .hf_activations import qlora_precision
+
+        try:  # a 4-bit base keeps nothing for backward; the rest computes in compute_dtype
+            out["precision"] = qlora_precision(quantization["compute_dtype"])
+        except KeyError:
+            pass
     return out
 
 
