@@ -308,7 +308,8 @@ def _held(module):
     """Every tensor a bitsandbytes layer's weight holds, by bitsandbytes' own names."""
     w = module.weight
     if isinstance(module, bnb.nn.Linear8bitLt):
-        return {"weight": w.data, "weight.SCB": w.SCB}
+        # the first forward moves CB/SCB from the weight to the layer's MatmulLtState
+        return {"weight": w.data, "weight.SCB": w.SCB if w.SCB is not None else module.state.SCB}
     qs = w.quant_state
     held = {"weight": w.data, "quant_state.absmax": qs.absmax, "quant_state.code": qs.code}
     if qs.nested:
@@ -554,7 +555,218 @@ def test_per_parameter_view():
     assert sum(row.per_parameter for row in rows) == 20
     assert {(row.label, row.per_parameter, row.origin) for row in rows if row.category == "gradients"} == {
         ("grad", 2, "like its parameter"),
-        ("grad accum buffer", 4, "training.grad_accum_dtype"),
+        ("grad accum buffer", 4, "grad_accum_dtype"),
     }
     lines = precision.view_lines(rows, every, trainable)
     assert lines[-1].split()[:2] == ["total", "20"] and all(len(line) <= 80 for line in lines)
+
+
+# --- through the pipeline: configs with the recipe keys ----------------------------------------
+from memfit.check import check  # noqa: E402
+
+ZERO = "memfit: 1\ndevice: {memory: 200 GB}\nprecision: 16-true\nmaster_weights: float32\noptimizer: adam\nparameters:\n  - {name: w, shape: [7500000000]}\n"
+
+
+@pytest.mark.parametrize(
+    "extra,total",
+    [
+        ("", 120 * 10**9),
+        ("dtypes: {optimizer_state: float32}\n", 120 * 10**9),
+        ("training: {grad_accum_dtype: float32}\n", 150 * 10**9),
+        ("dtypes: {gradients: float32}\n", 135 * 10**9),
+    ],
+)
+def test_published_recipes_through_check(extra, total):
+    result = check(ZERO + extra)
+    assert not result.diagnostics and result.footprint["total"] == total
+
+
+def test_bnb_config_through_check_matches_a_real_step():
+    """The Wide model declared as a config: check's optimizer_state equals bitsandbytes' own
+    state after a step, quantization maps included."""
+    torch.manual_seed(0)
+    model = Wide().to(torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt = bnb.optim.AdamW8bit(model.parameters())
+        model(torch.randn(3, 70, dtype=torch.bfloat16)).float().backward()
+        opt.step()
+    shapes = "\n".join(f"  - {list(p.shape)}" for p in model.parameters())
+    result = check(f"memfit: 1\ndevice: {{memory: 1 GiB}}\nprecision: bf16-true\noptimizer: adamw8bit\nparameters:\n{shapes}\n")
+    assert not result.diagnostics
+    states = [v for p in model.parameters() for v in opt.state[p].values() if torch.is_tensor(v)]
+    params = list(model.parameters())
+    assert result.footprint["optimizer_state"] == distinct(states)
+    assert (result.footprint["parameters"], result.footprint["gradients"]) == (distinct(params), distinct(p.grad for p in params))
+
+
+def test_adafactor_through_check_uses_the_shape():
+    p = torch.nn.Parameter(torch.randn(64, 48, dtype=torch.bfloat16))
+    opt = torch.optim.Adafactor([p])
+    p.grad = torch.ones_like(p)
+    opt.step()
+    result = check("memfit: 1\ndevice: {memory: 1 GiB}\nprecision: bf16-true\noptimizer: adafactor\nparameters:\n  - [64, 48]\n")
+    assert result.footprint["optimizer_state"] == distinct(v for k, v in opt.state[p].items() if k != "step") == (64 + 48) * 2
+
+
+BAD = {
+    "precision: bf16-mixd\noptimizer: adam\n": [(3, 12, "unknown-precision", "did you mean 'bf16-mixed'")],
+    "optimizer: adamw8bt\n": [(3, 12, "unknown-optimizer", "did you mean 'adamw8bit'")],
+    "precision: 32-true\nmaster_weights: float32\noptimizer: adam\n": [(4, 17, "master-weights-noop", "changes nothing")],
+    "optimizer: adam\nlora: {r: 0, target_modules: [q_proj]}\n": [(4, 1, "needs-transformer", "transformer"), (4, 11, "bad-lora", "positive")],
+    "optimizer: adam\nquantization: {method: nf5}\n": [(4, 1, "needs-transformer", "transformer"), (4, 24, "unknown-quantization", "did you mean 'nf4'")],
+}
+
+
+@pytest.mark.parametrize("body", list(BAD))
+def test_bad_recipe_input_is_positioned(body):
+    result = check("memfit: 1\ndevice: {memory: 1 GiB}\n" + body + "parameters: [[10, 10]]\n")
+    got = [(d.range.start_line + 1, d.range.start_character + 1, d.code, d.message) for d in result.diagnostics]
+    assert [(line, col, code) for line, col, code, _ in got] == [(line, col, code) for line, col, code, _ in BAD[body]]
+    assert all(want in message for (*_, message), (*_, want) in zip(got, BAD[body]))
+
+
+def test_master_weights_noop_keeps_the_footprint_and_counts_no_copy():
+    result = check("memfit: 1\ndevice: {memory: 1 GiB}\nprecision: bf16-mixed\nmaster_weights: float32\noptimizer: adam\nparameters: [[10, 10]]\n")
+    assert [d.severity for d in result.diagnostics] == ["warning"]
+    assert result.footprint["optimizer_state"] == 800
+
+
+def test_configs_without_recipe_keys_keep_the_seed_recipe():
+    from memfit.costs import Recipe
+
+    result = check("memfit: 1\ndevice: {memory: 1 GiB}\ndtypes: {parameters: bfloat16}\noptimizer: adam\nparameters: [[10, 10]]\n")
+    assert type(result.config.recipe) is Recipe
+    assert result.footprint == {"parameters": 200, "gradients": 400, "activations": 0, "optimizer_state": 800, "total": 1400}
+
+
+def test_explain_shows_bytes_per_parameter():
+    from memfit.explain import render
+
+    text = render(check(ZERO + "training: {grad_accum_dtype: float32}\n"))
+    assert "bytes per parameter" in text
+    rows = {line.split()[0] + " " + line.split()[-1]: line.split()[1] for line in text.splitlines() if line.startswith("  ") and "(" in line and line.split()[0] in ("parameters", "gradients", "optimizer_state")}
+    assert any(line.split()[:2] == ["total", "20"] for line in text.splitlines())
+    assert "master weight (master_weights)" in text and "grad accum buffer (grad_accum_dtype)" in text
+    assert rows
+
+
+@pytest.mark.parametrize("method", ["nf4", "int8"])
+def test_transformer_parameters_against_a_real_qlora_step(llama_dir, method):
+    """adapters.transformer_parameters (what the transformer model form costs under lora +
+    quantization) against a quantized, peft-wrapped Llama after one AdamW step: parameters
+    (with every QuantState tensor), gradients and optimizer state, byte for byte."""
+    from memfit import adapters
+    from memfit.config import build, make_tensor
+    from memfit.costs import width
+    from memfit.models import hf, hf_config
+    from memfit.placement import place
+
+    lora_cfg = {"r": 4, "target_modules": "all-linear", "modules_to_save": ["embed_tokens"]}
+    data = {"memfit": 1, "precision": "bf16-true", "optimizer": "adamw", "lora": lora_cfg, "quantization": {"method": method, "double_quant": True}}
+    config, _ = build(data)
+    cfg = hf_config.normalize({"model_type": "llama", **LLAMA})
+    rows, problems = adapters.transformer_rows(cfg, data, "bfloat16", hf.parameters(cfg), hf.linear_modules(cfg), hf.head(cfg))
+    assert not problems
+    tensors = [make_tensor("parameters", ("model",), r.name, list(r.shape), 1, r.trainable, None if r.dtype == "bfloat16" else width(r.dtype), config) for r in rows]
+    modelled = place(tensors).footprint
+
+    model = _peft(_load(llama_dir, method, double_quant=True), r=4, target_modules="all-linear", modules_to_save=["embed_tokens"])
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable)
+    model(input_ids=torch.randint(0, 130, (2, 8)), labels=torch.randint(0, 130, (2, 8))).loss.backward()
+    opt.step()
+    held = list(model.parameters())
+    for m in model.modules():
+        if isinstance(m, (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt)):
+            held += list(_held(m).values())
+    assert modelled["parameters"] == distinct(held)
+    assert modelled["gradients"] == distinct(p.grad for p in trainable)
+    assert modelled["optimizer_state"] == distinct(v for p in trainable for k, v in opt.state[p].items() if k != "step")
+
+
+def test_transformer_parameters_unmatched_targets_listed():
+    from memfit import adapters, codes
+    from memfit.models import hf, hf_config
+
+    data = {"memfit": 1, "optimizer": "adamw", "lora": {"r": 4, "target_modules": ["qproj"]}}
+    cfg = hf_config.normalize({"model_type": "llama", **LLAMA})
+    _, problems = adapters.transformer_rows(cfg, data, "bfloat16", hf.parameters(cfg), hf.linear_modules(cfg), hf.head(cfg))
+    assert [(p.path, p.code) for p in problems] == [(("lora", "target_modules"), codes.LORA_NO_MATCH)]
+    assert "q_proj" in problems[0].message and "down_proj" in problems[0].message
+
+
+@pytest.mark.parametrize("name,per_param", [("llama-3.2-1b-deepspeed.yaml", 20), ("llama-3.2-1b-bf16-mixed.yaml", 16)])
+def test_recipe_examples(name, per_param):
+    from pathlib import Path
+
+    result = check((Path(__file__).resolve().parents[1] / "examples" / name).read_text())
+    assert not result.diagnostics
+    assert result.footprint["total"] == per_param * 1_235_814_400  # Llama-3.2-1B's parameter count
+
+
+def test_qlora_config_through_check_matches_a_real_step(llama_dir):
+    """The whole pipeline: a config with model.transformer + lora + quantization gives, for
+    parameters, gradients and optimizer state, what a quantized peft Llama holds after one
+    AdamW step on CPU."""
+    import json as _json
+
+    transformer = _json.dumps({"model_type": "llama", **LLAMA})
+    text = (
+        "memfit: 1\ndevice: {memory: 1 GiB}\nprecision: bf16-true\noptimizer: adamw\n"
+        f"model: {{transformer: {transformer}}}\ntraining: {{micro_batch: 2, seq_len: 8}}\n"
+        "lora: {r: 4, target_modules: [q_proj, v_proj, down_proj], modules_to_save: [embed_tokens]}\n"
+        "quantization: {method: nf4, double_quant: true, compute_dtype: bfloat16}\n"
+    )
+    result = check(text)
+    assert not result.diagnostics, result.diagnostics
+    model = _peft(_load(llama_dir, "nf4", double_quant=True), r=4, target_modules=["q_proj", "v_proj", "down_proj"], modules_to_save=["embed_tokens"])
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable)
+    model(input_ids=torch.randint(0, 130, (2, 8)), labels=torch.randint(0, 130, (2, 8))).loss.backward()
+    opt.step()
+    held = list(model.parameters())
+    for m in model.modules():
+        if isinstance(m, bnb.nn.Linear4bit):
+            held += list(_held(m).values())
+    fp = result.footprint
+    assert fp["parameters"] == distinct(held)
+    assert fp["gradients"] == distinct(p.grad for p in trainable)
+    assert fp["optimizer_state"] == distinct(v for p in trainable for k, v in opt.state[p].items() if k != "step")
+    names = [t.name for t in result.config.tensors if t.category == "parameters"]
+    assert [n for n, _ in model.named_parameters()] == [n for n in names if ".quant_state." not in n and not n.endswith(".weight.SCB")]
+
+
+def test_lora_on_a_transformer_with_unmatched_targets_is_positioned():
+    import json as _json
+
+    transformer = _json.dumps({"model_type": "llama", **LLAMA})
+    text = f"memfit: 1\ndevice: {{memory: 1 GiB}}\noptimizer: adamw\nmodel: {{transformer: {transformer}}}\ntraining: {{micro_batch: 1, seq_len: 8}}\nlora:\n  r: 4\n  target_modules: [qproj]\n"
+    result = check(text)
+    assert [(d.range.start_line + 1, d.code) for d in result.diagnostics] == [(8, "lora-no-match")]
+    assert "q_proj" in result.diagnostics[0].message and "did you mean 'q_proj'" in result.diagnostics[0].message
+
+
+def test_qlora_example_by_hand():
+    """examples/llama7b-qlora.yaml against arithmetic written out from bitsandbytes' layout
+    (nf4 + double quant per weight: n/2 packed, n/64 uint8 absmax, 16 fp32 code, fp32 offset,
+    ceil(n/64/256) fp32 second-level scales, 256 fp32 code copy)."""
+    from pathlib import Path
+
+    from memfit.explain import render
+
+    def nf4_dq(n):
+        return n // 2 + n // 64 + 16 * 4 + 4 + -(-(n // 64) // 256) * 4 + 256 * 4
+
+    attn, mlp = 4096 * 4096, 4096 * 11008
+    quantized = 128 * nf4_dq(attn) + 96 * nf4_dq(mlp)
+    bf16 = 2 * (2 * 32000 * 4096 + 65 * 4096)  # embeddings, head, 65 RMSNorm weights
+    adapters = 128 * 16 * (4096 + 4096)  # r 16 on q, k, v, o of 32 layers, fp32
+    path = Path(__file__).resolve().parents[1] / "examples" / "llama7b-qlora.yaml"
+    result = check(path.read_text(), str(path))
+    assert not result.diagnostics
+    fp = result.footprint
+    assert fp["parameters"] == quantized + bf16 + 4 * adapters == 3_932_945_280
+    assert (fp["gradients"], fp["optimizer_state"]) == (4 * adapters, 8 * adapters)
+    text = render(result)
+    assert "4-bit weight, packed (quantization)" in text and "LoRA adapter (peft)" in text

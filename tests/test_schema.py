@@ -67,7 +67,9 @@ def test_only_local_refs_so_validation_never_fetches():
 
 def test_dtype_enum_is_the_dtype_table():
     assert schema()["$defs"]["dtype"]["anyOf"][0]["enum"] == list(DTYPES)
-    assert sorted(schema()["properties"]["optimizer"]["examples"]) == sorted(OPTIMIZER_STATES)
+    from memfit.optim import OPTIMIZERS
+
+    assert sorted(schema()["properties"]["optimizer"]["examples"]) == sorted(OPTIMIZERS)
 
 
 def test_check_jsonschema_validates_the_examples_with_this_schema():

@@ -134,13 +134,17 @@ def evaluate(data, options: Options = Options(), path: str = "<data>") -> Result
 def _pipeline(data: dict, options: Options, result: Result) -> list[Problem]:
     """schema -> config -> tensors -> placement -> footprint -> budget, on a document that is a config."""
     from . import schema
-    from .config import build
+    from .config import build, optimizer_constants
     from .placement import SINGLE, place
 
     problems = schema.problems(data)
     cfg = None
     if not problems:
         config, problems = build(data)
+        if "lora" in data or "quantization" in data:
+            from . import adapters
+
+            problems.extend(adapters.problems(data))
         if "model" in data:
             from .models.dispatch import derive
 
@@ -152,6 +156,7 @@ def _pipeline(data: dict, options: Options, result: Result) -> list[Problem]:
         # an unknown optimizer or a layer that cannot apply leaves a number that is not the
         # footprint: report none rather than a wrong one; a bad unit spoils only the budget
         if all(lookup(p.code).keeps_footprint for p in problems):
+            config.tensors.extend(optimizer_constants(config))
             config.placement = place(config.tensors, _layout(config, data, cfg) if config.parallel is not None else SINGLE)
             too_large = _too_large(config)
             if too_large is not None:

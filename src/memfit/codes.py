@@ -37,6 +37,12 @@ DUPLICATE_KEY = "duplicate-key"
 SCHEMA = "schema"
 UNKNOWN_DTYPE = "unknown-dtype"
 UNKNOWN_OPTIMIZER = "unknown-optimizer"
+UNKNOWN_PRECISION = "unknown-precision"
+MASTER_WEIGHTS_NOOP = "master-weights-noop"
+NEEDS_TRANSFORMER = "needs-transformer"
+BAD_LORA = "bad-lora"
+LORA_NO_MATCH = "lora-no-match"
+UNKNOWN_QUANTIZATION = "unknown-quantization"
 BAD_UNIT = "bad-unit"
 BAD_BUDGET = "bad-budget"
 SHAPE_MISMATCH = "shape-mismatch"
@@ -65,6 +71,18 @@ CODES: dict[str, Code] = _register(
     Code(SCHEMA, ERROR, "The config does not match the memfit schema", "Compare the node with `memfit schema`; unknown keys usually are typos of a known key."),
     Code(UNKNOWN_DTYPE, ERROR, "A dtype name memfit does not know", "Use a known dtype name such as bfloat16 or float32, or a positive byte width that is a multiple of 1/8."),
     Code(UNKNOWN_OPTIMIZER, ERROR, "An optimizer memfit does not know", "Use a known optimizer name (adam, adamw, sgd, ...): it sets the optimizer state kept per parameter."),
+    Code(UNKNOWN_PRECISION, ERROR, "A precision recipe memfit does not know", "Use one of Lightning's names: 32-true, bf16-true, 16-true, bf16-mixed, 16-mixed (or 64-true)."),
+    Code(
+        MASTER_WEIGHTS_NOOP,
+        WARNING,
+        "master_weights with weights already that wide",
+        "A master copy is kept only for 16-bit weights; drop master_weights or choose a 16-bit precision (16-true, bf16-true).",
+        keeps_footprint=True,
+    ),
+    Code(NEEDS_TRANSFORMER, ERROR, "lora or quantization without a transformer model", "lora and quantization apply to the transformer form of the model (hf_config); declare it, or drop the section."),
+    Code(BAD_LORA, ERROR, "A LoRA setting that peft refuses", "Give lora.r a positive integer rank and the targets as module-name suffixes, a regex or 'all-linear'."),
+    Code(LORA_NO_MATCH, ERROR, "lora.target_modules match no linear module", "Use names from the model's linear modules (listed in the message), e.g. q_proj, v_proj, or 'all-linear'."),
+    Code(UNKNOWN_QUANTIZATION, ERROR, "A quantization method memfit does not know", "Use nf4, fp4 or int8 (bitsandbytes via transformers' BitsAndBytesConfig)."),
     Code(
         BAD_UNIT,
         ERROR,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from . import codes
-from .costs import CATEGORIES, Recipe, Width, optimizer_states, width
+from .costs import CATEGORIES, OPTIMIZER_STATES, Recipe, Width, optimizer_states, width
 from .diagnostics import Problem
 from .units import UnitError, parse_bytes, parse_percent, parse_reserve, with_bytes
 
@@ -82,14 +82,22 @@ class Config:
 def build(data: dict) -> tuple[Config, list[Problem]]:
     """Tensors declared explicitly; model-derived ones and the placement are added by check."""
     problems: list[Problem] = []
-    try:
-        states = optimizer_states(data["optimizer"])
-    except ValueError as error:
-        problems.append(Problem(("optimizer",), codes.UNKNOWN_OPTIMIZER, str(error)))
-        states = 0
-    declared = data.get("dtypes", {})
-    widths = {c: width(declared.get(c, DEFAULT_DTYPE)) for c in CATEGORIES}
-    config = Config(data.get("name"), Recipe(data["optimizer"], states, widths))
+    recipe = None
+    if _beyond_seed(data):
+        from . import precision
+
+        recipe, problems = precision.from_config(data)
+    if recipe is None:
+        try:
+            states = optimizer_states(data["optimizer"])
+        except ValueError as error:
+            if not problems:
+                problems.append(Problem(("optimizer",), codes.UNKNOWN_OPTIMIZER, str(error)))
+            states = 0
+        declared = data.get("dtypes", {})
+        widths = {c: width(declared.get(c, DEFAULT_DTYPE)) for c in CATEGORIES}
+        recipe = Recipe(data["optimizer"], states, widths)
+    config = Config(data.get("name"), recipe)
     problems.extend(_device(data.get("device", {}), config))
     if "parallel" in data or "host" in data:
         problems.extend(_parallel(data, config))
@@ -105,6 +113,16 @@ def _parallel(data: dict, config: Config) -> list[Problem]:
     config.parallel, config.host_memory, found = from_config(data)
     code = {"error": codes.BAD_UNIT, "note": codes.NO_HOST_BUDGET}
     return [Problem(path, code[severity], message, on_key=severity == "note") for path, message, severity in found]
+
+
+def _beyond_seed(data: dict) -> bool:
+    """A precision recipe, master weights, a second gradient buffer or an optimizer outside
+    the seed's table (8-bit, factored, or unknown: the recipe module names the closest) take
+    the recipe cost model (precision.TrainingRecipe); every other config keeps the seed's."""
+    if "precision" in data or "master_weights" in data or "grad_accum_dtype" in (data.get("training") or {}):
+        return True
+    optimizer = data.get("optimizer")
+    return not (isinstance(optimizer, str) and optimizer.strip().lower() in OPTIMIZER_STATES)
 
 
 def _device(device: dict, config: Config) -> list[Problem]:
@@ -207,6 +225,24 @@ def make_tensor(category, path, name, shape, count, trainable, dtype: Width | No
     """A declared tensor and its cost under the config's recipe; `dtype` overrides only its own storage."""
     elements = math.prod(shape)  # dims are schema-checked ints here
     recipe = config.recipe
-    sizes = recipe.cost(category, elements, count, trainable, dtype)
+    if getattr(recipe, "shaped", False):  # its optimizer state depends on the shape (Adafactor)
+        sizes = recipe.cost(category, elements, count, trainable, dtype, shape=shape)
+    else:
+        sizes = recipe.cost(category, elements, count, trainable, dtype)
     label = name if name is not None else f"{path[0]}[{path[1]}]" if len(path) == 2 else ".".join(map(str, path))
     return Tensor(category, path, label, shape, count, elements, dtype or recipe.widths[category], trainable, sizes)
+
+
+def optimizer_constants(config: Config) -> list[Tensor]:
+    """Tensors an optimizer keeps once, not per parameter (bitsandbytes' quantization maps),
+    as optimizer_state tensors, so placement, explain and every reporter see them; call it
+    once every parameter has been costed."""
+    shared = getattr(config.recipe, "shared", None)
+    if shared is None:
+        return []
+    out = []
+    for item in shared():
+        short = config.recipe.spec.framework.rsplit(".", 1)[-1]
+        elements = math.prod(item.shape)
+        out.append(Tensor("optimizer_state", ("optimizer",), f"{short}.{item.label}", list(item.shape), 1, elements, width(item.dtype), False, {"optimizer_state": item.bytes}))
+    return out

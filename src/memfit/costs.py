@@ -116,8 +116,9 @@ class Recipe:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.optimizer!r}, {self.states}, {self.widths!r})"
 
-    def cost(self, category: str, elements: int, count: int = 1, trainable: bool = True, own: Width | None = None) -> dict:
-        """Bytes of `count` copies of a tensor of `elements` elements, per category."""
+    def cost(self, category: str, elements: int, count: int = 1, trainable: bool = True, own: Width | None = None, shape=None) -> dict:
+        """Bytes of `count` copies of a tensor of `elements` elements, per category. `shape`
+        matters to recipes whose optimizer state depends on it (Adafactor's factored statistics)."""
         widths = self.widths
         if category == PARAMETERS:
             sizes = {PARAMETERS: count * tensor_bytes(elements, (own or widths[PARAMETERS]).bytes)}

@@ -59,6 +59,13 @@ def _render(result, colour: bool, lines: list[str]) -> int | None:
         out(f"{'dtype ' + category:<22} {w.name} ({describe(w.bytes)})")
     out("")
 
+    from .precision import explain_lines
+
+    per_parameter = explain_lines(config, WIDTH)
+    if per_parameter:
+        lines.extend(per_parameter)
+        out("")
+
     if config.model is not None:
         from .models.hf import summary_lines as model_lines
 

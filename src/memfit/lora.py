@@ -288,3 +288,26 @@ def training_parameters(params, linears, *, base_dtype: str, lora_config=None, q
             continue
         out.append(Row(name, tuple(shape), dtype, trainable, role))
     return out
+
+
+def schema_property() -> dict:
+    """JSON schema of the `lora` section (peft's LoraConfig names)."""
+    return {
+        "title": "LoRA",
+        "description": "peft LoRA adapters on the transformer model's linear layers; the base is frozen.",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "r": {"title": "Rank", "description": "The adapters' rank (positive).", "type": "integer"},
+            "alpha": {"title": "Alpha", "description": "lora_alpha: a scale, no memory effect.", "type": "number"},
+            "dropout": {"title": "Dropout", "description": "lora_dropout: above 0, a dropout mask is kept per adapted input.", "type": "number", "minimum": 0, "maximum": 1},
+            "target_modules": {
+                "title": "Target modules",
+                "description": "Module-name suffixes, a regex matched against the whole name, or 'all-linear' (every linear layer but the output head). Default: peft's targets for the family.",
+                "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}],
+                "examples": [["q_proj", "k_proj", "v_proj", "o_proj"], ALL_LINEAR],
+            },
+            "modules_to_save": {"title": "Modules to save", "description": "Modules trained in full: peft keeps a trainable copy of each.", "type": "array", "items": {"type": "string"}},
+        },
+        "examples": [{"r": 16, "alpha": 32, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}],
+    }

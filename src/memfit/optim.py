@@ -124,3 +124,16 @@ def shared_tensors(name: str, states) -> list[tuple[str, tuple, str]]:
     if optimizer.layout != "blockwise8" or not any(getattr(s, "dtype", None) == "uint8" for s in states):
         return []
     return [(key, (BNB_QMAP_ELEMENTS,), "float32") for key in optimizer.qmaps]
+
+
+def schema_description() -> str:
+    """The optimizer key's description, generated from the table."""
+    parts = []
+    for o in OPTIMIZERS.values():
+        if o.layout == "elementwise":
+            parts.append(f"{o.name} ({len(o.states)} state{'s' if len(o.states) != 1 else ''})")
+        elif o.layout == "blockwise8":
+            parts.append(f"{o.name} (bitsandbytes, {len(o.states)} x 8-bit + absmax)")
+        else:
+            parts.append(f"{o.name} (factored row/column statistics)")
+    return "The optimizer, case-insensitive; sets the state kept per trainable parameter: " + ", ".join(parts) + "."

@@ -13,12 +13,11 @@ byte comes from.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from fractions import Fraction
 
 from . import optim
-from .calculator import tensor_bytes
+from .costs import tensor_bytes
 from .dtypes import DTYPES
 
 CATEGORIES = ("parameters", "gradients", "activations", "optimizer_state")
@@ -87,10 +86,15 @@ class Item:
 
 
 def closest(name: str, vocabulary) -> list[str]:
+    import difflib
+
     return difflib.get_close_matches(str(name).strip().lower(), list(vocabulary), n=3, cutoff=0.4)
 
 
-def _dtype(name: str, field_name: str) -> str:
+def _dtype(name, field_name: str):
+    """A dtype name, or a byte width (an int or Fraction, as a config may give one)."""
+    if isinstance(name, (int, Fraction)) and not isinstance(name, bool) and name > 0:
+        return name
     if not isinstance(name, str) or name not in DTYPES:
         raise RecipeError(f"{field_name} is {name!r}: unknown dtype", field_name, closest(str(name), DTYPES))
     return name
@@ -168,7 +172,7 @@ def parameter_tensors(resolved: Resolved, optimizer: str, shape: tuple, *, train
     grad_origin = "like its parameter" if grad_follows else resolved.origin.get("gradients", "")
     items.append(Item("gradients", "grad", shape, str(grad), _bytes(n, grad), grad_origin))
     if resolved.grad_accum_dtype is not None:
-        items.append(Item("gradients", "grad accum buffer", shape, resolved.grad_accum_dtype, _bytes(n, resolved.grad_accum_dtype), "training.grad_accum_dtype"))
+        items.append(Item("gradients", "grad accum buffer", shape, resolved.grad_accum_dtype, _bytes(n, resolved.grad_accum_dtype), "grad_accum_dtype"))
     if resolved.master_weights is not None:
         items.append(Item("optimizer_state", "master weight", shape, resolved.master_weights, _bytes(n, resolved.master_weights), "master_weights"))
     spec = optim.lookup(optimizer)
@@ -271,13 +275,13 @@ class ViewRow:
     origin: str
 
 
-def per_parameter_view(entries, shared=()) -> tuple[list[ViewRow], int, int]:
+def per_parameter_view(entries, shared=(), every: int | None = None) -> tuple[list[ViewRow], int, int]:
     """The "16 B/param" view of a config: its parameter tensors' items grouped by what
     they are, each as bytes per parameter element (gradients and optimizer state per
     trainable element). `entries`: (items, count, elements, trainable) per declared
     parameter; `shared`: once-per-optimizer items. Returns (rows, all, trainable elements)."""
     groups: dict = {}
-    every = trainable_elements = 0
+    given, every, trainable_elements = every, 0, 0
     for items, count, elements, trainable in entries:
         every += count * elements
         trainable_elements += count * elements if trainable else 0
@@ -287,6 +291,7 @@ def per_parameter_view(entries, shared=()) -> tuple[list[ViewRow], int, int]:
     for item in shared:
         key = (item.category, item.label, item.dtype, item.origin)
         groups[key] = groups.get(key, 0) + item.bytes
+    every = every if given is None else given
     rows = []
     for (category, label, dtype, origin), size in groups.items():
         base = every if category == "parameters" else trainable_elements
@@ -303,14 +308,208 @@ def shared_items(optimizer: str, items) -> list[Item]:
 
 def view_lines(rows, every: int, trainable: int, width: int = 80) -> list[str]:
     """Text of the per-parameter view: one line per kind of tensor, then a total."""
-    out = [f"bytes per parameter ({every:,}; per trainable one, {trainable:,}, for gradients and state):"]
+    head = f"bytes per parameter ({every:,}, {trainable:,} trainable; grads, state per trainable):"
+    out = [head if len(head) <= width else f"bytes per parameter ({trainable:,} of {every:,} trainable):"]
     total = Fraction(0)
     for r in rows:
         total += r.per_parameter if r.category != "parameters" or trainable == every else Fraction(0)
         value = f"{float(r.per_parameter):.4f}".rstrip("0").rstrip(".")
+        value = "~0" if value == "0" and r.per_parameter else value
         line = f"  {r.category:<16} {value:>7}  {r.dtype:<9} {r.label} ({r.origin})"
         out.append(line if len(line) <= width else line[: width - 1] + "…")
     if trainable == every:
         value = f"{float(total):.4f}".rstrip("0").rstrip(".")
         out.append(f"  {'total':<16} {value:>7}  per parameter")
     return out
+
+
+def schema_properties() -> dict:
+    """JSON-schema properties for the recipe keys, generated from RECIPES (schemagen merges them)."""
+    names = ", ".join(f"{name}: {recipe.summary}" for name, recipe in RECIPES.items())
+    return {
+        "precision": {
+            "title": "Precision recipe",
+            "description": f"Lightning's precision names; sets the dtypes of parameters, gradients, optimizer state and activations (explicit dtypes win per category). {names}.",
+            "type": "string",
+            "examples": list(RECIPES),
+        },
+        "master_weights": {
+            "$ref": "#/$defs/dtype",
+            "title": "Master weights",
+            "description": "Keep a copy of every trainable parameter in this dtype (float32), counted under optimizer_state; the optimizer steps it, so its state takes this dtype too.",
+        },
+    }
+
+
+def schema_training_properties() -> dict:
+    return {
+        "grad_accum_dtype": {
+            "$ref": "#/$defs/dtype",
+            "title": "Gradient accumulation dtype",
+            "description": "A second gradient buffer per trainable parameter in this dtype, counted under gradients (DeepSpeed's data_types.grad_accum_dtype).",
+        }
+    }
+
+
+# --- the config seam: `precision`, `master_weights`, `training.grad_accum_dtype`, `optimizer` ---
+
+from .costs import Recipe, Width  # noqa: E402  (costs imports nothing from here)
+
+
+def _as_dtype(value):
+    """A config dtype (a name or a byte width) as parameter_tensors takes it."""
+    if isinstance(value, str):
+        return value
+    from .costs import byte_width
+
+    exact = byte_width(value, "dtype")
+    return exact.numerator if exact.denominator == 1 else exact
+
+
+def _as_width(value) -> Width:
+    return Width(value, DTYPES[value][0]) if isinstance(value, str) else Width(str(value), value)
+
+
+class TrainingRecipe(Recipe):
+    """The cost model under a precision recipe: every parameter's tensors from
+    parameter_tensors (master copy, gradient buffers, the optimizer's own layout)."""
+
+    __slots__ = ("resolved", "spec", "any_8bit")
+    shaped = True  # cost() takes the tensor's shape
+
+    def __init__(self, optimizer: str, resolved: Resolved) -> None:
+        spec = optim.lookup(optimizer)
+        widths = {c: _as_width(getattr(resolved, c)) for c in CATEGORIES}
+        super().__init__(spec.name, len(spec.states), widths)
+        self.resolved = resolved
+        self.spec = spec
+        self.any_8bit = False
+
+    def cost(self, category, elements, count=1, trainable=True, own=None, shape=None) -> dict:
+        if category != "parameters":
+            return {category: count * tensor_bytes(elements, (own or self.widths[category]).bytes)}
+        param_dtype = None if own is None else (own.name if own.name in DTYPES else own.bytes)
+        items = parameter_tensors(self.resolved, self.optimizer, tuple(shape) if shape is not None else (elements,), trainable=trainable, param_dtype=param_dtype)
+        sizes: dict = {}
+        for item in items:
+            sizes[item.category] = sizes.get(item.category, 0) + count * item.bytes
+            if item.dtype == "uint8" and item.category == "optimizer_state":
+                self.any_8bit = True
+        return sizes
+
+    def items(self, shape, trainable=True, own=None) -> list[Item]:
+        param_dtype = None if own is None else (own.name if own.name in DTYPES else own.bytes)
+        return parameter_tensors(self.resolved, self.optimizer, tuple(shape), trainable=trainable, param_dtype=param_dtype)
+
+    def shared(self) -> list[Item]:
+        """Once-per-optimizer tensors, given what cost() has seen (bitsandbytes' maps);
+        config.optimizer_constants makes them config tensors."""
+        if not self.any_8bit:
+            return []
+        marker = [Item("optimizer_state", "", (), "uint8", 0)]
+        return shared_items(self.optimizer, marker)
+
+
+def wants_training_recipe(data: dict) -> bool:
+    """Whether a config uses anything beyond the seed contract's recipe (which stays
+    byte-for-byte today's for configs without these keys)."""
+    if "precision" in data or "master_weights" in data:
+        return True
+    training = data.get("training")
+    if isinstance(training, dict) and "grad_accum_dtype" in training:
+        return True
+    optimizer = data.get("optimizer")
+    try:
+        return optim.lookup(optimizer).layout != "elementwise"
+    except ValueError:
+        return False
+
+
+def from_config(data: dict):
+    """(TrainingRecipe or None, problems) for a schema-valid config. Problems are
+    diagnostics.Problem with stable codes, positioned at the key they are about."""
+    from . import codes
+    from .diagnostics import Problem
+
+    problems = []
+    try:
+        spec = optim.lookup(data["optimizer"])
+    except ValueError:
+        near = closest(str(data["optimizer"]), optim.OPTIMIZERS)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        seed = sorted(n for n, o in optim.OPTIMIZERS.items() if n in optim.STATE_COUNTS)
+        known = ", ".join(seed + sorted(set(optim.OPTIMIZERS) - set(seed)))
+        problems.append(Problem(("optimizer",), codes.UNKNOWN_OPTIMIZER, f"optimizer is {data['optimizer']!r}: unknown optimizer{hint} (known: {known})"))
+        spec = None
+    dtypes = {c: _as_dtype(v) for c, v in (data.get("dtypes") or {}).items()}
+    training = data.get("training") or {}
+    master = data.get("master_weights")
+    accum = training.get("grad_accum_dtype")
+    try:
+        resolved = resolve(data.get("precision"), dtypes, None, None)
+    except RecipeError as error:
+        hint = f"; did you mean {error.suggestions[0]!r}?" if error.suggestions else ""
+        problems.append(Problem(("precision",), codes.UNKNOWN_PRECISION, f"precision is {data.get('precision')!r}: unknown recipe{hint} (known: {', '.join(RECIPES)})"))
+        return None, problems
+    if spec is None:
+        return None, problems
+    if master is not None:
+        master = _as_dtype(master)
+        if _width(master) <= _width(resolved.parameters):
+            problems.append(
+                Problem(
+                    ("master_weights",),
+                    codes.MASTER_WEIGHTS_NOOP,
+                    f"master_weights {master} with {resolved.parameters} parameters (precision {resolved.precision}): a master copy is only kept for weights narrower than it, so this changes nothing and is not counted",
+                )
+            )
+            master = None
+    resolved = resolve(data.get("precision"), dtypes, master, None if accum is None else _as_dtype(accum))
+    return TrainingRecipe(spec.name, resolved), problems
+
+
+def explain_lines(config, width: int = 80) -> list[str]:
+    """`memfit explain`'s bytes-per-parameter view of a built config (either cost model)."""
+    recipe = config.recipe
+    if not isinstance(recipe, TrainingRecipe):
+        dtypes = {c: (w.name if w.name in DTYPES else w.bytes) for c, w in recipe.widths.items()}
+        try:
+            recipe = TrainingRecipe(recipe.optimizer, resolve(None, dtypes))
+        except ValueError:
+            return []
+    entries, shared = [], []
+    for t in config.tensors:
+        if t.category == "parameters":
+            own = None if t.dtype == recipe.widths["parameters"] else t.dtype
+            items = recipe.items(t.shape, t.trainable, own)
+            kind = _kind(t.name, t.dtype.name, t.trainable)
+            if kind is not None:
+                items = [Item(i.category, kind[0] if i.label == "weight" else i.label, i.shape, i.dtype, i.bytes, kind[1] if i.label == "weight" else i.origin) for i in items]
+            entries.append((items, t.count, t.elements, t.trainable))
+        elif t.category == "optimizer_state":
+            shared.append(Item("optimizer_state", t.name.rsplit(".", 1)[-1], tuple(t.shape), t.dtype.name, t.bytes["optimizer_state"], "one per optimizer"))
+    if not entries:
+        return []
+    model = getattr(config, "model", None)
+    logical = None
+    if model is not None and any(_kind(t.name, t.dtype.name, t.trainable) for t in config.tensors if t.category == "parameters"):
+        # quantized storage is not one element per parameter: count the model's, plus what peft adds
+        added = sum(t.count * t.elements for t in config.tensors if t.category == "parameters" and (_kind(t.name, t.dtype.name, t.trainable) or ("",))[0] in ("LoRA adapter", "modules_to_save copy"))
+        logical = sum(row.count * row.params for row in model.blocks) + added
+    rows, every, trainable = per_parameter_view(entries, shared, logical)
+    return view_lines(rows, every, trainable, width)
+
+
+def _kind(name: str, dtype: str, trainable: bool):
+    """(label, origin) for the tensors lora and quantization make, by their framework names."""
+    if ".quant_state." in name:
+        return f"quant_state.{name.split('.quant_state.', 1)[1]}", "bitsandbytes"
+    if name.endswith(".weight.SCB"):
+        return "int8 row scales (SCB)", "bitsandbytes"
+    if not trainable and dtype in ("uint8", "int8") and name.endswith(".weight"):
+        return ("4-bit weight, packed" if dtype == "uint8" else "int8 weight"), "quantization"
+    if ".lora_A." in name or ".lora_B." in name:
+        return "LoRA adapter", "peft"
+    if ".modules_to_save." in name:
+        return "modules_to_save copy", "peft"
+    return None

@@ -125,3 +125,26 @@ def quantized_modules(linears, *, skip_modules=None, output_head: str | None = "
         patterns = [output_head] if output_head else []
     patterns += list(keep_in_fp32)
     return [row[0] for row in linears if not skipped(row[0], patterns)]
+
+
+def schema_property() -> dict:
+    """JSON schema of the `quantization` section, generated from METHODS."""
+    return {
+        "title": "Quantization",
+        "description": "bitsandbytes weight quantization of the frozen base (transformers' BitsAndBytesConfig); needs a transformer model.",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "method": {"title": "Method", "description": "; ".join(f"{m.name}: {m.summary}" for m in METHODS.values()), "type": "string", "examples": list(METHODS)},
+            "double_quant": {"title": "Double quantization", "description": "bnb_4bit_use_double_quant: quantize the 4-bit block scales to 8 bits.", "type": "boolean"},
+            "compute_dtype": {"$ref": "#/$defs/dtype", "title": "Compute dtype", "description": "bnb_4bit_compute_dtype: the dtype matmuls run in (no storage effect)."},
+            "skip_modules": {
+                "title": "Skip modules",
+                "description": "llm_int8_skip_modules: modules kept unquantized (replaces transformers' default, the output head).",
+                "type": "array",
+                "items": {"type": "string"},
+            },
+        },
+        "required": ["method"],
+        "examples": [{"method": "nf4", "double_quant": True, "compute_dtype": "bfloat16", "skip_modules": ["lm_head"]}],
+    }

@@ -1,5 +1,5 @@
 """The JSON Schema, generated from memfit's tables: dtypes (dtypes.DTYPES), the unit grammar
-(units.UNITS), optimizers (costs.OPTIMIZER_STATES), layer types with their argument specs and
+(units.UNITS), optimizers (optim.OPTIMIZERS), recipes (precision, quant, lora), layer types with their argument specs and
 activations (models.keras). `memfit schema` prints it; schemas/memfit.schema.json is that output
 checked in (a test fails when it is stale), and what the checker validates against.
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 
-from .costs import OPTIMIZER_STATES
 from .dtypes import DTYPES
 from .units import BYTES_PATTERN, PERCENT_PATTERN, UNITS
 
@@ -50,12 +49,25 @@ def _dtype() -> dict:
 
 
 def _optimizer() -> dict:
-    states = ", ".join(f"{name} {n}" for name, n in OPTIMIZER_STATES.items())
+    from .optim import OPTIMIZERS, schema_description
+
     return {
         "title": "Optimizer",
-        "description": f"The optimizer, case-insensitive; sets the state tensors kept per parameter ({states}).",
+        "description": schema_description(),
         "type": "string",
-        "examples": sorted(OPTIMIZER_STATES),
+        "examples": list(OPTIMIZERS),
+    }
+
+
+def _recipes() -> dict:
+    """precision, master_weights, lora, quantization (training.grad_accum_dtype is in _training):
+    from the recipe modules' tables."""
+    from . import lora, precision, quant
+
+    return {
+        **precision.schema_properties(),
+        "lora": lora.schema_property(),
+        "quantization": quant.schema_property(),
     }
 
 
@@ -275,6 +287,7 @@ def _device_peak() -> dict:
 def _training() -> dict:
     from .models.hf import ATTENTIONS, CHECKPOINTING
     from .peak import IMPLS
+    from .precision import schema_training_properties
 
     return {
         "title": "Training",
@@ -303,6 +316,7 @@ def _training() -> dict:
                 "enum": list(IMPLS),
                 "default": "foreach",
             },
+            **schema_training_properties(),
         },
         "examples": [{"micro_batch": 4, "seq_len": 4096, "attention": "sdpa", "checkpointing": "none", "optimizer_impl": "foreach"}],
     }
@@ -425,6 +439,7 @@ def generate() -> dict:
                 ],
             },
             **_parallel_sections(),
+            **_recipes(),
         },
         "$defs": {
             "bytes": _bytes(),

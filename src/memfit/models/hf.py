@@ -14,6 +14,7 @@ with transformers and compares.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 from .families import FAMILIES, SEQUENCE_CLASSIFICATION, Family
@@ -404,6 +405,27 @@ def derive(data: dict, config, path: str) -> list:
     return _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpointing, data)
 
 
+def _recipe_arguments(data: dict) -> dict:
+    """What hf_activations takes from the recipe keys: the precision (when a known one is
+    given) and the LoRA config (what autograd keeps changes with adapters)."""
+    from ..precision import RECIPES
+
+    out = {}
+    if isinstance(data.get("precision"), str) and data["precision"].strip().lower() in RECIPES:
+        out["precision"] = data["precision"].strip().lower()
+    if isinstance(data.get("lora"), dict):
+        out["lora"] = data["lora"]
+    quantization = data.get("quantization")
+    if isinstance(quantization, dict) and quantization.get("method") in ("nf4", "fp4") and "compute_dtype" in quantization:
+        from .hf_activations import qlora_precision
+
+        try:  # a 4-bit base keeps nothing for backward; the rest computes in compute_dtype
+            out["precision"] = qlora_precision(quantization["compute_dtype"])
+        except KeyError:
+            pass
+    return out
+
+
 def _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpointing, data) -> list:
     from ..config import make_tensor
     from ..costs import width
@@ -413,11 +435,28 @@ def _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpoi
     prefix = layer_prefix(cfg)
     declared = data.get("dtypes", {})
     dtypes = {"activations": declared["activations"]} if isinstance(declared.get("activations"), str) else None
-    saved = saved_by(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing, dtypes=dtypes)
+    recipe = _recipe_arguments(data)
+    adapted = "lora" in data or "quantization" in data
+    if adapted:
+        # peft's LoRA and bitsandbytes' storage: every parameter by its peft name (recipes, issue 12)
+        from .. import adapters
+        from ..dtypes import DTYPES
+
+        if adapters.problems(data):
+            return []  # reported by check already; no footprint is shown
+        base = config.widths["parameters"].name
+        base = base if base in DTYPES else "float32"
+        param_rows, problems = adapters.transformer_rows(cfg, data, base, parameters(cfg), linear_modules(cfg), head(cfg))
+        if problems:
+            return problems
+    saved = saved_by(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing, dtypes=dtypes, **recipe)
     by_block = {b.name: b for b in saved}
     for name, count, params in blocks(cfg):
         elements = 0
         for p in params:
+            if adapted:
+                elements += math.prod(p.shape)
+                continue
             label = f"{prefix}*.{p.name}" if name == "layer" else p.name
             tensor = make_tensor("parameters", where, label, list(p.shape), count, True, None, config)
             config.tensors.append(tensor)
@@ -439,7 +478,7 @@ def _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpoi
         rows.append(BlockRow("loss", 1, 0, saved_bytes, [(k.label, k.shape, k.dtype) for k in loss.kept]))
     total = total_of(saved)
     if checkpointing == "full":
-        peak = peak_saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing, dtypes=dtypes)
+        peak = peak_saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing, dtypes=dtypes, **recipe)
         if peak > total:
             # the backward recomputes one layer at a time: its saved tensors live beside the boundaries
             extra = peak - total
@@ -447,6 +486,10 @@ def _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpoi
             config.tensors.append(make_tensor("activations", where, label, [extra], 1, True, width("uint8"), config))
             rows.append(BlockRow("recomputed layer", 1, 0, extra, []))
         total = max(peak, total)
+    if adapted:
+        for row in param_rows:
+            own = None if row.dtype == base else width(row.dtype)
+            config.tensors.append(make_tensor("parameters", where, row.name, list(row.shape), 1, row.trainable, own, config))
     training = {"micro_batch": micro_batch, "seq_len": seq_len, "attention": attention, "checkpointing": checkpointing}
     config.model = Model(cfg, file, summary(cfg), rows, total, training, dtypes)
     return []
