@@ -268,6 +268,11 @@ def test_the_docs_show_real_output():
     page = (ROOT / "docs" / "fit-and-diff.md").read_text(encoding="utf-8")
     blocks = [b for b in re.findall(r"```text\n(.*?)```", page, re.DOTALL) if b.startswith("$ memfit ") and not b.startswith("$ memfit diff")]
     assert len(blocks) >= 4
+    # the README's block: several commands, each `$ ` line followed by what it prints
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Memory changes in review") :]
+    (joined,) = [b for b in re.findall(r"```text\n(.*?)```", section, re.DOTALL) if b.startswith("$ memfit ")][:1]
+    blocks += ["$ " + part for part in joined.split("$ ")[1:]]
     for block in blocks:
         command, _, expected = block.partition("\n")
         done = memfit(*shlex.split(command)[2:], cwd=ROOT)
