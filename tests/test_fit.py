@@ -181,7 +181,8 @@ def test_fit_on_a_transformer_config_is_exact_against_check(tmp_path, vary, old,
         path = tmp_path / f"{vary}-{value}.yaml"
         path.write_text(text.replace(old, f"{key}: {value}"), encoding="utf-8")
         report = checked_json(path)
-        assert report["footprint"]["total"] == entry["bytes_at_max" if fits else "bytes_at_next"]
+        gate = report["peak"]["bytes"] if report.get("peak") else report["footprint"]["total"]  # what the gate compares
+        assert gate == entry["bytes_at_max" if fits else "bytes_at_next"]
         assert ("budget-exceeded" in [d["code"] for d in report["diagnostics"]]) is not fits
 
 
@@ -245,7 +246,7 @@ def test_passing_check_prints_each_total_for_a_handful():
     lines = memfit("check", *few).stdout.splitlines()
     assert lines == [
         f"{few[0]}: total 57.53 MiB of 2.00 GiB (2.8%), fits",
-        f"{few[1]}: total 12.66 GiB of 38.00 GiB (33.3%), fits",
+        f"{few[1]}: peak 15.49 GiB of 38.00 GiB (40.8%), fits",  # a run: the gate compares its peak
         "memfit: 2 configs checked, all fit",
     ]
     many = [EXAMPLES / "atari-cnn.yaml"] * 6
@@ -267,6 +268,11 @@ def test_the_docs_show_real_output():
     page = (ROOT / "docs" / "fit-and-diff.md").read_text(encoding="utf-8")
     blocks = [b for b in re.findall(r"```text\n(.*?)```", page, re.DOTALL) if b.startswith("$ memfit ") and not b.startswith("$ memfit diff")]
     assert len(blocks) >= 4
+    # the README's block: several commands, each `$ ` line followed by what it prints
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Memory changes in review") :]
+    (joined,) = [b for b in re.findall(r"```text\n(.*?)```", section, re.DOTALL) if b.startswith("$ memfit ")][:1]
+    blocks += ["$ " + part for part in joined.split("$ ")[1:]]
     for block in blocks:
         command, _, expected = block.partition("\n")
         done = memfit(*shlex.split(command)[2:], cwd=ROOT)
@@ -304,7 +310,7 @@ def test_checkpointing_fix_on_a_transformer_config(tmp_path):
     config.write_text(fixed, encoding="utf-8")
     after = checked_json(config)
     done = memfit("check", "--budget", "9GiB", config)
-    assert done.returncode == 0 and after["footprint"]["total"] == checkpointing["total"]
+    assert done.returncode == 0 and after["peak"]["bytes"] == checkpointing["total"]
 
 
 def test_remedies_propose_only_where_the_format_and_the_config_allow(monkeypatch):

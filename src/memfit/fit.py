@@ -151,6 +151,12 @@ def largest(probe: Probe) -> int:
         if guess > low:
             if not probe.fits(guess):
                 high = guess
+                # far off (a curve that bends up, e.g. attention in seq_len): double from below
+                while low * 2 < high:
+                    if not probe.fits(low * 2):
+                        high = low * 2
+                        break
+                    low *= 2
             elif guess == CEILING or not probe.fits(guess + 1):
                 return guess
             else:
