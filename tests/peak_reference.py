@@ -184,12 +184,12 @@ def optimizer_step_temporaries(optimizer, impl, sizes, warmup: int = 8) -> int:
 
 
 # --- transformers models (tests/hf_measure.py builds them as the activation cross-checks do) -----
-def measure_hf(cfg: dict, *, micro_batch: int, seq_len: int, optimizer: str, impl: str, checkpointing: str = "none") -> dict:
+def measure_hf(cfg: dict, *, micro_batch: int, seq_len: int, optimizer: str, impl: str, checkpointing: str = "none", precision: str = "32-true") -> dict:
     """One step of a tiny transformers model with its labels (the model computes the loss), attention
     dropout off and dropout through torch.native_dropout (CUDA's 1-byte mask), as in hf_measure."""
     import hf_measure
 
-    model = hf_measure.build(cfg)
+    model = hf_measure.build(cfg, precision=precision)
     if checkpointing == "full":
         model.gradient_checkpointing_enable()  # transformers' default: non-reentrant torch.utils.checkpoint
     batch = hf_measure.inputs(cfg, micro_batch, seq_len)

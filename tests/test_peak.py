@@ -82,6 +82,20 @@ def test_allocator_granularity_rounds_every_live_tensor():
     assert {k: v for k, v in coarse["live"].items() if k != "overhead"} == {k: v for k, v in exact["live"].items() if k != "overhead"}
 
 
+def test_a_declared_tensor_list_peaks_at_its_footprint_in_backward():
+    from memfit.config import build
+    from memfit.peak import tensors_step
+    from memfit.placement import place
+
+    doc = {"memfit": 1, "optimizer": "adam", "parameters": [[1000, 10], {"shape": [10], "trainable": False, "count": 2}], "activations": [[64, 1000]]}
+    config, problems = build(doc)
+    assert not problems
+    fp = place(config.tensors).footprint
+    top = peak(tensors_step(config.tensors, "adam", "for_loop"))
+    assert top["phase"] == "backward" and top["bytes"] == fp["total"]
+    assert top["phases"]["optimizer_step"]["live"]["transient"] == 2 * 40_000  # for_loop Adam: two of its one parameter
+
+
 # --- Keras-form models against MemTracker --------------------------------------------------------
 MODELS = {
     "seed-cnn": (*tf.SEED, 32),  # the seed's Atari CNN: 3.4 M parameters, batch 32
@@ -172,6 +186,8 @@ HF_RUNS = (
     # one sequence of 8 tokens: the activations are small and the optimizer step is the peak
     + [(f, "adamw", i, "none", 1, 8) for f in ("llama", "gpt2") for i in IMPLS]
 )
+# bf16 parameters (model.to(bfloat16)): the loss upcasts the logits to fp32
+HF_BF16 = [(f, "adamw", "foreach", c, b, s) for f in ("llama", "gpt2") for c in ("none", "full") for b, s in ((2, 64), (1, 8))]
 
 
 def hf_tiny(family):
@@ -179,13 +195,176 @@ def hf_tiny(family):
 
 
 @pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("precision", ["32-true"])
 @pytest.mark.parametrize("family,optimizer,impl,checkpointing,micro_batch,seq_len", HF_RUNS)
-def test_transformers_peak_matches_memtracker(family, optimizer, impl, checkpointing, micro_batch, seq_len):
+def test_transformers_peak_matches_memtracker(family, optimizer, impl, checkpointing, micro_batch, seq_len, precision):
+    check_hf(family, optimizer, impl, checkpointing, micro_batch, seq_len, precision)
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("family,optimizer,impl,checkpointing,micro_batch,seq_len", HF_BF16)
+def test_transformers_peak_in_bf16_matches_memtracker(family, optimizer, impl, checkpointing, micro_batch, seq_len):
+    check_hf(family, optimizer, impl, checkpointing, micro_batch, seq_len, "bf16-true")
+
+
+def check_hf(family, optimizer, impl, checkpointing, micro_batch, seq_len, precision):
     cfg = hf_tiny(family)
-    theirs = ref.measure_hf(cfg, micro_batch=micro_batch, seq_len=seq_len, optimizer=optimizer, impl=impl, checkpointing=checkpointing)
-    step = hf_step(hf_config.normalize(cfg), micro_batch=micro_batch, seq_len=seq_len, checkpointing=checkpointing, optimizer=optimizer, impl=impl, states=STATES[optimizer])
+    theirs = ref.measure_hf(cfg, micro_batch=micro_batch, seq_len=seq_len, optimizer=optimizer, impl=impl, checkpointing=checkpointing, precision=precision)
+    step = hf_step(hf_config.normalize(cfg), micro_batch=micro_batch, seq_len=seq_len, checkpointing=checkpointing, precision=precision, optimizer=optimizer, impl=impl, states=STATES[optimizer])
     ours = peak(step)
     assert ours["phase"] == theirs["phase"]
     assert abs(ours["bytes"] - theirs["bytes"]) <= BAND * theirs["bytes"], (ours["bytes"], theirs["bytes"])
     assert ours["live"]["parameters"] == theirs["parameters"]
     assert ours["live"]["optimizer_state"] == theirs["optimizer_state"]
+
+
+# --- in the pipeline: config, budget gate, reports ------------------------------------------
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from memfit.editor import Analysis  # noqa: E402
+from memfit.explain import render  # noqa: E402
+from memfit.reporters import summary_markdown  # noqa: E402
+
+SEED_RUN = {
+    "memfit": 1,
+    "optimizer": "sgd",
+    "device": {"memory": "1 GiB"},
+    "training": {"optimizer_impl": "foreach"},
+    "model": {"input_shape": [80, 80, 4], "batch_size": 32, "layers": tf.SEED[1]},
+}
+
+
+def run_doc(**changes):
+    doc = json.loads(json.dumps(SEED_RUN))
+    for key, value in changes.items():
+        if value is None:
+            doc.pop(key, None)
+        else:
+            doc[key] = value
+    text = yaml.safe_dump(doc, sort_keys=False)
+    return text, check(text)
+
+
+def test_a_training_section_adds_the_peak_and_keeps_the_footprint():
+    _, run = run_doc()
+    _, plain = run_doc(training=None)
+    assert run.footprint == plain.footprint
+    assert plain.peak is None and plain.config.peak is None
+    assert run.peak == {k: v for k, v in memfit_peak(*MODELS["seed-cnn"], "sgd", "foreach").items() if k in ("bytes", "phase", "live")}
+    assert run.peak["bytes"] == sum(run.peak["live"].values())
+    assert run.peak["phase"] == "backward" and run.peak["bytes"] > run.footprint["total"]
+
+
+def test_the_budget_gate_compares_the_peak_with_a_training_section():
+    _, probe = run_doc()
+    total, top = probe.footprint["total"], probe.peak["bytes"]
+    between = (total + top) // 2
+    _, plain = run_doc(training=None, device={"memory": between})
+    assert not plain.failed  # the total fits (near the budget: a warning)
+    _, run = run_doc(device={"memory": between})
+    [d] = run.diagnostics
+    assert d.code == "budget-exceeded"
+    assert d.message.startswith(f"peak {top:,} B") and "during backward exceeds the budget" in d.message
+    assert f"by {top - between:,} B" in d.message and f"total {total:,} B" in d.message
+
+
+def test_json_entry_has_peak_beside_footprint_only_for_a_run(tmp_path):
+    run_text, _ = run_doc()
+    plain_text, _ = run_doc(training=None)
+    (tmp_path / "run.yaml").write_text(run_text)
+    (tmp_path / "plain.yaml").write_text(plain_text)
+    out = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", "run.yaml", "plain.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    run, plain = json.loads(out.stdout)["files"]
+    assert list(run) == ["path", "footprint", "peak", "budget", "diagnostics"]
+    assert list(plain) == ["path", "footprint", "budget", "diagnostics"]
+    assert set(run["peak"]) == {"bytes", "phase", "live"}
+    assert list(run["peak"]["live"]) == ["parameters", "gradients", "activations", "optimizer_state", "transient", "overhead"]
+    sarif = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "sarif", "run.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert json.loads(sarif.stdout)["runs"][0]["properties"]["files"][0]["peak"] == run["peak"]
+
+
+def test_markdown_explain_and_hover_show_the_peak():
+    text, run = run_doc()
+    table = summary_markdown([run])
+    assert "| file | total | peak | budget | headroom | verdict |" in table and "(backward)" in table
+    shown = render(run)
+    assert all(len(line) <= 80 for line in shown.splitlines())
+    assert "backward        [" in shown and "<- peak" in shown and "the peak is in backward" in shown
+    line = next(i for i, t in enumerate(text.splitlines()) if t.startswith("device:"))
+    hover = Analysis(text, run).hover(line + 1, 4).markdown
+    assert "**backward:" in hover and "(the peak)" in hover and "during backward" in hover
+
+
+# --- presets and overhead in a config ---------------------------------------------------------
+def test_a_preset_fills_memory_and_auto_adds_its_named_overhead():
+    _, run = run_doc(device={"preset": "a100 80gb", "overhead": "auto"})
+    assert not run.diagnostics
+    assert run.budget == 81920 * 2**20 and run.budget_origin == "preset A100-80GB"
+    lines = presets.overhead_lines(presets.PRESETS["A100-80GB"])
+    overhead = run.peak["live"]["overhead"]
+    # the named lines, plus the allocator's 512-byte rounding of what is live at the peak
+    assert sum(line.bytes for line in lines) < overhead < sum(line.bytes for line in lines) + 512 * 64
+    shown = render(run)
+    assert all(line.name[:40] in shown for line in lines) and "allocator rounding" in shown
+
+
+def test_unknown_preset_suggests_the_closest_names():
+    _, run = run_doc(device={"preset": "A100-80"})
+    [d] = [d for d in run.diagnostics if d.code == "unknown-preset"]
+    assert "did you mean A100-80GB" in d.message and d.severity == "error"
+
+
+def test_memory_wins_over_a_preset_with_a_note():
+    _, run = run_doc(device={"preset": "H100-80GB", "memory": "1 GiB"})
+    [d] = run.diagnostics
+    assert (d.code, d.severity) == ("preset-overridden", "information") and "wins over preset H100-80GB" in d.message
+    assert run.budget == 2**30 and not run.failed
+
+
+def test_an_overhead_larger_than_memory_is_a_bad_budget():
+    _, run = run_doc(device={"memory": "1 GiB", "overhead": "2 GiB"})
+    assert [d.code for d in run.diagnostics] == ["bad-budget"]
+    _, run = run_doc(device={"memory": "1 GiB", "overhead": "auto"})
+    assert [d.code for d in run.diagnostics] == ["unknown-preset"]  # auto needs a preset to take it from
+
+
+def test_a_given_overhead_is_live_in_every_phase_or_taken_off_a_tensor_lists_budget():
+    _, run = run_doc(device={"memory": "1 GiB", "overhead": "100 MiB"})
+    assert run.peak["live"]["overhead"] == 100 * 2**20 and run.budget == 2**30
+    _, plain = run_doc(training=None, device={"memory": "1 GiB", "overhead": "100 MiB"})
+    assert plain.budget == 2**30 - 100 * 2**20 and "overhead" in plain.budget_origin
+
+
+def test_a_fused_step_torch_optim_does_not_have_is_refused():
+    _, run = run_doc(optimizer="rmsprop", training={"optimizer_impl": "fused"})
+    [d] = run.diagnostics
+    assert d.code == "optimizer-impl" and "no fused implementation of rmsprop" in d.message
+    _, run = run_doc(optimizer="lion")
+    [d] = run.diagnostics
+    assert (d.code, d.severity) == ("optimizer-impl", "information") and run.peak is not None
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("family,checkpointing", [("llama", "none"), ("gpt2", "full")])
+def test_a_transformer_run_through_check_matches_memtracker(family, checkpointing):
+    """The whole pipeline on a transformer config (model.transformer inline, a training section)
+    against a real step of the same tiny model."""
+    cfg = hf_tiny(family)
+    given = {k: v for k, v in cfg.items() if k in ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                                                     "num_key_value_heads", "max_position_embeddings", "n_embd", "n_layer", "n_head", "n_positions", "attn_pdrop", "bos_token_id", "eos_token_id")}
+    doc = {
+        "memfit": 1,
+        "optimizer": "adamw",
+        "device": {"memory": "1 GiB"},
+        "model": {"transformer": given},
+        "training": {"micro_batch": 2, "seq_len": 64, "checkpointing": checkpointing, "optimizer_impl": "for_loop"},
+    }
+    result = check(yaml.safe_dump(doc, sort_keys=False))
+    assert not result.failed, result.diagnostics
+    theirs = ref.measure_hf(cfg, micro_batch=2, seq_len=64, optimizer="adamw", impl="for_loop", checkpointing=checkpointing)
+    ours = result.peak
+    assert ours["phase"] == theirs["phase"]
+    assert abs(ours["bytes"] - theirs["bytes"]) <= BAND * theirs["bytes"], (ours["bytes"], theirs["bytes"])
+    assert ours["live"]["parameters"] == theirs["parameters"] and ours["live"]["optimizer_state"] == theirs["optimizer_state"]

@@ -42,8 +42,23 @@ class Result:
         return self.config.footprint if self.config is not None else None
 
     @property
+    def peak(self) -> dict | None:
+        """{"bytes", "phase", "live"} of a run (a config with a training section), else None."""
+        found = getattr(self.config, "peak", None) if self.config is not None else None
+        return None if found is None else {"bytes": found["bytes"], "phase": found["phase"], "live": dict(found["live"])}
+
+    @property
     def failed(self) -> bool:
         return any(d.severity == codes.ERROR for d in self.diagnostics)
+
+
+def gated(result: Result) -> int | None:
+    """The figure the budget gate compares: the run's peak where there is one, else the total."""
+    peak = getattr(result, "peak", None)
+    if isinstance(peak, dict) and isinstance(peak.get("bytes"), int):
+        return peak["bytes"]
+    footprint = result.footprint
+    return footprint["total"] if footprint is not None else None
 
 
 def check(text: str, path: str = "<text>", options: Options = Options()) -> Result:
@@ -129,7 +144,9 @@ def _pipeline(data: dict, options: Options, result: Result) -> list[Problem]:
                 problems.append(too_large)
             else:
                 result.config = config
-                if not problems:
+                if "training" in data and not _errors(problems):
+                    problems.extend(_peak(config, data))
+                if not _errors(problems):
                     problems.extend(_budget(config, options, result, data))
     return problems
 
@@ -148,6 +165,44 @@ def _too_large(config) -> Problem | None:
     digits = total.bit_length() * 30103 // 100000 + 1
     message = f"the footprint is a number of about {digits:,} digits: memfit reports footprints of up to about 4,200 digits"
     return Problem(biggest.path if biggest is not None else (), codes.TOO_LARGE, message)
+
+
+def _errors(problems) -> bool:
+    """Anything but a note stops the budget gate (a bad unit keeps the footprint, not the budget)."""
+    return any(p.level != codes.INFORMATION for p in problems)
+
+
+def _peak(config, data: dict) -> list[Problem]:
+    """A config with a training section describes a run: its peak (peak.py), on config.peak."""
+    from . import peak
+
+    training = data.get("training") or {}
+    impl = training.get("optimizer_impl", "foreach")
+    optimizer = config.optimizer.strip().lower()
+    problems = []
+    if optimizer not in peak.OPTIMIZER_TEMPORARIES:
+        problems.append(
+            Problem(("optimizer",), codes.OPTIMIZER_IMPL, f"the temporaries of {optimizer}'s step are not modelled (torch.optim has no {optimizer}): the peak counts none", severity=codes.INFORMATION)
+        )
+        optimizer = None
+    declared = [t for t in config.tensors if t.path and t.path[0] in ("parameters", "activations")]
+    try:
+        model = getattr(config, "model", None)  # a transformer (models.hf) sets config.model
+        if model is not None and hasattr(model, "cfg"):
+            widths = {c: config.widths[c].bytes for c in ("parameters", "gradients", "optimizer_state")}
+            run = model.training
+            step = peak.hf_step(model.cfg, micro_batch=run["micro_batch"], seq_len=run["seq_len"], attention=run["attention"], checkpointing=run["checkpointing"],
+                                optimizer=optimizer, impl=impl, states=config.states, widths=widths, overhead=config.overhead, dtypes=model.dtypes, declared=declared)
+        elif "model" in data:
+            keras_model = {**data["model"], "batch_size": data["model"].get("batch_size", training.get("micro_batch"))}
+            step = peak.keras_step(keras_model, config, optimizer, impl, config.overhead, declared=declared)
+        else:
+            step = peak.tensors_step(declared, optimizer, impl, config.overhead)
+        config.peak = peak.peak(step, config.granule)
+    except peak.PeakError as error:
+        where = ("training", "optimizer_impl") if "optimizer_impl" in training else ("optimizer",)
+        problems.append(Problem(where, codes.OPTIMIZER_IMPL, str(error)))
+    return problems
 
 
 def _kind(data) -> str:
@@ -188,33 +243,46 @@ def _budget(config, options: Options, result: Result, data: dict) -> list[Proble
         budget, where, origin = options.budget, ("memfit",), "from --budget"
         on_key = True
     elif config.memory is not None:
-        budget, where, on_key = config.budget, ("device", "memory"), False
+        budget, on_key = config.budget, False
         device = data["device"]
-        origin = f"device.memory {device['memory']}" + (f" - reserve {device['reserve']}" if "reserve" in device else "")
+        where = ("device", "memory") if "memory" in device else ("device", "preset")
+        origin = config.memory_origin or f"device.memory {device['memory']}"
+        origin += f" - reserve {device['reserve']}" if "reserve" in device else ""
     else:
         at = ("device",) if "device" in data else ("memfit",)
         return [Problem(at, codes.NO_BUDGET, "no memory budget: set device.memory (e.g. '24 GiB') or pass --budget", on_key=True)]
+    if config.overhead and config.peak is None:  # a run's peak holds the overhead; a tensor list's budget loses it
+        budget -= config.overhead
+        origin += f" - overhead {with_bytes(config.overhead)}"
     warn_at = options.warn_at if options.warn_at is not None else config.warn_at
     result.budget, result.budget_origin, result.warn_at = budget, origin, warn_at
     if budget <= 0:
         return [Problem(where, codes.BAD_BUDGET, f"the budget is {with_bytes(budget)} ({origin}): nothing fits in it", on_key=on_key)]
-    total = config.footprint["total"]
-    if total > budget:
+    if config.peak is not None:
+        from .peak import PHASE_WORDS
+
+        used = config.peak["bytes"]
+        what = f"peak {with_bytes(used)} during {PHASE_WORDS[config.peak['phase']]}"
+        aside = f" (the four categories at full size total {with_bytes(config.footprint['total'])})"
+    else:
+        used = config.footprint["total"]
+        what, aside = f"total {with_bytes(used)}", ""
+    if used > budget:
         return [
             Problem(
                 where,
                 codes.BUDGET_EXCEEDED,
-                f"total {with_bytes(total)} exceeds the budget {with_bytes(budget)} ({origin}) by {with_bytes(total - budget)}",
+                f"{what} exceeds the budget {with_bytes(budget)} ({origin}) by {with_bytes(used - budget)}{aside}",
                 on_key=on_key,
             )
         ]
-    if total > warn_at * budget:
-        share = Fraction(total * 100, budget)
+    if used > warn_at * budget:
+        share = Fraction(used * 100, budget)
         return [
             Problem(
                 where,
                 codes.NEAR_BUDGET,
-                f"total {with_bytes(total)} is {float(share):.1f}% of the budget {with_bytes(budget)} ({origin}), above the {float(warn_at * 100):g}% warning mark; headroom {with_bytes(budget - total)}",
+                f"{what} is {float(share):.1f}% of the budget {with_bytes(budget)} ({origin}), above the {float(warn_at * 100):g}% warning mark; headroom {with_bytes(budget - used)}{aside}",
                 on_key=on_key,
             )
         ]

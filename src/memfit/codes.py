@@ -7,6 +7,7 @@ from __future__ import annotations
 
 ERROR = "error"
 WARNING = "warning"
+INFORMATION = "information"
 
 
 class Code:
@@ -45,6 +46,9 @@ BAD_UNIT = "bad-unit"
 BAD_BUDGET = "bad-budget"
 SHAPE_MISMATCH = "shape-mismatch"
 DUPLICATE_LAYER = "duplicate-layer"
+UNKNOWN_PRESET = "unknown-preset"
+PRESET_OVERRIDDEN = "preset-overridden"
+OPTIMIZER_IMPL = "optimizer-impl"
 NO_BUDGET = "no-budget"
 BUDGET_EXCEEDED = "budget-exceeded"
 NEAR_BUDGET = "near-budget"
@@ -100,6 +104,27 @@ CODES: dict[str, Code] = _register(
         ERROR,
         "Two layers of the model have the same name",
         "Rename one of them or drop its `name` to get Keras's automatic one: Keras refuses a model with two layers of one name.",
+    ),
+    Code(
+        UNKNOWN_PRESET,
+        ERROR,
+        "A device preset memfit does not know",
+        "Use one of the preset names (the message suggests the closest; docs/peak.md lists them all with their sources), or give device.memory.",
+        keeps_footprint=True,
+    ),
+    Code(
+        PRESET_OVERRIDDEN,
+        INFORMATION,
+        "device.memory and device.preset are both given: memory wins",
+        "Drop one of them: the preset only fills device.memory (and the overhead for `overhead: auto`).",
+        keeps_footprint=True,
+    ),
+    Code(
+        OPTIMIZER_IMPL,
+        ERROR,
+        "The optimizer implementation cannot be modelled for this optimizer",
+        "torch.optim has no fused implementation of some optimizers: choose training.optimizer_impl foreach or for_loop (docs/peak.md has the table).",
+        keeps_footprint=True,
     ),
     Code(NO_BUDGET, ERROR, "No memory budget to check against", "Set device.memory (and optionally device.reserve) in the config, or pass --budget."),
     Code(

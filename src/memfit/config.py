@@ -14,7 +14,7 @@ from fractions import Fraction
 from . import codes
 from .costs import CATEGORIES, OPTIMIZER_STATES, Recipe, Width, optimizer_states, width
 from .diagnostics import Problem
-from .units import UnitError, parse_bytes, parse_percent, parse_reserve
+from .units import UnitError, parse_bytes, parse_percent, parse_reserve, with_bytes
 
 __all__ = ["CATEGORIES", "Config", "Tensor", "Width", "build", "make_tensor", "width"]
 
@@ -48,6 +48,12 @@ class Config:
     placement: object = None  # placement.Placement, once the tensors are all known
     layers: list = field(default_factory=list)  # per-layer rows when a model section is declared
     model: object = None  # models.hf.Model when the model is a transformer (block rows, summary)
+    preset: object = None  # presets.Preset named by device.preset
+    memory_origin: str | None = None  # how device memory was given when not as device.memory: "preset A100-80GB"
+    overhead: int = 0  # runtime overhead on the device (device.overhead), bytes
+    overhead_lines: list = field(default_factory=list)  # presets.Line for `overhead: auto`; [] for a given size
+    granule: int | None = None  # the allocator's rounding the peak applies (`overhead: auto` on a preset)
+    peak: dict | None = None  # peak.peak() of a run, when the config has a training section
 
     @property
     def optimizer(self) -> str:
@@ -108,7 +114,7 @@ def _beyond_seed(data: dict) -> bool:
 
 
 def _device(device: dict, config: Config) -> list[Problem]:
-    problems = []
+    problems = _preset(device, config)
     if "memory" in device:
         try:
             config.memory = parse_bytes(device["memory"])
@@ -128,7 +134,67 @@ def _device(device: dict, config: Config) -> list[Problem]:
             config.warn_at = parse_percent(device["warn_at"])
         except UnitError as error:
             problems.append(Problem(("device", "warn_at"), codes.BAD_UNIT, f"device.warn_at: {error}"))
+    problems.extend(_overhead(device, config))
     return problems
+
+
+def _preset(device: dict, config: Config) -> list[Problem]:
+    """device.preset fills device.memory from the table; an explicit memory wins, and a note says so."""
+    if "preset" not in device:
+        return []
+    from . import presets
+
+    name = device["preset"]
+    preset = presets.lookup(name)
+    if preset is None:
+        near = presets.closest(name)
+        hint = f"; did you mean {', '.join(near)}?" if near else ""
+        return [Problem(("device", "preset"), codes.UNKNOWN_PRESET, f"unknown device preset {name!r}{hint} (known: {', '.join(presets.PRESETS)})")]
+    config.preset = preset
+    if "memory" in device:
+        return [
+            Problem(
+                ("device", "preset"),
+                codes.PRESET_OVERRIDDEN,
+                f"device.memory {device['memory']} wins over preset {preset.name} ({with_bytes(preset.memory)}, the memory its driver reports)",
+            )
+        ]
+    config.memory = preset.memory
+    config.memory_origin = f"preset {preset.name}"
+    return []
+
+
+def _overhead(device: dict, config: Config) -> list[Problem]:
+    """device.overhead: `auto` (the preset's named lines and the allocator's rounding), a byte size, or 0."""
+    if "overhead" not in device:
+        return []
+    value = device["overhead"]
+    if value == "auto":
+        if config.preset is None:
+            if "preset" in device:  # an unknown preset: already reported
+                return []
+            return [Problem(("device", "overhead"), codes.UNKNOWN_PRESET, "overhead: auto is the runtime overhead of a device.preset, and none is given: name one, or give the overhead as a byte size")]
+        from . import presets
+
+        config.overhead_lines = presets.overhead_lines(config.preset)
+        config.overhead = sum(line.bytes for line in config.overhead_lines)
+        config.granule = presets.ALLOCATOR_GRANULE
+    else:
+        try:
+            config.overhead = parse_bytes(value)
+        except UnitError as error:
+            return [Problem(("device", "overhead"), codes.BAD_UNIT, f"device.overhead: {error}")]
+    if config.memory is not None and config.overhead + config.reserve >= config.memory:
+        return [
+            Problem(
+                ("device", "overhead"),
+                codes.BAD_BUDGET,
+                f"device.overhead ({with_bytes(config.overhead)}) is not less than device.memory ({with_bytes(config.memory)})"
+                + (f" minus the reserve ({with_bytes(config.reserve)})" if config.reserve else "")
+                + ": nothing would fit",
+            )
+        ]
+    return []
 
 
 def _tensor(category: str, path: tuple, item, config: Config) -> Tensor:

@@ -202,13 +202,21 @@ class Analysis:
         else:
             lines.append(f"**budget**: {with_bytes(budget)} ({self.result.budget_origin})")
         lines.append(f"**total**: {with_bytes(total)}" + (f", {_pct(total, budget)} of the budget" if budget else ""))
+        used = total
+        if config.peak is not None:  # a run: the budget gate compares the peak
+            from .peak import summary as peak_summary
+
+            used = config.peak["bytes"]
+            lines.append(f"**{peak_summary(config.peak)}**" + (f", {_pct(used, budget)} of the budget" if budget else ""))
         if budget is not None:
-            if total > budget:
-                lines.append(f"**over** by {with_bytes(total - budget)}")
+            if used > budget:
+                lines.append(f"**over** by {with_bytes(used - budget)}")
             else:
-                lines.append(f"**headroom**: {with_bytes(budget - total)}")
+                lines.append(f"**headroom**: {with_bytes(budget - used)}")
         lines.append("")
         lines += [f"- {category}: {with_bytes(fp[category])}" for category in ("parameters", "gradients", "optimizer_state", "activations")]
+        if config.peak is not None:
+            lines += ["", *_peak_hover(config.peak, budget)]
         return "\n".join(lines)
 
     # --- inlay hints and the summary ------------------------------------------------
@@ -253,21 +261,36 @@ class Analysis:
         return out
 
     def summary(self) -> str | None:
-        """One line: the total and its share of the budget (a lens or hint on `memfit:`)."""
+        """One line: the total (a run's peak) and its share of the budget (a lens or hint on `memfit:`)."""
         if self.config is None:
             return None
         total = self.config.footprint["total"]
         budget = self.result.budget
+        peak = self.config.peak
+        what = f"total {human(total)}" if peak is None else f"total {human(total)}, peak {human(peak['bytes'])} in {peak['phase'].replace('_', ' ')}"
+        used = total if peak is None else peak["bytes"]
         if budget is None:
-            return f"memfit: total {human(total)}, no budget set"
-        state = f"over by {human(total - budget)}" if total > budget else f"headroom {human(budget - total)}"
-        return f"memfit: total {human(total)} = {_pct(total, budget)} of {human(budget)}, {state}"
+            return f"memfit: {what}, no budget set"
+        state = f"over by {human(used - budget)}" if used > budget else f"headroom {human(budget - used)}"
+        return f"memfit: {what} = {_pct(used, budget)} of {human(budget)}, {state}"
 
     def summary_range(self) -> Range | None:
         return self.index[1].get(("memfit",))
 
 
 # --- hover texts (tables of data -> words) -----------------------------------------------
+
+
+def _peak_hover(result: dict, budget) -> list[str]:
+    """The phases as the hover shows them: a line each, the peak in bold."""
+    from .peak import PHASES, PHASE_WORDS, live_text
+
+    out = ["phases of one training step (each at its worst moment):"]
+    for phase in PHASES:
+        size = with_bytes(result["phases"][phase]["bytes"])
+        out.append(f"- **{PHASE_WORDS[phase]}: {size}** (the peak)" if phase == result["phase"] else f"- {PHASE_WORDS[phase]}: {size}")
+    out.append(f"- at the peak: {live_text(result['live'])}")
+    return out
 
 
 def model_text(model, config) -> str:

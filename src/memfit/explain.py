@@ -13,6 +13,25 @@ WIDTH = 80
 TOP_TENSORS = 10
 
 
+def peak_lines(config, budget) -> list[str]:
+    """The run's phases, one bar each (scaled to the budget), which one is the peak, what is live
+    in it, and the overhead's named lines."""
+    from .peak import phase_lines, summary
+
+    out = [cut(f"{summary(config.peak)}; each phase at its worst:", WIDTH)]
+    out += ["  " + line for line in phase_lines(config.peak, budget, WIDTH - 2)]
+    if config.overhead_lines or config.overhead:
+        granularity = config.peak["phases"][config.peak["phase"]].get("granularity", 0)
+        out.append("  overhead, on the device in every phase:")
+        for line in config.overhead_lines:
+            out.append(f"    {cut(line.name, 52):<52} {human(line.bytes):>11}")
+        if not config.overhead_lines:
+            out.append(f"    {'device.overhead':<52} {human(config.overhead):>11}")
+        if granularity:
+            out.append(f"    {'allocator rounding (512-byte blocks), at the peak':<52} {human(granularity):>11}")
+    return out
+
+
 def render(result, colour: bool = False) -> str:
     """The breakdown; every line made printable (names and paths come from the config and the
     file system), except the bar, whose colour is ours."""
@@ -69,13 +88,19 @@ def _render(result, colour: bool, lines: list[str]) -> int | None:
 
     budget = result.budget
     if budget is not None:
+        used = config.peak["bytes"] if config.peak is not None else total  # a run is gated on its peak
+        what = "the peak is " if config.peak is not None else ""
         out(f"budget {with_bytes(budget)} ({result.budget_origin})")
         bar_line = len(lines)
-        out(bar(total, budget, WIDTH - 2, colour, result.warn_at if result.warn_at is not None else config.warn_at))
-        if total > budget:
-            out(f"{pct(total, budget)} of the budget: OVER by {with_bytes(total - budget)}")
+        out(bar(used, budget, WIDTH - 2, colour, result.warn_at if result.warn_at is not None else config.warn_at))
+        if used > budget:
+            out(f"{what}{pct(used, budget)} of the budget: OVER by {with_bytes(used - budget)}")
         else:
-            out(f"{pct(total, budget)} of the budget: fits, headroom {with_bytes(budget - total)}")
+            out(f"{what}{pct(used, budget)} of the budget: fits, headroom {with_bytes(budget - used)}")
+        out("")
+
+    if config.peak is not None:
+        lines.extend(peak_lines(config, budget))
         out("")
 
     placement = config.placement

@@ -66,7 +66,10 @@ class PeakError(ValueError):
 
 
 def optimizer_temporaries(optimizer: str, impl: str, params: list[int]) -> int:
-    """Bytes of the optimizer step's temporaries; `params` = bytes of each trainable parameter in order."""
+    """Bytes of the optimizer step's temporaries; `params` = bytes of each trainable parameter in order.
+    optimizer None: one torch.optim does not have (its temporaries are not modelled: none)."""
+    if optimizer is None and impl in IMPLS:
+        return 0
     table = OPTIMIZER_TEMPORARIES.get(optimizer)
     if table is None:
         raise PeakError(f"the temporaries of {optimizer!r} are not modelled (torch.optim has no {optimizer!r}); known: {', '.join(sorted(OPTIMIZER_TEMPORARIES))}")
@@ -241,13 +244,14 @@ def peak(step: Step, granule: int | None = None) -> dict:
 
 
 # --- the Keras-form layer stack (`model:`) -------------------------------------------------
-def keras_step(model: dict, config, optimizer: str, impl: str, overhead: int = 0) -> Step:
+def keras_step(model: dict, config, optimizer: str, impl: str, overhead: int = 0, declared=()) -> Step:
     """The rows of a schema-valid, shape-checked `model` section under the config's dtypes.
 
     Walks the layers as layers.derive does (the same RULES, the same tensor identities), keeping
     what derive folds away: which tensor each layer reads and writes. The loss is PyTorch's
-    cross-entropy on the last layer's output with integer class labels (one per output row)."""
-    from .calculator import tensor_bytes
+    cross-entropy on the last layer's output with integer class labels (one per output row).
+    `declared`: tensors listed explicitly beside the model (declared_row)."""
+    from .costs import tensor_bytes
     from .dtypes import DTYPES
     from .models.keras import ACTIVATIONS, IDS, IN, INT64, OUT, RULES, defaults
 
@@ -272,6 +276,9 @@ def keras_step(model: dict, config, optimizer: str, impl: str, overhead: int = 0
     current_dtype = INT64 if ids_in else None
     batch = [current]
     rows: list[Row] = []
+    extra = declared_row(declared, 0, tensors)
+    if extra is not None:
+        rows.append(extra)
     elements: list[int] = []  # of each trainable weight, in order
     requires_grad = False
     names = [r.name for r in config.layers] if len(config.layers) == len(layers) else [None] * len(layers)
@@ -327,7 +334,7 @@ def keras_step(model: dict, config, optimizer: str, impl: str, overhead: int = 0
         rows[-1].kept.append(current)
     labels = fresh(shape[:-1], INT64)
     batch.append(labels)
-    states = [tensor_bytes(n, widths["optimizer_state"].bytes) for n in elements for _ in range(config.states)]
+    states = declared_state(declared) + [tensor_bytes(n, widths["optimizer_state"].bytes) for n in elements for _ in range(config.states)]
     return Step(rows, tensors, batch, Loss(forward=(logits,), backward=(logits, logits)), states, optimizer, impl, overhead)
 
 
@@ -371,7 +378,13 @@ def phase_lines(result: dict, budget: int | None = None, width: int = 80) -> lis
     peak_info = result["phases"][result["phase"]]
     at = peak_info.get("at")
     out.append(f"the peak is in {PHASE_WORDS[result['phase']]}" + (f", at {at}" if at and at not in ("step", "loss") else " (the loss)" if at == "loss" else "") + ":")
-    out.append("  " + live_text(result["live"]))
+    line = " "
+    for part in live_text(result["live"]).split(", "):
+        if len(line) + len(part) + 2 > width and line.strip():
+            out.append(line.rstrip(","))
+            line = " "
+        line += " " + part + ","
+    out.append(line.rstrip(","))
     return out
 
 
@@ -389,21 +402,24 @@ def _elements(shape) -> int:
 
 def hf_step(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
             precision: str = "32-true", optimizer: str = "adamw", impl: str = "foreach", states: int = 2,
-            widths: dict | None = None, overhead: int = 0) -> Step:
+            widths: dict | None = None, overhead: int = 0, dtypes: dict | None = None, declared=()) -> Step:
     """One training step of a transformers model: embeddings, each layer, the head (with the loss).
 
     What each block keeps comes from models.hf_activations.saved; the parameters from models.hf.
     `widths` = bytes per element of parameters, gradients and optimizer state (default: the
     precision's parameter dtype for all three, as torch.optim keeps its state in the parameter's
-    dtype). The loss is transformers' ForCausalLMLoss: an fp32 copy of the logits when they are
-    not fp32, log-softmax (kept), and in backward two fp32 logits-sized gradients."""
+    dtype; a Fraction for sub-byte storage). `dtypes`: the config's dtypes (an activations dtype
+    overrides the recipe's, as in hf_activations). The loss is transformers' ForCausalLMLoss: an
+    fp32 copy of the logits when they are not fp32, log-softmax (kept), and in backward two fp32
+    logits-sized gradients. `declared`: tensors listed explicitly beside the model."""
+    from .costs import tensor_bytes
     from .models import hf as hfparams
     from .models import hf_activations as acts
 
     low = {"bf16-true": 2, "16-true": 2}.get(precision, 4)
     widths = widths or {"parameters": low, "gradients": low, "optimizer_state": low}
-    blocks = acts.saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing, precision=precision)
-    roles = acts._dtypes(precision, None)
+    blocks = acts.saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing, precision=precision, dtypes=dtypes)
+    roles = acts._dtypes(precision, dtypes)
     sizes = acts._sizes(cfg, micro_batch, seq_len)
     b, s, h, T = sizes["b"], sizes["s"], sizes["h"], sizes["T"]
     act_w, lin_w = _WIDTH[roles["act"]], _WIDTH[roles["lin"]]
@@ -441,21 +457,24 @@ def hf_step(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa
 
     def weights(row: Row, key) -> Row:
         elements = groups.get(key, [])
-        row.params = [n * widths["parameters"] for n in elements]
-        row.grads = [n * widths["gradients"] for n in elements]
+        row.params = [tensor_bytes(n, widths["parameters"]) for n in elements]
+        row.grads = [tensor_bytes(n, widths["gradients"]) for n in elements]
         return row
 
     emb, layer, head, loss = blocks
     ids, labels = fresh(b * s * 8), fresh(b * s * 8)
     hidden = b * s * h * act_w
     rows = []
+    extra = declared_row(declared, 0, tensors)
+    if extra is not None:
+        rows.append(extra)
     x = fresh(hidden)
     row = weights(Row("embeddings", input=ids, output=x, grad_input=False), "embeddings")
     row.kept = [ids if k.label.endswith("input ids") else fresh(_elements(k.shape) * _WIDTH[k.dtype]) for k in emb.kept]
-    row.frozen = _buffers(cfg, sizes, widths["parameters"])
+    row.frozen = _buffers(cfg, sizes, low)
     rows.append(row)
-    every = acts.saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing="none", precision=precision)[1].kept
-    parts = _split(every)
+    every = acts.saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing="none", precision=precision, dtypes=dtypes)[1].kept
+    parts = _split(every, acts.FAMILIES[cfg["model_type"]])
     part_bytes = [sum(_elements(k.shape) * _WIDTH[k.dtype] for k in kept) for _, kept in parts]
     flights = _layer_flights(cfg, sizes, act_w, lin_w)
     for i in range(n_layers):
@@ -480,7 +499,7 @@ def hf_step(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa
     logits32 = T * sizes["V"] * 4
     upcast = logits32 if lin_w != 4 else 0
     order = ["embeddings", *[(i, part) for i in range(n_layers) for part, _ in parts], "head"]
-    states_bytes = [n * widths["optimizer_state"] for key in order for n in groups.get(key, []) for _ in range(states)]
+    states_bytes = declared_state(declared) + [tensor_bytes(n, widths["optimizer_state"]) for key in order for n in groups.get(key, []) for _ in range(states)]
     return Step(rows, tensors, [ids, labels], Loss(forward=(tensors[logits], *([upcast] if upcast else [])), backward=(logits32, logits32)),
                 states_bytes, optimizer, impl, overhead)
 
@@ -489,7 +508,7 @@ def _buffers(cfg: dict, sizes: dict, width: int) -> list:
     """The model's buffers (on the device, without gradients): the rotary embedding's inv_freq and
     original_inv_freq; BERT's position_ids and token_type_ids (int64, max_position_embeddings);
     Gemma's embedding normalizer (a float32 scalar)."""
-    out = [sizes["r"] // 2 * width] * 2 if sizes["r"] else []
+    out = [sizes["rot"] // 2 * width] * 2 if sizes["rot"] else []
     if cfg["model_type"] == "bert":
         out += [cfg["max_position_embeddings"] * 8] * 2
     if cfg["model_type"] == "gemma":
@@ -504,23 +523,26 @@ _PARTS = (
     ("down_proj", ("down_proj", "mlp.c_proj", "dense_4h_to_h", ".output.")),
     ("mlp", ("",)),
 )
-# Where each part's kept tensors begin in hf_activations' layer table (labels "op: what").
-_STARTS = {"o_proj": ("o_proj",), "mlp": ("post_attention_layernorm", "fc_in"), "down_proj": ("down_proj", "fc_out", "grouped_mm down")}
-
-
 def _part(name: str) -> str:
     return next(part for part, words in _PARTS if any(w in name for w in words))
 
 
-def _split(kept: list) -> list:
+def _split(kept: list, fam) -> list:
     """A layer's kept tensors as its four parts, in forward order (a part that keeps nothing of
-    its own, such as o_proj whose input the attention kernel keeps, is empty)."""
+    its own, such as o_proj whose input the attention kernel keeps, is empty). The labels of
+    hf_activations begin with the module's name: a part begins at its first module's."""
+    n = fam.names
+    starts_with = {
+        "o_proj": (n["o"],),
+        "mlp": ("post_attention_layernorm", *(n[k] for k in ("gate", "gate_up", "fc_in") if k in n)),
+        "down_proj": (*(n[k] for k in ("down", "fc_out") if k in n), "grouped_mm down"),
+    }
     order = ["attention", "o_proj", "mlp", "down_proj"]
     starts = [0] * len(order) + [len(kept)]
-    for n in range(len(order) - 1, 0, -1):
-        found = next((m for m, k in enumerate(kept) if k.label.startswith(_STARTS[order[n]])), None)
-        starts[n] = min(found if found is not None else starts[n + 1], starts[n + 1])
-    return [(part, kept[starts[n] : starts[n + 1]]) for n, part in enumerate(order)]
+    for i in range(len(order) - 1, 0, -1):
+        found = next((m for m, k in enumerate(kept) if k.label.startswith(starts_with[order[i]])), None)
+        starts[i] = min(found if found is not None else starts[i + 1], starts[i + 1])
+    return [(part, kept[starts[i] : starts[i + 1]]) for i, part in enumerate(order)]
 
 
 def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int) -> dict:
@@ -545,3 +567,48 @@ def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int) -> dict:
     }
 
 
+
+
+# --- declared tensors (`parameters:` / `activations:` lists) -------------------------------------
+def declared_row(tensors, states: int, ids: dict) -> Row | None:
+    """The explicitly declared tensors as one row ahead of any model: its parameters (count copies
+    each), and its activations, all kept for backward (what a list of tensors says: they are saved).
+    `ids` (id -> bytes) receives the activations. None when nothing is declared."""
+    row = Row("declared tensors", grad_input=False, output_grad=False)
+    any_declared = False
+    for t in tensors:
+        any_declared = True
+        copies = max(t.count, 1)
+        if t.category == "parameters":
+            each = t.bytes.get("parameters", 0) // copies
+            if t.trainable:
+                row.params += [each] * copies
+                row.grads += [t.bytes.get("gradients", 0) // copies] * copies
+            else:
+                row.frozen += [each] * copies
+        else:
+            for _ in range(copies):
+                ids[len(ids) + 1] = t.bytes.get("activations", 0) // copies
+                row.kept.append(len(ids))
+    if row.grads:  # its parameters are trained, so its backward runs (their gradients appear)
+        row.output_grad = True
+    return row if any_declared else None
+
+
+def declared_state(tensors) -> list:
+    """Optimizer state of the declared trainable parameters, as tensors (bytes each)."""
+    out = []
+    for t in tensors:
+        if t.category == "parameters" and t.trainable and t.bytes.get("optimizer_state"):
+            out.append(t.bytes["optimizer_state"])
+    return out
+
+
+def tensors_step(tensors, optimizer: str, impl: str, overhead: int = 0) -> Step:
+    """A run described only by declared tensors: forward keeps all the activations, backward adds
+    the gradients, the optimizer step its temporaries. No layer structure, so no flowing
+    gradients: the backward is the footprint's total."""
+    ids: dict = {}
+    row = declared_row(tensors, 0, ids)
+    rows = [row] if row is not None else []
+    return Step(rows, ids, [], Loss((), ()), declared_state(tensors), optimizer, impl, overhead)

@@ -53,8 +53,11 @@ HANDFUL = 5  # up to this many configs, a passing check prints each one's total 
 def found_line(result) -> str:
     from .present import pct
 
-    total, budget = result.footprint["total"], result.budget
-    return f"{result.path}: total {human(total)} of {human(budget)} ({pct(total, budget)}), fits"
+    from .check import gated
+
+    used, budget = gated(result), result.budget
+    what = "peak" if getattr(result, "peak", None) else "total"  # what the gate compared
+    return f"{result.path}: {what} {human(used)} of {human(budget)} ({pct(used, budget)}), fits"
 
 
 def fix_lines(result) -> list[str]:
@@ -101,22 +104,25 @@ def summary_line(results) -> str:
 
 
 class JsonReporter(Reporter):
-    """The published json contract: files[].{path, footprint, budget, diagnostics}."""
+    """The published json contract: files[].{path, footprint, budget, diagnostics}, and `peak`
+    beside `footprint` for a config with a training section."""
 
     def report(self, results) -> None:
         files = [
-            {
-                "path": r.path,
-                "footprint": r.footprint,
-                "budget": r.budget,
-                "diagnostics": [d.to_json() for d in r.diagnostics],
-                **({"fixes": [f.to_json() for f in r.fixes]} if r.fixes is not None else {}),
-            }
+            _entry(r, {"budget": r.budget, "diagnostics": [d.to_json() for d in r.diagnostics], **({"fixes": [f.to_json() for f in r.fixes]} if r.fixes is not None else {})})
             for r in results
             if not r.skipped
         ]
         json.dump({"files": files}, self.out, indent=2)
         self.out.write("\n")
+
+
+def _entry(result, rest: dict) -> dict:
+    entry = {"path": result.path, "footprint": result.footprint}
+    if result.peak is not None:
+        entry["peak"] = result.peak
+    entry.update(rest)
+    return entry
 
 
 # Every diagnostic code (a published contract), from the registry: a one-line description and
@@ -219,14 +225,15 @@ class SarifReporter(Reporter):
                         }
                     ]
                 if result.footprint is not None:
-                    entry["properties"] = {"footprint": result.footprint, "budget": result.budget}
+                    entry["properties"] = _entry(result, {"budget": result.budget})
+                    del entry["properties"]["path"]
                 sarif_results.append(entry)
         run = {
             "tool": {"driver": {"name": "memfit", "version": __version__, "informationUri": INFORMATION_URI, "rules": [_rule(c) for c in ids]}},
             "columnKind": "unicodeCodePoints",
             "results": sarif_results,
             "properties": {
-                "files": [{"path": display_path(r.path), "footprint": r.footprint, "budget": r.budget} for r in results if not r.skipped],
+                "files": [{**_entry(r, {"budget": r.budget}), "path": display_path(r.path)} for r in results if not r.skipped],
             },
         }
         json.dump({"$schema": self.SCHEMA, "version": "2.1.0", "runs": [run]}, self.out, indent=2)
@@ -252,21 +259,25 @@ def _rule(code: str) -> dict:
 
 def summary_markdown(results) -> str:
     """A Markdown table for a CI job summary ($GITHUB_STEP_SUMMARY): one row per config."""
+    runs = any(r.peak is not None for r in results if not r.skipped)
     lines = [
         "### memfit",
         "",
-        "| file | total | budget | headroom | verdict |",
-        "| --- | ---: | ---: | ---: | --- |",
+        "| file | total | peak | budget | headroom | verdict |" if runs else "| file | total | budget | headroom | verdict |",
+        "| --- | ---: | ---: | ---: | ---: | --- |" if runs else "| --- | ---: | ---: | ---: | --- |",
     ]
     for result in results:
         if result.skipped:
             continue
         total = result.footprint["total"] if result.footprint is not None else None
+        peak = result.peak
+        used = peak["bytes"] if peak is not None else total
         budget = result.budget
-        headroom = budget - total if total is not None and budget is not None else None
+        headroom = budget - used if used is not None and budget is not None else None
         cells = [
             markdown_code(display_path(result.path)),
             human(total) if total is not None else "—",
+            *([f"{human(peak['bytes'])} ({peak['phase'].replace('_', ' ')})" if peak is not None else "—"] if runs else []),
             human(budget) if budget is not None else "—",
             human(headroom) if headroom is not None else "—",
             _verdict(result, headroom),

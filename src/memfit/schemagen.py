@@ -212,13 +212,33 @@ def _transformer_keys() -> dict:
     return out
 
 
+def _device_peak() -> dict:
+    from .presets import PRESETS
+
+    return {
+        "preset": {
+            "title": "Preset",
+            "description": "A GPU from memfit's table: fills device.memory with the memory its driver reports (an explicit device.memory wins). Case, spaces and dashes do not matter.",
+            "type": "string",
+            "examples": list(PRESETS),
+        },
+        "overhead": {
+            "title": "Runtime overhead",
+            "description": "Memory the process holds besides the tensors: auto (the preset's CUDA context, cuBLAS workspaces and the allocator's 512-byte rounding, each line sourced in docs/peak.md), a byte size, or 0.",
+            "anyOf": [{"const": "auto"}, {"$ref": "#/$defs/bytes"}],
+            "examples": ["auto", "1 GiB", 0],
+        },
+    }
+
+
 def _training() -> dict:
     from .models.hf import ATTENTIONS, CHECKPOINTING
+    from .peak import IMPLS
     from .precision import schema_training_properties
 
     return {
         "title": "Training",
-        "description": "The shape of one training step on one device.",
+        "description": "The shape of one training step on one device. A config with a training section describes a run: memfit checks the peak of its step (forward, backward, optimizer step) against the budget, not the sum of the categories.",
         "type": "object",
         "additionalProperties": False,
         "properties": {
@@ -236,9 +256,15 @@ def _training() -> dict:
                 "enum": list(CHECKPOINTING),
                 "default": "none",
             },
+            "optimizer_impl": {
+                "title": "Optimizer implementation",
+                "description": "How torch.optim runs the step, which sets its temporaries: foreach (PyTorch's default on GPU; one temporary per parameter at once), fused (none) or for_loop (one parameter at a time).",
+                "enum": list(IMPLS),
+                "default": "foreach",
+            },
             **schema_training_properties(),
         },
-        "examples": [{"micro_batch": 4, "seq_len": 4096, "attention": "sdpa", "checkpointing": "none"}],
+        "examples": [{"micro_batch": 4, "seq_len": 4096, "attention": "sdpa", "checkpointing": "none", "optimizer_impl": "foreach"}],
     }
 
 
@@ -282,8 +308,9 @@ def generate() -> dict:
                         "title": "Warn at",
                         "description": "Warn when the total is above this share of the budget (default 90%).",
                     },
+                    **_device_peak(),
                 },
-                "examples": [{"name": "RTX 4090", "memory": "24 GiB", "reserve": "1 GiB"}],
+                "examples": [{"name": "RTX 4090", "memory": "24 GiB", "reserve": "1 GiB"}, {"preset": "A100-80GB", "overhead": "auto"}],
             },
             "dtypes": {
                 "title": "dtypes",
