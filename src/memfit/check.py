@@ -188,7 +188,13 @@ def _peak(config, data: dict) -> list[Problem]:
     declared = [t for t in config.tensors if t.path and t.path[0] in ("parameters", "activations")]
     try:
         model = getattr(config, "model", None)  # a transformer (models.hf) sets config.model
-        if model is not None and hasattr(model, "cfg"):
+        resolved = getattr(config.recipe, "resolved", None)
+        # hf_step rebuilds a fully trained model from the config.json; with adapters, a quantized
+        # base or extra recipe buffers the derived tensors are what training holds (recipes)
+        adapted = "lora" in data or "quantization" in data or (resolved is not None and (resolved.master_weights is not None or resolved.grad_accum_dtype is not None))
+        if model is not None and hasattr(model, "cfg") and adapted:
+            step = peak.tensors_step([t for t in config.tensors if t.category in ("parameters", "activations")], optimizer, impl, config.overhead)
+        elif model is not None and hasattr(model, "cfg"):
             widths = {c: config.widths[c].bytes for c in ("parameters", "gradients", "optimizer_state")}
             run = model.training
             step = peak.hf_step(model.cfg, micro_batch=run["micro_batch"], seq_len=run["seq_len"], attention=run["attention"], checkpointing=run["checkpointing"],
