@@ -209,17 +209,17 @@ def _peak(config, data: dict) -> list[Problem]:
     declared = [t for t in config.tensors if t.path and t.path[0] in ("parameters", "activations")]
     try:
         model = getattr(config, "model", None)  # a transformer (models.hf) sets config.model
-        # hf_step walks the layers of a plain recipe; LoRA, quantized bases, master weights and the
-        # other recipe keys change which tensors exist, so their run is walked over the cost model's
-        # own tensors instead (forward keeps every activation, backward adds the gradients)
-        recipe_keys = {"lora", "quantization", "precision", "master_weights"} & set(data) or "grad_accum_dtype" in training
-        if model is not None and hasattr(model, "cfg") and not recipe_keys:
+        resolved = getattr(config.recipe, "resolved", None)
+        # hf_step rebuilds a fully trained model from the config.json; with adapters, a quantized
+        # base or extra recipe buffers the derived tensors are what training holds (recipes)
+        adapted = "lora" in data or "quantization" in data or (resolved is not None and (resolved.master_weights is not None or resolved.grad_accum_dtype is not None))
+        if model is not None and hasattr(model, "cfg") and adapted:
+            step = peak.tensors_step([t for t in config.tensors if t.category in ("parameters", "activations")], optimizer, impl, config.overhead)
+        elif model is not None and hasattr(model, "cfg"):
             widths = {c: config.widths[c].bytes for c in ("parameters", "gradients", "optimizer_state")}
             run = model.training
             step = peak.hf_step(model.cfg, micro_batch=run["micro_batch"], seq_len=run["seq_len"], attention=run["attention"], checkpointing=run["checkpointing"],
                                 optimizer=optimizer, impl=impl, states=config.states, widths=widths, overhead=config.overhead, dtypes=model.dtypes, declared=declared)
-        elif model is not None and hasattr(model, "cfg"):
-            step = peak.tensors_step(config.tensors, optimizer, impl, config.overhead)
         elif "model" in data:
             keras_model = {**data["model"], "batch_size": data["model"].get("batch_size", training.get("micro_batch"))}
             step = peak.keras_step(keras_model, config, optimizer, impl, config.overhead, declared=declared)

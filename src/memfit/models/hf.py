@@ -450,7 +450,9 @@ def _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpoi
         if problems:
             return problems
     saved = saved_by(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing, dtypes=dtypes, **recipe)
-    by_block = {b.name: b for b in saved}
+    by_block: dict = {}
+    for b in saved:  # under LoRA the first layer keeps less than the others: two "layer" blocks
+        by_block.setdefault(b.name, []).append(b)
     for name, count, params in blocks(cfg):
         elements = 0
         for p in params:
@@ -461,14 +463,16 @@ def _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpoi
             tensor = make_tensor("parameters", where, label, list(p.shape), count, True, None, config)
             config.tensors.append(tensor)
             elements += tensor.elements
-        kept = by_block[name].kept if name in by_block else []
-        saved_bytes = 0
-        for k in kept:
-            tensor = make_tensor("activations", where, f"{name}: {k.label}", list(k.shape), count, True, width(k.dtype), config)
-            config.tensors.append(tensor)
-            saved_bytes += tensor.bytes["activations"] // count
-        rows.append(BlockRow(name, count, elements, saved_bytes, [(k.label, k.shape, k.dtype) for k in kept]))
-    loss = by_block.get("loss")
+        for block in by_block.get(name) or [None]:
+            copies = count if block is None else block.count
+            kept = [] if block is None else block.kept
+            saved_bytes = 0
+            for k in kept:
+                tensor = make_tensor("activations", where, f"{name}: {k.label}", list(k.shape), copies, True, width(k.dtype), config)
+                config.tensors.append(tensor)
+                saved_bytes += tensor.bytes["activations"] // copies
+            rows.append(BlockRow(name, copies, elements, saved_bytes, [(k.label, k.shape, k.dtype) for k in kept]))
+    loss = (by_block.get("loss") or [None])[0]
     if loss is not None:
         saved_bytes = 0
         for k in loss.kept:
