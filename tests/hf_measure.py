@@ -61,7 +61,35 @@ def without_attention_dropout(cfg: dict) -> dict:
     return dict(cfg, **{key: 0.0})
 
 
-def build(cfg: dict, attention: str = "sdpa", precision: str = "32-true", lora: dict | None = None, seed: int = 0):
+def quantize_4bit(model, quantization: dict):
+    """QLoRA's base as transformers' BitsAndBytesConfig(load_in_4bit) makes it, on CPU: every Linear but the output
+    layer becomes a bitsandbytes Linear4bit (NF4/FP4, blocksize 64) computing in `compute_dtype`."""
+    bnb = __import__("bitsandbytes")
+    compute = getattr(torch, quantization.get("compute_dtype", "bfloat16"))
+    skip = set(quantization.get("skip_modules") or ["lm_head"])
+
+    def swap(module):
+        for name, child in module.named_children():
+            if isinstance(child, torch.nn.Linear) and name not in skip:
+                new = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+                                        compute_dtype=compute, quant_type=quantization.get("method", "nf4"),
+                                        compress_statistics=quantization.get("double_quant", False), device="meta")
+                new.weight = bnb.nn.Params4bit(child.weight.data.float(), requires_grad=False,
+                                               quant_type=quantization.get("method", "nf4"),
+                                               compress_statistics=quantization.get("double_quant", False))
+                if child.bias is not None:
+                    new.bias = torch.nn.Parameter(child.bias.data, requires_grad=False)
+                setattr(module, name, new.to("cpu"))
+            else:
+                swap(child)
+
+    swap(model)
+    model.is_loaded_in_4bit = True   # what from_pretrained sets: peft then wraps with its bnb LoRA layer
+    return model
+
+
+def build(cfg: dict, attention: str = "sdpa", precision: str = "32-true", lora: dict | None = None, seed: int = 0,
+          quantization: dict | None = None):
     torch.manual_seed(seed)
     fields = {k: v for k, v in cfg.items() if k != "model_type"}
     config = transformers.AutoConfig.for_model(cfg["model_type"], **fields)
@@ -76,6 +104,8 @@ def build(cfg: dict, attention: str = "sdpa", precision: str = "32-true", lora: 
         cls._from_config(config, attn_implementation=attention)
     if precision in ("bf16-true", "16-true"):
         model = model.to(torch.bfloat16 if precision == "bf16-true" else torch.float16)
+    if quantization:
+        quantize_4bit(model, quantization)
     if lora is not None:
         peft = __import__("peft")
         lora_config = peft.LoraConfig(r=lora.get("r", 8), lora_alpha=lora.get("alpha", 16),
@@ -194,10 +224,10 @@ def inputs(cfg: dict, micro_batch: int, seq_len: int, seed: int = 1):
 
 
 def measure(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
-            precision: str = "32-true", lora: dict | None = None, model=None) -> dict:
+            precision: str = "32-true", lora: dict | None = None, model=None, quantization: dict | None = None) -> dict:
     """One forward + backward; returns {'total': distinct saved bytes, 'peak': peak live saved bytes, 'items': ...}."""
     if model is None:
-        model = build(cfg, attention, precision, lora)
+        model = build(cfg, attention, precision, lora, quantization=quantization)
     if checkpointing == "full":
         model.activation_checkpointing_enable()
     excluded = {p.untyped_storage().data_ptr() for p in model.parameters()}

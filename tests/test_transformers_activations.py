@@ -193,3 +193,28 @@ def test_korthikanti_block_matches_a_real_step():
     measured = hm.measure(cfg, micro_batch=2, seq_len=16, attention="eager", precision="bf16-true")["total"]
     assert_band(measured, modelled(cfg, micro_batch=2, seq_len=16, attention="eager", precision="bf16-true"), 0.05,
                 "Korthikanti's GPT block")
+
+
+def test_the_docs_print_each_familys_table_as_the_rules_make_it():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "transformer-activations.md").read_text(encoding="utf-8")
+    for family in hm.FAMILIES:
+        assert f"#### {family}\n\n{ha.markdown_table(hm.tiny(family))}\n" in doc, f"{family}: regenerate the table"
+
+
+@pytest.mark.parametrize(("family", "quantization"), [
+    ("llama", {"method": "nf4", "double_quant": True, "compute_dtype": "bfloat16"}),
+    ("bert", {"method": "nf4", "compute_dtype": "bfloat16"}),
+    ("mixtral", {"method": "fp4", "compute_dtype": "bfloat16"}),
+])
+def test_qlora_keeps_what_lora_keeps_in_the_compute_dtype(family, quantization):
+    """bitsandbytes' 4-bit base linears (quantized on CPU) keep no activations: QLoRA = LoRA at the compute dtype."""
+    needs.module("peft")
+    needs.module("bitsandbytes")
+    cfg = hm.without_attention_dropout(hm.tiny(family))
+    lora = {"r": 4, "dropout": 0.1, "target_modules": "all-linear"} if family != "mixtral" else ALL_LINEAR
+    precision = ha.qlora_precision(quantization["compute_dtype"])
+    measured = hm.measure(cfg, micro_batch=2, seq_len=16, precision=precision, lora=lora, quantization=quantization)
+    assert_band(measured["total"], modelled(cfg, micro_batch=2, seq_len=16, precision=precision, lora=lora), 0.05,
+                f"{family} QLoRA")

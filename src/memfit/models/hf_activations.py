@@ -13,9 +13,11 @@ names a `source` is that source's storage when both resolve to the same dtype (n
 Dtype roles, resolved per precision recipe by `_roles`:
   act    the model's dtype: the residual stream, norms' in/outputs (fp32 under *-mixed: autocast leaves them)
   lin    what a matmul produces (the low dtype under *-true and *-mixed)
-  soft   eager attention's softmax result where the model does not upcast it (fp32 under autocast)
+  soft   eager attention's softmax result where the model does not upcast it (fp32 under autocast, where GPT-2's
+         fp32 causal mask promotes the scores; BERT's unmasked softmax stays low: it uses `lin`)
   low    a copy autocast makes for a matmul (the low dtype under *-mixed; act otherwise)
-  ada    a LoRA adapter's dtype (fp32: peft upcasts adapters on a 16-bit base)
+  ada    a LoRA adapter's dtype (fp32: peft upcasts adapters on a 16-bit base); ada_low: what the adapter's matmul
+         keeps (the autocast copy under *-mixed, else ada)
   f32, i64, i32, bool   fixed: statistics and upcasts, indices, offsets, dropout masks (1 byte, as CUDA keeps them)
 """
 
@@ -120,18 +122,34 @@ def _activation(name: str, op: str, shape: tuple, f: str, role: str = "lin") -> 
     return [K(op, "input (the projection's output)", shape, role, needs=(f,))] + [K(op, w, shape, role, needs=(f,)) for w in rule]
 
 
+ROLE = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "qkv": "qkv_proj", "o": "o_proj", "gate": "gate_proj",
+        "up": "up_proj", "gate_up": "gate_up_proj", "down": "down_proj", "fc_in": "fc_in", "fc_out": "fc_out",
+        "lm_head": "lm_head", "transform": "transform", "norm1": "input_layernorm", "norm2": "post_attention_layernorm",
+        "final": "final norm"}
+
+
+def _op(role: str, module: str) -> str:
+    """A row's op: the role (stable across families: o_proj, down_proj, fc_in...), with the module path when the
+    family spells it differently."""
+    return role if module == role or module.endswith("." + role) else f"{role} ({module})"
+
+
 def _linear(group: list, x: tuple, f: str, low_input: bool = False, source: str | None = None) -> list:
-    """Linears reading one input `x` whose gradient flag is `f`. The input is kept once if any of their weights
-    trains (`source`: it is that row's storage). Under autocast each linear keeps its own low-precision copy of an
-    fp32 input (`low_input`: the input already comes out of a matmul, low) and of its weight, the latter whenever
-    the input needs a gradient, frozen or not. A LoRA adapter keeps its input (peft casts it to the adapter's fp32
-    first: a copy per adapter on a 16-bit model), or a dropout mask and the dropped copy, and its rank-R output."""
-    names = "/".join([group[0][0]] + [m.rsplit(".", 1)[-1] for m, _ in group[1:]])
+    """Linears reading one input `x` whose gradient flag is `f`; `group` lists (role, module path, output width).
+    The input is kept once if any of their weights trains (`source`: it is that row's storage). Under autocast each
+    linear keeps its own low-precision copy of an fp32 input (`low_input`: the input already comes out of a matmul,
+    low) and of its weight, the latter whenever the input needs a gradient, frozen or not. A LoRA adapter keeps its
+    input (peft casts it to the adapter's fp32 first: a copy per adapter on a 16-bit model), or a dropout mask and
+    the dropped copy, and its rank-R output."""
+    roles = "/".join(ROLE[r] for r, _, _ in group)
+    modules = "/".join([group[0][1]] + [m.rsplit(".", 1)[-1] for _, m, _ in group[1:]])
+    names = roles if all(m.endswith(ROLE[r]) for r, m, _ in group) else f"{roles} ({modules})"
+    group = [(_op(ROLE[r], m), m, width) for r, m, width in group]
     base = K(names, "input", x, "lin" if low_input else "act", None if low_input else "not_mixed",
-             tuple(f"W:{m}" for m, _ in group), source)
+             tuple(f"W:{m}" for _, m, _ in group), source)
     rows, key = [base], source or base.label
-    for m, width in group:
-        short, lora = m, (f"L:{m}",)
+    for short, m, width in group:
+        lora = (f"L:{m}",)
         if not low_input:
             rows.append(K(short, "input, cast to the low dtype by autocast", x, "low", "mixed", (f"W:{m}",)))
         rows += [
@@ -184,12 +202,13 @@ FAMILIES = {
                                   "down": "mlp.down_proj", "lm_head": "lm_head"},
                            dropout_keys=(("attn", "attention_dropout"), ("resid", "resid_pdrop"), ("embd", "embd_pdrop"))),
     "gpt2": Family("layer", {"qkv": "attn.c_attn", "o": "attn.c_proj", "fc_in": "mlp.c_fc", "fc_out": "mlp.c_proj",
-                             "lm_head": "lm_head"},
+                             "lm_head": "lm_head", "norm1": "ln_1", "norm2": "ln_2", "final": "transformer.ln_f"},
                    "fused", None, "plain", "activation_function", True, embed_extra=("positions",),
                    dropout_keys=(("embd", "embd_pdrop"), ("attn", "attn_pdrop"), ("resid", "resid_pdrop")),
                    softmax_fp32=False, lora_default=("c_attn",)),
     "gpt_neox": Family("layer", {"qkv": "attention.query_key_value", "o": "attention.dense",
-                                 "fc_in": "mlp.dense_h_to_4h", "fc_out": "mlp.dense_4h_to_h", "lm_head": "embed_out"},
+                                 "fc_in": "mlp.dense_h_to_4h", "fc_out": "mlp.dense_4h_to_h", "lm_head": "embed_out",
+                                 "final": "gpt_neox.final_layer_norm"},
                        "fused", "partial", "plain", "hidden_act", True, parallel_key="use_parallel_residual",
                        dropout_keys=(("attn", "attention_dropout"), ("resid", "hidden_dropout"), ("embd", "hidden_dropout")),
                        lora_default=("query_key_value",)),
@@ -209,9 +228,9 @@ def _attention(fam: Family, n: dict) -> list:
     """Projections, attention (every kernel: `_conditions` picks the rows that apply), output projection."""
     T = ("T", "h")
     if fam.qkv == "separate":
-        rows = _linear([(n["q"], "q"), (n["k"], "kv"), (n["v"], "kv")], T, "n1")
+        rows = _linear([("q", n["q"], "q"), ("k", n["k"], "kv"), ("v", n["v"], "kv")], T, "n1")
     else:
-        rows = _linear([(n["qkv"], "qkv")], T, "n1")
+        rows = _linear([("qkv", n["qkv"], "qkv")], T, "n1")
     if fam.qk_norm:
         # per-head RMSNorm on q_proj's and k_proj's outputs (its upcast is those outputs when they are fp32)
         rows += _norm(fam.norm, "q_norm", ("b", "s", "H", "d"), "q_raw", "lin")
@@ -229,7 +248,9 @@ def _attention(fam: Family, n: dict) -> list:
         K("p @ v", "dropped-out probabilities", ("b", "H", "s", "s"), "low", "eager_attn_dropout", ("v",)),
         K("p @ v", "probabilities, cast to the value dtype", ("b", "H", "s", "s"), "low", "eager_core_no_dropout",
           ("v",), f"softmax: {soft}"),
-        K("p @ v", "v (repeated to every query head)", ("b", "H", "s", "d"), "lin", "eager_kv", ("qk",)),
+        K("p @ v", "v (repeated to every query head)", ("b", "H", "s", "d"), "lin", "eager_v", ("qk",)),
+        K("p @ v", "v (a view of the fused qkv output: one sequence folds without a copy)", ("b", "s", "qkv"), "lin",
+          "eager_v_view", ("qk",)),
         # fused kernels (SDPA's flash / memory-efficient, flash-attn): q, k, v at their own head counts, output, lse;
         # flash-attn pads the head dim to a multiple of 8 (dk; copies then) and keeps its RNG state
         K("attention", "q", ("b", "H", "s", "dk"), "lin", "fused_q", ("attn",)),
@@ -245,7 +266,7 @@ def _attention(fam: Family, n: dict) -> list:
     ]
     # o_proj's input: eager merges heads with a copy; SDPA on CPU returns the output in q's layout, so a contiguous
     # q (partial rotary's cat) makes it a copy too; otherwise it is a view of the kept output
-    o = [(n["o"], "h")]
+    o = [("o", n["o"], "h")]
     rows += [r._replace(when=_and("o_copy", r.when)) for r in _linear(o, ("T", "q"), "attn", low_input=True)]
     rows += [r._replace(when=_and("o_view", r.when))
              for r in _linear(o, ("T", "q"), "attn", low_input=True, source="attention: output")]
@@ -256,19 +277,19 @@ def _attention(fam: Family, n: dict) -> list:
 def _mlp(fam: Family, n: dict, act: str) -> list:
     T, X = ("T", "h"), ("b", "s", "h")
     if fam.mlp == "gated":
-        return _linear([(n["gate"], "i"), (n["up"], "i")], T, "n2") + _activation(act, "act_fn(gate)", ("b", "s", "i"), "g") + [
+        return _linear([("gate", n["gate"], "i"), ("up", n["up"], "i")], T, "n2") + _activation(act, "act_fn(gate)", ("b", "s", "i"), "g") + [
             K("act * up", "act_fn(gate)", ("b", "s", "i"), "lin", None, ("u",)),
             K("act * up", "up", ("b", "s", "i"), "lin", None, ("g",)),
-        ] + _linear([(n["down"], "h")], ("T", "i"), "p", low_input=True)
+        ] + _linear([("down", n["down"], "h")], ("T", "i"), "p", low_input=True)
     if fam.mlp == "gated_fused":
-        return _linear([(n["gate_up"], "i2")], T, "n2") + [
+        return _linear([("gate_up", n["gate_up"], "i2")], T, "n2") + [
             K("act_fn(gate), * up", "gate_up output (gate and up are halves of it)", ("b", "s", "i2"), "lin", None, ("g",)),
             K("act * up", "act_fn(gate)", ("b", "s", "i"), "lin", None, ("g",)),
-        ] + _linear([(n["down"], "h")], ("T", "i"), "p", low_input=True) + [
+        ] + _linear([("down", n["down"], "h")], ("T", "i"), "p", low_input=True) + [
             K("mlp output dropout", "mask", X, "bool", "resid_dropout", ("d",))]
     if fam.mlp == "plain":
-        return _linear([(n["fc_in"], "i")], T, "n2") + _activation(act, "act", ("b", "s", "i"), "g") + \
-            _linear([(n["fc_out"], "h")], ("T", "i"), "g", low_input=True) + [
+        return _linear([("fc_in", n["fc_in"], "i")], T, "n2") + _activation(act, "act", ("b", "s", "i"), "g") + \
+            _linear([("fc_out", n["fc_out"], "h")], ("T", "i"), "g", low_input=True) + [
                 K("mlp output dropout", "mask", X, "bool", "resid_dropout", ("d",))]
     # Mixtral: a router, then every routed (token, expert) pair through one grouped matmul (transformers 5.24's
     # `grouped_mm` experts: F.grouped_mm is not autocast, so the experts run in the model's dtype): sorted by expert,
@@ -318,10 +339,10 @@ def layer_rows(model_type: str, act: str | None = None, parallel: bool = True) -
         mlp = [r._replace(needs=tuple("h1n" if x == "n2" else x for x in r.needs)) for r in mlp]
         return (attention + [r._replace(op="attention.output LayerNorm") for r in _norm(fam.norm, "", X, "h1")]
                 + mlp + [r._replace(op="output LayerNorm") for r in _norm(fam.norm, "", X, "out")])
-    second = _norm(fam.norm, "post_attention_layernorm", X, "x" if parallel and fam.parallel_key else "h1")
+    second = _norm(fam.norm, _op(ROLE["norm2"], n.get("norm2", "post_attention_layernorm")), X, "x" if parallel and fam.parallel_key else "h1")
     if parallel and fam.parallel_key:   # both norms read the layer input: its storage is kept once
         second = [r for r in second if not r.what.startswith("input")]
-    return _norm(fam.norm, "input_layernorm", X, "x") + attention + second + mlp
+    return _norm(fam.norm, _op(ROLE["norm1"], n.get("norm1", "input_layernorm")), X, "x") + attention + second + mlp
 
 
 def _embedding_rows(fam: Family) -> list:
@@ -344,12 +365,12 @@ def _embedding_rows(fam: Family) -> list:
 def _head_rows(fam: Family) -> list:
     X, n = ("b", "s", "h"), fam.names
     if fam.head == "mlm":   # BertForMaskedLM: dense, activation, LayerNorm, decoder
-        return (_linear([(n["transform"], "h")], ("T", "h"), "x")
+        return (_linear([("transform", n["transform"], "h")], ("T", "h"), "x")
                 + _activation("gelu", "transform act", X, "t")
                 + [r._replace(what="input (the activation's output)", role="lin") if i == 0 else r
                    for i, r in enumerate(_norm(fam.norm, "transform.LayerNorm", X, "t"))]
-                + _linear([(n["lm_head"], "V")], ("T", "h"), "tn"))
-    return _norm(fam.norm, "final norm", X, "x") + _linear([(n["lm_head"], "V")], ("T", "h"), "fn")
+                + _linear([("lm_head", n["lm_head"], "V")], ("T", "h"), "tn"))
+    return _norm(fam.norm, _op(ROLE["final"], n.get("final", "model.norm")), X, "x") + _linear([("lm_head", n["lm_head"], "V")], ("T", "h"), "fn")
 
 
 # Causal LMs upcast the logits (logits.float()) before the cross-entropy; BERT's masked-LM loss does not
@@ -379,7 +400,7 @@ def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int = 0, attention: 
     tokens = micro_batch * seq_len
     k = cfg.get("num_experts_per_tok", 0)
     return {"b": micro_batch, "s": seq_len, "h": h, "i": inter, "i2": 2 * inter, "H": heads, "KV": kv_heads, "d": d,
-            "dk": -(-d // 8) * 8 if attention == "flash" else d,
+            "dk": -(-d // 8) * 8 if attention == "flash" else d, "r": rotary,
             "q": heads * d, "kv": kv_heads * d, "qkv": heads * d + 2 * kv_heads * d, "rot": rotary,
             "V": cfg["vocab_size"], "T": tokens, "Tl": tokens if micro_batch > 1 else seq_len + 1,
             "E": cfg.get("num_local_experts", 0), "k": k, "S": tokens * k, "R": rank, "R2": 2 * rank}
@@ -403,6 +424,10 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
     # unless b == 1 (then q's view keeps the whole qkv output, and k, v without the cache are views of it too)
     qkv_views = fam.qkv == "fused" and not fam.rope and micro_batch == 1
     no_rope_fused = fam.qkv == "fused" and not fam.rope
+    # likewise a rotary fused-qkv model's v without the cache, when no grouped-query repeat copies it first
+    heads = cfg.get("num_attention_heads") or cfg.get("n_head")
+    v_view = (fam.qkv == "fused" and bool(fam.rope) and not cache and micro_batch == 1
+              and (cfg.get("num_key_value_heads") or heads) == heads)
     mixed = precision.endswith("-mixed")
     lora_dropout = bool(lora) and (lora.get("dropout") or 0) > 0
     o_copy = eager or (attention == "sdpa" and fam.rope == "partial")
@@ -411,6 +436,8 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
         "eager_q": eager and not qkv_views,
         "eager_q_view": eager and qkv_views,
         "eager_kv": eager and (cache or not qkv_views),
+        "eager_v": eager and (cache or not qkv_views) and not v_view,
+        "eager_v_view": eager and v_view,
         "eager_core": core,
         "eager_attn_dropout": core and attn_drop,
         "eager_core_no_dropout": core and not attn_drop,
@@ -501,7 +528,7 @@ def _match(name: str, targets) -> bool:
 
 def _trainable(fam: Family, lora: dict | None) -> dict:
     """Weight flags: W:<module> (the weight trains), L:<module> (a LoRA adapter on it)."""
-    modules = list(fam.names.values())
+    modules = [m for k, m in fam.names.items() if k not in ("norm1", "norm2", "final")]
     if not lora:
         flags = {f"W:{m}": True for m in modules}
         flags.update({"W:norm": True, "W:embed": True, "W:experts": True, "W:router": True})
@@ -665,3 +692,46 @@ def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "s
         recomputed -= nbytes([boundary])
     kept = nbytes(emb.kept) + layer.count * nbytes(layer.kept)
     return kept + max(nbytes(head.kept) + nbytes(loss.kept), recomputed)
+
+
+def qlora_precision(compute_dtype: str = "bfloat16") -> str:
+    """The recipe whose activations a QLoRA model keeps. bitsandbytes' 4-bit matmul (MatMul4Bit) saves nothing for
+    backward but the packed weight (a parameter) on its context, so a quantized base linear keeps no activations,
+    like a frozen one; the rest of the model computes in `compute_dtype`. QLoRA's saved activations are LoRA's on
+    the model in that dtype: `saved(cfg, ..., precision=qlora_precision(compute), lora=...)`."""
+    return {"bfloat16": "bf16-true", "float16": "16-true", "float32": "32-true"}[compute_dtype]
+
+
+# ----------------------------------------------------------------------------------------- documentation
+
+SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int64": "i64", "int32": "i32", "bool": "bool"}
+TABLE_PRECISIONS = ("32-true", "bf16-true", "bf16-mixed")
+
+
+def layer_table(cfg: dict) -> list:
+    """One layer's rows for the docs, full training: (op, keeps, shape, eager, sdpa), where the eager and sdpa cells
+    give the dtype kept under 32-true · bf16-true · bf16-mixed ("—": not kept; one shared storage is listed once)."""
+    fam = FAMILIES[cfg["model_type"]]
+    rows = layer_rows(cfg["model_type"], _act(cfg), _parallel(cfg))
+    w = _trainable(fam, None)
+    flags = {**w, **_grads(fam, w, True, _parallel(cfg))}
+    symbolic = {r.label: "(" + ", ".join(str(x) for x in r.shape) + ")" for r in rows}
+    seen: dict = {}
+    for attention in ("eager", "sdpa"):
+        for precision in TABLE_PRECISIONS:
+            cond = _conditions(cfg, fam, attention, "none", 2, precision, None)
+            for k in _resolve(rows, cond, _roles(precision, None, "float32"), _sizes(cfg, 2, 16), flags):
+                seen.setdefault(k.label, {})[(attention, precision)] = SHORT[k.dtype]
+    out = []
+    for r in rows:
+        if r.label not in seen or any(o[0] == r.op and o[1] == r.what for o in out):
+            continue
+        cells = [" · ".join(seen[r.label].get((a, p), "—") for p in TABLE_PRECISIONS) for a in ("eager", "sdpa")]
+        out.append((r.op, r.what, symbolic[r.label], *cells))
+    return out
+
+
+def markdown_table(cfg: dict) -> str:
+    lines = ["| op | keeps | shape | eager (32-true · bf16-true · bf16-mixed) | sdpa |", "|---|---|---|---|---|"]
+    lines += [f"| {op} | {what} | {shape} | {e} | {s} |" for op, what, shape, e, s in layer_table(cfg)]
+    return "\n".join(lines)
