@@ -529,13 +529,14 @@ def _part(name: str) -> str:
 
 def _split(kept: list, fam) -> list:
     """A layer's kept tensors as its four parts, in forward order (a part that keeps nothing of
-    its own, such as o_proj whose input the attention kernel keeps, is empty). The labels of
-    hf_activations begin with the module's name: a part begins at its first module's."""
+    its own, such as o_proj whose input the attention kernel keeps, is empty). A part begins at
+    the first label of its first op."""
     n = fam.names
+    # hf_activations names an op by its role (o_proj, fc_out, ...) or by the family's module
     starts_with = {
-        "o_proj": (n["o"],),
-        "mlp": ("post_attention_layernorm", *(n[k] for k in ("gate", "gate_up", "fc_in") if k in n)),
-        "down_proj": (*(n[k] for k in ("down", "fc_out") if k in n), "grouped_mm down"),
+        "o_proj": ("o_proj", n["o"]),
+        "mlp": ("post_attention_layernorm", "gate_proj", "gate_up_proj", "fc_in", *(n[k] for k in ("gate", "gate_up", "fc_in") if k in n)),
+        "down_proj": ("down_proj", "fc_out", "grouped_mm down", *(n[k] for k in ("down", "fc_out") if k in n)),
     }
     order = ["attention", "o_proj", "mlp", "down_proj"]
     starts = [0] * len(order) + [len(kept)]
