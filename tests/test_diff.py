@@ -38,6 +38,7 @@ def repo(tmp_path):
     (repo / "configs").mkdir(parents=True)
     for name in ("text-encoder.yaml", "cifar-cnn.yaml", "gpt2-small.yaml"):
         shutil.copy(EXAMPLES / name, repo / "configs" / name)
+    shutil.copytree(EXAMPLES / "models", repo / "configs" / "models")  # gpt2-small's hf_config
     (repo / "configs" / "compose.yaml").write_text("services: {web: {image: nginx}}\n", encoding="utf-8")
     git(repo, "init", "-q")
     git(repo, "add", ".")
@@ -127,3 +128,25 @@ def test_config_that_does_not_parse_at_the_revision(repo):
     assert entry["before"] is None and entry["after"] == footprint(small) and entry["delta"] is None
     assert [(d["side"], d["code"]) for d in entry["diagnostics"]] == [("before", "yaml-syntax")]
     assert "no footprint at HEAD:" in memfit("diff", "HEAD", "configs/gpt2-small.yaml", cwd=repo).stdout
+
+
+def test_a_referenced_config_json_is_read_at_the_revision(repo):
+    """gpt2-small names models/gpt2.json: at HEAD~1 both come from git, in the working tree both
+    from disk. Halving n_layer in the working tree's config.json alone changes the after side."""
+    model = repo / "configs" / "models" / "gpt2.json"
+    model.write_text(model.read_text(encoding="utf-8").replace('"n_layer": 12', '"n_layer": 6'), encoding="utf-8")
+    small = repo / "configs" / "gpt2-small.yaml"
+    shutil.copy(EXAMPLES / "gpt2-small.yaml", small)
+    done = memfit("diff", "HEAD~1", "configs/gpt2-small.yaml", "--format", "json", cwd=repo)
+    (entry,) = json.loads(done.stdout)["files"]
+    assert entry["before"] == footprint(EXAMPLES / "gpt2-small.yaml")
+    assert entry["after"] == footprint(small) and entry["delta"]["parameters"] < 0
+    # a config.json broken at the revision: its diagnostics name it relative to the repository root
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "three")
+    model.write_text("{", encoding="utf-8")
+    git(repo, "commit", "-qam", "four")
+    model.write_text((EXAMPLES / "models" / "gpt2.json").read_text(encoding="utf-8"), encoding="utf-8")
+    (entry,) = json.loads(memfit("diff", "HEAD", "configs/gpt2-small.yaml", "--format", "json", cwd=repo).stdout)["files"]
+    assert entry["before"] is None and entry["after"] == footprint(EXAMPLES / "gpt2-small.yaml")
+    assert [(d["side"], d["code"], d.get("file")) for d in entry["diagnostics"]] == [("before", "json-syntax", "configs/models/gpt2.json")]

@@ -396,3 +396,22 @@ def test_github_annotations_name_files_from_the_repository_root(tmp_path: Path):
     assert dotted.stdout.decode().startswith("::error file=configs/team/x.yaml,"), dotted.stdout
     inside = memfit("check", "--format", "github", ".", cwd=repo / "configs", env={"GITHUB_WORKSPACE": str(repo)})
     assert inside.stdout.decode().startswith("::error file=configs/team/x.yaml,"), inside.stdout
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo") or not Path("/dev/zero").exists(), reason="no FIFOs or /dev/zero on this system")
+def test_the_hook_and_the_action_never_block_on_special_files(tmp_path: Path):
+    """What the hook (--skip-unrecognized) and the Action (`paths: .`, github format) meet in a
+    walked tree: a FIFO and a symlink to /dev/zero named like configs. They are reported (or
+    skipped), never read: the run ends at once with a bounded report."""
+    tree = tmp_path / "repo"
+    (tree / "configs").mkdir(parents=True)
+    os.mkfifo(tree / "configs" / "pipe.yaml")
+    (tree / "configs" / "zero.yaml").symlink_to("/dev/zero")
+    (tree / "configs" / "over.yaml").write_text(OVER, encoding="utf-8")
+    for args in (["--skip-unrecognized"], ["--skip-unrecognized", "--format", "github"], ["--format", "sarif"]):
+        done = memfit("check", *args, ".", cwd=tree, timeout=60)
+        assert done.returncode == 1, (args, done.stdout, done.stderr)
+        assert len(done.stdout) < 64 * 1024
+        assert b"over.yaml" in done.stdout
+    explained = memfit("explain", "configs/pipe.yaml", cwd=tree, timeout=60)
+    assert explained.returncode == 1 and b"FIFO" in explained.stdout

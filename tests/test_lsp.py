@@ -416,6 +416,33 @@ model:
     assert hint.label == "→ [32, 20, 20, 32], 8,224 params"
 
 
+async def test_hover_on_hf_config_and_hints_on_training(client: LanguageClient, tmp_path: Path):
+    config = {"model_type": "llama", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 80, "num_hidden_layers": 2, "num_attention_heads": 4}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    text = """\
+memfit: 1
+device: {memory: 24 GiB}
+optimizer: adam
+model:
+  hf_config: config.json
+training:
+  micro_batch: 2
+  seq_len: 16
+  attention: eager
+"""
+    uri = uri_of(tmp_path, "llama.yaml")
+    open_doc(client, uri, text)
+    assert await published(client, uri) == []
+    answer = await hover(client, uri, at(text, 4, "config.json"))
+    lines = answer.contents.value.splitlines()
+    # 96*64 embedding + 2 layers of (4 * 64*64 + 3 * 64*80 + 2*64 = 31,872) + final norm 64 + lm_head 96*64 = 76,096
+    assert lines[0] == "**LlamaForCausalLM: 76,096 parameters**  "
+    assert "| layer | 2 | 31,872 |" in answer.contents.value
+    found = {h.position.line: h.label for h in await hints(client, uri, 6, 8, 200)}
+    assert sorted(found) == [6, 7, 8]
+    assert found[8].startswith("activations: eager ") and " · sdpa " in found[8] and " · flash " in found[8]
+
+
 # --- inlay hints and the summary ------------------------------------------------------------
 
 

@@ -84,7 +84,9 @@ def test_memfit_does_not_import_the_frameworks():
 
 # ------------------------------------------------------------------ precision recipes (issue 12)
 
-PRECISION_CASES = [(f, p, a) for f in hm.FAMILIES for p in ("bf16-true", "bf16-mixed") for a in ("eager", "sdpa")]
+# each family under both 16-bit recipes, the attention kernel alternating (every pair runs in docs' full sweep)
+PRECISION_CASES = [(f, p, ("eager", "sdpa")[(n + m) % 2]) for n, f in enumerate(hm.FAMILIES)
+                   for m, p in enumerate(("bf16-true", "bf16-mixed"))]
 PRECISION_CASES += [(f, p, "sdpa") for f in ("llama", "gpt2", "bert") for p in ("16-true", "16-mixed")]
 
 
@@ -218,3 +220,14 @@ def test_qlora_keeps_what_lora_keeps_in_the_compute_dtype(family, quantization):
     measured = hm.measure(cfg, micro_batch=2, seq_len=16, precision=precision, lora=lora, quantization=quantization)
     assert_band(measured["total"], modelled(cfg, micro_batch=2, seq_len=16, precision=precision, lora=lora), 0.05,
                 f"{family} QLoRA")
+
+
+def test_flash_keeps_what_flash_attention_keeps():
+    # flash-attn's FlashAttnFunc saves q, k, v, out_padded, softmax_lse and rng_state: SDPA's fused set plus the
+    # RNG state (2 int64) per layer; a head dim off a multiple of 8 is padded (q, k, v and the output then copies)
+    cfg = hm.tiny("llama")
+    sdpa, flash = (modelled(cfg, micro_batch=2, seq_len=16, attention=a) for a in ("sdpa", "flash"))
+    assert flash == sdpa + 16 * cfg["num_hidden_layers"]
+    padded = hm.tiny("llama", hidden_size=80, num_attention_heads=4, head_dim=20)
+    layer = {k.label: k for k in ha.saved(padded, micro_batch=2, seq_len=16, attention="flash")[1].kept}
+    assert layer["attention: q"].shape == (2, 4, 16, 24)

@@ -183,3 +183,32 @@ def _human(n):
     from memfit.units import human
 
     return human(n)
+
+
+def test_a_model_directory_means_its_config_json(tmp_path):
+    (tmp_path / "llama").mkdir()
+    path = write(tmp_path, TINY, doc("  hf_config: llama"), name="llama/config.json")
+    result = check_file(str(path))
+    assert result.diagnostics == [] and result.config.model.file == str(tmp_path / "llama" / "config.json")
+
+
+def test_explain_says_when_config_json_has_another_dtype(tmp_path):
+    path = write(tmp_path, {**TINY, "torch_dtype": "float16"})
+    done = subprocess.run([sys.executable, "-m", "memfit", "explain", str(path)], capture_output=True, text=True, check=False, timeout=60)
+    assert "config.json says dtype float16; training uses dtypes.parameters float32" in done.stdout
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa", "flash"])
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_every_family_checks(attention, checkpointing):
+    from test_transformers_params import CONFIGS
+
+    for model_type, configs in CONFIGS.items():
+        for given in configs:
+            raw = {"model_type": model_type, **given}
+            training = f"training: {{micro_batch: 2, seq_len: 8, attention: {attention}, checkpointing: {checkpointing}}}\n"
+            result = check(doc("  transformer: " + json.dumps(raw), training))
+            assert result.diagnostics == [], (model_type, result.diagnostics)
+            model = result.config.model
+            assert result.footprint["activations"] == model.activations > 0
+            assert [r.name for r in model.blocks][:4] == ["embeddings", "layer", "head", "loss"]

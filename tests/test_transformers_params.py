@@ -280,6 +280,8 @@ def test_ill_typed_key(tmp_path):
     assert code == "bad-model-config" and "at least 1" in message
     [(code, _, _)] = located(tmp_path, '{"model_type": "gpt2", "n_embd": true}')
     assert code == "bad-model-config"
+    [(code, where, message)] = located(tmp_path, '{"model_type": "gpt2",\n "hidden_size": "64"}')  # an alias
+    assert code == "bad-model-config" and (where.start_line, where.start_character) == (1, 16) and message.startswith("hidden_size ")
 
 
 def test_shape_mismatch_at_its_key(tmp_path):

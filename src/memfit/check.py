@@ -52,6 +52,15 @@ class Result:
         return any(d.severity == codes.ERROR for d in self.diagnostics)
 
 
+def gated(result: Result) -> int | None:
+    """The figure the budget gate compares: the run's peak where there is one, else the total."""
+    peak = getattr(result, "peak", None)
+    if isinstance(peak, dict) and isinstance(peak.get("bytes"), int):
+        return peak["bytes"]
+    footprint = result.footprint
+    return footprint["total"] if footprint is not None else None
+
+
 def check(text: str, path: str = "<text>", options: Options = Options()) -> Result:
     """The pipeline, with Python's cyclic garbage collector paused: it builds only acyclic data
     (a big config is millions of dicts, lists and rows), so each collection would walk all of it

@@ -167,8 +167,10 @@ def compare(rev: str, paths: list[str], cwd: str | None = None, options: Options
         # found by searching a directory: only memfit configs (as --skip-unrecognized decides)
         if name not in explicit and not any(has_marker(raw.decode("utf-8", "replace")) for raw in texts.values()):
             continue
-        for side, raw in texts.items():
-            setattr(entry, side, Side(_checked(raw, name, options)))
+        if "before" in texts:
+            entry.before = Side(_at_revision(texts["before"], name, root, sha, options))
+        if "after" in texts:
+            entry.after = Side(_checked(texts["after"], name, options, os.path.join(root, name)))
         entries.append(entry)
     for w in wanted:
         if w and w not in explicit and not under(w, names) and not os.path.isdir(os.path.join(root, w)):
@@ -176,16 +178,56 @@ def compare(rev: str, paths: list[str], cwd: str | None = None, options: Options
     return Comparison(rev, sha, entries)
 
 
-def _checked(raw: bytes, name: str, options: Options) -> Result:
+def _checked(raw: bytes, name: str, options: Options, where: str) -> Result:
+    """check() on a file's bytes, as if at `where` (files it refers to are found beside it),
+    reported under `name`."""
     text, problem = decode(raw)
     if problem is not None:
         return Result(name, [problem])
     try:
-        return check(text, name, options)
+        result = check(text, where, options)
     except Exception as error:  # noqa: BLE001
         from .check import internal_error
 
         return Result(name, [internal_error(error)])
+    result.path = name
+    base = os.path.dirname(where)
+    result.diagnostics = [_renamed(d, base, os.path.dirname(name)) for d in result.diagnostics]
+    return result
+
+
+def _renamed(d, base: str, name_dir: str):
+    """A diagnostic placed in a referenced file: that file named relative to the repository root."""
+    if getattr(d, "file", None) is None:
+        return d
+    import dataclasses
+
+    inside = os.path.relpath(d.file, base)
+    return dataclasses.replace(d, file=os.path.normpath(os.path.join(name_dir, inside)).replace(os.sep, "/"))
+
+
+def _at_revision(raw: bytes, name: str, root: str, sha: str, options: Options) -> Result:
+    """The config as it was at the revision, with the files it refers to (hf_config) as they
+    were there too: both are written to a scratch directory, laid out as in the repository,
+    and checked from there (git's object store is read; nothing is checked out)."""
+    import tempfile
+
+    from .fit import referenced
+    from .source import load
+
+    text, problem = decode(raw)
+    data = load(text).data if problem is None else None
+    files = referenced(data, name) if isinstance(data, dict) else {}
+    inside = [f.replace(os.sep, "/") for f in files.values() if not os.path.isabs(f) and not f.startswith(os.pardir)]
+    if not inside:
+        return _checked(raw, name, options, os.path.join(root, name))
+    with tempfile.TemporaryDirectory(prefix="memfit-diff-") as scratch:
+        for file, content in {name: raw, **blobs(root, sha, inside)}.items():
+            target = os.path.join(scratch, file)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(target, "wb") as handle:
+                handle.write(content)
+        return _checked(raw, name, options, os.path.join(scratch, name))
 
 
 def parse_share(text: str) -> Fraction:

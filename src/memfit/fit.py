@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import codes
-from .check import Options, Result, evaluate, position
+from .check import Options, Result, evaluate, gated, position
 from .diagnostics import Problem
 
 # The name asked for -> where it lives in a config's data, first present wins. A new model
@@ -29,21 +29,60 @@ OVER = frozenset({codes.BUDGET_EXCEEDED})  # the gate's verdict "does not fit"
 CLEAR = frozenset({codes.BUDGET_EXCEEDED, codes.NEAR_BUDGET})  # "does not fit below the warning mark"
 
 
-def gated(footprint: dict) -> int:
-    """The figure the budget gate compares: the peak where there is one, else the total."""
-    peak = footprint.get("peak")
-    return peak if isinstance(peak, int) else footprint["total"]
+# A key naming a file the config refers to -> the key that takes that file's content inline.
+# fit and fixes read such a file once and evaluate with its content inline (the footprint is
+# the same either way); diff reads it at the revision compared.
+REFERENCES: dict[tuple, tuple] = {("model", "hf_config"): ("model", "transformer")}
 
 
-def location(data, vary: str) -> tuple | None:
-    """Where the key named `vary` is written in this config, or None."""
+def referenced(data, path: str) -> dict[tuple, str]:
+    """The files this config refers to, by key, resolved as the pipeline resolves them."""
+    import os
+
+    out = {}
+    for key in REFERENCES:
+        node = data
+        for part in key:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, str):
+            base = os.path.dirname(path) if path and not path.startswith("<") else "."
+            out[key] = os.path.normpath(os.path.join(base, os.path.expanduser(node)))
+    return out
+
+
+def inline(data, path: str) -> dict:
+    """The data with each referenced file's content inline (read once); unchanged where a file
+    cannot be used, so that the pipeline reports it as it always does."""
+    from .models.hf_config import LoadError, load
+
+    for key, file in referenced(data, path).items():
+        try:
+            raw = load(file).raw
+        except (LoadError, OSError):
+            continue
+        inner = {k: v for k, v in read(data, key[:-1]).items() if k != key[-1]}
+        inner[REFERENCES[key][-1]] = raw
+        data = with_value(data, key[:-1], inner)
+    return data
+
+
+def locations(data, vary: str) -> tuple[tuple, ...]:
+    """Every place the key named `vary` is written in this config (a form may accept two
+    spellings of one axis, which must then agree: they are varied together)."""
+    found = []
     for path in VARY[vary]:
         node = data
         for part in path:
             node = node.get(part) if isinstance(node, dict) else None
         if node is not None:
-            return path
-    return None
+            found.append(path)
+    return tuple(found)
+
+
+def location(data, vary: str) -> tuple | None:
+    """Where the key named `vary` is written in this config (the first of its spellings), or None."""
+    found = locations(data, vary)
+    return found[0] if found else None
 
 
 def read(data, path: tuple):
@@ -62,22 +101,24 @@ def with_value(data: dict, path: tuple, value) -> dict:
 
 
 class Probe:
-    """The pipeline at one value of one key (a change applied to the base data), memoized."""
+    """The pipeline at one value of one key (written at one or more paths), memoized."""
 
-    def __init__(self, data: dict, path: tuple, options: Options, refuse=OVER, change=None) -> None:
+    def __init__(self, data: dict, paths, options: Options, refuse=OVER, source: str = "<data>") -> None:
         self.data = data
-        self.path = path
+        self.paths = (paths,) if paths and isinstance(paths[0], str) else tuple(paths)
         self.options = options
         self.refuse = refuse
-        self.change = change  # data -> data, applied before the key is set (a fix combined with the search)
+        self.source = source  # the config's path: files it refers to are found beside it
         self.runs = 0
         self._seen: dict[int, Result] = {}
 
     def result(self, value: int) -> Result:
         if value not in self._seen:
             self.runs += 1
-            data = self.change(self.data) if self.change is not None else self.data
-            self._seen[value] = evaluate(with_value(data, self.path, value), self.options)
+            data = self.data
+            for path in self.paths:
+                data = with_value(data, path, value)
+            self._seen[value] = evaluate(data, self.options, self.source)
         return self._seen[value]
 
     def fits(self, value: int) -> bool:
@@ -85,8 +126,7 @@ class Probe:
         return result.footprint is not None and result.budget is not None and not any(d.code in self.refuse for d in result.diagnostics)
 
     def bytes(self, value: int) -> int | None:
-        footprint = self.result(value).footprint
-        return gated(footprint) if footprint is not None else None
+        return gated(self.result(value))
 
 
 class NoEffect(Exception):
@@ -109,17 +149,12 @@ def largest(probe: Probe) -> int:
         guess = (budget - (probe.bytes(1) - slope)) // slope  # exact when bytes are affine in the value
         guess = min(max(guess, low), CEILING)
         if guess > low:
-            if probe.fits(guess):
-                low = guess
-            else:
+            if not probe.fits(guess):
                 high = guess
-                step = 1  # gallop down from the guess: it is usually off by a little
-                while high - step > low:
-                    if probe.fits(high - step):
-                        low = high - step
-                        break
-                    high -= step
-                    step *= 2
+            elif guess == CEILING or not probe.fits(guess + 1):
+                return guess
+            else:
+                low = guess + 1
     step = 1
     while high is None:  # gallop up from the last value that fits
         candidate = min(low + step, CEILING)
@@ -130,12 +165,27 @@ def largest(probe: Probe) -> int:
             step *= 2
         else:
             high = candidate
+    return _narrow(probe, low, high, budget)
+
+
+def _narrow(probe: Probe, low: int, high: int, budget: int) -> int:
+    """The boundary between low (fits) and high (does not): interpolation on the byte counts
+    where it halves the bracket (a smooth curve: a few runs), bisection where it does not."""
+    interpolate = True
     while high - low > 1:
-        middle = (low + high) // 2
+        width = high - low
+        below, above = probe.bytes(low), probe.bytes(high)
+        if interpolate and below is not None and above is not None and above > below:
+            middle = min(max(low + (budget - below) * width // (above - below), low + 1), high - 1)
+        else:
+            middle = (low + high) // 2
         if probe.fits(middle):
             low = middle
+            if middle + 1 < high and not probe.fits(middle + 1):  # interpolation lands just short
+                return middle
         else:
             high = middle
+        interpolate = (high - low) * 2 <= width
     return low
 
 
@@ -186,7 +236,7 @@ def fit(checked: Result, text: str, vary: str = DEFAULT_VARY, options: Options =
             message += "; tensors declared with explicit shapes have no batch axis memfit can change"
         return _usage(out, text, data, ("memfit",), message, on_key=True)
     out.key, out.current = key, read(data, key)
-    probe = Probe(data, key, options, refuse)
+    probe = Probe(inline(data, checked.path), locations(data, vary), options, refuse, checked.path)
     try:
         out.max = largest(probe)
     except NoEffect:

@@ -19,7 +19,7 @@ from functools import lru_cache
 from . import codes
 from .check import Options, Result, evaluate
 from .diagnostics import Range
-from .fit import CLEAR, OVER, Probe, gated, largest, location, read
+from .fit import CLEAR, OVER, Probe, gated, inline, largest, location, locations, read
 
 FIXABLE = (codes.BUDGET_EXCEEDED, codes.NEAR_BUDGET)
 
@@ -103,10 +103,11 @@ def _micro_batch(data: dict, options: Options, refuse, result: Result) -> list[t
     if key is None:
         return []
     current = read(data, key)
-    new = largest(Probe(data, key, options, refuse))
+    both = locations(data, "micro_batch")  # spellings of one axis agree: all change together
+    new = largest(Probe(data, both, options, refuse, result.path))
     if new == 0 or new >= current:
         return []
-    changes = [(key, current, new)]
+    changes = [(path, read(data, path), new) for path in both]
     accumulate = ("training", "gradient_accumulation")
     steps = _get(data, accumulate)
     if steps is not None or declared(accumulate) is not None:
@@ -116,7 +117,7 @@ def _micro_batch(data: dict, options: Options, refuse, result: Result) -> list[t
             changes.append((accumulate, steps, after))
         title = f"micro_batch {current} → {new}, gradient_accumulation {before} → {after} (global batch {current * before} → {new * after})"
     else:
-        title = f"micro_batch {current} → {new} (this model form has no gradient_accumulation: the batch per step shrinks)"
+        title = f"micro_batch {current} → {new} (no gradient_accumulation key to keep the global batch: it shrinks)"
     return [(title, changes)]
 
 
@@ -169,16 +170,20 @@ def _eight_bit(data, options, refuse, result):
 
 
 def _known_optimizer(name: str) -> bool:
+    """In the seed's table or the recipes' (bitsandbytes' 8-bit optimizers live there); the
+    pipeline still has the last word: a change it refuses is never offered."""
     from .costs import OPTIMIZER_STATES
+    from .optim import OPTIMIZERS
 
-    return name in OPTIMIZER_STATES
+    return name in OPTIMIZER_STATES or name in OPTIMIZERS
 
 
 def _offload(data, options, refuse, result):
     path = ("parallel", "offload", "optimizer")
-    if declared(path) is None or _get(data, path) is not None:
+    before = _get(data, path)
+    if declared(path) is None or before not in (None, "none") or (_enum(path) and "cpu" not in _enum(path)):
         return []
-    return [("offload the optimizer state to CPU", [(path, None, "cpu")])]
+    return [("offload the optimizer state to the CPU (parallel.offload.optimizer: cpu)", [(path, before, "cpu")])]
 
 
 @dataclass(frozen=True)
@@ -236,18 +241,19 @@ def fixes(result: Result, text: str, options: Options = Options()) -> list[Fix]:
         return []
     found: list[Fix] = []
     seen: set = set()
+    evaluated = inline(result.data, result.path)  # referenced files read once
     for remedy in REMEDIES:
-        for title, changes in remedy.propose(result.data, options, refuse, result):
+        for title, changes in remedy.propose(evaluated, options, refuse, result):
             key = tuple((p, after) for p, _, after in changes)
             if key in seen:
                 continue
             seen.add(key)
-            after = evaluate(apply(result.data, changes), options)
+            after = evaluate(apply(evaluated, changes), options, result.path)
             if after.footprint is None or any(d.severity == codes.ERROR and d.code not in CLEAR for d in after.diagnostics):
                 continue  # the change is not valid here (the pipeline refuses it)
             if any(d.code in refuse for d in after.diagnostics):
                 continue  # it does not make the config fit
-            found.append(Fix(remedy.kind, title, gated(after.footprint), changes, edits(text, changes, result.data), remedy.speed))
+            found.append(Fix(remedy.kind, title, gated(after), changes, edits(text, changes, result.data), remedy.speed))
     found.sort(key=lambda f: f.speed)
     return found
 

@@ -53,8 +53,11 @@ HANDFUL = 5  # up to this many configs, a passing check prints each one's total 
 def found_line(result) -> str:
     from .present import pct
 
-    total, budget = result.footprint["total"], result.budget
-    return f"{result.path}: total {human(total)} of {human(budget)} ({pct(total, budget)}), fits"
+    from .check import gated
+
+    used, budget = gated(result), result.budget
+    what = "peak" if getattr(result, "peak", None) else "total"  # what the gate compared
+    return f"{result.path}: {what} {human(used)} of {human(budget)} ({pct(used, budget)}), fits"
 
 
 def fix_lines(result) -> list[str]:

@@ -367,6 +367,8 @@ def derive(data: dict, config, path: str) -> list:
         reference = model["hf_config"]
         base = os.path.dirname(path) if path and not path.startswith("<") else "."
         file = os.path.normpath(os.path.join(base, os.path.expanduser(reference)))
+        if os.path.isdir(file) and os.path.isfile(os.path.join(file, "config.json")):
+            file = os.path.join(file, "config.json")  # a downloaded model's directory
         try:
             loaded = load(file)
         except LoadError as error:

@@ -65,7 +65,8 @@ class LoadError(Exception):
 
 
 def excerpt(value, limit: int = EXCERPT) -> str:
-    text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    """A value of the referenced file as JSON, cut to `limit` characters."""
+    text = json.dumps(value, ensure_ascii=False)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -261,14 +262,14 @@ def validate(raw) -> list[HFProblem]:
     kinds.update(family.fields)
     if family.head_dim_key and "head_dim" not in kinds:
         kinds["head_dim"] = (None, "int?")  # read through getattr by the attention
-    for key, value in raw.items():
-        key = family.attribute_map.get(key, key)
+    for given, value in raw.items():
+        key = family.attribute_map.get(given, given)  # checked as the field, placed where config.json spells it
         if key in kinds:
             kind = kinds[key][1]
             if not _type_ok(value, kind):
-                problems.append(HFProblem((key,), BAD_MODEL_CONFIG, f"{key} must be {_expected(kind)}, not {excerpt(value)}"))
+                problems.append(HFProblem((given,), BAD_MODEL_CONFIG, f"{given} must be {_expected(kind)}, not {excerpt(value)}"))
             elif key in POSITIVE and value is not None and value < 1:
-                problems.append(HFProblem((key,), BAD_MODEL_CONFIG, f"{key} must be at least 1, not {value}"))
+                problems.append(HFProblem((given,), BAD_MODEL_CONFIG, f"{given} must be at least 1, not {value}"))
     if problems:
         return problems
 
