@@ -368,3 +368,15 @@ def test_a_transformer_run_through_check_matches_memtracker(family, checkpointin
     assert ours["phase"] == theirs["phase"]
     assert abs(ours["bytes"] - theirs["bytes"]) <= BAND * theirs["bytes"], (ours["bytes"], theirs["bytes"])
     assert ours["live"]["parameters"] == theirs["parameters"] and ours["live"]["optimizer_state"] == theirs["optimizer_state"]
+
+
+@pytest.mark.parametrize("family", hf_measure.FAMILIES)
+def test_every_family_layer_splits_into_its_parts(family):
+    """The layer parts are found by hf_activations' labels: a renamed op must not silently merge them."""
+    from memfit.models import hf_activations
+    from memfit.peak import _split
+
+    kept = hf_activations.saved(hf_config.normalize(hf_tiny(family)), micro_batch=2, seq_len=64)[1].kept
+    parts = dict(_split(kept, hf_activations.FAMILIES[family]))
+    assert parts["attention"] and parts["mlp"] and parts["down_proj"], {k: len(v) for k, v in parts.items()}
+    assert sum(map(len, parts.values())) == len(kept)

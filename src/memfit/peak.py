@@ -183,30 +183,41 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
             out[phase] = {"bytes": total, "live": live, "at": at}
 
     # forward: what exists after each row = created so far, minus what nobody keeps
-    created: set[int] = set(batch)
+    # (kept so far: a running set and its bytes, so a step of many rows stays linear)
     kept_ever = set(keepers)
+    saved_all: set[int] = set(batch)
+    saved_bytes = sum(size[t] for t in saved_all)
+
+    def create(t):
+        nonlocal saved_bytes
+        if t not in saved_all and t in kept_ever:
+            saved_all.add(t)
+            saved_bytes += size[t]
+
     for i, row in enumerate(rows):
         if row.output is not None and not row.view:
-            created.add(row.output)
-        created.update(t for t in row.kept)
-        saved = {t for t in created if t in kept_ever or t in batch}
-        moving = {t for t in (row.input, row.output) if t is not None and t not in saved}
+            create(row.output)
+        for t in row.kept:
+            create(t)
+        moving = {t for t in (row.input, row.output) if t is not None and t not in saved_all}
         inner = 0 if row.inner_kept else row.inner
         transient = sum(size[t] for t in moving) + inner if row.forward_flight is None else row.forward_flight
-        consider("forward", row.name, _live(params, 0, sum(size[t] for t in saved), state, transient, step.overhead))
-    saved_all = {t for t in created if t in kept_ever or t in batch}
-    consider("forward", "loss", _live(params, 0, sum(size[t] for t in saved_all), state, sum(step.loss.forward), step.overhead))
+        consider("forward", row.name, _live(params, 0, saved_bytes, state, transient, step.overhead))
+    consider("forward", "loss", _live(params, 0, saved_bytes, state, sum(step.loss.forward), step.overhead))
 
     # backward: the loss, then rows in reverse
-    saved_bytes = sum(size[t] for t in saved_all)
     consider("backward", "loss", _live(params, 0, saved_bytes, state, sum(step.loss.backward), step.overhead))
     done = 0  # gradients accumulated by rows after the current one
-    freed = set()
+    released: dict[int, list] = {}  # row -> the kept tensors its backward frees (it is their earliest keeper)
+    for t, k in keepers.items():
+        if t not in batch:
+            released.setdefault(k, []).append(t)
+    left = saved_bytes
     for i in range(len(rows) - 1, -1, -1):
         row = rows[i]
         if not row.output_grad:
             continue
-        alive = sum(size[t] for t in saved_all if t not in freed) + row.recompute
+        alive = left + row.recompute
         g_out = size.get(row.output, 0) if row.output is not None else 0
         g_in = size.get(row.input, 0) if row.grad_input and not row.view and row.input is not None else 0
         if row.backward_flight is not None:
@@ -219,7 +230,7 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
         if row.backward_flight is None:
             consider("backward", row.name, _live(params, done + sum(row.grads), alive, state, flowing + row.backward_extra, step.overhead))
         done += sum(row.grads)
-        freed.update(t for t, k in keepers.items() if k == i and t not in batch)
+        left -= sum(size[t] for t in released.get(i, ()) if t in saved_all)
 
     batch_bytes = sum(size[t] for t in batch)
     consider("optimizer_step", "step", _live(params, all_grads, batch_bytes, state, temporaries, step.overhead))
@@ -473,7 +484,7 @@ def hf_step(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa
     row.kept = [ids if k.label.endswith("input ids") else fresh(_elements(k.shape) * _WIDTH[k.dtype]) for k in emb.kept]
     row.frozen = _buffers(cfg, sizes, low)
     rows.append(row)
-    every = acts.saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing="none", precision=precision, dtypes=dtypes)[1].kept
+    every = layer.kept if checkpointing != "full" else acts.saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing="none", precision=precision, dtypes=dtypes)[1].kept
     parts = _split(every, acts.FAMILIES[cfg["model_type"]])
     part_bytes = [sum(_elements(k.shape) * _WIDTH[k.dtype] for k in kept) for _, kept in parts]
     flights = _layer_flights(cfg, sizes, act_w, lin_w)
@@ -529,13 +540,14 @@ def _part(name: str) -> str:
 
 def _split(kept: list, fam) -> list:
     """A layer's kept tensors as its four parts, in forward order (a part that keeps nothing of
-    its own, such as o_proj whose input the attention kernel keeps, is empty). The labels of
-    hf_activations begin with the module's name: a part begins at its first module's."""
+    its own, such as o_proj whose input the attention kernel keeps, is empty). A part begins at
+    the first label of its first op."""
     n = fam.names
+    # hf_activations names an op by its role (o_proj, fc_out, ...) or by the family's module
     starts_with = {
-        "o_proj": (n["o"],),
-        "mlp": ("post_attention_layernorm", *(n[k] for k in ("gate", "gate_up", "fc_in") if k in n)),
-        "down_proj": (*(n[k] for k in ("down", "fc_out") if k in n), "grouped_mm down"),
+        "o_proj": ("o_proj", n["o"]),
+        "mlp": ("post_attention_layernorm", "gate_proj", "gate_up_proj", "fc_in", *(n[k] for k in ("gate", "gate_up", "fc_in") if k in n)),
+        "down_proj": ("down_proj", "fc_out", "grouped_mm down", *(n[k] for k in ("down", "fc_out") if k in n)),
     }
     order = ["attention", "o_proj", "mlp", "down_proj"]
     starts = [0] * len(order) + [len(kept)]
