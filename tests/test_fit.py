@@ -193,7 +193,9 @@ def test_suggest_gives_the_largest_batch_that_fits_as_an_edit(keras, tmp_path):
     done = memfit("check", "--suggest", "--format", "json", keras)
     assert done.returncode == 1
     (entry,) = json.loads(done.stdout)["files"]
-    (fix,) = entry["fixes"]
+    # the 8-bit optimizer is offered too (recipes); this test is about the batch fix
+    assert [f["kind"] for f in entry["fixes"]] == ["optimizer_8bit", "micro_batch"]
+    fix = entry["fixes"][1]
     top = json.loads(memfit("fit", "--format", "json", keras).stdout)["files"][0]["max"]
     assert fix["kind"] == "micro_batch" and fix["changes"] == [{"key": "model.batch_size", "from": 512, "to": top}]
     # the edit is the value's range only: comments, flow style and key order are kept
@@ -205,7 +207,7 @@ def test_suggest_gives_the_largest_batch_that_fits_as_an_edit(keras, tmp_path):
     assert after["footprint"]["total"] == fix["total"] and after["budget"] >= fix["total"]
     assert memfit("check", fixed).returncode == 0
     text = memfit("check", "--suggest", keras).stdout
-    assert f"1. micro_batch 512 → {top}" in text and f"{keras}:6:15: replace with '{top}'" in text
+    assert f"2. micro_batch 512 → {top}" in text and f"{keras}:6:15: replace with '{top}'" in text
     # without --suggest the json contract is unchanged
     assert "fixes" not in json.loads(memfit("check", "--format", "json", keras).stdout)["files"][0]
 
@@ -214,9 +216,11 @@ def test_near_budget_fixes_clear_the_warning(keras):
     text = KERAS.replace("batch_size: 512", "batch_size: 450")  # 97% of the budget
     result = check(text, "near.yaml")
     assert [d.code for d in result.diagnostics] == ["near-budget"]
-    (fix,) = fixes(result, text)
-    again = check(apply_edits(text, fix.edits), "near.yaml")
-    assert again.diagnostics == [] and again.footprint["total"] == fix.total
+    found = fixes(result, text)
+    assert [fix.kind for fix in found] == ["optimizer_8bit", "micro_batch"]
+    for fix in found:
+        again = check(apply_edits(text, fix.edits), "near.yaml")
+        assert again.diagnostics == [] and again.footprint["total"] == fix.total
 
 
 def test_no_fix_for_explicit_tensors_is_said():
@@ -284,7 +288,7 @@ def test_suggest_with_worker_processes(keras, tmp_path):
     other = tmp_path / "other.yaml"
     other.write_text(KERAS, encoding="utf-8")
     done = memfit("check", "--suggest", "--jobs", "2", "--format", "json", keras, other)
-    assert [len(f["fixes"]) for f in json.loads(done.stdout)["files"]] == [1, 1]
+    assert [len(f["fixes"]) for f in json.loads(done.stdout)["files"]] == [2, 2]
 
 
 def test_checkpointing_fix_on_a_transformer_config(tmp_path):
