@@ -45,6 +45,27 @@ def test_zero_stages_per_gpu_in_check(stage, per_gpu):
         assert result.failed == (per_gpu > 80_000_000_000)
 
 
+
+ZERO_PAPER = """
+memfit: 1
+device: {{memory: 200 GB}}
+precision: 16-true
+master_weights: float32
+optimizer: adam
+parameters:
+  - {{name: w, shape: [7500000000]}}
+parallel: {{data: 64, zero: {stage}}}
+"""
+
+
+@pytest.mark.parametrize("stage, per_gpu", [(0, 120_000_000_000), (1, 31_406_250_000), (2, 16_640_625_000), (3, 1_875_000_000)])
+def test_zero_paper_figure_1_through_the_pipeline(stage, per_gpu):
+    """The ZeRO paper's Figure 1 (7.5B parameters, 64 GPUs, fp16 + fp32 master + Adam: K = 12) as a
+    user writes it: the recipe keys (precision, master_weights) and parallel.zero, to the byte."""
+    fp = run(ZERO_PAPER.format(stage=stage)).footprint
+    assert fp["total"] == per_gpu and fp["ranks"] == 64
+
+
 def test_bad_layouts_are_positioned():
     result = run("""
         memfit: 1
