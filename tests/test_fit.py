@@ -5,10 +5,8 @@ must agree with the gate they predict."""
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -155,17 +153,17 @@ def test_fit_reuses_the_parsed_data_and_runs_a_few_times(keras):
 
 
 @pytest.mark.parametrize(("example", "vary"), [("text-encoder.yaml", "micro_batch"), ("llama-3-8b.yaml", "micro_batch"), ("gpt2-small.yaml", "seq_len")])
-def test_fit_takes_at_most_twice_the_time_of_check(example, vary):
-    """The command as a user runs it, Keras and transformer forms (eager attention: quadratic in seq_len)."""
+def test_fit_searches_in_a_logarithmic_number_of_pipeline_runs(example, vary):
+    """Keras and transformer forms (eager attention: quadratic in seq_len). fit's time is a few
+    pipeline runs on data parsed once; its wall time against check is a row of benchmarks/bench.py
+    (the brief keeps timings out of unit tests)."""
+    import math
 
-    def timed(*args):
-        start = time.perf_counter()
-        assert memfit(*args).returncode == 0
-        return time.perf_counter() - start
-
-    checks = statistics.median(timed("check", EXAMPLES / example) for _ in range(3))
-    fits = statistics.median(timed("fit", "--vary", vary, EXAMPLES / example) for _ in range(3))
-    assert fits <= 2 * checks, (fits, checks)
+    path = EXAMPLES / example
+    text = path.read_text(encoding="utf-8")
+    found = fitmod.fit(check(text, str(path)), text, vary)
+    assert found.max > 0
+    assert found.runs <= 2 * math.ceil(math.log2(found.max + 2)) + 4, (found.runs, found.max)
 
 
 @pytest.mark.parametrize(("vary", "old", "key"), [("micro_batch", "micro_batch: 8", "micro_batch"), ("seq_len", "seq_len: 1024", "seq_len")])
