@@ -62,8 +62,12 @@ parallel: {{data: 64, zero: {stage}}}
 def test_zero_paper_figure_1_through_the_pipeline(stage, per_gpu):
     """The ZeRO paper's Figure 1 (7.5B parameters, 64 GPUs, fp16 + fp32 master + Adam: K = 12) as a
     user writes it: the recipe keys (precision, master_weights) and parallel.zero, to the byte."""
-    fp = run(ZERO_PAPER.format(stage=stage)).footprint
+    result = run(ZERO_PAPER.format(stage=stage))
+    fp = result.footprint
     assert fp["total"] == per_gpu and fp["ranks"] == 64
+    # the peak object keeps issue 13's shape under a parallel layout: bytes = sum of live, a phase
+    peak = result.parallel_peak
+    assert peak["phase"] == "backward" and peak["bytes"] == sum(peak["live"].values())
 
 
 def test_bad_layouts_are_positioned():

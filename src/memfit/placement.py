@@ -72,8 +72,10 @@ class Placement:
         live = {c: held[c] for c in CATEGORIES}
         live["transient"] = sum(transient.values())
         live["overhead"] = 0
-        # the shape of peak.py's report ("live" per category); "gathered" says what the transient is
-        return {"bytes": held["total"] + live["transient"], "live": live, "gathered": transient, "rank": self.rank, "ranks": self.sharded.ranks}
+        # the shape of peak.py's report ("live" per category); "gathered" says what the transient is.
+        # Every category at once plus a gathered unit and its gradients is the start of backward:
+        # the phase is that one (no per-phase walk under a parallel layout)
+        return {"bytes": held["total"] + live["transient"], "phase": "backward", "live": live, "gathered": transient, "rank": self.rank, "ranks": self.sharded.ranks}
 
     @property
     def host(self) -> dict | None:
