@@ -408,11 +408,12 @@ def derive(data: dict, config, path: str) -> list:
 def _recipe_arguments(data: dict) -> dict:
     """What hf_activations takes from the recipe keys: the precision (when a known one is
     given) and the LoRA config (what autograd keeps changes with adapters)."""
-    from ..precision import RECIPES
-
     out = {}
-    if isinstance(data.get("precision"), str) and data["precision"].strip().lower() in RECIPES:
-        out["precision"] = data["precision"].strip().lower()
+    if isinstance(data.get("precision"), str):
+        from ..precision import RECIPES  # only then: it is a cold-start cost for every transformer config
+
+        if data["precision"].strip().lower() in RECIPES:
+            out["precision"] = data["precision"].strip().lower()
     if isinstance(data.get("lora"), dict):
         out["lora"] = data["lora"]
     quantization = data.get("quantization")
