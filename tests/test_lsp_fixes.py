@@ -20,18 +20,7 @@ from test_lsp import CONFIG, capabilities, open_doc, published, replace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-# over its 2 MiB budget at batch 512 (see test_fit.py for the arithmetic's oracle, memfit check)
-KERAS = """\
-memfit: 1
-device: {memory: 2 MiB}
-optimizer: adam  # keep this comment
-model:
-  input_shape: [256]
-  batch_size: 512
-  layers:
-    - {type: Dense, units: 256, activation: relu}
-    - {type: Dense, units: 10}
-"""
+from test_fit import KERAS  # over its 2 MiB budget at batch 512; test_fit checks the arithmetic against memfit check
 
 
 @pytest_lsp.fixture(config=CONFIG)

@@ -322,6 +322,43 @@ def _training() -> dict:
     }
 
 
+_DIM = {"type": "integer", "minimum": 0, "description": "A dimension's size: a non-negative integer."}
+
+
+def _tensor_def(kind: str, optional: str, dtype_text: str, trainable: bool = False) -> dict:
+    """A declared parameter or activation tensor: a bare shape, or a mapping (the two differ in
+    their dtype's meaning and in `trainable`)."""
+    properties = {
+        "name": {"type": "string", "title": "Name", "description": "A label shown in reports (e.g. 'h.0.attn.c_attn.weight')."},
+        "shape": {
+            "type": "array",
+            "title": "Shape",
+            "description": "The tensor's dims; [] is a scalar (one element), a 0 dim gives zero elements.",
+            "items": dict(_DIM),
+            "examples": [[512, 6400], [768], []],
+        },
+        "dtype": {"$ref": "#/$defs/dtype", "description": dtype_text},
+        "count": {"type": "integer", "minimum": 1, "title": "Count", "description": "How many identical copies (e.g. 12 transformer blocks).", "default": 1},
+    }
+    if trainable:
+        properties["trainable"] = {
+            "type": "boolean",
+            "title": "Trainable",
+            "default": True,
+            "description": "false keeps the tensor in parameters but gives it no gradient and no optimizer state (frozen weights, LoRA base).",
+        }
+    return {
+        "title": f"A {kind} tensor",
+        "description": f"A bare shape such as [512, 6400], or a mapping with 'shape' and optional {optional}.",
+        "type": ["array", "object"],
+        "items": dict(_DIM),
+        "properties": properties,
+        "required": ["shape"],
+        "additionalProperties": False,
+        "examples": [[512, 6400], {"name": "fc.bias", "shape": [512], "count": 12}],
+    }
+
+
 def generate() -> dict:
     """The schema as data (key order is the file's)."""
     return {
@@ -445,69 +482,13 @@ def generate() -> dict:
             "bytes": _bytes(),
             "percent": _percent(),
             "dtype": _dtype(),
-            "parameter": {
-                "title": "A parameter tensor",
-                "description": "A bare shape such as [512, 6400], or a mapping with 'shape' and optional name, dtype, count, trainable.",
-                "type": ["array", "object"],
-                "items": {"type": "integer", "minimum": 0, "description": "A dimension's size: a non-negative integer."},
-                "properties": {
-                    "name": {"type": "string", "title": "Name", "description": "A label shown in reports (e.g. 'h.0.attn.c_attn.weight')."},
-                    "shape": {
-                        "type": "array",
-                        "title": "Shape",
-                        "description": "The tensor's dims; [] is a scalar (one element), a 0 dim gives zero elements.",
-                        "items": {"type": "integer", "minimum": 0, "description": "A dimension's size: a non-negative integer."},
-                        "examples": [[512, 6400], [768], []],
-                    },
-                    "dtype": {
-                        "$ref": "#/$defs/dtype",
-                        "description": "Storage dtype of this tensor, overriding dtypes.parameters. Its gradient and optimizer state keep dtypes.gradients and dtypes.optimizer_state.",
-                    },
-                    "count": {
-                        "type": "integer",
-                        "minimum": 1,
-                        "title": "Count",
-                        "description": "How many identical copies (e.g. 12 transformer blocks).",
-                        "default": 1,
-                    },
-                    "trainable": {
-                        "type": "boolean",
-                        "title": "Trainable",
-                        "default": True,
-                        "description": "false keeps the tensor in parameters but gives it no gradient and no optimizer state (frozen weights, LoRA base).",
-                    },
-                },
-                "required": ["shape"],
-                "additionalProperties": False,
-                "examples": [[512, 6400], {"name": "fc.bias", "shape": [512], "count": 12}],
-            },
-            "activation": {
-                "title": "A activation tensor",
-                "description": "A bare shape such as [512, 6400], or a mapping with 'shape' and optional name, dtype, count.",
-                "type": ["array", "object"],
-                "items": {"type": "integer", "minimum": 0, "description": "A dimension's size: a non-negative integer."},
-                "properties": {
-                    "name": {"type": "string", "title": "Name", "description": "A label shown in reports (e.g. 'h.0.attn.c_attn.weight')."},
-                    "shape": {
-                        "type": "array",
-                        "title": "Shape",
-                        "description": "The tensor's dims; [] is a scalar (one element), a 0 dim gives zero elements.",
-                        "items": {"type": "integer", "minimum": 0, "description": "A dimension's size: a non-negative integer."},
-                        "examples": [[512, 6400], [768], []],
-                    },
-                    "dtype": {"$ref": "#/$defs/dtype", "description": "Storage dtype of this tensor, overriding dtypes.activations. "},
-                    "count": {
-                        "type": "integer",
-                        "minimum": 1,
-                        "title": "Count",
-                        "description": "How many identical copies (e.g. 12 transformer blocks).",
-                        "default": 1,
-                    },
-                },
-                "required": ["shape"],
-                "additionalProperties": False,
-                "examples": [[512, 6400], {"name": "fc.bias", "shape": [512], "count": 12}],
-            },
+            "parameter": _tensor_def(
+                "parameter",
+                "name, dtype, count, trainable",
+                "Storage dtype of this tensor, overriding dtypes.parameters. Its gradient and optimizer state keep dtypes.gradients and dtypes.optimizer_state.",
+                trainable=True,
+            ),
+            "activation": _tensor_def("activation", "name, dtype, count", "Storage dtype of this tensor, overriding dtypes.activations. "),
             "activation_function": _activation_function(),
             "layer_type": _layer_type(),
             **_layer_defs(),
