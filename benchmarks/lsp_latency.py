@@ -20,8 +20,8 @@ import time
 from lsprotocol import types
 from pygls.lsp.client import LanguageClient
 
-from memfit.check import Options, check
-from memfit.lsp import DEFAULT_DEBOUNCE_MS
+from memfit.check.pipeline import Options, check
+from memfit.editor.lsp import DEFAULT_DEBOUNCE_MS
 
 URI = "file:///tmp/memfit-latency.yaml"
 

@@ -12,9 +12,11 @@ from pathlib import Path
 import needs
 import pytest
 
-from memfit import codes, compute_footprint
-from memfit.check import Options, check, check_file
-from memfit.diagnostics import Problem, Range
+from memfit import compute_footprint
+
+from memfit.diagnostics import codes
+from memfit.check.pipeline import Options, check, check_file
+from memfit.diagnostics.diagnostic import Problem, Range
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "memfit"
@@ -88,7 +90,7 @@ def _cycle(graph: dict):
 
 def test_the_package_has_no_import_cycle():
     graph = import_graph()
-    assert "memfit.models.keras" in graph and "memfit.check" in graph["memfit.runner"]
+    assert "memfit.models.keras" in graph and "memfit.check.pipeline" in graph["memfit.cli.runner"]
     # the package root imports calculator (compute_footprint): every module imports the root
     # first, so an edge into the root is not a cycle through it; the root itself must stay small
     root = graph.pop("memfit")
@@ -113,17 +115,17 @@ def test_the_cycle_finder_sees_function_level_and_type_checking_imports(tmp_path
 
 def test_the_root_module_imports_only_the_calculator_and_the_cost_model():
     graph = import_graph()
-    assert graph["memfit"] <= {"memfit.calculator"}
-    assert graph["memfit.calculator"] <= {"memfit.costs", "memfit"}
-    assert graph["memfit.costs"] <= {"memfit.dtypes", "memfit"}
+    assert graph["memfit"] <= {"memfit.recipe.calculator"}
+    assert graph["memfit.recipe.calculator"] <= {"memfit.recipe.costs", "memfit"}
+    assert graph["memfit.recipe.costs"] <= {"memfit.recipe.dtypes", "memfit"}
 
 
 def test_checking_imports_neither_the_language_server_nor_jsonschema(tmp_path):
     config = tmp_path / "ok.yaml"
     config.write_text("memfit: 1\ndevice: {memory: 1 GiB}\noptimizer: adam\nparameters: [[4, 3]]\n")
     code = (
-        "import sys; from memfit.cli import main; status = main(['check', sys.argv[1]]);"
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'pygls', 'lsprotocol', 'jsonschema', 'memfit.lsp'}), status)"
+        "import sys; from memfit.cli.main import main; status = main(['check', sys.argv[1]]);"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'pygls', 'lsprotocol', 'jsonschema', 'memfit.editor.lsp'}), status)"
     )
     done = subprocess.run([sys.executable, "-c", code, str(config)], capture_output=True, text=True, timeout=120, check=False)
     assert done.stdout.strip().endswith("[] 0"), done.stdout + done.stderr
@@ -133,7 +135,7 @@ def test_checking_imports_neither_the_language_server_nor_jsonschema(tmp_path):
 
 
 def test_the_checked_in_schema_is_the_generated_one():
-    from memfit.schemagen import schema_text
+    from memfit.cli.schemagen import schema_text
 
     generated = schema_text()
     stale = "schemas/memfit.schema.json is stale: run `PYTHONPATH=src python -m memfit schema > src/memfit/memfit.schema.json`"
@@ -142,11 +144,11 @@ def test_the_checked_in_schema_is_the_generated_one():
 
 
 def test_the_schema_follows_the_tables():
-    from memfit.costs import OPTIMIZER_STATES
-    from memfit.dtypes import DTYPES
+    from memfit.recipe.costs import OPTIMIZER_STATES
+    from memfit.recipe.dtypes import DTYPES
     from memfit.models.keras import ACTIVATIONS, RULES, defaults
-    from memfit.schemagen import generate
-    from memfit.units import UNITS
+    from memfit.cli.schemagen import generate
+    from memfit.diagnostics.units import UNITS
 
     doc = generate()
     defs = doc["$defs"]
@@ -154,7 +156,7 @@ def test_the_schema_follows_the_tables():
     assert defs["activation_function"]["enum"] == list(ACTIVATIONS)
     assert defs["layer_type"]["enum"] == list(RULES)
     assert all(f"|{unit}|" in defs["bytes"]["anyOf"][1]["pattern"].replace("(", "|").replace(")", "|") for unit in UNITS)
-    from memfit.optim import OPTIMIZERS
+    from memfit.recipe.optim import OPTIMIZERS
 
     assert doc["properties"]["optimizer"]["examples"] == list(OPTIMIZERS)
     assert set(OPTIMIZER_STATES) <= set(OPTIMIZERS)  # the seed contract's optimizers are all in the table
@@ -165,7 +167,7 @@ def test_the_schema_follows_the_tables():
 def test_the_unit_pattern_accepts_what_parse_bytes_reads():
     import re
 
-    from memfit.units import BYTES_PATTERN, UNITS, UnitError, parse_bytes
+    from memfit.diagnostics.units import BYTES_PATTERN, UNITS, UnitError, parse_bytes
 
     pattern = re.compile(BYTES_PATTERN)
     for text in ["24 GiB", "80GB", " 1.5 MiB ", ".5 KiB", "7 B", "24 GIB", "24 KB", "24", "1e3 B", "-1 GiB", "24 GiBs"]:
@@ -194,8 +196,8 @@ def test_the_checker_and_the_seed_contract_share_the_cost_model():
 
 
 def test_a_recipe_plugs_in_without_touching_the_callers():
-    from memfit.costs import Recipe
-    from memfit.placement import place
+    from memfit.recipe.costs import Recipe
+    from memfit.placement.place import place
 
     class MasterWeights(Recipe):  # a float32 copy of every trainable weight (mixed precision)
         def cost(self, category, elements, count=1, trainable=True, own=None):
@@ -205,7 +207,7 @@ def test_a_recipe_plugs_in_without_touching_the_callers():
             return sizes
 
     plain = check("memfit: 1\noptimizer: adam\nparameters: [[10]]\n").config
-    from memfit.config import make_tensor
+    from memfit.config.build import make_tensor
 
     config = plain
     config.recipe = MasterWeights(plain.recipe.optimizer, plain.recipe.states, plain.recipe.widths)
@@ -291,7 +293,7 @@ def test_a_file_over_the_size_limit_is_refused_and_the_limit_can_be_raised(tmp_p
 
 def _referenced():
     """A synthetic problem inside a model's config.json, referenced from model.config."""
-    from memfit.check import Result, position
+    from memfit.check.pipeline import Result, position
 
     text = "memfit: 1\noptimizer: adam\nmodel:\n  config: hf/config.json\n"
     problem = Problem(("model", "config"), codes.SCHEMA, "hidden_size is 'x'; expected an integer", file="hf/config.json", at=Range(3, 17, 3, 20))
@@ -307,7 +309,7 @@ def test_a_referenced_file_problem_is_placed_in_that_file_and_linked_from_the_ke
 
 @pytest.mark.parametrize("name", ["text", "json", "sarif", "github"])
 def test_every_reporter_shows_the_referenced_file(name):
-    from memfit.reporters import REPORTERS
+    from memfit.report.reporters import REPORTERS
 
     out = io.StringIO()
     REPORTERS[name](out).report([_referenced()])
@@ -329,8 +331,8 @@ def test_the_language_server_links_the_referenced_file():
     needs.module("pygls")
     from pygls.workspace import PositionCodec
 
-    from memfit.editor import Analysis
-    from memfit.lsp import MemfitServer
+    from memfit.editor.editor import Analysis
+    from memfit.editor.lsp import MemfitServer
 
     class Server(MemfitServer):
         codec = PositionCodec()  # as an initialized server's workspace has it (UTF-16)
@@ -348,7 +350,7 @@ def test_the_language_server_links_the_referenced_file():
 
 
 def test_the_explain_bar_turns_yellow_at_the_warning_mark_in_force():
-    from memfit.explain import render
+    from memfit.report.explain import render
 
     text = "memfit: 1\ndevice: {memory: 1 KiB, warn_at: 50%}\noptimizer: sgd\nparameters: [[100]]\n"  # 800 B (weights and gradients) of 1,024: 78%
     coloured = render(check(text, "c.yaml"), colour=True)
@@ -357,7 +359,7 @@ def test_the_explain_bar_turns_yellow_at_the_warning_mark_in_force():
 
 
 def test_presentation_helpers():
-    from memfit.present import cut, pct, shape_text
+    from memfit.report.present import cut, pct, shape_text
 
     assert shape_text([32, 20]) == "[32, 20]" and shape_text([32, 20], "()") == "(32, 20)"
     assert cut("abcdef", 4) == "abc…" and cut("abc", 4) == "abc"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from memfit.check import check
+from memfit.check.pipeline import check
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "bench.py"

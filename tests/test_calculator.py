@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from memfit import compute_footprint
-from memfit.calculator import OPTIMIZER_STATES
+from memfit.recipe.calculator import OPTIMIZER_STATES
 
 KEYS = ["parameters", "gradients", "activations", "optimizer_state", "total"]
 

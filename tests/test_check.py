@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memfit import compute_footprint
-from memfit.check import Options, check
-from memfit.units import parse_bytes
+from memfit.check.pipeline import Options, check
+from memfit.diagnostics.units import parse_bytes
 
 BASE = """\
 memfit: 1

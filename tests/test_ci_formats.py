@@ -12,8 +12,8 @@ from pathlib import Path
 import needs
 import pytest
 
-from memfit.reporters import RULES, _escape_data, _escape_property
-from memfit.units import human
+from memfit.report.reporters import RULES, _escape_data, _escape_property
+from memfit.diagnostics.units import human
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -71,7 +71,7 @@ def test_json_output_for_the_examples_matches_the_calculator():
     """Expanding each example's tensors by hand and calling compute_footprint per dtype group gives the same totals."""
     import yaml
 
-    from memfit.dtypes import DTYPES
+    from memfit.recipe.dtypes import DTYPES
 
     for path in sorted(EXAMPLES.glob("*.yaml")):
         data = yaml.safe_load(path.read_text())

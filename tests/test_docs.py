@@ -54,7 +54,7 @@ def test_the_first_screen_is_a_quick_start():
 
 
 def test_the_examples_table_lists_every_example_with_its_numbers():
-    from memfit.units import human
+    from memfit.diagnostics.units import human
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     section = readme[readme.index("## Examples") :]

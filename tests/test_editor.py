@@ -3,8 +3,8 @@ completion contexts."""
 
 from __future__ import annotations
 
-from memfit.check import check
-from memfit.editor import Analysis, completion_context, split_lines
+from memfit.check.pipeline import check
+from memfit.editor.editor import Analysis, completion_context, split_lines
 
 MODEL = """\
 memfit: 1

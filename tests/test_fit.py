@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memfit import fit as fitmod
-from memfit.check import check
-from memfit.fixes import apply_edits, fixes
+from memfit.whatif import fit as fitmod
+from memfit.check.pipeline import check
+from memfit.whatif.fixes import apply_edits, fixes
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -98,7 +98,7 @@ def test_vary_on_a_key_that_does_not_change_memory(tmp_path, monkeypatch, capsys
     path = tmp_path / "still.yaml"
     path.write_text("memfit: 1\ndevice: {memory: 1 GiB}\noptimizer: adam\ndtypes: {activations: 2}\nparameters: [[4, 4]]\n", encoding="utf-8")
     monkeypatch.setitem(fitmod.VARY, "seq_len", (("dtypes", "activations"),))
-    from memfit.cli import main
+    from memfit.cli.main import main
 
     assert main(["fit", "--vary", "seq_len", str(path)]) == 2
     out = capsys.readouterr().out
@@ -227,7 +227,7 @@ def test_no_fix_for_explicit_tensors_is_said():
 
 
 def test_insertions_keep_the_layout():
-    from memfit.fixes import edits
+    from memfit.whatif.fixes import edits
 
     block = "memfit: 1\ntraining:\n  micro_batch: 8   # per device\noptimizer: adam\n"
     (edit,) = edits(block, [(("training", "gradient_accumulation"), None, 4)])
@@ -301,8 +301,8 @@ def test_checkpointing_fix_on_a_transformer_config(tmp_path):
     assert [f["kind"] for f in entry["fixes"]] == ["micro_batch", "checkpointing"]
     checkpointing = entry["fixes"][1]
     assert checkpointing["changes"] == [{"key": "training.checkpointing", "from": None, "to": "full"}]
-    from memfit.diagnostics import Range
-    from memfit.fixes import Edit
+    from memfit.diagnostics.diagnostic import Range
+    from memfit.whatif.fixes import Edit
 
     (edit,) = checkpointing["edits"]
     start, end = edit["range"]["start"], edit["range"]["end"]
@@ -319,7 +319,7 @@ def test_remedies_propose_only_where_the_format_and_the_config_allow(monkeypatch
     """The table's entries for keys other features bring (parallel.zero/fsdp/offload, 8-bit
     optimizers): what each proposes, against a format that has those keys. Whether the change
     then fits is the pipeline's to say (fixes() evaluates every proposal)."""
-    from memfit import fixes as fx
+    from memfit.whatif import fixes as fx
 
     fmt = {
         "properties": {

@@ -25,8 +25,8 @@ torch = needs.module("torch")
 keras = needs.module("keras")
 F = torch.nn.functional
 
-from memfit.calculator import OPTIMIZER_STATES
-from memfit.check import check
+from memfit.recipe.calculator import OPTIMIZER_STATES
+from memfit.check.pipeline import check
 from memfit.models.keras import RULES, defaults
 
 # toggling oneDNN off around each reference run makes torch warn about TF32 on Intel GPUs
@@ -217,7 +217,7 @@ REQUIRED = {
 
 @pytest.mark.parametrize("kind", sorted(RULES))
 def test_defaults_are_keras_defaults(kind):
-    from memfit.schema import schema
+    from memfit.read.schema import schema
 
     spec = schema()["$defs"][f"layer_{kind}"]
     args = {k: REQUIRED[k] for k in spec["required"] if k != "type"}

@@ -29,7 +29,7 @@ def memfit(*args: str, cwd: Path, env: dict | None = None, timeout: float = 120)
 # most of this file's time), each with its own stdout and stderr, as strict UTF-8 as a real one.
 _DRIVER = r"""
 import base64, io, json, sys, time, traceback
-from memfit.cli import main
+from memfit.cli.main import main
 runs = []
 for args in json.loads(sys.argv[1]):
     out, err = io.BytesIO(), io.BytesIO()

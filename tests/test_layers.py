@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from memfit.check import check
+from memfit.check.pipeline import check
 from memfit.models.keras import ACTIVATIONS, RULES, snake
-from memfit.schema import schema
+from memfit.read.schema import schema
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

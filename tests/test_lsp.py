@@ -529,10 +529,10 @@ parameters:
 
 def test_lsp_without_pygls_exits_2_with_the_install_hint():
     # None in sys.modules makes `import pygls` fail exactly as if it were not installed
-    code = "import sys; sys.modules['pygls'] = None; from memfit.cli import main; sys.exit(main(['lsp']))"
+    code = "import sys; sys.modules['pygls'] = None; from memfit.cli.main import main; sys.exit(main(['lsp']))"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert run.returncode == 2
-    from memfit.lsp_entry import MISSING_EXTRA
+    from memfit.editor.lsp_entry import MISSING_EXTRA
 
     assert run.stderr == MISSING_EXTRA + "\n"
     assert f"`{MISSING_EXTRA}`" in (ROOT / "docs" / "editors.md").read_text()  # the docs quote the message verbatim
@@ -543,7 +543,7 @@ def test_the_check_path_never_imports_pygls(tmp_path: Path):
     config = tmp_path / "model.yaml"
     config.write_text(BASE, encoding="utf-8")
     code = (
-        "import sys; from memfit.cli import main; status = main(['check', sys.argv[1]]);"
+        "import sys; from memfit.cli.main import main; status = main(['check', sys.argv[1]]);"
         "print([m for m in sys.modules if m.split('.')[0] in ('pygls', 'lsprotocol', 'cattrs')], status)"
     )
     run = subprocess.run([sys.executable, "-c", code, str(config)], capture_output=True, text=True, timeout=60, check=False)

@@ -26,7 +26,7 @@ needs.module("pygls")
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memfit import lsp
+from memfit.editor import lsp
 
 SERVER = [sys.executable, "-m", "memfit", "lsp"]
 TIMEOUT = 30  # a safety net against a hung server, never the synchronisation itself

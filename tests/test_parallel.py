@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from benchmark_module import bench
 
-from memfit import pool
-from memfit.pool import MIN_FILES_PER_JOB, jobs_for
+from memfit.cli import pool
+from memfit.cli.pool import MIN_FILES_PER_JOB, jobs_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,8 +47,8 @@ def test_a_pool_returns_results_in_input_order_with_footprints(tmp_path):
         path.write_text(bench.config_text(5 + i, seed=i, name=f"c{i}"), encoding="utf-8")
         paths.append(str(path))
     paths.reverse()
-    from memfit.check import Options
-    from memfit.check import safe_check
+    from memfit.check.pipeline import Options
+    from memfit.check.pipeline import safe_check
 
     pooled = pool.map_checked(paths, Options(), jobs=3)
     alone = [safe_check(p, Options()) for p in paths]

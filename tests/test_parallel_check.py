@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from memfit.check import check
-from memfit.explain import render
+from memfit.check.pipeline import check
+from memfit.report.explain import render
 
 
 def run(source: str):
@@ -212,7 +212,7 @@ def test_tensor_parallel_must_divide_the_transformers_heads():
           transformer: {model_type: llama, num_attention_heads: 32, num_key_value_heads: 8, num_hidden_layers: 4}
         parallel: {tensor: %d, pipeline: %d}
     """
-    from memfit.check import _dims, _transformer_config
+    from memfit.check.pipeline import _dims, _transformer_config
 
     def _transformer_dims(data, path):
         return _dims(_transformer_config(data, path))
@@ -221,8 +221,8 @@ def test_tensor_parallel_must_divide_the_transformers_heads():
 
     data = yaml.safe_load(textwrap.dedent(base % (16, 1)))
     assert _transformer_dims(data, "<text>") == {"heads": 32, "kv_heads": 8, "layers": 4}
-    from memfit.check import _layout_problems
-    from memfit.config import build
+    from memfit.check.pipeline import _layout_problems
+    from memfit.config.build import build
 
     config, _ = build(data)
     assert [m for _, _, m in [(p.path, p.code, p.message) for p in _layout_problems(config, _transformer_dims(data, "<text>"))]] == [

@@ -15,8 +15,8 @@ torch = needs.module("torch")
 
 import peak_reference as ref
 import test_frameworks as tf
-from memfit.check import check
-from memfit.peak import IMPLS, OPTIMIZER_TEMPORARIES, Loss, PeakError, Row, Step, keras_step, optimizer_temporaries, peak, phases
+from memfit.check.pipeline import check
+from memfit.ledger.step import IMPLS, OPTIMIZER_TEMPORARIES, Loss, PeakError, Row, Step, keras_step, optimizer_temporaries, peak, phases
 
 BAND = 0.05
 
@@ -83,9 +83,9 @@ def test_allocator_granularity_rounds_every_live_tensor():
 
 
 def test_a_declared_tensor_list_peaks_at_its_footprint_in_backward():
-    from memfit.config import build
-    from memfit.peak import tensors_step
-    from memfit.placement import place
+    from memfit.config.build import build
+    from memfit.ledger.step import tensors_step
+    from memfit.placement.place import place
 
     doc = {"memfit": 1, "optimizer": "adam", "parameters": [[1000, 10], {"shape": [10], "trainable": False, "count": 2}], "activations": [[64, 1000]]}
     config, problems = build(doc)
@@ -134,7 +134,7 @@ def test_the_flowing_gradients_are_a_third_of_a_small_cnn_peak():
 
 
 # --- presets ----------------------------------------------------------------------------------
-from memfit import presets
+from memfit.config import presets
 
 REQUIRED_PRESETS = ["V100-16GB", "V100-32GB", "T4", "A10G", "L4", "L40S", "RTX-3090", "RTX-4090", "A100-40GB", "A100-80GB", "H100-80GB", "H200", "B200", "MI300X"]
 
@@ -176,7 +176,7 @@ needs.module("transformers")
 import hf_measure  # noqa: E402
 
 from memfit.models import hf_config  # noqa: E402
-from memfit.peak import hf_step  # noqa: E402
+from memfit.ledger.step import hf_step  # noqa: E402
 
 STATES = {"sgd": 0, "adam": 2, "adamw": 2}
 HF_RUNS = (
@@ -223,9 +223,9 @@ import json  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
-from memfit.editor import Analysis  # noqa: E402
-from memfit.explain import render  # noqa: E402
-from memfit.reporters import summary_markdown  # noqa: E402
+from memfit.editor.editor import Analysis  # noqa: E402
+from memfit.report.explain import render  # noqa: E402
+from memfit.report.reporters import summary_markdown  # noqa: E402
 
 SEED_RUN = {
     "memfit": 1,
@@ -374,7 +374,7 @@ def test_a_transformer_run_through_check_matches_memtracker(family, checkpointin
 def test_every_family_layer_splits_into_its_parts(family):
     """The layer parts are found by hf_activations' labels: a renamed op must not silently merge them."""
     from memfit.models import hf_activations
-    from memfit.peak import _split
+    from memfit.ledger.step import _split
 
     kept = hf_activations.saved(hf_config.normalize(hf_tiny(family)), micro_batch=2, seq_len=64)[1].kept
     parts = dict(_split(kept, hf_activations.FAMILIES[family]))

@@ -15,8 +15,8 @@ from benchmark_module import bench
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memfit import schema as memfit_schema
-from memfit.precheck import Unsupported, compile_schema
+from memfit.read import schema as memfit_schema
+from memfit.read.precheck import Unsupported, compile_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -230,7 +230,7 @@ def test_agrees_with_jsonschema_on_edge_cases(schema, instance, dialect):
 
 
 def test_the_every_keyword_schema_really_uses_every_supported_keyword():
-    from memfit.precheck import KEYWORDS
+    from memfit.read.precheck import KEYWORDS
 
     used = {key for path in _paths(EVERY_KEYWORD) for key in path if isinstance(key, str)}
     assert set(KEYWORDS) - used == set()
@@ -265,7 +265,7 @@ def test_without_a_compiled_schema_problems_come_from_jsonschema_alone(monkeypat
 def _imports_after_check(tmp_path, text: str) -> str:
     config = tmp_path / "c.yaml"
     config.write_text(text, encoding="utf-8")
-    code = "import sys\nfrom memfit.cli import main\nmain(['check', sys.argv[1]])\nprint('jsonschema' in sys.modules, file=sys.stderr)"
+    code = "import sys\nfrom memfit.cli.main import main\nmain(['check', sys.argv[1]])\nprint('jsonschema' in sys.modules, file=sys.stderr)"
     done = subprocess.run([sys.executable, "-c", code, str(config)], capture_output=True, text=True, check=False)
     return done.stderr.strip()
 

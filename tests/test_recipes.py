@@ -2,7 +2,7 @@
 
 - Recipes: one real optimizer step per precision recipe x optimizer on a small torch model;
   parameter, gradient and optimizer-state bytes compared element for element (distinct
-  storages, scalar `step`/`mu_product` counters excluded) with memfit.precision.
+  storages, scalar `step`/`mu_product` counters excluded) with memfit.recipe.precision.
 - 8-bit optimizers: bitsandbytes' own Adam8bit/AdamW8bit/Paged*/Lion8bit state tensors
   after a step on CPU (its 8-bit optimizers run there), quantization maps included.
 - Adafactor: torch.optim.Adafactor's row/col/variance tensors.
@@ -26,7 +26,13 @@ transformers = needs.module("transformers")
 peft = needs.module("peft")
 bnb = needs.module("bitsandbytes")
 
-from memfit import lora, optim, precision, quant  # noqa: E402
+from memfit.recipe import lora  # noqa: E402
+
+from memfit.recipe import optim
+
+from memfit.recipe import precision
+
+from memfit.recipe import quant
 
 transformers.logging.set_verbosity_error()
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.filterwarnings("ignore::FutureWarning")]
@@ -461,7 +467,7 @@ def test_qlora_adapters_fp32_and_step(llama_dir, method):
 
 
 def test_optimizer_table_keeps_the_seed_counts():
-    from memfit.calculator import OPTIMIZER_STATES
+    from memfit.recipe.calculator import OPTIMIZER_STATES
 
     assert optim.STATE_COUNTS == OPTIMIZER_STATES
 
@@ -562,7 +568,7 @@ def test_per_parameter_view():
 
 
 # --- through the pipeline: configs with the recipe keys ----------------------------------------
-from memfit.check import check  # noqa: E402
+from memfit.check.pipeline import check  # noqa: E402
 
 ZERO = "memfit: 1\ndevice: {memory: 200 GB}\nprecision: 16-true\nmaster_weights: float32\noptimizer: adam\nparameters:\n  - {name: w, shape: [7500000000]}\n"
 
@@ -633,7 +639,7 @@ def test_master_weights_noop_keeps_the_footprint_and_counts_no_copy():
 
 
 def test_configs_without_recipe_keys_keep_the_seed_recipe():
-    from memfit.costs import Recipe
+    from memfit.recipe.costs import Recipe
 
     result = check("memfit: 1\ndevice: {memory: 1 GiB}\ndtypes: {parameters: bfloat16}\noptimizer: adam\nparameters: [[10, 10]]\n")
     assert type(result.config.recipe) is Recipe
@@ -641,7 +647,7 @@ def test_configs_without_recipe_keys_keep_the_seed_recipe():
 
 
 def test_explain_shows_bytes_per_parameter():
-    from memfit.explain import render
+    from memfit.report.explain import render
 
     text = render(check(ZERO + "training: {grad_accum_dtype: float32}\n"))
     assert "bytes per parameter" in text
@@ -656,11 +662,11 @@ def test_transformer_parameters_against_a_real_qlora_step(llama_dir, method):
     """adapters.transformer_parameters (what the transformer model form costs under lora +
     quantization) against a quantized, peft-wrapped Llama after one AdamW step: parameters
     (with every QuantState tensor), gradients and optimizer state, byte for byte."""
-    from memfit import adapters
-    from memfit.config import build, make_tensor
-    from memfit.costs import width
+    from memfit.recipe import adapters
+    from memfit.config.build import build, make_tensor
+    from memfit.recipe.costs import width
     from memfit.models import hf, hf_config
-    from memfit.placement import place
+    from memfit.placement.place import place
 
     lora_cfg = {"r": 4, "target_modules": "all-linear", "modules_to_save": ["embed_tokens"]}
     data = {"memfit": 1, "precision": "bf16-true", "optimizer": "adamw", "lora": lora_cfg, "quantization": {"method": method, "double_quant": True}}
@@ -686,7 +692,8 @@ def test_transformer_parameters_against_a_real_qlora_step(llama_dir, method):
 
 
 def test_transformer_parameters_unmatched_targets_listed():
-    from memfit import adapters, codes
+    from memfit.recipe import adapters
+    from memfit.diagnostics import codes
     from memfit.models import hf, hf_config
 
     data = {"memfit": 1, "optimizer": "adamw", "lora": {"r": 4, "target_modules": ["qproj"]}}
@@ -753,7 +760,7 @@ def test_qlora_example_by_hand():
     ceil(n/64/256) fp32 second-level scales, 256 fp32 code copy)."""
     from pathlib import Path
 
-    from memfit.explain import render
+    from memfit.report.explain import render
 
     def nf4_dq(n):
         return n // 2 + n // 64 + 16 * 4 + 4 + -(-(n // 64) // 256) * 4 + 256 * 4

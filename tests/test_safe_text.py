@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memfit.marker import is_marked
-from memfit.safe_text import clip, echo, markdown_code, markdown_text, printable
+from memfit.read.marker import is_marked
+from memfit.diagnostics.safe_text import clip, echo, markdown_code, markdown_text, printable
 
 
 @given(st.text())

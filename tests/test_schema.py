@@ -10,9 +10,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from memfit.calculator import OPTIMIZER_STATES
-from memfit.dtypes import DTYPES
-from memfit.schema import schema
+from memfit.recipe.calculator import OPTIMIZER_STATES
+from memfit.recipe.dtypes import DTYPES
+from memfit.read.schema import schema
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA_PATH = ROOT / "schemas" / "memfit.schema.json"
@@ -67,7 +67,7 @@ def test_only_local_refs_so_validation_never_fetches():
 
 def test_dtype_enum_is_the_dtype_table():
     assert schema()["$defs"]["dtype"]["anyOf"][0]["enum"] == list(DTYPES)
-    from memfit.optim import OPTIMIZERS
+    from memfit.recipe.optim import OPTIMIZERS
 
     assert sorted(schema()["properties"]["optimizer"]["examples"]) == sorted(OPTIMIZERS)
 
@@ -114,4 +114,4 @@ def test_the_wheel_contains_the_schema(tmp_path):
     with zipfile.ZipFile(wheel) as archive:
         shipped = json.loads(archive.read("memfit/memfit.schema.json"))
         assert shipped == schema()
-        assert any(name.endswith("entry_points.txt") and b"memfit = memfit.cli:main" in archive.read(name) for name in archive.namelist())
+        assert any(name.endswith("entry_points.txt") and b"memfit = memfit.cli.main:main" in archive.read(name) for name in archive.namelist())

@@ -1,4 +1,4 @@
-"""Per-rank memory under ZeRO, FSDP, tensor, sequence and pipeline parallelism (memfit.sharding),
+"""Per-rank memory under ZeRO, FSDP, tensor, sequence and pipeline parallelism (memfit.placement.sharding),
 against the ZeRO paper, DeepSpeed's own estimators (run), real FSDP2 steps (run, gloo on CPU) and
 the closed forms of Megatron-LM and Korthikanti et al. 2022."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from memfit.sharding import (
+from memfit.placement.sharding import (
     LayoutError,
     Parallel,
     Tensor,
@@ -539,7 +539,7 @@ def test_count_is_copies_each_sharded_on_its_own():
 
 
 def test_config_keys():
-    from memfit.sharding import from_config
+    from memfit.placement.sharding import from_config
 
     data = {
         "parallel": {"data": 4, "tensor": 2, "pipeline": 2, "sequence_parallel": True, "zero": 3, "gpus_per_node": 8,

@@ -18,10 +18,10 @@ import pytest
 import yaml
 from benchmark_module import bench
 
-from memfit import check as memfit_check
-from memfit import schema as memfit_schema
-from memfit.calculator import OPTIMIZER_STATES
-from memfit.dtypes import DTYPES
+from memfit.check import pipeline as memfit_check
+from memfit.read import schema as memfit_schema
+from memfit.recipe.calculator import OPTIMIZER_STATES
+from memfit.recipe.dtypes import DTYPES
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((ROOT / "schemas" / "memfit.schema.json").read_text(encoding="utf-8"))
@@ -270,7 +270,7 @@ def test_many_errors_of_all_kinds_come_out_the_same_and_in_the_same_order(monkey
 
 
 def test_positions_stopping_early_equal_those_of_a_full_walk():
-    from memfit import source
+    from memfit.read import source
 
     text = bench.config_text(300, seed=11)
     values, _ = composed(text)
@@ -318,7 +318,7 @@ last:
 @pytest.mark.parametrize("text", [TRICKY, bench.config_text(40, seed=5)], ids=["tricky", "benchmark"])
 def test_positions_asked_for_a_few_nodes_equal_those_of_the_whole_index(text):
     # locate skips the subtrees nothing is asked in and stops early; index walks every node
-    from memfit import source
+    from memfit.read import source
 
     values, keys = source.index(text)
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from memfit.check import check, check_file
-from memfit.editor import Analysis
+from memfit.check.pipeline import check, check_file
+from memfit.editor.editor import Analysis
 from memfit.models import hf, hf_activations, hf_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,7 +183,7 @@ def test_hover_on_hf_config_and_hints_on_training(tmp_path):
 
 
 def _human(n):
-    from memfit.units import human
+    from memfit.diagnostics.units import human
 
     return human(n)
 

@@ -10,8 +10,8 @@ TRANSFORMER_KEYS = ("hf_config", "transformer")
 
 def derive(data: dict, config, path: str = "<text>") -> list:
     """Tensors of the document's model section appended to config.tensors; the problems found."""
-    from .. import codes
-    from ..diagnostics import Problem
+    from memfit.diagnostics import codes
+    from memfit.diagnostics.diagnostic import Problem
 
     model = data["model"]
     keys = list(model)
@@ -30,7 +30,7 @@ def derive(data: dict, config, path: str = "<text>") -> list:
             )
         ]
     if transformer:
-        from . import hf
+        from memfit.models import hf
 
         return hf.derive(data, config, path)
 
@@ -47,7 +47,7 @@ def derive(data: dict, config, path: str = "<text>") -> list:
         batch = training["micro_batch"]
     if batch is None:
         return [Problem(("model",), codes.SCHEMA, "model needs a batch size: training.micro_batch (or model.batch_size)", on_key=True)]
-    from . import keras
+    from memfit.models import keras
 
     tensors, problems = keras.derive({**model, "batch_size": batch}, config)
     config.tensors.extend(tensors)

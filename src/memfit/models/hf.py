@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from .families import FAMILIES, SEQUENCE_CLASSIFICATION, Family
+from memfit.models.families import FAMILIES, SEQUENCE_CLASSIFICATION, Family
 
 LINEAR, LINEAR_BIAS, CONV1D, EMBEDDING, NORM, OTHER = "linear", "linear_bias", "conv1d", "embedding", "norm", "other"
 ATTENTIONS = ("eager", "sdpa", "flash")  # training.attention; sdpa is transformers' default
@@ -340,7 +340,7 @@ class Model(NamedTuple):
 
 
 def activation_bytes(cfg: dict, dtypes: dict | None, micro_batch: int, seq_len: int, attention: str, checkpointing: str) -> int:
-    from .hf_activations import peak_saved, saved, total
+    from memfit.models.hf_activations import peak_saved, saved, total
 
     if checkpointing == "full":
         return peak_saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing, dtypes=dtypes)
@@ -357,9 +357,9 @@ def derive(data: dict, config, path: str) -> list:
     `path` is the checked file's: hf_config is relative to its directory."""
     import os
 
-    from .. import codes
-    from ..diagnostics import Problem
-    from .hf_config import LoadError, load, normalize, validate
+    from memfit.diagnostics import codes
+    from memfit.diagnostics.diagnostic import Problem
+    from memfit.models.hf_config import LoadError, load, normalize, validate
 
     model = data["model"]
     training = data.get("training", {})
@@ -410,7 +410,7 @@ def _recipe_arguments(data: dict) -> dict:
     given) and the LoRA config (what autograd keeps changes with adapters)."""
     out = {}
     if isinstance(data.get("precision"), str):
-        from ..precision import RECIPES  # only then: it is a cold-start cost for every transformer config
+        from memfit.recipe.precision import RECIPES  # only then: it is a cold-start cost for every transformer config
 
         if data["precision"].strip().lower() in RECIPES:
             out["precision"] = data["precision"].strip().lower()
@@ -418,7 +418,7 @@ def _recipe_arguments(data: dict) -> dict:
         out["lora"] = data["lora"]
     quantization = data.get("quantization")
     if isinstance(quantization, dict) and quantization.get("method") in ("nf4", "fp4") and "compute_dtype" in quantization:
-        from .hf_activations import qlora_precision
+        from memfit.models.hf_activations import qlora_precision
 
         try:  # a 4-bit base keeps nothing for backward; the rest computes in compute_dtype
             out["precision"] = qlora_precision(quantization["compute_dtype"])
@@ -428,9 +428,9 @@ def _recipe_arguments(data: dict) -> dict:
 
 
 def _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpointing, data) -> list:
-    from ..config import make_tensor
-    from ..costs import width
-    from .hf_activations import peak_saved, saved as saved_by, total as total_of
+    from memfit.config.build import make_tensor
+    from memfit.recipe.costs import width
+    from memfit.models.hf_activations import peak_saved, saved as saved_by, total as total_of
 
     rows = []
     prefix = layer_prefix(cfg)
@@ -440,8 +440,8 @@ def _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpoi
     adapted = "lora" in data or "quantization" in data
     if adapted:
         # peft's LoRA and bitsandbytes' storage: every parameter by its peft name (recipes, issue 12)
-        from .. import adapters
-        from ..dtypes import DTYPES
+        from memfit.recipe import adapters
+        from memfit.recipe.dtypes import DTYPES
 
         if adapters.problems(data):
             return []  # reported by check already; no footprint is shown
@@ -503,8 +503,8 @@ def _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpoi
 def summary_lines(model: Model, width: int = 80, parameter_dtype: str | None = None) -> list[str]:
     """explain's transformer section: the class, then one row per block (embeddings, one layer x N,
     head, loss) with its parameters and the bytes it keeps for backward, then what each keeps."""
-    from ..present import cut, shape_text
-    from ..units import human
+    from memfit.report.present import cut, shape_text
+    from memfit.diagnostics.units import human
 
     head_text, _, rest = model.summary.partition("; ")
     out = [cut(f"model  {head_text}", width)]

@@ -20,8 +20,8 @@ import re
 import stat
 from dataclasses import dataclass
 
-from ..diagnostics import Range
-from .families import BASE_FIELDS, DROPPED_KEYS, FAMILIES, SUPPORTED, Family
+from memfit.diagnostics.diagnostic import Range
+from memfit.models.families import BASE_FIELDS, DROPPED_KEYS, FAMILIES, SUPPORTED, Family
 
 IO = "io"
 JSON_SYNTAX = "json-syntax"

@@ -8,8 +8,8 @@ tests/test_sharding.py.
 
 from __future__ import annotations
 
-from ..sharding import Parallel, in_flight, padded_vocab, stage_layers
-from . import hf_activations as A
+from memfit.placement.sharding import Parallel, in_flight, padded_vocab, stage_layers
+from memfit.models import hf_activations as A
 
 # Symbolic dims (models.hf_activations) a tensor-parallel rank holds 1/t of: heads and the
 # intermediate width live between a column- and a row-parallel linear. Sequence parallelism splits

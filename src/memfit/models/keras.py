@@ -21,10 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-from .. import codes
-from ..config import Config, Tensor, make_tensor, width
-from ..diagnostics import Problem
-from ..present import cut, shape_text
+from memfit.diagnostics import codes
+from memfit.config.build import Config, Tensor, make_tensor, width
+from memfit.diagnostics.diagnostic import Problem
+from memfit.report.present import cut, shape_text
 
 INT64, BOOL, FLOAT32 = "int64", "bool", "float32"
 
@@ -852,7 +852,7 @@ def _keep(flow: _Flow, tensors: list, row: LayerRow, name: str, label: str, tid:
 # --- explain ----------------------------------------------------------------------------
 def summary_lines(rows: list[LayerRow], width: int = 80) -> list[str]:
     """A Keras model.summary()-like table with the batch axis and the bytes kept for backward."""
-    from ..units import human, with_bytes
+    from memfit.diagnostics.units import human, with_bytes
 
     name_w, shape_w, param_w = 31, 20, 12
     saved_w = max(10, width - name_w - shape_w - param_w - 3)

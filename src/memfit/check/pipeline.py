@@ -1,0 +1,427 @@
+"""The one pipeline every front end calls: path -> text -> data -> schema -> config ->
+tensors -> placement -> footprint -> budget -> positioned diagnostics. The CLI, the hook and
+the language server are thin shells over `check`; nothing here is computed anywhere else."""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from memfit.diagnostics import codes
+from memfit.diagnostics.codes import lookup
+from memfit.diagnostics.diagnostic import FILE_START, Diagnostic, Problem, diagnostic
+from memfit.read.inputs import DEFAULT_MAX_FILE_SIZE, has_marker, is_config, looks_like_config, read
+from memfit.diagnostics.units import with_bytes
+
+__all__ = ["Options", "Result", "check", "check_file", "evaluate", "has_marker", "internal_error", "safe_check"]
+
+
+@dataclass(frozen=True)
+class Options:
+    budget: int | None = None  # bytes, from --budget: supplies or overrides device.memory - reserve
+    warn_at: Fraction | None = None  # overrides device.warn_at
+    skip_unrecognized: bool = False  # files that are not memfit configs are skipped, not errors
+    max_file_size: int = DEFAULT_MAX_FILE_SIZE  # bytes; a bigger file is an io error, never read
+
+
+@dataclass
+class Result:
+    path: str
+    diagnostics: list = field(default_factory=list)
+    config: object = None  # config.Config when the footprint could be computed
+    budget: int | None = None
+    budget_origin: str | None = None  # where the budget comes from, as written: "device.memory 24 GiB - reserve 1 GiB"
+    warn_at: Fraction | None = None  # the warning mark in force (--warn-at, device.warn_at or the default)
+    skipped: bool = False
+    data: object = None
+    fixes: list | None = None  # with --suggest: fixes.Fix, cheapest first
+
+    @property
+    def footprint(self) -> dict | None:
+        return self.config.footprint if self.config is not None else None
+
+    @property
+    def parallel_peak(self) -> dict | None:
+        """Under a parallel layout: the binding GPU's peak (footprint + what it gathers), its rank and the world size."""
+        return self.config.placement.peak if self.config is not None and self.config.placement is not None else None
+
+    @property
+    def host(self) -> dict | None:
+        """Under offload: the host memory of the most-loaded node."""
+        return self.config.placement.host if self.config is not None and self.config.placement is not None else None
+
+    @property
+    def peak(self) -> dict | None:
+        """{"bytes", "phase", "live"} of a run (a config with a training section), else None; under a
+        parallel layout the most-loaded GPU's (with what it gathers, its rank and the world size)."""
+        parallel = self.parallel_peak
+        if parallel is not None:
+            return parallel
+        found = getattr(self.config, "peak", None) if self.config is not None else None
+        return None if found is None else {"bytes": found["bytes"], "phase": found["phase"], "live": dict(found["live"])}
+
+    @property
+    def failed(self) -> bool:
+        return any(d.severity == codes.ERROR for d in self.diagnostics)
+
+
+def gated(result: Result) -> int | None:
+    """The figure the budget gate compares: the run's peak where there is one, else the total."""
+    peak = getattr(result, "peak", None)
+    if isinstance(peak, dict) and isinstance(peak.get("bytes"), int):
+        return peak["bytes"]
+    footprint = result.footprint
+    return footprint["total"] if footprint is not None else None
+
+
+def check(text: str, path: str = "<text>", options: Options = Options()) -> Result:
+    """The pipeline, with Python's cyclic garbage collector paused: it builds only acyclic data
+    (a big config is millions of dicts, lists and rows), so each collection would walk all of it
+    for nothing; 15-20% of a 150,000-tensor check. Anything cyclic is collected after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _check(text, path, options)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _check(text: str, path: str, options: Options) -> Result:
+    result = Result(path)
+    if options.skip_unrecognized and not has_marker(text):
+        result.skipped = True
+        return result
+    from memfit.read import source  # after the marker test: a skipped file costs no YAML import
+
+    loaded = source.load(text)
+    result.diagnostics.extend(loaded.diagnostics)
+    data = loaded.data
+    if data is None and loaded.diagnostics:
+        return result
+    if not is_config(data):
+        if options.skip_unrecognized:
+            result.skipped = True
+            result.diagnostics.clear()
+            return result
+        what = "the file is empty" if data is None else f"its top level is {_kind(data)}, not a mapping with a 'memfit' key" if not isinstance(data, dict) else "it has no top-level 'memfit' key"
+        result.diagnostics.append(diagnostic(FILE_START, codes.NOT_A_CONFIG, f"not a memfit config: {what} (add 'memfit: 1')"))
+        return result
+    result.data = data
+    problems = _pipeline(data, options, result)
+    unique = not any(lookup(d.code).ambiguous_keys for d in result.diagnostics)
+    result.diagnostics.extend(position(text, problems, data, unique_keys=unique))
+    result.diagnostics.sort(key=lambda d: (d.range.start_line, d.range.start_character))
+    return result
+
+
+def evaluate(data, options: Options = Options(), path: str = "<data>") -> Result:
+    """The pipeline from loaded data, without positions (each diagnostic at the file start):
+    fit and fixes re-run it with one key changed, never re-reading or re-parsing the text."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        result = Result(path, data=data)
+        problems = _pipeline(data, options, result)
+        result.diagnostics.extend(Diagnostic(FILE_START, p.level, p.code, p.message) for p in problems)
+        return result
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _pipeline(data: dict, options: Options, result: Result) -> list[Problem]:
+    """schema -> config -> tensors -> placement -> footprint -> budget, on a document that is a config."""
+    from memfit.read import schema
+    from memfit.config.build import build, optimizer_constants
+    from memfit.placement.place import SINGLE, place
+
+    problems = schema.problems(data)
+    cfg = None
+    if not problems:
+        config, problems = build(data)
+        if "lora" in data or "quantization" in data:
+            from memfit.recipe import adapters
+
+            problems.extend(adapters.problems(data))
+        if "model" in data:
+            from memfit.models.dispatch import derive
+
+            problems.extend(derive(data, config, result.path))
+        if config.parallel is not None:
+            model = getattr(config, "model", None)  # models.hf.Model: a transformer's normalized config
+            cfg = model.cfg if model is not None else _transformer_config(data, result.path)
+            problems.extend(_layout_problems(config, _dims(cfg)))
+        # an unknown optimizer or a layer that cannot apply leaves a number that is not the
+        # footprint: report none rather than a wrong one; a bad unit spoils only the budget
+        if all(lookup(p.code).keeps_footprint for p in problems):
+            config.tensors.extend(optimizer_constants(config))
+            config.placement = place(config.tensors, _layout(config, data, cfg) if config.parallel is not None else SINGLE)
+            too_large = _too_large(config)
+            if too_large is not None:
+                problems.append(too_large)
+            else:
+                result.config = config
+                # a parallel layout's peak is per GPU (placement); the phase walk is a single device's
+                if "training" in data and config.parallel is None and not _errors(problems):
+                    problems.extend(_peak(config, data))
+                if not _errors(problems):
+                    problems.extend(_budget(config, options, result, data))
+                    problems.extend(_host_budget(config))
+    return problems
+
+
+# Every output prints the footprint as an exact integer, and Python converts at most 4,300 digits
+# to text (the conversion is quadratic). A footprint past 14,000 bits (about 4,214 digits) leaves
+# room for the figures derived from it (per tensor, in training, elements at half a byte each).
+MAX_FOOTPRINT_BITS = 14_000
+
+
+def _too_large(config) -> Problem | None:
+    total = config.footprint.get("total", 0)
+    if total.bit_length() <= MAX_FOOTPRINT_BITS:
+        return None
+    biggest = max(config.tensors, key=lambda tensor: sum(tensor.bytes.values()), default=None)
+    digits = total.bit_length() * 30103 // 100000 + 1
+    message = f"the footprint is a number of about {digits:,} digits: memfit reports footprints of up to about 4,200 digits"
+    return Problem(biggest.path if biggest is not None else (), codes.TOO_LARGE, message)
+
+
+def _errors(problems) -> bool:
+    """Anything but a note stops the budget gate (a bad unit keeps the footprint, not the budget)."""
+    return any(p.level != codes.INFORMATION for p in problems)
+
+
+def _peak(config, data: dict) -> list[Problem]:
+    """A config with a training section describes a run: its peak (peak.py), on config.peak."""
+    from memfit.ledger import step as peak
+
+    training = data.get("training") or {}
+    impl = training.get("optimizer_impl", "foreach")
+    optimizer = config.optimizer.strip().lower()
+    problems = []
+    if optimizer not in peak.OPTIMIZER_TEMPORARIES:
+        problems.append(
+            Problem(("optimizer",), codes.OPTIMIZER_IMPL, f"the temporaries of {optimizer}'s step are not modelled (torch.optim has no {optimizer}): the peak counts none", severity=codes.INFORMATION)
+        )
+        optimizer = None
+    declared = [t for t in config.tensors if t.path and t.path[0] in ("parameters", "activations")]
+    try:
+        model = getattr(config, "model", None)  # a transformer (models.hf) sets config.model
+        resolved = getattr(config.recipe, "resolved", None)
+        # hf_step rebuilds a fully trained model from the config.json; with adapters, a quantized
+        # base or extra recipe buffers the derived tensors are what training holds (recipes)
+        adapted = "lora" in data or "quantization" in data or (resolved is not None and (resolved.master_weights is not None or resolved.grad_accum_dtype is not None))
+        if model is not None and hasattr(model, "cfg") and adapted:
+            step = peak.tensors_step([t for t in config.tensors if t.category in ("parameters", "activations")], optimizer, impl, config.overhead)
+        elif model is not None and hasattr(model, "cfg"):
+            widths = {c: config.widths[c].bytes for c in ("parameters", "gradients", "optimizer_state")}
+            run = model.training
+            step = peak.hf_step(model.cfg, micro_batch=run["micro_batch"], seq_len=run["seq_len"], attention=run["attention"], checkpointing=run["checkpointing"],
+                                optimizer=optimizer, impl=impl, states=config.states, widths=widths, overhead=config.overhead, dtypes=model.dtypes, declared=declared)
+        elif "model" in data:
+            keras_model = {**data["model"], "batch_size": data["model"].get("batch_size", training.get("micro_batch"))}
+            step = peak.keras_step(keras_model, config, optimizer, impl, config.overhead, declared=declared)
+        else:
+            step = peak.tensors_step(declared, optimizer, impl, config.overhead)
+        config.peak = peak.peak(step, config.granule)
+    except peak.PeakError as error:
+        where = ("training", "optimizer_impl") if "optimizer_impl" in training else ("optimizer",)
+        problems.append(Problem(where, codes.OPTIMIZER_IMPL, str(error)))
+    return problems
+
+
+def _kind(data) -> str:
+    """What the top level is, without quoting it: the file may not be a config at all (a symlink
+    to a secret, say), and its content is not the report's to repeat."""
+    if isinstance(data, list):
+        return "a list"
+    if data is None:
+        return "empty"
+    return f"a scalar ({type(data).__name__})" if not isinstance(data, str) else f"a scalar (a string of {len(data):,} characters)"
+
+
+def position(text: str, problems: list[Problem], data, unique_keys: bool = False) -> list[Diagnostic]:
+    """Positions for all problems in one pass over the text (cut short when it can be: see source.locate)."""
+    if not problems:
+        return []
+    requests = {}
+    for problem in problems:
+        if problem.path == () and isinstance(data, dict) and "memfit" in data:
+            requests[problem] = (("memfit",), "key")  # the document as a whole: its marker
+        else:
+            requests[problem] = (problem.path, "key" if problem.on_key else "value")
+    from memfit.read import source
+
+    ranges = source.locate(text, requests.values(), unique_keys)
+    out = []
+    for p in problems:
+        where = ranges[requests[p]]
+        if p.file is None:
+            out.append(Diagnostic(where, p.level, p.code, p.message))
+        else:  # inside a referenced file: placed there, linked from the key that refers to it
+            out.append(Diagnostic(p.at or FILE_START, p.level, p.code, p.message, file=p.file, related=where))
+    return out
+
+
+def _transformer_config(data: dict, path: str) -> dict | None:
+    """The normalized config of a transformer model section (`transformer` inline or `hf_config`
+    beside the checked file); None when there is none or it cannot be read (the model derivation
+    reports that)."""
+    import os
+
+    model = data.get("model")
+    if not isinstance(model, dict) or not ({"transformer", "hf_config"} & set(model)):
+        return None
+    from memfit.models.hf_config import LoadError, load, normalize, validate
+
+    raw = model.get("transformer")
+    if raw is None:
+        base = os.path.dirname(path) if path and not path.startswith("<") else "."
+        try:
+            raw = load(os.path.normpath(os.path.join(base, os.path.expanduser(str(model["hf_config"]))))).raw
+        except LoadError:
+            return None
+    if not isinstance(raw, dict) or validate(raw):
+        return None
+    return normalize(raw)
+
+
+def _layout(config, data: dict, cfg: dict | None):
+    """The parallel layout; for a transformer, its activations per stage and rank as Megatron splits them."""
+    from memfit.placement.place import Layout
+
+    stages = None
+    model = getattr(config, "model", None)  # models.hf.Model: the training keys in force
+    if model is not None:
+        from memfit.models.hf_sharded import activations_per_stage
+
+        t = model.training
+        try:
+            stages = activations_per_stage(
+                model.cfg, config.parallel, micro_batch=t["micro_batch"], seq_len=t["seq_len"],
+                attention=t["attention"], checkpointing=t["checkpointing"], dtypes=model.dtypes,
+            )
+        except (ValueError, KeyError):  # a model hf_activations does not cover: its rows, as derived
+            stages = None
+    return Layout(parallel=config.parallel, model_activations=stages)
+
+
+def _dims(cfg: dict | None) -> dict:
+    """Heads, KV heads and layers, for the layout checks."""
+    if cfg is None:
+        return {}
+    gpt2 = cfg.get("model_type") == "gpt2"
+    heads = cfg["n_head"] if gpt2 else cfg.get("num_attention_heads")
+    return {
+        "heads": heads,
+        "kv_heads": (None if gpt2 else cfg.get("num_key_value_heads")) or heads,
+        "layers": cfg["n_layer"] if gpt2 else cfg.get("num_hidden_layers"),
+    }
+
+
+def _layout_problems(config, model: dict) -> list[Problem]:
+    """The parallel layout against the model: what cannot run is a positioned bad-parallel."""
+    from memfit.placement.sharding import layer_count, problems_for
+
+    model = {k: v for k, v in model.items() if v is not None}
+    if config.parallel.pipeline > 1 and "layers" not in model:
+        # the layers a pipeline can split: indices in the parameters' names (layers.3.…, h.3.…)
+        model["layers"] = layer_count((t.name, t.count) for t in config.tensors if t.category == "parameters")
+    return [Problem(path, codes.BAD_PARALLEL, message, on_key=True) for path, message, _ in problems_for(config.parallel, model)]
+
+
+def _host_budget(config) -> list[Problem]:
+    host = config.placement.host
+    if host is None or config.host_memory is None or host["total"] <= config.host_memory:
+        return []
+    gpus = host["gpus"]
+    return [
+        Problem(
+            ("host", "memory"),
+            codes.HOST_BUDGET_EXCEEDED,
+            f"the {gpus} GPU{'s' if gpus != 1 else ''} of a node offload {with_bytes(host['total'])}, more than host.memory {with_bytes(config.host_memory)} by {with_bytes(host['total'] - config.host_memory)}",
+        )
+    ]
+
+
+def _budget(config, options: Options, result: Result, data: dict) -> list[Problem]:
+    if options.budget is not None:
+        budget, where, origin = options.budget, ("memfit",), "from --budget"
+        on_key = True
+    elif config.memory is not None:
+        budget, on_key = config.budget, False
+        device = data["device"]
+        where = ("device", "memory") if "memory" in device else ("device", "preset")
+        origin = config.memory_origin or f"device.memory {device['memory']}"
+        origin += f" - reserve {device['reserve']}" if "reserve" in device else ""
+    else:
+        at = ("device",) if "device" in data else ("memfit",)
+        return [Problem(at, codes.NO_BUDGET, "no memory budget: set device.memory (e.g. '24 GiB') or pass --budget", on_key=True)]
+    if config.overhead and config.peak is None:  # a run's peak holds the overhead; a tensor list's budget loses it
+        budget -= config.overhead
+        origin += f" - overhead {with_bytes(config.overhead)}"
+    warn_at = options.warn_at if options.warn_at is not None else config.warn_at
+    result.budget, result.budget_origin, result.warn_at = budget, origin, warn_at
+    if budget <= 0:
+        return [Problem(where, codes.BAD_BUDGET, f"the budget is {with_bytes(budget)} ({origin}): nothing fits in it", on_key=on_key)]
+    parallel = config.placement.peak
+    if config.peak is not None:
+        from memfit.ledger.step import PHASE_WORDS
+
+        used = config.peak["bytes"]
+        what = f"peak {with_bytes(used)} during {PHASE_WORDS[config.peak['phase']]}"
+        aside = f" (the four categories at full size total {with_bytes(config.footprint['total'])})"
+    elif parallel is not None:  # per GPU: the most-loaded rank, with what it gathers for a moment
+        used = parallel["bytes"]
+        what = f"GPU rank {parallel['rank']} of {parallel['ranks']}: peak {with_bytes(used)}"
+        aside = f" (on the GPU {with_bytes(config.footprint['total'])}, gathered for a moment {with_bytes(used - config.footprint['total'])})" if used != config.footprint["total"] else ""
+    else:
+        used = config.footprint["total"]
+        what, aside = f"total {with_bytes(used)}", ""
+    if used > budget:
+        return [
+            Problem(
+                where,
+                codes.BUDGET_EXCEEDED,
+                f"{what} exceeds the budget {with_bytes(budget)} ({origin}) by {with_bytes(used - budget)}{aside}",
+                on_key=on_key,
+            )
+        ]
+    if used > warn_at * budget:
+        share = Fraction(used * 100, budget)
+        return [
+            Problem(
+                where,
+                codes.NEAR_BUDGET,
+                f"{what} is {float(share):.1f}% of the budget {with_bytes(budget)} ({origin}), above the {float(warn_at * 100):g}% warning mark; headroom {with_bytes(budget - used)}{aside}",
+                on_key=on_key,
+            )
+        ]
+    return []
+
+
+def check_file(path: str, options: Options = Options()) -> Result:
+    text, problem, raw = read(path, options.max_file_size)
+    if problem is not None:
+        # in skip mode an undecodable file is skipped only when it does not even look like a config
+        if options.skip_unrecognized and raw and not looks_like_config(raw):
+            return Result(path, skipped=True)
+        return Result(path, [problem])
+    return check(text, path, options)
+
+
+def safe_check(path: str, options: Options = Options()) -> Result:
+    """check_file, with a last line of defence: a bug in memfit is one diagnostic on one
+    file, never a traceback that stops the other files from being checked."""
+    try:
+        return check_file(path, options)
+    except Exception as error:  # noqa: BLE001
+        return Result(path, [internal_error(error)])
+
+
+def internal_error(error: Exception) -> Diagnostic:
+    """A bug in memfit, as one diagnostic (the CLI and the language server both use it)."""
+    message = f"internal error while checking this file ({type(error).__name__}: {error}); please report it"
+    return diagnostic(FILE_START, codes.INTERNAL, message)

@@ -1,0 +1,108 @@
+"""The command line: parses arguments, then hands them to the runner. Exit codes are a
+published contract: 0 no error, 1 a config failed (or could not be read), 2 usage error."""
+
+from __future__ import annotations
+
+import argparse
+
+from memfit import __version__
+from memfit.read.inputs import DEFAULT_MAX_FILE_SIZE
+from memfit.report.reporters import REPORTERS
+from memfit.diagnostics.units import UnitError, parse_bytes, parse_percent
+
+
+def _bytes_arg(text: str) -> int:
+    try:
+        digits = text.strip()
+        return parse_bytes(int(digits) if digits.isascii() and digits.isdigit() else text)
+    except UnitError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _jobs_arg(text: str) -> int:
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of processes (0: choose by file count and cores)")
+    return int(text)
+
+
+def _percent_arg(text: str):
+    try:
+        return parse_percent(text)
+    except UnitError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _share_arg(text: str):
+    from memfit.whatif.diff import parse_share
+
+    try:
+        return parse_share(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="memfit", description="Check that training configs fit in device memory.")
+    top.add_argument("--version", action="version", version=f"memfit {__version__}")
+    commands = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def common(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--budget", type=_bytes_arg, metavar="BYTES", help="memory budget, e.g. 80GiB; supplies or overrides device.memory - reserve")
+        sub.add_argument("--warn-at", type=_percent_arg, metavar="PERCENT", help="warn above this share of the budget (default 90%%, or device.warn_at)")
+        sub.add_argument(
+            "--max-file-size", type=_bytes_arg, default=DEFAULT_MAX_FILE_SIZE, metavar="BYTES", help="refuse to read a config larger than this (default 64 MiB)"
+        )
+
+    check = commands.add_parser("check", help="check configs; exit 1 if any error")
+    check.add_argument("paths", nargs="+", metavar="PATH", help="files, or directories to search for *.yaml / *.yml")
+    check.add_argument("--format", choices=list(REPORTERS), default="text", help="output format (default text)")
+    check.add_argument("--skip-unrecognized", action="store_true", help="skip files that are not memfit configs instead of failing them")
+    check.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
+    check.add_argument("--summary-md", metavar="FILE", help="also append a Markdown table (file, total, budget, headroom, verdict) to FILE, e.g. $GITHUB_STEP_SUMMARY")
+    check.add_argument("--suggest", action="store_true", help="for a config over (or near) its budget, the single changes that make it fit, with their edits")
+    check.add_argument("--jobs", "-j", type=_jobs_arg, default=0, metavar="N", help="parallel processes for many files (default: by file count and cores)")
+    common(check)
+
+    explain = commands.add_parser("explain", help="show the footprint breakdown of configs")
+    explain.add_argument("paths", nargs="+", metavar="PATH", help="config files, or directories to search for *.yaml / *.yml")
+    explain.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour the budget bar (default: on a terminal)")
+    common(explain)
+
+    from memfit.whatif.fit import DEFAULT_VARY, VARY
+
+    fit = commands.add_parser("fit", help="the largest micro_batch (or other training key) that fits")
+    fit.add_argument("paths", nargs="+", metavar="CONFIG", help="config files, or directories to search for *.yaml / *.yml")
+    fit.add_argument("--vary", choices=list(VARY), default=DEFAULT_VARY, help=f"the key to search (default {DEFAULT_VARY})")
+    fit.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
+    common(fit)
+
+    diff = commands.add_parser("diff", help="each config's footprint at a git revision beside the working tree")
+    diff.add_argument("rev", metavar="REV", help="the git revision to compare against, e.g. main or the pull request's base SHA")
+    diff.add_argument("paths", nargs="*", metavar="PATH", help="files or directories (default: the whole repository)")
+    diff.add_argument("--format", choices=("text", "json", "markdown"), default="text", help="output format (default text)")
+    diff.add_argument("--fail-on-growth", type=_share_arg, metavar="PERCENT", help="exit 1 when any config's total grows by more than this share, e.g. 5%%")
+
+    commands.add_parser("schema", help="print the config JSON Schema")
+
+    lsp = commands.add_parser("lsp", help="run the language server (needs memfit[lsp])")
+    lsp.add_argument("--tcp", metavar="HOST:PORT", help="listen on TCP instead of stdio")
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    top = parser()
+    args, extra = top.parse_known_args(argv)
+    # `diff REV --format markdown PATH`: argparse takes the positionals before an option in one
+    # go, so the paths after it come back unparsed; they are paths, anything else is an error
+    if extra and (args.command != "diff" or any(x.startswith("-") for x in extra)):
+        top.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.paths += extra
+    from memfit.cli import runner
+
+    try:
+        return runner.run(args)
+    except BrokenPipeError:  # `memfit check ... | head`
+        return runner.EXIT_OK
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,162 @@
+"""Wires a parsed command line to the pipeline: paths -> check -> reporter -> exit code."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from memfit.check.pipeline import Options, Result, safe_check
+from memfit.read.inputs import expand
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def check_paths(paths: list[str], options: Options, jobs: int = 0) -> list[Result]:
+    targets = expand(paths)
+    results: list[Result | None] = [Result(p, [d]) if d else None for p, d in targets]
+    todo = [p for p, d in targets if d is None]
+    from memfit.cli.pool import map_checked
+
+    checked = iter(map_checked(todo, options, jobs))
+    return [r if r is not None else next(checked) for r in results]
+
+
+def run(args) -> int:
+    if args.command == "schema":
+        from memfit.cli.schemagen import schema_text
+
+        sys.stdout.write(schema_text())
+        return EXIT_OK
+    if args.command == "lsp":
+        from memfit.editor.lsp_entry import start
+
+        return start(args)
+    if args.command == "diff":
+        return run_diff(args)
+    options = Options(
+        budget=args.budget,
+        warn_at=args.warn_at,
+        skip_unrecognized=getattr(args, "skip_unrecognized", False),
+        max_file_size=args.max_file_size,
+    )
+    if args.command == "fit":
+        return run_fit(args, options)
+    if args.command == "explain":
+        from memfit.report.explain import render
+
+        colour = args.color == "always" or (args.color == "auto" and sys.stdout.isatty() and "NO_COLOR" not in os.environ)
+        results = [Result(p, [d]) if d else safe_check(p, options) for p, d in expand(args.paths)]
+        sys.stdout.write("\n".join(render(result, colour) for result in results))
+        return EXIT_FAILED if any(result.failed for result in results) else EXIT_OK
+
+    from memfit.report.reporters import REPORTERS, summary_markdown
+    from memfit.diagnostics.safe_text import printable
+
+    clash = _output_onto_input(args)
+    if clash is not None:
+        sys.stderr.write(printable(clash) + "\n")
+        return EXIT_USAGE
+    results = check_paths(args.paths, options, args.jobs)
+    if args.suggest:
+        results = [suggest(r, options) for r in results]
+    target = args.output or "standard output"
+    try:
+        if args.output:
+            with open(args.output, "w", encoding="utf-8") as out:
+                REPORTERS[args.format](out).report(results)
+        else:
+            REPORTERS[args.format](sys.stdout).report(results)
+        if args.summary_md:
+            target = args.summary_md
+            # appended, not replaced: $GITHUB_STEP_SUMMARY collects every step's summary
+            with open(args.summary_md, "a", encoding="utf-8") as out:
+                out.write(summary_markdown(results))
+    except BrokenPipeError:
+        raise  # the CLI's own handling: `memfit check ... | head` is not an error
+    except OSError as error:
+        # a failed write or close (a full disk: /dev/full) carries no file name: name the target
+        sys.stderr.write(printable(f"memfit: cannot write {error.filename or target}: {error.strerror or error}") + "\n")
+        return EXIT_USAGE
+    return EXIT_FAILED if any(r.failed for r in results) else EXIT_OK
+
+
+def suggest(result: Result, options: Options) -> Result:
+    """--suggest: the fixes of an over- or near-budget config (the file read and checked
+    again here when its result came back from a worker without the data)."""
+    from memfit.check.pipeline import check, internal_error
+    from memfit.whatif.fixes import FIXABLE, fixes
+    from memfit.read.inputs import read
+
+    if result.skipped or not any(d.code in FIXABLE for d in result.diagnostics):
+        return result
+    try:
+        text, problem, _ = read(result.path, options.max_file_size)
+        if problem is not None:
+            return result
+        if result.data is None:
+            result = check(text, result.path, options)
+        result.fixes = fixes(result, text, options)
+    except Exception as error:  # noqa: BLE001
+        result.diagnostics.append(internal_error(error))
+    return result
+
+
+def fit_file(path: str, vary: str, options: Options):
+    """One file's fit answer; like safe_check, a bug in memfit is a diagnostic on that file."""
+    from memfit.check.pipeline import check, internal_error
+    from memfit.whatif.fit import Fit, fit
+    from memfit.read.inputs import read
+
+    try:
+        text, problem, _ = read(path, options.max_file_size)
+        if problem is not None:
+            return Fit(path, vary, diagnostics=[problem])
+        return fit(check(text, path, options), text, vary, options)
+    except Exception as error:  # noqa: BLE001
+        return Fit(path, vary, diagnostics=[internal_error(error)])
+
+
+def run_fit(args, options: Options) -> int:
+    from memfit.whatif.fit import REPORTERS, Fit
+
+    fits = [Fit(p, args.vary, diagnostics=[d]) if d else fit_file(p, args.vary, options) for p, d in expand(args.paths)]
+    REPORTERS[args.format](sys.stdout).report(fits)
+    if any(f.usage for f in fits):
+        return EXIT_USAGE
+    return EXIT_FAILED if any(f.failed for f in fits) else EXIT_OK
+
+
+def run_diff(args) -> int:
+    from memfit.whatif.diff import REPORTERS, UsageError, compare, grown
+
+    try:
+        comparison = compare(args.rev, args.paths)
+    except UsageError as error:
+        sys.stderr.write(f"memfit diff: {error}\n")
+        return EXIT_USAGE
+    REPORTERS[args.format](sys.stdout).report(comparison)
+    if args.fail_on_growth is not None:
+        over = grown(comparison, args.fail_on_growth)
+        for entry in over:
+            sys.stderr.write(f"memfit diff: {entry.path}: the total grew by {float(entry.growth * 100):.1f}%, more than {float(args.fail_on_growth * 100):g}%\n")
+        if over:
+            return EXIT_FAILED
+    return EXIT_OK
+def _output_onto_input(args) -> str | None:
+    """A report written over a config it checks would destroy it: `-o a.yaml a.yaml`, or an
+    output that is an input under another name (./a.yaml, a symlink, inside a checked directory)."""
+    outputs = [(flag, name) for flag, name in (("--output", args.output), ("--summary-md", args.summary_md)) if name]
+    if not outputs:
+        return None
+    existing = [(flag, name) for flag, name in outputs if os.path.exists(name)]
+    if not existing:
+        return None
+    for path, _ in expand(args.paths):
+        for flag, name in existing:
+            try:
+                same = os.path.samefile(path, name)
+            except OSError:
+                continue
+            if same:
+                return f"memfit: {flag} {name} is one of the inputs ({path}): refusing to write over a config being checked"
+    return None

@@ -1,0 +1,248 @@
+"""A schema-valid document -> the recipe, the declared tensors, and the budget.
+
+Structure is the schema's job and already checked; what is left here is meaning:
+dtype names to widths, units to bytes, the optimizer's state count, repeated and
+frozen tensors, and the budget arithmetic. Bytes come from the cost model (costs.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from memfit.diagnostics import codes
+from memfit.recipe.costs import CATEGORIES, OPTIMIZER_STATES, Recipe, Width, optimizer_states, width
+from memfit.diagnostics.diagnostic import Problem
+from memfit.diagnostics.units import UnitError, parse_bytes, parse_percent, parse_reserve, with_bytes
+
+__all__ = ["CATEGORIES", "Config", "Tensor", "Width", "build", "make_tensor", "width"]
+
+DEFAULT_DTYPE = "float32"
+DEFAULT_WARN_AT = Fraction(9, 10)
+
+
+@dataclass(slots=True)
+class Tensor:
+    """One declared tensor (count copies of it); its cost per category, all copies included."""
+
+    category: str  # "parameters" or "activations"
+    path: tuple  # where it is declared, for positions
+    name: str
+    shape: list
+    count: int
+    elements: int  # of one copy
+    dtype: Width
+    trainable: bool
+    bytes: dict  # category -> int, from costs.Recipe.cost; per-device figures: placement.Placement.of
+
+
+@dataclass(slots=True)
+class Config:
+    name: str | None
+    recipe: Recipe
+    tensors: list = field(default_factory=list)
+    memory: int | None = None
+    reserve: int = 0
+    warn_at: Fraction = DEFAULT_WARN_AT
+    placement: object = None  # placement.Placement, once the tensors are all known
+    layers: list = field(default_factory=list)  # per-layer rows when a model section is declared
+    parallel: object = None  # sharding.Parallel when a `parallel` section is declared
+    host_memory: int | None = None  # host.memory, bytes per node
+    model: object = None  # models.hf.Model when the model is a transformer (block rows, summary)
+    preset: object = None  # presets.Preset named by device.preset
+    memory_origin: str | None = None  # how device memory was given when not as device.memory: "preset A100-80GB"
+    overhead: int = 0  # runtime overhead on the device (device.overhead), bytes
+    overhead_lines: list = field(default_factory=list)  # presets.Line for `overhead: auto`; [] for a given size
+    granule: int | None = None  # the allocator's rounding the peak applies (`overhead: auto` on a preset)
+    peak: dict | None = None  # peak.peak() of a run, when the config has a training section
+
+    @property
+    def optimizer(self) -> str:
+        return self.recipe.optimizer
+
+    @property
+    def states(self) -> int:
+        return self.recipe.states
+
+    @property
+    def widths(self) -> dict:
+        return self.recipe.widths
+
+    @property
+    def footprint(self) -> dict:
+        """Bytes per category on the device that must fit (from the placement)."""
+        return self.placement.footprint if self.placement is not None else {}
+
+    @property
+    def budget(self) -> int | None:
+        return None if self.memory is None else self.memory - self.reserve
+
+
+def build(data: dict) -> tuple[Config, list[Problem]]:
+    """Tensors declared explicitly; model-derived ones and the placement are added by check."""
+    problems: list[Problem] = []
+    recipe = None
+    if _beyond_seed(data):
+        from memfit.recipe import precision
+
+        recipe, problems = precision.from_config(data)
+    if recipe is None:
+        try:
+            states = optimizer_states(data["optimizer"])
+        except ValueError as error:
+            if not problems:
+                problems.append(Problem(("optimizer",), codes.UNKNOWN_OPTIMIZER, str(error)))
+            states = 0
+        declared = data.get("dtypes", {})
+        widths = {c: width(declared.get(c, DEFAULT_DTYPE)) for c in CATEGORIES}
+        recipe = Recipe(data["optimizer"], states, widths)
+    config = Config(data.get("name"), recipe)
+    problems.extend(_device(data.get("device", {}), config))
+    if "parallel" in data or "host" in data:
+        problems.extend(_parallel(data, config))
+    for category in ("parameters", "activations"):
+        for i, item in enumerate(data.get(category, ())):
+            config.tensors.append(_tensor(category, (category, i), item, config))
+    return config, problems
+
+
+def _parallel(data: dict, config: Config) -> list[Problem]:
+    from memfit.placement.sharding import from_config
+
+    config.parallel, config.host_memory, found = from_config(data)
+    code = {"error": codes.BAD_UNIT, "note": codes.NO_HOST_BUDGET}
+    return [Problem(path, code[severity], message, on_key=severity == "note") for path, message, severity in found]
+
+
+def _beyond_seed(data: dict) -> bool:
+    """A precision recipe, master weights, a second gradient buffer or an optimizer outside
+    the seed's table (8-bit, factored, or unknown: the recipe module names the closest) take
+    the recipe cost model (precision.TrainingRecipe); every other config keeps the seed's."""
+    if "precision" in data or "master_weights" in data or "grad_accum_dtype" in (data.get("training") or {}):
+        return True
+    optimizer = data.get("optimizer")
+    return not (isinstance(optimizer, str) and optimizer.strip().lower() in OPTIMIZER_STATES)
+
+
+def _device(device: dict, config: Config) -> list[Problem]:
+    problems = _preset(device, config)
+    if "memory" in device:
+        try:
+            config.memory = parse_bytes(device["memory"])
+        except UnitError as error:
+            problems.append(Problem(("device", "memory"), codes.BAD_UNIT, f"device.memory: {error}"))
+    if "reserve" in device:
+        try:
+            config.reserve = parse_reserve(device["reserve"], config.memory)
+        except UnitError as error:
+            problems.append(Problem(("device", "reserve"), codes.BAD_UNIT, f"device.reserve: {error}"))
+        if config.memory is not None and config.reserve > config.memory:
+            problems.append(
+                Problem(("device", "reserve"), codes.BAD_BUDGET, f"device.reserve ({config.reserve:,} B) is more than device.memory ({config.memory:,} B): the budget would be negative")
+            )
+    if "warn_at" in device:
+        try:
+            config.warn_at = parse_percent(device["warn_at"])
+        except UnitError as error:
+            problems.append(Problem(("device", "warn_at"), codes.BAD_UNIT, f"device.warn_at: {error}"))
+    problems.extend(_overhead(device, config))
+    return problems
+
+
+def _preset(device: dict, config: Config) -> list[Problem]:
+    """device.preset fills device.memory from the table; an explicit memory wins, and a note says so."""
+    if "preset" not in device:
+        return []
+    from memfit.config import presets
+
+    name = device["preset"]
+    preset = presets.lookup(name)
+    if preset is None:
+        near = presets.closest(name)
+        hint = f"; did you mean {', '.join(near)}?" if near else ""
+        return [Problem(("device", "preset"), codes.UNKNOWN_PRESET, f"unknown device preset {name!r}{hint} (known: {', '.join(presets.PRESETS)})")]
+    config.preset = preset
+    if "memory" in device:
+        return [
+            Problem(
+                ("device", "preset"),
+                codes.PRESET_OVERRIDDEN,
+                f"device.memory {device['memory']} wins over preset {preset.name} ({with_bytes(preset.memory)}, the memory its driver reports)",
+            )
+        ]
+    config.memory = preset.memory
+    config.memory_origin = f"preset {preset.name}"
+    return []
+
+
+def _overhead(device: dict, config: Config) -> list[Problem]:
+    """device.overhead: `auto` (the preset's named lines and the allocator's rounding), a byte size, or 0."""
+    if "overhead" not in device:
+        return []
+    value = device["overhead"]
+    if value == "auto":
+        if config.preset is None:
+            if "preset" in device:  # an unknown preset: already reported
+                return []
+            return [Problem(("device", "overhead"), codes.UNKNOWN_PRESET, "overhead: auto is the runtime overhead of a device.preset, and none is given: name one, or give the overhead as a byte size")]
+        from memfit.config import presets
+
+        config.overhead_lines = presets.overhead_lines(config.preset)
+        config.overhead = sum(line.bytes for line in config.overhead_lines)
+        config.granule = presets.ALLOCATOR_GRANULE
+    else:
+        try:
+            config.overhead = parse_bytes(value)
+        except UnitError as error:
+            return [Problem(("device", "overhead"), codes.BAD_UNIT, f"device.overhead: {error}")]
+    if config.memory is not None and config.overhead + config.reserve >= config.memory:
+        return [
+            Problem(
+                ("device", "overhead"),
+                codes.BAD_BUDGET,
+                f"device.overhead ({with_bytes(config.overhead)}) is not less than device.memory ({with_bytes(config.memory)})"
+                + (f" minus the reserve ({with_bytes(config.reserve)})" if config.reserve else "")
+                + ": nothing would fit",
+            )
+        ]
+    return []
+
+
+def _tensor(category: str, path: tuple, item, config: Config) -> Tensor:
+    if isinstance(item, list):
+        shape, name, count, trainable, dtype = item, None, 1, True, None
+    else:
+        shape = item["shape"]
+        name = item.get("name")
+        count = item.get("count", 1)
+        trainable = item.get("trainable", True)
+        dtype = item.get("dtype")
+    return make_tensor(category, path, name, shape, count, trainable, width(dtype) if dtype is not None else None, config)
+
+
+def make_tensor(category, path, name, shape, count, trainable, dtype: Width | None, config: Config) -> Tensor:
+    """A declared tensor and its cost under the config's recipe; `dtype` overrides only its own storage."""
+    elements = math.prod(shape)  # dims are schema-checked ints here
+    recipe = config.recipe
+    if getattr(recipe, "shaped", False):  # its optimizer state depends on the shape (Adafactor)
+        sizes = recipe.cost(category, elements, count, trainable, dtype, shape=shape)
+    else:
+        sizes = recipe.cost(category, elements, count, trainable, dtype)
+    label = name if name is not None else f"{path[0]}[{path[1]}]" if len(path) == 2 else ".".join(map(str, path))
+    return Tensor(category, path, label, shape, count, elements, dtype or recipe.widths[category], trainable, sizes)
+
+
+def optimizer_constants(config: Config) -> list[Tensor]:
+    """Tensors an optimizer keeps once, not per parameter (bitsandbytes' quantization maps),
+    as optimizer_state tensors, so placement, explain and every reporter see them; call it
+    once every parameter has been costed."""
+    shared = getattr(config.recipe, "shared", None)
+    if shared is None:
+        return []
+    out = []
+    for item in shared():
+        short = config.recipe.spec.framework.rsplit(".", 1)[-1]
+        elements = math.prod(item.shape)
+        out.append(Tensor("optimizer_state", ("optimizer",), f"{short}.{item.label}", list(item.shape), 1, elements, width(item.dtype), False, {"optimizer_state": item.bytes}))
+    return out

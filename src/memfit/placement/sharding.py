@@ -1,0 +1,647 @@
+"""Per-rank memory under data, tensor and pipeline parallelism: which bytes each GPU keeps.
+
+Pure functions over a list of `Tensor`s (a name, a shape and bytes per element per category, as
+the recipe gives them) and a `Parallel` layout. Nothing here reads a config or imports a framework;
+the rules below were read from the frameworks' sources (versions named) and are checked against
+runs of those frameworks in tests/test_sharding.py.
+
+How each engine shards a data-parallel group of N ranks:
+
+- DeepSpeed ZeRO 1/2 (deepspeed 0.19 runtime/zero/stage_1_and_2.py): all trainable parameters of a
+  rank are flattened into one buffer padded to a multiple of 2*N elements
+  (`nccl_start_alignment_factor * world_size`) and cut into N equal partitions; stage 1 partitions
+  the optimizer's tensors (fp32 master, fp32 gradient partition, optimizer state), stage 2 also the
+  16-bit gradients.
+- DeepSpeed ZeRO-3 (partition_parameters.py `_aligned_size`): every parameter is padded on its own to
+  a multiple of N and each rank keeps numel/N of it, for every category. The 16-bit parameters of
+  the module being computed are all-gathered, and its full 16-bit gradients exist while they are
+  reduce-scattered: that pair is the transient.
+- PyTorch FSDP2 (torch 2.13 torch/distributed/fsdp/_fully_shard/_fsdp_param.py): every parameter is
+  chunked on dim 0 (torch.chunk: ceil(d0/N) rows per rank, the last ranks get fewer or none); the
+  sharded parameter's storage and the reduce-scattered gradient are padded to ceil(d0/N) rows on
+  every rank, while torch.optim's state is `zeros_like` the unpadded local shard, so rank 0 holds
+  the most. A wrapped unit is all-gathered whole (padded) while it computes.
+
+Tensor parallel follows Megatron-LM: column-parallel linears split their output dimension,
+row-parallel linears their input dimension (their bias is replicated), the vocabulary-parallel
+embedding and output layer split a vocabulary padded to a multiple of 128 * tensor
+(`--make-vocab-size-divisible-by 128`), norms are replicated. Pipeline stages take contiguous,
+equal runs of layers; the embedding is on the first stage, what follows the last layer on the last.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from functools import lru_cache
+
+ZERO_STAGES = (0, 1, 2, 3)
+FSDP_STRATEGIES = ("full_shard", "shard_grad_op", "hybrid_shard", "no_shard")
+
+# How a category is sharded: "weights" (the working copy), "grads" (the working gradients) or
+# "optimizer" (what only the optimizer step reads: master weights, the fp32 gradient partition,
+# optimizer state). Categories not listed (activations, buffers) are not data-parallel sharded.
+SHARD_CLASS: dict[str, str] = {
+    "parameters": "weights",
+    "gradients": "grads",
+    "grad_accum": "optimizer",
+    "master": "optimizer",
+    "optimizer_state": "optimizer",
+}
+
+# Megatron's make-vocab-size-divisible-by default.
+VOCAB_DIVISIBLE_BY = 128
+
+# Tensor-parallel role of a parameter, by its (transformers) name: the first matching rule wins.
+# "column": the output features are split; "row": the input features (bias replicated);
+# "vocab": the vocabulary rows, padded; anything unmatched is replicated.
+TP_RULES: tuple[tuple[str, str], ...] = (
+    (r"(^|\.)(embed_tokens|wte|word_embeddings|shared|embed_in)\.weight$", "vocab"),
+    (r"(^|\.)(lm_head|embed_out|output_layer)\.weight$", "vocab"),
+    (r"(^|\.)(pooler|cls\.predictions\.transform)\.", "replicated"),  # BERT's pooler and MLM transform: whole on every rank
+    (r"(^|\.)(attention\.output\.dense|output\.dense)\.", "row"),
+    (r"(^|\.)(intermediate\.dense)\.", "column"),
+    (r"(^|\.)(q_proj|k_proj|v_proj|qkv_proj|query_key_value|c_attn|query|key|value|q|k|v|Wqkv|wq|wk|wv)\.", "column"),
+    (r"(^|\.)(gate_proj|up_proj|gate_up_proj|fc1|c_fc|dense_h_to_4h|w1|w3|wi|wi_0|wi_1|lin1|fc_in)\.", "column"),
+    (r"(^|\.)(o_proj|out_proj|dense|c_proj|down_proj|fc2|dense_4h_to_h|w2|wo|o|lin2|fc_out)\.", "row"),
+)
+
+LAYER_INDEX = re.compile(r"\.(?:layers|layer|h|blocks|block)\.(\d+)\.")
+
+
+class LayoutError(ValueError):
+    """A layout memfit cannot place: `path` is the config key at fault (e.g. "parallel.fsdp")."""
+
+    def __init__(self, path: str, message: str):
+        super().__init__(message)
+        self.path = path
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One parameter: `widths` maps a category to bytes per element (an int, or a Fraction for
+    packed formats). A frozen parameter carries only "parameters". `kind` is models.hf's kind
+    ("conv1d" weights are stored transposed). `tp` overrides the role TP_RULES gives the name;
+    `unit` the gathering unit (default: FSDP wraps each layer, ZeRO-3 gathers each module)."""
+
+    name: str
+    shape: tuple[int, ...]
+    widths: dict
+    kind: str = "other"
+    tp: str | None = None
+    unit: str | None = None
+    count: int = 1  # identical copies (a declared tensor's `count`), each sharded on its own
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Parallel:
+    data: int = 1
+    tensor: int = 1
+    pipeline: int = 1
+    sequence_parallel: bool = False
+    zero: int | None = None
+    fsdp: str | None = None
+    gpus_per_node: int = 8
+    offload_optimizer: bool = False
+    offload_parameters: bool = False
+    reduce_bucket: int | None = None  # elements, as DeepSpeed's reduce_bucket_size
+    allgather_bucket: int | None = None  # elements, as DeepSpeed's allgather_bucket_size
+    gradient_accumulation: int = 1
+
+    @property
+    def world(self) -> int:
+        return self.data * self.tensor * self.pipeline
+
+    @property
+    def engine(self) -> str:
+        if self.fsdp is not None:
+            return "fsdp"
+        return "zero" if self.zero else "ddp"
+
+    def rank(self, stage: int = 0, data_rank: int = 0, tensor_rank: int = 0) -> int:
+        """Megatron's rank order: tensor fastest, then data, then pipeline."""
+        return (stage * self.data + data_rank) * self.tensor + tensor_rank
+
+
+@dataclass
+class RankBytes:
+    """What one GPU holds: `device` persistent bytes per category, `transient` the largest
+    moment's extra bytes by what they are, `host` the bytes it offloads to its node's memory."""
+
+    rank: int
+    stage: int
+    data_rank: int
+    tensor_rank: int
+    device: dict = field(default_factory=dict)
+    transient: dict = field(default_factory=dict)
+    host: dict = field(default_factory=dict)
+    sharded: dict = field(default_factory=dict)  # category -> "sharded" | "replicated" | "offloaded"
+    layers: tuple[int, int] = (0, 0)  # [first, last) transformer layers on this stage
+
+    @property
+    def total(self) -> int:
+        return sum(self.device.values())
+
+    @property
+    def peak(self) -> int:
+        return self.total + sum(self.transient.values())
+
+
+@dataclass
+class Sharded:
+    layout: Parallel
+    ranks: int
+    most_loaded: RankBytes
+    stages: list  # the most-loaded rank of every pipeline stage
+    host_per_node: dict  # category -> bytes on the most-loaded node
+    notes: list = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- validation
+
+
+def check_layout(p: Parallel, *, heads: int | None = None, kv_heads: int | None = None, layers: int | None = None) -> list:
+    """Problems with a layout, as (config path, message, severity) triples: errors make it unplaceable."""
+    out = []
+    for key in ("data", "tensor", "pipeline", "gpus_per_node", "gradient_accumulation"):
+        value = getattr(p, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            path = "training.gradient_accumulation" if key == "gradient_accumulation" else f"parallel.{key}"
+            out.append((path, f"{key} is {value!r}: expected a whole number >= 1", "error"))
+    if out:
+        return out
+    if p.zero is not None and p.fsdp is not None:
+        out.append(("parallel.fsdp", "both zero and fsdp are set: DeepSpeed ZeRO and PyTorch FSDP are two engines, choose one", "error"))
+    if p.zero is not None and p.zero not in ZERO_STAGES:
+        out.append(("parallel.zero", f"zero is {p.zero!r}: DeepSpeed has stages 0, 1, 2 and 3", "error"))
+    if p.fsdp is not None and p.fsdp not in FSDP_STRATEGIES:
+        out.append(("parallel.fsdp", f"fsdp is {p.fsdp!r}: expected one of {', '.join(FSDP_STRATEGIES)}", "error"))
+    if p.sequence_parallel and p.tensor < 2:
+        out.append(("parallel.sequence_parallel", "sequence parallelism splits the tensor-parallel group's sequence: it needs tensor > 1", "error"))
+    if heads is not None and heads % p.tensor:
+        out.append(("parallel.tensor", f"tensor = {p.tensor} does not divide the {heads} attention heads", "error"))
+    if kv_heads is not None and kv_heads % p.tensor:
+        out.append(("parallel.tensor", f"tensor = {p.tensor} does not divide the {kv_heads} key/value heads", "error"))
+    if layers is not None and p.pipeline > layers:
+        if layers == 0:
+            out.append(("parallel.pipeline", f"pipeline = {p.pipeline} stages but no layers to split: name the layer tensors with their index (model.layers.3.…) or use a transformer model", "error"))
+        else:
+            out.append(("parallel.pipeline", f"pipeline = {p.pipeline} stages but the model has {layers} layers", "error"))
+    if p.fsdp == "hybrid_shard" and p.world % p.gpus_per_node:
+        out.append(("parallel.gpus_per_node", f"hybrid_shard shards within a node: world size {p.world} is not a multiple of gpus_per_node = {p.gpus_per_node}", "error"))
+    if p.offload_parameters and p.engine == "zero" and p.zero != 3:
+        out.append(("parallel.offload.parameters", f"DeepSpeed offloads parameters only under ZeRO-3 (zero is {p.zero})", "error"))
+    if p.offload_parameters and p.engine == "ddp":
+        out.append(("parallel.offload.parameters", "parameter offload needs ZeRO-3 or FSDP", "error"))
+    if p.offload_optimizer and p.engine == "ddp":
+        out.append(("parallel.offload.optimizer", "optimizer offload needs ZeRO (stage >= 1)", "error"))
+    if p.offload_optimizer and p.engine == "fsdp" and not p.offload_parameters:
+        out.append(("parallel.offload.optimizer", "FSDP's CPUOffload moves parameters, gradients and the optimizer step together: set offload.parameters too", "error"))
+    return out
+
+
+# ---------------------------------------------------------------- tensor parallel
+
+
+_TP_COMPILED = tuple((re.compile(pattern), role) for pattern, role in TP_RULES)
+_INDEX = re.compile(r"\.\d+\.")
+
+
+@lru_cache(maxsize=65536)
+def _role_by_name(generic: str, one_dim: bool) -> str:
+    for pattern, role in _TP_COMPILED:
+        if pattern.search(generic):
+            if role == "row" and one_dim:
+                return "replicated"  # a row-parallel linear's bias is added after the all-reduce
+            return role
+    return "replicated"
+
+
+def tp_role(t: Tensor) -> str:
+    if t.tp is not None:
+        return t.tp
+    # the rules never look at layer indices: one lookup serves every layer
+    return _role_by_name(_INDEX.sub(".#.", t.name), len(t.shape) == 1)
+
+
+def padded_vocab(vocab: int, tensor: int, divisible_by: int = VOCAB_DIVISIBLE_BY) -> int:
+    """Megatron's _vocab_size_with_padding: up to a multiple of divisible_by * tensor."""
+    multiple = divisible_by * tensor
+    return -(-vocab // multiple) * multiple
+
+
+def tp_shard_shape(t: Tensor, tensor: int, tensor_rank: int = 0) -> tuple[int, ...]:
+    """The shape of `t` on one tensor-parallel rank (Megatron's equal split; rank 0 when uneven)."""
+    if tensor == 1 or not t.shape:
+        return t.shape
+    role = tp_role(t)
+    shape = list(t.shape)
+    if role == "vocab":
+        shape[0] = padded_vocab(shape[0], tensor) // tensor
+        return tuple(shape)
+    if role == "replicated":
+        return t.shape
+    # nn.Linear stores [out, in]; GPT-2's Conv1D stores [in, out]
+    out_dim, in_dim = (1, 0) if t.kind == "conv1d" else (0, 1)
+    dim = out_dim if role == "column" else in_dim
+    if len(shape) == 1:
+        dim = 0
+    size = shape[dim]
+    chunk = -(-size // tensor)
+    shape[dim] = max(0, min(chunk, size - tensor_rank * chunk))
+    return tuple(shape)
+
+
+# ---------------------------------------------------------------- pipeline
+
+
+REPEATED = ".*."  # a layer tensor written once for every layer (models.hf: "model.layers.*.mlp.up_proj.weight", count = layers)
+
+
+def expand_layers(tensors: list) -> list:
+    """A tensor named with a `*` layer index and a count stands for one copy per layer: give each
+    copy its index, so that pipeline stages, FSDP units and ZeRO-3 modules see the layers."""
+    out = []
+    for t in tensors:
+        if t.count > 1 and REPEATED in "." + t.name:
+            head, tail = ("." + t.name).split(REPEATED, 1)
+            out.extend(replace(t, name=f"{head[1:]}.{i}.{tail}" if head else f"{i}.{tail}", count=1) for i in range(t.count))
+        else:
+            out.append(t)
+    return out
+
+
+def layer_count(names_counts) -> int:
+    """Layers a pipeline can split: indices in the names, or the count of a `*` layer tensor."""
+    seen, repeated = set(), 0
+    for name, count in names_counts:
+        if REPEATED in "." + name:
+            repeated = max(repeated, count)
+        else:
+            i = layer_of(name)
+            if i is not None:
+                seen.add(i)
+    return max(len(seen), repeated)
+
+
+def layer_of(name: str) -> int | None:
+    m = LAYER_INDEX.search("." + name)
+    return int(m.group(1)) if m else None
+
+
+def stage_layers(layers: int, pipeline: int) -> list:
+    """[first, last) layers of every stage: contiguous, equal runs; a remainder goes to the first stages."""
+    base, extra = divmod(layers, pipeline)
+    out, start = [], 0
+    for s in range(pipeline):
+        n = base + (1 if s < extra else 0)
+        out.append((start, start + n))
+        start += n
+    return out
+
+
+def stage_of_tensors(tensors: list, pipeline: int) -> tuple[list, list]:
+    """The stage of every tensor, and every stage's layer range. What precedes the first layer
+    (embeddings) sits on the first stage, what follows the last (final norm, head) on the last."""
+    indices = [layer_of(t.name) for t in tensors]
+    known = [i for i in indices if i is not None]
+    count = max(known) + 1 if known else 0
+    ranges = stage_layers(count, pipeline) if count else [(0, 0)] * pipeline
+    by_layer = {}
+    for s, (a, b) in enumerate(ranges):
+        for i in range(a, b):
+            by_layer[i] = s
+    stages, seen_layer = [], False
+    for i in indices:
+        if i is not None:
+            seen_layer = True
+            stages.append(by_layer[i])
+        else:
+            stages.append(pipeline - 1 if seen_layer else 0)
+    return stages, ranges
+
+
+def in_flight(stage: int, pipeline: int, gradient_accumulation: int) -> int:
+    """Micro-batches whose activations stage `stage` holds at once under 1F1B: the first stage
+    runs `pipeline` forwards before its first backward."""
+    return max(1, min(pipeline - stage, gradient_accumulation))
+
+
+# ---------------------------------------------------------------- data-parallel sharding
+
+
+def _bytes(elements: int, width) -> int:
+    if type(width) is int:
+        return elements * width
+    if isinstance(width, Fraction) and width.denominator != 1:
+        return -(-(elements * width.numerator) // width.denominator)
+    return elements * int(width)
+
+
+def _chunk_rows(d0: int, n: int, r: int) -> tuple[int, int]:
+    """torch.chunk on dim 0: (padded rows every rank stores, rows rank r really owns)."""
+    chunk = -(-d0 // n)
+    return chunk, max(0, min(chunk, d0 - r * chunk))
+
+
+def _unit_of(t: Tensor, engine: str) -> str:
+    if t.unit is not None:
+        return t.unit
+    if engine == "fsdp":
+        m = LAYER_INDEX.search("." + t.name)
+        return ("." + t.name)[1 : m.end() - 1] if m else "<root>"
+    return t.name.rsplit(".", 1)[0] if "." in t.name else "<root>"
+
+
+def shard_group(p: Parallel) -> int:
+    """Ranks one tensor is sharded over."""
+    if p.engine == "fsdp":
+        if p.fsdp == "no_shard":
+            return 1
+        if p.fsdp == "hybrid_shard":
+            return max(1, min(p.data, p.gpus_per_node // p.tensor))
+        return p.data
+    return p.data if p.zero else 1
+
+
+def _sharded_classes(p: Parallel) -> set:
+    if p.engine == "fsdp":
+        return set() if p.fsdp == "no_shard" else {"weights", "grads", "optimizer"}
+    return {1: {"optimizer"}, 2: {"optimizer", "grads"}, 3: {"optimizer", "grads", "weights"}}.get(p.zero or 0, set())
+
+
+def _offloaded_classes(p: Parallel) -> set:
+    out = set()
+    if p.offload_optimizer:
+        out |= {"optimizer"}
+        if p.engine == "zero" and (p.zero or 0) >= 2:
+            out |= {"grads"}  # DeepSpeed copies each reduced gradient partition straight to the CPU
+    if p.offload_parameters:
+        out |= {"weights"}
+        if p.engine == "fsdp":
+            out |= {"grads", "optimizer"}
+    return out
+
+
+def _fsdp_widths(t: Tensor) -> dict:
+    """FSDP2 keeps one sharded parameter (at the master width when a recipe has one: the 16-bit
+    copy exists only all-gathered) and one sharded gradient at that width, which also accumulates
+    micro-batches (no separate fp32 buffer)."""
+    w = dict(t.widths)
+    if "master" in w:
+        w["parameters"] = w.pop("master")
+        if "gradients" in w:
+            w["gradients"] = w["parameters"]
+    w.pop("grad_accum", None)
+    return w
+
+
+def _zero3_widths(t: Tensor) -> dict:
+    """ZeRO-3 reduce-scatters each module's 16-bit gradients straight into the partition kept at
+    the gradient-accumulation dtype (stage3.py `grad_partitions_flat_buffer`): with such a buffer
+    the 16-bit gradients exist only for the module being reduced (a transient), not as a shard."""
+    w = dict(t.widths)
+    if "grad_accum" in w:
+        w.pop("gradients", None)
+    return w
+
+
+def rank_bytes(tensors: list, p: Parallel, stage: int = 0, data_rank: int = 0, tensor_rank: int = 0, _stages=None) -> RankBytes:
+    """Bytes one GPU holds; defaults describe the first rank of the first stage."""
+    stages, ranges = _stages or stage_of_tensors(tensors, p.pipeline)
+    engine = p.engine
+    n = shard_group(p)
+    sharded = _sharded_classes(p) if n > 1 else set()
+    offloaded = _offloaded_classes(p)
+    out = RankBytes(p.rank(stage, data_rank, tensor_rank), stage, data_rank, tensor_rank, layers=ranges[stage])
+    local = [(t, tp_shard_shape(t, p.tensor, tensor_rank)) for t, s in zip(tensors, stages) if s == stage]
+
+    def put(where: dict, category: str, amount: int):
+        if amount:
+            where[category] = where.get(category, 0) + amount
+
+    flat: dict = {}  # ZeRO 1/2: (category, width) -> elements in the flat buffer
+    units: dict = {}  # gathering unit -> {"parameters": bytes, "gradients": bytes}
+    gathering = n > 1 and ((engine == "fsdp" and p.fsdp != "no_shard") or (engine == "zero" and p.zero == 3))
+    for t, shape in local:
+        numel = math.prod(shape)
+        k = t.count
+        widths = _fsdp_widths(t) if engine == "fsdp" else _zero3_widths(t) if p.zero == 3 else t.widths
+        for category, width in widths.items():
+            cls = SHARD_CLASS.get(category)
+            home = out.host if cls in offloaded else out.device
+            if cls not in sharded:
+                put(home, category, k * _bytes(numel, width))
+                out.sharded[category] = "offloaded" if home is out.host else "replicated"
+                continue
+            out.sharded[category] = "offloaded" if home is out.host else "sharded"
+            if engine == "fsdp":
+                d0 = shape[0] if shape else 1
+                rest = numel // d0 if d0 else 0
+                padded, own = _chunk_rows(d0, n, data_rank)
+                rows = own if cls == "optimizer" else padded  # torch.optim's zeros_like sees the unpadded shard
+                put(home, category, k * _bytes(rows * rest, width))
+            elif p.zero == 3:
+                put(home, category, k * _bytes(-(-numel // n), width))
+            else:
+                key = (category, width, home is out.host)
+                flat[key] = flat.get(key, 0) + k * numel
+        if gathering:
+            unit = units.setdefault(_unit_of(t, engine), {"parameters": 0, "gradients": 0})
+            if engine == "fsdp":
+                d0 = shape[0] if shape else 1
+                gathered = -(-d0 // n) * n * (numel // d0 if d0 else 0)  # the padded all-gather output
+            else:
+                gathered = -(-numel // n) * n
+            unit["parameters"] += k * _bytes(gathered, t.widths["parameters"])
+            if "gradients" in t.widths:
+                unit["gradients"] += k * _bytes(gathered, t.widths["gradients"])
+    alignment = 2 * n  # nccl_start_alignment_factor * dp world size
+    for (category, width, on_host), elements in flat.items():
+        partition = -(-elements // alignment) * alignment // n
+        put(out.host if on_host else out.device, category, _bytes(partition, width))
+    if units:
+        out.transient = _gathered(units, p)
+    if p.reduce_bucket:
+        gw = max((t.widths["gradients"] for t, _ in local if "gradients" in t.widths), default=0)
+        put(out.transient, "reduce bucket", _bytes(p.reduce_bucket, gw))
+    if p.allgather_bucket:
+        pw = max((t.widths["parameters"] for t, _ in local), default=0)
+        put(out.transient, "allgather bucket", _bytes(p.allgather_bucket, pw))
+    return out
+
+
+def _gathered(units: dict, p: Parallel) -> dict:
+    """The gathered bytes at the busiest moment. ZeRO-3: one module's 16-bit parameters and
+    gradients (DeepSpeed's estimator: 4 x largest layer). FSDP2: the root unit stays unsharded
+    from its forward to the end of backward (fully_shard's root heuristic) and its gradients are
+    reduced last, on top of the largest other unit; under shard_grad_op (reshard_after_forward
+    False) every unit's parameters stay gathered between its forward and its backward."""
+    if p.engine == "zero":
+        u = max(units.values(), key=lambda u: u["parameters"] + u["gradients"])
+        out = {"gathered parameters": u["parameters"], "unit gradients": u["gradients"]}
+    else:
+        root = units.get("<root>", {"parameters": 0, "gradients": 0})
+        others = [u for k, u in units.items() if k != "<root>"] or [{"parameters": 0, "gradients": 0}]
+        u = max(others, key=lambda u: u["parameters"] + u["gradients"])
+        params = sum(v["parameters"] for v in units.values()) if p.fsdp == "shard_grad_op" else root["parameters"] + u["parameters"]
+        out = {"gathered parameters": params, "unit gradients": root["gradients"] + u["gradients"]}
+    return {k: v for k, v in out.items() if v}
+
+
+def shard(tensors: list, p: Parallel) -> Sharded:
+    """Every stage's most-loaded rank (data rank 0 and tensor rank 0: torch.chunk and Megatron
+    give the first ranks the full shares), the most-loaded GPU overall and the host side."""
+    errors = [m for m in check_layout(p) if m[2] == "error"]
+    if errors:
+        path, message, _ = errors[0]
+        raise LayoutError(path, message)
+    staging = stage_of_tensors(tensors, p.pipeline)
+    stages = [rank_bytes(tensors, p, s, _stages=staging) for s in range(p.pipeline)]
+    most = max(stages, key=lambda r: (r.peak, -r.stage))
+    host = {}
+    per_node = min(p.gpus_per_node, p.world)
+    ranks_per_stage = p.data * p.tensor
+    # the node holding the most offloaded bytes: ranks are laid out stage by stage
+    best = {}
+    for first in range(0, p.world, per_node):
+        node = {}
+        for r in range(first, first + per_node):
+            for category, b in stages[r // ranks_per_stage].host.items():
+                node[category] = node.get(category, 0) + b
+        if sum(node.values()) > sum(best.values()) or not best:
+            best = node
+        if p.pipeline == 1:
+            break  # every node is alike
+    host = {k: v for k, v in best.items() if v}
+    notes = []
+    if host:
+        notes.append(f"host memory per node: {per_node} ranks x their offloaded shards")
+    return Sharded(p, p.world, most, stages, host, notes)
+
+
+# ---------------------------------------------------------------- activations (Korthikanti et al. 2022)
+
+# How a saved activation of a transformer layer divides under tensor parallelism: "tensor" ones
+# live between a column- and a row-parallel linear (split by t), "sequence" ones on the residual
+# stream (split by t only under sequence parallelism). "core" marks the attention core that
+# selective recomputation drops (softmax, its dropout mask and output).
+ACTIVATION_SPLIT: tuple[tuple[str, str], ...] = (
+    (r"(softmax|attn_probs|attention_probs|scores|attn_weights|attn_dropout_out|probs_dropout)", "core"),
+    (r"(dropout_mask_attn_probs|softmax_dropout_mask)", "core"),
+    (r"(^|_)(q|k|v|query|key|value|context|attn_out_in|o_proj_in|act_in|act_out|gelu_in|gelu_out|fc2_in|down_proj_in|up|gate)($|_)", "tensor"),
+)
+
+
+def activation_split(label: str) -> str:
+    for pattern, kind in ACTIVATION_SPLIT:
+        if re.search(pattern, label):
+            return "tensor" if kind == "core" else kind
+    return "sequence"
+
+
+def is_attention_core(label: str) -> bool:
+    return any(re.search(pattern, label) for pattern, kind in ACTIVATION_SPLIT if kind == "core")
+
+
+def activation_bytes_per_rank(kept: list, p: Parallel, *, checkpointing: str = "none", layer_input: int | None = None) -> int:
+    """Bytes of one layer's saved activations on one tensor-parallel rank. `kept` is a list of
+    (label, bytes) for the whole (unsplit) layer; `layer_input` the bytes of the layer's input,
+    the one tensor full recomputation keeps."""
+    t = p.tensor
+    if checkpointing == "full":
+        size = layer_input if layer_input is not None else 0
+        return -(-size // t) if p.sequence_parallel else size
+    total = 0
+    for label, size in kept:
+        if checkpointing == "selective" and is_attention_core(label):
+            continue
+        split = activation_split(label)
+        if split == "tensor" or p.sequence_parallel:
+            total += -(-size // t)
+        else:
+            total += size
+    return total
+
+
+def korthikanti_layer(s: int, b: int, h: int, a: int) -> list:
+    """The saved tensors of one GPT layer as Korthikanti et al. (2022, section 4.1) count them:
+    16-bit activations, 1-byte dropout masks, a 4h MLP, dropout after attention and MLP."""
+    sbh = s * b * h
+    as2b = a * s * s * b
+    return [
+        ("ln1_in", 2 * sbh),
+        ("qkv_in", 2 * sbh),
+        ("q", 2 * sbh),
+        ("k", 2 * sbh),
+        ("softmax", 2 * as2b),
+        ("softmax_dropout_mask", as2b),
+        ("attn_dropout_out", 2 * as2b),
+        ("v", 2 * sbh),
+        ("o_proj_in", 2 * sbh),
+        ("attn_residual_dropout_mask", sbh),
+        ("ln2_in", 2 * sbh),
+        ("fc1_in", 2 * sbh),
+        ("gelu_in", 8 * sbh),
+        ("fc2_in", 8 * sbh),
+        ("mlp_residual_dropout_mask", sbh),
+    ]
+
+
+# ---------------------------------------------------------------- the config's keys
+
+OFFLOAD_DEVICES = ("cpu", "none")
+
+
+def from_config(data: dict) -> tuple:
+    """`parallel`, `training.gradient_accumulation` and `host.memory` of a schema-valid document ->
+    (Parallel or None when there is no `parallel` section, host budget in bytes or None, problems);
+    problems are (path tuple, message, severity) with severity "error" or "note"."""
+    from memfit.diagnostics.units import UnitError, parse_bytes
+
+    problems = []
+    host = None
+    if isinstance(data.get("host"), dict) and "memory" in data["host"]:
+        try:
+            host = parse_bytes(data["host"]["memory"])
+        except UnitError as error:
+            problems.append((("host", "memory"), f"host.memory: {error}", "error"))
+    section = data.get("parallel")
+    if not isinstance(section, dict):
+        return None, host, problems
+    offload = section.get("offload") or {}
+    buckets = section.get("buckets") or {}
+    training = data.get("training") if isinstance(data.get("training"), dict) else {}
+    layout = Parallel(
+        data=section.get("data", 1),
+        tensor=section.get("tensor", 1),
+        pipeline=section.get("pipeline", 1),
+        sequence_parallel=bool(section.get("sequence_parallel", False)),
+        zero=section.get("zero"),
+        fsdp=section.get("fsdp"),
+        gpus_per_node=section.get("gpus_per_node", 8),
+        offload_optimizer=offload.get("optimizer", "none") not in (None, "none", False),
+        offload_parameters=offload.get("parameters", "none") not in (None, "none", False),
+        reduce_bucket=buckets.get("reduce"),
+        allgather_bucket=buckets.get("allgather"),
+        gradient_accumulation=training.get("gradient_accumulation", 1),
+    )
+    if (layout.offload_optimizer or layout.offload_parameters) and host is None:
+        at = ("parallel", "offload")
+        problems.append((at, "offload without a host budget: set host.memory (per node) to check what the host holds", "note"))
+    return layout, host, problems
+
+
+def problems_for(layout: Parallel, model: dict | None = None) -> list:
+    """check_layout with the config paths as tuples and the model's dims when known
+    (`model`: heads, kv_heads, layers)."""
+    out = []
+    for path, message, severity in check_layout(layout, **(model or {})):
+        out.append((tuple(path.split(".")), message, severity))
+    return out

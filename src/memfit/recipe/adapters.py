@@ -1,0 +1,71 @@
+"""The config seam of `lora` and `quantization`: what can be said about them before the
+model is derived (they need the transformer form of `model`; r > 0; a known method)."""
+
+from __future__ import annotations
+
+from memfit.diagnostics import codes
+from memfit.diagnostics.diagnostic import Problem
+
+TRANSFORMER_KEYS = ("hf_config", "transformer")
+
+
+def has_transformer(data: dict) -> bool:
+    model = data.get("model")
+    return isinstance(model, dict) and any(k in model for k in TRANSFORMER_KEYS)
+
+
+def problems(data: dict) -> list[Problem]:
+    from memfit.recipe import quant
+
+    out = []
+    for key in ("lora", "quantization"):
+        if key in data and not has_transformer(data):
+            out.append(
+                Problem(
+                    (key,),
+                    codes.NEEDS_TRANSFORMER,
+                    f"{key} applies to a transformer model (model: {{hf_config: config.json}} or model: {{transformer: ...}}); this config declares none",
+                    on_key=True,
+                )
+            )
+    section = data.get("lora")
+    if isinstance(section, dict) and "r" in section:
+        r = section["r"]
+        if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
+            out.append(Problem(("lora", "r"), codes.BAD_LORA, f"lora.r is {r!r}: the rank must be a positive integer (peft refuses r <= 0)"))
+    section = data.get("quantization")
+    if isinstance(section, dict) and "method" in section:
+        try:
+            quant.method(section["method"])
+        except quant.QuantError as error:
+            hint = f"; did you mean {error.suggestions[0]!r}?" if error.suggestions else ""
+            out.append(Problem(("quantization", "method"), codes.UNKNOWN_QUANTIZATION, f"quantization.method is {section['method']!r}: unknown method{hint} (known: {', '.join(quant.METHODS)})"))
+    return out
+
+
+def transformer_rows(cfg: dict, data: dict, base_dtype: str, params, linears, head: str) -> tuple[list, list[Problem]]:
+    """The parameters of a transformer under `lora` / `quantization`, as lora.Row (peft's
+    names, adapters in their own dtype, bitsandbytes' storage as frozen rows), and the
+    problems. `cfg` is the normalized transformer config; `params`, `linears` and `head` (the
+    head kind) are models.hf's for it, which turns the rows into config tensors."""
+    from memfit.recipe import lora as lora_rules
+
+    head = lora_rules.OUTPUT_HEADS.get(head)
+    section = data.get("lora") or {}
+    try:
+        rows = lora_rules.training_parameters(
+            params,
+            linears,
+            base_dtype=base_dtype,
+            lora_config=data.get("lora"),
+            quantization=data.get("quantization"),
+            output_head=head,
+            model_type=cfg.get("model_type"),
+        )
+    except lora_rules.LoraError as error:
+        code = codes.LORA_NO_MATCH if "match no" in str(error) else codes.BAD_LORA
+        key = error.field.split(".")[-1]
+        hint = f"; did you mean {error.suggestions[0]!r}?" if error.suggestions else ""
+        path = ("lora", key) if key in section else ("lora",)
+        return [], [Problem(path, code, f"{error}{hint}", on_key=path == ("lora",))]
+    return rows, []

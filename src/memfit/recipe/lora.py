@@ -1,0 +1,313 @@
+"""LoRA as peft makes it: the parameters `peft.get_peft_model(model, LoraConfig(...))`
+leaves on a transformers model, with peft's names, shapes, dtypes and trainable flags.
+
+What peft 0.21 does (tuners/lora/layer.py, tuners_utils.py, utils/other.py):
+- a targeted linear `m` becomes a LoRA layer: its weight and bias move under
+  `m.base_layer.` (frozen), then `m.lora_A.default.weight` (r, in) and
+  `m.lora_B.default.weight` (out, r) follow, trainable. The adapters are fp32:
+  peft creates them in fp32 and, with autocast_adapter_dtype=True (its default),
+  casts fp16/bf16 adapters back to fp32 after moving them to the base layer.
+- targets: a list matches a module whose name equals an entry or ends with
+  ".entry"; a string other than "all-linear" is a regex that must match the whole
+  name; "all-linear" is every linear (and GPT-2 Conv1D) except the output head.
+  Modules in modules_to_save are never targeted.
+- modules_to_save: every module whose name ends with an entry is wrapped: its own
+  parameters stay as `s.original_module.*` (frozen) and a trainable copy, in the
+  same dtype, follows as `s.modules_to_save.default.*`.
+- everything else is frozen; all names gain the "base_model.model." prefix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+
+PREFIX = "base_model.model."
+ADAPTER = "default"
+ALL_LINEAR = "all-linear"
+
+# peft's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: the targets peft picks
+# when a LoraConfig gives none (utils/constants.py), for the list-valued families.
+DEFAULT_TARGETS: dict[str, list[str]] = {
+    "t5": ["q", "v"],
+    "mt5": ["q", "v"],
+    "bart": ["q_proj", "v_proj"],
+    "gpt2": ["c_attn"],
+    "bloom": ["query_key_value"],
+    "opt": ["q_proj", "v_proj"],
+    "gptj": ["q_proj", "v_proj"],
+    "gpt_neox": ["query_key_value"],
+    "gpt_neo": ["q_proj", "v_proj"],
+    "bert": ["query", "value"],
+    "roberta": ["query", "value"],
+    "llama": ["q_proj", "v_proj"],
+    "gpt_bigcode": ["c_attn"],
+    "falcon": ["query_key_value"],
+    "mistral": ["q_proj", "v_proj"],
+    "mixtral": ["q_proj", "v_proj"],
+    "stablelm": ["q_proj", "v_proj"],
+    "phi": ["q_proj", "v_proj", "fc1", "fc2"],
+    "gemma": ["q_proj", "v_proj"],
+    "gemma2": ["q_proj", "v_proj"],
+    "qwen2": ["q_proj", "v_proj"],
+    "qwen3": ["q_proj", "v_proj"],
+}
+
+
+# Heads (models/families.py names) -> the module get_output_embeddings() returns,
+# which "all-linear" leaves out; a classification head has none, so peft adapts it.
+OUTPUT_HEADS: dict[str, str | None] = {
+    "causal-lm": "lm_head",
+    "masked-lm": "cls.predictions.decoder",
+    "sequence-classification": None,
+}
+
+# peft 0.21 rewrites these families' targets for transformers 5's fused MoE layers
+# (utils/transformers_weight_conversion.py, _MOE_TARGET_MODULE_MAPPING): a string
+# target is resolved to include the router and experts, which then get LoRA as
+# target_parameters. memfit does not model that conversion.
+MOE_RETARGETED: dict[str, tuple] = {
+    "mixtral": ("gate", "w1", "w3", "w2"),
+    "qwen2_moe": ("gate", "gate_proj", "up_proj", "down_proj"),
+}
+
+
+class LoraError(ValueError):
+    """Bad LoRA input; `field` is the config key it is about."""
+
+    def __init__(self, message: str, field: str, suggestions=None):
+        super().__init__(message)
+        self.field = field
+        self.suggestions = suggestions or []
+
+
+@dataclass(frozen=True, slots=True)
+class PeftParam:
+    name: str  # as peft_model.named_parameters() gives it
+    shape: tuple
+    dtype: str | None  # None: the base model's dtype for this parameter
+    trainable: bool
+    role: str  # "adapter" | "base" | "saved_copy" | "original" | "frozen"
+    source: str  # the transformers parameter it comes from ("" for adapters)
+
+
+@dataclass(frozen=True, slots=True)
+class LoraSpec:
+    r: int
+    alpha: float
+    dropout: float
+    target_modules: object  # list of suffixes, a regex string, or "all-linear"
+    modules_to_save: tuple
+
+
+def spec(config: dict, *, model_type: str | None = None) -> LoraSpec:
+    """A LoraConfig-like dict (memfit's names, or peft's lora_alpha/lora_dropout) -> LoraSpec."""
+    r = config.get("r", 8)
+    if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
+        raise LoraError(f"lora.r is {r!r}: the rank must be a positive integer (peft refuses r <= 0)", "lora.r")
+    alpha = config.get("alpha", config.get("lora_alpha", 8))
+    dropout = config.get("dropout", config.get("lora_dropout", 0.0))
+    targets = config.get("target_modules")
+    if targets is None and model_type in MOE_RETARGETED:
+        raise LoraError(
+            f"lora.target_modules is not given: on {model_type}, peft 0.21 refuses a LoraConfig without targets "
+            "(its transformers-5 MoE conversion finds none); list the modules, e.g. [q_proj, v_proj]",
+            "lora.target_modules",
+        )
+    if targets is None:
+        if model_type not in DEFAULT_TARGETS:
+            raise LoraError(
+                f"lora.target_modules is not given and peft has no default targets for model_type {model_type!r}: list the module names",
+                "lora.target_modules",
+            )
+        targets = DEFAULT_TARGETS[model_type]
+    if isinstance(targets, str):
+        targets = ALL_LINEAR if targets.lower() == ALL_LINEAR else targets
+    else:
+        targets = list(targets)
+    if model_type in MOE_RETARGETED and (isinstance(targets, str) or set(targets) & set(MOE_RETARGETED[model_type])):
+        raise LoraError(
+            f"lora.target_modules {targets!r} on {model_type}: peft retargets the router and experts of transformers 5's fused "
+            "MoE layers (target_parameters), which memfit does not model; list the attention projections instead "
+            "(e.g. [q_proj, k_proj, v_proj, o_proj])",
+            "lora.target_modules",
+        )
+    saved = tuple(config.get("modules_to_save") or ())
+    return LoraSpec(r, alpha, dropout, targets, saved)
+
+
+def _saved_match(name: str, saved) -> bool:
+    return any(re.match(rf"(^|.*\.){m}($|\..*)", name) for m in saved)
+
+
+def targeted(linears, lora: LoraSpec, *, output_head: str | None = "lm_head") -> list[str]:
+    """Names of the linear modules peft puts adapters on, in the model's order.
+
+    `linears`: (module_name, in_features, out_features, has_bias) rows."""
+    names = [row[0] for row in linears]
+    if lora.target_modules == ALL_LINEAR:
+        chosen = [n for n in names if n != output_head]
+    elif isinstance(lora.target_modules, str):
+        chosen = [n for n in names if re.fullmatch(lora.target_modules, n)]
+    else:
+        wanted = lora.target_modules
+        chosen = [n for n in names if n in wanted or any(n.endswith(f".{t}") for t in wanted)]
+    chosen = [n for n in chosen if not _saved_match(n, lora.modules_to_save)]
+    if not chosen:
+        suffixes = sorted({n.rsplit(".", 1)[-1] for n in names})
+        raise LoraError(
+            f"lora.target_modules {lora.target_modules!r} match no linear module of the model; its linear modules: {', '.join(suffixes)}",
+            "lora.target_modules",
+            difflib.get_close_matches(str(lora.target_modules if isinstance(lora.target_modules, str) else (lora.target_modules or [""])[0]), suffixes, n=3, cutoff=0.4),
+        )
+    return chosen
+
+
+def _modules_of(params) -> list[str]:
+    seen, out = set(), []
+    for name, *_ in params:
+        parts = name.split(".")[:-1]
+        for i in range(1, len(parts) + 1):
+            module = ".".join(parts[:i])
+            if module not in seen:
+                seen.add(module)
+                out.append(module)
+    return out
+
+
+def saved_modules(params, lora: LoraSpec) -> list[str]:
+    """Outermost modules that modules_to_save wraps (peft: name.endswith(entry))."""
+    if not lora.modules_to_save:
+        return []
+    hits = [m for m in _modules_of(params) if any(m.endswith(t) for t in lora.modules_to_save)]
+    outer = [m for m in hits if not any(m.startswith(h + ".") for h in hits if h != m)]
+    missing = [t for t in lora.modules_to_save if not any(m.endswith(t) for m in outer)]
+    if missing:
+        raise LoraError(f"lora.modules_to_save {missing!r} match no module of the model", "lora.modules_to_save")
+    return outer
+
+
+def peft_parameters(params, linears, config, *, output_head: str | None = "lm_head", adapter_dtype: str = "float32", model_type: str | None = None) -> list[PeftParam]:
+    """Every parameter of the peft model, in named_parameters() order.
+
+    `params`: the transformers model's (name, shape, ...) rows in named_parameters()
+    order (models.hf.parameters gives them); `linears`: its linear modules."""
+    lora = config if isinstance(config, LoraSpec) else spec(config, model_type=model_type)
+    rows = {row[0]: row for row in linears}
+    targets = set(targeted(linears, lora, output_head=output_head))
+    saved = saved_modules(params, lora)
+    out: list[PeftParam] = []
+    pending_adapter: str | None = None
+    pending_copies: list[PeftParam] = []
+    current_saved: str | None = None
+
+    def flush_adapter():
+        nonlocal pending_adapter
+        if pending_adapter is not None:
+            _, fan_in, fan_out, _ = rows[pending_adapter]
+            stem = PREFIX + pending_adapter
+            out.append(PeftParam(f"{stem}.lora_A.{ADAPTER}.weight", (lora.r, fan_in), adapter_dtype, True, "adapter", ""))
+            out.append(PeftParam(f"{stem}.lora_B.{ADAPTER}.weight", (fan_out, lora.r), adapter_dtype, True, "adapter", ""))
+            pending_adapter = None
+
+    def flush_copies():
+        nonlocal current_saved
+        out.extend(pending_copies)
+        pending_copies.clear()
+        current_saved = None
+
+    for name, shape, *_ in params:
+        module, leaf = name.rsplit(".", 1) if "." in name else ("", name)
+        owner = next((s for s in saved if name.startswith(s + ".")), None)
+        if owner != current_saved:
+            flush_copies()
+        if module != pending_adapter:
+            flush_adapter()
+        if owner is not None:
+            current_saved = owner
+            rest = name[len(owner) + 1 :]
+            out.append(PeftParam(f"{PREFIX}{owner}.original_module.{rest}", tuple(shape), None, False, "original", name))
+            pending_copies.append(PeftParam(f"{PREFIX}{owner}.modules_to_save.{ADAPTER}.{rest}", tuple(shape), None, True, "saved_copy", name))
+        elif module in targets:
+            pending_adapter = module
+            out.append(PeftParam(f"{PREFIX}{module}.base_layer.{leaf}", tuple(shape), None, False, "base", name))
+        else:
+            out.append(PeftParam(PREFIX + name, tuple(shape), None, False, "frozen", name))
+    flush_adapter()
+    flush_copies()
+    return out
+
+
+def adapter_count(linears, config, *, output_head: str | None = "lm_head", model_type: str | None = None) -> int:
+    """Trainable adapter elements: r * (in + out) per targeted linear."""
+    lora = config if isinstance(config, LoraSpec) else spec(config, model_type=model_type)
+    rows = {row[0]: row for row in linears}
+    return sum(lora.r * (rows[m][1] + rows[m][2]) for m in targeted(linears, lora, output_head=output_head))
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One tensor of the (peft-wrapped, quantized) transformer: what it is and how it is kept."""
+
+    name: str
+    shape: tuple
+    dtype: str
+    trainable: bool
+    role: str  # "adapter" | "base" | "saved_copy" | "original" | "frozen" | "weight" | "quant_state"
+
+
+def training_parameters(params, linears, *, base_dtype: str, lora_config=None, quantization=None, output_head: str | None = "lm_head", tied=(), model_type: str | None = None) -> list[Row]:
+    """Every parameter (and bitsandbytes quantization constant) of a transformers model
+    loaded in `base_dtype`, quantized as `quantization` says ({method, double_quant,
+    skip_modules}) and wrapped by peft as `lora_config` says, in named_parameters() order,
+    each quantized weight followed by its QuantState tensors."""
+    from memfit.recipe import quant
+
+    rows_by_module = {row[0]: row for row in linears}
+    quantized: set = set()
+    method = double = None
+    if quantization is not None:
+        method = quant.method(quantization.get("method", "nf4")).name
+        double = bool(quantization.get("double_quant", False))
+        quantized = set(quant.quantized_modules(linears, skip_modules=quantization.get("skip_modules"), output_head=output_head, params=params, tied=tied))
+    if lora_config is not None:
+        wrapped = peft_parameters(params, linears, lora_config, output_head=output_head, model_type=model_type)
+        source_rows = [(p.name, p.shape, p.dtype or base_dtype, p.trainable, p.role, p.source) for p in wrapped]
+    else:
+        source_rows = [(name, tuple(shape), base_dtype, True, "weight", name) for name, shape, *_ in params]
+    out: list[Row] = []
+    for name, shape, dtype, trainable, role, source in source_rows:
+        module, _, leaf = source.rpartition(".")
+        if source and leaf == "weight" and module in quantized and role not in ("saved_copy",):
+            _, fan_in, fan_out, _ = rows_by_module[module]
+            stem = name[: -len(".weight")]
+            for label, qshape, qdtype in quant.weight_tensors(fan_in, fan_out, method, double_quant=double):
+                full = f"{stem}.{label}" if label != "weight" else name
+                out.append(Row(full, qshape, qdtype, False, "weight" if label == "weight" else "quant_state"))
+            continue
+        out.append(Row(name, tuple(shape), dtype, trainable, role))
+    return out
+
+
+def schema_property() -> dict:
+    """JSON schema of the `lora` section (peft's LoraConfig names)."""
+    return {
+        "title": "LoRA",
+        "description": "peft LoRA adapters on the transformer model's linear layers; the base is frozen.",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "r": {"title": "Rank", "description": "The adapters' rank (positive).", "type": "integer"},
+            "alpha": {"title": "Alpha", "description": "lora_alpha: a scale, no memory effect.", "type": "number"},
+            "dropout": {"title": "Dropout", "description": "lora_dropout: above 0, a dropout mask is kept per adapted input.", "type": "number", "minimum": 0, "maximum": 1},
+            "target_modules": {
+                "title": "Target modules",
+                "description": "Module-name suffixes, a regex matched against the whole name, or 'all-linear' (every linear layer but the output head). Default: peft's targets for the family.",
+                "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}],
+                "examples": [["q_proj", "k_proj", "v_proj", "o_proj"], ALL_LINEAR],
+            },
+            "modules_to_save": {"title": "Modules to save", "description": "Modules trained in full: peft keeps a trainable copy of each.", "type": "array", "items": {"type": "string"}},
+        },
+        "examples": [{"r": 16, "alpha": 32, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}],
+    }

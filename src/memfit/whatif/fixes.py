@@ -1,0 +1,357 @@
+"""Fixes: the single changes that make an over-budget (or near-budget) config fit, cheapest in
+training speed first, each with the total it leads to and the exact text edit.
+
+A remedy is a table entry: when it applies to a config (the keys it needs exist in the schema,
+the config allows it), it proposes a change to the data; the pipeline (check.evaluate) says
+what the changed config needs, and only changes that make it fit are offered. Nothing here
+computes bytes. Edits are minimal text edits at the node's range, so a config's formatting,
+comments and key order are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from memfit.diagnostics import codes
+from memfit.check.pipeline import Options, Result, evaluate
+from memfit.diagnostics.diagnostic import Range
+from memfit.whatif.fit import CLEAR, OVER, Probe, gated, inline, largest, location, locations, read
+
+FIXABLE = (codes.BUDGET_EXCEEDED, codes.NEAR_BUDGET)
+
+
+@dataclass(frozen=True)
+class Edit:
+    range: Range
+    new_text: str
+
+    def to_json(self) -> dict:
+        return {"range": self.range.to_json(), "new_text": self.new_text}
+
+
+@dataclass
+class Fix:
+    kind: str
+    title: str
+    total: int  # the figure the budget gate compares, after the change
+    changes: list  # [(path, before or None, after)]
+    edits: list = field(default_factory=list)
+    speed: int = 0
+
+    def to_json(self) -> dict:
+        return {
+            "kind": self.kind,
+            "title": self.title,
+            "total": self.total,
+            "changes": [{"key": ".".join(map(str, p)), "from": before, "to": after} for p, before, after in self.changes],
+            "edits": [e.to_json() for e in self.edits],
+        }
+
+
+# --- the schema knows which keys exist -------------------------------------------------------
+
+
+@lru_cache(maxsize=1)
+def _schema() -> dict:
+    from memfit.read.schema import schema
+
+    return schema()
+
+
+def _node(schema_node: dict) -> dict:
+    ref = schema_node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        return _node(_schema()["$defs"][ref.rsplit("/", 1)[1]])
+    return schema_node
+
+
+def declared(path: tuple) -> dict | None:
+    """The schema of the key at `path` when the config format has that key, else None."""
+    node = _node(_schema())
+    for part in path:
+        properties = node.get("properties")
+        if not isinstance(properties, dict) or part not in properties:
+            return None
+        node = _node(properties[part])
+    return node
+
+
+def _enum(path: tuple) -> list:
+    node = declared(path) or {}
+    return list(node.get("enum", ()))
+
+
+# --- remedies: the table -------------------------------------------------------------------
+
+
+def _get(data, path: tuple):
+    node = data
+    for part in path:
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _micro_batch(data: dict, options: Options, refuse, result: Result) -> list[tuple]:
+    """micro_batch down to the largest that fits, gradient_accumulation up to keep the global batch."""
+    key = location(data, "micro_batch")
+    if key is None:
+        return []
+    current = read(data, key)
+    both = locations(data, "micro_batch")  # spellings of one axis agree: all change together
+    new = largest(Probe(data, both, options, refuse, result.path))
+    if new == 0 or new >= current:
+        return []
+    changes = [(path, read(data, path), new) for path in both]
+    accumulate = ("training", "gradient_accumulation")
+    steps = _get(data, accumulate)
+    # a config without a training section is not a run: adding one would change what the gate compares
+    if steps is not None or (declared(accumulate) is not None and "training" in data):
+        before = steps if steps is not None else 1
+        after = math.ceil(current * before / new)
+        if after != before:
+            changes.append((accumulate, steps, after))
+        title = f"micro_batch {current} → {new}, gradient_accumulation {before} → {after} (global batch {current * before} → {new * after})"
+    else:
+        title = f"micro_batch {current} → {new} (no gradient_accumulation key to keep the global batch: it shrinks)"
+    return [(title, changes)]
+
+
+def _set(path: tuple, value, title: str, *, when=None):
+    """A remedy that sets one key to one value, where the schema has that key and value."""
+
+    def propose(data, options, refuse, result):
+        if declared(path) is None or (_enum(path) and value not in _enum(path)):
+            return []
+        if when is not None and not when(data):
+            return []
+        before = _get(data, path)
+        if before == value:
+            return []
+        return [(title, [(path, before, value)])]
+
+    return propose
+
+
+def _next_zero(data, options, refuse, result):
+    """The next ZeRO stage, when there are data-parallel ranks to shard over."""
+    path = ("parallel", "zero")
+    if declared(path) is None or not _data_parallel(data) or _get(data, ("parallel", "fsdp")) not in (None, "no_shard"):
+        return []
+    stage = _get(data, path) or 0
+    if not isinstance(stage, int) or stage >= 3:
+        return []
+    return [(f"ZeRO stage {stage} → {stage + 1}", [(path, _get(data, path), stage + 1)])]
+
+
+def _data_parallel(data) -> bool:
+    ranks = _get(data, ("parallel", "data"))
+    return isinstance(ranks, int) and ranks > 1
+
+
+def _no_zero(data) -> bool:
+    return _data_parallel(data) and not _get(data, ("parallel", "zero")) and _get(data, ("parallel", "fsdp")) in (None, "no_shard", "shard_grad_op")
+
+
+# optimizer -> its 8-bit form (bitsandbytes' blockwise 8-bit state): the names memfit knows
+EIGHT_BIT = {"adam": "adam8bit", "adamw": "adamw8bit", "lion": "lion8bit"}
+
+
+def _eight_bit(data, options, refuse, result):
+    name = data.get("optimizer")
+    target = EIGHT_BIT.get(name.strip().lower()) if isinstance(name, str) else None
+    if target is None or not _known_optimizer(target):
+        return []
+    return [(f"optimizer {name} → {target}", [(("optimizer",), name, target)])]
+
+
+def _known_optimizer(name: str) -> bool:
+    """In the seed's table or the recipes' (bitsandbytes' 8-bit optimizers live there); the
+    pipeline still has the last word: a change it refuses is never offered."""
+    from memfit.recipe.costs import OPTIMIZER_STATES
+    from memfit.recipe.optim import OPTIMIZERS
+
+    return name in OPTIMIZER_STATES or name in OPTIMIZERS
+
+
+def _offload(data, options, refuse, result):
+    path = ("parallel", "offload", "optimizer")
+    before = _get(data, path)
+    if declared(path) is None or before not in (None, "none") or (_enum(path) and "cpu" not in _enum(path)):
+        return []
+    return [("offload the optimizer state to the CPU (parallel.offload.optimizer: cpu)", [(path, before, "cpu")])]
+
+
+@dataclass(frozen=True)
+class Remedy:
+    kind: str
+    speed: int  # rank by the training speed it costs, cheapest first
+    propose: object  # (data, options, refuse, result) -> [(title, [(path, before, after)])]
+
+
+# Ranked by what each costs in step time, from the published measurements the anchors cite:
+# an 8-bit optimizer runs its update in one fused kernel (bitsandbytes: same speed); ZeRO 1-2
+# communicate what plain data parallelism does (ZeRO paper, sec. 7); a smaller micro-batch
+# with more accumulation steps keeps the maths but uses the GPU less fully; selective
+# recomputation redoes only the attention core (Korthikanti et al.: ~4% overhead); FSDP
+# full_shard adds an all-gather per layer; full checkpointing runs the forward twice (~33%);
+# CPU offload moves the state over PCIe every step.
+REMEDIES: tuple[Remedy, ...] = (
+    Remedy("optimizer_8bit", 0, _eight_bit),
+    Remedy("zero", 1, _next_zero),
+    Remedy("micro_batch", 2, _micro_batch),
+    Remedy("checkpointing", 3, _set(("training", "checkpointing"), "selective", "checkpointing: selective (recompute the attention core)")),
+    Remedy("fsdp", 4, _set(("parallel", "fsdp"), "full_shard", "fsdp: full_shard", when=_no_zero)),
+    Remedy("checkpointing", 5, _set(("training", "checkpointing"), "full", "checkpointing: full (recompute each layer in backward)")),
+    Remedy("offload", 6, _offload),
+)
+
+
+def refused(result: Result):
+    """What the budget gate says about this result: the codes a fix must clear, or None."""
+    found = {d.code for d in result.diagnostics}
+    if codes.BUDGET_EXCEEDED in found:
+        return OVER
+    if codes.NEAR_BUDGET in found:
+        return CLEAR
+    return None
+
+
+def apply(data: dict, changes) -> dict:
+    """A copy of the data with the changes made (missing mappings are created)."""
+    for path, _, value in changes:
+        data = _with(data, path, value)
+    return data
+
+
+def _with(node, path: tuple, value):
+    base = node if isinstance(node, dict) else {}
+    head, rest = path[0], path[1:]
+    return {**base, head: _with(base.get(head), rest, value) if rest else value}
+
+
+def fixes(result: Result, text: str, options: Options = Options()) -> list[Fix]:
+    """The fixes for a checked config (check()'s result on `text`), cheapest first; none when it fits."""
+    refuse = refused(result)
+    if refuse is None or result.data is None or result.config is None:
+        return []
+    found: list[Fix] = []
+    seen: set = set()
+    evaluated = inline(result.data, result.path)  # referenced files read once
+    for remedy in REMEDIES:
+        for title, changes in remedy.propose(evaluated, options, refuse, result):
+            key = tuple((p, after) for p, _, after in changes)
+            if key in seen:
+                continue
+            seen.add(key)
+            after = evaluate(apply(evaluated, changes), options, result.path)
+            if after.footprint is None or any(d.severity == codes.ERROR and d.code not in CLEAR for d in after.diagnostics):
+                continue  # the change is not valid here (the pipeline refuses it)
+            if any(d.code in refuse for d in after.diagnostics):
+                continue  # it does not make the config fit
+            found.append(Fix(remedy.kind, title, gated(after), changes, edits(text, changes, result.data), remedy.speed))
+    found.sort(key=lambda f: f.speed)
+    return found
+
+
+# --- text edits ----------------------------------------------------------------------------
+
+_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")
+_YAML_WORDS = {"true", "false", "yes", "no", "on", "off", "null", "y", "n", "~"}
+
+
+def scalar(value) -> str:
+    """A value as a YAML scalar that reads back as the same value."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str) and _PLAIN.match(value) and value.lower() not in _YAML_WORDS:
+        return value
+    return json.dumps(value)
+
+
+def _block(path: tuple, value, indent: int) -> str:
+    """`path: value` as nested block mappings, one line per level."""
+    lines = []
+    for depth, part in enumerate(path[:-1]):
+        lines.append(" " * (indent + 2 * depth) + f"{part}:")
+    lines.append(" " * (indent + 2 * (len(path) - 1)) + f"{path[-1]}: {scalar(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def edits(text: str, changes, data=None) -> list[Edit]:
+    """Minimal edits: a new value over the old value's range; a new key inserted into its
+    nearest existing mapping (flow or block style, as that mapping is written)."""
+    from memfit.read import source
+
+    out = []
+    for path, before, value in changes:
+        if before is not None:
+            where = source.locate(text, [(path, source.VALUE)])[(path, source.VALUE)]
+            out.append(Edit(where, scalar(value)))
+            continue
+        if data is None:
+            data = source.load(text).data
+        out.append(_insert(text, data, path, value))
+    return out
+
+
+def _lines(text: str) -> list[str]:
+    return re.split(r"\r\n|\r|\n", text)  # the lines LSP counts, as the positions do
+
+
+def _insert(text: str, data, path: tuple, value) -> Edit:
+    """A new key inside its nearest existing mapping (data: the text's loaded data)."""
+    from memfit.read import source
+
+    depth = len(path) - 1
+    while depth > 0 and not isinstance(_get(data, path[:depth]), dict):
+        depth -= 1
+    parent, rest = path[:depth], path[depth:]
+    lines = _lines(text)
+    if parent:
+        found = source.locate(text, [(parent, source.VALUE)])
+        where = found[(parent, source.VALUE)]
+        line = lines[where.start_line]
+        if line[where.start_character : where.start_character + 1] == "{":
+            # flow mapping: before its closing brace, nested levels as flow mappings
+            inner = scalar(value)
+            for part in reversed(rest[1:]):
+                inner = f"{{{part}: {inner}}}"
+            at = Range(where.end_line, where.end_character - 1, where.end_line, where.end_character - 1)
+            closing = lines[where.end_line][: where.end_character - 1].rstrip()
+            separator = "" if closing.endswith("{") else ", "
+            return Edit(at, f"{separator}{rest[0]}: {inner}")
+        first = next(iter(_get(data, parent)))
+        key = source.locate(text, [(parent + (first,), source.KEY)])[(parent + (first,), source.KEY)]
+        indent = key.start_character
+        after = where.end_line + 1
+    else:
+        indent, after = 0, len(lines)
+        if lines and lines[-1] == "":
+            after -= 1
+    at = Range(after, 0, after, 0)
+    block = _block(rest, value, indent)
+    if after >= len(lines) and lines and lines[-1] != "":
+        block = "\n" + block  # the text has no final line break
+        at = Range(len(lines) - 1, len(lines[-1]), len(lines) - 1, len(lines[-1]))
+    return Edit(at, block)
+
+
+def apply_edits(text: str, found: list[Edit]) -> str:
+    """The text with the edits made (positions are of the original text, as in LSP)."""
+    starts = [0] + [m.end() for m in re.finditer(r"\r\n|\r|\n", text)]
+
+    def offset(line: int, character: int) -> int:
+        return starts[line] + character if line < len(starts) else len(text)
+
+    for edit in sorted(found, key=lambda e: (e.range.start_line, e.range.start_character), reverse=True):
+        r = edit.range
+        text = text[: offset(r.start_line, r.start_character)] + edit.new_text + text[offset(r.end_line, r.end_character) :]
+    return text
