@@ -16,7 +16,7 @@ torch = needs.module("torch")
 import peak_reference as ref
 import test_frameworks as tf
 from memfit.check.pipeline import check
-from memfit.ledger.step import IMPLS, OPTIMIZER_TEMPORARIES, Loss, PeakError, Row, Step, keras_step, optimizer_temporaries, peak, phases
+from memfit.ledger.step import IMPLS, OPTIMIZER_TEMPORARIES, Loss, PeakError, Row, Step, optimizer_temporaries, peak, phases
 
 BAND = 0.05
 
@@ -84,7 +84,7 @@ def test_allocator_granularity_rounds_every_live_tensor():
 
 def test_a_declared_tensor_list_peaks_at_its_footprint_in_backward():
     from memfit.config.build import build
-    from memfit.ledger.step import tensors_step
+    from memfit.ledger.training import tensors_step
     from memfit.placement.place import place
 
     doc = {"memfit": 1, "optimizer": "adam", "parameters": [[1000, 10], {"shape": [10], "trainable": False, "count": 2}], "activations": [[64, 1000]]}
@@ -106,10 +106,12 @@ RUNS = [(m, o, i) for m in MODELS for o in ("sgd", "adamw") for i in IMPLS] + [(
 
 
 def memfit_peak(input_shape, layers, batch, optimizer, impl):
-    text = yaml.safe_dump({"memfit": 1, "optimizer": optimizer, "device": {"memory": "1 TiB"}, "model": {"input_shape": input_shape, "batch_size": batch, "layers": layers}})
+    """The gated peak of the run as a config says it (a training section names the implementation)."""
+    text = yaml.safe_dump({"memfit": 1, "optimizer": optimizer, "device": {"memory": "1 TiB"}, "training": {"optimizer_impl": impl},
+                           "model": {"input_shape": input_shape, "batch_size": batch, "layers": layers}})
     result = check(text)
     assert not result.failed, result.diagnostics
-    return peak(keras_step(yaml.safe_load(text)["model"], result.config, optimizer, impl))
+    return result.config.peak
 
 
 @pytest.mark.filterwarnings("ignore")
@@ -176,7 +178,6 @@ needs.module("transformers")
 import hf_measure  # noqa: E402
 
 from memfit.models import hf_config  # noqa: E402
-from memfit.ledger.step import hf_step  # noqa: E402
 
 STATES = {"sgd": 0, "adam": 2, "adamw": 2}
 HF_RUNS = (
@@ -197,21 +198,44 @@ def hf_tiny(family):
 @pytest.mark.filterwarnings("ignore")
 @pytest.mark.parametrize("precision", ["32-true"])
 @pytest.mark.parametrize("family,optimizer,impl,checkpointing,micro_batch,seq_len", HF_RUNS)
-def test_transformers_peak_matches_memtracker(family, optimizer, impl, checkpointing, micro_batch, seq_len, precision):
-    check_hf(family, optimizer, impl, checkpointing, micro_batch, seq_len, precision)
+def test_transformers_peak_matches_memtracker(family, optimizer, impl, checkpointing, micro_batch, seq_len, precision, tmp_path):
+    check_hf(family, optimizer, impl, checkpointing, micro_batch, seq_len, precision, tmp_path)
 
 
 @pytest.mark.filterwarnings("ignore")
 @pytest.mark.parametrize("family,optimizer,impl,checkpointing,micro_batch,seq_len", HF_BF16)
-def test_transformers_peak_in_bf16_matches_memtracker(family, optimizer, impl, checkpointing, micro_batch, seq_len):
-    check_hf(family, optimizer, impl, checkpointing, micro_batch, seq_len, "bf16-true")
+def test_transformers_peak_in_bf16_matches_memtracker(family, optimizer, impl, checkpointing, micro_batch, seq_len, tmp_path):
+    check_hf(family, optimizer, impl, checkpointing, micro_batch, seq_len, "bf16-true", tmp_path)
 
 
-def check_hf(family, optimizer, impl, checkpointing, micro_batch, seq_len, precision):
+def hf_run_peak(cfg: dict, tmp_path, **run) -> dict:
+    """The peak `memfit check --format json` reports for the run, written as a user writes it:
+    the model's config.json beside a memfit config that names it."""
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": run.pop("optimizer"), "model": {"hf_config": "config.json"}}
+    if run.get("precision") is not None:
+        doc["precision"] = run.pop("precision")
+    for key in ("quantization", "lora"):
+        if run.get(key) is not None:
+            doc[key] = run.pop(key)
+    run.pop("precision", None), run.pop("quantization", None), run.pop("lora", None)
+    doc["training"] = {k: v for k, v in run.items() if v is not None}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)["files"][0]
+
+
+def check_hf(family, optimizer, impl, checkpointing, micro_batch, seq_len, precision, tmp_path):
     cfg = hf_tiny(family)
     theirs = ref.measure_hf(cfg, micro_batch=micro_batch, seq_len=seq_len, optimizer=optimizer, impl=impl, checkpointing=checkpointing, precision=precision)
-    step = hf_step(hf_config.normalize(cfg), micro_batch=micro_batch, seq_len=seq_len, checkpointing=checkpointing, precision=precision, optimizer=optimizer, impl=impl, states=STATES[optimizer])
-    ours = peak(step)
+    ours = hf_run_peak(cfg, tmp_path, optimizer=optimizer, precision=precision, micro_batch=micro_batch, seq_len=seq_len,
+                       checkpointing=checkpointing, optimizer_impl=impl, attention="sdpa")["peak"]
     assert ours["phase"] == theirs["phase"]
     assert abs(ours["bytes"] - theirs["bytes"]) <= BAND * theirs["bytes"], (ours["bytes"], theirs["bytes"])
     assert ours["live"]["parameters"] == theirs["parameters"]
@@ -374,7 +398,7 @@ def test_a_transformer_run_through_check_matches_memtracker(family, checkpointin
 def test_every_family_layer_splits_into_its_parts(family):
     """The layer parts are found by hf_activations' labels: a renamed op must not silently merge them."""
     from memfit.models import hf_activations
-    from memfit.ledger.step import _split
+    from memfit.ledger.training import _split
 
     kept = hf_activations.saved(hf_config.normalize(hf_tiny(family)), micro_batch=2, seq_len=64)[1].kept
     parts = dict(_split(kept, hf_activations.FAMILIES[family]))

@@ -149,6 +149,8 @@ def _pipeline(data: dict, options: Options, result: Result) -> list[Problem]:
             from memfit.models.dispatch import derive
 
             problems.extend(derive(data, config, result.path))
+        if config.parallel is not None and _one_gpu(config.parallel):
+            config.parallel = None  # one GPU, nothing sharded or offloaded: the single-device step, unchanged
         if config.parallel is not None:
             model = getattr(config, "model", None)  # models.hf.Model: a transformer's normalized config
             cfg = model.cfg if model is not None else _transformer_config(data, result.path)
@@ -163,8 +165,8 @@ def _pipeline(data: dict, options: Options, result: Result) -> list[Problem]:
                 problems.append(too_large)
             else:
                 result.config = config
-                # a parallel layout's peak is per GPU (placement); the phase walk is a single device's
-                if "training" in data and config.parallel is None and not _errors(problems):
+                # the step's walk (ledger): the peak of one device, or of each rank under a layout
+                if "training" in data and not _errors(problems):
                     problems.extend(_peak(config, data))
                 if not _errors(problems):
                     problems.extend(_budget(config, options, result, data))
@@ -194,40 +196,32 @@ def _errors(problems) -> bool:
 
 
 def _peak(config, data: dict) -> list[Problem]:
-    """A config with a training section describes a run: its peak (peak.py), on config.peak."""
-    from memfit.ledger import step as peak
+    """A config with a training section describes a run: its step (ledger/training.py, every byte
+    priced by the recipe, as the footprint's) and the step's peak, on config.peak."""
+    from memfit.ledger import step as ledger
+    from memfit.ledger import training
 
-    training = data.get("training") or {}
-    impl = training.get("optimizer_impl", "foreach")
+    training_keys = data.get("training") or {}
+    impl = training_keys.get("optimizer_impl", "foreach")
     optimizer = config.optimizer.strip().lower()
     problems = []
-    if optimizer not in peak.OPTIMIZER_TEMPORARIES:
+    if optimizer not in ledger.OPTIMIZER_TEMPORARIES:
         problems.append(
             Problem(("optimizer",), codes.OPTIMIZER_IMPL, f"the temporaries of {optimizer}'s step are not modelled (torch.optim has no {optimizer}): the peak counts none", severity=codes.INFORMATION)
         )
         optimizer = None
-    declared = [t for t in config.tensors if t.path and t.path[0] in ("parameters", "activations")]
     try:
-        model = getattr(config, "model", None)  # a transformer (models.hf) sets config.model
-        resolved = getattr(config.recipe, "resolved", None)
-        # hf_step rebuilds a fully trained model from the config.json; with adapters, a quantized
-        # base or extra recipe buffers the derived tensors are what training holds (recipes)
-        adapted = "lora" in data or "quantization" in data or (resolved is not None and (resolved.master_weights is not None or resolved.grad_accum_dtype is not None))
-        if model is not None and hasattr(model, "cfg") and adapted:
-            step = peak.tensors_step([t for t in config.tensors if t.category in ("parameters", "activations")], optimizer, impl, config.overhead)
-        elif model is not None and hasattr(model, "cfg"):
-            widths = {c: config.widths[c].bytes for c in ("parameters", "gradients", "optimizer_state")}
-            run = model.training
-            step = peak.hf_step(model.cfg, micro_batch=run["micro_batch"], seq_len=run["seq_len"], attention=run["attention"], checkpointing=run["checkpointing"],
-                                optimizer=optimizer, impl=impl, states=config.states, widths=widths, overhead=config.overhead, dtypes=model.dtypes, declared=declared)
-        elif "model" in data:
-            keras_model = {**data["model"], "batch_size": data["model"].get("batch_size", training.get("micro_batch"))}
-            step = peak.keras_step(keras_model, config, optimizer, impl, config.overhead, declared=declared)
-        else:
-            step = peak.tensors_step(declared, optimizer, impl, config.overhead)
-        config.peak = peak.peak(step, config.granule)
-    except peak.PeakError as error:
-        where = ("training", "optimizer_impl") if "optimizer_impl" in training else ("optimizer",)
+        step = training.build(config, data, optimizer, impl)
+        config.step = step
+        if config.parallel is None:
+            config.peak = ledger.peak(step, config.granule)
+        elif config.parallel.tensor == 1 and config.parallel.pipeline == 1:
+            # data parallel (DDP, ZeRO, FSDP): each rank walks the same step with its own shares
+            config.placement.step_peak = ledger.rank_peak(step, config.placement, config.granule)
+        # tensor and pipeline parallel split the step itself (a stage's rows, a rank's slice of
+        # each): their per-rank peak stays the placement's (every category at once plus what is gathered)
+    except ledger.PeakError as error:
+        where = ("training", "optimizer_impl") if "optimizer_impl" in training_keys else ("optimizer",)
         problems.append(Problem(where, codes.OPTIMIZER_IMPL, str(error)))
     return problems
 
@@ -265,6 +259,13 @@ def position(text: str, problems: list[Problem], data, unique_keys: bool = False
     return out
 
 
+def _one_gpu(parallel) -> bool:
+    """A layout of one GPU that shards, offloads and buckets nothing: the single device itself
+    (`parallel: {data: 1}` or `zero: 0` on one GPU change no figure)."""
+    return (parallel.world == 1 and not parallel.offload_optimizer and not parallel.offload_parameters
+            and not parallel.reduce_bucket and not parallel.allgather_bucket)
+
+
 def _transformer_config(data: dict, path: str) -> dict | None:
     """The normalized config of a transformer model section (`transformer` inline or `hf_config`
     beside the checked file); None when there is none or it cannot be read (the model derivation
@@ -298,10 +299,11 @@ def _layout(config, data: dict, cfg: dict | None):
         from memfit.models.hf_sharded import activations_per_stage
 
         t = model.training
+        precision = (getattr(model, "recipe", None) or {}).get("precision", "32-true")  # as the footprint's
         try:
             stages = activations_per_stage(
                 model.cfg, config.parallel, micro_batch=t["micro_batch"], seq_len=t["seq_len"],
-                attention=t["attention"], checkpointing=t["checkpointing"], dtypes=model.dtypes,
+                attention=t["attention"], checkpointing=t["checkpointing"], dtypes=model.dtypes, precision=precision,
             )
         except (ValueError, KeyError):  # a model hf_activations does not cover: its rows, as derived
             stages = None

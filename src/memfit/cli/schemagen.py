@@ -199,9 +199,9 @@ def _transformer_properties() -> dict:
         },
         "transformer": {
             "title": "Transformer config",
-            "description": "The keys of a Hugging Face config.json, inline; keys left out take the transformers config class's defaults.",
+            "description": "The keys of a Hugging Face config.json, inline, read as hf_config reads the file: keys left out take the transformers config class's defaults, and keys the family does not read (_name_or_path, transformers_version, ...) are ignored, as transformers ignores them.",
             "type": "object",
-            "additionalProperties": False,
+            "additionalProperties": True,
             "properties": _transformer_keys(),
             "examples": [{"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256}],
         },
@@ -251,7 +251,7 @@ def _transformer_keys() -> dict:
         "architectures": {
             "title": "Architectures",
             "description": "The model class first; default: the family's causal-LM class (BertForMaskedLM for bert).",
-            "type": "array",
+            "type": ["array", "null"],
             "items": {"type": "string", "examples": [name for family in FAMILIES.values() for name in family.architectures]},
         },
     }

@@ -55,7 +55,8 @@ class Config:
     overhead: int = 0  # runtime overhead on the device (device.overhead), bytes
     overhead_lines: list = field(default_factory=list)  # presets.Line for `overhead: auto`; [] for a given size
     granule: int | None = None  # the allocator's rounding the peak applies (`overhead: auto` on a preset)
-    peak: dict | None = None  # peak.peak() of a run, when the config has a training section
+    peak: dict | None = None  # ledger.step.peak() of a run, when the config has a training section
+    step: object = None  # ledger.step.Step of a run: every tensor of the step and when it lives
 
     @property
     def optimizer(self) -> str:

@@ -22,13 +22,12 @@ Gradients are None between steps (`zero_grad(set_to_none=True)`, PyTorch's defau
 reference is torch.distributed._tools.mem_tracker.MemTracker around a real step on the CPU
 (tests/peak_reference.py); docs/peak.md says what was measured.
 
-Everything here is pure: rows in, exact integer bytes out. The model adapters (the Keras-form
-layer stack below; the transformers families) build the rows.
+Everything here is pure: rows in, exact integer bytes out. ledger/training.py builds the rows of a
+config (the Keras-form layer stack, a transformer, declared tensors), every byte priced by the recipe.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 
 PHASES = ("forward", "backward", "optimizer_step")
@@ -134,6 +133,8 @@ class Step:
     optimizer: str  # its name in OPTIMIZER_TEMPORARIES
     impl: str  # foreach | fused | for_loop
     overhead: int = 0  # fixed runtime overhead (presets.overhead_lines or a given size)
+    stepped: list | None = None  # bytes of each tensor optimizer.step() updates, when not the trainable parameters (an fp32 master copy)
+    accumulating: bool = False  # gradient accumulation: a later micro-batch runs with every gradient already allocated
 
 
 def _up(n: int, granule: int) -> int:
@@ -152,7 +153,7 @@ def rounded(step: Step, granule: int) -> Step:
     ]
     return Step(rows, {t: _up(b, granule) for t, b in step.tensors.items()}, list(step.batch),
                 Loss(tuple(each(step.loss.forward)), tuple(each(step.loss.backward))),
-                each(step.optimizer_state), step.optimizer, step.impl, step.overhead)
+                each(step.optimizer_state), step.optimizer, step.impl, step.overhead, None if step.stepped is None else each(step.stepped), step.accumulating)
 
 
 def _live(parameters, gradients, activations, optimizer_state, transient, overhead) -> dict:
@@ -165,16 +166,25 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
     rows, size = step.rows, step.tensors
     params = sum(sum(r.params) + sum(r.frozen) for r in rows)
     state = sum(step.optimizer_state)
-    temporaries = optimizer_temporaries(step.optimizer, step.impl, [b for r in rows for b in r.params])
+    stepped = step.stepped if step.stepped is not None else [b for r in rows for b in r.params]
+    temporaries = optimizer_temporaries(step.optimizer, step.impl, stepped)
     all_grads = sum(sum(r.grads) for r in rows)
+    # under gradient accumulation the worst micro-batch is a later one: every gradient exists already
+    held = all_grads if step.accumulating else 0
     keepers: dict[int, int] = {}  # kept id -> earliest row keeping it
     for i, row in enumerate(rows):
         for t in row.kept:
             keepers.setdefault(t, i)
     batch = set(step.batch)
     out: dict[str, dict] = {}
+    # a batch tensor no row keeps (the labels of a Keras-form stack) is held by the training loop
+    # for the whole step but saved by nobody: it is counted with the step's transients, so the
+    # saved activations stay those the footprint counts
+    loose = sum(size[t] for t in batch if t not in keepers)
+    batch = {t for t in batch if t in keepers}
 
     def consider(phase, at, live):
+        live["transient"] += loose
         if trace is not None:
             trace.append((phase, at, live))
         total = sum(live.values())
@@ -202,11 +212,11 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
         moving = {t for t in (row.input, row.output) if t is not None and t not in saved_all}
         inner = 0 if row.inner_kept else row.inner
         transient = sum(size[t] for t in moving) + inner if row.forward_flight is None else row.forward_flight
-        consider("forward", row.name, _live(params, 0, saved_bytes, state, transient, step.overhead))
-    consider("forward", "loss", _live(params, 0, saved_bytes, state, sum(step.loss.forward), step.overhead))
+        consider("forward", row.name, _live(params, held, saved_bytes, state, transient, step.overhead))
+    consider("forward", "loss", _live(params, held, saved_bytes, state, sum(step.loss.forward), step.overhead))
 
     # backward: the loss, then rows in reverse
-    consider("backward", "loss", _live(params, 0, saved_bytes, state, sum(step.loss.backward), step.overhead))
+    consider("backward", "loss", _live(params, held, saved_bytes, state, sum(step.loss.backward), step.overhead))
     done = 0  # gradients accumulated by rows after the current one
     released: dict[int, list] = {}  # row -> the kept tensors its backward frees (it is their earliest keeper)
     for t, k in keepers.items():
@@ -221,14 +231,14 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
         g_out = size.get(row.output, 0) if row.output is not None else 0
         g_in = size.get(row.input, 0) if row.grad_input and not row.view and row.input is not None else 0
         if row.backward_flight is not None:
-            consider("backward", row.name, _live(params, done + sum(row.grads), alive, state, row.backward_flight, step.overhead))
+            consider("backward", row.name, _live(params, max(held, done + sum(row.grads)), alive, state, row.backward_flight, step.overhead))
         elif row.inner:  # the activation's backward, then the row's own
-            consider("backward", row.name, _live(params, done, alive, state, g_out + row.inner, step.overhead))
+            consider("backward", row.name, _live(params, max(held, done), alive, state, g_out + row.inner, step.overhead))
             flowing = row.inner + g_in
         else:
             flowing = g_out + g_in
         if row.backward_flight is None:
-            consider("backward", row.name, _live(params, done + sum(row.grads), alive, state, flowing + row.backward_extra, step.overhead))
+            consider("backward", row.name, _live(params, max(held, done + sum(row.grads)), alive, state, flowing + row.backward_extra, step.overhead))
         done += sum(row.grads)
         left -= sum(size[t] for t in released.get(i, ()) if t in saved_all)
 
@@ -254,99 +264,48 @@ def peak(step: Step, granule: int | None = None) -> dict:
     return {"bytes": by_phase[worst]["bytes"], "phase": worst, "live": dict(by_phase[worst]["live"]), "phases": by_phase}
 
 
-# --- the Keras-form layer stack (`model:`) -------------------------------------------------
-def keras_step(model: dict, config, optimizer: str, impl: str, overhead: int = 0, declared=()) -> Step:
-    """The rows of a schema-valid, shape-checked `model` section under the config's dtypes.
+def _share(amount: int, part: int, whole: int) -> int:
+    """amount x part / whole, rounded up (a share is never under-counted)."""
+    return -(-amount * part // whole) if whole else 0
 
-    Walks the layers as layers.derive does (the same RULES, the same tensor identities), keeping
-    what derive folds away: which tensor each layer reads and writes. The loss is PyTorch's
-    cross-entropy on the last layer's output with integer class labels (one per output row).
-    `declared`: tensors listed explicitly beside the model (declared_row)."""
-    from memfit.recipe.costs import tensor_bytes
-    from memfit.recipe.dtypes import DTYPES
-    from memfit.models.keras import ACTIVATIONS, IDS, IN, INT64, OUT, RULES, defaults
 
-    widths = config.widths
-
-    def nbytes(shape, dtype=None) -> int:
-        n = 1
-        for d in shape:
-            n *= d
-        return tensor_bytes(n, DTYPES[dtype][0] if dtype else widths["activations"].bytes)
-
-    tensors: dict[int, int] = {}
-
-    def fresh(shape, dtype=None) -> int:
-        tensors[len(tensors) + 1] = nbytes(shape, dtype)
-        return len(tensors)
-
-    layers = model.get("layers", [])
-    shape = [model["batch_size"], *model["input_shape"]]
-    ids_in = bool(layers) and layers[0]["type"] == "Embedding"
-    current = fresh(shape, INT64 if ids_in else None)
-    current_dtype = INT64 if ids_in else None
-    batch = [current]
-    rows: list[Row] = []
-    extra = declared_row(declared, 0, tensors)
-    if extra is not None:
-        rows.append(extra)
-    elements: list[int] = []  # of each trainable weight, in order
-    requires_grad = False
-    names = [r.name for r in config.layers] if len(config.layers) == len(layers) else [None] * len(layers)
-    for layer, name in zip(layers, names):
-        kind = layer["type"]
-        rule = RULES[kind]
-        p = {**defaults().get(kind, {}), **layer}
-        out_shape = rule.shape(p, shape)
-        row = Row(f"{name} ({kind})" if name else kind, input=current)
-        for _, wshape, trainable in rule.weights(p, shape):
-            n = 1
-            for d in wshape:
-                n *= d
-            if trainable:
-                elements.append(n)
-                row.params.append(tensor_bytes(n, widths["parameters"].bytes))
-                row.grads.append(tensor_bytes(n, widths["gradients"].bytes))
-            else:
-                row.frozen.append(tensor_bytes(n, widths["parameters"].bytes))
-        row.grad_input = requires_grad
-        view = rule.view(p)
-        out = current if view else fresh(out_shape)
-        row.output, row.view = out, view
-        activation = ACTIVATIONS.get(p.get("activation", "linear")) if rule.activation else None
-        specs = [(s, current, out) for s in rule.saved(p, shape, out_shape)]
-        if activation is not None:
-            pre = fresh(out_shape)
-            specs = [(s, current, pre) for s, _, _ in specs] + [(activation, pre, out)]
-        for spec, incoming, result in specs:
-            if spec == IDS:
-                row.kept.append(incoming if current_dtype == INT64 else fresh(shape, INT64))
-            elif spec == IN:
-                row.kept.append(incoming)
-            elif spec == OUT:
-                row.kept.append(result)
-            else:
-                label, sshape, dtype = spec
-                row.kept.append(fresh(sshape, dtype))
-                if label == "padded input":  # F.pad's copy: its gradient exists beside the op's own
-                    row.backward_extra += tensors[row.kept[-1]]
-        if activation is not None:
-            row.inner = tensors[pre]
-            row.inner_kept = pre in row.kept
-        requires_grad = requires_grad or bool(row.grads)
-        if not requires_grad:  # nothing upstream needs a gradient: autograd records no backward here
-            row.output_grad = False
-        rows.append(row)
-        current, shape = out, out_shape
-        current_dtype = current_dtype if view else None
-    # the loss keeps the logits (as log_softmax's output of the same size); integer labels
-    logits = tensors[current]
-    if rows:
-        rows[-1].kept.append(current)
-    labels = fresh(shape[:-1], INT64)
-    batch.append(labels)
-    states = declared_state(declared) + [tensor_bytes(n, widths["optimizer_state"].bytes) for n in elements for _ in range(config.states)]
-    return Step(rows, tensors, batch, Loss(forward=(logits,), backward=(logits, logits)), states, optimizer, impl, overhead)
+def rank_peak(step: Step, placement, granule: int | None = None) -> dict:
+    """The step walked on each GPU of a parallel layout (placement.Placement): at every moment of the
+    single-device walk, each category is the rank's own share of it — parameters and optimizer state
+    as the rank holds them, the gradients and saved activations alive then in proportion to the
+    rank's whole amount — plus the step's transients (each data rank runs the same micro-batch; the
+    optimizer's temporaries in proportion to the state the rank steps on the GPU) and, in forward
+    and backward, the unit it gathers (ZeRO-3, FSDP). The worst moment of the worst rank:
+    {"bytes", "phase", "live", "gathered", "rank", "ranks"}. On one unsharded GPU this is peak()'s."""
+    trace: list = []
+    phases(step, trace)
+    single = peak(step, granule)
+    rounding = {p: info.get("granularity", 0) for p, info in single["phases"].items()}
+    all_grads = sum(sum(r.grads) for r in step.rows)
+    most_acts = max((live["activations"] for _, _, live in trace), default=0)
+    all_state = sum(step.optimizer_state)
+    layout = placement.layout.parallel
+    # ZeRO's gradient partitions are flat buffers allocated once; pipeline micro-batches accumulate
+    persistent = layout.engine == "zero" or layout.pipeline > 1 or layout.gradient_accumulation > 1
+    best = None
+    for i, held in enumerate(placement.devices):
+        gathered = dict(placement.transients[i])
+        for phase, at, live in trace:
+            rank_live = {
+                "parameters": held["parameters"],
+                "gradients": held["gradients"] if phase == "optimizer_step" or persistent else _share(held["gradients"], live["gradients"], all_grads),
+                "activations": _share(held["activations"], live["activations"], most_acts),
+                "optimizer_state": held["optimizer_state"],
+                # the optimizer steps the rank's own shard (on the host when it is offloaded there)
+                "transient": _share(live["transient"], held["optimizer_state"], all_state) if phase == "optimizer_step" else live["transient"] + sum(gathered.values()),
+                "overhead": live["overhead"] + rounding.get(phase, 0),
+            }
+            total = sum(rank_live.values())
+            if best is None or total > best[0]:
+                best = (total, phase, rank_live, i, gathered if phase != "optimizer_step" else {})
+    total, phase, live, i, gathered = best
+    sharded = placement.sharded
+    return {"bytes": total, "phase": phase, "live": live, "gathered": gathered, "rank": sharded.stages[i].rank, "ranks": sharded.ranks}
 
 
 # --- words and bars (explain, hover, the budget's diagnostic) ---------------------------------
@@ -397,230 +356,3 @@ def phase_lines(result: dict, budget: int | None = None, width: int = 80) -> lis
         line += " " + part + ","
     out.append(line.rstrip(","))
     return out
-
-
-# --- transformers models (a normalized config, models.hf + models.hf_activations) ---------------
-_LAYER = re.compile(r"\.(?:layers|h|layer)\.(\d+)\.")
-_WIDTH = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1}
-
-
-def _elements(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-def hf_step(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
-            precision: str = "32-true", optimizer: str = "adamw", impl: str = "foreach", states: int = 2,
-            widths: dict | None = None, overhead: int = 0, dtypes: dict | None = None, declared=()) -> Step:
-    """One training step of a transformers model: embeddings, each layer, the head (with the loss).
-
-    What each block keeps comes from models.hf_activations.saved; the parameters from models.hf.
-    `widths` = bytes per element of parameters, gradients and optimizer state (default: the
-    precision's parameter dtype for all three, as torch.optim keeps its state in the parameter's
-    dtype; a Fraction for sub-byte storage). `dtypes`: the config's dtypes (an activations dtype
-    overrides the recipe's, as in hf_activations). The loss is transformers' ForCausalLMLoss: an
-    fp32 copy of the logits when they are not fp32, log-softmax (kept), and in backward two fp32
-    logits-sized gradients. `declared`: tensors listed explicitly beside the model."""
-    from memfit.recipe.costs import tensor_bytes
-    from memfit.models import hf as hfparams
-    from memfit.models import hf_activations as acts
-
-    low = {"bf16-true": 2, "16-true": 2}.get(precision, 4)
-    widths = widths or {"parameters": low, "gradients": low, "optimizer_state": low}
-    blocks = acts.saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing, precision=precision, dtypes=dtypes)
-    roles = acts._dtypes(precision, dtypes)
-    sizes = acts._sizes(cfg, micro_batch, seq_len)
-    b, s, h, T = sizes["b"], sizes["s"], sizes["h"], sizes["T"]
-    act_w, lin_w = _WIDTH[roles["act"]], _WIDTH[roles["lin"]]
-
-    tensors: dict[int, int] = {}
-
-    def fresh(nbytes: int) -> int:
-        tensors[len(tensors) + 1] = nbytes
-        return len(tensors)
-
-    def kept_ids(kept, input_id, input_bytes):
-        """Fresh ids, but the row's input where the first kept tensor is it (a norm keeping its fp32 input)."""
-        out = []
-        for n, k in enumerate(kept):
-            nbytes = _elements(k.shape) * _WIDTH[k.dtype]
-            if n == 0 and input_id is not None and nbytes == input_bytes and _elements(k.shape) == b * s * h and "input" in k.label:
-                out.append(input_id)
-            else:
-                out.append(fresh(nbytes))
-        return out
-
-    # parameters by row: embeddings; each layer as four parts (norm and attention, its output
-    # projection, norm and MLP, its down projection); the head
-    params = hfparams.parameters(cfg)
-    n_layers = next(bl.count for bl in blocks if bl.name == "layer")
-    groups: dict = {"embeddings": [], "head": []}
-    seen_layer = False
-    for p in params:
-        m = _LAYER.search(p.name)
-        if m:
-            groups.setdefault((int(m.group(1)), _part(p.name)), []).append(_elements(p.shape))
-            seen_layer = True
-        else:
-            groups["head" if seen_layer else "embeddings"].append(_elements(p.shape))
-
-    def weights(row: Row, key) -> Row:
-        elements = groups.get(key, [])
-        row.params = [tensor_bytes(n, widths["parameters"]) for n in elements]
-        row.grads = [tensor_bytes(n, widths["gradients"]) for n in elements]
-        return row
-
-    emb, layer, head, loss = blocks
-    ids, labels = fresh(b * s * 8), fresh(b * s * 8)
-    hidden = b * s * h * act_w
-    rows = []
-    extra = declared_row(declared, 0, tensors)
-    if extra is not None:
-        rows.append(extra)
-    x = fresh(hidden)
-    row = weights(Row("embeddings", input=ids, output=x, grad_input=False), "embeddings")
-    row.kept = [ids if k.label.endswith("input ids") else fresh(_elements(k.shape) * _WIDTH[k.dtype]) for k in emb.kept]
-    row.frozen = _buffers(cfg, sizes, low)
-    rows.append(row)
-    every = layer.kept if checkpointing != "full" else acts.saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing="none", precision=precision, dtypes=dtypes)[1].kept
-    parts = _split(every, acts.FAMILIES[cfg["model_type"]])
-    part_bytes = [sum(_elements(k.shape) * _WIDTH[k.dtype] for k in kept) for _, kept in parts]
-    flights = _layer_flights(cfg, sizes, act_w, lin_w)
-    for i in range(n_layers):
-        for n, (part, kept) in enumerate(parts):
-            y = fresh(hidden)
-            row = weights(Row(f"layer {i} {part}", input=x, output=y), (i, part))
-            if checkpointing == "full":
-                # only the boundary (the layer's input) stays kept; backward recomputes the layer
-                # first, and each part's tensors go when its backward is done
-                row.kept = [x] if n == 0 else []
-                row.recompute = sum(part_bytes[: n + 1]) - hidden
-            else:
-                row.kept = kept_ids(kept, x, hidden) if n == 0 else [fresh(_elements(k.shape) * _WIDTH[k.dtype]) for k in kept]
-            row.forward_flight = hidden  # its output while it is written; its inner tensors are kept
-            row.backward_flight = flights[part]
-            rows.append(row)
-            x = y
-    logits = fresh(T * sizes["V"] * lin_w)
-    row = weights(Row("head", input=x, output=logits), "head")
-    row.kept = kept_ids(head.kept, x, hidden) + [fresh(_elements(k.shape) * _WIDTH[k.dtype]) for k in loss.kept]
-    rows.append(row)
-    logits32 = T * sizes["V"] * 4
-    upcast = logits32 if lin_w != 4 else 0
-    order = ["embeddings", *[(i, part) for i in range(n_layers) for part, _ in parts], "head"]
-    states_bytes = declared_state(declared) + [tensor_bytes(n, widths["optimizer_state"]) for key in order for n in groups.get(key, []) for _ in range(states)]
-    return Step(rows, tensors, [ids, labels], Loss(forward=(tensors[logits], *([upcast] if upcast else [])), backward=(logits32, logits32)),
-                states_bytes, optimizer, impl, overhead)
-
-
-def _buffers(cfg: dict, sizes: dict, width: int) -> list:
-    """The model's buffers (on the device, without gradients): the rotary embedding's inv_freq and
-    original_inv_freq; BERT's position_ids and token_type_ids (int64, max_position_embeddings);
-    Gemma's embedding normalizer (a float32 scalar)."""
-    out = [sizes["rot"] // 2 * width] * 2 if sizes["rot"] else []
-    if cfg["model_type"] == "bert":
-        out += [cfg["max_position_embeddings"] * 8] * 2
-    if cfg["model_type"] == "gemma":
-        out.append(4)
-    return out
-
-
-# A layer's parameters by part, from their names (the families' spellings); the first match wins.
-_PARTS = (
-    ("o_proj", ("o_proj", "attn.c_proj", "attention.dense", "attention.output.")),
-    ("attention", ("attn", "attention", "input_layernorm", "ln_1", "q_norm", "k_norm")),
-    ("down_proj", ("down_proj", "mlp.c_proj", "dense_4h_to_h", ".output.")),
-    ("mlp", ("",)),
-)
-def _part(name: str) -> str:
-    return next(part for part, words in _PARTS if any(w in name for w in words))
-
-
-def _split(kept: list, fam) -> list:
-    """A layer's kept tensors as its four parts, in forward order (a part that keeps nothing of
-    its own, such as o_proj whose input the attention kernel keeps, is empty). A part begins at
-    the first label of its first op."""
-    n = fam.names
-    # hf_activations names an op by its role (o_proj, fc_out, ...) or by the family's module
-    starts_with = {
-        "o_proj": ("o_proj", n["o"]),
-        "mlp": ("post_attention_layernorm", "gate_proj", "gate_up_proj", "fc_in", *(n[k] for k in ("gate", "gate_up", "fc_in") if k in n)),
-        "down_proj": ("down_proj", "fc_out", "grouped_mm down", *(n[k] for k in ("down", "fc_out") if k in n)),
-    }
-    order = ["attention", "o_proj", "mlp", "down_proj"]
-    starts = [0] * len(order) + [len(kept)]
-    for i in range(len(order) - 1, 0, -1):
-        found = next((m for m, k in enumerate(kept) if k.label.startswith(starts_with[order[i]])), None)
-        starts[i] = min(found if found is not None else starts[i + 1], starts[i + 1])
-    return [(part, kept[starts[i] : starts[i + 1]]) for i, part in enumerate(order)]
-
-
-def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int) -> dict:
-    """Gradients in flight at the worst backward moment of each part of a layer; the residual
-    stream's gradient is alive through all of them, a residual dropout's gradient beside it. The
-    down projection: its input's gradient; the MLP: the gradients of the down projection's input
-    and of the gate and up outputs (a plain MLP: of the activation's input); o_proj: its input's;
-    attention: o_proj's input's and those of q, k and v."""
-    from memfit.models import hf_activations as acts
-
-    T, h, i, q, kv = sizes["T"], sizes["h"], sizes["i"], sizes["q"], sizes["kv"]
-    fam = acts.FAMILIES[cfg["model_type"]]
-    k = 2 if fam.mlp == "plain" else 3
-    routed = sizes["k"] or 1  # a mixture of experts runs its MLP once per (token, chosen expert)
-    res = T * h * act_w
-    dropout = res if acts._drop(cfg, fam, "resid") else 0
-    return {
-        "down_proj": res + dropout + routed * T * i * lin_w,
-        "mlp": res + dropout + routed * T * k * i * lin_w,
-        "o_proj": res + dropout + T * q * lin_w,
-        "attention": res + T * (2 * q + 2 * kv) * lin_w,
-    }
-
-
-
-
-# --- declared tensors (`parameters:` / `activations:` lists) -------------------------------------
-def declared_row(tensors, states: int, ids: dict) -> Row | None:
-    """The explicitly declared tensors as one row ahead of any model: its parameters (count copies
-    each), and its activations, all kept for backward (what a list of tensors says: they are saved).
-    `ids` (id -> bytes) receives the activations. None when nothing is declared."""
-    row = Row("declared tensors", grad_input=False, output_grad=False)
-    any_declared = False
-    for t in tensors:
-        any_declared = True
-        copies = max(t.count, 1)
-        if t.category == "parameters":
-            each = t.bytes.get("parameters", 0) // copies
-            if t.trainable:
-                row.params += [each] * copies
-                row.grads += [t.bytes.get("gradients", 0) // copies] * copies
-            else:
-                row.frozen += [each] * copies
-        else:
-            for _ in range(copies):
-                ids[len(ids) + 1] = t.bytes.get("activations", 0) // copies
-                row.kept.append(len(ids))
-    if row.grads:  # its parameters are trained, so its backward runs (their gradients appear)
-        row.output_grad = True
-    return row if any_declared else None
-
-
-def declared_state(tensors) -> list:
-    """Optimizer state of the declared trainable parameters, as tensors (bytes each)."""
-    out = []
-    for t in tensors:
-        if t.category == "parameters" and t.trainable and t.bytes.get("optimizer_state"):
-            out.append(t.bytes["optimizer_state"])
-    return out
-
-
-def tensors_step(tensors, optimizer: str, impl: str, overhead: int = 0) -> Step:
-    """A run described only by declared tensors: forward keeps all the activations, backward adds
-    the gradients, the optimizer step its temporaries. No layer structure, so no flowing
-    gradients: the backward is the footprint's total."""
-    ids: dict = {}
-    row = declared_row(tensors, 0, ids)
-    rows = [row] if row is not None else []
-    return Step(rows, ids, [], Loss((), ()), declared_state(tensors), optimizer, impl, overhead)

@@ -333,18 +333,19 @@ class Model(NamedTuple):
     activations: int  # bytes of the activations figure (the peak of live saved bytes with checkpointing: full)
     training: dict  # micro_batch, seq_len, attention, checkpointing in force
     dtypes: dict | None  # the activation dtype the config forces, as hf_activations takes it
+    recipe: dict = {}  # precision and lora as hf_activations takes them (the footprint's and the peak's)
 
     def activations_with(self, **change) -> int:
         """The activations figure with some training keys changed (what-if, for hints)."""
-        return activation_bytes(self.cfg, self.dtypes, **{**self.training, **change})
+        return activation_bytes(self.cfg, self.dtypes, **{**self.training, **change}, **self.recipe)
 
 
-def activation_bytes(cfg: dict, dtypes: dict | None, micro_batch: int, seq_len: int, attention: str, checkpointing: str) -> int:
+def activation_bytes(cfg: dict, dtypes: dict | None, micro_batch: int, seq_len: int, attention: str, checkpointing: str, **recipe) -> int:
     from memfit.models.hf_activations import peak_saved, saved, total
 
     if checkpointing == "full":
-        return peak_saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing, dtypes=dtypes)
-    return total(saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing, dtypes=dtypes))
+        return peak_saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing, dtypes=dtypes, **recipe)
+    return total(saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing, dtypes=dtypes, **recipe))
 
 
 def is_transformer(model: dict) -> bool:
@@ -405,23 +406,29 @@ def derive(data: dict, config, path: str) -> list:
     return _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpointing, data)
 
 
-def _recipe_arguments(data: dict) -> dict:
+def _recipe_arguments(data: dict, base: str = "float32") -> dict:
     """What hf_activations takes from the recipe keys: the precision (when a known one is
-    given) and the LoRA config (what autograd keeps changes with adapters)."""
+    given) and the LoRA config (what autograd keeps changes with adapters). `base`: the dtype
+    the model's parameters are kept in (a quantized base's non-quantized modules)."""
     out = {}
     if isinstance(data.get("precision"), str):
-        from memfit.recipe.precision import RECIPES  # only then: it is a cold-start cost for every transformer config
+        from memfit.recipe.precision import engine_precision  # only then: it is a cold-start cost for every transformer config
 
-        if data["precision"].strip().lower() in RECIPES:
-            out["precision"] = data["precision"].strip().lower()
+        precision = engine_precision(data)  # under ZeRO, *-mixed is DeepSpeed's 16-bit model: no autocast
+        if precision is not None:
+            out["precision"] = precision
     if isinstance(data.get("lora"), dict):
         out["lora"] = data["lora"]
     quantization = data.get("quantization")
-    if isinstance(quantization, dict) and quantization.get("method") in ("nf4", "fp4") and "compute_dtype" in quantization:
+    if isinstance(quantization, dict) and quantization.get("method") in ("nf4", "fp4") and "precision" not in out:
         from memfit.models.hf_activations import qlora_precision
 
-        try:  # a 4-bit base keeps nothing for backward; the rest computes in compute_dtype
-            out["precision"] = qlora_precision(quantization["compute_dtype"])
+        # A 4-bit base linear keeps nothing for backward, and bitsandbytes casts its output back
+        # to its input's dtype (Linear4bit.forward: out.to(inp_dtype)): the activations follow the
+        # dtype the rest of the model is kept in, not bnb_4bit_compute_dtype (issue 19: an fp32
+        # base measured 22% above the compute-dtype figure).
+        try:
+            out["precision"] = qlora_precision(base)
         except KeyError:
             pass
     return out
@@ -436,7 +443,8 @@ def _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpoi
     prefix = layer_prefix(cfg)
     declared = data.get("dtypes", {})
     dtypes = {"activations": declared["activations"]} if isinstance(declared.get("activations"), str) else None
-    recipe = _recipe_arguments(data)
+    base_name = config.widths["parameters"].name
+    recipe = _recipe_arguments(data, base_name if isinstance(base_name, str) else "float32")
     adapted = "lora" in data or "quantization" in data
     if adapted:
         # peft's LoRA and bitsandbytes' storage: every parameter by its peft name (recipes, issue 12)
@@ -496,7 +504,7 @@ def _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpoi
             own = None if row.dtype == base else width(row.dtype)
             config.tensors.append(make_tensor("parameters", where, row.name, list(row.shape), 1, row.trainable, own, config))
     training = {"micro_batch": micro_batch, "seq_len": seq_len, "attention": attention, "checkpointing": checkpointing}
-    config.model = Model(cfg, file, summary(cfg), rows, total, training, dtypes)
+    config.model = Model(cfg, file, summary(cfg), rows, total, training, dtypes, recipe)
     return []
 
 

@@ -73,7 +73,6 @@ class Conditions(dict):
         raise KeyError(key)
 
 
-WIDTH = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1}
 PRECISIONS = ("32-true", "bf16-true", "16-true", "bf16-mixed", "16-mixed")
 ATTENTIONS = ("eager", "sdpa", "flash")
 CHECKPOINTING = ("none", "full", "selective")
@@ -667,7 +666,9 @@ def saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa",
 
 
 def nbytes(kept: list) -> int:
-    return sum(prod(k.shape) * WIDTH[k.dtype] for k in kept)
+    from memfit.recipe.costs import dtype_bytes  # the recipe prices a dtype
+
+    return sum(dtype_bytes(prod(k.shape), k.dtype) for k in kept)
 
 
 def total(blocks: list) -> int:
@@ -699,7 +700,9 @@ def qlora_precision(compute_dtype: str = "bfloat16") -> str:
     backward but the packed weight (a parameter) on its context, so a quantized base linear keeps no activations,
     like a frozen one; the rest of the model computes in `compute_dtype`. QLoRA's saved activations are LoRA's on
     the model in that dtype: `saved(cfg, ..., precision=qlora_precision(compute), lora=...)`."""
-    return {"bfloat16": "bf16-true", "float16": "16-true", "float32": "32-true"}[compute_dtype]
+    names = {"bfloat16": "bf16-true", "bf16": "bf16-true", "float16": "16-true", "fp16": "16-true", "half": "16-true",
+             "float32": "32-true", "fp32": "32-true", "float": "32-true"}
+    return names[compute_dtype]
 
 
 # ----------------------------------------------------------------------------------------- documentation

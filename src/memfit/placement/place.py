@@ -36,9 +36,10 @@ SINGLE = Layout()
 
 
 class Placement:
-    __slots__ = ("layout", "devices", "sharded", "transients")
+    __slots__ = ("layout", "devices", "sharded", "transients", "step_peak")
 
     def __init__(self, layout: Layout, devices: list, sharded=None, transients=None) -> None:
+        self.step_peak = None  # ledger.step.rank_peak: the step walked on each rank, for a run
         self.layout = layout
         self.devices = devices  # per device (per pipeline stage's most-loaded rank): category -> bytes, and "total"
         self.sharded = sharded  # sharding.Sharded under a parallel layout
@@ -67,6 +68,8 @@ class Placement:
         """Under a parallel layout: the binding GPU's footprint plus what it gathers for a moment."""
         if self.sharded is None:
             return None
+        if self.step_peak is not None:
+            return self.step_peak
         i = self.binding
         held, transient = self.devices[i], dict(self.transients[i])
         live = {c: held[c] for c in CATEGORIES}

@@ -31,6 +31,8 @@ equal runs of layers; the embedding is on the first stage, what follows the last
 
 from __future__ import annotations
 
+from memfit.recipe.costs import dtype_bytes
+
 import math
 import re
 from dataclasses import dataclass, field, replace
@@ -337,11 +339,7 @@ def in_flight(stage: int, pipeline: int, gradient_accumulation: int) -> int:
 
 
 def _bytes(elements: int, width) -> int:
-    if type(width) is int:
-        return elements * width
-    if isinstance(width, Fraction) and width.denominator != 1:
-        return -(-(elements * width.numerator) // width.denominator)
-    return elements * int(width)
+    return dtype_bytes(elements, width)
 
 
 def _chunk_rows(d0: int, n: int, r: int) -> tuple[int, int]:

@@ -74,6 +74,15 @@ def tensor_bytes(elements: int, width: Fraction | int) -> int:
     return -(-(elements * width.numerator) // width.denominator)
 
 
+def dtype_bytes(elements: int, dtype) -> int:
+    """Bytes of `elements` elements of a dtype named in recipe/dtypes.py (or a byte width):
+    the one place a dtype name becomes bytes (models name dtypes, this prices them)."""
+    w = DTYPES[dtype][0] if isinstance(dtype, str) else dtype
+    if isinstance(w, Fraction) and w.denominator == 1:
+        w = w.numerator
+    return tensor_bytes(elements, w)
+
+
 class Width:
     """A storage width: its name as written and bytes per element (an int when whole, so the
     common case stays integer arithmetic). Plain classes here: they are built on every start."""

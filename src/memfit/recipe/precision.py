@@ -410,6 +410,30 @@ class TrainingRecipe(Recipe):
         return shared_items(self.optimizer, marker)
 
 
+# DeepSpeed's ZeRO engine runs a `*-mixed` request (Lightning's DeepSpeedStrategy, the Trainer's
+# bf16=True / fp16=True with a DeepSpeed config) as its own 16-bit mode: the model is cast to the
+# 16-bit dtype (deepspeed/runtime/engine.py `_configure_distributed_model`: module.bfloat16()/half()),
+# the optimizer keeps an fp32 master partition and an fp32 gradient partition
+# (runtime/zero/stage_1_and_2.py `single_partition_of_fp32_groups`, stage3.py `fp32_partitioned_groups_flat`,
+# `grad_partitions_flat_buffer`) and fp32 Adam states. There is no autocast: activations are 16-bit.
+ZERO_MIXED = {"bf16-mixed": "bf16-true", "16-mixed": "16-true"}
+
+
+def engine_precision(data: dict) -> str | None:
+    """The recipe a config's precision means on its engine: under `parallel.zero` >= 1 a `*-mixed`
+    precision is DeepSpeed's 16-bit mode (ZERO_MIXED); else the precision as written. None when no
+    known precision is given."""
+    precision = data.get("precision")
+    if not isinstance(precision, str) or precision.strip().lower() not in RECIPES:
+        return None
+    precision = precision.strip().lower()
+    parallel = data.get("parallel")
+    zero = parallel.get("zero") if isinstance(parallel, dict) else None
+    if isinstance(zero, int) and not isinstance(zero, bool) and zero >= 1 and precision in ZERO_MIXED:
+        return ZERO_MIXED[precision]
+    return precision
+
+
 def wants_training_recipe(data: dict) -> bool:
     """Whether a config uses anything beyond the seed contract's recipe (which stays
     byte-for-byte today's for configs without these keys)."""
@@ -445,8 +469,15 @@ def from_config(data: dict):
     training = data.get("training") or {}
     master = data.get("master_weights")
     accum = training.get("grad_accum_dtype")
+    precision = data.get("precision")
+    on_engine = engine_precision(data)
+    if on_engine is not None and on_engine != precision.strip().lower():
+        # DeepSpeed's 16-bit mode: 16-bit weights and gradients, fp32 master and gradient partitions
+        precision = on_engine
+        master = "float32" if master is None else master
+        accum = "float32" if accum is None else accum
     try:
-        resolved = resolve(data.get("precision"), dtypes, None, None)
+        resolved = resolve(precision, dtypes, None, None)
     except RecipeError as error:
         hint = f"; did you mean {error.suggestions[0]!r}?" if error.suggestions else ""
         problems.append(Problem(("precision",), codes.UNKNOWN_PRECISION, f"precision is {data.get('precision')!r}: unknown recipe{hint} (known: {', '.join(RECIPES)})"))
@@ -464,7 +495,7 @@ def from_config(data: dict):
                 )
             )
             master = None
-    resolved = resolve(data.get("precision"), dtypes, master, None if accum is None else _as_dtype(accum))
+    resolved = resolve(precision, dtypes, master, None if accum is None else _as_dtype(accum))
     return TrainingRecipe(spec.name, resolved), problems
 
 

@@ -81,11 +81,10 @@ def weight_tensors(in_features: int, out_features: int, method_name: str, *, dou
     return out
 
 
-_WIDTH = {"uint8": 1, "int8": 1, "float32": 4}
-
-
 def weight_bytes(in_features: int, out_features: int, method_name: str, *, double_quant: bool = False) -> int:
-    return sum(math.prod(shape) * _WIDTH[dtype] for _, shape, dtype in weight_tensors(in_features, out_features, method_name, double_quant=double_quant))
+    from memfit.recipe.costs import dtype_bytes
+
+    return sum(dtype_bytes(math.prod(shape), dtype) for _, shape, dtype in weight_tensors(in_features, out_features, method_name, double_quant=double_quant))
 
 
 def skipped(module_name: str, patterns) -> bool:

@@ -1,0 +1,405 @@
+"""The training step of a config, as ledger rows (ledger/step.py): every tensor it holds and when.
+
+One builder per kind of model — a transformer (models.hf + models.hf_activations), a Keras-form
+layer stack (models.keras), tensors declared as lists — and all of them take their bytes from the
+same place as the footprint: a parameter's weight, gradient, gradient buffer, master copy and
+optimizer state are the config's own tensors (config.tensors, priced by the recipe), an activation
+is priced by the recipe from its element count and dtype. So the gated peak and the footprint count
+the same tensors the same way, under any precision recipe, optimizer layout, adapter or quantized
+base (issue 19: before, the peak rebuilt a transformer in fp32 with fp32 AdamW state).
+"""
+
+from __future__ import annotations
+
+import re
+
+from memfit.ledger.step import Loss, Row, Step
+from memfit.recipe.costs import dtype_bytes
+
+
+def build(config, data: dict, optimizer: str | None, impl: str) -> Step:
+    """The step of a config with a training section (`optimizer` None: torch.optim has no such
+    optimizer, so its step's temporaries are not modelled)."""
+    step = _build(config, data, optimizer, impl)
+    training = data.get("training") or {}
+    step.accumulating = isinstance(training.get("gradient_accumulation"), int) and training["gradient_accumulation"] > 1
+    return step
+
+
+def _build(config, data: dict, optimizer: str | None, impl: str) -> Step:
+    model = getattr(config, "model", None)
+    own = [t for t in config.tensors if not t.path or t.path[0] != "model"]  # declared lists, optimizer constants
+    if model is not None and hasattr(model, "cfg"):
+        return transformer_step(config, optimizer, impl, own)
+    if "model" in data:
+        training = data.get("training") or {}
+        keras_model = {**data["model"], "batch_size": data["model"].get("batch_size", training.get("micro_batch"))}
+        return keras_step(keras_model, config, optimizer, impl, declared=own)
+    return tensors_step(own, optimizer, impl, config.overhead)
+
+
+def _activation_bytes(config, elements: int, dtype: str | None = None) -> int:
+    """An activation of `elements` elements: in its own dtype when the model names one, else in the recipe's."""
+    if dtype is not None:
+        return dtype_bytes(elements, dtype)
+    return config.recipe.cost("activations", elements)["activations"]
+
+
+def _stepped(config, elements: int) -> int | None:
+    """What optimizer.step() updates for a parameter of `elements` elements when it is not the
+    parameter itself: the fp32 master copy of a recipe that keeps one."""
+    resolved = getattr(config.recipe, "resolved", None)
+    master = getattr(resolved, "master_weights", None)
+    return None if master is None else dtype_bytes(elements, master)
+
+
+# --- declared tensors (`parameters:` / `activations:` lists) and optimizer constants ---------------
+def declared_row(tensors, ids: dict) -> tuple[Row | None, list]:
+    """The tensors a config lists itself, as one row ahead of any model: its parameters (count
+    copies each), its activations, all kept for backward (what a list of tensors says: they are
+    saved), and the optimizer state they bring (per parameter, then once-per-optimizer constants).
+    `ids` (id -> bytes) receives the activations. (None, states) when no row is needed."""
+    row = Row("declared tensors", grad_input=False, output_grad=False)
+    states: list = []
+    any_row = False
+    for t in tensors:
+        copies = max(t.count, 1)
+        if t.category == "parameters":
+            any_row = True
+            each = t.bytes.get("parameters", 0) // copies
+            if t.trainable:
+                row.params += [each] * copies
+                row.grads += [t.bytes.get("gradients", 0) // copies] * copies
+                if t.bytes.get("optimizer_state"):
+                    states += [t.bytes["optimizer_state"] // copies] * copies
+            else:
+                row.frozen += [each] * copies
+        elif t.category == "activations":
+            any_row = True
+            for _ in range(copies):
+                ids[len(ids) + 1] = t.bytes.get("activations", 0) // copies
+                row.kept.append(len(ids))
+        elif t.bytes.get("optimizer_state"):  # an optimizer's own constants (bitsandbytes' maps)
+            states.append(t.bytes["optimizer_state"])
+    if row.grads:  # its parameters are trained, so its backward runs (their gradients appear)
+        row.output_grad = True
+    return (row if any_row else None), states
+
+
+def tensors_step(tensors, optimizer: str | None, impl: str, overhead: int = 0) -> Step:
+    """A run described only by declared tensors: forward keeps all the activations, backward adds
+    the gradients, the optimizer step its temporaries. No layer structure, so no flowing
+    gradients: the backward is the footprint's total."""
+    ids: dict = {}
+    row, states = declared_row(tensors, ids)
+    rows = [row] if row is not None else []
+    return Step(rows, ids, [], Loss((), ()), states, optimizer, impl, overhead)
+
+
+# --- the Keras-form layer stack (`model:`) -------------------------------------------------
+def keras_step(model: dict, config, optimizer: str | None, impl: str, declared=()) -> Step:
+    """The rows of a schema-valid, shape-checked `model` section under the config's recipe.
+
+    Walks the layers as models.keras.derive does (the same RULES, the same tensor identities),
+    keeping what derive folds away: which tensor each layer reads and writes. The loss is PyTorch's
+    cross-entropy on the last layer's output with integer class labels (one per output row).
+    `declared`: tensors listed explicitly beside the model (declared_row)."""
+    from memfit.models.keras import ACTIVATIONS, IDS, IN, INT64, OUT, RULES, defaults
+
+    recipe = config.recipe
+
+    def nbytes(shape, dtype=None) -> int:
+        n = 1
+        for d in shape:
+            n *= d
+        return _activation_bytes(config, n, dtype)
+
+    tensors: dict[int, int] = {}
+
+    def fresh(shape, dtype=None) -> int:
+        tensors[len(tensors) + 1] = nbytes(shape, dtype)
+        return len(tensors)
+
+    layers = model.get("layers", [])
+    shape = [model["batch_size"], *model["input_shape"]]
+    ids_in = bool(layers) and layers[0]["type"] == "Embedding"
+    current = fresh(shape, INT64 if ids_in else None)
+    current_dtype = INT64 if ids_in else None
+    batch = [current]
+    rows: list[Row] = []
+    extra, states = declared_row(declared, tensors)
+    if extra is not None:
+        rows.append(extra)
+    stepped: list[int] = []
+    any_master = False
+    requires_grad = False
+    names = [r.name for r in config.layers] if len(config.layers) == len(layers) else [None] * len(layers)
+    for layer, name in zip(layers, names):
+        kind = layer["type"]
+        rule = RULES[kind]
+        p = {**defaults().get(kind, {}), **layer}
+        out_shape = rule.shape(p, shape)
+        row = Row(f"{name} ({kind})" if name else kind, input=current)
+        for _, wshape, trainable in rule.weights(p, shape):
+            n = 1
+            for d in wshape:
+                n *= d
+            sizes = recipe.cost("parameters", n, 1, trainable, None, shape=list(wshape))
+            if trainable:
+                row.params.append(sizes["parameters"])
+                row.grads.append(sizes.get("gradients", 0))
+                states.append(sizes.get("optimizer_state", 0))
+                master = _stepped(config, n)
+                any_master = any_master or master is not None
+                stepped.append(sizes["parameters"] if master is None else master)
+            else:
+                row.frozen.append(sizes["parameters"])
+        row.grad_input = requires_grad
+        view = rule.view(p)
+        out = current if view else fresh(out_shape)
+        row.output, row.view = out, view
+        activation = ACTIVATIONS.get(p.get("activation", "linear")) if rule.activation else None
+        specs = [(s, current, out) for s in rule.saved(p, shape, out_shape)]
+        if activation is not None:
+            pre = fresh(out_shape)
+            specs = [(s, current, pre) for s, _, _ in specs] + [(activation, pre, out)]
+        for spec, incoming, result in specs:
+            if spec == IDS:
+                row.kept.append(incoming if current_dtype == INT64 else fresh(shape, INT64))
+            elif spec == IN:
+                row.kept.append(incoming)
+            elif spec == OUT:
+                row.kept.append(result)
+            else:
+                label, sshape, dtype = spec
+                row.kept.append(fresh(sshape, dtype))
+                if label == "padded input":  # F.pad's copy: its gradient exists beside the op's own
+                    row.backward_extra += tensors[row.kept[-1]]
+        if activation is not None:
+            row.inner = tensors[pre]
+            row.inner_kept = pre in row.kept
+        requires_grad = requires_grad or bool(row.grads)
+        if not requires_grad:  # nothing upstream needs a gradient: autograd records no backward here
+            row.output_grad = False
+        rows.append(row)
+        current, shape = out, out_shape
+        current_dtype = current_dtype if view else None
+    # the loss keeps the logits (as log_softmax's output of the same size); integer labels
+    logits = tensors[current]
+    if rows:
+        rows[-1].kept.append(current)
+    labels = fresh(shape[:-1], INT64)
+    batch.append(labels)
+    declared_stepped = list(extra.params) if extra is not None else []
+    return Step(rows, tensors, batch, Loss(forward=(logits,), backward=(logits, logits)), states, optimizer, impl, config.overhead,
+                declared_stepped + stepped if any_master else None)
+
+
+# --- transformers models (models.hf: names and shapes; models.hf_activations: what is kept) ----------
+_LAYER = re.compile(r"\.(?:layers|h|layer)\.(\d+|\*)\.")
+
+
+def _elements(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> Step:
+    """One training step of a transformers model: embeddings, each layer as four parts, the head (with the loss).
+
+    What each block keeps comes from models.hf_activations.saved under the same recipe arguments as
+    the footprint (precision, LoRA, a quantized base: config.model.recipe); each parameter's bytes
+    are its config tensor's (weight, gradient, buffers, master copy, optimizer state, as the recipe
+    priced them). The loss is transformers' ForCausalLMLoss: an fp32 copy of the logits when they
+    are not fp32, log-softmax (kept), and in backward two fp32 logits-sized gradients."""
+    from memfit.models import hf_activations as acts
+
+    model = config.model
+    cfg, run = model.cfg, model.training
+    recipe_args = dict(getattr(model, "recipe", None) or {})
+    precision = recipe_args.get("precision", "32-true")
+    common = dict(micro_batch=run["micro_batch"], seq_len=run["seq_len"], attention=run["attention"], dtypes=model.dtypes, **recipe_args)
+    checkpointing = run["checkpointing"]
+    blocks = acts.saved(cfg, checkpointing=checkpointing, **common)
+    roles = acts._dtypes(precision, model.dtypes)
+    sizes = acts._sizes(cfg, run["micro_batch"], run["seq_len"])
+    b, s, h, T = sizes["b"], sizes["s"], sizes["h"], sizes["T"]
+    act_w, lin_w = dtype_bytes(1, roles["act"]), dtype_bytes(1, roles["lin"])
+    n_layers = acts._layers(cfg)
+
+    tensors: dict[int, int] = {}
+
+    def fresh(nbytes: int) -> int:
+        tensors[len(tensors) + 1] = nbytes
+        return len(tensors)
+
+    def kept_bytes(k) -> int:
+        return dtype_bytes(_elements(k.shape), k.dtype)
+
+    def kept_ids(kept, input_id, input_bytes):
+        """Fresh ids, but the row's input where the first kept tensor is it (a norm keeping its fp32 input)."""
+        out = []
+        for n, k in enumerate(kept):
+            nbytes = kept_bytes(k)
+            if n == 0 and input_id is not None and nbytes == input_bytes and _elements(k.shape) == b * s * h and "input" in k.label:
+                out.append(input_id)
+            else:
+                out.append(fresh(nbytes))
+        return out
+
+    # parameters by row, from the config's own tensors: embeddings; each layer as four parts
+    # (norm and attention, its output projection, norm and MLP, its down projection); the head
+    groups: dict = {"embeddings": [], "head": []}
+    seen_layer = False
+    for t in config.tensors:
+        if t.category != "parameters" or not t.path or t.path[0] != "model":
+            continue
+        per_copy = {c: v // max(t.count, 1) for c, v in t.bytes.items()}
+        entry = (per_copy, t.trainable, t.elements)
+        m = _LAYER.search(t.name)
+        if m:
+            seen_layer = True
+            layers = range(n_layers) if m.group(1) == "*" else (int(m.group(1)),)
+            for i in layers:
+                groups.setdefault((i, _part(t.name)), []).append(entry)
+        else:
+            groups["head" if seen_layer else "embeddings"].append(entry)
+
+    stepped: list[int] = []
+    states: list[int] = []
+    any_master = False
+
+    def weights(row: Row, key) -> Row:
+        nonlocal any_master
+        for per_copy, trainable, elements in groups.get(key, []):
+            if trainable:
+                row.params.append(per_copy.get("parameters", 0))
+                row.grads.append(per_copy.get("gradients", 0))
+                states.append(per_copy.get("optimizer_state", 0))
+                master = _stepped(config, elements)
+                any_master = any_master or master is not None
+                stepped.append(per_copy.get("parameters", 0) if master is None else master)
+            else:
+                row.frozen.append(per_copy.get("parameters", 0))
+        return row
+
+    emb, layer_blocks, head, loss = blocks[0], blocks[1:-2], blocks[-2], blocks[-1]
+    per_layer = [blk.kept for blk in layer_blocks for _ in range(blk.count)]
+    ids, labels = fresh(b * s * 8), fresh(b * s * 8)
+    hidden = b * s * h * act_w
+    rows = []
+    extra, declared_states = declared_row(declared, tensors)
+    if extra is not None:
+        rows.append(extra)
+    x = fresh(hidden)
+    row = weights(Row("embeddings", input=ids, output=x, grad_input=False), "embeddings")
+    row.kept = [ids if k.label.endswith("input ids") else fresh(kept_bytes(k)) for k in emb.kept]
+    row.frozen += _buffers(cfg, sizes, roles["act"])
+    if not row.grads:  # a frozen embedding (LoRA): autograd records no backward for it
+        row.output_grad = False
+    rows.append(row)
+    if checkpointing == "full":
+        full = acts.saved(cfg, checkpointing="none", **common)
+        every = [blk.kept for blk in full[1:-2] for _ in range(blk.count)]
+    else:
+        every = per_layer
+    fam = acts.FAMILIES[cfg["model_type"]]
+    split_cache: dict = {}
+    flights = _layer_flights(cfg, sizes, act_w, lin_w)
+    for i in range(n_layers):
+        key = id(every[i])
+        if key not in split_cache:
+            parts = _split(every[i], fam)
+            split_cache[key] = (parts, [sum(kept_bytes(k) for k in kept) for _, kept in parts])
+        parts, part_bytes = split_cache[key]
+        for n, (part, kept) in enumerate(parts):
+            y = fresh(hidden)
+            row = weights(Row(f"layer {i} {part}", input=x, output=y), (i, part))
+            if checkpointing == "full":
+                # only the boundary (the layer's input) stays kept; backward recomputes the layer
+                # first, and each part's tensors go when its backward is done
+                row.kept = [x] if n == 0 else []
+                row.recompute = sum(part_bytes[: n + 1]) - hidden
+            else:
+                row.kept = kept_ids(kept, x, hidden) if n == 0 else [fresh(kept_bytes(k)) for k in kept]
+            row.forward_flight = hidden  # its output while it is written; its inner tensors are kept
+            row.backward_flight = flights[part]
+            rows.append(row)
+            x = y
+    logits = fresh(T * sizes["V"] * lin_w)
+    row = weights(Row("head", input=x, output=logits), "head")
+    row.kept = kept_ids(head.kept, x, hidden) + [fresh(kept_bytes(k)) for k in loss.kept]
+    rows.append(row)
+    logits32 = dtype_bytes(T * sizes["V"], "float32")
+    upcast = logits32 if lin_w != 4 else 0
+    declared_stepped = list(extra.params) if extra is not None else []
+    return Step(rows, tensors, [ids, labels], Loss(forward=(tensors[logits], *([upcast] if upcast else [])), backward=(logits32, logits32)),
+                declared_states + states, optimizer, impl, config.overhead, declared_stepped + stepped if any_master else None)
+
+
+def _buffers(cfg: dict, sizes: dict, dtype: str) -> list:
+    """The model's buffers (on the device, without gradients): the rotary embedding's inv_freq and
+    original_inv_freq (in the model's dtype once it is cast); BERT's position_ids and token_type_ids
+    (int64, max_position_embeddings); Gemma's embedding normalizer (a float32 scalar)."""
+    out = [dtype_bytes(sizes["rot"] // 2, dtype)] * 2 if sizes["rot"] else []
+    if cfg["model_type"] == "bert":
+        out += [dtype_bytes(cfg["max_position_embeddings"], "int64")] * 2
+    if cfg["model_type"] == "gemma":
+        out.append(dtype_bytes(1, "float32"))
+    return out
+
+
+# A layer's parameters by part, from their names (the families' spellings); the first match wins.
+_PARTS = (
+    ("o_proj", ("o_proj", "attn.c_proj", "attention.dense", "attention.output.")),
+    ("attention", ("attn", "attention", "input_layernorm", "ln_1", "q_norm", "k_norm")),
+    ("down_proj", ("down_proj", "mlp.c_proj", "dense_4h_to_h", ".output.")),
+    ("mlp", ("",)),
+)
+
+
+def _part(name: str) -> str:
+    return next(part for part, words in _PARTS if any(w in name for w in words))
+
+
+def _split(kept: list, fam) -> list:
+    """A layer's kept tensors as its four parts, in forward order (a part that keeps nothing of
+    its own, such as o_proj whose input the attention kernel keeps, is empty). A part begins at
+    the first label of its first op."""
+    n = fam.names
+    # hf_activations names an op by its role (o_proj, fc_out, ...) or by the family's module
+    starts_with = {
+        "o_proj": ("o_proj", n["o"]),
+        "mlp": ("post_attention_layernorm", "gate_proj", "gate_up_proj", "fc_in", *(n[k] for k in ("gate", "gate_up", "fc_in") if k in n)),
+        "down_proj": ("down_proj", "fc_out", "grouped_mm down", *(n[k] for k in ("down", "fc_out") if k in n)),
+    }
+    order = ["attention", "o_proj", "mlp", "down_proj"]
+    starts = [0] * len(order) + [len(kept)]
+    for i in range(len(order) - 1, 0, -1):
+        found = next((m for m, k in enumerate(kept) if k.label.startswith(starts_with[order[i]])), None)
+        starts[i] = min(found if found is not None else starts[i + 1], starts[i + 1])
+    return [(part, kept[starts[i] : starts[i + 1]]) for i, part in enumerate(order)]
+
+
+def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int) -> dict:
+    """Gradients in flight at the worst backward moment of each part of a layer; the residual
+    stream's gradient is alive through all of them, a residual dropout's gradient beside it. The
+    down projection: its input's gradient; the MLP: the gradients of the down projection's input
+    and of the gate and up outputs (a plain MLP: of the activation's input); o_proj: its input's;
+    attention: o_proj's input's and those of q, k and v."""
+    from memfit.models import hf_activations as acts
+
+    T, h, i, q, kv = sizes["T"], sizes["h"], sizes["i"], sizes["q"], sizes["kv"]
+    fam = acts.FAMILIES[cfg["model_type"]]
+    k = 2 if fam.mlp == "plain" else 3
+    routed = sizes["k"] or 1  # a mixture of experts runs its MLP once per (token, chosen expert)
+    res = T * h * act_w
+    dropout = res if acts._drop(cfg, fam, "resid") else 0
+    return {
+        "down_proj": res + dropout + routed * T * i * lin_w,
+        "mlp": res + dropout + routed * T * k * i * lin_w,
+        "o_proj": res + dropout + T * q * lin_w,
+        "attention": res + T * (2 * q + 2 * kv) * lin_w,
+    }
