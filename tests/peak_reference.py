@@ -24,6 +24,13 @@ class PhaseTracker(MemTracker):
         self.peak_phase = None
         self.peak_grads = 0
 
+    def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
+        # MemTracker hooks every parameter's gradient; a frozen one (a LoRA base, a 4-bit weight)
+        # cannot take a hook. Its module's gradients are then counted as temporaries, not as
+        # gradients: the totals compared are the same.
+        frozen = any(not p.requires_grad for p in module.parameters())
+        return super()._track_module_params_and_buffers(module, install_grad_hooks=install_grad_hooks and not frozen)
+
     def _update_peak_stats(self, peak_state):
         before = self._peak_mem.get(CPU, 0)
         super()._update_peak_stats(peak_state)

@@ -119,7 +119,8 @@ def test_the_root_module_imports_only_the_calculator_and_the_cost_model():
     assert graph["memfit.recipe"] == set()
     assert graph["memfit"] <= {"memfit.recipe.calculator", "memfit.recipe"}
     assert graph["memfit.recipe.calculator"] <= {"memfit.recipe.costs", "memfit", "memfit.recipe"}
-    assert graph["memfit.recipe.costs"] <= {"memfit.recipe.dtypes", "memfit", "memfit.recipe"}
+    assert graph["memfit.recipe.costs"] <= {"memfit.recipe.dtypes", "memfit.recipe.optim", "memfit", "memfit.recipe"}
+    assert graph["memfit.recipe.optim"] <= {"memfit", "memfit.recipe"}  # the optimizer table: data
 
 
 def test_checking_imports_neither_the_language_server_nor_jsonschema(tmp_path):
@@ -366,3 +367,77 @@ def test_presentation_helpers():
     assert shape_text([32, 20]) == "[32, 20]" and shape_text([32, 20], "()") == "(32, 20)"
     assert cut("abcdef", 4) == "abc…" and cut("abc", 4) == "abc"
     assert pct(1, 3) == "33.3%" and pct(1, 0) == "-"
+
+
+# --- the ledger's structure (issue 19) -------------------------------------------------------
+
+
+def _module_sources():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        yield path, ast.parse(path.read_text(encoding="utf-8"))
+
+
+def test_only_the_recipe_maps_dtype_names_to_widths():
+    """A dtype name becomes bytes in recipe/ alone (recipe/dtypes.py's table, recipe/costs.py's
+    dtype_bytes): a dict literal elsewhere that maps two or more dtype names to numbers is a
+    second width table, and a `* DTYPES[...]` or `* WIDTH[...]` product is a second formula."""
+    from memfit.recipe.dtypes import DTYPES
+
+    offenders = []
+    for path, tree in _module_sources():
+        if path.parent.name == "recipe":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Dict):
+                names = [k.value for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant) and k.value in DTYPES and isinstance(v, ast.Constant) and isinstance(v.value, (int, float))]
+                if len(names) >= 2:
+                    offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno} maps {names} to widths")
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+                for side in (node.left, node.right):
+                    if isinstance(side, ast.Subscript) and isinstance(side.value, ast.Name) and side.value.id in ("DTYPES", "WIDTH", "_WIDTH"):
+                        offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno} multiplies by {side.value.id}[...]")
+    assert not offenders, offenders
+
+
+def test_no_module_level_mutable_state():
+    """No module keeps state between calls (a recipe carried from one check to the next was a
+    bug): no `global` statement, and no module-level list, dict or set mutated inside a function."""
+    offenders = []
+    mutators = {"append", "extend", "insert", "pop", "remove", "clear", "update", "add", "setdefault", "discard", "popitem"}
+    for path, tree in _module_sources():
+        mutable = set()
+        for node in tree.body:
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, (ast.List, ast.Dict, ast.Set)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                mutable |= {t.id for t in targets if isinstance(t, ast.Name)}
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            local = {a.arg for a in fn.args.args + fn.args.kwonlyargs}
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Global):
+                    offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno} global {node.names}")
+                if isinstance(node, ast.Assign):
+                    for t in node.targets:
+                        if isinstance(t, ast.Name):
+                            local.add(t.id)
+                        if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id in mutable - local:
+                            offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno} writes {t.value.id}[...]")
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in mutators:
+                    owner = node.func.value
+                    if isinstance(owner, ast.Name) and owner.id in mutable - local:
+                        offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {owner.id}.{node.func.attr}()")
+    assert not offenders, offenders
+
+
+def test_the_pipeline_only_calls_stages():
+    """check/pipeline.py wires the stages: it reads no config.json, knows no transformer internals
+    and prices no tensor (models.dispatch, placement, ledger and the recipe do)."""
+    tree = ast.parse((PACKAGE / "check" / "pipeline.py").read_text(encoding="utf-8"))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            imported |= {f"{node.module}.{a.name}" for a in node.names} | {node.module}
+    internals = {"memfit.models.hf_config", "memfit.models.hf_sharded", "memfit.models.hf_activations", "memfit.models.hf", "memfit.models.keras",
+                 "memfit.recipe.costs.tensor_bytes", "memfit.recipe.costs.dtype_bytes", "memfit.recipe.dtypes"}
+    assert not imported & internals, imported & internals

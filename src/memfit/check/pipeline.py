@@ -153,8 +153,10 @@ def _pipeline(data: dict, options: Options, result: Result) -> list[Problem]:
             config.parallel = None  # one GPU, nothing sharded or offloaded: the single-device step, unchanged
         if config.parallel is not None:
             model = getattr(config, "model", None)  # models.hf.Model: a transformer's normalized config
-            cfg = model.cfg if model is not None else _transformer_config(data, result.path)
-            problems.extend(_layout_problems(config, _dims(cfg)))
+            from memfit.models.dispatch import layout_dims, transformer_config
+
+            cfg = model.cfg if model is not None else transformer_config(data, result.path)
+            problems.extend(_layout_problems(config, layout_dims(cfg)))
         # an unknown optimizer or a layer that cannot apply leaves a number that is not the
         # footprint: report none rather than a wrong one; a bad unit spoils only the budget
         if all(lookup(p.code).keeps_footprint for p in problems):
@@ -266,61 +268,12 @@ def _one_gpu(parallel) -> bool:
             and not parallel.reduce_bucket and not parallel.allgather_bucket)
 
 
-def _transformer_config(data: dict, path: str) -> dict | None:
-    """The normalized config of a transformer model section (`transformer` inline or `hf_config`
-    beside the checked file); None when there is none or it cannot be read (the model derivation
-    reports that)."""
-    import os
-
-    model = data.get("model")
-    if not isinstance(model, dict) or not ({"transformer", "hf_config"} & set(model)):
-        return None
-    from memfit.models.hf_config import LoadError, load, normalize, validate
-
-    raw = model.get("transformer")
-    if raw is None:
-        base = os.path.dirname(path) if path and not path.startswith("<") else "."
-        try:
-            raw = load(os.path.normpath(os.path.join(base, os.path.expanduser(str(model["hf_config"]))))).raw
-        except LoadError:
-            return None
-    if not isinstance(raw, dict) or validate(raw):
-        return None
-    return normalize(raw)
-
-
 def _layout(config, data: dict, cfg: dict | None):
-    """The parallel layout; for a transformer, its activations per stage and rank as Megatron splits them."""
+    """The parallel layout; for a transformer, its activations per stage and rank (models.dispatch)."""
+    from memfit.models.dispatch import stage_activations
     from memfit.placement.place import Layout
 
-    stages = None
-    model = getattr(config, "model", None)  # models.hf.Model: the training keys in force
-    if model is not None:
-        from memfit.models.hf_sharded import activations_per_stage
-
-        t = model.training
-        precision = (getattr(model, "recipe", None) or {}).get("precision", "32-true")  # as the footprint's
-        try:
-            stages = activations_per_stage(
-                model.cfg, config.parallel, micro_batch=t["micro_batch"], seq_len=t["seq_len"],
-                attention=t["attention"], checkpointing=t["checkpointing"], dtypes=model.dtypes, precision=precision,
-            )
-        except (ValueError, KeyError):  # a model hf_activations does not cover: its rows, as derived
-            stages = None
-    return Layout(parallel=config.parallel, model_activations=stages)
-
-
-def _dims(cfg: dict | None) -> dict:
-    """Heads, KV heads and layers, for the layout checks."""
-    if cfg is None:
-        return {}
-    gpt2 = cfg.get("model_type") == "gpt2"
-    heads = cfg["n_head"] if gpt2 else cfg.get("num_attention_heads")
-    return {
-        "heads": heads,
-        "kv_heads": (None if gpt2 else cfg.get("num_key_value_heads")) or heads,
-        "layers": cfg["n_layer"] if gpt2 else cfg.get("num_hidden_layers"),
-    }
+    return Layout(parallel=config.parallel, model_activations=stage_activations(config))
 
 
 def _layout_problems(config, model: dict) -> list[Problem]:

@@ -13,7 +13,7 @@ from functools import cached_property
 
 from memfit.read import source
 from memfit.check.pipeline import Result
-from memfit.recipe.costs import OPTIMIZER_STATES, byte_width
+from memfit.recipe.costs import byte_width
 from memfit.diagnostics.diagnostic import Range
 from memfit.recipe.dtypes import DTYPES, describe
 from memfit.report.present import pct as _pct
@@ -412,14 +412,21 @@ def dtype_text(value) -> str | None:
 
 
 def optimizer_text(value, config) -> str | None:
-    if not isinstance(value, str) or value.strip().lower() not in OPTIMIZER_STATES:
+    from memfit.recipe.optim import OPTIMIZERS  # the one optimizer table
+
+    spec = OPTIMIZERS.get(value.strip().lower()) if isinstance(value, str) else None
+    if spec is None:
         return None
-    states = OPTIMIZER_STATES[value.strip().lower()]
-    text = f"**{value}**: {states} state tensor{'s' if states != 1 else ''} per trainable parameter, each of the parameter's shape"
-    if config is not None and states:
+    states = len(spec.states)
+    if spec.layout != "elementwise":
+        text = f"**{value}** ({spec.framework}): {spec.note}; state {', '.join(spec.states)}"
+    else:
+        text = f"**{value}**: {states} state tensor{'s' if states != 1 else ''} per trainable parameter, each of the parameter's shape"
+    if config is not None and states and spec.layout == "elementwise":
         width = config.widths["optimizer_state"]
         per = states * width.bytes
         text += f"\n\nstored as dtypes.optimizer_state ({_width_text(width)}): {describe(per).replace(' per element', '')} per trainable parameter element"
+    if config is not None and config.footprint:
         text += f"\n\noptimizer state in this config: {with_bytes(config.footprint['optimizer_state'])}"
     return text
 
@@ -595,7 +602,9 @@ def choices(vocabulary: str) -> list[Choice]:
     if vocabulary == "dtype":
         return [Choice(name, f"{describe(width)}: {what}", "dtype") for name, (width, what) in DTYPES.items()]
     if vocabulary == "optimizer":
-        return [Choice(name, f"{n} state tensor{'s' if n != 1 else ''} per parameter", "optimizer") for name, n in OPTIMIZER_STATES.items()]
+        from memfit.recipe.optim import OPTIMIZERS  # the one optimizer table: every optimizer memfit knows
+
+        return [Choice(name, f"{o.framework}: {len(o.states)} state tensor{'s' if len(o.states) != 1 else ''} per parameter ({o.layout})", "optimizer") for name, o in OPTIMIZERS.items()]
     if vocabulary == "unit":
         return [Choice(name, f"{size:,} bytes", "unit") for name, size in UNITS.items()]
     if vocabulary == "layer":

@@ -34,30 +34,7 @@ PHASES = ("forward", "backward", "optimizer_step")
 LIVE = ("parameters", "gradients", "activations", "optimizer_state", "transient", "overhead")
 IMPLS = ("foreach", "fused", "for_loop")
 
-# Temporaries of optimizer.step() beyond parameters, gradients and state, in steady state
-# (after the first steps: RAdam switches to its rectified update at step 6).
-#   foreach: k x the bytes of the (device, dtype) group of trainable parameters: each
-#            torch._foreach_* that returns new tensors allocates one per parameter at once;
-#   for_loop: max over parameters, in order, and over the (a, b) moments listed, of a x this
-#            parameter + b x the previous one (the previous iteration's temporaries live until
-#            their names are rebound);
-#   fused: one kernel, in place: none. None: torch.optim has no fused implementation.
-# Read from torch/optim/*.py (_multi_tensor_*, _single_tensor_*) and measured with MemTracker
-# against torch 2.13; tests/test_peak.py re-measures every entry.
-OPTIMIZER_TEMPORARIES: dict[str, dict[str, tuple | int | None]] = {
-    "sgd": {"foreach": 0, "for_loop": ((0, 0),), "fused": 0},
-    "momentum": {"foreach": 0, "for_loop": ((0, 0),), "fused": 0},
-    "sgd_momentum": {"foreach": 0, "for_loop": ((0, 0),), "fused": 0},
-    "nesterov": {"foreach": 0, "for_loop": ((1, 0),), "fused": 0},
-    "adagrad": {"foreach": 2, "for_loop": ((1, 1),), "fused": 0},
-    "rmsprop": {"foreach": 1, "for_loop": ((1, 1),), "fused": None},
-    "adadelta": {"foreach": 2, "for_loop": ((2, 1), (1, 2)), "fused": None},
-    "adam": {"foreach": 1, "for_loop": ((2, 1),), "fused": 0},
-    "adamw": {"foreach": 1, "for_loop": ((2, 1),), "fused": 0},
-    "adamax": {"foreach": 1, "for_loop": ((1, 0),), "fused": None},
-    "nadam": {"foreach": 1, "for_loop": ((2, 1),), "fused": None},
-    "radam": {"foreach": 1, "for_loop": ((5, 0),), "fused": None},
-}
+from memfit.recipe.optim import TEMPORARIES as OPTIMIZER_TEMPORARIES  # noqa: E402  (the optimizer table's data)
 
 
 class PeakError(ValueError):

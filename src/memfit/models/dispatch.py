@@ -52,3 +52,58 @@ def derive(data: dict, config, path: str = "<text>") -> list:
     tensors, problems = keras.derive({**model, "batch_size": batch}, config)
     config.tensors.extend(tensors)
     return problems
+
+
+def transformer_config(data: dict, path: str) -> dict | None:
+    """The normalized config of a transformer model section (`transformer` inline or `hf_config`
+    beside the checked file); None when there is none or it cannot be read (the model derivation
+    reports that)."""
+    import os
+
+    model = data.get("model")
+    if not isinstance(model, dict) or not ({"transformer", "hf_config"} & set(model)):
+        return None
+    from memfit.models.hf_config import LoadError, load, normalize, validate
+
+    raw = model.get("transformer")
+    if raw is None:
+        base = os.path.dirname(path) if path and not path.startswith("<") else "."
+        try:
+            raw = load(os.path.normpath(os.path.join(base, os.path.expanduser(str(model["hf_config"]))))).raw
+        except LoadError:
+            return None
+    if not isinstance(raw, dict) or validate(raw):
+        return None
+    return normalize(raw)
+
+
+def stage_activations(config) -> list | None:
+    """A transformer's saved activations per pipeline stage on its most-loaded rank, as Megatron
+    splits them (models.hf_sharded), under the recipe the footprint uses; None for other models."""
+    model = getattr(config, "model", None)  # models.hf.Model: the training keys in force
+    if model is None or not hasattr(model, "cfg"):
+        return None
+    from memfit.models.hf_sharded import activations_per_stage
+
+    t = model.training
+    precision = (getattr(model, "recipe", None) or {}).get("precision", "32-true")  # as the footprint's
+    try:
+        return activations_per_stage(
+            model.cfg, config.parallel, micro_batch=t["micro_batch"], seq_len=t["seq_len"],
+            attention=t["attention"], checkpointing=t["checkpointing"], dtypes=model.dtypes, precision=precision,
+        )
+    except (ValueError, KeyError):  # a model hf_activations does not cover: its rows, as derived
+        return None
+
+
+def layout_dims(cfg: dict | None) -> dict:
+    """Heads, KV heads and layers, for the layout checks."""
+    if cfg is None:
+        return {}
+    gpt2 = cfg.get("model_type") == "gpt2"
+    heads = cfg["n_head"] if gpt2 else cfg.get("num_attention_heads")
+    return {
+        "heads": heads,
+        "kv_heads": (None if gpt2 else cfg.get("num_key_value_heads")) or heads,
+        "layers": cfg["n_layer"] if gpt2 else cfg.get("num_hidden_layers"),
+    }

@@ -412,8 +412,8 @@ def _drop(cfg: dict, fam: Family, which: str) -> bool:
 
 def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micro_batch: int,
                 precision: str | None = None, lora: dict | None = None) -> dict:
-    if precision is None:   # compat: models.sharding resolves rows itself and names the recipe to `_dtypes` only
-        precision = _LAST_RECIPE[0]
+    if precision is None:
+        precision = "32-true"
     eager = attention == "eager"
     fused = not eager
     cache = fam.cache and bool(cfg.get("use_cache", True)) and checkpointing != "full"
@@ -478,13 +478,8 @@ def _roles(precision: str, dtypes: dict | None, adapter: str) -> dict:
             "i64": "int64", "i32": "int32", "bool": "bool"}
 
 
-_LAST_RECIPE = ["32-true"]
-
-
 def _dtypes(precision: str, dtypes: dict | None) -> dict:
-    """The dtype of each role for a recipe (adapters in fp32, as peft keeps them). Remembers the recipe for a caller
-    that asks `_conditions` without one (models.sharding, until it evaluates rows through `saved(shape=...)`)."""
-    _LAST_RECIPE[0] = precision
+    """The dtype of each role for a recipe (adapters in fp32, as peft keeps them)."""
     return _roles(precision, dtypes, "float32")
 
 

@@ -62,7 +62,7 @@ def layer_saved_per_rank(cfg: dict, *, micro_batch: int, seq_len: int, tensor: i
     if checkpointing == "full":
         b = A._boundary(fam, roles, sizes)
         return [A.Kept(b.label, (seq["b"], seq["s"], seq["h"]), b.dtype)]
-    cond = A._conditions(cfg, fam, attention, checkpointing, micro_batch)
+    cond = A._conditions(cfg, fam, attention, checkpointing, micro_batch, precision)
     return _resolve_per_rank(A.layer_rows(cfg["model_type"], A._act(cfg), A._parallel(cfg)), cond, roles, split, seq)
 
 
@@ -77,7 +77,7 @@ def activations_per_stage(cfg: dict, layout: Parallel, *, micro_batch: int, seq_
     sizes = A._sizes(cfg, micro_batch, seq_len)
     roles = A._dtypes(precision, dtypes)
     split, seq = _rank_sizes(sizes, t, sp, micro_batch)
-    cond = A._conditions(cfg, fam, attention, checkpointing, micro_batch)
+    cond = A._conditions(cfg, fam, attention, checkpointing, micro_batch, precision)
     embeddings = A.nbytes(_resolve_per_rank(A._embedding_rows(fam), cond, roles, split, seq))
     ends = A.nbytes(_resolve_per_rank(A._head_rows(fam), cond, roles, split, seq) + _resolve_per_rank(A.LOSS_ROWS, cond, roles, split, seq))
     common = dict(micro_batch=micro_batch, seq_len=seq_len, tensor=t, sequence_parallel=sp, attention=attention, precision=precision, dtypes=dtypes)

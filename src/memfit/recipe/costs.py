@@ -19,27 +19,14 @@ from fractions import Fraction
 from numbers import Rational
 
 from memfit.recipe.dtypes import DTYPES
+from memfit.recipe.optim import STATE_COUNTS
 
 CATEGORIES = ("parameters", "gradients", "activations", "optimizer_state")
 PARAMETERS, GRADIENTS, ACTIVATIONS, OPTIMIZER_STATE = CATEGORIES
 
-# Optimizer -> state tensors kept per parameter, each the parameter's shape.
-# Verified against torch.optim (2.x) `state[p]` after one step; see README.
-OPTIMIZER_STATES: dict[str, int] = {
-    "sgd": 0,  # plain SGD, momentum=0: no state
-    "momentum": 1,  # SGD(momentum>0): momentum_buffer
-    "sgd_momentum": 1,
-    "nesterov": 1,  # SGD(nesterov=True): momentum_buffer
-    "adagrad": 1,  # sum (plus a scalar step, not counted)
-    "rmsprop": 1,  # square_avg (momentum>0 adds momentum_buffer, centered adds grad_avg)
-    "adadelta": 2,  # square_avg, acc_delta
-    "lion": 1,  # exp_avg (torch has no Lion; as the reference implementations keep)
-    "adam": 2,  # exp_avg, exp_avg_sq
-    "adamw": 2,  # exp_avg, exp_avg_sq
-    "adamax": 2,  # exp_avg, exp_inf
-    "nadam": 2,  # exp_avg, exp_avg_sq (mu_product is a scalar)
-    "radam": 2,  # exp_avg, exp_avg_sq
-}
+# Optimizer -> state tensors kept per parameter (the seed's elementwise optimizers): read from the
+# one optimizer table, recipe/optim.py, which also holds the 8-bit and factored layouts.
+OPTIMIZER_STATES: dict[str, int] = STATE_COUNTS
 
 
 def optimizer_states(optimizer: object, argument: str = "optimizer") -> int:
