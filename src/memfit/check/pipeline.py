@@ -204,7 +204,10 @@ def _peak(config, data: dict) -> list[Problem]:
     from memfit.ledger import training
 
     training_keys = data.get("training") or {}
-    impl = training_keys.get("optimizer_impl", "foreach")
+    # torch.optim's default is foreach; DeepSpeed's engine steps with its own fused Adam (FusedAdam,
+    # or DeepSpeedCPUAdam on the host), in place
+    zero = config.parallel is not None and config.parallel.engine == "zero"
+    impl = training_keys.get("optimizer_impl", "fused" if zero and config.optimizer.strip().lower() in ("adam", "adamw") else "foreach")
     optimizer = config.optimizer.strip().lower()
     problems = []
     if optimizer not in ledger.OPTIMIZER_TEMPORARIES:

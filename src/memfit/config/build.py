@@ -35,6 +35,7 @@ class Tensor:
     dtype: Width
     trainable: bool
     bytes: dict  # category -> int, from costs.Recipe.cost; per-device figures: placement.Placement.of
+    roles: dict | None = None  # role -> int where a recipe splits a category (a grad accum buffer, a master copy): what placement shards
 
 
 @dataclass(slots=True)
@@ -226,12 +227,16 @@ def make_tensor(category, path, name, shape, count, trainable, dtype: Width | No
     """A declared tensor and its cost under the config's recipe; `dtype` overrides only its own storage."""
     elements = math.prod(shape)  # dims are schema-checked ints here
     recipe = config.recipe
+    roles = None
     if getattr(recipe, "shaped", False):  # its optimizer state depends on the shape (Adafactor)
-        sizes = recipe.cost(category, elements, count, trainable, dtype, shape=shape)
+        roles = recipe.role_cost(category, elements, count, trainable, dtype, shape=shape)
+        from memfit.recipe.precision import fold_roles
+
+        sizes = fold_roles(roles)
     else:
         sizes = recipe.cost(category, elements, count, trainable, dtype)
     label = name if name is not None else f"{path[0]}[{path[1]}]" if len(path) == 2 else ".".join(map(str, path))
-    return Tensor(category, path, label, shape, count, elements, dtype or recipe.widths[category], trainable, sizes)
+    return Tensor(category, path, label, shape, count, elements, dtype or recipe.widths[category], trainable, sizes, roles)
 
 
 def optimizer_constants(config: Config) -> list[Tensor]:

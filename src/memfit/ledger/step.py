@@ -246,6 +246,14 @@ def _share(amount: int, part: int, whole: int) -> int:
     return -(-amount * part // whole) if whole else 0
 
 
+def _gathered(gathered: dict, phase: str) -> int:
+    """What a rank gathers at a moment of `phase`: a unit's parameters in forward, and its
+    gradients beside them in backward (placement's transients), nothing in the optimizer step."""
+    if phase == "backward":
+        return sum(gathered.values())
+    return gathered.get("gathered parameters", 0) if phase == "forward" else 0
+
+
 def rank_peak(step: Step, placement, granule: int | None = None) -> dict:
     """The step walked on each GPU of a parallel layout (placement.Placement): at every moment of the
     single-device walk, each category is the rank's own share of it — parameters and optimizer state
@@ -274,12 +282,12 @@ def rank_peak(step: Step, placement, granule: int | None = None) -> dict:
                 "activations": _share(held["activations"], live["activations"], most_acts),
                 "optimizer_state": held["optimizer_state"],
                 # the optimizer steps the rank's own shard (on the host when it is offloaded there)
-                "transient": _share(live["transient"], held["optimizer_state"], all_state) if phase == "optimizer_step" else live["transient"] + sum(gathered.values()),
+                "transient": _share(live["transient"], held["optimizer_state"], all_state) if phase == "optimizer_step" else live["transient"] + _gathered(gathered, phase),
                 "overhead": live["overhead"] + rounding.get(phase, 0),
             }
             total = sum(rank_live.values())
             if best is None or total > best[0]:
-                best = (total, phase, rank_live, i, gathered if phase != "optimizer_step" else {})
+                best = (total, phase, rank_live, i, {k: v for k, v in gathered.items() if phase == "backward" or (phase == "forward" and k == "gathered parameters")})
     total, phase, live, i, gathered = best
     sharded = placement.sharded
     return {"bytes": total, "phase": phase, "live": live, "gathered": gathered, "rank": sharded.stages[i].rank, "ranks": sharded.ranks}

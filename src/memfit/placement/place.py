@@ -128,7 +128,8 @@ def _place_parallel(tensors, layout: Layout) -> Placement:
     for t in tensors:
         if t.category == "parameters":
             n = t.elements * t.count
-            widths = {c: _width(size, n) for c, size in t.bytes.items() if size or c == "parameters"}
+            by_role = t.roles if t.roles is not None else t.bytes  # the recipe's roles: ZeRO shards each on its own
+            widths = {c: _width(size, n) for c, size in by_role.items() if size or c == "parameters"}
             shardable.append(sharding.Tensor(t.name, tuple(t.shape), widths, count=t.count))
         else:
             activations.append(t)

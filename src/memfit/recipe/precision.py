@@ -370,6 +370,23 @@ def _as_width(value) -> Width:
     return Width(value, DTYPES[value][0]) if isinstance(value, str) else Width(str(value), value)
 
 
+# A parameter's tensors by role: the 16-bit gradient and the fp32 accumulation buffer are both
+# gradients, the master copy and the moments both optimizer state, but ZeRO and FSDP shard, keep
+# and offload each on its own (placement/sharding.py SHARD_CLASS)
+ROLE_OF_LABEL = {"weight": "parameters", "grad": "gradients", "grad accum buffer": "grad_accum", "master weight": "master"}
+ROLE_CATEGORY = {"parameters": "parameters", "gradients": "gradients", "grad_accum": "gradients", "master": "optimizer_state",
+                 "optimizer_state": "optimizer_state", "activations": "activations"}
+
+
+def fold_roles(roles: dict) -> dict:
+    """Bytes per role -> bytes per footprint category."""
+    out: dict = {}
+    for role, size in roles.items():
+        category = ROLE_CATEGORY[role]
+        out[category] = out.get(category, 0) + size
+    return out
+
+
 class TrainingRecipe(Recipe):
     """The cost model under a precision recipe: every parameter's tensors from
     parameter_tensors (master copy, gradient buffers, the optimizer's own layout)."""
@@ -386,13 +403,19 @@ class TrainingRecipe(Recipe):
         self.any_8bit = False
 
     def cost(self, category, elements, count=1, trainable=True, own=None, shape=None) -> dict:
+        return fold_roles(self.role_cost(category, elements, count, trainable, own, shape))
+
+    def role_cost(self, category, elements, count=1, trainable=True, own=None, shape=None) -> dict:
+        """Bytes per role (ROLES: the placement shards and offloads each on its own); `cost`
+        folds them into the footprint's categories."""
         if category != "parameters":
             return {category: count * tensor_bytes(elements, (own or self.widths[category]).bytes)}
         param_dtype = None if own is None else (own.name if own.name in DTYPES else own.bytes)
         items = parameter_tensors(self.resolved, self.optimizer, tuple(shape) if shape is not None else (elements,), trainable=trainable, param_dtype=param_dtype)
         sizes: dict = {}
         for item in items:
-            sizes[item.category] = sizes.get(item.category, 0) + count * item.bytes
+            role = ROLE_OF_LABEL.get(item.label, item.category)
+            sizes[role] = sizes.get(role, 0) + count * item.bytes
             if item.dtype == "uint8" and item.category == "optimizer_state":
                 self.any_8bit = True
         return sizes
