@@ -4,6 +4,7 @@
     python benchmarks/bench.py                # the full table (several minutes: check-jsonschema is slow on big files)
     python benchmarks/bench.py --quick        # smaller cases, fewer runs, for iteration
     python benchmarks/bench.py --json out.json
+    python benchmarks/bench.py --against 31cebcc   # also time that commit's memfit on the same files, side by side
 
 Synthetic configs come from a fixed seed, so every run times the same files. Each case is a
 whole process (start-up included), run several times; the table shows the median wall time,
@@ -220,8 +221,19 @@ def mib(n: int) -> str:
     return f"{n / 2**20:.0f}"
 
 
+def _tree_command(tree: Path) -> list[str]:
+    """memfit from a source tree, as `python -m memfit` with that tree's src first on the path."""
+    return ["env", f"PYTHONPATH={tree / 'src'}", sys.executable, "-m", "memfit"]
+
+
 def run(args) -> dict:
     memfit = tool("memfit", "memfit")
+    previous_tree = None
+    if args.against:
+        # both sides run the same way (python -m memfit from a tree), in the same run, on the same files
+        previous_tree = Path(tempfile.mkdtemp(prefix="memfit-bench-rev-")) / "tree"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(previous_tree), args.against], check=True, capture_output=True)
+        memfit = _tree_command(ROOT)
     competitor = tool("check-jsonschema") + ["--schemafile", str(SCHEMA)]
     sizes = args.sizes or ((2_000, 20_000, 30_000) if args.quick else (10_000, 100_000, 150_000))
     configs = args.configs or (200 if args.quick else 1_000)
@@ -242,33 +254,45 @@ def run(args) -> dict:
 
         say("bench: one typical config, cold")
         typical = [str(corpus["typical"])]
-        rows.append({"case": "1 config (75 tensors), cold", "key": "cold", "memfit": measure(memfit + ["check"] + typical, small), "competitor": measure(competitor + typical, small, ok=(0,))})
+        rows.append({"case": "1 config (75 tensors), cold", "key": "cold", "_argv": ["check"] + typical, "memfit": measure(memfit + ["check"] + typical, small), "competitor": measure(competitor + typical, small, ok=(0,))})
 
         say("bench: a 70B-size hf_config, cold")
         hf = [str(corpus["hf"])]
-        rows.append({"case": "1 config with a 70B-size hf_config, cold", "key": "hf70b", "memfit": measure(memfit + ["check"] + hf, small), "competitor": measure(competitor + hf, small, ok=(0,))})
+        rows.append({"case": "1 config with a 70B-size hf_config, cold", "key": "hf70b", "_argv": ["check"] + hf, "memfit": measure(memfit + ["check"] + hf, small), "competitor": measure(competitor + hf, small, ok=(0,))})
         say("bench: memfit fit on the 70B-size hf_config")
         # fit exits 1 when even micro_batch 1 does not fit the config's budget: still a full search
-        rows.append({"case": "memfit fit on the 70B-size hf_config", "key": "fit70b", "memfit": measure(memfit + ["fit"] + hf, small, ok=(0, 1)), "competitor": None})
+        rows.append({"case": "memfit fit on the 70B-size hf_config", "key": "fit70b", "_argv": ["fit"] + hf, "memfit": measure(memfit + ["fit"] + hf, small, ok=(0, 1)), "competitor": None})
 
         say(f"bench: {configs:,} configs in one call")
         files = [str(p) for p in corpus["many"]]
-        rows.append({"case": f"{configs:,} configs in one call", "key": "many", "memfit": measure(memfit + ["check"] + files, huge), "competitor": measure(competitor + files, huge, ok=(0,))})
+        rows.append({"case": f"{configs:,} configs in one call", "key": "many", "_argv": ["check"] + files, "memfit": measure(memfit + ["check"] + files, huge), "competitor": measure(competitor + files, huge, ok=(0,))})
 
         for n, path in corpus["big"].items():
             say(f"bench: one config of {n:,} tensors")
             runs = small if n == sizes[0] else huge
-            rows.append({"case": f"1 config of {n:,} tensors", "key": f"tensors-{n}", "tensors": n, "memfit": measure(memfit + ["check", str(path)], runs), "competitor": measure(competitor + [str(path)], runs if n == sizes[0] else huge_competitor, ok=(0,))})
+            rows.append({"case": f"1 config of {n:,} tensors", "key": f"tensors-{n}", "tensors": n, "_argv": ["check", str(path)], "memfit": measure(memfit + ["check", str(path)], runs), "competitor": measure(competitor + [str(path)], runs if n == sizes[0] else huge_competitor, ok=(0,))})
         largest = corpus["big"][sizes[-1]]
         say(f"bench: memfit explain on {sizes[-1]:,} tensors")
-        rows.append({"case": f"memfit explain, {sizes[-1]:,} tensors", "key": "explain", "memfit": measure(memfit + ["explain", "--color", "never", str(largest)], huge), "competitor": None})
+        rows.append({"case": f"memfit explain, {sizes[-1]:,} tensors", "key": "explain", "_argv": ["explain", "--color", "never", str(largest)], "memfit": measure(memfit + ["explain", "--color", "never", str(largest)], huge), "competitor": None})
+        if previous_tree is not None:
+            previous = _tree_command(previous_tree)
+            say(f"bench: the same cases with {args.against}")
+            for row in rows:
+                if row["key"] == "floor":
+                    continue
+                argv = row.pop("_argv")
+                row["previous"] = measure(previous + argv, small if row["memfit"]["runs"] == small else huge, ok=(0, 1))
+                row["vs_previous"] = row["memfit"]["seconds"] / row["previous"]["seconds"]
     finally:
+        if previous_tree is not None:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(previous_tree)], check=False, capture_output=True)
         if args.keep:
             print(f"bench: files kept in {root}", file=sys.stderr)
         else:
             shutil.rmtree(root, ignore_errors=True)
 
     for row in rows:
+        row.pop("_argv", None)
         m, c = row["memfit"], row["competitor"]
         row["vs_floor"] = m["seconds"] / floor["seconds"]
         if c:
@@ -277,7 +301,7 @@ def run(args) -> dict:
     import resource
 
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"machine": machine(), "versions": versions(), "quick": args.quick, "bench_peak_bytes": own, "rows": rows, "targets": targets(rows, sizes, configs)}
+    return {"machine": machine(), "versions": versions(), "quick": args.quick, "against": args.against, "bench_peak_bytes": own, "rows": rows, "targets": targets(rows, sizes, configs)}
 
 
 def targets(rows: list[dict], sizes, configs: int) -> list[dict]:
@@ -315,6 +339,11 @@ def table(report: dict) -> str:
         mem, comp = row["memfit"], row["competitor"]
         cj = (f"{comp['seconds']:.3f}", mib(comp["peak_bytes"]), f"{row['time_ratio']:.2f}", f"{row['memory_ratio']:.2f}") if comp else ("", "", "", "")
         lines.append(f"| {row['case']} | {mem['seconds']:.3f} | {mib(mem['peak_bytes'])} | {cj[0]} | {cj[1]} | {cj[2]} | {cj[3]} | {row['vs_floor']:.2f} |")
+    if any("previous" in row for row in report["rows"]):
+        lines += ["", f"against {report.get('against')}, side by side in this run:", "", "| case | this tree s | that commit s | this / that |", "| --- | ---: | ---: | ---: |"]
+        for row in report["rows"]:
+            if "previous" in row:
+                lines.append(f"| {row['case']} | {row['memfit']['seconds']:.3f} | {row['previous']['seconds']:.3f} | {row['vs_previous']:.3f} |")
     lines += ["", "| target | measured | met |", "| --- | ---: | --- |"]
     for t in report["targets"]:
         lines.append(f"| {t['target']} | {t['value']:.3f} | {'yes' if t['met'] else 'NO'} |")
@@ -338,6 +367,7 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, metavar="N", help="runs per case (default 7 for small cases, 3 for big ones; check-jsonschema once on the two biggest)")
     parser.add_argument("--generate", metavar="DIR", help=argparse.SUPPRESS)  # internal: write the configs only
     parser.add_argument("--silent", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--against", metavar="REV", help="also run a commit's memfit (a git worktree of REV) on every case, side by side")
     args = parser.parse_args(argv)
     if args.generate:
         write_corpus(Path(args.generate), args.configs, args.sizes)
