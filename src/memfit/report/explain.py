@@ -91,7 +91,19 @@ def _render(result, colour: bool, lines: list[str]) -> int | None:
     out("")
 
     peak = config.placement.peak
-    if peak is not None and peak["gathered"]:
+    if peak is not None and config.placement.step_peak is not None:
+        # a run on a data-parallel layout: the step walked on this rank (ledger.step.rank_peak)
+        from memfit.ledger.step import LIVE_WORDS, PHASE_WORDS
+
+        out(f"the step on this rank peaks during {PHASE_WORDS[peak['phase']]}; live then:")
+        for category, size in peak["live"].items():
+            out(f"{'  ' + LIVE_WORDS[category]:<16} {size:>24,} {human(size):>13}")
+        for what, size in peak["gathered"].items():
+            out(f"{'    of it ' + what:<32} {size:>16,} {human(size):>13}")
+        out(f"{'peak':<16} {peak['bytes']:>24,} {human(peak['bytes']):>13}")
+        out("")
+        total = peak["bytes"]
+    elif peak is not None and peak["gathered"]:
         for what, size in peak["gathered"].items():
             out(f"{'+ ' + what:<28} {size:>12,} {human(size):>13}  (for a moment)")
         out(f"{'peak':<16} {peak['bytes']:>24,} {human(peak['bytes']):>13}")
@@ -159,5 +171,7 @@ def parallel_lines(placement) -> list:
         gathered = sum(placement.transients[s].values())
         a, b = r.layers
         span = f"{a}-{b - 1}" if b > a else "-"
-        out.append(f"  {s:>5} {r.rank:>6} {span:>9} {human(device):>13} {human(gathered):>11} {human(device + gathered):>11} {human(sum(r.host.values())):>11}")
+        # a run on a data-parallel layout: the step's peak on this rank (its transients included)
+        top = placement.step_peak["bytes"] if placement.step_peak is not None else device + gathered
+        out.append(f"  {s:>5} {r.rank:>6} {span:>9} {human(device):>13} {human(gathered):>11} {human(top):>11} {human(sum(r.host.values())):>11}")
     return out
