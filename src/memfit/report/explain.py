@@ -99,7 +99,7 @@ def _render(result, colour: bool, lines: list[str]) -> int | None:
         for category, size in peak["live"].items():
             out(f"{'  ' + LIVE_WORDS[category]:<16} {size:>24,} {human(size):>13}")
         for what, size in peak["gathered"].items():
-            out(f"{'    of it ' + what:<32} {size:>16,} {human(size):>13}")
+            out(f"{'    of it ' + what:<26} {size:>14,} {human(size):>13}")
         out(f"{'peak':<16} {peak['bytes']:>24,} {human(peak['bytes']):>13}")
         out("")
         total = peak["bytes"]
