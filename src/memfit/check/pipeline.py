@@ -36,6 +36,7 @@ class Result:
     skipped: bool = False
     data: object = None
     fixes: list | None = None  # with --suggest: fixes.Fix, cheapest first
+    closest: object = None  # with --suggest, when no fix fits: fixes.Closest, what came nearest
 
     @property
     def footprint(self) -> dict | None:
