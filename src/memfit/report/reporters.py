@@ -71,10 +71,9 @@ def fix_lines(result) -> list[str]:
     if not result.fixes:
         if not found & {codes.BUDGET_EXCEEDED, codes.NEAR_BUDGET}:
             return []
-        from memfit.whatif.fixes import MAX_CHANGES
-
-        lines = [f"{result.path}: no change memfit knows of, alone or up to {MAX_CHANGES} together, makes this config fit"]
         closest = getattr(result, "closest", None)
+        together = f"up to {closest.searched} together" if closest is not None else "combined"
+        lines = [f"{result.path}: no change memfit knows of, alone or {together}, makes this config fit"]
         if closest is not None:
             figure = "peak" if result.peak else "total"
             lines.append(f"  closest: {closest.title}: {figure} {human(closest.total)} of {human(closest.budget)}, over by {human(closest.over)}")

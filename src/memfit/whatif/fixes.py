@@ -253,6 +253,7 @@ class Closest:
     total: int
     budget: int
     changes: list
+    searched: int = MAX_CHANGES  # combinations of up to this many changes were tried
 
     @property
     def over(self) -> int:
