@@ -109,6 +109,10 @@ def _check(text: str, path: str, options: Options) -> Result:
         what = "the file is empty" if data is None else f"its top level is {_kind(data)}, not a mapping with a 'memfit' key" if not isinstance(data, dict) else "it has no top-level 'memfit' key"
         result.diagnostics.append(diagnostic(FILE_START, codes.NOT_A_CONFIG, f"not a memfit config: {what} (add 'memfit: 1')"))
         return result
+    from memfit.read.names import canonical
+    from memfit.read.schema import schema
+
+    data = canonical(data, schema())  # enum values without regard to case (FULL_SHARD is full_shard)
     result.data = data
     problems = _pipeline(data, options, result)
     unique = not any(lookup(d.code).ambiguous_keys for d in result.diagnostics)
