@@ -157,7 +157,12 @@ def _folded(values: tuple) -> dict:
     return {k: vs[0] for k, vs in seen.items() if len(vs) == 1}
 
 
+EXACT = frozenset({"#/$defs/layer_type"})  # Keras class names: `Conv2d` is a mistake to report (with the nearest types)
+
+
 def _walk(value, node, root):
+    if isinstance(node, dict) and node.get("$ref") in EXACT:
+        return value
     node = _resolve(node, root)
     if isinstance(value, str):
         enum = node.get("enum")
