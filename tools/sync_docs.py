@@ -17,6 +17,10 @@ shown in part). `select="a.0.b"` keeps one value of a JSON output (keys and list
 printed as JSON (a container on one line when that line is at most 100 characters, 130 for one holding only
 numbers and strings, else one item a line).
 
+`<!-- memfit-docs examples-table -->` before a Markdown table whose first cell links each example: its
+last cell is rewritten to what `memfit check --format json` gives for that file, the figure the budget gate
+compares (a run's peak, else the total) over the budget (tests/test_docs.py checks the same).
+
 `setup="NAME"`: the commands run in a scratch directory made from `tests/docs_setups/NAME/` (its files
 copied; `setup.sh` there, when present, is run first: it may `git init`, commit and edit). Without it the
 scratch directory holds links to the repository's `examples/`, `action.yml` and `README.md`. Either way
@@ -45,7 +49,7 @@ SETUPS = ROOT / "tests" / "docs_setups"
 LINKED = ("examples", "action.yml", "README.md")
 MARKER = re.compile(r"^(?P<indent>[ \t]*)<!-- memfit-docs(?P<attrs>(?: [^>]*)?) -->[ \t]*$")
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>```+)[\w-]*[ \t]*$")
-ATTR = re.compile(r'(\w+)(?:="([^"]*)")?')
+ATTR = re.compile(r'([\w-]+)(?:="([^"]*)")?')
 # A fixed author, committer and date: a setup's commits (and the short SHAs `memfit diff` prints) are the same
 # on every run.
 GIT_ENV = {
@@ -87,6 +91,12 @@ def blocks(page: Path, text: str | None = None) -> list[Block]:
             continue
         attrs = {k: v for k, v in ATTR.findall(m["attrs"])}
         j = i + 1
+        if "examples-table" in attrs:
+            k = j
+            while k < len(lines) and lines[k].startswith("|"):
+                k += 1
+            found.append(Block(page, i + 1, attrs, "", j, k, lines[j:k]))
+            continue
         while j < len(lines) and not lines[j].strip():
             j += 1
         fence = FENCE.match(lines[j]) if j < len(lines) else None
@@ -175,6 +185,8 @@ def select(output: str, path: str, where: str) -> str:
 
 def render(block: Block, work: Path, env: dict[str, str]) -> list[str]:
     """The block's content as the program prints it now."""
+    if "examples-table" in block.attrs:
+        return examples_table(block.lines, env)
     unknown = set(block.attrs) - {"run", "cmd", "select", "setup"}
     if unknown or ("run" in block.attrs) == ("cmd" in block.attrs):
         raise DocsError(f"{block.where()}: a marker takes `run` or cmd=\"...\" (and select=, setup=), not {sorted(block.attrs)}")
@@ -196,6 +208,30 @@ def render(block: Block, work: Path, env: dict[str, str]) -> list[str]:
         if out:
             new.extend(out.split("\n"))
     return new
+
+
+ROW = re.compile(r"^\| \[`([^`]+)`\]\([^)]+\) \|(.*)\| ([^|]+) \|$")
+
+
+def gated_figure(entry: dict) -> int:
+    """The figure the budget gate compares, as `check --format json` reports it: a run's peak, else the total."""
+    peak = entry.get("peak")
+    return peak["bytes"] if isinstance(peak, dict) else entry["footprint"]["total"]
+
+
+def examples_table(lines: list[str], env: dict[str, str]) -> list[str]:
+    from memfit.diagnostics.units import human
+
+    paths = [m.group(1) for m in map(ROW.match, lines) if m]
+    done = subprocess.run(
+        [sys.executable, "-m", "memfit", "check", "--format", "json", *paths], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    figures = {e["path"]: f"{human(gated_figure(e))} / {human(e['budget'])}" for e in json.loads(done.stdout)["files"]}
+    out = []
+    for line in lines:
+        m = ROW.match(line)
+        out.append(line if m is None else line[: m.start(3)] + f"{figures[m.group(1)]} |")
+    return out
 
 
 def refresh(page: Path) -> tuple[str, str]:
