@@ -119,6 +119,18 @@ model:
   hf_config: llama-70b.json
 training: {micro_batch: 1, seq_len: 8192, attention: sdpa, checkpointing: full}
 """
+# The same model on H100s under FSDP: what `memfit fit --vary gpus` answers for (issue 22)
+HF_GPUS_YAML = """memfit: 1
+name: llama-70b-h100
+optimizer: adamw
+device: {name: H100 SXM, memory: 80 GB, reserve: 2 GiB}
+host: {memory: 1 TiB}
+dtypes: {parameters: bfloat16, gradients: bfloat16, activations: bfloat16, optimizer_state: float32}
+model:
+  hf_config: llama-70b.json
+training: {micro_batch: 1, seq_len: 4096, attention: sdpa, checkpointing: full}
+parallel: {data: 16, fsdp: full_shard, gpus_per_node: 8}
+"""
 
 
 def layout(root: Path, configs: int, sizes: tuple[int, ...]) -> dict:
@@ -127,6 +139,7 @@ def layout(root: Path, configs: int, sizes: tuple[int, ...]) -> dict:
     return {
         "typical": root / "typical.yaml",
         "hf": root / "hf70b.yaml",
+        "gpus": root / "hf70b-h100.yaml",
         "many": [root / "many" / f"config-{i:04d}.yaml" for i in range(configs)],
         "big": {n: root / f"tensors-{n}.yaml" for n in sizes},
     }
@@ -136,6 +149,7 @@ def write_corpus(root: Path, configs: int, sizes: tuple[int, ...]) -> dict:
     files = layout(root, configs, sizes)
     files["typical"].write_text(config_text(75), encoding="utf-8")
     files["hf"].write_text(HF_YAML, encoding="utf-8")
+    files["gpus"].write_text(HF_GPUS_YAML, encoding="utf-8")
     (root / "llama-70b.json").write_text(json.dumps(LLAMA_70B, indent=2), encoding="utf-8")
     (root / "many").mkdir()
     for i, path in enumerate(files["many"]):
@@ -263,6 +277,11 @@ def run(args) -> dict:
         # fit exits 1 when even micro_batch 1 does not fit the config's budget: still a full search
         rows.append({"case": "memfit fit on the 70B-size hf_config", "key": "fit70b", "_argv": ["fit"] + hf, "memfit": measure(memfit + ["fit"] + hf, small, ok=(0, 1)), "competitor": None})
 
+        say("bench: memfit check and memfit fit --vary gpus on the 70B on H100s")
+        gpus = [str(corpus["gpus"])]
+        rows.append({"case": "memfit check, the 70B on H100s (FSDP)", "key": "check70bh100", "memfit": measure(memfit + ["check"] + gpus, small, ok=(0, 1)), "competitor": None})
+        rows.append({"case": "memfit fit --vary gpus, the 70B on H100s", "key": "gpus70b", "memfit": measure(memfit + ["fit", "--vary", "gpus"] + gpus, small, ok=(0, 1)), "competitor": None})
+
         say(f"bench: {configs:,} configs in one call")
         files = [str(p) for p in corpus["many"]]
         rows.append({"case": f"{configs:,} configs in one call", "key": "many", "_argv": ["check"] + files, "memfit": measure(memfit + ["check"] + files, huge), "competitor": measure(competitor + files, huge, ok=(0,))})
@@ -317,6 +336,7 @@ def targets(rows: list[dict], sizes, configs: int) -> list[dict]:
         target("1 config cold: memfit / floor <= 1.3", cold["vs_floor"], 1.3),
         target("70B-size hf_config cold: memfit / floor <= 1.3", by["hf70b"]["vs_floor"], 1.3),
         target("memfit fit / memfit check on the 70B-size hf_config <= 2", by["fit70b"]["memfit"]["seconds"] / by["hf70b"]["memfit"]["seconds"], 2),
+        target("memfit fit --vary gpus / memfit check on the 70B on H100s <= 2", by["gpus70b"]["memfit"]["seconds"] / by["check70bh100"]["memfit"]["seconds"], 2),
         target("1 config cold: memfit / check-jsonschema <= 0.5", cold["time_ratio"], 0.5),
         target(f"{configs:,} configs: check-jsonschema / memfit >= 4", 1 / many["time_ratio"], 4, better_below=False),
         target(f"{sizes[-1]:,} tensors: check-jsonschema / memfit >= 4", 1 / largest["time_ratio"], 4, better_below=False),

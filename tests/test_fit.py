@@ -223,7 +223,7 @@ def test_near_budget_fixes_clear_the_warning(keras):
 
 def test_no_fix_for_explicit_tensors_is_said():
     done = memfit("check", "--suggest", EXAMPLES / "over-budget" / "gpt2-medium-on-t4.yaml")
-    assert done.returncode == 1 and "no single change memfit knows of makes this config fit" in done.stdout
+    assert done.returncode == 1 and "no change memfit knows of, alone or up to 3 together, makes this config fit" in done.stdout  # closest: the 8-bit optimizer
 
 
 def test_insertions_keep_the_layout():

@@ -36,6 +36,7 @@ class Result:
     skipped: bool = False
     data: object = None
     fixes: list | None = None  # with --suggest: fixes.Fix, cheapest first
+    closest: object = None  # with --suggest, when no fix fits: fixes.Closest, what came nearest
 
     @property
     def footprint(self) -> dict | None:
@@ -108,6 +109,10 @@ def _check(text: str, path: str, options: Options) -> Result:
         what = "the file is empty" if data is None else f"its top level is {_kind(data)}, not a mapping with a 'memfit' key" if not isinstance(data, dict) else "it has no top-level 'memfit' key"
         result.diagnostics.append(diagnostic(FILE_START, codes.NOT_A_CONFIG, f"not a memfit config: {what} (add 'memfit: 1')"))
         return result
+    from memfit.read.names import canonical
+    from memfit.read.schema import schema
+
+    data = canonical(data, schema())  # enum values without regard to case (FULL_SHARD is full_shard)
     result.data = data
     problems = _pipeline(data, options, result)
     unique = not any(lookup(d.code).ambiguous_keys for d in result.diagnostics)
@@ -139,7 +144,11 @@ def _pipeline(data: dict, options: Options, result: Result) -> list[Problem]:
 
     problems = schema.problems(data)
     cfg = None
-    if not problems:
+    if problems:  # every problem at once: what the parts the schema accepts allow (salvage.py)
+        from memfit.check.salvage import salvage
+
+        problems.extend(salvage(data, problems, lambda config, d: _layout_problems(config, _dims(_transformer_config(d, result.path)))))
+    else:
         config, problems = build(data)
         if "lora" in data or "quantization" in data:
             from memfit.recipe import adapters

@@ -70,9 +70,14 @@ def parser() -> argparse.ArgumentParser:
 
     from memfit.whatif.fit import DEFAULT_VARY, VARY
 
-    fit = commands.add_parser("fit", help="the largest micro_batch (or other training key) that fits")
+    fit = commands.add_parser("fit", help="the largest micro_batch (or other training key) that fits, or the fewest GPUs")
     fit.add_argument("paths", nargs="+", metavar="CONFIG", help="config files, or directories to search for *.yaml / *.yml")
-    fit.add_argument("--vary", choices=list(VARY), default=DEFAULT_VARY, help=f"the key to search (default {DEFAULT_VARY})")
+    fit.add_argument(
+        "--vary",
+        choices=[*VARY, "gpus", "data"],
+        default=DEFAULT_VARY,
+        help=f"the key to search (default {DEFAULT_VARY}); gpus (or data): the fewest data-parallel GPUs per strategy",
+    )
     fit.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
     common(fit)
 

@@ -105,21 +105,31 @@ def fit_file(path: str, vary: str, options: Options):
     """One file's fit answer; like safe_check, a bug in memfit is a diagnostic on that file."""
     from memfit.check.pipeline import check, internal_error
     from memfit.whatif.fit import Fit, fit
+    from memfit.whatif.gpus import GPU_VARY, GpuFit, gpus
     from memfit.read.inputs import read
 
+    empty = GpuFit if vary in GPU_VARY else Fit
     try:
         text, problem, _ = read(path, options.max_file_size)
         if problem is not None:
-            return Fit(path, vary, diagnostics=[problem])
+            return empty(path, vary, diagnostics=[problem])
+        if vary in GPU_VARY:
+            return gpus(check(text, path, options), vary, options)
         return fit(check(text, path, options), text, vary, options)
     except Exception as error:  # noqa: BLE001
-        return Fit(path, vary, diagnostics=[internal_error(error)])
+        return empty(path, vary, diagnostics=[internal_error(error)])
 
 
 def run_fit(args, options: Options) -> int:
     from memfit.whatif.fit import REPORTERS, Fit
+    from memfit.whatif.gpus import GPU_VARY, GpuFit
 
-    fits = [Fit(p, args.vary, diagnostics=[d]) if d else fit_file(p, args.vary, options) for p, d in expand(args.paths)]
+    empty = Fit
+    if args.vary in GPU_VARY:
+        from memfit.whatif.gpus import REPORTERS
+
+        empty = GpuFit
+    fits = [empty(p, args.vary, diagnostics=[d]) if d else fit_file(p, args.vary, options) for p, d in expand(args.paths)]
     REPORTERS[args.format](sys.stdout).report(fits)
     if any(f.usage for f in fits):
         return EXIT_USAGE

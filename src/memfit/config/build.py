@@ -160,6 +160,12 @@ def _preset(device: dict, config: Config) -> list[Problem]:
 
     name = device["preset"]
     preset = presets.lookup(name)
+    choices = presets.ambiguous(name) if preset is None else []
+    if choices:
+        from memfit.diagnostics.units import human
+
+        listed = ", ".join(f"{c} ({human(presets.PRESETS[c].memory)})" for c in choices)
+        return [Problem(("device", "preset"), codes.UNKNOWN_PRESET, f"device preset {name!r} is ambiguous: it names cards with different memory: {listed}; name one")]
     if preset is None:
         near = presets.closest(name)
         hint = f"; did you mean {', '.join(near)}?" if near else ""

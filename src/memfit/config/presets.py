@@ -45,7 +45,9 @@ PRESETS: dict[str, Preset] = {
         Preset("MI300X", 201310208 * 1024, "rocminfo, AMD Instinct MI300X, GLOBAL coarse-grained pool 201310208 KB: ROCm/rocm-examples#187", "amd"),
     )
 }
-ALIASES = {"A100": "A100-80GB", "H100": "H100-80GB", "V100": "V100-32GB", "RTX3090": "RTX-3090", "RTX4090": "RTX-4090", "3090": "RTX-3090", "4090": "RTX-4090"}
+# Short names for a card the table has in one memory size only. A name that starts several presets of
+# different memory (A100: 40 or 80 GB; V100: 16 or 32 GB) is no alias: it is ambiguous, and an error.
+ALIASES = {"H100": "H100-80GB", "RTX3090": "RTX-3090", "RTX4090": "RTX-4090", "3090": "RTX-3090", "4090": "RTX-4090"}
 
 
 def _key(name: str) -> str:
@@ -59,6 +61,18 @@ def lookup(name: str) -> Preset | None:
     """Case, spaces, dashes and underscores do not matter: 'a100 80gb' is A100-80GB."""
     found = _BY_KEY.get(_key(str(name)))
     return PRESETS[found] if found else None
+
+
+def ambiguous(name: str) -> list[str]:
+    """The presets a short name could mean when they differ in memory ('A100': A100-40GB, A100-80GB);
+    [] when the name is exact, unknown or means one card."""
+    if lookup(name) is not None:
+        return []
+    key = _key(str(name))
+    if not key:
+        return []
+    found = [n for n in PRESETS if _key(n).startswith(key)]
+    return found if len({PRESETS[n].memory for n in found}) > 1 else []
 
 
 def closest(name: str, n: int = 3) -> list[str]:

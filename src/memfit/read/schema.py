@@ -223,9 +223,12 @@ def _by_keyword(error, path: tuple) -> list[Problem]:
         known = list(error.schema.get("properties", {}))
         extra = [key for key in value if key not in error.schema.get("properties", {})]
         out = []
+        from memfit.read.names import framework_hint
+
         for key in extra:
             near = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
-            hint = f"; did you mean {near[0]!r}?" if near else f" (known: {', '.join(known)})"
+            framework = framework_hint(key)  # a framework's name for a memfit key (names.FRAMEWORK_NAMES)
+            hint = f"; {framework}" if framework else f"; did you mean {near[0]!r}?" if near else f" (known: {', '.join(known)})"
             out.append(Problem(path + (key,), codes.SCHEMA, f"unknown key {key!r} in {where}{hint}", on_key=True))
         return out
     if keyword == "required":

@@ -69,13 +69,20 @@ def fix_lines(result) -> list[str]:
     """--suggest: the fixes under the file's diagnostics, each with its edit as path:line:col."""
     found = {d.code for d in result.diagnostics}
     if not result.fixes:
-        if found & {codes.BUDGET_EXCEEDED, codes.NEAR_BUDGET}:
-            return [f"{result.path}: no single change memfit knows of makes this config fit"]
-        return []
+        if not found & {codes.BUDGET_EXCEEDED, codes.NEAR_BUDGET}:
+            return []
+        closest = getattr(result, "closest", None)
+        together = f"up to {closest.searched} together" if closest is not None else "combined"
+        lines = [f"{result.path}: no change memfit knows of, alone or {together}, makes this config fit"]
+        if closest is not None:
+            figure = "peak" if result.peak else "total"
+            lines.append(f"  closest: {closest.title}: {figure} {human(closest.total)} of {human(closest.budget)}, over by {human(closest.over)}")
+        return lines
     budget = f" of {human(result.budget)}" if result.budget is not None else ""
     goal = "" if codes.BUDGET_EXCEEDED in found else " (each brings it below the warning mark)"
     count = f"{len(result.fixes)} fix{'' if len(result.fixes) == 1 else 'es'}"
-    lines = [f"{result.path}: {count}, cheapest in training speed first{goal}:"]
+    combined = " (no single change fits: combinations)" if any("+" in fix.kind for fix in result.fixes) else ""
+    lines = [f"{result.path}: {count}, cheapest in training speed first{goal}{combined}:"]
     figure = "peak" if result.peak else "total"  # what the gate compares: a run's peak, else the total
     for i, fix in enumerate(result.fixes, 1):
         lines.append(f"  {i}. {fix.title}: {figure} {human(fix.total)}{budget}")
@@ -115,7 +122,7 @@ class JsonReporter(Reporter):
 
     def report(self, results) -> None:
         files = [
-            _entry(r, {"budget": r.budget, "diagnostics": [d.to_json() for d in r.diagnostics], **({"fixes": [f.to_json() for f in r.fixes]} if r.fixes is not None else {})})
+            _entry(r, {"budget": r.budget, "diagnostics": [d.to_json() for d in r.diagnostics], **({"fixes": [f.to_json() for f in r.fixes]} if r.fixes is not None else {}), **({"closest": r.closest.to_json()} if r.fixes is not None and getattr(r, "closest", None) is not None else {})})
             for r in results
             if not r.skipped
         ]

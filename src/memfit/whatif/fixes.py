@@ -97,14 +97,17 @@ def _get(data, path: tuple):
     return node
 
 
-def _micro_batch(data: dict, options: Options, refuse, result: Result) -> list[tuple]:
-    """micro_batch down to the largest that fits, gradient_accumulation up to keep the global batch."""
+def _micro_batch(data: dict, options: Options, refuse, result: Result, floor: bool = False) -> list[tuple]:
+    """micro_batch down to the largest that fits, gradient_accumulation up to keep the global batch
+    (`floor`: down to 1 even when 1 does not fit, to see how close that comes)."""
     key = location(data, "micro_batch")
     if key is None:
         return []
     current = read(data, key)
     both = locations(data, "micro_batch")  # spellings of one axis agree: all change together
     new = largest(Probe(data, both, options, refuse, result.path))
+    if new == 0 and floor:
+        new = 1
     if new == 0 or new >= current:
         return []
     changes = [(path, read(data, path), new) for path in both]
@@ -116,7 +119,9 @@ def _micro_batch(data: dict, options: Options, refuse, result: Result) -> list[t
         after = math.ceil(current * before / new)
         if after != before:
             changes.append((accumulate, steps, after))
-        title = f"micro_batch {current} → {new}, gradient_accumulation {before} → {after} (global batch {current * before} → {new * after})"
+        ranks = _get(data, ("parallel", "data"))
+        ranks = ranks if isinstance(ranks, int) and ranks > 0 else 1  # the global batch spans the data-parallel ranks
+        title = f"micro_batch {current} → {new}, gradient_accumulation {before} → {after} (global batch {current * before * ranks} → {new * after * ranks})"
     else:
         title = f"micro_batch {current} → {new} (no gradient_accumulation key to keep the global batch: it shrinks)"
     return [(title, changes)]
@@ -195,13 +200,14 @@ class Remedy:
 
 
 # Ranked by what each costs in step time, from the published measurements the anchors cite:
-# an 8-bit optimizer runs its update in one fused kernel (bitsandbytes: same speed); ZeRO 1-2
+# PyTorch's fused optimizer implementation is as fast as foreach or faster (torch.optim docs); an 8-bit optimizer runs its update in one fused kernel (bitsandbytes: same speed); ZeRO 1-2
 # communicate what plain data parallelism does (ZeRO paper, sec. 7); a smaller micro-batch
 # with more accumulation steps keeps the maths but uses the GPU less fully; selective
 # recomputation redoes only the attention core (Korthikanti et al.: ~4% overhead); FSDP
 # full_shard adds an all-gather per layer; full checkpointing runs the forward twice (~33%);
 # CPU offload moves the state over PCIe every step.
 REMEDIES: tuple[Remedy, ...] = (
+    Remedy("optimizer_impl", 0, _set(("training", "optimizer_impl"), "fused", "optimizer_impl: fused (one kernel per step: no foreach temporaries)", when=lambda d: isinstance(d.get("training"), dict))),
     Remedy("optimizer_8bit", 0, _eight_bit),
     Remedy("zero", 1, _next_zero),
     Remedy("micro_batch", 2, _micro_batch),
@@ -235,14 +241,46 @@ def _with(node, path: tuple, value):
     return {**base, head: _with(base.get(head), rest, value) if rest else value}
 
 
+MAX_CHANGES = 3  # a combination has at most this many remedies
+SHOWN = 3  # combinations offered, cheapest first
+
+
+@dataclass
+class Closest:
+    """When nothing fits: the valid change (single or combined) that came nearest, and by how much it misses."""
+
+    title: str
+    total: int
+    budget: int
+    changes: list
+    searched: int = MAX_CHANGES  # combinations of up to this many changes were tried
+
+    @property
+    def over(self) -> int:
+        return self.total - self.budget
+
+    def to_json(self) -> dict:
+        return {
+            "title": self.title,
+            "total": self.total,
+            "budget": self.budget,
+            "over": self.over,
+            "changes": [{"key": ".".join(map(str, p)), "from": before, "to": after} for p, before, after in self.changes],
+        }
+
+
 def fixes(result: Result, text: str, options: Options = Options()) -> list[Fix]:
-    """The fixes for a checked config (check()'s result on `text`), cheapest first; none when it fits."""
+    """The fixes for a checked config (check()'s result on `text`), cheapest first; none when it fits.
+    Single changes first; when none fits, combinations of up to MAX_CHANGES remedies of the table, the
+    SHOWN cheapest. When nothing fits, `result.closest` says what came nearest."""
     refuse = refused(result)
     if refuse is None or result.data is None or result.config is None:
         return []
     found: list[Fix] = []
     seen: set = set()
     evaluated = inline(result.data, result.path)  # referenced files read once
+    near = _Nearest(result.budget)
+    useless: set = set()  # remedies that, alone, are refused or change nothing: left out of combinations
     for remedy in REMEDIES:
         for title, changes in remedy.propose(evaluated, options, refuse, result):
             key = tuple((p, after) for p, _, after in changes)
@@ -251,12 +289,96 @@ def fixes(result: Result, text: str, options: Options = Options()) -> list[Fix]:
             seen.add(key)
             after = evaluate(apply(evaluated, changes), options, result.path)
             if after.footprint is None or any(d.severity == codes.ERROR and d.code not in CLEAR for d in after.diagnostics):
+                useless.add(remedy)
                 continue  # the change is not valid here (the pipeline refuses it)
             if any(d.code in refuse for d in after.diagnostics):
+                if gated(after) == gated(result):
+                    useless.add(remedy)
+                near.saw(title, after, changes)
                 continue  # it does not make the config fit
             found.append(Fix(remedy.kind, title, gated(after), changes, edits(text, changes, result.data), remedy.speed))
     found.sort(key=lambda f: f.speed)
+    if not found:
+        found = _combined(result, text, evaluated, options, refuse, near, useless)
+    result.closest = near.best if not found else None
     return found
+
+
+class _Nearest:
+    def __init__(self, budget: int | None) -> None:
+        self.budget = budget
+        self.best: Closest | None = None
+
+    def saw(self, title: str, after: Result, changes) -> None:
+        total = gated(after)
+        if total is None or self.budget is None:
+            return
+        if self.best is None or total < self.best.total:
+            self.best = Closest(title, total, self.budget, list(changes))
+
+
+def _cost(ranks) -> tuple:
+    """A combination's cost: its dearest change first, then the next (ranks are an order, not amounts)."""
+    return tuple(sorted(ranks, reverse=True))
+
+
+def _combined(result: Result, text: str, evaluated: dict, options: Options, refuse, near: _Nearest, useless=frozenset()) -> list[Fix]:
+    """Combinations of 2..MAX_CHANGES remedies, tried cheapest first: each remedy proposes on the data the
+    previous ones changed (the micro-batch one last: the largest micro-batch that fits the changed config);
+    a combination that touches one key twice, or contains one that already fits, is not tried, nor one
+    with a remedy that alone was refused or changed nothing."""
+    from itertools import combinations
+
+    ranked = [r for r in REMEDIES if r not in useless]
+    candidates = [c for size in range(2, MAX_CHANGES + 1) for c in combinations(range(len(ranked)), size)]
+    candidates.sort(key=lambda c: (_cost(ranked[i].speed for i in c), c))
+    found: list[Fix] = []
+    fitting: list[set] = []
+    for combo in candidates:
+        if len(found) >= SHOWN:
+            break
+        if any(f <= set(combo) for f in fitting):
+            continue  # a cheaper subset already fits
+        order = sorted(combo, key=lambda i: ranked[i].kind == "micro_batch")  # the micro-batch search last
+        data, changes, titles, ok = evaluated, [], [], True
+        for i in order:
+            if ranked[i].propose is _micro_batch:  # when nothing fits, micro-batch 1 shows how close the rest come
+                proposed = _micro_batch(data, options, refuse, result, floor=True)
+            else:
+                proposed = ranked[i].propose(data, options, refuse, result)
+            if not proposed:
+                ok = False
+                break
+            title, more = proposed[0]
+            if any(p == q for p, _, _ in more for q, _, _ in changes):
+                ok = False
+                break
+            changes, titles = changes + list(more), titles + [title]
+            data = apply(data, more)
+        if not ok:
+            continue
+        after = evaluate(data, options, result.path)
+        if after.footprint is None or any(d.severity == codes.ERROR and d.code not in CLEAR for d in after.diagnostics):
+            continue
+        title = " + ".join(titles)
+        if any(d.code in refuse for d in after.diagnostics):
+            near.saw(title, after, changes)
+            continue
+        originals = [(p, _get(result.data, p), value) for p, _, value in changes]  # `from` as the file has it
+        fix = Fix("+".join(ranked[i].kind for i in order), title, gated(after), originals, sorted(edits(text, originals, result.data), key=lambda e: (e.range.start_line, e.range.start_character)), max(ranked[i].speed for i in combo))
+        if not _edits_fit(fix, text, result, options, refuse):
+            continue
+        fitting.append(set(combo))
+        found.append(fix)
+    return found
+
+
+def _edits_fit(fix: Fix, text: str, result: Result, options: Options, refuse) -> bool:
+    """The edits, applied to the text, give a config that passes: what the user will run."""
+    from memfit.check.pipeline import check
+
+    after = check(apply_edits(text, fix.edits), result.path, options)
+    return after.config is not None and not any(d.severity == codes.ERROR or d.code in refuse for d in after.diagnostics)
 
 
 # --- text edits ----------------------------------------------------------------------------
