@@ -644,7 +644,7 @@ def make_server() -> MemfitServer:
             return None
         actions = []
         fixes = await asyncio.get_running_loop().run_in_executor(ls.analysis_pool, lambda: analysis.fixes)  # what-if checks: off the loop
-        for i, fix in enumerate(fixes):
+        for i, fix in enumerate(f for f in fixes if f.edits):  # a fix without a safe edit is shown by --suggest in words only
             edits = [types.TextEdit(range=ls.to_client(analysis.lines, e.range), new_text=e.new_text) for e in fix.edits]
             actions.append(
                 types.CodeAction(
