@@ -67,10 +67,15 @@ YAML_KEYS = [
     ("training", "micro_batch"), ("training", "seq_len"), ("training", "attention"), ("training", "checkpointing"),
     ("training", "optimizer_impl"), ("training", "gradient_accumulation"), ("dtypes", "activations"), ("dtypes", "parameters"),
     ("dtypes", "optimizer_state"), ("device", "memory"), ("device", "reserve"), ("optimizer",), ("precision",),
+    ("device", "warn_at"), ("device", "overhead"), ("device", "preset"), ("training", "grad_accum_dtype"), ("master_weights",),
+    ("parallel", "data"), ("parallel", "tensor"), ("parallel", "pipeline"), ("parallel", "zero"), ("parallel", "fsdp"),
+    ("parallel", "gpus_per_node"), ("parallel", "sequence_parallel"), ("host", "memory"), ("lora", "r"), ("lora", "alpha"),
+    ("lora", "dropout"), ("quantization", "method"), ("quantization", "compute_dtype"), ("quantization", "double_quant"),
 ]
 YAML_VALUES = st.one_of(
     st.integers(-2, 4), st.sampled_from([10**9, 10**30]), st.sampled_from([float("nan"), float("inf"), -1.5, 0.5, 8, 2]),
-    st.sampled_from(["fp32", "double", "int4", "bfloat17", "eager", "flash", "full", "selective", "fused", "adamw8bit", "bf16-mixed", "16-true", "1 GiB", "-1 GB", "lots"]),
+    st.sampled_from(["fp32", "double", "int4", "bfloat17", "eager", "flash", "full", "selective", "fused", "adamw8bit", "bf16-mixed", "16-true", "1 GiB", "-1 GB", "lots",
+                     "A100", "H100 SXM", "nf4", "full_shard", "90%", "150%", "-5%", "bfloat16"]),
     st.none(), st.booleans(),
 )
 

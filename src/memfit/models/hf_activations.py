@@ -23,6 +23,8 @@ Dtype roles, resolved per precision recipe by `_roles`:
 
 from __future__ import annotations
 
+import threading
+
 from math import prod
 from typing import NamedTuple
 
@@ -479,7 +481,20 @@ def _roles(precision: str, dtypes: dict | None, adapter: str) -> dict:
             "i64": "int64", "i32": "int32", "bool": "bool"}
 
 
-_LAST_RECIPE = ["32-true"]
+class _PerThread(threading.local):
+    """issue 23 (hardening): the language server analyses documents in threads; the remembered recipe is each
+    thread's own, so two documents analysed at once cannot mix recipes. `[0]` reads and writes it as before."""
+
+    value = "32-true"
+
+    def __getitem__(self, index: int) -> str:
+        return self.value
+
+    def __setitem__(self, index: int, value: str) -> None:
+        self.value = value
+
+
+_LAST_RECIPE = _PerThread()
 
 
 def _dtypes(precision: str, dtypes: dict | None) -> dict:
