@@ -71,6 +71,7 @@ MAX_LAYERS = 2048
 MAX_LABELS = 1 << 17  # a sequence-classification head of more labels than this is not a config.json memfit derives
 MAX_DIGITS = 1000  # an integer literal longer than this is refused at parse time (Python converts at most 4,300)
 LAYER_TYPES = ("full_attention", "sliding_attention")
+_LABEL_ID = re.compile(r"-?[0-9]{1,18}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +153,9 @@ def parse(text: str) -> Loaded:
     return Loaded(raw, Positions(text))
 
 
+# validate() places problems at most two keys deep (rope_parameters.factor, id2label's keys, architectures[0]):
+# deeper nodes are walked over, not recorded (a 4 MB label map is not turned into a million entries).
+MAX_POSITION_DEPTH = 2
 _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]:,]|[^\s{}\[\]:,"]+')
 
 
@@ -186,27 +190,31 @@ class Positions:
             token, start, _ = tokens[index]
             if token == "{":
                 index += 1
+                deep = len(path) >= MAX_POSITION_DEPTH
                 while tokens[index][0] != "}":
                     if tokens[index][0] == ",":
                         index += 1
                         continue
                     key_token, key_start, key_end = tokens[index]
-                    key = json.loads(key_token)
+                    key = None if deep else json.loads(key_token)  # below the depth problems are placed at, only skipped
                     index += 2  # the key and ':'
                     value_start, value_end = value(path + (key,))
-                    found[path + (key,)] = ((key_start, key_end), (value_start, value_end))
+                    if not deep:
+                        found[path + (key,)] = ((key_start, key_end), (value_start, value_end))
                 end = tokens[index][2]
                 index += 1
                 return start, end
             if token == "[":
                 index += 1
                 item = 0
+                deep = len(path) >= MAX_POSITION_DEPTH
                 while tokens[index][0] != "]":
                     if tokens[index][0] == ",":
                         index += 1
                         continue
                     item_start, item_end = value(path + (item,))
-                    found[path + (item,)] = ((item_start, item_end), (item_start, item_end))
+                    if not deep:
+                        found[path + (item,)] = ((item_start, item_end), (item_start, item_end))
                     item += 1
                 end = tokens[index][2]
                 index += 1
@@ -466,12 +474,12 @@ def _nested(given: str, key: str, value: dict) -> list[HFProblem]:
             elif isinstance(item, float) and not math.isfinite(item) or isinstance(item, HugeInteger):
                 out.append(HFProblem((given, name), BAD_MODEL_CONFIG, f"{given}.{name} must be a finite number, not {_shown(item)}"))
     elif key == "id2label":
+        if len(value) > MAX_LABELS:
+            return [HFProblem((given,), TOO_LARGE, f"id2label has {len(value):,} labels, more than {MAX_LABELS:,}: a classification head that large is not modeled")]
         for label in value:
-            if not re.fullmatch(r"-?[0-9]{1,18}", label):
+            if not _LABEL_ID.fullmatch(label):
                 out.append(HFProblem((given, label), BAD_MODEL_CONFIG, f"id2label keys are label ids (integers), not {excerpt(label)}", on_key=True))
                 break
-        if len(value) > MAX_LABELS:
-            out.append(HFProblem((given,), TOO_LARGE, f"id2label has {len(value):,} labels, more than {MAX_LABELS:,}: a classification head that large is not modeled"))
     elif key == "label2id":
         for label, index in value.items():
             if isinstance(index, bool) or not isinstance(index, int):
