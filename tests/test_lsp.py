@@ -577,3 +577,91 @@ async def test_tcp_serves_the_same_diagnostics(tmp_path: Path):
         if server.returncode is None:
             server.kill()
         await asyncio.wait_for(server.wait(), TIMEOUT)
+
+
+# --- issue 23: a server that stays up for everyone ---------------------------------------------------
+
+
+def _slow_config(n: int = 60_000) -> str:
+    """A valid config whose analysis takes seconds: 60,000 declared tensors."""
+    return "memfit: 1\ndevice: {memory: 80 GiB}\noptimizer: adam\nparameters:\n" + "".join(
+        f"  - {{name: p{i}, shape: [{i % 97 + 1}, 64]}}\n" for i in range(n)
+    )
+
+
+async def test_a_slow_document_never_delays_another_documents_requests(client: LanguageClient, tmp_path: Path):
+    import time
+
+    healthy, slow = (tmp_path / "healthy.yaml").as_uri(), (tmp_path / "slow.yaml").as_uri()
+    open_doc(client, healthy, BASE)
+    await published(client, healthy)
+    position = at(BASE, 6, "fc.weight")
+    assert await hover(client, healthy, position) is not None
+    open_doc(client, slow, _slow_config())
+    slow_done = asyncio.ensure_future(published(client, slow))
+    await asyncio.sleep(0.3)  # the slow analysis is under way
+    answered = []
+    for _ in range(5):
+        started = time.perf_counter()
+        found = await hover(client, healthy, position)
+        answered.append(time.perf_counter() - started)
+        assert found is not None and "fc.weight" in found.contents.value
+    assert not slow_done.done()  # every hover above was answered while the slow document was analysed
+    assert max(answered) < 0.2, answered
+    # an edit of the healthy document is analysed beside the slow one, not after it
+    replace(client, healthy, BASE.replace("count: 12", "count: 24"), 2)
+    started = time.perf_counter()
+    changed = await hover(client, healthy, at(BASE, 7, "fc.bias"))
+    assert changed is not None and not slow_done.done(), time.perf_counter() - started
+    diagnostics = await slow_done
+    assert diagnostics == []  # and the slow document was analysed all the same
+
+
+@pytest_lsp.fixture(config=CONFIG)
+async def small_limit_client(lsp_client: LanguageClient):
+    """A server whose size limit on a document is 4,096 bytes (the CLI's --max-file-size, as an initialization option)."""
+    lsp_client.init = await _start(lsp_client, options={"max_file_size": 4096})
+    yield
+    await lsp_client.shutdown_session()
+
+
+async def test_documents_over_the_size_limit_are_not_kept_or_analysed(small_limit_client, tmp_path: Path):
+    lsp_client = small_limit_client
+    big, small = (tmp_path / "big.yaml").as_uri(), (tmp_path / "small.yaml").as_uri()
+    open_doc(lsp_client, small, BASE)
+    assert await published(lsp_client, small) == []
+    text = BASE + "# padding\n" * 500  # 5,000+ bytes
+    open_doc(lsp_client, big, text)
+    (d,) = await published(lsp_client, big)
+    assert d.code == "io" and "over the 4,096-byte limit" in d.message
+    # edits cannot grow it (its text is not kept) and requests about it are answered with nothing
+    for version in range(2, 5):
+        lsp_client.text_document_did_change(
+            types.DidChangeTextDocumentParams(
+                types.VersionedTextDocumentIdentifier(uri=big, version=version),
+                [types.TextDocumentContentChangePartial(range=types.Range(types.Position(0, 0), types.Position(0, 0)), text="#" * 3000 + "\n")],
+            )
+        )
+    assert await hover(lsp_client, big, types.Position(line=0, character=0)) is None
+    # growing an open document past the limit drops it the same way
+    replace(lsp_client, small, text, 2)
+    (d,) = await published(lsp_client, small)
+    assert d.code == "io"
+    assert lsp_client.messages == [] and [m for m in lsp_client.log_messages if m.type == types.MessageType.Error] == []
+
+
+async def test_requests_about_closed_or_unopened_documents_are_ignored_quietly(client: LanguageClient, tmp_path: Path):
+    uri = (tmp_path / "gone.yaml").as_uri()
+    open_doc(client, uri, BASE)
+    await published(client, uri)
+    client.text_document_did_close(types.DidCloseTextDocumentParams(types.TextDocumentIdentifier(uri=uri)))
+    assert await published(client, uri) == []  # its diagnostics are taken back
+    replace(client, uri, BASE, 2)  # a change after the close: pygls raised KeyError and the editor showed it
+    client.text_document_did_save(types.DidSaveTextDocumentParams(types.TextDocumentIdentifier(uri=uri)))
+    never = (tmp_path / "never.yaml").as_uri()
+    replace(client, never, BASE, 3)
+    assert await hover(client, uri, types.Position(line=0, character=0)) is None
+    assert await hover(client, never, types.Position(line=0, character=0)) is None
+    assert await hints(client, never, 0, 3) is None
+    assert client.messages == [] and [m for m in client.log_messages if m.type == types.MessageType.Error] == []
+    assert client.published[uri].empty() and client.published[never].empty()

@@ -295,6 +295,10 @@ def session(messages: list) -> tuple[lsp.MemfitServer, list[dict]]:
             server.protocol.receive(message if isinstance(message, bytes) else json.dumps(message).encode())
             await asyncio.sleep(0)
         await asyncio.sleep(0.01)
+        # analyses run in threads and requests wait for their document's: let every task the messages started finish
+        deadline = asyncio.get_running_loop().time() + TIMEOUT
+        while asyncio.get_running_loop().time() < deadline and [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
+            await asyncio.sleep(0.01)
 
     asyncio.run(run())
     return server, out.messages

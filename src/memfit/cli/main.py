@@ -85,7 +85,11 @@ def parser() -> argparse.ArgumentParser:
     diff.add_argument("rev", metavar="REV", help="the git revision to compare against, e.g. main or the pull request's base SHA")
     diff.add_argument("paths", nargs="*", metavar="PATH", help="files or directories (default: the whole repository)")
     diff.add_argument("--format", choices=("text", "json", "markdown"), default="text", help="output format (default text)")
-    diff.add_argument("--fail-on-growth", type=_share_arg, metavar="PERCENT", help="exit 1 when any config's total grows by more than this share, e.g. 5%%")
+    diff.add_argument(
+        "--fail-on-growth", type=_share_arg, metavar="PERCENT",
+        help="exit 1 when any config's gated figure (its peak, else its total) grows by more than this share, e.g. 5%%, or it passed and now fails",
+    )
+    common(diff)
 
     commands.add_parser("schema", help="print the config JSON Schema")
 

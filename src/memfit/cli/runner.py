@@ -33,12 +33,7 @@ def run(args) -> int:
         return start(args)
     if args.command == "diff":
         return run_diff(args)
-    options = Options(
-        budget=args.budget,
-        warn_at=args.warn_at,
-        skip_unrecognized=getattr(args, "skip_unrecognized", False),
-        max_file_size=args.max_file_size,
-    )
+    options = _options(args)
     if args.command == "fit":
         return run_fit(args, options)
     if args.command == "explain":
@@ -136,19 +131,33 @@ def run_fit(args, options: Options) -> int:
     return EXIT_FAILED if any(f.failed for f in fits) else EXIT_OK
 
 
+def _options(args) -> Options:
+    return Options(
+        budget=args.budget,
+        warn_at=args.warn_at,
+        skip_unrecognized=getattr(args, "skip_unrecognized", False),
+        max_file_size=args.max_file_size,
+    )
+
+
 def run_diff(args) -> int:
+    from memfit.diagnostics.safe_text import printable
     from memfit.whatif.diff import REPORTERS, UsageError, compare, grown
 
     try:
-        comparison = compare(args.rev, args.paths)
+        comparison = compare(args.rev, args.paths, options=_options(args))
     except UsageError as error:
-        sys.stderr.write(f"memfit diff: {error}\n")
+        sys.stderr.write(f"memfit diff: {printable(str(error))}\n")
         return EXIT_USAGE
     REPORTERS[args.format](sys.stdout).report(comparison)
     if args.fail_on_growth is not None:
         over = grown(comparison, args.fail_on_growth)
         for entry in over:
-            sys.stderr.write(f"memfit diff: {entry.path}: the total grew by {float(entry.growth * 100):.1f}%, more than {float(args.fail_on_growth * 100):g}%\n")
+            if entry.newly_failing:
+                sys.stderr.write(f"memfit diff: {printable(entry.path)}: passed its budget at {printable(args.rev)} and fails it now\n")
+            else:
+                share = float(entry.growth * 100)
+                sys.stderr.write(f"memfit diff: {printable(entry.path)}: the {entry.label} grew by {share:.1f}%, more than {float(args.fail_on_growth * 100):g}%\n")
         if over:
             return EXIT_FAILED
     return EXIT_OK

@@ -14,6 +14,7 @@ import logging
 import re
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from urllib.parse import unquote
@@ -29,7 +30,10 @@ from memfit import __version__
 from memfit.check.pipeline import Options, Result, check, has_marker, internal_error
 from memfit.editor.editor import STALE, Analysis, choices, completion_context, split_lines
 from memfit.whatif.fixes import FIXABLE
+from memfit.diagnostics import codes
+from memfit.diagnostics.diagnostic import FILE_START, diagnostic
 from memfit.diagnostics.units import human
+from memfit.read.inputs import DEFAULT_MAX_FILE_SIZE
 
 # A frame bigger than this is refused (and its bytes skipped) instead of read into memory: a
 # config of 64 MiB is far past anything memfit checks, and a header claiming 10^12 bytes must not
@@ -46,6 +50,7 @@ INTERNAL_ERROR = -32603
 SERVER_NOT_INITIALIZED = -32002
 
 DEFAULT_DEBOUNCE_MS = 50  # edits closer together than this coalesce into one analysis
+ANALYSIS_THREADS = 2  # analyses run off the event loop: one slow document never holds another's requests
 OPTIONS = Options(skip_unrecognized=True)  # serve memfit configs only, silent on other YAML
 SUMMARY_COMMAND = "memfit.footprint"
 
@@ -69,12 +74,22 @@ class Document:
     published: bool = False  # the client holds non-empty diagnostics from us
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
     finished: float = float("-inf")  # loop time when the last analysis ended
+    task: asyncio.Task | None = field(default=None, repr=False)  # the last analysis asked for (running or queued)
+    analysed: tuple | None = field(default=None, repr=False)  # (version, text) of the last analysis run
 
     @property
     def view(self) -> Analysis | None:
         if self.latest is not None and self.latest.config is not None:
             return self.latest
         return self.good
+
+
+def _check(text: str, path: str) -> Result:
+    """check() for the language server (run in an analysis thread): a bug is a diagnostic, never a dead server."""
+    try:
+        return check(text, path, OPTIONS)
+    except Exception as error:  # noqa: BLE001
+        return Result(path, [internal_error(error)])
 
 
 def _plain_range(where) -> types.Range:
@@ -144,6 +159,8 @@ class MemfitProtocol(LanguageServerProtocol):
             if is_request:
                 self.send_error(message.id, INVALID_REQUEST, "Invalid request: the server is shutting down (only exit is accepted)")
             return
+        if method in (types.TEXT_DOCUMENT_DID_CHANGE, types.TEXT_DOCUMENT_DID_SAVE) and not self._server.is_open(message.params.text_document.uri):
+            return  # about a document that is not open (never opened, closed, or dropped as too large): ignored quietly
         super().handle_message(message)
 
     # --- writing ---------------------------------------------------------------------
@@ -301,6 +318,8 @@ class MemfitServer(LanguageServer):
         self.documents: dict[str, Document] = {}
         self.debounce = DEFAULT_DEBOUNCE_MS / 1000
         self.exit_code = 0
+        self.max_file_size = DEFAULT_MAX_FILE_SIZE  # the CLI's limit on a config; a bigger document is not analysed
+        self.analysis_pool = ThreadPoolExecutor(max_workers=ANALYSIS_THREADS, thread_name_prefix="memfit-analysis")
 
     def is_open(self, uri: str) -> bool:
         """Only documents the client opened are analysed: their text is the client's. A change or
@@ -350,35 +369,79 @@ class MemfitServer(LanguageServer):
 
     # --- analysis -------------------------------------------------------------------
 
-    def analyse(self, uri: str) -> Document | None:
-        """Check the document's current text now and publish the diagnostics."""
+    def analyse(self, uri: str) -> asyncio.Task:
+        """Check the document's current text off the event loop and publish the diagnostics.
+
+        Returns the analysis task (its result: the Document, or None). Analyses of one document run
+        one after another (a new one waits for the running one); one that starts when the text is
+        the one last analysed does nothing, so a burst of edits costs the running analysis and one
+        of the latest text. Other documents' analyses and requests never wait for it."""
         state = self.documents.setdefault(uri, Document())
         if state.timer is not None:
             state.timer.cancel()
             state.timer = None
+        state.task = asyncio.ensure_future(self._analysis(uri, state.task))
+        return state.task
+
+    async def _analysis(self, uri: str, previous: asyncio.Task | None) -> Document | None:
+        if previous is not None and not previous.done():
+            try:
+                await asyncio.shield(previous)
+            except Exception:  # noqa: BLE001 -- its failure is its own
+                pass
+        state = self.documents.get(uri)
         document = self.opened_text(uri)
-        if document is None:
+        if document is None or state is None:
             self.documents.pop(uri, None)
             return None
-        text = document.source
+        text, version = document.source, document.version
+        if state.analysed is not None and state.analysed[0] == version and state.analysed[1] is text:
+            return state  # superseded: a later analysis already covered this text
+        state.analysed = (version, text)
         path = to_fs_path(uri) or uri
-        try:
-            result = check(text, path, OPTIONS)
-        except Exception as error:  # noqa: BLE001 -- a bug in memfit is a diagnostic, never a dead server
-            result = Result(path, [internal_error(error)])
+        result = await asyncio.get_running_loop().run_in_executor(self.analysis_pool, _check, text, path)
+        if self.documents.get(uri) is not state:
+            return None  # closed (or reopened) while it ran: nothing to say
         if result.skipped:
             # not (or no longer) a memfit config: say nothing, except to take back what we said
-            self.documents[uri] = Document()
+            fresh = Document(task=state.task, analysed=state.analysed)
+            self.documents[uri] = fresh
             if state.published:
-                self.publish(uri, None, document.version)
+                self.publish(uri, None, version)
             return None
-        analysis = Analysis(text, result, document.version)
+        analysis = Analysis(text, result, version)
         state.latest = analysis
         if result.config is not None:
             state.good = analysis
-        self.publish(uri, analysis, document.version)
+        self.publish(uri, analysis, version)
         state.finished = asyncio.get_running_loop().time()
         return state
+
+    def too_large(self, uri: str) -> bool:
+        """A document over the CLI's size limit is dropped from the workspace (its text is not kept,
+        so edits cannot grow it without bound), told with one io diagnostic and not analysed;
+        later changes to it are ignored until it is opened again."""
+        document = self.opened_text(uri)
+        if document is None:
+            return False
+        source = document.source
+        if len(source) <= self.max_file_size // 4 or len(source.encode("utf-8", "surrogatepass")) <= self.max_file_size:
+            return False
+        size = len(source.encode("utf-8", "surrogatepass"))
+        self.workspace.remove_text_document(uri)
+        state = self.documents.pop(uri, None)
+        if state is not None and state.timer is not None:
+            state.timer.cancel()
+        self.documents[uri] = Document(published=True)
+        message = f"this document is {size:,} bytes, over the {self.max_file_size:,}-byte limit on a config: it is not analysed (reopen it once smaller)"
+        problem = diagnostic(FILE_START, codes.IO, message)
+        self.text_document_publish_diagnostics(
+            types.PublishDiagnosticsParams(
+                uri=uri,
+                diagnostics=[types.Diagnostic(range=_plain_range(problem.range), message=message, severity=types.DiagnosticSeverity.Error, code=codes.IO, source="memfit")],
+            )
+        )
+        return True
 
     def publish(self, uri: str, analysis: Analysis | None, version: int | None) -> None:
         diagnostics = [] if analysis is None else [self.diagnostic(analysis, d) for d in analysis.result.diagnostics]
@@ -430,13 +493,18 @@ class MemfitServer(LanguageServer):
             state.timer = None
             self.analyse(uri)
 
-    def current(self, uri: str) -> Document | None:
-        """The document's state for a request, first flushing a pending (debounced) analysis
-        so that hover and hints never answer from a text older than the one on screen."""
-        state = self.documents.get(uri)
-        if state is not None and state.timer is not None:
-            state = self.analyse(uri)
-        return state
+    async def current(self, uri: str) -> Document | None:
+        """The document's state for a request, first flushing a pending (debounced) analysis and
+        waiting for this document's own analysis, so that hover and hints never answer from a text
+        older than the one on screen. Another document's analysis is never waited for."""
+        state = self.documents.get(uri) if isinstance(uri, str) else None
+        if state is None:
+            return None
+        if state.timer is not None:
+            await self.analyse(uri)
+        elif state.task is not None and not state.task.done():
+            await asyncio.shield(state.task)
+        return self.documents.get(uri)
 
     # --- positions ------------------------------------------------------------------
 
@@ -473,14 +541,18 @@ def make_server() -> MemfitServer:
         options = params.initialization_options
         if isinstance(options, dict) and isinstance(options.get("debounce_ms"), (int, float)) and options["debounce_ms"] >= 0:
             ls.debounce = options["debounce_ms"] / 1000
+        limit = options.get("max_file_size") if isinstance(options, dict) else None
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+            ls.max_file_size = limit  # as --max-file-size on the command line
 
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     def did_open(ls: MemfitServer, params: types.DidOpenTextDocumentParams) -> None:
-        ls.analyse(params.text_document.uri)
+        if not ls.too_large(params.text_document.uri):
+            ls.analyse(params.text_document.uri)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(ls: MemfitServer, params: types.DidChangeTextDocumentParams) -> None:
-        if ls.is_open(params.text_document.uri):
+        if ls.is_open(params.text_document.uri) and not ls.too_large(params.text_document.uri):
             ls.changed(params.text_document.uri)
 
     @server.feature(types.TEXT_DOCUMENT_DID_SAVE, types.SaveOptions(include_text=False))
@@ -499,13 +571,13 @@ def make_server() -> MemfitServer:
             ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=params.text_document.uri, diagnostics=[]))
 
     @server.feature(types.TEXT_DOCUMENT_HOVER)
-    def hover(ls: MemfitServer, params: types.HoverParams) -> types.Hover | None:
-        state = ls.current(params.text_document.uri)
+    async def hover(ls: MemfitServer, params: types.HoverParams) -> types.Hover | None:
+        state = await ls.current(params.text_document.uri)
         view = state.view if state is not None else None
         if view is None:
             return None
         line, character = ls.position_from_client(view.lines, params.position)
-        found = view.hover(line, character)
+        found = await asyncio.get_running_loop().run_in_executor(ls.analysis_pool, view.hover, line, character)  # may run a fit search
         if found is None:
             return None
         return types.Hover(
@@ -514,15 +586,17 @@ def make_server() -> MemfitServer:
         )
 
     @server.feature(types.TEXT_DOCUMENT_INLAY_HINT, types.InlayHintOptions(resolve_provider=False))
-    def inlay_hints(ls: MemfitServer, params: types.InlayHintParams) -> list[types.InlayHint] | None:
-        state = ls.current(params.text_document.uri)
+    async def inlay_hints(ls: MemfitServer, params: types.InlayHintParams) -> list[types.InlayHint] | None:
+        state = await ls.current(params.text_document.uri)
         view = state.view if state is not None else None
         if view is None:
             return None
         start = ls.position_from_client(view.lines, params.range.start)
         end = ls.position_from_client(view.lines, params.range.end)
         hints = []
-        for hint in view.hints(start[0], end[0], stale=view is not state.latest):
+        stale = view is not state.latest
+        found = await asyncio.get_running_loop().run_in_executor(ls.analysis_pool, lambda: list(view.hints(start[0], end[0], stale=stale)))
+        for hint in found:
             if not start <= (hint.line, hint.character) <= end:
                 continue
             hints.append(
@@ -536,8 +610,8 @@ def make_server() -> MemfitServer:
         return hints
 
     @server.feature(types.TEXT_DOCUMENT_CODE_LENS, types.CodeLensOptions(resolve_provider=False))
-    def code_lens(ls: MemfitServer, params: types.CodeLensParams) -> list[types.CodeLens] | None:
-        state = ls.current(params.text_document.uri)
+    async def code_lens(ls: MemfitServer, params: types.CodeLensParams) -> list[types.CodeLens] | None:
+        state = await ls.current(params.text_document.uri)
         view = state.view if state is not None else None
         if view is None or view.summary() is None or view.summary_range() is None:
             return None
@@ -558,18 +632,19 @@ def make_server() -> MemfitServer:
         return dict(view.config.footprint) if view is not None else None
 
     @server.feature(types.TEXT_DOCUMENT_CODE_ACTION, types.CodeActionOptions(code_action_kinds=[types.CodeActionKind.QuickFix]))
-    def code_action(ls: MemfitServer, params: types.CodeActionParams) -> list[types.CodeAction] | None:
+    async def code_action(ls: MemfitServer, params: types.CodeActionParams) -> list[types.CodeAction] | None:
         """Quick fixes on the budget diagnostics: each fix's edit, applied as a workspace edit."""
         asked = [d for d in params.context.diagnostics if d.code in FIXABLE and d.source == "memfit"]
         if not asked:
             return None
         uri = params.text_document.uri
-        state = ls.current(uri)
+        state = await ls.current(uri)
         analysis = state.latest if state is not None else None
         if analysis is None or analysis.config is None:
             return None
         actions = []
-        for i, fix in enumerate(analysis.fixes):
+        fixes = await asyncio.get_running_loop().run_in_executor(ls.analysis_pool, lambda: analysis.fixes)  # what-if checks: off the loop
+        for i, fix in enumerate(f for f in fixes if f.edits):  # a fix without a safe edit is shown by --suggest in words only
             edits = [types.TextEdit(range=ls.to_client(analysis.lines, e.range), new_text=e.new_text) for e in fix.edits]
             actions.append(
                 types.CodeAction(

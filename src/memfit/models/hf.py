@@ -434,6 +434,39 @@ def _recipe_arguments(data: dict, base: str = "float32") -> dict:
     return out
 
 
+# --- hardening (issue 23): dtypes.activations on a transformer model -----------------------------
+# hf_activations computes per tensor in the float dtypes autograd keeps (float32, bfloat16, float16); a config's
+# dtypes.activations forces that dtype. An alias is its dtype; a numeric width is the float of that width; any
+# other dtype (float64, int8, a 4-bit format, width 8...) is refused at the key, never replaced by the recipe's.
+_ACTIVATION_FLOATS = ("float32", "bfloat16", "float16")
+
+
+def forced_activations(declared) -> tuple:
+    """(the dtypes argument hf_activations takes, or None; a Problem at dtypes.activations, or None)."""
+    from memfit.diagnostics import codes
+    from memfit.diagnostics.diagnostic import Problem
+    from memfit.recipe.dtypes import DTYPES
+
+    value = declared.get("activations") if isinstance(declared, dict) else None
+    if value is None:
+        return None, None
+    name = None
+    if isinstance(value, str) and value in DTYPES:
+        meaning = DTYPES[value][1]
+        name = meaning[len("alias of ") :] if meaning.startswith("alias of ") else value
+        name = "float32" if name == "tf32" else name  # stored as 32 bits
+    elif not isinstance(value, (str, bool)):
+        name = {DTYPES[n][0]: n for n in ("float32", "float16")}.get(value)
+    if name in _ACTIVATION_FLOATS:
+        return {"activations": name}, None
+    shown = value if isinstance(value, str) else f"{value} bytes per element"
+    message = (
+        f"dtypes.activations {shown}: a transformer model's activations are modeled per tensor in "
+        f"{', '.join(_ACTIVATION_FLOATS)} (or a width of 4 or 2 bytes); this dtype is not"
+    )
+    return None, Problem(("dtypes", "activations"), codes.UNKNOWN_DTYPE, message)
+
+
 def _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpointing, data) -> list:
     from memfit.config.build import make_tensor
     from memfit.recipe.costs import width
@@ -441,8 +474,9 @@ def _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpoi
 
     rows = []
     prefix = layer_prefix(cfg)
-    declared = data.get("dtypes", {})
-    dtypes = {"activations": declared["activations"]} if isinstance(declared.get("activations"), str) else None
+    dtypes, problem = forced_activations(data.get("dtypes", {}))
+    if problem is not None:
+        return [problem]
     base_name = config.widths["parameters"].name
     recipe = _recipe_arguments(data, base_name if isinstance(base_name, str) else "float32")
     adapted = "lora" in data or "quantization" in data

@@ -23,6 +23,7 @@ Dtype roles, resolved per precision recipe by `_roles`:
 
 from __future__ import annotations
 
+
 from math import prod
 from typing import NamedTuple
 

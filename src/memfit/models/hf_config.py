@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import os
 import re
 import stat
@@ -28,6 +29,7 @@ JSON_SYNTAX = "json-syntax"
 UNSUPPORTED_MODEL = "unsupported-model"
 BAD_MODEL_CONFIG = "bad-model-config"
 SHAPE_MISMATCH = "shape-mismatch"
+TOO_LARGE = "too-large"
 
 MAX_BYTES = 4 * 1024 * 1024  # real config.json files are a few kB; a label map can make them larger
 EXCERPT = 40  # characters of a referenced file's content a message may quote
@@ -37,9 +39,39 @@ POSITIVE = frozenset(
     {
         "vocab_size", "hidden_size", "n_embd", "intermediate_size", "n_inner", "num_hidden_layers", "n_layer",
         "num_attention_heads", "n_head", "num_key_value_heads", "head_dim", "max_position_embeddings",
-        "n_positions", "type_vocab_size", "num_local_experts", "num_experts_per_tok",
+        "n_positions", "type_vocab_size", "num_local_experts", "num_experts_per_tok", "num_labels",
+        "original_max_position_embeddings", "pretraining_tp", "sliding_window",
     }
 )
+NON_NEGATIVE = frozenset({"chunk_size_feed_forward", "max_window_layers"})
+# Probabilities: torch's nn.Dropout refuses p outside [0, 1].
+PROBABILITIES = frozenset(
+    {
+        "attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout", "hidden_dropout_prob",
+        "attention_probs_dropout_prob", "hidden_dropout", "classifier_dropout",
+    }
+)
+# Other numbers memfit does not compute with but a model does: finite and not negative.
+NON_NEGATIVE_NUMBERS = frozenset(
+    {"initializer_range", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "router_aux_loss_coef", "router_jitter_noise"}
+)
+# Read from config.json by every family with a rotary embedding (models/families.Family.rope_theta_default), beside
+# the family's own fields; GPT-NeoX's legacy spellings by it alone (Family.rope_legacy).
+ROPE_FIELDS = {
+    "rope_theta": (None, "number?"),
+    "partial_rotary_factor": (None, "number?"),
+    "rope_scaling": (None, "dict?"),
+}
+# A rotary embedding's fraction of each head (`int(head_dim * factor)` dims rotate): documented as a fraction.
+FRACTIONS = frozenset({"partial_rotary_factor", "rotary_pct"})
+POSITIVE_NUMBERS = frozenset({"rope_theta", "rotary_emb_base", "factor"})
+# The peak walks the step's events layer by layer (ledger/step.py): about 0.4 ms a layer, so this bound keeps
+# a check under a second. The largest published models have under 200 layers.
+MAX_LAYERS = 2048
+MAX_LABELS = 1 << 17  # a sequence-classification head of more labels than this is not a config.json memfit derives
+MAX_DIGITS = 1000  # an integer literal longer than this is refused at parse time (Python converts at most 4,300)
+LAYER_TYPES = ("full_attention", "sliding_attention")
+_LABEL_ID = re.compile(r"-?[0-9]{1,18}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,9 +134,17 @@ def load(path: str) -> Loaded:
     return parse(text)
 
 
+class HugeInteger(str):
+    """An integer literal of more than MAX_DIGITS digits, kept as its text (validate reports it where it is)."""
+
+
+def _parse_int(literal: str):
+    return HugeInteger(literal) if len(literal) > MAX_DIGITS else int(literal)
+
+
 def parse(text: str) -> Loaded:
     try:
-        raw = json.loads(text)
+        raw = json.loads(text, parse_int=_parse_int)
     except json.JSONDecodeError as error:
         line, column = error.lineno - 1, error.colno - 1
         raise LoadError(JSON_SYNTAX, f"invalid JSON: {error.msg}", Range(line, column, line, column + 1)) from None
@@ -113,6 +153,9 @@ def parse(text: str) -> Loaded:
     return Loaded(raw, Positions(text))
 
 
+# validate() places problems at most two keys deep (rope_parameters.factor, id2label's keys, architectures[0]):
+# deeper nodes are walked over, not recorded (a 4 MB label map is not turned into a million entries).
+MAX_POSITION_DEPTH = 2
 _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]:,]|[^\s{}\[\]:,"]+')
 
 
@@ -147,27 +190,31 @@ class Positions:
             token, start, _ = tokens[index]
             if token == "{":
                 index += 1
+                deep = len(path) >= MAX_POSITION_DEPTH
                 while tokens[index][0] != "}":
                     if tokens[index][0] == ",":
                         index += 1
                         continue
                     key_token, key_start, key_end = tokens[index]
-                    key = json.loads(key_token)
+                    key = None if deep else json.loads(key_token)  # below the depth problems are placed at, only skipped
                     index += 2  # the key and ':'
                     value_start, value_end = value(path + (key,))
-                    found[path + (key,)] = ((key_start, key_end), (value_start, value_end))
+                    if not deep:
+                        found[path + (key,)] = ((key_start, key_end), (value_start, value_end))
                 end = tokens[index][2]
                 index += 1
                 return start, end
             if token == "[":
                 index += 1
                 item = 0
+                deep = len(path) >= MAX_POSITION_DEPTH
                 while tokens[index][0] != "]":
                     if tokens[index][0] == ",":
                         index += 1
                         continue
                     item_start, item_end = value(path + (item,))
-                    found[path + (item,)] = ((item_start, item_end), (item_start, item_end))
+                    if not deep:
+                        found[path + (item,)] = ((item_start, item_end), (item_start, item_end))
                     item += 1
                 end = tokens[index][2]
                 index += 1
@@ -200,6 +247,8 @@ class Positions:
 
 
 def _type_ok(value, kind: str) -> bool:
+    if isinstance(value, HugeInteger):
+        return False
     if value is None:
         return kind.endswith("?")
     base = kind.rstrip("?")
@@ -234,6 +283,35 @@ _TYPE_WORDS = {
 }
 
 
+def _shown(value) -> str:
+    if isinstance(value, HugeInteger):
+        return f"an integer of {len(value.lstrip('-')):,} digits"
+    return excerpt(value)
+
+
+def _range_problem(key: str, value) -> str | None:
+    """What is wrong with a well-typed number `value` of `key`, or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{key} must be a finite number, not {value}"
+    if key in POSITIVE and value < 1:
+        return f"{key} must be at least 1, not {value}"
+    if key in NON_NEGATIVE | NON_NEGATIVE_NUMBERS and value < 0:
+        return f"{key} must not be negative, not {value}"
+    if key in PROBABILITIES and not 0 <= value <= 1:
+        return f"{key} is a dropout probability: between 0 and 1, not {value}"
+    if key in FRACTIONS and not 0 < value <= 1:
+        return f"{key} is the fraction of each head's dimensions that rotate: above 0 and at most 1, not {value}"
+    if key in POSITIVE_NUMBERS and not value > 0:
+        return f"{key} must be above 0, not {value}"
+    if key == "num_labels" and value > MAX_LABELS:
+        return f"num_labels {value:,} is more than {MAX_LABELS:,}: a classification head that large is not modeled"
+    if key in ("num_hidden_layers", "n_layer") and value > MAX_LAYERS:
+        return f"{key} {value:,} is more than {MAX_LAYERS:,}: memfit walks a training step layer by layer and stops there"
+    return None
+
+
 def _expected(kind: str) -> str:
     words = _TYPE_WORDS[kind.rstrip("?")]
     return words + " or null" if kind.endswith("?") else words
@@ -258,18 +336,44 @@ def validate(raw) -> list[HFProblem]:
         return [HFProblem(("model_type",), UNSUPPORTED_MODEL, f"model_type {shown} is not supported; supported: {', '.join(SUPPORTED)}")]
 
     problems: list[HFProblem] = []
-    kinds = dict(BASE_FIELDS)
-    kinds.update(family.fields)
-    if family.head_dim_key and "head_dim" not in kinds:
-        kinds["head_dim"] = (None, "int?")  # read through getattr by the attention
+    kinds = read_fields(family)
     for given, value in raw.items():
         key = family.attribute_map.get(given, given)  # checked as the field, placed where config.json spells it
-        if key in kinds:
-            kind = kinds[key][1]
-            if not _type_ok(value, kind):
-                problems.append(HFProblem((given,), BAD_MODEL_CONFIG, f"{given} must be {_expected(kind)}, not {excerpt(value)}"))
-            elif key in POSITIVE and value is not None and value < 1:
-                problems.append(HFProblem((given,), BAD_MODEL_CONFIG, f"{given} must be at least 1, not {value}"))
+        if key not in kinds:
+            continue  # a key the family's class does not read: transformers keeps it as an attribute, unused
+        kind = kinds[key][1]
+        if isinstance(value, HugeInteger):
+            problems.append(HFProblem((given,), BAD_MODEL_CONFIG, f"{given} is {_shown(value)}: memfit reads integers of up to {MAX_DIGITS:,} digits"))
+            continue
+        if not _type_ok(value, kind):
+            problems.append(HFProblem((given,), BAD_MODEL_CONFIG, f"{given} must be {_expected(kind)}, not {_shown(value)}"))
+            continue
+        wrong = _range_problem(given if given == key else key, value)
+        if wrong is not None:
+            too_large = key in ("num_labels", "num_hidden_layers", "n_layer") and value > 0
+            problems.append(HFProblem((given,), TOO_LARGE if too_large else BAD_MODEL_CONFIG, wrong))
+        elif isinstance(value, dict):
+            problems += _nested(given, key, value)
+        elif key == "layer_types" and value is not None:
+            problems += [
+                HFProblem((given, i), BAD_MODEL_CONFIG, f"layer_types[{i}] must be one of {', '.join(LAYER_TYPES)}, not {excerpt(item)}")
+                for i, item in enumerate(value)
+                if item not in LAYER_TYPES
+            ][:1]
+    if _act_key(family) in raw and isinstance(raw[_act_key(family)], str):
+        from memfit.models.hf_activations import ACTIVATIONS
+
+        name = raw[_act_key(family)]
+        if family.gelu_means_tanh and name == "gelu":
+            name = "gelu_pytorch_tanh"
+        if name not in ACTIVATIONS:
+            problems.append(
+                HFProblem(
+                    (_act_key(family),),
+                    UNSUPPORTED_MODEL,
+                    f"{_act_key(family)} {excerpt(raw[_act_key(family)])} is not an activation memfit models; modeled: {', '.join(sorted(ACTIVATIONS))}",
+                )
+            )
     if problems:
         return problems
 
@@ -330,6 +434,60 @@ def validate(raw) -> list[HFProblem]:
     return problems
 
 
+def _act_key(family: Family) -> str:
+    return "activation_function" if "activation_function" in family.fields else "hidden_act"
+
+
+def read_fields(family: Family) -> dict:
+    """The keys of a config.json the family's transformers class reads: name -> (default, type)."""
+    kinds = dict(BASE_FIELDS)
+    kinds.update(family.fields)
+    if family.head_dim_key and "head_dim" not in kinds:
+        kinds["head_dim"] = (None, "int?")  # read through getattr by the attention
+    kinds["num_labels"] = (None, "int?")  # PreTrainedConfig builds id2label from it
+    kinds["torch_dtype"] = (None, "str?")  # the legacy spelling of dtype
+    if family.rope_theta_default is not None:
+        kinds.update(ROPE_FIELDS)
+        for legacy in family.rope_legacy:
+            kinds[legacy] = (None, "number?")
+    return kinds
+
+
+def _nested(given: str, key: str, value: dict) -> list[HFProblem]:
+    """The numbers inside rope_parameters / rope_scaling, and the label maps."""
+    out = []
+    if key in ("rope_parameters", "rope_scaling"):
+        for name, item in value.items():
+            if name == "rope_type" or name == "type":
+                if not isinstance(item, str):
+                    out.append(HFProblem((given, name), BAD_MODEL_CONFIG, f"{given}.{name} must be a string, not {_shown(item)}"))
+            elif name in FRACTIONS | POSITIVE_NUMBERS or name.endswith(("_factor", "_theta", "_embeddings")):
+                if isinstance(item, bool) or not isinstance(item, (int, float)):
+                    if item is not None or name in FRACTIONS:
+                        out.append(HFProblem((given, name), BAD_MODEL_CONFIG, f"{given}.{name} must be a number, not {_shown(item)}"))
+                    continue
+                wrong = _range_problem(name, item)
+                if wrong is None and name.endswith("_embeddings") and item < 1:
+                    wrong = f"{name} must be at least 1, not {item}"
+                if wrong is not None:
+                    out.append(HFProblem((given, name), BAD_MODEL_CONFIG, f"{given}.{wrong}"))
+            elif isinstance(item, float) and not math.isfinite(item) or isinstance(item, HugeInteger):
+                out.append(HFProblem((given, name), BAD_MODEL_CONFIG, f"{given}.{name} must be a finite number, not {_shown(item)}"))
+    elif key == "id2label":
+        if len(value) > MAX_LABELS:
+            return [HFProblem((given,), TOO_LARGE, f"id2label has {len(value):,} labels, more than {MAX_LABELS:,}: a classification head that large is not modeled")]
+        for label in value:
+            if not _LABEL_ID.fullmatch(label):
+                out.append(HFProblem((given, label), BAD_MODEL_CONFIG, f"id2label keys are label ids (integers), not {excerpt(label)}", on_key=True))
+                break
+    elif key == "label2id":
+        for label, index in value.items():
+            if isinstance(index, bool) or not isinstance(index, int):
+                out.append(HFProblem((given, label), BAD_MODEL_CONFIG, f"label2id values are label ids (integers), not {_shown(index)}"))
+                break
+    return out
+
+
 def _given(raw: dict, family: Family, key: str):
     for alias, target in family.attribute_map.items():
         if target == key and alias in raw:
@@ -361,11 +519,12 @@ def normalize(raw: dict) -> dict:
     out = {key: _copy(default) for key, (default, _) in BASE_FIELDS.items()}
     out.update({key: _copy(default) for key, (default, _) in fields.items()})
     extra: dict = {}
+    ignored = _ignored(family)
     for key, value in raw.items():
         key = family.attribute_map.get(key, key)
         if key in out:
             out[key] = _copy(value)
-        else:
+        elif key not in ignored:
             extra[key] = _copy(value)
 
     # PreTrainedConfig.__post_init__ and the family's own, in their order
@@ -415,6 +574,21 @@ def normalize(raw: dict) -> dict:
     out["model_type"] = family.model_type
     out["transformers_version"] = "5.24.0"
     return out
+
+
+def _ignored(family: Family) -> frozenset:
+    """Keys another family's class reads and this one's does not (head_dim on gpt2, num_key_value_heads on
+    bert...): transformers keeps them as attributes the model never reads, so they are left out here, where
+    memfit's model code would read them by name."""
+    if family.model_type not in _IGNORED:
+        every = set()
+        for other in FAMILIES.values():
+            every |= set(read_fields(other))
+        _IGNORED[family.model_type] = frozenset(every - set(read_fields(family)) - set(family.attribute_map))
+    return _IGNORED[family.model_type]
+
+
+_IGNORED: dict = {}
 
 
 def _rope(out: dict, extra: dict, family: Family) -> None:

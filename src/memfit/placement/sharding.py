@@ -493,6 +493,32 @@ def _gathered(units: dict, p: Parallel) -> dict:
     return {k: v for k, v in out.items() if v}
 
 
+def _busiest_node(stages: list, world: int, per_node: int, ranks_per_stage: int) -> dict:
+    """The offloaded bytes of the node holding the most (ranks are laid out stage by stage, nodes of
+    `per_node` consecutive ranks, the last one short when per_node does not divide the world).
+
+    Closed form (issue 23: a 10^7-rank world must not be walked rank by rank): a node's bytes are the
+    sum over the stages it overlaps of (ranks in both) x that stage's per-rank bytes. Nodes that lie
+    inside one stage are alike, so only the first and the last node, each node holding a stage's first
+    rank and the node after it can be the busiest: O(pipeline) candidates of O(pipeline) each."""
+    nodes = -(-world // per_node)
+    candidates = {0, nodes - 1}
+    for s in range(len(stages)):
+        at = (s * ranks_per_stage) // per_node
+        candidates.update(n for n in (at, at + 1) if n < nodes)
+    best: dict = {}
+    for n in sorted(candidates):
+        first, end = n * per_node, min(world, (n + 1) * per_node)
+        node: dict = {}
+        for s in range(first // ranks_per_stage, (end - 1) // ranks_per_stage + 1):
+            overlap = min(end, (s + 1) * ranks_per_stage) - max(first, s * ranks_per_stage)
+            for category, b in stages[s].host.items():
+                node[category] = node.get(category, 0) + overlap * b
+        if not best or sum(node.values()) > sum(best.values()):
+            best = node
+    return best
+
+
 def shard(tensors: list, p: Parallel) -> Sharded:
     """Every stage's most-loaded rank (data rank 0 and tensor rank 0: torch.chunk and Megatron
     give the first ranks the full shares), the most-loaded GPU overall and the host side."""
@@ -506,17 +532,7 @@ def shard(tensors: list, p: Parallel) -> Sharded:
     host = {}
     per_node = min(p.gpus_per_node, p.world)
     ranks_per_stage = p.data * p.tensor
-    # the node holding the most offloaded bytes: ranks are laid out stage by stage
-    best = {}
-    for first in range(0, p.world, per_node):
-        node = {}
-        for r in range(first, first + per_node):
-            for category, b in stages[r // ranks_per_stage].host.items():
-                node[category] = node.get(category, 0) + b
-        if sum(node.values()) > sum(best.values()) or not best:
-            best = node
-        if p.pipeline == 1:
-            break  # every node is alike
+    best = _busiest_node(stages, p.world, per_node, ranks_per_stage)
     host = {k: v for k, v in best.items() if v}
     notes = []
     if host:

@@ -114,13 +114,19 @@ def problems(data) -> list[Problem]:
         except Exception:  # noqa: BLE001 - jsonschema decides (and reports) whatever the predicate cannot
             accepted = False
         if accepted:
-            return []
+            from memfit.read import patterns
+
+            return patterns.problems(data)  # user regexes: valid, and bounded in matching cost
     found: dict[Problem, None] = {}  # ordered, and one `required` error per key must not repeat
     narrowed, origins = _narrowed(data) if valid is not None else (data, {})
     for error in validator().iter_errors(narrowed):
         if len(error.path) >= 2 and error.path[0] in origins:
             error.path[1] = origins[error.path[0]][error.path[1]]  # back to the item's index in the document
         found.update(dict.fromkeys(_translate(error)))
+    if not found:
+        from memfit.read import patterns
+
+        return patterns.problems(data)
     return list(found)
 
 

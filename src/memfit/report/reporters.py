@@ -86,6 +86,8 @@ def fix_lines(result) -> list[str]:
     figure = "peak" if result.peak else "total"  # what the gate compares: a run's peak, else the total
     for i, fix in enumerate(result.fixes, 1):
         lines.append(f"  {i}. {fix.title}: {figure} {human(fix.total)}{budget}")
+        if not fix.edits:
+            lines.append("     no text edit: the key is reached through an alias or merge key here; change it where it is defined")
         for edit in fix.edits:
             r = edit.range
             where = f"{result.path}:{r.start_line + 1}:{r.start_character + 1}"

@@ -6,13 +6,16 @@ out. Paths are relative to the repository root. Every footprint comes from check
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from dataclasses import dataclass, field
 from fractions import Fraction
 
 from memfit.check.pipeline import Options, Result, check
 from memfit.recipe.costs import CATEGORIES
-from memfit.read.inputs import YAML_SUFFIXES, decode, has_marker
+from memfit.check.pipeline import gated
+from memfit.diagnostics.safe_text import markdown_code, printable
+from memfit.read.inputs import YAML_SUFFIXES, decode, has_marker, read_bytes
 
 
 class UsageError(Exception):
@@ -56,34 +59,97 @@ def _yaml(name: str) -> bool:
     return name.endswith(YAML_SUFFIXES)
 
 
+@dataclass(frozen=True)
+class Blob:
+    """A file in the revision's tree, as `git ls-tree -r -l -z` lists it."""
+
+    mode: str
+    oid: str
+    size: int | None  # None for what is not a blob (a submodule)
+
+
+def tree(root: str, rev: str) -> dict[str, Blob]:
+    """Every file at the revision: name -> Blob. NUL-separated (-z), so no name can split a record."""
+    done = _git(["ls-tree", "-r", "-l", "-z", "--full-tree", "--end-of-options", rev], root)
+    if done.returncode != 0:
+        raise UsageError(f"cannot list the files at {rev}: {done.stderr.decode('utf-8', 'replace').strip()[:200]}")
+    out: dict[str, Blob] = {}
+    for record in done.stdout.split(b"\0"):
+        if not record:
+            continue
+        meta, tab, name = record.partition(b"\t")
+        fields = meta.split()
+        if not tab or len(fields) != 4:
+            raise UsageError(f"git ls-tree printed a record memfit cannot read: {record[:80]!r}")
+        mode, kind, oid, size = (f.decode("ascii", "replace") for f in fields)
+        if not _OID.fullmatch(oid):
+            raise UsageError(f"git ls-tree printed an object name memfit cannot read: {oid[:80]!r}")
+        out[name.decode("utf-8", "surrogateescape")] = Blob(mode, oid, int(size) if kind == "blob" and size.isdigit() else None)
+    return out
+
+
+_OID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+
+
 def tree_files(root: str, rev: str) -> list[str]:
-    done = _git(["ls-tree", "-r", "-z", "--name-only", rev], root)
-    return [n for n in done.stdout.decode("utf-8", "surrogateescape").split("\0") if n and _yaml(n)]
+    return [n for n in tree(root, rev) if _yaml(n)]
 
 
 def work_files(root: str) -> list[str]:
     """Tracked and untracked (not ignored) YAML files present in the working tree."""
     done = _git(["ls-files", "-z", "--cached", "--others", "--exclude-standard"], root)
     names = dict.fromkeys(n for n in done.stdout.decode("utf-8", "surrogateescape").split("\0") if n and _yaml(n))
-    return [n for n in names if os.path.isfile(os.path.join(root, n))]
+    return [n for n in names if os.path.lexists(os.path.join(root, n))]
 
 
-def blobs(root: str, rev: str, names: list[str]) -> dict[str, bytes]:
-    """The files' bytes at the revision, in one git process."""
-    if not names:
+def blobs(root: str, objects: list[str]) -> dict[str, bytes]:
+    """Blobs' bytes by object name, in one git process. Only object names (hex) are written to git,
+    one a line, and each answer must name the object asked for, be a blob and have its size."""
+    wanted = list(dict.fromkeys(objects))
+    if not wanted:
         return {}
-    request = "".join(f"{rev}:{name}\n" for name in names).encode("utf-8", "surrogateescape")
-    out = _git(["cat-file", "--batch"], root, request).stdout
+    for oid in wanted:
+        if not _OID.fullmatch(oid):
+            raise ValueError(f"not an object name: {oid[:80]!r}")
+    out = _git(["cat-file", "--batch"], root, "".join(f"{oid}\n" for oid in wanted).encode("ascii")).stdout
     found, at = {}, 0
-    for name in names:
-        end = out.index(b"\n", at)
+    for oid in wanted:
+        end = out.find(b"\n", at)
+        if end < 0:
+            raise UsageError(f"git cat-file stopped before object {oid}")
         header = out[at:end].split()
         at = end + 1
-        if len(header) == 3 and header[1] == b"blob":
-            size = int(header[2])
-            found[name] = out[at : at + size]
-            at += size + 1
+        if len(header) != 3 or header[0].decode("ascii", "replace") != oid or header[1] != b"blob" or not header[2].isdigit():
+            raise UsageError(f"git cat-file answered {out[at - 1 - len(out[at:end]) : end][:80]!r} for object {oid}")
+        size = int(header[2])
+        if out[at + size : at + size + 1] != b"\n":
+            raise UsageError(f"git cat-file's answer for object {oid} is not {size} bytes long")
+        found[oid] = out[at : at + size]
+        at += size + 1
     return found
+
+
+def _revision_file(root: str, name: str, entry: Blob | None, rev: str, limit: int) -> tuple[bytes | None, object]:
+    """(bytes, None) of a regular file at the revision, or (None, an io diagnostic) as check's inputs would say."""
+    from memfit.diagnostics import codes
+    from memfit.diagnostics.diagnostic import FILE_START, diagnostic
+
+    shown = printable(name)
+    if entry is None:
+        return None, diagnostic(FILE_START, codes.IO, f"cannot read {shown} at {printable(rev)}: no such file")
+    if entry.mode == "120000":
+        return None, diagnostic(FILE_START, codes.IO, f"cannot read {shown} at {printable(rev)}: it is a symbolic link, not a regular file")
+    if entry.size is None or entry.mode not in ("100644", "100755"):
+        return None, diagnostic(FILE_START, codes.IO, f"cannot read {shown} at {printable(rev)}: it is not a regular file")
+    if entry.size > limit:
+        return None, diagnostic(
+            FILE_START, codes.IO,
+            f"cannot read {shown} at {printable(rev)}: it is {entry.size:,} bytes, over the {limit:,}-byte limit on a config (raise it with --max-file-size)",
+        )
+    return blobs(root, [entry.oid])[entry.oid], None
+
+
+STATUSES = ("pass", "fail", "error")  # a side's verdict: fits its budget, does not (an error such as budget-exceeded), no footprint
 
 
 @dataclass
@@ -93,6 +159,23 @@ class Side:
     @property
     def footprint(self) -> dict | None:
         return self.result.footprint if self.result is not None else None
+
+    @property
+    def peak(self) -> dict | None:
+        return self.result.peak if self.result is not None and self.result.footprint is not None else None
+
+    @property
+    def gated(self) -> int | None:
+        """The figure the budget gate compares (check.pipeline.gated): the run's peak, else the total."""
+        return gated(self.result) if self.result is not None and self.result.footprint is not None else None
+
+    @property
+    def status(self) -> str | None:
+        if self.result is None:
+            return None
+        if self.result.footprint is None:
+            return "error"
+        return "fail" if self.result.failed else "pass"
 
 
 @dataclass
@@ -111,15 +194,35 @@ class Entry:
         return {k: after.get(k, 0) - before.get(k, 0) for k in keys}
 
     @property
-    def growth(self) -> Fraction | None:
-        """The total's growth as a share of the base total (None for an added or broken config)."""
-        before, after = self.before.footprint, self.after.footprint
-        if before is None or after is None or not before["total"]:
+    def gated_delta(self) -> int | None:
+        """after − before of the gated figure (an added config's is its figure, a removed one's the negative)."""
+        if (self.before.result is not None and self.before.gated is None) or (self.after.result is not None and self.after.gated is None):
             return None
-        return Fraction(after["total"] - before["total"], before["total"])
+        return (self.after.gated or 0) - (self.before.gated or 0)
+
+    @property
+    def label(self) -> str:
+        """What the gated figure is: "peak" when a side is a run (a training section), else "total"."""
+        return "peak" if self.before.peak is not None or self.after.peak is not None else "total"
+
+    @property
+    def growth(self) -> Fraction | None:
+        """The gated figure's growth as a share of the base's (None for an added or broken config)."""
+        before, after = self.before.gated, self.after.gated
+        if before is None or after is None or not before:
+            return None
+        return Fraction(after - before, before)
+
+    @property
+    def newly_failing(self) -> bool:
+        """A config that passed its budget gate at the revision and fails it now."""
+        return self.before.status == "pass" and self.after.status == "fail"
 
     def to_json(self) -> dict:
         entry = {"path": self.path, "before": self.before.footprint, "after": self.after.footprint, "delta": self.delta}
+        entry["before_peak"], entry["after_peak"] = self.before.peak, self.after.peak
+        entry["gated"] = {"figure": self.label, "before": self.before.gated, "after": self.after.gated, "delta": self.gated_delta}
+        entry["status"] = {"before": self.before.status, "after": self.after.status}
         diagnostics = [
             {**d.to_json(), "side": name}
             for name, side in (("before", self.before), ("after", self.after))
@@ -146,36 +249,58 @@ def compare(rev: str, paths: list[str], cwd: str | None = None, options: Options
     root = repository(cwd)
     sha = commit(root, rev)
     wanted = [relative(root, p, cwd) for p in paths] or [""]
-    at_rev, here = tree_files(root, sha), work_files(root)
+    listing = tree(root, sha)
+    at_rev, here = [n for n in listing if _yaml(n)], work_files(root)
 
     def under(prefix: str, names):
         return [n for n in names if not prefix or n == prefix or n.startswith(prefix + "/")]
 
-    explicit = {w for w in wanted if w in at_rev or w in here or os.path.isfile(os.path.join(root, w))}
+    explicit = {w for w in wanted if w in listing or w in here or os.path.lexists(os.path.join(root, w)) and not os.path.isdir(os.path.join(root, w))}
     names = sorted(dict.fromkeys([*explicit, *(n for w in wanted for n in under(w, at_rev)), *(n for w in wanted for n in under(w, here))]))
-    old = blobs(root, sha, names)
+    limit = options.max_file_size
+    small = [listing[n].oid for n in names if n in listing and listing[n].size is not None and listing[n].size <= limit and listing[n].mode in ("100644", "100755")]
+    old = blobs(root, small)  # one git process for every file at the revision
     entries = []
     for name in names:
         entry = Entry(name)
-        texts = {}
-        if name in old:
-            texts["before"] = old[name]
+        texts, problems = {}, {}
+        if name in listing:
+            known = listing[name]
+            if known.oid in old and known.mode in ("100644", "100755"):
+                texts["before"] = old[known.oid]
+            else:
+                problems["before"] = _revision_file(root, name, known, rev, limit)[1]
         full = os.path.join(root, name)
-        if os.path.isfile(full):
-            with open(full, "rb") as handle:
-                texts["after"] = handle.read()
-        # found by searching a directory: only memfit configs (as --skip-unrecognized decides)
-        if name not in explicit and not any(has_marker(raw.decode("utf-8", "replace")) for raw in texts.values()):
+        if os.path.lexists(full):
+            raw, problem = read_bytes(full, limit)  # check's input checks: a regular file, at most the limit
+            if problem is not None:
+                problems["after"] = _renamed_io(problem, full, name)
+            else:
+                texts["after"] = raw
+        # found by searching a directory: only memfit configs (as --skip-unrecognized decides); a file
+        # that cannot be read is reported (it may be one)
+        if name not in explicit and not problems and not any(has_marker(raw.decode("utf-8", "replace")) for raw in texts.values()):
             continue
         if "before" in texts:
-            entry.before = Side(_at_revision(texts["before"], name, root, sha, options))
+            entry.before = Side(_at_revision(texts["before"], name, root, listing, options))
+        elif "before" in problems:
+            entry.before = Side(Result(name, [problems["before"]]))
         if "after" in texts:
             entry.after = Side(_checked(texts["after"], name, options, os.path.join(root, name)))
+        elif "after" in problems:
+            entry.after = Side(Result(name, [problems["after"]]))
         entries.append(entry)
     for w in wanted:
         if w and w not in explicit and not under(w, names) and not os.path.isdir(os.path.join(root, w)):
-            raise UsageError(f"{w}: no such file in the working tree or at {rev}")
+            raise UsageError(f"{printable(w)}: no such file in the working tree or at {printable(rev)}")
     return Comparison(rev, sha, entries)
+
+
+def _renamed_io(problem, full: str, name: str):
+    """An io diagnostic about the working tree's file, naming it relative to the repository root."""
+    import dataclasses
+
+    return dataclasses.replace(problem, message=problem.message.replace(full, printable(name)))
 
 
 def _checked(raw: bytes, name: str, options: Options, where: str) -> Result:
@@ -206,10 +331,12 @@ def _renamed(d, base: str, name_dir: str):
     return dataclasses.replace(d, file=os.path.normpath(os.path.join(name_dir, inside)).replace(os.sep, "/"))
 
 
-def _at_revision(raw: bytes, name: str, root: str, sha: str, options: Options) -> Result:
+def _at_revision(raw: bytes, name: str, root: str, listing: dict, options: Options) -> Result:
     """The config as it was at the revision, with the files it refers to (hf_config) as they
     were there too: both are written to a scratch directory, laid out as in the repository,
-    and checked from there (git's object store is read; nothing is checked out)."""
+    and checked from there (git's object store is read; nothing is checked out). A referenced
+    file that is not a regular file of at most the size limit there is left out (check says so)."""
+    import posixpath
     import tempfile
 
     from memfit.whatif.fit import referenced
@@ -218,11 +345,17 @@ def _at_revision(raw: bytes, name: str, root: str, sha: str, options: Options) -
     text, problem = decode(raw)
     data = load(text).data if problem is None else None
     files = referenced(data, name) if isinstance(data, dict) else {}
-    inside = [f.replace(os.sep, "/") for f in files.values() if not os.path.isabs(f) and not f.startswith(os.pardir)]
+    inside = [posixpath.normpath(f.replace(os.sep, "/")) for f in files.values() if not os.path.isabs(f)]
+    inside = [f for f in inside if f != os.pardir and not f.startswith(os.pardir + "/")]
     if not inside:
         return _checked(raw, name, options, os.path.join(root, name))
+    usable = {
+        f: listing[f].oid for f in inside
+        if f in listing and listing[f].mode in ("100644", "100755") and listing[f].size is not None and listing[f].size <= options.max_file_size
+    }
+    contents = blobs(root, list(usable.values()))
     with tempfile.TemporaryDirectory(prefix="memfit-diff-") as scratch:
-        for file, content in {name: raw, **blobs(root, sha, inside)}.items():
+        for file, content in {name: raw, **{f: contents[oid] for f, oid in usable.items()}}.items():
             target = os.path.join(scratch, file)
             os.makedirs(os.path.dirname(target), exist_ok=True)
             with open(target, "wb") as handle:
@@ -245,7 +378,8 @@ def parse_share(text: str) -> Fraction:
 
 
 def grown(comparison: Comparison, limit: Fraction) -> list:
-    return [e for e in comparison.entries if e.growth is not None and e.growth > limit]
+    """Configs whose gated figure grew by more than `limit`, and configs that passed and now fail."""
+    return [e for e in comparison.entries if (e.growth is not None and e.growth > limit) or e.newly_failing]
 
 
 # --- reporters ---------------------------------------------------------------------------
@@ -265,9 +399,19 @@ def _share(entry: Entry) -> str:
     return f"{'+' if tenths > 0 else '-' if tenths < 0 else '±'}{abs(tenths) // 10}.{abs(tenths) % 10}%"
 
 
+def _verdict(entry: Entry) -> str:
+    """"pass → fail", "fail → pass", "fails" or "" (a pass that stays a pass, or a side missing)."""
+    before, after = entry.before.status, entry.after.status
+    if before in ("pass", "fail") and after in ("pass", "fail") and before != after:
+        return f"{before} → {after}"
+    if after == "fail" or (after is None and before == "fail"):
+        return "fails"
+    return ""
+
+
 def _order(entries) -> list:
-    """Largest growth first; configs without a difference (broken on a side) last."""
-    return sorted(entries, key=lambda e: (e.delta is None, -(e.delta or {}).get("total", 0), e.path))
+    """Pass → fail first, then largest growth of the gated figure; configs without a difference last."""
+    return sorted(entries, key=lambda e: (not e.newly_failing, e.gated_delta is None, -(e.gated_delta or 0), e.path))
 
 
 class TextReporter:
@@ -279,27 +423,36 @@ class TextReporter:
         from memfit.diagnostics.units import human
 
         write = self.out.write
-        write(f"memfit diff: working tree against {comparison.base} ({comparison.commit[:12]})\n")
+        write(f"memfit diff: working tree against {printable(comparison.base)} ({comparison.commit[:12]})\n")
         for e in comparison.entries:
-            before, after, delta = e.before.footprint, e.after.footprint, e.delta
+            before, after, change = e.before.gated, e.after.gated, e.gated_delta
+            label = "peak " if e.label == "peak" else ""  # a run's gated figure is its peak; else the total, unlabelled
             if e.before.result is None:
-                head = f"added, {human(after['total'])}" if after is not None else "added, no footprint"
+                head = f"added, {label}{human(after)}" if after is not None else "added, no footprint"
             elif e.after.result is None:
-                head = f"removed (was {human(before['total'])})" if before is not None else "removed"
-            elif delta is None:
-                head = f"{human(before['total']) if before else 'no footprint'} → {human(after['total']) if after else 'no footprint'}"
-            elif not any(delta.values()):
-                head = f"{human(after['total'])}, unchanged"
+                head = f"removed (was {label}{human(before)})" if before is not None else "removed"
+            elif change is None:
+                head = f"{label}{human(before) if before is not None else 'no footprint'} → {human(after) if after is not None else 'no footprint'}"
+            elif not change and not any((e.delta or {}).values()):
+                head = f"{label}{human(after)}, unchanged"
             else:
-                head = f"{human(before['total'])} → {human(after['total'])} ({_signed(delta['total'])}, {_share(e)})"
-            write(f"{e.path}: {head}\n")
+                head = f"{label}{human(before)} → {human(after)} ({_signed(change)}, {_share(e)})"
+            verdict = _verdict(e)
+            if verdict:
+                head += f"; {verdict.upper() if e.newly_failing else verdict}"
+            write(f"{printable(e.path)}: {head}\n")
+            delta = e.delta
             if delta is not None and e.before.result is not None and e.after.result is not None:
                 for category in CATEGORIES:
                     if delta.get(category):
                         write(f"  {category:<16} {_signed(delta[category])}\n")
+            if e.newly_failing:
+                for d in e.after.result.diagnostics:
+                    if d.severity == "error":
+                        write(f"  {diagnostic_line(e.path, d)}\n")
             for name, side in (("before", e.before), ("after", e.after)):
                 if side.result is not None and side.footprint is None:
-                    where = comparison.base if name == "before" else "the working tree"
+                    where = printable(comparison.base) if name == "before" else "the working tree"
                     write(f"  no footprint at {where}:\n")
                     for d in side.result.diagnostics:
                         write(f"  {diagnostic_line(e.path, d)}\n")
@@ -319,7 +472,7 @@ class JsonReporter:
 
 
 class MarkdownReporter:
-    """A table for a pull-request comment or a job summary, largest growth first."""
+    """A table for a pull-request comment or a job summary: configs that now fail first, then largest growth."""
 
     def __init__(self, out) -> None:
         self.out = out
@@ -330,29 +483,30 @@ class MarkdownReporter:
         def cell(side: Side) -> str:
             if side.result is None:
                 return "—"
-            return human(side.footprint["total"]) if side.footprint is not None else "❌ no footprint"
+            return human(side.gated) if side.gated is not None else "❌ no footprint"
 
         lines = [
-            f"### memfit: memory against `{comparison.base}`",
+            f"### memfit: memory against {markdown_code(comparison.base)}",
             "",
-            "| config | before | after | change | " + " | ".join(CATEGORIES) + " |",
-            "| --- | ---: | ---: | ---: | " + " | ".join("---:" for _ in CATEGORIES) + " |",
+            "| config | before | after | change | status | " + " | ".join(CATEGORIES) + " |",
+            "| --- | ---: | ---: | ---: | --- | " + " | ".join("---:" for _ in CATEGORIES) + " |",
         ]
         for e in _order(comparison.entries):
-            delta = e.delta
+            delta, change = e.delta, e.gated_delta
             if e.before.result is None:
-                change = "added"
+                shown = "added"
             elif e.after.result is None:
-                change = "removed"
-            elif delta is None:
-                change = "—"
+                shown = "removed"
+            elif change is None:
+                shown = "—"
             else:
-                change = _signed(delta["total"]) + (f" ({_share(e)})" if _share(e) else "")
+                shown = _signed(change) + (f" ({_share(e)})" if _share(e) else "")
+            verdict = _verdict(e)
+            status = f"❌ **{verdict}**" if e.newly_failing else verdict or ("pass" if e.after.status == "pass" else "—")
             parts = [_signed(delta.get(c, 0)) if delta is not None else "—" for c in CATEGORIES]
-            name = f"`{e.path}`".replace("|", "\\|")
-            lines.append(f"| {name} | {cell(e.before)} | {cell(e.after)} | {change} | " + " | ".join(parts) + " |")
+            lines.append(f"| {markdown_code(e.path)} | {cell(e.before)} | {cell(e.after)} | {shown} | {status} | " + " | ".join(parts) + " |")
         if not comparison.entries:
-            lines.append("| (no memfit configs) | | | | " + " | ".join("" for _ in CATEGORIES) + " |")
+            lines.append("| (no memfit configs) | | | | | " + " | ".join("" for _ in CATEGORIES) + " |")
         self.out.write("\n".join(lines) + "\n\n")
 
 

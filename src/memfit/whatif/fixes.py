@@ -296,7 +296,7 @@ def fixes(result: Result, text: str, options: Options = Options()) -> list[Fix]:
                     useless.add(remedy)
                 near.saw(title, after, changes)
                 continue  # it does not make the config fit
-            found.append(Fix(remedy.kind, title, gated(after), changes, edits(text, changes, result.data), remedy.speed))
+            found.append(Fix(remedy.kind, title, gated(after), changes, safe_edits(text, changes, result.data), remedy.speed))
     found.sort(key=lambda f: f.speed)
     if not found:
         found = _combined(result, text, evaluated, options, refuse, near, useless)
@@ -407,14 +407,42 @@ def _block(path: tuple, value, indent: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def safe_edits(text: str, changes, data) -> list[Edit]:
+    """edits(), verified: the edited text must load (no syntax error, no duplicate key) to exactly the
+    data with the changes made. An edit that would break the YAML or change anything else (a value
+    reached through an alias, a layout the edits do not know) is never offered: the fix then has no
+    edits, and --suggest and the editor show its change in words only."""
+    from memfit.read import source
+
+    try:
+        found = edits(text, changes, data)
+    except Exception:  # noqa: BLE001 -- a layout the edit builder does not know: no edit, never a crash
+        return []
+    loaded = source.load(apply_edits(text, found))
+    if loaded.data is None or loaded.diagnostics or loaded.data != apply(data, changes):
+        return []
+    return found
+
+
+def _written(text: str, path: tuple) -> bool:
+    """Whether the key at `path` is written in the text itself (not reached through a merge key or an alias)."""
+    from memfit.read import source
+
+    values: dict = {}
+    keys: dict = {}
+    source._walk(text, {path[:i] for i in range(len(path) + 1)}, values, keys)
+    return path in keys
+
+
 def edits(text: str, changes, data=None) -> list[Edit]:
     """Minimal edits: a new value over the old value's range; a new key inserted into its
-    nearest existing mapping (flow or block style, as that mapping is written)."""
+    nearest existing mapping (flow or block style, as that mapping is written). A key that a
+    merge key (`<<: *defaults`) supplies is overridden by writing it into the mapping itself."""
     from memfit.read import source
 
     out = []
     for path, before, value in changes:
-        if before is not None:
+        if before is not None and _written(text, path):
             where = source.locate(text, [(path, source.VALUE)])[(path, source.VALUE)]
             out.append(Edit(where, scalar(value)))
             continue
@@ -441,15 +469,16 @@ def _insert(text: str, data, path: tuple, value) -> Edit:
         found = source.locate(text, [(parent, source.VALUE)])
         where = found[(parent, source.VALUE)]
         line = lines[where.start_line]
-        if line[where.start_character : where.start_character + 1] == "{":
+        opening = _PROPERTIES.match(line, where.start_character).end()  # past an anchor (&name) or a tag (!tag)
+        if line[opening : opening + 1] == "{":
             # flow mapping: before its closing brace, nested levels as flow mappings
             inner = scalar(value)
             for part in reversed(rest[1:]):
                 inner = f"{{{part}: {inner}}}"
             at = Range(where.end_line, where.end_character - 1, where.end_line, where.end_character - 1)
-            closing = lines[where.end_line][: where.end_character - 1].rstrip()
-            separator = "" if closing.endswith("{") else ", "
-            return Edit(at, f"{separator}{rest[0]}: {inner}")
+            last = _last_token(lines, where.start_line, where.end_line, where.end_character - 1)
+            separator = "" if last in ("{", ",") else ", "  # `{a: 1, }`: its trailing comma separates already
+            return Edit(at, f"{separator}{' ' if last == ',' else ''}{rest[0]}: {inner}")
         first = next(iter(_get(data, parent)))
         key = source.locate(text, [(parent + (first,), source.KEY)])[(parent + (first,), source.KEY)]
         indent = key.start_character
@@ -464,6 +493,22 @@ def _insert(text: str, data, path: tuple, value) -> Edit:
         block = "\n" + block  # the text has no final line break
         at = Range(len(lines) - 1, len(lines[-1]), len(lines) - 1, len(lines[-1]))
     return Edit(at, block)
+
+
+def _last_token(lines: list[str], first: int, line: int, character: int) -> str:
+    """The last character before (line, character) that is not blank or inside a comment, looking back
+    over the lines of a flow mapping to its first line (`#` starts a comment after a blank or at a line's start)."""
+    text = lines[line][:character]
+    while True:
+        code = _COMMENT.sub("", text).rstrip()
+        if code or line <= first:
+            return code[-1:] if code else ""
+        line -= 1
+        text = lines[line]
+
+
+_PROPERTIES = re.compile(r"(?:[&!][^\s{}\[\],]*\s+)*")
+_COMMENT = re.compile(r"(?:^|(?<=\s))#.*$")
 
 
 def apply_edits(text: str, found: list[Edit]) -> str:
