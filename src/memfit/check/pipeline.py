@@ -226,6 +226,7 @@ def _peak(config, data: dict) -> list[Problem]:
         else:
             step = peak.tensors_step(declared, optimizer, impl, config.overhead)
         config.peak = peak.peak(step, config.granule)
+        config.step = step  # the timeline's walk (ledger.timeline)
     except peak.PeakError as error:
         where = ("training", "optimizer_impl") if "optimizer_impl" in training else ("optimizer",)
         problems.append(Problem(where, codes.OPTIMIZER_IMPL, str(error)))

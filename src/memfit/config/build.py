@@ -56,6 +56,7 @@ class Config:
     overhead_lines: list = field(default_factory=list)  # presets.Line for `overhead: auto`; [] for a given size
     granule: int | None = None  # the allocator's rounding the peak applies (`overhead: auto` on a preset)
     peak: dict | None = None  # peak.peak() of a run, when the config has a training section
+    step: object = None  # ledger.step.Step of that run (the timeline walks it)
 
     @property
     def optimizer(self) -> str:
