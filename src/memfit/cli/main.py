@@ -66,6 +66,8 @@ def parser() -> argparse.ArgumentParser:
     explain = commands.add_parser("explain", help="show the footprint breakdown of configs")
     explain.add_argument("paths", nargs="+", metavar="PATH", help="config files, or directories to search for *.yaml / *.yml")
     explain.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour the budget bar (default: on a terminal)")
+    explain.add_argument("--format", choices=("text", "json", "html"), default="text", help="text (default), json (with each step's timeline) or one self-contained HTML report of all the configs")
+    explain.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of stdout")
     common(explain)
 
     from memfit.whatif.fit import DEFAULT_VARY, VARY
