@@ -47,71 +47,153 @@ def module_namer(config):
     """row name -> the model's own module name, for the config's model."""
     model = getattr(config, "model", None)
     cfg = getattr(model, "cfg", None)
-    if cfg is not None:
-        from memfit.models.hf import _tree  # the transformers module tree: embeddings first, the head last
+    return hf_namer(cfg) if cfg is not None else keras_namer
 
-        before, layers, _, after, _ = _tree(cfg)
-        first, last = before[0].path, after[-1].path
 
-        def hf(name: str) -> str:
-            m = _HF_ROW.match(name)
-            if m:
-                return f"{layers}.{m.group(1)}"
-            return {"embeddings": first, "head": last}.get(name, name)
+def hf_namer(cfg: dict):
+    """A transformer's rows -> transformers' module paths (embeddings, each layer, the head)."""
+    from memfit.models.hf import _tree  # the transformers module tree: embeddings first, the head last
 
-        return hf
+    before, layers, _, after, _ = _tree(cfg)
+    first, last = before[0].path, after[-1].path
+    # the head row is the final norm, then the output layer: its start (pre-forward) and its end
+    # in backward (post-backward) are the norm's
+    norm = next((m.path for m in after[:-1] if "norm" in m.type), last)
 
-    def keras(name: str) -> str:
-        m = _KERAS_ROW.match(name)
-        return m.group(1) if m else name
+    def name(row: str, edge: str | None = None) -> str:
+        m = _HF_ROW.match(row)
+        if m:
+            return f"{layers}.{m.group(1)}"
+        if row == "head":
+            return norm if edge in ("pre-forward", "post-backward") else last
+        return {"embeddings": first}.get(row, row)
 
-    return keras
+    return name
+
+
+def keras_namer(row: str, edge: str | None = None) -> str:
+    """A Keras-form row ("stem (Conv2D)") -> the layer's name."""
+    m = _KERAS_ROW.match(row)
+    return m.group(1) if m else row
 
 
 def _moments(step, granule):
-    """The walk's moments, each with its allocator rounding added to the overhead."""
-    exact: list = []
-    phases(step, exact)
+    """The walk's moments and the backward boundaries, each with its allocator rounding added to
+    the overhead (the rounded step walked the same way, moment by moment)."""
+    exact = _walk(step)
     if not granule:
         return exact
-    coarse: list = []
-    phases(rounded(step, granule), coarse)
+    coarse = _walk(rounded(step, granule))
     out = []
-    for (phase, at, live), (_, _, live_coarse) in zip(exact, coarse):
+    for (phase, at, edge, live), (_, _, _, live_coarse) in zip(exact, coarse):
         live = dict(live)
         live["overhead"] += sum(live_coarse.values()) - sum(live.values())
-        out.append((phase, at, live))
+        out.append((phase, at, edge, live))
+    return out
+
+
+def _walk(step) -> list:
+    """(phase, row name, edge, live) in order: the ledger's moments (edge None) and, in backward,
+    each row's pre-backward and post-backward edges around its own moments (_backward_edges)."""
+    trace: list = []
+    phases(step, trace)
+    edges = _backward_edges(step)
+    starts = _forward_edges(step)
+    rows = [m[1] for m in trace if m[0] == "backward" and m[1] != "loss"]
+    last = {name: i for i, name in enumerate(rows)}
+    out, seen, k = [], set(), 0
+    for phase, at, live in trace:
+        if phase == "backward" and at != "loss":
+            if at not in seen:
+                seen.add(at)
+                out.append((phase, at, "pre-backward", edges[at][0]))
+            out.append((phase, at, None, live))
+            if last[at] == k:
+                out.append((phase, at, "post-backward", edges[at][1]))
+            k += 1
+        else:
+            if phase == "forward" and at in starts:
+                out.append((phase, at, "pre-forward", starts.pop(at)))
+            out.append((phase, at, None, live))
+    return out
+
+
+def _forward_edges(step) -> dict:
+    """Each row's live bytes as its forward starts, with the ledger's bookkeeping (step.phases):
+    the tensors kept by the rows before it (and the batch), and its input unless it is kept."""
+    rows, size = step.rows, step.tensors
+    params = sum(sum(r.params) + sum(r.frozen) for r in rows)
+    state = sum(step.optimizer_state)
+    kept_ever = {t for row in rows for t in row.kept}
+    saved = set(step.batch)
+    saved_bytes = sum(size[t] for t in saved)
+    out = {}
+    for row in rows:
+        moving = size[row.input] if row.input is not None and row.input not in saved else 0
+        out[row.name] = dict(zip(LIVE, (params, 0, saved_bytes, state, moving, step.overhead)))
+        for t in ([row.output] if row.output is not None and not row.view else []) + list(row.kept):
+            if t not in saved and t in kept_ever:
+                saved.add(t)
+                saved_bytes += size[t]
+    return out
+
+
+def _backward_edges(step) -> dict:
+    """Each row's live bytes at the start and at the end of its backward, with the ledger's
+    bookkeeping (step.phases): at the start, the gradients of the rows after it, every tensor
+    still kept, and the gradient of its output; at the end, its own gradients too, the tensors it
+    was the earliest to keep freed, and the gradient it produced for its input (none for the
+    first row or a view). A checkpointed row's recomputed tensors are not there at either edge."""
+    rows, size = step.rows, step.tensors
+    params = sum(sum(r.params) + sum(r.frozen) for r in rows)
+    state = sum(step.optimizer_state)
+    keepers: dict = {}
+    for i, row in enumerate(rows):
+        for t in row.kept:
+            keepers.setdefault(t, i)
+    batch = set(step.batch)
+    left = sum(size[t] for t in set(keepers) | batch)
+    released: dict = {}
+    for t, k in keepers.items():
+        if t not in batch:
+            released[k] = released.get(k, 0) + size[t]
+    done, out = 0, {}
+    for i in range(len(rows) - 1, -1, -1):
+        row = rows[i]
+        if not row.output_grad:
+            continue
+        g_out = size.get(row.output, 0) if row.output is not None else 0
+        g_in = size.get(row.input, 0) if row.grad_input and not row.view and row.input is not None else 0
+        start = dict(zip(LIVE, (params, done, left, state, g_out, step.overhead)))
+        done += sum(row.grads)
+        left -= released.get(i, 0)
+        out[row.name] = (start, dict(zip(LIVE, (params, done, left, state, g_in, step.overhead))))
     return out
 
 
 def _events(moments, number: int, namer) -> list[dict]:
+    """One step's events. A module of several rows (a transformer layer's four) takes its first
+    row's pre- and its last row's post- edge; the moments between are inside it (at None)."""
     out: list[dict] = []
-    # which moment of each module is its last in forward / backward (a module spans several rows
-    # and a row may have two backward moments)
-    last = {}
-    for i, (phase, at, _) in enumerate(moments):
+    first, last = {}, {}
+    for i, (phase, at, _, _) in enumerate(moments):
         if phase in ("forward", "backward") and at != "loss":
-            last[(phase, namer(at))] = i
-    boundary = None  # the live bytes at the latest module boundary
-    previous_module = {"forward": None, "backward": None}
-    for i, (phase, at, live) in enumerate(moments):
+            key = (phase, namer(at))
+            first.setdefault(key, i)
+            last[key] = i
+    for i, (phase, at, edge, live) in enumerate(moments):
         live = {k: live[k] for k in LIVE}
         if phase == "optimizer_step":
             out.append(_event(number, "optimizer", "optimizer", None, live))
-            continue
-        if at == "loss":
+        elif at == "loss":
             out.append(_event(number, "loss" if phase == "forward" else "backward", "loss", None, live))
-            boundary = live if phase == "backward" else boundary
-            continue
-        module = namer(at)
-        if module != previous_module[phase]:
-            previous_module[phase] = module
-            if boundary is not None:
-                out.append(_event(number, phase, module, "pre-" + phase, boundary))
-        edge = last[(phase, module)] == i
-        out.append(_event(number, phase, module, "post-" + phase if edge else None, live))
-        if edge:
-            boundary = live
+        else:
+            module = namer(at)
+            if phase == "forward" and edge is None and last[(phase, module)] == i:
+                edge = "post-forward"  # the ledger's moment after a row: its output just written
+            pre = edge is not None and edge.startswith("pre-")
+            if edge is None or (pre and first[(phase, module)] == i) or (not pre and last[(phase, module)] == i):
+                out.append(_event(number, phase, namer(at, edge) if edge else module, edge, live))
     return out
 
 
@@ -121,7 +203,7 @@ def _event(number, phase, module, at, live) -> dict:
 
 def events(step, granule: int | None = None, namer=None) -> list[dict]:
     """The two steps' events, in order (see the module's docstring)."""
-    namer = namer or (lambda name: name)
+    namer = namer or (lambda name, edge=None: name)
     warm = _moments(step, granule)
     cold = _moments(replace(step, optimizer_state=[]), granule)
     # the first step's optimizer moment is the warm one: torch.optim creates the state inside it
