@@ -249,6 +249,7 @@ def test_each_example_report_in_chromium(tmp_path, entries, example):
             assert len(_png_pixels(shot)) > 8  # not blank: text, axes and series in several colours
             if example == "examples/gpt2-small.yaml":
                 chart = page.locator("svg.chart")
+                page.evaluate("document.activeElement && document.activeElement.blur()")  # no focus ring in the picture
                 chart.scroll_into_view_if_needed()
                 box = chart.bounding_box()
                 page.mouse.move(box["x"] + box["width"] * 0.72, box["y"] + box["height"] * 0.5)
@@ -352,3 +353,37 @@ def _check_page(page, entry):
         page.keyboard.press("ArrowRight")
         assert int(svg.get_attribute("data-index")) == k
         shown(k)
+
+
+# --- in CI: the Action writes the report, uploads it and links it from the job summary ---------
+@pytest.mark.slow
+def test_the_action_writes_the_report_and_links_it(tmp_path):
+    import yaml
+
+    action = yaml.safe_load((ROOT / "action.yml").read_text(encoding="utf-8"))
+    steps = {s["name"]: s for s in action["runs"]["steps"]}
+    report, upload, link = steps["HTML report"], steps["Upload the report"], steps["Link the report from the job summary"]
+    assert upload["uses"].startswith("actions/upload-artifact@") and upload["with"]["path"] == "${{ steps.report.outputs.path }}"
+    assert "!cancelled()" in report["if"] and "steps.upload.outputs.artifact-url" in link["env"]["MEMFIT_REPORT_URL"]
+    workspace, runner = tmp_path / "ws", tmp_path / "runner"
+    (workspace / "configs").mkdir(parents=True)
+    (runner / "memfit-venv" / "bin").mkdir(parents=True)
+    # the install step's venv, as this interpreter's memfit
+    (runner / "memfit-venv" / "bin" / "memfit").write_text(f"#!/bin/sh\nexec {sys.executable} -m memfit \"$@\"\n")
+    (runner / "memfit-venv" / "bin" / "memfit").chmod(0o755)
+    (workspace / "configs" / "cnn.yaml").write_text(KERAS_RUN)
+    (workspace / "compose.yml").write_text("services: {web: {image: nginx}}\n")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("GITHUB_")}, "RUNNER_TEMP": str(runner), "GITHUB_OUTPUT": str(tmp_path / "out"),
+           "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"), "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+           "MEMFIT_PATHS": "configs compose.yml", "MEMFIT_BUDGET": ""}
+    done = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", report["run"]], cwd=workspace, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    written = (tmp_path / "out").read_text().strip()
+    assert written == f"path={runner}/memfit-report/memfit-report.html"
+    html = Path(written.split("=", 1)[1]).read_text(encoding="utf-8")
+    assert "configs/cnn.yaml" in html and "compose.yml" not in html
+    url = "https://github.com/o/r/actions/runs/1/artifacts/2"
+    env["MEMFIT_REPORT_URL"] = url
+    done = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", link["run"]], cwd=workspace, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert f"**[memfit report]({url})**" in (tmp_path / "summary.md").read_text(encoding="utf-8")

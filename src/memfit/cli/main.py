@@ -68,6 +68,7 @@ def parser() -> argparse.ArgumentParser:
     explain.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour the budget bar (default: on a terminal)")
     explain.add_argument("--format", choices=("text", "json", "html"), default="text", help="text (default), json (with each step's timeline) or one self-contained HTML report of all the configs")
     explain.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of stdout")
+    explain.add_argument("--skip-unrecognized", action="store_true", help="skip files that are not memfit configs instead of failing them")
     common(explain)
 
     from memfit.whatif.fit import DEFAULT_VARY, VARY

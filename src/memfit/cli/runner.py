@@ -85,13 +85,13 @@ def run_explain(args, options: Options) -> int:
         sys.stderr.write(printable(clash) + "\n")
         return EXIT_USAGE
     results = [Result(p, [d]) if d else safe_check(p, options) for p, d in expand(args.paths)]
+    shown = [r for r in results if not r.skipped]
     if args.format == "text":
         colour = args.color == "always" or (args.color == "auto" and not args.output and sys.stdout.isatty() and "NO_COLOR" not in os.environ)
-        text = "\n".join(render(result, colour) for result in results)
+        text = "\n".join(render(result, colour) for result in shown)
     else:
         import json
 
-        shown = [r for r in results if not r.skipped]
         entries = [json_entry(r) for r in shown]
         if args.format == "json":
             text = json.dumps({"files": entries}, indent=2) + "\n"
