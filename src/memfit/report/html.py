@@ -141,7 +141,7 @@ def _section(i: int, result, entry: dict) -> str:
     out.append(_layers(config))
     out.append(_per_parameter(config))
     data = {"timeline": entry["timeline"], "words": LIVE_WORDS, "peak": entry.get("peak"), "budget": entry.get("budget")}
-    out.append('<script type="application/json" class="memfit-data">' + json.dumps(data).replace("</", "<\\/") + "</script>")
+    out.append('<script type="application/json" class="memfit-data">' + json.dumps(data, separators=(",", ":")).replace("</", "<\\/") + "</script>")
     out.append("</section>")
     return "".join(out)
 
@@ -180,19 +180,20 @@ def _chart(entry: dict) -> str:
         b = ymax * k // 4
         parts.append(f'<line class="grid" x1="{LEFT}" x2="{LEFT + PLOT_W}" y1="{y(b):.1f}" y2="{y(b):.1f}"/>')
         parts.append(f'<text x="{LEFT - 6}" y="{y(b) + 4:.1f}" text-anchor="end">{escape(human(b))}</text>')
-    # the stacked series: one step-shaped area per category, its exact values in data-values
-    base = [0] * n
+    # the stacked series: one step-shaped area per category, its exact values in data-values. Each
+    # area is drawn from its stack's top down to zero, the highest first, so each lower one covers
+    # the part below it (half the path of a band between two edges)
     present = [c for c in LIVE if any(e["live"].get(c) for e in events)]
+    tops, running = {}, [0] * n
     for c in present:
+        running = [r + e["live"].get(c, 0) for r, e in zip(running, events)]
+        tops[c] = running
+    for c in reversed(present):
         values = [e["live"].get(c, 0) for e in events]
-        upper = [b + v for b, v in zip(base, values)]
-        d = [f"M{LEFT:.1f},{y(base[0]):.1f}"]
-        for i in range(n):
-            d.append(f"L{LEFT + i * col:.1f},{y(upper[i]):.1f}H{LEFT + (i + 1) * col:.1f}")
-        for i in range(n - 1, -1, -1):
-            d.append(f"L{LEFT + (i + 1) * col:.1f},{y(base[i]):.1f}H{LEFT + i * col:.1f}")
-        parts.append(f'<path class="series c-{c}" data-category="{c}" data-values="{" ".join(map(str, values))}" d="{"".join(d)}Z"><title>{escape(LIVE_WORDS[c])}</title></path>')
-        base = upper
+        d = [f"M{LEFT},{y(0):.1f}"]
+        for i, top in enumerate(tops[c]):
+            d.append(f"V{y(top):.1f}H{LEFT + (i + 1) * col:.1f}")
+        parts.append(f'<path class="series c-{c}" data-category="{c}" data-values="{" ".join(map(str, values))}" d="{"".join(d)}V{y(0):.1f}Z"><title>{escape(LIVE_WORDS[c])}</title></path>')
     # where the second (warm) step begins
     second = next((i for i, e in enumerate(events) if e["step"] == 2), None)
     if second:
