@@ -285,6 +285,16 @@ def _check_page(page, entry):
     # the footprint table a screen reader reads: header cells, exact numbers as text
     rows = page.locator("table.footprint tbody tr")
     assert [int(rows.nth(i).locator("td").first.inner_text().replace(",", "")) for i in range(rows.count())] == [fp[c] for c in ("parameters", "gradients", "activations", "optimizer_state", "total")]
+    if "rank" in (peak or {}):  # per rank: the binding one first, the others selectable
+        rows = page.locator("table.ranks tbody tr")
+        assert rows.first.get_attribute("data-rank") == str(peak["rank"]) and "binding" in rows.first.inner_text()
+        ranks = [rows.nth(i).get_attribute("data-rank") for i in range(rows.count())]
+        page.locator("select.rank").select_option(ranks[-1])
+        assert [r for r in ranks if page.locator(f'table.ranks tr[data-rank="{r}"]').is_visible()] == [ranks[-1]]
+        page.locator("select.rank").select_option("all")
+        assert all(rows.nth(i).is_visible() for i in range(rows.count()))
+    if entry.get("host"):
+        assert page.locator("table.host [data-bytes]").last.get_attribute("data-bytes") == str(entry["host"]["total"])
     if not events:
         assert page.locator("svg.chart").count() == 0
         return
@@ -387,3 +397,43 @@ def test_the_action_writes_the_report_and_links_it(tmp_path):
     done = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", link["run"]], cwd=workspace, env=env, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert f"**[memfit report]({url})**" in (tmp_path / "summary.md").read_text(encoding="utf-8")
+
+
+# --- memfit diff REV --format html: the revision's timeline over the working tree's -------------
+@pytest.mark.slow
+def test_diff_html_overlays_the_revision(tmp_path):
+    sync, chromium = _browser()
+    repo = tmp_path / "repo"
+    (repo / "models").mkdir(parents=True)
+    original = (ROOT / "examples" / "gpt2-small.yaml").read_text(encoding="utf-8")
+    assert "micro_batch: 8" in original
+    (repo / "train.yaml").write_text(original)
+    (repo / "models" / "gpt2.json").write_text((ROOT / "examples" / "models" / "gpt2.json").read_text())
+    identity = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "base"]):
+        subprocess.run(["git", *args], cwd=repo, check=True, env=identity, capture_output=True)
+    (repo / "train.yaml").write_text(original.replace("micro_batch: 8", "micro_batch: 4"))
+    (repo / "base.yaml").write_text(original)  # the revision's config, for explain to compare with
+    then, now = explain_json(repo / "base.yaml", repo / "train.yaml")
+    (repo / "base.yaml").unlink()
+    done = memfit("diff", "HEAD", "--format", "html", cwd=repo)
+    assert done.returncode == 0, done.stderr
+    report = tmp_path / "diff.html"
+    report.write_text(done.stdout, encoding="utf-8")
+    assert not re.search(r"[A-Za-z][A-Za-z0-9+.-]*://", done.stdout)
+    with sync.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 900})
+            requests, problems = _open(page, report.as_uri())
+            overlay = page.locator("path.overlay")
+            assert [int(v) for v in overlay.get_attribute("data-values").split()] == [e["bytes"] for e in then["timeline"]]
+            series = {page.locator("path.series").nth(i).get_attribute("data-category"): page.locator("path.series").nth(i).get_attribute("data-values") for i in range(page.locator("path.series").count())}
+            assert series["activations"].split() == [str(e["live"]["activations"]) for e in now["timeline"]]
+            cells = page.locator("table.before tbody tr").all()
+            peak_row = [c for c in cells if c.locator("th").inner_text() == "peak"][0]
+            assert int(peak_row.locator("td[data-bytes]").last.get_attribute("data-bytes")) == now["peak"]["bytes"] - then["peak"]["bytes"] < 0
+            assert "HEAD" in page.locator(".legend").inner_text()
+            assert problems == [] and requests == [report.as_uri()], (problems, requests)
+        finally:
+            browser.close()

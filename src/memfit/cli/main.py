@@ -82,7 +82,7 @@ def parser() -> argparse.ArgumentParser:
     diff = commands.add_parser("diff", help="each config's footprint at a git revision beside the working tree")
     diff.add_argument("rev", metavar="REV", help="the git revision to compare against, e.g. main or the pull request's base SHA")
     diff.add_argument("paths", nargs="*", metavar="PATH", help="files or directories (default: the whole repository)")
-    diff.add_argument("--format", choices=("text", "json", "markdown"), default="text", help="output format (default text)")
+    diff.add_argument("--format", choices=("text", "json", "markdown", "html"), default="text", help="output format (default text); html: the report with the revision's timeline drawn over each config's")
     diff.add_argument("--fail-on-growth", type=_share_arg, metavar="PERCENT", help="exit 1 when any config's total grows by more than this share, e.g. 5%%")
 
     commands.add_parser("schema", help="print the config JSON Schema")

@@ -167,7 +167,13 @@ def run_diff(args) -> int:
     except UsageError as error:
         sys.stderr.write(f"memfit diff: {error}\n")
         return EXIT_USAGE
-    REPORTERS[args.format](sys.stdout).report(comparison)
+    if args.format == "html":  # the report's overlay (report.html), not one of diff's own reporters
+        from memfit.report.explain import json_entry
+        from memfit.report.html import render_diff
+
+        sys.stdout.write(render_diff(comparison, json_entry))
+    else:
+        REPORTERS[args.format](sys.stdout).report(comparison)
     if args.fail_on_growth is not None:
         over = grown(comparison, args.fail_on_growth)
         for entry in over:

@@ -41,7 +41,8 @@ svg.chart{width:100%;height:auto;background:var(--panel);border-radius:6px}
 svg .grid{stroke:var(--grid);stroke-width:1}svg text{fill:var(--muted);font-size:11px}
 svg .budget{stroke:var(--budget);stroke-width:2;stroke-dasharray:6 4}svg text.budget-label{fill:var(--budget)}
 svg .peak{stroke:var(--peak);stroke-width:1.5}svg circle.peak{fill:var(--peak)}svg text.peak-label{fill:var(--fg)}
-svg .step2{stroke:var(--muted);stroke-dasharray:2 3}svg .cursor{fill:var(--fg);opacity:.12}
+svg .step2{stroke:var(--muted);stroke-dasharray:2 3}svg .overlay{fill:none;stroke:var(--fg);stroke-width:1.5;stroke-dasharray:5 3}
+.legend .overlay-key{display:inline-block;width:18px;border-top:2px dashed var(--fg);margin-right:4px;vertical-align:3px}svg .cursor{fill:var(--fg);opacity:.12}
 .c-parameters{fill:var(--parameters);background:var(--parameters)}.c-gradients{fill:var(--gradients);background:var(--gradients)}
 .c-activations{fill:var(--activations);background:var(--activations)}.c-optimizer_state{fill:var(--optimizer_state);background:var(--optimizer_state)}
 .c-transient{fill:var(--transient);background:var(--transient)}.c-overhead{fill:var(--overhead);background:var(--overhead)}
@@ -104,9 +105,12 @@ def _gib(n: int) -> str:
     return f"<b data-bytes=\"{n}\">{n:,} B</b> ({escape(human(n))})"
 
 
-def render(results, entries: list[dict]) -> str:
-    """The report of `results` (pipeline Results), whose json entries (explain_entry) are `entries`."""
-    sections = [_section(i, r, e) for i, (r, e) in enumerate(zip(results, entries))]
+def render(results, entries: list[dict], before: list | None = None, heading: str = "") -> str:
+    """The report of `results` (pipeline Results), whose json entries (explain_entry) are `entries`.
+    `before`: for `memfit diff --format html`, per result (label, the json entry at the revision or None),
+    drawn over each timeline as a dashed line."""
+    before = before or [None] * len(results)
+    sections = [_section(i, r, e, b) for i, (r, e, b) in enumerate(zip(results, entries, before))]
     index = "".join(f'<li><a href="#cfg{i}">{escape(e["path"])}</a></li>' for i, e in enumerate(entries))
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -114,13 +118,13 @@ def render(results, entries: list[dict]) -> str:
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
         '<meta name="color-scheme" content="light dark">'
         f"<title>memfit report</title><style>{STYLE}</style></head><body>"
-        f"<h1>memfit report</h1><p class=\"muted\">memfit {escape(__version__)}: the memory of each config's training step, computed before the run. "
+        f"<h1>memfit report</h1>{heading}<p class=\"muted\">memfit {escape(__version__)}: the memory of each config's training step, computed before the run. "
         "Hover the timeline (or focus it and use the arrow keys) for the bytes at each event.</p>"
         f"<ul class=\"noprint\">{index}</ul>" + "".join(sections) + f"<script>{SCRIPT}</script></body></html>\n"
     )
 
 
-def _section(i: int, result, entry: dict) -> str:
+def _section(i: int, result, entry: dict, before=None) -> str:
     out = [f'<section class="config" id="cfg{i}" data-path="{escape(entry["path"])}">']
     config = result.config
     title = f"{config.name} ({entry['path']})" if config is not None and config.name else entry["path"]
@@ -132,7 +136,9 @@ def _section(i: int, result, entry: dict) -> str:
         out.append("<p>No footprint: fix the errors above.</p></section>")
         return "".join(out)
     out.append(_summary(result, entry))
-    out.append(_chart(entry))
+    if before is not None:
+        out.append(_before(*before, entry))
+    out.append(_chart(entry, before))
     out.append(_footprint_table(entry))
     if config.placement is not None and config.placement.sharded is not None:
         out.append(_ranks(config.placement))
@@ -159,13 +165,30 @@ def _summary(result, entry: dict) -> str:
     return "<table class=\"summary\"><caption>Summary</caption>" + "".join(rows) + "</table>"
 
 
-def _chart(entry: dict) -> str:
+def _before(label: str, old: dict | None, entry: dict) -> str:
+    """`memfit diff --format html`: the revision's peak and total beside the working tree's."""
+    if old is None:
+        return f"<p class=\"before\">Not at {escape(label)}: the config is new.</p>"
+    rows = []
+    for what, now, then in (("footprint total", entry["footprint"]["total"], (old.get("footprint") or {}).get("total")),
+                            ("peak", (entry.get("peak") or {}).get("bytes"), (old.get("peak") or {}).get("bytes"))):
+        if now is None or then is None:
+            continue
+        change = now - then
+        rows.append(f"<tr><th scope=\"row\">{what}</th>{_bytes_cell(then)}{_bytes_cell(now)}<td class=\"n\" data-bytes=\"{change}\">{change:+,}</td></tr>")
+    head = (f'<thead><tr><th scope="col"></th><th scope="col" class="n">at {escape(label)}</th><th scope="col" class="n"></th>'
+            '<th scope="col" class="n">now</th><th scope="col" class="n"></th><th scope="col" class="n">change (bytes)</th></tr></thead>')
+    return f'<table class="before"><caption>Against {escape(label)}</caption>{head}<tbody>{"".join(rows)}</tbody></table>'
+
+
+def _chart(entry: dict, before=None) -> str:
     events = entry["timeline"]
     budget = entry.get("budget")
     if not events:
         return "<p class=\"muted\">No timeline: this config has no <code>training</code> section, so it describes tensors, not a run; the footprint below is every category at full size.</p>"
     n = len(events)
-    top = max(max(e["bytes"] for e in events), budget or 0)
+    old = (before[1] or {}).get("timeline") if before is not None else None
+    top = max(max(e["bytes"] for e in events), budget or 0, *(e["bytes"] for e in old or ()))
     ymax = _nice(top)
     col = PLOT_W / n
 
@@ -194,6 +217,10 @@ def _chart(entry: dict) -> str:
         for i, top in enumerate(tops[c]):
             d.append(f"V{y(top):.1f}H{LEFT + (i + 1) * col:.1f}")
         parts.append(f'<path class="series c-{c}" data-category="{c}" data-values="{" ".join(map(str, values))}" d="{"".join(d)}V{y(0):.1f}Z"><title>{escape(LIVE_WORDS[c])}</title></path>')
+    if old:  # the revision's total, stretched over the same width (its events may be more or fewer)
+        width = PLOT_W / len(old)
+        d = [f"M{LEFT},{y(old[0]['bytes']):.1f}"] + [f"V{y(e['bytes']):.1f}H{LEFT + (i + 1) * width:.1f}" for i, e in enumerate(old)]
+        parts.append(f'<path class="overlay" data-values="{" ".join(str(e["bytes"]) for e in old)}" d="{"".join(d)}"><title>total at {escape(before[0])}</title></path>')
     # where the second (warm) step begins
     second = next((i for i, e in enumerate(events) if e["step"] == 2), None)
     if second:
@@ -218,6 +245,9 @@ def _chart(entry: dict) -> str:
     parts.append(f'<rect class="cursor" x="{LEFT}" y="{TOP}" width="0" height="{PLOT_H}" visibility="hidden"/>')
     parts.append("</svg>")
     legend = "".join(f'<span><i class="c-{c}"></i>{escape(LIVE_WORDS[c])}</span>' for c in present)
+    if old:
+        legend += f'<span><i class="overlay-key"></i>total at {escape(before[0])}</span>'
+
     peak_text = ""
     if peak is not None:
         e = events[peak_index(events, peak)]
@@ -316,3 +346,22 @@ def _per_parameter(config) -> str:
     return (f'<h3>Bytes per parameter</h3><table class="per-parameter"><caption>{every:,} parameters, {trainable:,} trainable (gradients and state per trainable parameter)</caption>'
             '<thead><tr><th scope="col">category</th><th scope="col">tensor</th><th scope="col">dtype</th><th scope="col" class="n">bytes / parameter</th>'
             f'<th scope="col" class="n">bytes</th><th scope="col" class="n"></th><th scope="col">from</th></tr></thead><tbody>{body}</tbody></table>')
+
+
+def render_diff(comparison, entry) -> str:
+    """`memfit diff REV --format html`: the working tree's report of each config, the revision's
+    timeline drawn over it. `entry` makes a json entry of a pipeline Result (explain_entry)."""
+    label = comparison.base
+    results, entries, before, gone = [], [], [], []
+    for e in comparison.entries:
+        if e.after.result is None:
+            gone.append(e.path)
+            continue
+        results.append(e.after.result)
+        entries.append(entry(e.after.result))
+        old = e.before.result
+        before.append((label, entry(old) if old is not None and old.config is not None else None))
+    heading = f"<p>Against <code>{escape(label)}</code> ({escape(comparison.commit[:12])}): the dashed line is each config's total there.</p>"
+    if gone:
+        heading += "<p>Removed since then: " + ", ".join(f"<code>{escape(p)}</code>" for p in gone) + ".</p>"
+    return render(results, entries, before, heading)
