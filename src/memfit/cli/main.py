@@ -66,6 +66,9 @@ def parser() -> argparse.ArgumentParser:
     explain = commands.add_parser("explain", help="show the footprint breakdown of configs")
     explain.add_argument("paths", nargs="+", metavar="PATH", help="config files, or directories to search for *.yaml / *.yml")
     explain.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour the budget bar (default: on a terminal)")
+    explain.add_argument("--format", choices=("text", "json", "html"), default="text", help="text (default), json (with each step's timeline) or one self-contained HTML report of all the configs")
+    explain.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of stdout")
+    explain.add_argument("--skip-unrecognized", action="store_true", help="skip files that are not memfit configs instead of failing them")
     common(explain)
 
     from memfit.whatif.fit import DEFAULT_VARY, VARY
@@ -84,7 +87,7 @@ def parser() -> argparse.ArgumentParser:
     diff = commands.add_parser("diff", help="each config's footprint at a git revision beside the working tree")
     diff.add_argument("rev", metavar="REV", help="the git revision to compare against, e.g. main or the pull request's base SHA")
     diff.add_argument("paths", nargs="*", metavar="PATH", help="files or directories (default: the whole repository)")
-    diff.add_argument("--format", choices=("text", "json", "markdown"), default="text", help="output format (default text)")
+    diff.add_argument("--format", choices=("text", "json", "markdown", "html"), default="text", help="output format (default text); html: the report with the revision's timeline drawn over each config's")
     diff.add_argument(
         "--fail-on-growth", type=_share_arg, metavar="PERCENT",
         help="exit 1 when any config's gated figure (its peak, else its total) grows by more than this share, e.g. 5%%, or it passed and now fails",

@@ -37,12 +37,7 @@ def run(args) -> int:
     if args.command == "fit":
         return run_fit(args, options)
     if args.command == "explain":
-        from memfit.report.explain import render
-
-        colour = args.color == "always" or (args.color == "auto" and sys.stdout.isatty() and "NO_COLOR" not in os.environ)
-        results = [Result(p, [d]) if d else safe_check(p, options) for p, d in expand(args.paths)]
-        sys.stdout.write("\n".join(render(result, colour) for result in results))
-        return EXIT_FAILED if any(result.failed for result in results) else EXIT_OK
+        return run_explain(args, options)
 
     from memfit.report.reporters import REPORTERS, summary_markdown
     from memfit.diagnostics.safe_text import printable
@@ -73,6 +68,44 @@ def run(args) -> int:
         sys.stderr.write(printable(f"memfit: cannot write {error.filename or target}: {error.strerror or error}") + "\n")
         return EXIT_USAGE
     return EXIT_FAILED if any(r.failed for r in results) else EXIT_OK
+
+
+def run_explain(args, options: Options) -> int:
+    """`memfit explain`: text (the breakdown), json (check's entries with the step's timeline) or html."""
+    from memfit.diagnostics.safe_text import printable
+    from memfit.report.explain import json_entry, render
+
+    clash = _output_onto_input(args)
+    if clash is not None:
+        sys.stderr.write(printable(clash) + "\n")
+        return EXIT_USAGE
+    results = [Result(p, [d]) if d else safe_check(p, options) for p, d in expand(args.paths)]
+    shown = [r for r in results if not r.skipped]
+    if args.format == "text":
+        colour = args.color == "always" or (args.color == "auto" and not args.output and sys.stdout.isatty() and "NO_COLOR" not in os.environ)
+        text = "\n".join(render(result, colour) for result in shown)
+    else:
+        import json
+
+        entries = [json_entry(r) for r in shown]
+        if args.format == "json":
+            text = json.dumps({"files": entries}, indent=2) + "\n"
+        else:
+            from memfit.report.html import render as html
+
+            text = html(shown, entries)
+    try:
+        if args.output:
+            with open(args.output, "w", encoding="utf-8") as out:
+                out.write(text)
+        else:
+            sys.stdout.write(text)
+    except BrokenPipeError:
+        raise
+    except OSError as error:
+        sys.stderr.write(printable(f"memfit: cannot write {error.filename or args.output or 'standard output'}: {error.strerror or error}") + "\n")
+        return EXIT_USAGE
+    return EXIT_FAILED if any(result.failed for result in results) else EXIT_OK
 
 
 def suggest(result: Result, options: Options) -> Result:
@@ -149,7 +182,13 @@ def run_diff(args) -> int:
     except UsageError as error:
         sys.stderr.write(f"memfit diff: {printable(str(error))}\n")
         return EXIT_USAGE
-    REPORTERS[args.format](sys.stdout).report(comparison)
+    if args.format == "html":  # the report's overlay (report.html), not one of diff's own reporters
+        from memfit.report.explain import json_entry
+        from memfit.report.html import render_diff
+
+        sys.stdout.write(render_diff(comparison, json_entry))
+    else:
+        REPORTERS[args.format](sys.stdout).report(comparison)
     if args.fail_on_growth is not None:
         over = grown(comparison, args.fail_on_growth)
         for entry in over:
@@ -164,7 +203,7 @@ def run_diff(args) -> int:
 def _output_onto_input(args) -> str | None:
     """A report written over a config it checks would destroy it: `-o a.yaml a.yaml`, or an
     output that is an input under another name (./a.yaml, a symlink, inside a checked directory)."""
-    outputs = [(flag, name) for flag, name in (("--output", args.output), ("--summary-md", args.summary_md)) if name]
+    outputs = [(flag, name) for flag, name in (("--output", args.output), ("--summary-md", getattr(args, "summary_md", None))) if name]
     if not outputs:
         return None
     existing = [(flag, name) for flag, name in outputs if os.path.exists(name)]

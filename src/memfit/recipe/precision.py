@@ -524,13 +524,20 @@ def from_config(data: dict):
 
 def explain_lines(config, width: int = 80) -> list[str]:
     """`memfit explain`'s bytes-per-parameter view of a built config (either cost model)."""
+    view = explain_view(config)
+    return view_lines(*view, width) if view is not None else []
+
+
+def explain_view(config):
+    """(rows, every, trainable) of the bytes-per-parameter view (per_parameter_view), or None
+    when the config has no parameters to view (the HTML report's table reads the rows)."""
     recipe = config.recipe
     if not isinstance(recipe, TrainingRecipe):
         dtypes = {c: (w.name if w.name in DTYPES else w.bytes) for c, w in recipe.widths.items()}
         try:
             recipe = TrainingRecipe(recipe.optimizer, resolve(None, dtypes))
         except ValueError:
-            return []
+            return None
     entries, shared = [], []
     for t in config.tensors:
         if t.category == "parameters":
@@ -543,15 +550,14 @@ def explain_lines(config, width: int = 80) -> list[str]:
         elif t.category == "optimizer_state":
             shared.append(Item("optimizer_state", t.name.rsplit(".", 1)[-1], tuple(t.shape), t.dtype.name, t.bytes["optimizer_state"], "one per optimizer"))
     if not entries:
-        return []
+        return None
     model = getattr(config, "model", None)
     logical = None
     if model is not None and any(_kind(t.name, t.dtype.name, t.trainable) for t in config.tensors if t.category == "parameters"):
         # quantized storage is not one element per parameter: count the model's, plus what peft adds
         added = sum(t.count * t.elements for t in config.tensors if t.category == "parameters" and (_kind(t.name, t.dtype.name, t.trainable) or ("",))[0] in ("LoRA adapter", "modules_to_save copy"))
         logical = sum(row.count * row.params for row in model.blocks) + added
-    rows, every, trainable = per_parameter_view(entries, shared, logical)
-    return view_lines(rows, every, trainable, width)
+    return per_parameter_view(entries, shared, logical)
 
 
 def _kind(name: str, dtype: str, trainable: bool):

@@ -13,6 +13,15 @@ WIDTH = 80
 TOP_TENSORS = 10
 
 
+def json_entry(result) -> dict:
+    """`explain --format json`'s entry of one file: check's json entry (path, footprint, peak, host,
+    budget, diagnostics) and the step's `timeline` (ledger.timeline; [] for a config that is not a run)."""
+    from memfit.ledger.timeline import timeline
+    from memfit.report.reporters import _entry
+
+    return _entry(result, {"budget": result.budget, "diagnostics": [d.to_json() for d in result.diagnostics], "timeline": timeline(result.config)})
+
+
 def peak_lines(config, budget) -> list[str]:
     """The run's phases, one bar each (scaled to the budget), which one is the peak, what is live
     in it, and the overhead's named lines."""

@@ -1,0 +1,228 @@
+"""The step as a series of events: what is live at each module boundary, for a picture of memory over time.
+
+`step.phases(step, trace)` walks one warm training step and lists every moment it considers
+(forward at each row, the loss, backward at each row in reverse, the optimizer step). This
+module turns that walk into the timeline `memfit explain --format json|html` publishes:
+
+    {"step": 1|2, "phase": "forward"|"loss"|"backward"|"optimizer", "module": <name>,
+     "at": "pre-forward"|"post-forward"|"pre-backward"|"post-backward"|None, "bytes": int, "live": {...}}
+
+- Two steps. Step 2 is the warm step the peak describes (the optimizer state exists from the
+  start). Step 1 is the first step of a run: the same walk without the optimizer state until
+  `optimizer.step()` creates it (torch.optim allocates its state lazily, in its first step),
+  so its forward and backward are lower by the state's bytes and its optimizer moment is the
+  warm one. The largest `bytes` over both steps is therefore the warm step's peak, `peak.bytes`.
+- Module names are the model's own: a transformer's module paths (`model.embed_tokens`,
+  `model.layers.3`, `lm_head`: the ledger models each layer as four rows, its attention, o_proj,
+  MLP and down projection, and they all belong to the layer's module), a Keras-form layer's
+  name, `declared tensors` for the tensors a config lists by hand; the loss and the optimizer
+  step are `loss` and `optimizer`.
+- `at`: a module's last row's forward moment is its post-forward (its output just written); the
+  final moment of its backward, its post-backward. Its pre-forward (pre-backward) is the same
+  instant as the preceding module's post-forward (post-backward, or the loss's gradient for the
+  first module in backward): nothing is allocated between two modules, so those events repeat
+  that moment's live bytes under the next module's name. A moment inside a module (the worst
+  moment of a transformer layer's attention, say) has `at` None.
+- With an allocator granule (`overhead: auto` on a preset), each moment's rounding (every live
+  tensor up to 512 bytes) is added to its overhead, as `step.peak` adds it to each phase.
+
+Under a parallel layout the ledger has no per-rank step walk yet: the timeline is one event,
+the binding rank's peak, with its `rank`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from memfit.ledger.step import LIVE, phases, rounded
+
+PHASE = {"forward": "forward", "backward": "backward", "optimizer_step": "optimizer"}
+AT = ("pre-forward", "post-forward", "pre-backward", "post-backward")
+_HF_ROW = re.compile(r"^layer (\d+) ")
+_KERAS_ROW = re.compile(r"^(.*) \([A-Za-z0-9_]+\)$")
+
+
+def module_namer(config):
+    """row name -> the model's own module name, for the config's model."""
+    model = getattr(config, "model", None)
+    cfg = getattr(model, "cfg", None)
+    return hf_namer(cfg) if cfg is not None else keras_namer
+
+
+def hf_namer(cfg: dict):
+    """A transformer's rows -> transformers' module paths (embeddings, each layer, the head)."""
+    from memfit.models.hf import _tree  # the transformers module tree: embeddings first, the head last
+
+    before, layers, _, after, _ = _tree(cfg)
+    first, last = before[0].path, after[-1].path
+    # the head row is the final norm, then the output layer: its start (pre-forward) and its end
+    # in backward (post-backward) are the norm's
+    norm = next((m.path for m in after[:-1] if "norm" in m.type), last)
+
+    def name(row: str, edge: str | None = None) -> str:
+        m = _HF_ROW.match(row)
+        if m:
+            return f"{layers}.{m.group(1)}"
+        if row == "head":
+            return norm if edge in ("pre-forward", "post-backward") else last
+        return {"embeddings": first}.get(row, row)
+
+    return name
+
+
+def keras_namer(row: str, edge: str | None = None) -> str:
+    """A Keras-form row ("stem (Conv2D)") -> the layer's name."""
+    m = _KERAS_ROW.match(row)
+    return m.group(1) if m else row
+
+
+def _moments(step, granule):
+    """The walk's moments and the backward boundaries, each with its allocator rounding added to
+    the overhead (the rounded step walked the same way, moment by moment)."""
+    exact = _walk(step)
+    if not granule:
+        return exact
+    coarse = _walk(rounded(step, granule))
+    out = []
+    for (phase, at, edge, live), (_, _, _, live_coarse) in zip(exact, coarse):
+        live = dict(live)
+        live["overhead"] += sum(live_coarse.values()) - sum(live.values())
+        out.append((phase, at, edge, live))
+    return out
+
+
+def _walk(step) -> list:
+    """(phase, row name, edge, live) in order: the ledger's moments (edge None) and, in backward,
+    each row's pre-backward and post-backward edges around its own moments (_backward_edges)."""
+    trace: list = []
+    phases(step, trace)
+    edges = _backward_edges(step)
+    starts = _forward_edges(step)
+    rows = [m[1] for m in trace if m[0] == "backward" and m[1] != "loss"]
+    last = {name: i for i, name in enumerate(rows)}
+    out, seen, k = [], set(), 0
+    for phase, at, live in trace:
+        if phase == "backward" and at != "loss":
+            if at not in seen:
+                seen.add(at)
+                out.append((phase, at, "pre-backward", edges[at][0]))
+            out.append((phase, at, None, live))
+            if last[at] == k:
+                out.append((phase, at, "post-backward", edges[at][1]))
+            k += 1
+        else:
+            if phase == "forward" and at in starts:
+                out.append((phase, at, "pre-forward", starts.pop(at)))
+            out.append((phase, at, None, live))
+    return out
+
+
+def _forward_edges(step) -> dict:
+    """Each row's live bytes as its forward starts, with the ledger's bookkeeping (step.phases):
+    the tensors kept by the rows before it (and the batch), and its input unless it is kept."""
+    rows, size = step.rows, step.tensors
+    params = sum(sum(r.params) + sum(r.frozen) for r in rows)
+    state = sum(step.optimizer_state)
+    kept_ever = {t for row in rows for t in row.kept}
+    saved = set(step.batch)
+    saved_bytes = sum(size[t] for t in saved)
+    out = {}
+    for row in rows:
+        moving = size[row.input] if row.input is not None and row.input not in saved else 0
+        out[row.name] = dict(zip(LIVE, (params, 0, saved_bytes, state, moving, step.overhead)))
+        for t in ([row.output] if row.output is not None and not row.view else []) + list(row.kept):
+            if t not in saved and t in kept_ever:
+                saved.add(t)
+                saved_bytes += size[t]
+    return out
+
+
+def _backward_edges(step) -> dict:
+    """Each row's live bytes at the start and at the end of its backward, with the ledger's
+    bookkeeping (step.phases): at the start, the gradients of the rows after it, every tensor
+    still kept, and the gradient of its output; at the end, its own gradients too, the tensors it
+    was the earliest to keep freed, and the gradient it produced for its input (none for the
+    first row or a view). A checkpointed row's recomputed tensors are not there at either edge."""
+    rows, size = step.rows, step.tensors
+    params = sum(sum(r.params) + sum(r.frozen) for r in rows)
+    state = sum(step.optimizer_state)
+    keepers: dict = {}
+    for i, row in enumerate(rows):
+        for t in row.kept:
+            keepers.setdefault(t, i)
+    batch = set(step.batch)
+    left = sum(size[t] for t in set(keepers) | batch)
+    released: dict = {}
+    for t, k in keepers.items():
+        if t not in batch:
+            released[k] = released.get(k, 0) + size[t]
+    done, out = 0, {}
+    for i in range(len(rows) - 1, -1, -1):
+        row = rows[i]
+        if not row.output_grad:
+            continue
+        g_out = size.get(row.output, 0) if row.output is not None else 0
+        g_in = size.get(row.input, 0) if row.grad_input and not row.view and row.input is not None else 0
+        start = dict(zip(LIVE, (params, done, left, state, g_out, step.overhead)))
+        done += sum(row.grads)
+        left -= released.get(i, 0)
+        out[row.name] = (start, dict(zip(LIVE, (params, done, left, state, g_in, step.overhead))))
+    return out
+
+
+def _events(moments, number: int, namer) -> list[dict]:
+    """One step's events. A module of several rows (a transformer layer's four) takes its first
+    row's pre- and its last row's post- edge; the moments between are inside it (at None)."""
+    out: list[dict] = []
+    first, last = {}, {}
+    for i, (phase, at, _, _) in enumerate(moments):
+        if phase in ("forward", "backward") and at != "loss":
+            key = (phase, namer(at))
+            first.setdefault(key, i)
+            last[key] = i
+    for i, (phase, at, edge, live) in enumerate(moments):
+        live = {k: live[k] for k in LIVE}
+        if phase == "optimizer_step":
+            out.append(_event(number, "optimizer", "optimizer", None, live))
+        elif at == "loss":
+            out.append(_event(number, "loss" if phase == "forward" else "backward", "loss", None, live))
+        else:
+            module = namer(at)
+            if phase == "forward" and edge is None and last[(phase, module)] == i:
+                edge = "post-forward"  # the ledger's moment after a row: its output just written
+            pre = edge is not None and edge.startswith("pre-")
+            if edge is None or (pre and first[(phase, module)] == i) or (not pre and last[(phase, module)] == i):
+                out.append(_event(number, phase, namer(at, edge) if edge else module, edge, live))
+    return out
+
+
+def _event(number, phase, module, at, live) -> dict:
+    return {"step": number, "phase": phase, "module": module, "at": at, "bytes": sum(live.values()), "live": dict(live)}
+
+
+def events(step, granule: int | None = None, namer=None) -> list[dict]:
+    """The two steps' events, in order (see the module's docstring)."""
+    namer = namer or (lambda name, edge=None: name)
+    warm = _moments(step, granule)
+    cold = _moments(replace(step, optimizer_state=[]), granule)
+    # the first step's optimizer moment is the warm one: torch.optim creates the state inside it
+    cold = [m if m[0] != "optimizer_step" else w for m, w in zip(cold, warm)]
+    return _events(cold, 1, namer) + _events(warm, 2, namer)
+
+
+def timeline(config) -> list[dict]:
+    """The timeline of a checked config: [] when it describes no run (no training section)."""
+    if config is None:
+        return []
+    placement = getattr(config, "placement", None)
+    parallel = placement.peak if placement is not None else None
+    if parallel is not None:
+        # no per-rank step walk under a parallel layout yet: the binding rank's peak as one event
+        live = {k: parallel["live"][k] for k in LIVE if k in parallel["live"]}
+        return [{"step": 2, "phase": PHASE.get(parallel["phase"], parallel["phase"]), "module": None, "at": None,
+                 "bytes": parallel["bytes"], "live": live, "rank": parallel["rank"]}]
+    step = getattr(config, "step", None)
+    if step is None or config.peak is None:
+        return []
+    return events(step, config.granule, module_namer(config))
