@@ -11,10 +11,31 @@ from memfit.read.inputs import expand
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
+def targets(paths: list[str]):
+    """expand(paths), plus the native configs the settings include under each walked directory."""
+    found = expand(paths)
+    walked_dirs = [p for p in paths if os.path.isdir(p)]
+    if walked_dirs:
+        from memfit.read.native.settings import include_matches
+
+        have = {p for p, _ in found}
+        for directory in walked_dirs:
+            found.extend((p, None) for p in include_matches(directory) if p not in have)
+    return found
+
+
+def with_walked(options: Options, paths: list[str]) -> Options:
+    """Files a directory walk found may be native configs only where the settings include them."""
+    from dataclasses import replace
+
+    given = set(paths)
+    return replace(options, walked=frozenset(p for p, _ in expand(paths) if p not in given))
+
+
 def check_paths(paths: list[str], options: Options, jobs: int = 0) -> list[Result]:
-    targets = expand(paths)
-    results: list[Result | None] = [Result(p, [d]) if d else None for p, d in targets]
-    todo = [p for p, d in targets if d is None]
+    found = targets(paths)
+    results: list[Result | None] = [Result(p, [d]) if d else None for p, d in found]
+    todo = [p for p, d in found if d is None]
     from memfit.cli.pool import map_checked
 
     checked = iter(map_checked(todo, options, jobs))
@@ -34,18 +55,22 @@ def run(args) -> int:
     if args.command == "diff":
         return run_diff(args)
     options = Options(
-        budget=args.budget,
-        warn_at=args.warn_at,
+        budget=getattr(args, "budget", None),
+        warn_at=getattr(args, "warn_at", None),
         skip_unrecognized=getattr(args, "skip_unrecognized", False),
         max_file_size=args.max_file_size,
+        **_native_options(args),
     )
+    if args.command == "convert":
+        return run_convert(args, options)
+    options = with_walked(options, args.paths)
     if args.command == "fit":
         return run_fit(args, options)
     if args.command == "explain":
         from memfit.report.explain import render
 
         colour = args.color == "always" or (args.color == "auto" and sys.stdout.isatty() and "NO_COLOR" not in os.environ)
-        results = [Result(p, [d]) if d else safe_check(p, options) for p, d in expand(args.paths)]
+        results = [Result(p, [d]) if d else safe_check(p, options) for p, d in targets(args.paths)]
         sys.stdout.write("\n".join(render(result, colour) for result in results))
         return EXIT_FAILED if any(result.failed for result in results) else EXIT_OK
 
@@ -78,6 +103,51 @@ def run(args) -> int:
         sys.stderr.write(printable(f"memfit: cannot write {error.filename or target}: {error.strerror or error}") + "\n")
         return EXIT_USAGE
     return EXIT_FAILED if any(r.failed for r in results) else EXIT_OK
+
+
+def _native_options(args) -> dict:
+    """The command line's native-config flags, as Options fields."""
+    from memfit.diagnostics.units import UnitError, parse_bytes, parse_percent
+
+    out = {key: getattr(args, key, None) for key in ("input_format", "device", "gpus", "gpus_per_node", "host_memory", "launch", "model")}
+    out["settings"] = getattr(args, "settings", True)
+    for key in ("reserve", "overhead"):
+        value = getattr(args, key, None)
+        if value is None:
+            continue
+        try:  # checked here, kept as written (the config's own key takes the same forms)
+            parse_percent(value) if key == "reserve" and value.strip().endswith("%") else value == "auto" or parse_bytes(int(value) if value.isdigit() else value)
+        except UnitError as error:
+            raise SystemExit(f"memfit: --{key} {value}: {error}") from None
+        out[key] = int(value) if value.isdigit() else value
+    return out
+
+
+def run_convert(args, options: Options) -> int:
+    """`memfit convert FILE`: the memfit config a native file means, as YAML; the problems found
+    reading it on stderr (exit 1 when one is an error)."""
+    import yaml
+
+    from memfit.check.pipeline import check
+    from memfit.read.inputs import read
+    from memfit.report.reporters import diagnostic_line
+
+    path = args.paths[0]
+    text, problem, _ = read(path, options.max_file_size)
+    if problem is not None:
+        sys.stderr.write(diagnostic_line(path, problem) + "\n")
+        return EXIT_FAILED
+    from dataclasses import replace
+
+    result = check(text, path, replace(options, budget=options.budget or 1))  # the read, not the budget, is the question
+    read_problems = [d for d in result.diagnostics if d.severity != "information" and d.code not in ("budget-exceeded", "near-budget", "no-budget")]
+    for d in read_problems:
+        sys.stderr.write(diagnostic_line(path, d) + "\n")
+    if result.data is None:
+        return EXIT_FAILED
+    header = f"# memfit config read from {path} ({result.input_format}); `memfit check` on this file gives the same figures\n"
+    sys.stdout.write(header + yaml.safe_dump(result.data, sort_keys=False, default_flow_style=None, width=120))
+    return EXIT_FAILED if any(d.severity == "error" for d in read_problems) else EXIT_OK
 
 
 def suggest(result: Result, options: Options) -> Result:
@@ -119,7 +189,7 @@ def fit_file(path: str, vary: str, options: Options):
 def run_fit(args, options: Options) -> int:
     from memfit.whatif.fit import REPORTERS, Fit
 
-    fits = [Fit(p, args.vary, diagnostics=[d]) if d else fit_file(p, args.vary, options) for p, d in expand(args.paths)]
+    fits = [Fit(p, args.vary, diagnostics=[d]) if d else fit_file(p, args.vary, options) for p, d in targets(args.paths)]
     REPORTERS[args.format](sys.stdout).report(fits)
     if any(f.usage for f in fits):
         return EXIT_USAGE
