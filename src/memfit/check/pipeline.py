@@ -145,7 +145,7 @@ def _native_wanted(text: str, path: str, options: Options) -> bool:
         return True
     if not options.native or options.input_format == "memfit":
         return False
-    from memfit.read.native import sniff
+    from memfit.read.native.formats import sniff
 
     if not sniff(text):
         return False
@@ -157,9 +157,9 @@ def _native_wanted(text: str, path: str, options: Options) -> bool:
 
 
 def _read_native(data, path: str, options: Options):
-    from memfit.read import native
+    from memfit.read.native import formats
 
-    return native.read(data, path, options, forced=options.input_format if options.input_format != "memfit" else None)
+    return formats.read(data, path, options, forced=options.input_format if options.input_format != "memfit" else None)
 
 
 def _check_native(native, text: str, options: Options, result: Result) -> Result:
@@ -179,7 +179,7 @@ def _check_native(native, text: str, options: Options, result: Result) -> Result
 def _check_memfit(text: str, data: dict, path: str, options: Options, result: Result) -> Result:
     """A memfit config with the settings' device and host where it has none of its own; problems
     on a key the settings added are placed on the `memfit` marker."""
-    from memfit.read.native import with_settings
+    from memfit.read.native.formats import with_settings
 
     data, added = with_settings(data, path, options)
     result.data = data

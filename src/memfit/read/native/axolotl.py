@@ -83,7 +83,7 @@ def read(r: Reader, ctx) -> dict:
     if bf16 in (True, "full") and fp16 is True:
         r.error(r.at("fp16"), codes.NATIVE_CONFIG, "bf16 and fp16 are both true: say which one you mean (Axolotl's resolve_dtype would silently drop fp16)")
     if not fp16 and bf16 == "auto":
-        from memfit.read.native.run import bf16_capable
+        from memfit.read.native.settings import bf16_capable
 
         bf16 = bf16_capable(ctx.conf)
         if not bf16 and fp16 is None and not float16:

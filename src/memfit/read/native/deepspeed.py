@@ -128,9 +128,8 @@ def apply(r: Reader, ds: dict, file: str | None, trainer: dict, hidden_size: int
 
 
 def read(r: Reader, ctx) -> dict:
-    """A DeepSpeed JSON checked alone: the model from the settings' `model` or --model; without a
-    sequence length the check is the model states (parameters, gradients, optimizer state), as
-    DeepSpeed's own estimators count them."""
+    """A DeepSpeed JSON checked alone: the model from the settings' `model` or --model; it has no
+    sequence length, so memfit takes the model's longest (a warning says so)."""
     data = r.data
     r.native.root = r.at(next(iter(data)), on_key=True) if data else r.at()
     name = ctx.conf.get("model")
@@ -140,16 +139,13 @@ def read(r: Reader, ctx) -> dict:
         if data.get(key) == "auto":
             r.error(r.at(key), codes.NATIVE_CONFIG, f"{key} is \"auto\": only the Trainer integration fills it in; a DeepSpeed config used alone needs a number")
     apply(r, data, None, {}, ctx.hidden_size)
-    training = r.native.doc.get("training", {})
-    dropped = [k for k in ("micro_batch", "gradient_accumulation") if k in training]
-    for key in dropped:
-        del training[key]
-        r.native.origins.pop(("training", key), None)
-    if not training:
-        r.native.doc.pop("training", None)
-    if dropped:
-        r.note(r.at("train_micro_batch_size_per_gpu") if "train_micro_batch_size_per_gpu" in data else r.native.root,
-               "a DeepSpeed config has no sequence length: memfit checks the model states (parameters, gradients, optimizer state), as DeepSpeed's estimators do")
+    training = r.native.doc.setdefault("training", {})
+    if "micro_batch" not in training:
+        r.set(("training", "micro_batch"), 1)
+    positions = (ctx.model_config or {}).get("max_position_embeddings", (ctx.model_config or {}).get("n_positions"))
+    if isinstance(positions, int) and not isinstance(positions, bool):
+        r.set(("training", "seq_len"), positions)
+        r.warn(r.native.root, f"a DeepSpeed config has no sequence length: memfit assumes the model's max_position_embeddings, {positions:,} tokens (check the training config that uses this file for the real one)")
     if "optimizer" not in r.native.doc:
         r.set(("optimizer",), "adamw", None)  # DeepSpeed's usual Adam; the Trainer's default is AdamW
     return {}

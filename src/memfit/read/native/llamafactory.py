@@ -78,7 +78,7 @@ def read(r: Reader, ctx) -> dict:
     elif fp16:
         compute = "float16"
     else:
-        from memfit.read.native.run import bf16_capable
+        from memfit.read.native.settings import bf16_capable
 
         stored = (ctx.model_config or {}).get("torch_dtype", (ctx.model_config or {}).get("dtype"))
         compute = "bfloat16" if stored == "bfloat16" and bf16_capable(ctx.conf) else "float16" if stored in ("float16", "bfloat16") else "float32"

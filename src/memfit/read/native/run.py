@@ -10,9 +10,6 @@ from memfit.read.native import resolve
 from memfit.read.native.base import At, Found, Native, Reader
 from memfit.read.native.settings import Settings
 
-# GPU presets without bf16 (compute capability below 8.0): where Axolotl's `bf16: auto`
-# (utils/config/__init__.py resolve_dtype: is_torch_bf16_gpu_available()) turns to fp16
-NO_BF16 = ("V100", "T4")  # preset names, case, spaces and dashes aside (config/presets.py)
 
 
 class Context:
@@ -150,7 +147,9 @@ class Context:
             if per_node is not None:
                 r.set(("parallel", "gpus_per_node"), per_node, per_node_at)
         _device(doc, conf)
-        if "model" not in doc and r.native.checkable and not r.native.failed:
+        if not r.native.checkable:
+            r.error(r.native.root, codes.MODEL_NOT_FOUND, "an accelerate config alone names no model or batch: check the training config that it launches, with --launch FILE (or the settings' `launch`)")
+        elif "model" not in doc and not r.native.failed:
             r.error(r.native.root, codes.MODEL_NOT_FOUND, "no model: this config names none; give one with --model NAME or the settings' `model`")
         return r.native
 
@@ -211,19 +210,13 @@ def memfit_defaults(data: dict, conf: Settings) -> tuple[dict, set]:
     return out, added
 
 
-def bf16_capable(conf: Settings) -> bool:
-    """Whether the device the settings name computes in bf16 (unknown device: assume it does, as
-    every GPU since Ampere does)."""
-    import re
+def _modules():
+    from memfit.read.native import accelerate, axolotl, deepspeed, hftrainer, llamafactory, torchtune
 
-    name = conf.get("device")
-    key = re.sub(r"[\s_-]", "", name.upper()) if isinstance(name, str) else ""
-    return not key.startswith(NO_BF16)
+    return {"axolotl": axolotl, "llama-factory": llamafactory, "hf-trainer": hftrainer, "torchtune": torchtune, "deepspeed": deepspeed, "accelerate": accelerate}
 
 
 def read(fmt: str, data: dict, path: str, conf: Settings) -> Native:
-    from memfit.read.native import _modules
-
     module = _modules()[fmt]
     r = Reader(fmt, data, path)
     ctx = Context(r, path, conf)

@@ -213,3 +213,18 @@ def include_matches(directory: str) -> list[str]:
             if os.path.isfile(full) and (full == top or full.startswith(top + os.sep)):
                 out.append(os.path.join(directory, os.path.relpath(full, top)))
     return sorted(set(out))
+
+
+# GPU presets without bf16 (compute capability below 8.0): where Axolotl's `bf16: auto`
+# (utils/config/__init__.py resolve_dtype: is_torch_bf16_gpu_available()) turns to fp16
+NO_BF16 = ("V100", "T4")  # preset names, case, spaces and dashes aside (config/presets.py)
+
+
+def bf16_capable(conf: Settings) -> bool:
+    """Whether the device the settings name computes in bf16 (unknown device: assume it does, as
+    every GPU since Ampere does)."""
+    import re
+
+    name = conf.get("device")
+    key = re.sub(r"[\s_-]", "", name.upper()) if isinstance(name, str) else ""
+    return not key.startswith(NO_BF16)
