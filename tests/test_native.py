@@ -176,7 +176,7 @@ def test_bad_input_is_positioned(tmp_path, model):
     assert out.returncode == 1
     assert f"{native}:2:19: error[native-config] micro_batch_size is 'two': it takes an integer" in out.stdout
     assert f"{native}:4:7: error[native-config] bf16 and fp16 are both true" in out.stdout
-    assert f"{native}:5:12: error[missing-reference] the DeepSpeed config 'nowhere.json' cannot be read" in out.stdout
+    assert f"{native}:5:12: error[missing-reference] the DeepSpeed config 'nowhere.json' not found; looked at {tmp_path / 'nowhere.json'}" in out.stdout
 
     missing = tmp_path / "missing.yml"
     missing.write_text("sequence_len: 1024\nbase_model: nobody/no-such-model\nmicro_batch_size: 1\n")

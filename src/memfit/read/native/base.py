@@ -7,6 +7,7 @@ format's module), and the pipeline computes every figure from the document.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from memfit.diagnostics import codes
@@ -58,6 +59,7 @@ class Native:
 
 
 _MISSING = object()
+_YAML11_INT = re.compile(r"[-+]?[1-9][0-9_]*")
 _TYPES = {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a mapping", list: "a list"}
 
 
@@ -88,6 +90,8 @@ class Reader:
         if value is _MISSING or value is None:
             return default
         kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+        if int in kinds and isinstance(value, str) and _YAML11_INT.fullmatch(value):
+            value = int(value.replace("_", ""))  # 500_000: an integer to PyYAML (YAML 1.1), which the frameworks load with
         if isinstance(value, str) and value in kinds:  # a literal such as "auto"
             return value
         types = tuple(k for k in kinds if isinstance(k, type))

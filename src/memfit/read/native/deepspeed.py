@@ -104,6 +104,13 @@ def apply(r: Reader, ds: dict, file: str | None, trainer: dict, hidden_size: int
     for key, target in (("reduce_bucket_size", "reduce"), ("allgather_bucket_size", "allgather")):
         if key not in zero or (target == "allgather" and stage == 3):
             continue
+        raw = zero[key]
+        if isinstance(raw, str) and raw != "auto":
+            try:  # 5e8 in a YAML file is a string to PyYAML; DeepSpeed's config (pp_int) takes the number
+                raw = float(raw)
+                zero = {**zero, key: raw}
+            except ValueError:
+                pass
         value = r.get(key, (int, float, "auto"), None, data=zero, prefix=("zero_optimization",), file=file)
         if value == "auto":
             if hidden_size is None:

@@ -59,12 +59,29 @@ class Context:
         """A referenced JSON (or YAML) file's data and its path as the checked path is given."""
         from memfit.read import source
 
-        file = os.path.join(base if base is not None else self.base, os.path.expanduser(ref))
-        try:
-            with open(file, encoding="utf-8") as handle:
-                text = handle.read()
-        except OSError as error:
-            self.r.error(at, codes.MISSING_REFERENCE, f"{what} {ref!r} cannot be read ({error.strerror or error}; looked at {os.path.normpath(file)})")
+        # relative to the file that names it; the frameworks open it relative to where they run
+        # (Axolotl: utils/config/__init__.py normalize_config, os.path.exists(cfg.deepspeed)), so
+        # then the working directory and the project root (the settings file's directory)
+        bases = [base if base is not None else self.base]
+        if base is None and not os.path.isabs(os.path.expanduser(ref)):
+            bases += [os.curdir] + ([self.conf.base] if self.conf.file else [])
+        tried = []
+        for directory in bases:
+            file = os.path.join(directory, os.path.expanduser(ref))
+            if os.path.normpath(os.path.abspath(file)) in tried:
+                continue
+            tried.append(os.path.normpath(os.path.abspath(file)))
+            try:
+                with open(file, encoding="utf-8") as handle:
+                    text = handle.read()
+                break
+            except FileNotFoundError:
+                continue
+            except OSError as error:
+                self.r.error(at, codes.MISSING_REFERENCE, f"{what} {ref!r} cannot be read ({error.strerror or error}; {file})")
+                return None, None
+        else:
+            self.r.error(at, codes.MISSING_REFERENCE, f"{what} {ref!r} not found; looked at {', '.join(tried)}")
             return None, None
         loaded = source.load(text)
         if loaded.data is None or loaded.diagnostics:
