@@ -244,3 +244,67 @@ def test_settings_and_directory_walks(tmp_path, model):
     (tmp_path / "memfit.toml").write_text('device = "H100-80GB"\ngpus = "eight"\n')
     bad = memfit("check", configs / "run.yml")
     assert bad.returncode == 1 and f"{tmp_path / 'memfit.toml'}:2:1: error[native-config] settings: gpus is 'eight': a positive integer" in bad.stdout
+
+
+TORCHTUNE_QLORA = """\
+model:
+  _component_: torchtune.models.llama3.qlora_llama3_8b
+  lora_attn_modules: ['q_proj', 'v_proj', 'output_proj']
+  apply_lora_to_mlp: True
+  lora_rank: 16
+  lora_alpha: 32
+tokenizer:
+  _component_: torchtune.models.llama3.llama3_tokenizer
+  path: /tmp/tokenizer.model
+  max_seq_len: 2048
+batch_size: 2
+optimizer:
+  _component_: torch.optim.AdamW
+  fused: True
+  lr: 3e-4
+epochs: 1
+dtype: bf16
+enable_activation_checkpointing: True
+"""
+
+
+def test_torchtune_builders_match_the_published_config_json(tmp_path, model):
+    """The builder table's llama3_8b (torchtune/models/llama3/_model_builders.py) is the model of
+    Meta's config.json: the same parameters, gradients and optimizer state through the pipeline."""
+    native = tmp_path / "full.yaml"
+    native.write_text(TORCHTUNE_QLORA.replace("qlora_llama3_8b", "llama3_8b").split("  lora_attn_modules")[0] + TORCHTUNE_QLORA.split("lora_alpha: 32\n")[1])
+    out = same_figures_as_converted(native, "--device", "H100-80GB")
+    assert out["native"]["input_format"] == "torchtune"
+    reference = tmp_path / "reference.yaml"
+    reference.write_text(
+        "memfit: 1\ndevice: {preset: H100-80GB}\nprecision: bf16-true\noptimizer: adamw\nmodel: {hf_config: llama-3-8b.json}\n"
+        "training: {micro_batch: 2, seq_len: 2048, checkpointing: full, attention: sdpa, optimizer_impl: fused}\n"
+    )
+    ref, _ = figures(reference)
+    for category in ("parameters", "gradients", "optimizer_state"):
+        assert out["native"]["footprint"][category] == ref["footprint"][category], category
+
+
+def test_torchtune_qlora_and_torchao_nf4(tmp_path):
+    native = tmp_path / "qlora.yaml"
+    native.write_text(TORCHTUNE_QLORA)
+    out = same_figures_as_converted(native, "--device", "RTX-4090")
+    doc = out["doc"]
+    assert doc["quantization"] == {"method": "nf4-torchao"}
+    assert doc["lora"]["target_modules"] == ["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    assert doc["lora"]["r"] == 16 and doc["training"]["seq_len"] == 2048 and doc["training"]["checkpointing"] == "full"
+
+
+def test_nf4_torchao_layout_is_torchaos():
+    """What memfit counts for a torchao NF4 weight is what torchao's to_nf4 keeps, tensor by tensor."""
+    import torch
+
+    from needs import module
+    from memfit.recipe import quant
+
+    nf4 = module("torchao.dtypes.nf4tensor")
+    weight = torch.zeros(1024, 4096, dtype=torch.bfloat16)
+    stored = nf4.to_nf4(weight)
+    theirs = {name: getattr(stored, name).numel() * getattr(stored, name).element_size() for name in ("quantized_data", "quantized_scalers", "quantization_factor", "scaler_mean", "nf4")}
+    ours = {name: (1 if not shape else __import__("math").prod(shape)) * {"uint8": 1, "int8": 1, "bfloat16": 2}[dtype] for name, shape, dtype in quant.weight_tensors(4096, 1024, "nf4-torchao", base_dtype="bfloat16")}
+    assert sorted(ours.values()) == sorted(theirs.values()) and sum(ours.values()) == sum(theirs.values())
