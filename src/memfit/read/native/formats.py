@@ -22,12 +22,14 @@ DETECT: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
 
 # the same keys at column 0 of a YAML text: a cheap test before parsing (the hook, --skip-unrecognized)
 _KEYS = r"(base_model|model_name_or_path|zero_optimization|train_micro_batch_size_per_gpu|train_batch_size|distributed_type|model)"
-_SNIFF = re.compile(rf'^{_KEYS}\s*:|"{_KEYS}"\s*:', re.M)
+_SNIFF = re.compile(rf'^{_KEYS}\s*:|"{_KEYS}"\s*:|^\s+_component_\s*:\s*torchtune\.', re.M)
 
 
 def detect(data) -> str | None:
     if not isinstance(data, dict):
         return None
+    if any(isinstance(v, dict) and str(v.get("_component_", "")).startswith("torchtune.") for v in data.values()):
+        return "torchtune"  # a recipe config: its components are torchtune's
     for fmt, required, any_of in DETECT:
         if all(k in data for k in required) and any(k in data for k in any_of):
             if fmt == "torchtune" and not (isinstance(data["model"], dict) and "_component_" in data["model"]):

@@ -60,6 +60,16 @@ BUILDERS = {
     "qwen3_14b_instruct": ("qwen3", 5120, 17408, 40, 40, 8, 151936, 40960, False, 128),
     "qwen3_32b": ("qwen3", 5120, 25600, 64, 64, 8, 151936, 40960, False, 128),
 }
+# component builders (torchtune/models/<family>/_component_builders.py) -> model_type
+COMPONENTS = {"llama2": "llama", "llama3": "llama", "llama3_1": "llama", "llama3_2": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma", "phi3": "phi3"}
+
+
+def _scale_hidden_dim(dim: int, multiple_of: int = 256) -> int:
+    """torchtune.models.llama2._model_utils.scale_hidden_dim_for_mlp."""
+    hidden = int(2 * (4 * dim) / 3)
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
 ALIASES = {"llama3_3_70b": "llama3_1_70b"}  # torchtune/models/llama3_3/_model_builders.py: llama3_3_70b = llama3_1_70b
 
 # torchtune's LoRA module names -> the transformers module names memfit's LoRA targets
@@ -110,10 +120,25 @@ def read(r: Reader, ctx) -> dict:
     lora = builder.startswith(("lora_", "qlora_"))
     base = builder.removeprefix("qlora_").removeprefix("lora_")
     base = ALIASES.get(base, base)
-    if base not in BUILDERS:
-        r.error(at, codes.NATIVE_CONFIG, f"torchtune builder {component!r}: memfit knows the builders of {', '.join(sorted({k.split('_')[0] for k in BUILDERS}))} ({len(BUILDERS)} in all); write a memfit config for this model")
+    if not model:
+        r.native.root = r.at(next(iter(data)), on_key=True)
+        r.error(r.native.root, codes.MODEL_NOT_FOUND, "no model._component_: memfit reads the model of a torchtune recipe config from it (PPO's policy and reward models are not read)")
         return {}
-    family, hidden, inter, layers, heads, kv, vocab, max_seq, tied, head_dim = BUILDERS[base]
+    if base in COMPONENTS and "num_layers" in model:  # a component builder called with its arguments in the config
+        args = {k: r.get(k, (int, float, bool), None, data=model, prefix=("model",)) for k in ("embed_dim", "intermediate_dim", "num_layers", "num_heads", "num_kv_heads", "vocab_size", "max_seq_len", "tie_word_embeddings", "head_dim")}
+        if None in [args[k] for k in ("embed_dim", "num_layers", "num_heads", "vocab_size", "max_seq_len")]:
+            r.error(at, codes.NATIVE_CONFIG, f"{component} with its arguments: memfit needs embed_dim, num_layers, num_heads, vocab_size and max_seq_len")
+            return {}
+        shape = (
+            COMPONENTS[base], args["embed_dim"], args["intermediate_dim"] or _scale_hidden_dim(args["embed_dim"]), args["num_layers"], args["num_heads"],
+            args["num_kv_heads"] or args["num_heads"], args["vocab_size"], args["max_seq_len"], bool(args["tie_word_embeddings"]), args["head_dim"],
+        )
+    else:
+        shape = BUILDERS.get(base)
+    if shape is None:
+        r.error(at, codes.UNSUPPORTED_MODEL, f"torchtune builder {component!r}: memfit knows the builders of {', '.join(sorted({k.split('_')[0] for k in BUILDERS}))} ({len(BUILDERS)} in all); write a memfit config for this model")
+        return {}
+    family, hidden, inter, layers, heads, kv, vocab, max_seq, tied, head_dim = shape
     tied = r.get("tie_word_embeddings", (bool,), tied, data=model, prefix=("model",))
     transformer = {
         "model_type": family, "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
