@@ -308,3 +308,13 @@ def test_nf4_torchao_layout_is_torchaos():
     theirs = {name: getattr(stored, name).numel() * getattr(stored, name).element_size() for name in ("quantized_data", "quantized_scalers", "quantization_factor", "scaler_mean", "nf4")}
     ours = {name: (1 if not shape else __import__("math").prod(shape)) * {"uint8": 1, "int8": 1, "bfloat16": 2}[dtype] for name, shape, dtype in quant.weight_tensors(4096, 1024, "nf4-torchao", base_dtype="bfloat16")}
     assert sorted(ours.values()) == sorted(theirs.values()) and sum(ours.values()) == sum(theirs.values())
+
+
+def test_suggest_edits_the_native_keys(tmp_path, model):
+    native = tmp_path / "ax.yml"
+    native.write_text("base_model: ./llama-3-8b.json\nsequence_len: 4096\nmicro_batch_size: 8\ngradient_accumulation_steps: 2\nbf16: true\ngradient_checkpointing: true\n")
+    tight = figures(native, "--device", "H100-80GB")[0]["peak"]["bytes"] * 3 // 4
+    out = memfit("check", "--suggest", "--budget", str(tight), native)
+    assert out.returncode == 1
+    # the batch fix rewrites micro_batch_size's and gradient_accumulation_steps' values, where they are written
+    assert f"{native}:3:19: replace with '4'" in out.stdout and f"{native}:4:30: replace with '4'" in out.stdout

@@ -51,6 +51,7 @@ class Result:
     data: object = None
     fixes: list | None = None  # with --suggest: fixes.Fix, cheapest first
     input_format: str = "memfit"  # the format the file was read as (read/native.FORMATS)
+    origins: dict | None = None  # a native config: memfit key path -> the native node it came from
 
     @property
     def footprint(self) -> dict | None:
@@ -170,7 +171,7 @@ def _check_native(native, text: str, options: Options, result: Result) -> Result
     if not native.checkable and options.skip_unrecognized:
         result.skipped = True
         return result
-    result.data = native.doc
+    result.data, result.origins = native.doc, native.origins
     problems = _pipeline(native.doc, options, result) if native.checkable and not native.failed else []
     result.diagnostics.extend(place(native, text, result.path, problems))
     return result

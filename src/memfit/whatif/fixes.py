@@ -254,7 +254,8 @@ def fixes(result: Result, text: str, options: Options = Options()) -> list[Fix]:
                 continue  # the change is not valid here (the pipeline refuses it)
             if any(d.code in refuse for d in after.diagnostics):
                 continue  # it does not make the config fit
-            found.append(Fix(remedy.kind, title, gated(after), changes, edits(text, changes, result.data), remedy.speed))
+            made = edits(text, changes, result.data) if result.origins is None else native_edits(text, changes, result.origins)
+            found.append(Fix(remedy.kind, title, gated(after), changes, made, remedy.speed))
     found.sort(key=lambda f: f.speed)
     return found
 
@@ -283,6 +284,22 @@ def _block(path: tuple, value, indent: int) -> str:
         lines.append(" " * (indent + 2 * depth) + f"{part}:")
     lines.append(" " * (indent + 2 * (len(path) - 1)) + f"{path[-1]}: {scalar(value)}")
     return "\n".join(lines) + "\n"
+
+
+def native_edits(text: str, changes, origins: dict) -> list[Edit]:
+    """The edits of a fix in a native config: a new number over the native key it came from
+    (micro_batch_size for training.micro_batch in Axolotl); a change with no native key of its
+    own in this file (a default, a key to insert, a value the format spells otherwise) gets none."""
+    from memfit.read import source
+
+    out = []
+    for path, before, value in changes:
+        at = origins.get(path)
+        if at is None or at.file is not None or before is None or isinstance(value, bool) or not isinstance(value, int):
+            continue
+        where = source.locate(text, [(at.path, source.VALUE)])[(at.path, source.VALUE)]
+        out.append(Edit(where, scalar(value)))
+    return out
 
 
 def edits(text: str, changes, data=None) -> list[Edit]:

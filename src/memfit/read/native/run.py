@@ -35,8 +35,10 @@ class Context:
             )
             self.r.error(at, codes.MODEL_NOT_FOUND, f"model {name!r} not found; looked in {'; '.join(looked)}: {hint}")
             return None
-        rel = os.path.relpath(os.path.abspath(found), os.path.abspath(self.base))
-        target = rel if not rel.startswith("..") else os.path.abspath(found)
+        # relative to the checked file, as a memfit config names it; absolute in the HF cache
+        full = os.path.abspath(found)
+        cached = any(full.startswith(os.path.abspath(cache) + os.sep) for cache in resolve.cache_dirs())
+        target = full if cached else os.path.relpath(full, os.path.abspath(self.base))
         self.r.set(("model", "hf_config"), target.replace(os.sep, "/") if not os.path.isabs(target) else target, at)
         try:
             import json
