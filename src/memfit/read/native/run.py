@@ -229,14 +229,13 @@ def memfit_defaults(data: dict, conf: Settings) -> tuple[dict, set]:
     return out, added
 
 
-def _modules():
-    from memfit.read.native import accelerate, axolotl, deepspeed, hftrainer, llamafactory, torchtune
-
-    return {"axolotl": axolotl, "llama-factory": llamafactory, "hf-trainer": hftrainer, "torchtune": torchtune, "deepspeed": deepspeed, "accelerate": accelerate}
+MODULES = {"axolotl": "axolotl", "llama-factory": "llamafactory", "hf-trainer": "hftrainer", "torchtune": "torchtune", "deepspeed": "deepspeed", "accelerate": "accelerate"}
 
 
 def read(fmt: str, data: dict, path: str, conf: Settings) -> Native:
-    module = _modules()[fmt]
+    import importlib
+
+    module = importlib.import_module(f"memfit.read.native.{MODULES[fmt]}")  # only the format read
     r = Reader(fmt, data, path)
     ctx = Context(r, path, conf)
     ctx.read_launch()
