@@ -318,3 +318,21 @@ def test_suggest_edits_the_native_keys(tmp_path, model):
     assert out.returncode == 1
     # the batch fix rewrites micro_batch_size's and gradient_accumulation_steps' values, where they are written
     assert f"{native}:3:19: replace with '4'" in out.stdout and f"{native}:4:30: replace with '4'" in out.stdout
+
+
+def test_the_readme_and_the_native_page_show_what_memfit_prints():
+    """The README's first example after the quick start (an Axolotl file) and docs/native.md's
+    convert output are the program's output, run from the repository root."""
+    import re
+
+    check = memfit("check", "examples/native/axolotl-llama3-8b-qlora.yml", cwd=ROOT)
+    convert = memfit("convert", "examples/native/axolotl-llama3-8b-qlora.yml", cwd=ROOT)
+    assert check.returncode == 0 and convert.returncode == 0, check.stdout + convert.stderr
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    first = readme[readme.index("## Quick start") :]
+    first = first[first.index("\n## ") + 1 :]
+    assert first.startswith("## Check the config that launches the run")
+    assert f"$ memfit check examples/native/axolotl-llama3-8b-qlora.yml\n{check.stdout}```" in first
+    page = (ROOT / "docs" / "native.md").read_text(encoding="utf-8")
+    assert f"$ memfit convert examples/native/axolotl-llama3-8b-qlora.yml\n{convert.stdout}```" in page
+    assert re.search(r"input_format", page)
