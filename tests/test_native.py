@@ -336,3 +336,16 @@ def test_the_readme_and_the_native_page_show_what_memfit_prints():
     page = (ROOT / "docs" / "native.md").read_text(encoding="utf-8")
     assert f"$ memfit convert examples/native/axolotl-llama3-8b-qlora.yml\n{convert.stdout}```" in page
     assert re.search(r"input_format", page)
+
+
+def test_the_editor_hovers_a_native_key_with_the_memfit_key_it_sets():
+    from memfit.check.pipeline import Options, check
+    from memfit.editor.editor import Analysis
+
+    path = ROOT / "examples" / "native" / "axolotl-llama3-8b-qlora.yml"
+    text = path.read_text(encoding="utf-8")
+    analysis = Analysis(text, check(text, str(path), Options(skip_unrecognized=True)), 1)
+    line = next(i for i, row in enumerate(text.splitlines()) if row.startswith("micro_batch_size:"))
+    hover = analysis.hover(line, 3)
+    assert hover is not None and "**training.micro_batch** = 2" in hover.markdown and "the largest that fits is" in hover.markdown
+    assert analysis.result.input_format == "axolotl" and not analysis.result.diagnostics
