@@ -148,7 +148,16 @@ def read(r: Reader, ctx) -> dict:
     apply(r, data, None, {}, ctx.hidden_size)
     training = r.native.doc.setdefault("training", {})
     if "micro_batch" not in training:
-        r.set(("training", "micro_batch"), 1)
+        # runtime/config.py _set_batch_related_parameters: train_batch_size = micro x accumulation x world size
+        total = r.get("train_batch_size", (int,), None)
+        world = ctx.conf.get("gpus") or 1
+        accum = training.get("gradient_accumulation", 1)
+        if isinstance(total, int) and total >= accum * world and total % (accum * world) == 0:
+            r.set(("training", "micro_batch"), total // (accum * world), r.at("train_batch_size"))
+        elif total is not None:
+            r.error(r.at("train_batch_size"), codes.NATIVE_CONFIG, f"train_batch_size {total} is not gradient_accumulation_steps {accum} x {world} GPU(s) x a micro-batch: DeepSpeed refuses it")
+        else:
+            r.set(("training", "micro_batch"), 1)
     positions = (ctx.model_config or {}).get("max_position_embeddings", (ctx.model_config or {}).get("n_positions"))
     if isinstance(positions, int) and not isinstance(positions, bool):
         r.set(("training", "seq_len"), positions)
