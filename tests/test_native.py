@@ -349,3 +349,20 @@ def test_the_editor_hovers_a_native_key_with_the_memfit_key_it_sets():
     hover = analysis.hover(line, 3)
     assert hover is not None and "**training.micro_batch** = 2" in hover.markdown and "the largest that fits is" in hover.markdown
     assert analysis.result.input_format == "axolotl" and not analysis.result.diagnostics
+
+
+def test_a_referenced_file_rechecks_the_configs_that_read_it(tmp_path, model):
+    """--skip-unrecognized (the hook) on a staged config.json or DeepSpeed JSON checks the configs
+    that read it (through hf_config, the settings' models table, or `deepspeed:`), and no others."""
+    (tmp_path / "models").mkdir()
+    shutil.copy(model, tmp_path / "models" / "m.json")
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "pyproject.toml").write_text('[tool.memfit]\ndevice = "H100-80GB"\ninclude = ["configs/*.yml"]\n[tool.memfit.models]\n"meta/L3" = "models/m.json"\n')
+    (tmp_path / "configs" / "ax.yml").write_text("base_model: meta/L3\nmicro_batch_size: 1\nsequence_len: 1024\nbf16: true\ndeepspeed: configs/ds.json\n")
+    (tmp_path / "configs" / "ds.json").write_text('{"bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 0}}\n')
+    (tmp_path / "configs" / "plain.yaml").write_text("memfit: 1\ndevice: {memory: 1 TiB}\noptimizer: adamw\nmodel: {hf_config: ../models/m.json}\ntraining: {micro_batch: 1, seq_len: 512}\n")
+    (tmp_path / "configs" / "other.yaml").write_text("memfit: 1\ndevice: {memory: 1 GiB}\noptimizer: adam\nparameters: [[10, 10]]\n")
+    model_edit = json.loads(memfit("check", "--skip-unrecognized", "--format", "json", "models/m.json", cwd=tmp_path).stdout)["files"]
+    assert sorted(f["path"] for f in model_edit) == ["configs/ax.yml", "configs/plain.yaml"]
+    ds_edit = json.loads(memfit("check", "--skip-unrecognized", "--format", "json", "configs/ds.json", cwd=tmp_path).stdout)["files"]
+    assert [f["path"] for f in ds_edit] == ["configs/ax.yml"]

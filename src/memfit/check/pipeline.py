@@ -52,6 +52,7 @@ class Result:
     fixes: list | None = None  # with --suggest: fixes.Fix, cheapest first
     input_format: str = "memfit"  # the format the file was read as (read/native.FORMATS)
     origins: dict | None = None  # a native config: memfit key path -> the native node it came from
+    references: list = field(default_factory=list)  # the other files the check read (absolute): config.json, DeepSpeed JSON, ...
 
     @property
     def footprint(self) -> dict | None:
@@ -171,7 +172,7 @@ def _check_native(native, text: str, options: Options, result: Result) -> Result
     if not native.checkable and options.skip_unrecognized:
         result.skipped = True
         return result
-    result.data, result.origins = native.doc, native.origins
+    result.data, result.origins, result.references = native.doc, native.origins, list(native.files)
     problems = _pipeline(native.doc, options, result) if native.checkable and not native.failed else []
     result.diagnostics.extend(place(native, text, result.path, problems))
     return result
@@ -184,6 +185,11 @@ def _check_memfit(text: str, data: dict, path: str, options: Options, result: Re
 
     data, added = with_settings(data, path, options)
     result.data = data
+    model = data.get("model")
+    if isinstance(model, dict) and isinstance(model.get("hf_config"), str):  # the file the model section reads
+        import os
+
+        result.references = [os.path.abspath(os.path.join(os.path.dirname(path), os.path.expanduser(model["hf_config"])))]
     problems = _pipeline(data, options, result)
     if added:
         problems = [Problem(("memfit",), p.code, p.message, p.severity, True, p.file, p.at) if any(p.path[: len(a)] == a for a in added) else p for p in problems]

@@ -39,7 +39,48 @@ def check_paths(paths: list[str], options: Options, jobs: int = 0) -> list[Resul
     from memfit.cli.pool import map_checked
 
     checked = iter(map_checked(todo, options, jobs))
-    return [r if r is not None else next(checked) for r in results]
+    results = [r if r is not None else next(checked) for r in results]
+    if options.skip_unrecognized:
+        results += dependents(results, options)
+    return results
+
+
+def dependents(results: list[Result], options: Options) -> list[Result]:
+    """The hook's other half: a staged file that is not a config but that configs read (a model's
+    config.json, a DeepSpeed JSON, an accelerate config) has those configs checked again, so that
+    a config.json edit that makes a run overflow does not commit cleanly. Candidates are the
+    repository's configs (the YAML under the working directory, plus the settings' include)
+    that mention the file's name, or a model name the settings map to it; a candidate counts
+    when its check read the file."""
+    from memfit.read.native.settings import find, include_matches
+    from memfit.read.inputs import read
+
+    changed = {os.path.abspath(r.path): r.path for r in results if r.skipped and (r.path.endswith(".json") or r.input_format in ("accelerate", "deepspeed"))}
+    if not changed:
+        return []
+    given = {os.path.abspath(r.path) for r in results}
+    candidates = [p for p, d in expand(["."]) if d is None] + include_matches(".")
+    names = {os.path.basename(p) for p in changed}
+    out = []
+    for candidate in dict.fromkeys(candidates):
+        full = os.path.abspath(candidate)
+        if full in given:
+            continue
+        text, problem, _ = read(candidate, options.max_file_size)
+        if problem is not None:
+            continue
+        settings_file, _, values, _ = find(os.path.dirname(full))
+        base = os.path.dirname(settings_file) if settings_file else ""
+        targets = {name: os.path.abspath(os.path.join(base, os.path.expanduser(str(t)))) for name, t in (values.get("models") or {}).items()}
+        mapped = {name for name, t in targets.items() if t in changed or os.path.join(t, "config.json") in changed}
+        launch = os.path.abspath(os.path.join(base, str(values["launch"]))) if settings_file and values.get("launch") else None
+        if launch not in changed and not any(name in text for name in names | mapped):
+            continue
+        result = safe_check(os.path.normpath(candidate), options)
+        if not result.skipped and changed.keys() & set(result.references):
+            out.append(result)
+            given.add(full)
+    return out
 
 
 def run(args) -> int:

@@ -90,6 +90,7 @@ def read(r: Reader, ctx) -> dict:
     r.native.root = r.at("distributed_type", on_key=True)
     out = launch(r, data, None)
     r.native.checkable = False
+    r.native.uncheckable = "an accelerate config alone names no model or batch: check the training config that it launches, with --launch FILE (or the settings' `launch`)"
     ctx.launch = out
     if "ds_file" in out and out["ds_file"][0]:
         ctx.ds_from_launch = (out["ds_file"][0], out["ds_file"][1], ctx.base)

@@ -52,6 +52,8 @@ class Native:
     refs: dict = field(default_factory=dict)  # referenced file -> At of the key that names it
     root: At = At(())  # a whole-document problem: the format's main key
     checkable: bool = True  # False: a launch config alone (no model): read, but nothing to check
+    uncheckable: str = ""  # why not, for the error when it is named explicitly
+    files: list = field(default_factory=list)  # every other file read (config.json, DeepSpeed JSON, launch config), absolute
 
     @property
     def failed(self) -> bool:

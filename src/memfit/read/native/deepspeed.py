@@ -142,6 +142,9 @@ def read(r: Reader, ctx) -> dict:
     name = ctx.conf.get("model")
     if name:
         ctx.model(name, r.native.root)
+    else:  # nothing to check without a model: an error when named, skipped by the hook
+        r.native.checkable = False
+        r.native.uncheckable = "no model: a DeepSpeed config names none; give one with --model NAME or the settings' `model` (or check the training config that references this file)"
     for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
         if data.get(key) == "auto":
             r.error(r.at(key), codes.NATIVE_CONFIG, f"{key} is \"auto\": only the Trainer integration fills it in; a DeepSpeed config used alone needs a number")

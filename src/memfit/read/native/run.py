@@ -40,6 +40,7 @@ class Context:
         cached = any(full.startswith(os.path.abspath(cache) + os.sep) for cache in resolve.cache_dirs())
         target = full if cached else os.path.relpath(full, os.path.abspath(self.base))
         self.r.set(("model", "hf_config"), target.replace(os.sep, "/") if not os.path.isabs(target) else target, at)
+        self.r.native.files.append(full)
         try:
             import json
 
@@ -98,6 +99,7 @@ class Context:
             return None, None
         self.r.native.texts[file] = text
         self.r.native.refs[file] = at
+        self.r.native.files.append(os.path.abspath(file))
         return loaded.data, file
 
     def deepspeed(self, value, at: At, trainer: dict) -> None:
@@ -167,7 +169,7 @@ class Context:
                 r.set(("parallel", "gpus_per_node"), per_node, per_node_at)
         _device(doc, conf)
         if not r.native.checkable:
-            r.error(r.native.root, codes.MODEL_NOT_FOUND, "an accelerate config alone names no model or batch: check the training config that it launches, with --launch FILE (or the settings' `launch`)")
+            r.error(r.native.root, codes.MODEL_NOT_FOUND, r.native.uncheckable)
         elif "model" not in doc and not r.native.failed:
             r.error(r.native.root, codes.MODEL_NOT_FOUND, "no model: this config names none; give one with --model NAME or the settings' `model`")
         return r.native
