@@ -241,6 +241,10 @@ def test_settings_and_directory_walks(tmp_path, model):
     assert h100 > a100
     (tmp_path / "memfit.toml").write_text('device = "H100-80GB"\n[models]\n"meta/Llama-Three" = "models/m.json"\n')
     assert json.loads(memfit("check", "--format", "json", configs / "run.yml").stdout)["files"][0]["budget"] == h100
+    # per-glob overrides: the later matching entry wins, the command line over all
+    (tmp_path / "memfit.toml").write_text('device = "A100-40GB"\n[models]\n"meta/Llama-Three" = "models/m.json"\n[[overrides]]\nfiles = ["configs/run*.yml"]\ndevice = "H100-80GB"\n')
+    assert json.loads(memfit("check", "--format", "json", configs / "run.yml").stdout)["files"][0]["budget"] == h100
+    assert json.loads(memfit("check", "--format", "json", configs / "plain.yaml").stdout)["files"][0]["budget"] == a100
     (tmp_path / "memfit.toml").write_text('device = "H100-80GB"\ngpus = "eight"\n')
     bad = memfit("check", configs / "run.yml")
     assert bad.returncode == 1 and f"{tmp_path / 'memfit.toml'}:2:1: error[native-config] settings: gpus is 'eight': a positive integer" in bad.stdout

@@ -29,6 +29,7 @@ SETTINGS: dict[str, tuple[str, str, str | None]] = {
     "include": ("globs of native configs, relative to the settings file", "files a directory walk checks", None),
     "models": ("a table: model name -> config.json (or its directory)", "model.hf_config", None),
     "model": ("a model name or path, for configs that name none (a DeepSpeed JSON alone)", "model.hf_config", "--model"),
+    "overrides": ("a list of tables: `files` (globs, relative to the settings file) and any keys above, for those files", "the keys it sets", None),
 }
 NAMES = ("pyproject.toml", "memfit.toml")
 
@@ -159,6 +160,23 @@ def validate(values: dict, text: str = "") -> tuple[dict, list]:
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 bad(key, "takes a list of globs")
                 continue
+        elif key == "overrides":
+            if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+                bad(key, "takes a list of tables ([[tool.memfit.overrides]] with files = [...] and the keys to set)")
+                continue
+            checked = []
+            for item in value:
+                files = item.get("files")
+                if isinstance(files, str):
+                    files = [files]
+                if not isinstance(files, list) or not files or not all(isinstance(f, str) for f in files):
+                    bad(key, "entries need files = [globs]")
+                    continue
+                inner, inner_problems = validate({k: v for k, v in item.items() if k != "files"}, text)
+                problems.extend(inner_problems)
+                inner.pop("overrides", None)
+                checked.append({"files": files, **inner})
+            value = checked
         elif key == "models":
             if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
                 bad(key, "takes a table of model name = \"path/to/config.json\"")
@@ -176,6 +194,9 @@ def effective(path: str, options) -> Settings:
     if path and not path.startswith("<") and getattr(options, "settings", True):
         file, text, values, problems = find(os.path.dirname(os.path.abspath(path)))
         settings = Settings(file, text, dict(values), list(problems))
+        for override in settings.values.pop("overrides", []):  # in order: a later match wins
+            if _matches(path, os.path.dirname(file), override["files"]):
+                settings.values.update({k: v for k, v in override.items() if k != "files"})
     for key in SETTINGS:
         value = getattr(options, key, None)
         if key == "budget":
@@ -184,6 +205,13 @@ def effective(path: str, options) -> Settings:
             settings.values[key] = value
             settings.cli.add(key)
     return settings
+
+
+def _matches(path: str, base: str, patterns) -> bool:
+    import fnmatch
+
+    rel = os.path.relpath(os.path.abspath(path), base).replace(os.sep, "/")
+    return any(fnmatch.fnmatch(rel, pattern.removeprefix("./")) for pattern in patterns)
 
 
 def included(path: str, settings: Settings) -> bool:
