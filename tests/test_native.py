@@ -370,3 +370,56 @@ def test_a_referenced_file_rechecks_the_configs_that_read_it(tmp_path, model):
     assert sorted(f["path"] for f in model_edit) == ["configs/ax.yml", "configs/plain.yaml"]
     ds_edit = json.loads(memfit("check", "--skip-unrecognized", "--format", "json", "configs/ds.json", cwd=tmp_path).stdout)["files"]
     assert [f["path"] for f in ds_edit] == ["configs/ax.yml"]
+
+
+def test_online_fetches_config_json_alone_from_the_endpoint(tmp_path, model):
+    """--online: the model's config.json, and nothing else, through huggingface_hub from
+    HF_ENDPOINT (a local server here) into the cache; without --online nothing is fetched."""
+    import http.server
+    import threading
+
+    from needs import module
+
+    module("huggingface_hub")
+    body = model.read_bytes()
+    asked = []
+
+    class Hub(http.server.BaseHTTPRequestHandler):
+        def _answer(self, send_body):
+            asked.append((self.command, self.path))
+            if not self.path.endswith("/resolve/main/config.json"):
+                self.send_response(404)
+                self.end_headers()
+                return
+            self.send_response(200)
+            for key, value in (("Content-Length", str(len(body))), ("ETag", '"0123456789abcdef"'), ("X-Repo-Commit", "a" * 40)):
+                self.send_header(key, value)
+            self.end_headers()
+            if send_body:
+                self.wfile.write(body)
+
+        def do_HEAD(self):
+            self._answer(False)
+
+        def do_GET(self):
+            self._answer(True)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        env = {"HF_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}", "HF_HUB_CACHE": str(tmp_path / "cache"), "HF_HUB_DISABLE_TELEMETRY": "1"}
+        native = tmp_path / "ax.yml"
+        native.write_text("base_model: acme/remote-llama\nmicro_batch_size: 1\nsequence_len: 1024\n")
+        offline = memfit("check", "--device", "H100-80GB", native, env=env)
+        assert offline.returncode == 1 and "model-not-found" in offline.stdout and not asked
+        online, _ = figures(native, "--device", "H100-80GB", "--online", env=env)
+        assert not any(d["code"] == "model-not-found" for d in online["diagnostics"])
+        assert {path for _, path in asked} == {"/acme/remote-llama/resolve/main/config.json"}
+        local = tmp_path / "local.yml"
+        local.write_text("base_model: ./llama-3-8b.json\nmicro_batch_size: 1\nsequence_len: 1024\n")
+        assert online["footprint"] == figures(local, "--device", "H100-80GB")[0]["footprint"]
+    finally:
+        server.shutdown()

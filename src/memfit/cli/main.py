@@ -74,6 +74,7 @@ def parser() -> argparse.ArgumentParser:
         sub.add_argument("--launch", metavar="FILE", help="an accelerate config: the world size and sharding of native configs")
         sub.add_argument("--model", metavar="NAME", help="the model of a config that names none (a DeepSpeed JSON alone)")
         sub.add_argument("--no-settings", dest="settings", action="store_false", help="ignore [tool.memfit] in pyproject.toml and memfit.toml")
+        sub.add_argument("--online", action="store_true", help="fetch a model's config.json alone through huggingface_hub when it is not found locally (HF_ENDPOINT honoured)")
 
     check = commands.add_parser("check", help="check configs; exit 1 if any error")
     check.add_argument("paths", nargs="+", metavar="PATH", help="files, or directories to search for *.yaml / *.yml")

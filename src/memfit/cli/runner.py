@@ -152,6 +152,7 @@ def _native_options(args) -> dict:
 
     out = {key: getattr(args, key, None) for key in ("input_format", "device", "gpus", "gpus_per_node", "host_memory", "launch", "model")}
     out["settings"] = getattr(args, "settings", True)
+    out["online"] = getattr(args, "online", False)
     for key in ("reserve", "overhead"):
         value = getattr(args, key, None)
         if value is None:

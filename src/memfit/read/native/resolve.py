@@ -11,7 +11,9 @@ without the network, in order:
    `models--{org}--{name}`; the revision `refs/main` names the snapshot
    `snapshots/<commit>/config.json`).
 
-Nothing is downloaded. Not found: where it looked, for a positioned error.
+Nothing is downloaded unless `--online` asks for it: then `config.json` alone is fetched through
+huggingface_hub (`hf_hub_download`, which honours HF_ENDPOINT and the cache above; the optional
+extra `memfit[online]`). Not found: where it looked, for a positioned error.
 """
 
 from __future__ import annotations
@@ -64,3 +66,17 @@ def resolve(name: str, base_dir: str, models: dict | None = None, models_dir: st
             if os.path.isfile(candidate):
                 return candidate, looked
     return None, looked
+
+
+def fetch(name: str, revision: str = "main") -> tuple[str | None, str]:
+    """--online: the model's config.json alone, through huggingface_hub into its cache; (path, or
+    None and why not)."""
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:
+        return None, "--online needs huggingface_hub (pip install 'memfit[online]')"
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    try:
+        return hf_hub_download(repo_id=name, filename="config.json", revision=revision), ""
+    except Exception as error:  # noqa: BLE001 -- any failure (network, 404, bad name) is the message
+        return None, f"fetching config.json from {endpoint} failed ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"

@@ -28,6 +28,10 @@ class Context:
             return None
         models = self.conf.get("models") or {}
         found, looked = resolve.resolve(name, self.base, models, self.conf.base if self.conf.file else None)
+        if found is None and self.conf.online and "/" in name and not os.path.exists(os.path.join(self.base, name)):
+            found, why = resolve.fetch(name)
+            if found is None:
+                looked.append(why)
         if found is None:
             hint = (
                 f"add it to the settings' models table ([tool.memfit.models] \"{name}\" = \"path/to/config.json\" in pyproject.toml, or a memfit.toml), "

@@ -41,6 +41,7 @@ class Settings:
     values: dict = field(default_factory=dict)
     problems: list = field(default_factory=list)  # (Range in file, message)
     cli: set = field(default_factory=set)  # the keys the command line set
+    online: bool = False  # --online: a model's config.json may be fetched (resolve.fetch)
 
     def get(self, key: str, default=None):
         return self.values.get(key, default)
@@ -197,6 +198,7 @@ def effective(path: str, options) -> Settings:
         for override in settings.values.pop("overrides", []):  # in order: a later match wins
             if _matches(path, os.path.dirname(file), override["files"]):
                 settings.values.update({k: v for k, v in override.items() if k != "files"})
+    settings.online = bool(getattr(options, "online", False))
     for key in SETTINGS:
         value = getattr(options, key, None)
         if key == "budget":
