@@ -423,3 +423,26 @@ def test_online_fetches_config_json_alone_from_the_endpoint(tmp_path, model):
         assert online["footprint"] == figures(local, "--device", "H100-80GB")[0]["footprint"]
     finally:
         server.shutdown()
+
+
+def test_diff_compares_a_native_config_the_settings_include(tmp_path, model):
+    def git(*args):
+        done = subprocess.run(["git", *args], cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"})
+        assert done.returncode == 0, done.stderr
+        return done
+
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "pyproject.toml").write_text('[tool.memfit]\ndevice = "H100-80GB"\ninclude = ["configs/*.yml"]\n')
+    run = tmp_path / "configs" / "run.yml"
+    run.write_text("base_model: ../llama-3-8b.json\nmicro_batch_size: 1\nsequence_len: 2048\nbf16: true\ngradient_checkpointing: true\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "base")
+    before, _ = figures(run)
+    run.write_text(run.read_text().replace("micro_batch_size: 1", "micro_batch_size: 4"))
+    after, _ = figures(run)
+    out = memfit("diff", "HEAD", "--format", "json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    (entry,) = json.loads(out.stdout)["files"]
+    assert entry["path"] == "configs/run.yml"
+    assert entry["before"] == before["footprint"] and entry["after"] == after["footprint"] and entry["delta"]["activations"] > 0

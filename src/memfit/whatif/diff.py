@@ -164,8 +164,9 @@ def compare(rev: str, paths: list[str], cwd: str | None = None, options: Options
         if os.path.isfile(full):
             with open(full, "rb") as handle:
                 texts["after"] = handle.read()
-        # found by searching a directory: only memfit configs (as --skip-unrecognized decides)
-        if name not in explicit and not any(has_marker(raw.decode("utf-8", "replace")) for raw in texts.values()):
+        # found by searching a directory: only memfit configs (as --skip-unrecognized decides), and
+        # the native configs the settings include
+        if name not in explicit and not any(has_marker(raw.decode("utf-8", "replace")) for raw in texts.values()) and not _included(full, options):
             continue
         if "before" in texts:
             entry.before = Side(_at_revision(texts["before"], name, root, sha, options))
@@ -176,6 +177,13 @@ def compare(rev: str, paths: list[str], cwd: str | None = None, options: Options
         if w and w not in explicit and not under(w, names) and not os.path.isdir(os.path.join(root, w)):
             raise UsageError(f"{w}: no such file in the working tree or at {rev}")
     return Comparison(rev, sha, entries)
+
+
+def _included(path: str, options: Options) -> bool:
+    """A native config the settings' include globs name (read/native/settings.py)."""
+    from memfit.read.native import settings
+
+    return settings.included(path, settings.effective(path, options))
 
 
 def _checked(raw: bytes, name: str, options: Options, where: str) -> Result:
