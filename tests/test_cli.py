@@ -58,7 +58,8 @@ def test_json_output_contract_matches_the_calculator(configs):
     data = json.loads(result.stdout)
     assert [f["path"] for f in data["files"]] == [str(fits), str(over)]
     first, second = data["files"]
-    assert set(first) == {"path", "footprint", "budget", "diagnostics"}
+    assert set(first) == {"path", "input_format", "footprint", "budget", "diagnostics"}
+    assert first["input_format"] == "memfit"  # the format the file was read as (docs/native.md)
     assert first["footprint"] == compute_footprint([[4, 3], [3]], 4, 4, [[2, 4]], 4, "adam", 4)
     assert first["budget"] == 2**30 and first["diagnostics"] == []
     (d,) = second["diagnostics"]

@@ -301,8 +301,8 @@ def test_json_entry_has_peak_beside_footprint_only_for_a_run(tmp_path):
     (tmp_path / "plain.yaml").write_text(plain_text)
     out = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", "run.yaml", "plain.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     run, plain = json.loads(out.stdout)["files"]
-    assert list(run) == ["path", "footprint", "peak", "budget", "diagnostics"]
-    assert list(plain) == ["path", "footprint", "budget", "diagnostics"]
+    assert list(run) == ["path", "input_format", "footprint", "peak", "budget", "diagnostics"]
+    assert list(plain) == ["path", "input_format", "footprint", "budget", "diagnostics"]
     assert set(run["peak"]) == {"bytes", "phase", "live"}
     assert list(run["peak"]["live"]) == ["parameters", "gradients", "activations", "optimizer_state", "transient", "overhead"]
     sarif = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "sarif", "run.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=120)

@@ -168,7 +168,7 @@ def test_unrelated_yaml_passes(tmp_path: Path, env, hook_repo) -> None:
     done = commit(repo, env, UNRELATED, "a repository's other YAML")
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
-    assert hook_line(output).endswith("Passed")  # the hook ran on them (types: [yaml]) and skipped them
+    assert hook_line(output).endswith("Passed")  # the hook ran on them (types_or: [yaml, json]) and skipped them
     assert commits(repo, env) == 1
 
 
@@ -255,3 +255,20 @@ def test_the_readme_snippet_works_as_printed_with_the_release_tag(tmp_path: Path
     assert updated.returncode == 0, updated.stdout + updated.stderr
     assert "rev: v99.0.0" in (repo / ".pre-commit-config.yaml").read_text(encoding="utf-8")
     run(["git", "tag", "-d", "v99.0.0"], path, env)
+
+
+def test_a_config_json_edit_rechecks_the_configs_that_read_it(tmp_path: Path, env, hook_repo) -> None:
+    """Issue 20: a model's config.json edit that takes a config past its budget must not commit
+    cleanly, though the config itself is not staged."""
+    import json
+
+    repo = make_repo(tmp_path, env, hook_repo)
+    model = json.loads((ROOT / "examples" / "models" / "llama-3-8b.json").read_text(encoding="utf-8"))
+    config = "memfit: 1\ndevice: {memory: 100 GiB}\nprecision: bf16-true\noptimizer: adamw\nmodel: {hf_config: models/m.json}\ntraining: {micro_batch: 1, seq_len: 1024, checkpointing: full}\n"
+    first = commit(repo, env, {"train.yaml": config, "models/m.json": json.dumps(model, indent=2)}, "a run that fits")
+    assert first.returncode == 0, first.stdout + first.stderr
+    deeper = commit(repo, env, {"models/m.json": json.dumps({**model, "num_hidden_layers": 96}, indent=2)}, "a deeper model")
+    output = deeper.stdout + deeper.stderr
+    assert deeper.returncode != 0, output
+    assert any(line.startswith("train.yaml:") and "error[budget-exceeded]" in line for line in output.splitlines()), output
+    assert commits(repo, env) == 1

@@ -23,6 +23,21 @@ class Options:
     warn_at: Fraction | None = None  # overrides device.warn_at
     skip_unrecognized: bool = False  # files that are not memfit configs are skipped, not errors
     max_file_size: int = DEFAULT_MAX_FILE_SIZE  # bytes; a bigger file is an io error, never read
+    # native configs (read/native): --input-format, whether a file may be detected as one (not in
+    # a directory walk unless the settings include it), and the settings the command line gives
+    input_format: str | None = None
+    native: bool = True
+    walked: frozenset = frozenset()
+    settings: bool = True
+    device: str | None = None
+    gpus: int | None = None
+    gpus_per_node: int | None = None
+    host_memory: int | None = None
+    reserve: object = None
+    overhead: object = None
+    launch: str | None = None
+    model: str | None = None
+    online: bool = False  # --online: fetch a model's config.json alone through huggingface_hub
 
 
 @dataclass
@@ -37,6 +52,9 @@ class Result:
     data: object = None
     fixes: list | None = None  # with --suggest: fixes.Fix, cheapest first
     closest: object = None  # with --suggest, when no fix fits: fixes.Closest, what came nearest
+    input_format: str = "memfit"  # the format the file was read as (read/native.FORMATS)
+    origins: dict | None = None  # a native config: memfit key path -> the native node it came from
+    references: list = field(default_factory=list)  # the other files the check read (absolute): config.json, DeepSpeed JSON, ...
 
     @property
     def footprint(self) -> dict | None:
@@ -91,7 +109,7 @@ def check(text: str, path: str = "<text>", options: Options = Options()) -> Resu
 
 def _check(text: str, path: str, options: Options) -> Result:
     result = Result(path)
-    if options.skip_unrecognized and not has_marker(text):
+    if options.skip_unrecognized and not has_marker(text) and not _native_wanted(text, path, options):
         result.skipped = True
         return result
     from memfit.read import source  # after the marker test: a skipped file costs no YAML import
@@ -101,6 +119,12 @@ def _check(text: str, path: str, options: Options) -> Result:
     data = loaded.data
     if data is None and loaded.diagnostics:
         return result
+    if (not is_config(data) or options.input_format not in (None, "memfit")) and _native_wanted(text, path, options):
+        native = _read_native(data, path, options)
+        if native is not None:
+            return _check_native(native, text, options, result)
+    if is_config(data) and options.settings and not path.startswith("<"):
+        return _check_memfit(text, data, path, options, result)
     if not is_config(data):
         if options.skip_unrecognized:
             result.skipped = True
@@ -115,6 +139,66 @@ def _check(text: str, path: str, options: Options) -> Result:
     data = canonical(data, schema())  # enum values without regard to case (FULL_SHARD is full_shard)
     result.data = data
     problems = _pipeline(data, options, result)
+    unique = not any(lookup(d.code).ambiguous_keys for d in result.diagnostics)
+    result.diagnostics.extend(position(text, problems, data, unique_keys=unique))
+    result.diagnostics.sort(key=lambda d: (d.range.start_line, d.range.start_character))
+    return result
+
+
+def _native_wanted(text: str, path: str, options: Options) -> bool:
+    """Whether a file may be read as a native config: --input-format names one, or the file is
+    named on the command line (not found by a directory walk, unless the settings include it)
+    and carries a native format's keys."""
+    if options.input_format not in (None, "memfit"):
+        return True
+    if not options.native or options.input_format == "memfit":
+        return False
+    from memfit.read.native.formats import sniff
+
+    if not sniff(text):
+        return False
+    if path in options.walked:
+        from memfit.read.native import settings
+
+        return settings.included(path, settings.effective(path, options))
+    return True
+
+
+def _read_native(data, path: str, options: Options):
+    from memfit.read.native import formats
+
+    return formats.read(data, path, options, forced=options.input_format if options.input_format != "memfit" else None)
+
+
+def _check_native(native, text: str, options: Options, result: Result) -> Result:
+    """A native config: its memfit document through the pipeline, each problem on its native key."""
+    from memfit.read.native.position import place
+
+    result.input_format = native.format
+    if not native.checkable and options.skip_unrecognized:
+        result.skipped = True
+        return result
+    result.data, result.origins, result.references = native.doc, native.origins, list(native.files)
+    problems = _pipeline(native.doc, options, result) if native.checkable and not native.failed else []
+    result.diagnostics.extend(place(native, text, result.path, problems))
+    return result
+
+
+def _check_memfit(text: str, data: dict, path: str, options: Options, result: Result) -> Result:
+    """A memfit config with the settings' device and host where it has none of its own; problems
+    on a key the settings added are placed on the `memfit` marker."""
+    from memfit.read.native.formats import with_settings
+
+    data, added = with_settings(data, path, options)
+    result.data = data
+    model = data.get("model")
+    if isinstance(model, dict) and isinstance(model.get("hf_config"), str):  # the file the model section reads
+        import os
+
+        result.references = [os.path.abspath(os.path.join(os.path.dirname(path), os.path.expanduser(model["hf_config"])))]
+    problems = _pipeline(data, options, result)
+    if added:
+        problems = [Problem(("memfit",), p.code, p.message, p.severity, True, p.file, p.at) if any(p.path[: len(a)] == a for a in added) else p for p in problems]
     unique = not any(lookup(d.code).ambiguous_keys for d in result.diagnostics)
     result.diagnostics.extend(position(text, problems, data, unique_keys=unique))
     result.diagnostics.sort(key=lambda d: (d.range.start_line, d.range.start_character))

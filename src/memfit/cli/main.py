@@ -25,6 +25,12 @@ def _jobs_arg(text: str) -> int:
     return int(text)
 
 
+def _count_arg(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return int(text)
+
+
 def _percent_arg(text: str):
     try:
         return parse_percent(text)
@@ -52,6 +58,23 @@ def parser() -> argparse.ArgumentParser:
         sub.add_argument(
             "--max-file-size", type=_bytes_arg, default=DEFAULT_MAX_FILE_SIZE, metavar="BYTES", help="refuse to read a config larger than this (default 64 MiB)"
         )
+        settings(sub)
+
+    def settings(sub: argparse.ArgumentParser) -> None:
+        """Native configs and the project settings ([tool.memfit]); the command line wins."""
+        from memfit.read.native.base import FORMATS
+
+        sub.add_argument("--input-format", choices=FORMATS, metavar="NAME", help=f"read the files as this format ({', '.join(FORMATS)}); default: by their keys")
+        sub.add_argument("--device", metavar="PRESET", help="the GPU preset (e.g. H100-80GB) where a config names no device")
+        sub.add_argument("--gpus", type=_count_arg, metavar="N", help="GPUs in the run (the world size) for native configs")
+        sub.add_argument("--gpus-per-node", type=_count_arg, metavar="N", help="GPUs per node")
+        sub.add_argument("--host-memory", type=_bytes_arg, metavar="BYTES", help="host RAM per node, where a config names none")
+        sub.add_argument("--reserve", metavar="BYTES|PERCENT", help="device memory kept free, where a config names none")
+        sub.add_argument("--overhead", metavar="auto|BYTES", help="runtime overhead (auto: the preset's CUDA context and workspaces)")
+        sub.add_argument("--launch", metavar="FILE", help="an accelerate config: the world size and sharding of native configs")
+        sub.add_argument("--model", metavar="NAME", help="the model of a config that names none (a DeepSpeed JSON alone)")
+        sub.add_argument("--no-settings", dest="settings", action="store_false", help="ignore [tool.memfit] in pyproject.toml and memfit.toml")
+        sub.add_argument("--online", action="store_true", help="fetch a model's config.json alone through huggingface_hub when it is not found locally (HF_ENDPOINT honoured)")
 
     check = commands.add_parser("check", help="check configs; exit 1 if any error")
     check.add_argument("paths", nargs="+", metavar="PATH", help="files, or directories to search for *.yaml / *.yml")
@@ -93,6 +116,11 @@ def parser() -> argparse.ArgumentParser:
         help="exit 1 when any config's gated figure (its peak, else its total) grows by more than this share, e.g. 5%%, or it passed and now fails",
     )
     common(diff)
+
+    convert = commands.add_parser("convert", help="print the memfit config a native config (Axolotl, LLaMA-Factory, ...) means")
+    convert.add_argument("paths", nargs=1, metavar="FILE", help="a native config")
+    convert.add_argument("--max-file-size", type=_bytes_arg, default=DEFAULT_MAX_FILE_SIZE, metavar="BYTES", help=argparse.SUPPRESS)
+    settings(convert)
 
     commands.add_parser("schema", help="print the config JSON Schema")
 

@@ -11,14 +11,76 @@ from memfit.read.inputs import expand
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
+def targets(paths: list[str]):
+    """expand(paths), plus the native configs the settings include under each walked directory."""
+    found = expand(paths)
+    walked_dirs = [p for p in paths if os.path.isdir(p)]
+    if walked_dirs:
+        from memfit.read.native.settings import include_matches
+
+        have = {p for p, _ in found}
+        for directory in walked_dirs:
+            found.extend((p, None) for p in include_matches(directory) if p not in have)
+    return found
+
+
+def with_walked(options: Options, paths: list[str]) -> Options:
+    """Files a directory walk found may be native configs only where the settings include them."""
+    from dataclasses import replace
+
+    given = set(paths)
+    return replace(options, walked=frozenset(p for p, _ in expand(paths) if p not in given))
+
+
 def check_paths(paths: list[str], options: Options, jobs: int = 0) -> list[Result]:
-    targets = expand(paths)
-    results: list[Result | None] = [Result(p, [d]) if d else None for p, d in targets]
-    todo = [p for p, d in targets if d is None]
+    found = targets(paths)
+    results: list[Result | None] = [Result(p, [d]) if d else None for p, d in found]
+    todo = [p for p, d in found if d is None]
     from memfit.cli.pool import map_checked
 
     checked = iter(map_checked(todo, options, jobs))
-    return [r if r is not None else next(checked) for r in results]
+    results = [r if r is not None else next(checked) for r in results]
+    if options.skip_unrecognized:
+        results += dependents(results, options)
+    return results
+
+
+def dependents(results: list[Result], options: Options) -> list[Result]:
+    """The hook's other half: a staged file that is not a config but that configs read (a model's
+    config.json, a DeepSpeed JSON, an accelerate config) has those configs checked again, so that
+    a config.json edit that makes a run overflow does not commit cleanly. Candidates are the
+    repository's configs (the YAML under the working directory, plus the settings' include)
+    that mention the file's name, or a model name the settings map to it; a candidate counts
+    when its check read the file."""
+    from memfit.read.native.settings import find, include_matches
+    from memfit.read.inputs import read
+
+    changed = {os.path.abspath(r.path): r.path for r in results if r.skipped and (r.path.endswith(".json") or r.input_format in ("accelerate", "deepspeed"))}
+    if not changed:
+        return []
+    given = {os.path.abspath(r.path) for r in results}
+    candidates = [p for p, d in expand(["."]) if d is None] + include_matches(".")
+    names = {os.path.basename(p) for p in changed}
+    out = []
+    for candidate in dict.fromkeys(candidates):
+        full = os.path.abspath(candidate)
+        if full in given:
+            continue
+        text, problem, _ = read(candidate, options.max_file_size)
+        if problem is not None:
+            continue
+        settings_file, _, values, _ = find(os.path.dirname(full))
+        base = os.path.dirname(settings_file) if settings_file else ""
+        targets = {name: os.path.abspath(os.path.join(base, os.path.expanduser(str(t)))) for name, t in (values.get("models") or {}).items()}
+        mapped = {name for name, t in targets.items() if t in changed or os.path.join(t, "config.json") in changed}
+        launch = os.path.abspath(os.path.join(base, str(values["launch"]))) if settings_file and values.get("launch") else None
+        if launch not in changed and not any(name in text for name in names | mapped):
+            continue
+        result = safe_check(os.path.normpath(candidate), options)
+        if not result.skipped and changed.keys() & set(result.references):
+            out.append(result)
+            given.add(full)
+    return out
 
 
 def run(args) -> int:
@@ -34,6 +96,9 @@ def run(args) -> int:
     if args.command == "diff":
         return run_diff(args)
     options = _options(args)
+    if args.command == "convert":
+        return run_convert(args, options)
+    options = with_walked(options, args.paths)
     if args.command == "fit":
         return run_fit(args, options)
     if args.command == "explain":
@@ -79,7 +144,7 @@ def run_explain(args, options: Options) -> int:
     if clash is not None:
         sys.stderr.write(printable(clash) + "\n")
         return EXIT_USAGE
-    results = [Result(p, [d]) if d else safe_check(p, options) for p, d in expand(args.paths)]
+    results = [Result(p, [d]) if d else safe_check(p, options) for p, d in targets(args.paths)]
     shown = [r for r in results if not r.skipped]
     if args.format == "text":
         colour = args.color == "always" or (args.color == "auto" and not args.output and sys.stdout.isatty() and "NO_COLOR" not in os.environ)
@@ -106,6 +171,52 @@ def run_explain(args, options: Options) -> int:
         sys.stderr.write(printable(f"memfit: cannot write {error.filename or args.output or 'standard output'}: {error.strerror or error}") + "\n")
         return EXIT_USAGE
     return EXIT_FAILED if any(result.failed for result in results) else EXIT_OK
+
+
+def _native_options(args) -> dict:
+    """The command line's native-config flags, as Options fields."""
+    from memfit.diagnostics.units import UnitError, parse_bytes, parse_percent
+
+    out = {key: getattr(args, key, None) for key in ("input_format", "device", "gpus", "gpus_per_node", "host_memory", "launch", "model")}
+    out["settings"] = getattr(args, "settings", True)
+    out["online"] = getattr(args, "online", False)
+    for key in ("reserve", "overhead"):
+        value = getattr(args, key, None)
+        if value is None:
+            continue
+        try:  # checked here, kept as written (the config's own key takes the same forms)
+            parse_percent(value) if key == "reserve" and value.strip().endswith("%") else value == "auto" or parse_bytes(int(value) if value.isdigit() else value)
+        except UnitError as error:
+            raise SystemExit(f"memfit: --{key} {value}: {error}") from None
+        out[key] = int(value) if value.isdigit() else value
+    return out
+
+
+def run_convert(args, options: Options) -> int:
+    """`memfit convert FILE`: the memfit config a native file means, as YAML; the problems found
+    reading it on stderr (exit 1 when one is an error)."""
+    import yaml
+
+    from memfit.check.pipeline import check
+    from memfit.read.inputs import read
+    from memfit.report.reporters import diagnostic_line
+
+    path = args.paths[0]
+    text, problem, _ = read(path, options.max_file_size)
+    if problem is not None:
+        sys.stderr.write(diagnostic_line(path, problem) + "\n")
+        return EXIT_FAILED
+    from dataclasses import replace
+
+    result = check(text, path, replace(options, budget=options.budget or 1))  # the read, not the budget, is the question
+    read_problems = [d for d in result.diagnostics if d.severity != "information" and d.code not in ("budget-exceeded", "near-budget", "no-budget")]
+    for d in read_problems:
+        sys.stderr.write(diagnostic_line(path, d) + "\n")
+    if result.data is None:
+        return EXIT_FAILED
+    header = f"# memfit config read from {path} ({result.input_format}); `memfit check` on this file gives the same figures\n"
+    sys.stdout.write(header + yaml.safe_dump(result.data, sort_keys=False, default_flow_style=None, width=120))
+    return EXIT_FAILED if any(d.severity == "error" for d in read_problems) else EXIT_OK
 
 
 def suggest(result: Result, options: Options) -> Result:
@@ -157,7 +268,7 @@ def run_fit(args, options: Options) -> int:
         from memfit.whatif.gpus import REPORTERS
 
         empty = GpuFit
-    fits = [empty(p, args.vary, diagnostics=[d]) if d else fit_file(p, args.vary, options) for p, d in expand(args.paths)]
+    fits = [empty(p, args.vary, diagnostics=[d]) if d else fit_file(p, args.vary, options) for p, d in targets(args.paths)]
     REPORTERS[args.format](sys.stdout).report(fits)
     if any(f.usage for f in fits):
         return EXIT_USAGE
@@ -166,10 +277,11 @@ def run_fit(args, options: Options) -> int:
 
 def _options(args) -> Options:
     return Options(
-        budget=args.budget,
-        warn_at=args.warn_at,
+        budget=getattr(args, "budget", None),
+        warn_at=getattr(args, "warn_at", None),
         skip_unrecognized=getattr(args, "skip_unrecognized", False),
         max_file_size=args.max_file_size,
+        **_native_options(args),
     )
 
 

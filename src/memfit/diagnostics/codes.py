@@ -64,6 +64,10 @@ JSON_SYNTAX = "json-syntax"
 UNSUPPORTED_MODEL = "unsupported-model"
 BAD_MODEL_CONFIG = "bad-model-config"
 CANNOT_VARY = "cannot-vary"
+NATIVE_CONFIG = "native-config"
+NOT_MODELLED = "not-modelled"
+MODEL_NOT_FOUND = "model-not-found"
+MISSING_REFERENCE = "missing-reference"
 
 CODES: dict[str, Code] = _register(
     Code(YAML_SYNTAX, ERROR, "The file is not valid YAML", "Fix the YAML syntax at the position shown; memfit reads YAML 1.1 with core tags only."),
@@ -185,6 +189,31 @@ CODES: dict[str, Code] = _register(
         ERROR,
         "memfit fit has nothing to vary in this config",
         "Set the key `--vary` names (training.micro_batch, or model.batch_size in a Keras model; training.seq_len; training.gradient_accumulation), or vary one that changes memory.",
+    ),
+    Code(
+        NATIVE_CONFIG,
+        ERROR,
+        "A key of a native config (Axolotl, LLaMA-Factory, Trainer, DeepSpeed, accelerate) or of the settings that memfit cannot read",
+        "Give the key the type and value its framework takes (the message says which), and resolve conflicting keys such as bf16 and fp16 both true; docs/native.md lists each format's keys.",
+    ),
+    Code(
+        NOT_MODELLED,
+        WARNING,
+        "A native key that changes memory and that memfit does not model",
+        "The figures leave this key's effect out (the message says which way it goes); check the run's memory by measuring, or drop the key if it is not needed.",
+        keeps_footprint=True,
+    ),
+    Code(
+        MODEL_NOT_FOUND,
+        ERROR,
+        "The model a native config names cannot be found without the network",
+        "Map the name to its config.json in the settings' models table ([tool.memfit.models] in pyproject.toml, or memfit.toml), put the model in the Hugging Face cache, or name a local directory.",
+    ),
+    Code(
+        MISSING_REFERENCE,
+        ERROR,
+        "A file a native config references (a DeepSpeed JSON, a launch config) cannot be read",
+        "Fix the path (it is relative to the config that names it; a launch config from the settings is relative to the settings file), or create the file.",
     ),
 )
 

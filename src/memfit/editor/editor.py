@@ -98,6 +98,15 @@ class Analysis:
     def layers(self) -> dict[tuple, object]:
         return {tuple(row.path): row for row in getattr(self.config, "layers", None) or () if getattr(row, "path", None) is not None}
 
+    @cached_property
+    def native_paths(self) -> dict:
+        """A native config's key paths -> the memfit key each one sets (the first, where several)."""
+        out: dict = {}
+        for memfit_path, at in (self.result.origins or {}).items():
+            if at.file is None:
+                out.setdefault(at.path, memfit_path)
+        return out
+
     def node_at(self, line: int, character: int):
         """The deepest node under the cursor: (path, 'key'|'value', range), or None."""
         single, multi = self._by_line
@@ -144,6 +153,8 @@ class Analysis:
         if found is None:
             return None
         path, kind, where = found
+        if getattr(self.result, "origins", None) is not None:  # a native config: the memfit key its node means
+            path = self.native_paths.get(path, path)
         text, subject = self._hover_text(path, kind)
         if not text:
             return None

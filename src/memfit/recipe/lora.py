@@ -282,7 +282,7 @@ def training_parameters(params, linears, *, base_dtype: str, lora_config=None, q
         if source and leaf == "weight" and module in quantized and role not in ("saved_copy",):
             _, fan_in, fan_out, _ = rows_by_module[module]
             stem = name[: -len(".weight")]
-            for label, qshape, qdtype in quant.weight_tensors(fan_in, fan_out, method, double_quant=double):
+            for label, qshape, qdtype in quant.weight_tensors(fan_in, fan_out, method, double_quant=double, base_dtype=base_dtype):
                 full = f"{stem}.{label}" if label != "weight" else name
                 out.append(Row(full, qshape, qdtype, False, "weight" if label == "weight" else "quant_state"))
             continue

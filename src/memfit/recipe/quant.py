@@ -41,7 +41,13 @@ METHODS: dict[str, Method] = {
     "nf4": Method("nf4", 4, "4-bit NormalFloat (QLoRA), blockwise absmax scales"),
     "fp4": Method("fp4", 4, "4-bit float (E2M1), blockwise absmax scales"),
     "int8": Method("int8", 8, "LLM.int8(): int8 weights with one fp32 scale per output row"),
+    "nf4-torchao": Method("nf4-torchao", 4, "torchao's NF4Tensor (torchtune's QLoRA): int8 block scalers, a per-256-scaler factor in the model's dtype"),
 }
+# torchao dtypes/nf4tensor.py to_nf4(block_size=64, scaler_block_size=256): NF4Tensor.from_tensor keeps
+# quantized_data (uint8, two codes per byte), quantized_scalers (int8, one per 64-block),
+# quantization_factor (one per 256 scalers) and scaler_mean (0-dim) in the input's dtype, and the
+# 16-value nf4 table in the input's dtype
+TORCHAO_SCALER_BLOCKSIZE = 256
 
 
 class QuantError(ValueError):
@@ -61,10 +67,19 @@ def method(name) -> Method:
     return METHODS[key]
 
 
-def weight_tensors(in_features: int, out_features: int, method_name: str, *, double_quant: bool = False, blocksize: int = BLOCKSIZE_4BIT) -> list[tuple[str, tuple, str]]:
+def weight_tensors(in_features: int, out_features: int, method_name: str, *, double_quant: bool = False, blocksize: int = BLOCKSIZE_4BIT, base_dtype: str = "bfloat16") -> list[tuple[str, tuple, str]]:
     """(bitsandbytes' name, shape, dtype) of everything a quantized weight keeps."""
     m = method(method_name)
     n = in_features * out_features
+    if m.name == "nf4-torchao":
+        blocks = n // blocksize
+        return [
+            ("weight", (n // 2,), "uint8"),
+            ("quantized_scalers", (blocks,), "int8"),
+            ("quantization_factor", (blocks // TORCHAO_SCALER_BLOCKSIZE,), base_dtype),
+            ("scaler_mean", (), base_dtype),
+            ("nf4", (CODE_4BIT,), base_dtype),
+        ]
     if m.bits == 8:
         return [("weight", (out_features, in_features), "int8"), ("weight.SCB", (out_features,), "float32")]
     blocks = -(-n // blocksize)

@@ -133,7 +133,7 @@ class JsonReporter(Reporter):
 
 
 def _entry(result, rest: dict) -> dict:
-    entry = {"path": result.path, "footprint": result.footprint}
+    entry = {"path": result.path, "input_format": getattr(result, "input_format", "memfit"), "footprint": result.footprint}
     if result.peak is not None:
         entry["peak"] = result.peak
     host = getattr(result, "host", None)  # under offload: the most-loaded node's host memory

@@ -277,9 +277,9 @@ def compare(rev: str, paths: list[str], cwd: str | None = None, options: Options
                 problems["after"] = _renamed_io(problem, full, name)
             else:
                 texts["after"] = raw
-        # found by searching a directory: only memfit configs (as --skip-unrecognized decides); a file
-        # that cannot be read is reported (it may be one)
-        if name not in explicit and not problems and not any(has_marker(raw.decode("utf-8", "replace")) for raw in texts.values()):
+        # found by searching a directory: only memfit configs (as --skip-unrecognized decides) and the
+        # native configs the settings include; a file that cannot be read is reported (it may be one)
+        if name not in explicit and not problems and not any(has_marker(raw.decode("utf-8", "replace")) for raw in texts.values()) and not _included(full, options):
             continue
         if "before" in texts:
             entry.before = Side(_at_revision(texts["before"], name, root, listing, options))
@@ -301,6 +301,13 @@ def _renamed_io(problem, full: str, name: str):
     import dataclasses
 
     return dataclasses.replace(problem, message=problem.message.replace(full, printable(name)))
+
+
+def _included(path: str, options: Options) -> bool:
+    """A native config the settings' include globs name (read/native/settings.py)."""
+    from memfit.read.native import settings
+
+    return settings.included(path, settings.effective(path, options))
 
 
 def _checked(raw: bytes, name: str, options: Options, where: str) -> Result:

@@ -296,7 +296,8 @@ def fixes(result: Result, text: str, options: Options = Options()) -> list[Fix]:
                     useless.add(remedy)
                 near.saw(title, after, changes)
                 continue  # it does not make the config fit
-            found.append(Fix(remedy.kind, title, gated(after), changes, safe_edits(text, changes, result.data), remedy.speed))
+            made = safe_edits(text, changes, result.data) if result.origins is None else native_edits(text, changes, result.origins)
+            found.append(Fix(remedy.kind, title, gated(after), changes, made, remedy.speed))
     found.sort(key=lambda f: f.speed)
     if not found:
         found = _combined(result, text, evaluated, options, refuse, near, useless)
@@ -432,6 +433,22 @@ def _written(text: str, path: tuple) -> bool:
     keys: dict = {}
     source._walk(text, {path[:i] for i in range(len(path) + 1)}, values, keys)
     return path in keys
+
+
+def native_edits(text: str, changes, origins: dict) -> list[Edit]:
+    """The edits of a fix in a native config: a new number over the native key it came from
+    (micro_batch_size for training.micro_batch in Axolotl); a change with no native key of its
+    own in this file (a default, a key to insert, a value the format spells otherwise) gets none."""
+    from memfit.read import source
+
+    out = []
+    for path, before, value in changes:
+        at = origins.get(path)
+        if at is None or at.file is not None or before is None or isinstance(value, bool) or not isinstance(value, int):
+            continue
+        where = source.locate(text, [(at.path, source.VALUE)])[(at.path, source.VALUE)]
+        out.append(Edit(where, scalar(value)))
+    return out
 
 
 def edits(text: str, changes, data=None) -> list[Edit]:

@@ -1,0 +1,251 @@
+"""Axolotl YAML (axolotl-ai-cloud/axolotl, src/axolotl/utils/schemas/). Each key, its default and
+what memfit reads from it is the table KEYS; UNMODELLED lists the keys that change memory and are
+not modelled (a positioned warning each). docs/native-axolotl.md cites each source.
+"""
+
+from __future__ import annotations
+
+from memfit.diagnostics import codes
+from memfit.read.native import hf
+from memfit.read.native.base import Reader
+
+# native key -> (default, memfit key, source in axolotl)
+KEYS = {
+    "base_model": (None, "model.hf_config (its config.json)", "schemas/model.py ModelInputConfig.base_model"),
+    "base_model_config": (None, "model.hf_config, when the weights' repo has no config.json", "schemas/model.py base_model_config"),
+    "micro_batch_size": (1, "training.micro_batch", "schemas/training.py HyperparametersConfig.micro_batch_size"),
+    "gradient_accumulation_steps": (1, "training.gradient_accumulation", "schemas/training.py gradient_accumulation_steps"),
+    "sequence_len": (512, "training.seq_len", "schemas/config.py AxolotlInputConfig.sequence_len"),
+    "optimizer": ("adamw_torch_fused", "optimizer, training.optimizer_impl (the Trainer's optim names)", "schemas/training.py optimizer"),
+    "bf16": ("auto", "precision (resolve_dtype: bf16 -> torch_dtype bfloat16: bf16-true)", "schemas/config.py bf16; utils/config/__init__.py resolve_dtype"),
+    "fp16": (None, "precision 16-true", "schemas/config.py fp16; resolve_dtype"),
+    "bfloat16": (None, "precision bf16-true (no AMP)", "schemas/config.py bfloat16"),
+    "float16": (None, "precision 16-true (no AMP)", "schemas/config.py float16"),
+    "gradient_checkpointing": (False, "training.checkpointing full (true, offload, offload_disk)", "schemas/config.py gradient_checkpointing"),
+    "attn_implementation": (None, "training.attention (eager, sdpa, flash_attention_2/3 -> flash)", "schemas/config.py attn_implementation; loaders/model.py _set_attention_config"),
+    "flash_attention": (None, "training.attention flash (deprecated spelling)", "schemas/config.py flash_attention"),
+    "sdp_attention": (None, "training.attention sdpa (deprecated spelling)", "schemas/config.py sdp_attention"),
+    "eager_attention": (None, "training.attention eager (deprecated spelling)", "schemas/config.py eager_attention"),
+    "adapter": (None, "lora (lora, qlora); none: a full fine-tune", "schemas/peft.py LoraConfig.adapter"),
+    "lora_r": (None, "lora.r (peft's default 8 when unset)", "schemas/peft.py lora_r"),
+    "lora_alpha": (None, "lora.alpha", "schemas/peft.py lora_alpha"),
+    "lora_dropout": (0.0, "lora.dropout", "schemas/peft.py lora_dropout"),
+    "lora_target_modules": (None, "lora.target_modules", "schemas/peft.py lora_target_modules"),
+    "lora_target_linear": (None, "lora.target_modules all-linear", "schemas/peft.py lora_target_linear"),
+    "lora_modules_to_save": (None, "lora.modules_to_save", "schemas/peft.py lora_modules_to_save"),
+    "load_in_4bit": (False, "quantization nf4, double quant, compute dtype = torch_dtype (with adapter qlora)", "schemas/peft.py load_in_4bit; loaders/model.py ModelLoader._set_quantization_config"),
+    "load_in_8bit": (False, "quantization int8 (with adapter lora)", "schemas/peft.py load_in_8bit; _set_quantization_config"),
+    "deepspeed": (None, "parallel.zero, offload, buckets, precision (a DeepSpeed JSON)", "schemas/config.py deepspeed"),
+    "fsdp_config": (None, "parallel.fsdp, parallel.offload, training.checkpointing", "schemas/fsdp.py FSDPConfig"),
+    "fsdp": (None, "parallel.fsdp (deprecated list form: full_shard, shard_grad_op, offload)", "schemas/config.py fsdp"),
+}
+
+# keys that change memory and are not modelled -> (no-effect values, what they do)
+UNMODELLED = {
+    "activation_offloading": ((False,), "activations are offloaded to host memory (the GPU keeps less than memfit counts)"),
+    "sample_packing": ((False,), "packing fills each sequence to sequence_len (memfit counts full sequences either way)"),
+    "cut_cross_entropy": ((False,), "Cut Cross-Entropy never materializes the logits (memfit counts the full logits)"),
+    "liger_fused_linear_cross_entropy": ((False,), "Liger's fused linear cross-entropy never materializes the logits (memfit counts them)"),
+    "liger_rms_norm": ((False,), "Liger's RMSNorm kernel saves less for backward"),
+    "liger_glu_activation": ((False,), "Liger's SwiGLU kernel recomputes the activation in backward"),
+    "liger_swiglu": ((False,), "Liger's SwiGLU kernel recomputes the activation in backward"),
+    "liger_layer_norm": ((False,), "Liger's LayerNorm kernel saves less for backward"),
+    "liger_cross_entropy": ((False,), "Liger's cross-entropy computes the logits' gradient in place"),
+    "tiled_mlp": ((False,), "tiled MLP computes the MLP in chunks"),
+    "unfrozen_parameters": ((), "only the parameters matching these patterns are trained"),
+    "peft_layers_to_transform": ((), "LoRA on some layers only"),
+    "lora_target_parameters": ((), "LoRA on parameters (MoE experts) rather than modules"),
+    "context_parallel_size": ((1,), "context parallelism splits the sequence across GPUs"),
+    "tensor_parallel_size": ((1,), "tensor parallelism (memfit's parallel.tensor; not read from Axolotl yet)"),
+    "fp8": ((False,), "fp8 training"),
+    "relora": ((False,), "ReLoRA merges and resets adapters"),
+    "torch_compile": ((False,), "torch.compile fuses kernels and changes what is saved for backward"),
+    "lora_rank_pattern": ((), "per-module LoRA ranks"),
+    "bnb_config_kwargs": ((), "bitsandbytes quantization overrides"),
+}
+
+PRECISION = {"bfloat16": "bf16-true", "float16": "16-true", "float32": "32-true"}
+
+
+def read(r: Reader, ctx) -> dict:
+    data = r.data
+    r.native.root = r.at("base_model", on_key=True) if "base_model" in data else r.at()
+    config_key = "base_model_config" if r.has("base_model_config") else "base_model"
+    ctx.model(r.get(config_key, (str,)), r.at(config_key))
+
+    # precision: utils/config/__init__.py resolve_dtype, line for line (no mps, no ray)
+    bf16 = r.get("bf16", (bool, "auto", "full"), "auto")
+    fp16 = r.get("fp16", (bool,), None)
+    float16 = r.get("float16", (bool,), None)
+    bfloat16 = r.get("bfloat16", (bool,), None)
+    load_in_8bit = r.get("load_in_8bit", (bool,), False)
+    load_in_4bit = r.get("load_in_4bit", (bool,), False)
+    if bf16 in (True, "full") and fp16 is True:
+        r.error(r.at("fp16"), codes.NATIVE_CONFIG, "bf16 and fp16 are both true: say which one you mean (Axolotl's resolve_dtype would silently drop fp16)")
+    if not fp16 and bf16 == "auto":
+        from memfit.read.native.settings import bf16_capable
+
+        bf16 = bf16_capable(ctx.conf)
+        if not bf16 and fp16 is None and not float16:
+            fp16 = True
+    if fp16 and bf16 == "auto":
+        bf16 = False
+    if bf16:
+        fp16 = False
+    torch_dtype = "bfloat16" if bf16 or bfloat16 else "float16" if load_in_8bit or fp16 or float16 else "float32"
+    where = next((k for k in ("bfloat16", "float16", "bf16", "fp16") if k in data), None)
+    r.set(("precision",), PRECISION[torch_dtype], r.at(where) if where else None)
+
+    micro = r.get("micro_batch_size", (int,), 1)
+    accum = r.get("gradient_accumulation_steps", (int,), 1)
+    seq = r.get("sequence_len", (int,), 512)
+    r.set(("training", "micro_batch"), micro, r.at("micro_batch_size") if "micro_batch_size" in data else None)
+    r.set(("training", "seq_len"), seq, r.at("sequence_len") if "sequence_len" in data else None)
+    if accum != 1 or "gradient_accumulation_steps" in data:
+        r.set(("training", "gradient_accumulation"), accum, r.at("gradient_accumulation_steps") if "gradient_accumulation_steps" in data else None)
+
+    checkpointing = r.get("gradient_checkpointing", (bool, "offload", "offload_disk"), False)
+    if checkpointing:
+        r.set(("training", "checkpointing"), "full", r.at("gradient_checkpointing"))
+        if checkpointing in ("offload", "offload_disk"):
+            r.warn(r.at("gradient_checkpointing"), f"gradient_checkpointing {checkpointing}: the checkpoints go to {'disk' if checkpointing == 'offload_disk' else 'host memory'}; memfit counts them on the GPU (full checkpointing)")
+    else:
+        r.set(("training", "checkpointing"), "none")
+
+    attention = _attention(r)
+    r.set(("training", "attention"), attention[0], attention[1])
+
+    optimizer(r, r.get("optimizer", (str,), "adamw_torch_fused"), r.at("optimizer") if "optimizer" in data else None)
+
+    adapter = r.get("adapter", (str,), None)
+    if adapter in ("lora", "qlora"):
+        lora = {}
+        if r.has("lora_r"):
+            lora["r"] = r.get("lora_r", (int,), 8)
+        else:
+            lora["r"] = 8  # peft LoraConfig.r default
+        if r.has("lora_alpha"):
+            lora["alpha"] = r.get("lora_alpha", (int, float), 8)
+        lora["dropout"] = r.get("lora_dropout", (int, float), 0.0)
+        targets = r.get("lora_target_modules", (list, str), None)
+        if r.get("lora_target_linear", (bool,), None):
+            lora["target_modules"] = "all-linear"
+            target_at = r.at("lora_target_linear")
+        elif targets is not None:
+            lora["target_modules"] = targets
+            target_at = r.at("lora_target_modules")
+        else:
+            target_at = None
+        save = r.get("lora_modules_to_save", (list,), None)
+        if save:
+            lora["modules_to_save"] = save
+        r.set(("lora",), lora, r.at("adapter"))
+        for key, memfit in (("lora_r", "r"), ("lora_alpha", "alpha"), ("lora_dropout", "dropout"), ("lora_modules_to_save", "modules_to_save")):
+            if key in data:
+                r.origin(("lora", memfit), r.at(key))
+        if target_at is not None:
+            r.origin(("lora", "target_modules"), target_at)
+        if adapter == "qlora" and load_in_4bit:
+            r.set(("quantization",), {"method": "nf4", "double_quant": True, "compute_dtype": torch_dtype}, r.at("load_in_4bit"))
+        elif adapter == "lora" and load_in_8bit:
+            r.set(("quantization",), {"method": "int8"}, r.at("load_in_8bit"))
+        elif load_in_4bit or load_in_8bit:
+            key = "load_in_4bit" if load_in_4bit else "load_in_8bit"
+            r.warn(r.at(key), f"{key} with adapter {adapter}: Axolotl's _set_quantization_config quantizes only qlora + load_in_4bit or lora + load_in_8bit; memfit counts the base unquantized")
+    elif adapter is not None:
+        r.warn(r.at("adapter"), f"adapter {adapter}: memfit models lora and qlora; counted as a full fine-tune")
+    elif load_in_4bit or load_in_8bit:
+        key = "load_in_4bit" if load_in_4bit else "load_in_8bit"
+        r.warn(r.at(key), f"{key} without an adapter: memfit counts a full fine-tune of the unquantized model")
+
+    trainer = {
+        "micro_batch": (micro, r.at("micro_batch_size") if "micro_batch_size" in data else None),
+        "grad_accum": (accum, r.at("gradient_accumulation_steps") if "gradient_accumulation_steps" in data else None),
+        "bf16": (bool(bf16), r.at("bf16") if "bf16" in data else None),
+        "fp16": (bool(fp16), r.at("fp16") if "fp16" in data else None),
+    }
+    if r.has("deepspeed"):
+        ctx.deepspeed(data["deepspeed"], r.at("deepspeed"), trainer)
+    _fsdp(r)
+    r.unmodelled(UNMODELLED)
+    plugins = r.get("plugins", (list,), []) or []
+    for i, plugin in enumerate(plugins):
+        if isinstance(plugin, str) and ("liger" in plugin.lower() or "cut_cross_entropy" in plugin.lower()):
+            if not any(k.startswith("liger_") or k == "cut_cross_entropy" for k in data):
+                r.warn(r.at("plugins", i), f"plugin {plugin.rsplit('.', 1)[-1]}: its kernels save less memory than memfit counts (enable keys: liger_*, cut_cross_entropy)")
+    return trainer
+
+
+def _attention(r: Reader):
+    data = r.data
+    impl = r.get("attn_implementation", (str,), None)
+    if impl is not None:
+        mapped = hf.ATTENTION.get(impl)
+        if mapped is None:
+            r.warn(r.at("attn_implementation"), f"attn_implementation {impl}: memfit models eager, sdpa and flash attention; counted as sdpa")
+            return "sdpa", r.at("attn_implementation")
+        return mapped, r.at("attn_implementation")
+    for key, value in (("flash_attention", "flash"), ("sdp_attention", "sdpa"), ("eager_attention", "eager")):
+        if r.get(key, (bool,), False):
+            return value, r.at(key)
+    if r.get("xformers_attention", (bool,), False) or r.get("flex_attention", (bool,), False):
+        key = "xformers_attention" if data.get("xformers_attention") else "flex_attention"
+        r.warn(r.at(key), f"{key}: memfit models eager, sdpa and flash attention; counted as sdpa")
+        return "sdpa", r.at(key)
+    return hf.DEFAULT_ATTENTION, None
+
+
+def optimizer(r: Reader, name: str, at) -> None:
+    """The Trainer's optim name -> optimizer, optimizer_impl and the state dtype."""
+    found = hf.optim(name)
+    if found is None:
+        r.set(("optimizer",), "adamw", at)
+        r.warn(at or r.native.root, f"optimizer {name}: memfit does not model its state; counted as AdamW")
+        return
+    optimizer_name, impl, state = found
+    r.set(("optimizer",), optimizer_name, at)
+    if impl is not None:
+        r.set(("training", "optimizer_impl"), impl, at)
+    if state is not None:
+        r.set(("dtypes", "optimizer_state"), state, at)
+
+
+def _fsdp(r: Reader) -> None:
+    data = r.data
+    config = r.get("fsdp_config", (dict,), None)
+    legacy = r.get("fsdp", (list, str), None)
+    if config is None and not legacy:
+        return
+    if r.has("deepspeed"):
+        r.error(r.at("fsdp_config" if config is not None else "fsdp", on_key=True), codes.NATIVE_CONFIG, "deepspeed and FSDP together: Axolotl runs one of them")
+        return
+    config = config or {}
+
+    def opt(*names, default=None):
+        for name in names:
+            if name in config:
+                return r.get(name, (bool, str, int), default, data=config, prefix=("fsdp_config",)), r.at("fsdp_config", name)
+        return default, None
+
+    strategy, strategy_at = "full_shard", r.at("fsdp_config" if "fsdp_config" in data else "fsdp", on_key=True)
+    reshard, reshard_at = opt("reshard_after_forward", "fsdp_reshard_after_forward")
+    sharding, sharding_at = opt("sharding_strategy", "fsdp_sharding_strategy")
+    if reshard is False:
+        strategy, strategy_at = "shard_grad_op", reshard_at
+    elif sharding is not None:
+        from memfit.read.native.accelerate import FSDP_STRATEGY
+
+        strategy = FSDP_STRATEGY.get(str(sharding).upper()) or "full_shard"
+        strategy_at = sharding_at
+    elif isinstance(legacy, (list, str)) and "shard_grad_op" in (legacy if isinstance(legacy, list) else legacy.split()):
+        strategy = "shard_grad_op"
+    r.set(("parallel", "fsdp"), strategy, strategy_at)
+    offload, offload_at = opt("offload_params", "fsdp_offload_params", default=False)
+    if not offload and isinstance(legacy, (list, str)) and "offload" in (legacy if isinstance(legacy, list) else legacy.split()):
+        offload, offload_at = True, r.at("fsdp")
+    if offload:
+        r.set(("parallel", "offload", "optimizer"), "cpu", offload_at)
+        r.set(("parallel", "offload", "parameters"), "cpu", offload_at)
+    checkpoint, checkpoint_at = opt("activation_checkpointing", "fsdp_activation_checkpointing", default=False)
+    if checkpoint:
+        r.set(("training", "checkpointing"), "full", checkpoint_at)

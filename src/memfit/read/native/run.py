@@ -1,0 +1,249 @@
+"""What every format does around its own keys: the model behind a name, a referenced DeepSpeed
+JSON, the launch config, the world size and the device from the settings."""
+
+from __future__ import annotations
+
+import os
+
+from memfit.diagnostics import codes
+from memfit.read.native import resolve
+from memfit.read.native.base import At, Found, Native, Reader
+from memfit.read.native.settings import Settings
+
+
+
+class Context:
+    def __init__(self, r: Reader, path: str, conf: Settings) -> None:
+        self.r, self.path, self.conf = r, path, conf
+        self.base = os.path.dirname(path) if path and not path.startswith("<") else "."
+        self.model_config: dict | None = None
+        self.launch: dict = {}
+        self.ds_from_launch = None
+
+    # --- the model ------------------------------------------------------------------------
+    def model(self, name, at: At) -> dict | None:
+        """Resolve a model name to its config.json and set model.hf_config; its raw keys."""
+        if not isinstance(name, str) or not name.strip():
+            self.r.error(at, codes.MODEL_NOT_FOUND, "no model: the config names none (memfit needs its config.json for the shapes)")
+            return None
+        models = self.conf.get("models") or {}
+        found, looked = resolve.resolve(name, self.base, models, self.conf.base if self.conf.file else None)
+        if found is None and self.conf.online and "/" in name and not os.path.exists(os.path.join(self.base, name)):
+            found, why = resolve.fetch(name)
+            if found is None:
+                looked.append(why)
+        if found is None:
+            hint = (
+                f"add it to the settings' models table ([tool.memfit.models] \"{name}\" = \"path/to/config.json\" in pyproject.toml, or a memfit.toml), "
+                "put its config.json in the Hugging Face cache, or name a local directory"
+            )
+            self.r.error(at, codes.MODEL_NOT_FOUND, f"model {name!r} not found; looked in {'; '.join(looked)}: {hint}")
+            return None
+        # relative to the checked file, as a memfit config names it; absolute in the HF cache
+        full = os.path.abspath(found)
+        cached = any(full.startswith(os.path.abspath(cache) + os.sep) for cache in resolve.cache_dirs())
+        target = full if cached else os.path.relpath(full, os.path.abspath(self.base))
+        self.r.set(("model", "hf_config"), target.replace(os.sep, "/") if not os.path.isabs(target) else target, at)
+        self.r.native.files.append(full)
+        try:
+            import json
+
+            with open(found, encoding="utf-8") as handle:
+                raw = json.load(handle)
+            self.model_config = raw if isinstance(raw, dict) else None
+        except (OSError, ValueError):
+            self.model_config = None  # the pipeline reports an unreadable config.json, in that file
+        return self.model_config
+
+    @property
+    def hidden_size(self) -> int | None:
+        cfg = self.model_config or {}
+        value = cfg.get("hidden_size", cfg.get("n_embd"))
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    # --- referenced files -----------------------------------------------------------------
+    def load_json(self, ref: str, at: At, what: str, base: str | None = None) -> tuple[dict | None, str | None]:
+        """A referenced JSON (or YAML) file's data and its path as the checked path is given."""
+        from memfit.read import source
+
+        # relative to the file that names it; the frameworks open it relative to where they run
+        # (Axolotl: utils/config/__init__.py normalize_config, os.path.exists(cfg.deepspeed)), so
+        # then the working directory and the project root (the settings file's directory)
+        bases = [base if base is not None else self.base]
+        if base is None and not os.path.isabs(os.path.expanduser(ref)):
+            bases += [os.curdir] + ([self.conf.base] if self.conf.file else [])
+        tried = []
+        for directory in bases:
+            file = os.path.join(directory, os.path.expanduser(ref))
+            if os.path.normpath(os.path.abspath(file)) in tried:
+                continue
+            tried.append(os.path.normpath(os.path.abspath(file)))
+            try:
+                with open(file, encoding="utf-8") as handle:
+                    text = handle.read()
+                break
+            except FileNotFoundError:
+                continue
+            except OSError as error:
+                self.r.error(at, codes.MISSING_REFERENCE, f"{what} {ref!r} cannot be read ({error.strerror or error}; {file})")
+                return None, None
+        else:
+            self.r.error(at, codes.MISSING_REFERENCE, f"{what} {ref!r} not found; looked at {', '.join(tried)}")
+            return None, None
+        loaded = source.load(text)
+        if loaded.data is None or loaded.diagnostics:
+            d = loaded.diagnostics[0] if loaded.diagnostics else None
+            message = d.message if d is not None else "the file is empty"
+            self.r.native.found.append(Found(At((), file), codes.JSON_SYNTAX, f"{what}: {message}", range=d.range if d is not None else None))
+            self.r.native.texts[file] = text
+            self.r.native.refs[file] = at
+            return None, None
+        if not isinstance(loaded.data, dict):
+            self.r.error(at, codes.NATIVE_CONFIG, f"{what} {ref!r} is not a mapping of keys")
+            return None, None
+        self.r.native.texts[file] = text
+        self.r.native.refs[file] = at
+        self.r.native.files.append(os.path.abspath(file))
+        return loaded.data, file
+
+    def deepspeed(self, value, at: At, trainer: dict) -> None:
+        """A `deepspeed:` key: a JSON path (relative to the native file) or the config inline."""
+        from memfit.read.native import deepspeed
+
+        if isinstance(value, dict):
+            _inline_ds(self.r, value, at, trainer, self.hidden_size)
+            return
+        if not isinstance(value, str):
+            self.r.error(at, codes.NATIVE_CONFIG, "deepspeed takes the path of a DeepSpeed JSON (or its keys inline)")
+            return
+        data, file = self.load_json(value, at, "the DeepSpeed config")
+        if data is not None:
+            deepspeed.apply(self.r, data, file, trainer, self.hidden_size)
+
+    # --- launch and world -------------------------------------------------------------------
+    def read_launch(self) -> None:
+        """The accelerate config the settings or --launch name."""
+        from memfit.read.native import accelerate
+
+        ref = self.conf.get("launch")
+        if not ref:
+            return
+        base = os.getcwd() if "launch" in self.conf.cli else self.conf.base
+        at = self.r.native.root
+        data, file = self.load_json(ref, at, f"the launch config ({self.conf.where('launch')})", base=base)
+        if data is not None:
+            self.launch = accelerate.launch(self.r, data, file)
+            if "ds_file" in self.launch and self.launch["ds_file"][0]:
+                self.ds_from_launch = (self.launch["ds_file"][0], self.launch["ds_file"][1], os.path.dirname(file))
+
+    def finish(self, trainer: dict | None = None) -> Native:
+        """World size, sharding, device and host from the launch config and the settings."""
+        r, conf, doc = self.r, self.conf, self.r.native.doc
+        for at_range, message in conf.problems:
+            r.native.found.append(Found(At((), conf.file), codes.NATIVE_CONFIG, message, range=at_range))
+        if self.ds_from_launch and "zero" not in doc.get("parallel", {}):
+            ref, at, base = self.ds_from_launch
+            from memfit.read.native import deepspeed
+
+            data, file = self.load_json(ref, at, "the DeepSpeed config (deepspeed_config_file)", base=base)
+            if data is not None:
+                deepspeed.apply(r, data, file, trainer or {}, self.hidden_size)
+        launch = self.launch
+        parallel = doc.get("parallel", {})
+        if "zero" in launch and "zero" not in parallel and "fsdp" not in parallel:
+            r.set(("parallel", "zero"), launch["zero"][0], launch["zero"][1])
+        if "fsdp" in launch and "zero" not in doc.get("parallel", {}) and "fsdp" not in doc.get("parallel", {}):
+            r.set(("parallel", "fsdp"), launch["fsdp"][0], launch["fsdp"][1])
+        for target, (value, at) in launch.get("offload", {}).items():
+            if target not in doc.get("parallel", {}).get("offload", {}):
+                r.set(("parallel", "offload", target), value, at)
+        if "checkpointing" in launch and doc.get("training", {}).get("checkpointing", "none") == "none":
+            r.set(("training", "checkpointing"), launch["checkpointing"][0], launch["checkpointing"][1])
+        gpus, gpus_at = (conf.get("gpus"), None) if "gpus" in conf.cli else launch.get("gpus", (conf.get("gpus"), None))
+        per_node, per_node_at = (conf.get("gpus_per_node"), None) if "gpus_per_node" in conf.cli else launch.get("gpus_per_node", (conf.get("gpus_per_node"), None))
+        parallel = doc.get("parallel")
+        if gpus is not None and gpus > 1 or parallel is not None:
+            world = gpus or 1
+            split = (parallel or {}).get("tensor", 1) * (parallel or {}).get("pipeline", 1)
+            if world % split:
+                r.error(r.native.root, codes.NATIVE_CONFIG, f"{world} GPUs ({conf.where('gpus')}) do not divide into tensor x pipeline = {split}")
+            else:
+                r.set(("parallel", "data"), world // split, gpus_at)
+            if per_node is not None:
+                r.set(("parallel", "gpus_per_node"), per_node, per_node_at)
+        _device(doc, conf)
+        if not r.native.checkable:
+            r.error(r.native.root, codes.MODEL_NOT_FOUND, r.native.uncheckable)
+        elif "model" not in doc and not r.native.failed:
+            r.error(r.native.root, codes.MODEL_NOT_FOUND, "no model: this config names none; give one with --model NAME or the settings' `model`")
+        return r.native
+
+
+def _inline_ds(r: Reader, value: dict, at: At, trainer: dict, hidden: int | None) -> None:
+    """A DeepSpeed config written inline (a mapping under `deepspeed:`): keys under that path."""
+    from memfit.read.native import deepspeed
+
+    inner = Reader(r.native.format, value, r.path, r.file)
+    inner.native = r.native
+    prefix = at.path
+    before = len(r.native.found)
+    deepspeed.apply(inner, value, r.file, trainer, hidden)
+    # the inline keys live under the `deepspeed` key of the checked file
+    for found in r.native.found[before:]:
+        if found.at.file == r.file:
+            found.at = At(prefix + found.at.path, found.at.file, found.at.on_key)
+    for key, origin in list(r.native.origins.items()):
+        if origin.file == r.file and origin.path and origin.path[0] not in r.data:
+            r.native.origins[key] = At(prefix + origin.path, origin.file, origin.on_key)
+
+
+def _device(doc: dict, conf: Settings) -> None:
+    device = {}
+    if conf.get("device"):
+        device["preset"] = conf.get("device")
+    if conf.get("budget") is not None:
+        device["memory"] = conf.get("budget")
+    if conf.get("reserve") is not None:
+        device["reserve"] = conf.get("reserve")
+    if conf.get("overhead") is not None:
+        device["overhead"] = conf.get("overhead")
+    if device:
+        doc["device"] = device
+    if conf.get("host_memory") is not None:
+        doc["host"] = {"memory": conf.get("host_memory")}
+
+
+def memfit_defaults(data: dict, conf: Settings) -> tuple[dict, set]:
+    """A memfit config with the settings' device and host where it has none."""
+    added = set()
+    out = dict(data)
+    if "device" not in data:
+        probe: dict = {}
+        _device(probe, conf)
+        if "device" in probe:
+            out["device"] = probe["device"]
+            added.add(("device",))
+        if "host" in probe and "host" not in data:
+            out["host"] = probe["host"]
+            added.add(("host",))
+    elif "host" not in data and conf.get("host_memory") is not None:
+        out["host"] = {"memory": conf.get("host_memory")}
+        added.add(("host",))
+    if isinstance(data.get("parallel"), dict) and "gpus_per_node" not in data["parallel"] and conf.get("gpus_per_node") is not None:
+        out["parallel"] = {**data["parallel"], "gpus_per_node": conf.get("gpus_per_node")}
+        added.add(("parallel", "gpus_per_node"))
+    return out, added
+
+
+MODULES = {"axolotl": "axolotl", "llama-factory": "llamafactory", "hf-trainer": "hftrainer", "torchtune": "torchtune", "deepspeed": "deepspeed", "accelerate": "accelerate"}
+
+
+def read(fmt: str, data: dict, path: str, conf: Settings) -> Native:
+    import importlib
+
+    module = importlib.import_module(f"memfit.read.native.{MODULES[fmt]}")  # only the format read
+    r = Reader(fmt, data, path)
+    ctx = Context(r, path, conf)
+    ctx.read_launch()
+    trainer = module.read(r, ctx)
+    return ctx.finish(trainer)

@@ -1,0 +1,220 @@
+"""torchtune recipe configs (pytorch/torchtune recipes/configs/): the model from its builder
+(`model._component_`), the run from the recipe's keys. The builders' shapes are the table
+BUILDERS, read from torchtune's torchtune/models/<family>/_model_builders.py (commit bd2a0fc of
+2026-04-23): each builder's arguments to its component builder (embed_dim, intermediate_dim,
+num_layers, num_heads, num_kv_heads, vocab_size, max_seq_len, tie_word_embeddings, head_dim);
+llama2's intermediate_dim, where the builder leaves it out, is
+torchtune.models.llama2._model_utils.scale_hidden_dim_for_mlp(embed_dim). memfit derives the
+tensors from these as from the family's config.json (model_type).
+
+QLoRA builders (qlora_*) quantize the base linears with torchao's NF4Tensor
+(modules/low_precision/nf4_linear.py FrozenNF4Linear, to_nf4(block_size=64, scaler_block_size=256)):
+memfit's quantization method nf4-torchao counts it as torchao stores it.
+"""
+
+from __future__ import annotations
+
+from memfit.diagnostics import codes
+from memfit.read.native.base import Reader
+
+# builder -> (model_type, hidden_size, intermediate_size, layers, heads, kv_heads, vocab, max_seq_len, tied, head_dim)
+BUILDERS = {
+    "gemma_2b": ("gemma", 2048, 16384, 18, 8, 1, 256000, 8192, True, 256),
+    "gemma_7b": ("gemma", 3072, 24576, 28, 16, 16, 256000, 8192, True, 256),
+    "llama2_7b": ("llama", 4096, 11008, 32, 32, 32, 32000, 4096, False, None),
+    "llama2_13b": ("llama", 5120, 13824, 40, 40, 40, 32000, 4096, False, None),
+    "llama2_70b": ("llama", 8192, 28672, 80, 64, 8, 32000, 4096, False, None),
+    "llama3_8b": ("llama", 4096, 14336, 32, 32, 8, 128256, 8192, False, None),
+    "llama3_70b": ("llama", 8192, 28672, 80, 64, 8, 128256, 8192, False, None),
+    "llama3_1_8b": ("llama", 4096, 14336, 32, 32, 8, 128256, 131072, False, None),
+    "llama3_1_70b": ("llama", 8192, 28672, 80, 64, 8, 128256, 131072, False, None),
+    "llama3_1_405b": ("llama", 16384, 53248, 126, 128, 8, 128256, 131072, False, None),
+    "llama3_2_1b": ("llama", 2048, 8192, 16, 32, 8, 128256, 131072, True, None),
+    "llama3_2_3b": ("llama", 3072, 8192, 28, 24, 8, 128256, 131072, True, None),
+    "mistral_7b": ("mistral", 4096, 14336, 32, 32, 8, 32000, 32768, False, None),
+    "phi3_mini": ("phi3", 3072, 8192, 32, 32, 32, 32064, 4096, False, None),
+    "qwen2_7b": ("qwen2", 3584, 18944, 28, 28, 4, 152064, 32768, False, None),
+    "qwen2_0_5b": ("qwen2", 896, 4864, 24, 14, 2, 151936, 32768, True, None),
+    "qwen2_1_5b": ("qwen2", 1536, 8960, 28, 12, 2, 151936, 32768, True, None),
+    "qwen2_5_0_5b": ("qwen2", 896, 4864, 24, 14, 2, 151936, 32768, True, None),
+    "qwen2_5_1_5b_base": ("qwen2", 1536, 8960, 28, 12, 2, 151936, 131072, True, None),
+    "qwen2_5_1_5b_instruct": ("qwen2", 1536, 8960, 28, 12, 2, 151936, 32768, True, None),
+    "qwen2_5_3b": ("qwen2", 2048, 11008, 36, 16, 2, 151936, 32768, True, None),
+    "qwen2_5_7b_base": ("qwen2", 3584, 18944, 28, 28, 4, 152064, 131072, False, None),
+    "qwen2_5_7b_instruct": ("qwen2", 3584, 18944, 28, 28, 4, 152064, 32768, False, None),
+    "qwen2_5_14b_base": ("qwen2", 5120, 13824, 48, 40, 8, 152064, 131072, False, None),
+    "qwen2_5_14b_instruct": ("qwen2", 5120, 13824, 48, 40, 8, 152064, 32768, False, None),
+    "qwen2_5_32b_base": ("qwen2", 5120, 27648, 64, 40, 8, 152064, 131072, False, None),
+    "qwen2_5_32b_instruct": ("qwen2", 5120, 27648, 64, 40, 8, 152064, 32768, False, None),
+    "qwen2_5_72b_base": ("qwen2", 8192, 29568, 80, 64, 8, 152064, 131072, False, None),
+    "qwen2_5_72b_instruct": ("qwen2", 8192, 29568, 80, 64, 8, 152064, 32768, False, None),
+    "qwen3_0_6b_base": ("qwen3", 1024, 3072, 28, 16, 8, 151936, 32768, True, 128),
+    "qwen3_0_6b_instruct": ("qwen3", 1024, 3072, 28, 16, 8, 151936, 40960, True, 128),
+    "qwen3_1_7b_base": ("qwen3", 2048, 6144, 28, 16, 8, 151936, 32768, True, 128),
+    "qwen3_1_7b_instruct": ("qwen3", 2048, 6144, 28, 16, 8, 151936, 40960, True, 128),
+    "qwen3_4b_base": ("qwen3", 2560, 9728, 36, 32, 8, 151936, 32768, True, 128),
+    "qwen3_4b_instruct": ("qwen3", 2560, 9728, 36, 32, 8, 151936, 40960, True, 128),
+    "qwen3_8b_base": ("qwen3", 4096, 12288, 36, 32, 8, 151936, 32768, False, 128),
+    "qwen3_8b_instruct": ("qwen3", 4096, 12288, 36, 32, 8, 151936, 40960, False, 128),
+    "qwen3_14b_base": ("qwen3", 5120, 17408, 40, 40, 8, 151936, 32768, False, 128),
+    "qwen3_14b_instruct": ("qwen3", 5120, 17408, 40, 40, 8, 151936, 40960, False, 128),
+    "qwen3_32b": ("qwen3", 5120, 25600, 64, 64, 8, 151936, 40960, False, 128),
+}
+# component builders (torchtune/models/<family>/_component_builders.py) -> model_type
+COMPONENTS = {"llama2": "llama", "llama3": "llama", "llama3_1": "llama", "llama3_2": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma", "phi3": "phi3"}
+
+
+def _scale_hidden_dim(dim: int, multiple_of: int = 256) -> int:
+    """torchtune.models.llama2._model_utils.scale_hidden_dim_for_mlp."""
+    hidden = int(2 * (4 * dim) / 3)
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+ALIASES = {"llama3_3_70b": "llama3_1_70b"}  # torchtune/models/llama3_3/_model_builders.py: llama3_3_70b = llama3_1_70b
+
+# torchtune's LoRA module names -> the transformers module names memfit's LoRA targets
+LORA_ATTN = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "output_proj": "o_proj"}
+LORA_MLP = ("gate_proj", "up_proj", "down_proj")
+DTYPES = {"bf16": "bf16-true", "fp32": "32-true", "fp16": "16-true"}  # training/precision.py PRECISION_STR_TO_DTYPE
+
+# optimizer._component_ -> (memfit optimizer, optimizer_impl or None, optimizer_state dtype or None)
+OPTIMIZERS = {
+    "torch.optim.AdamW": ("adamw", "foreach", None),
+    "torch.optim.Adam": ("adam", "foreach", None),
+    "torch.optim.SGD": ("sgd", "foreach", None),
+    "bitsandbytes.optim.PagedAdamW8bit": ("paged_adamw8bit", None, None),
+    "bitsandbytes.optim.AdamW8bit": ("adamw8bit", None, None),
+    "bitsandbytes.optim.PagedAdamW": ("adamw", "for_loop", "float32"),
+    "bitsandbytes.optim.PagedAdamW32bit": ("adamw", "for_loop", "float32"),
+}
+
+KEYS = {
+    "model._component_": "model.transformer (BUILDERS); lora_* -> lora; qlora_* -> lora + quantization nf4-torchao",
+    "model.lora_attn_modules / apply_lora_to_mlp / apply_lora_to_output": "lora.target_modules",
+    "model.lora_rank (8) / lora_alpha (16) / lora_dropout (0.0)": "lora.r / alpha / dropout",
+    "batch_size": "training.micro_batch",
+    "tokenizer.max_seq_len": "training.seq_len (null: the model's max_seq_len, with a warning)",
+    "gradient_accumulation_steps (1)": "training.gradient_accumulation",
+    "dtype (fp32 when absent: training.get_dtype)": "precision bf16-true / 32-true",
+    "optimizer._component_, optimizer.fused": "optimizer, training.optimizer_impl",
+    "enable_activation_checkpointing (false)": "training.checkpointing full",
+    "fsdp_cpu_offload (false)": "parallel.offload (distributed recipes: FSDP2 full shard over --gpus)",
+}
+UNMODELLED = {
+    "enable_activation_offloading": ((False,), "activations are offloaded to host memory (the GPU keeps less than memfit counts)"),
+    "optimizer_in_bwd": ((False,), "the optimizer steps each parameter in backward and frees its gradient at once (less memory than memfit counts)"),
+    "compile": ((False,), "torch.compile fuses kernels and changes what is saved for backward"),
+    "custom_sharded_layers": ((), "extra FSDP units"),
+    "tensor_parallel_dim": ((1,), "tensor parallelism"),
+}
+
+
+def read(r: Reader, ctx) -> dict:
+    data = r.data
+    model = r.get("model", (dict,), {})
+    component = r.get("_component_", (str,), "", data=model, prefix=("model",))
+    at = r.at("model", "_component_")
+    r.native.root = at
+    builder = component.rsplit(".", 1)[-1]
+    quantize = builder.startswith("qlora_") or model.get("quantize_base") is True
+    lora = builder.startswith(("lora_", "qlora_"))
+    base = builder.removeprefix("qlora_").removeprefix("lora_")
+    base = ALIASES.get(base, base)
+    if not model:
+        r.native.root = r.at(next(iter(data)), on_key=True)
+        r.error(r.native.root, codes.MODEL_NOT_FOUND, "no model._component_: memfit reads the model of a torchtune recipe config from it (PPO's policy and reward models are not read)")
+        return {}
+    if base in COMPONENTS and "num_layers" in model:  # a component builder called with its arguments in the config
+        args = {k: r.get(k, (int, float, bool), None, data=model, prefix=("model",)) for k in ("embed_dim", "intermediate_dim", "num_layers", "num_heads", "num_kv_heads", "vocab_size", "max_seq_len", "tie_word_embeddings", "head_dim")}
+        if None in [args[k] for k in ("embed_dim", "num_layers", "num_heads", "vocab_size", "max_seq_len")]:
+            r.error(at, codes.NATIVE_CONFIG, f"{component} with its arguments: memfit needs embed_dim, num_layers, num_heads, vocab_size and max_seq_len")
+            return {}
+        shape = (
+            COMPONENTS[base], args["embed_dim"], args["intermediate_dim"] or _scale_hidden_dim(args["embed_dim"]), args["num_layers"], args["num_heads"],
+            args["num_kv_heads"] or args["num_heads"], args["vocab_size"], args["max_seq_len"], bool(args["tie_word_embeddings"]), args["head_dim"],
+        )
+    else:
+        shape = BUILDERS.get(base)
+    if shape is None:
+        r.error(at, codes.UNSUPPORTED_MODEL, f"torchtune builder {component!r}: memfit knows the builders of {', '.join(sorted({k.split('_')[0] for k in BUILDERS}))} ({len(BUILDERS)} in all); write a memfit config for this model")
+        return {}
+    family, hidden, inter, layers, heads, kv, vocab, max_seq, tied, head_dim = shape
+    tied = r.get("tie_word_embeddings", (bool,), tied, data=model, prefix=("model",))
+    transformer = {
+        "model_type": family, "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv, "vocab_size": vocab, "max_position_embeddings": max_seq,
+        "tie_word_embeddings": tied,
+    }
+    if head_dim is not None:
+        transformer["head_dim"] = head_dim
+    r.set(("model", "transformer"), transformer, at)
+
+    dtype = r.get("dtype", (str,), "fp32", choices=tuple(DTYPES))
+    r.set(("precision",), DTYPES[dtype], r.at("dtype") if "dtype" in data else None)
+    micro = r.get("batch_size", (int,), 1)
+    r.set(("training", "micro_batch"), micro, r.at("batch_size") if "batch_size" in data else None)
+    tokenizer = r.get("tokenizer", (dict,), {})
+    seq = r.get("max_seq_len", (int,), None, data=tokenizer, prefix=("tokenizer",))
+    if seq is None:
+        seq = max_seq
+        r.warn(r.at("tokenizer", "max_seq_len") if "max_seq_len" in tokenizer else r.at("tokenizer", on_key=True) if "tokenizer" in data else at,
+               f"tokenizer.max_seq_len is not set: torchtune does not truncate, the dataset's longest sample sets the length; memfit assumes the model's max_seq_len, {max_seq:,} tokens (set tokenizer.max_seq_len)")
+        r.set(("training", "seq_len"), seq)
+    else:
+        r.set(("training", "seq_len"), seq, r.at("tokenizer", "max_seq_len"))
+    accum = r.get("gradient_accumulation_steps", (int,), 1)
+    if "gradient_accumulation_steps" in data:
+        r.set(("training", "gradient_accumulation"), accum, r.at("gradient_accumulation_steps"))
+    checkpointing = r.get("enable_activation_checkpointing", (bool,), False)
+    r.set(("training", "checkpointing"), "full" if checkpointing else "none", r.at("enable_activation_checkpointing") if "enable_activation_checkpointing" in data else None)
+    r.set(("training", "attention"), "sdpa")  # torchtune's MultiHeadAttention: F.scaled_dot_product_attention (modules/attention_utils.py)
+
+    optimizer = r.get("optimizer", (dict,), {})
+    name = r.get("_component_", (str,), "torch.optim.AdamW", data=optimizer, prefix=("optimizer",))
+    found = OPTIMIZERS.get(name)
+    opt_at = r.at("optimizer", "_component_") if "_component_" in optimizer else None
+    if found is None:
+        r.set(("optimizer",), "adamw", opt_at)
+        r.warn(opt_at or at, f"optimizer {name}: memfit does not model its state; counted as AdamW")
+    else:
+        r.set(("optimizer",), found[0], opt_at)
+        impl = "fused" if optimizer.get("fused") is True else found[1]
+        if impl is not None:
+            r.set(("training", "optimizer_impl"), impl, r.at("optimizer", "fused") if "fused" in optimizer else opt_at)
+        if found[2] is not None:
+            r.set(("dtypes", "optimizer_state"), found[2], opt_at)
+
+    if lora:
+        rank = r.get("lora_rank", (int,), 8, data=model, prefix=("model",))
+        targets = [LORA_ATTN.get(m, m) for m in (r.get("lora_attn_modules", (list,), [], data=model, prefix=("model",)) or [])]
+        if family == "phi3" and targets:
+            r.warn(r.at("model", "lora_attn_modules"), "phi3: torchtune adapts q, k and v separately; memfit's Phi-3 has the fused qkv_proj, so the adapters are counted on it")
+            targets = ["qkv_proj" if t in ("q_proj", "k_proj", "v_proj") else t for t in targets]
+            targets = list(dict.fromkeys(targets))
+        if r.get("apply_lora_to_mlp", (bool,), False, data=model, prefix=("model",)):
+            targets += ["gate_up_proj", "down_proj"] if family == "phi3" else list(LORA_MLP)
+        if r.get("apply_lora_to_output", (bool,), False, data=model, prefix=("model",)):
+            targets.append("lm_head")
+        spec = {"r": rank, "alpha": r.get("lora_alpha", (int, float), 16, data=model, prefix=("model",)), "dropout": r.get("lora_dropout", (int, float), 0.0, data=model, prefix=("model",)), "target_modules": targets}
+        r.set(("lora",), spec, at)
+        for key, memfit in (("lora_rank", "r"), ("lora_alpha", "alpha"), ("lora_dropout", "dropout"), ("lora_attn_modules", "target_modules")):
+            if key in model:
+                r.origin(("lora", memfit), r.at("model", key))
+        if dtype != "fp32":
+            r.note(at, "torchtune keeps the LoRA adapters in the model's dtype; memfit counts them in fp32 as peft keeps them on a 16-bit base (a few MB high)")
+        if model.get("use_dora"):
+            r.warn(r.at("model", "use_dora"), "use_dora: DoRA keeps a magnitude vector and recomputes the weight norm; memfit counts LoRA")
+    if quantize:
+        r.set(("quantization",), {"method": "nf4-torchao"}, at)
+
+    gpus = ctx.conf.get("gpus")
+    if (gpus and gpus > 1) or "fsdp_cpu_offload" in data:
+        r.set(("parallel", "fsdp"), "full_shard" if data.get("fsdp_reshard_after_forward", True) is not False else "shard_grad_op", r.at("fsdp_reshard_after_forward") if "fsdp_reshard_after_forward" in data else None)
+        if r.get("fsdp_cpu_offload", (bool,), False):
+            r.set(("parallel", "offload", "optimizer"), "cpu", r.at("fsdp_cpu_offload"))
+            r.set(("parallel", "offload", "parameters"), "cpu", r.at("fsdp_cpu_offload"))
+    loss = r.get("loss", (dict,), {})
+    if "LinearCrossEntropy" in str(loss.get("_component_", "")) or "Chunked" in str(loss.get("_component_", "")):
+        r.warn(r.at("loss", "_component_"), f"loss {loss['_component_'].rsplit('.', 1)[-1]}: the logits are computed in chunks, never whole; memfit counts the full logits")
+    r.unmodelled(UNMODELLED)
+    return {}
