@@ -82,9 +82,11 @@ def memfit_gpu(tmp_path, shapes, recipe: str, stage: int, gpus: int, nodes: int,
     return json.loads(done.stdout)["files"][0]
 
 
-@pytest.mark.parametrize("recipe", sorted(RECIPES))
-@pytest.mark.parametrize("kind", ["t5-3b", "llama-7b", "gpt2-xl"])
-@pytest.mark.parametrize("gpus, nodes", [(8, 1), (4, 2)])
+# every model with every recipe on one node of 8; two nodes of 4 (a world over nodes, the host per node) once per model
+CASES = [(kind, recipe, 8, 1) for kind in ("t5-3b", "llama-7b", "gpt2-xl") for recipe in sorted(RECIPES)] + [(kind, "bf16-mixed", 4, 2) for kind in ("t5-3b", "llama-7b", "gpt2-xl")]
+
+
+@pytest.mark.parametrize("kind, recipe, gpus, nodes", CASES)
 def test_deepspeed_estimators_through_a_config(kind, recipe, gpus, nodes, tmp_path):
     stage12, stage3 = _deepspeed()
     shapes, total, largest = model(kind)
