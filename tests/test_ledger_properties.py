@@ -115,6 +115,12 @@ def test_the_peak_and_the_footprint_count_the_same_tensors(doc):
     assert live["gradients"] <= footprint["gradients"]
     # the persistent categories are all there at every moment
     assert peak["bytes"] >= footprint["parameters"] + footprint["optimizer_state"]
+    # explain's per-row table is a reduction of the same step
+    from memfit.ledger.step import rows_table
+
+    rows = rows_table(result.config.step)
+    assert sum(r["parameters"] for r in rows) == live["parameters"]
+    assert sum(r["gradients"] for r in rows) == footprint["gradients"]
 
 
 @SETTINGS

@@ -241,6 +241,22 @@ def peak(step: Step, granule: int | None = None) -> dict:
     return {"bytes": by_phase[worst]["bytes"], "phase": worst, "live": dict(by_phase[worst]["live"]), "phases": by_phase}
 
 
+def rows_table(step: Step) -> list[dict]:
+    """The step per row (a layer, or a part of a transformer layer), in forward order: the bytes of
+    its parameters (trainable and frozen), of their gradients and of the tensors it is the first to
+    keep for backward. Summed over the rows they are the step's parameters, gradients and saved
+    activations (the batch it keeps included) — a reduction of the same ledger as the peak."""
+    first: dict[int, int] = {}
+    for i, row in enumerate(step.rows):
+        for t in row.kept:
+            first.setdefault(t, i)
+    saved = [0] * len(step.rows)
+    for t, i in first.items():
+        saved[i] += step.tensors[t]
+    return [{"row": row.name, "parameters": sum(row.params) + sum(row.frozen), "gradients": sum(row.grads), "saved": saved[i]}
+            for i, row in enumerate(step.rows)]
+
+
 def _share(amount: int, part: int, whole: int) -> int:
     """amount x part / whole, rounded up (a share is never under-counted)."""
     return -(-amount * part // whole) if whole else 0

@@ -15,11 +15,15 @@ TOP_TENSORS = 10
 
 def json_entry(result) -> dict:
     """`explain --format json`'s entry of one file: check's json entry (path, footprint, peak, host,
-    budget, diagnostics) and the step's `timeline` (ledger.timeline; [] for a config that is not a run)."""
+    budget, diagnostics), the step's `timeline` (ledger.timeline; [] for a config that is not a run)
+    and its `rows` (ledger.step.rows_table: per layer, parameters, gradients and saved bytes)."""
+    from memfit.ledger.step import rows_table
     from memfit.ledger.timeline import timeline
     from memfit.report.reporters import _entry
 
-    return _entry(result, {"budget": result.budget, "diagnostics": [d.to_json() for d in result.diagnostics], "timeline": timeline(result.config)})
+    step = getattr(result.config, "step", None) if result.config is not None else None
+    rows = rows_table(step) if step is not None else []
+    return _entry(result, {"budget": result.budget, "diagnostics": [d.to_json() for d in result.diagnostics], "timeline": timeline(result.config), "rows": rows})
 
 
 def peak_lines(config, budget) -> list[str]:
