@@ -130,6 +130,7 @@ model:
   hf_config: llama-70b.json
 training: {micro_batch: 1, seq_len: 4096, attention: sdpa, checkpointing: full}
 parallel: {data: 16, fsdp: full_shard, gpus_per_node: 8}
+"""
 # The same model launched by an Axolotl config (issue 20: a native config within 1.3x the memfit
 # config it means, which `memfit convert` writes beside it)
 AXOLOTL_YAML = """base_model: ./llama-70b.json
