@@ -9,6 +9,7 @@ config gets them all; a memfit config gets the device and host keys where it say
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass, field
@@ -54,9 +55,6 @@ class Settings:
         return f"--{key.replace('_', '-')}" if key in self.cli else f"{self.file} {key}" if self.file else key
 
 
-_cache: dict[str, tuple[tuple, tuple[str | None, str, dict, list]]] = {}
-
-
 # A long-running process (the language server) sets this: each lookup then checks that no settings
 # file up the tree changed since it was read; a command-line run reads them once.
 WATCH = False
@@ -82,10 +80,13 @@ def _signature(directory: str) -> tuple:
 def find(directory: str) -> tuple[str | None, str, dict, list]:
     """(the settings file, its text, its [tool.memfit] values, problems) for a directory."""
     directory = os.path.abspath(directory or ".")
-    signature = _signature(directory) if WATCH else ()
-    cached = _cache.get(directory)
-    if cached is not None and cached[0] == signature:
-        return cached[1]
+    return _find(directory, _signature(directory) if WATCH else ())
+
+
+@functools.lru_cache(maxsize=256)
+def _find(directory: str, signature: tuple) -> tuple[str | None, str, dict, list]:
+    """find(), memoized by the directory and what its answer depends on (a bounded cache, no
+    module state of ours: a settings edit changes the signature, so a new key is read)."""
     found = (None, "", {}, [])
     here = directory
     while True:
@@ -103,7 +104,6 @@ def find(directory: str) -> tuple[str | None, str, dict, list]:
             here = parent
             continue
         break
-    _cache[directory] = (signature, found)
     return found
 
 
