@@ -231,7 +231,9 @@ def _pipeline(data: dict, options: Options, result: Result) -> list[Problem]:
     if problems:  # every problem at once: what the parts the schema accepts allow (salvage.py)
         from memfit.check.salvage import salvage
 
-        problems.extend(salvage(data, problems, lambda config, d: _layout_problems(config, _dims(_transformer_config(d, result.path)))))
+        from memfit.models.dispatch import layout_dims, transformer_config
+
+        problems.extend(salvage(data, problems, lambda config, d: _layout_problems(config, layout_dims(transformer_config(d, result.path)))))
     else:
         config, problems = build(data)
         if "lora" in data or "quantization" in data:
