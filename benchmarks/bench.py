@@ -190,6 +190,23 @@ def run_once(argv: list[str]) -> tuple[float, int, int]:
     return elapsed, usage.ru_maxrss * 1024, child.returncode  # ru_maxrss is KiB on Linux
 
 
+def measure_pair(this: list[str], that: list[str], runs: int, ok=(0, 1)) -> tuple[dict, dict]:
+    """Two commands timed alternately (this, that, this, that...): a load that comes and goes
+    falls on both sides alike, so their ratio is what the code changed."""
+    samples: dict = {"this": [], "that": []}
+    for _ in range(runs):
+        for side, argv in (("this", this), ("that", that)):
+            samples[side].append(run_once(argv))
+    out = []
+    for side, argv in (("this", this), ("that", that)):
+        codes = {code for _, _, code in samples[side]}
+        if not codes <= set(ok):
+            raise SystemExit(f"bench: {' '.join(argv[:4])} ... exited {sorted(codes)}; expected {sorted(ok)}")
+        out.append({"seconds": statistics.median(s for s, _, _ in samples[side]), "peak_bytes": max(m for _, m, _ in samples[side]),
+                    "runs": runs, "all_seconds": [round(s, 4) for s, _, _ in samples[side]]})
+    return out[0], out[1]
+
+
 def measure(argv: list[str], runs: int, ok=(0, 1)) -> dict:
     samples = [run_once(argv) for _ in range(runs)]
     codes = {code for _, _, code in samples}
@@ -323,8 +340,10 @@ def run(args) -> dict:
                 if row["key"] == "floor" or "_argv" not in row:
                     continue  # a command that commit may not have (fit --vary gpus, native configs)
                 argv = row.pop("_argv")
-                row["previous"] = measure(previous + argv, small if row["memfit"]["runs"] == small else huge, ok=(0, 1))
-                row["vs_previous"] = row["memfit"]["seconds"] / row["previous"]["seconds"]
+                # timed again, alternating with that commit's run of the same case
+                runs = max(small if row["memfit"]["runs"] == small else huge, 5)
+                row["this"], row["previous"] = measure_pair(memfit + argv, previous + argv, runs)
+                row["vs_previous"] = row["this"]["seconds"] / row["previous"]["seconds"]
     finally:
         if previous_tree is not None:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(previous_tree)], check=False, capture_output=True)
@@ -384,10 +403,10 @@ def table(report: dict) -> str:
         cj = (f"{comp['seconds']:.3f}", mib(comp["peak_bytes"]), f"{row['time_ratio']:.2f}", f"{row['memory_ratio']:.2f}") if comp else ("", "", "", "")
         lines.append(f"| {row['case']} | {mem['seconds']:.3f} | {mib(mem['peak_bytes'])} | {cj[0]} | {cj[1]} | {cj[2]} | {cj[3]} | {row['vs_floor']:.2f} |")
     if any("previous" in row for row in report["rows"]):
-        lines += ["", f"against {report.get('against')}, side by side in this run:", "", "| case | this tree s | that commit s | this / that |", "| --- | ---: | ---: | ---: |"]
+        lines += ["", f"against {report.get('against')}, side by side in this run (each case's runs alternate between the two; medians):", "", "| case | this tree s | that commit s | this / that |", "| --- | ---: | ---: | ---: |"]
         for row in report["rows"]:
             if "previous" in row:
-                lines.append(f"| {row['case']} | {row['memfit']['seconds']:.3f} | {row['previous']['seconds']:.3f} | {row['vs_previous']:.3f} |")
+                lines.append(f"| {row['case']} | {row['this']['seconds']:.3f} | {row['previous']['seconds']:.3f} | {row['vs_previous']:.3f} |")
     lines += ["", "| target | measured | met |", "| --- | ---: | --- |"]
     for t in report["targets"]:
         lines.append(f"| {t['target']} | {t['value']:.3f} | {'yes' if t['met'] else 'NO'} |")
