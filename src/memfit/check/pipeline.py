@@ -307,7 +307,7 @@ def _peak(config, data: dict) -> list[Problem]:
     problems = []
     if optimizer not in ledger.OPTIMIZER_TEMPORARIES:
         problems.append(
-            Problem(("optimizer",), codes.OPTIMIZER_IMPL, f"the temporaries of {optimizer}'s step are not modelled (torch.optim has no {optimizer}): the peak counts none", severity=codes.INFORMATION)
+            Problem(("optimizer",), codes.OPTIMIZER_IMPL, f"the temporaries of {optimizer}'s step are not modelled (recipe/optim.py TEMPORARIES): the peak counts none", severity=codes.INFORMATION)
         )
         optimizer = None
     try:
