@@ -142,6 +142,8 @@ PATTERN_CASES = {
     "backtracking-saved": ("lora", "  target_modules: [q_proj]\n  modules_to_save: ['(a|aa)+$']\n", "alternation"),
     "invalid-skip": ("quantization", "  skip_modules: ['[z-a]']\n", "not a valid regular expression"),
     "backref-skip": ("quantization", "  skip_modules: ['(a)\\1']\n", "back-reference"),
+    "optional-in-count": ("lora", "  target_modules: '(?:a?){20}a{20}'\n", "nests"),
+    "empty-counted": ("lora", "  target_modules: [q_proj]\n  modules_to_save: ['(?:){99999999}']\n", "a count is at most"),
 }
 
 
