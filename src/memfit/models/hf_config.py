@@ -20,6 +20,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass
+from functools import lru_cache
 
 from memfit.diagnostics.diagnostic import Range
 from memfit.models.families import BASE_FIELDS, DROPPED_KEYS, FAMILIES, SUPPORTED, Family
@@ -580,15 +581,16 @@ def _ignored(family: Family) -> frozenset:
     """Keys another family's class reads and this one's does not (head_dim on gpt2, num_key_value_heads on
     bert...): transformers keeps them as attributes the model never reads, so they are left out here, where
     memfit's model code would read them by name."""
-    if family.model_type not in _IGNORED:
-        every = set()
-        for other in FAMILIES.values():
-            every |= set(read_fields(other))
-        _IGNORED[family.model_type] = frozenset(every - set(read_fields(family)) - set(family.attribute_map))
-    return _IGNORED[family.model_type]
+    return _ignored_by_type(family.model_type)
 
 
-_IGNORED: dict = {}
+@lru_cache(maxsize=None)
+def _ignored_by_type(model_type: str) -> frozenset:
+    family = FAMILIES[model_type]
+    every: set = set()
+    for other in FAMILIES.values():
+        every |= set(read_fields(other))
+    return frozenset(every - set(read_fields(family)) - set(family.attribute_map))
 
 
 def _rope(out: dict, extra: dict, family: Family) -> None:
