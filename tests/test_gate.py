@@ -166,6 +166,8 @@ PATTERN_CASES = {
     "backtracking-saved": ("lora", "  target_modules: [q_proj]\n  modules_to_save: ['(a|aa)+$']\n", "alternation"),
     "invalid-skip": ("quantization", "  skip_modules: ['[z-a]']\n", "not a valid regular expression"),
     "backref-skip": ("quantization", "  skip_modules: ['(a)\\1']\n", "back-reference"),
+    "optional-in-count": ("lora", "  target_modules: '(?:a?){20}a{20}'\n", "nests"),
+    "empty-counted": ("lora", "  target_modules: [q_proj]\n  modules_to_save: ['(?:){99999999}']\n", "a count is at most"),
 }
 
 
@@ -260,3 +262,18 @@ def test_a_million_layer_model_answers_at_once(tmp_path):
     result = check(run_yaml(), str(tmp_path / "run.yaml"))
     assert time.perf_counter() - started < 1.0
     assert [d.code for d in result.diagnostics] == ["too-large"] and result.footprint is None
+
+
+def test_a_pipeline_of_hundreds_of_stages_is_placed_at_once(tmp_path):
+    """2,048 layers on 512 stages of a 10^7-rank world: each stage's tensors are grouped once, not filtered per stage."""
+    from memfit.check.pipeline import check
+
+    model = json.loads((EXAMPLES / "models" / "llama-3-70b.json").read_text(encoding="utf-8"))
+    (tmp_path / "config.json").write_text(json.dumps({**model, "num_hidden_layers": 2048}), encoding="utf-8")
+    text = (EXAMPLES / "parallel" / "llama3-70b-tp8-pp4.yaml").read_text(encoding="utf-8").replace("../models/llama-3-70b.json", "config.json")
+    text = text.replace("pipeline: 4", "pipeline: 512").replace("  data: 2\n", "  data: 10000000\n")
+    check(text, str(tmp_path / "run.yaml"))
+    started = time.perf_counter()
+    result = check(text, str(tmp_path / "run.yaml"))
+    assert time.perf_counter() - started < 1.0
+    assert result.footprint is not None and result.peak is not None and result.peak["ranks"] == 10**7 * 8 * 512

@@ -607,6 +607,7 @@ async def test_a_slow_document_never_delays_another_documents_requests(client: L
         answered.append(time.perf_counter() - started)
         assert found is not None and "fc.weight" in found.contents.value
     assert not slow_done.done()  # every hover above was answered while the slow document was analysed
+    print("hover seconds while another document is analysed:", answered)
     assert max(answered) < 0.2, answered
     # an edit of the healthy document is analysed beside the slow one, not after it
     replace(client, healthy, BASE.replace("count: 12", "count: 24"), 2)
@@ -665,3 +666,14 @@ async def test_requests_about_closed_or_unopened_documents_are_ignored_quietly(c
     assert await hints(client, never, 0, 3) is None
     assert client.messages == [] and [m for m in client.log_messages if m.type == types.MessageType.Error] == []
     assert client.published[uri].empty() and client.published[never].empty()
+
+
+async def test_a_superseded_analysis_publishes_nothing(client: LanguageClient, tmp_path: Path):
+    """An edit while a slow analysis runs: the stale result (a budget error) is never shown; the newer text's is."""
+    uri = (tmp_path / "edited.yaml").as_uri()
+    open_doc(client, uri, _slow_config().replace("80 GiB", "1 MiB"))  # seconds of analysis, then budget-exceeded
+    await asyncio.sleep(0.3)
+    replace(client, uri, BASE, 2)
+    assert await published(client, uri) == []  # the first publication is of version 2 (it fits)
+    assert await hover(client, uri, at(BASE, 6, "fc.weight")) is not None
+    assert client.published[uri].empty()

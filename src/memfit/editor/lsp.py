@@ -410,6 +410,8 @@ class MemfitServer(LanguageServer):
         result = await asyncio.get_running_loop().run_in_executor(self.analysis_pool, _check, text, path)
         if self.documents.get(uri) is not state:
             return None  # closed (or reopened) while it ran: nothing to say
+        if state.task is not asyncio.current_task() and self._text_changed(uri, text):
+            return state  # superseded while it ran: the queued analysis of the newer text publishes
         if result.skipped:
             # not (or no longer) a memfit config: say nothing, except to take back what we said
             fresh = Document(task=state.task, analysed=state.analysed)
@@ -424,6 +426,10 @@ class MemfitServer(LanguageServer):
         self.publish(uri, analysis, version)
         state.finished = asyncio.get_running_loop().time()
         return state
+
+    def _text_changed(self, uri: str, text: str) -> bool:
+        document = self.opened_text(uri)
+        return document is None or document.source is not text
 
     def too_large(self, uri: str) -> bool:
         """A document over the CLI's size limit is dropped from the workspace (its text is not kept,

@@ -13,7 +13,6 @@ of the referenced file.
 
 from __future__ import annotations
 
-import functools
 
 import bisect
 import json
@@ -22,6 +21,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass
+from functools import lru_cache
 
 from memfit.diagnostics.diagnostic import Range
 from memfit.models.families import BASE_FIELDS, DROPPED_KEYS, FAMILIES, SUPPORTED, Family
@@ -585,10 +585,10 @@ def _ignored(family: Family) -> frozenset:
     return _ignored_by_type(family.model_type)
 
 
-@functools.lru_cache(maxsize=None)
+@lru_cache(maxsize=None)
 def _ignored_by_type(model_type: str) -> frozenset:
     family = FAMILIES[model_type]
-    every = set()
+    every: set = set()
     for other in FAMILIES.values():
         every |= set(read_fields(other))
     return frozenset(every - set(read_fields(family)) - set(family.attribute_map))

@@ -7,9 +7,10 @@ module-boundary wrapper. Python's `re` backtracks, so a pattern such as `(.|.)*!
 exponential time on a module name of forty characters. A pattern is accepted when:
 
 - it compiles (an invalid one is a diagnostic at the value, never an internal error);
-- no repetition that can repeat more than once (`*`, `+`, `{2,}`...) contains another such
-  repetition, an alternation (`|`) or a back-reference: those are the shapes that backtrack
-  exponentially;
+- no repetition that can repeat more than once (`*`, `+`, `{2,}`...) contains another
+  repetition (an optional `?` too), an alternation (`|`); and there is no back-reference: those
+  are the shapes that backtrack exponentially (`(a+)*`, `(.|.)*`, `(a?){20}a{20}`);
+- a counted repetition is at most MAX_COUNT (`(?:){99999999}` is 10^8 steps on any name);
 - it has at most MAX_UNBOUNDED unbounded repetitions (each adds a factor of the name's length
   to the worst case) and at most MAX_LENGTH characters.
 
@@ -33,6 +34,7 @@ from memfit.diagnostics.diagnostic import Problem
 
 MAX_LENGTH = 256
 MAX_UNBOUNDED = 3
+MAX_COUNT = 256  # a{N}: each repetition is a step of the matcher, even of an empty group
 _WIDE = 16  # a bounded repetition of more than this many counts as unbounded
 _REPEATS = {_c.MAX_REPEAT, _c.MIN_REPEAT} | ({_c.POSSESSIVE_REPEAT} if hasattr(_c, "POSSESSIVE_REPEAT") else set())
 
@@ -72,8 +74,11 @@ def _walk(pattern, inside_repeat: bool, state: dict) -> None:
         if op in _REPEATS:
             low, high, body = av
             many = high == _c.MAXREPEAT or high > 1
-            if many and inside_repeat:
+            if inside_repeat:  # an optional part too: (a?){20}a{20} backtracks 2^20 ways
                 state["problem"] = "nests one repetition inside another (e.g. (a+)*): that backtracks exponentially; flatten it"
+                return
+            if low > MAX_COUNT or (high != _c.MAXREPEAT and high > MAX_COUNT):
+                state["problem"] = f"repeats something up to {max(low, high if high != _c.MAXREPEAT else 0):,} times; a count is at most {MAX_COUNT}"
                 return
             if high == _c.MAXREPEAT or high > _WIDE:
                 state["unbounded"] += 1
