@@ -310,6 +310,8 @@ def run(args) -> dict:
         # fit exits 1 when even micro_batch 1 does not fit the config's budget: still a full search
         rows.append({"case": "memfit fit on the 70B-size hf_config", "key": "fit70b", "_argv": ["fit"] + hf, "memfit": measure(memfit + ["fit"] + hf, small, ok=(0, 1)), "competitor": None})
 
+        say("bench: memfit check --suggest where nothing fits (every combination of fixes is tried)")
+        rows.append({"case": "memfit check --suggest, the 70B-size hf_config at 500 GiB (no fix fits)", "key": "suggest70b", "memfit": measure(memfit + ["check", "--suggest", "--budget", "500GiB"] + hf, small, ok=(1,)), "competitor": None})
         say("bench: memfit check and memfit fit --vary gpus on the 70B on H100s")
         gpus = [str(corpus["gpus"])]
         rows.append({"case": "memfit check, the 70B on H100s (FSDP)", "key": "check70bh100", "memfit": measure(memfit + ["check"] + gpus, small, ok=(0, 1)), "competitor": None})
@@ -378,6 +380,7 @@ def targets(rows: list[dict], sizes, configs: int) -> list[dict]:
         target("1 config cold: memfit / floor <= 1.3", cold["vs_floor"], 1.3),
         target("70B-size hf_config cold: memfit / floor <= 1.3", by["hf70b"]["vs_floor"], 1.3),
         target("memfit fit / memfit check on the 70B-size hf_config <= 2", by["fit70b"]["memfit"]["seconds"] / by["hf70b"]["memfit"]["seconds"], 2),
+        target("memfit check --suggest (no fix fits) / memfit check on the 70B-size hf_config <= 10", by["suggest70b"]["memfit"]["seconds"] / by["hf70b"]["memfit"]["seconds"], 10),
         target("memfit fit --vary gpus / memfit check on the 70B on H100s <= 2", by["gpus70b"]["memfit"]["seconds"] / by["check70bh100"]["memfit"]["seconds"], 2),
         target("Axolotl config / its memfit config <= 1.3", by["native70b"]["memfit"]["seconds"] / by["converted70b"]["memfit"]["seconds"], 1.3),
         target("1 config cold: memfit / check-jsonschema <= 0.5", cold["time_ratio"], 0.5),

@@ -58,11 +58,11 @@ def test_the_benchmark_command_runs_and_writes_its_table(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text(encoding="utf-8"))
-    assert [row["key"] for row in report["rows"]] == ["floor", "cold", "hf70b", "fit70b", "check70bh100", "gpus70b", "native70b", "converted70b", "many", "tensors-50", "tensors-100", "tensors-150", "explain"]
+    assert [row["key"] for row in report["rows"]] == ["floor", "cold", "hf70b", "fit70b", "suggest70b", "check70bh100", "gpus70b", "native70b", "converted70b", "many", "tensors-50", "tensors-100", "tensors-150", "explain"]
     for row in report["rows"]:
         assert row["memfit"]["seconds"] > 0 and row["memfit"]["peak_bytes"] > 0
-        if row["key"] not in ("floor", "explain", "fit70b", "check70bh100", "gpus70b", "native70b", "converted70b"):
+        if row["key"] not in ("floor", "explain", "fit70b", "suggest70b", "check70bh100", "gpus70b", "native70b", "converted70b"):
             assert row["competitor"]["seconds"] > 0 and row["time_ratio"] > 0
-    assert len(report["targets"]) == 10 and all(isinstance(t["met"], bool) for t in report["targets"])
+    assert len(report["targets"]) == 11 and all(isinstance(t["met"], bool) for t in report["targets"])
     assert report["machine"]["nproc"] >= 1 and report["machine"]["python"]
     assert "| 1 config (75 tensors), cold |" in done.stdout and "| target | measured | met |" in done.stdout

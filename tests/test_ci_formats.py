@@ -196,7 +196,9 @@ def test_sarif_content(configs: Path) -> None:
     from memfit import __version__
 
     assert driver["version"] == __version__
-    assert driver["informationUri"].startswith("https://")
+    # a link to memfit's docs where its repository is known (tests/test_provenance.py), else none at all
+    assert driver.get("informationUri", "https://").startswith("https://")
+    assert all(rule.get("helpUri", "https://").startswith("https://") for rule in driver["rules"])
     rules = driver["rules"]
     assert [r["id"] for r in rules][: len(RULES)] == list(RULES)
     for rule in rules:

@@ -76,7 +76,7 @@ def test_fit_when_even_one_does_not_fit(keras):
     assert done.returncode == 1
     (entry,) = json.loads(done.stdout)["files"]
     assert entry["max"] == 0 and entry["bytes_at_max"] is None and entry["bytes_at_next"] > entry["budget"] == 65536
-    assert "micro_batch = 1 does not fit" in memfit("fit", "--budget", "64 KiB", keras).stdout
+    assert "does not fit at any micro_batch: at 1 (the config has 512) it needs" in memfit("fit", "--budget", "64 KiB", keras).stdout
 
 
 def test_fit_nothing_to_vary_and_usage_errors(keras):
@@ -352,7 +352,9 @@ def test_remedies_propose_only_where_the_format_and_the_config_allow(monkeypatch
     assert changes("fsdp4", {"parallel": {"data": 8}}) == [(("parallel", "fsdp"), None, "full_shard")]
     assert changes("fsdp4", dp) == []  # ZeRO and FSDP are not both
     # selective is not in this format's enum: only full is proposed
-    assert changes("checkpointing3", {}) == [] and changes("checkpointing5", {}) == [(("training", "checkpointing"), None, "full")]
+    run = {"training": {}}
+    assert changes("checkpointing3", run) == [] and changes("checkpointing5", run) == [(("training", "checkpointing"), None, "full")]
+    assert changes("checkpointing5", {}) == []  # no training section: not a run, and adding one would change what the gate compares
     assert changes("offload6", {"parallel": {"offload": {"optimizer": "none"}}}) == [(("parallel", "offload", "optimizer"), "none", "cpu")]
     assert changes("offload6", {"parallel": {"offload": {"optimizer": "cpu"}}}) == []
     # the cost order of the table: cheaper in training speed first

@@ -49,11 +49,11 @@ def _variant(tmp_path, example: str, replacements: list[tuple[str, str]]) -> Pat
 
 
 CASES = {
-    # one GPU, GPT-2 small at 2 GiB: no single remedy is enough
-    "single-device": ("gpt2-small.yaml", [], "2GiB"),
-    # QLoRA without checkpointing at micro-batch 8 on 6 GiB
-    "lora": ("llama7b-qlora.yaml", [("micro_batch: 1", "micro_batch: 8"), ("  checkpointing: full\n", "")], "6GiB"),
-    # 4 GPUs under ZeRO-2, no offload, no checkpointing, micro-batch 4, on the 4090s' own budget
+    # one GPU: GPT-2 small as bundled
+    "single-device": ("gpt2-small.yaml", []),
+    # QLoRA without checkpointing at micro-batch 8
+    "lora": ("llama7b-qlora.yaml", [("micro_batch: 1", "micro_batch: 8"), ("  checkpointing: full\n", "")]),
+    # 4 GPUs under ZeRO-2, no offload, no checkpointing, micro-batch 4
     "parallel": (
         "parallel/llama3-8b-zero3-offload-4x4090.yaml",
         [
@@ -61,38 +61,50 @@ CASES = {
             ("  zero: 3", "  zero: 2"),
             ("  offload: {optimizer: cpu, parameters: cpu}\n", ""),
         ],
-        None,
     ),
 }
+# The budget is searched, not written down: from the config's own figure down, the first budget at which no
+# single change fits but a combination does (the figures are the pipeline's, and they may change).
+SHARES = (0.9, 0.75, 0.6, 0.5, 0.4, 0.33, 0.25, 0.2, 0.15, 0.12, 0.1)
+
+
+def _suggest(path: Path, budget: int) -> dict:
+    done = memfit("check", "--suggest", "--format", "json", "--budget", str(budget), str(path))
+    (entry,) = json.loads(done.stdout)["files"]
+    return entry
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_first_combined_fix_makes_the_config_pass(tmp_path, case):
-    example, replacements, budget = CASES[case]
+    example, replacements = CASES[case]
     path = _variant(tmp_path, example, replacements)
-    flags = ["--budget", budget] if budget else []
-    done = memfit("check", "--suggest", "--format", "json", *flags, str(path))
-    assert done.returncode == 1, done.stdout + done.stderr
-    (entry,) = json.loads(done.stdout)["files"]
+    plain = json.loads(memfit("check", "--format", "json", str(path)).stdout)["files"][0]
+    figure = plain["peak"]["bytes"] if plain.get("peak") else plain["footprint"]["total"]
+    for share in SHARES:
+        budget = int(figure * share)
+        entry = _suggest(path, budget)
+        if entry["fixes"] and "+" in entry["fixes"][0]["kind"]:
+            break
+    else:
+        pytest.fail(f"{case}: no budget from {figure:,} B down to a tenth of it asks for a combination")
     fixes = entry["fixes"]
-    assert fixes, entry.get("closest")
     assert all("+" in fix["kind"] and 2 <= len(fix["kind"].split("+")) <= 3 for fix in fixes)  # no single change fits
     assert len(fixes) <= 3
     first = fixes[0]
-    assert first["total"] <= entry["budget"]
+    assert first["total"] <= entry["budget"] == budget
     fixed = tmp_path / "fixed.yaml"
     fixed.write_text(apply_edits(path.read_text(encoding="utf-8"), first["edits"]), encoding="utf-8")
-    after = memfit("check", "--format", "json", *flags, str(fixed))
+    after = memfit("check", "--format", "json", "--budget", str(budget), str(fixed))
     assert after.returncode == 0, after.stdout
     (checked,) = json.loads(after.stdout)["files"]
-    figure = checked["peak"]["bytes"] if checked.get("peak") else checked["footprint"]["total"]
-    assert figure == first["total"]  # the fix says what the fixed config needs
+    figure_after = checked["peak"]["bytes"] if checked.get("peak") else checked["footprint"]["total"]
+    assert figure_after == first["total"]  # the fix says what the fixed config needs
     # each change named in the fix is in the fixed file
     text = fixed.read_text(encoding="utf-8")
     for change in first["changes"]:
         assert f"{change['key'].rsplit('.', 1)[-1]}: {change['to']}" in text or f"{change['key'].rsplit('.', 1)[-1]}:\n" in text, change
     # text output: the same fixes, announced as combinations
-    text_out = memfit("check", "--suggest", *flags, str(path)).stdout
+    text_out = memfit("check", "--suggest", "--budget", str(budget), str(path)).stdout
     assert "(no single change fits: combinations):" in text_out and f"  1. {first['title']}:" in text_out
 
 

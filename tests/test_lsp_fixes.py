@@ -117,3 +117,20 @@ async def test_code_actions_answer_within_100_ms_on_the_latency_document(client:
         await actions(client, uri, diagnostics)
         times.append(time.perf_counter() - start)
     assert sorted(times)[len(times) // 2] < 0.1, times
+
+
+async def test_combined_quick_fix_applied_by_the_client_makes_the_config_fit(client: LanguageClient, tmp_path: Path):
+    """GPT-2 small on a 2 GiB budget: no single change fits, so the quick fixes are combinations (the same as
+    `check --suggest`); the client applies the first, and the server then reports no problem."""
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    text = (examples / "gpt2-small.yaml").read_text(encoding="utf-8")
+    text = text.replace("memory: 40 GiB", "memory: 4 GiB").replace("hf_config: models/gpt2.json", f"hf_config: {examples / 'models' / 'gpt2.json'}")
+    uri = (tmp_path / "gpt2.yaml").as_uri()
+    open_doc(client, uri, text)
+    diagnostics = await published(client, uri)
+    assert [d.code for d in diagnostics] == ["budget-exceeded"]
+    found = await actions(client, uri, diagnostics)
+    assert found and all(" + " in a.title for a in found), [a.title for a in found]
+    assert found[0].is_preferred
+    replace(client, uri, apply(text, found[0].edit.changes[uri]), 2)
+    assert [d.code for d in await published(client, uri) if d.severity == types.DiagnosticSeverity.Error] == []

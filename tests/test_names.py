@@ -122,3 +122,13 @@ def test_enum_values_ignore_case(tmp_path):
     for enum in enums(SCHEMA):
         strings = [v for v in enum if isinstance(v, str)]
         assert len(_folded(tuple(strings))) == len(strings), enum
+
+
+def test_a_keras_merge_layer_is_explained_not_matched_to_unrelated_types(tmp_path):
+    """`{type: Add}` is no near miss of a type memfit knows: the message says why there is no such layer."""
+    path = tmp_path / "add.yaml"
+    path.write_text("memfit: 1\ndevice: {memory: 1 GiB}\noptimizer: adam\nmodel:\n  input_shape: [4]\n  batch_size: 2\n  layers:\n    - {type: Dense, units: 3}\n    - {type: Add}\n", encoding="utf-8")
+    done = memfit("check", str(path))
+    (line,) = [x for x in done.stdout.splitlines() if "error[" in x]
+    assert line.startswith(f"{path}:9:14: error[schema]")
+    assert "'Add' merges branches" in line and "docs/layers.md" in line and "nearest first" not in line

@@ -411,7 +411,7 @@ def _budget(config, options: Options, result: Result, data: dict) -> list[Proble
         origin += f" - reserve {device['reserve']}" if "reserve" in device else ""
     else:
         at = ("device",) if "device" in data else ("memfit",)
-        return [Problem(at, codes.NO_BUDGET, "no memory budget: set device.memory (e.g. '24 GiB') or pass --budget", on_key=True)]
+        return [Problem(at, codes.NO_BUDGET, "no memory budget: set device.memory (e.g. '24 GiB'), name the card with device.preset (e.g. 'H100-80GB'), or pass --budget", on_key=True)]
     if config.overhead and config.peak is None:  # a run's peak holds the overhead; a tensor list's budget loses it
         budget -= config.overhead
         origin += f" - overhead {with_bytes(config.overhead)}"

@@ -47,9 +47,19 @@ def _share_arg(text: str):
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+class _Version(argparse.Action):
+    """`memfit --version`: the version and the commit (found only when asked: it may run git)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from memfit.diagnostics.provenance import version_text
+
+        print(version_text(__version__))
+        parser.exit()
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="memfit", description="Check that training configs fit in device memory.")
-    top.add_argument("--version", action="version", version=f"memfit {__version__}")
+    top.add_argument("--version", action=_Version, nargs=0, help="print the version and the commit, and exit")
     commands = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def common(sub: argparse.ArgumentParser) -> None:

@@ -146,7 +146,10 @@ def _entry(result, rest: dict) -> dict:
 # Every diagnostic code (a published contract), from the registry: a one-line description and
 # what to do. The SARIF reporter publishes these as rules; code scanning shows `help` beside an alert.
 RULES: dict[str, tuple[str, str]] = {code.id: (code.summary, code.help) for code in CODES.values()}
-INFORMATION_URI = "https://pypi.org/project/memfit/"
+# Links to memfit's docs at the installed commit, in its own repository (diagnostics/provenance.py):
+# memfit is installed from git, so there is no package page to point at. Left out where unknown.
+DOCS_PAGE = "README.md"
+CODES_PAGE = "docs/cli.md#diagnostic-codes-stable"
 GITHUB_COMMANDS = {"error": "error", "warning": "warning", "information": "notice"}
 SARIF_LEVELS = {"error": "error", "warning": "warning", "information": "note"}
 
@@ -247,7 +250,7 @@ class SarifReporter(Reporter):
                     del entry["properties"]["path"]
                 sarif_results.append(entry)
         run = {
-            "tool": {"driver": {"name": "memfit", "version": __version__, "informationUri": INFORMATION_URI, "rules": [_rule(c) for c in ids]}},
+            "tool": {"driver": _driver(ids)},
             "columnKind": "unicodeCodePoints",
             "results": sarif_results,
             "properties": {
@@ -262,10 +265,21 @@ def _region(r) -> dict:
     return {"startLine": r.start_line + 1, "startColumn": r.start_character + 1, "endLine": r.end_line + 1, "endColumn": r.end_character + 1}
 
 
-def _rule(code: str) -> dict:
+def _driver(ids) -> dict:
+    from memfit.diagnostics.provenance import web_base
+
+    base = web_base()
+    driver = {"name": "memfit", "version": __version__}
+    if base is not None:
+        driver["informationUri"] = f"{base}/{DOCS_PAGE}"
+    driver["rules"] = [_rule(c, base) for c in ids]
+    return driver
+
+
+def _rule(code: str, base: str | None = None) -> dict:
     entry = lookup(code)
     short, help_text = entry.summary, entry.help
-    return {
+    rule = {
         "id": code,
         "name": "".join(part.capitalize() for part in code.split("-")),
         "shortDescription": {"text": short},
@@ -273,6 +287,9 @@ def _rule(code: str) -> dict:
         "help": {"text": help_text},
         "defaultConfiguration": {"level": SARIF_LEVELS.get(entry.severity, "note")},
     }
+    if base is not None:
+        rule["helpUri"] = f"{base}/{CODES_PAGE}"
+    return rule
 
 
 def summary_markdown(results) -> str:

@@ -277,7 +277,8 @@ def text_line(found: Fit) -> str | None:
     size = human if len(set(shown)) == len(shown) else (lambda n: f"{n:,} B")
     budget = size(found.budget)
     if found.max == 0:
-        return f"{found.path}: {found.vary} = 1 does not fit ({size(found.bytes_at_next)} of {budget})"
+        now = f" (the config has {found.current})" if found.current not in (None, 1) else ""
+        return f"{found.path}: does not fit at any {found.vary}: at 1{now} it needs {size(found.bytes_at_next)} of {budget}"
     line = f"{found.path}: {found.vary} ≤ {found.max} fits ({size(found.bytes_at_max)} of {budget})"
     if found.bytes_at_next is not None:
         line += f"; {found.max + 1} needs {size(found.bytes_at_next)}"

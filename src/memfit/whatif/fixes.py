@@ -192,6 +192,11 @@ def _offload(data, options, refuse, result):
     return [("offload the optimizer state to the CPU (parallel.offload.optimizer: cpu)", [(path, before, "cpu")])]
 
 
+def _is_run(data) -> bool:
+    """A config with a training section describes a run; adding one would change what the gate compares."""
+    return isinstance(data.get("training"), dict)
+
+
 @dataclass(frozen=True)
 class Remedy:
     kind: str
@@ -207,13 +212,13 @@ class Remedy:
 # full_shard adds an all-gather per layer; full checkpointing runs the forward twice (~33%);
 # CPU offload moves the state over PCIe every step.
 REMEDIES: tuple[Remedy, ...] = (
-    Remedy("optimizer_impl", 0, _set(("training", "optimizer_impl"), "fused", "optimizer_impl: fused (one kernel per step: no foreach temporaries)", when=lambda d: isinstance(d.get("training"), dict))),
+    Remedy("optimizer_impl", 0, _set(("training", "optimizer_impl"), "fused", "optimizer_impl: fused (one kernel per step: no foreach temporaries)", when=_is_run)),
     Remedy("optimizer_8bit", 0, _eight_bit),
     Remedy("zero", 1, _next_zero),
     Remedy("micro_batch", 2, _micro_batch),
-    Remedy("checkpointing", 3, _set(("training", "checkpointing"), "selective", "checkpointing: selective (recompute the attention core)")),
+    Remedy("checkpointing", 3, _set(("training", "checkpointing"), "selective", "checkpointing: selective (recompute the attention core)", when=_is_run)),
     Remedy("fsdp", 4, _set(("parallel", "fsdp"), "full_shard", "fsdp: full_shard", when=_no_zero)),
-    Remedy("checkpointing", 5, _set(("training", "checkpointing"), "full", "checkpointing: full (recompute each layer in backward)")),
+    Remedy("checkpointing", 5, _set(("training", "checkpointing"), "full", "checkpointing: full (recompute each layer in backward)", when=_is_run)),
     Remedy("offload", 6, _offload),
 )
 
@@ -280,7 +285,8 @@ def fixes(result: Result, text: str, options: Options = Options()) -> list[Fix]:
     seen: set = set()
     evaluated = inline(result.data, result.path)  # referenced files read once
     near = _Nearest(result.budget)
-    useless: set = set()  # remedies that, alone, are refused or change nothing: left out of combinations
+    useless: set = set()  # remedies the pipeline refuses alone: left out of combinations (one that changes
+    # nothing alone stays in: the 8-bit optimizer matters once a fused step has removed foreach's temporaries)
     for remedy in REMEDIES:
         for title, changes in remedy.propose(evaluated, options, refuse, result):
             key = tuple((p, after) for p, _, after in changes)
@@ -292,8 +298,6 @@ def fixes(result: Result, text: str, options: Options = Options()) -> list[Fix]:
                 useless.add(remedy)
                 continue  # the change is not valid here (the pipeline refuses it)
             if any(d.code in refuse for d in after.diagnostics):
-                if gated(after) == gated(result):
-                    useless.add(remedy)
                 near.saw(title, after, changes)
                 continue  # it does not make the config fit
             made = safe_edits(text, changes, result.data) if result.origins is None else native_edits(text, changes, result.origins)
@@ -327,7 +331,7 @@ def _combined(result: Result, text: str, evaluated: dict, options: Options, refu
     """Combinations of 2..MAX_CHANGES remedies, tried cheapest first: each remedy proposes on the data the
     previous ones changed (the micro-batch one last: the largest micro-batch that fits the changed config);
     a combination that touches one key twice, or contains one that already fits, is not tried, nor one
-    with a remedy that alone was refused or changed nothing."""
+    with a remedy that alone was refused."""
     from itertools import combinations
 
     ranked = [r for r in REMEDIES if r not in useless]
