@@ -212,7 +212,7 @@ def test_tensor_parallel_must_divide_the_transformers_heads():
           transformer: {model_type: llama, num_attention_heads: 32, num_key_value_heads: 8, num_hidden_layers: 4}
         parallel: {tensor: %d, pipeline: %d}
     """
-    from memfit.check.pipeline import _dims, _transformer_config
+    from memfit.models.dispatch import layout_dims as _dims, transformer_config as _transformer_config
 
     def _transformer_dims(data, path):
         return _dims(_transformer_config(data, path))

@@ -129,8 +129,13 @@ def test_inline_problems_are_at_the_yaml_key():
     assert d.code == "shape-mismatch" and d.file is None and d.range.start_line == 4
     (d,) = check(doc("  transformer: {model_type: bloom}")).diagnostics
     assert d.code == "unsupported-model" and "llama" in d.message
-    (d,) = check(doc("  transformer: {model_type: llama, num_hiden_layers: 2}")).diagnostics
-    assert d.code == "schema"  # a typo of a config key is not a silent default
+    # read as hf_config reads a config.json (issue 19): a key no family reads is ignored, as
+    # transformers ignores it, and a likely typo of one that is read gets a note at the key
+    typo = check(doc("  transformer: {model_type: llama, num_hiden_layers: 2}"))
+    (d,) = typo.diagnostics
+    assert d.code == "ignored-key" and d.severity == "information" and "num_hidden_layers" in d.message and d.range.start_line == 4
+    assert typo.footprint == check(doc("  transformer: {model_type: llama}")).footprint
+    assert check(doc("  transformer: {model_type: llama, _name_or_path: x/y, output_attentions: false}")).diagnostics == []
 
 
 def test_one_form_and_one_batch():

@@ -68,6 +68,7 @@ NATIVE_CONFIG = "native-config"
 NOT_MODELLED = "not-modelled"
 MODEL_NOT_FOUND = "model-not-found"
 MISSING_REFERENCE = "missing-reference"
+IGNORED_KEY = "ignored-key"
 
 CODES: dict[str, Code] = _register(
     Code(YAML_SYNTAX, ERROR, "The file is not valid YAML", "Fix the YAML syntax at the position shown; memfit reads YAML 1.1 with core tags only."),
@@ -195,6 +196,13 @@ CODES: dict[str, Code] = _register(
         ERROR,
         "A key of a native config (Axolotl, LLaMA-Factory, Trainer, DeepSpeed, accelerate) or of the settings that memfit cannot read",
         "Give the key the type and value its framework takes (the message says which), and resolve conflicting keys such as bf16 and fp16 both true; docs/native.md lists each format's keys.",
+    ),
+    Code(
+        IGNORED_KEY,
+        INFORMATION,
+        "A key of an inline transformer config that no model family reads, close to one that is read",
+        "transformers keeps an unknown config key as an attribute the model never reads, and so does memfit: check the spelling (the message names the key it is close to).",
+        keeps_footprint=True,
     ),
     Code(
         NOT_MODELLED,

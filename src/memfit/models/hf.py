@@ -364,6 +364,7 @@ def derive(data: dict, config, path: str) -> list:
 
     model = data["model"]
     training = data.get("training", {})
+    hints: list = []
     if "hf_config" in model:
         where = ("model", "hf_config")
         reference = model["hf_config"]
@@ -384,6 +385,8 @@ def derive(data: dict, config, path: str) -> list:
         where, file = ("model", "transformer"), None
         raw = model["transformer"]
         problems = [Problem(where + p.path, p.code, p.message, on_key=p.on_key or not p.path) for p in validate(raw)]
+        if not problems:  # read as hf_config reads the file; a likely typo gets a note, not a silent default
+            hints = _typo_notes(raw, where)
     if problems:
         return problems
     cfg = normalize(raw)
@@ -403,7 +406,29 @@ def derive(data: dict, config, path: str) -> list:
     micro_batch, seq_len = training["micro_batch"], training["seq_len"]
     attention = training.get("attention", "sdpa")
     checkpointing = training.get("checkpointing", "none")
-    return _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpointing, data)
+    return hints + _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpointing, data)
+
+
+def _typo_notes(raw: dict, where: tuple) -> list:
+    """Notes on keys no family reads that are close to a key one does (num_hiden_layers)."""
+    import difflib
+
+    from memfit.diagnostics import codes
+    from memfit.diagnostics.diagnostic import Problem
+    from memfit.models.families import BASE_FIELDS, FAMILIES
+
+    known = set(BASE_FIELDS)
+    for family in FAMILIES.values():
+        known |= set(family.fields) | set(family.attribute_map)
+    out = []
+    for key in raw:
+        if not isinstance(key, str) or key in known:
+            continue
+        near = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.9)
+        if near:
+            message = f"{key!r} is read by no model family: ignored, as transformers ignores it; did you mean {near[0]!r}?"
+            out.append(Problem(where + (key,), codes.IGNORED_KEY, message, on_key=True))
+    return out
 
 
 def _recipe_arguments(data: dict, base: str = "float32") -> dict:
