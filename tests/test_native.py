@@ -353,6 +353,11 @@ def test_the_editor_hovers_a_native_key_with_the_memfit_key_it_sets():
     hover = analysis.hover(line, 3)
     assert hover is not None and "**training.micro_batch** = 2" in hover.markdown and "the largest that fits is" in hover.markdown
     assert analysis.result.input_format == "axolotl" and not analysis.result.diagnostics
+    # inlay hints: the summary on the main key, the training keys' what-ifs on the native keys
+    rows = text.splitlines()
+    hints = {rows[h.line].split(":")[0]: h.label for h in analysis.hints(0, len(rows))}
+    assert hints["base_model"].startswith("memfit: total") and "micro_batch_size" in hints and "gradient_checkpointing" in hints
+    assert analysis.summary_range().start_line == rows.index(next(r for r in rows if r.startswith("base_model:")))
 
 
 def test_a_referenced_file_rechecks_the_configs_that_read_it(tmp_path, model):
