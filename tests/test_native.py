@@ -451,3 +451,9 @@ def test_diff_compares_a_native_config_the_settings_include(tmp_path, model):
     (entry,) = json.loads(out.stdout)["files"]
     assert entry["path"] == "configs/run.yml"
     assert entry["before"] == before["footprint"] and entry["after"] == after["footprint"] and entry["delta"]["activations"] > 0
+    # only the model's config.json changes: the revision's side reads it as it was there
+    git("checkout", "-q", "configs/run.yml")
+    (tmp_path / "llama-3-8b.json").write_text(json.dumps({**json.loads(model.read_text()), "num_hidden_layers": 40}))
+    out = memfit("diff", "HEAD", "--format", "json", cwd=tmp_path)
+    (entry,) = json.loads(out.stdout)["files"]
+    assert entry["before"] == before["footprint"] and entry["delta"]["parameters"] > 0
