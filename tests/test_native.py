@@ -457,3 +457,14 @@ def test_diff_compares_a_native_config_the_settings_include(tmp_path, model):
     out = memfit("diff", "HEAD", "--format", "json", cwd=tmp_path)
     (entry,) = json.loads(out.stdout)["files"]
     assert entry["before"] == before["footprint"] and entry["delta"]["parameters"] > 0
+
+
+@pytest.mark.parametrize("module, page", [("axolotl", "native-axolotl"), ("llamafactory", "native-llama-factory"), ("hftrainer", "native-hf-trainer"), ("torchtune", "native-torchtune"), ("deepspeed", "native-deepspeed")])
+def test_each_format_page_lists_the_keys_its_reader_reads_and_warns_about(module, page):
+    import importlib
+
+    reader = importlib.import_module(f"memfit.read.native.{module}")
+    text = (ROOT / "docs" / f"{page}.md").read_text(encoding="utf-8")
+    keys = list(getattr(reader, "KEYS", {})) + list(getattr(reader, "UNMODELLED", {})) + list(getattr(reader, "ZERO_UNMODELLED", {})) + list(getattr(reader, "BUILDERS", {}))
+    missing = [key for key in keys if f"`{key}`" not in text]
+    assert not missing, f"docs/{page}.md does not list {missing}"
