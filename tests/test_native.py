@@ -468,3 +468,15 @@ def test_each_format_page_lists_the_keys_its_reader_reads_and_warns_about(module
     keys = list(getattr(reader, "KEYS", {})) + list(getattr(reader, "UNMODELLED", {})) + list(getattr(reader, "ZERO_UNMODELLED", {})) + list(getattr(reader, "BUILDERS", {}))
     missing = [key for key in keys if f"`{key}`" not in text]
     assert not missing, f"docs/{page}.md does not list {missing}"
+
+
+def test_a_referenced_device_or_fifo_is_refused_not_read(tmp_path, model):
+    """A native config may name any path: a DeepSpeed JSON that is /dev/zero or a FIFO is an
+    error at the key, found by a stat, never a read that blocks or never ends."""
+    fifo = tmp_path / "ds.json"
+    os.mkfifo(fifo)
+    for target, kind in (("/dev/zero", "a character device"), (str(fifo), "a FIFO")):
+        native = tmp_path / "ax.yml"
+        native.write_text(f"base_model: ./llama-3-8b.json\nmicro_batch_size: 1\ndeepspeed: {target}\n")
+        out = memfit("check", "--device", "H100-80GB", native)
+        assert out.returncode == 1 and f"{native}:3:12: error[missing-reference]" in out.stdout and kind in out.stdout

@@ -110,10 +110,10 @@ def find(directory: str) -> tuple[str | None, str, dict, list]:
 def _load(path: str, tool: bool):
     import tomllib
 
-    try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except (OSError, UnicodeDecodeError):
+    from memfit.read.inputs import read
+
+    text, problem, _ = read(path)  # regular files only, size-limited
+    if problem is not None:
         return None
     if tool and not re.search(r"^\s*\[\s*tool\s*\.\s*memfit\b", text, re.M) and "tool.memfit" not in text:
         return None  # a pyproject.toml without [tool.memfit] is passed over
