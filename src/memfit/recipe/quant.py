@@ -96,7 +96,7 @@ def weight_tensors(in_features: int, out_features: int, method_name: str, *, dou
     return out
 
 
-_WIDTH = {"uint8": 1, "int8": 1, "float32": 4, "bfloat16": 2, "float16": 2}
+_WIDTH = {"uint8": 1, "int8": 1, "float32": 4}
 
 
 def weight_bytes(in_features: int, out_features: int, method_name: str, *, double_quant: bool = False) -> int:
