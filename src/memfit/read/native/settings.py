@@ -54,38 +54,11 @@ class Settings:
         return f"--{key.replace('_', '-')}" if key in self.cli else f"{self.file} {key}" if self.file else key
 
 
-_cache: dict[str, tuple[tuple, tuple[str | None, str, dict, list]]] = {}
-
-
-# A long-running process (the language server) sets this: each lookup then checks that no settings
-# file up the tree changed since it was read; a command-line run reads them once.
-WATCH = False
-
-
-def _signature(directory: str) -> tuple:
-    """What the answer for a directory depends on: each candidate file up the tree, and its
-    modification time (a long-running language server sees a settings edit at once)."""
-    out = []
-    here = directory
-    while True:
-        for name in ("memfit.toml", "pyproject.toml"):
-            try:
-                out.append(os.stat(os.path.join(here, name)).st_mtime_ns)
-            except OSError:
-                out.append(None)
-        parent = os.path.dirname(here)
-        if parent == here:
-            return tuple(out)
-        here = parent
-
-
 def find(directory: str) -> tuple[str | None, str, dict, list]:
-    """(the settings file, its text, its [tool.memfit] values, problems) for a directory."""
+    """(the settings file, its text, its [tool.memfit] values, problems) for a directory. Read
+    for each checked file, never cached (no state between checks; a long-running language server
+    sees a settings edit at once): a few stats up the tree and one small TOML parse."""
     directory = os.path.abspath(directory or ".")
-    signature = _signature(directory) if WATCH else ()
-    cached = _cache.get(directory)
-    if cached is not None and cached[0] == signature:
-        return cached[1]
     found = (None, "", {}, [])
     here = directory
     while True:
@@ -103,7 +76,6 @@ def find(directory: str) -> tuple[str | None, str, dict, list]:
             here = parent
             continue
         break
-    _cache[directory] = (signature, found)
     return found
 
 
