@@ -186,6 +186,7 @@ def test_bad_input_is_positioned(tmp_path, model):
     assert str(tmp_path / "cache" / "models--nobody--no-such-model") in out.stdout
 
     assert memfit("check", "--input-format", "nope", native).returncode == 2
+    assert memfit("check", "--reserve", "12XB", native).returncode == 2 and memfit("check", "--gpus", "0", native).returncode == 2
     forced = memfit("check", "--input-format", "llama-factory", native)  # read as LLaMA-Factory: no model_name_or_path
     assert forced.returncode == 1 and "model-not-found" in forced.stdout
 

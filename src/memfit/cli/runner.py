@@ -147,21 +147,10 @@ def run(args) -> int:
 
 
 def _native_options(args) -> dict:
-    """The command line's native-config flags, as Options fields."""
-    from memfit.diagnostics.units import UnitError, parse_bytes, parse_percent
-
-    out = {key: getattr(args, key, None) for key in ("input_format", "device", "gpus", "gpus_per_node", "host_memory", "launch", "model")}
+    """The command line's native-config flags (checked by argparse), as Options fields."""
+    out = {key: getattr(args, key, None) for key in ("input_format", "device", "gpus", "gpus_per_node", "host_memory", "launch", "model", "reserve", "overhead")}
     out["settings"] = getattr(args, "settings", True)
     out["online"] = getattr(args, "online", False)
-    for key in ("reserve", "overhead"):
-        value = getattr(args, key, None)
-        if value is None:
-            continue
-        try:  # checked here, kept as written (the config's own key takes the same forms)
-            parse_percent(value) if key == "reserve" and value.strip().endswith("%") else value == "auto" or parse_bytes(int(value) if value.isdigit() else value)
-        except UnitError as error:
-            raise SystemExit(f"memfit: --{key} {value}: {error}") from None
-        out[key] = int(value) if value.isdigit() else value
     return out
 
 
