@@ -171,12 +171,17 @@ def run_convert(args, options: Options) -> int:
     from dataclasses import replace
 
     result = check(text, path, replace(options, budget=options.budget or 1))  # the read, not the budget, is the question
-    read_problems = [d for d in result.diagnostics if d.severity != "information" and d.code not in ("budget-exceeded", "near-budget", "no-budget")]
+    launch_only = result.input_format == "accelerate"  # what a launch config decides, with no model of its own
+    ignored = {"budget-exceeded", "near-budget", "no-budget"} | ({"model-not-found"} if launch_only else set())
+    read_problems = [d for d in result.diagnostics if d.severity != "information" and d.code not in ignored]
     for d in read_problems:
         sys.stderr.write(diagnostic_line(path, d) + "\n")
     if result.data is None:
         return EXIT_FAILED
-    header = f"# memfit config read from {path} ({result.input_format}); `memfit check` on this file gives the same figures\n"
+    if launch_only:
+        header = f"# what the launch config {path} decides (accelerate), to go with a training config (memfit check --launch {path} CONFIG)\n"
+    else:
+        header = f"# memfit config read from {path} ({result.input_format}); `memfit check` on this file gives the same figures\n"
     sys.stdout.write(header + yaml.safe_dump(result.data, sort_keys=False, default_flow_style=None, width=120))
     return EXIT_FAILED if any(d.severity == "error" for d in read_problems) else EXIT_OK
 
