@@ -41,10 +41,12 @@ class Context:
             )
             self.r.error(at, codes.MODEL_NOT_FOUND, f"model {name!r} not found; looked in {'; '.join(looked)}: {hint}")
             return None
-        # relative to the checked file, as a memfit config names it; absolute in the HF cache
+        # relative to the checked file, as a memfit config names it, when the two share a directory
+        # below the root (a repository's models/); absolute in the HF cache or elsewhere
         full = os.path.abspath(found)
         cached = any(full.startswith(os.path.abspath(cache) + os.sep) for cache in resolve.cache_dirs())
-        target = full if cached else os.path.relpath(full, os.path.abspath(self.base))
+        shared = os.path.commonpath([full, os.path.abspath(self.base)]) != os.path.dirname(os.path.abspath(os.sep))
+        target = os.path.relpath(full, os.path.abspath(self.base)) if shared and not cached else full
         self.r.set(("model", "hf_config"), target.replace(os.sep, "/") if not os.path.isabs(target) else target, at)
         self.r.native.files.append(full)
         import json
