@@ -486,3 +486,24 @@ def test_a_referenced_device_or_fifo_is_refused_not_read(tmp_path, model):
         native.write_text(f"base_model: ./llama-3-8b.json\nmicro_batch_size: 1\ndeepspeed: {target}\n")
         out = memfit("check", "--device", "H100-80GB", native)
         assert out.returncode == 1 and f"{native}:3:12: error[missing-reference]" in out.stdout and kind in out.stdout
+
+
+def test_sharding_and_target_keys_of_each_format(tmp_path, model):
+    """Axolotl's fsdp_config (schemas/fsdp.py: reshard_after_forward false is SHARD_GRAD_OP,
+    offload_params), the Trainer's `fsdp` option string (FSDPOption), LLaMA-Factory's comma lists
+    (lora_target, additional_target): each read into the memfit keys, same figures as converted."""
+    ax = tmp_path / "ax.yml"
+    ax.write_text("base_model: ./llama-3-8b.json\nmicro_batch_size: 1\nsequence_len: 1024\nbf16: true\nfsdp_config:\n  fsdp_version: 2\n  reshard_after_forward: false\n  offload_params: true\n  activation_checkpointing: true\n")
+    doc = same_figures_as_converted(ax, "--device", "H100-80GB", "--gpus", "8", "--host-memory", "1TiB")["doc"]
+    assert doc["parallel"] == {"fsdp": "shard_grad_op", "offload": {"optimizer": "cpu", "parameters": "cpu"}, "data": 8}
+    assert doc["training"]["checkpointing"] == "full"
+
+    hf = tmp_path / "args.yaml"
+    hf.write_text("model_name_or_path: ./llama-3-8b.json\noutput_dir: out\nper_device_train_batch_size: 2\nblock_size: 2048\nbf16: true\nfsdp: full_shard auto_wrap\ngradient_checkpointing: true\n")
+    doc = same_figures_as_converted(hf, "--device", "H100-80GB", "--gpus", "4")["doc"]
+    assert doc["parallel"] == {"fsdp": "full_shard", "data": 4} and doc["precision"] == "bf16-mixed"
+
+    lf = tmp_path / "lf.yaml"
+    lf.write_text("model_name_or_path: ./llama-3-8b.json\nstage: sft\nlora_target: q_proj,v_proj\nadditional_target: lm_head\nlora_rank: 4\nbf16: true\nper_device_train_batch_size: 1\ncutoff_len: 512\n")
+    doc = same_figures_as_converted(lf, "--device", "H100-80GB")["doc"]
+    assert doc["lora"] == {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"], "modules_to_save": ["lm_head"]}
