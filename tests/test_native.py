@@ -186,6 +186,7 @@ def test_bad_input_is_positioned(tmp_path, model):
     assert str(tmp_path / "cache" / "models--nobody--no-such-model") in out.stdout
 
     assert memfit("check", "--input-format", "nope", native).returncode == 2
+    assert memfit("check", "--reserve", "12XB", native).returncode == 2 and memfit("check", "--gpus", "0", native).returncode == 2
     forced = memfit("check", "--input-format", "llama-factory", native)  # read as LLaMA-Factory: no model_name_or_path
     assert forced.returncode == 1 and "model-not-found" in forced.stdout
 
@@ -321,7 +322,12 @@ def test_suggest_edits_the_native_keys(tmp_path, model):
     out = memfit("check", "--suggest", "--budget", str(tight), native)
     assert out.returncode == 1
     # the batch fix rewrites micro_batch_size's and gradient_accumulation_steps' values, where they are written
-    assert f"{native}:3:19: replace with '4'" in out.stdout and f"{native}:4:30: replace with '4'" in out.stdout
+    import re
+
+    batch = re.search(rf"{re.escape(str(native))}:3:19: replace with '(\d+)'", out.stdout)
+    accum = re.search(rf"{re.escape(str(native))}:4:30: replace with '(\d+)'", out.stdout)
+    assert batch and accum, out.stdout
+    assert int(batch[1]) < 8 and int(accum[1]) > 2  # a smaller micro-batch, more accumulation: where the native keys are written
 
 
 def test_the_readme_and_the_native_page_show_what_memfit_prints():
@@ -353,6 +359,11 @@ def test_the_editor_hovers_a_native_key_with_the_memfit_key_it_sets():
     hover = analysis.hover(line, 3)
     assert hover is not None and "**training.micro_batch** = 2" in hover.markdown and "the largest that fits is" in hover.markdown
     assert analysis.result.input_format == "axolotl" and not analysis.result.diagnostics
+    # inlay hints: the summary on the main key, the training keys' what-ifs on the native keys
+    rows = text.splitlines()
+    hints = {rows[h.line].split(":")[0]: h.label for h in analysis.hints(0, len(rows))}
+    assert hints["base_model"].startswith("memfit: total") and "micro_batch_size" in hints and "gradient_checkpointing" in hints
+    assert analysis.summary_range().start_line == rows.index(next(r for r in rows if r.startswith("base_model:")))
 
 
 def test_a_referenced_file_rechecks_the_configs_that_read_it(tmp_path, model):
@@ -446,3 +457,53 @@ def test_diff_compares_a_native_config_the_settings_include(tmp_path, model):
     (entry,) = json.loads(out.stdout)["files"]
     assert entry["path"] == "configs/run.yml"
     assert entry["before"] == before["footprint"] and entry["after"] == after["footprint"] and entry["delta"]["activations"] > 0
+    # only the model's config.json changes: the revision's side reads it as it was there
+    git("checkout", "-q", "configs/run.yml")
+    (tmp_path / "llama-3-8b.json").write_text(json.dumps({**json.loads(model.read_text()), "num_hidden_layers": 40}))
+    out = memfit("diff", "HEAD", "--format", "json", cwd=tmp_path)
+    (entry,) = json.loads(out.stdout)["files"]
+    assert entry["before"] == before["footprint"] and entry["delta"]["parameters"] > 0
+
+
+@pytest.mark.parametrize("module, page", [("axolotl", "native-axolotl"), ("llamafactory", "native-llama-factory"), ("hftrainer", "native-hf-trainer"), ("torchtune", "native-torchtune"), ("deepspeed", "native-deepspeed")])
+def test_each_format_page_lists_the_keys_its_reader_reads_and_warns_about(module, page):
+    import importlib
+
+    reader = importlib.import_module(f"memfit.read.native.{module}")
+    text = (ROOT / "docs" / f"{page}.md").read_text(encoding="utf-8")
+    keys = list(getattr(reader, "KEYS", {})) + list(getattr(reader, "UNMODELLED", {})) + list(getattr(reader, "ZERO_UNMODELLED", {})) + list(getattr(reader, "BUILDERS", {}))
+    missing = [key for key in keys if f"`{key}`" not in text]
+    assert not missing, f"docs/{page}.md does not list {missing}"
+
+
+def test_a_referenced_device_or_fifo_is_refused_not_read(tmp_path, model):
+    """A native config may name any path: a DeepSpeed JSON that is /dev/zero or a FIFO is an
+    error at the key, found by a stat, never a read that blocks or never ends."""
+    fifo = tmp_path / "ds.json"
+    os.mkfifo(fifo)
+    for target, kind in (("/dev/zero", "a character device"), (str(fifo), "a FIFO")):
+        native = tmp_path / "ax.yml"
+        native.write_text(f"base_model: ./llama-3-8b.json\nmicro_batch_size: 1\ndeepspeed: {target}\n")
+        out = memfit("check", "--device", "H100-80GB", native)
+        assert out.returncode == 1 and f"{native}:3:12: error[missing-reference]" in out.stdout and kind in out.stdout
+
+
+def test_sharding_and_target_keys_of_each_format(tmp_path, model):
+    """Axolotl's fsdp_config (schemas/fsdp.py: reshard_after_forward false is SHARD_GRAD_OP,
+    offload_params), the Trainer's `fsdp` option string (FSDPOption), LLaMA-Factory's comma lists
+    (lora_target, additional_target): each read into the memfit keys, same figures as converted."""
+    ax = tmp_path / "ax.yml"
+    ax.write_text("base_model: ./llama-3-8b.json\nmicro_batch_size: 1\nsequence_len: 1024\nbf16: true\nfsdp_config:\n  fsdp_version: 2\n  reshard_after_forward: false\n  offload_params: true\n  activation_checkpointing: true\n")
+    doc = same_figures_as_converted(ax, "--device", "H100-80GB", "--gpus", "8", "--host-memory", "1TiB")["doc"]
+    assert doc["parallel"] == {"fsdp": "shard_grad_op", "offload": {"optimizer": "cpu", "parameters": "cpu"}, "data": 8}
+    assert doc["training"]["checkpointing"] == "full"
+
+    hf = tmp_path / "args.yaml"
+    hf.write_text("model_name_or_path: ./llama-3-8b.json\noutput_dir: out\nper_device_train_batch_size: 2\nblock_size: 2048\nbf16: true\nfsdp: full_shard auto_wrap\ngradient_checkpointing: true\n")
+    doc = same_figures_as_converted(hf, "--device", "H100-80GB", "--gpus", "4")["doc"]
+    assert doc["parallel"] == {"fsdp": "full_shard", "data": 4} and doc["precision"] == "bf16-mixed"
+
+    lf = tmp_path / "lf.yaml"
+    lf.write_text("model_name_or_path: ./llama-3-8b.json\nstage: sft\nlora_target: q_proj,v_proj\nadditional_target: lm_head\nlora_rank: 4\nbf16: true\nper_device_train_batch_size: 1\ncutoff_len: 512\n")
+    doc = same_figures_as_converted(lf, "--device", "H100-80GB")["doc"]
+    assert doc["lora"] == {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"], "modules_to_save": ["lm_head"]}

@@ -178,7 +178,8 @@ def _check_native(native, text: str, options: Options, result: Result) -> Result
     if not native.checkable and options.skip_unrecognized:
         result.skipped = True
         return result
-    result.data, result.origins, result.references = native.doc, native.origins, list(native.files)
+    result.data, result.references = native.doc, list(native.files)
+    result.origins = {**native.origins, ("memfit",): native.root}  # the marker's place: the file's main key
     problems = _pipeline(native.doc, options, result) if native.checkable and not native.failed else []
     result.diagnostics.extend(place(native, text, result.path, problems))
     return result

@@ -25,6 +25,23 @@ def _jobs_arg(text: str) -> int:
     return int(text)
 
 
+def _reserve_arg(text: str):
+    """--reserve: bytes or a percentage, kept as written (device.reserve takes the same forms)."""
+    try:
+        parse_percent(text) if text.strip().endswith("%") else _bytes_arg(text)
+    except (UnitError, argparse.ArgumentTypeError) as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return int(text) if text.isascii() and text.isdigit() else text
+
+
+def _overhead_arg(text: str):
+    """--overhead: auto or bytes, kept as written (device.overhead takes the same forms)."""
+    if text == "auto":
+        return text
+    _bytes_arg(text)
+    return int(text) if text.isascii() and text.isdigit() else text
+
+
 def _count_arg(text: str) -> int:
     if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
@@ -79,8 +96,8 @@ def parser() -> argparse.ArgumentParser:
         sub.add_argument("--gpus", type=_count_arg, metavar="N", help="GPUs in the run (the world size) for native configs")
         sub.add_argument("--gpus-per-node", type=_count_arg, metavar="N", help="GPUs per node")
         sub.add_argument("--host-memory", type=_bytes_arg, metavar="BYTES", help="host RAM per node, where a config names none")
-        sub.add_argument("--reserve", metavar="BYTES|PERCENT", help="device memory kept free, where a config names none")
-        sub.add_argument("--overhead", metavar="auto|BYTES", help="runtime overhead (auto: the preset's CUDA context and workspaces)")
+        sub.add_argument("--reserve", type=_reserve_arg, metavar="BYTES|PERCENT", help="device memory kept free, where a config names none")
+        sub.add_argument("--overhead", type=_overhead_arg, metavar="auto|BYTES", help="runtime overhead (auto: the preset's CUDA context and workspaces)")
         sub.add_argument("--launch", metavar="FILE", help="an accelerate config: the world size and sharding of native configs")
         sub.add_argument("--model", metavar="NAME", help="the model of a config that names none (a DeepSpeed JSON alone)")
         sub.add_argument("--no-settings", dest="settings", action="store_false", help="ignore [tool.memfit] in pyproject.toml and memfit.toml")

@@ -174,21 +174,10 @@ def run_explain(args, options: Options) -> int:
 
 
 def _native_options(args) -> dict:
-    """The command line's native-config flags, as Options fields."""
-    from memfit.diagnostics.units import UnitError, parse_bytes, parse_percent
-
-    out = {key: getattr(args, key, None) for key in ("input_format", "device", "gpus", "gpus_per_node", "host_memory", "launch", "model")}
+    """The command line's native-config flags (checked by argparse), as Options fields."""
+    out = {key: getattr(args, key, None) for key in ("input_format", "device", "gpus", "gpus_per_node", "host_memory", "launch", "model", "reserve", "overhead")}
     out["settings"] = getattr(args, "settings", True)
     out["online"] = getattr(args, "online", False)
-    for key in ("reserve", "overhead"):
-        value = getattr(args, key, None)
-        if value is None:
-            continue
-        try:  # checked here, kept as written (the config's own key takes the same forms)
-            parse_percent(value) if key == "reserve" and value.strip().endswith("%") else value == "auto" or parse_bytes(int(value) if value.isdigit() else value)
-        except UnitError as error:
-            raise SystemExit(f"memfit: --{key} {value}: {error}") from None
-        out[key] = int(value) if value.isdigit() else value
     return out
 
 
@@ -209,12 +198,17 @@ def run_convert(args, options: Options) -> int:
     from dataclasses import replace
 
     result = check(text, path, replace(options, budget=options.budget or 1))  # the read, not the budget, is the question
-    read_problems = [d for d in result.diagnostics if d.severity != "information" and d.code not in ("budget-exceeded", "near-budget", "no-budget")]
+    launch_only = result.input_format == "accelerate"  # what a launch config decides, with no model of its own
+    ignored = {"budget-exceeded", "near-budget", "no-budget"} | ({"model-not-found"} if launch_only else set())
+    read_problems = [d for d in result.diagnostics if d.severity != "information" and d.code not in ignored]
     for d in read_problems:
         sys.stderr.write(diagnostic_line(path, d) + "\n")
     if result.data is None:
         return EXIT_FAILED
-    header = f"# memfit config read from {path} ({result.input_format}); `memfit check` on this file gives the same figures\n"
+    if launch_only:
+        header = f"# what the launch config {path} decides (accelerate), to go with a training config (memfit check --launch {path} CONFIG)\n"
+    else:
+        header = f"# memfit config read from {path} ({result.input_format}); `memfit check` on this file gives the same figures\n"
     sys.stdout.write(header + yaml.safe_dump(result.data, sort_keys=False, default_flow_style=None, width=120))
     return EXIT_FAILED if any(d.severity == "error" for d in read_problems) else EXIT_OK
 

@@ -107,6 +107,15 @@ class Analysis:
                 out.setdefault(at.path, memfit_path)
         return out
 
+    def written(self, path: tuple) -> tuple:
+        """Where a memfit key is written in this file: itself, or in a native config the native
+        key it came from (the `memfit` marker: the native file's main key)."""
+        origins = getattr(self.result, "origins", None)
+        if origins is None:
+            return path
+        at = origins.get(path)
+        return at.path if at is not None and at.file is None else ("\0",)  # nothing written for it here
+
     def node_at(self, line: int, character: int):
         """The deepest node under the cursor: (path, 'key'|'value', range), or None."""
         single, multi = self._by_line
@@ -242,9 +251,10 @@ class Analysis:
         summary = self.summary()
         if summary and stale:
             summary += STALE
-        memfit_key = keys.get(("memfit",))
+        marker = self.written(("memfit",))  # a native config: its main key (base_model, ...)
+        memfit_key = keys.get(marker)
         if summary and memfit_key is not None:
-            at = values.get(("memfit",), memfit_key)
+            at = values.get(marker, memfit_key)
             if first_line <= at.end_line <= last_line:
                 out.append(Hint(at.end_line, at.end_character, summary))
         for path, rows in self.tensors.items():
@@ -259,7 +269,7 @@ class Analysis:
         model = self.config.model
         if model is not None:
             for key in model.training:
-                where = values.get(("training", key))
+                where = values.get(self.written(("training", key)))
                 if where is None or not first_line <= where.end_line <= last_line:
                     continue
                 out.append(Hint(where.end_line, where.end_character, training_hint(key, model)))
@@ -286,7 +296,7 @@ class Analysis:
         return f"memfit: {what} = {_pct(used, budget)} of {human(budget)}, {state}"
 
     def summary_range(self) -> Range | None:
-        return self.index[1].get(("memfit",))
+        return self.index[1].get(self.written(("memfit",)))
 
 
 # --- hover texts (tables of data -> words) -----------------------------------------------

@@ -52,13 +52,6 @@ SERVER_NOT_INITIALIZED = -32002
 DEFAULT_DEBOUNCE_MS = 50  # edits closer together than this coalesce into one analysis
 ANALYSIS_THREADS = 2  # analyses run off the event loop: one slow document never holds another's requests
 OPTIONS = Options(skip_unrecognized=True)  # serve memfit configs only, silent on other YAML
-
-
-def _watch_settings() -> None:
-    """Settings files ([tool.memfit], memfit.toml) may change while the server runs: look again."""
-    from memfit.read.native import settings
-
-    settings.WATCH = True
 SUMMARY_COMMAND = "memfit.footprint"
 
 SEVERITY = {
@@ -322,7 +315,6 @@ def strict_converter():
 class MemfitServer(LanguageServer):
     def __init__(self) -> None:
         super().__init__("memfit", __version__, protocol_cls=MemfitProtocol, converter_factory=strict_converter)
-        _watch_settings()
         self.documents: dict[str, Document] = {}
         self.debounce = DEFAULT_DEBOUNCE_MS / 1000
         self.exit_code = 0

@@ -338,6 +338,24 @@ def _renamed(d, base: str, name_dir: str):
     return dataclasses.replace(d, file=os.path.normpath(os.path.join(name_dir, inside)).replace(os.sep, "/"))
 
 
+def _native_references(raw: bytes, name: str, root: str, options: Options) -> list[str]:
+    """A native config's other files inside the repository (its model's config.json, DeepSpeed
+    JSON, launch config, found as the working tree lays them out) and the settings files above
+    it: what its check at the revision must read as they were there."""
+    current = _checked(raw, name, options, os.path.join(root, name))
+    out = []
+    for full in current.references:
+        rel = os.path.relpath(full, root)
+        if not rel.startswith(os.pardir) and not os.path.isabs(rel):
+            out.append(rel.replace(os.sep, "/"))
+    here = os.path.dirname(name)
+    while True:
+        out += [os.path.join(here, settings).replace(os.sep, "/") for settings in ("memfit.toml", "pyproject.toml")]
+        if not here:
+            return out
+        here = os.path.dirname(here)
+
+
 def _at_revision(raw: bytes, name: str, root: str, listing: dict, options: Options) -> Result:
     """The config as it was at the revision, with the files it refers to (hf_config) as they
     were there too: both are written to a scratch directory, laid out as in the repository,
@@ -354,6 +372,8 @@ def _at_revision(raw: bytes, name: str, root: str, listing: dict, options: Optio
     files = referenced(data, name) if isinstance(data, dict) else {}
     inside = [posixpath.normpath(f.replace(os.sep, "/")) for f in files.values() if not os.path.isabs(f)]
     inside = [f for f in inside if f != os.pardir and not f.startswith(os.pardir + "/")]
+    if isinstance(data, dict) and "memfit" not in data:
+        inside += _native_references(raw, name, root, options)
     if not inside:
         return _checked(raw, name, options, os.path.join(root, name))
     usable = {

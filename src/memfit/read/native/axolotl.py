@@ -43,7 +43,6 @@ KEYS = {
 # keys that change memory and are not modelled -> (no-effect values, what they do)
 UNMODELLED = {
     "activation_offloading": ((False,), "activations are offloaded to host memory (the GPU keeps less than memfit counts)"),
-    "sample_packing": ((False,), "packing fills each sequence to sequence_len (memfit counts full sequences either way)"),
     "cut_cross_entropy": ((False,), "Cut Cross-Entropy never materializes the logits (memfit counts the full logits)"),
     "liger_fused_linear_cross_entropy": ((False,), "Liger's fused linear cross-entropy never materializes the logits (memfit counts them)"),
     "liger_rms_norm": ((False,), "Liger's RMSNorm kernel saves less for backward"),
@@ -59,6 +58,8 @@ UNMODELLED = {
     "tensor_parallel_size": ((1,), "tensor parallelism (memfit's parallel.tensor; not read from Axolotl yet)"),
     "fp8": ((False,), "fp8 training"),
     "relora": ((False,), "ReLoRA merges and resets adapters"),
+    "rl": ((), "preference and RL training (dpo, ipo, orpo, kto, simpo, grpo) runs chosen and rejected sequences (and, for a full fine-tune, a reference model)"),
+    "lisa_n_layers": ((), "LISA trains a few layers at a time"),
     "torch_compile": ((False,), "torch.compile fuses kernels and changes what is saved for backward"),
     "lora_rank_pattern": ((), "per-module LoRA ranks"),
     "bnb_config_kwargs": ((), "bitsandbytes quantization overrides"),

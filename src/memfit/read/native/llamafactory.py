@@ -42,7 +42,6 @@ UNMODELLED = {
     "use_apollo": ((False,), "APOLLO keeps optimizer state in a low-rank projection"),
     "use_badam": ((False,), "BAdam trains one block at a time"),
     "use_unsloth": ((False,), "Unsloth's kernels and checkpointing"),
-    "packing": ((False, None), "packing fills each sequence to cutoff_len (memfit counts full sequences either way)"),
     "freeze_vision_tower": ((True,), "a vision tower memfit does not model"),
     "use_dora": ((False,), "DoRA keeps a magnitude vector and recomputes the weight norm"),
     "pissa_init": ((False,), "PiSSA initialization"),

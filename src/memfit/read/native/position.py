@@ -43,7 +43,7 @@ def place(native: Native, text: str, path: str, problems) -> list[Diagnostic]:
         at = origin(native, problem.path)
         message = NO_BUDGET_HINT if problem.code == codes.NO_BUDGET else problem.message
         if problem.file is not None:  # inside the model's config.json: placed there, linked from the native key
-            items.append((At(at.path, at.file, True), problem.level, problem.code, message, problem.at or FILE_START, problem.file))
+            items.append((at, problem.level, problem.code, message, problem.at or FILE_START, problem.file))
         else:
             items.append((at, problem.level, problem.code, message, None, None))
         need(at)

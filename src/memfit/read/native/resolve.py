@@ -60,8 +60,10 @@ def resolve(name: str, base_dir: str, models: dict | None = None, models_dir: st
             commit = revision
             ref = os.path.join(repo, "refs", revision)
             if os.path.isfile(ref):
-                with open(ref, encoding="utf-8") as handle:
-                    commit = handle.read().strip()
+                from memfit.read.inputs import read
+
+                text, problem, _ = read(ref, 4096)
+                commit = text.strip() if problem is None else revision
             candidate = os.path.join(repo, "snapshots", commit, "config.json")
             if os.path.isfile(candidate):
                 return candidate, looked

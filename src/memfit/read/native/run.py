@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from memfit.diagnostics import codes
+from memfit.read.inputs import read as read_file
 from memfit.read.native import resolve
 from memfit.read.native.base import At, Found, Native, Reader
 from memfit.read.native.settings import Settings
@@ -24,7 +25,8 @@ class Context:
     def model(self, name, at: At) -> dict | None:
         """Resolve a model name to its config.json and set model.hf_config; its raw keys."""
         if not isinstance(name, str) or not name.strip():
-            self.r.error(at, codes.MODEL_NOT_FOUND, "no model: the config names none (memfit needs its config.json for the shapes)")
+            if not any(found.at.path == at.path and found.at.file == at.file for found in self.r.native.found):  # not a wrong type, said already
+                self.r.error(at, codes.MODEL_NOT_FOUND, "no model: the config names none (memfit needs its config.json for the shapes)")
             return None
         models = self.conf.get("models") or {}
         found, looked = resolve.resolve(name, self.base, models, self.conf.base if self.conf.file else None)
@@ -39,20 +41,22 @@ class Context:
             )
             self.r.error(at, codes.MODEL_NOT_FOUND, f"model {name!r} not found; looked in {'; '.join(looked)}: {hint}")
             return None
-        # relative to the checked file, as a memfit config names it; absolute in the HF cache
+        # relative to the checked file, as a memfit config names it, when the two share a directory
+        # below the root (a repository's models/); absolute in the HF cache or elsewhere
         full = os.path.abspath(found)
         cached = any(full.startswith(os.path.abspath(cache) + os.sep) for cache in resolve.cache_dirs())
-        target = full if cached else os.path.relpath(full, os.path.abspath(self.base))
+        shared = os.path.commonpath([full, os.path.abspath(self.base)]) != os.path.dirname(os.path.abspath(os.sep))
+        target = os.path.relpath(full, os.path.abspath(self.base)) if shared and not cached else full
         self.r.set(("model", "hf_config"), target.replace(os.sep, "/") if not os.path.isabs(target) else target, at)
         self.r.native.files.append(full)
-        try:
-            import json
+        import json
 
-            with open(found, encoding="utf-8") as handle:
-                raw = json.load(handle)
-            self.model_config = raw if isinstance(raw, dict) else None
-        except (OSError, ValueError):
-            self.model_config = None  # the pipeline reports an unreadable config.json, in that file
+        text, problem, _ = read_file(found)
+        try:
+            raw = json.loads(text) if problem is None else None
+        except ValueError:
+            raw = None  # the pipeline reports an unreadable config.json, in that file
+        self.model_config = raw if isinstance(raw, dict) else None
         return self.model_config
 
     @property
@@ -78,15 +82,14 @@ class Context:
             if os.path.normpath(os.path.abspath(file)) in tried:
                 continue
             tried.append(os.path.normpath(os.path.abspath(file)))
-            try:
-                with open(file, encoding="utf-8") as handle:
-                    text = handle.read()
-                break
-            except FileNotFoundError:
+            if not os.path.lexists(file):
                 continue
-            except OSError as error:
-                self.r.error(at, codes.MISSING_REFERENCE, f"{what} {ref!r} cannot be read ({error.strerror or error}; {file})")
+            # regular files only, size-limited (inputs.read): a FIFO or /dev/zero named here never blocks
+            text, problem, _ = read_file(file)
+            if problem is not None:
+                self.r.error(at, codes.MISSING_REFERENCE, f"{what} {ref!r}: {problem.message}")
                 return None, None
+            break
         else:
             self.r.error(at, codes.MISSING_REFERENCE, f"{what} {ref!r} not found; looked at {', '.join(tried)}")
             return None, None

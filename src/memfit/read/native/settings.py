@@ -9,7 +9,6 @@ config gets them all; a memfit config gets the device and host keys where it say
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 from dataclasses import dataclass, field
@@ -55,38 +54,11 @@ class Settings:
         return f"--{key.replace('_', '-')}" if key in self.cli else f"{self.file} {key}" if self.file else key
 
 
-# A long-running process (the language server) sets this: each lookup then checks that no settings
-# file up the tree changed since it was read; a command-line run reads them once.
-WATCH = False
-
-
-def _signature(directory: str) -> tuple:
-    """What the answer for a directory depends on: each candidate file up the tree, and its
-    modification time (a long-running language server sees a settings edit at once)."""
-    out = []
-    here = directory
-    while True:
-        for name in ("memfit.toml", "pyproject.toml"):
-            try:
-                out.append(os.stat(os.path.join(here, name)).st_mtime_ns)
-            except OSError:
-                out.append(None)
-        parent = os.path.dirname(here)
-        if parent == here:
-            return tuple(out)
-        here = parent
-
-
 def find(directory: str) -> tuple[str | None, str, dict, list]:
-    """(the settings file, its text, its [tool.memfit] values, problems) for a directory."""
+    """(the settings file, its text, its [tool.memfit] values, problems) for a directory. Read
+    for each checked file, never cached (no state between checks; a long-running language server
+    sees a settings edit at once): a few stats up the tree and one small TOML parse."""
     directory = os.path.abspath(directory or ".")
-    return _find(directory, _signature(directory) if WATCH else ())
-
-
-@functools.lru_cache(maxsize=256)
-def _find(directory: str, signature: tuple) -> tuple[str | None, str, dict, list]:
-    """find(), memoized by the directory and what its answer depends on (a bounded cache, no
-    module state of ours: a settings edit changes the signature, so a new key is read)."""
     found = (None, "", {}, [])
     here = directory
     while True:
@@ -110,10 +82,10 @@ def _find(directory: str, signature: tuple) -> tuple[str | None, str, dict, list
 def _load(path: str, tool: bool):
     import tomllib
 
-    try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except (OSError, UnicodeDecodeError):
+    from memfit.read.inputs import read
+
+    text, problem, _ = read(path)  # regular files only, size-limited
+    if problem is not None:
         return None
     if tool and not re.search(r"^\s*\[\s*tool\s*\.\s*memfit\b", text, re.M) and "tool.memfit" not in text:
         return None  # a pyproject.toml without [tool.memfit] is passed over
