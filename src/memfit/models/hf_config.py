@@ -479,7 +479,8 @@ def _nested(given: str, key: str, value: dict) -> list[HFProblem]:
         if len(value) > MAX_LABELS:
             return [HFProblem((given,), TOO_LARGE, f"id2label has {len(value):,} labels, more than {MAX_LABELS:,}: a classification head that large is not modeled")]
         for label in value:
-            if not _LABEL_ID.fullmatch(label):
+            # a config.json's keys are strings ("0"); inline YAML gives integers (0): both are label ids
+            if isinstance(label, bool) or not (isinstance(label, int) or (isinstance(label, str) and _LABEL_ID.fullmatch(label))):
                 out.append(HFProblem((given, label), BAD_MODEL_CONFIG, f"id2label keys are label ids (integers), not {excerpt(label)}", on_key=True))
                 break
     elif key == "label2id":
