@@ -173,6 +173,21 @@ OPTIMIZERS = {
 }
 
 
+def _bnb(cls_name: str):
+    """bitsandbytes' 8-bit optimizers: one in-place kernel per parameter; the torch.optim implementation
+    asked for (foreach, fused, for_loop) does not apply to them."""
+    def make(ps, **_):
+        import bitsandbytes as bnb
+
+        return getattr(bnb.optim, cls_name)(ps)
+
+    return make
+
+
+OPTIMIZERS.update({name: _bnb(cls) for name, cls in (("adam8bit", "Adam8bit"), ("adamw8bit", "AdamW8bit"), ("paged_adam8bit", "PagedAdam8bit"),
+                                                     ("paged_adamw8bit", "PagedAdamW8bit"), ("lion8bit", "Lion8bit"))})
+
+
 def optimizer_step_temporaries(optimizer, impl, sizes, warmup: int = 8) -> int:
     """Bytes MemTracker sees above the resting state during one optimizer.step() (after `warmup`
     steps: RAdam's rectified update starts at step 6)."""
