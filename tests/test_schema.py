@@ -56,7 +56,10 @@ def test_typos_cannot_pass_silently():
             for sub in node:
                 yield from objects(sub)
 
-    assert all(o.get("additionalProperties") is False for o in objects(schema()))
+    # every object is closed but the inline transformer config, which is read as hf_config reads a
+    # config.json (issue 19): its typos are `ignored-key` notes at the key (tests/test_transformers_check.py)
+    opened = [o.get("title") for o in objects(schema()) if o.get("additionalProperties") is not False]
+    assert opened == ["Transformer config"], opened
 
 
 def test_only_local_refs_so_validation_never_fetches():
