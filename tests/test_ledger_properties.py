@@ -135,6 +135,21 @@ def test_a_one_gpu_layout_changes_no_figure(doc, layout):
     assert gated(result) == gated(alone)
 
 
+@SETTINGS
+@given(run(), st.sampled_from([{"data": 2, "zero": 2}, {"data": 4, "zero": 3}, {"data": 2, "fsdp": "full_shard"}, {"data": 3}]))
+def test_data_parallel_ranks_keep_the_single_devices_activations(doc, layout):
+    """Each data rank runs the whole model on its own micro-batch: the saved activations it holds are the
+    single device's (LoRA, QLoRA and the recipe included). (Its model states may exceed the single device's
+    for tiny tensors: ZeRO pads its flat partitions to 2 x data ranks, FSDP pads dim 0.)"""
+    # under ZeRO a *-mixed precision is DeepSpeed's 16-bit model, another recipe (test_deepspeed_configs.py)
+    assume(not ("zero" in layout and str(doc.get("precision", "")).endswith("-mixed")))
+    alone = evaluate(doc)
+    placed = copy.deepcopy(doc)
+    placed["parallel"] = {**layout, "gpus_per_node": 8}
+    result = evaluate(placed)
+    assert result.footprint["activations"] == alone.footprint["activations"]
+
+
 def test_inline_transformer_accepts_every_key_hf_config_accepts(tmp_path):
     """A config.json pasted inline (`model.transformer`) is read as `hf_config` reads the file:
     `_name_or_path`, `transformers_version`, `architectures` and every other key included."""

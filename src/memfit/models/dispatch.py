@@ -83,6 +83,11 @@ def stage_activations(config) -> list | None:
     model = getattr(config, "model", None)  # models.hf.Model: the training keys in force
     if model is None or not hasattr(model, "cfg"):
         return None
+    if config.parallel.tensor == 1 and config.parallel.pipeline == 1:
+        # every data rank runs the whole model on its own micro-batch: its activations are the
+        # model's own rows, as the footprint and the step count them (LoRA, QLoRA and the recipe
+        # included; Megatron's per-rank split has nothing to split)
+        return None
     from memfit.models.hf_sharded import activations_per_stage
 
     t = model.training

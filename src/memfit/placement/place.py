@@ -124,9 +124,13 @@ def _place_parallel(tensors, layout: Layout) -> Placement:
     from memfit.placement import sharding
 
     p = layout.parallel
-    shardable, activations = [], []
+    shardable, activations, constants = [], [], dict.fromkeys(CATEGORIES, 0)
     for t in tensors:
-        if t.category == "parameters":
+        if t.category not in ("parameters", "activations"):
+            # an optimizer's own constants (bitsandbytes' quantization maps): each rank's optimizer keeps them
+            for category, size in t.bytes.items():
+                constants[category] += size
+        elif t.category == "parameters":
             n = t.elements * t.count
             by_role = t.roles if t.roles is not None else t.bytes  # the recipe's roles: ZeRO shards each on its own
             widths = {c: _width(size, n) for c, size in by_role.items() if size or c == "parameters"}
@@ -155,7 +159,7 @@ def _place_parallel(tensors, layout: Layout) -> Placement:
         per_stage[stage] += size
     devices = []
     for s, r in enumerate(result.stages):
-        held = dict.fromkeys(CATEGORIES, 0)
+        held = dict(constants)
         for category, size in r.device.items():
             held[FOOTPRINT_CATEGORY.get(category, category)] += size
         held["activations"] += sharding.in_flight(s, p.pipeline, p.gradient_accumulation) * per_stage[s]
