@@ -209,14 +209,19 @@ def _check_memfit(text: str, data: dict, path: str, options: Options, result: Re
     return result
 
 
-def evaluate(data, options: Options = Options(), path: str = "<data>") -> Result:
+def evaluate(data, options: Options = Options(), path: str = "<data>", memo: dict | None = None) -> Result:
     """The pipeline from loaded data, without positions (each diagnostic at the file start):
-    fit and fixes re-run it with one key changed, never re-reading or re-parsing the text."""
+    fit and fixes re-run it with one key changed, never re-reading or re-parsing the text.
+
+    `memo` (a dict the caller keeps for one search, empty at first): what does not depend on the
+    `parallel` section is computed once for all the runs that share it — the model's tensors, the
+    training step and its single-device walk (see `_derived`, `_walk`). The same functions run on
+    the same inputs; every figure is the one a fresh run gives."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         result = Result(path, data=data)
-        problems = _pipeline(data, options, result)
+        problems = _pipeline(data, options, result, memo)
         result.diagnostics.extend(Diagnostic(FILE_START, p.level, p.code, p.message) for p in problems)
         return result
     finally:
@@ -224,7 +229,7 @@ def evaluate(data, options: Options = Options(), path: str = "<data>") -> Result
             gc.enable()
 
 
-def _pipeline(data: dict, options: Options, result: Result) -> list[Problem]:
+def _pipeline(data: dict, options: Options, result: Result, memo: dict | None = None) -> list[Problem]:
     """schema -> config -> tensors -> placement -> footprint -> budget, on a document that is a config."""
     from memfit.read import schema
     from memfit.config.build import build, optimizer_constants
@@ -245,9 +250,7 @@ def _pipeline(data: dict, options: Options, result: Result) -> list[Problem]:
 
             problems.extend(adapters.problems(data))
         if "model" in data:
-            from memfit.models.dispatch import derive
-
-            problems.extend(derive(data, config, result.path))
+            problems.extend(_derived(data, config, result.path, memo))
         if config.parallel is not None and _one_gpu(config.parallel):
             config.parallel = None  # one GPU, nothing sharded or offloaded: the single-device step, unchanged
         if config.parallel is not None:
@@ -260,7 +263,7 @@ def _pipeline(data: dict, options: Options, result: Result) -> list[Problem]:
         # footprint: report none rather than a wrong one; a bad unit spoils only the budget
         if all(lookup(p.code).keeps_footprint for p in problems):
             config.tensors.extend(optimizer_constants(config))
-            config.placement = place(config.tensors, _layout(config, data, cfg) if config.parallel is not None else SINGLE)
+            config.placement = place(config.tensors, _layout(config, data, cfg, memo) if config.parallel is not None else SINGLE)
             too_large = _too_large(config)
             if too_large is not None:
                 problems.append(too_large)
@@ -268,7 +271,7 @@ def _pipeline(data: dict, options: Options, result: Result) -> list[Problem]:
                 result.config = config
                 # the step's walk (ledger): the peak of one device, or of each rank under a layout
                 if "training" in data and not _errors(problems):
-                    problems.extend(_peak(config, data))
+                    problems.extend(_peak(config, data, memo, result.path))
                 if not _errors(problems):
                     problems.extend(_budget(config, options, result, data))
                     problems.extend(_host_budget(config))
@@ -296,7 +299,39 @@ def _errors(problems) -> bool:
     return any(p.level != codes.INFORMATION for p in problems)
 
 
-def _peak(config, data: dict) -> list[Problem]:
+def _memo_key(data: dict) -> str:
+    """What the model's tensors and the training step are a function of: the document without its
+    `parallel` section, and whether `parallel.zero` is 1 or more (what the recipe reads of that
+    section: a `*-mixed` precision is DeepSpeed's 16-bit mode under ZeRO, recipe/precision.engine_precision)."""
+    import json
+
+    parallel = data.get("parallel")
+    zero = parallel.get("zero") if isinstance(parallel, dict) else None
+    zero_on = isinstance(zero, int) and not isinstance(zero, bool) and zero >= 1
+    rest = {k: v for k, v in data.items() if k != "parallel"}
+    return json.dumps([rest, zero_on], sort_keys=True, default=repr)
+
+
+def _derived(data: dict, config, path: str, memo: dict | None) -> list[Problem]:
+    """models.dispatch.derive: the model section's tensors appended to config.tensors and
+    config.model set; with a memo, computed once per document-without-`parallel` (_memo_key)."""
+    from memfit.models.dispatch import derive
+
+    if memo is None:
+        return derive(data, config, path)
+    key = ("derive", path, _memo_key(data))
+    if key not in memo:
+        before = len(config.tensors)
+        problems = derive(data, config, path)
+        memo[key] = (config.tensors[before:], config.model, problems)
+        return problems
+    tensors, model, problems = memo[key]
+    config.tensors.extend(tensors)
+    config.model = model
+    return list(problems)
+
+
+def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") -> list[Problem]:
     """A config with a training section describes a run: its step (ledger/training.py, every byte
     priced by the recipe, as the footprint's) and the step's peak, on config.peak."""
     from memfit.ledger import step as ledger
@@ -315,13 +350,21 @@ def _peak(config, data: dict) -> list[Problem]:
         )
         optimizer = None
     try:
-        step = training.build(config, data, optimizer, impl)
+        if memo is None:
+            step = training.build(config, data, optimizer, impl)
+            walk = None
+        else:  # the step is a function of the model's tensors (_derived), the optimizer and the step's kernels
+            key = ("step", path, _memo_key(data), optimizer, impl, config.granule)
+            if key not in memo:
+                built = training.build(config, data, optimizer, impl)
+                memo[key] = (built, ledger.walk(built, config.granule))
+            step, walk = memo[key]
         config.step = step
         if config.parallel is None:
-            config.peak = ledger.peak(step, config.granule)
+            config.peak = ledger.peak(step, config.granule) if walk is None else ledger.copied(walk[1])
         elif config.parallel.tensor == 1 and config.parallel.pipeline == 1:
             # data parallel (DDP, ZeRO, FSDP): each rank walks the same step with its own shares
-            config.placement.step_peak = ledger.rank_peak(step, config.placement, config.granule)
+            config.placement.step_peak = ledger.rank_peak(step, config.placement, config.granule, walk)
         # tensor and pipeline parallel split the step itself (a stage's rows, a rank's slice of
         # each): their per-rank peak stays the placement's (every category at once plus what is gathered)
     except ledger.PeakError as error:
@@ -370,12 +413,12 @@ def _one_gpu(parallel) -> bool:
             and not parallel.reduce_bucket and not parallel.allgather_bucket)
 
 
-def _layout(config, data: dict, cfg: dict | None):
+def _layout(config, data: dict, cfg: dict | None, memo: dict | None = None):
     """The parallel layout; for a transformer, its activations per stage and rank (models.dispatch)."""
     from memfit.models.dispatch import stage_activations
     from memfit.placement.place import Layout
 
-    return Layout(parallel=config.parallel, model_activations=stage_activations(config))
+    return Layout(parallel=config.parallel, model_activations=stage_activations(config), memo=memo)
 
 
 def _layout_problems(config, model: dict) -> list[Problem]:

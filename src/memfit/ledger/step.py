@@ -270,17 +270,32 @@ def _gathered(gathered: dict, phase: str) -> int:
     return gathered.get("gathered parameters", 0) if phase == "forward" else 0
 
 
-def rank_peak(step: Step, placement, granule: int | None = None) -> dict:
+def walk(step: Step, granule: int | None = None) -> tuple[list, dict]:
+    """The single-device walk rank_peak starts from: every moment of the step (phases' trace) and
+    peak(step, granule). A function of the step alone: a search over layouts computes it once."""
+    trace: list = []
+    phases(step, trace)
+    return trace, peak(step, granule)
+
+
+def copied(result: dict) -> dict:
+    """A peak() result with its own dicts (a walk shared by several runs stays as computed)."""
+    out = {**result, "live": dict(result["live"])}
+    if "phases" in result:
+        out["phases"] = {p: {**info, "live": dict(info["live"])} for p, info in result["phases"].items()}
+    return out
+
+
+def rank_peak(step: Step, placement, granule: int | None = None, walked: tuple | None = None) -> dict:
     """The step walked on each GPU of a parallel layout (placement.Placement): at every moment of the
     single-device walk, each category is the rank's own share of it — parameters and optimizer state
     as the rank holds them, the gradients and saved activations alive then in proportion to the
     rank's whole amount — plus the step's transients (each data rank runs the same micro-batch; the
     optimizer's temporaries in proportion to the state the rank steps on the GPU) and, in forward
     and backward, the unit it gathers (ZeRO-3, FSDP). The worst moment of the worst rank:
-    {"bytes", "phase", "live", "gathered", "rank", "ranks"}. On one unsharded GPU this is peak()'s."""
-    trace: list = []
-    phases(step, trace)
-    single = peak(step, granule)
+    {"bytes", "phase", "live", "gathered", "rank", "ranks"}. On one unsharded GPU this is peak()'s.
+    `walked`: walk(step, granule), when the caller has it already."""
+    trace, single = walked if walked is not None else walk(step, granule)
     rounding = {p: info.get("granularity", 0) for p, info in single["phases"].items()}
     all_grads = sum(sum(r.grads) for r in step.rows)
     most_acts = max((live["activations"] for _, _, live in trace), default=0)
@@ -291,18 +306,17 @@ def rank_peak(step: Step, placement, granule: int | None = None) -> dict:
     best = None
     for i, held in enumerate(placement.devices):
         gathered = dict(placement.transients[i])
-        for phase, at, live in trace:
-            rank_live = {
-                "parameters": held["parameters"],
-                "gradients": held["gradients"] if phase == "optimizer_step" or persistent else _share(held["gradients"], live["gradients"], all_grads),
-                "activations": _share(held["activations"], live["activations"], most_acts),
-                "optimizer_state": held["optimizer_state"],
-                # the optimizer steps the rank's own shard (on the host when it is offloaded there)
-                "transient": _share(live["transient"], held["optimizer_state"], all_state) if phase == "optimizer_step" else live["transient"] + _gathered(gathered, phase),
-                "overhead": live["overhead"] + rounding.get(phase, 0),
-            }
-            total = sum(rank_live.values())
+        parameters, gradients, activations, state = held["parameters"], held["gradients"], held["activations"], held["optimizer_state"]
+        for phase, at, live in trace:  # the total first, the moment's categories only for a new worst
+            stepping = phase == "optimizer_step"
+            g = gradients if stepping or persistent else _share(gradients, live["gradients"], all_grads)
+            a = _share(activations, live["activations"], most_acts)
+            # the optimizer steps the rank's own shard (on the host when it is offloaded there)
+            transient = _share(live["transient"], state, all_state) if stepping else live["transient"] + _gathered(gathered, phase)
+            overhead = live["overhead"] + rounding.get(phase, 0)
+            total = parameters + g + a + state + transient + overhead
             if best is None or total > best[0]:
+                rank_live = {"parameters": parameters, "gradients": g, "activations": a, "optimizer_state": state, "transient": transient, "overhead": overhead}
                 best = (total, phase, rank_live, i, {k: v for k, v in gathered.items() if phase == "backward" or (phase == "forward" and k == "gathered parameters")})
     total, phase, live, i, gathered = best
     sharded = placement.sharded
