@@ -138,7 +138,7 @@ def _check(text: str, path: str, options: Options) -> Result:
 
     data = canonical(data, schema())  # enum values without regard to case (FULL_SHARD is full_shard)
     result.data = data
-    problems = _pipeline(data, options, result)
+    problems = _with_full_figure(_pipeline(data, options, result), data, options, result)
     unique = not any(lookup(d.code).ambiguous_keys for d in result.diagnostics)
     result.diagnostics.extend(position(text, problems, data, unique_keys=unique))
     result.diagnostics.sort(key=lambda d: (d.range.start_line, d.range.start_character))
@@ -200,7 +200,7 @@ def _check_memfit(text: str, data: dict, path: str, options: Options, result: Re
         import os
 
         result.references = [os.path.abspath(os.path.join(os.path.dirname(path), os.path.expanduser(model["hf_config"])))]
-    problems = _pipeline(data, options, result)
+    problems = _with_full_figure(_pipeline(data, options, result), data, options, result)
     if added:
         problems = [Problem(("memfit",), p.code, p.message, p.severity, True, p.file, p.at) if any(p.path[: len(a)] == a for a in added) else p for p in problems]
     unique = not any(lookup(d.code).ambiguous_keys for d in result.diagnostics)
@@ -297,6 +297,29 @@ def _too_large(config) -> Problem | None:
 def _errors(problems) -> bool:
     """Anything but a note stops the budget gate (a bad unit keeps the footprint, not the budget)."""
     return any(p.level != codes.INFORMATION for p in problems)
+
+
+def _with_full_figure(problems: list[Problem], data: dict, options: Options, result: Result) -> list[Problem]:
+    """The selective-noop note (models.hf) with what `checkpointing: full` would give: the pipeline once
+    more on the document with that one key changed, as `memfit fit` and `--suggest` run it. Only for a
+    checked file, never inside a search's runs."""
+    at = next((i for i, p in enumerate(problems) if p.code == codes.SELECTIVE_NOOP), None)
+    now = gated(result) if at is not None and result.config is not None else None
+    if now is None:
+        return problems
+    from memfit.diagnostics.units import human
+
+    full = evaluate({**data, "training": {**data["training"], "checkpointing": "full"}}, options, result.path)
+    then = gated(full) if not full.failed or full.config is not None else None
+    if then is None:
+        return problems
+    what = "peak" if result.peak is not None else "total"
+    if then < now:
+        figure = f": {what} {human(then)} instead of {human(now)}, {human(now - then)} lower"
+    else:
+        figure = f", though here it would not lower the {what} ({human(then)} against {human(now)})"
+    note = problems[at]
+    return problems[:at] + [Problem(note.path, note.code, note.message + figure, note.severity, note.on_key, note.file, note.at)] + problems[at + 1 :]
 
 
 def _memo_key(data: dict) -> str:
