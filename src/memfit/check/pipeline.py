@@ -322,7 +322,7 @@ def _with_full_figure(problems: list[Problem], data: dict, options: Options, res
     return problems[:at] + [Problem(note.path, note.code, note.message + figure, note.severity, note.on_key, note.file, note.at)] + problems[at + 1 :]
 
 
-def _memo_key(data: dict) -> str:
+def _memo_key(data: dict, memo: dict) -> str:
     """What the model's tensors and the training step are a function of: the document without its
     `parallel` section, and whether `parallel.zero` is 1 or more (what the recipe reads of that
     section: a `*-mixed` precision is DeepSpeed's 16-bit mode under ZeRO, recipe/precision.engine_precision)."""
@@ -331,8 +331,13 @@ def _memo_key(data: dict) -> str:
     parallel = data.get("parallel")
     zero = parallel.get("zero") if isinstance(parallel, dict) else None
     zero_on = isinstance(zero, int) and not isinstance(zero, bool) and zero >= 1
+    last = memo.get("last key")  # the run before asked for the same document (id: the document is alive while kept)
+    if last is not None and last[0] is data:
+        return last[1]
     rest = {k: v for k, v in data.items() if k != "parallel"}
-    return json.dumps([rest, zero_on], sort_keys=True, default=repr)
+    key = json.dumps([rest, zero_on], sort_keys=True, default=repr)
+    memo["last key"] = (data, key)
+    return key
 
 
 def _derived(data: dict, config, path: str, memo: dict | None) -> list[Problem]:
@@ -342,7 +347,7 @@ def _derived(data: dict, config, path: str, memo: dict | None) -> list[Problem]:
 
     if memo is None:
         return derive(data, config, path)
-    key = ("derive", path, _memo_key(data))
+    key = ("derive", path, _memo_key(data, memo))
     if key not in memo:
         before = len(config.tensors)
         problems = derive(data, config, path)
@@ -377,7 +382,7 @@ def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") ->
             step = training.build(config, data, optimizer, impl)
             walk = None
         else:  # the step is a function of the model's tensors (_derived), the optimizer and the step's kernels
-            key = ("step", path, _memo_key(data), optimizer, impl, config.granule)
+            key = ("step", path, _memo_key(data, memo), optimizer, impl, config.granule)
             if key not in memo:
                 built = training.build(config, data, optimizer, impl)
                 memo[key] = (built, ledger.walk(built, config.granule))

@@ -303,17 +303,23 @@ def rank_peak(step: Step, placement, granule: int | None = None, walked: tuple |
     layout = placement.layout.parallel
     # ZeRO's gradient partitions are flat buffers allocated once; pipeline micro-batches accumulate
     persistent = layout.engine == "zero" or layout.pipeline > 1 or layout.gradient_accumulation > 1
+    # each moment's figures, read once for every rank
+    moments = [(phase, live["gradients"], live["activations"], live["transient"], live["overhead"] + rounding.get(phase, 0)) for phase, _, live in trace]
     best = None
     for i, held in enumerate(placement.devices):
         gathered = dict(placement.transients[i])
+        # what the rank gathers at a moment of each phase: a unit's parameters in forward, its gradients beside them in backward
+        extra = {phase: _gathered(gathered, phase) for phase in PHASES}
         parameters, gradients, activations, state = held["parameters"], held["gradients"], held["activations"], held["optimizer_state"]
-        for phase, at, live in trace:  # the total first, the moment's categories only for a new worst
-            stepping = phase == "optimizer_step"
-            g = gradients if stepping or persistent else _share(gradients, live["gradients"], all_grads)
-            a = _share(activations, live["activations"], most_acts)
-            # the optimizer steps the rank's own shard (on the host when it is offloaded there)
-            transient = _share(live["transient"], state, all_state) if stepping else live["transient"] + _gathered(gathered, phase)
-            overhead = live["overhead"] + rounding.get(phase, 0)
+        for phase, live_gradients, live_activations, live_transient, overhead in moments:  # the total first, the categories only for a new worst
+            if phase == "optimizer_step":
+                g = gradients
+                # the optimizer steps the rank's own shard (on the host when it is offloaded there)
+                transient = _share(live_transient, state, all_state)
+            else:
+                g = gradients if persistent else _share(gradients, live_gradients, all_grads)
+                transient = live_transient + extra[phase]
+            a = _share(activations, live_activations, most_acts)
             total = parameters + g + a + state + transient + overhead
             if best is None or total > best[0]:
                 rank_live = {"parameters": parameters, "gradients": g, "activations": a, "optimizer_state": state, "transient": transient, "overhead": overhead}

@@ -350,12 +350,17 @@ def _chunk_rows(d0: int, n: int, r: int) -> tuple[int, int]:
 
 
 def _unit_of(t: Tensor, engine: str) -> str:
-    if t.unit is not None:
-        return t.unit
+    return t.unit if t.unit is not None else _unit_by_name(t.name, engine)
+
+
+@lru_cache(maxsize=65536)
+def _unit_by_name(name: str, engine: str) -> str:
+    """The gathering unit a parameter's name puts it in: FSDP wraps each layer, ZeRO-3 gathers each module
+    (cached: a search places the same 720 layer copies of a 70B model many times)."""
     if engine == "fsdp":
-        m = LAYER_INDEX.search("." + t.name)
-        return ("." + t.name)[1 : m.end() - 1] if m else "<root>"
-    return t.name.rsplit(".", 1)[0] if "." in t.name else "<root>"
+        m = LAYER_INDEX.search("." + name)
+        return ("." + name)[1 : m.end() - 1] if m else "<root>"
+    return name.rsplit(".", 1)[0] if "." in name else "<root>"
 
 
 def shard_group(p: Parallel) -> int:
