@@ -215,7 +215,8 @@ def evaluate(data, options: Options = Options(), path: str = "<data>", memo: dic
 
     `memo` (a dict the caller keeps for one search, empty at first): what does not depend on the
     `parallel` section is computed once for all the runs that share it — the model's tensors, the
-    training step and its single-device walk (see `_derived`, `_walk`). The same functions run on
+    training step and its single-device walk (`_derived`, `_peak`), and the parameters expanded per layer
+    (placement.place). The same functions run on
     the same inputs; every figure is the one a fresh run gives."""
     enabled = gc.isenabled()
     gc.disable()
@@ -310,7 +311,7 @@ def _with_full_figure(problems: list[Problem], data: dict, options: Options, res
     from memfit.diagnostics.units import human
 
     full = evaluate({**data, "training": {**data["training"], "checkpointing": "full"}}, options, result.path)
-    then = gated(full) if not full.failed or full.config is not None else None
+    then = gated(full)  # None when the changed config has no figure
     if then is None:
         return problems
     what = "peak" if result.peak is not None else "total"
