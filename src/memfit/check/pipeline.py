@@ -390,7 +390,7 @@ def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") ->
             step, walk = memo[key]
         config.step = step
         if config.parallel is None:
-            config.peak = ledger.peak(step, config.granule) if walk is None else ledger.copied(walk[1])
+            config.peak = ledger.peak(step, config.granule) if walk is None else ledger.copied(walk[0])
         elif config.parallel.tensor == 1 and config.parallel.pipeline == 1:
             # data parallel (DDP, ZeRO, FSDP): each rank walks the same step with its own shares
             config.placement.step_peak = ledger.rank_peak(step, config.placement, config.granule, walk)

@@ -270,12 +270,19 @@ def _gathered(gathered: dict, phase: str) -> int:
     return gathered.get("gathered parameters", 0) if phase == "forward" else 0
 
 
-def walk(step: Step, granule: int | None = None) -> tuple[list, dict]:
-    """The single-device walk rank_peak starts from: every moment of the step (phases' trace) and
-    peak(step, granule). A function of the step alone: a search over layouts computes it once."""
+def walk(step: Step, granule: int | None = None) -> tuple[dict, list, int, int, int]:
+    """The single-device walk rank_peak starts from, a function of the step alone (a search over layouts
+    computes it once): peak(step, granule); every moment of the step (phases' trace) as (phase,
+    gradients, activations, transient, overhead with the phase's allocator rounding); the step's
+    gradients, its most saved activations at a moment, and its optimizer state."""
     trace: list = []
     phases(step, trace)
-    return trace, peak(step, granule)
+    single = peak(step, granule)
+    rounding = {p: info.get("granularity", 0) for p, info in single["phases"].items()}
+    moments = [(phase, live["gradients"], live["activations"], live["transient"], live["overhead"] + rounding.get(phase, 0)) for phase, _, live in trace]
+    all_grads = sum(sum(r.grads) for r in step.rows)
+    most_acts = max((live["activations"] for _, _, live in trace), default=0)
+    return single, moments, all_grads, most_acts, sum(step.optimizer_state)
 
 
 def copied(result: dict) -> dict:
@@ -295,16 +302,10 @@ def rank_peak(step: Step, placement, granule: int | None = None, walked: tuple |
     and backward, the unit it gathers (ZeRO-3, FSDP). The worst moment of the worst rank:
     {"bytes", "phase", "live", "gathered", "rank", "ranks"}. On one unsharded GPU this is peak()'s.
     `walked`: walk(step, granule), when the caller has it already."""
-    trace, single = walked if walked is not None else walk(step, granule)
-    rounding = {p: info.get("granularity", 0) for p, info in single["phases"].items()}
-    all_grads = sum(sum(r.grads) for r in step.rows)
-    most_acts = max((live["activations"] for _, _, live in trace), default=0)
-    all_state = sum(step.optimizer_state)
+    _, moments, all_grads, most_acts, all_state = walked if walked is not None else walk(step, granule)
     layout = placement.layout.parallel
     # ZeRO's gradient partitions are flat buffers allocated once; pipeline micro-batches accumulate
     persistent = layout.engine == "zero" or layout.pipeline > 1 or layout.gradient_accumulation > 1
-    # each moment's figures, read once for every rank
-    moments = [(phase, live["gradients"], live["activations"], live["transient"], live["overhead"] + rounding.get(phase, 0)) for phase, _, live in trace]
     best = None
     for i, held in enumerate(placement.devices):
         gathered = dict(placement.transients[i])

@@ -424,7 +424,10 @@ def rank_bytes(tensors: list, p: Parallel, stage: int = 0, data_rank: int = 0, t
     sharded = _sharded_classes(p) if n > 1 else set()
     offloaded = _offloaded_classes(p)
     out = RankBytes(p.rank(stage, data_rank, tensor_rank), stage, data_rank, tensor_rank, layers=ranges[stage])
-    local = [(t, tp_shard_shape(t, p.tensor, tensor_rank)) for t, s in zip(tensors, stages) if s == stage]
+    if p.tensor == 1:  # every tensor whole on the rank (tp_shard_shape's first case)
+        local = [(t, t.shape) for t, s in zip(tensors, stages) if s == stage]
+    else:
+        local = [(t, tp_shard_shape(t, p.tensor, tensor_rank)) for t, s in zip(tensors, stages) if s == stage]
 
     def put(where: dict, category: str, amount: int):
         if amount:
