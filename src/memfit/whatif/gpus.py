@@ -4,7 +4,9 @@ without CPU offload), keeping the config's tensor and pipeline sizes.
 
 Every figure comes from the pipeline: `check.evaluate` on the loaded data with the `parallel` section
 replaced; nothing here computes bytes. "Passes" is what `memfit check` says: no error (a near-budget warning
-still passes), the per-GPU peak and, under offload, the host memory per node included.
+still passes), the per-GPU peak and, under offload, the host memory per node included. The runs of one search
+share `evaluate`'s memo: the model's tensors, the training step and its walk, and the per-layer expansion are
+computed once (they do not depend on the `parallel` section); each run places the tensors and walks the ranks.
 
 How it searches. A sharded share is about n/d of what one GPU would hold, so a figure is about A + B/d in the
 data size d (host memory per node only once a node is full: below that, its GPUs together hold every shard):
