@@ -288,6 +288,10 @@ def run(args) -> dict:
     huge_competitor = 1  # 40-50 s a run on 150,000 tensors
     root = Path(tempfile.mkdtemp(prefix="memfit-bench-"))
     rows = []
+    only = set(args.only.split(",")) if args.only else None
+
+    def want(key: str) -> bool:
+        return only is None or key in only
     try:
         # generated in a separate process, so this one's peak memory (counted into every
         # child's, see run_once) stays below that of any Python process it measures
@@ -301,40 +305,53 @@ def run(args) -> dict:
 
         say("bench: one typical config, cold")
         typical = [str(corpus["typical"])]
-        rows.append({"case": "1 config (75 tensors), cold", "key": "cold", "_argv": ["check"] + typical, "memfit": measure(memfit + ["check"] + typical, small), "competitor": measure(competitor + typical, small, ok=(0,))})
+        if want("cold"):
+            rows.append({"case": "1 config (75 tensors), cold", "key": "cold", "_argv": ["check"] + typical, "memfit": measure(memfit + ["check"] + typical, small), "competitor": measure(competitor + typical, small, ok=(0,))})
 
         say("bench: a 70B-size hf_config, cold")
         hf = [str(corpus["hf"])]
-        rows.append({"case": "1 config with a 70B-size hf_config, cold", "key": "hf70b", "_argv": ["check"] + hf, "memfit": measure(memfit + ["check"] + hf, small), "competitor": measure(competitor + hf, small, ok=(0,))})
+        if want("hf70b"):
+            rows.append({"case": "1 config with a 70B-size hf_config, cold", "key": "hf70b", "_argv": ["check"] + hf, "memfit": measure(memfit + ["check"] + hf, small), "competitor": measure(competitor + hf, small, ok=(0,))})
         say("bench: memfit fit on the 70B-size hf_config")
         # fit exits 1 when even micro_batch 1 does not fit the config's budget: still a full search
-        rows.append({"case": "memfit fit on the 70B-size hf_config", "key": "fit70b", "_argv": ["fit"] + hf, "memfit": measure(memfit + ["fit"] + hf, small, ok=(0, 1)), "competitor": None})
+        if want("fit70b"):
+            rows.append({"case": "memfit fit on the 70B-size hf_config", "key": "fit70b", "_argv": ["fit"] + hf, "memfit": measure(memfit + ["fit"] + hf, small, ok=(0, 1)), "competitor": None})
 
         say("bench: memfit check --suggest where nothing fits (every combination of fixes is tried)")
-        rows.append({"case": "memfit check --suggest, the 70B-size hf_config at 500 GiB (no fix fits)", "key": "suggest70b", "memfit": measure(memfit + ["check", "--suggest", "--budget", "500GiB"] + hf, small, ok=(1,)), "competitor": None})
+        if want("suggest70b"):
+            rows.append({"case": "memfit check --suggest, the 70B-size hf_config at 500 GiB (no fix fits)", "key": "suggest70b", "memfit": measure(memfit + ["check", "--suggest", "--budget", "500GiB"] + hf, small, ok=(1,)), "competitor": None})
         say("bench: memfit check and memfit fit --vary gpus on the 70B on H100s")
         gpus = [str(corpus["gpus"])]
-        rows.append({"case": "memfit check, the 70B on H100s (FSDP)", "key": "check70bh100", "memfit": measure(memfit + ["check"] + gpus, small, ok=(0, 1)), "competitor": None})
-        rows.append({"case": "memfit fit --vary gpus, the 70B on H100s", "key": "gpus70b", "memfit": measure(memfit + ["fit", "--vary", "gpus"] + gpus, small, ok=(0, 1)), "competitor": None})
+        if want("check70bh100") or want("gpus70b"):
+            # timed alternately (check, fit, check, fit...): their ratio is the target, and a load that comes
+            # and goes on a shared machine then falls on both alike
+            checked, fitted = measure_pair(memfit + ["check"] + gpus, memfit + ["fit", "--vary", "gpus"] + gpus, small)
+            rows.append({"case": "memfit check, the 70B on H100s (FSDP)", "key": "check70bh100", "memfit": checked, "competitor": None})
+            rows.append({"case": "memfit fit --vary gpus, the 70B on H100s", "key": "gpus70b", "memfit": fitted, "competitor": None})
 
         say("bench: an Axolotl config of the 70B-size model, and the memfit config it means")
         budget = ["--budget", "8TiB"]
         converted = subprocess.run(memfit + ["convert", str(corpus["axolotl"])], capture_output=True, text=True, check=True)
         corpus["converted"].write_text(converted.stdout, encoding="utf-8")
-        rows.append({"case": "1 Axolotl config of the 70B-size model, cold", "key": "native70b", "memfit": measure(memfit + ["check"] + budget + [str(corpus["axolotl"])], small), "competitor": None})
-        rows.append({"case": "its memfit config (memfit convert), cold", "key": "converted70b", "memfit": measure(memfit + ["check"] + budget + [str(corpus["converted"])], small), "competitor": None})
+        if want("native70b"):
+            rows.append({"case": "1 Axolotl config of the 70B-size model, cold", "key": "native70b", "memfit": measure(memfit + ["check"] + budget + [str(corpus["axolotl"])], small), "competitor": None})
+        if want("converted70b"):
+            rows.append({"case": "its memfit config (memfit convert), cold", "key": "converted70b", "memfit": measure(memfit + ["check"] + budget + [str(corpus["converted"])], small), "competitor": None})
 
         say(f"bench: {configs:,} configs in one call")
         files = [str(p) for p in corpus["many"]]
-        rows.append({"case": f"{configs:,} configs in one call", "key": "many", "_argv": ["check"] + files, "memfit": measure(memfit + ["check"] + files, huge), "competitor": measure(competitor + files, huge, ok=(0,))})
+        if want("many"):
+            rows.append({"case": f"{configs:,} configs in one call", "key": "many", "_argv": ["check"] + files, "memfit": measure(memfit + ["check"] + files, huge), "competitor": measure(competitor + files, huge, ok=(0,))})
 
         for n, path in corpus["big"].items():
             say(f"bench: one config of {n:,} tensors")
             runs = small if n == sizes[0] else huge
-            rows.append({"case": f"1 config of {n:,} tensors", "key": f"tensors-{n}", "tensors": n, "_argv": ["check", str(path)], "memfit": measure(memfit + ["check", str(path)], runs), "competitor": measure(competitor + [str(path)], runs if n == sizes[0] else huge_competitor, ok=(0,))})
+            if want(f"tensors-{n}"):
+                rows.append({"case": f"1 config of {n:,} tensors", "key": f"tensors-{n}", "tensors": n, "_argv": ["check", str(path)], "memfit": measure(memfit + ["check", str(path)], runs), "competitor": measure(competitor + [str(path)], runs if n == sizes[0] else huge_competitor, ok=(0,))})
         largest = corpus["big"][sizes[-1]]
         say(f"bench: memfit explain on {sizes[-1]:,} tensors")
-        rows.append({"case": f"memfit explain, {sizes[-1]:,} tensors", "key": "explain", "_argv": ["explain", "--color", "never", str(largest)], "memfit": measure(memfit + ["explain", "--color", "never", str(largest)], huge), "competitor": None})
+        if want("explain"):
+            rows.append({"case": f"memfit explain, {sizes[-1]:,} tensors", "key": "explain", "_argv": ["explain", "--color", "never", str(largest)], "memfit": measure(memfit + ["explain", "--color", "never", str(largest)], huge), "competitor": None})
         if previous_tree is not None:
             previous = _tree_command(previous_tree)
             say(f"bench: the same cases with {args.against}")
@@ -369,26 +386,34 @@ def run(args) -> dict:
 
 def targets(rows: list[dict], sizes, configs: int) -> list[dict]:
     by = {row["key"]: row for row in rows}
-    cold, many, largest = by["cold"], by["many"], by[f"tensors-{sizes[-1]}"]
-    growth = by[f"tensors-{sizes[1]}"]["memfit"]["seconds"] / by[f"tensors-{sizes[0]}"]["memfit"]["seconds"]
+
+    def seconds(key):
+        return by[key]["memfit"]["seconds"]
+
+    out = []
 
     def target(name, value, limit, better_below=True):
+        """One target, left out when --only did not run a row it needs."""
+        try:
+            value = value()
+        except KeyError:
+            return
         met = value <= limit if better_below else value >= limit
-        return {"target": name, "value": round(value, 3), "limit": limit, "met": met}
+        out.append({"target": name, "value": round(value, 3), "limit": limit, "met": met})
 
-    return [
-        target("1 config cold: memfit / floor <= 1.3", cold["vs_floor"], 1.3),
-        target("70B-size hf_config cold: memfit / floor <= 1.3", by["hf70b"]["vs_floor"], 1.3),
-        target("memfit fit / memfit check on the 70B-size hf_config <= 2", by["fit70b"]["memfit"]["seconds"] / by["hf70b"]["memfit"]["seconds"], 2),
-        target("memfit check --suggest (no fix fits) / memfit check on the 70B-size hf_config <= 10", by["suggest70b"]["memfit"]["seconds"] / by["hf70b"]["memfit"]["seconds"], 10),
-        target("memfit fit --vary gpus / memfit check on the 70B on H100s <= 2", by["gpus70b"]["memfit"]["seconds"] / by["check70bh100"]["memfit"]["seconds"], 2),
-        target("Axolotl config / its memfit config <= 1.3", by["native70b"]["memfit"]["seconds"] / by["converted70b"]["memfit"]["seconds"], 1.3),
-        target("1 config cold: memfit / check-jsonschema <= 0.5", cold["time_ratio"], 0.5),
-        target(f"{configs:,} configs: check-jsonschema / memfit >= 4", 1 / many["time_ratio"], 4, better_below=False),
-        target(f"{sizes[-1]:,} tensors: check-jsonschema / memfit >= 4", 1 / largest["time_ratio"], 4, better_below=False),
-        target(f"{sizes[-1]:,} tensors: memfit / check-jsonschema peak memory <= 0.75", largest["memory_ratio"], 0.75),
-        target(f"{sizes[0]:,} -> {sizes[1]:,} tensors: memfit time grows <= 12x", growth, 12),
-    ]
+    largest = f"tensors-{sizes[-1]}"
+    target("1 config cold: memfit / floor <= 1.3", lambda: by["cold"]["vs_floor"], 1.3)
+    target("70B-size hf_config cold: memfit / floor <= 1.3", lambda: by["hf70b"]["vs_floor"], 1.3)
+    target("memfit fit / memfit check on the 70B-size hf_config <= 2", lambda: seconds("fit70b") / seconds("hf70b"), 2)
+    target("memfit check --suggest (no fix fits) / memfit check on the 70B-size hf_config <= 10", lambda: seconds("suggest70b") / seconds("hf70b"), 10)
+    target("memfit fit --vary gpus / memfit check on the 70B on H100s <= 2", lambda: seconds("gpus70b") / seconds("check70bh100"), 2)
+    target("Axolotl config / its memfit config <= 1.3", lambda: seconds("native70b") / seconds("converted70b"), 1.3)
+    target("1 config cold: memfit / check-jsonschema <= 0.5", lambda: by["cold"]["time_ratio"], 0.5)
+    target(f"{configs:,} configs: check-jsonschema / memfit >= 4", lambda: 1 / by["many"]["time_ratio"], 4, better_below=False)
+    target(f"{sizes[-1]:,} tensors: check-jsonschema / memfit >= 4", lambda: 1 / by[largest]["time_ratio"], 4, better_below=False)
+    target(f"{sizes[-1]:,} tensors: memfit / check-jsonschema peak memory <= 0.75", lambda: by[largest]["memory_ratio"], 0.75)
+    target(f"{sizes[0]:,} -> {sizes[1]:,} tensors: memfit time grows <= 12x", lambda: seconds(f"tensors-{sizes[1]}") / seconds(f"tensors-{sizes[0]}"), 12)
+    return out
 
 
 def table(report: dict) -> str:
@@ -433,6 +458,7 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, metavar="N", help="runs per case (default 7 for small cases, 3 for big ones; check-jsonschema once on the two biggest)")
     parser.add_argument("--generate", metavar="DIR", help=argparse.SUPPRESS)  # internal: write the configs only
     parser.add_argument("--silent", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--only", metavar="KEYS", help="run only these rows (comma-separated keys: cold, hf70b, fit70b, suggest70b, check70bh100, gpus70b, native70b, converted70b, many, tensors-N, explain); the targets they allow")
     parser.add_argument("--against", metavar="REV", help="also run a commit's memfit (a git worktree of REV) on every case, side by side")
     args = parser.parse_args(argv)
     if args.generate:

@@ -22,7 +22,8 @@ last cell is rewritten to what `memfit check --format json` gives for that file,
 compares (a run's peak, else the total) over the budget (tests/project/test_docs.py checks the same).
 
 `setup="NAME"`: the commands run in a scratch directory made from `tests/docs_setups/NAME/` (its files
-copied; `setup.sh` there, when present, is run first: it may `git init`, commit and edit). Without it the
+copied; `setup.sh` there, when present, is run first: it may `git init`, commit and edit, and install
+memfit's pre-commit hook: `$MEMFIT_ROOT` is this tree, `$MEMFIT_PYTHON` this interpreter, which has pre-commit). Without it the
 scratch directory holds links to the repository's `examples/`, `action.yml` and `README.md`. Either way
 `memfit` is this tree's (src/ first on the path) and stdout and stderr are shown together, in order.
 
@@ -124,6 +125,12 @@ def _shim(bindir: Path) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
     env["NO_COLOR"] = "1"
     env["COLUMNS"] = "120"
+    # pre-commit, for the pages' `git commit` scenes (tests/docs_setups/precommit-*): its own cache, no colour
+    env["PRE_COMMIT_HOME"] = str(bindir.parent / "pre-commit-home")
+    env["PRE_COMMIT_COLOR"] = "never"
+    tool = bindir / "pre-commit"  # this interpreter's pre-commit (a test dependency), whatever PATH holds
+    tool.write_text(f"#!{sys.executable}\nimport sys\nfrom pre_commit.main import main\nsys.exit(main())\n", encoding="utf-8")
+    tool.chmod(0o755)
     return env
 
 
@@ -140,7 +147,7 @@ def _scratch(setup: str | None, work: Path, env: dict[str, str]) -> Path:
     shutil.copytree(source, cwd, symlinks=True)
     script = cwd / "setup.sh"
     if script.exists():
-        env = dict(env, MEMFIT_ROOT=str(ROOT))
+        env = dict(env, MEMFIT_ROOT=str(ROOT), MEMFIT_PYTHON=sys.executable)
         done = subprocess.run(["bash", "-euo", "pipefail", str(script)], cwd=cwd, env=env, capture_output=True, text=True, check=False)
         script.unlink(missing_ok=True)
         if done.returncode:

@@ -138,7 +138,7 @@ def _check(text: str, path: str, options: Options) -> Result:
 
     data = canonical(data, schema())  # enum values without regard to case (FULL_SHARD is full_shard)
     result.data = data
-    problems = _pipeline(data, options, result)
+    problems = _with_full_figure(_pipeline(data, options, result), data, options, result)
     unique = not any(lookup(d.code).ambiguous_keys for d in result.diagnostics)
     result.diagnostics.extend(position(text, problems, data, unique_keys=unique))
     result.diagnostics.sort(key=lambda d: (d.range.start_line, d.range.start_character))
@@ -200,7 +200,7 @@ def _check_memfit(text: str, data: dict, path: str, options: Options, result: Re
         import os
 
         result.references = [os.path.abspath(os.path.join(os.path.dirname(path), os.path.expanduser(model["hf_config"])))]
-    problems = _pipeline(data, options, result)
+    problems = _with_full_figure(_pipeline(data, options, result), data, options, result)
     if added:
         problems = [Problem(("memfit",), p.code, p.message, p.severity, True, p.file, p.at) if any(p.path[: len(a)] == a for a in added) else p for p in problems]
     unique = not any(lookup(d.code).ambiguous_keys for d in result.diagnostics)
@@ -209,14 +209,20 @@ def _check_memfit(text: str, data: dict, path: str, options: Options, result: Re
     return result
 
 
-def evaluate(data, options: Options = Options(), path: str = "<data>") -> Result:
+def evaluate(data, options: Options = Options(), path: str = "<data>", memo: dict | None = None) -> Result:
     """The pipeline from loaded data, without positions (each diagnostic at the file start):
-    fit and fixes re-run it with one key changed, never re-reading or re-parsing the text."""
+    fit and fixes re-run it with one key changed, never re-reading or re-parsing the text.
+
+    `memo` (a dict the caller keeps for one search, empty at first): what does not depend on the
+    `parallel` section is computed once for all the runs that share it — the model's tensors, the
+    training step and its single-device walk (`_derived`, `_peak`), and the parameters expanded per layer
+    (placement.place). The same functions run on
+    the same inputs; every figure is the one a fresh run gives."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         result = Result(path, data=data)
-        problems = _pipeline(data, options, result)
+        problems = _pipeline(data, options, result, memo)
         result.diagnostics.extend(Diagnostic(FILE_START, p.level, p.code, p.message) for p in problems)
         return result
     finally:
@@ -224,7 +230,7 @@ def evaluate(data, options: Options = Options(), path: str = "<data>") -> Result
             gc.enable()
 
 
-def _pipeline(data: dict, options: Options, result: Result) -> list[Problem]:
+def _pipeline(data: dict, options: Options, result: Result, memo: dict | None = None) -> list[Problem]:
     """schema -> config -> tensors -> placement -> footprint -> budget, on a document that is a config."""
     from memfit.read import schema
     from memfit.config.build import build, optimizer_constants
@@ -245,9 +251,7 @@ def _pipeline(data: dict, options: Options, result: Result) -> list[Problem]:
 
             problems.extend(adapters.problems(data))
         if "model" in data:
-            from memfit.models.dispatch import derive
-
-            emitted, found = derive(data, config, result.path)
+            emitted, found = _derived(data, config, result.path, memo)
             problems.extend(found)
             config = replace(config, tensors=config.tensors + tuple(emitted.tensors), layers=tuple(emitted.layers), model=emitted.model)
         if config.parallel is not None and _one_gpu(config.parallel):
@@ -261,14 +265,14 @@ def _pipeline(data: dict, options: Options, result: Result) -> list[Problem]:
         # footprint: report none rather than a wrong one; a bad unit spoils only the budget
         if all(lookup(p.code).keeps_footprint for p in problems):
             config = replace(config, tensors=config.tensors + tuple(optimizer_constants(config)))
-            config = replace(config, placement=place(config.tensors, _layout(config, data, cfg) if config.parallel is not None else SINGLE))
+            config = replace(config, placement=place(config.tensors, _layout(config, data, cfg, memo) if config.parallel is not None else SINGLE))
             too_large = _too_large(config)
             if too_large is not None:
                 problems.append(too_large)
             else:
                 # the step's walk (ledger): the peak of one device, or of each rank under a layout
                 if "training" in data and not _errors(problems):
-                    config, found = _peak(config, data)
+                    config, found = _peak(config, data, memo, result.path)
                     problems.extend(found)
                 result.config = config
                 if not _errors(problems):
@@ -298,7 +302,62 @@ def _errors(problems) -> bool:
     return any(p.level != codes.INFORMATION for p in problems)
 
 
-def _peak(config, data: dict) -> tuple:
+def _with_full_figure(problems: list[Problem], data: dict, options: Options, result: Result) -> list[Problem]:
+    """The selective-noop note (models.hf) with what `checkpointing: full` would give: the pipeline once
+    more on the document with that one key changed, as `memfit fit` and `--suggest` run it. Only for a
+    checked file, never inside a search's runs."""
+    at = next((i for i, p in enumerate(problems) if p.code == codes.SELECTIVE_NOOP), None)
+    now = gated(result) if at is not None and result.config is not None else None
+    if now is None:
+        return problems
+    from memfit.diagnostics.units import human
+
+    full = evaluate({**data, "training": {**data["training"], "checkpointing": "full"}}, options, result.path)
+    then = gated(full)  # None when the changed config has no figure
+    if then is None:
+        return problems
+    what = "peak" if result.peak is not None else "total"
+    if then < now:
+        figure = f": {what} {human(then)} instead of {human(now)}, {human(now - then)} lower"
+    else:
+        figure = f", though here it would not lower the {what} ({human(then)} against {human(now)})"
+    note = problems[at]
+    return problems[:at] + [Problem(note.path, note.code, note.message + figure, note.severity, note.on_key, note.file, note.at)] + problems[at + 1 :]
+
+
+def _memo_key(data: dict, memo: dict) -> str:
+    """What the model's tensors and the training step are a function of: the document without its
+    `parallel` section, and whether `parallel.zero` is 1 or more (what the recipe reads of that
+    section: a `*-mixed` precision is DeepSpeed's 16-bit mode under ZeRO, recipe/precision.engine_precision)."""
+    import json
+
+    parallel = data.get("parallel")
+    zero = parallel.get("zero") if isinstance(parallel, dict) else None
+    zero_on = isinstance(zero, int) and not isinstance(zero, bool) and zero >= 1
+    last = memo.get("last key")  # the run before asked for the same document (id: the document is alive while kept)
+    if last is not None and last[0] is data:
+        return last[1]
+    rest = {k: v for k, v in data.items() if k != "parallel"}
+    key = json.dumps([rest, zero_on], sort_keys=True, default=repr)
+    memo["last key"] = (data, key)
+    return key
+
+
+def _derived(data: dict, config, path: str, memo: dict | None) -> tuple:
+    """models.dispatch.derive: what the model section emits (its tensors, the transformer's Model) and the
+    problems; with a memo, computed once per document-without-`parallel` (_memo_key)."""
+    from memfit.models.dispatch import derive
+
+    if memo is None:
+        return derive(data, config, path)
+    key = ("derive", path, _memo_key(data, memo))
+    if key not in memo:
+        memo[key] = derive(data, config, path)
+    emitted, problems = memo[key]
+    return emitted, list(problems)
+
+
+def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") -> tuple:
     """A config with a training section describes a run: its step (ledger/training.py, every byte
     priced by the recipe, as the footprint's) and the step's peak: a new Config with them, and the problems."""
     from memfit.ledger import step as ledger
@@ -317,12 +376,20 @@ def _peak(config, data: dict) -> tuple:
         )
         optimizer = None
     try:
-        step = training.build(config, data, optimizer, impl)
+        if memo is None:
+            step = training.build(config, data, optimizer, impl)
+            walk = None
+        else:  # the step is a function of the model's tensors (_derived), the optimizer and the step's kernels
+            key = ("step", path, _memo_key(data, memo), optimizer, impl, config.granule)
+            if key not in memo:
+                built = training.build(config, data, optimizer, impl)
+                memo[key] = (built, ledger.walk(built, config.granule))
+            step, walk = memo[key]
         if config.parallel is None:
-            config = replace(config, step=step, peak=ledger.peak(step, config.granule))
+            config = replace(config, step=step, peak=ledger.peak(step, config.granule) if walk is None else ledger.copied(walk[0]))
         elif config.parallel.tensor == 1 and config.parallel.pipeline == 1:
             # data parallel (DDP, ZeRO, FSDP): each rank walks the same step with its own shares
-            config = replace(config, step=step, placement=config.placement.with_step_peak(ledger.rank_peak(step, config.placement, config.granule)))
+            config = replace(config, step=step, placement=config.placement.with_step_peak(ledger.rank_peak(step, config.placement, config.granule, walk)))
         else:
             # tensor and pipeline parallel split the step itself (a stage's rows, a rank's slice of
             # each): their per-rank peak stays the placement's (every category at once plus what is gathered)
@@ -373,12 +440,12 @@ def _one_gpu(parallel) -> bool:
             and not parallel.reduce_bucket and not parallel.allgather_bucket)
 
 
-def _layout(config, data: dict, cfg: dict | None):
+def _layout(config, data: dict, cfg: dict | None, memo: dict | None = None):
     """The parallel layout; for a transformer, its activations per stage and rank (models.dispatch)."""
     from memfit.models.dispatch import stage_activations
     from memfit.placement.place import Layout
 
-    return Layout(parallel=config.parallel, model_activations=stage_activations(config))
+    return Layout(parallel=config.parallel, model_activations=stage_activations(config), memo=memo)
 
 
 def _layout_problems(config, model: dict) -> list[Problem]:

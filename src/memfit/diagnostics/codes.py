@@ -69,6 +69,7 @@ NOT_MODELLED = "not-modelled"
 MODEL_NOT_FOUND = "model-not-found"
 MISSING_REFERENCE = "missing-reference"
 IGNORED_KEY = "ignored-key"
+SELECTIVE_NOOP = "selective-noop"
 
 CODES: dict[str, Code] = _register(
     Code(YAML_SYNTAX, ERROR, "The file is not valid YAML", "Fix the YAML syntax at the position shown; memfit reads YAML 1.1 with core tags only."),
@@ -202,6 +203,13 @@ CODES: dict[str, Code] = _register(
         INFORMATION,
         "A key of an inline transformer config that no model family reads, close to one that is read",
         "transformers keeps an unknown config key as an attribute the model never reads, and so does memfit: check the spelling (the message names the key it is close to).",
+        keeps_footprint=True,
+    ),
+    Code(
+        SELECTIVE_NOOP,
+        INFORMATION,
+        "checkpointing: selective with fused attention (sdpa, flash) recomputes nothing",
+        "Selective recomputation drops the attention core's s x s matrices, which only eager attention saves: with sdpa or flash it keeps what `none` keeps. Use checkpointing: full to trade compute for memory (the message gives the peak it would have), or none to say what runs.",
         keeps_footprint=True,
     ),
     Code(

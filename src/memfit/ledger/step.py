@@ -270,39 +270,60 @@ def _gathered(gathered: dict, phase: str) -> int:
     return gathered.get("gathered parameters", 0) if phase == "forward" else 0
 
 
-def rank_peak(step: Step, placement, granule: int | None = None) -> dict:
+def walk(step: Step, granule: int | None = None) -> tuple[dict, list, int, int, int]:
+    """The single-device walk rank_peak starts from, a function of the step alone (a search over layouts
+    computes it once): peak(step, granule); every moment of the step (phases' trace) as (phase,
+    gradients, activations, transient, overhead with the phase's allocator rounding); the step's
+    gradients, its most saved activations at a moment, and its optimizer state."""
+    trace: list = []
+    phases(step, trace)
+    single = peak(step, granule)
+    rounding = {p: info.get("granularity", 0) for p, info in single["phases"].items()}
+    moments = [(phase, live["gradients"], live["activations"], live["transient"], live["overhead"] + rounding.get(phase, 0)) for phase, _, live in trace]
+    all_grads = sum(sum(r.grads) for r in step.rows)
+    most_acts = max((live["activations"] for _, _, live in trace), default=0)
+    return single, moments, all_grads, most_acts, sum(step.optimizer_state)
+
+
+def copied(result: dict) -> dict:
+    """A peak() result with its own dicts (a walk shared by several runs stays as computed)."""
+    out = {**result, "live": dict(result["live"])}
+    if "phases" in result:
+        out["phases"] = {p: {**info, "live": dict(info["live"])} for p, info in result["phases"].items()}
+    return out
+
+
+def rank_peak(step: Step, placement, granule: int | None = None, walked: tuple | None = None) -> dict:
     """The step walked on each GPU of a parallel layout (placement.Placement): at every moment of the
     single-device walk, each category is the rank's own share of it — parameters and optimizer state
     as the rank holds them, the gradients and saved activations alive then in proportion to the
     rank's whole amount — plus the step's transients (each data rank runs the same micro-batch; the
     optimizer's temporaries in proportion to the state the rank steps on the GPU) and, in forward
     and backward, the unit it gathers (ZeRO-3, FSDP). The worst moment of the worst rank:
-    {"bytes", "phase", "live", "gathered", "rank", "ranks"}. On one unsharded GPU this is peak()'s."""
-    trace: list = []
-    phases(step, trace)
-    single = peak(step, granule)
-    rounding = {p: info.get("granularity", 0) for p, info in single["phases"].items()}
-    all_grads = sum(sum(r.grads) for r in step.rows)
-    most_acts = max((live["activations"] for _, _, live in trace), default=0)
-    all_state = sum(step.optimizer_state)
+    {"bytes", "phase", "live", "gathered", "rank", "ranks"}. On one unsharded GPU this is peak()'s.
+    `walked`: walk(step, granule), when the caller has it already."""
+    _, moments, all_grads, most_acts, all_state = walked if walked is not None else walk(step, granule)
     layout = placement.layout.parallel
     # ZeRO's gradient partitions are flat buffers allocated once; pipeline micro-batches accumulate
     persistent = layout.engine == "zero" or layout.pipeline > 1 or layout.gradient_accumulation > 1
     best = None
     for i, held in enumerate(placement.devices):
         gathered = dict(placement.transients[i])
-        for phase, at, live in trace:
-            rank_live = {
-                "parameters": held["parameters"],
-                "gradients": held["gradients"] if phase == "optimizer_step" or persistent else _share(held["gradients"], live["gradients"], all_grads),
-                "activations": _share(held["activations"], live["activations"], most_acts),
-                "optimizer_state": held["optimizer_state"],
+        # what the rank gathers at a moment of each phase: a unit's parameters in forward, its gradients beside them in backward
+        extra = {phase: _gathered(gathered, phase) for phase in PHASES}
+        parameters, gradients, activations, state = held["parameters"], held["gradients"], held["activations"], held["optimizer_state"]
+        for phase, live_gradients, live_activations, live_transient, overhead in moments:  # the total first, the categories only for a new worst
+            if phase == "optimizer_step":
+                g = gradients
                 # the optimizer steps the rank's own shard (on the host when it is offloaded there)
-                "transient": _share(live["transient"], held["optimizer_state"], all_state) if phase == "optimizer_step" else live["transient"] + _gathered(gathered, phase),
-                "overhead": live["overhead"] + rounding.get(phase, 0),
-            }
-            total = sum(rank_live.values())
+                transient = _share(live_transient, state, all_state)
+            else:
+                g = gradients if persistent else _share(gradients, live_gradients, all_grads)
+                transient = live_transient + extra[phase]
+            a = _share(activations, live_activations, most_acts)
+            total = parameters + g + a + state + transient + overhead
             if best is None or total > best[0]:
+                rank_live = {"parameters": parameters, "gradients": g, "activations": a, "optimizer_state": state, "transient": transient, "overhead": overhead}
                 best = (total, phase, rank_live, i, {k: v for k, v in gathered.items() if phase == "backward" or (phase == "forward" and k == "gathered parameters")})
     total, phase, live, i, gathered = best
     sharded = placement.sharded

@@ -519,6 +519,7 @@ def _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointi
         if problems:
             return problems
     saved = saved_by(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing, dtypes=dtypes, **recipe)
+    notes = _selective_notes(cfg, data, saved, micro_batch, seq_len, attention, checkpointing, dtypes, recipe)
     by_block: dict = {}
     for b in saved:  # under LoRA the first layer keeps less than the others: two "layer" blocks
         by_block.setdefault(b.name, []).append(b)
@@ -565,7 +566,34 @@ def _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointi
             out.tensors.append(make_tensor("parameters", where, row.name, list(row.shape), 1, row.trainable, own, out))
     training = {"micro_batch": micro_batch, "seq_len": seq_len, "attention": attention, "checkpointing": checkpointing}
     out.model = Model(cfg, file, summary(cfg), rows, total, training, dtypes, recipe)
-    return []
+    return notes
+
+
+def _selective_notes(cfg, data, saved, micro_batch, seq_len, attention, checkpointing, dtypes, recipe) -> list:
+    """A note on `checkpointing: selective` where it keeps exactly what `none` keeps: selective
+    recomputation (Korthikanti et al. 2022) drops the attention core (the b x heads x s x s scores, their
+    softmax and dropout) that eager attention saves; a fused kernel (sdpa, flash) saves no such matrix, so
+    nothing is recomputed and nothing saved. Compared, not assumed: the saved tensors of both settings. Under
+    tensor or pipeline parallelism (Megatron's own split) no note is given."""
+    if checkpointing != "selective":
+        return []
+    parallel = data.get("parallel") if isinstance(data.get("parallel"), dict) else {}
+    if parallel.get("tensor", 1) != 1 or parallel.get("pipeline", 1) != 1:
+        return []
+    from memfit.models.hf_activations import saved as saved_by
+
+    if saved_by(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing="none", dtypes=dtypes, **recipe) != saved:
+        return []
+    from memfit.diagnostics import codes
+    from memfit.diagnostics.diagnostic import Problem
+
+    message = (
+        f"checkpointing: selective changes nothing with attention: {attention}: it recomputes the attention core "
+        f"(the scores, their softmax and dropout: a heads x seq_len x seq_len matrix per sequence) that only eager "
+        f"attention saves, and {attention}'s fused kernel saves no such matrix, so every layer keeps what "
+        f"checkpointing: none keeps; checkpointing: full recomputes each layer from its input instead"
+    )
+    return [Problem(("training", "checkpointing"), codes.SELECTIVE_NOOP, message)]
 
 
 def summary_lines(model: Model, width: int = 80, parameter_dtype: str | None = None) -> list[str]:

@@ -22,14 +22,17 @@ FOOTPRINT_CATEGORY = {"parameters": "parameters", "gradients": "gradients", "gra
 class Layout:
     """Where training runs: one device, or `parallel` (a sharding.Parallel). Plain classes here: built on every start."""
 
-    __slots__ = ("devices", "parallel", "model_activations")
+    __slots__ = ("devices", "parallel", "model_activations", "memo")
 
-    def __init__(self, devices: int = 1, parallel=None, model_activations: list | None = None) -> None:
+    def __init__(self, devices: int = 1, parallel=None, model_activations: list | None = None, memo: dict | None = None) -> None:
         self.devices = devices if parallel is None else parallel.world
         self.parallel = parallel
         # per pipeline stage, a transformer's saved activations on its most-loaded rank
         # (models.hf_sharded); they replace the model section's whole-model activation rows
         self.model_activations = model_activations
+        # a search's memo (check.pipeline.evaluate): the model's parameters, expanded per layer and
+        # put on their pipeline stages, are the same for every data-parallel size; kept there once
+        self.memo = memo
 
 
 SINGLE = Layout()
@@ -128,20 +131,33 @@ def _place_parallel(tensors, layout: Layout) -> Placement:
     from memfit.placement import sharding
 
     p = layout.parallel
-    shardable, activations, constants = [], [], dict.fromkeys(CATEGORIES, 0)
+    parameters, activations, constants = [], [], dict.fromkeys(CATEGORIES, 0)
     for t in tensors:
         if t.category not in ("parameters", "activations"):
             # an optimizer's own constants (bitsandbytes' quantization maps): each rank's optimizer keeps them
             for category, size in t.bytes.items():
                 constants[category] += size
         elif t.category == "parameters":
+            parameters.append(t)
+        else:
+            activations.append(t)
+    memo = layout.memo
+    ids = tuple(map(id, parameters))
+    kept = memo.get(("placement", p.pipeline)) if memo is not None else None
+    if kept is not None and kept[0] == ids:
+        staged = kept[2]
+    else:  # one entry per pipeline size: a config whose own tensors are new objects every run keeps no more
+        shardable = []
+        for t in parameters:
             n = t.elements * t.count
             by_role = t.roles if t.roles is not None else t.bytes  # the recipe's roles: ZeRO shards each on its own
             widths = {c: _width(size, n) for c, size in by_role.items() if size or c == "parameters"}
             shardable.append(sharding.Tensor(t.name, tuple(t.shape), widths, count=t.count))
-        else:
-            activations.append(t)
-    result = sharding.shard(sharding.expand_layers(shardable), p)
+        expanded = sharding.expand_layers(shardable)
+        staged = (expanded, sharding.stage_of_tensors(expanded, p.pipeline))
+        if memo is not None:
+            memo[("placement", p.pipeline)] = (ids, parameters, staged)  # the parameters too: their ids stay theirs while kept
+    result = sharding.shard(staged[0], p, staged[1])
     # a declared activation sits on its layer's stage (by the index in its name), else on the first;
     # a stage keeps the activations of the micro-batches 1F1B has in flight there
     ranges = [r.layers for r in result.stages]

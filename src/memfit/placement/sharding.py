@@ -35,7 +35,7 @@ from memfit.recipe.costs import dtype_bytes
 
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
 
@@ -273,7 +273,8 @@ def expand_layers(tensors: list) -> list:
     for t in tensors:
         if t.count > 1 and REPEATED in "." + t.name:
             head, tail = ("." + t.name).split(REPEATED, 1)
-            out.extend(replace(t, name=f"{head[1:]}.{i}.{tail}" if head else f"{i}.{tail}", count=1) for i in range(t.count))
+            # the constructor, not dataclasses.replace: a 70B model has 720 copies and a search places it often
+            out.extend(Tensor(f"{head[1:]}.{i}.{tail}" if head else f"{i}.{tail}", t.shape, t.widths, t.kind, t.tp, t.unit, 1) for i in range(t.count))
         else:
             out.append(t)
     return out
@@ -349,12 +350,17 @@ def _chunk_rows(d0: int, n: int, r: int) -> tuple[int, int]:
 
 
 def _unit_of(t: Tensor, engine: str) -> str:
-    if t.unit is not None:
-        return t.unit
+    return t.unit if t.unit is not None else _unit_by_name(t.name, engine)
+
+
+@lru_cache(maxsize=65536)
+def _unit_by_name(name: str, engine: str) -> str:
+    """The gathering unit a parameter's name puts it in: FSDP wraps each layer, ZeRO-3 gathers each module
+    (cached: a search places the same 720 layer copies of a 70B model many times)."""
     if engine == "fsdp":
-        m = LAYER_INDEX.search("." + t.name)
-        return ("." + t.name)[1 : m.end() - 1] if m else "<root>"
-    return t.name.rsplit(".", 1)[0] if "." in t.name else "<root>"
+        m = LAYER_INDEX.search("." + name)
+        return ("." + name)[1 : m.end() - 1] if m else "<root>"
+    return name.rsplit(".", 1)[0] if "." in name else "<root>"
 
 
 def shard_group(p: Parallel) -> int:
@@ -418,7 +424,10 @@ def rank_bytes(tensors: list, p: Parallel, stage: int = 0, data_rank: int = 0, t
     sharded = _sharded_classes(p) if n > 1 else set()
     offloaded = _offloaded_classes(p)
     out = RankBytes(p.rank(stage, data_rank, tensor_rank), stage, data_rank, tensor_rank, layers=ranges[stage])
-    local = [(t, tp_shard_shape(t, p.tensor, tensor_rank)) for t, s in zip(tensors, stages) if s == stage]
+    if p.tensor == 1:  # every tensor whole on the rank (tp_shard_shape's first case)
+        local = [(t, t.shape) for t, s in zip(tensors, stages) if s == stage]
+    else:
+        local = [(t, tp_shard_shape(t, p.tensor, tensor_rank)) for t, s in zip(tensors, stages) if s == stage]
 
     def put(where: dict, category: str, amount: int):
         if amount:
@@ -427,39 +436,27 @@ def rank_bytes(tensors: list, p: Parallel, stage: int = 0, data_rank: int = 0, t
     flat: dict = {}  # ZeRO 1/2: (category, width) -> elements in the flat buffer
     units: dict = {}  # gathering unit -> {"parameters": bytes, "gradients": bytes}
     gathering = n > 1 and ((engine == "fsdp" and p.fsdp != "no_shard") or (engine == "zero" and p.zero == 3))
+    # what one tensor adds depends on its local shape, count and widths only: a model's layer copies
+    # (expand_layers: the same shape and widths dict under 80 names) are priced once, then added up
+    # per kind in the order the kinds first appear (so every dict fills in the order it did tensor by tensor)
+    added: dict = {}  # (shape, count, widths) -> [what one adds, copies]
     for t, shape in local:
-        numel = math.prod(shape)
-        k = t.count
-        widths = _fsdp_widths(t) if engine == "fsdp" else _zero3_widths(t) if p.zero == 3 else t.widths
-        for category, width in widths.items():
-            cls = SHARD_CLASS.get(category)
-            home = out.host if cls in offloaded else out.device
-            if cls not in sharded:
-                put(home, category, k * _bytes(numel, width))
-                out.sharded[category] = "offloaded" if home is out.host else "replicated"
-                continue
-            out.sharded[category] = "offloaded" if home is out.host else "sharded"
-            if engine == "fsdp":
-                d0 = shape[0] if shape else 1
-                rest = numel // d0 if d0 else 0
-                padded, own = _chunk_rows(d0, n, data_rank)
-                rows = own if cls == "optimizer" else padded  # torch.optim's zeros_like sees the unpadded shard
-                put(home, category, k * _bytes(rows * rest, width))
-            elif p.zero == 3:
-                put(home, category, k * _bytes(-(-numel // n), width))
-            else:
-                key = (category, width, home is out.host)
-                flat[key] = flat.get(key, 0) + k * numel
+        key = (shape, t.count, id(t.widths))
+        entry = added.get(key)
+        if entry is None:
+            entry = added[key] = [_adds(t, shape, p, n, engine, sharded, offloaded, data_rank, gathering), 0]
+        entry[1] += 1
         if gathering:
             unit = units.setdefault(_unit_of(t, engine), {"parameters": 0, "gradients": 0})
-            if engine == "fsdp":
-                d0 = shape[0] if shape else 1
-                gathered = -(-d0 // n) * n * (numel // d0 if d0 else 0)  # the padded all-gather output
-            else:
-                gathered = -(-numel // n) * n
-            unit["parameters"] += k * _bytes(gathered, t.widths["parameters"])
-            if "gradients" in t.widths:
-                unit["gradients"] += k * _bytes(gathered, t.widths["gradients"])
+            unit["parameters"] += entry[0][3][0]
+            unit["gradients"] += entry[0][3][1]
+    for (puts, flats, statuses, _), copies in added.values():
+        for on_host, category, amount in puts:
+            put(out.host if on_host else out.device, category, copies * amount)
+        for flat_key, elements in flats:
+            flat[flat_key] = flat.get(flat_key, 0) + copies * elements
+        for category, status in statuses:  # a category is kept one way on a rank, whatever the tensor
+            out.sharded[category] = status
     alignment = 2 * n  # nccl_start_alignment_factor * dp world size
     for (category, width, on_host), elements in flat.items():
         partition = -(-elements // alignment) * alignment // n
@@ -473,6 +470,43 @@ def rank_bytes(tensors: list, p: Parallel, stage: int = 0, data_rank: int = 0, t
         pw = max((t.widths["parameters"] for t, _ in local), default=0)
         put(out.transient, "allgather bucket", _bytes(p.allgather_bucket, pw))
     return out
+
+
+def _adds(t: Tensor, shape: tuple, p: Parallel, n: int, engine: str, sharded: set, offloaded: set, data_rank: int, gathering: bool) -> tuple:
+    """What one tensor adds to a rank (rank_bytes): (puts [(on host, category, bytes)], flat-buffer
+    elements [((category, width, on host), elements)], [(category, how it is kept)], (gathered
+    parameter bytes, gathered gradient bytes))."""
+    numel = math.prod(shape)
+    k = t.count
+    puts, flats, statuses = [], [], []
+    widths = _fsdp_widths(t) if engine == "fsdp" else _zero3_widths(t) if p.zero == 3 else t.widths
+    for category, width in widths.items():
+        cls = SHARD_CLASS.get(category)
+        on_host = cls in offloaded
+        if cls not in sharded:
+            puts.append((on_host, category, k * _bytes(numel, width)))
+            statuses.append((category, "offloaded" if on_host else "replicated"))
+            continue
+        statuses.append((category, "offloaded" if on_host else "sharded"))
+        if engine == "fsdp":
+            d0 = shape[0] if shape else 1
+            rest = numel // d0 if d0 else 0
+            padded, own = _chunk_rows(d0, n, data_rank)
+            rows = own if cls == "optimizer" else padded  # torch.optim's zeros_like sees the unpadded shard
+            puts.append((on_host, category, k * _bytes(rows * rest, width)))
+        elif p.zero == 3:
+            puts.append((on_host, category, k * _bytes(-(-numel // n), width)))
+        else:
+            flats.append(((category, width, on_host), k * numel))
+    gathered = (0, 0)
+    if gathering:
+        if engine == "fsdp":
+            d0 = shape[0] if shape else 1
+            size = -(-d0 // n) * n * (numel // d0 if d0 else 0)  # the padded all-gather output
+        else:
+            size = -(-numel // n) * n
+        gathered = (k * _bytes(size, t.widths["parameters"]), k * _bytes(size, t.widths["gradients"]) if "gradients" in t.widths else 0)
+    return puts, flats, statuses, gathered
 
 
 def _gathered(units: dict, p: Parallel) -> dict:
@@ -519,14 +553,15 @@ def _busiest_node(stages: list, world: int, per_node: int, ranks_per_stage: int)
     return best
 
 
-def shard(tensors: list, p: Parallel) -> Sharded:
+def shard(tensors: list, p: Parallel, staging: tuple | None = None) -> Sharded:
     """Every stage's most-loaded rank (data rank 0 and tensor rank 0: torch.chunk and Megatron
-    give the first ranks the full shares), the most-loaded GPU overall and the host side."""
+    give the first ranks the full shares), the most-loaded GPU overall and the host side.
+    `staging`: stage_of_tensors(tensors, p.pipeline), when the caller has it already."""
     errors = [m for m in check_layout(p) if m[2] == "error"]
     if errors:
         path, message, _ = errors[0]
         raise LayoutError(path, message)
-    staging = stage_of_tensors(tensors, p.pipeline)
+    staging = staging if staging is not None else stage_of_tensors(tensors, p.pipeline)
     # each stage's tensors, grouped once (issue 23: filtering every tensor per stage was O(stages x tensors),
     # 16 s for 2,048 stages); rank_bytes sees only its stage's tensors, all marked as on it
     by_stage: list[list] = [[] for _ in range(p.pipeline)]

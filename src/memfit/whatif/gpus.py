@@ -4,7 +4,9 @@ without CPU offload), keeping the config's tensor and pipeline sizes.
 
 Every figure comes from the pipeline: `check.evaluate` on the loaded data with the `parallel` section
 replaced; nothing here computes bytes. "Passes" is what `memfit check` says: no error (a near-budget warning
-still passes), the per-GPU peak and, under offload, the host memory per node included.
+still passes), the per-GPU peak and, under offload, the host memory per node included. The runs of one search
+share `evaluate`'s memo: the model's tensors, the training step and its walk, and the per-layer expansion are
+computed once (they do not depend on the `parallel` section); each run places the tensors and walks the ranks.
 
 How it searches. A sharded share is about n/d of what one GPU would hold, so a figure is about A + B/d in the
 data size d (host memory per node only once a node is full: below that, its GPUs together hold every shard):
@@ -104,14 +106,15 @@ class GpuFit:
 class Sizes:
     """One strategy's pipeline at data sizes d = step x m, memoized by m."""
 
-    def __init__(self, data: dict, parallel: dict, step: int, options: Options, source: str) -> None:
+    def __init__(self, data: dict, parallel: dict, step: int, options: Options, source: str, memo: dict | None = None) -> None:
         self.data, self.parallel, self.step, self.options, self.source = data, parallel, step, options, source
+        self.memo = memo  # check.pipeline.evaluate's: the model's tensors and step, shared by every size and strategy
         self.seen: dict[int, Result] = {}
         self.flat: int | None = None  # set when the figures stop falling with d: the m where that was seen
 
     def result(self, m: int) -> Result:
         if m not in self.seen:
-            self.seen[m] = evaluate({**self.data, "parallel": {**self.parallel, "data": m * self.step}}, self.options, self.source)
+            self.seen[m] = evaluate({**self.data, "parallel": {**self.parallel, "data": m * self.step}}, self.options, self.source, self.memo)
         return self.seen[m]
 
     def errors(self, m: int) -> list:
@@ -171,11 +174,11 @@ def smallest(sizes: Sizes, cap: int, node: int = 4) -> int | None:
         return 1
     if cap < 2:
         return None
-    if sizes.passes(2):
-        return 2
-    low = 2  # fails
-    high = None  # passes
     a = min(max(4, node), cap)
+    if a <= 2 and sizes.passes(2):
+        return 2
+    low = 2 if a <= 2 else 1  # fails (past a full node, sizes below it are bisected only when it passes)
+    high = None  # passes
     if a > low:
         if sizes.passes(a):
             high = a
@@ -251,6 +254,7 @@ def gpus(checked: Result, vary: str = "gpus", options: Options = Options()) -> G
     base = _base(data)
     out.tensor, out.pipeline = int(base.get("tensor", 1)), int(base.get("pipeline", 1))
     per_node = int(base.get("gpus_per_node", 8))
+    memo: dict = {}
     for name, keys in STRATEGIES:
         parallel = {**base, **keys}
         step = 1
@@ -258,7 +262,7 @@ def gpus(checked: Result, vary: str = "gpus", options: Options = Options()) -> G
             from math import gcd
 
             step = per_node // gcd(per_node, out.tensor * out.pipeline)
-        sizes = Sizes(data, parallel, step, options, checked.path)
+        sizes = Sizes(data, parallel, step, options, checked.path, memo)
         row = Row(name, parallel)
         if not sizes.applies(1):
             first = sizes.errors(1)[0]
