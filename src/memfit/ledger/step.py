@@ -112,6 +112,9 @@ class Step:
     overhead: int = 0  # fixed runtime overhead (presets.overhead_lines or a given size)
     stepped: list | None = None  # bytes of each tensor optimizer.step() updates, when not the trainable parameters (an fp32 master copy)
     accumulating: bool = False  # gradient accumulation: a later micro-batch runs with every gradient already allocated
+    # ids of what the loss keeps for its own backward (a transformer's log-softmax): made after the last row's
+    # forward, freed by the loss's backward, before the last row's
+    loss_kept: list = field(default_factory=list)
 
 
 def _up(n: int, granule: int) -> int:
@@ -130,7 +133,8 @@ def rounded(step: Step, granule: int) -> Step:
     ]
     return Step(rows, {t: _up(b, granule) for t, b in step.tensors.items()}, list(step.batch),
                 Loss(tuple(each(step.loss.forward)), tuple(each(step.loss.backward))),
-                each(step.optimizer_state), step.optimizer, step.impl, step.overhead, None if step.stepped is None else each(step.stepped), step.accumulating)
+                each(step.optimizer_state), step.optimizer, step.impl, step.overhead, None if step.stepped is None else each(step.stepped), step.accumulating,
+                list(step.loss_kept))
 
 
 def _live(parameters, gradients, activations, optimizer_state, transient, overhead) -> dict:
@@ -190,10 +194,11 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
         inner = 0 if row.inner_kept else row.inner
         transient = sum(size[t] for t in moving) + inner if row.forward_flight is None else row.forward_flight
         consider("forward", row.name, _live(params, held, saved_bytes, state, transient, step.overhead))
-    consider("forward", "loss", _live(params, held, saved_bytes, state, sum(step.loss.forward), step.overhead))
+    by_loss = sum(size[t] for t in step.loss_kept)
+    consider("forward", "loss", _live(params, held, saved_bytes + by_loss, state, sum(step.loss.forward), step.overhead))
 
-    # backward: the loss, then rows in reverse
-    consider("backward", "loss", _live(params, held, saved_bytes, state, sum(step.loss.backward), step.overhead))
+    # backward: the loss (which then frees what it kept), then rows in reverse
+    consider("backward", "loss", _live(params, held, saved_bytes + by_loss, state, sum(step.loss.backward), step.overhead))
     done = 0  # gradients accumulated by rows after the current one
     released: dict[int, list] = {}  # row -> the kept tensors its backward frees (it is their earliest keeper)
     for t, k in keepers.items():
@@ -253,6 +258,8 @@ def rows_table(step: Step) -> list[dict]:
     saved = [0] * len(step.rows)
     for t, i in first.items():
         saved[i] += step.tensors[t]
+    if saved:  # what the loss keeps is shown with the last row (the head whose logits it reads)
+        saved[-1] += sum(step.tensors[t] for t in step.loss_kept)
     return [{"row": row.name, "parameters": sum(row.params) + sum(row.frozen), "gradients": sum(row.grads), "saved": saved[i]}
             for i, row in enumerate(step.rows)]
 

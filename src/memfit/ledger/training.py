@@ -335,13 +335,14 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
             x = y
     logits = fresh(T * sizes["V"] * lin_w)
     row = weights(Row("head", input=x, output=logits), "head")
-    row.kept = kept_ids(head.kept, x, hidden) + [fresh(kept_bytes(k)) for k in loss.kept]
+    row.kept = kept_ids(head.kept, x, hidden)
+    by_loss = [fresh(kept_bytes(k)) for k in loss.kept]
     rows.append(row)
     logits32 = dtype_bytes(T * sizes["V"], "float32")
     upcast = logits32 if lin_w != 4 else 0
     declared_stepped = list(extra.params) if extra is not None else []
     return Step(rows, tensors, [ids, labels], Loss(forward=(tensors[logits], *([upcast] if upcast else [])), backward=(logits32, logits32)),
-                declared_states + states, optimizer, impl, config.overhead, declared_stepped + stepped if any_master else None)
+                declared_states + states, optimizer, impl, config.overhead, declared_stepped + stepped if any_master else None, loss_kept=by_loss)
 
 
 def _buffers(cfg: dict, sizes: dict, dtype: str) -> list:
