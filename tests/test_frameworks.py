@@ -469,11 +469,11 @@ def saved_by_autograd(input_shape, layers, batch=B) -> int:
 
     # oneDNN's fused LSTM keeps an opaque workspace; the rule follows PyTorch's native cell loop
     with torch.backends.mkldnn.flags(enabled=False), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        from memfit.models.keras import _names
+        from memfit.models.keras import layer_names
 
         y = x
         made = {"input_layer": x}
-        for spec, name in zip(layers, _names(layers)):
+        for spec, name in zip(layers, layer_names(layers)):
             given = [made[n] for n in spec["inputs"]] if "inputs" in spec else [y]
             y = merged(spec, given) if RULES[spec["type"]].merge else ref.layer(spec, given[0])
             made.setdefault(name, y)

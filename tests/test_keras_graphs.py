@@ -286,3 +286,64 @@ def test_the_editor_offers_the_merge_layers():
     vocabulary, _ = completion_context(lines, 0, len(lines[0]))
     offered = [c.label for c in choices(vocabulary)]
     assert {"Add", "Concatenate", "Multiply", "ZeroPadding2D"} <= set(offered) and sorted(offered) == sorted(RULES)
+
+
+# --- the gated peak of a graph, against PyTorch's MemTracker on the same graph -----------------
+def _bottleneck(name, source, filters, stride, project):
+    """keras.applications.resnet's block1 (v1: the stride on the first 1x1), scaled down."""
+    out = [
+        {"type": "Conv2D", "name": f"{name}_1_conv", "filters": filters, "kernel_size": 1, "strides": stride, "inputs": [source]},
+        {"type": "BatchNormalization", "name": f"{name}_1_bn"},
+        {"type": "Activation", "name": f"{name}_1_relu", "activation": "relu"},
+        {"type": "Conv2D", "name": f"{name}_2_conv", "filters": filters, "kernel_size": 3, "padding": "same"},
+        {"type": "BatchNormalization", "name": f"{name}_2_bn"},
+        {"type": "Activation", "name": f"{name}_2_relu", "activation": "relu"},
+        {"type": "Conv2D", "name": f"{name}_3_conv", "filters": 4 * filters, "kernel_size": 1},
+        {"type": "BatchNormalization", "name": f"{name}_3_bn"},
+    ]
+    shortcut = source
+    if project:
+        out += [
+            {"type": "Conv2D", "name": f"{name}_0_conv", "filters": 4 * filters, "kernel_size": 1, "strides": stride, "inputs": [source]},
+            {"type": "BatchNormalization", "name": f"{name}_0_bn"},
+        ]
+        shortcut = f"{name}_0_bn"
+    return out + [
+        {"type": "Add", "name": f"{name}_add", "inputs": [shortcut, f"{name}_3_bn"]},
+        {"type": "Activation", "name": f"{name}_out", "activation": "relu"},
+    ]
+
+
+RESNET_STAGE = (
+    [12, 12, 8],
+    [
+        {"type": "Conv2D", "name": "stem", "filters": 8, "kernel_size": 3, "padding": "same"},
+        {"type": "Activation", "name": "stem_relu", "activation": "relu"},
+        *_bottleneck("b1", "stem_relu", 4, 2, True),
+        *_bottleneck("b2", "b1_out", 4, 1, False),
+        {"type": "GlobalAveragePooling2D"},
+        {"type": "Dense", "units": 5},
+    ],
+)
+PEAK_GRAPHS = {
+    "resnet-stage": (*RESNET_STAGE, 8),
+    "inception": ("graph-inception-block", 8),
+    "merges": ("graph-merges", 16),
+}
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("graph", sorted(PEAK_GRAPHS))
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_graph_peak_within_the_band_of_memtracker(graph, optimizer):
+    import peak_reference as ref
+    import test_frameworks as tf
+    from test_peak import BAND, memfit_peak
+
+    case = PEAK_GRAPHS[graph]
+    (input_shape, layers), batch = (tf.CASES[case[0]], case[1]) if len(case) == 2 else (case[:2], case[2])
+    theirs = ref.measure_keras(input_shape, layers, batch, optimizer, "foreach")
+    ours = memfit_peak(input_shape, layers, batch, optimizer, "foreach")
+    assert ours["live"]["parameters"] == theirs["parameters"]
+    assert abs(ours["bytes"] - theirs["bytes"]) <= BAND * theirs["bytes"], (ours["bytes"], theirs["bytes"], ours["phase"], theirs["phase"])
+    assert ours["phase"] == theirs["phase"]

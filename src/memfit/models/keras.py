@@ -890,7 +890,7 @@ def derive(model: dict, config: Config) -> tuple[list[Tensor], list[Problem]]:
     ids_in = bool(layers) and layers[0]["type"] == "Embedding"
     graph_input = (flow.fresh(), shape, INT64 if ids_in else None)  # (id, shape, dtype) of a tensor
     input_name = model.get("input_name", GRAPH_INPUT)
-    names = _names(layers)
+    names = layer_names(layers)
     first_use: dict[str, int] = {}  # layer name -> its first index
     for i, name in enumerate(names):
         first_use.setdefault(name, i)
@@ -953,7 +953,7 @@ def derive(model: dict, config: Config) -> tuple[list[Tensor], list[Problem]]:
     return tensors, problems
 
 
-def _names(layers: list) -> list[str]:
+def layer_names(layers: list) -> list[str]:
     """Each layer's Keras name: its own `name`, or the automatic one (conv2d, conv2d_1, ...),
     in declaration order, as Keras numbers layers in the order they are made."""
     seen: dict[str, int] = {}
