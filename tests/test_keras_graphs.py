@@ -253,9 +253,9 @@ BODY = "    - {type: Conv2D, name: stem, filters: 4, kernel_size: 3, padding: sa
 @pytest.mark.parametrize(
     "last, token, code, words",
     [
-        ("{type: Add, inputs: [stem_rleu, conv2d]}", "stem_rleu", "shape-mismatch", ["'stem_rleu' is no earlier layer's name; did you mean 'stem_relu'?"]),
-        ("{type: Add, inputs: [stem_relu, head]}\n    - {type: Dense, units: 2, name: head}", "head", "shape-mismatch", ["model.layers[4], which comes later", "a cycle has no order"]),
-        ("{type: ReLU, name: loop, inputs: [loop]}", "loop]", "shape-mismatch", ["ReLU cannot take its own output ('loop')"]),
+        ("{type: Add, inputs: [stem_rleu, conv2d]}", "stem_rleu", "bad-layer-input", ["'stem_rleu' is no earlier layer's name; did you mean 'stem_relu'?"]),
+        ("{type: Add, inputs: [stem_relu, head]}\n    - {type: Dense, units: 2, name: head}", "head", "bad-layer-input", ["model.layers[4], which comes later", "a cycle has no order"]),
+        ("{type: ReLU, name: loop, inputs: [loop]}", "loop]", "bad-layer-input", ["ReLU cannot take its own output ('loop')"]),
         ("{type: Concatenate, axis: 2, inputs: [stem, input_layer]}", "[stem", "shape-mismatch", ["(2, 8, 8, 4) from 'stem' and (2, 8, 8, 3) from 'input_layer'", "axis 3 is 4 in one and 3 in another"]),
         ("{type: Multiply, inputs: [stem, input_layer]}", "[stem", "shape-mismatch", ["Multiply cannot take the shapes (2, 8, 8, 4) from 'stem' and (2, 8, 8, 3) from 'input_layer'"]),
         ("{type: Subtract, inputs: [stem, conv2d, stem_relu]}", "[stem", "schema", ["model.layers[3].inputs has 3 items; it must have at most 2 items"]),
@@ -347,3 +347,11 @@ def test_graph_peak_within_the_band_of_memtracker(graph, optimizer):
     assert ours["live"]["parameters"] == theirs["parameters"]
     assert abs(ours["bytes"] - theirs["bytes"]) <= BAND * theirs["bytes"], (ours["bytes"], theirs["bytes"], ours["phase"], theirs["phase"])
     assert ours["phase"] == theirs["phase"]
+
+
+def test_a_layer_cannot_take_the_name_of_the_graph_input():
+    layers = [{"type": "Dense", "units": 3, "name": "input_layer"}, {"type": "Dense", "units": 3, "inputs": ["input_layer"]}]
+    result = check(_config(layers))
+    assert result.failed
+    (problem,) = [d for d in result.diagnostics if d.code == "duplicate-layer"]
+    assert "'input_layer' is the model's input (model.input_name)" in problem.message

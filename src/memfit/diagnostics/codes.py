@@ -47,6 +47,7 @@ BAD_UNIT = "bad-unit"
 BAD_BUDGET = "bad-budget"
 SHAPE_MISMATCH = "shape-mismatch"
 DUPLICATE_LAYER = "duplicate-layer"
+BAD_LAYER_INPUT = "bad-layer-input"
 UNKNOWN_PRESET = "unknown-preset"
 PRESET_OVERRIDDEN = "preset-overridden"
 OPTIMIZER_IMPL = "optimizer-impl"
@@ -113,6 +114,12 @@ CODES: dict[str, Code] = _register(
         ERROR,
         "Two layers of the model have the same name",
         "Rename one of them or drop its `name` to get Keras's automatic one: Keras refuses a model with two layers of one name.",
+    ),
+    Code(
+        BAD_LAYER_INPUT,
+        ERROR,
+        "A layer's inputs name no earlier layer, or the wrong number of tensors",
+        "Name the model's input (input_layer) or layers listed before this one in `inputs` (the message suggests the nearest name); a merge layer takes two or more, any other layer one.",
     ),
     Code(
         UNKNOWN_PRESET,

@@ -922,6 +922,9 @@ def derive(model: dict, config: Config) -> tuple[list[Tensor], list[Problem]]:
             where = path + ("inputs",) if "inputs" in layer else path + ("type",)
             problems.append(Problem(where, codes.SHAPE_MISMATCH, message))
             break
+        if name == input_name:
+            where = path + ("name",) if "name" in layer else path + ("type",)
+            problems.append(Problem(where, codes.DUPLICATE_LAYER, f"layer name {name!r} is the model's input (model.input_name); Keras requires unique layer names"))
         if first_use[name] != i:
             where = path + ("name",) if "name" in layer else path + ("type",)
             problems.append(Problem(where, codes.DUPLICATE_LAYER, f"layer name {name!r} is already used by model.layers[{first_use[name]}]; Keras requires unique layer names"))
@@ -971,14 +974,14 @@ def _incoming(layer, rule, i, path, names, first_use, made, input_name, graph_in
     kind = layer["type"]
     if "inputs" not in layer:
         if rule.merge:
-            return [], [Problem(path + ("type",), codes.SHAPE_MISMATCH, f"{kind} merges several tensors: name them with `inputs: [a, b]` (docs/layers.md, Graphs)")]
+            return [], [Problem(path + ("type",), codes.BAD_LAYER_INPUT, f"{kind} merges several tensors: name them with `inputs: [a, b]` (docs/layers.md, Graphs)")]
         return [current], []
     wanted = layer["inputs"]
     fewest, most = rule.merge or (1, 1)
     if len(wanted) < fewest or (most is not None and len(wanted) > most):
         count = f"exactly {fewest}" if fewest == most else f"at least {fewest}" if most is None else f"{fewest} to {most}"
         what = "input" if count == "exactly 1" else "inputs"
-        return [], [Problem(path + ("inputs",), codes.SHAPE_MISMATCH, f"{kind} takes {count} {what}; {len(wanted)} named")]
+        return [], [Problem(path + ("inputs",), codes.BAD_LAYER_INPUT, f"{kind} takes {count} {what}; {len(wanted)} named")]
     out, problems = [], []
     for j, wanted_name in enumerate(wanted):
         where = path + ("inputs", j)
@@ -989,14 +992,14 @@ def _incoming(layer, rule, i, path, names, first_use, made, input_name, graph_in
         elif wanted_name in first_use and first_use[wanted_name] >= i:
             k = first_use[wanted_name]
             why = "its own output" if k == i else f"the output of model.layers[{k}], which comes later"
-            problems.append(Problem(where, codes.SHAPE_MISMATCH, f"{kind} cannot take {why} ({wanted_name!r}): a layer takes only the model's input or earlier layers' outputs (a cycle has no order); list every layer after its inputs"))
+            problems.append(Problem(where, codes.BAD_LAYER_INPUT, f"{kind} cannot take {why} ({wanted_name!r}): a layer takes only the model's input or earlier layers' outputs (a cycle has no order); list every layer after its inputs"))
         else:
             import difflib
 
             known = [input_name, *names[:i]]
             near = difflib.get_close_matches(str(wanted_name), known, n=1, cutoff=0.6)
             hint = f"; did you mean {near[0]!r}?" if near else f" (the graph input is {input_name!r})"
-            problems.append(Problem(where, codes.SHAPE_MISMATCH, f"{kind}'s input {wanted_name!r} is no earlier layer's name{hint}"))
+            problems.append(Problem(where, codes.BAD_LAYER_INPUT, f"{kind}'s input {wanted_name!r} is no earlier layer's name{hint}"))
     return out, problems
 
 
