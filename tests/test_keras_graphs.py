@@ -355,3 +355,18 @@ def test_a_layer_cannot_take_the_name_of_the_graph_input():
     assert result.failed
     (problem,) = [d for d in result.diagnostics if d.code == "duplicate-layer"]
     assert "'input_layer' is the model's input (model.input_name)" in problem.message
+
+
+def test_a_dead_branch_is_a_warning_and_still_counted(tmp_path):
+    """Keras's Model(inputs, outputs) leaves out a layer no path to the output goes through; memfit
+    counts what is written and says so on that layer."""
+    path = tmp_path / "dead.yaml"
+    path.write_text(HEAD + BODY + "    - {type: Dense, units: 5, name: probe, inputs: [stem]}\n    - {type: Add, inputs: [stem_relu, conv2d]}\n")
+    done = memfit("check", "--format", "json", str(path))
+    assert done.returncode == 0, done.stdout
+    entry = json.loads(done.stdout)["files"][0]
+    (warning,) = entry["diagnostics"]
+    assert warning["code"] == "unused-layer" and warning["severity"] == "warning" and "'probe'" in warning["message"]
+    assert warning["range"]["start"]["line"] == 10  # 0-based: the probe's line, at its name
+    conv = 3 * 3 * 3 * 4 + 4 + 3 * 3 * 4 * 4 + 4
+    assert entry["footprint"]["parameters"] == 4 * (conv + 4 * 5 + 5)

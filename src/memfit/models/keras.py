@@ -953,7 +953,21 @@ def derive(model: dict, config: Config) -> tuple[list[Tensor], list[Problem]]:
 
     if row is not None and not problems:
         _keep(flow, tensors, row, row.name, "output (kept by the loss)", *current)
+        problems.extend(_unused(layers, names))
     return tensors, problems
+
+
+def _unused(layers: list, names: list) -> list[Problem]:
+    """Warnings for layers whose output no later layer reads and that are not the last: a dead
+    branch, which Keras's functional Model(inputs, outputs) leaves out."""
+    read = {name for layer in layers for name in layer.get("inputs", ())}
+    read.update(names[i - 1] for i, layer in enumerate(layers) if i and "inputs" not in layer)
+    out = []
+    for i, (layer, name) in enumerate(zip(layers[:-1], names)):
+        if name not in read:
+            where = ("model", "layers", i) + (("name",) if "name" in layer else ("type",))
+            out.append(Problem(where, codes.UNUSED_LAYER, f"the output of {name!r} reaches no later layer and is not the model's output (the last layer's): Keras's functional Model leaves it out, memfit counts it as written"))
+    return out
 
 
 def layer_names(layers: list) -> list[str]:
