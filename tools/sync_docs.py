@@ -19,7 +19,7 @@ numbers and strings, else one item a line).
 
 `<!-- memfit-docs examples-table -->` before a Markdown table whose first cell links each example: its
 last cell is rewritten to what `memfit check --format json` gives for that file, the figure the budget gate
-compares (a run's peak, else the total) over the budget (tests/test_docs.py checks the same).
+compares (a run's peak, else the total) over the budget (tests/project/test_docs.py checks the same).
 
 `setup="NAME"`: the commands run in a scratch directory made from `tests/docs_setups/NAME/` (its files
 copied; `setup.sh` there, when present, is run first: it may `git init`, commit and edit). Without it the
@@ -27,7 +27,7 @@ scratch directory holds links to the repository's `examples/`, `action.yml` and 
 `memfit` is this tree's (src/ first on the path) and stdout and stderr are shown together, in order.
 
     python tools/sync_docs.py            # rewrite every marked block from the program's real output
-    python tools/sync_docs.py --check    # print the differences, exit 1 if any (what tests/test_docs.py runs)
+    python tools/sync_docs.py --check    # print the differences, exit 1 if any (what tests/project/test_docs.py runs)
 """
 
 from __future__ import annotations

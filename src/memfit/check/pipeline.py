@@ -5,7 +5,7 @@ the language server are thin shells over `check`; nothing here is computed anywh
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 from memfit.diagnostics import codes
@@ -247,28 +247,30 @@ def _pipeline(data: dict, options: Options, result: Result) -> list[Problem]:
         if "model" in data:
             from memfit.models.dispatch import derive
 
-            problems.extend(derive(data, config, result.path))
+            emitted, found = derive(data, config, result.path)
+            problems.extend(found)
+            config = replace(config, tensors=config.tensors + tuple(emitted.tensors), layers=tuple(emitted.layers), model=emitted.model)
         if config.parallel is not None and _one_gpu(config.parallel):
-            config.parallel = None  # one GPU, nothing sharded or offloaded: the single-device step, unchanged
+            config = replace(config, parallel=None)  # one GPU, nothing sharded or offloaded: the single-device step, unchanged
         if config.parallel is not None:
-            model = getattr(config, "model", None)  # models.hf.Model: a transformer's normalized config
             from memfit.models.dispatch import layout_dims, transformer_config
 
-            cfg = model.cfg if model is not None else transformer_config(data, result.path)
+            cfg = config.model.cfg if config.model is not None else transformer_config(data, result.path)
             problems.extend(_layout_problems(config, layout_dims(cfg)))
         # an unknown optimizer or a layer that cannot apply leaves a number that is not the
         # footprint: report none rather than a wrong one; a bad unit spoils only the budget
         if all(lookup(p.code).keeps_footprint for p in problems):
-            config.tensors.extend(optimizer_constants(config))
-            config.placement = place(config.tensors, _layout(config, data, cfg) if config.parallel is not None else SINGLE)
+            config = replace(config, tensors=config.tensors + tuple(optimizer_constants(config)))
+            config = replace(config, placement=place(config.tensors, _layout(config, data, cfg) if config.parallel is not None else SINGLE))
             too_large = _too_large(config)
             if too_large is not None:
                 problems.append(too_large)
             else:
-                result.config = config
                 # the step's walk (ledger): the peak of one device, or of each rank under a layout
                 if "training" in data and not _errors(problems):
-                    problems.extend(_peak(config, data))
+                    config, found = _peak(config, data)
+                    problems.extend(found)
+                result.config = config
                 if not _errors(problems):
                     problems.extend(_budget(config, options, result, data))
                     problems.extend(_host_budget(config))
@@ -296,9 +298,9 @@ def _errors(problems) -> bool:
     return any(p.level != codes.INFORMATION for p in problems)
 
 
-def _peak(config, data: dict) -> list[Problem]:
+def _peak(config, data: dict) -> tuple:
     """A config with a training section describes a run: its step (ledger/training.py, every byte
-    priced by the recipe, as the footprint's) and the step's peak, on config.peak."""
+    priced by the recipe, as the footprint's) and the step's peak: a new Config with them, and the problems."""
     from memfit.ledger import step as ledger
     from memfit.ledger import training
 
@@ -316,18 +318,19 @@ def _peak(config, data: dict) -> list[Problem]:
         optimizer = None
     try:
         step = training.build(config, data, optimizer, impl)
-        config.step = step
         if config.parallel is None:
-            config.peak = ledger.peak(step, config.granule)
+            config = replace(config, step=step, peak=ledger.peak(step, config.granule))
         elif config.parallel.tensor == 1 and config.parallel.pipeline == 1:
             # data parallel (DDP, ZeRO, FSDP): each rank walks the same step with its own shares
-            config.placement.step_peak = ledger.rank_peak(step, config.placement, config.granule)
-        # tensor and pipeline parallel split the step itself (a stage's rows, a rank's slice of
-        # each): their per-rank peak stays the placement's (every category at once plus what is gathered)
+            config = replace(config, step=step, placement=config.placement.with_step_peak(ledger.rank_peak(step, config.placement, config.granule)))
+        else:
+            # tensor and pipeline parallel split the step itself (a stage's rows, a rank's slice of
+            # each): their per-rank peak stays the placement's (every category at once plus what is gathered)
+            config = replace(config, step=step)
     except ledger.PeakError as error:
         where = ("training", "optimizer_impl") if "optimizer_impl" in training_keys else ("optimizer",)
         problems.append(Problem(where, codes.OPTIMIZER_IMPL, str(error)))
-    return problems
+    return config, problems
 
 
 def _kind(data) -> str:

@@ -74,7 +74,12 @@ class _Version(argparse.Action):
         parser.exit()
 
 
-def parser() -> argparse.ArgumentParser:
+COMMANDS = ("check", "explain", "fit", "diff", "convert", "schema", "lsp")
+
+
+def parser(wanted: str | None = None) -> argparse.ArgumentParser:
+    """The command line. `wanted`: the command being run; only its options are built (every command is still
+    listed, with its help line): building all of them took half of a small config's check."""
     top = argparse.ArgumentParser(prog="memfit", description="Check that training configs fit in device memory.")
     top.add_argument("--version", action=_Version, nargs=0, help="print the version and the commit, and exit")
     commands = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -104,60 +109,70 @@ def parser() -> argparse.ArgumentParser:
         sub.add_argument("--online", action="store_true", help="fetch a model's config.json alone through huggingface_hub when it is not found locally (HF_ENDPOINT honoured)")
 
     check = commands.add_parser("check", help="check configs; exit 1 if any error")
-    check.add_argument("paths", nargs="+", metavar="PATH", help="files, or directories to search for *.yaml / *.yml")
-    check.add_argument("--format", choices=list(REPORTERS), default="text", help="output format (default text)")
-    check.add_argument("--skip-unrecognized", action="store_true", help="skip files that are not memfit configs instead of failing them")
-    check.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
-    check.add_argument("--summary-md", metavar="FILE", help="also append a Markdown table (file, total, budget, headroom, verdict) to FILE, e.g. $GITHUB_STEP_SUMMARY")
-    check.add_argument("--suggest", action="store_true", help="for a config over (or near) its budget, the single changes that make it fit, with their edits")
-    check.add_argument("--jobs", "-j", type=_jobs_arg, default=0, metavar="N", help="parallel processes for many files (default: by file count and cores)")
-    common(check)
+    if wanted in (None, "check"):
+        check.add_argument("paths", nargs="+", metavar="PATH", help="files, or directories to search for *.yaml / *.yml")
+        check.add_argument("--format", choices=list(REPORTERS), default="text", help="output format (default text)")
+        check.add_argument("--skip-unrecognized", action="store_true", help="skip files that are not memfit configs instead of failing them")
+        check.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
+        check.add_argument("--summary-md", metavar="FILE", help="also append a Markdown table (file, total, budget, headroom, verdict) to FILE, e.g. $GITHUB_STEP_SUMMARY")
+        check.add_argument("--suggest", action="store_true", help="for a config over (or near) its budget, the single changes that make it fit, with their edits")
+        check.add_argument("--jobs", "-j", type=_jobs_arg, default=0, metavar="N", help="parallel processes for many files (default: by file count and cores)")
+        common(check)
 
     explain = commands.add_parser("explain", help="show the footprint breakdown of configs")
-    explain.add_argument("paths", nargs="+", metavar="PATH", help="config files, or directories to search for *.yaml / *.yml")
-    explain.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour the budget bar (default: on a terminal)")
-    explain.add_argument("--format", choices=("text", "json", "html"), default="text", help="text (default), json (with each step's timeline) or one self-contained HTML report of all the configs")
-    explain.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of stdout")
-    explain.add_argument("--skip-unrecognized", action="store_true", help="skip files that are not memfit configs instead of failing them")
-    common(explain)
-
-    from memfit.whatif.fit import DEFAULT_VARY, VARY
+    if wanted in (None, "explain"):
+        explain.add_argument("paths", nargs="+", metavar="PATH", help="config files, or directories to search for *.yaml / *.yml")
+        explain.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour the budget bar (default: on a terminal)")
+        explain.add_argument("--format", choices=("text", "json", "html"), default="text", help="text (default), json (with each step's timeline) or one self-contained HTML report of all the configs")
+        explain.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of stdout")
+        explain.add_argument("--skip-unrecognized", action="store_true", help="skip files that are not memfit configs instead of failing them")
+        common(explain)
 
     fit = commands.add_parser("fit", help="the largest micro_batch (or other training key) that fits, or the fewest GPUs")
-    fit.add_argument("paths", nargs="+", metavar="CONFIG", help="config files, or directories to search for *.yaml / *.yml")
-    fit.add_argument(
-        "--vary",
-        choices=[*VARY, "gpus", "data"],
-        default=DEFAULT_VARY,
-        help=f"the key to search (default {DEFAULT_VARY}); gpus (or data): the fewest data-parallel GPUs per strategy",
-    )
-    fit.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
-    common(fit)
+    if wanted in (None, "fit"):
+        from memfit.whatif.fit import DEFAULT_VARY, VARY
+
+        fit.add_argument("paths", nargs="+", metavar="CONFIG", help="config files, or directories to search for *.yaml / *.yml")
+        fit.add_argument(
+            "--vary",
+            choices=[*VARY, "gpus", "data"],
+            default=DEFAULT_VARY,
+            help=f"the key to search (default {DEFAULT_VARY}); gpus (or data): the fewest data-parallel GPUs per strategy",
+        )
+        fit.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
+        common(fit)
 
     diff = commands.add_parser("diff", help="each config's footprint at a git revision beside the working tree")
-    diff.add_argument("rev", metavar="REV", help="the git revision to compare against, e.g. main or the pull request's base SHA")
-    diff.add_argument("paths", nargs="*", metavar="PATH", help="files or directories (default: the whole repository)")
-    diff.add_argument("--format", choices=("text", "json", "markdown", "html"), default="text", help="output format (default text); html: the report with the revision's timeline drawn over each config's")
-    diff.add_argument(
-        "--fail-on-growth", type=_share_arg, metavar="PERCENT",
-        help="exit 1 when any config's gated figure (its peak, else its total) grows by more than this share, e.g. 5%%, or it passed and now fails",
-    )
-    common(diff)
+    if wanted in (None, "diff"):
+        diff.add_argument("rev", metavar="REV", help="the git revision to compare against, e.g. main or the pull request's base SHA")
+        diff.add_argument("paths", nargs="*", metavar="PATH", help="files or directories (default: the whole repository)")
+        diff.add_argument("--format", choices=("text", "json", "markdown", "html"), default="text", help="output format (default text); html: the report with the revision's timeline drawn over each config's")
+        diff.add_argument(
+            "--fail-on-growth", type=_share_arg, metavar="PERCENT",
+            help="exit 1 when any config's gated figure (its peak, else its total) grows by more than this share, e.g. 5%%, or it passed and now fails",
+        )
+        common(diff)
 
     convert = commands.add_parser("convert", help="print the memfit config a native config (Axolotl, LLaMA-Factory, ...) means")
-    convert.add_argument("paths", nargs=1, metavar="FILE", help="a native config")
-    convert.add_argument("--max-file-size", type=_bytes_arg, default=DEFAULT_MAX_FILE_SIZE, metavar="BYTES", help=argparse.SUPPRESS)
-    settings(convert)
+    if wanted in (None, "convert"):
+        convert.add_argument("paths", nargs=1, metavar="FILE", help="a native config")
+        convert.add_argument("--max-file-size", type=_bytes_arg, default=DEFAULT_MAX_FILE_SIZE, metavar="BYTES", help=argparse.SUPPRESS)
+        settings(convert)
 
     commands.add_parser("schema", help="print the config JSON Schema")
 
     lsp = commands.add_parser("lsp", help="run the language server (needs memfit[lsp])")
-    lsp.add_argument("--tcp", metavar="HOST:PORT", help="listen on TCP instead of stdio")
+    if wanted in (None, "lsp"):
+        lsp.add_argument("--tcp", metavar="HOST:PORT", help="listen on TCP instead of stdio")
     return top
 
 
 def main(argv: list[str] | None = None) -> int:
-    top = parser()
+    import sys
+
+    given = sys.argv[1:] if argv is None else argv
+    command = next((a for a in given if not a.startswith("-")), None)
+    top = parser(command if command in COMMANDS and not any(a in ("-h", "--help") for a in given[: given.index(command)]) else None)
     args, extra = top.parse_known_args(argv)
     # `diff REV --format markdown PATH`: argparse takes the positionals before an option in one
     # go, so the paths after it come back unparsed; they are paths, anything else is an error

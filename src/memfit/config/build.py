@@ -16,7 +16,7 @@ from memfit.recipe.costs import CATEGORIES, OPTIMIZER_STATES, Recipe, Width, opt
 from memfit.diagnostics.diagnostic import Problem
 from memfit.diagnostics.units import UnitError, parse_bytes, parse_percent, parse_reserve, with_bytes
 
-__all__ = ["CATEGORIES", "Config", "Tensor", "Width", "build", "make_tensor", "width"]
+__all__ = ["CATEGORIES", "Config", "Emitted", "Tensor", "Width", "build", "make_tensor", "width"]
 
 DEFAULT_DTYPE = "float32"
 DEFAULT_WARN_AT = Fraction(9, 10)
@@ -38,23 +38,26 @@ class Tensor:
     roles: dict | None = None  # role -> int where a recipe splits a category (a grad accum buffer, a master copy): what placement shards
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Config:
+    """A checked document's meaning. Built once per stage and never changed after: each stage of the pipeline
+    (models, placement, the step's walk) returns a new Config with what it adds (`dataclasses.replace`)."""
+
     name: str | None
     recipe: Recipe
-    tensors: list = field(default_factory=list)
+    tensors: tuple = ()  # declared tensors, then the model section's, then the optimizer's constants
     memory: int | None = None
     reserve: int = 0
     warn_at: Fraction = DEFAULT_WARN_AT
     placement: object = None  # placement.Placement, once the tensors are all known
-    layers: list = field(default_factory=list)  # per-layer rows when a model section is declared
+    layers: tuple = ()  # per-layer rows when a Keras-form model section is declared
     parallel: object = None  # sharding.Parallel when a `parallel` section is declared
     host_memory: int | None = None  # host.memory, bytes per node
     model: object = None  # models.hf.Model when the model is a transformer (block rows, summary)
     preset: object = None  # presets.Preset named by device.preset
     memory_origin: str | None = None  # how device memory was given when not as device.memory: "preset A100-80GB"
     overhead: int = 0  # runtime overhead on the device (device.overhead), bytes
-    overhead_lines: list = field(default_factory=list)  # presets.Line for `overhead: auto`; [] for a given size
+    overhead_lines: tuple = ()  # presets.Line for `overhead: auto`; () for a given size
     granule: int | None = None  # the allocator's rounding the peak applies (`overhead: auto` on a preset)
     peak: dict | None = None  # ledger.step.peak() of a run, when the config has a training section
     step: object = None  # ledger.step.Step of a run: every tensor of the step and when it lives
@@ -81,6 +84,21 @@ class Config:
         return None if self.memory is None else self.memory - self.reserve
 
 
+@dataclass(slots=True)
+class Emitted:
+    """What a model section emits while it is read (models/): its tensors priced by the recipe, the Keras form's
+    layer rows, the transformer's Model. The pipeline folds it into a new Config; models never see the Config."""
+
+    recipe: Recipe
+    tensors: list = field(default_factory=list)
+    layers: list = field(default_factory=list)
+    model: object = None
+
+    @property
+    def widths(self) -> dict:
+        return self.recipe.widths
+
+
 def build(data: dict) -> tuple[Config, list[Problem]]:
     """Tensors declared explicitly; model-derived ones and the placement are added by check."""
     problems: list[Problem] = []
@@ -99,20 +117,21 @@ def build(data: dict) -> tuple[Config, list[Problem]]:
         declared = data.get("dtypes", {})
         widths = {c: width(declared.get(c, DEFAULT_DTYPE)) for c in CATEGORIES}
         recipe = Recipe(data["optimizer"], states, widths)
-    config = Config(data.get("name"), recipe)
-    problems.extend(_device(data.get("device", {}), config))
+    fields: dict = {}  # the Config's fields, each set once as the document is read
+    problems.extend(_device(data.get("device", {}), fields))
     if "parallel" in data or "host" in data:
-        problems.extend(_parallel(data, config))
+        problems.extend(_parallel(data, fields))
+    declared = Emitted(recipe)
     for category in ("parameters", "activations"):
         for i, item in enumerate(data.get(category, ())):
-            config.tensors.append(_tensor(category, (category, i), item, config))
-    return config, problems
+            declared.tensors.append(_tensor(category, (category, i), item, declared))
+    return Config(data.get("name"), recipe, tensors=tuple(declared.tensors), **fields), problems
 
 
-def _parallel(data: dict, config: Config) -> list[Problem]:
+def _parallel(data: dict, fields: dict) -> list[Problem]:
     from memfit.placement.sharding import from_config
 
-    config.parallel, config.host_memory, found = from_config(data)
+    fields["parallel"], fields["host_memory"], found = from_config(data)
     code = {"error": codes.BAD_UNIT, "note": codes.NO_HOST_BUDGET}
     return [Problem(path, code[severity], message, on_key=severity == "note") for path, message, severity in found]
 
@@ -127,32 +146,32 @@ def _beyond_seed(data: dict) -> bool:
     return not (isinstance(optimizer, str) and optimizer.strip().lower() in OPTIMIZER_STATES)
 
 
-def _device(device: dict, config: Config) -> list[Problem]:
-    problems = _preset(device, config)
+def _device(device: dict, fields: dict) -> list[Problem]:
+    problems = _preset(device, fields)
     if "memory" in device:
         try:
-            config.memory = parse_bytes(device["memory"])
+            fields["memory"] = parse_bytes(device["memory"])
         except UnitError as error:
             problems.append(Problem(("device", "memory"), codes.BAD_UNIT, f"device.memory: {error}"))
     if "reserve" in device:
         try:
-            config.reserve = parse_reserve(device["reserve"], config.memory)
+            fields["reserve"] = parse_reserve(device["reserve"], fields.get("memory"))
         except UnitError as error:
             problems.append(Problem(("device", "reserve"), codes.BAD_UNIT, f"device.reserve: {error}"))
-        if config.memory is not None and config.reserve > config.memory:
+        if fields.get("memory") is not None and fields.get("reserve", 0) > fields.get("memory"):
             problems.append(
-                Problem(("device", "reserve"), codes.BAD_BUDGET, f"device.reserve ({config.reserve:,} B) is more than device.memory ({config.memory:,} B): the budget would be negative")
+                Problem(("device", "reserve"), codes.BAD_BUDGET, f"device.reserve ({fields.get('reserve', 0):,} B) is more than device.memory ({fields.get('memory'):,} B): the budget would be negative")
             )
     if "warn_at" in device:
         try:
-            config.warn_at = parse_percent(device["warn_at"])
+            fields["warn_at"] = parse_percent(device["warn_at"])
         except UnitError as error:
             problems.append(Problem(("device", "warn_at"), codes.BAD_UNIT, f"device.warn_at: {error}"))
-    problems.extend(_overhead(device, config))
+    problems.extend(_overhead(device, fields))
     return problems
 
 
-def _preset(device: dict, config: Config) -> list[Problem]:
+def _preset(device: dict, fields: dict) -> list[Problem]:
     """device.preset fills device.memory from the table; an explicit memory wins, and a note says so."""
     if "preset" not in device:
         return []
@@ -170,7 +189,7 @@ def _preset(device: dict, config: Config) -> list[Problem]:
         near = presets.closest(name)
         hint = f"; did you mean {', '.join(near)}?" if near else ""
         return [Problem(("device", "preset"), codes.UNKNOWN_PRESET, f"unknown device preset {name!r}{hint} (known: {', '.join(presets.PRESETS)})")]
-    config.preset = preset
+    fields["preset"] = preset
     if "memory" in device:
         return [
             Problem(
@@ -179,45 +198,45 @@ def _preset(device: dict, config: Config) -> list[Problem]:
                 f"device.memory {device['memory']} wins over preset {preset.name} ({with_bytes(preset.memory)}, the memory its driver reports)",
             )
         ]
-    config.memory = preset.memory
-    config.memory_origin = f"preset {preset.name}"
+    fields["memory"] = preset.memory
+    fields["memory_origin"] = f"preset {preset.name}"
     return []
 
 
-def _overhead(device: dict, config: Config) -> list[Problem]:
+def _overhead(device: dict, fields: dict) -> list[Problem]:
     """device.overhead: `auto` (the preset's named lines and the allocator's rounding), a byte size, or 0."""
     if "overhead" not in device:
         return []
     value = device["overhead"]
     if value == "auto":
-        if config.preset is None:
+        if fields.get("preset") is None:
             if "preset" in device:  # an unknown preset: already reported
                 return []
             return [Problem(("device", "overhead"), codes.UNKNOWN_PRESET, "overhead: auto is the runtime overhead of a device.preset, and none is given: name one, or give the overhead as a byte size")]
         from memfit.config import presets
 
-        config.overhead_lines = presets.overhead_lines(config.preset)
-        config.overhead = sum(line.bytes for line in config.overhead_lines)
-        config.granule = presets.ALLOCATOR_GRANULE
+        fields["overhead_lines"] = tuple(presets.overhead_lines(fields.get("preset")))
+        fields["overhead"] = sum(line.bytes for line in fields.get("overhead_lines", ()))
+        fields["granule"] = presets.ALLOCATOR_GRANULE
     else:
         try:
-            config.overhead = parse_bytes(value)
+            fields["overhead"] = parse_bytes(value)
         except UnitError as error:
             return [Problem(("device", "overhead"), codes.BAD_UNIT, f"device.overhead: {error}")]
-    if config.memory is not None and config.overhead + config.reserve >= config.memory:
+    if fields.get("memory") is not None and fields.get("overhead", 0) + fields.get("reserve", 0) >= fields.get("memory"):
         return [
             Problem(
                 ("device", "overhead"),
                 codes.BAD_BUDGET,
-                f"device.overhead ({with_bytes(config.overhead)}) is not less than device.memory ({with_bytes(config.memory)})"
-                + (f" minus the reserve ({with_bytes(config.reserve)})" if config.reserve else "")
+                f"device.overhead ({with_bytes(fields.get('overhead', 0))}) is not less than device.memory ({with_bytes(fields.get('memory'))})"
+                + (f" minus the reserve ({with_bytes(fields.get('reserve', 0))})" if fields.get('reserve', 0) else "")
                 + ": nothing would fit",
             )
         ]
     return []
 
 
-def _tensor(category: str, path: tuple, item, config: Config) -> Tensor:
+def _tensor(category: str, path: tuple, item, config: Emitted) -> Tensor:
     if isinstance(item, list):
         shape, name, count, trainable, dtype = item, None, 1, True, None
     else:
@@ -229,7 +248,7 @@ def _tensor(category: str, path: tuple, item, config: Config) -> Tensor:
     return make_tensor(category, path, name, shape, count, trainable, width(dtype) if dtype is not None else None, config)
 
 
-def make_tensor(category, path, name, shape, count, trainable, dtype: Width | None, config: Config) -> Tensor:
+def make_tensor(category, path, name, shape, count, trainable, dtype: Width | None, config: Config | Emitted) -> Tensor:
     """A declared tensor and its cost under the config's recipe; `dtype` overrides only its own storage."""
     elements = math.prod(shape)  # dims are schema-checked ints here
     recipe = config.recipe

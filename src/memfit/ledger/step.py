@@ -16,11 +16,11 @@ autograd runs it and reports the largest moment:
   it has run its backward);
 - the optimizer step: parameters, all gradients, the optimizer state and the temporaries of
   the chosen implementation (`foreach`, `fused`, `for_loop`, as torch.optim allocates them:
-  OPTIMIZER_TEMPORARIES below, measured per optimizer in tests/test_peak.py).
+  OPTIMIZER_TEMPORARIES below, measured per optimizer in tests/ledger/test_peak.py).
 
 Gradients are None between steps (`zero_grad(set_to_none=True)`, PyTorch's default). The
 reference is torch.distributed._tools.mem_tracker.MemTracker around a real step on the CPU
-(tests/peak_reference.py); docs/peak.md says what was measured.
+(tests/support/peak_reference.py); docs/peak.md says what was measured.
 
 Everything here is pure: rows in, exact integer bytes out. ledger/training.py builds the rows of a
 config (the Keras-form layer stack, a transformer, declared tensors), every byte priced by the recipe.

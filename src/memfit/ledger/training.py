@@ -375,8 +375,13 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
         row.output_grad = False
     rows.append(row)
     if checkpointing == "full":
+        # a part's recomputed tensors follow the un-checkpointed layer's order; what the whole layer holds while
+        # its backward recomputes it is bounded by the footprint's figure (hf_activations.recomputed: the
+        # checkpointed forward runs without the key/value cache), so the peak's saved activations never exceed
+        # the footprint's
         full = acts.saved(cfg, checkpointing="none", **common)
         every = [blk.kept for blk in full[1:-2] for _ in range(blk.count)]
+        bound = [sum(kept_bytes(k) for k in kept) - hidden for kept in acts.recomputed(cfg, **common)]
     else:
         every = per_layer
     fam = acts.FAMILIES[cfg["model_type"]]
@@ -395,7 +400,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
                 # only the boundary (the layer's input) stays kept; backward recomputes the layer
                 # first, and each part's tensors go when its backward is done
                 row.kept = [x] if n == 0 else []
-                row.recompute = sum(part_bytes[: n + 1]) - hidden
+                row.recompute = min(sum(part_bytes[: n + 1]) - hidden, bound[i])
             else:
                 row.kept = kept_ids(kept, x, hidden) if n == 0 else [fresh(kept_bytes(k)) for k in kept]
             row.forward_flight = hidden  # its output while it is written; its inner tensors are kept

@@ -8,8 +8,16 @@ KERAS_KEYS = ("input_shape", "batch_size", "layers", "input_name")
 TRANSFORMER_KEYS = ("hf_config", "transformer")
 
 
-def derive(data: dict, config, path: str = "<text>") -> list:
-    """Tensors of the document's model section appended to config.tensors; the problems found."""
+def derive(data: dict, config, path: str = "<text>") -> tuple:
+    """What the document's model section emits (config.build.Emitted: its tensors priced by the config's recipe,
+    the Keras form's layer rows, the transformer's Model) and the problems found. The config is only read."""
+    from memfit.config.build import Emitted
+
+    out = Emitted(config.recipe)
+    return out, _derive(data, out, path)
+
+
+def _derive(data: dict, out, path: str) -> list:
     from memfit.diagnostics import codes
     from memfit.diagnostics.diagnostic import Problem
 
@@ -32,7 +40,7 @@ def derive(data: dict, config, path: str = "<text>") -> list:
     if transformer:
         from memfit.models import hf
 
-        return hf.derive(data, config, path)
+        return hf.derive(data, out, path)
 
     missing = [k for k in ("input_shape", "layers") if k not in model]
     if missing:
@@ -49,8 +57,8 @@ def derive(data: dict, config, path: str = "<text>") -> list:
         return [Problem(("model",), codes.SCHEMA, "model needs a batch size: training.micro_batch (or model.batch_size)", on_key=True)]
     from memfit.models import keras
 
-    tensors, problems = keras.derive({**model, "batch_size": batch}, config)
-    config.tensors.extend(tensors)
+    tensors, problems = keras.derive({**model, "batch_size": batch}, out)
+    out.tensors.extend(tensors)
     return problems
 
 

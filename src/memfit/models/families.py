@@ -1,7 +1,7 @@
 """The ten transformer families memfit derives from a Hugging Face config.json: data, no logic.
 
 For each `model_type`: the fields of the transformers config class with their defaults and
-accepted JSON types (transformers 5.24.0; tests/test_transformers_params.py compares every
+accepted JSON types (transformers 5.24.0; tests/models/test_transformers_params.py compares every
 default with the installed config class), its attribute aliases, the rules its __post_init__
 applies, the architectures (`architectures[0]`) memfit models with the head each one has, and
 the structure facts models/hf.py needs (module names, which projections carry a bias, how the

@@ -8,7 +8,7 @@ adapter can target. Both come from one description of the module tree per family
 per layer kind and repeated for the layers, so a 70B config derives as fast as a tiny one.
 
 Module order follows each class's __init__ (named_parameters visits a module's own parameters,
-then its children in registration order); tests/test_transformers_params.py builds every family
+then its children in registration order); tests/models/test_transformers_params.py builds every family
 with transformers and compares.
 """
 
@@ -352,8 +352,9 @@ def is_transformer(model: dict) -> bool:
     return "hf_config" in model or "transformer" in model
 
 
-def derive(data: dict, config, path: str) -> list:
-    """Tensors of `data["model"]` (the transformer form) appended to config.tensors; the problems.
+def derive(data: dict, out, path: str) -> list:
+    """What `data["model"]` (the transformer form) emits into `out` (config.build.Emitted: its tensors, the Model);
+    the problems.
 
     `path` is the checked file's: hf_config is relative to its directory."""
     import os
@@ -406,7 +407,7 @@ def derive(data: dict, config, path: str) -> list:
     micro_batch, seq_len = training["micro_batch"], training["seq_len"]
     attention = training.get("attention", "sdpa")
     checkpointing = training.get("checkpointing", "none")
-    return hints + _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpointing, data)
+    return hints + _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointing, data)
 
 
 def _typo_notes(raw: dict, where: tuple) -> list:
@@ -492,7 +493,7 @@ def forced_activations(declared) -> tuple:
     return None, Problem(("dtypes", "activations"), codes.UNKNOWN_DTYPE, message)
 
 
-def _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpointing, data) -> list:
+def _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointing, data) -> list:
     from memfit.config.build import make_tensor
     from memfit.recipe.costs import width
     from memfit.models.hf_activations import peak_saved, saved as saved_by, total as total_of
@@ -502,7 +503,7 @@ def _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpoi
     dtypes, problem = forced_activations(data.get("dtypes", {}))
     if problem is not None:
         return [problem]
-    base_name = config.widths["parameters"].name
+    base_name = out.widths["parameters"].name
     recipe = _recipe_arguments(data, base_name if isinstance(base_name, str) else "float32")
     adapted = "lora" in data or "quantization" in data
     if adapted:
@@ -512,7 +513,7 @@ def _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpoi
 
         if adapters.problems(data):
             return []  # reported by check already; no footprint is shown
-        base = config.widths["parameters"].name
+        base = out.widths["parameters"].name
         base = base if base in DTYPES else "float32"
         param_rows, problems = adapters.transformer_rows(cfg, data, base, parameters(cfg), linear_modules(cfg), head(cfg))
         if problems:
@@ -528,24 +529,24 @@ def _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpoi
                 elements += math.prod(p.shape)
                 continue
             label = f"{prefix}*.{p.name}" if name == "layer" else p.name
-            tensor = make_tensor("parameters", where, label, list(p.shape), count, True, None, config)
-            config.tensors.append(tensor)
+            tensor = make_tensor("parameters", where, label, list(p.shape), count, True, None, out)
+            out.tensors.append(tensor)
             elements += tensor.elements
         for block in by_block.get(name) or [None]:
             copies = count if block is None else block.count
             kept = [] if block is None else block.kept
             saved_bytes = 0
             for k in kept:
-                tensor = make_tensor("activations", where, f"{name}: {k.label}", list(k.shape), copies, True, width(k.dtype), config)
-                config.tensors.append(tensor)
+                tensor = make_tensor("activations", where, f"{name}: {k.label}", list(k.shape), copies, True, width(k.dtype), out)
+                out.tensors.append(tensor)
                 saved_bytes += tensor.bytes["activations"] // copies
             rows.append(BlockRow(name, copies, elements, saved_bytes, [(k.label, k.shape, k.dtype) for k in kept]))
     loss = (by_block.get("loss") or [None])[0]
     if loss is not None:
         saved_bytes = 0
         for k in loss.kept:
-            tensor = make_tensor("activations", where, f"loss: {k.label}", list(k.shape), 1, True, width(k.dtype), config)
-            config.tensors.append(tensor)
+            tensor = make_tensor("activations", where, f"loss: {k.label}", list(k.shape), 1, True, width(k.dtype), out)
+            out.tensors.append(tensor)
             saved_bytes += tensor.bytes["activations"]
         rows.append(BlockRow("loss", 1, 0, saved_bytes, [(k.label, k.shape, k.dtype) for k in loss.kept]))
     total = total_of(saved)
@@ -555,15 +556,15 @@ def _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpoi
             # the backward recomputes one layer at a time: its saved tensors live beside the boundaries
             extra = peak - total
             label = "recomputation: one layer's saved tensors in the backward, beyond the head and loss"
-            config.tensors.append(make_tensor("activations", where, label, [extra], 1, True, width("uint8"), config))
+            out.tensors.append(make_tensor("activations", where, label, [extra], 1, True, width("uint8"), out))
             rows.append(BlockRow("recomputed layer", 1, 0, extra, []))
         total = max(peak, total)
     if adapted:
         for row in param_rows:
             own = None if row.dtype == base else width(row.dtype)
-            config.tensors.append(make_tensor("parameters", where, row.name, list(row.shape), 1, row.trainable, own, config))
+            out.tensors.append(make_tensor("parameters", where, row.name, list(row.shape), 1, row.trainable, own, out))
     training = {"micro_batch": micro_batch, "seq_len": seq_len, "attention": attention, "checkpointing": checkpointing}
-    config.model = Model(cfg, file, summary(cfg), rows, total, training, dtypes, recipe)
+    out.model = Model(cfg, file, summary(cfg), rows, total, training, dtypes, recipe)
     return []
 
 

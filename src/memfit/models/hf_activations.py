@@ -3,7 +3,7 @@
 Each block lists the distinct storages autograd keeps (each once, under the first op that keeps it) with its shape
 and dtype; `saved()` evaluates the symbolic tables below for one config. Nothing is per element: a 70B config costs
 the same as a tiny one. The rules were read off transformers 5.24, torch 2.13 and peft 0.21 and are checked against
-a real step on CPU (tests/test_transformers_activations.py; docs/transformer-activations.md prints the tables).
+a real step on CPU (tests/models/test_transformers_activations.py; docs/transformer-activations.md prints the tables).
 
 A table row (`K`) says: this op keeps this tensor, of this symbolic shape, in this dtype *role*, under this static
 condition (`when`: attention kernel, dropout on, cache, autocast...), provided one of the listed gradient flags is
@@ -689,6 +689,14 @@ def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "s
         recomputed -= nbytes([boundary])
     kept = nbytes(emb.kept) + layer.count * nbytes(layer.kept)
     return kept + max(nbytes(head.kept) + nbytes(loss.kept), recomputed)
+
+
+def recomputed(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", precision: str = "32-true",
+               dtypes: dict | None = None, lora: dict | None = None, shape=None) -> list:
+    """Under full checkpointing, what each layer keeps while its backward recomputes it (one list per layer, in
+    order): the checkpointed forward runs without the key/value cache, so its copies of k and v are not made."""
+    *_, layer0, layer1, _, _ = _evaluate(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora, shape or _shape)
+    return [layer0] + [layer1] * (_layers(cfg) - 1)
 
 
 def qlora_precision(compute_dtype: str = "bfloat16") -> str:

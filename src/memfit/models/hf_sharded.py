@@ -3,7 +3,7 @@
 models.hf_activations lists what autograd keeps per layer as symbolic rows; here each row is
 evaluated with one rank's share of its dims, as Megatron-LM splits them (sharding.py has the
 layout and the parameter side). Checked against Korthikanti et al. 2022, Table 2, in
-tests/test_sharding.py.
+tests/placement/test_sharding.py.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Semantics are Keras 3's (shapes, defaults, weight layout, trainable or not). Every layer type
 is ONE entry in RULES: how it maps the incoming shape, which weights it owns, which tensors
 PyTorch's eager autograd keeps for its backward in training mode (measured with
-torch.autograd.graph.saved_tensors_hooks; see tests/test_frameworks.py and the README), and
+torch.autograd.graph.saved_tensors_hooks; see tests/models/test_frameworks.py and the README), and
 its arguments with their defaults, from which the JSON Schema is generated (schemagen.py).
 Adding a layer is one entry here plus its cross-check there.
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from memfit.diagnostics import codes
-from memfit.config.build import Config, Tensor, make_tensor, width
+from memfit.config.build import Emitted, Tensor, make_tensor, width
 from memfit.diagnostics.diagnostic import Problem
 from memfit.report.present import cut, shape_text
 
@@ -61,7 +61,7 @@ def _new(label: str, shape, dtype: str | None = None) -> tuple:
 
 
 # Activation name -> which tensor its backward keeps (None: identity, nothing).
-# Measured per function in tests/test_frameworks.py against torch.
+# Measured per function in tests/models/test_frameworks.py against torch.
 ACTIVATIONS: dict[str, tuple | None] = {
     "linear": None,
     "relu": OUT,
@@ -863,7 +863,7 @@ def snake(name: str) -> str:
 class _Flow:
     """Distinct tensors: ids for identity, each counted once."""
 
-    config: Config
+    config: Emitted
     counted: set = field(default_factory=set)
     next_id: int = 0
 
@@ -875,15 +875,16 @@ class _Flow:
 GRAPH_INPUT = "input_layer"  # Keras's name for keras.Input(...) when none is given
 
 
-def derive(model: dict, config: Config) -> tuple[list[Tensor], list[Problem]]:
-    """Weights and saved activations of a schema-valid `model` section; fills config.layers.
+def derive(model: dict, emitted: Emitted) -> tuple[list[Tensor], list[Problem]]:
+    """Weights and saved activations of a schema-valid `model` section; its layer rows go to `emitted.layers`
+    (config.build.Emitted, what the model section emits; the Config itself is never changed).
 
     A layer takes the previous layer's output, or the tensors its `inputs` name (Keras's
     functional API): the graph input (`model.input_name`, default 'input_layer') or an earlier
     layer's output. Each tensor is one id, so a tensor several layers keep is counted once."""
     tensors: list[Tensor] = []
     problems: list[Problem] = []
-    flow = _Flow(config)
+    flow = _Flow(emitted)
     layers = model.get("layers", [])
     batch = model["batch_size"]
     shape = [batch, *model["input_shape"]]
@@ -929,10 +930,10 @@ def derive(model: dict, config: Config) -> tuple[list[Tensor], list[Problem]]:
             where = path + ("name",) if "name" in layer else path + ("type",)
             problems.append(Problem(where, codes.DUPLICATE_LAYER, f"layer name {name!r} is already used by model.layers[{first_use[name]}]; Keras requires unique layer names"))
         row = LayerRow(i, path, kind, name, out_shape, 0)
-        config.layers.append(row)
+        emitted.layers.append(row)
 
         for weight, wshape, trainable in weights:
-            tensor = make_tensor("parameters", path, f"{name}/{weight}", wshape, 1, trainable, None, config)
+            tensor = make_tensor("parameters", path, f"{name}/{weight}", wshape, 1, trainable, None, emitted)
             tensors.append(tensor)
             row.params += tensor.elements
             (row.trainable if trainable else row.non_trainable).append((tensor.name, wshape))

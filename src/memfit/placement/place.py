@@ -38,12 +38,16 @@ SINGLE = Layout()
 class Placement:
     __slots__ = ("layout", "devices", "sharded", "transients", "step_peak")
 
-    def __init__(self, layout: Layout, devices: list, sharded=None, transients=None) -> None:
-        self.step_peak = None  # ledger.step.rank_peak: the step walked on each rank, for a run
+    def __init__(self, layout: Layout, devices: list, sharded=None, transients=None, step_peak=None) -> None:
+        self.step_peak = step_peak  # ledger.step.rank_peak: the step walked on each rank, for a run
         self.layout = layout
         self.devices = devices  # per device (per pipeline stage's most-loaded rank): category -> bytes, and "total"
         self.sharded = sharded  # sharding.Sharded under a parallel layout
         self.transients = transients or [{} for _ in devices]  # per device: what it gathers for a moment
+
+    def with_step_peak(self, step_peak: dict) -> "Placement":
+        """The same placement with the step's per-rank walk (a new object: a built placement is not changed)."""
+        return Placement(self.layout, self.devices, self.sharded, self.transients, step_peak)
 
     @property
     def binding(self) -> int:

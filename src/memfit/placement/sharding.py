@@ -3,7 +3,7 @@
 Pure functions over a list of `Tensor`s (a name, a shape and bytes per element per category, as
 the recipe gives them) and a `Parallel` layout. Nothing here reads a config or imports a framework;
 the rules below were read from the frameworks' sources (versions named) and are checked against
-runs of those frameworks in tests/test_sharding.py.
+runs of those frameworks in tests/placement/test_sharding.py.
 
 How each engine shards a data-parallel group of N ranks:
 

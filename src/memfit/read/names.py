@@ -3,7 +3,7 @@ TRL and the Trainer that have a memfit equivalent, and the case of enum values.
 
 `FRAMEWORK_NAMES` is data: a name as the frameworks spell it -> where memfit keeps it (a key path, and the
 value when the framework's name implies one). An unknown key with one of these names, anywhere in a config,
-gets "did you mean" with the full memfit key (read/schema.py); `tests/test_names.py` checks that every
+gets "did you mean" with the full memfit key (read/schema.py); `tests/read/test_names.py` checks that every
 entry names a key, and a value, the schema accepts.
 
 `canonical(data)`: enum values are matched without regard to case, as optimizer names and device presets

@@ -84,7 +84,7 @@ OPTIMIZERS: dict[str, Optimizer] = {
 #            their names are rebound);
 #   fused: one kernel, in place: none. None: torch.optim has no fused implementation.
 # Read from torch/optim/*.py (_multi_tensor_*, _single_tensor_*) and measured with MemTracker
-# against torch 2.13; tests/test_peak.py re-measures every entry (ledger/step.py applies them).
+# against torch 2.13; tests/ledger/test_peak.py re-measures every entry (ledger/step.py applies them).
 TEMPORARIES: dict[str, dict[str, tuple | int | None]] = {
     "sgd": {"foreach": 0, "for_loop": ((0, 0),), "fused": 0},
     "momentum": {"foreach": 0, "for_loop": ((0, 0),), "fused": 0},
@@ -100,7 +100,7 @@ TEMPORARIES: dict[str, dict[str, tuple | int | None]] = {
     "radam": {"foreach": 1, "for_loop": ((5, 0),), "fused": None},
     # bitsandbytes' 8-bit optimizers update each parameter in one in-place kernel
     # (optimizer_update_8bit_blockwise) whatever torch.optim implementation is named: none. The
-    # combinations measured in tests/test_combinations.py peak within 5% of MemTracker with none.
+    # combinations measured in tests/ledger/test_combinations.py peak within 5% of MemTracker with none.
     **{name: {"foreach": 0, "for_loop": ((0, 0),), "fused": 0} for name in ("adam8bit", "adamw8bit", "paged_adam8bit", "paged_adamw8bit", "lion8bit")},
 }
 

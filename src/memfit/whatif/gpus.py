@@ -13,7 +13,7 @@ passes, the size below it does not); a guess that is off is corrected by doublin
 runs in all. Pass/fail is monotone in d up to the rounding of shards (a d that does not divide a tensor pads
 it: a few bytes per rank) and the size 1 (nothing to gather): wherever a size below the answer failed by
 less than the largest rise seen between two probed sizes, every size of that stretch is checked, so the
-answer is the smallest that passes, not a size bisection happened to land on. `tests/test_fit_gpus.py`
+answer is the smallest that passes, not a size bisection happened to land on. `tests/whatif/test_fit_gpus.py`
 compares it with a loop over every size through `memfit check`.
 """
 

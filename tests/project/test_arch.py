@@ -1,0 +1,479 @@
+"""The architecture's own promises (issue 10): no import cycles, the schema generated from the
+tables and checked in, one cost model, the code registry, the input seam, other-file diagnostics."""
+
+import ast
+import re
+import io
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import needs
+import pytest
+
+from memfit import compute_footprint
+
+from memfit.diagnostics import codes
+from memfit.check.pipeline import Options, check, check_file
+from memfit.diagnostics.diagnostic import Problem, Range
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "src" / "memfit"
+
+
+# --- no import cycles ----------------------------------------------------------------------
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, name: str, modules: set) -> set:
+    """memfit modules that `name` imports anywhere: top level, inside functions, under
+    `if TYPE_CHECKING:`; `from . import x` counts as importing x when x is a module."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.split(".")[0] == "memfit")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "memfit":
+                continue
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in modules)
+    # importing a.b runs a/__init__ first, which is an edge too (but not a module to itself)
+    out = set()
+    for target in found:
+        parts = target.split(".")
+        out.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return {m for m in out if m in modules and m != name}
+
+
+def import_graph() -> dict:
+    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {name: _imports(path, name, set(files)) for name, path in files.items()}
+
+
+def _cycle(graph: dict):
+    state: dict = {}
+    stack: list = []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_the_package_has_no_import_cycle():
+    graph = import_graph()
+    assert "memfit.models.keras" in graph and "memfit.check.pipeline" in graph["memfit.cli.runner"]
+    # the package root imports calculator (compute_footprint): every module imports the root
+    # first, so an edge into the root is not a cycle through it; the root itself must stay small
+    root = graph.pop("memfit")
+    graph = {name: {m for m in deps if m != "memfit"} for name, deps in graph.items()}
+    graph["memfit"] = root
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph))
+
+
+def test_the_cycle_finder_sees_function_level_and_type_checking_imports(tmp_path):
+    code = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import x\ndef f():\n    from . import c\n"
+    path = tmp_path / "memfit" / "a.py"
+    path.parent.mkdir()
+    path.write_text(code)
+    global PACKAGE
+    saved, PACKAGE = PACKAGE, tmp_path / "memfit"
+    try:
+        assert _imports(path, "memfit.a", {"memfit.a", "memfit.b", "memfit.c"}) == {"memfit.b", "memfit.c"}
+    finally:
+        PACKAGE = saved
+    assert _cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
+
+
+def test_the_root_module_imports_only_the_calculator_and_the_cost_model():
+    graph = import_graph()
+    # a stage's package __init__ is empty: importing through it adds no module
+    assert graph["memfit.recipe"] == set()
+    assert graph["memfit"] <= {"memfit.recipe.calculator", "memfit.recipe"}
+    assert graph["memfit.recipe.calculator"] <= {"memfit.recipe.costs", "memfit", "memfit.recipe"}
+    assert graph["memfit.recipe.costs"] <= {"memfit.recipe.dtypes", "memfit.recipe.optim", "memfit", "memfit.recipe"}
+    assert graph["memfit.recipe.optim"] <= {"memfit", "memfit.recipe"}  # the optimizer table: data
+
+
+def test_checking_imports_neither_the_language_server_nor_jsonschema(tmp_path):
+    config = tmp_path / "ok.yaml"
+    config.write_text("memfit: 1\ndevice: {memory: 1 GiB}\noptimizer: adam\nparameters: [[4, 3]]\n")
+    code = (
+        "import sys; from memfit.cli.main import main; status = main(['check', sys.argv[1]]);"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'pygls', 'lsprotocol', 'jsonschema', 'memfit.editor.lsp'}), status)"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(config)], capture_output=True, text=True, timeout=120, check=False)
+    assert done.stdout.strip().endswith("[] 0"), done.stdout + done.stderr
+
+
+# --- the generated schema -----------------------------------------------------------------
+
+
+def test_the_checked_in_schema_is_the_generated_one():
+    from memfit.cli.schemagen import schema_text
+
+    generated = schema_text()
+    stale = "schemas/memfit.schema.json is stale: run `PYTHONPATH=src python -m memfit schema > src/memfit/memfit.schema.json`"
+    assert (ROOT / "schemas" / "memfit.schema.json").read_text(encoding="utf-8") == generated, stale
+    assert (PACKAGE / "memfit.schema.json").read_text(encoding="utf-8") == generated, stale
+
+
+def test_the_schema_follows_the_tables():
+    from memfit.recipe.costs import OPTIMIZER_STATES
+    from memfit.recipe.dtypes import DTYPES
+    from memfit.models.keras import ACTIVATIONS, RULES, defaults
+    from memfit.cli.schemagen import generate
+    from memfit.diagnostics.units import UNITS
+
+    doc = generate()
+    defs = doc["$defs"]
+    assert defs["dtype"]["anyOf"][0]["enum"] == list(DTYPES)
+    assert defs["activation_function"]["enum"] == list(ACTIVATIONS)
+    assert defs["layer_type"]["enum"] == list(RULES)
+    assert all(f"|{unit}|" in defs["bytes"]["anyOf"][1]["pattern"].replace("(", "|").replace(")", "|") for unit in UNITS)
+    from memfit.recipe.optim import OPTIMIZERS
+
+    assert doc["properties"]["optimizer"]["examples"] == list(OPTIMIZERS)
+    assert set(OPTIMIZER_STATES) <= set(OPTIMIZERS)  # the seed contract's optimizers are all in the table
+    for kind, args in defaults().items():
+        assert {k: v["default"] for k, v in defs[f"layer_{kind}"]["properties"].items() if "default" in v} == args
+
+
+def test_the_unit_pattern_accepts_what_parse_bytes_reads():
+    import re
+
+    from memfit.diagnostics.units import BYTES_PATTERN, UNITS, UnitError, parse_bytes
+
+    pattern = re.compile(BYTES_PATTERN)
+    for text in ["24 GiB", "80GB", " 1.5 MiB ", ".5 KiB", "7 B", "24 GIB", "24 KB", "24", "1e3 B", "-1 GiB", "24 GiBs"]:
+        try:
+            parse_bytes(text)
+            readable = True
+        except UnitError:
+            readable = False
+        if pattern.match(text):
+            # the schema lets through only what memfit reads (a fraction of a byte is memfit's to refuse)
+            assert readable or "." in text, text
+        else:
+            assert not readable, text
+    assert all(pattern.match(f"1 {unit}") for unit in UNITS)
+
+
+# --- one cost model ---------------------------------------------------------------------------
+
+
+def test_the_checker_and_the_seed_contract_share_the_cost_model():
+    text = "memfit: 1\ndevice: {memory: 1 GiB}\noptimizer: adam\ndtypes: {parameters: bf16, gradients: float32, activations: 0.5, optimizer_state: 4}\nparameters: [[4, 3], [3], {shape: [5], trainable: false}]\nactivations: [[2, 3]]\n"
+    result = check(text)
+    expected = compute_footprint([[4, 3], [3]], 2, 4, [[2, 3]], 0.5, "adam", 4)
+    frozen = 5 * 2
+    assert result.footprint == {**expected, "parameters": expected["parameters"] + frozen, "total": expected["total"] + frozen}
+
+
+def test_a_recipe_plugs_in_without_touching_the_callers():
+    from memfit.recipe.costs import Recipe
+    from memfit.placement.place import place
+
+    class MasterWeights(Recipe):  # a float32 copy of every trainable weight (mixed precision)
+        def cost(self, category, elements, count=1, trainable=True, own=None):
+            sizes = Recipe.cost(self, category, elements, count, trainable, own)
+            if category == "parameters" and trainable:
+                sizes["optimizer_state"] += count * elements * 4
+            return sizes
+
+    plain = check("memfit: 1\noptimizer: adam\nparameters: [[10]]\n").config
+    from memfit.config.build import make_tensor
+
+    config = replace(plain, recipe=MasterWeights(plain.recipe.optimizer, plain.recipe.states, plain.recipe.widths))
+    config = replace(config, tensors=(make_tensor("parameters", ("parameters", 0), None, [10], 1, True, None, config),))
+    config = replace(config, placement=place(config.tensors))
+    assert config.footprint["optimizer_state"] == 2 * 10 * 4 + 10 * 4
+
+
+def test_a_built_config_is_never_changed():
+    """Each stage returns a new Config (dataclasses.replace); none writes into one already built."""
+    import dataclasses
+
+    from memfit.config.build import Config
+
+    assert Config.__dataclass_params__.frozen
+    for name in ("tensors", "layers", "overhead_lines"):
+        assert isinstance(getattr(Config(None, None), name), tuple), name  # no list to append to either
+    result = check((ROOT / "examples" / "llama-3-8b.yaml").read_text(), str(ROOT / "examples" / "llama-3-8b.yaml"))
+    config = result.config
+    assert config.peak is not None and config.step is not None and isinstance(config.tensors, tuple)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.peak = None
+    # nothing in the package assigns to a config's attribute or appends to its tensors
+    offenders = []
+    for path in (ROOT / "src" / "memfit").rglob("*.py"):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if re.search(r"\bconfig\.\w+\s*=[^=]|\bconfig\.(tensors|layers)\.(append|extend)\(", code):
+                offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not offenders, offenders
+
+
+# --- the code registry ----------------------------------------------------------------------
+
+
+def test_every_code_has_a_severity_summary_and_help():
+    for code in codes.CODES.values():
+        assert code.severity in (codes.ERROR, codes.WARNING, codes.INFORMATION) and code.summary and not code.summary.endswith(".") and code.help.endswith(".")
+
+
+def test_no_module_compares_code_strings():
+    literals = set(codes.CODES)
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "codes.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Compare):
+                for side in [node.left, *node.comparators]:
+                    assert not (isinstance(side, ast.Constant) and side.value in literals and side.value != "schema"), (path, ast.unparse(node))
+
+
+# --- the input seam --------------------------------------------------------------------------
+
+
+def memfit(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "memfit", *map(str, args)], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.fixture
+def fifo(tmp_path):
+    path = tmp_path / "pipe.yaml"
+    os.mkfifo(path)
+    return path
+
+
+def test_a_fifo_argument_is_an_io_error_not_a_hang(fifo):
+    done = memfit("check", fifo, timeout=30)
+    assert done.returncode == 1
+    assert f"{fifo}:1:1: error[io] cannot read {fifo}: it is a FIFO (named pipe), not a regular file" in done.stdout
+
+
+def test_a_fifo_in_a_walked_directory_is_an_io_error(fifo, tmp_path):
+    (tmp_path / "ok.yaml").write_text("memfit: 1\ndevice: {memory: 1 GiB}\noptimizer: adam\nparameters: [[4]]\n")
+    done = memfit("check", tmp_path, timeout=30)
+    assert done.returncode == 1
+    assert "error[io]" in done.stdout and "FIFO" in done.stdout and "1 config of 2 failed" in done.stdout
+
+
+def test_explain_on_a_fifo_does_not_block(fifo):
+    done = memfit("explain", fifo, timeout=30)
+    assert done.returncode == 1 and "not a regular file" in done.stdout
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="a system without /dev/zero")
+def test_dev_zero_and_a_symlink_to_it_are_refused(tmp_path):
+    link = tmp_path / "zero.yaml"
+    link.symlink_to("/dev/zero")
+    done = memfit("check", "/dev/zero", link, timeout=30)
+    assert done.returncode == 1
+    assert done.stdout.count("it is a character device, not a regular file") == 2
+
+
+def test_a_file_over_the_size_limit_is_refused_and_the_limit_can_be_raised(tmp_path):
+    config = tmp_path / "big.yaml"
+    config.write_text("memfit: 1\ndevice: {memory: 1 GiB}\noptimizer: adam\nparameters: [[4]]\n" + "# padding\n" * 200)
+    size = config.stat().st_size
+    done = memfit("check", "--max-file-size", "1 KiB", config)
+    assert done.returncode == 1
+    assert f"error[io] cannot read {config}: it is {size:,} bytes, over the 1,024-byte limit on a config (raise it with --max-file-size)" in done.stdout
+    assert memfit("check", "--max-file-size", "1MiB", config).returncode == 0
+    assert check_file(str(config), Options(max_file_size=size)).failed is False
+    assert check_file(str(config), Options(max_file_size=size - 1)).failed is True
+
+
+# --- a problem inside another file -----------------------------------------------------------
+
+
+def _referenced():
+    """A synthetic problem inside a model's config.json, referenced from model.config."""
+    from memfit.check.pipeline import Result, position
+
+    text = "memfit: 1\noptimizer: adam\nmodel:\n  config: hf/config.json\n"
+    problem = Problem(("model", "config"), codes.SCHEMA, "hidden_size is 'x'; expected an integer", file="hf/config.json", at=Range(3, 17, 3, 20))
+    diagnostics = position(text, [problem], {"memfit": 1, "optimizer": "adam", "model": {"config": "hf/config.json"}})
+    return Result("train.yaml", diagnostics)
+
+
+def test_a_referenced_file_problem_is_placed_in_that_file_and_linked_from_the_key():
+    (d,) = _referenced().diagnostics
+    assert (d.file, d.range, d.related) == ("hf/config.json", Range(3, 17, 3, 20), Range(3, 10, 3, 24))
+    assert d.to_json()["file"] == "hf/config.json" and d.to_json()["related"]["start"] == {"line": 3, "character": 10}
+
+
+@pytest.mark.parametrize("name", ["text", "json", "sarif", "github"])
+def test_every_reporter_shows_the_referenced_file(name):
+    from memfit.report.reporters import REPORTERS
+
+    out = io.StringIO()
+    REPORTERS[name](out).report([_referenced()])
+    text = out.getvalue()
+    if name == "text":
+        assert "hf/config.json:4:18: error[schema] hidden_size is 'x'; expected an integer (referenced from train.yaml:4:11)" in text
+    elif name == "github":
+        assert "::error file=hf/config.json,line=4,col=18," in text
+    elif name == "json":
+        assert json.loads(text)["files"][0]["diagnostics"][0]["file"] == "hf/config.json"
+    else:
+        result = json.loads(text)["runs"][0]["results"][0]
+        assert result["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "hf/config.json"
+        assert result["relatedLocations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "train.yaml"
+        assert result["relatedLocations"][0]["physicalLocation"]["region"]["startLine"] == 4
+
+
+def test_the_language_server_links_the_referenced_file():
+    needs.module("pygls")
+    from pygls.workspace import PositionCodec
+
+    from memfit.editor.editor import Analysis
+    from memfit.editor.lsp import MemfitServer
+
+    class Server(MemfitServer):
+        codec = PositionCodec()  # as an initialized server's workspace has it (UTF-16)
+
+    result = _referenced()
+    server = Server()
+    sent = server.diagnostic(Analysis("memfit: 1\noptimizer: adam\nmodel:\n  config: hf/config.json\n", result), result.diagnostics[0])
+    assert (sent.range.start.line, sent.range.start.character) == (3, 10)
+    (link,) = sent.related_information
+    assert link.location.uri.endswith("/hf/config.json") or link.location.uri == "hf/config.json"
+    assert (link.location.range.start.line, link.location.range.start.character) == (3, 17)
+
+
+# --- presentation ----------------------------------------------------------------------------
+
+
+def test_the_explain_bar_turns_yellow_at_the_warning_mark_in_force():
+    from memfit.report.explain import render
+
+    text = "memfit: 1\ndevice: {memory: 1 KiB, warn_at: 50%}\noptimizer: sgd\nparameters: [[100]]\n"  # 800 B (weights and gradients) of 1,024: 78%
+    coloured = render(check(text, "c.yaml"), colour=True)
+    assert "\x1b[33m" in coloured  # above device.warn_at 50%: yellow, not the default 90% mark's green
+    assert "\x1b[32m" in render(check(text, "c.yaml", Options(warn_at=__import__("fractions").Fraction(9, 10))), colour=True)
+
+
+def test_presentation_helpers():
+    from memfit.report.present import cut, pct, shape_text
+
+    assert shape_text([32, 20]) == "[32, 20]" and shape_text([32, 20], "()") == "(32, 20)"
+    assert cut("abcdef", 4) == "abc…" and cut("abc", 4) == "abc"
+    assert pct(1, 3) == "33.3%" and pct(1, 0) == "-"
+
+
+# --- the ledger's structure (issue 19) -------------------------------------------------------
+
+
+def _module_sources():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        yield path, ast.parse(path.read_text(encoding="utf-8"))
+
+
+def test_only_the_recipe_maps_dtype_names_to_widths():
+    """A dtype name becomes bytes in recipe/ alone (recipe/dtypes.py's table, recipe/costs.py's
+    dtype_bytes): a dict literal elsewhere that maps two or more dtype names to numbers is a
+    second width table, and a `* DTYPES[...]` or `* WIDTH[...]` product is a second formula."""
+    from memfit.recipe.dtypes import DTYPES
+
+    offenders = []
+    for path, tree in _module_sources():
+        if path.parent.name == "recipe":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Dict):
+                names = [k.value for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant) and k.value in DTYPES and isinstance(v, ast.Constant) and isinstance(v.value, (int, float))]
+                if len(names) >= 2:
+                    offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno} maps {names} to widths")
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+                for side in (node.left, node.right):
+                    if isinstance(side, ast.Subscript) and isinstance(side.value, ast.Name) and side.value.id in ("DTYPES", "WIDTH", "_WIDTH"):
+                        offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno} multiplies by {side.value.id}[...]")
+    assert not offenders, offenders
+
+
+def test_no_module_level_mutable_state():
+    """No module keeps state between calls (a recipe carried from one check to the next was a
+    bug): no `global` statement, and no module-level list, dict or set mutated inside a function."""
+    offenders = []
+    mutators = {"append", "extend", "insert", "pop", "remove", "clear", "update", "add", "setdefault", "discard", "popitem"}
+    for path, tree in _module_sources():
+        mutable = set()
+        for node in tree.body:
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, (ast.List, ast.Dict, ast.Set)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                mutable |= {t.id for t in targets if isinstance(t, ast.Name)}
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            local = {a.arg for a in fn.args.args + fn.args.kwonlyargs}
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Global):
+                    offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno} global {node.names}")
+                if isinstance(node, ast.Assign):
+                    for t in node.targets:
+                        if isinstance(t, ast.Name):
+                            local.add(t.id)
+                        if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id in mutable - local:
+                            offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno} writes {t.value.id}[...]")
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in mutators:
+                    owner = node.func.value
+                    if isinstance(owner, ast.Name) and owner.id in mutable - local:
+                        offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {owner.id}.{node.func.attr}()")
+    assert not offenders, offenders
+
+
+def test_the_pipeline_only_calls_stages():
+    """check/pipeline.py wires the stages: it reads no config.json, knows no transformer internals
+    and prices no tensor (models.dispatch, placement, ledger and the recipe do)."""
+    tree = ast.parse((PACKAGE / "check" / "pipeline.py").read_text(encoding="utf-8"))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            imported |= {f"{node.module}.{a.name}" for a in node.names} | {node.module}
+    internals = {"memfit.models.hf_config", "memfit.models.hf_sharded", "memfit.models.hf_activations", "memfit.models.hf", "memfit.models.keras",
+                 "memfit.recipe.costs.tensor_bytes", "memfit.recipe.costs.dtype_bytes", "memfit.recipe.dtypes"}
+    assert not imported & internals, imported & internals
+
+
+def test_the_tests_mirror_the_stages():
+    """A module's tests are found by its path: tests/<stage>/ for src/memfit/<stage>/, nothing loose in tests/."""
+    tests = ROOT / "tests"
+    stages = {p.name for p in (ROOT / "src" / "memfit").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and p.name not in {"__pycache__", "docs_setups"}}
+    assert folders - stages <= {"project", "support"}, folders - stages
+    loose = sorted(p.name for p in tests.glob("test_*.py"))
+    assert not loose, f"tests outside a stage folder: {loose}"
+    assert not list((tests / "support").glob("test_*.py")), "tests/support/ holds shared helpers, not tests"

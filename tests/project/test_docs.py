@@ -1,0 +1,148 @@
+"""What a newcomer reads: the README's first screen is a quick start, every example is listed with
+the numbers memfit prints for it, every relative link (README, docs/, the examples' comments)
+points at a file and heading that exist, and every pinned version is the release tag."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to dashes."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.DOTALL)
+    return {slug(h) for h in re.findall(r"^#+ (.*)$", text, re.MULTILINE)}
+
+
+def test_every_relative_link_resolves():
+    broken = []
+    for page in PAGES:
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.DOTALL)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue  # absolute URLs are not this test's business (no network)
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken
+
+
+def test_files_named_in_the_examples_exist():
+    for example in sorted((ROOT / "examples").rglob("*.yaml")):
+        for name in re.findall(r"\b((?:docs|examples|schemas)/[\w./-]+\w)", example.read_text(encoding="utf-8")):
+            assert (ROOT / name).exists() or (example.parent / name).exists(), f"{example.name} names {name}"
+
+
+def test_the_first_screen_is_a_quick_start():
+    head = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()[:25]
+    assert "## Quick start" in head
+    assert any(line.startswith("python3 -m venv .venv") and "memfit check" in line for line in head)
+
+
+def test_the_examples_table_lists_every_example_with_its_numbers():
+    from memfit.diagnostics.units import human
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Examples") :]
+    section = section[: section.index("\n## ")]
+    rows = dict(re.findall(r"^\| \[`([^`]+)`\]\([^)]+\) \| .* \| ([^|]+) \|$", section, re.MULTILINE))
+    examples = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "examples").rglob("*.yaml"))
+    assert sorted(rows) == examples
+    report = subprocess.run(
+        [sys.executable, "-m", "memfit", "check", "--format", "json", *examples], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
+    for entry in json.loads(report.stdout)["files"]:
+        peak = entry.get("peak")  # the gate compares a run's peak, else the total
+        needs = peak["bytes"] if peak else entry["footprint"]["total"]
+        assert rows[entry["path"]].strip() == f"{human(needs)} / {human(entry['budget'])}", entry["path"]
+
+
+def test_pins_work_today():
+    """A pin names something that exists: `<commit-SHA>` (the user writes one, or `pre-commit autoupdate` does),
+    or the release tag of this version only once that tag exists in the repository (docs/releasing.md)."""
+    from memfit import __version__
+
+    tag = f"v{__version__}"
+    tagged = subprocess.run(["git", "tag", "--list", tag], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip() == tag
+    allowed = {"<commit-SHA>"} | ({tag} if tagged else set())
+    found = 0
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        assert "<tag>" not in text, page
+        pins = re.findall(r"^\s*rev: (<commit-SHA>|\S+)", text, re.MULTILINE) + re.findall(r"(?:/memfit|git URL>)@(<commit-SHA>|[\w.]+)", text)
+        for pin in pins:
+            found += 1
+            assert pin in allowed, f"{page.relative_to(ROOT)} pins {pin}, which does not exist (allowed: {sorted(allowed)}; docs/releasing.md)"
+    assert found >= 6  # the README's and docs' pre-commit, pip, Action and GitLab snippets
+
+def _sync_docs():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sync_docs", ROOT / "tools" / "sync_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sync_docs"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_shown_output_is_what_the_program_prints():
+    """Each marked block (tools/sync_docs.py) is rerun against the bundled examples; a page that differs
+    fails with the diff. `python tools/sync_docs.py` rewrites them."""
+    sync = _sync_docs()
+    stale = [sync.diff(page, *sync.refresh(page)) for page in sync.pages()]
+    stale = [d for d in stale if d]
+    assert not stale, "pages differ from the program's output (run `python tools/sync_docs.py`):\n" + "\n".join(stale)
+
+
+def test_the_pages_mark_their_command_outputs():
+    """A block that shows `$ memfit ...` with its output is marked, so the test above reruns it. Blocks that
+    show a run through other tools (pre-commit, git commit) are not memfit's output alone and are left out."""
+    sync = _sync_docs()
+    unmarked = []
+    for page in sync.pages():
+        lines = page.read_text(encoding="utf-8").split("\n")
+        marked = {b.start - 1 for b in sync.blocks(page)}  # the fence line of each marked block
+        fence = None
+        for i, line in enumerate(lines):
+            if line.strip().startswith("```"):
+                fence = None if fence is not None else i
+            elif fence is not None and line.strip().startswith("$ memfit ") and fence not in marked:
+                if i + 1 < len(lines) and not lines[i + 1].strip().startswith("```"):
+                    unmarked.append(f"{page.relative_to(ROOT)}:{i + 1}: {line.strip()}")
+    assert not unmarked, unmarked
+
+
+def test_the_sync_tool_rewrites_a_stale_block(tmp_path):
+    """The rewrite is real: a page with a wrong figure in a marked block comes back with the program's."""
+    sync = _sync_docs()
+    page = ROOT / "docs" / "_sync_probe.md"
+    try:
+        page.write_text(
+            "# probe\n\n<!-- memfit-docs run -->\n```text\n$ memfit check examples/atari-cnn.yaml\nexamples/atari-cnn.yaml: total 1.00 MiB\n```\n",
+            encoding="utf-8",
+        )
+        done = subprocess.run([sys.executable, str(ROOT / "tools" / "sync_docs.py"), "--check", str(page)], capture_output=True, text=True, check=False)
+        assert done.returncode == 1 and "-examples/atari-cnn.yaml: total 1.00 MiB" in done.stdout, done.stdout + done.stderr
+        done = subprocess.run([sys.executable, str(ROOT / "tools" / "sync_docs.py"), str(page)], capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stderr
+        text = page.read_text(encoding="utf-8")
+        # the Atari CNN: 3,356,322 float32 parameters with Adam (4 + 4 + 8 bytes each) + 6,619,392 B of
+        # activations (docs/layers.md derives both by hand) = 60,320,544 B = 57.53 MiB, against 2 GiB
+        assert "total 57.53 MiB of 2.00 GiB" in text and 3_356_322 * 16 + 6_619_392 == 60_320_544
+        assert sync.diff(page, *sync.refresh(page)) == ""
+    finally:
+        page.unlink(missing_ok=True)
