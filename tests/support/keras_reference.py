@@ -5,6 +5,7 @@ saved bytes autograd reports.
 
 from __future__ import annotations
 
+import math
 import os
 
 import needs
