@@ -51,13 +51,21 @@ def keras_model(input_shape, layers):
     keras.backend.clear_session()  # automatic names restart at conv2d, conv2d_1, ...
     ids = layers[0]["type"] == "Embedding"
     x = inputs = keras.Input(tuple(input_shape), batch_size=B, dtype="int32" if ids else "float32")
+    made = {inputs._keras_history[0].name: inputs}  # layer name -> its output, for `inputs`
     built = []
     for spec in layers:
-        args = {k: v for k, v in spec.items() if k != "type"}
+        args = {k: v for k, v in spec.items() if k not in ("type", "inputs")}
         if "kernel_size" in args and isinstance(args["kernel_size"], list):
             args["kernel_size"] = tuple(args["kernel_size"])
+        if spec["type"] == "ZeroPadding2D" and isinstance(args.get("padding"), list):
+            args["padding"] = tuple(tuple(v) if isinstance(v, list) else v for v in args["padding"])
         layer = getattr(keras.layers, spec["type"])(**args)
-        x = layer(x, x) if spec["type"] == "MultiHeadAttention" else layer(x)
+        given = [made[name] for name in spec["inputs"]] if "inputs" in spec else [x]
+        if RULES[spec["type"]].merge:
+            x = layer(given)
+        else:
+            x = layer(given[0], given[0]) if spec["type"] == "MultiHeadAttention" else layer(given[0])
+        made[layer.name] = x
         built.append((layer, tuple(x.shape)))
     return keras.Model(inputs, x), built
 
@@ -87,8 +95,10 @@ def test_seed_model_matches_keras_summary():
 
 
 def _keras_default(value):
-    if isinstance(value, (tuple, list)) and len(set(value)) == 1:
-        return value[0]
+    if isinstance(value, (tuple, list)):
+        value = tuple(_keras_default(v) for v in value)
+        if len(set(value)) == 1:
+            return value[0]
     return value
 
 
@@ -104,7 +114,7 @@ def test_defaults_are_keras_defaults(kind):
     from memfit.read.schema import schema
 
     spec = schema()["$defs"][f"layer_{kind}"]
-    args = {k: REQUIRED[k] for k in spec["required"] if k != "type"}
+    args = {k: REQUIRED[k] for k in spec["required"] if k not in ("type", "inputs")}
     got = getattr(keras.layers, kind)(**args).get_config()
     for key, ours in defaults()[kind].items():
         theirs = _keras_default(got[key] if key in got else getattr(getattr(keras.layers, kind)(**args), key))

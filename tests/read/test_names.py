@@ -124,11 +124,11 @@ def test_enum_values_ignore_case(tmp_path):
         assert len(_folded(tuple(strings))) == len(strings), enum
 
 
-def test_a_keras_merge_layer_is_explained_not_matched_to_unrelated_types(tmp_path):
-    """`{type: Add}` is no near miss of a type memfit knows: the message says why there is no such layer."""
+def test_a_keras_merge_layer_without_inputs_is_told_to_name_them(tmp_path):
+    """`{type: Add}` merges the tensors its `inputs` name (a graph): without them, the schema asks for the key."""
     path = tmp_path / "add.yaml"
     path.write_text("memfit: 1\ndevice: {memory: 1 GiB}\noptimizer: adam\nmodel:\n  input_shape: [4]\n  batch_size: 2\n  layers:\n    - {type: Dense, units: 3}\n    - {type: Add}\n", encoding="utf-8")
     done = memfit("check", str(path))
     (line,) = [x for x in done.stdout.splitlines() if "error[" in x]
-    assert line.startswith(f"{path}:9:14: error[schema]")
-    assert "'Add' merges branches" in line and "docs/layers.md" in line and "nearest first" not in line
+    assert line.startswith(f"{path}:9:7: error[schema]")
+    assert "model.layers[1] is missing the required key 'inputs'" in line and "nearest first" not in line

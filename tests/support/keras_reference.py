@@ -5,6 +5,7 @@ saved bytes autograd reports.
 
 from __future__ import annotations
 
+import math
 import os
 
 import needs
@@ -13,7 +14,7 @@ os.environ.setdefault("KERAS_BACKEND", "torch")
 torch = needs.module("torch")
 F = torch.nn.functional
 
-from memfit.models.keras import defaults  # noqa: E402
+from memfit.models.keras import RULES, defaults, layer_names  # noqa: E402
 
 B = 2  # batch: small, the rules are per element
 
@@ -129,6 +130,66 @@ CASES = {
     ),
     "bn-rank3": ([5, 3], [{"type": "BatchNormalization"}, {"type": "Activation", "activation": "sigmoid"}]),
 }
+# Graphs: layers name their inputs (Keras's functional API); merges take several
+GRAPHS = {
+    "graph-residual-block": (
+        [8, 8, 3],
+        [
+            {"type": "Conv2D", "filters": 8, "kernel_size": 1, "name": "stem"},
+            {"type": "BatchNormalization"},
+            {"type": "ReLU", "name": "x"},
+            {"type": "Conv2D", "filters": 8, "kernel_size": 3, "padding": "same"},
+            {"type": "BatchNormalization"},
+            {"type": "ReLU"},
+            {"type": "Conv2D", "filters": 8, "kernel_size": 3, "padding": "same"},
+            {"type": "BatchNormalization", "name": "branch"},
+            {"type": "Add", "inputs": ["x", "branch"]},
+            {"type": "ReLU", "name": "y"},
+            {"type": "Conv2D", "filters": 16, "kernel_size": 1, "strides": 2, "name": "shortcut"},
+            {"type": "Conv2D", "filters": 16, "kernel_size": 3, "strides": 2, "padding": "same", "inputs": ["y"], "name": "main"},
+            {"type": "Add", "inputs": ["shortcut", "main"]},
+            {"type": "ZeroPadding2D", "padding": [[1, 0], [2, 1]]},
+            {"type": "Conv2D", "filters": 4, "kernel_size": 3, "strides": 2},
+            {"type": "ZeroPadding2D"},
+            {"type": "GlobalAveragePooling2D"},
+            {"type": "Dense", "units": 3},
+        ],
+    ),
+    "graph-inception-block": (
+        [9, 9, 4],
+        [
+            {"type": "Conv2D", "filters": 6, "kernel_size": 3, "padding": "same", "activation": "relu", "name": "stem"},
+            {"type": "Conv2D", "filters": 4, "kernel_size": 1, "activation": "relu", "name": "b1"},
+            {"type": "Conv2D", "filters": 3, "kernel_size": 1, "activation": "relu", "inputs": ["stem"]},
+            {"type": "Conv2D", "filters": 5, "kernel_size": 3, "padding": "same", "activation": "relu", "name": "b3"},
+            {"type": "Conv2D", "filters": 2, "kernel_size": 1, "activation": "relu", "inputs": ["stem"]},
+            {"type": "Conv2D", "filters": 3, "kernel_size": 5, "padding": "same", "activation": "relu", "name": "b5"},
+            {"type": "MaxPooling2D", "pool_size": 3, "strides": 1, "padding": "same", "inputs": ["stem"]},
+            {"type": "Conv2D", "filters": 2, "kernel_size": 1, "activation": "relu", "name": "bp"},
+            {"type": "Concatenate", "inputs": ["b1", "b3", "b5", "bp"]},
+            {"type": "GlobalAveragePooling2D"},
+            {"type": "Dense", "units": 3},
+        ],
+    ),
+    "graph-merges": (
+        [6, 4],
+        [
+            {"type": "Dense", "units": 4, "name": "a"},
+            {"type": "Dense", "units": 4, "name": "b", "inputs": ["input_layer"]},
+            {"type": "Subtract", "inputs": ["a", "b"], "name": "d"},
+            {"type": "Multiply", "inputs": ["a", "b", "d"], "name": "m"},
+            {"type": "Maximum", "inputs": ["m", "a"], "name": "hi"},
+            {"type": "Minimum", "inputs": ["m", "b", "d"], "name": "lo"},
+            {"type": "Average", "inputs": ["hi", "lo", "a"], "name": "mean"},
+            {"type": "Dense", "units": 1, "inputs": ["a"], "name": "gate"},
+            {"type": "Multiply", "inputs": ["mean", "gate"], "name": "gated"},
+            {"type": "Add", "inputs": ["gated", "gate"], "name": "sum"},
+            {"type": "Concatenate", "axis": 1, "inputs": ["sum", "input_layer"]},
+            {"type": "Dense", "units": 2},
+        ],
+    ),
+}
+CASES.update(GRAPHS)
 # No PyTorch counterpart (torch's GRU is reset_after=True): Keras shapes and weights only.
 KERAS_ONLY = {"gru-reset-before": ([5, 3], [{"type": "GRU", "units": 4, "reset_after": False, "return_sequences": True}])}
 
@@ -242,6 +303,10 @@ class Reference:
             y = out if p["return_sequences"] else (h[0] if kind == "LSTM" else h)[0]
         elif kind == "MultiHeadAttention":
             y = self.attention(p, x)
+        elif kind == "ZeroPadding2D":
+            pad = p["padding"]
+            (top, bottom), (left, right) = [[pad, pad]] * 2 if isinstance(pad, int) else [[v, v] if isinstance(v, int) else v for v in pad]
+            y = F.pad(x, (0, 0, left, right, top, bottom))
         else:  # pragma: no cover - test_every_layer_type_is_cross_checked keeps this honest
             raise AssertionError(kind)
         if p.get("activation") and kind != "Activation":
@@ -266,6 +331,21 @@ class Reference:
         return F.linear(context, self.param(d, h * dv), self.param(d) if p["use_bias"] else None)
 
 
+MERGE_OPS = {"Add": torch.add, "Subtract": torch.subtract, "Multiply": torch.multiply, "Maximum": torch.maximum, "Minimum": torch.minimum}
+
+
+def merged(spec, xs):
+    """Keras's merge layers as keras/src/layers/merging/*.py compute them: a left-to-right chain
+    of the binary op (Average: the sum over the count), Concatenate one torch.cat."""
+    kind = spec["type"]
+    if kind == "Concatenate":
+        return torch.cat(xs, dim=spec.get("axis", -1))
+    out = xs[0]
+    for x in xs[1:]:
+        out = MERGE_OPS.get(kind, torch.add)(out, x)
+    return out / len(xs) if kind == "Average" else out
+
+
 def saved_by_autograd(input_shape, layers, batch=B) -> int:
     torch.manual_seed(0)
     ref = Reference()
@@ -283,8 +363,11 @@ def saved_by_autograd(input_shape, layers, batch=B) -> int:
     # oneDNN's fused LSTM keeps an opaque workspace; the rule follows PyTorch's native cell loop
     with torch.backends.mkldnn.flags(enabled=False), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         y = x
-        for spec in layers:
-            y = ref.layer(spec, y)
+        made = {"input_layer": x}
+        for spec, name in zip(layers, layer_names(layers)):
+            given = [made[n] for n in spec["inputs"]] if "inputs" in spec else [y]
+            y = merged(spec, given) if RULES[spec["type"]].merge else ref.layer(spec, given[0])
+            made.setdefault(name, y)
     kept.setdefault(y.untyped_storage().data_ptr(), y.untyped_storage().nbytes())  # the loss keeps the output
     for owned in ref.params + ref.buffers:
         kept.pop(owned.untyped_storage().data_ptr(), None)

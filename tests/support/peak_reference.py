@@ -121,9 +121,25 @@ def keras_module(input_shape, layers, batch):
                 self.register_buffer(f"buffer{i}", b)
 
         def _run(self, x):
-            for spec in layers:
-                x = self.ref.layer(spec, x)
-            return x
+            from memfit.models.keras import RULES, layer_names
+
+            # a graph (layers that name their `inputs`; keras_reference.merged): as Keras's Functional
+            # runs it, each tensor is dropped after the last layer that reads it
+            names = layer_names(layers)
+            wanted = [spec.get("inputs") or [names[i - 1] if i else "input_layer"] for i, spec in enumerate(layers)]
+            last = {n: i for i, ns in enumerate(wanted) for n in ns}
+            made = {"input_layer": x}
+            del x
+            for i, (spec, name) in enumerate(zip(layers, names)):
+                given = [made[n] for n in wanted[i]]
+                for n in set(wanted[i]):
+                    if last[n] == i:
+                        del made[n]
+                y = tf.merged(spec, given) if RULES[spec["type"]].merge else self.ref.layer(spec, given[0])
+                del given
+                made.setdefault(name, y)
+                del y
+            return made[names[-1]]
 
         def forward(self, x):
             self.ref.cursor = self.ref.bcursor = 0

@@ -91,7 +91,26 @@ def _layer_type() -> dict:
     }
 
 
-_LAYER_NAME = {"title": "Name", "description": "The layer's name (default: Keras's automatic name, e.g. 'conv2d_1').", "type": "string"}
+_LAYER_NAME = {"title": "Name", "description": "The layer's name (default: Keras's automatic name, e.g. 'conv2d_1'); `inputs` of later layers refer to it.", "type": "string"}
+
+
+def _layer_inputs(merge) -> dict:
+    """`inputs`: the tensors a layer takes, as Keras's functional API wires them."""
+    spec = {
+        "title": "Inputs",
+        "description": "Names of the layers whose outputs this layer takes (or model.input_name, default 'input_layer', for the model's input); default: the previous layer's output.",
+        "type": "array",
+        "items": {"type": "string", "description": "An earlier layer's name, or the model's input name."},
+        "minItems": 1,
+        "maxItems": 1,
+    }
+    if merge:
+        fewest, most = merge
+        spec = {**spec, "description": f"Names of the {fewest}{'' if most == fewest else ' or more'} layers whose outputs this layer merges (model.input_name, default 'input_layer', names the model's input).", "minItems": fewest}
+        del spec["maxItems"]
+        if most is not None:
+            spec["maxItems"] = most
+    return spec
 
 
 def _layer_defs() -> dict:
@@ -103,9 +122,9 @@ def _layer_defs() -> dict:
             "title": kind,
             "description": rule.doc,
             "type": "object",
-            "required": ["type", *rule.required],
+            "required": ["type", *rule.required, *(["inputs"] if rule.merge else [])],
             "additionalProperties": False,
-            "properties": {"type": {"title": "Layer type", "description": f"{kind}.", "const": kind}, "name": _LAYER_NAME, **rule.args},
+            "properties": {"type": {"title": "Layer type", "description": f"{kind}.", "const": kind}, "name": _LAYER_NAME, "inputs": _layer_inputs(rule.merge), **rule.args},
         }
         for kind, rule in RULES.items()
     }
@@ -438,7 +457,7 @@ def generate() -> dict:
             "training": _training(),
             "model": {
                 "title": "Model",
-                "description": "The model memfit derives tensors from, added to any explicit parameters/activations: a transformer from a Hugging Face config.json (hf_config, or its keys inline as transformer), or a sequential Keras-style layer stack (input_shape, layers; residual adds and branches are out of scope). One form, not both.",
+                "description": "The model memfit derives tensors from, added to any explicit parameters/activations: a transformer from a Hugging Face config.json (hf_config, or its keys inline as transformer), or a Keras-style layer graph (input_shape, layers: each layer takes the previous one's output or the layers its `inputs` name, so residual and multi-branch networks are written as Keras's functional API writes them). One form, not both.",
                 "type": "object",
                 "additionalProperties": False,
                 "properties": {
@@ -457,9 +476,15 @@ def generate() -> dict:
                         "type": "integer",
                         "minimum": 1,
                     },
+                    "input_name": {
+                        "title": "Input name",
+                        "description": "The name `inputs` use for the model's input tensor (default 'input_layer', Keras's name for keras.Input).",
+                        "type": "string",
+                        "default": "input_layer",
+                    },
                     "layers": {
                         "title": "Layers",
-                        "description": "The layers in order, each applied to the previous one's output.",
+                        "description": "The layers in order, each applied to the previous one's output, or to the outputs its `inputs` name (earlier layers only).",
                         "type": "array",
                         "items": {"$ref": "#/$defs/layer"},
                     },

@@ -47,6 +47,8 @@ BAD_UNIT = "bad-unit"
 BAD_BUDGET = "bad-budget"
 SHAPE_MISMATCH = "shape-mismatch"
 DUPLICATE_LAYER = "duplicate-layer"
+BAD_LAYER_INPUT = "bad-layer-input"
+UNUSED_LAYER = "unused-layer"
 UNKNOWN_PRESET = "unknown-preset"
 PRESET_OVERRIDDEN = "preset-overridden"
 OPTIMIZER_IMPL = "optimizer-impl"
@@ -114,6 +116,19 @@ CODES: dict[str, Code] = _register(
         ERROR,
         "Two layers of the model have the same name",
         "Rename one of them or drop its `name` to get Keras's automatic one: Keras refuses a model with two layers of one name.",
+    ),
+    Code(
+        BAD_LAYER_INPUT,
+        ERROR,
+        "A layer's inputs name no earlier layer, or the wrong number of tensors",
+        "Name the model's input (input_layer) or layers listed before this one in `inputs` (the message suggests the nearest name); a merge layer takes two or more, any other layer one.",
+    ),
+    Code(
+        UNUSED_LAYER,
+        WARNING,
+        "A layer's output reaches neither a later layer nor the model's output",
+        "Keras's functional Model leaves such a layer out; memfit counts it as written. Name it in a later layer's `inputs`, or drop it.",
+        keeps_footprint=True,
     ),
     Code(
         UNKNOWN_PRESET,

@@ -103,8 +103,11 @@ def keras_step(model: dict, config, optimizer: str | None, impl: str, declared=(
     Walks the layers as models.keras.derive does (the same RULES, the same tensor identities),
     keeping what derive folds away: which tensor each layer reads and writes. The loss is PyTorch's
     cross-entropy on the last layer's output with integer class labels (one per output row).
-    `declared`: tensors listed explicitly beside the model (declared_row)."""
-    from memfit.models.keras import ACTIVATIONS, IDS, IN, INT64, OUT, RULES, defaults
+    `declared`: tensors listed explicitly beside the model (declared_row).
+
+    A graph (layers naming their `inputs`) is walked in the declared order with the same wiring
+    as derive, and its rows' transients follow the tensors' lifetimes (_graph_flights)."""
+    from memfit.models.keras import ACTIVATIONS, GRAPH_INPUT, IDS, IN, INT64, OUT, RULES, defaults, layer_names
 
     recipe = config.recipe
 
@@ -134,13 +137,23 @@ def keras_step(model: dict, config, optimizer: str | None, impl: str, declared=(
     any_master = False
     requires_grad = False
     names = [r.name for r in config.layers] if len(config.layers) == len(layers) else [None] * len(layers)
-    for layer, name in zip(layers, names):
+    wiring = layer_names(layers)  # the names `inputs` refer to (derive's)
+    made: dict[str, tuple] = {model.get("input_name", GRAPH_INPUT): (current, shape, current_dtype)}
+    reads: list[list] = []  # each row's input ids
+    for layer, name, wired in zip(layers, names, wiring):
         kind = layer["type"]
         rule = RULES[kind]
         p = {**defaults().get(kind, {}), **layer}
-        out_shape = rule.shape(p, shape)
+        if "inputs" in layer:
+            sources = [made[n] for n in layer["inputs"]]
+            current, shape, current_dtype = sources[0]
+        else:
+            sources = [(current, shape, current_dtype)]
+        given = [t[1] for t in sources] if rule.merge else shape
+        out_shape = rule.shape(p, given)
         row = Row(f"{name} ({kind})" if name else kind, input=current)
-        for _, wshape, trainable in rule.weights(p, shape):
+        reads.append([t[0] for t in sources])
+        for _, wshape, trainable in rule.weights(p, given):
             n = 1
             for d in wshape:
                 n *= d
@@ -159,7 +172,7 @@ def keras_step(model: dict, config, optimizer: str | None, impl: str, declared=(
         out = current if view else fresh(out_shape)
         row.output, row.view = out, view
         activation = ACTIVATIONS.get(p.get("activation", "linear")) if rule.activation else None
-        specs = [(s, current, out) for s in rule.saved(p, shape, out_shape)]
+        specs = [(s, current, out) for s in rule.saved(p, given, out_shape)]
         if activation is not None:
             pre = fresh(out_shape)
             specs = [(s, current, pre) for s, _, _ in specs] + [(activation, pre, out)]
@@ -170,6 +183,8 @@ def keras_step(model: dict, config, optimizer: str | None, impl: str, declared=(
                 row.kept.append(incoming)
             elif spec == OUT:
                 row.kept.append(result)
+            elif spec[0] == "in":  # a merge's k-th input
+                row.kept.append(sources[spec[1]][0])
             else:
                 label, sshape, dtype = spec
                 row.kept.append(fresh(sshape, dtype))
@@ -184,15 +199,74 @@ def keras_step(model: dict, config, optimizer: str | None, impl: str, declared=(
         rows.append(row)
         current, shape = out, out_shape
         current_dtype = current_dtype if view else None
+        made.setdefault(wired, (current, shape, current_dtype))
     # the loss keeps the logits (as log_softmax's output of the same size); integer labels
     logits = tensors[current]
     if rows:
         rows[-1].kept.append(current)
+    if any("inputs" in layer for layer in layers):
+        passing = {i for i, layer in enumerate(layers) if layer["type"] in PASS_THROUGH}
+        _graph_flights(rows[len(rows) - len(reads):], reads, tensors, batch[0], passing)
     labels = fresh(shape[:-1], INT64)
     batch.append(labels)
     declared_stepped = list(extra.params) if extra is not None else []
     return Step(rows, tensors, batch, Loss(forward=(logits,), backward=(logits, logits)), states, optimizer, impl, config.overhead,
                 declared_stepped + stepped if any_master else None)
+
+
+# Merges whose backward hands its inputs the output's gradient itself (torch.add passes it through
+# when the shapes match; torch.cat's backward narrows it into views), not new tensors.
+PASS_THROUGH = ("Add", "Concatenate")
+
+
+def _graph_flights(rows: list, reads: list, size: dict, batch_input: int, passing: set) -> None:
+    """A graph's transients per row, from each tensor's lifetime (a sequential stack's rows need
+    none: a tensor there lives from its row to the next).
+
+    Forward, at row i: every tensor nobody keeps that is made at or before i and read at or after
+    i. Backward, at row i: the gradient of every tensor made at or before i that a row at or after
+    i reads: the last row reading a tensor gives it its gradient, which lives until the row that
+    made it has run its backward; a second reader's gradient is summed into a new tensor. A
+    pass-through merge's inputs (`passing` rows) first hold its output's gradient itself (no new
+    bytes), which then lives as long as they do."""
+    kept = {t for row in rows for t in row.kept}
+    made_at = {batch_input: -1}
+    for i, row in enumerate(rows):
+        if row.output is not None and not row.view:
+            made_at.setdefault(row.output, i)
+    readers: dict[int, list] = {t: [len(rows)] for t in ([rows[-1].output] if rows else [])}  # the loss reads the output
+    for i, ids in enumerate(reads):
+        for t in ids:
+            readers.setdefault(t, []).append(i)
+    graded = [t for t, i in made_at.items() if i >= 0 and rows[i].output_grad and t in readers]
+    spans: dict[int, list] = {}  # gradient storage -> [(lowest row, highest row)] it is alive over
+    for t in graded:
+        order = sorted(set(readers[t]), reverse=True)
+        first, low = order[0], made_at[t]
+        aliased = first in passing and first < len(rows) and (rows[first].output is not None) and (
+            size[t] == size[rows[first].output] or rows[first].name.endswith("(Concatenate)"))
+        if aliased:
+            second = order[1] if len(order) > 1 else low
+            spans.setdefault(rows[first].output, []).append((second if len(order) > 1 else low, first))
+            if len(order) > 1:  # summed with the next reader's gradient: a tensor of its own from there
+                spans.setdefault(t, []).append((low, second))
+        else:
+            spans.setdefault(t, []).append((low, first))
+    for i, row in enumerate(rows):
+        loose = [t for t, at in made_at.items() if t not in kept and at <= i <= max(readers.get(t, [at]))]
+        row.forward_flight = sum(size[t] for t in loose) + (0 if row.inner_kept else row.inner)
+        if not row.output_grad:
+            continue
+        alive = {t for t, ranges in spans.items() if any(lo <= i <= hi for lo, hi in ranges)}
+        own = row.output if row.output in alive and made_at.get(row.output) == i else None
+        new = {t for t in reads[i] if t in alive and max(readers[t]) == i}
+        total = sum(size[t] for t in alive)
+        if row.inner:  # the activation's backward (the inputs' gradients not yet made), then the row's own (its output's freed)
+            first = total - sum(size[t] for t in new) + row.inner
+            second = total - (size[own] if own is not None else 0) + row.inner + row.backward_extra
+            row.backward_flight = max(first, second)
+        else:
+            row.backward_flight = total + row.backward_extra
 
 
 # --- transformers models (models.hf: names and shapes; models.hf_activations: what is kept) ----------

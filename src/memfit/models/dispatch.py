@@ -4,7 +4,7 @@ to `training`: one form, one batch size."""
 
 from __future__ import annotations
 
-KERAS_KEYS = ("input_shape", "batch_size", "layers")
+KERAS_KEYS = ("input_shape", "batch_size", "layers", "input_name")
 TRANSFORMER_KEYS = ("hf_config", "transformer")
 
 

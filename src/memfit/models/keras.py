@@ -154,6 +154,7 @@ class Rule:
     doc: str = ""  # the schema's description of the layer type
     args: dict = field(default_factory=dict)  # argument -> its JSON Schema (title, description, default: editors show them)
     required: tuple = ()  # arguments without a default
+    merge: tuple | None = None  # (fewest, most or None) inputs: a merge layer's callables take a LIST of shapes
 
 
 def _bias(p, shape) -> list:
@@ -309,6 +310,78 @@ def _mha_saved(p, s, o):
     else:
         kept.append(_new("attention weights", scores))
     return kept + [_new("context", [b, t, h * dv])]
+
+
+
+def _zero_pad(p) -> list[list[int]]:
+    """Keras's ZeroPadding2D padding: int, (rows, cols) or ((top, bottom), (left, right))."""
+    pad = p["padding"]
+    if isinstance(pad, int):
+        return [[pad, pad], [pad, pad]]
+    return [[v, v] if isinstance(v, int) else list(v) for v in pad]
+
+
+def _zero_pad_shape(p, s):
+    _rank(s, 4, LAYOUTS[2])
+    (top, bottom), (left, right) = _zero_pad(p)
+    return [s[0], s[1] + top + bottom, s[2] + left + right, s[3]]
+
+
+# --- merge layers: several inputs (keras.layers.Add, Concatenate, ...) ------------------
+def _inputs_text(shapes) -> str:
+    return ", ".join(_shape_text(s) for s in shapes)
+
+
+def _elementwise_shape(p, shapes):
+    """Keras's Merge._compute_elemwise_op_output_shape on inputs of one rank: per axis equal,
+    or one of them 1 (broadcast)."""
+    ranks = {len(s) for s in shapes}
+    if len(ranks) > 1:
+        raise Mismatch(f"its inputs have different ranks: {_inputs_text(shapes)}")
+    out = list(shapes[0])
+    for other in shapes[1:]:
+        for axis, (a, b) in enumerate(zip(out, other)):
+            if a != b and 1 not in (a, b):
+                raise Mismatch(f"axis {axis} is {a} in one and {b} in another (equal sizes, or 1 to broadcast)")
+            out[axis] = max(a, b) if 1 in (a, b) else a
+    return out
+
+
+def _chain_saved(p, shapes, out):
+    """multiply / maximum / minimum as Keras chains them (out = op(out, x_i)): torch's backward of
+    each binary op keeps both operands, so every input and every intermediate result is kept."""
+    kept = [("in", 0)]
+    partial = list(shapes[0])
+    for k, shape in enumerate(shapes[1:], start=1):
+        if k > 1:
+            kept.append(_new(f"partial result {k}", partial))
+        kept.append(("in", k))
+        partial = [max(a, b) for a, b in zip(partial, shape)]
+    return kept
+
+
+def _concat_shape(p, shapes):
+    ranks = {len(s) for s in shapes}
+    if len(ranks) > 1:
+        raise Mismatch(f"its inputs have different ranks: {_inputs_text(shapes)}")
+    rank = ranks.pop()
+    axis = p["axis"] + rank if p["axis"] < 0 else p["axis"]
+    if not 1 <= axis < rank:
+        raise Mismatch(f"axis {p['axis']} is not a non-batch axis of its rank-{rank} inputs")
+    for other in shapes[1:]:
+        for a, (x, y) in enumerate(zip(shapes[0], other)):
+            if a != axis and x != y:
+                raise Mismatch(f"axis {a} is {x} in one and {y} in another; only the concatenation axis {axis} may differ")
+    out = list(shapes[0])
+    out[axis] = sum(s[axis] for s in shapes)
+    return out
+
+
+MERGE_DOC = "Takes the tensors named in `inputs` (at least 2), all of one shape (an axis of size 1 broadcasts)"
+
+
+def _merge(shape, saved, fewest: int = 2, most: int | None = None) -> Rule:
+    return Rule(shape, saved=saved, merge=(fewest, most))
 
 
 # --- argument specs: what the schema says of each argument (the defaults are read from here) ---
@@ -734,6 +807,42 @@ RULES: dict[str, Rule] = {
         },
         required=("num_heads", "key_dim"),
     ),
+    "ZeroPadding2D": _layer(
+        Rule(_zero_pad_shape),
+        "Pads height and width with zeros (a copy; its backward needs nothing saved).",
+        {
+            "padding": {
+                "title": "Padding",
+                "description": "One int for all four sides, [rows, cols] (each on both sides), or [[top, bottom], [left, right]]; default 1.",
+                "anyOf": [
+                    {"type": "integer", "minimum": 0},
+                    {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 2, "maxItems": 2},
+                    {
+                        "type": "array",
+                        "items": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 2, "maxItems": 2},
+                        "minItems": 2,
+                        "maxItems": 2,
+                    },
+                ],
+                "default": 1,
+            },
+        },
+    ),
+    "Add": _layer(_merge(_elementwise_shape, lambda p, s, o: []), f"The sum of its inputs. {MERGE_DOC}; keeps nothing for backward.", {}),
+    "Subtract": _layer(
+        _merge(_elementwise_shape, lambda p, s, o: [], 2, 2),
+        "inputs[0] - inputs[1] (exactly 2 tensors named in `inputs`); keeps nothing for backward.",
+        {},
+    ),
+    "Multiply": _layer(_merge(_elementwise_shape, _chain_saved), f"The product of its inputs. {MERGE_DOC}; keeps every input (and each partial product).", {}),
+    "Average": _layer(_merge(_elementwise_shape, lambda p, s, o: []), f"The mean of its inputs. {MERGE_DOC}; keeps nothing for backward.", {}),
+    "Maximum": _layer(_merge(_elementwise_shape, _chain_saved), f"The elementwise maximum. {MERGE_DOC}; keeps every input (and each partial result).", {}),
+    "Minimum": _layer(_merge(_elementwise_shape, _chain_saved), f"The elementwise minimum. {MERGE_DOC}; keeps every input (and each partial result).", {}),
+    "Concatenate": _layer(
+        _merge(_concat_shape, lambda p, s, o: []),
+        "Joins the tensors named in `inputs` (at least 2) along `axis`; the other axes must agree. Keeps nothing for backward.",
+        {"axis": {"title": "Axis", "description": "The axis to join along, batch axis 0 excluded; negative counts from the end (default -1: channels).", "type": "integer", "default": -1}},
+    ),
 }
 
 
@@ -763,9 +872,16 @@ class _Flow:
         return self.next_id
 
 
+GRAPH_INPUT = "input_layer"  # Keras's name for keras.Input(...) when none is given
+
+
 def derive(model: dict, emitted: Emitted) -> tuple[list[Tensor], list[Problem]]:
     """Weights and saved activations of a schema-valid `model` section; its layer rows go to `emitted.layers`
-    (config.build.Emitted, what the model section emits; the Config itself is never changed)."""
+    (config.build.Emitted, what the model section emits; the Config itself is never changed).
+
+    A layer takes the previous layer's output, or the tensors its `inputs` name (Keras's
+    functional API): the graph input (`model.input_name`, default 'input_layer') or an earlier
+    layer's output. Each tensor is one id, so a tensor several layers keep is counted once."""
     tensors: list[Tensor] = []
     problems: list[Problem] = []
     flow = _Flow(emitted)
@@ -773,29 +889,46 @@ def derive(model: dict, emitted: Emitted) -> tuple[list[Tensor], list[Problem]]:
     batch = model["batch_size"]
     shape = [batch, *model["input_shape"]]
     ids_in = bool(layers) and layers[0]["type"] == "Embedding"
-    current = (flow.fresh(), shape, INT64 if ids_in else None)  # (id, shape, dtype) of the running tensor
-    seen_names: dict[str, int] = {}
-    used: dict[str, int] = {}  # layer name -> its index: Keras refuses a Sequential with two of one name
+    graph_input = (flow.fresh(), shape, INT64 if ids_in else None)  # (id, shape, dtype) of a tensor
+    input_name = model.get("input_name", GRAPH_INPUT)
+    names = layer_names(layers)
+    first_use: dict[str, int] = {}  # layer name -> its first index
+    for i, name in enumerate(names):
+        first_use.setdefault(name, i)
+    made: dict[str, tuple] = {}  # layer name -> its output tensor
+    current = graph_input  # the previous layer's output
     row = None
     for i, layer in enumerate(layers):
         kind = layer["type"]
         rule = RULES[kind]
         p = {**defaults().get(kind, {}), **layer}
         path = ("model", "layers", i)
-        try:
-            out_shape = rule.shape(p, current[1])
-            weights = rule.weights(p, current[1])
-            specs = rule.saved(p, current[1], out_shape)
-        except Mismatch as why:
-            problems.append(Problem(path + ("type",), codes.SHAPE_MISMATCH, f"{kind} cannot take the incoming shape {_shape_text(current[1])}: {why}"))
+        name = names[i]
+        incoming, wrong = _incoming(layer, rule, i, path, names, first_use, made, input_name, graph_input, current)
+        if wrong:
+            problems.extend(wrong)
             break
-        name = p.get("name") or _auto_name(snake(kind), seen_names)
-        if name in used:
+        shapes = [t[1] for t in incoming]
+        given = shapes if rule.merge else shapes[0]
+        try:
+            out_shape = rule.shape(p, given)
+            weights = rule.weights(p, given)
+            specs = rule.saved(p, given, out_shape)
+        except Mismatch as why:
+            if rule.merge:
+                named = " and ".join(f"{_shape_text(s)} from {n!r}" for s, n in zip(shapes, layer["inputs"]))
+                message = f"{kind} cannot take the shapes {named}: {why}"
+            else:
+                message = f"{kind} cannot take the incoming shape {_shape_text(shapes[0])}: {why}"
+            where = path + ("inputs",) if "inputs" in layer else path + ("type",)
+            problems.append(Problem(where, codes.SHAPE_MISMATCH, message))
+            break
+        if name == input_name:
             where = path + ("name",) if "name" in layer else path + ("type",)
-            problems.append(Problem(where, codes.DUPLICATE_LAYER, f"layer name {name!r} is already used by model.layers[{used[name]}]; Keras requires unique layer names"))
-        used.setdefault(name, i)
-        for inner in rule.inner:
-            _auto_name(inner, seen_names)
+            problems.append(Problem(where, codes.DUPLICATE_LAYER, f"layer name {name!r} is the model's input (model.input_name); Keras requires unique layer names"))
+        if first_use[name] != i:
+            where = path + ("name",) if "name" in layer else path + ("type",)
+            problems.append(Problem(where, codes.DUPLICATE_LAYER, f"layer name {name!r} is already used by model.layers[{first_use[name]}]; Keras requires unique layer names"))
         row = LayerRow(i, path, kind, name, out_shape, 0)
         emitted.layers.append(row)
 
@@ -805,21 +938,84 @@ def derive(model: dict, emitted: Emitted) -> tuple[list[Tensor], list[Problem]]:
             row.params += tensor.elements
             (row.trainable if trainable else row.non_trainable).append((tensor.name, wshape))
 
-        out = (current[0], out_shape, current[2]) if rule.view(p) else (flow.fresh(), out_shape, None)
+        first = incoming[0]
+        out = (first[0], out_shape, first[2]) if rule.view(p) else (flow.fresh(), out_shape, None)
         activation = ACTIVATIONS.get(p.get("activation", "linear")) if rule.activation else None
         if activation is not None:  # the layer's own output becomes a pre-activation tensor
             pre = (flow.fresh(), out_shape, None)
-            resolved = [_resolve(s, current, pre, flow) for s in specs]
-            resolved.append(_resolve(activation, pre, out, flow, pre_activation=True))
+            resolved = [_resolve(s, incoming, pre, flow) for s in specs]
+            resolved.append(_resolve(activation, [pre], out, flow, pre_activation=True))
         else:
-            resolved = [_resolve(s, current, out, flow) for s in specs]
+            resolved = [_resolve(s, incoming, out, flow) for s in specs]
         for label, (tid, tshape, dtype) in resolved:
             _keep(flow, tensors, row, name, label, tid, tshape, dtype)
+        made.setdefault(name, out)
         current = out
 
     if row is not None and not problems:
         _keep(flow, tensors, row, row.name, "output (kept by the loss)", *current)
+        problems.extend(_unused(layers, names))
     return tensors, problems
+
+
+def _unused(layers: list, names: list) -> list[Problem]:
+    """Warnings for layers whose output no later layer reads and that are not the last: a dead
+    branch, which Keras's functional Model(inputs, outputs) leaves out."""
+    read = {name for layer in layers for name in layer.get("inputs", ())}
+    read.update(names[i - 1] for i, layer in enumerate(layers) if i and "inputs" not in layer)
+    out = []
+    for i, (layer, name) in enumerate(zip(layers[:-1], names)):
+        if name not in read:
+            where = ("model", "layers", i) + (("name",) if "name" in layer else ("type",))
+            out.append(Problem(where, codes.UNUSED_LAYER, f"the output of {name!r} reaches no later layer and is not the model's output (the last layer's): Keras's functional Model leaves it out, memfit counts it as written"))
+    return out
+
+
+def layer_names(layers: list) -> list[str]:
+    """Each layer's Keras name: its own `name`, or the automatic one (conv2d, conv2d_1, ...),
+    in declaration order, as Keras numbers layers in the order they are made."""
+    seen: dict[str, int] = {}
+    out = []
+    for layer in layers:
+        out.append(layer.get("name") or _auto_name(snake(layer["type"]), seen))
+        for inner in RULES[layer["type"]].inner:
+            _auto_name(inner, seen)
+    return out
+
+
+def _incoming(layer, rule, i, path, names, first_use, made, input_name, graph_input, current) -> tuple[list, list[Problem]]:
+    """The tensors layer i takes: the previous output, or those its `inputs` name; problems
+    (positioned on the offending name) for unknown names, forward references and counts."""
+    kind = layer["type"]
+    if "inputs" not in layer:
+        if rule.merge:
+            return [], [Problem(path + ("type",), codes.BAD_LAYER_INPUT, f"{kind} merges several tensors: name them with `inputs: [a, b]` (docs/layers.md, Graphs)")]
+        return [current], []
+    wanted = layer["inputs"]
+    fewest, most = rule.merge or (1, 1)
+    if len(wanted) < fewest or (most is not None and len(wanted) > most):
+        count = f"exactly {fewest}" if fewest == most else f"at least {fewest}" if most is None else f"{fewest} to {most}"
+        what = "input" if count == "exactly 1" else "inputs"
+        return [], [Problem(path + ("inputs",), codes.BAD_LAYER_INPUT, f"{kind} takes {count} {what}; {len(wanted)} named")]
+    out, problems = [], []
+    for j, wanted_name in enumerate(wanted):
+        where = path + ("inputs", j)
+        if wanted_name == input_name:
+            out.append(graph_input)
+        elif wanted_name in made:
+            out.append(made[wanted_name])
+        elif wanted_name in first_use and first_use[wanted_name] >= i:
+            k = first_use[wanted_name]
+            why = "its own output" if k == i else f"the output of model.layers[{k}], which comes later"
+            problems.append(Problem(where, codes.BAD_LAYER_INPUT, f"{kind} cannot take {why} ({wanted_name!r}): a layer takes only the model's input or earlier layers' outputs (a cycle has no order); list every layer after its inputs"))
+        else:
+            import difflib
+
+            known = [input_name, *names[:i]]
+            near = difflib.get_close_matches(str(wanted_name), known, n=1, cutoff=0.6)
+            hint = f"; did you mean {near[0]!r}?" if near else f" (the graph input is {input_name!r})"
+            problems.append(Problem(where, codes.BAD_LAYER_INPUT, f"{kind}'s input {wanted_name!r} is no earlier layer's name{hint}"))
+    return out, problems
 
 
 def _auto_name(base: str, seen: dict) -> str:
@@ -828,12 +1024,15 @@ def _auto_name(base: str, seen: dict) -> str:
     return base if n == 0 else f"{base}_{n}"
 
 
-def _resolve(spec, incoming, out, flow: _Flow, pre_activation: bool = False) -> tuple[str, tuple]:
-    """A saved-tensor spec -> (label, (id, shape, dtype))."""
+def _resolve(spec, incoming: list, out, flow: _Flow, pre_activation: bool = False) -> tuple[str, tuple]:
+    """A saved-tensor spec -> (label, (id, shape, dtype)); `incoming` is the layer's input tensors."""
     if spec == IDS:
-        return "ids", incoming if incoming[2] == INT64 else (flow.fresh(), incoming[1], INT64)
+        first = incoming[0]
+        return "ids", first if first[2] == INT64 else (flow.fresh(), first[1], INT64)
     if spec == IN:
-        return ("pre-activation" if pre_activation else "input"), incoming
+        return ("pre-activation" if pre_activation else "input"), incoming[0]
+    if spec[0] == "in":  # ("in", k): a merge layer's k-th input
+        return f"input {spec[1]}", incoming[spec[1]]
     if spec == OUT:
         return "output", out
     label, shape, dtype = spec

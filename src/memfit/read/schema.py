@@ -186,10 +186,6 @@ def _translate(error) -> list[Problem]:
     return by_anchor if by_anchor is not None else _by_keyword(error, path)
 
 
-# Keras' merging layers (keras.layers.Add, Concatenate, ...): they join branches, which a sequential stack has none of
-BRANCHES = frozenset({"add", "subtract", "multiply", "average", "maximum", "minimum", "concatenate", "dot"})
-
-
 def _by_anchor(error, path: tuple, anchor) -> list[Problem] | None:
     where = path_text(path)
     keyword = error.validator
@@ -220,8 +216,6 @@ def _by_anchor(error, path: tuple, anchor) -> list[Problem] | None:
         known = error.schema["enum"]
         ratio = {name: difflib.SequenceMatcher(None, str(value).lower(), name.lower()).ratio() for name in known}
         ranked = sorted(known, key=lambda name: -ratio[name])
-        if str(value).lower() in BRANCHES:  # a merge layer: not a near miss of any type in the table
-            return [Problem(path, codes.SCHEMA, f"{where}: {value!r} merges branches, and a model here is a sequential stack: residual adds, concatenations and other branches are out of scope (docs/layers.md); write the blocks without it. Known types: {', '.join(known)}")]
         return [Problem(path, codes.SCHEMA, f"{where}: unknown layer type {value!r}; known types, nearest first: {', '.join(ranked)}")]
     return None
 
