@@ -69,6 +69,7 @@ NOT_MODELLED = "not-modelled"
 MODEL_NOT_FOUND = "model-not-found"
 MISSING_REFERENCE = "missing-reference"
 IGNORED_KEY = "ignored-key"
+APPROXIMATE_ACTIVATIONS = "approximate-activations"
 
 CODES: dict[str, Code] = _register(
     Code(YAML_SYNTAX, ERROR, "The file is not valid YAML", "Fix the YAML syntax at the position shown; memfit reads YAML 1.1 with core tags only."),
@@ -202,6 +203,13 @@ CODES: dict[str, Code] = _register(
         INFORMATION,
         "A key of an inline transformer config that no model family reads, close to one that is read",
         "transformers keeps an unknown config key as an attribute the model never reads, and so does memfit: check the spelling (the message names the key it is close to).",
+        keeps_footprint=True,
+    ),
+    Code(
+        APPROXIMATE_ACTIVATIONS,
+        WARNING,
+        "A transformers model without a memfit family: exact parameters, activations by the generic rule",
+        "memfit[trace] built the model on the meta device for its parameters; its saved activations follow the Llama layer's rule at the model's sizes, within the band the message quotes (docs/transformers.md). Measure a real step when the margin is thinner than that band.",
         keeps_footprint=True,
     ),
     Code(

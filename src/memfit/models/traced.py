@@ -1,0 +1,433 @@
+"""Any other transformers architecture: exact parameters from a meta-device build, activations by a generic rule.
+
+A config.json whose model_type no family in models/families.py describes is, with the optional extra
+`memfit[trace]` (torch and transformers) installed, built with transformers on the meta device: no weights,
+no network, never remote code (`AutoConfig.for_model(model_type, **config)`, then the class `architectures[0]`
+names when transformers has it, else `AutoModelForCausalLM.from_config`). Its `named_parameters()` are the
+parameters (names, shapes; a tied weight once, at its first name; a parameter with `requires_grad` False gets
+no gradient and no optimizer state), exactly as transformers builds them.
+
+What autograd keeps is not read off the model: the **generic rule** is the Llama family's per-layer rule
+(models/hf_activations.py) evaluated at sizes read off the built model: the hidden size and the vocabulary from
+the embedding and the output layer, the layer count from the repeated layer list, the heads from the config, and
+an MLP width from the actual Linear shapes of each layer. A Llama layer keeps four tensors of the MLP's width per
+token (gate and up outputs, the activation, their product) for 2 x its input width (gate + up), and a plain MLP
+keeps two (the first projection's output and the activation) for 1 x its input width: both keep 2 x the summed
+output width of the layer's MLP projections that read the hidden state, so the rule's width is half that sum. A
+mixture of experts counts its routed experts' share (experts per token / experts) and its shared experts in
+full. The rule is measured against autograd on the families memfit models exactly (tests/test_traced_band.py),
+and the warning each traced model gets quotes that band (BAND below, docs/transformers.md).
+
+Nothing here imports torch or transformers at import time: only `trace()` does, and only for a model_type no
+family describes (tests/test_traced_cli.py checks that a known family's check never imports torch).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+INSTALL = "pip install 'memfit[trace]'"
+# The generic rule's measured ratio to autograd's saved bytes (rule / measured, lowest and highest) on the
+# families memfit models, each treated as unknown: eager and sdpa, with and without full checkpointing, fp32,
+# batch 2 x 32 tokens on the tiny configs of tests/hf_measure.py. tests/test_traced_band.py measures it again and
+# fails when a ratio falls outside, or when the band is wider than the measurement needs.
+BAND = (0.0, 0.0)
+_EXPERTS_PER_TOKEN = ("num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts", "moe_k", "experts_per_token")
+_EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts")
+_EXPERT_ITEM = re.compile(r"(?:^|\.)experts\.\d+\.")
+
+
+def available() -> bool:
+    """Whether the trace extra (torch and transformers) is installed; imports neither."""
+    from importlib.util import find_spec
+
+    try:
+        return find_spec("torch") is not None and find_spec("transformers") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def band_text() -> str:
+    low, high = BAND
+    return f"{(low - 1) * 100:+.0f}% to {(high - 1) * 100:+.0f}%"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Without the extra: what to install, the families, the nearest one by structure
+
+
+def nearest_family(raw: dict) -> tuple[str | None, float]:
+    """The family whose config fields overlap `raw`'s keys most (Jaccard of the key sets, the fields every
+    config has left out), and that overlap; (None, 0.0) when no family shares a structural key."""
+    from memfit.models.families import BASE_FIELDS, FAMILIES
+
+    keys = {k for k in raw if isinstance(k, str)} - set(BASE_FIELDS) - {"model_type", "transformers_version"}
+    best, score = None, 0.0
+    for name, family in FAMILIES.items():
+        fields = (set(family.fields) | set(family.attribute_map)) - set(BASE_FIELDS)
+        union = keys | fields
+        overlap = len(keys & fields) / len(union) if union else 0.0
+        if overlap > score:
+            best, score = name, overlap
+    return best, score
+
+
+def unknown_message(raw: dict) -> str:
+    """The unsupported-model message: the families, the fallback and how to get it, the nearest family."""
+    from memfit.models.families import SUPPORTED
+    from memfit.models.hf_config import excerpt
+
+    shown = excerpt(raw.get("model_type"))
+    near, score = nearest_family(raw)
+    nearest = (
+        f"; nearest family by structure: {near} ({score:.0%} of config keys shared; relabelling it is an approximation)"
+        if near
+        else ""
+    )
+    if available():  # installed, and the build failed before this message was needed: say so plainly
+        fallback = "the meta-device fallback (memfit[trace]) is installed but transformers does not know this model_type"
+    else:
+        fallback = f"any other transformers architecture is derived by tracing it on the meta device: {INSTALL}"
+    return f"model_type {shown} has no memfit family (families: {', '.join(SUPPORTED)}); {fallback}{nearest}"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# With the extra: the meta-device build
+
+
+class TraceError(Exception):
+    """transformers could not build this config; `key` is the config.json key it is about."""
+
+    def __init__(self, message: str, key: tuple = ("model_type",)):
+        super().__init__(message)
+        self.message, self.key = message, key
+
+
+class Traced(NamedTuple):
+    model_type: str
+    architecture: str  # the class built
+    note: str  # how the class was chosen, when architectures[0] could not be used ("" otherwise)
+    params: list  # models.hf.Param, named_parameters() order, tied weights once
+    frozen: frozenset  # names of parameters with requires_grad False
+    linears: list  # (module name, in, out, bias) of every nn.Linear / Conv1D
+    layer_prefix: str | None  # "model.layers." (the repeated layer list), None when there is none
+    layers: int
+    sizes: dict  # the generic rule's sizes: hidden, intermediate (the rule's width), heads, kv_heads, head_dim, vocab
+
+
+def _attr(config, *names, default=None):
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return default
+
+
+def trace(raw: dict) -> Traced:
+    """Build `raw` (a config.json dict) with transformers on the meta device and read its structure."""
+    import torch
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from memfit.models.hf import CONV1D, EMBEDDING, LINEAR, LINEAR_BIAS, NORM, OTHER, Param
+
+    transformers.logging.set_verbosity_error()
+    model_type = raw["model_type"]
+    fields = {k: v for k, v in raw.items() if k not in ("model_type", "transformers_version", "auto_map")}
+    try:
+        config = AutoConfig.for_model(model_type, **fields)
+    except Exception as error:  # transformers' own refusal, quoted
+        raise TraceError(f"transformers {transformers.__version__} cannot read this config: {_short(error)}") from None
+    note = ""
+    cls = None
+    names = raw.get("architectures") or []
+    if names and isinstance(names[0], str):
+        found = getattr(transformers, names[0], None)
+        if isinstance(found, type) and issubclass(found, transformers.PreTrainedModel):
+            cls = found
+        else:
+            note = f"architecture {names[0]!r} is not a transformers class (remote code is never run): AutoModelForCausalLM built instead"
+    try:
+        with torch.device("meta"):
+            model = cls._from_config(config) if cls is not None else AutoModelForCausalLM.from_config(config)
+    except Exception as error:
+        key = ("architectures", 0) if cls is not None else ("model_type",)
+        raise TraceError(f"transformers {transformers.__version__} cannot build {names[0] if cls is not None else model_type}: {_short(error)}", key) from None
+
+    modules = dict(model.named_modules())
+    conv1d = getattr(getattr(transformers, "pytorch_utils", None), "Conv1D", None)
+    params, frozen = [], set()
+    for name, p in model.named_parameters():  # each parameter once: a tied weight at its first name
+        owner = modules.get(name.rpartition(".")[0])
+        leaf = name.rpartition(".")[2]
+        if isinstance(owner, torch.nn.Linear):
+            kind = LINEAR if leaf == "weight" else LINEAR_BIAS
+        elif conv1d is not None and isinstance(owner, conv1d):
+            kind = CONV1D if leaf == "weight" else LINEAR_BIAS
+        elif isinstance(owner, torch.nn.Embedding):
+            kind = EMBEDDING
+        elif owner is not None and "norm" in type(owner).__name__.lower():
+            kind = NORM
+        else:
+            kind = OTHER
+        params.append(Param(name, tuple(int(d) for d in p.shape), kind))
+        if not p.requires_grad:
+            frozen.add(name)
+    linears = []
+    for name, m in modules.items():
+        if isinstance(m, torch.nn.Linear):
+            linears.append((name, int(m.in_features), int(m.out_features), m.bias is not None))
+        elif conv1d is not None and isinstance(m, conv1d):
+            linears.append((name, int(m.weight.shape[0]), int(m.weight.shape[1]), m.bias is not None))
+
+    prefix, layer_list = _layer_list(model, torch)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    hidden = _attr(text, "hidden_size", "d_model", "n_embd", "dim", "embed_dim")
+    if hidden is None and isinstance(embedding, torch.nn.Embedding):
+        hidden = int(embedding.embedding_dim)
+    hidden = hidden or 1
+    vocab = _attr(text, "vocab_size")
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if isinstance(output, torch.nn.Linear):
+        vocab = int(output.out_features)
+    elif vocab is None and isinstance(embedding, torch.nn.Embedding):
+        vocab = int(embedding.num_embeddings)
+    heads = _attr(text, "num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads", default=1)
+    kv_heads = _attr(text, "num_key_value_heads", "num_kv_heads", "n_kv_heads", default=heads)
+    head_dim = _attr(text, "head_dim", "kv_channels", default=max(hidden // heads, 1))
+    layers = len(layer_list) if layer_list is not None else (_attr(text, "num_hidden_layers", "num_layers", "n_layer") or 1)
+    width = _mlp_width(text, prefix, layer_list, linears, params, hidden, layers)
+    sizes = {"hidden": hidden, "intermediate": width, "heads": heads, "kv_heads": kv_heads if heads % kv_heads == 0 else heads,
+             "head_dim": head_dim, "vocab": vocab or 1}
+    architecture = type(model).__name__
+    return Traced(model_type, architecture, note, params, frozenset(frozen), linears, prefix, layers, sizes)
+
+
+def _short(error: Exception, limit: int = 160) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _layer_list(model, torch) -> tuple[str | None, list | None]:
+    """The repeated layer list: the longest nn.ModuleList whose items hold parameters (the decoder's layers; in
+    an encoder-decoder, the longer stack, the decoder on a tie)."""
+    best, where = None, None
+    for name, m in model.named_modules():
+        if not isinstance(m, torch.nn.ModuleList) or len(m) == 0 or not name:
+            continue
+        if "expert" in name.rpartition(".")[2]:
+            continue  # a mixture of experts' list, inside a layer
+        items = list(m)
+        if not all(any(True for _ in item.parameters()) for item in items):
+            continue
+        if best is None or len(items) > len(best) or (len(items) == len(best) and name.count(".") <= where.count(".")):
+            best, where = items, name
+    return (where + ".", best) if best is not None else (None, None)
+
+
+def _mlp_width(text, prefix, layer_list, linears, params, hidden: int, layers: int) -> int:
+    """The generic rule's MLP width: half the summed output width of each layer's MLP projections that read the
+    hidden state (routed experts at their share of the tokens), averaged over the layers."""
+    if not prefix or not layer_list:
+        return max(_attr(text, "intermediate_size", "ffn_dim", "n_inner", "d_ff", default=4 * hidden) // 2, 1)
+    experts = _attr(text, *_EXPERTS)
+    per_token = _attr(text, *_EXPERTS_PER_TOKEN, default=1)
+    share = min(per_token / experts, 1.0) if experts else 1.0
+    total = 0.0
+    for name, fan_in, fan_out, _ in linears:
+        if not name.startswith(prefix) or fan_in != hidden or _attention(name[len(prefix):]):
+            continue
+        total += fan_out * (share if _EXPERT_ITEM.search(name) else 1.0)
+    for p in params:  # stacked experts (transformers 5's grouped matmul): (experts, out, in)
+        if p.name.startswith(prefix) and len(p.shape) == 3 and p.shape[-1] == hidden and p.shape[-2] != hidden:
+            total += p.shape[0] * p.shape[-2] * share
+    if total == 0:
+        return max(_attr(text, "intermediate_size", "ffn_dim", "n_inner", "d_ff", default=4 * hidden) // 2, 1)
+    return max(int(round(total / layers / 2)), 1)
+
+
+def _attention(name: str) -> bool:
+    """A projection of the attention (q, k, v, o) or of a router, by its name inside a layer."""
+    parts = name.split(".")
+    return any(("attn" in p or "attention" in p or p in ("gate", "router", "wq", "wk", "wv", "q_proj", "k_proj", "v_proj")) for p in parts)
+
+
+def surrogate(traced: Traced) -> dict:
+    """The Llama config whose per-layer rule is the generic rule at the traced sizes (models/hf_activations)."""
+    s = traced.sizes
+    return {
+        "model_type": "llama",
+        "hidden_size": s["hidden"],
+        "intermediate_size": s["intermediate"],
+        "num_hidden_layers": traced.layers,
+        "num_attention_heads": s["heads"],
+        "num_key_value_heads": s["kv_heads"],
+        "head_dim": s["head_dim"],
+        "vocab_size": s["vocab"],
+        "hidden_act": "silu",
+        "attention_dropout": 0.0,
+        "use_cache": True,
+        "tie_word_embeddings": False,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+        "traced_model_type": traced.model_type,
+    }
+
+
+def summary(traced: Traced) -> str:
+    s = traced.sizes
+    count = sum(_elements(p.shape) for p in traced.params)
+    return (
+        f"{traced.architecture} (traced on the meta device): {count:,} parameters; {traced.layers} layers, hidden {s['hidden']}, "
+        f"{s['heads']} heads of {s['head_dim']}; activations by the generic rule (MLP width {s['intermediate']})"
+    )
+
+
+def _elements(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The pipeline's seam (called by models/hf.derive for a model_type no family describes)
+
+
+def takes(raw, found: list) -> bool:
+    """Whether this config goes to the trace: its only problem is an unknown model_type, and the extra is there."""
+    from memfit.models.hf_config import UNSUPPORTED_MODEL
+
+    return (
+        isinstance(raw, dict)
+        and len(found) == 1
+        and found[0].code == UNSUPPORTED_MODEL
+        and found[0].path == ("model_type",)
+        and available()
+    )
+
+
+def derive(raw: dict, data: dict, config, where: tuple, file: str | None, place) -> list:
+    """Tensors of a traced model appended to config.tensors, as models/hf._tensors appends a family's; the
+    problems (the generic rule's warning first). `place(key_path, code, message)` makes a Problem at a key of the
+    config.json (or of the inline mapping)."""
+    from memfit.diagnostics import codes
+    from memfit.diagnostics.diagnostic import Problem
+
+    training = data.get("training", {})
+    missing = [key for key in ("micro_batch", "seq_len") if key not in training]
+    if missing:
+        at = ("training",) if "training" in data else ("model",)
+        need = " and ".join(f"training.{key}" for key in missing)
+        return [Problem(at, codes.SCHEMA, f"a transformer model needs {need}: the batch axis and the tokens per sequence", on_key=True)]
+    try:
+        traced = trace(raw)
+    except TraceError as error:
+        return [place(error.key, codes.UNSUPPORTED_MODEL, f"model_type {raw['model_type']!r} has no memfit family, and {error.message}")]
+    warning = place(
+        ("model_type",),
+        codes.APPROXIMATE_ACTIVATIONS,
+        f"model_type {traced.model_type!r} has no memfit family: parameters are exact ({traced.architecture} built by transformers "
+        f"on the meta device), activations come from the generic rule (the Llama layer's tensors at this model's sizes), "
+        f"measured at {band_text()} of autograd's saved bytes on the families memfit models"
+        + (f"; {traced.note}" if traced.note else ""),
+    )
+    problems = _tensors(traced, config, where, file, training, data)
+    return [warning] + problems
+
+
+def _tensors(traced: Traced, config, where, file, training: dict, data: dict) -> list:
+    from memfit.config.build import make_tensor
+    from memfit.models.hf import BlockRow, Model, _recipe_arguments, forced_activations
+    from memfit.models.hf_activations import peak_saved, saved as saved_by, total as total_of
+    from memfit.recipe.costs import width
+
+    micro_batch, seq_len = training["micro_batch"], training["seq_len"]
+    attention = training.get("attention", "sdpa")
+    checkpointing = training.get("checkpointing", "none")
+    dtypes, problem = forced_activations(data.get("dtypes", {}))
+    if problem is not None:
+        return [problem]
+    base_name = config.widths["parameters"].name
+    recipe = _recipe_arguments(data, base_name if isinstance(base_name, str) else "float32")
+    cfg = surrogate(traced)
+    adapted = "lora" in data or "quantization" in data
+    if adapted:
+        from memfit.recipe import adapters
+        from memfit.recipe.dtypes import DTYPES
+
+        if adapters.problems(data):
+            return []
+        base = base_name if base_name in DTYPES else "float32"
+        param_rows, problems = adapters.transformer_rows({"model_type": traced.model_type}, data, base, traced.params, traced.linears, "causal-lm")
+        if problems:
+            return problems
+    arguments = dict(micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing, dtypes=dtypes, **recipe)
+    try:
+        saved = saved_by(cfg, **arguments)
+    except ValueError as error:  # an attention kernel / precision the rule does not take
+        from memfit.diagnostics import codes
+        from memfit.diagnostics.diagnostic import Problem
+
+        return [Problem(("training",), codes.SCHEMA, str(error))]
+    by_block: dict = {}
+    for b in saved:
+        by_block.setdefault(b.name, []).append(b)
+    groups = _groups(traced)
+    rows = []
+    for name, count, params in groups:
+        elements = 0
+        for p in params:
+            elements += _elements(p.shape)
+            if not adapted:
+                tensor = make_tensor("parameters", where, p.name, list(p.shape), 1, p.name not in traced.frozen, None, config)
+                config.tensors.append(tensor)
+        each = elements // max(count, 1)
+        for block in by_block.get(name) or [None]:
+            copies = count if block is None else block.count
+            kept = [] if block is None else block.kept
+            saved_bytes = 0
+            for k in kept:
+                tensor = make_tensor("activations", where, f"{name}: {k.label}", list(k.shape), copies, True, width(k.dtype), config)
+                config.tensors.append(tensor)
+                saved_bytes += tensor.bytes["activations"] // copies
+            rows.append(BlockRow(name, copies, each, saved_bytes, [(k.label, k.shape, k.dtype) for k in kept]))
+    loss = (by_block.get("loss") or [None])[0]
+    if loss is not None:
+        saved_bytes = 0
+        for k in loss.kept:
+            tensor = make_tensor("activations", where, f"loss: {k.label}", list(k.shape), 1, True, width(k.dtype), config)
+            config.tensors.append(tensor)
+            saved_bytes += tensor.bytes["activations"]
+        rows.append(BlockRow("loss", 1, 0, saved_bytes, [(k.label, k.shape, k.dtype) for k in loss.kept]))
+    total = total_of(saved)
+    if checkpointing == "full":
+        peak = peak_saved(cfg, **arguments)
+        if peak > total:
+            extra = peak - total
+            label = "recomputation: one layer's saved tensors in the backward, beyond the head and loss"
+            config.tensors.append(make_tensor("activations", where, label, [extra], 1, True, width("uint8"), config))
+            rows.append(BlockRow("recomputed layer", 1, 0, extra, []))
+        total = max(peak, total)
+    if adapted:
+        for row in param_rows:
+            own = None if row.dtype == base else width(row.dtype)
+            trainable = row.trainable and row.name not in traced.frozen
+            config.tensors.append(make_tensor("parameters", where, row.name, list(row.shape), 1, trainable, own, config))
+    run = {"micro_batch": micro_batch, "seq_len": seq_len, "attention": attention, "checkpointing": checkpointing}
+    config.model = Model(cfg, file, summary(traced), rows, total, run, dtypes, recipe)
+    return []
+
+
+def _groups(traced: Traced) -> list:
+    """(block, layers, params): the parameters before the layer list, in it, and after it (named_parameters order)."""
+    before, inside, after = [], [], []
+    for p in traced.params:
+        if traced.layer_prefix and p.name.startswith(traced.layer_prefix):
+            inside.append(p)
+        elif inside:
+            after.append(p)
+        else:
+            before.append(p)
+    return [("embeddings", 1, before), ("layer", traced.layers, inside), ("head", 1, after)]
