@@ -143,7 +143,7 @@ def test_every_causal_lm_architecture_gets_a_figure(tmp_path):
             wrong[model_type] = (footprint, 4 * count)
             continue
         figures += 1
-    assert wrong == {}
+    assert wrong == {}, "\n".join(f"{k}: {str(v)[:400]}" for k, v in wrong.items())
     # every architecture transformers can build gets a figure
     assert figures == len(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) - len(UNBUILDABLE)
     print(f"\n{figures} of {len(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)} architectures get a figure; {len(default_size)} at their default "

@@ -117,9 +117,17 @@ class Traced(NamedTuple):
     sizes: dict  # the generic rule's sizes: hidden, intermediate (the rule's width), heads, kv_heads, head_dim, vocab
 
 
+def _get(config, name: str):
+    """An attribute of a transformers config, None when it has none (or refuses one global value: per-layer configs)."""
+    try:
+        return getattr(config, name, None)
+    except Exception:
+        return None
+
+
 def _attr(config, *names, default=None):
     for name in names:
-        value = getattr(config, name, None)
+        value = _get(config, name)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return default
@@ -201,7 +209,7 @@ def trace(raw: dict) -> Traced:
     layers = len(layer_list) if layer_list is not None else (_attr(text, "num_hidden_layers", "num_layers", "n_layer") or 1)
     mlp = _mlp_shape(text, prefix, layer_list, linears, params, hidden, layers)
     qk_norm = any(n.endswith(("q_norm", "k_norm", "q_layernorm", "k_layernorm")) for n in modules if prefix and n.startswith(prefix))
-    act = next((getattr(text, k) for k in ("hidden_act", "activation_function", "hidden_activation") if isinstance(getattr(text, k, None), str)), None)
+    act = next((_get(text, k) for k in ("hidden_act", "activation_function", "hidden_activation") if isinstance(_get(text, k), str)), None)
     sizes = {"hidden": hidden, "heads": heads, "kv_heads": kv_heads if heads % kv_heads == 0 else heads,
              "head_dim": head_dim, "vocab": vocab or 1, **_rule(mlp, qk_norm, act)}
     architecture = type(model).__name__
