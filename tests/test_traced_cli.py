@@ -90,7 +90,7 @@ def test_without_the_extra_the_error_says_what_to_install_and_the_nearest_family
 
 
 def test_nearest_family_by_structure():
-    from memfit.models.traced import nearest_family
+    from memfit.models.unknown import nearest_family
 
     gpt2_like = {"model_type": "gpt_bigcode", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 128, "n_inner": None,
                  "activation_function": "gelu_pytorch_tanh", "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1,

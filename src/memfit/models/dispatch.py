@@ -32,7 +32,12 @@ def derive(data: dict, config, path: str = "<text>") -> list:
     if transformer:
         from memfit.models import hf
 
-        return hf.derive(data, config, path)
+        problems = hf.derive(data, config, path)
+        if any(p.code == codes.UNSUPPORTED_MODEL for p in problems):
+            from memfit.models import traced  # no family: with memfit[trace], transformers builds it on the meta device
+
+            return traced.derive(data, config, path, problems)
+        return problems
 
     missing = [k for k in ("input_shape", "layers") if k not in model]
     if missing:

@@ -381,24 +381,13 @@ def derive(data: dict, config, path: str) -> list:
         raw = loaded.raw
         found = validate(raw)
         problems = [Problem(where, p.code, p.message, file=file, at=loaded.positions.range(p.path, p.on_key)) for p in found]
-
-        def place(key, code, message):
-            return Problem(where, code, message, file=file, at=loaded.positions.range(key))
     else:
         where, file = ("model", "transformer"), None
         raw = model["transformer"]
-        found = validate(raw)
-        problems = [Problem(where + p.path, p.code, p.message, on_key=p.on_key or not p.path) for p in found]
+        problems = [Problem(where + p.path, p.code, p.message, on_key=p.on_key or not p.path) for p in validate(raw)]
         if not problems:  # read as hf_config reads the file; a likely typo gets a note, not a silent default
             hints = _typo_notes(raw, where)
-
-        def place(key, code, message):
-            return Problem(where + key, code, message)
     if problems:
-        from memfit.models import traced
-
-        if traced.takes(raw, found):  # no family: with memfit[trace], transformers builds it on the meta device
-            return traced.derive(raw, data, config, where, file, place)
         return problems
     cfg = normalize(raw)
     kind = head(cfg)

@@ -27,7 +27,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-INSTALL = "pip install 'memfit[trace]'"
+from memfit.models.unknown import available
+
 # The generic rule's measured ratio to autograd's saved bytes (rule / measured, lowest and highest) on the
 # families memfit models, each treated as unknown: eager and sdpa, with and without full checkpointing, fp32,
 # batch 2 x 32 tokens on the tiny configs of tests/hf_measure.py. tests/test_traced_band.py measures it again and
@@ -39,58 +40,9 @@ _EXPERT_ITEM = re.compile(r"(?:^|\.)experts\.\d+\.")
 _DOWN = re.compile(r"down|fc_?2|fc_out|w2|c_proj|4h_to_h|wo$|out_proj|^dense$|output")
 
 
-def available() -> bool:
-    """Whether the trace extra (torch and transformers) is installed; imports neither."""
-    from importlib.util import find_spec
-
-    try:
-        return find_spec("torch") is not None and find_spec("transformers") is not None
-    except (ImportError, ValueError):
-        return False
-
-
 def band_text() -> str:
     low, high = BAND
     return f"{(low - 1) * 100:+.0f}% to {(high - 1) * 100:+.0f}%"
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Without the extra: what to install, the families, the nearest one by structure
-
-
-def nearest_family(raw: dict) -> tuple[str | None, float]:
-    """The family whose config fields overlap `raw`'s keys most (Jaccard of the key sets, the fields every
-    config has left out), and that overlap; (None, 0.0) when no family shares a structural key."""
-    from memfit.models.families import BASE_FIELDS, FAMILIES
-
-    keys = {k for k in raw if isinstance(k, str)} - set(BASE_FIELDS) - {"model_type", "transformers_version"}
-    best, score = None, 0.0
-    for name, family in FAMILIES.items():
-        fields = (set(family.fields) | set(family.attribute_map)) - set(BASE_FIELDS)
-        union = keys | fields
-        overlap = len(keys & fields) / len(union) if union else 0.0
-        if overlap > score:
-            best, score = name, overlap
-    return best, score
-
-
-def unknown_message(raw: dict) -> str:
-    """The unsupported-model message: the families, the fallback and how to get it, the nearest family."""
-    from memfit.models.families import SUPPORTED
-    from memfit.models.hf_config import excerpt
-
-    shown = excerpt(raw.get("model_type"))
-    near, score = nearest_family(raw)
-    nearest = (
-        f"; nearest family by structure: {near} ({score:.0%} of config keys shared; relabelling it is an approximation)"
-        if near
-        else ""
-    )
-    if available():  # installed, and the build failed before this message was needed: say so plainly
-        fallback = "the meta-device fallback (memfit[trace]) is installed but transformers does not know this model_type"
-    else:
-        fallback = f"any other transformers architecture is derived by tracing it on the meta device: {INSTALL}"
-    return f"model_type {shown} has no memfit family (families: {', '.join(SUPPORTED)}); {fallback}{nearest}"
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -346,29 +298,56 @@ def _elements(shape) -> int:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# The pipeline's seam (called by models/hf.derive for a model_type no family describes)
+# The pipeline's seam (models/dispatch.derive, for a model_type no family describes)
 
 
-def takes(raw, found: list) -> bool:
-    """Whether this config goes to the trace: its only problem is an unknown model_type, and the extra is there."""
-    from memfit.models.hf_config import UNSUPPORTED_MODEL
+def _unknown(data: dict, path: str):
+    """(raw, where, file, place) when the model section's config has a model_type no family describes and no
+    other problem; None otherwise. `place(key, code, message)` makes a Problem at a key of that config."""
+    import os
 
-    return (
-        isinstance(raw, dict)
-        and len(found) == 1
-        and found[0].code == UNSUPPORTED_MODEL
-        and found[0].path == ("model_type",)
-        and available()
-    )
+    from memfit.diagnostics.diagnostic import Problem
+    from memfit.models.hf_config import UNSUPPORTED_MODEL, LoadError, load, validate
+
+    model = data["model"]
+    if "hf_config" in model:
+        where = ("model", "hf_config")
+        base = os.path.dirname(path) if path and not path.startswith("<") else "."
+        file = os.path.normpath(os.path.join(base, os.path.expanduser(model["hf_config"])))
+        if os.path.isdir(file) and os.path.isfile(os.path.join(file, "config.json")):
+            file = os.path.join(file, "config.json")
+        try:
+            loaded = load(file)
+        except LoadError:
+            return None
+        raw = loaded.raw
+
+        def place(key, code, message):
+            return Problem(where, code, message, file=file, at=loaded.positions.range(key))
+    else:
+        where, file, raw = ("model", "transformer"), None, model["transformer"]
+
+        def place(key, code, message):
+            return Problem(where + key, code, message)
+    found = validate(raw)
+    if len(found) != 1 or found[0].code != UNSUPPORTED_MODEL or found[0].path != ("model_type",):
+        return None
+    return raw, where, file, place
 
 
-def derive(raw: dict, data: dict, config, where: tuple, file: str | None, place) -> list:
-    """Tensors of a traced model appended to config.tensors, as models/hf._tensors appends a family's; the
-    problems (the generic rule's warning first). `place(key_path, code, message)` makes a Problem at a key of the
-    config.json (or of the inline mapping)."""
+def derive(data: dict, config, path: str, problems: list) -> list:
+    """models/hf.derive's `problems` for a model_type no family describes become, with memfit[trace] installed,
+    the traced model's tensors (appended to config.tensors as models/hf._tensors appends a family's) and the
+    generic rule's warning; anything else is returned as it was."""
     from memfit.diagnostics import codes
     from memfit.diagnostics.diagnostic import Problem
 
+    if not available():
+        return problems
+    unknown = _unknown(data, path)
+    if unknown is None:
+        return problems
+    raw, where, file, place = unknown
     training = data.get("training", {})
     missing = [key for key in ("micro_batch", "seq_len") if key not in training]
     if missing:
@@ -383,12 +362,11 @@ def derive(raw: dict, data: dict, config, where: tuple, file: str | None, place)
         ("model_type",),
         codes.APPROXIMATE_ACTIVATIONS,
         f"model_type {traced.model_type!r} has no memfit family: parameters are exact ({traced.architecture} built by transformers "
-        f"on the meta device), activations come from the generic rule (the Llama layer's tensors at this model's sizes), "
-        f"measured at {band_text()} of autograd's saved bytes on the families memfit models"
+        f"on the meta device), activations come from the generic rule ({traced.sizes['rule']}'s layer at this model's sizes), "
+        f"measured at {band_text()} of autograd's saved bytes (docs/transformers.md)"
         + (f"; {traced.note}" if traced.note else ""),
     )
-    problems = _tensors(traced, config, where, file, training, data)
-    return [warning] + problems
+    return [warning] + _tensors(traced, config, where, file, training, data)
 
 
 def _tensors(traced: Traced, config, where, file, training: dict, data: dict) -> list:
