@@ -43,7 +43,10 @@ def _config(model_type: str, attention: str) -> dict:
         cfg = hm.tiny(model_type)
     else:
         cfg = transformers.AutoConfig.for_model(model_type, **OTHERS[model_type]).to_dict()
-    return hm.without_attention_dropout(cfg) if attention == "sdpa" else cfg
+    if attention == "sdpa":  # CPU's SDPA falls back to its math kernel under attention dropout (hf_measure)
+        cfg = hm.without_attention_dropout(cfg)
+        cfg.update({k: 0.0 for k in ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob") if k in cfg})
+    return cfg
 
 
 def _ratio(model_type: str, attention: str, checkpointing: str) -> float:
