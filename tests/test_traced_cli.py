@@ -149,3 +149,10 @@ def test_a_config_transformers_cannot_build_is_a_positioned_error(tmp_path):
     (problem,) = out["files"][0]["diagnostics"]
     assert problem["code"] == "unsupported-model" and "no_such_model" in problem["message"]
     assert problem["range"]["start"]["line"] == 1
+
+
+def test_the_docs_quote_the_band_the_warning_quotes():
+    from memfit.models.traced import band_text
+
+    text = (ROOT / "docs" / "transformers.md").read_text()
+    assert f"**{band_text()} of autograd's saved bytes**" in text
