@@ -354,14 +354,20 @@ def derive(data: dict, config, path: str, problems: list) -> list:
         at = ("training",) if "training" in data else ("model",)
         need = " and ".join(f"training.{key}" for key in missing)
         return [Problem(at, codes.SCHEMA, f"a transformer model needs {need}: the batch axis and the tokens per sequence", on_key=True)]
+    from memfit.models.hf_config import excerpt
+    from memfit.models.unknown import unknown_message
+
+    shown = excerpt(raw["model_type"])
     try:
         traced = trace(raw)
     except TraceError as error:
-        return [place(error.key, codes.UNSUPPORTED_MODEL, f"model_type {raw['model_type']!r} has no memfit family, and {error.message}")]
+        # transformers' reason, with the model_type as the excerpt memfit quotes of a referenced file
+        reason = error.message.replace(raw["model_type"], shown) if raw["model_type"] else error.message
+        return [place(error.key, codes.UNSUPPORTED_MODEL, f"{unknown_message(raw, shown)}; {reason}")]
     warning = place(
         ("model_type",),
         codes.APPROXIMATE_ACTIVATIONS,
-        f"model_type {traced.model_type!r} has no memfit family: parameters are exact ({traced.architecture} built by transformers "
+        f"model_type {shown} has no memfit family: parameters are exact ({traced.architecture} built by transformers "
         f"on the meta device), activations come from the generic rule ({traced.sizes['rule']}'s layer at this model's sizes), "
         f"measured at {band_text()} of autograd's saved bytes (docs/transformers.md)"
         + (f"; {traced.note}" if traced.note else ""),

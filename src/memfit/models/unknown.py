@@ -45,7 +45,7 @@ def unknown_message(raw: dict, shown: str) -> str:
         else ""
     )
     if available():
-        fallback = f"any other transformers architecture is built on the meta device ({INSTALL}, installed)"
+        fallback = f"any other transformers architecture is built on the meta device ({INSTALL} is installed)"
     else:
         fallback = f"any other transformers architecture is derived by tracing it on the meta device: {INSTALL}"
     return f"model_type {shown} has no memfit family (families: {', '.join(SUPPORTED)}); {fallback}{nearest}"
