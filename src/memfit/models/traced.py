@@ -7,16 +7,17 @@ names when transformers has it, else `AutoModelForCausalLM.from_config`). Its `n
 parameters (names, shapes; a tied weight once, at its first name; a parameter with `requires_grad` False gets
 no gradient and no optimizer state), exactly as transformers builds them.
 
-What autograd keeps is not read off the model: the **generic rule** is the Llama family's per-layer rule
-(models/hf_activations.py) evaluated at sizes read off the built model: the hidden size and the vocabulary from
-the embedding and the output layer, the layer count from the repeated layer list, the heads from the config, and
-an MLP width from the actual Linear shapes of each layer. A Llama layer keeps four tensors of the MLP's width per
-token (gate and up outputs, the activation, their product) for 2 x its input width (gate + up), and a plain MLP
-keeps two (the first projection's output and the activation) for 1 x its input width: both keep 2 x the summed
-output width of the layer's MLP projections that read the hidden state, so the rule's width is half that sum. A
-mixture of experts counts its routed experts' share (experts per token / experts) and its shared experts in
-full. The rule is measured against autograd on the families memfit models exactly (tests/test_traced_band.py),
-and the warning each traced model gets quotes that band (BAND below, docs/transformers.md).
+What autograd keeps is not read off the model: the **generic rule** is one of memfit's exact per-layer rules
+(models/hf_activations.py) evaluated at sizes read off the built model: the hidden size, heads and head size from
+the (text) config, the vocabulary from the output layer, the layer count from the repeated layer list, and the
+MLP from the actual Linear shapes of each layer. Which layer stands in follows the MLP's structure: gated (the
+projections that read the hidden state are twice as wide as those that write it) -> Llama's (Qwen 3's with a
+q/k norm) at half their summed width, since a Llama layer keeps four tensors of its width per token (gate and up
+outputs, the activation, their product); plain -> GPT-NeoX's sequential layer at its width; experts -> Mixtral's
+routed layer, routed experts at their share of the tokens (experts per token / experts), shared experts in full.
+The rule is measured against autograd on the families memfit models (treated as unknown) and on architectures it
+has no family for (tests/test_traced_band.py); the warning each traced model gets quotes that band (BAND below,
+docs/transformers.md).
 
 Nothing here imports torch or transformers at import time: only `trace()` does, and only for a model_type no
 family describes (tests/test_traced_cli.py checks that a known family's check never imports torch).
@@ -29,10 +30,10 @@ from typing import NamedTuple
 
 from memfit.models.unknown import available
 
-# The generic rule's measured ratio to autograd's saved bytes (rule / measured, lowest and highest) on the
-# families memfit models, each treated as unknown: eager and sdpa, with and without full checkpointing, fp32,
-# batch 2 x 32 tokens on the tiny configs of tests/hf_measure.py. tests/test_traced_band.py measures it again and
-# fails when a ratio falls outside, or when the band is wider than the measurement needs.
+# The generic rule's measured ratio to autograd's saved bytes (rule / measured, lowest and highest): eager and
+# sdpa, with and without full checkpointing, fp32, batch 2 x 32 tokens, tiny configs; the ten families (treated
+# as unknown) and eleven architectures without a family. tests/test_traced_band.py measures it again and fails
+# when a ratio falls outside, or when the band is wider than the measurement needs.
 BAND = (0.77, 1.25)
 _EXPERTS_PER_TOKEN = ("num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts", "moe_k", "experts_per_token")
 _EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts")
