@@ -108,7 +108,8 @@ def test_an_unknown_model_type_gets_exact_parameters_and_a_warning(tmp_path):
     plain = write(tmp_path, OLMO2)
     lora = write(tmp_path, OLMO2, yaml_name="lora.yaml", extra="lora: {r: 8, alpha: 16, target_modules: [q_proj, v_proj]}\n")
     full = write(tmp_path, OLMO2, yaml_name="full.yaml", training=", checkpointing: full")
-    rc, out = run("check", "--format", "json", str(plain), str(lora), str(full))
+    tied = write(tmp_path, {**OLMO2, "tie_word_embeddings": True}, name="tied.json", yaml_name="tied.yaml")
+    rc, out = run("check", "--format", "json", str(plain), str(lora), str(full), str(tied))
     assert rc == 0, out
     files = {Path(f["path"]).stem: f for f in out["files"]}
     count, _ = meta_parameters(OLMO2)
@@ -123,6 +124,8 @@ def test_an_unknown_model_type_gets_exact_parameters_and_a_warning(tmp_path):
     lora_fp = files["lora"]["footprint"]
     assert lora_fp["gradients"] == 4 * adapters and lora_fp["parameters"] == 4 * (count + adapters)
     assert lora_fp["activations"] < fp["activations"]
+    # a tied head is the embedding's weight: counted once
+    assert files["tied"]["footprint"]["parameters"] == 4 * (count - 128 * 64) == 4 * meta_parameters({**OLMO2, "tie_word_embeddings": True})[0]
     # full checkpointing keeps each layer's input (and one layer's recomputation)
     assert files["full"]["footprint"]["activations"] < fp["activations"]
 
