@@ -72,6 +72,7 @@ MODEL_NOT_FOUND = "model-not-found"
 MISSING_REFERENCE = "missing-reference"
 IGNORED_KEY = "ignored-key"
 SELECTIVE_NOOP = "selective-noop"
+APPROXIMATE_ACTIVATIONS = "approximate-activations"
 
 CODES: dict[str, Code] = _register(
     Code(YAML_SYNTAX, ERROR, "The file is not valid YAML", "Fix the YAML syntax at the position shown; memfit reads YAML 1.1 with core tags only."),
@@ -225,6 +226,13 @@ CODES: dict[str, Code] = _register(
         INFORMATION,
         "checkpointing: selective with fused attention (sdpa, flash) recomputes nothing",
         "Selective recomputation drops the attention core's s x s matrices, which only eager attention saves: with sdpa or flash it keeps what `none` keeps. Use checkpointing: full to trade compute for memory (the message gives the peak it would have), or none to say what runs.",
+        keeps_footprint=True,
+    ),
+    Code(
+        APPROXIMATE_ACTIVATIONS,
+        WARNING,
+        "A transformers model without a memfit family: exact parameters, activations by the generic rule",
+        "memfit[trace] built the model on the meta device for its parameters; its saved activations follow the Llama layer's rule at the model's sizes, within the band the message quotes (docs/transformers.md). Measure a real step when the margin is thinner than that band.",
         keeps_footprint=True,
     ),
     Code(

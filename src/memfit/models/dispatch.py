@@ -40,7 +40,12 @@ def _derive(data: dict, out, path: str) -> list:
     if transformer:
         from memfit.models import hf
 
-        return hf.derive(data, out, path)
+        problems = hf.derive(data, out, path)
+        if any(p.code == codes.UNSUPPORTED_MODEL for p in problems):
+            from memfit.models import traced  # no family: with memfit[trace], transformers builds it on the meta device
+
+            return traced.derive(data, out, path, problems)
+        return problems
 
     missing = [k for k in ("input_shape", "layers") if k not in model]
     if missing:

@@ -334,8 +334,9 @@ def validate(raw) -> list[HFProblem]:
     model_type = raw["model_type"]
     family = family_of(raw)
     if family is None:
-        shown = excerpt(model_type)
-        return [HFProblem(("model_type",), UNSUPPORTED_MODEL, f"model_type {shown} is not supported; supported: {', '.join(SUPPORTED)}")]
+        from memfit.models.unknown import unknown_message  # the families, the fallback, the nearest family
+
+        return [HFProblem(("model_type",), UNSUPPORTED_MODEL, unknown_message(raw, excerpt(model_type)))]
 
     problems: list[HFProblem] = []
     kinds = read_fields(family)

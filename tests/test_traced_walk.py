@@ -1,0 +1,154 @@
+"""Every architecture in transformers' AutoModelForCausalLM mapping gets a figure (issue 21).
+
+For each model_type of MODEL_FOR_CAUSAL_LM_MAPPING_NAMES (transformers 5.24.0): its default config, shrunk to two
+layers, is written as the config.json a user could write (`model: {hf_config: ...}`), and two `memfit check
+--format json` runs side by side, each over half of the YAML files, check them through the front door. Every architecture gets a
+footprint of positive integers whose parameter bytes are 4 x the parameter count of the meta-device build
+(fp32); a family memfit models is derived, every other one traced (memfit[trace]). A model_type transformers
+itself cannot build from its default config is listed below with transformers' reason, asserted: memfit reports
+it as unsupported-model at model_type, quoting that reason, never a traceback.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from needs import module
+
+torch = module("torch")
+transformers = module("transformers")
+
+ROOT = Path(__file__).resolve().parent.parent
+# Counts of layers, and per-layer lists, shrunk to two.
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers", "encoder_layers", "num_decoder_layers")
+# transformers 5.24.0 cannot build these from their default config (its own error, a fragment of it): memfit says so.
+UNBUILDABLE = {
+    "cohere_compass_text": "full_attention",
+    "dbrx": "rope_theta",
+    "dots1": "empty()",
+    "gemma3n": "PIL",
+    "gemma4_assistant": "hidden_size_per_layer_input",
+    "hunyuan_v1_dense": "NoneType",
+    "hunyuan_v1_moe": "NoneType",
+    "lfm2_moe": "NoneType",
+    "ministral": "NoneType",
+    "musicgen": "dropout",
+    "musicgen_melody": "dropout",
+    "nemotron": "NoneType",
+    "reformer": "is_decoder",
+}
+YAML = """memfit: 1
+optimizer: adamw
+device: {{memory: 4 TiB}}
+dtypes: {{parameters: float32, gradients: float32, activations: float32, optimizer_state: float32}}
+model:
+  hf_config: {name}.json
+training: {{micro_batch: 1, seq_len: 64}}
+"""
+
+
+def _shrink(config) -> None:
+    subs = [getattr(config, k, None) for k in getattr(config, "sub_configs", {}) or {}]
+    for sub in [config] + [s for s in subs if s is not None]:
+        depth = None
+        for key in LAYER_KEYS:
+            value = getattr(sub, key, None)
+            if isinstance(value, int) and value > 2:
+                depth = depth or value
+                setattr(sub, key, 2)
+        for key, value in list(vars(sub).items()):  # per-layer lists (layer_types, mlp_layer_types...)
+            if isinstance(value, list) and len(value) > 2 and (key.endswith("layer_types") or len(value) == depth):
+                setattr(sub, key, value[:2])
+
+
+def _meta(model_type: str, raw: dict):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(model_type, **{k: v for k, v in raw.items() if k != "model_type"})
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def _build(model_type: str):
+    """(config.json dict, parameter count of the meta build from that dict, shrunk?) or raises transformers' error."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.for_model(model_type)
+        _shrink(config)
+        raw = json.loads(json.dumps(config.to_dict()))
+        model = _meta(model_type, raw)  # the file, read back as memfit's trace reads it
+        shrunk = True
+    except Exception:
+        # some configs refuse fewer layers: the default, still on meta
+        raw = json.loads(json.dumps(AutoConfig.for_model(model_type).to_dict()))
+        model = _meta(model_type, raw)
+        shrunk = False
+    return raw, sum(p.numel() for p in model.parameters()), shrunk
+
+
+def test_every_causal_lm_architecture_gets_a_figure(tmp_path):
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    transformers.logging.set_verbosity_error()
+    warnings.filterwarnings("ignore")
+    assert transformers.__version__ == "5.24.0"
+    expected, failed, default_size = {}, {}, []
+    started = time.monotonic()
+    for model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        try:
+            raw, count, shrunk = _build(model_type)
+        except Exception as error:
+            failed[model_type] = f"{type(error).__name__}: {error}"
+            raw = {"model_type": model_type}  # what a user would write for it: memfit must say why not
+            count = None
+        else:
+            if not shrunk:
+                default_size.append(model_type)
+        (tmp_path / f"{model_type}.json").write_text(json.dumps(raw))
+        (tmp_path / f"{model_type}.yaml").write_text(YAML.format(name=model_type))
+        expected[model_type] = count
+    built = time.monotonic() - started
+    assert sorted(failed) == sorted(UNBUILDABLE), {k: v[:120] for k, v in failed.items()}
+    for model_type, fragment in UNBUILDABLE.items():
+        assert fragment in failed[model_type], failed[model_type][:200]
+
+    files = [str(tmp_path / f"{m}.yaml") for m in expected]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    started = time.monotonic()
+    # two CLI runs side by side (two cores), each over half of the files
+    runs = [
+        subprocess.Popen([sys.executable, "-m", "memfit", "check", "--format", "json", *files[i::2]], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        for i in range(2)
+    ]
+    reports = [json.loads(run.communicate(timeout=600)[0]) for run in runs]
+    checked = time.monotonic() - started
+    by_name = {Path(f["path"]).stem: f for report in reports for f in report["files"]}
+    assert sorted(by_name) == sorted(expected)
+    figures, wrong = 0, {}
+    for model_type, count in expected.items():
+        entry = by_name[model_type]
+        codes = [d["code"] for d in entry["diagnostics"]]
+        errors = [d["message"][:300] for d in entry["diagnostics"] if d["severity"] == "error"]
+        if count is None:
+            problem = [d for d in entry["diagnostics"] if d["code"] == "unsupported-model" and UNBUILDABLE[model_type] in d["message"]]
+            if not problem or not problem[0]["file"].endswith(f"{model_type}.json") or "internal" in codes:
+                wrong[model_type] = errors
+            continue
+        footprint = entry["footprint"]
+        if footprint is None or errors:
+            wrong[model_type] = errors
+            continue
+        if not all(isinstance(v, int) and v > 0 for v in footprint.values()) or footprint["parameters"] != 4 * count:
+            wrong[model_type] = (footprint, 4 * count)
+            continue
+        figures += 1
+    assert wrong == {}, "\n".join(f"{k}: {str(v)[:400]}" for k, v in wrong.items())
+    # every architecture transformers can build gets a figure
+    assert figures == len(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) - len(UNBUILDABLE)
+    print(f"\n{figures} of {len(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)} architectures get a figure; {len(default_size)} at their default "
+          f"depth ({', '.join(default_size)}); built in {built:.0f} s, checked in {checked:.0f} s")
