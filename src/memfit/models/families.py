@@ -81,6 +81,10 @@ class Family:
     qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k
     padding_idx: bool = True  # the embedding takes pad_token_id as padding_idx (must lie in the vocabulary)
     head_dim_key: bool = True  # the attention reads config.head_dim when set
+    # issue 21's dense decoders (appended; every default keeps the ten families as they were)
+    layer_pattern: int | None = None  # layer_types None -> every `pattern`-th layer full, the rest sliding (Gemma 2/3)
+    layer_pattern_key: str | None = None  # a config.json key that sets the pattern (Gemma 3's sliding_window_pattern)
+    layer_norms: tuple = ("input_layernorm", "post_attention_layernorm")  # a layer's norms, in registration order
 
     @property
     def hidden_key(self) -> str:
@@ -399,5 +403,47 @@ FAMILIES: dict[str, Family] = {
         attribute_map={'num_experts': 'num_local_experts'}, kv_heads_default=True, rope_theta_default=1000000.0, block='mixtral',
     ),
 }
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 21: the dense decoders (gemma2, gemma3_text, olmo2, granite, cohere, starcoder2, falcon, smollm3)
+
+FAMILIES.update({
+    'gemma2': Family(
+        'gemma2',
+        'Gemma2Config',
+        fields={
+            'vocab_size': (256000, 'int'),
+            'hidden_size': (2304, 'int'),
+            'intermediate_size': (9216, 'int'),
+            'num_hidden_layers': (26, 'int'),
+            'num_attention_heads': (8, 'int'),
+            'num_key_value_heads': (4, 'int'),
+            'head_dim': (256, 'int'),
+            'hidden_activation': ('gelu_pytorch_tanh', 'str'),
+            'max_position_embeddings': (8192, 'int'),
+            'initializer_range': (0.02, 'float'),
+            'rms_norm_eps': (1e-06, 'float'),
+            'use_cache': (True, 'bool'),
+            'pad_token_id': (0, 'int?'),
+            'eos_token_id': (1, 'ids?'),
+            'bos_token_id': (2, 'int?'),
+            'tie_word_embeddings': (True, 'bool'),
+            'rope_parameters': (None, 'dict?'),
+            'attention_bias': (False, 'bool'),
+            'attention_dropout': (0.0, 'number?'),
+            'query_pre_attn_scalar': (256, 'int'),
+            'sliding_window': (4096, 'int?'),
+            'layer_types': (None, 'strs?'),
+            'final_logit_softcapping': (30.0, 'number?'),
+            'attn_logit_softcapping': (50.0, 'number?'),
+            'use_bidirectional_attention': (None, 'bool?'),
+        },
+        architectures=_arch('Gemma2'),
+        default_architecture='Gemma2ForCausalLM',
+        qkv_bias='attention_bias', o_bias='attention_bias', layer_pattern=2,
+        layer_norms=("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"),
+    ),
+})
 
 SUPPORTED = tuple(FAMILIES)

@@ -151,7 +151,7 @@ def _layer(cfg: dict, fam: Family) -> list[Module]:
             Module("mlp.up_proj", "linear", (h, inner, bias)),
             Module("mlp.down_proj", "linear", (inner, h, bias)),
         ]
-    norms = [Module("input_layernorm", "rmsnorm", (h,)), Module("post_attention_layernorm", "rmsnorm", (h,))]
+    norms = [Module(name, "rmsnorm", (h,)) for name in fam.layer_norms]
     return attention + mlp + norms
 
 

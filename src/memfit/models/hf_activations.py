@@ -184,6 +184,10 @@ class Family(NamedTuple):
     softmax_role: str = "soft"  # without the upcast: "soft" where an fp32 causal mask promotes the scores (GPT-2), "lin"
     # where nothing does (BERT: CPU autocast leaves softmax in the low dtype; CUDA autocast would upcast it)
     lora_default: tuple = ("q_proj", "v_proj")   # peft 0.21's default target_modules (none for phi3)
+    # issue 21's dense decoders (appended; the defaults keep the ten families as they were)
+    sandwich: str | None = None   # "pre_post": Gemma 2/3's norm before and after attention and MLP; "post": OLMo 2's
+    # norm after each (on the sublayer's output, before the residual add) and none before
+    sdpa: bool = True   # False: transformers refuses sdpa (Gemma 2: softcapping); its default there is eager
 
 
 LLAMA_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
@@ -220,8 +224,15 @@ FAMILIES = {
                    dropout_keys=(("attn", "attention_probs_dropout_prob"), ("resid", "hidden_dropout_prob"),
                                  ("embd", "hidden_dropout_prob"))),
 }
+# issue 21: the dense decoders
+FAMILIES.update({
+    # modeling_gemma2.py: four RMSNorms (1 + weight) per layer, the attention and final logits soft-capped
+    # (tanh(x / cap) * cap keeps the tanh's result), no sdpa (Gemma2PreTrainedModel._supports_sdpa = False)
+    "gemma2": LLAMA._replace(norm="gemma_rms", act_key="hidden_activation", sandwich="pre_post", sdpa=False),
+})
 SUPPORTED = tuple(FAMILIES)
-DEFAULT_ACT = {"gpt2": "gelu_new", "bert": "gelu", "gpt_neox": "gelu", "gemma": "gelu_pytorch_tanh"}
+DEFAULT_ACT = {"gpt2": "gelu_new", "bert": "gelu", "gpt_neox": "gelu", "gemma": "gelu_pytorch_tanh",
+               "gemma2": "gelu_pytorch_tanh"}
 
 
 def _attention(fam: Family, n: dict) -> list:
@@ -243,6 +254,9 @@ def _attention(fam: Family, n: dict) -> list:
         K("q @ k^T", "q (a view of the fused qkv output: one sequence folds without a copy)", ("b", "s", "qkv"), "lin",
           "eager_q_view", ("k",)),
         K("q @ k^T", "k (repeated to every query head)", ("b", "H", "s", "d"), "lin", "eager_kv", ("q",)),
+        # Gemma 2's attn_logit_softcapping: tanh(scores / cap) * cap keeps the tanh's result (the divisions and
+        # the scale by a Python number keep nothing)
+        K("softcap tanh", "tanh(scores / cap)", ("b", "H", "s", "s"), "lin", "eager_core&attn_softcap", ("qk",)),
         K("softmax", soft, ("b", "H", "s", "s"), "f32" if fam.softmax_fp32 else fam.softmax_role, "eager_core", ("qk",)),
         K("attention dropout", "mask", ("b", "H", "s", "s"), "bool", "eager_attn_dropout", ("qk",)),
         K("p @ v", "dropped-out probabilities", ("b", "H", "s", "s"), "low", "eager_attn_dropout", ("v",)),
@@ -339,10 +353,28 @@ def layer_rows(model_type: str, act: str | None = None, parallel: bool = True) -
         mlp = [r._replace(needs=tuple("h1n" if x == "n2" else x for x in r.needs)) for r in mlp]
         return (attention + [r._replace(op="attention.output LayerNorm") for r in _norm(fam.norm, "", X, "h1")]
                 + mlp + [r._replace(op="output LayerNorm") for r in _norm(fam.norm, "", X, "out")])
+    if fam.sandwich:
+        return _sandwich_rows(fam, n, attention, mlp)
     second = _norm(fam.norm, _op(ROLE["norm2"], n.get("norm2", "post_attention_layernorm")), X, "x" if parallel and fam.parallel_key else "h1")
     if parallel and fam.parallel_key:   # both norms read the layer input: its storage is kept once
         second = [r for r in second if not r.what.startswith("input")]
     return _norm(fam.norm, _op(ROLE["norm1"], n.get("norm1", "input_layernorm")), X, "x") + attention + second + mlp
+
+
+def _sandwich_rows(fam: Family, n: dict, attention: list, mlp: list) -> list:
+    """Gemma 2/3 (pre_post): input_layernorm, attention, post_attention_layernorm (on o_proj's output), residual
+    add, pre_feedforward_layernorm, MLP, post_feedforward_layernorm (on down_proj's output), residual add.
+    OLMo 2 (post): attention, post_attention_layernorm, add; MLP, post_feedforward_layernorm, add: q/k/v and
+    gate/up read the layer input and the sum directly."""
+    X = ("b", "s", "h")
+    post_attention = _norm(fam.norm, "post_attention_layernorm", X, "o", "lin")
+    post_mlp = _norm(fam.norm, "post_feedforward_layernorm", X, "d", "lin")
+    if fam.sandwich == "post":
+        attention = [r._replace(needs=tuple("x" if x == "n1" else x for x in r.needs)) for r in attention]
+        mlp = [r._replace(needs=tuple("h1" if x == "n2" else x for x in r.needs)) for r in mlp]
+        return attention + post_attention + mlp + post_mlp
+    return (_norm(fam.norm, "input_layernorm", X, "x") + attention + post_attention
+            + _norm(fam.norm, "pre_feedforward_layernorm", X, "h1") + mlp + post_mlp)
 
 
 def _embedding_rows(fam: Family) -> list:
@@ -370,7 +402,9 @@ def _head_rows(fam: Family) -> list:
                 + [r._replace(what="input (the activation's output)", role="lin") if i == 0 else r
                    for i, r in enumerate(_norm(fam.norm, "transform.LayerNorm", X, "t"))]
                 + _linear([("lm_head", n["lm_head"], "V")], ("T", "h"), "tn"))
-    return _norm(fam.norm, _op(ROLE["final"], n.get("final", "model.norm")), X, "x") + _linear([("lm_head", n["lm_head"], "V")], ("T", "h"), "fn")
+    return _norm(fam.norm, _op(ROLE["final"], n.get("final", "model.norm")), X, "x") + _linear([("lm_head", n["lm_head"], "V")], ("T", "h"), "fn") + [
+        # Gemma 2's final_logit_softcapping: tanh(logits / cap) * cap keeps the tanh's result
+        K("final softcap tanh", "tanh(logits / cap)", ("T", "V"), "lin", "final_softcap", ("x", f"W:{n['lm_head']}"))]
 
 
 # Causal LMs upcast the logits (logits.float()) before the cross-entropy; BERT's masked-LM loss does not
@@ -415,6 +449,8 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
                 precision: str | None = None, lora: dict | None = None) -> dict:
     if precision is None:
         precision = "32-true"
+    if attention == "sdpa" and not fam.sdpa:
+        attention = "eager"   # what transformers runs by default where it refuses sdpa
     eager = attention == "eager"
     fused = not eager
     cache = fam.cache and bool(cfg.get("use_cache", True)) and checkpointing != "full"
@@ -453,6 +489,8 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
         "o_view": not o_copy,
         "resid_dropout": _drop(cfg, fam, "resid"),
         "embd_dropout": _drop(cfg, fam, "embd"),
+        "attn_softcap": cfg.get("attn_logit_softcapping") is not None,
+        "final_softcap": cfg.get("final_logit_softcapping") is not None,
         "causal": fam.head == "causal",
         "mlm": fam.head == "mlm",
         "mixed": mixed,

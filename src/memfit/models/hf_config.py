@@ -437,7 +437,9 @@ def validate(raw) -> list[HFProblem]:
 
 
 def _act_key(family: Family) -> str:
-    return "activation_function" if "activation_function" in family.fields else "hidden_act"
+    if "activation_function" in family.fields:
+        return "activation_function"
+    return "hidden_activation" if "hidden_activation" in family.fields else "hidden_act"
 
 
 def read_fields(family: Family) -> dict:
@@ -543,6 +545,10 @@ def normalize(raw: dict) -> dict:
             out["layer_types"] = [
                 "sliding_attention" if window is not None and i >= first else "full_attention" for i in range(out["num_hidden_layers"])
             ]
+    if family.layer_pattern is not None and out["layer_types"] is None:
+        # Gemma 2/3: every pattern-th layer attends globally, the others through the sliding window
+        pattern = extra.get(family.layer_pattern_key, family.layer_pattern) if family.layer_pattern_key else family.layer_pattern
+        out["layer_types"] = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(out["num_hidden_layers"])]
     if family.gelu_means_tanh and out["hidden_act"] == "gelu":
         out["hidden_act"] = "gelu_pytorch_tanh"
 
