@@ -40,6 +40,9 @@ TINY = {
     "mixtral": {**_GQA, "intermediate_size": 48, "num_local_experts": 4, "num_experts_per_tok": 2},
     # issue 21's dense decoders: a window shorter than the longer measured sequence (40), so it masks something
     "gemma2": {**_GQA, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 24},
+    "olmo2": _GQA,
+    "granite": {**_GQA, "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0078125,
+                "logits_scaling": 8.0},
 }
 FAMILIES = tuple(TINY)
 VOCAB = 128

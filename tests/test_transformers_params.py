@@ -54,6 +54,11 @@ CONFIGS = {
         {**TINY, "num_key_value_heads": 2, "head_dim": 16},
         {**TINY, "num_key_value_heads": 1, "head_dim": 32, "attention_bias": True, "tie_word_embeddings": False},
     ],
+    "olmo2": [{**TINY, "num_key_value_heads": 2}, {**TINY, "attention_bias": True, "tie_word_embeddings": True}],
+    "granite": [
+        {**TINY, "num_key_value_heads": 2, "residual_multiplier": 0.22},
+        {**TINY, "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True},
+    ],
 }
 OTHER_ARCHITECTURES = {  # one more head per family where it is cheap
     "llama": "LlamaForSequenceClassification",
@@ -63,6 +68,7 @@ OTHER_ARCHITECTURES = {  # one more head per family where it is cheap
     "mixtral": "MixtralForSequenceClassification",
     "qwen3": "Qwen3ForSequenceClassification",
     "gemma2": "Gemma2ForSequenceClassification",
+    "olmo2": "Olmo2ForSequenceClassification",
 }
 
 

@@ -85,6 +85,7 @@ class Family:
     layer_pattern: int | None = None  # layer_types None -> every `pattern`-th layer full, the rest sliding (Gemma 2/3)
     layer_pattern_key: str | None = None  # a config.json key that sets the pattern (Gemma 3's sliding_window_pattern)
     layer_norms: tuple = ("input_layernorm", "post_attention_layernorm")  # a layer's norms, in registration order
+    qk_norm_full: bool = False  # OLMo 2: q_norm / k_norm over the whole projection (H*d, KV*d), not per head
 
     @property
     def hidden_key(self) -> str:
@@ -443,6 +444,66 @@ FAMILIES.update({
         default_architecture='Gemma2ForCausalLM',
         qkv_bias='attention_bias', o_bias='attention_bias', layer_pattern=2,
         layer_norms=("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"),
+    ),
+    'olmo2': Family(
+        'olmo2',
+        'Olmo2Config',
+        fields={
+            'vocab_size': (50304, 'int'),
+            'hidden_size': (4096, 'int'),
+            'intermediate_size': (11008, 'int'),
+            'num_hidden_layers': (32, 'int'),
+            'num_attention_heads': (32, 'int'),
+            'num_key_value_heads': (None, 'int?'),
+            'hidden_act': ('silu', 'str'),
+            'max_position_embeddings': (2048, 'int'),
+            'initializer_range': (0.02, 'float'),
+            'use_cache': (True, 'bool'),
+            'pad_token_id': (1, 'int?'),
+            'bos_token_id': (None, 'int?'),
+            'eos_token_id': (50279, 'ids?'),
+            'tie_word_embeddings': (False, 'bool'),
+            'rope_parameters': (None, 'dict?'),
+            'attention_bias': (False, 'bool'),
+            'attention_dropout': (0.0, 'number'),
+            'rms_norm_eps': (1e-05, 'float'),
+        },
+        architectures=_arch('Olmo2'),
+        default_architecture='Olmo2ForCausalLM',
+        kv_heads_default=True, qkv_bias='attention_bias', o_bias='attention_bias', qk_norm=True, qk_norm_full=True,
+        layer_norms=("post_attention_layernorm", "post_feedforward_layernorm"),
+    ),
+    'granite': Family(
+        'granite',
+        'GraniteConfig',
+        fields={
+            'vocab_size': (32000, 'int'),
+            'hidden_size': (4096, 'int'),
+            'intermediate_size': (11008, 'int'),
+            'num_hidden_layers': (32, 'int'),
+            'num_attention_heads': (32, 'int'),
+            'num_key_value_heads': (None, 'int?'),
+            'hidden_act': ('silu', 'str'),
+            'max_position_embeddings': (2048, 'int'),
+            'initializer_range': (0.02, 'float'),
+            'rms_norm_eps': (1e-06, 'float'),
+            'use_cache': (True, 'bool'),
+            'pad_token_id': (None, 'int?'),
+            'bos_token_id': (1, 'int?'),
+            'eos_token_id': (2, 'ids?'),
+            'tie_word_embeddings': (False, 'bool'),
+            'rope_parameters': (None, 'dict?'),
+            'attention_bias': (False, 'bool'),
+            'attention_dropout': (0.0, 'number'),
+            'mlp_bias': (False, 'bool'),
+            'embedding_multiplier': (1.0, 'number'),
+            'logits_scaling': (1.0, 'number'),
+            'residual_multiplier': (1.0, 'number'),
+            'attention_multiplier': (1.0, 'number'),
+        },
+        architectures={'GraniteForCausalLM': CAUSAL_LM},
+        default_architecture='GraniteForCausalLM',
+        kv_heads_default=True, qkv_bias='attention_bias', o_bias='attention_bias', mlp_bias='mlp_bias',
     ),
 })
 

@@ -130,7 +130,8 @@ def _layer(cfg: dict, fam: Family) -> list[Module]:
             Module("self_attn.o_proj", "linear", (heads * d, h, o_bias)),
         ]
         if fam.qk_norm:
-            attention += [Module("self_attn.q_norm", "rmsnorm", (d,)), Module("self_attn.k_norm", "rmsnorm", (d,))]
+            q_width, k_width = (heads * d, kv * d) if fam.qk_norm_full else (d, d)
+            attention += [Module("self_attn.q_norm", "rmsnorm", (q_width,)), Module("self_attn.k_norm", "rmsnorm", (k_width,))]
     if block == "phi3":
         mlp = [
             Module("mlp.gate_up_proj", "linear", (h, 2 * inner, False)),

@@ -100,6 +100,10 @@ def _norm(kind: str, n: str, x: tuple, f: str, role: str = "act") -> list:
                 K(n, "1/rms", stat, "f32", needs=(f,)),
                 K(n, "normalized (fp32; (1 + weight) * it)", x, "f32", needs=("W:norm",)),
                 K(n, "1 + weight (fp32)", (x[-1],), "f32", needs=(f,))]
+    if kind == "olmo_rms":   # OLMo 2: (weight * fp32 normalized).to(input dtype): the product is taken in fp32
+        return [K(n, "input, upcast to fp32 (in fp32 the input itself)", x, "f32", needs=(f,)),
+                K(n, "1/rms", stat, "f32", needs=(f,)),
+                K(n, "normalized (fp32; weight * it, then cast back)", x, "f32", needs=("W:norm",))]
     return [K(n, "input", x, role, needs=(f, "W:norm")),
             K(n, "mean (fp32)", stat, "f32", needs=(f, "W:norm")),
             K(n, "1/std (fp32)", stat, "f32", needs=(f, "W:norm"))]
@@ -188,6 +192,7 @@ class Family(NamedTuple):
     sandwich: str | None = None   # "pre_post": Gemma 2/3's norm before and after attention and MLP; "post": OLMo 2's
     # norm after each (on the sublayer's output, before the residual add) and none before
     sdpa: bool = True   # False: transformers refuses sdpa (Gemma 2: softcapping); its default there is eager
+    qk_norm_full: bool = False   # OLMo 2: q_norm / k_norm over the whole (b, s, H*d) projection, before the head split
 
 
 LLAMA_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
@@ -229,6 +234,12 @@ FAMILIES.update({
     # modeling_gemma2.py: four RMSNorms (1 + weight) per layer, the attention and final logits soft-capped
     # (tanh(x / cap) * cap keeps the tanh's result), no sdpa (Gemma2PreTrainedModel._supports_sdpa = False)
     "gemma2": LLAMA._replace(norm="gemma_rms", act_key="hidden_activation", sandwich="pre_post", sdpa=False),
+    # modeling_olmo2.py: no norm before attention or MLP, one after each (on the sublayer's output); q_norm / k_norm
+    # over the whole projections; RMSNorm multiplies by the weight in fp32 before casting back
+    "olmo2": LLAMA._replace(norm="olmo_rms", sandwich="post", qk_norm=True, qk_norm_full=True),
+    # modeling_granite.py: Llama with four scalar multipliers (embeddings, residual branches, attention scale, logits);
+    # a product or quotient by a Python number keeps nothing, so what autograd keeps is Llama's
+    "granite": LLAMA,
 })
 SUPPORTED = tuple(FAMILIES)
 DEFAULT_ACT = {"gpt2": "gelu_new", "bert": "gelu", "gpt_neox": "gelu", "gemma": "gelu_pytorch_tanh",
@@ -242,7 +253,11 @@ def _attention(fam: Family, n: dict) -> list:
         rows = _linear([("q", n["q"], "q"), ("k", n["k"], "kv"), ("v", n["v"], "kv")], T, "n1")
     else:
         rows = _linear([("qkv", n["qkv"], "qkv")], T, "n1")
-    if fam.qk_norm:
+    if fam.qk_norm_full:
+        # OLMo 2: one RMSNorm over q_proj's whole output, one over k_proj's (modeling_olmo2.py)
+        rows += _norm(fam.norm, "q_norm", ("b", "s", "q"), "q_raw", "lin")
+        rows += _norm(fam.norm, "k_norm", ("b", "s", "kv"), "k_raw", "lin")
+    elif fam.qk_norm:
         # per-head RMSNorm on q_proj's and k_proj's outputs (its upcast is those outputs when they are fp32)
         rows += _norm(fam.norm, "q_norm", ("b", "s", "H", "d"), "q_raw", "lin")
         rows += _norm(fam.norm, "k_norm", ("b", "s", "KV", "d"), "k_raw", "lin")
