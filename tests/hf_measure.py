@@ -40,7 +40,10 @@ TINY = {
     "mixtral": {**_GQA, "intermediate_size": 48, "num_local_experts": 4, "num_experts_per_tok": 2},
     # issue 21's dense decoders: a window shorter than the longer measured sequence (40), so it masks something
     "gemma2": {**_GQA, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 24},
-    "olmo2": _GQA,
+    "gemma3_text": {**_GQA, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 24,
+                    "layer_types": ["sliding_attention", "full_attention"]},
+    "olmo2": {**_GQA, "eos_token_id": 2},
+    "cohere": {**_GQA, "eos_token_id": 2, "bos_token_id": 1},
     "granite": {**_GQA, "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0078125,
                 "logits_scaling": 8.0},
 }
@@ -53,6 +56,9 @@ def tiny(model_type: str, **overrides) -> dict:
     if model_type == "gpt2":
         given.pop("max_position_embeddings")
     given.update(overrides)
+    if "layer_types" in given and len(given["layer_types"]) != given["num_hidden_layers"]:   # more layers: same pattern
+        pattern = given["layer_types"]
+        given["layer_types"] = [pattern[i % len(pattern)] for i in range(given["num_hidden_layers"])]
     return transformers.AutoConfig.for_model(model_type, **given).to_dict()
 
 

@@ -344,6 +344,8 @@ def _buffers(cfg: dict, sizes: dict, dtype: str) -> list:
     original_inv_freq (in the model's dtype once it is cast); BERT's position_ids and token_type_ids
     (int64, max_position_embeddings); Gemma's embedding normalizer (a float32 scalar)."""
     out = [dtype_bytes(sizes["rot"] // 2, dtype)] * 2 if sizes["rot"] else []
+    if cfg["model_type"] == "gemma3_text":  # one inv_freq pair per layer type present (Gemma3RotaryEmbedding)
+        out *= len(set(cfg.get("layer_types") or ())) or 1
     if cfg["model_type"] == "bert":
         out += [dtype_bytes(cfg["max_position_embeddings"], "int64")] * 2
     if cfg["model_type"] in ("gemma", "gemma2", "gemma3_text"):

@@ -86,6 +86,9 @@ class Family:
     layer_pattern_key: str | None = None  # a config.json key that sets the pattern (Gemma 3's sliding_window_pattern)
     layer_norms: tuple = ("input_layernorm", "post_attention_layernorm")  # a layer's norms, in registration order
     qk_norm_full: bool = False  # OLMo 2: q_norm / k_norm over the whole projection (H*d, KV*d), not per head
+    qk_norm_key: str | None = None  # Cohere: the config key that turns q_norm / k_norm on (use_qk_norm), weights (heads, d)
+    rope_per_layer_type: bool = False  # Gemma 3: rope_parameters per layer type (full: rope_theta, rope_scaling;
+    # sliding: rope_local_base_freq), rope_theta_default then {"global": ..., "local": ...}
 
     @property
     def hidden_key(self) -> str:
@@ -444,6 +447,73 @@ FAMILIES.update({
         default_architecture='Gemma2ForCausalLM',
         qkv_bias='attention_bias', o_bias='attention_bias', layer_pattern=2,
         layer_norms=("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"),
+    ),
+    'gemma3_text': Family(
+        'gemma3_text',
+        'Gemma3TextConfig',
+        fields={
+            'vocab_size': (262208, 'int'),
+            'hidden_size': (2304, 'int'),
+            'intermediate_size': (9216, 'int'),
+            'num_hidden_layers': (26, 'int'),
+            'num_attention_heads': (8, 'int'),
+            'num_key_value_heads': (4, 'int'),
+            'head_dim': (256, 'int'),
+            'hidden_activation': ('gelu_pytorch_tanh', 'str'),
+            'max_position_embeddings': (131072, 'int'),
+            'initializer_range': (0.02, 'float'),
+            'rms_norm_eps': (1e-06, 'float'),
+            'use_cache': (True, 'bool'),
+            'pad_token_id': (0, 'int?'),
+            'eos_token_id': (1, 'ids?'),
+            'bos_token_id': (2, 'int?'),
+            'tie_word_embeddings': (True, 'bool'),
+            'rope_parameters': (None, 'dict?'),
+            'attention_bias': (False, 'bool'),
+            'attention_dropout': (0.0, 'number?'),
+            'query_pre_attn_scalar': (256, 'int'),
+            'sliding_window': (4096, 'int?'),
+            'layer_types': (None, 'strs?'),
+            'final_logit_softcapping': (None, 'number?'),
+            'attn_logit_softcapping': (None, 'number?'),
+            'use_bidirectional_attention': (False, 'bool?'),
+        },
+        architectures={'Gemma3ForCausalLM': CAUSAL_LM, 'Gemma3TextForSequenceClassification': SEQUENCE_CLASSIFICATION},
+        default_architecture='Gemma3ForCausalLM',
+        qkv_bias='attention_bias', o_bias='attention_bias', qk_norm=True, layer_pattern=6,
+        layer_pattern_key='sliding_window_pattern', rope_per_layer_type=True, rope_legacy={'rope_local_base_freq': 'rope_theta'},
+        rope_theta_default={'global': 1000000.0, 'local': 10000.0},
+        layer_norms=("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"),
+    ),
+    'cohere': Family(
+        'cohere',
+        'CohereConfig',
+        fields={
+            'vocab_size': (256000, 'int'),
+            'hidden_size': (8192, 'int'),
+            'intermediate_size': (22528, 'int'),
+            'logit_scale': (0.0625, 'number?'),
+            'num_hidden_layers': (40, 'int'),
+            'num_attention_heads': (64, 'int'),
+            'num_key_value_heads': (None, 'int?'),
+            'hidden_act': ('silu', 'str'),
+            'max_position_embeddings': (8192, 'int'),
+            'initializer_range': (0.02, 'float'),
+            'layer_norm_eps': (1e-05, 'number?'),
+            'use_cache': (True, 'bool'),
+            'pad_token_id': (0, 'int?'),
+            'bos_token_id': (5, 'int?'),
+            'eos_token_id': (255001, 'ids?'),
+            'tie_word_embeddings': (True, 'bool'),
+            'rope_parameters': (None, 'dict?'),
+            'attention_bias': (False, 'bool'),
+            'attention_dropout': (0.0, 'number?'),
+            'use_qk_norm': (False, 'bool?'),
+        },
+        architectures={'CohereForCausalLM': CAUSAL_LM},
+        default_architecture='CohereForCausalLM',
+        kv_heads_default=True, qkv_bias='attention_bias', o_bias='attention_bias', qk_norm_key='use_qk_norm',
+        rope_theta_default=500000.0, layer_norms=("input_layernorm",),
     ),
     'olmo2': Family(
         'olmo2',

@@ -132,6 +132,8 @@ def _layer(cfg: dict, fam: Family) -> list[Module]:
         if fam.qk_norm:
             q_width, k_width = (heads * d, kv * d) if fam.qk_norm_full else (d, d)
             attention += [Module("self_attn.q_norm", "rmsnorm", (q_width,)), Module("self_attn.k_norm", "rmsnorm", (k_width,))]
+        elif fam.qk_norm_key and cfg.get(fam.qk_norm_key):   # Cohere's use_qk_norm: a weight per head and dim
+            attention += [Module("self_attn.q_norm", "rmsnorm", (heads, d)), Module("self_attn.k_norm", "rmsnorm", (kv, d))]
     if block == "phi3":
         mlp = [
             Module("mlp.gate_up_proj", "linear", (h, 2 * inner, False)),

@@ -100,6 +100,12 @@ def _norm(kind: str, n: str, x: tuple, f: str, role: str = "act") -> list:
                 K(n, "1/rms", stat, "f32", needs=(f,)),
                 K(n, "normalized (fp32; (1 + weight) * it)", x, "f32", needs=("W:norm",)),
                 K(n, "1 + weight (fp32)", (x[-1],), "f32", needs=(f,))]
+    if kind == "cohere_ln":   # CohereLayerNorm, written out: (x - mean).pow(2) and (x - mean) * rsqrt(...) each
+        # compute x - mean (two storages), rsqrt keeps its result, weight * keeps the normalized tensor (all fp32)
+        return [K(n, "x - mean for the variance (fp32; pow keeps it)", x, "f32", needs=(f, "W:norm")),
+                K(n, "rsqrt(variance + eps) (fp32)", stat, "f32", needs=(f, "W:norm")),
+                K(n, "x - mean again (fp32; * rsqrt keeps it)", x, "f32", needs=(f,)),
+                K(n, "normalized (fp32; weight * it)", x, "f32", needs=("W:norm",))]
     if kind == "olmo_rms":   # OLMo 2: (weight * fp32 normalized).to(input dtype): the product is taken in fp32
         return [K(n, "input, upcast to fp32 (in fp32 the input itself)", x, "f32", needs=(f,)),
                 K(n, "1/rms", stat, "f32", needs=(f,)),
@@ -193,6 +199,9 @@ class Family(NamedTuple):
     # norm after each (on the sublayer's output, before the residual add) and none before
     sdpa: bool = True   # False: transformers refuses sdpa (Gemma 2: softcapping); its default there is eager
     qk_norm_full: bool = False   # OLMo 2: q_norm / k_norm over the whole (b, s, H*d) projection, before the head split
+    window_layers: bool = False   # layer_types' sliding layers: under sdpa a window shorter than the sequence is a mask
+    shared_input: bool = False   # Cohere: one norm, attention and MLP both read its output (out = x + attn + mlp)
+    qk_norm_key: str | None = None   # Cohere: q_norm / k_norm only when this config key is true
 
 
 LLAMA_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
@@ -240,10 +249,17 @@ FAMILIES.update({
     # modeling_granite.py: Llama with four scalar multipliers (embeddings, residual branches, attention scale, logits);
     # a product or quotient by a Python number keeps nothing, so what autograd keeps is Llama's
     "granite": LLAMA,
+    # modeling_cohere.py: CohereLayerNorm (no bias, written out in fp32), one per layer; attention and MLP in
+    # parallel on its output; logits * logit_scale keeps nothing; use_qk_norm adds per-head LayerNorms on q and k
+    "cohere": LLAMA._replace(norm="cohere_ln", shared_input=True, qk_norm_key="use_qk_norm"),
+    # modeling_gemma3.py: Gemma 2's layer (no soft-capping by default, so sdpa runs) with per-head q_norm / k_norm;
+    # one rotary embedding per layer type present (global and sliding layers rotate with different bases)
+    "gemma3_text": LLAMA._replace(norm="gemma_rms", act_key="hidden_activation", sandwich="pre_post", qk_norm=True,
+                                  window_layers=True),
 })
 SUPPORTED = tuple(FAMILIES)
 DEFAULT_ACT = {"gpt2": "gelu_new", "bert": "gelu", "gpt_neox": "gelu", "gemma": "gelu_pytorch_tanh",
-               "gemma2": "gelu_pytorch_tanh"}
+               "gemma2": "gelu_pytorch_tanh", "gemma3_text": "gelu_pytorch_tanh"}
 
 
 def _attention(fam: Family, n: dict) -> list:
@@ -284,6 +300,13 @@ def _attention(fam: Family, n: dict) -> list:
         # flash-attn pads the head dim to a multiple of 8 (dk; copies then) and keeps its RNG state
         K("attention", "q", ("b", "H", "s", "dk"), "lin", "fused_q", ("attn",)),
         K("attention", "q (a view of the fused qkv output)", ("b", "s", "qkv"), "lin", "fused_q_view", ("attn",)),
+        # a sliding layer whose window is shorter than the sequence hands sdpa a mask: transformers then repeats k
+        # and v to every query head (use_gqa_in_sdpa is False with a mask) and the kernel keeps the mask as a
+        # float bias (integrations/sdpa_attention.py; CPU's flash kernel and CUDA's memory-efficient one alike)
+        K("attention", "k (repeated to every query head: the window mask stops grouped-query sdpa)", ("b", "H", "s", "dk"),
+          "lin", "window_mask", ("attn",)),
+        K("attention", "v (repeated to every query head)", ("b", "H", "s", "dk"), "lin", "window_mask", ("attn",)),
+        K("attention", "the sliding-window mask as a float bias", ("b", 1, "s", "s"), "lin", "window_mask", ("attn",)),
         K("attention", "k (the cache's copy)", ("b", "KV", "s", "dk"), "lin", "fused_cache", ("attn",)),
         K("attention", "v (the cache's copy)", ("b", "KV", "s", "dk"), "lin", "fused_cache", ("attn",)),
         K("attention", "k", ("b", "KV", "s", "dk"), "lin", "fused_k_nocache", ("attn",)),
@@ -370,6 +393,8 @@ def layer_rows(model_type: str, act: str | None = None, parallel: bool = True) -
                 + mlp + [r._replace(op="output LayerNorm") for r in _norm(fam.norm, "", X, "out")])
     if fam.sandwich:
         return _sandwich_rows(fam, n, attention, mlp)
+    if fam.shared_input:
+        return _shared_input_rows(fam, n, attention, mlp)
     second = _norm(fam.norm, _op(ROLE["norm2"], n.get("norm2", "post_attention_layernorm")), X, "x" if parallel and fam.parallel_key else "h1")
     if parallel and fam.parallel_key:   # both norms read the layer input: its storage is kept once
         second = [r for r in second if not r.what.startswith("input")]
@@ -392,6 +417,19 @@ def _sandwich_rows(fam: Family, n: dict, attention: list, mlp: list) -> list:
             + _norm(fam.norm, "pre_feedforward_layernorm", X, "h1") + mlp + post_mlp)
 
 
+def _shared_input_rows(fam: Family, n: dict, attention: list, mlp: list) -> list:
+    """Cohere: input_layernorm, then attention and the MLP both on its output; gate/up's input is q/k/v's storage.
+    use_qk_norm adds a per-head CohereLayerNorm on q and k before the rotary."""
+    X = ("b", "s", "h")
+    shared = "q_proj/k_proj/v_proj: input"
+    mlp = [r._replace(needs=tuple("n1" if x == "n2" else x for x in r.needs),
+                      source=shared if r.what == "input" and r.op == "gate_proj/up_proj" else r.source) for r in mlp]
+    qk = [r._replace(when=_and("qk_norm_on", r.when))
+          for r in _norm(fam.norm, "q_norm", ("b", "s", "H", "d"), "q_raw", "lin")
+          + _norm(fam.norm, "k_norm", ("b", "s", "KV", "d"), "k_raw", "lin")]
+    return _norm(fam.norm, "input_layernorm", X, "x") + attention + qk + mlp
+
+
 def _embedding_rows(fam: Family) -> list:
     X = ("b", "s", "h")
     rows = [K("embed_tokens", "input ids", ("b", "s"), "i64", None, ("W:embed",))]
@@ -405,7 +443,10 @@ def _embedding_rows(fam: Family) -> list:
     rows.append(K("embedding dropout", "mask", X, "bool", "embd_dropout", ("W:embed",)))
     if fam.rope:
         rows += [K("rotary", "cos (shared by every layer)", (1, "s", "rot"), "act", None, ("rope",)),
-                 K("rotary", "sin (shared by every layer)", (1, "s", "rot"), "act", None, ("rope",))]
+                 K("rotary", "sin (shared by every layer)", (1, "s", "rot"), "act", None, ("rope",)),
+                 # Gemma 3: a second pair for the other layer type (modeling_gemma3.py, Gemma3TextModel.forward)
+                 K("rotary", "cos of the second layer type", (1, "s", "rot"), "act", "two_ropes", ("rope",)),
+                 K("rotary", "sin of the second layer type", (1, "s", "rot"), "act", "two_ropes", ("rope",))]
     return rows
 
 
@@ -499,11 +540,17 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
         "fused_k_nocache": fused and not cache and not no_rope_fused,
         "fused_v_nocache": fused and not cache and fam.qkv == "separate",
         "fused_v_view": fused and not cache and fam.qkv == "fused" and bool(fam.rope),
+        "window_mask": False,   # set per sliding layer by _window_conditions
         "flash": attention == "flash",
         "o_copy": o_copy,
         "o_view": not o_copy,
         "resid_dropout": _drop(cfg, fam, "resid"),
         "embd_dropout": _drop(cfg, fam, "embd"),
+        # Gemma 3's second cos/sin pair: kept by the layers of the other type; under full checkpointing only the
+        # recomputed layer keeps one pair (the one counted with the embeddings)
+        "qk_norm_on": bool(fam.qk_norm_key and cfg.get(fam.qk_norm_key)),
+        "two_ropes": isinstance(cfg.get("rope_parameters"), dict) and "full_attention" in cfg["rope_parameters"]
+        and len(set(cfg.get("layer_types") or ())) > 1 and checkpointing != "full",
         "attn_softcap": cfg.get("attn_logit_softcapping") is not None,
         "final_softcap": cfg.get("final_logit_softcapping") is not None,
         "causal": fam.head == "causal",
@@ -668,6 +715,51 @@ def _boundary(fam: Family, roles: dict, sizes: dict, shape=_shape) -> Kept:
                 roles["act"])
 
 
+def _windowed(cfg: dict, fam: Family, attention: str, seq_len: int) -> bool:
+    """A sliding layer's window is a mask sdpa must take (the sequence is longer than the window)."""
+    window = cfg.get("sliding_window")
+    return (fam.window_layers and attention == "sdpa" and fam.sdpa and window is not None and seq_len > window
+            and "sliding_attention" in (cfg.get("layer_types") or ()))
+
+
+def _window_conditions(cond: dict) -> dict:
+    out = Conditions(cond)
+    out.update({"window_mask": True, "fused_cache": False, "fused_k_nocache": False, "fused_v_nocache": False,
+                "fused_v_view": False})
+    return out
+
+
+def _window_layers(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape=_shape):
+    """(first, later): the kept tensors of a sliding layer whose window masks sdpa, or None when none does."""
+    fam = FAMILIES[cfg["model_type"]]
+    if not _windowed(cfg, fam, attention, seq_len):
+        return None
+    sizes = _sizes(cfg, micro_batch, seq_len, int((lora or {}).get("r") or 0), attention)
+    cond = _window_conditions(_conditions(cfg, fam, attention, checkpointing, micro_batch, precision, lora))
+    roles = _dtypes(precision, dtypes)
+    w = _trainable(fam, lora)
+    parallel = _parallel(cfg)
+    rows = layer_rows(cfg["model_type"], _act(cfg), parallel)
+    first = _grads(fam, w, w["W:embed"], parallel)
+    later = _grads(fam, w, first["out"], parallel)
+    return (_resolve(rows, cond, roles, sizes, {**w, **first}, shape),
+            _resolve(rows, cond, roles, sizes, {**w, **later}, shape))
+
+
+def _layer_blocks(cfg: dict, layers: int, layer0: list, layer1: list, window) -> list:
+    """The layers in order as Blocks, consecutive equal ones merged (one block when every layer keeps the same)."""
+    types = cfg.get("layer_types") or ()
+    out: list = []
+    for i in range(layers):
+        sliding = window is not None and i < len(types) and types[i] == "sliding_attention"
+        kept = (window[0] if i == 0 else window[1]) if sliding else (layer0 if i == 0 else layer1)
+        if out and out[-1].kept == kept:
+            out[-1] = Block("layer", out[-1].count + 1, kept)
+        else:
+            out.append(Block("layer", 1, kept))
+    return out
+
+
 def _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape=_shape):
     check(cfg, attention, checkpointing, precision)
     mt = cfg["model_type"]
@@ -705,8 +797,11 @@ def saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa",
     fam, sizes, roles, embeddings, layer0, layer1, head, loss = _evaluate(
         cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape)
     layers = _layers(cfg)
+    window = _window_layers(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape)
     if checkpointing == "full":
         middle = [Block("layer", layers, [_boundary(fam, roles, sizes, shape)])]
+    elif window is not None:   # Gemma 3: sliding layers whose window masks sdpa keep more than the global ones
+        middle = _layer_blocks(cfg, layers, layer0, layer1, window)
     elif layer0 == layer1 or layers == 1:
         middle = [Block("layer", layers, layer0)]
     else:
@@ -737,9 +832,16 @@ def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "s
     emb, layer, head, loss = blocks
     *_, later, _, _ = _evaluate(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora, shape or _shape)
     boundary = layer.kept[0]
-    recomputed = nbytes(later)
-    if later and later[0].dtype == boundary.dtype and prod(later[0].shape) == prod(boundary.shape):
-        recomputed -= nbytes([boundary])
+    window = _window_layers(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora, shape or _shape)
+    recomputed = 0
+    for kind in [later] + ([window[1]] if window is not None else []):   # the largest layer's recomputation
+        size = nbytes(kind)
+        # the recomputed layer's first kept tensor is the boundary itself when it is the layer's input (Cohere's
+        # written-out LayerNorm keeps x - mean first: a storage of its own)
+        if (kind and kind[0].dtype == boundary.dtype and prod(kind[0].shape) == prod(boundary.shape)
+                and kind[0].label.split(": ", 1)[1].startswith("input")):
+            size -= nbytes([boundary])
+        recomputed = max(recomputed, size)
     kept = nbytes(emb.kept) + layer.count * nbytes(layer.kept)
     return kept + max(nbytes(head.kept) + nbytes(loss.kept), recomputed)
 
