@@ -63,6 +63,10 @@ CONFIGS = {
         {**TINY, "num_key_value_heads": 2, "eos_token_id": 2, "bos_token_id": 1},
         {**TINY, "use_qk_norm": True, "attention_bias": True, "tie_word_embeddings": False, "eos_token_id": 2, "bos_token_id": 1},
     ],
+    "starcoder2": [
+        {**TINY, "num_key_value_heads": 2, "eos_token_id": 2, "bos_token_id": 1},
+        {**TINY, "use_bias": False, "tie_word_embeddings": False, "sliding_window": 8, "eos_token_id": 2, "bos_token_id": 1},
+    ],
     "olmo2": [{**TINY, "num_key_value_heads": 2}, {**TINY, "attention_bias": True, "tie_word_embeddings": True}],
     "granite": [
         {**TINY, "num_key_value_heads": 2, "residual_multiplier": 0.22},
@@ -78,6 +82,7 @@ OTHER_ARCHITECTURES = {  # one more head per family where it is cheap
     "qwen3": "Qwen3ForSequenceClassification",
     "gemma2": "Gemma2ForSequenceClassification",
     "olmo2": "Olmo2ForSequenceClassification",
+    "starcoder2": "Starcoder2ForSequenceClassification",
     "gemma3_text": "Gemma3TextForSequenceClassification",
 }
 

@@ -374,7 +374,8 @@ def _split(kept: list, fam) -> list:
     # hf_activations names an op by its role (o_proj, fc_out, ...) or by the family's module
     starts_with = {
         "o_proj": ("o_proj", n["o"]),
-        "mlp": ("post_attention_layernorm", "gate_proj", "gate_up_proj", "fc_in", *(n[k] for k in ("gate", "gate_up", "fc_in") if k in n)),
+        # (Cohere's gate/up input is the attention's, kept there: its MLP part begins at the activation)
+        "mlp": ("post_attention_layernorm", "gate_proj", "gate_up_proj", "fc_in", "act_fn(gate)", *(n[k] for k in ("gate", "gate_up", "fc_in") if k in n)),
         "down_proj": ("down_proj", "fc_out", "grouped_mm down", *(n[k] for k in ("down", "fc_out") if k in n)),
     }
     order = ["attention", "o_proj", "mlp", "down_proj"]

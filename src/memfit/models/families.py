@@ -87,6 +87,8 @@ class Family:
     layer_norms: tuple = ("input_layernorm", "post_attention_layernorm")  # a layer's norms, in registration order
     qk_norm_full: bool = False  # OLMo 2: q_norm / k_norm over the whole projection (H*d, KV*d), not per head
     qk_norm_key: str | None = None  # Cohere: the config key that turns q_norm / k_norm on (use_qk_norm), weights (heads, d)
+    norm_type: str = "rmsnorm"  # Starcoder2: nn.LayerNorm (weight and bias) for the layer and final norms
+    plain_mlp: tuple | None = None  # Starcoder2: (fc_in, fc_out) of a plain MLP instead of the gated one
     rope_per_layer_type: bool = False  # Gemma 3: rope_parameters per layer type (full: rope_theta, rope_scaling;
     # sliding: rope_local_base_freq), rope_theta_default then {"global": ..., "local": ...}
 
@@ -514,6 +516,36 @@ FAMILIES.update({
         default_architecture='CohereForCausalLM',
         kv_heads_default=True, qkv_bias='attention_bias', o_bias='attention_bias', qk_norm_key='use_qk_norm',
         rope_theta_default=500000.0, layer_norms=("input_layernorm",),
+    ),
+    'starcoder2': Family(
+        'starcoder2',
+        'Starcoder2Config',
+        fields={
+            'vocab_size': (49152, 'int'),
+            'hidden_size': (3072, 'int'),
+            'intermediate_size': (12288, 'int'),
+            'num_hidden_layers': (30, 'int'),
+            'num_attention_heads': (24, 'int'),
+            'num_key_value_heads': (2, 'int'),
+            'hidden_act': ('gelu_pytorch_tanh', 'str'),
+            'max_position_embeddings': (4096, 'int'),
+            'initializer_range': (0.018042, 'float'),
+            'norm_epsilon': (1e-05, 'float'),
+            'use_cache': (True, 'bool'),
+            'bos_token_id': (50256, 'int?'),
+            'eos_token_id': (50256, 'ids?'),
+            'pad_token_id': (None, 'int?'),
+            'rope_parameters': (None, 'dict?'),
+            'sliding_window': (None, 'int?'),
+            'attention_dropout': (0.0, 'number'),
+            'residual_dropout': (0.0, 'number'),
+            'embedding_dropout': (0.0, 'number'),
+            'use_bias': (True, 'bool'),
+            'tie_word_embeddings': (True, 'bool'),
+        },
+        architectures=_arch('Starcoder2'),
+        default_architecture='Starcoder2ForCausalLM',
+        qkv_bias='use_bias', o_bias='use_bias', mlp_bias='use_bias', norm_type='layernorm', plain_mlp=('mlp.c_fc', 'mlp.c_proj'),
     ),
     'olmo2': Family(
         'olmo2',

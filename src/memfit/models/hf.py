@@ -147,6 +147,9 @@ def _layer(cfg: dict, fam: Family) -> list[Module]:
             Module("mlp.experts.gate_up_proj", "param", (experts, 2 * inner, h)),
             Module("mlp.experts.down_proj", "param", (experts, h, inner)),
         ]
+    elif fam.plain_mlp:   # Starcoder2: c_fc, activation, c_proj
+        bias = _flag(cfg, fam.mlp_bias)
+        mlp = [Module(fam.plain_mlp[0], "linear", (h, inner, bias)), Module(fam.plain_mlp[1], "linear", (inner, h, bias))]
     else:
         bias = _flag(cfg, fam.mlp_bias)
         mlp = [
@@ -154,7 +157,7 @@ def _layer(cfg: dict, fam: Family) -> list[Module]:
             Module("mlp.up_proj", "linear", (h, inner, bias)),
             Module("mlp.down_proj", "linear", (inner, h, bias)),
         ]
-    norms = [Module(name, "rmsnorm", (h,)) for name in fam.layer_norms]
+    norms = [Module(name, fam.norm_type, (h,)) for name in fam.layer_norms]
     return attention + mlp + norms
 
 
@@ -176,7 +179,7 @@ def _base(cfg: dict, fam: Family, with_pooler: bool) -> tuple[list[Module], str,
         return before, "encoder.layer", after
     if fam.block == "gpt_neox":
         return [Module("embed_in", "embedding", (vocab, h))], "layers", [Module("final_layer_norm", "layernorm", (h,))]
-    return [Module("embed_tokens", "embedding", (vocab, h))], "layers", [Module("norm", "rmsnorm", (h,))]
+    return [Module("embed_tokens", "embedding", (vocab, h))], "layers", [Module("norm", fam.norm_type, (h,))]
 
 
 def _tree(cfg: dict) -> tuple[list[Module], str, list[Module], list[Module], set]:

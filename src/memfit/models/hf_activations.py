@@ -251,6 +251,12 @@ FAMILIES.update({
     "granite": LLAMA,
     # modeling_cohere.py: CohereLayerNorm (no bias, written out in fp32), one per layer; attention and MLP in
     # parallel on its output; logits * logit_scale keeps nothing; use_qk_norm adds per-head LayerNorms on q and k
+    # modeling_starcoder2.py: Llama's attention with biases, nn.LayerNorm, a plain c_fc / act / c_proj MLP, residual
+    # and embedding dropouts; every layer attends through sliding_window when it is set
+    "starcoder2": LLAMA._replace(norm="layer", mlp="plain", window_layers=True,
+                                 names={**LLAMA_NAMES, "fc_in": "mlp.c_fc", "fc_out": "mlp.c_proj"},
+                                 dropout_keys=(("attn", "attention_dropout"), ("resid", "residual_dropout"),
+                                               ("embd", "embedding_dropout"))),
     "cohere": LLAMA._replace(norm="cohere_ln", shared_input=True, qk_norm_key="use_qk_norm"),
     # modeling_gemma3.py: Gemma 2's layer (no soft-capping by default, so sdpa runs) with per-head q_norm / k_norm;
     # one rotary embedding per layer type present (global and sliding layers rotate with different bases)
@@ -715,11 +721,20 @@ def _boundary(fam: Family, roles: dict, sizes: dict, shape=_shape) -> Kept:
                 roles["act"])
 
 
+def _layer_types(cfg: dict) -> tuple:
+    """Each layer's attention type; a family without layer_types (Starcoder2) slides in every layer when
+    sliding_window is set."""
+    if cfg.get("layer_types"):
+        return tuple(cfg["layer_types"])
+    kind = "sliding_attention" if cfg.get("sliding_window") is not None else "full_attention"
+    return (kind,) * _layers(cfg)
+
+
 def _windowed(cfg: dict, fam: Family, attention: str, seq_len: int) -> bool:
     """A sliding layer's window is a mask sdpa must take (the sequence is longer than the window)."""
     window = cfg.get("sliding_window")
     return (fam.window_layers and attention == "sdpa" and fam.sdpa and window is not None and seq_len > window
-            and "sliding_attention" in (cfg.get("layer_types") or ()))
+            and "sliding_attention" in _layer_types(cfg))
 
 
 def _window_conditions(cond: dict) -> dict:
@@ -748,7 +763,7 @@ def _window_layers(cfg, micro_batch, seq_len, attention, checkpointing, precisio
 
 def _layer_blocks(cfg: dict, layers: int, layer0: list, layer1: list, window) -> list:
     """The layers in order as Blocks, consecutive equal ones merged (one block when every layer keeps the same)."""
-    types = cfg.get("layer_types") or ()
+    types = _layer_types(cfg)
     out: list = []
     for i in range(layers):
         sliding = window is not None and i < len(types) and types[i] == "sliding_attention"
