@@ -44,6 +44,7 @@ TINY = {
                     "layer_types": ["sliding_attention", "full_attention"]},
     "olmo2": {**_GQA, "eos_token_id": 2},
     "cohere": {**_GQA, "eos_token_id": 2, "bos_token_id": 1},
+    "smollm3": {**_GQA, "eos_token_id": 2, "bos_token_id": 1, "pad_token_id": 0, "no_rope_layer_interval": 2},
     "starcoder2": {**_GQA, "eos_token_id": 2, "bos_token_id": 1, "sliding_window": 24, "residual_dropout": 0.1,
                    "embedding_dropout": 0.1},
     "granite": {**_GQA, "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0078125,

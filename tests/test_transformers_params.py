@@ -67,6 +67,11 @@ CONFIGS = {
         {**TINY, "num_key_value_heads": 2, "eos_token_id": 2, "bos_token_id": 1},
         {**TINY, "use_bias": False, "tie_word_embeddings": False, "sliding_window": 8, "eos_token_id": 2, "bos_token_id": 1},
     ],
+    "smollm3": [
+        {**TINY, "num_key_value_heads": 2, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+        {**TINY, "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": False, "pad_token_id": 0, "bos_token_id": 1,
+         "eos_token_id": 2},
+    ],
     "olmo2": [{**TINY, "num_key_value_heads": 2}, {**TINY, "attention_bias": True, "tie_word_embeddings": True}],
     "granite": [
         {**TINY, "num_key_value_heads": 2, "residual_multiplier": 0.22},
@@ -82,6 +87,7 @@ OTHER_ARCHITECTURES = {  # one more head per family where it is cheap
     "qwen3": "Qwen3ForSequenceClassification",
     "gemma2": "Gemma2ForSequenceClassification",
     "olmo2": "Olmo2ForSequenceClassification",
+    "smollm3": "SmolLM3ForSequenceClassification",
     "starcoder2": "Starcoder2ForSequenceClassification",
     "gemma3_text": "Gemma3TextForSequenceClassification",
 }
@@ -213,6 +219,8 @@ REAL = {
     "gemma-3-1b": json.loads((Path(__file__).resolve().parent.parent / "examples" / "models" / "gemma-3-1b.json").read_text()),
     "gemma3-rope": {"model_type": "gemma3_text", "num_hidden_layers": 3, "sliding_window_pattern": 2, "rope_theta": 5e5,
                     "rope_scaling": {"rope_type": "linear", "factor": 8.0}},
+    "smollm3-3b": json.loads((Path(__file__).resolve().parent.parent / "examples" / "models" / "smollm3-3b.json").read_text()),
+    "smollm3-window": {"model_type": "smollm3", "num_hidden_layers": 8, "use_sliding_window": True, "sliding_window": 64},
     "bert-labels": {"model_type": "bert", "id2label": {"0": "a", "1": "b", "2": "c"}, "label2id": {"a": 0, "b": 1, "c": 2}},
 }
 

@@ -89,6 +89,7 @@ class Family:
     qk_norm_key: str | None = None  # Cohere: the config key that turns q_norm / k_norm on (use_qk_norm), weights (heads, d)
     norm_type: str = "rmsnorm"  # Starcoder2: nn.LayerNorm (weight and bias) for the layer and final norms
     plain_mlp: tuple | None = None  # Starcoder2: (fc_in, fc_out) of a plain MLP instead of the gated one
+    nope_layers: bool = False  # SmolLM3: no_rope_layers filled from no_rope_layer_interval, then layer_types from them
     rope_per_layer_type: bool = False  # Gemma 3: rope_parameters per layer type (full: rope_theta, rope_scaling;
     # sliding: rope_local_base_freq), rope_theta_default then {"global": ..., "local": ...}
 
@@ -546,6 +547,40 @@ FAMILIES.update({
         architectures=_arch('Starcoder2'),
         default_architecture='Starcoder2ForCausalLM',
         qkv_bias='use_bias', o_bias='use_bias', mlp_bias='use_bias', norm_type='layernorm', plain_mlp=('mlp.c_fc', 'mlp.c_proj'),
+    ),
+    'smollm3': Family(
+        'smollm3',
+        'SmolLM3Config',
+        fields={
+            'vocab_size': (128256, 'int'),
+            'hidden_size': (2048, 'int'),
+            'intermediate_size': (11008, 'int'),
+            'num_hidden_layers': (36, 'int'),
+            'num_attention_heads': (16, 'int'),
+            'num_key_value_heads': (4, 'int?'),
+            'hidden_act': ('silu', 'str'),
+            'max_position_embeddings': (32768, 'int'),
+            'initializer_range': (0.02, 'float'),
+            'rms_norm_eps': (1e-06, 'float'),
+            'use_cache': (True, 'bool'),
+            'pad_token_id': (128004, 'int?'),
+            'bos_token_id': (128000, 'int?'),
+            'eos_token_id': (128001, 'ids?'),
+            'rope_parameters': (None, 'dict?'),
+            'use_sliding_window': (False, 'bool'),
+            'sliding_window': (None, 'int?'),
+            'no_rope_layers': (None, 'ids?'),
+            'no_rope_layer_interval': (4, 'int'),
+            'layer_types': (None, 'strs?'),
+            'attention_bias': (False, 'bool'),
+            'attention_dropout': (0.0, 'number'),
+            'mlp_bias': (False, 'bool'),
+            'tie_word_embeddings': (True, 'bool'),
+        },
+        architectures=_arch('SmolLM3'),
+        default_architecture='SmolLM3ForCausalLM',
+        kv_heads_default=True, qkv_bias='attention_bias', o_bias='attention_bias', mlp_bias='mlp_bias', nope_layers=True,
+        rope_theta_default=2000000.0,
     ),
     'olmo2': Family(
         'olmo2',

@@ -257,6 +257,9 @@ FAMILIES.update({
                                  names={**LLAMA_NAMES, "fc_in": "mlp.c_fc", "fc_out": "mlp.c_proj"},
                                  dropout_keys=(("attn", "attention_dropout"), ("resid", "residual_dropout"),
                                                ("embd", "embedding_dropout"))),
+    # modeling_smollm3.py: Llama; every no_rope_layer_interval-th layer skips the rotary (NoPE). q and k then stay
+    # views of the projections, which the fused kernel keeps in place of the rotated copies: the same bytes
+    "smollm3": LLAMA,
     "cohere": LLAMA._replace(norm="cohere_ln", shared_input=True, qk_norm_key="use_qk_norm"),
     # modeling_gemma3.py: Gemma 2's layer (no soft-capping by default, so sdpa runs) with per-head q_norm / k_norm;
     # one rotary embedding per layer type present (global and sliding layers rotate with different bases)

@@ -547,6 +547,13 @@ def normalize(raw: dict) -> dict:
             out["layer_types"] = [
                 "sliding_attention" if window is not None and i >= first else "full_attention" for i in range(out["num_hidden_layers"])
             ]
+    if family.nope_layers:   # SmolLM3Config.__post_init__
+        n = out["num_hidden_layers"]
+        if out["no_rope_layers"] is None:
+            out["no_rope_layers"] = [int((i + 1) % out["no_rope_layer_interval"] != 0) for i in range(n)]
+        if out["layer_types"] is None:
+            window = out["use_sliding_window"] and out["sliding_window"] is not None
+            out["layer_types"] = ["sliding_attention" if window and not out["no_rope_layers"][i] else "full_attention" for i in range(n)]
     if family.rope_per_layer_type and out.get("use_bidirectional_attention"):
         out["sliding_window"] = out["sliding_window"] // 2 + 1  # Gemma3TextConfig.__post_init__
     pattern = family.layer_pattern
