@@ -219,7 +219,21 @@ def _id(run: dict) -> str:
     return "-".join(str(run[k]) for k in NAMES)
 
 
+# issue 21's families, as the covering design drew them (open; each number measured on this design)
+DENSE21_GAPS = {
+    "cohere-32-true-none-lora-adamw-foreach": "all-linear LoRA on Cohere: memfit's adapter rows give 16,400 B more "
+    "parameters than peft (146,256 vs 129,856) and 6.6% more activations: recipe/adapters not yet checked for Cohere",
+    "cohere-32-true-none-qlora-fp32-adafactor-for_loop": "QLoRA on Cohere: the same adapter-row gap (gradients 111,488 vs 68,352 B)",
+    "gemma2-bf16-true-full-none-sgd-fused": "bf16-true, full checkpointing: the peak is 8.8% low (576,036 vs 631,466 B): "
+    "cause not yet diagnosed (likely the sandwich norms' fp32 backward temporaries, which the ledger's flights leave out)",
+    "gemma3_text-bf16-true-full-none-sgd-fused": "as gemma2: 8.5% low (566,660 vs 619,018 B)",
+    "olmo2-bf16-true-full-none-sgd-fused": "bf16-true, full checkpointing: 5.3% low (518,624 vs 547,560 B), as gemma2 (not yet diagnosed)",
+}
+
+
 def _marked(run: dict):
+    if _id(run) in DENSE21_GAPS:
+        return pytest.param(run, id=_id(run), marks=pytest.mark.xfail(strict=True, reason=DENSE21_GAPS[_id(run)]))
     if _id(run) in KNOWN_GAPS:
         return pytest.param(run, id=_id(run), marks=pytest.mark.xfail(strict=True, reason="full checkpointing under (Q)LoRA: recomputation transients not modelled (6-11% low)"))
     return pytest.param(run, id=_id(run))

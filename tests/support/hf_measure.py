@@ -38,6 +38,17 @@ TINY = {
     "bert": _BASE,
     "gpt_neox": _BASE,
     "mixtral": {**_GQA, "intermediate_size": 48, "num_local_experts": 4, "num_experts_per_tok": 2},
+    # issue 21's dense decoders: a window shorter than the longer measured sequence (40), so it masks something
+    "gemma2": {**_GQA, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 24},
+    "gemma3_text": {**_GQA, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 24,
+                    "layer_types": ["sliding_attention", "full_attention"]},
+    "olmo2": {**_GQA, "eos_token_id": 2},
+    "cohere": {**_GQA, "eos_token_id": 2, "bos_token_id": 1},
+    "smollm3": {**_GQA, "eos_token_id": 2, "bos_token_id": 1, "pad_token_id": 0, "no_rope_layer_interval": 2},
+    "starcoder2": {**_GQA, "eos_token_id": 2, "bos_token_id": 1, "sliding_window": 24, "residual_dropout": 0.1,
+                   "embedding_dropout": 0.1},
+    "granite": {**_GQA, "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0078125,
+                "logits_scaling": 8.0},
 }
 FAMILIES = tuple(TINY)
 VOCAB = 128
@@ -48,6 +59,9 @@ def tiny(model_type: str, **overrides) -> dict:
     if model_type == "gpt2":
         given.pop("max_position_embeddings")
     given.update(overrides)
+    if "layer_types" in given and len(given["layer_types"]) != given["num_hidden_layers"]:   # more layers: same pattern
+        pattern = given["layer_types"]
+        given["layer_types"] = [pattern[i % len(pattern)] for i in range(given["num_hidden_layers"])]
     return transformers.AutoConfig.for_model(model_type, **given).to_dict()
 
 
@@ -100,6 +114,9 @@ def build(cfg: dict, attention: str = "sdpa", precision: str = "32-true", lora: 
         cls = transformers.AutoModelForMaskedLM
     else:
         cls = transformers.AutoModelForCausalLM
+    if attention == "sdpa" and not getattr(transformers, f"{config.architectures[0]}" if config.architectures else
+                                           transformers.AutoModelForCausalLM._model_mapping[type(config)].__name__)._supports_sdpa:
+        attention = None   # Gemma 2 refuses sdpa: transformers' default (what a user without attn_implementation runs)
     model = cls.from_config(config, attn_implementation=attention) if cls.__name__.startswith("Auto") else \
         cls._from_config(config, attn_implementation=attention)
     if precision in ("bf16-true", "16-true"):

@@ -424,9 +424,11 @@ def _buffers(cfg: dict, sizes: dict, dtype: str) -> list:
     original_inv_freq (in the model's dtype once it is cast); BERT's position_ids and token_type_ids
     (int64, max_position_embeddings); Gemma's embedding normalizer (a float32 scalar)."""
     out = [dtype_bytes(sizes["rot"] // 2, dtype)] * 2 if sizes["rot"] else []
+    if cfg["model_type"] == "gemma3_text":  # one inv_freq pair per layer type present (Gemma3RotaryEmbedding)
+        out *= len(set(cfg.get("layer_types") or ())) or 1
     if cfg["model_type"] == "bert":
         out += [dtype_bytes(cfg["max_position_embeddings"], "int64")] * 2
-    if cfg["model_type"] == "gemma":
+    if cfg["model_type"] in ("gemma", "gemma2", "gemma3_text"):
         out.append(dtype_bytes(1, "float32"))
     return out
 
@@ -452,7 +454,8 @@ def _split(kept: list, fam) -> list:
     # hf_activations names an op by its role (o_proj, fc_out, ...) or by the family's module
     starts_with = {
         "o_proj": ("o_proj", n["o"]),
-        "mlp": ("post_attention_layernorm", "gate_proj", "gate_up_proj", "fc_in", *(n[k] for k in ("gate", "gate_up", "fc_in") if k in n)),
+        # (Cohere's gate/up input is the attention's, kept there: its MLP part begins at the activation)
+        "mlp": ("post_attention_layernorm", "gate_proj", "gate_up_proj", "fc_in", "act_fn(gate)", *(n[k] for k in ("gate", "gate_up", "fc_in") if k in n)),
         "down_proj": ("down_proj", "fc_out", "grouped_mm down", *(n[k] for k in ("down", "fc_out") if k in n)),
     }
     order = ["attention", "o_proj", "mlp", "down_proj"]

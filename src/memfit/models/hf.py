@@ -130,7 +130,10 @@ def _layer(cfg: dict, fam: Family) -> list[Module]:
             Module("self_attn.o_proj", "linear", (heads * d, h, o_bias)),
         ]
         if fam.qk_norm:
-            attention += [Module("self_attn.q_norm", "rmsnorm", (d,)), Module("self_attn.k_norm", "rmsnorm", (d,))]
+            q_width, k_width = (heads * d, kv * d) if fam.qk_norm_full else (d, d)
+            attention += [Module("self_attn.q_norm", "rmsnorm", (q_width,)), Module("self_attn.k_norm", "rmsnorm", (k_width,))]
+        elif fam.qk_norm_key and cfg.get(fam.qk_norm_key):   # Cohere's use_qk_norm: a weight per head and dim
+            attention += [Module("self_attn.q_norm", "rmsnorm", (heads, d)), Module("self_attn.k_norm", "rmsnorm", (kv, d))]
     if block == "phi3":
         mlp = [
             Module("mlp.gate_up_proj", "linear", (h, 2 * inner, False)),
@@ -144,6 +147,9 @@ def _layer(cfg: dict, fam: Family) -> list[Module]:
             Module("mlp.experts.gate_up_proj", "param", (experts, 2 * inner, h)),
             Module("mlp.experts.down_proj", "param", (experts, h, inner)),
         ]
+    elif fam.plain_mlp:   # Starcoder2: c_fc, activation, c_proj
+        bias = _flag(cfg, fam.mlp_bias)
+        mlp = [Module(fam.plain_mlp[0], "linear", (h, inner, bias)), Module(fam.plain_mlp[1], "linear", (inner, h, bias))]
     else:
         bias = _flag(cfg, fam.mlp_bias)
         mlp = [
@@ -151,7 +157,7 @@ def _layer(cfg: dict, fam: Family) -> list[Module]:
             Module("mlp.up_proj", "linear", (h, inner, bias)),
             Module("mlp.down_proj", "linear", (inner, h, bias)),
         ]
-    norms = [Module("input_layernorm", "rmsnorm", (h,)), Module("post_attention_layernorm", "rmsnorm", (h,))]
+    norms = [Module(name, fam.norm_type, (h,)) for name in fam.layer_norms]
     return attention + mlp + norms
 
 
@@ -173,7 +179,7 @@ def _base(cfg: dict, fam: Family, with_pooler: bool) -> tuple[list[Module], str,
         return before, "encoder.layer", after
     if fam.block == "gpt_neox":
         return [Module("embed_in", "embedding", (vocab, h))], "layers", [Module("final_layer_norm", "layernorm", (h,))]
-    return [Module("embed_tokens", "embedding", (vocab, h))], "layers", [Module("norm", "rmsnorm", (h,))]
+    return [Module("embed_tokens", "embedding", (vocab, h))], "layers", [Module("norm", fam.norm_type, (h,))]
 
 
 def _tree(cfg: dict) -> tuple[list[Module], str, list[Module], list[Module], set]:

@@ -100,6 +100,16 @@ def _norm(kind: str, n: str, x: tuple, f: str, role: str = "act") -> list:
                 K(n, "1/rms", stat, "f32", needs=(f,)),
                 K(n, "normalized (fp32; (1 + weight) * it)", x, "f32", needs=("W:norm",)),
                 K(n, "1 + weight (fp32)", (x[-1],), "f32", needs=(f,))]
+    if kind == "cohere_ln":   # CohereLayerNorm, written out: (x - mean).pow(2) and (x - mean) * rsqrt(...) each
+        # compute x - mean (two storages), rsqrt keeps its result, weight * keeps the normalized tensor (all fp32)
+        return [K(n, "x - mean for the variance (fp32; pow keeps it)", x, "f32", needs=(f, "W:norm")),
+                K(n, "rsqrt(variance + eps) (fp32)", stat, "f32", needs=(f, "W:norm")),
+                K(n, "x - mean again (fp32; * rsqrt keeps it)", x, "f32", needs=(f,)),
+                K(n, "normalized (fp32; weight * it)", x, "f32", needs=("W:norm",))]
+    if kind == "olmo_rms":   # OLMo 2: (weight * fp32 normalized).to(input dtype): the product is taken in fp32
+        return [K(n, "input, upcast to fp32 (in fp32 the input itself)", x, "f32", needs=(f,)),
+                K(n, "1/rms", stat, "f32", needs=(f,)),
+                K(n, "normalized (fp32; weight * it, then cast back)", x, "f32", needs=("W:norm",))]
     return [K(n, "input", x, role, needs=(f, "W:norm")),
             K(n, "mean (fp32)", stat, "f32", needs=(f, "W:norm")),
             K(n, "1/std (fp32)", stat, "f32", needs=(f, "W:norm"))]
@@ -184,6 +194,14 @@ class Family(NamedTuple):
     softmax_role: str = "soft"  # without the upcast: "soft" where an fp32 causal mask promotes the scores (GPT-2), "lin"
     # where nothing does (BERT: CPU autocast leaves softmax in the low dtype; CUDA autocast would upcast it)
     lora_default: tuple = ("q_proj", "v_proj")   # peft 0.21's default target_modules (none for phi3)
+    # issue 21's dense decoders (appended; the defaults keep the ten families as they were)
+    sandwich: str | None = None   # "pre_post": Gemma 2/3's norm before and after attention and MLP; "post": OLMo 2's
+    # norm after each (on the sublayer's output, before the residual add) and none before
+    sdpa: bool = True   # False: transformers refuses sdpa (Gemma 2: softcapping); its default there is eager
+    qk_norm_full: bool = False   # OLMo 2: q_norm / k_norm over the whole (b, s, H*d) projection, before the head split
+    window_layers: bool = False   # layer_types' sliding layers: under sdpa a window shorter than the sequence is a mask
+    shared_input: bool = False   # Cohere: one norm, attention and MLP both read its output (out = x + attn + mlp)
+    qk_norm_key: str | None = None   # Cohere: q_norm / k_norm only when this config key is true
 
 
 LLAMA_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
@@ -220,8 +238,37 @@ FAMILIES = {
                    dropout_keys=(("attn", "attention_probs_dropout_prob"), ("resid", "hidden_dropout_prob"),
                                  ("embd", "hidden_dropout_prob"))),
 }
+# issue 21: the dense decoders
+FAMILIES.update({
+    # modeling_gemma2.py: four RMSNorms (1 + weight) per layer, the attention and final logits soft-capped
+    # (tanh(x / cap) * cap keeps the tanh's result), no sdpa (Gemma2PreTrainedModel._supports_sdpa = False)
+    "gemma2": LLAMA._replace(norm="gemma_rms", act_key="hidden_activation", sandwich="pre_post", sdpa=False),
+    # modeling_olmo2.py: no norm before attention or MLP, one after each (on the sublayer's output); q_norm / k_norm
+    # over the whole projections; RMSNorm multiplies by the weight in fp32 before casting back
+    "olmo2": LLAMA._replace(norm="olmo_rms", sandwich="post", qk_norm=True, qk_norm_full=True),
+    # modeling_granite.py: Llama with four scalar multipliers (embeddings, residual branches, attention scale, logits);
+    # a product or quotient by a Python number keeps nothing, so what autograd keeps is Llama's
+    "granite": LLAMA,
+    # modeling_cohere.py: CohereLayerNorm (no bias, written out in fp32), one per layer; attention and MLP in
+    # parallel on its output; logits * logit_scale keeps nothing; use_qk_norm adds per-head LayerNorms on q and k
+    # modeling_starcoder2.py: Llama's attention with biases, nn.LayerNorm, a plain c_fc / act / c_proj MLP, residual
+    # and embedding dropouts; every layer attends through sliding_window when it is set
+    "starcoder2": LLAMA._replace(norm="layer", mlp="plain", window_layers=True,
+                                 names={**LLAMA_NAMES, "fc_in": "mlp.c_fc", "fc_out": "mlp.c_proj"},
+                                 dropout_keys=(("attn", "attention_dropout"), ("resid", "residual_dropout"),
+                                               ("embd", "embedding_dropout"))),
+    # modeling_smollm3.py: Llama; every no_rope_layer_interval-th layer skips the rotary (NoPE). q and k then stay
+    # views of the projections, which the fused kernel keeps in place of the rotated copies: the same bytes
+    "smollm3": LLAMA,
+    "cohere": LLAMA._replace(norm="cohere_ln", shared_input=True, qk_norm_key="use_qk_norm"),
+    # modeling_gemma3.py: Gemma 2's layer (no soft-capping by default, so sdpa runs) with per-head q_norm / k_norm;
+    # one rotary embedding per layer type present (global and sliding layers rotate with different bases)
+    "gemma3_text": LLAMA._replace(norm="gemma_rms", act_key="hidden_activation", sandwich="pre_post", qk_norm=True,
+                                  window_layers=True),
+})
 SUPPORTED = tuple(FAMILIES)
-DEFAULT_ACT = {"gpt2": "gelu_new", "bert": "gelu", "gpt_neox": "gelu", "gemma": "gelu_pytorch_tanh"}
+DEFAULT_ACT = {"gpt2": "gelu_new", "bert": "gelu", "gpt_neox": "gelu", "gemma": "gelu_pytorch_tanh",
+               "gemma2": "gelu_pytorch_tanh", "gemma3_text": "gelu_pytorch_tanh"}
 
 
 def _attention(fam: Family, n: dict) -> list:
@@ -231,7 +278,11 @@ def _attention(fam: Family, n: dict) -> list:
         rows = _linear([("q", n["q"], "q"), ("k", n["k"], "kv"), ("v", n["v"], "kv")], T, "n1")
     else:
         rows = _linear([("qkv", n["qkv"], "qkv")], T, "n1")
-    if fam.qk_norm:
+    if fam.qk_norm_full:
+        # OLMo 2: one RMSNorm over q_proj's whole output, one over k_proj's (modeling_olmo2.py)
+        rows += _norm(fam.norm, "q_norm", ("b", "s", "q"), "q_raw", "lin")
+        rows += _norm(fam.norm, "k_norm", ("b", "s", "kv"), "k_raw", "lin")
+    elif fam.qk_norm:
         # per-head RMSNorm on q_proj's and k_proj's outputs (its upcast is those outputs when they are fp32)
         rows += _norm(fam.norm, "q_norm", ("b", "s", "H", "d"), "q_raw", "lin")
         rows += _norm(fam.norm, "k_norm", ("b", "s", "KV", "d"), "k_raw", "lin")
@@ -243,6 +294,9 @@ def _attention(fam: Family, n: dict) -> list:
         K("q @ k^T", "q (a view of the fused qkv output: one sequence folds without a copy)", ("b", "s", "qkv"), "lin",
           "eager_q_view", ("k",)),
         K("q @ k^T", "k (repeated to every query head)", ("b", "H", "s", "d"), "lin", "eager_kv", ("q",)),
+        # Gemma 2's attn_logit_softcapping: tanh(scores / cap) * cap keeps the tanh's result (the divisions and
+        # the scale by a Python number keep nothing)
+        K("softcap tanh", "tanh(scores / cap)", ("b", "H", "s", "s"), "lin", "eager_core&attn_softcap", ("qk",)),
         K("softmax", soft, ("b", "H", "s", "s"), "f32" if fam.softmax_fp32 else fam.softmax_role, "eager_core", ("qk",)),
         K("attention dropout", "mask", ("b", "H", "s", "s"), "bool", "eager_attn_dropout", ("qk",)),
         K("p @ v", "dropped-out probabilities", ("b", "H", "s", "s"), "low", "eager_attn_dropout", ("v",)),
@@ -255,6 +309,13 @@ def _attention(fam: Family, n: dict) -> list:
         # flash-attn pads the head dim to a multiple of 8 (dk; copies then) and keeps its RNG state
         K("attention", "q", ("b", "H", "s", "dk"), "lin", "fused_q", ("attn",)),
         K("attention", "q (a view of the fused qkv output)", ("b", "s", "qkv"), "lin", "fused_q_view", ("attn",)),
+        # a sliding layer whose window is shorter than the sequence hands sdpa a mask: transformers then repeats k
+        # and v to every query head (use_gqa_in_sdpa is False with a mask) and the kernel keeps the mask as a
+        # float bias (integrations/sdpa_attention.py; CPU's flash kernel and CUDA's memory-efficient one alike)
+        K("attention", "k (repeated to every query head: the window mask stops grouped-query sdpa)", ("b", "H", "s", "dk"),
+          "lin", "window_mask", ("attn",)),
+        K("attention", "v (repeated to every query head)", ("b", "H", "s", "dk"), "lin", "window_mask", ("attn",)),
+        K("attention", "the sliding-window mask as a float bias", ("b", 1, "s", "s"), "lin", "window_mask", ("attn",)),
         K("attention", "k (the cache's copy)", ("b", "KV", "s", "dk"), "lin", "fused_cache", ("attn",)),
         K("attention", "v (the cache's copy)", ("b", "KV", "s", "dk"), "lin", "fused_cache", ("attn",)),
         K("attention", "k", ("b", "KV", "s", "dk"), "lin", "fused_k_nocache", ("attn",)),
@@ -339,10 +400,43 @@ def layer_rows(model_type: str, act: str | None = None, parallel: bool = True) -
         mlp = [r._replace(needs=tuple("h1n" if x == "n2" else x for x in r.needs)) for r in mlp]
         return (attention + [r._replace(op="attention.output LayerNorm") for r in _norm(fam.norm, "", X, "h1")]
                 + mlp + [r._replace(op="output LayerNorm") for r in _norm(fam.norm, "", X, "out")])
+    if fam.sandwich:
+        return _sandwich_rows(fam, n, attention, mlp)
+    if fam.shared_input:
+        return _shared_input_rows(fam, n, attention, mlp)
     second = _norm(fam.norm, _op(ROLE["norm2"], n.get("norm2", "post_attention_layernorm")), X, "x" if parallel and fam.parallel_key else "h1")
     if parallel and fam.parallel_key:   # both norms read the layer input: its storage is kept once
         second = [r for r in second if not r.what.startswith("input")]
     return _norm(fam.norm, _op(ROLE["norm1"], n.get("norm1", "input_layernorm")), X, "x") + attention + second + mlp
+
+
+def _sandwich_rows(fam: Family, n: dict, attention: list, mlp: list) -> list:
+    """Gemma 2/3 (pre_post): input_layernorm, attention, post_attention_layernorm (on o_proj's output), residual
+    add, pre_feedforward_layernorm, MLP, post_feedforward_layernorm (on down_proj's output), residual add.
+    OLMo 2 (post): attention, post_attention_layernorm, add; MLP, post_feedforward_layernorm, add: q/k/v and
+    gate/up read the layer input and the sum directly."""
+    X = ("b", "s", "h")
+    post_attention = _norm(fam.norm, "post_attention_layernorm", X, "o", "lin")
+    post_mlp = _norm(fam.norm, "post_feedforward_layernorm", X, "d", "lin")
+    if fam.sandwich == "post":
+        attention = [r._replace(needs=tuple("x" if x == "n1" else x for x in r.needs)) for r in attention]
+        mlp = [r._replace(needs=tuple("h1" if x == "n2" else x for x in r.needs)) for r in mlp]
+        return attention + post_attention + mlp + post_mlp
+    return (_norm(fam.norm, "input_layernorm", X, "x") + attention + post_attention
+            + _norm(fam.norm, "pre_feedforward_layernorm", X, "h1") + mlp + post_mlp)
+
+
+def _shared_input_rows(fam: Family, n: dict, attention: list, mlp: list) -> list:
+    """Cohere: input_layernorm, then attention and the MLP both on its output; gate/up's input is q/k/v's storage.
+    use_qk_norm adds a per-head CohereLayerNorm on q and k before the rotary."""
+    X = ("b", "s", "h")
+    shared = "q_proj/k_proj/v_proj: input"
+    mlp = [r._replace(needs=tuple("n1" if x == "n2" else x for x in r.needs),
+                      source=shared if r.what == "input" and r.op == "gate_proj/up_proj" else r.source) for r in mlp]
+    qk = [r._replace(when=_and("qk_norm_on", r.when))
+          for r in _norm(fam.norm, "q_norm", ("b", "s", "H", "d"), "q_raw", "lin")
+          + _norm(fam.norm, "k_norm", ("b", "s", "KV", "d"), "k_raw", "lin")]
+    return _norm(fam.norm, "input_layernorm", X, "x") + attention + qk + mlp
 
 
 def _embedding_rows(fam: Family) -> list:
@@ -358,7 +452,10 @@ def _embedding_rows(fam: Family) -> list:
     rows.append(K("embedding dropout", "mask", X, "bool", "embd_dropout", ("W:embed",)))
     if fam.rope:
         rows += [K("rotary", "cos (shared by every layer)", (1, "s", "rot"), "act", None, ("rope",)),
-                 K("rotary", "sin (shared by every layer)", (1, "s", "rot"), "act", None, ("rope",))]
+                 K("rotary", "sin (shared by every layer)", (1, "s", "rot"), "act", None, ("rope",)),
+                 # Gemma 3: a second pair for the other layer type (modeling_gemma3.py, Gemma3TextModel.forward)
+                 K("rotary", "cos of the second layer type", (1, "s", "rot"), "act", "two_ropes", ("rope",)),
+                 K("rotary", "sin of the second layer type", (1, "s", "rot"), "act", "two_ropes", ("rope",))]
     return rows
 
 
@@ -370,7 +467,9 @@ def _head_rows(fam: Family) -> list:
                 + [r._replace(what="input (the activation's output)", role="lin") if i == 0 else r
                    for i, r in enumerate(_norm(fam.norm, "transform.LayerNorm", X, "t"))]
                 + _linear([("lm_head", n["lm_head"], "V")], ("T", "h"), "tn"))
-    return _norm(fam.norm, _op(ROLE["final"], n.get("final", "model.norm")), X, "x") + _linear([("lm_head", n["lm_head"], "V")], ("T", "h"), "fn")
+    return _norm(fam.norm, _op(ROLE["final"], n.get("final", "model.norm")), X, "x") + _linear([("lm_head", n["lm_head"], "V")], ("T", "h"), "fn") + [
+        # Gemma 2's final_logit_softcapping: tanh(logits / cap) * cap keeps the tanh's result
+        K("final softcap tanh", "tanh(logits / cap)", ("T", "V"), "lin", "final_softcap", ("x", f"W:{n['lm_head']}"))]
 
 
 # Causal LMs upcast the logits (logits.float()) before the cross-entropy; BERT's masked-LM loss does not
@@ -415,6 +514,8 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
                 precision: str | None = None, lora: dict | None = None) -> dict:
     if precision is None:
         precision = "32-true"
+    if attention == "sdpa" and not fam.sdpa:
+        attention = "eager"   # what transformers runs by default where it refuses sdpa
     eager = attention == "eager"
     fused = not eager
     cache = fam.cache and bool(cfg.get("use_cache", True)) and checkpointing != "full"
@@ -448,11 +549,19 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
         "fused_k_nocache": fused and not cache and not no_rope_fused,
         "fused_v_nocache": fused and not cache and fam.qkv == "separate",
         "fused_v_view": fused and not cache and fam.qkv == "fused" and bool(fam.rope),
+        "window_mask": False,   # set per sliding layer by _window_conditions
         "flash": attention == "flash",
         "o_copy": o_copy,
         "o_view": not o_copy,
         "resid_dropout": _drop(cfg, fam, "resid"),
         "embd_dropout": _drop(cfg, fam, "embd"),
+        # Gemma 3's second cos/sin pair: kept by the layers of the other type; under full checkpointing only the
+        # recomputed layer keeps one pair (the one counted with the embeddings)
+        "qk_norm_on": bool(fam.qk_norm_key and cfg.get(fam.qk_norm_key)),
+        "two_ropes": isinstance(cfg.get("rope_parameters"), dict) and "full_attention" in cfg["rope_parameters"]
+        and len(set(cfg.get("layer_types") or ())) > 1 and checkpointing != "full",
+        "attn_softcap": cfg.get("attn_logit_softcapping") is not None,
+        "final_softcap": cfg.get("final_logit_softcapping") is not None,
         "causal": fam.head == "causal",
         "mlm": fam.head == "mlm",
         "mixed": mixed,
@@ -615,6 +724,60 @@ def _boundary(fam: Family, roles: dict, sizes: dict, shape=_shape) -> Kept:
                 roles["act"])
 
 
+def _layer_types(cfg: dict) -> tuple:
+    """Each layer's attention type; a family without layer_types (Starcoder2) slides in every layer when
+    sliding_window is set."""
+    if cfg.get("layer_types"):
+        return tuple(cfg["layer_types"])
+    kind = "sliding_attention" if cfg.get("sliding_window") is not None else "full_attention"
+    return (kind,) * _layers(cfg)
+
+
+def _windowed(cfg: dict, fam: Family, attention: str, seq_len: int) -> bool:
+    """A sliding layer's window is a mask sdpa must take (the sequence is longer than the window)."""
+    window = cfg.get("sliding_window")
+    return (fam.window_layers and attention == "sdpa" and fam.sdpa and window is not None and seq_len > window
+            and "sliding_attention" in _layer_types(cfg))
+
+
+def _window_conditions(cond: dict) -> dict:
+    out = Conditions(cond)
+    out.update({"window_mask": True, "fused_cache": False, "fused_k_nocache": False, "fused_v_nocache": False,
+                "fused_v_view": False})
+    return out
+
+
+def _window_layers(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape=_shape):
+    """(first, later): the kept tensors of a sliding layer whose window masks sdpa, or None when none does."""
+    fam = FAMILIES[cfg["model_type"]]
+    if not _windowed(cfg, fam, attention, seq_len):
+        return None
+    sizes = _sizes(cfg, micro_batch, seq_len, int((lora or {}).get("r") or 0), attention)
+    cond = _window_conditions(_conditions(cfg, fam, attention, checkpointing, micro_batch, precision, lora))
+    roles = _dtypes(precision, dtypes)
+    w = _trainable(fam, lora)
+    parallel = _parallel(cfg)
+    rows = layer_rows(cfg["model_type"], _act(cfg), parallel)
+    first = _grads(fam, w, w["W:embed"], parallel)
+    later = _grads(fam, w, first["out"], parallel)
+    return (_resolve(rows, cond, roles, sizes, {**w, **first}, shape),
+            _resolve(rows, cond, roles, sizes, {**w, **later}, shape))
+
+
+def _layer_blocks(cfg: dict, layers: int, layer0: list, layer1: list, window) -> list:
+    """The layers in order as Blocks, consecutive equal ones merged (one block when every layer keeps the same)."""
+    types = _layer_types(cfg)
+    out: list = []
+    for i in range(layers):
+        sliding = window is not None and i < len(types) and types[i] == "sliding_attention"
+        kept = (window[0] if i == 0 else window[1]) if sliding else (layer0 if i == 0 else layer1)
+        if out and out[-1].kept == kept:
+            out[-1] = Block("layer", out[-1].count + 1, kept)
+        else:
+            out.append(Block("layer", 1, kept))
+    return out
+
+
 def _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape=_shape):
     check(cfg, attention, checkpointing, precision)
     mt = cfg["model_type"]
@@ -652,8 +815,11 @@ def saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa",
     fam, sizes, roles, embeddings, layer0, layer1, head, loss = _evaluate(
         cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape)
     layers = _layers(cfg)
+    window = _window_layers(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape)
     if checkpointing == "full":
         middle = [Block("layer", layers, [_boundary(fam, roles, sizes, shape)])]
+    elif window is not None:   # Gemma 3: sliding layers whose window masks sdpa keep more than the global ones
+        middle = _layer_blocks(cfg, layers, layer0, layer1, window)
     elif layer0 == layer1 or layers == 1:
         middle = [Block("layer", layers, layer0)]
     else:
@@ -684,9 +850,16 @@ def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "s
     emb, layer, head, loss = blocks
     *_, later, _, _ = _evaluate(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora, shape or _shape)
     boundary = layer.kept[0]
-    recomputed = nbytes(later)
-    if later and later[0].dtype == boundary.dtype and prod(later[0].shape) == prod(boundary.shape):
-        recomputed -= nbytes([boundary])
+    window = _window_layers(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora, shape or _shape)
+    recomputed = 0
+    for kind in [later] + ([window[1]] if window is not None else []):   # the largest layer's recomputation
+        size = nbytes(kind)
+        # the recomputed layer's first kept tensor is the boundary itself when it is the layer's input (Cohere's
+        # written-out LayerNorm keeps x - mean first: a storage of its own)
+        if (kind and kind[0].dtype == boundary.dtype and prod(kind[0].shape) == prod(boundary.shape)
+                and kind[0].label.split(": ", 1)[1].startswith("input")):
+            size -= nbytes([boundary])
+        recomputed = max(recomputed, size)
     kept = nbytes(emb.kept) + layer.count * nbytes(layer.kept)
     return kept + max(nbytes(head.kept) + nbytes(loss.kept), recomputed)
 

@@ -438,7 +438,9 @@ def validate(raw) -> list[HFProblem]:
 
 
 def _act_key(family: Family) -> str:
-    return "activation_function" if "activation_function" in family.fields else "hidden_act"
+    if "activation_function" in family.fields:
+        return "activation_function"
+    return "hidden_activation" if "hidden_activation" in family.fields else "hidden_act"
 
 
 def read_fields(family: Family) -> dict:
@@ -447,6 +449,8 @@ def read_fields(family: Family) -> dict:
     kinds.update(family.fields)
     if family.head_dim_key and "head_dim" not in kinds:
         kinds["head_dim"] = (None, "int?")  # read through getattr by the attention
+    if family.layer_pattern_key:
+        kinds[family.layer_pattern_key] = (None, "int?")  # Gemma 3's legacy sliding_window_pattern
     kinds["num_labels"] = (None, "int?")  # PreTrainedConfig builds id2label from it
     kinds["torch_dtype"] = (None, "str?")  # the legacy spelling of dtype
     if family.rope_theta_default is not None:
@@ -544,6 +548,22 @@ def normalize(raw: dict) -> dict:
             out["layer_types"] = [
                 "sliding_attention" if window is not None and i >= first else "full_attention" for i in range(out["num_hidden_layers"])
             ]
+    if family.nope_layers:   # SmolLM3Config.__post_init__
+        n = out["num_hidden_layers"]
+        if out["no_rope_layers"] is None:
+            out["no_rope_layers"] = [int((i + 1) % out["no_rope_layer_interval"] != 0) for i in range(n)]
+        if out["layer_types"] is None:
+            window = out["use_sliding_window"] and out["sliding_window"] is not None
+            out["layer_types"] = ["sliding_attention" if window and not out["no_rope_layers"][i] else "full_attention" for i in range(n)]
+    if family.rope_per_layer_type and out.get("use_bidirectional_attention"):
+        out["sliding_window"] = out["sliding_window"] // 2 + 1  # Gemma3TextConfig.__post_init__
+    pattern = family.layer_pattern
+    if family.layer_pattern_key:
+        pattern = extra.get(family.layer_pattern_key, family.layer_pattern)
+        out["_sliding_window_pattern"] = pattern  # kept (and serialized) by Gemma3TextConfig
+    if family.layer_pattern is not None and out["layer_types"] is None:
+        # Gemma 2/3: every pattern-th layer attends globally, the others through the sliding window
+        out["layer_types"] = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(out["num_hidden_layers"])]
     if family.gelu_means_tanh and out["hidden_act"] == "gelu":
         out["hidden_act"] = "gelu_pytorch_tanh"
 
@@ -597,6 +617,8 @@ def _ignored_by_type(model_type: str) -> frozenset:
 
 
 def _rope(out: dict, extra: dict, family: Family) -> None:
+    if family.rope_per_layer_type:
+        return _rope_per_layer_type(out, extra, family)
     scaling = extra.pop("rope_scaling", None)
     parameters = scaling or out.get("rope_parameters")
     parameters = dict(parameters) if parameters else {}
@@ -622,6 +644,26 @@ def _rope(out: dict, extra: dict, family: Family) -> None:
             parameters.setdefault("original_max_position_embeddings", out["max_position_embeddings"])
     if family.model_type == "phi3" and parameters["rope_type"] in ("su", "yarn"):
         parameters["rope_type"] = "longrope"
+    out["rope_parameters"] = parameters
+
+
+def _rope_per_layer_type(out: dict, extra: dict, family: Family) -> None:
+    """Gemma3TextConfig.convert_rope_params_to_dict: one rope_parameters dict per layer type."""
+    scaling = extra.pop("rope_scaling", None)
+    parameters = out.get("rope_parameters")
+    parameters = {key: dict(value) for key, value in parameters.items()} if parameters else {
+        "sliding_attention": {"rope_type": "default"}, "full_attention": {"rope_type": "default"}}
+    if scaling is not None:
+        parameters["full_attention"].update(scaling)
+    theta, local = extra.pop("rope_theta", None), extra.pop("rope_local_base_freq", None)
+    if parameters.get("full_attention") is None:
+        parameters["full_attention"] = {"rope_type": "default"}
+    parameters["full_attention"].setdefault("rope_theta", family.rope_theta_default["global"] if theta is None else theta)
+    if parameters.get("sliding_attention") is None:
+        parameters["sliding_attention"] = {"rope_type": "default"}
+    parameters["sliding_attention"].setdefault("rope_theta", family.rope_theta_default["local"] if local is None else local)
+    for value in parameters.values():
+        value.setdefault("rope_type", value.get("type", "default"))
     out["rope_parameters"] = parameters
 
 
