@@ -4,7 +4,7 @@
 #
 # The hook is memfit's own definition (.pre-commit-hooks.yaml: its name, entry, file types, require_serial)
 # as a `repo: local` hook run from PATH (`language: system`), so the scene needs neither the network nor a
-# clone: the lines it prints are the hook's. tests/test_precommit_docs.py commits the same files through the
+# clone: the lines it prints are the hook's. tests/project/test_precommit_docs.py commits the same files through the
 # real hook (`repo:` + `rev:`, pre-commit building its virtualenv) and compares the lines.
 git init -q -b main .
 "$MEMFIT_PYTHON" - "$MEMFIT_ROOT/.pre-commit-hooks.yaml" "${ARGS:-}" > .pre-commit-config.yaml <<'PY'

@@ -127,7 +127,7 @@ def test_inline_problems_are_at_the_yaml_key():
     result = check(doc("  transformer: {model_type: llama, num_key_value_heads: 5}"))
     (d,) = result.diagnostics
     assert d.code == "shape-mismatch" and d.file is None and d.range.start_line == 4
-    # a model_type transformers knows is traced with memfit[trace] (tests/test_traced_cli.py); one it does not is not
+    # a model_type transformers knows is traced with memfit[trace] (tests/models/test_traced_cli.py); one it does not is not
     (d,) = check(doc("  transformer: {model_type: no_such_model}")).diagnostics
     assert d.code == "unsupported-model" and "llama" in d.message
     # read as hf_config reads a config.json (issue 19): a key no family reads is ignored, as

@@ -216,12 +216,12 @@ REAL = {
     "mixtral-alias": {"model_type": "mixtral", "num_experts": 4, "rope_theta": 1e6, "router_aux_loss_coef": 0.02, "torch_dtype": "bfloat16"},
     "gemma-gelu": {"model_type": "gemma", "hidden_act": "gelu", "torch_dtype": "float32"},
     "gpt2-aliases": {"model_type": "gpt2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_labels": 3},
-    "gemma-3-1b": json.loads((Path(__file__).resolve().parent.parent / "examples" / "models" / "gemma-3-1b.json").read_text()),
+    "gemma-3-1b": json.loads((Path(__file__).resolve().parents[2] / "examples" / "models" / "gemma-3-1b.json").read_text()),
     "gemma3-rope": {"model_type": "gemma3_text", "num_hidden_layers": 3, "sliding_window_pattern": 2, "rope_theta": 5e5,
                     "rope_scaling": {"rope_type": "linear", "factor": 8.0}},
     # (without max_window_layers and pretraining_tp: keys Qwen2's and Llama's classes read and SmolLM3's does not,
     # which normalize() leaves out by design, see hf_config._ignored)
-    "smollm3-3b": {k: v for k, v in json.loads((Path(__file__).resolve().parent.parent / "examples" / "models" / "smollm3-3b.json").read_text()).items()
+    "smollm3-3b": {k: v for k, v in json.loads((Path(__file__).resolve().parents[2] / "examples" / "models" / "smollm3-3b.json").read_text()).items()
                    if k not in ("max_window_layers", "pretraining_tp")},
     "smollm3-window": {"model_type": "smollm3", "num_hidden_layers": 8, "use_sliding_window": True, "sliding_window": 64},
     "bert-labels": {"model_type": "bert", "id2label": {"0": "a", "1": "b", "2": "c"}, "label2id": {"a": 0, "b": 1, "c": 2}},

@@ -16,11 +16,11 @@ q/k norm) at half their summed width, since a Llama layer keeps four tensors of 
 outputs, the activation, their product); plain -> GPT-NeoX's sequential layer at its width; experts -> Mixtral's
 routed layer, routed experts at their share of the tokens (experts per token / experts), shared experts in full.
 The rule is measured against autograd on the families memfit models (treated as unknown) and on architectures it
-has no family for (tests/test_traced_band.py); the warning each traced model gets quotes that band (BAND below,
+has no family for (tests/models/test_traced_band.py); the warning each traced model gets quotes that band (BAND below,
 docs/transformers.md).
 
 Nothing here imports torch or transformers at import time: only `trace()` does, and only for a model_type no
-family describes (tests/test_traced_cli.py checks that a known family's check never imports torch).
+family describes (tests/models/test_traced_cli.py checks that a known family's check never imports torch).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from memfit.models.unknown import available
 
 # The generic rule's measured ratio to autograd's saved bytes (rule / measured, lowest and highest): eager and
 # sdpa, with and without full checkpointing, fp32, batch 2 x 32 tokens, tiny configs; the ten families (treated
-# as unknown) and eleven architectures without a family. tests/test_traced_band.py measures it again and fails
+# as unknown) and eleven architectures without a family. tests/models/test_traced_band.py measures it again and fails
 # when a ratio falls outside, or when the band is wider than the measurement needs.
 BAND = (0.77, 1.25)
 _EXPERTS_PER_TOKEN = ("num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts", "moe_k", "experts_per_token")

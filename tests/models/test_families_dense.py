@@ -21,7 +21,7 @@ needs.module("transformers")
 
 import hf_measure as hm  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NEW = [f for f in ("gemma2", "gemma3_text", "olmo2", "granite", "cohere", "starcoder2", "falcon", "smollm3") if f in hm.TINY]
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import needs
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "pre-commit.md"
 SHELL_COMMANDS = ("$ git commit", "$ pre-commit ")
 

@@ -18,7 +18,7 @@ from needs import module
 torch = module("torch")
 transformers = module("transformers")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
 # OLMo 2 (no memfit family today): tiny, in its own key names
 OLMO2 = {"model_type": "olmo2", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 2,

@@ -22,7 +22,7 @@ from needs import module
 torch = module("torch")
 transformers = module("transformers")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # Counts of layers, and per-layer lists, shrunk to two.
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers", "encoder_layers", "num_decoder_layers")
 # transformers 5.24.0 cannot build these from their default config (its own error, a fragment of it): memfit says so.
