@@ -20,8 +20,8 @@ transformers = module("transformers")
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-# OLMo 2 (no memfit family today): tiny, in its own key names
-OLMO2 = {"model_type": "olmo2", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 2,
+# OLMo (the first; OLMo 2 has a family, OLMo has none): tiny, in its own key names
+OLMO2 = {"model_type": "olmo", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128}
 LLAMA = {"model_type": "llama", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2}
@@ -82,8 +82,8 @@ def test_without_the_extra_the_error_says_what_to_install_and_the_nearest_family
     from memfit.models.families import SUPPORTED
 
     assert all(name in message for name in SUPPORTED)
-    # OLMo 2's keys are those of the Llama-layout families
-    assert any(f"nearest family by structure: {name} (" in message for name in ("llama", "mistral", "qwen2", "qwen3")), message
+    # OLMo's keys are those of the Llama-layout families (OLMo 2's first)
+    assert any(f"nearest family by structure: {name} (" in message for name in ("olmo2", "llama", "mistral", "qwen2", "qwen3")), message
     # placed at model_type in config.json (line 2 of the indented JSON)
     assert problem["file"] == str(tmp_path / "config.json") and problem["range"]["start"]["line"] == 1
     assert out["files"][0]["footprint"] is None
