@@ -36,6 +36,9 @@ OTHERS = {
     "gpt_bigcode": {"n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 128, "n_positions": 128},
 }
 CASES = [(a, c) for a in ("eager", "sdpa") for c in ("none", "full")]
+# the band is measured on the ten first families treated as unknown and on the architectures above (those that have
+# a family since, olmo2, starcoder2, granite, cohere, are kept as measured then); not on every family memfit has now
+BAND_SET = [*("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "gpt2", "bert", "gpt_neox", "mixtral"), *OTHERS]
 
 
 def _config(model_type: str, attention: str) -> dict:
@@ -59,7 +62,7 @@ def _ratio(model_type: str, attention: str, checkpointing: str) -> float:
 RATIOS: dict = {}
 
 
-@pytest.mark.parametrize("model_type", [*hm.FAMILIES, *OTHERS])
+@pytest.mark.parametrize("model_type", BAND_SET)
 def test_the_generic_rule_is_within_the_band(model_type):
     low, high = traced.BAND
     for attention, checkpointing in CASES:
@@ -69,8 +72,8 @@ def test_the_generic_rule_is_within_the_band(model_type):
 
 
 def test_the_band_is_no_wider_than_measured():
-    if len(RATIOS) < len(CASES) * (len(hm.FAMILIES) + len(OTHERS)):  # run alone: measure what is missing
-        for model_type in [*hm.FAMILIES, *OTHERS]:
+    if len(RATIOS) < len(CASES) * len(BAND_SET):  # run alone: measure what is missing
+        for model_type in BAND_SET:
             for attention, checkpointing in CASES:
                 if (model_type, attention, checkpointing) not in RATIOS:
                     RATIOS[(model_type, attention, checkpointing)] = _ratio(model_type, attention, checkpointing)
