@@ -79,7 +79,8 @@ document.querySelectorAll('section.config').forEach(function(sec){
     tip.appendChild(body);
   }
   function at(evt){var p=svg.createSVGPoint();p.x=evt.clientX;p.y=evt.clientY;var q=p.matrixTransform(svg.getScreenCTM().inverse());
-    return Math.floor((q.x-x0)/(w/n));}
+    var i=Math.floor((q.x-x0)/(w/n));
+    return i===-1?0:i===n?n-1:i;}  /* the mouse is in whole pixels: a pixel short of either edge is the edge column */
   svg.addEventListener('mousemove',function(evt){show(at(evt))});
   svg.addEventListener('keydown',function(evt){var i=+(svg.getAttribute('data-index')||-1);
     if(evt.key==='ArrowRight'){show(Math.min(n-1,i+1));evt.preventDefault()}if(evt.key==='ArrowLeft'){show(Math.max(0,i-1));evt.preventDefault()}});
