@@ -189,7 +189,7 @@ def _check_memfit(text: str, data: dict, path: str, options: Options, result: Re
     """A memfit config with the settings' device and host where it has none of its own; problems
     on a key the settings added are placed on the `memfit` marker."""
     from memfit.read.names import canonical
-    from memfit.read.native.formats import with_settings
+    from memfit.read.native.settings import with_settings
     from memfit.read.schema import schema
 
     data = canonical(data, schema())  # enum values without regard to case (FULL_SHARD is full_shard)
