@@ -189,11 +189,18 @@ def _check_memfit(text: str, data: dict, path: str, options: Options, result: Re
     """A memfit config with the settings' device and host where it has none of its own; problems
     on a key the settings added are placed on the `memfit` marker."""
     from memfit.read.names import canonical
-    from memfit.read.native.settings import with_settings
+    from memfit.read.native import settings
     from memfit.read.schema import schema
 
     data = canonical(data, schema())  # enum values without regard to case (FULL_SHARD is full_shard)
-    data, added = with_settings(data, path, options)
+    # the settings' device and host keys where the config says nothing itself (their problems go
+    # on the `memfit` marker); the readers are imported only when a project has settings, so a
+    # config without (every commit's hook, commonly) costs a few stats
+    conf, added = settings.effective(path, options), set()
+    if conf.values:
+        from memfit.read.native.run import memfit_defaults
+
+        data, added = memfit_defaults(data, conf)
     result.data = data
     model = data.get("model")
     if isinstance(model, dict) and isinstance(model.get("hf_config"), str):  # the file the model section reads

@@ -254,16 +254,3 @@ def bf16_capable(conf: Settings) -> bool:
     name = conf.get("device")
     key = re.sub(r"[\s_-]", "", name.upper()) if isinstance(name, str) else ""
     return not key.startswith(NO_BF16)
-
-
-def with_settings(data: dict, path: str, options) -> tuple[dict, set]:
-    """A memfit config with the settings' device and host keys where it says nothing itself;
-    the memfit keys it added (their problems are placed on the `memfit` marker). The readers are
-    imported only when there are settings: a memfit config in a project without any (every
-    commit's hook, in the common case) costs a few stats."""
-    conf = effective(path, options)
-    if not conf.values:
-        return data, set()
-    from memfit.read.native import run
-
-    return run.memfit_defaults(data, conf)
