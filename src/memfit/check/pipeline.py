@@ -394,13 +394,10 @@ def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") ->
             step, walk = memo[key]
         if config.parallel is None:
             config = replace(config, step=step, peak=ledger.peak(step, config.granule) if walk is None else ledger.copied(walk[0]))
-        elif config.parallel.tensor == 1 and config.parallel.pipeline == 1:
-            # data parallel (DDP, ZeRO, FSDP): each rank walks the same step with its own shares
-            config = replace(config, step=step, placement=config.placement.with_step_peak(ledger.rank_peak(step, config.placement, config.granule, walk)))
         else:
-            # tensor and pipeline parallel split the step itself (a stage's rows, a rank's slice of
-            # each): their per-rank peak stays the placement's (every category at once plus what is gathered)
-            config = replace(config, step=step)
+            # each rank walks the step with its own shares (data parallel: the same rows; tensor and pipeline
+            # parallel: its stage's rows, a slice of each)
+            config = replace(config, step=step, placement=config.placement.with_step_peak(ledger.rank_peak(step, config.placement, config.granule, walk)))
     except ledger.PeakError as error:
         where = ("training", "optimizer_impl") if "optimizer_impl" in training_keys else ("optimizer",)
         problems.append(Problem(where, codes.OPTIMIZER_IMPL, str(error)))
