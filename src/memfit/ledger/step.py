@@ -219,14 +219,15 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
         g_out = size.get(row.output, 0) if row.output is not None else 0
         if row.recompute and (i + 1 == len(rows) or not rows[i + 1].recompute or rows[i + 1].kept):
             # the last row of a checkpointed layer: backward first recomputes the layer, row by row in forward
-            # order, each at its worst moment (recompute_moment), beside the layer output's gradient
+            # order, each at its worst moment (recompute_moment), beside the layer output's gradient: moments of
+            # this row, whose backward runs the recomputation
             first = i
             while first > 0 and rows[first - 1].recompute and not rows[first].kept:
                 first -= 1
             for j in range(first, i + 1):
                 if rows[j].recompute_moment is not None:
                     redone, flight = rows[j].recompute_moment
-                    consider("backward", f"{rows[j].name} (recomputed)", _live(params, max(held, done), left + redone, state, g_out + flight, step.overhead))
+                    consider("backward", row.name, _live(params, max(held, done), left + redone, state, g_out + flight, step.overhead))
         g_in = size.get(row.input, 0) if row.grad_input and not row.view and row.input is not None else 0
         if row.backward_flight is not None:
             consider("backward", row.name, _live(params, max(held, done + sum(row.grads)), alive, state, row.backward_flight, step.overhead))
