@@ -215,6 +215,7 @@ _JSON_TYPES = {
     "bool": ["boolean"],
     "str": ["string"],
     "ids": ["integer", "array"],
+    "ints": ["array"],
     "strs": ["array"],
     "dict": ["object"],
 }

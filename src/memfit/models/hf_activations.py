@@ -125,7 +125,8 @@ def _activation(name: str, op: str, shape: tuple, f: str, role: str = "lin") -> 
 ROLE = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "qkv": "qkv_proj", "o": "o_proj", "gate": "gate_proj",
         "up": "up_proj", "gate_up": "gate_up_proj", "down": "down_proj", "fc_in": "fc_in", "fc_out": "fc_out",
         "lm_head": "lm_head", "transform": "transform", "norm1": "input_layernorm", "norm2": "post_attention_layernorm",
-        "final": "final norm"}
+        "final": "final norm", "sgate": "shared_expert.gate_proj", "sup": "shared_expert.up_proj",
+        "sdown": "shared_expert.down_proj", "sg": "shared_expert_gate"}
 
 
 def _op(role: str, module: str) -> str:
@@ -171,7 +172,7 @@ class Family(NamedTuple):
     names: dict               # role -> module path inside a layer (or of the head)
     qkv: str                  # "separate" | "fused" (q, k, v are slices of one projection)
     rope: str | None          # "full" (elementwise: q keeps its (b,s,H,d) layout) | "partial" (a cat copy) | None
-    mlp: str                  # "gated" | "gated_fused" | "plain" | "moe"
+    mlp: str                  # "gated" | "gated_fused" | "plain" | "moe" | "moe_shared" (Qwen2-MoE: + a shared expert)
     act_key: str              # config key naming the activation function
     cache: bool               # the model builds a DynamicCache in a training step (decoders, use_cache)
     qk_norm: bool = False
@@ -184,6 +185,8 @@ class Family(NamedTuple):
     softmax_role: str = "soft"  # without the upcast: "soft" where an fp32 causal mask promotes the scores (GPT-2), "lin"
     # where nothing does (BERT: CPU autocast leaves softmax in the low dtype; CUDA autocast would upcast it)
     lora_default: tuple = ("q_proj", "v_proj")   # peft 0.21's default target_modules (none for phi3)
+    lora_experts: bool = True  # peft's all-linear adapts the router and the stacked experts (its v4->v5 MoE mapping)
+    routing_dtype: str = "f32"  # the role of the routing weights the experts multiply by (Qwen-MoE: cast to the logits')
 
 
 LLAMA_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
@@ -220,6 +223,21 @@ FAMILIES = {
                    dropout_keys=(("attn", "attention_probs_dropout_prob"), ("resid", "hidden_dropout_prob"),
                                  ("embd", "hidden_dropout_prob"))),
 }
+# --- mixtures of experts (issue 21) ---------------------------------------------------------------------------
+# Qwen2-MoE / Qwen3-MoE (modeling_qwen2_moe.py, modeling_qwen3_moe.py): Mixtral's router and grouped experts, but
+# the top-k weights are renormalized only with norm_topk_prob and cast back to the router logits' dtype; Qwen2-MoE
+# adds a shared expert (a gated MLP over every token) scaled by sigmoid(shared_expert_gate(x)). Dense layers
+# (mlp_only_layers, decoder_sparse_step) are Llama's gated MLP.
+QWEN2_MOE_NAMES = {**LLAMA_NAMES, "sgate": "mlp.shared_expert.gate_proj", "sup": "mlp.shared_expert.up_proj",
+                   "sdown": "mlp.shared_expert.down_proj", "sg": "mlp.shared_expert_gate"}
+FAMILIES.update({
+    # peft 0.21 maps the fused experts for the model types transformers converts from v4 (mixtral, qwen3_moe...), not
+    # for qwen2_moe itself: its all-linear adapts the attention and the shared expert only
+    "qwen2_moe": LLAMA._replace(mlp="moe_shared", names=QWEN2_MOE_NAMES, lora_default=(), routing_dtype="lin",
+                                lora_experts=False),
+    "qwen3_moe": LLAMA._replace(mlp="moe", qk_norm=True, lora_default=(), routing_dtype="lin"),
+})
+MOE = ("moe", "moe_shared")
 SUPPORTED = tuple(FAMILIES)
 DEFAULT_ACT = {"gpt2": "gelu_new", "bert": "gelu", "gpt_neox": "gelu", "gemma": "gelu_pytorch_tanh"}
 
@@ -291,9 +309,28 @@ def _mlp(fam: Family, n: dict, act: str) -> list:
         return _linear([("fc_in", n["fc_in"], "i")], T, "n2") + _activation(act, "act", ("b", "s", "i"), "g") + \
             _linear([("fc_out", n["fc_out"], "h")], ("T", "i"), "g", low_input=True) + [
                 K("mlp output dropout", "mask", X, "bool", "resid_dropout", ("d",))]
+    rows = []
+    if fam.mlp == "moe_shared":
+        # Qwen2-MoE's shared expert over every token, then sigmoid(shared_expert_gate(x)) * its output
+        rows = _linear([("sgate", n["sgate"], "is"), ("sup", n["sup"], "is"), ("sg", n["sg"], 1)], T, "n2") + \
+            _activation(act, "act_fn(gate) (shared expert)", ("b", "s", "is"), "sh") + [
+                K("act * up", "act_fn(gate) (shared expert)", ("b", "s", "is"), "lin", None, ("sh",)),
+                K("act * up", "up (shared expert)", ("b", "s", "is"), "lin", None, ("sh",)),
+            ] + _linear([("sdown", n["sdown"], "h")], ("T", "is"), "sh", low_input=True) + [
+                K("sigmoid", "output (the shared expert's gate)", ("T", 1), "lin", None, ("sgw", "sd")),
+                K("gate * shared expert", "shared expert output", ("T", "h"), "lin", None, ("sgw",)),
+            ]
+        # the router reads the same normalized input as the shared expert: one storage when no cast copies it
+        return rows + [r._replace(source=rows[0].label) if r.label == "router: input" else r for r in _experts(fam)]
+    return _experts(fam)
+
+
+def _experts(fam: Family) -> list:
+    T = ("T", "h")
     # Mixtral: a router, then every routed (token, expert) pair through one grouped matmul (transformers 5.24's
     # `grouped_mm` experts: F.grouped_mm is not autocast, so the experts run in the model's dtype): sorted by expert,
     # gathered, gate_up, act * up, down, times the routing weight, unsorted; each routed token once per expert
+    # (`S` rows; a capacity factor pads each expert's rows: `_sizes`)
     return [
         K("router", "input", T, "act", "not_mixed", ("W:router",)),
         K("router", "input, cast to the low dtype by autocast", T, "low", "mixed", ("W:router",)),
@@ -301,35 +338,58 @@ def _mlp(fam: Family, n: dict, act: str) -> list:
         K("router (LoRA)", "weight + scaling * B @ A (the effective weight)", ("E", "h"), "act", "lora", ("L:router",)),
         K("router softmax", "probabilities (fp32)", ("T", "E"), "f32", None, ("r",)),
         K("router top-k", "indices", ("T", "k"), "i64", None, ("r",)),
-        K("routing weights / sum", "sum (fp32)", ("T", 1), "f32", None, ("r",)),
-        K("routing weights / sum", "weights (fp32)", ("T", "k"), "f32", None, ("r",)),
+        K("routing weights / sum", "sum (fp32)", ("T", 1), "f32", "topk_norm", ("r",)),
+        K("routing weights / sum", "weights (fp32)", ("T", "k"), "f32", "topk_norm", ("r",)),
         K("gather by expert", "token index", ("S",), "i64", None, ("n2",)),
         K("gather weights", "permutation", ("S",), "i64", None, ("r",)),
         K("grouped_mm", "group offsets", ("E",), "i32", None, ("e",)),
-        K("experts (LoRA)", "gate_up_proj + scaling * B @ A (every expert's effective weight)", ("E", "i2", "h"), "act",
+        K("experts (LoRA)", "gate_up_proj + scaling * B @ A (every expert's effective weight)", ("E", "ie2", "h"), "act",
           "lora", ("L:experts",)),
-        K("experts (LoRA)", "down_proj + scaling * B @ A", ("E", "h", "i"), "act", "lora", ("L:experts",)),
+        K("experts (LoRA)", "down_proj + scaling * B @ A", ("E", "h", "ie"), "act", "lora", ("L:experts",)),
         # the fold runs in the weight's dtype: on a 16-bit model it keeps 16-bit copies of the fp32 factors (peft
         # gives the fused gate_up twice the rank)
-        K("experts (LoRA)", "gate_up factors B, cast to the weight dtype", ("E", "i2", "R2"), "act", "lora&true16",
+        K("experts (LoRA)", "gate_up factors B, cast to the weight dtype", ("E", "ie2", "R2"), "act", "lora&true16",
           ("L:experts",)),
         K("experts (LoRA)", "gate_up factors A, cast to the weight dtype", ("E", "R2", "h"), "act", "lora&true16",
           ("L:experts",)),
         K("experts (LoRA)", "down factors B, cast to the weight dtype", ("E", "h", "R"), "act", "lora&true16", ("L:experts",)),
-        K("experts (LoRA)", "down factors A, cast to the weight dtype", ("E", "R", "i"), "act", "lora&true16", ("L:experts",)),
+        K("experts (LoRA)", "down factors A, cast to the weight dtype", ("E", "R", "ie"), "act", "lora&true16", ("L:experts",)),
         K("grouped_mm gate_up", "routed tokens (one row per chosen expert)", ("S", "h"), "act", None, ("W:experts",)),
-        K("act_fn(gate), * up", "gate_up output", ("S", "i2"), "act", None, ("e",)),
-        K("act * up", "act_fn(gate)", ("S", "i"), "act", None, ("e",)),
-        K("grouped_mm down", "input", ("S", "i"), "act", None, ("W:experts",)),
+        K("act_fn(gate), * up", "gate_up output", ("S", "ie2"), "act", None, ("e",)),
+        K("act * up", "act_fn(gate)", ("S", "ie"), "act", None, ("e",)),
+        K("grouped_mm down", "input", ("S", "ie"), "act", None, ("W:experts",)),
         K("* routing weight", "expert output", ("S", "h"), "act", None, ("r",)),
-        K("* routing weight", "routing weight column (fp32)", ("S", 1), "f32", None, ("e",)),
+        K("* routing weight", "routing weight column" + (" (fp32)" if fam.routing_dtype == "f32" else ""), ("S", 1),
+          fam.routing_dtype, None, ("e",)),
         K("unsort", "inverse permutation", ("S",), "i64", None, ("e",)),
     ]
 
 
-def layer_rows(model_type: str, act: str | None = None, parallel: bool = True) -> list:
-    """The symbolic table of one layer: every row any kernel / recipe may keep, conditions unevaluated."""
-    fam = FAMILIES[model_type]
+def layer_kinds(cfg: dict) -> list:
+    """Each layer's kind, in order: "moe" or "dense" where a family's layers differ (Qwen2/3-MoE's decoder layer is
+    sparse unless it is in mlp_only_layers, (i + 1) % decoder_sparse_step != 0, or there are no experts); "" for
+    every layer of the other families."""
+    from memfit.models.families import EXPERTS_KEY
+
+    mt = cfg["model_type"]
+    n = _layers(cfg)
+    if mt not in ("qwen2_moe", "qwen3_moe"):
+        return [""] * n
+    experts, step, dense = cfg[EXPERTS_KEY[mt]], cfg["decoder_sparse_step"], set(cfg.get("mlp_only_layers") or ())
+    return ["moe" if i not in dense and experts > 0 and (i + 1) % step == 0 else "dense" for i in range(n)]
+
+
+BLOCK_NAMES = {"": "layer", "moe": "layer", "dense": "dense layer"}  # a layer kind's block name (models.hf's too)
+
+
+def _kind_family(fam: Family, kind: str) -> Family:
+    return fam._replace(mlp="gated") if kind == "dense" else fam
+
+
+def layer_rows(model_type: str, act: str | None = None, parallel: bool = True, kind: str = "") -> list:
+    """The symbolic table of one layer (of a kind, where layers differ: layer_kinds): every row any kernel / recipe
+    may keep, conditions unevaluated."""
+    fam = _kind_family(FAMILIES[model_type], kind)
     n = fam.names
     act = act or DEFAULT_ACT.get(model_type, "silu")
     X = ("b", "s", "h")
@@ -399,11 +459,16 @@ def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int = 0, attention: 
     rotary = int(d * rope.get("partial_rotary_factor", 1.0)) if FAMILIES[mt].rope else 0
     tokens = micro_batch * seq_len
     k = cfg.get("num_experts_per_tok", 0)
+    from memfit.models.families import EXPERTS_KEY
+
+    experts = cfg.get(EXPERTS_KEY.get(mt, ""), 0)
+    expert_inter = cfg.get("moe_intermediate_size") or inter
     return {"b": micro_batch, "s": seq_len, "h": h, "i": inter, "i2": 2 * inter, "H": heads, "KV": kv_heads, "d": d,
             "dk": -(-d // 8) * 8 if attention == "flash" else d, "r": rotary,
             "q": heads * d, "kv": kv_heads * d, "qkv": heads * d + 2 * kv_heads * d, "rot": rotary,
             "V": cfg["vocab_size"], "T": tokens, "Tl": tokens if micro_batch > 1 else seq_len + 1,
-            "E": cfg.get("num_local_experts", 0), "k": k, "S": tokens * k, "R": rank, "R2": 2 * rank}
+            "E": experts, "k": k, "S": tokens * k, "R": rank, "R2": 2 * rank,
+            "ie": expert_inter, "ie2": 2 * expert_inter, "is": cfg.get("shared_expert_intermediate_size") or 0}
 
 
 def _drop(cfg: dict, fam: Family, which: str) -> bool:
@@ -462,6 +527,7 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
         "lora_dropout": lora_dropout,
         "lora_plain": bool(lora) and not lora_dropout and not mixed,
         "lora_plain_mixed": bool(lora) and not lora_dropout and mixed,
+        "topk_norm": bool(cfg.get("norm_topk_prob", True)),   # Mixtral always renormalizes; Qwen-MoE when asked
     })
 
 
@@ -534,7 +600,7 @@ def _trainable(fam: Family, lora: dict | None) -> dict:
     all_linear = targets in ("all-linear", ["all-linear"])
     save = lora.get("modules_to_save") or ()
     # peft 0.21's all-linear also wraps a mixture of experts' router and stacked expert weights (as parameters)
-    experts = all_linear and fam.mlp == "moe"
+    experts = all_linear and fam.mlp in MOE and fam.lora_experts
     flags = {"W:norm": False, "W:embed": False, "W:experts": experts, "L:experts": experts, "W:router": experts,
              "L:router": experts}
     for m in modules:
@@ -580,6 +646,10 @@ def _grads(fam: Family, w: dict, x: bool, parallel: bool) -> dict:
     else:
         g["r"] = g["n2"] or w["W:router"]
         g["g"] = g["u"] = g["e"] = g["n2"] or w["W:experts"]
+        if fam.mlp == "moe_shared":  # the shared expert's hidden product, its output and its gate's logits
+            g["sh"] = g["n2"] or t("sgate") or t("sup")
+            g["sd"] = g["sh"] or t("sdown")
+            g["sgw"] = g["n2"] or t("sg")
     g["p"] = g["g"] or g["u"]
     g["d"] = g["p"] or t("down") or t("fc_out")
     g["out"] = g["h1"] or g["d"]
@@ -615,16 +685,19 @@ def _boundary(fam: Family, roles: dict, sizes: dict, shape=_shape) -> Kept:
                 roles["act"])
 
 
-def _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape=_shape):
+def _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape=_shape, kind=None):
+    """(family, sizes, roles, embeddings, the first layer, a later layer, head, loss): the layers of `kind`
+    (default: the first layer's)."""
     check(cfg, attention, checkpointing, precision)
     mt = cfg["model_type"]
-    fam = FAMILIES[mt]
+    kind = layer_kinds(cfg)[0] if kind is None else kind
+    fam = _kind_family(FAMILIES[mt], kind)
     sizes = _sizes(cfg, micro_batch, seq_len, int((lora or {}).get("r") or 0), attention)
     cond = _conditions(cfg, fam, attention, checkpointing, micro_batch, precision, lora)
     roles = _dtypes(precision, dtypes)
     w = _trainable(fam, lora)
     parallel = _parallel(cfg)
-    rows = layer_rows(mt, _act(cfg), parallel)
+    rows = layer_rows(mt, _act(cfg), parallel, kind)
     # the layer input needs a gradient from the first layer on when the embeddings train; under LoRA the first
     # layer's input does not, and every later one does as soon as an earlier adapter reaches the residual stream
     first = _grads(fam, w, w["W:embed"], parallel)
@@ -652,8 +725,23 @@ def saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa",
     fam, sizes, roles, embeddings, layer0, layer1, head, loss = _evaluate(
         cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape)
     layers = _layers(cfg)
+    kinds = layer_kinds(cfg)
     if checkpointing == "full":
         middle = [Block("layer", layers, [_boundary(fam, roles, sizes, shape)])]
+    elif len(set(kinds)) > 1:
+        # layers that differ (dense and sparse): runs of alike layers in forward order, each kind its own block name
+        by_kind = {kinds[0]: (layer0, layer1)}
+        for kind in set(kinds) - {kinds[0]}:
+            by_kind[kind] = _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora,
+                                      shape, kind)[4:6]
+        middle = []
+        for i, kind in enumerate(kinds):
+            kept = by_kind[kind][0 if i == 0 else 1]
+            name = BLOCK_NAMES[kind]
+            if middle and middle[-1].name == name and middle[-1].kept == kept:
+                middle[-1] = middle[-1]._replace(count=middle[-1].count + 1)
+            else:
+                middle.append(Block(name, 1, kept))
     elif layer0 == layer1 or layers == 1:
         middle = [Block("layer", layers, layer0)]
     else:
@@ -682,13 +770,21 @@ def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "s
     if checkpointing != "full":
         return total(blocks)
     emb, layer, head, loss = blocks
-    *_, later, _, _ = _evaluate(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora, shape or _shape)
     boundary = layer.kept[0]
-    recomputed = nbytes(later)
-    if later and later[0].dtype == boundary.dtype and prod(later[0].shape) == prod(boundary.shape):
-        recomputed -= nbytes([boundary])
-    kept = nbytes(emb.kept) + layer.count * nbytes(layer.kept)
-    return kept + max(nbytes(head.kept) + nbytes(loss.kept), recomputed)
+    recomputed = {}
+    for kind in set(layer_kinds(cfg)):
+        *_, later, _, _ = _evaluate(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora,
+                                    shape or _shape, kind)
+        bytes_ = nbytes(later)
+        if later and later[0].dtype == boundary.dtype and prod(later[0].shape) == prod(boundary.shape):
+            bytes_ -= nbytes([boundary])
+        recomputed[kind] = bytes_
+    each = nbytes(layer.kept)
+    kept = nbytes(emb.kept) + layer.count * each
+    # the backward recomputes layer i once the boundaries of the layers above it are released: where layers differ
+    # (dense and sparse) the peak is the largest of (layers up to i kept + layer i's recomputation)
+    worst = max(nbytes(emb.kept) + (i + 1) * each + recomputed[kind] for i, kind in enumerate(layer_kinds(cfg)))
+    return max(kept + nbytes(head.kept) + nbytes(loss.kept), worst)
 
 
 def qlora_precision(compute_dtype: str = "bfloat16") -> str:
