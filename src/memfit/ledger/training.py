@@ -11,6 +11,8 @@ base (issue 19: before, the peak rebuilt a transformer in fp32 with fp32 AdamW s
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import re
 
 from memfit.ledger.step import Loss, Row, Step
@@ -224,7 +226,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     checkpointing = run["checkpointing"]
     blocks = acts.saved(cfg, checkpointing=checkpointing, **common)
     roles = acts._dtypes(precision, model.dtypes)
-    sizes = acts._sizes(cfg, run["micro_batch"], run["seq_len"])
+    sizes = acts._sizes(cfg, run["micro_batch"], run["seq_len"], moe=recipe_args.get("moe"))
     b, s, h, T = sizes["b"], sizes["s"], sizes["h"], sizes["T"]
     act_w, lin_w = dtype_bytes(1, roles["act"]), dtype_bytes(1, roles["lin"])
     n_layers = acts._layers(cfg)
@@ -308,6 +310,11 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     fam = acts.FAMILIES[cfg["model_type"]]
     split_cache: dict = {}
     flights = _layer_flights(cfg, sizes, act_w, lin_w)
+    # expert parallelism (parallel.expert): a MoE layer sends its routed rows (T·k) to the ranks holding their experts
+    # and receives its own experts' rows (S) by all-to-all, and back; the buffers live while the layer runs, in each
+    # direction (the gradients take the same way back)
+    moe = recipe_args.get("moe") or {}
+    a2a = (T * sizes["k"] + sizes["S"]) * h * act_w if (moe.get("expert") or 1) > 1 and sizes["k"] else 0
     for i in range(n_layers):
         key = id(every[i])
         if key not in split_cache:
@@ -324,8 +331,9 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
                 row.recompute = sum(part_bytes[: n + 1]) - hidden
             else:
                 row.kept = kept_ids(kept, x, hidden) if n == 0 else [fresh(kept_bytes(k)) for k in kept]
-            row.forward_flight = hidden  # its output while it is written; its inner tensors are kept
-            row.backward_flight = flights[part]
+            routed = a2a if part == "mlp" and any(k.label.startswith("router") for k in kept) else 0
+            row.forward_flight = hidden + routed  # its output while it is written; its inner tensors are kept
+            row.backward_flight = flights[part] + routed
             rows.append(row)
             x = y
     logits = fresh(T * sizes["V"] * lin_w)
@@ -394,12 +402,13 @@ def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int) -> dict:
     T, h, i, q, kv = sizes["T"], sizes["h"], sizes["i"], sizes["q"], sizes["kv"]
     fam = acts.FAMILIES[cfg["model_type"]]
     k = 2 if fam.mlp == "plain" else 3
-    routed = sizes["k"] or 1  # a mixture of experts runs its MLP once per (token, chosen expert)
+    # a mixture of experts runs its MLP once per routed row (S = T·k, or as training.moe sets it), at the experts' width
+    routed, i = (Fraction(sizes["S"], T), sizes["ie"]) if sizes["k"] else (1, i)
     res = T * h * act_w
     dropout = res if acts._drop(cfg, fam, "resid") else 0
     return {
-        "down_proj": res + dropout + routed * T * i * lin_w,
-        "mlp": res + dropout + routed * T * k * i * lin_w,
+        "down_proj": res + dropout + int(routed * T * i * lin_w),
+        "mlp": res + dropout + int(routed * T * k * i * lin_w),
         "o_proj": res + dropout + T * q * lin_w,
         "attention": res + T * (2 * q + 2 * kv) * lin_w,
     }

@@ -525,6 +525,11 @@ def _recipe_arguments(data: dict, base: str = "float32") -> dict:
             out["precision"] = precision
     if isinstance(data.get("lora"), dict):
         out["lora"] = data["lora"]
+    moe = (data.get("training") or {}).get("moe")
+    expert = (data.get("parallel") or {}).get("expert") if isinstance(data.get("parallel"), dict) else None
+    if isinstance(moe, dict) or isinstance(expert, int) and expert > 1:
+        # a mixture of experts' routed rows per rank: the routing assumption, a capacity factor, the expert group
+        out["moe"] = {**(moe if isinstance(moe, dict) else {}), **({"expert": expert} if isinstance(expert, int) else {})}
     quantization = data.get("quantization")
     if isinstance(quantization, dict) and quantization.get("method") in ("nf4", "fp4") and "precision" not in out:
         from memfit.models.hf_activations import qlora_precision
@@ -659,6 +664,26 @@ def _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpoi
     return []
 
 
+def routing_lines(model: Model) -> list[str]:
+    """A mixture of experts' routing assumption, as explain states it (training.moe changes it)."""
+    from memfit.models.hf_activations import routed_rows
+
+    fam = family(model.cfg)
+    if fam.model_type not in EXPERTS_KEY:
+        return []
+    moe = (model.recipe or {}).get("moe") or {}
+    experts, k = model.cfg[EXPERTS_KEY[fam.model_type]], model.cfg["num_experts_per_tok"]
+    tokens = model.training["micro_batch"] * model.training["seq_len"]
+    rows = routed_rows(tokens, k, experts, moe)
+    if moe.get("capacity_factor") is not None:
+        how = f"capacity factor {moe['capacity_factor']}: {rows // experts:,} rows per expert, padded or cut"
+    elif moe.get("routing") == "worst_case":
+        how = f"worst case: the expert group's tokens all send their {k} choices here"
+    else:
+        how = f"uniform routing assumed: {tokens * k / experts:,.1f} rows per expert, dropless"
+    return [f"       routed rows per MoE layer: {rows:,} (training.moe changes it)", f"         {how}"]
+
+
 def summary_lines(model: Model, width: int = 80, parameter_dtype: str | None = None) -> list[str]:
     """explain's transformer section: the class, then one row per block (embeddings, one layer x N,
     head, loss) with its parameters and the bytes it keeps for backward, then what each keeps."""
@@ -674,6 +699,7 @@ def summary_lines(model: Model, width: int = 80, parameter_dtype: str | None = N
     given = model.cfg.get("dtype")
     if parameter_dtype is not None and given and given != parameter_dtype:
         out.append(cut(f"       config.json says dtype {given}; training uses dtypes.parameters {parameter_dtype}", width))
+    out += [cut(line, width) for line in routing_lines(model)]
     out.append("")
     out.append(f"{'block':<18} {'count':>6} {'params (each)':>16} {'saved (each)':>14} {'saved (all)':>14}")
     out.append("=" * min(width, 72))

@@ -448,7 +448,33 @@ LOSS_ROWS = [
 # --------------------------------------------------------------------------------------------- evaluation
 
 
-def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int = 0, attention: str = "sdpa") -> dict:
+ROUTINGS = ("uniform", "worst_case")  # training.moe.routing
+
+
+def routed_rows(tokens: int, k: int, experts: int, moe: dict | None = None) -> int:
+    """Rows the routed experts of one MoE layer process on a rank (S), under training.moe: `routing` uniform (the
+    default: T·k / E rows per expert, T·k in all: transformers' dropless grouped experts keep exactly T·k whatever
+    the routing) or worst_case (every token of the expert-parallel group sends all its k choices to this rank's
+    experts: expert · T · min(k, E / expert) rows); `capacity_factor` cf pads or cuts each expert's rows to its
+    capacity ⌈cf·T·k/E⌉ (GShard, Switch, Megatron's --moe-expert-capacity-factor with padding): E·⌈cf·T·k/E⌉ rows
+    on a rank, whatever the routing. `expert` is parallel.expert (the expert-parallel group's size)."""
+    moe = moe or {}
+    if not experts or not k:
+        return tokens * k
+    factor = moe.get("capacity_factor")
+    if factor is not None:
+        from fractions import Fraction
+
+        capacity = -(-Fraction(str(factor)) * tokens * k // experts)   # ceil, exact for a decimal factor
+        return experts * int(capacity)
+    if moe.get("routing", "uniform") == "worst_case":
+        group = max(1, int(moe.get("expert") or 1))
+        return group * tokens * min(k, experts // group)
+    return tokens * k
+
+
+def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int = 0, attention: str = "sdpa",
+           moe: dict | None = None) -> dict:
     mt = cfg["model_type"]
     h = cfg["n_embd"] if mt == "gpt2" else cfg["hidden_size"]
     heads = cfg["n_head"] if mt == "gpt2" else cfg["num_attention_heads"]
@@ -467,7 +493,7 @@ def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int = 0, attention: 
             "dk": -(-d // 8) * 8 if attention == "flash" else d, "r": rotary,
             "q": heads * d, "kv": kv_heads * d, "qkv": heads * d + 2 * kv_heads * d, "rot": rotary,
             "V": cfg["vocab_size"], "T": tokens, "Tl": tokens if micro_batch > 1 else seq_len + 1,
-            "E": experts, "k": k, "S": tokens * k, "R": rank, "R2": 2 * rank,
+            "E": experts, "k": k, "S": routed_rows(tokens, k, experts, moe), "R": rank, "R2": 2 * rank,
             "ie": expert_inter, "ie2": 2 * expert_inter, "is": cfg.get("shared_expert_intermediate_size") or 0}
 
 
@@ -685,14 +711,15 @@ def _boundary(fam: Family, roles: dict, sizes: dict, shape=_shape) -> Kept:
                 roles["act"])
 
 
-def _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape=_shape, kind=None):
+def _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape=_shape, kind=None,
+              moe=None):
     """(family, sizes, roles, embeddings, the first layer, a later layer, head, loss): the layers of `kind`
     (default: the first layer's)."""
     check(cfg, attention, checkpointing, precision)
     mt = cfg["model_type"]
     kind = layer_kinds(cfg)[0] if kind is None else kind
     fam = _kind_family(FAMILIES[mt], kind)
-    sizes = _sizes(cfg, micro_batch, seq_len, int((lora or {}).get("r") or 0), attention)
+    sizes = _sizes(cfg, micro_batch, seq_len, int((lora or {}).get("r") or 0), attention, moe)
     cond = _conditions(cfg, fam, attention, checkpointing, micro_batch, precision, lora)
     roles = _dtypes(precision, dtypes)
     w = _trainable(fam, lora)
@@ -714,7 +741,8 @@ def _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dt
 
 
 def saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
-          precision: str = "32-true", dtypes: dict | None = None, lora: dict | None = None, shape=None) -> list:
+          precision: str = "32-true", dtypes: dict | None = None, lora: dict | None = None, shape=None,
+          moe: dict | None = None) -> list:
     """Blocks in forward order: embeddings, layer (x num_hidden_layers; the first layer apart when it differs, as
     under LoRA), head, loss; each lists its kept storages. With checkpointing "full" the layer block holds what
     stays saved through the forward (each layer's input); `peak_saved` adds one layer's recomputation.
@@ -723,7 +751,7 @@ def saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa",
     the symbols), e.g. with one tensor-parallel rank's share of the heads and widths."""
     shape = shape or _shape
     fam, sizes, roles, embeddings, layer0, layer1, head, loss = _evaluate(
-        cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape)
+        cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape, moe=moe)
     layers = _layers(cfg)
     kinds = layer_kinds(cfg)
     if checkpointing == "full":
@@ -733,7 +761,7 @@ def saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa",
         by_kind = {kinds[0]: (layer0, layer1)}
         for kind in set(kinds) - {kinds[0]}:
             by_kind[kind] = _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora,
-                                      shape, kind)[4:6]
+                                      shape, kind, moe)[4:6]
         middle = []
         for i, kind in enumerate(kinds):
             kept = by_kind[kind][0 if i == 0 else 1]
@@ -760,13 +788,14 @@ def total(blocks: list) -> int:
 
 
 def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
-               precision: str = "32-true", dtypes: dict | None = None, lora: dict | None = None, shape=None) -> int:
+               precision: str = "32-true", dtypes: dict | None = None, lora: dict | None = None, shape=None,
+               moe: dict | None = None) -> int:
     """The peak of live saved bytes during the step. Without full checkpointing everything saved is live at the end
     of the forward. With it, the embeddings' tensors and every layer's input stay saved; on top of them either the
     head and the loss (at the end of the forward) or one layer's recomputation (in the backward, once the head and
     loss are released; it runs without the cache, and its input is the boundary already counted)."""
     blocks = saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing,
-                   precision=precision, dtypes=dtypes, lora=lora, shape=shape)
+                   precision=precision, dtypes=dtypes, lora=lora, shape=shape, moe=moe)
     if checkpointing != "full":
         return total(blocks)
     emb, layer, head, loss = blocks
@@ -774,7 +803,7 @@ def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "s
     recomputed = {}
     for kind in set(layer_kinds(cfg)):
         *_, later, _, _ = _evaluate(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora,
-                                    shape or _shape, kind)
+                                    shape or _shape, kind, moe)
         bytes_ = nbytes(later)
         if later and later[0].dtype == boundary.dtype and prod(later[0].shape) == prod(boundary.shape):
             bytes_ -= nbytes([boundary])
