@@ -42,6 +42,7 @@ TINY = {
     "qwen2_moe": {**_GQA, "moe_intermediate_size": 24, "shared_expert_intermediate_size": 40, "num_experts": 4,
                   "num_experts_per_tok": 2},
     "qwen3_moe": {**_GQA, "head_dim": 16, "moe_intermediate_size": 24, "num_experts": 4, "num_experts_per_tok": 2},
+    "phimoe": {**_GQA, "intermediate_size": 48, "num_local_experts": 4, "num_experts_per_tok": 2},
 }
 FAMILIES = tuple(TINY)
 VOCAB = 128

@@ -56,6 +56,67 @@ def test_dense_and_sparse_layers_match_a_real_step(family, attention):
         band(peak, ours, f"{family} {attention} checkpointed b={micro_batch} s={seq_len}")
 
 
+MIXED_PARAMS = [  # models whose layers differ, against named_parameters() and the nn.Linear modules on the meta device
+    {"model_type": "qwen2_moe", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 80, "num_hidden_layers": 4,
+     "num_attention_heads": 4, "num_key_value_heads": 4, "moe_intermediate_size": 24, "shared_expert_intermediate_size": 40,
+     "num_experts": 3, "num_experts_per_tok": 1, "decoder_sparse_step": 2, "mlp_only_layers": [3], "qkv_bias": False,
+     "tie_word_embeddings": True},
+    {"model_type": "qwen3_moe", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 80, "num_hidden_layers": 3,
+     "num_attention_heads": 4, "num_key_value_heads": 4, "num_local_experts": 5, "num_experts_per_tok": 3,
+     "mlp_only_layers": [0], "attention_bias": True, "norm_topk_prob": True},
+    {"model_type": "qwen2_moe", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 80, "num_hidden_layers": 2,
+     "num_attention_heads": 4, "num_key_value_heads": 2, "num_experts": 0},   # no experts: every layer dense
+]
+
+
+@pytest.mark.parametrize("raw", MIXED_PARAMS, ids=lambda r: r["model_type"])
+def test_layers_that_differ_match_named_parameters(raw):
+    import torch
+    import torch.nn as nn
+    import transformers
+
+    assert hf_config.validate(raw) == []
+    cfg = hf_config.normalize(raw)
+    config = transformers.AutoConfig.for_model(raw["model_type"], **{k: v for k, v in raw.items() if k != "model_type"})
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    assert [(p.name, p.shape) for p in hf.parameters(cfg)] == [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+    assert hf.parameter_count(cfg) == sum(p.numel() for p in model.parameters())
+    linears = [(n, m.in_features, m.out_features, m.bias is not None) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    assert hf.linear_modules(cfg) == linears
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_phimoe_input_jitter_keeps_its_noise(attention):
+    """Phi-3.5-MoE's config sets input_jitter_noise 0.01: the block and the router each multiply their input in
+    place by a noise tensor and keep it."""
+    cfg = hm.tiny("phimoe", input_jitter_noise=0.01)
+    if attention == "sdpa":
+        cfg = hm.without_attention_dropout(cfg)
+    for micro_batch, seq_len in ((2, 16), (1, 40)):
+        measured = hm.measure(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention)["total"]
+        band(measured, ha.total(ha.saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention)),
+             f"phimoe jitter {attention} b={micro_batch} s={seq_len}")
+    plain = ha.total(ha.saved(hm.tiny("phimoe"), micro_batch=2, seq_len=16, attention=attention))
+    assert ha.total(ha.saved(cfg, micro_batch=2, seq_len=16, attention=attention)) == plain + 2 * 2 * 2 * 16 * 64 * 4
+
+
+def test_peft_cannot_wrap_the_phimoe_router_and_memfit_says_so(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "phimoe", **hm.TINY["phimoe"], "vocab_size": 128}))
+    (tmp_path / "run.yaml").write_text("memfit: 1\ndevice: {memory: 1 TiB}\noptimizer: adamw\nmodel: {hf_config: config.json}\n"
+                                       "training: {micro_batch: 2, seq_len: 16}\nlora: {r: 4, target_modules: all-linear}\n")
+    out = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(tmp_path / "run.yaml")],
+                         capture_output=True, text=True, timeout=120, check=False)
+    [problem] = json.loads(out.stdout)["files"][0]["diagnostics"]
+    assert problem["code"] == "bad-lora" and "router" in problem["message"]
+    peft = needs.module("peft")
+    cfg = hm.tiny("phimoe")
+    model = hm.build(cfg, lora={"r": 4, "target_modules": "all-linear"})   # what memfit refuses: the real failure
+    with pytest.raises(AttributeError):
+        model(**hm.inputs(cfg, 2, 16))
+    assert peft
+
+
 def test_the_blocks_follow_the_layer_kinds():
     cfg = hm.tiny("qwen2_moe", **MIXED["qwen2_moe"])   # dense, moe, dense, dense (layer 3 is in mlp_only_layers)
     assert ha.layer_kinds(cfg) == ["dense", "moe", "dense", "dense"]
@@ -78,6 +139,7 @@ def test_without_norm_topk_prob_qwen_keeps_no_renormalization():
 PUBLISHED = {  # examples/models: the config.json Qwen publishes for each
     "qwen1.5-moe-a2.7b.json": ("examples/moe/qwen1.5-moe-a2.7b-lora.yaml", 14_315_784_192),
     "qwen3-30b-a3b.json": ("examples/over-budget/qwen3-30b-a3b-on-h200.yaml", 30_532_122_624),
+    "phi-3.5-moe.json": ("examples/moe/phi-3.5-moe-lora.yaml", 41_873_153_344),
 }
 
 

@@ -52,13 +52,18 @@ CONFIGS = {
     # mixtures of experts (issue 21)
     "qwen2_moe": [
         {**TINY, "num_key_value_heads": 2, "moe_intermediate_size": 24, "shared_expert_intermediate_size": 40, "num_experts": 4, "num_experts_per_tok": 2},
-        {**TINY, "num_hidden_layers": 4, "num_key_value_heads": 4, "moe_intermediate_size": 24, "shared_expert_intermediate_size": 40, "num_experts": 3, "num_experts_per_tok": 1,
-         "decoder_sparse_step": 2, "mlp_only_layers": [3], "qkv_bias": False, "tie_word_embeddings": True},
+        {**TINY, "num_hidden_layers": 3, "num_key_value_heads": 4, "moe_intermediate_size": 24, "shared_expert_intermediate_size": 40, "num_experts": 3, "num_experts_per_tok": 1,
+         "qkv_bias": False, "tie_word_embeddings": True},
     ],
     "qwen3_moe": [
         {**TINY, "num_key_value_heads": 2, "head_dim": 16, "moe_intermediate_size": 24, "num_experts": 4, "num_experts_per_tok": 2},
-        {**TINY, "num_hidden_layers": 3, "num_key_value_heads": 4, "num_local_experts": 5, "num_experts_per_tok": 3, "mlp_only_layers": [0],
+        {**TINY, "num_hidden_layers": 3, "num_key_value_heads": 4, "num_local_experts": 5, "num_experts_per_tok": 3,
          "attention_bias": True, "norm_topk_prob": True},
+    ],
+    "phimoe": [
+        {**TINY, "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2},
+        {**TINY, "num_key_value_heads": 4, "num_local_experts": 3, "num_experts_per_tok": 2, "attention_bias": True, "lm_head_bias": True,
+         "tie_word_embeddings": True},
     ],
 }
 OTHER_ARCHITECTURES = {  # one more head per family where it is cheap
@@ -69,6 +74,7 @@ OTHER_ARCHITECTURES = {  # one more head per family where it is cheap
     "mixtral": "MixtralForSequenceClassification",
     "qwen3": "Qwen3ForSequenceClassification",
     "qwen2_moe": "Qwen2MoeForSequenceClassification",
+    "phimoe": "PhimoeForSequenceClassification",
 }
 
 

@@ -117,6 +117,8 @@ def _layer(cfg: dict, fam: Family) -> list[Module]:
     # the Llama layout and its relatives: attention, MLP (or mixture of experts), two RMSNorms
     if block in MOE_LAYERS:
         return _moe_layer(cfg, fam, "moe")
+    if block == "phimoe":
+        return _phimoe_layer(cfg, fam)
     heads, kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
     inner = cfg["intermediate_size"]
     qkv_bias, o_bias = _flag(cfg, fam.qkv_bias), _flag(cfg, fam.o_bias)
@@ -214,6 +216,26 @@ def _moe_layer(cfg: dict, fam: Family, kind: str) -> list[Module]:
     return attention + mlp + norms
 
 
+def _phimoe_layer(cfg: dict, fam: Family) -> list[Module]:
+    """PhiMoE's decoder layer: biased attention (attention_bias), the router as an nn.Linear (`mlp.router`, no
+    bias), the experts as two stacked tensors, two LayerNorms (weight and bias)."""
+    h = _hidden(cfg, fam)
+    heads, kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
+    bias = _flag(cfg, fam.qkv_bias)
+    experts, inner = cfg["num_local_experts"], cfg["intermediate_size"]
+    return [
+        Module("self_attn.q_proj", "linear", (h, heads * d, bias)),
+        Module("self_attn.k_proj", "linear", (h, kv * d, bias)),
+        Module("self_attn.v_proj", "linear", (h, kv * d, bias)),
+        Module("self_attn.o_proj", "linear", (heads * d, h, _flag(cfg, fam.o_bias))),
+        Module("mlp.router", "linear", (h, experts, False)),
+        Module("mlp.experts.gate_up_proj", "param", (experts, 2 * inner, h)),
+        Module("mlp.experts.down_proj", "param", (experts, h, inner)),
+        Module("input_layernorm", "layernorm", (h,)),
+        Module("post_attention_layernorm", "layernorm", (h,)),
+    ]
+
+
 def _templates(cfg: dict) -> dict:
     """Layer kind -> that kind's modules (one entry, "", where every layer is alike)."""
     fam = family(cfg)
@@ -241,7 +263,8 @@ def _base(cfg: dict, fam: Family, with_pooler: bool) -> tuple[list[Module], str,
         return before, "encoder.layer", after
     if fam.block == "gpt_neox":
         return [Module("embed_in", "embedding", (vocab, h))], "layers", [Module("final_layer_norm", "layernorm", (h,))]
-    return [Module("embed_tokens", "embedding", (vocab, h))], "layers", [Module("norm", "rmsnorm", (h,))]
+    norm = "layernorm" if fam.block == "phimoe" else "rmsnorm"
+    return [Module("embed_tokens", "embedding", (vocab, h))], "layers", [Module("norm", norm, (h,))]
 
 
 def _tree(cfg: dict) -> tuple[list[Module], str, list[Module], list[Module], set]:
@@ -273,7 +296,7 @@ def _tree(cfg: dict) -> tuple[list[Module], str, list[Module], list[Module], set
         if tie:
             tied = {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
     else:
-        after.append(Module("lm_head", "linear", (h, vocab, False)))
+        after.append(Module("lm_head", "linear", (h, vocab, bool(cfg.get("lm_head_bias")))))
         if tie:
             tied = {"lm_head.weight"}
     kinds = layer_kinds(cfg)

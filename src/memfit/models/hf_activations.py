@@ -126,7 +126,7 @@ ROLE = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "qkv": "qkv_proj", "o": "o_
         "up": "up_proj", "gate_up": "gate_up_proj", "down": "down_proj", "fc_in": "fc_in", "fc_out": "fc_out",
         "lm_head": "lm_head", "transform": "transform", "norm1": "input_layernorm", "norm2": "post_attention_layernorm",
         "final": "final norm", "sgate": "shared_expert.gate_proj", "sup": "shared_expert.up_proj",
-        "sdown": "shared_expert.down_proj", "sg": "shared_expert_gate"}
+        "sdown": "shared_expert.down_proj", "sg": "shared_expert_gate", "router": "router"}
 
 
 def _op(role: str, module: str) -> str:
@@ -237,7 +237,11 @@ FAMILIES.update({
                                 lora_experts=False),
     "qwen3_moe": LLAMA._replace(mlp="moe", qk_norm=True, lora_default=(), routing_dtype="lin"),
 })
-MOE = ("moe", "moe_shared")
+# PhiMoE (modeling_phimoe.py): LayerNorms, the router an nn.Linear, sparsemixer's top-2 routing (two masked softmaxes,
+# Gumbel sampling, PhimoeMultiplier), then the grouped experts; peft 0.21 maps no fused experts for phimoe
+FAMILIES["phimoe"] = LLAMA._replace(norm="layer", mlp="moe_phi", names={**LLAMA_NAMES, "router": "mlp.router"},
+                                    lora_default=(), routing_dtype="lin", lora_experts=False)
+MOE = ("moe", "moe_shared", "moe_phi")
 SUPPORTED = tuple(FAMILIES)
 DEFAULT_ACT = {"gpt2": "gelu_new", "bert": "gelu", "gpt_neox": "gelu", "gemma": "gelu_pytorch_tanh"}
 
@@ -322,7 +326,30 @@ def _mlp(fam: Family, n: dict, act: str) -> list:
             ]
         # the router reads the same normalized input as the shared expert: one storage when no cast copies it
         return rows + [r._replace(source=rows[0].label) if r.label == "router: input" else r for r in _experts(fam)]
+    if fam.mlp == "moe_phi":
+        return _sparsemixer(n) + [r for r in _experts(fam) if not r.op.startswith(("router", "routing weights"))]
     return _experts(fam)
+
+
+def _sparsemixer(n: dict) -> list:
+    """PhiMoE's router (an nn.Linear) and sparsemixer (top-2, training): per choice a masked_fill (its bool mask),
+    a Gumbel-sampled expert (max's indices), a softmax (its output, kept again by PhimoeMultiplier), the gather of
+    the chosen probability (PhimoeMultiplier keeps it), the softmax's max (its indices); the second choice scatters
+    -inf over the first (the index, already kept)."""
+    # input_jitter_noise > 0: the block, then the router, multiply their input in place by a uniform noise tensor,
+    # which each multiply keeps for backward
+    rows = [K("input jitter (block)", "noise (an in-place multiply keeps it)", ("b", "s", "h"), "act", "input_jitter", ("n2",)),
+            K("input jitter (router)", "noise (an in-place multiply keeps it)", ("b", "s", "h"), "act", "input_jitter", ("n2",))]
+    rows += _linear([("router", n["router"], "E")], ("T", "h"), "n2")
+    for which in ("first", "second"):
+        rows += [
+            K(f"sparsemixer ({which})", "masked_fill mask", ("T", "E"), "bool", None, ("r",)),
+            K(f"sparsemixer ({which})", "chosen expert (Gumbel max's indices)", ("T", 1), "i64", None, ("r",)),
+            K(f"sparsemixer ({which})", "softmax of the masked gates", ("T", "E"), "lin", None, ("r",)),
+            K(f"sparsemixer ({which})", "softmax max's indices", ("T", 1), "i64", None, ("r",)),
+            K(f"sparsemixer ({which})", "chosen probability (PhimoeMultiplier)", ("T", 1), "lin", None, ("r",)),
+        ]
+    return rows
 
 
 def _experts(fam: Family) -> list:
@@ -553,7 +580,8 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
         "lora_dropout": lora_dropout,
         "lora_plain": bool(lora) and not lora_dropout and not mixed,
         "lora_plain_mixed": bool(lora) and not lora_dropout and mixed,
-        "topk_norm": bool(cfg.get("norm_topk_prob", True)),   # Mixtral always renormalizes; Qwen-MoE when asked
+        "topk_norm": bool(cfg.get("norm_topk_prob", True)),
+        "input_jitter": (cfg.get("input_jitter_noise") or 0) > 0,   # PhiMoE   # Mixtral always renormalizes; Qwen-MoE when asked
     })
 
 
@@ -670,7 +698,7 @@ def _grads(fam: Family, w: dict, x: bool, parallel: bool) -> dict:
     elif fam.mlp == "plain":
         g["g"] = g["u"] = (g["h1n"] if fam.post_norm else g["n2"]) or t("fc_in")
     else:
-        g["r"] = g["n2"] or w["W:router"]
+        g["r"] = g["n2"] or w["W:router"] or t("router")
         g["g"] = g["u"] = g["e"] = g["n2"] or w["W:experts"]
         if fam.mlp == "moe_shared":  # the shared expert's hidden product, its output and its gate's logits
             g["sh"] = g["n2"] or t("sgate") or t("sup")

@@ -355,6 +355,8 @@ def validate(raw) -> list[HFProblem]:
             problems.append(HFProblem((given,), BAD_MODEL_CONFIG, f"{given} must be {_expected(kind)}, not {_shown(value)}"))
             continue
         wrong = _range_problem(given if given == key else key, value)
+        if wrong is not None and key == "sliding_window" and value == 0 and family.post_init == "qwen2_moe":
+            wrong = None  # Qwen2MoeConfig writes 0 for "no window" (its to_dict without use_sliding_window)
         if wrong is not None:
             too_large = key in ("num_labels", "num_hidden_layers", "n_layer") and value > 0
             problems.append(HFProblem((given,), TOO_LARGE if too_large else BAD_MODEL_CONFIG, wrong))
