@@ -18,7 +18,6 @@ import math
 from typing import NamedTuple
 
 from memfit.models.families import EXPERTS_KEY, FAMILIES, SEQUENCE_CLASSIFICATION, Family
-from memfit.models.hf_activations import BLOCK_NAMES, layer_kinds
 
 LINEAR, LINEAR_BIAS, CONV1D, EMBEDDING, NORM, OTHER = "linear", "linear_bias", "conv1d", "embedding", "norm", "other"
 ATTENTIONS = ("eager", "sdpa", "flash")  # training.attention; sdpa is transformers' default
@@ -166,11 +165,24 @@ MOE_LAYERS = ("qwen2_moe", "qwen3_moe")  # blocks whose layers are "moe" or "den
 
 
 
+def layer_kinds(cfg: dict) -> list[str]:
+    """Each layer's kind (hf_activations.layer_kinds: "moe" / "dense" where layers differ, else "")."""
+    from memfit.models.hf_activations import layer_kinds as kinds  # on demand: only a transformer config needs it
+
+    return kinds(cfg)
+
+
+def _block_name(kind: str) -> str:
+    from memfit.models.hf_activations import BLOCK_NAMES
+
+    return BLOCK_NAMES[kind]
+
+
 def block_layers(cfg: dict) -> dict:
     """Block name -> the layer indices it covers ("layer", and "dense layer" where layers differ)."""
     out: dict = {}
     for i, kind in enumerate(layer_kinds(cfg)):
-        out.setdefault(BLOCK_NAMES[kind], []).append(i)
+        out.setdefault(_block_name(kind), []).append(i)
     return out
 
 
@@ -379,7 +391,7 @@ def blocks(cfg: dict) -> list[tuple[str, int, list[Param]]]:
     layer"), in the order a kind first appears; block_layers(cfg) says which layers each covers."""
     before, layers, layer, after, tied = _tree(cfg)
     kinds = layer_kinds(cfg)
-    middle = [(BLOCK_NAMES[kind], kinds.count(kind), [p for m in modules for p in _params(m, m.path)])
+    middle = [(_block_name(kind), kinds.count(kind), [p for m in modules for p in _params(m, m.path)])
               for kind, modules in _templates(cfg).items()]
     return [
         ("embeddings", 1, [p for m in before for p in _params(m, m.path)]),
