@@ -456,6 +456,12 @@ def _layout_problems(config, model: dict) -> list[Problem]:
     if config.parallel.pipeline > 1 and "layers" not in model:
         # the layers a pipeline can split: indices in the parameters' names (layers.3.…, h.3.…)
         model["layers"] = layer_count((t.name, t.count) for t in config.tensors if t.category == "parameters")
+    if config.parallel.expert > 1 and "experts" not in model:
+        from memfit.placement.sharding import EXPERT_TENSOR
+
+        # a model without routed experts (a dense transformer, declared tensors none of which is an expert's)
+        if not any(EXPERT_TENSOR.search(t.name) for t in config.tensors if t.category == "parameters"):
+            model["experts"] = 0
     return [Problem(path, codes.BAD_PARALLEL, message, on_key=True) for path, message, _ in problems_for(config.parallel, model)]
 
 

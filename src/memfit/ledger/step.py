@@ -88,6 +88,8 @@ class Row:
     recompute: int = 0  # bytes a checkpointed row recomputes at the start of its backward (alive until it is done)
     forward_flight: int | None = None  # the row's own worst transient in forward, when known better than input/output/inner
     backward_flight: int | None = None  # the gradients in flight at its worst backward moment, when known better
+    flight_first: bool = False  # that worst moment comes before its parameters' gradients are made (a MoE layer's
+    # unsort backward, ahead of the experts' weight gradients)
 
 
 @dataclass(slots=True)
@@ -213,7 +215,8 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
         g_out = size.get(row.output, 0) if row.output is not None else 0
         g_in = size.get(row.input, 0) if row.grad_input and not row.view and row.input is not None else 0
         if row.backward_flight is not None:
-            consider("backward", row.name, _live(params, max(held, done + sum(row.grads)), alive, state, row.backward_flight, step.overhead))
+            made = done if row.flight_first else done + sum(row.grads)
+            consider("backward", row.name, _live(params, max(held, made), alive, state, row.backward_flight, step.overhead))
         elif row.inner:  # the activation's backward, then the row's own
             consider("backward", row.name, _live(params, max(held, done), alive, state, g_out + row.inner, step.overhead))
             flowing = row.inner + g_in
