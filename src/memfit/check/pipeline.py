@@ -327,8 +327,9 @@ def _with_full_figure(problems: list[Problem], data: dict, options: Options, res
 
 def _memo_key(data: dict, memo: dict) -> str:
     """What the model's tensors and the training step are a function of: the document without its
-    `parallel` section, and whether `parallel.zero` is 1 or more (what the recipe reads of that
-    section: a `*-mixed` precision is DeepSpeed's 16-bit mode under ZeRO, recipe/precision.engine_precision)."""
+    `parallel` section, whether `parallel.zero` is 1 or more (what the recipe reads of that section: a
+    `*-mixed` precision is DeepSpeed's 16-bit mode under ZeRO, recipe/precision.engine_precision) and
+    `parallel.expert` (a mixture of experts' routed rows under worst-case routing, its all-to-all buffers)."""
     import json
 
     parallel = data.get("parallel")
@@ -338,7 +339,8 @@ def _memo_key(data: dict, memo: dict) -> str:
     if last is not None and last[0] is data:
         return last[1]
     rest = {k: v for k, v in data.items() if k != "parallel"}
-    key = json.dumps([rest, zero_on], sort_keys=True, default=repr)
+    expert = parallel.get("expert") if isinstance(parallel, dict) else None
+    key = json.dumps([rest, zero_on, expert], sort_keys=True, default=repr)
     memo["last key"] = (data, key)
     return key
 
