@@ -60,7 +60,7 @@ def transformer(draw) -> dict:
                 "attention": draw(st.sampled_from(["sdpa", "eager"])), "checkpointing": draw(st.sampled_from(["none", "full"]))}
     adapter = draw(st.sampled_from(["none", "lora", "qlora"]))
     if adapter != "none" and family != "gpt2":
-        targets = ["q_proj", "k_proj", "v_proj", "o_proj"] if family == "mixtral" else "all-linear"  # fused experts: bad-lora by design
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj"] if family in ("mixtral", "qwen3_moe", "phimoe") else "all-linear"  # fused experts: bad-lora by design
         doc["lora"] = {"r": draw(st.sampled_from([4, 8])), "alpha": 16, "target_modules": targets}
         if adapter == "qlora":
             doc["quantization"] = {"method": "nf4", "double_quant": draw(st.booleans()), "compute_dtype": "bfloat16"}

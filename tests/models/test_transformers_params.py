@@ -77,6 +77,22 @@ CONFIGS = {
         {**TINY, "num_key_value_heads": 2, "residual_multiplier": 0.22},
         {**TINY, "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True},
     ],
+    # mixtures of experts (issue 21)
+    "qwen2_moe": [
+        {**TINY, "num_key_value_heads": 2, "moe_intermediate_size": 24, "shared_expert_intermediate_size": 40, "num_experts": 4, "num_experts_per_tok": 2},
+        {**TINY, "num_hidden_layers": 3, "num_key_value_heads": 4, "moe_intermediate_size": 24, "shared_expert_intermediate_size": 40, "num_experts": 3, "num_experts_per_tok": 1,
+         "qkv_bias": False, "tie_word_embeddings": True},
+    ],
+    "qwen3_moe": [
+        {**TINY, "num_key_value_heads": 2, "head_dim": 16, "moe_intermediate_size": 24, "num_experts": 4, "num_experts_per_tok": 2},
+        {**TINY, "num_hidden_layers": 3, "num_key_value_heads": 4, "num_local_experts": 5, "num_experts_per_tok": 3,
+         "attention_bias": True, "norm_topk_prob": True},
+    ],
+    "phimoe": [
+        {**TINY, "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2},
+        {**TINY, "num_key_value_heads": 4, "num_local_experts": 3, "num_experts_per_tok": 2, "attention_bias": True, "lm_head_bias": True,
+         "tie_word_embeddings": True},
+    ],
 }
 OTHER_ARCHITECTURES = {  # one more head per family where it is cheap
     "llama": "LlamaForSequenceClassification",
@@ -90,6 +106,8 @@ OTHER_ARCHITECTURES = {  # one more head per family where it is cheap
     "smollm3": "SmolLM3ForSequenceClassification",
     "starcoder2": "Starcoder2ForSequenceClassification",
     "gemma3_text": "Gemma3TextForSequenceClassification",
+    "qwen2_moe": "Qwen2MoeForSequenceClassification",
+    "phimoe": "PhimoeForSequenceClassification",
 }
 
 
@@ -355,9 +373,12 @@ def test_blocks_concatenate_to_parameters():
     for model_type, configs in CONFIGS.items():
         for given in configs:
             cfg = hf_config.normalize({"model_type": model_type, **given})
-            (_, _, embeddings), (_, layers, layer), (_, _, head) = hf.blocks(cfg)
+            (_, _, embeddings), *middle, (_, _, head) = hf.blocks(cfg)
             prefix = hf.layer_prefix(cfg)
-            flat = embeddings + [hf.Param(f"{prefix}{i}.{p.name}", p.shape, p.kind) for i in range(layers) for p in layer] + head
+            covers = hf.block_layers(cfg)  # where layers differ (MoE and dense), each kind is a block
+            of = {i: layer for name, count, layer in middle for i in covers[name] if len(covers[name]) == count}
+            assert sorted(of) == list(range(hf.num_layers(cfg)))
+            flat = embeddings + [hf.Param(f"{prefix}{i}.{p.name}", p.shape, p.kind) for i in sorted(of) for p in of[i]] + head
             assert flat == hf.parameters(cfg)
 
 

@@ -49,6 +49,11 @@ TINY = {
                    "embedding_dropout": 0.1},
     "granite": {**_GQA, "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0078125,
                 "logits_scaling": 8.0},
+    # mixtures of experts (issue 21)
+    "qwen2_moe": {**_GQA, "moe_intermediate_size": 24, "shared_expert_intermediate_size": 40, "num_experts": 4,
+                  "num_experts_per_tok": 2},
+    "qwen3_moe": {**_GQA, "head_dim": 16, "moe_intermediate_size": 24, "num_experts": 4, "num_experts_per_tok": 2},
+    "phimoe": {**_GQA, "intermediate_size": 48, "num_local_experts": 4, "num_experts_per_tok": 2},
 }
 FAMILIES = tuple(TINY)
 VOCAB = 128

@@ -334,8 +334,9 @@ def _with_full_figure(problems: list[Problem], data: dict, options: Options, res
 
 def _memo_key(data: dict, memo: dict) -> str:
     """What the model's tensors and the training step are a function of: the document without its
-    `parallel` section, and whether `parallel.zero` is 1 or more (what the recipe reads of that
-    section: a `*-mixed` precision is DeepSpeed's 16-bit mode under ZeRO, recipe/precision.engine_precision)."""
+    `parallel` section, whether `parallel.zero` is 1 or more (what the recipe reads of that section: a
+    `*-mixed` precision is DeepSpeed's 16-bit mode under ZeRO, recipe/precision.engine_precision) and
+    `parallel.expert` (a mixture of experts' routed rows under worst-case routing, its all-to-all buffers)."""
     import json
 
     parallel = data.get("parallel")
@@ -345,7 +346,8 @@ def _memo_key(data: dict, memo: dict) -> str:
     if last is not None and last[0] is data:
         return last[1]
     rest = {k: v for k, v in data.items() if k != "parallel"}
-    key = json.dumps([rest, zero_on], sort_keys=True, default=repr)
+    expert = parallel.get("expert") if isinstance(parallel, dict) else None
+    key = json.dumps([rest, zero_on, expert], sort_keys=True, default=repr)
     memo["last key"] = (data, key)
     return key
 
@@ -460,6 +462,12 @@ def _layout_problems(config, model: dict) -> list[Problem]:
     if config.parallel.pipeline > 1 and "layers" not in model:
         # the layers a pipeline can split: indices in the parameters' names (layers.3.…, h.3.…)
         model["layers"] = layer_count((t.name, t.count) for t in config.tensors if t.category == "parameters")
+    if config.parallel.expert > 1 and "experts" not in model:
+        from memfit.placement.sharding import EXPERT_TENSOR
+
+        # a model without routed experts (a dense transformer, declared tensors none of which is an expert's)
+        if not any(EXPERT_TENSOR.search(t.name) for t in config.tensors if t.category == "parameters"):
+            model["experts"] = 0
     return [Problem(path, codes.BAD_PARALLEL, message, on_key=True) for path, message, _ in problems_for(config.parallel, model)]
 
 

@@ -170,6 +170,7 @@ def _parallel_sections() -> dict:
                 "data": _count("Data parallel", "Data-parallel ranks (default 1)."),
                 "tensor": _count("Tensor parallel", "Megatron-style tensor-parallel ranks: column/row-parallel linears, vocabulary-parallel embedding (default 1)."),
                 "pipeline": _count("Pipeline stages", "Pipeline stages under the 1F1B schedule (default 1)."),
+                "expert": _count("Expert parallel", "Expert-parallel ranks, carved out of the data-parallel ones (Megatron's expert_model_parallel_size): each holds num_experts / expert of a mixture of experts' routed experts (parameters, gradients, optimizer state, the latter sharded over data / expert ranks under ZeRO) and exchanges routed tokens by all-to-all (default 1)."),
                 "sequence_parallel": {"title": "Sequence parallel", "description": "Megatron sequence parallelism (needs tensor > 1).", "type": "boolean"},
                 "zero": {"title": "ZeRO stage", "description": "DeepSpeed ZeRO stage: 1 shards the optimizer state, 2 also gradients, 3 also parameters. Not with fsdp.", "enum": list(ZERO_STAGES)},
                 "fsdp": {"title": "FSDP strategy", "description": "PyTorch FSDP sharding strategy. Not with zero.", "enum": list(FSDP_STRATEGIES)},
@@ -234,6 +235,7 @@ _JSON_TYPES = {
     "bool": ["boolean"],
     "str": ["string"],
     "ids": ["integer", "array"],
+    "ints": ["array"],
     "strs": ["array"],
     "dict": ["object"],
 }
@@ -338,8 +340,36 @@ def _training() -> dict:
                 "default": "foreach",
             },
             **schema_training_properties(),
+            "moe": _moe(),
         },
         "examples": [{"micro_batch": 4, "seq_len": 4096, "attention": "sdpa", "checkpointing": "none", "optimizer_impl": "foreach"}],
+    }
+
+
+def _moe() -> dict:
+    from memfit.models.hf_activations import ROUTINGS
+
+    return {
+        "title": "Mixture of experts",
+        "description": "How a mixture of experts' routed tokens are sized (the rows each rank's experts process and keep for backward). The routing is data-dependent; memfit assumes uniform routing unless told.",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "routing": {
+                "title": "Routing assumption",
+                "description": "uniform: T·k/E rows per expert (T·k in all; transformers' dropless experts keep exactly that whatever the router picks); worst_case: every token of the expert-parallel group sends all its k choices to this rank's experts (parallel.expert · T · k rows).",
+                "enum": list(ROUTINGS),
+                "default": "uniform",
+            },
+            "capacity_factor": {
+                "title": "Expert capacity factor",
+                "description": "Each expert processes ⌈factor · T·k/E⌉ rows, padded or cut (GShard, Switch, Megatron's --moe-expert-capacity-factor with padding): E·⌈factor·T·k/E⌉ routed rows whatever the routing. Unset: dropless, as transformers runs.",
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "examples": [1.25],
+            },
+        },
+        "examples": [{"routing": "uniform"}, {"capacity_factor": 1.25}],
     }
 
 

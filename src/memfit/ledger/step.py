@@ -93,6 +93,8 @@ class Row:
     # gradients that reached the layer's output besides its own); the recomputation runs when backward reaches
     # the last row of its layer, with that layer's output gradient waiting
     recompute_moment: tuple | None = None
+    flight_first: bool = False  # that worst moment comes before its parameters' gradients are made (a MoE layer's
+    # unsort backward, ahead of the experts' weight gradients)
 
 
 @dataclass(slots=True)
@@ -230,7 +232,8 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
                     consider("backward", row.name, _live(params, max(held, done), left + redone, state, g_out + flight, step.overhead))
         g_in = size.get(row.input, 0) if row.grad_input and not row.view and row.input is not None else 0
         if row.backward_flight is not None:
-            consider("backward", row.name, _live(params, max(held, done + sum(row.grads)), alive, state, row.backward_flight, step.overhead))
+            made = done if row.flight_first else done + sum(row.grads)
+            consider("backward", row.name, _live(params, max(held, made), alive, state, row.backward_flight, step.overhead))
         elif row.inner:  # the activation's backward, then the row's own
             consider("backward", row.name, _live(params, max(held, done), alive, state, g_out + row.inner, step.overhead))
             flowing = row.inner + g_in

@@ -11,6 +11,7 @@ base (issue 19: before, the peak rebuilt a transformer in fp32 with fp32 AdamW s
 
 from __future__ import annotations
 
+
 import re
 
 from memfit.ledger.step import Loss, Row, Step
@@ -298,7 +299,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     checkpointing = run["checkpointing"]
     blocks = acts.saved(cfg, checkpointing=checkpointing, **common)
     roles = acts._dtypes(precision, model.dtypes)
-    sizes = acts._sizes(cfg, run["micro_batch"], run["seq_len"])
+    sizes = acts._sizes(cfg, run["micro_batch"], run["seq_len"], moe=recipe_args.get("moe"))
     b, s, h, T = sizes["b"], sizes["s"], sizes["h"], sizes["T"]
     act_w, lin_w = dtype_bytes(1, roles["act"]), dtype_bytes(1, roles["lin"])
     n_layers = acts._layers(cfg)
@@ -388,12 +389,20 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     split_cache: dict = {}
     flights = _layer_flights(cfg, sizes, act_w, lin_w)
     redone = _recompute_flights(cfg, sizes, recipe_args.get("lora"), roles) if checkpointing == "full" else {}
+    dense_flights = _layer_flights(cfg, sizes, act_w, lin_w, routed=False)
+    # expert parallelism (parallel.expert): a MoE layer sends its routed rows (T·k) to the ranks holding their experts
+    # and receives its own experts' rows (S) by all-to-all, and back; the buffers live while the layer runs, in each
+    # direction (the gradients take the same way back)
+    moe = recipe_args.get("moe") or {}
+    a2a = (T * sizes["k"] + sizes["S"]) * h * act_w if (moe.get("expert") or 1) > 1 and sizes["k"] else 0
     for i in range(n_layers):
         key = id(every[i])
         if key not in split_cache:
             parts = _split(every[i], fam)
             split_cache[key] = (parts, [sum(kept_bytes(k) for k in kept) for _, kept in parts])
         parts, part_bytes = split_cache[key]
+        # a MoE model's dense layers (mlp_only_layers, decoder_sparse_step) run Llama's MLP: its flights
+        sparse = not sizes["k"] or any(k.label.startswith("grouped_mm") for k in every[i])
         for n, (part, kept) in enumerate(parts):
             y = fresh(hidden)
             row = weights(Row(f"layer {i} {part}", input=x, output=y), (i, part))
@@ -408,8 +417,11 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
                     row.recompute_moment = (min(sum(part_bytes[:n]) + sum(kept_bytes(k) for k in kept[:upto]) - hidden, bound[i]), redone[part])
             else:
                 row.kept = kept_ids(kept, x, hidden) if n == 0 else [fresh(kept_bytes(k)) for k in kept]
-            row.forward_flight = hidden  # its output while it is written; its inner tensors are kept
-            row.backward_flight = flights[part]
+            routed = a2a if part == "mlp" and any(k.label.startswith("router") for k in kept) else 0
+            row.forward_flight = hidden + routed  # its output while it is written; its inner tensors are kept
+            row.backward_flight = (flights if sparse else dense_flights)[part] + routed
+            # a MoE layer's backward peaks at its unsort, before the experts' weight gradients exist
+            row.flight_first = bool(sizes["k"]) and sparse and part == "down_proj"
             rows.append(row)
             x = y
     logits = fresh(T * sizes["V"] * lin_w)
@@ -461,7 +473,9 @@ def _split(kept: list, fam) -> list:
         "o_proj": ("o_proj", n["o"]),
         # (Cohere's gate/up input is the attention's, kept there: its MLP part begins at the activation)
         "mlp": ("post_attention_layernorm", "gate_proj", "gate_up_proj", "fc_in", "act_fn(gate)", *(n[k] for k in ("gate", "gate_up", "fc_in") if k in n)),
-        "down_proj": ("down_proj", "fc_out", "grouped_mm down", *(n[k] for k in ("down", "fc_out") if k in n)),
+        # (a mixture of experts' grouped MLP: from the activation on, whose kept tensors its backward frees before
+        # the gate_up grouped_mm's)
+        "down_proj": ("down_proj", "fc_out", "act_fn(gate), * up", *(n[k] for k in ("down", "fc_out") if k in n)),
     }
     order = ["attention", "o_proj", "mlp", "down_proj"]
     starts = [0] * len(order) + [len(kept)]
@@ -520,23 +534,36 @@ def _recompute_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict) -
     return out
 
 
-def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int) -> dict:
+def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int, routed: bool = True) -> dict:
     """Gradients in flight at the worst backward moment of each part of a layer; the residual
     stream's gradient is alive through all of them, a residual dropout's gradient beside it. The
     down projection: its input's gradient; the MLP: the gradients of the down projection's input
     and of the gate and up outputs (a plain MLP: of the activation's input); o_proj: its input's;
-    attention: o_proj's input's and those of q, k and v."""
+    attention: o_proj's input's and those of q, k and v. A mixture of experts' layer (`routed`, when
+    the model has experts) begins its backward at the unsort (transformers' grouped_mm experts): the
+    MoE output's gradient (T, h), expanded to every routed row and materialized (S, h), the index
+    backward's zeros (S, h) and its out-of-place index_put (S, h), in the routing-weighted output's dtype (measured:
+    tests/ledger/test_peak.py, MemTracker at aten.index_put in the experts' backward); its MLP part is the gate_up
+    grouped_mm's backward (the activation's kept tensors already freed)."""
     from memfit.models import hf_activations as acts
 
     T, h, i, q, kv = sizes["T"], sizes["h"], sizes["i"], sizes["q"], sizes["kv"]
     fam = acts.FAMILIES[cfg["model_type"]]
     k = 2 if fam.mlp == "plain" else 3
-    routed = sizes["k"] or 1  # a mixture of experts runs its MLP once per (token, chosen expert)
     res = T * h * act_w
     dropout = res if acts._drop(cfg, fam, "resid") else 0
-    return {
-        "down_proj": res + dropout + routed * T * i * lin_w,
-        "mlp": res + dropout + routed * T * k * i * lin_w,
+    out = {
+        "down_proj": res + dropout + T * i * lin_w,
+        "mlp": res + dropout + T * k * i * lin_w,
         "o_proj": res + dropout + T * q * lin_w,
         "attention": res + T * (2 * q + 2 * kv) * lin_w,
     }
+    if routed and sizes["k"]:
+        # the experts run their MLP once per routed row (S = T·k, or as training.moe sets it), at the experts' width
+        S, ie = sizes["S"], sizes["ie"]
+        # the routed rows' gradients take the routing-weighted output's dtype: fp32 where the weights stay fp32 (Mixtral)
+        weighted_w = max(act_w, 4) if fam.routing_dtype == "f32" else act_w
+        out["down_proj"] = res + dropout + T * h * act_w + 3 * S * h * weighted_w
+        # the gate_up grouped_mm's backward: its output's gradient (S, 2·ie) and its input's (S, h)
+        out["mlp"] = res + dropout + S * (2 * ie + h) * act_w
+    return out

@@ -115,13 +115,18 @@ def stage_activations(config) -> list | None:
 
 
 def layout_dims(cfg: dict | None) -> dict:
-    """Heads, KV heads and layers, for the layout checks."""
+    """Heads, KV heads, layers and routed experts, for the layout checks."""
     if cfg is None:
         return {}
     gpt2 = cfg.get("model_type") == "gpt2"
     heads = cfg["n_head"] if gpt2 else cfg.get("num_attention_heads")
-    return {
+    from memfit.models.families import EXPERTS_KEY
+
+    out = {
         "heads": heads,
         "kv_heads": (None if gpt2 else cfg.get("num_key_value_heads")) or heads,
         "layers": cfg["n_layer"] if gpt2 else cfg.get("num_hidden_layers"),
     }
+    if cfg.get("model_type") in EXPERTS_KEY:  # the routed experts parallel.expert divides
+        out["experts"] = cfg.get(EXPERTS_KEY[cfg["model_type"]])
+    return out

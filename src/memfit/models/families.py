@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # Field types as JSON gives them: "?" also accepts null; "number" is int or float;
-# "ids" is an int or a list of ints; "strs" a list of strings.
-TYPES = ("int", "int?", "float", "number", "number?", "bool", "bool?", "str", "str?", "ids?", "strs?", "dict?")
+# "ids" is an int or a list of ints; "ints" a list of ints; "strs" a list of strings.
+TYPES = ("int", "int?", "float", "number", "number?", "bool", "bool?", "str", "str?", "ids?", "ints?", "strs?", "dict?")
 
 # PreTrainedConfig's own fields, shared by every family.
 BASE_FIELDS = {
@@ -81,6 +81,7 @@ class Family:
     qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k
     padding_idx: bool = True  # the embedding takes pad_token_id as padding_idx (must lie in the vocabulary)
     head_dim_key: bool = True  # the attention reads config.head_dim when set
+    post_init: str = ""  # a family's own __post_init__ rule set, by name (models/hf_config._POST_INIT)
     # issue 21's dense decoders (appended; every default keeps the ten families as they were)
     layer_pattern: int | None = None  # layer_types None -> every `pattern`-th layer full, the rest sliding (Gemma 2/3)
     layer_pattern_key: str | None = None  # a config.json key that sets the pattern (Gemma 3's sliding_window_pattern)
@@ -643,5 +644,134 @@ FAMILIES.update({
         kv_heads_default=True, qkv_bias='attention_bias', o_bias='attention_bias', mlp_bias='mlp_bias',
     ),
 })
+
+# --- mixtures of experts (issue 21) -----------------------------------------------------------
+# Qwen2-MoE and Qwen3-MoE: a layer is a sparse MoE block unless it is in mlp_only_layers or (i + 1) is not a
+# multiple of decoder_sparse_step (then a dense MLP of intermediate_size). Qwen2-MoE adds a shared expert (a dense
+# MLP of shared_expert_intermediate_size) scaled by sigmoid(shared_expert_gate(x)).
+_QWEN_MOE_FIELDS = {
+    'vocab_size': (151936, 'int'),
+    'hidden_size': (2048, 'int'),
+}
+FAMILIES.update({
+    'qwen2_moe': Family(
+        'qwen2_moe',
+        'Qwen2MoeConfig',
+        fields={
+            **_QWEN_MOE_FIELDS,
+            'intermediate_size': (5632, 'int'),
+            'num_hidden_layers': (24, 'int'),
+            'num_attention_heads': (16, 'int'),
+            'num_key_value_heads': (16, 'int?'),
+            'hidden_act': ('silu', 'str'),
+            'max_position_embeddings': (32768, 'int'),
+            'initializer_range': (0.02, 'float'),
+            'rms_norm_eps': (1e-06, 'float'),
+            'use_cache': (True, 'bool'),
+            'tie_word_embeddings': (False, 'bool'),
+            'rope_parameters': (None, 'dict?'),
+            'use_sliding_window': (False, 'bool'),
+            'sliding_window': (4096, 'int?'),
+            'max_window_layers': (28, 'int'),
+            'attention_dropout': (0.0, 'number'),
+            'decoder_sparse_step': (1, 'int'),
+            'moe_intermediate_size': (1408, 'int'),
+            'shared_expert_intermediate_size': (5632, 'int'),
+            'num_experts_per_tok': (4, 'int'),
+            'num_experts': (60, 'int'),
+            'norm_topk_prob': (False, 'bool'),
+            'output_router_logits': (False, 'bool'),
+            'router_aux_loss_coef': (0.001, 'float'),
+            'mlp_only_layers': (None, 'ints?'),
+            'qkv_bias': (True, 'bool'),
+            'layer_types': (None, 'strs?'),
+            'pad_token_id': (None, 'int?'),
+            'bos_token_id': (None, 'int?'),
+            'eos_token_id': (None, 'ids?'),
+        },
+        architectures=_arch('Qwen2Moe'),
+        default_architecture='Qwen2MoeForCausalLM',
+        kv_heads_default=True, post_init='qwen2_moe', block='qwen2_moe', qkv_bias='qkv_bias',
+    ),
+    'qwen3_moe': Family(
+        'qwen3_moe',
+        'Qwen3MoeConfig',
+        fields={
+            **_QWEN_MOE_FIELDS,
+            'intermediate_size': (6144, 'int'),
+            'num_hidden_layers': (24, 'int'),
+            'num_attention_heads': (32, 'int'),
+            'num_key_value_heads': (4, 'int'),
+            'hidden_act': ('silu', 'str'),
+            'max_position_embeddings': (32768, 'int'),
+            'initializer_range': (0.02, 'float'),
+            'rms_norm_eps': (1e-06, 'float'),
+            'use_cache': (True, 'bool'),
+            'tie_word_embeddings': (False, 'bool'),
+            'rope_parameters': (None, 'dict?'),
+            'attention_bias': (False, 'bool'),
+            'use_sliding_window': (False, 'bool'),
+            'sliding_window': (4096, 'int?'),
+            'attention_dropout': (0.0, 'number'),
+            'decoder_sparse_step': (1, 'int'),
+            'moe_intermediate_size': (768, 'int'),
+            'num_experts_per_tok': (8, 'int'),
+            'num_experts': (128, 'int'),
+            'norm_topk_prob': (False, 'bool'),
+            'output_router_logits': (False, 'bool'),
+            'router_aux_loss_coef': (0.001, 'float'),
+            'mlp_only_layers': (None, 'ints?'),
+            'pad_token_id': (None, 'int?'),
+            'bos_token_id': (None, 'int?'),
+            'eos_token_id': (None, 'ids?'),
+        },
+        architectures=_arch('Qwen3Moe'),
+        default_architecture='Qwen3MoeForCausalLM',
+        # Qwen3MoeConfig declares num_experts but maps that name to num_local_experts (to_dict writes the latter)
+        attribute_map={'num_experts': 'num_local_experts'}, post_init='qwen3_moe', block='qwen3_moe',
+        qkv_bias='attention_bias', o_bias='attention_bias', qk_norm=True,
+    ),
+    # Phi-3.5-MoE: Mixtral's layout with biased attention (attention_bias), LayerNorms (weight and bias), a router
+    # that is an nn.Linear (`mlp.router`), sparsemixer top-2 routing and an optional lm_head bias
+    'phimoe': Family(
+        'phimoe',
+        'PhimoeConfig',
+        fields={
+            'vocab_size': (32064, 'int'),
+            'hidden_size': (4096, 'int'),
+            'intermediate_size': (6400, 'int'),
+            'num_hidden_layers': (32, 'int'),
+            'num_attention_heads': (32, 'int'),
+            'num_key_value_heads': (8, 'int'),
+            'hidden_act': ('silu', 'str'),
+            'max_position_embeddings': (131072, 'int'),
+            'initializer_range': (0.02, 'float'),
+            'rms_norm_eps': (1e-05, 'float'),
+            'use_cache': (True, 'bool'),
+            'pad_token_id': (None, 'int?'),
+            'bos_token_id': (1, 'int?'),
+            'eos_token_id': (2, 'ids?'),
+            'tie_word_embeddings': (False, 'bool'),
+            'rope_parameters': (None, 'dict?'),
+            'sliding_window': (None, 'int?'),
+            'attention_dropout': (0.0, 'number'),
+            'num_experts_per_tok': (2, 'int'),
+            'num_local_experts': (16, 'int'),
+            'output_router_logits': (False, 'bool'),
+            'router_aux_loss_coef': (0.001, 'float'),
+            'router_jitter_noise': (0.01, 'float'),
+            'input_jitter_noise': (0.0, 'float'),
+            'attention_bias': (False, 'bool'),
+            'lm_head_bias': (False, 'bool'),
+        },
+        architectures=_arch('Phimoe'),
+        default_architecture='PhimoeForCausalLM',
+        kv_heads_default=True, rope_theta_default=1000000.0, block='phimoe', qkv_bias='attention_bias', o_bias='attention_bias',
+    ),
+})
+
+# The sparse-MoE families and where each keeps its expert count after normalization.
+EXPERTS_KEY = {'mixtral': 'num_local_experts', 'qwen2_moe': 'num_experts', 'qwen3_moe': 'num_local_experts',
+               'phimoe': 'num_local_experts'}
 
 SUPPORTED = tuple(FAMILIES)

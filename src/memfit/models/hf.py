@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from memfit.models.families import FAMILIES, SEQUENCE_CLASSIFICATION, Family
+from memfit.models.families import EXPERTS_KEY, FAMILIES, SEQUENCE_CLASSIFICATION, Family
 
 LINEAR, LINEAR_BIAS, CONV1D, EMBEDDING, NORM, OTHER = "linear", "linear_bias", "conv1d", "embedding", "norm", "other"
 ATTENTIONS = ("eager", "sdpa", "flash")  # training.attention; sdpa is transformers' default
@@ -114,6 +114,10 @@ def _layer(cfg: dict, fam: Family) -> list[Module]:
         ]
 
     # the Llama layout and its relatives: attention, MLP (or mixture of experts), two RMSNorms
+    if block in MOE_LAYERS:
+        return _moe_layer(cfg, fam, "moe")
+    if block == "phimoe":
+        return _phimoe_layer(cfg, fam)
     heads, kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
     inner = cfg["intermediate_size"]
     qkv_bias, o_bias = _flag(cfg, fam.qkv_bias), _flag(cfg, fam.o_bias)
@@ -161,6 +165,104 @@ def _layer(cfg: dict, fam: Family) -> list[Module]:
     return attention + mlp + norms
 
 
+# --- mixtures of experts whose layers differ (issue 21) ----------------------------------------
+MOE_LAYERS = ("qwen2_moe", "qwen3_moe")  # blocks whose layers are "moe" or "dense" by index (hf_activations.layer_kinds)
+
+
+
+
+def layer_kinds(cfg: dict) -> list[str]:
+    """Each layer's kind (hf_activations.layer_kinds: "moe" / "dense" where layers differ, else "")."""
+    from memfit.models.hf_activations import layer_kinds as kinds  # on demand: only a transformer config needs it
+
+    return kinds(cfg)
+
+
+def _block_name(kind: str) -> str:
+    from memfit.models.hf_activations import BLOCK_NAMES
+
+    return BLOCK_NAMES[kind]
+
+
+def block_layers(cfg: dict) -> dict:
+    """Block name -> the layer indices it covers ("layer", and "dense layer" where layers differ)."""
+    out: dict = {}
+    for i, kind in enumerate(layer_kinds(cfg)):
+        out.setdefault(_block_name(kind), []).append(i)
+    return out
+
+
+def _moe_layer(cfg: dict, fam: Family, kind: str) -> list[Module]:
+    """Qwen2-MoE / Qwen3-MoE decoder layer: attention as Qwen2's (Qwen3's q/k norms), then the sparse block
+    (router `gate`, experts as two stacked tensors; Qwen2-MoE's shared expert and its 1-wide gate) or a dense MLP."""
+    h = _hidden(cfg, fam)
+    heads, kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
+    qkv_bias, o_bias = _flag(cfg, fam.qkv_bias), _flag(cfg, fam.o_bias)
+    attention = [
+        Module("self_attn.q_proj", "linear", (h, heads * d, qkv_bias)),
+        Module("self_attn.k_proj", "linear", (h, kv * d, qkv_bias)),
+        Module("self_attn.v_proj", "linear", (h, kv * d, qkv_bias)),
+        Module("self_attn.o_proj", "linear", (heads * d, h, o_bias)),
+    ]
+    if fam.qk_norm:
+        attention += [Module("self_attn.q_norm", "rmsnorm", (d,)), Module("self_attn.k_norm", "rmsnorm", (d,))]
+    if kind == "dense":
+        inner = cfg["intermediate_size"]
+        mlp = [
+            Module("mlp.gate_proj", "linear", (h, inner, False)),
+            Module("mlp.up_proj", "linear", (h, inner, False)),
+            Module("mlp.down_proj", "linear", (inner, h, False)),
+        ]
+    else:
+        experts, inner = cfg[EXPERTS_KEY[fam.model_type]], cfg["moe_intermediate_size"]
+        router = [Module("mlp.gate.weight", "param", (experts, h))]
+        stacked = [
+            Module("mlp.experts.gate_up_proj", "param", (experts, 2 * inner, h)),
+            Module("mlp.experts.down_proj", "param", (experts, h, inner)),
+        ]
+        if fam.block == "qwen3_moe":  # Qwen3MoeSparseMoeBlock registers the experts before the router
+            mlp = stacked + router
+        else:
+            shared = cfg["shared_expert_intermediate_size"]
+            mlp = router + stacked + [
+                Module("mlp.shared_expert.gate_proj", "linear", (h, shared, False)),
+                Module("mlp.shared_expert.up_proj", "linear", (h, shared, False)),
+                Module("mlp.shared_expert.down_proj", "linear", (shared, h, False)),
+                Module("mlp.shared_expert_gate", "linear", (h, 1, False)),
+            ]
+    norms = [Module("input_layernorm", "rmsnorm", (h,)), Module("post_attention_layernorm", "rmsnorm", (h,))]
+    return attention + mlp + norms
+
+
+def _phimoe_layer(cfg: dict, fam: Family) -> list[Module]:
+    """PhiMoE's decoder layer: biased attention (attention_bias), the router as an nn.Linear (`mlp.router`, no
+    bias), the experts as two stacked tensors, two LayerNorms (weight and bias)."""
+    h = _hidden(cfg, fam)
+    heads, kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
+    bias = _flag(cfg, fam.qkv_bias)
+    experts, inner = cfg["num_local_experts"], cfg["intermediate_size"]
+    return [
+        Module("self_attn.q_proj", "linear", (h, heads * d, bias)),
+        Module("self_attn.k_proj", "linear", (h, kv * d, bias)),
+        Module("self_attn.v_proj", "linear", (h, kv * d, bias)),
+        Module("self_attn.o_proj", "linear", (heads * d, h, _flag(cfg, fam.o_bias))),
+        Module("mlp.router", "linear", (h, experts, False)),
+        Module("mlp.experts.gate_up_proj", "param", (experts, 2 * inner, h)),
+        Module("mlp.experts.down_proj", "param", (experts, h, inner)),
+        Module("input_layernorm", "layernorm", (h,)),
+        Module("post_attention_layernorm", "layernorm", (h,)),
+    ]
+
+
+def _templates(cfg: dict) -> dict:
+    """Layer kind -> that kind's modules (one entry, "", where every layer is alike)."""
+    fam = family(cfg)
+    kinds = layer_kinds(cfg)
+    if fam.block not in MOE_LAYERS:
+        return {"": _layer(cfg, fam)}
+    return {kind: _moe_layer(cfg, fam, kind) for kind in dict.fromkeys(kinds)}
+
+
 def _base(cfg: dict, fam: Family, with_pooler: bool) -> tuple[list[Module], str, list[Module]]:
     """(modules before the layers, the layer list's path, modules after the layers), relative to the base model."""
     h, vocab = _hidden(cfg, fam), cfg["vocab_size"]
@@ -179,7 +281,8 @@ def _base(cfg: dict, fam: Family, with_pooler: bool) -> tuple[list[Module], str,
         return before, "encoder.layer", after
     if fam.block == "gpt_neox":
         return [Module("embed_in", "embedding", (vocab, h))], "layers", [Module("final_layer_norm", "layernorm", (h,))]
-    return [Module("embed_tokens", "embedding", (vocab, h))], "layers", [Module("norm", fam.norm_type, (h,))]
+    norm = "layernorm" if fam.block == "phimoe" else fam.norm_type
+    return [Module("embed_tokens", "embedding", (vocab, h))], "layers", [Module("norm", norm, (h,))]
 
 
 def _tree(cfg: dict) -> tuple[list[Module], str, list[Module], list[Module], set]:
@@ -211,10 +314,11 @@ def _tree(cfg: dict) -> tuple[list[Module], str, list[Module], list[Module], set
         if tie:
             tied = {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
     else:
-        after.append(Module("lm_head", "linear", (h, vocab, False)))
+        after.append(Module("lm_head", "linear", (h, vocab, bool(cfg.get("lm_head_bias")))))
         if tie:
             tied = {"lm_head.weight"}
-    return before, prefix + layers, _layer(cfg, fam), after, tied
+    kinds = layer_kinds(cfg)
+    return before, prefix + layers, _templates(cfg)[kinds[0]] if kinds else _layer(cfg, fam), after, tied
 
 
 def _params(module: Module, name: str) -> list[Param]:
@@ -237,18 +341,19 @@ def _params(module: Module, name: str) -> list[Param]:
 
 
 def layer_parameters(cfg: dict) -> list[Param]:
-    """One layer's parameters, names relative to the layer (every layer of these families is alike)."""
+    """The first layer's parameters, names relative to the layer (every layer is alike but where
+    layer_kinds says they differ)."""
     return [p for m in _tree(cfg)[2] for p in _params(m, m.path)]
 
 
 def parameters(cfg: dict) -> list[Param]:
     """named_parameters() of the transformers class for this config, in order, tied weights once."""
-    before, layers, layer, after, tied = _tree(cfg)
+    before, layers, _, after, tied = _tree(cfg)
     out = [p for m in before for p in _params(m, m.path)]
-    template = [p for m in layer for p in _params(m, m.path)]
-    for index in range(num_layers(cfg)):
+    templates = {kind: [p for m in modules for p in _params(m, m.path)] for kind, modules in _templates(cfg).items()}
+    for index, kind in enumerate(layer_kinds(cfg)):
         prefix = f"{layers}.{index}."
-        out += [Param(prefix + p.name, p.shape, p.kind) for p in template]
+        out += [Param(prefix + p.name, p.shape, p.kind) for p in templates[kind]]
     out += [p for m in after for p in _params(m, m.path) if p.name not in tied]
     return out
 
@@ -267,17 +372,19 @@ def parameter_count(cfg: dict) -> int:
         return total
 
     fixed = [p for m in before for p in _params(m, m.path)] + [p for m in after for p in _params(m, m.path) if p.name not in tied]
-    return elements(fixed) + num_layers(cfg) * elements([p for m in layer for p in _params(m, m.path)])
+    kinds = layer_kinds(cfg)
+    return elements(fixed) + sum(kinds.count(kind) * elements([p for m in modules for p in _params(m, m.path)])
+                                 for kind, modules in _templates(cfg).items())
 
 
 def linear_modules(cfg: dict) -> list[tuple[str, int, int, bool]]:
     """(module name, in_features, out_features, has_bias) of every nn.Linear and GPT-2 Conv1D, in module order."""
-    before, layers, layer, after, _ = _tree(cfg)
+    before, layers, _, after, _ = _tree(cfg)
     out = [(m.path, *m.dims) for m in before if m.type in ("linear", "conv1d")]
-    template = [m for m in layer if m.type in ("linear", "conv1d")]
-    for index in range(num_layers(cfg)):
+    templates = {kind: [m for m in modules if m.type in ("linear", "conv1d")] for kind, modules in _templates(cfg).items()}
+    for index, kind in enumerate(layer_kinds(cfg)):
         prefix = f"{layers}.{index}."
-        out += [(prefix + m.path, *m.dims) for m in template]
+        out += [(prefix + m.path, *m.dims) for m in templates[kind]]
     out += [(m.path, *m.dims) for m in after if m.type in ("linear", "conv1d")]
     return out
 
@@ -286,11 +393,15 @@ def blocks(cfg: dict) -> list[tuple[str, int, list[Param]]]:
     """The parameters grouped as hf_activations groups what is saved: (block, count, params) for
     "embeddings", "layer" (one layer, names relative to it, `count` = the number of layers) and "head"
     (the final norm and the head), tied weights once. Concatenated with the layer repeated, this is
-    parameters()."""
+    parameters(). Where layers differ (layer_kinds) each kind is its own block ("layer" and "dense
+    layer"), in the order a kind first appears; block_layers(cfg) says which layers each covers."""
     before, layers, layer, after, tied = _tree(cfg)
+    kinds = layer_kinds(cfg)
+    middle = [(_block_name(kind), kinds.count(kind), [p for m in modules for p in _params(m, m.path)])
+              for kind, modules in _templates(cfg).items()]
     return [
         ("embeddings", 1, [p for m in before for p in _params(m, m.path)]),
-        ("layer", num_layers(cfg), [p for m in layer for p in _params(m, m.path)]),
+        *middle,
         ("head", 1, [p for m in after for p in _params(m, m.path) if p.name not in tied]),
     ]
 
@@ -307,8 +418,13 @@ def summary(cfg: dict) -> str:
     kv = cfg.get("num_key_value_heads")
     attention = f"{heads} heads" + (f" ({kv} key/value)" if kv is not None and kv != heads else "") + f" of {head_dim(cfg)}"
     text = f"{architecture(cfg)}: {parameter_count(cfg):,} parameters; {num_layers(cfg)} layers, hidden {_hidden(cfg, fam)}, {attention}"
-    if fam.block == "mixtral":
-        text += f", {cfg['num_local_experts']} experts ({cfg['num_experts_per_tok']} per token)"
+    if fam.model_type in EXPERTS_KEY:
+        text += f", {cfg[EXPERTS_KEY[fam.model_type]]} experts ({cfg['num_experts_per_tok']} per token)"
+        if fam.block == "qwen2_moe":
+            text += " and a shared expert"
+        dense = layer_kinds(cfg).count("dense")
+        if dense:
+            text += f"; {dense} dense layers"
     if cfg.get("tie_word_embeddings") and head(cfg) != SEQUENCE_CLASSIFICATION:
         text += ", embeddings tied to the head"
     return text
@@ -451,6 +567,11 @@ def _recipe_arguments(data: dict, base: str = "float32") -> dict:
             out["precision"] = precision
     if isinstance(data.get("lora"), dict):
         out["lora"] = data["lora"]
+    moe = (data.get("training") or {}).get("moe")
+    expert = (data.get("parallel") or {}).get("expert") if isinstance(data.get("parallel"), dict) else None
+    if isinstance(moe, dict) or isinstance(expert, int) and expert > 1:
+        # a mixture of experts' routed rows per rank: the routing assumption, a capacity factor, the expert group
+        out["moe"] = {**(moe if isinstance(moe, dict) else {}), **({"expert": expert} if isinstance(expert, int) else {})}
     quantization = data.get("quantization")
     if isinstance(quantization, dict) and quantization.get("method") in ("nf4", "fp4") and "precision" not in out:
         from memfit.models.hf_activations import qlora_precision
@@ -528,14 +649,25 @@ def _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointi
     notes = _selective_notes(cfg, data, saved, micro_batch, seq_len, attention, checkpointing, dtypes, recipe)
     by_block: dict = {}
     for b in saved:  # under LoRA the first layer keeps less than the others: two "layer" blocks
-        by_block.setdefault(b.name, []).append(b)
+        runs = by_block.setdefault(b.name, [])
+        same = next((n for n, r in enumerate(runs) if r.kept == b.kept), None)
+        if same is None:
+            runs.append(b)
+        else:  # layers that differ alternate: one row per kind and what it keeps
+            runs[same] = runs[same]._replace(count=runs[same].count + b.count)
+    covers = block_layers(cfg)
     for name, count, params in blocks(cfg):
         elements = 0
         for p in params:
             if adapted:
                 elements += math.prod(p.shape)
                 continue
-            label = f"{prefix}*.{p.name}" if name == "layer" else p.name
+            if name in covers and len(covers[name]) < num_layers(cfg):  # layers that differ: each layer by index
+                for i in covers[name]:
+                    out.tensors.append(make_tensor("parameters", where, f"{prefix}{i}.{p.name}", list(p.shape), 1, True, None, out))
+                elements += math.prod(p.shape)
+                continue
+            label = f"{prefix}*.{p.name}" if name in covers else p.name
             tensor = make_tensor("parameters", where, label, list(p.shape), count, True, None, out)
             out.tensors.append(tensor)
             elements += tensor.elements
@@ -602,6 +734,26 @@ def _selective_notes(cfg, data, saved, micro_batch, seq_len, attention, checkpoi
     return [Problem(("training", "checkpointing"), codes.SELECTIVE_NOOP, message)]
 
 
+def routing_lines(model: Model) -> list[str]:
+    """A mixture of experts' routing assumption, as explain states it (training.moe changes it)."""
+    from memfit.models.hf_activations import routed_rows
+
+    fam = family(model.cfg)
+    if fam.model_type not in EXPERTS_KEY:
+        return []
+    moe = (model.recipe or {}).get("moe") or {}
+    experts, k = model.cfg[EXPERTS_KEY[fam.model_type]], model.cfg["num_experts_per_tok"]
+    tokens = model.training["micro_batch"] * model.training["seq_len"]
+    rows = routed_rows(tokens, k, experts, moe)
+    if moe.get("capacity_factor") is not None:
+        how = f"capacity factor {moe['capacity_factor']}: {rows // experts:,} rows per expert, padded or cut"
+    elif moe.get("routing") == "worst_case":
+        how = f"worst case: the expert group's tokens all send their {k} choices here"
+    else:
+        how = f"uniform routing assumed: {tokens * k / experts:,.1f} rows per expert, dropless"
+    return [f"       routed rows per MoE layer: {rows:,} (training.moe changes it)", f"         {how}"]
+
+
 def summary_lines(model: Model, width: int = 80, parameter_dtype: str | None = None) -> list[str]:
     """explain's transformer section: the class, then one row per block (embeddings, one layer x N,
     head, loss) with its parameters and the bytes it keeps for backward, then what each keeps."""
@@ -617,6 +769,7 @@ def summary_lines(model: Model, width: int = 80, parameter_dtype: str | None = N
     given = model.cfg.get("dtype")
     if parameter_dtype is not None and given and given != parameter_dtype:
         out.append(cut(f"       config.json says dtype {given}; training uses dtypes.parameters {parameter_dtype}", width))
+    out += [cut(line, width) for line in routing_lines(model)]
     out.append("")
     out.append(f"{'block':<18} {'count':>6} {'params (each)':>16} {'saved (each)':>14} {'saved (all)':>14}")
     out.append("=" * min(width, 72))

@@ -135,7 +135,8 @@ def _activation(name: str, op: str, shape: tuple, f: str, role: str = "lin") -> 
 ROLE = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "qkv": "qkv_proj", "o": "o_proj", "gate": "gate_proj",
         "up": "up_proj", "gate_up": "gate_up_proj", "down": "down_proj", "fc_in": "fc_in", "fc_out": "fc_out",
         "lm_head": "lm_head", "transform": "transform", "norm1": "input_layernorm", "norm2": "post_attention_layernorm",
-        "final": "final norm"}
+        "final": "final norm", "sgate": "shared_expert.gate_proj", "sup": "shared_expert.up_proj",
+        "sdown": "shared_expert.down_proj", "sg": "shared_expert_gate", "router": "router"}
 
 
 def _op(role: str, module: str) -> str:
@@ -181,7 +182,7 @@ class Family(NamedTuple):
     names: dict               # role -> module path inside a layer (or of the head)
     qkv: str                  # "separate" | "fused" (q, k, v are slices of one projection)
     rope: str | None          # "full" (elementwise: q keeps its (b,s,H,d) layout) | "partial" (a cat copy) | None
-    mlp: str                  # "gated" | "gated_fused" | "plain" | "moe"
+    mlp: str                  # "gated" | "gated_fused" | "plain" | "moe" | "moe_shared" (Qwen2-MoE: + a shared expert)
     act_key: str              # config key naming the activation function
     cache: bool               # the model builds a DynamicCache in a training step (decoders, use_cache)
     qk_norm: bool = False
@@ -202,6 +203,8 @@ class Family(NamedTuple):
     window_layers: bool = False   # layer_types' sliding layers: under sdpa a window shorter than the sequence is a mask
     shared_input: bool = False   # Cohere: one norm, attention and MLP both read its output (out = x + attn + mlp)
     qk_norm_key: str | None = None   # Cohere: q_norm / k_norm only when this config key is true
+    lora_experts: bool = True  # peft's all-linear adapts the router and the stacked experts (its v4->v5 MoE mapping)
+    routing_dtype: str = "f32"  # the role of the routing weights the experts multiply by (Qwen-MoE: cast to the logits')
 
 
 LLAMA_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
@@ -266,6 +269,25 @@ FAMILIES.update({
     "gemma3_text": LLAMA._replace(norm="gemma_rms", act_key="hidden_activation", sandwich="pre_post", qk_norm=True,
                                   window_layers=True),
 })
+# --- mixtures of experts (issue 21) ---------------------------------------------------------------------------
+# Qwen2-MoE / Qwen3-MoE (modeling_qwen2_moe.py, modeling_qwen3_moe.py): Mixtral's router and grouped experts, but
+# the top-k weights are renormalized only with norm_topk_prob and cast back to the router logits' dtype; Qwen2-MoE
+# adds a shared expert (a gated MLP over every token) scaled by sigmoid(shared_expert_gate(x)). Dense layers
+# (mlp_only_layers, decoder_sparse_step) are Llama's gated MLP.
+QWEN2_MOE_NAMES = {**LLAMA_NAMES, "sgate": "mlp.shared_expert.gate_proj", "sup": "mlp.shared_expert.up_proj",
+                   "sdown": "mlp.shared_expert.down_proj", "sg": "mlp.shared_expert_gate"}
+FAMILIES.update({
+    # peft 0.21 maps the fused experts for the model types transformers converts from v4 (mixtral, qwen3_moe...), not
+    # for qwen2_moe itself: its all-linear adapts the attention and the shared expert only
+    "qwen2_moe": LLAMA._replace(mlp="moe_shared", names=QWEN2_MOE_NAMES, lora_default=(), routing_dtype="lin",
+                                lora_experts=False),
+    "qwen3_moe": LLAMA._replace(mlp="moe", qk_norm=True, lora_default=(), routing_dtype="lin"),
+})
+# PhiMoE (modeling_phimoe.py): LayerNorms, the router an nn.Linear, sparsemixer's top-2 routing (two masked softmaxes,
+# Gumbel sampling, PhimoeMultiplier), then the grouped experts; peft 0.21 maps no fused experts for phimoe
+FAMILIES["phimoe"] = LLAMA._replace(norm="layer", mlp="moe_phi", names={**LLAMA_NAMES, "router": "mlp.router"},
+                                    lora_default=(), routing_dtype="lin", lora_experts=False)
+MOE = ("moe", "moe_shared", "moe_phi")
 SUPPORTED = tuple(FAMILIES)
 DEFAULT_ACT = {"gpt2": "gelu_new", "bert": "gelu", "gpt_neox": "gelu", "gemma": "gelu_pytorch_tanh",
                "gemma2": "gelu_pytorch_tanh", "gemma3_text": "gelu_pytorch_tanh"}
@@ -352,9 +374,51 @@ def _mlp(fam: Family, n: dict, act: str) -> list:
         return _linear([("fc_in", n["fc_in"], "i")], T, "n2") + _activation(act, "act", ("b", "s", "i"), "g") + \
             _linear([("fc_out", n["fc_out"], "h")], ("T", "i"), "g", low_input=True) + [
                 K("mlp output dropout", "mask", X, "bool", "resid_dropout", ("d",))]
+    rows = []
+    if fam.mlp == "moe_shared":
+        # Qwen2-MoE's shared expert over every token, then sigmoid(shared_expert_gate(x)) * its output
+        rows = _linear([("sgate", n["sgate"], "is"), ("sup", n["sup"], "is"), ("sg", n["sg"], 1)], T, "n2") + \
+            _activation(act, "act_fn(gate) (shared expert)", ("b", "s", "is"), "sh") + [
+                K("act * up", "act_fn(gate) (shared expert)", ("b", "s", "is"), "lin", None, ("sh",)),
+                K("act * up", "up (shared expert)", ("b", "s", "is"), "lin", None, ("sh",)),
+            ] + _linear([("sdown", n["sdown"], "h")], ("T", "is"), "sh", low_input=True) + [
+                K("sigmoid", "output (the shared expert's gate)", ("T", 1), "lin", None, ("sgw", "sd")),
+                K("gate * shared expert", "shared expert output", ("T", "h"), "lin", None, ("sgw",)),
+            ]
+        # the router reads the same normalized input as the shared expert: one storage when no cast copies it
+        return rows + [r._replace(source=rows[0].label) if r.label == "router: input" else r for r in _experts(fam)]
+    if fam.mlp == "moe_phi":
+        return _sparsemixer(n) + [r for r in _experts(fam) if not r.op.startswith(("router", "routing weights"))]
+    return _experts(fam)
+
+
+def _sparsemixer(n: dict) -> list:
+    """PhiMoE's router (an nn.Linear) and sparsemixer (top-2, training): per choice a masked_fill (its bool mask),
+    a Gumbel-sampled expert (max's indices), a softmax (its output, kept again by PhimoeMultiplier), the gather of
+    the chosen probability (PhimoeMultiplier keeps it), the softmax's max (its indices); the second choice scatters
+    -inf over the first (the index, already kept)."""
+    # input_jitter_noise > 0: the block, then the router, multiply their input in place by a uniform noise tensor,
+    # which each multiply keeps for backward
+    rows = [K("input jitter (block)", "noise (an in-place multiply keeps it)", ("b", "s", "h"), "act", "input_jitter", ("n2",)),
+            K("input jitter (router)", "noise (an in-place multiply keeps it)", ("b", "s", "h"), "act", "input_jitter", ("n2",))]
+    rows += _linear([("router", n["router"], "E")], ("T", "h"), "n2")
+    for which in ("first", "second"):
+        rows += [
+            K(f"sparsemixer ({which})", "masked_fill mask", ("T", "E"), "bool", None, ("r",)),
+            K(f"sparsemixer ({which})", "chosen expert (Gumbel max's indices)", ("T", 1), "i64", None, ("r",)),
+            K(f"sparsemixer ({which})", "softmax of the masked gates", ("T", "E"), "lin", None, ("r",)),
+            K(f"sparsemixer ({which})", "softmax max's indices", ("T", 1), "i64", None, ("r",)),
+            K(f"sparsemixer ({which})", "chosen probability (PhimoeMultiplier)", ("T", 1), "lin", None, ("r",)),
+        ]
+    return rows
+
+
+def _experts(fam: Family) -> list:
+    T = ("T", "h")
     # Mixtral: a router, then every routed (token, expert) pair through one grouped matmul (transformers 5.24's
     # `grouped_mm` experts: F.grouped_mm is not autocast, so the experts run in the model's dtype): sorted by expert,
     # gathered, gate_up, act * up, down, times the routing weight, unsorted; each routed token once per expert
+    # (`S` rows; a capacity factor pads each expert's rows: `_sizes`)
     return [
         K("router", "input", T, "act", "not_mixed", ("W:router",)),
         K("router", "input, cast to the low dtype by autocast", T, "low", "mixed", ("W:router",)),
@@ -362,35 +426,58 @@ def _mlp(fam: Family, n: dict, act: str) -> list:
         K("router (LoRA)", "weight + scaling * B @ A (the effective weight)", ("E", "h"), "act", "lora", ("L:router",)),
         K("router softmax", "probabilities (fp32)", ("T", "E"), "f32", None, ("r",)),
         K("router top-k", "indices", ("T", "k"), "i64", None, ("r",)),
-        K("routing weights / sum", "sum (fp32)", ("T", 1), "f32", None, ("r",)),
-        K("routing weights / sum", "weights (fp32)", ("T", "k"), "f32", None, ("r",)),
+        K("routing weights / sum", "sum (fp32)", ("T", 1), "f32", "topk_norm", ("r",)),
+        K("routing weights / sum", "weights (fp32)", ("T", "k"), "f32", "topk_norm", ("r",)),
         K("gather by expert", "token index", ("S",), "i64", None, ("n2",)),
         K("gather weights", "permutation", ("S",), "i64", None, ("r",)),
         K("grouped_mm", "group offsets", ("E",), "i32", None, ("e",)),
-        K("experts (LoRA)", "gate_up_proj + scaling * B @ A (every expert's effective weight)", ("E", "i2", "h"), "act",
+        K("experts (LoRA)", "gate_up_proj + scaling * B @ A (every expert's effective weight)", ("E", "ie2", "h"), "act",
           "lora", ("L:experts",)),
-        K("experts (LoRA)", "down_proj + scaling * B @ A", ("E", "h", "i"), "act", "lora", ("L:experts",)),
+        K("experts (LoRA)", "down_proj + scaling * B @ A", ("E", "h", "ie"), "act", "lora", ("L:experts",)),
         # the fold runs in the weight's dtype: on a 16-bit model it keeps 16-bit copies of the fp32 factors (peft
         # gives the fused gate_up twice the rank)
-        K("experts (LoRA)", "gate_up factors B, cast to the weight dtype", ("E", "i2", "R2"), "act", "lora&true16",
+        K("experts (LoRA)", "gate_up factors B, cast to the weight dtype", ("E", "ie2", "R2"), "act", "lora&true16",
           ("L:experts",)),
         K("experts (LoRA)", "gate_up factors A, cast to the weight dtype", ("E", "R2", "h"), "act", "lora&true16",
           ("L:experts",)),
         K("experts (LoRA)", "down factors B, cast to the weight dtype", ("E", "h", "R"), "act", "lora&true16", ("L:experts",)),
-        K("experts (LoRA)", "down factors A, cast to the weight dtype", ("E", "R", "i"), "act", "lora&true16", ("L:experts",)),
+        K("experts (LoRA)", "down factors A, cast to the weight dtype", ("E", "R", "ie"), "act", "lora&true16", ("L:experts",)),
         K("grouped_mm gate_up", "routed tokens (one row per chosen expert)", ("S", "h"), "act", None, ("W:experts",)),
-        K("act_fn(gate), * up", "gate_up output", ("S", "i2"), "act", None, ("e",)),
-        K("act * up", "act_fn(gate)", ("S", "i"), "act", None, ("e",)),
-        K("grouped_mm down", "input", ("S", "i"), "act", None, ("W:experts",)),
+        K("act_fn(gate), * up", "gate_up output", ("S", "ie2"), "act", None, ("e",)),
+        K("act * up", "act_fn(gate)", ("S", "ie"), "act", None, ("e",)),
+        K("grouped_mm down", "input", ("S", "ie"), "act", None, ("W:experts",)),
         K("* routing weight", "expert output", ("S", "h"), "act", None, ("r",)),
-        K("* routing weight", "routing weight column (fp32)", ("S", 1), "f32", None, ("e",)),
+        K("* routing weight", "routing weight column" + (" (fp32)" if fam.routing_dtype == "f32" else ""), ("S", 1),
+          fam.routing_dtype, None, ("e",)),
         K("unsort", "inverse permutation", ("S",), "i64", None, ("e",)),
     ]
 
 
-def layer_rows(model_type: str, act: str | None = None, parallel: bool = True) -> list:
-    """The symbolic table of one layer: every row any kernel / recipe may keep, conditions unevaluated."""
-    fam = FAMILIES[model_type]
+def layer_kinds(cfg: dict) -> list:
+    """Each layer's kind, in order: "moe" or "dense" where a family's layers differ (Qwen2/3-MoE's decoder layer is
+    sparse unless it is in mlp_only_layers, (i + 1) % decoder_sparse_step != 0, or there are no experts); "" for
+    every layer of the other families."""
+    from memfit.models.families import EXPERTS_KEY
+
+    mt = cfg["model_type"]
+    n = _layers(cfg)
+    if mt not in ("qwen2_moe", "qwen3_moe"):
+        return [""] * n
+    experts, step, dense = cfg[EXPERTS_KEY[mt]], cfg["decoder_sparse_step"], set(cfg.get("mlp_only_layers") or ())
+    return ["moe" if i not in dense and experts > 0 and (i + 1) % step == 0 else "dense" for i in range(n)]
+
+
+BLOCK_NAMES = {"": "layer", "moe": "layer", "dense": "dense layer"}  # a layer kind's block name (models.hf's too)
+
+
+def _kind_family(fam: Family, kind: str) -> Family:
+    return fam._replace(mlp="gated") if kind == "dense" else fam
+
+
+def layer_rows(model_type: str, act: str | None = None, parallel: bool = True, kind: str = "") -> list:
+    """The symbolic table of one layer (of a kind, where layers differ: layer_kinds): every row any kernel / recipe
+    may keep, conditions unevaluated."""
+    fam = _kind_family(FAMILIES[model_type], kind)
     n = fam.names
     act = act or DEFAULT_ACT.get(model_type, "silu")
     X = ("b", "s", "h")
@@ -487,7 +574,33 @@ LOSS_ROWS = [
 # --------------------------------------------------------------------------------------------- evaluation
 
 
-def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int = 0, attention: str = "sdpa") -> dict:
+ROUTINGS = ("uniform", "worst_case")  # training.moe.routing
+
+
+def routed_rows(tokens: int, k: int, experts: int, moe: dict | None = None) -> int:
+    """Rows the routed experts of one MoE layer process on a rank (S), under training.moe: `routing` uniform (the
+    default: T·k / E rows per expert, T·k in all: transformers' dropless grouped experts keep exactly T·k whatever
+    the routing) or worst_case (every token of the expert-parallel group sends all its k choices to this rank's
+    experts: expert · T · min(k, E / expert) rows); `capacity_factor` cf pads or cuts each expert's rows to its
+    capacity ⌈cf·T·k/E⌉ (GShard, Switch, Megatron's --moe-expert-capacity-factor with padding): E·⌈cf·T·k/E⌉ rows
+    on a rank, whatever the routing. `expert` is parallel.expert (the expert-parallel group's size)."""
+    moe = moe or {}
+    if not experts or not k:
+        return tokens * k
+    factor = moe.get("capacity_factor")
+    if factor is not None:
+        from fractions import Fraction
+
+        capacity = -(-Fraction(str(factor)) * tokens * k // experts)   # ceil, exact for a decimal factor
+        return experts * int(capacity)
+    if moe.get("routing", "uniform") == "worst_case":
+        group = max(1, int(moe.get("expert") or 1))
+        return group * tokens * min(k, experts // group)
+    return tokens * k
+
+
+def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int = 0, attention: str = "sdpa",
+           moe: dict | None = None) -> dict:
     mt = cfg["model_type"]
     h = cfg["n_embd"] if mt == "gpt2" else cfg["hidden_size"]
     heads = cfg["n_head"] if mt == "gpt2" else cfg["num_attention_heads"]
@@ -498,11 +611,16 @@ def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int = 0, attention: 
     rotary = int(d * rope.get("partial_rotary_factor", 1.0)) if FAMILIES[mt].rope else 0
     tokens = micro_batch * seq_len
     k = cfg.get("num_experts_per_tok", 0)
+    from memfit.models.families import EXPERTS_KEY
+
+    experts = cfg.get(EXPERTS_KEY.get(mt, ""), 0)
+    expert_inter = cfg.get("moe_intermediate_size") or inter
     return {"b": micro_batch, "s": seq_len, "h": h, "i": inter, "i2": 2 * inter, "H": heads, "KV": kv_heads, "d": d,
             "dk": -(-d // 8) * 8 if attention == "flash" else d, "r": rotary,
             "q": heads * d, "kv": kv_heads * d, "qkv": heads * d + 2 * kv_heads * d, "rot": rotary,
             "V": cfg["vocab_size"], "T": tokens, "Tl": tokens if micro_batch > 1 else seq_len + 1,
-            "E": cfg.get("num_local_experts", 0), "k": k, "S": tokens * k, "R": rank, "R2": 2 * rank}
+            "E": experts, "k": k, "S": routed_rows(tokens, k, experts, moe), "R": rank, "R2": 2 * rank,
+            "ie": expert_inter, "ie2": 2 * expert_inter, "is": cfg.get("shared_expert_intermediate_size") or 0}
 
 
 def _drop(cfg: dict, fam: Family, which: str) -> bool:
@@ -571,6 +689,8 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
         "lora_dropout": lora_dropout,
         "lora_plain": bool(lora) and not lora_dropout and not mixed,
         "lora_plain_mixed": bool(lora) and not lora_dropout and mixed,
+        "topk_norm": bool(cfg.get("norm_topk_prob", True)),
+        "input_jitter": (cfg.get("input_jitter_noise") or 0) > 0,   # PhiMoE   # Mixtral always renormalizes; Qwen-MoE when asked
     })
 
 
@@ -643,7 +763,7 @@ def _trainable(fam: Family, lora: dict | None) -> dict:
     all_linear = targets in ("all-linear", ["all-linear"])
     save = lora.get("modules_to_save") or ()
     # peft 0.21's all-linear also wraps a mixture of experts' router and stacked expert weights (as parameters)
-    experts = all_linear and fam.mlp == "moe"
+    experts = all_linear and fam.mlp in MOE and fam.lora_experts
     flags = {"W:norm": False, "W:embed": False, "W:experts": experts, "L:experts": experts, "W:router": experts,
              "L:router": experts}
     for m in modules:
@@ -687,8 +807,12 @@ def _grads(fam: Family, w: dict, x: bool, parallel: bool) -> dict:
     elif fam.mlp == "plain":
         g["g"] = g["u"] = (g["h1n"] if fam.post_norm else g["n2"]) or t("fc_in")
     else:
-        g["r"] = g["n2"] or w["W:router"]
+        g["r"] = g["n2"] or w["W:router"] or t("router")
         g["g"] = g["u"] = g["e"] = g["n2"] or w["W:experts"]
+        if fam.mlp == "moe_shared":  # the shared expert's hidden product, its output and its gate's logits
+            g["sh"] = g["n2"] or t("sgate") or t("sup")
+            g["sd"] = g["sh"] or t("sdown")
+            g["sgw"] = g["n2"] or t("sg")
     g["p"] = g["g"] or g["u"]
     g["d"] = g["p"] or t("down") or t("fc_out")
     g["out"] = g["h1"] or g["d"]
@@ -747,12 +871,12 @@ def _window_conditions(cond: dict) -> dict:
     return out
 
 
-def _window_layers(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape=_shape):
+def _window_layers(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape=_shape, moe=None):
     """(first, later): the kept tensors of a sliding layer whose window masks sdpa, or None when none does."""
     fam = FAMILIES[cfg["model_type"]]
     if not _windowed(cfg, fam, attention, seq_len):
         return None
-    sizes = _sizes(cfg, micro_batch, seq_len, int((lora or {}).get("r") or 0), attention)
+    sizes = _sizes(cfg, micro_batch, seq_len, int((lora or {}).get("r") or 0), attention, moe=moe)
     cond = _window_conditions(_conditions(cfg, fam, attention, checkpointing, micro_batch, precision, lora))
     roles = _dtypes(precision, dtypes)
     w = _trainable(fam, lora)
@@ -778,16 +902,20 @@ def _layer_blocks(cfg: dict, layers: int, layer0: list, layer1: list, window) ->
     return out
 
 
-def _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape=_shape):
+def _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape=_shape, kind=None,
+              moe=None):
+    """(family, sizes, roles, embeddings, the first layer, a later layer, head, loss): the layers of `kind`
+    (default: the first layer's)."""
     check(cfg, attention, checkpointing, precision)
     mt = cfg["model_type"]
-    fam = FAMILIES[mt]
-    sizes = _sizes(cfg, micro_batch, seq_len, int((lora or {}).get("r") or 0), attention)
+    kind = layer_kinds(cfg)[0] if kind is None else kind
+    fam = _kind_family(FAMILIES[mt], kind)
+    sizes = _sizes(cfg, micro_batch, seq_len, int((lora or {}).get("r") or 0), attention, moe=moe)
     cond = _conditions(cfg, fam, attention, checkpointing, micro_batch, precision, lora)
     roles = _dtypes(precision, dtypes)
     w = _trainable(fam, lora)
     parallel = _parallel(cfg)
-    rows = layer_rows(mt, _act(cfg), parallel)
+    rows = layer_rows(mt, _act(cfg), parallel, kind)
     # the layer input needs a gradient from the first layer on when the embeddings train; under LoRA the first
     # layer's input does not, and every later one does as soon as an earlier adapter reaches the residual stream
     first = _grads(fam, w, w["W:embed"], parallel)
@@ -804,7 +932,8 @@ def _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dt
 
 
 def saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
-          precision: str = "32-true", dtypes: dict | None = None, lora: dict | None = None, shape=None) -> list:
+          precision: str = "32-true", dtypes: dict | None = None, lora: dict | None = None, shape=None,
+          moe: dict | None = None) -> list:
     """Blocks in forward order: embeddings, layer (x num_hidden_layers; the first layer apart when it differs, as
     under LoRA), head, loss; each lists its kept storages. With checkpointing "full" the layer block holds what
     stays saved through the forward (each layer's input); `peak_saved` adds one layer's recomputation.
@@ -813,13 +942,28 @@ def saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa",
     the symbols), e.g. with one tensor-parallel rank's share of the heads and widths."""
     shape = shape or _shape
     fam, sizes, roles, embeddings, layer0, layer1, head, loss = _evaluate(
-        cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape)
+        cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape, moe=moe)
     layers = _layers(cfg)
-    window = _window_layers(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape)
+    window = _window_layers(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape, moe)
+    kinds = layer_kinds(cfg)
     if checkpointing == "full":
         middle = [Block("layer", layers, [_boundary(fam, roles, sizes, shape)])]
     elif window is not None:   # Gemma 3: sliding layers whose window masks sdpa keep more than the global ones
         middle = _layer_blocks(cfg, layers, layer0, layer1, window)
+    elif len(set(kinds)) > 1:
+        # layers that differ (dense and sparse): runs of alike layers in forward order, each kind its own block name
+        by_kind = {kinds[0]: (layer0, layer1)}
+        for kind in set(kinds) - {kinds[0]}:
+            by_kind[kind] = _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora,
+                                      shape, kind, moe)[4:6]
+        middle = []
+        for i, kind in enumerate(kinds):
+            kept = by_kind[kind][0 if i == 0 else 1]
+            name = BLOCK_NAMES[kind]
+            if middle and middle[-1].name == name and middle[-1].kept == kept:
+                middle[-1] = middle[-1]._replace(count=middle[-1].count + 1)
+            else:
+                middle.append(Block(name, 1, kept))
     elif layer0 == layer1 or layers == 1:
         middle = [Block("layer", layers, layer0)]
     else:
@@ -838,38 +982,62 @@ def total(blocks: list) -> int:
 
 
 def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
-               precision: str = "32-true", dtypes: dict | None = None, lora: dict | None = None, shape=None) -> int:
+               precision: str = "32-true", dtypes: dict | None = None, lora: dict | None = None, shape=None,
+               moe: dict | None = None) -> int:
     """The peak of live saved bytes during the step. Without full checkpointing everything saved is live at the end
     of the forward. With it, the embeddings' tensors and every layer's input stay saved; on top of them either the
     head and the loss (at the end of the forward) or one layer's recomputation (in the backward, once the head and
     loss are released; it runs without the cache, and its input is the boundary already counted)."""
     blocks = saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing,
-                   precision=precision, dtypes=dtypes, lora=lora, shape=shape)
+                   precision=precision, dtypes=dtypes, lora=lora, shape=shape, moe=moe)
     if checkpointing != "full":
         return total(blocks)
     emb, layer, head, loss = blocks
-    *_, later, _, _ = _evaluate(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora, shape or _shape)
     boundary = layer.kept[0]
-    window = _window_layers(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora, shape or _shape)
-    recomputed = 0
-    for kind in [later] + ([window[1]] if window is not None else []):   # the largest layer's recomputation
-        size = nbytes(kind)
+    window = _window_layers(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora, shape or _shape, moe)
+
+    def recomputation(kept: list) -> int:
+        size = nbytes(kept)
         # the recomputed layer's first kept tensor is the boundary itself when it is the layer's input (Cohere's
         # written-out LayerNorm keeps x - mean first: a storage of its own)
-        if (kind and kind[0].dtype == boundary.dtype and prod(kind[0].shape) == prod(boundary.shape)
-                and kind[0].label.split(": ", 1)[1].startswith("input")):
+        if (kept and kept[0].dtype == boundary.dtype and prod(kept[0].shape) == prod(boundary.shape)
+                and kept[0].label.split(": ", 1)[1].startswith("input")):
             size -= nbytes([boundary])
-        recomputed = max(recomputed, size)
-    kept = nbytes(emb.kept) + layer.count * nbytes(layer.kept)
-    return kept + max(nbytes(head.kept) + nbytes(loss.kept), recomputed)
+        return size
+
+    recomputed = {}
+    for kind in set(layer_kinds(cfg)):
+        *_, later, _, _ = _evaluate(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora,
+                                    shape or _shape, kind, moe)
+        # a sliding layer whose window masks sdpa recomputes more (Gemma 3): the larger of the two
+        recomputed[kind] = max([recomputation(later)] + ([recomputation(window[1])] if window is not None else []))
+    each = nbytes(layer.kept)
+    kept = nbytes(emb.kept) + layer.count * each
+    # the backward recomputes layer i once the boundaries of the layers above it are released: where layers differ
+    # (dense and sparse) the peak is the largest of (layers up to i kept + layer i's recomputation)
+    worst = max(nbytes(emb.kept) + (i + 1) * each + recomputed[kind] for i, kind in enumerate(layer_kinds(cfg)))
+    return max(kept + nbytes(head.kept) + nbytes(loss.kept), worst)
 
 
 def recomputed(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", precision: str = "32-true",
-               dtypes: dict | None = None, lora: dict | None = None, shape=None) -> list:
+               dtypes: dict | None = None, lora: dict | None = None, shape=None,
+               moe: dict | None = None) -> list:
     """Under full checkpointing, what each layer keeps while its backward recomputes it (one list per layer, in
-    order): the checkpointed forward runs without the key/value cache, so its copies of k and v are not made."""
-    *_, layer0, layer1, _, _ = _evaluate(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora, shape or _shape)
-    return [layer0] + [layer1] * (_layers(cfg) - 1)
+    order; each layer of its own kind where layers differ, a sliding layer's where its window masks sdpa): the
+    checkpointed forward runs without the key/value cache, so its copies of k and v are not made."""
+    kinds = layer_kinds(cfg)
+    by_kind = {}
+    for kind in set(kinds):
+        *_, layer0, layer1, _, _ = _evaluate(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora,
+                                             shape or _shape, kind, moe)
+        by_kind[kind] = (layer0, layer1)
+    window = _window_layers(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora, shape or _shape, moe)
+    types = _layer_types(cfg) if window is not None else ()
+    out = []
+    for i, kind in enumerate(kinds):
+        sliding = window is not None and i < len(types) and types[i] == "sliding_attention"
+        out.append((window if sliding else by_kind[kind])[0 if i == 0 else 1])
+    return out
 
 
 def qlora_precision(compute_dtype: str = "bfloat16") -> str:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from memfit.diagnostics.diagnostic import Range
-from memfit.models.families import BASE_FIELDS, DROPPED_KEYS, FAMILIES, SUPPORTED, Family
+from memfit.models.families import BASE_FIELDS, DROPPED_KEYS, EXPERTS_KEY, FAMILIES, SUPPORTED, Family
 
 IO = "io"
 JSON_SYNTAX = "json-syntax"
@@ -43,9 +43,10 @@ POSITIVE = frozenset(
         "num_attention_heads", "n_head", "num_key_value_heads", "head_dim", "max_position_embeddings",
         "n_positions", "type_vocab_size", "num_local_experts", "num_experts_per_tok", "num_labels",
         "original_max_position_embeddings", "pretraining_tp", "sliding_window",
+        "decoder_sparse_step", "moe_intermediate_size", "shared_expert_intermediate_size",
     }
 )
-NON_NEGATIVE = frozenset({"chunk_size_feed_forward", "max_window_layers"})
+NON_NEGATIVE = frozenset({"chunk_size_feed_forward", "max_window_layers", "num_experts"})
 # Probabilities: torch's nn.Dropout refuses p outside [0, 1].
 PROBABILITIES = frozenset(
     {
@@ -268,6 +269,8 @@ def _type_ok(value, kind: str) -> bool:
         )
     if base == "strs":
         return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if base == "ints":
+        return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
     if base == "dict":
         return isinstance(value, dict)
     return True
@@ -280,6 +283,7 @@ _TYPE_WORDS = {
     "bool": "true or false",
     "str": "a string",
     "ids": "an integer or a list of integers",
+    "ints": "a list of integers",
     "strs": "a list of strings",
     "dict": "an object",
 }
@@ -352,6 +356,8 @@ def validate(raw) -> list[HFProblem]:
             problems.append(HFProblem((given,), BAD_MODEL_CONFIG, f"{given} must be {_expected(kind)}, not {_shown(value)}"))
             continue
         wrong = _range_problem(given if given == key else key, value)
+        if wrong is not None and key == "sliding_window" and value == 0 and family.post_init == "qwen2_moe":
+            wrong = None  # Qwen2MoeConfig writes 0 for "no window" (its to_dict without use_sliding_window)
         if wrong is not None:
             too_large = key in ("num_labels", "num_hidden_layers", "n_layer") and value > 0
             problems.append(HFProblem((given,), TOO_LARGE if too_large else BAD_MODEL_CONFIG, wrong))
@@ -426,14 +432,18 @@ def validate(raw) -> list[HFProblem]:
                 f"pad_token_id {pad} is outside the vocabulary (vocab_size {cfg['vocab_size']}): the embedding's padding row must exist",
             )
         )
-    if family.block == "mixtral" and cfg["num_experts_per_tok"] > cfg["num_local_experts"]:
+    experts_key = EXPERTS_KEY.get(family.model_type)
+    experts = cfg.get(experts_key) if experts_key else None
+    if experts_key and isinstance(experts, int) and not isinstance(experts, bool) and experts > 0 and cfg["num_experts_per_tok"] > experts:
         problems.append(
             HFProblem(
                 (_where(raw, family, "num_experts_per_tok"),),
                 SHAPE_MISMATCH,
-                f"num_experts_per_tok {cfg['num_experts_per_tok']} exceeds num_local_experts {cfg['num_local_experts']}",
+                f"num_experts_per_tok {cfg['num_experts_per_tok']} exceeds {experts_key} {experts}",
             )
         )
+    elif experts_key and not (isinstance(experts, int) and not isinstance(experts, bool) and experts >= 0):
+        problems.append(HFProblem((_where(raw, family, experts_key),), BAD_MODEL_CONFIG, f"{experts_key} must be an integer of at least 0, not {_shown(experts)}"))
     return problems
 
 
@@ -564,6 +574,8 @@ def normalize(raw: dict) -> dict:
     if family.layer_pattern is not None and out["layer_types"] is None:
         # Gemma 2/3: every pattern-th layer attends globally, the others through the sliding window
         out["layer_types"] = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(out["num_hidden_layers"])]
+    if family.post_init:
+        _POST_INIT[family.post_init](out, extra)
     if family.gelu_means_tanh and out["hidden_act"] == "gelu":
         out["hidden_act"] = "gelu_pytorch_tanh"
 
@@ -600,6 +612,30 @@ def normalize(raw: dict) -> dict:
     return out
 
 
+def _qwen2_moe(out: dict, extra: dict) -> None:
+    """Qwen2MoeConfig.__post_init__: mlp_only_layers defaults to [], the window is 0 without
+    use_sliding_window, and every other layer below max_window_layers slides when it is on."""
+    out["mlp_only_layers"] = [] if out["mlp_only_layers"] is None else out["mlp_only_layers"]
+    out["sliding_window"] = out["sliding_window"] if out["use_sliding_window"] else 0
+    if out["layer_types"] is None:
+        out["layer_types"] = [
+            "sliding_attention" if (i + 1) % 2 and i < out["max_window_layers"] and out["use_sliding_window"] else "full_attention"
+            for i in range(out["num_hidden_layers"])
+        ]
+
+
+def _qwen3_moe(out: dict, extra: dict) -> None:
+    """Qwen3MoeConfig.__post_init__: the window is None without use_sliding_window; mlp_only_layers
+    defaults to []. Its num_experts field is stored as num_local_experts (the class's attribute_map)."""
+    out["sliding_window"] = out["sliding_window"] if out["use_sliding_window"] else None
+    out["mlp_only_layers"] = [] if out["mlp_only_layers"] is None else out["mlp_only_layers"]
+    default = out.pop("num_experts")
+    extra.setdefault("num_local_experts", default)
+
+
+_POST_INIT = {"qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe}
+
+
 def _ignored(family: Family) -> frozenset:
     """Keys another family's class reads and this one's does not (head_dim on gpt2, num_key_value_heads on
     bert...): transformers keeps them as attributes the model never reads, so they are left out here, where
@@ -613,7 +649,7 @@ def _ignored_by_type(model_type: str) -> frozenset:
     every: set = set()
     for other in FAMILIES.values():
         every |= set(read_fields(other))
-    return frozenset(every - set(read_fields(family)) - set(family.attribute_map))
+    return frozenset(every - set(read_fields(family)) - set(family.attribute_map) - set(family.attribute_map.values()))
 
 
 def _rope(out: dict, extra: dict, family: Family) -> None:

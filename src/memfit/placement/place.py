@@ -166,7 +166,8 @@ def _place_parallel(tensors, layout: Layout) -> Placement:
         activations = [t for t in activations if not (t.path and t.path[0] == "model")]
     for t in activations:
         size = sum(t.bytes.values())
-        if t.count > 1 and _per_layer(t.name):
+        if t.count > 1 and _per_layer(t.name) and p.pipeline > 1:  # one stage holds every copy (a MoE model's
+            # "layer" rows count its sparse layers only, not every layer)
             # one copy per layer (models.hf's "layer: ..." rows): each stage keeps its layers' copies
             for s, (a, b) in enumerate(ranges):
                 per_stage[s] += size // t.count * (b - a)

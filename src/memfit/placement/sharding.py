@@ -115,6 +115,7 @@ class Parallel:
     reduce_bucket: int | None = None  # elements, as DeepSpeed's reduce_bucket_size
     allgather_bucket: int | None = None  # elements, as DeepSpeed's allgather_bucket_size
     gradient_accumulation: int = 1
+    expert: int = 1  # expert-parallel ranks, carved out of the data-parallel ones (Megatron's expert_model_parallel_size)
 
     @property
     def world(self) -> int:
@@ -168,10 +169,11 @@ class Sharded:
 # ---------------------------------------------------------------- validation
 
 
-def check_layout(p: Parallel, *, heads: int | None = None, kv_heads: int | None = None, layers: int | None = None) -> list:
+def check_layout(p: Parallel, *, heads: int | None = None, kv_heads: int | None = None, layers: int | None = None,
+                 experts: int | None = None) -> list:
     """Problems with a layout, as (config path, message, severity) triples: errors make it unplaceable."""
     out = []
-    for key in ("data", "tensor", "pipeline", "gpus_per_node", "gradient_accumulation"):
+    for key in ("data", "tensor", "pipeline", "gpus_per_node", "gradient_accumulation", "expert"):
         value = getattr(p, key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             path = "training.gradient_accumulation" if key == "gradient_accumulation" else f"parallel.{key}"
@@ -195,6 +197,15 @@ def check_layout(p: Parallel, *, heads: int | None = None, kv_heads: int | None 
             out.append(("parallel.pipeline", f"pipeline = {p.pipeline} stages but no layers to split: name the layer tensors with their index (model.layers.3.…) or use a transformer model", "error"))
         else:
             out.append(("parallel.pipeline", f"pipeline = {p.pipeline} stages but the model has {layers} layers", "error"))
+    if p.expert > 1:
+        # Megatron: expert-parallel ranks are carved out of the data-parallel ranks (each EP group is EP data ranks
+        # that exchange tokens with all-to-all); the routed experts divide evenly among them
+        if p.data % p.expert:
+            out.append(("parallel.expert", f"expert = {p.expert} does not divide data = {p.data}: expert-parallel ranks are carved out of the data-parallel ones", "error"))
+        if experts is not None and experts % p.expert:
+            out.append(("parallel.expert", f"expert = {p.expert} does not divide the model's {experts} routed experts", "error"))
+        if experts == 0:
+            out.append(("parallel.expert", "expert parallelism shards a mixture of experts' routed experts: this model has none", "error"))
     if p.fsdp == "hybrid_shard" and p.world % p.gpus_per_node:
         out.append(("parallel.gpus_per_node", f"hybrid_shard shards within a node: world size {p.world} is not a multiple of gpus_per_node = {p.gpus_per_node}", "error"))
     if p.offload_parameters and p.engine == "zero" and p.zero != 3:
@@ -363,6 +374,20 @@ def _unit_by_name(name: str, engine: str) -> str:
     return name.rsplit(".", 1)[0] if "." in name else "<root>"
 
 
+# A routed expert tensor (models.hf: the stacked "mlp.experts.gate_up_proj" / "down_proj", dim 0 the experts): expert
+# parallelism keeps num_experts / expert of them on a rank, and ZeRO / FSDP shard those over the expert-data-parallel
+# group (data / expert ranks hold the same experts). A shared expert ("shared_expert.") is not routed.
+EXPERT_TENSOR = re.compile(r"(^|\.)experts\.")
+
+
+def is_expert(t: Tensor) -> bool:
+    return bool(EXPERT_TENSOR.search(t.name))
+
+
+def _expert_shape(shape: tuple, p: Parallel) -> tuple:
+    return (shape[0] // p.expert, *shape[1:]) if shape else shape
+
+
 def shard_group(p: Parallel) -> int:
     """Ranks one tensor is sharded over."""
     if p.engine == "fsdp":
@@ -428,23 +453,26 @@ def rank_bytes(tensors: list, p: Parallel, stage: int = 0, data_rank: int = 0, t
         local = [(t, t.shape) for t, s in zip(tensors, stages) if s == stage]
     else:
         local = [(t, tp_shard_shape(t, p.tensor, tensor_rank)) for t, s in zip(tensors, stages) if s == stage]
+    if p.expert > 1:
+        local = [(t, _expert_shape(shape, p) if is_expert(t) else shape) for t, shape in local]
 
     def put(where: dict, category: str, amount: int):
         if amount:
             where[category] = where.get(category, 0) + amount
 
-    flat: dict = {}  # ZeRO 1/2: (category, width) -> elements in the flat buffer
+    flat: dict = {}  # ZeRO 1/2: (category, width, on host, group) -> elements in the flat buffer
     units: dict = {}  # gathering unit -> {"parameters": bytes, "gradients": bytes}
     gathering = n > 1 and ((engine == "fsdp" and p.fsdp != "no_shard") or (engine == "zero" and p.zero == 3))
-    # what one tensor adds depends on its local shape, count and widths only: a model's layer copies
-    # (expand_layers: the same shape and widths dict under 80 names) are priced once, then added up
+    # what one tensor adds depends on its local shape, count, widths and data-parallel group only: a model's
+    # layer copies (expand_layers: the same shape and widths dict under 80 names) are priced once, then added up
     # per kind in the order the kinds first appear (so every dict fills in the order it did tensor by tensor)
-    added: dict = {}  # (shape, count, widths) -> [what one adds, copies]
+    added: dict = {}  # (shape, count, widths, group) -> [what one adds, copies]
     for t, shape in local:
-        key = (shape, t.count, id(t.widths))
+        group = max(1, n // p.expert) if p.expert > 1 and is_expert(t) else n  # an expert's: the expert-data-parallel group
+        key = (shape, t.count, id(t.widths), group)
         entry = added.get(key)
         if entry is None:
-            entry = added[key] = [_adds(t, shape, p, n, engine, sharded, offloaded, data_rank, gathering), 0]
+            entry = added[key] = [_adds(t, shape, p, group, engine, sharded, offloaded, data_rank, gathering), 0]
         entry[1] += 1
         if gathering:
             unit = units.setdefault(_unit_of(t, engine), {"parameters": 0, "gradients": 0})
@@ -457,9 +485,9 @@ def rank_bytes(tensors: list, p: Parallel, stage: int = 0, data_rank: int = 0, t
             flat[flat_key] = flat.get(flat_key, 0) + copies * elements
         for category, status in statuses:  # a category is kept one way on a rank, whatever the tensor
             out.sharded[category] = status
-    alignment = 2 * n  # nccl_start_alignment_factor * dp world size
-    for (category, width, on_host), elements in flat.items():
-        partition = -(-elements // alignment) * alignment // n
+    for (category, width, on_host, group), elements in flat.items():
+        alignment = 2 * group  # nccl_start_alignment_factor * dp world size (an expert buffer: its own group's)
+        partition = -(-elements // alignment) * alignment // group
         put(out.host if on_host else out.device, category, _bytes(partition, width))
     if units:
         out.transient = _gathered(units, p)
@@ -497,7 +525,7 @@ def _adds(t: Tensor, shape: tuple, p: Parallel, n: int, engine: str, sharded: se
         elif p.zero == 3:
             puts.append((on_host, category, k * _bytes(-(-numel // n), width)))
         else:
-            flats.append(((category, width, on_host), k * numel))
+            flats.append(((category, width, on_host, n), k * numel))
     gathered = (0, 0)
     if gathering:
         if engine == "fsdp":
@@ -685,6 +713,7 @@ def from_config(data: dict) -> tuple:
         reduce_bucket=buckets.get("reduce"),
         allgather_bucket=buckets.get("allgather"),
         gradient_accumulation=training.get("gradient_accumulation", 1),
+        expert=section.get("expert", 1),
     )
     if (layout.offload_optimizer or layout.offload_parameters) and host is None:
         at = ("parallel", "offload")

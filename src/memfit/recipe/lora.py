@@ -70,8 +70,16 @@ OUTPUT_HEADS: dict[str, str | None] = {
 # target_parameters. memfit does not model that conversion.
 MOE_RETARGETED: dict[str, tuple] = {
     "mixtral": ("gate", "w1", "w3", "w2"),
-    "qwen2_moe": ("gate", "gate_proj", "up_proj", "down_proj"),
+    # peft 0.21 converts the model types transformers maps to the qwen2_moe pattern (qwen3_moe, deepseek_v3, ...),
+    # not qwen2_moe itself: there all-linear adapts the nn.Linear modules only (measured: issue 21)
+    "qwen3_moe": ("gate", "gate_proj", "up_proj", "down_proj"),
 }
+
+
+# Modules peft 0.21 wraps but whose wrapped forward fails: PhiMoE's router is an nn.Linear subclass returning a tuple
+# (logits, weights, experts), which peft's Linear.forward reads as a tensor (AttributeError: 'tuple' ... 'dtype'):
+# all-linear, or naming the router, cannot train (measured, issue 21)
+PEFT_FAILS: dict[str, tuple] = {"phimoe": ("router",)}
 
 
 class LoraError(ValueError):
@@ -131,6 +139,13 @@ def spec(config: dict, *, model_type: str | None = None) -> LoraSpec:
         raise LoraError(
             f"lora.target_modules {targets!r} on {model_type}: peft retargets the router and experts of transformers 5's fused "
             "MoE layers (target_parameters), which memfit does not model; list the attention projections instead "
+            "(e.g. [q_proj, k_proj, v_proj, o_proj])",
+            "lora.target_modules",
+        )
+    if model_type in PEFT_FAILS and (isinstance(targets, str) or set(targets) & set(PEFT_FAILS[model_type])):
+        raise LoraError(
+            f"lora.target_modules {targets!r} on {model_type}: peft 0.21 wraps its {', '.join(PEFT_FAILS[model_type])} "
+            "(an nn.Linear returning a tuple) and the forward fails; list the attention projections instead "
             "(e.g. [q_proj, k_proj, v_proj, o_proj])",
             "lora.target_modules",
         )
