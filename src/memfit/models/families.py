@@ -92,6 +92,9 @@ class Family:
     nope_layers: bool = False  # SmolLM3: no_rope_layers filled from no_rope_layer_interval, then layer_types from them
     rope_per_layer_type: bool = False  # Gemma 3: rope_parameters per layer type (full: rope_theta, rope_scaling;
     # sliding: rope_local_base_freq), rope_theta_default then {"global": ..., "local": ...}
+    kv_heads_key: str = "num_key_value_heads"  # Falcon: num_kv_heads (kv_heads_default fills it)
+    init_aliases: dict = field(default_factory=dict)  # Falcon: n_embed -> hidden_size (popped by __post_init__, not attribute_map)
+    ffn_default: str | None = None  # Falcon: ffn_hidden_size None -> 4 * hidden_size
 
     @property
     def hidden_key(self) -> str:
@@ -641,6 +644,41 @@ FAMILIES.update({
         architectures={'GraniteForCausalLM': CAUSAL_LM},
         default_architecture='GraniteForCausalLM',
         kv_heads_default=True, qkv_bias='attention_bias', o_bias='attention_bias', mlp_bias='mlp_bias',
+    ),
+    'falcon': Family(
+        'falcon',
+        'FalconConfig',
+        fields={
+            'vocab_size': (65024, 'int'),
+            'hidden_size': (4544, 'int'),
+            'num_hidden_layers': (32, 'int'),
+            'num_attention_heads': (71, 'int'),
+            'num_ln_in_parallel_attn': (None, 'int?'),
+            'layer_norm_epsilon': (1e-05, 'number?'),
+            'initializer_range': (0.02, 'float'),
+            'use_cache': (True, 'bool'),
+            'hidden_dropout': (0.0, 'number?'),
+            'attention_dropout': (0.0, 'number?'),
+            'num_kv_heads': (None, 'int?'),
+            'alibi': (False, 'bool?'),
+            'new_decoder_architecture': (False, 'bool?'),
+            'multi_query': (True, 'bool?'),
+            'parallel_attn': (True, 'bool?'),
+            'bias': (False, 'bool?'),
+            'max_position_embeddings': (2048, 'int'),
+            'rope_parameters': (None, 'dict?'),
+            'bos_token_id': (11, 'int?'),
+            'eos_token_id': (11, 'ids?'),
+            'pad_token_id': (None, 'int?'),
+            'ffn_hidden_size': (None, 'int?'),
+            'activation': ('gelu', 'str?'),
+            'tie_word_embeddings': (True, 'bool'),
+        },
+        architectures=_arch('Falcon'),
+        default_architecture='FalconForCausalLM',
+        kv_heads_default=True, kv_heads_key='num_kv_heads', init_aliases={'n_embed': 'hidden_size'}, ffn_default='ffn_hidden_size',
+        block='falcon', base='transformer', qkv_bias='bias', o_bias='bias', mlp_bias='bias', norm_type='layernorm',
+        padding_idx=False, head_dim_key=False,
     ),
 })
 

@@ -113,6 +113,9 @@ def _layer(cfg: dict, fam: Family) -> list[Module]:
             Module("mlp.dense_4h_to_h", "linear", (inner, h, True)),
         ]
 
+    if block == "falcon":
+        return _falcon_layer(cfg, h)
+
     # the Llama layout and its relatives: attention, MLP (or mixture of experts), two RMSNorms
     heads, kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
     inner = cfg["intermediate_size"]
@@ -161,6 +164,47 @@ def _layer(cfg: dict, fam: Family) -> list[Module]:
     return attention + mlp + norms
 
 
+def falcon_layout(cfg: dict) -> str:
+    """FalconDecoderLayer's layout (modeling_falcon.py): "sequential" (parallel_attn false: input_layernorm, attention,
+    post_attention_layernorm, MLP), "shared" (one input_layernorm whose output both attention and the MLP read: Falcon-7B,
+    or new_decoder_architecture with num_ln_in_parallel_attn 1) or "two_norms" (new_decoder_architecture: ln_attn and
+    ln_mlp both on the layer input, Falcon-40B/180B). num_ln_in_parallel_attn None means 2 under the new architecture."""
+    new = bool(cfg.get("new_decoder_architecture"))
+    lns = cfg.get("num_ln_in_parallel_attn")
+    lns = 2 if lns is None and new else lns
+    if not cfg.get("parallel_attn") and not new:
+        return "sequential"
+    return "two_norms" if new and lns == 2 else "shared"
+
+
+def falcon_kv_heads(cfg: dict) -> int:
+    """The key/value heads query_key_value projects to: num_kv_heads under the new architecture, one with
+    multi_query, else every head."""
+    if cfg.get("new_decoder_architecture"):
+        return cfg["num_kv_heads"]
+    return 1 if cfg.get("multi_query") else cfg["num_attention_heads"]
+
+
+def _falcon_layer(cfg: dict, h: int) -> list[Module]:
+    """FalconDecoderLayer: self_attention (query_key_value, dense), mlp, then the norms its __init__ registers."""
+    heads = cfg["num_attention_heads"]
+    d, bias, ffn = h // heads, bool(cfg.get("bias")), cfg["ffn_hidden_size"]
+    modules = [
+        Module("self_attention.query_key_value", "linear", (h, (heads + 2 * falcon_kv_heads(cfg)) * d, bias)),
+        Module("self_attention.dense", "linear", (h, h, bias)),
+        Module("mlp.dense_h_to_4h", "linear", (h, ffn, bias)),
+        Module("mlp.dense_4h_to_h", "linear", (ffn, h, bias)),
+    ]
+    lns = cfg.get("num_ln_in_parallel_attn")
+    if not cfg.get("parallel_attn"):
+        names = ("post_attention_layernorm", "input_layernorm")
+    elif (2 if lns is None and cfg.get("new_decoder_architecture") else lns) == 2:
+        names = ("ln_attn", "ln_mlp")
+    else:
+        names = ("input_layernorm",)
+    return modules + [Module(name, "layernorm", (h,)) for name in names]
+
+
 def _base(cfg: dict, fam: Family, with_pooler: bool) -> tuple[list[Module], str, list[Module]]:
     """(modules before the layers, the layer list's path, modules after the layers), relative to the base model."""
     h, vocab = _hidden(cfg, fam), cfg["vocab_size"]
@@ -179,6 +223,8 @@ def _base(cfg: dict, fam: Family, with_pooler: bool) -> tuple[list[Module], str,
         return before, "encoder.layer", after
     if fam.block == "gpt_neox":
         return [Module("embed_in", "embedding", (vocab, h))], "layers", [Module("final_layer_norm", "layernorm", (h,))]
+    if fam.block == "falcon":
+        return [Module("word_embeddings", "embedding", (vocab, h))], "h", [Module("ln_f", "layernorm", (h,))]
     return [Module("embed_tokens", "embedding", (vocab, h))], "layers", [Module("norm", fam.norm_type, (h,))]
 
 
@@ -304,7 +350,7 @@ def summary(cfg: dict) -> str:
     """One line for a hover: the class, its size and its shape."""
     fam = family(cfg)
     heads = cfg["n_head"] if fam.model_type == "gpt2" else cfg["num_attention_heads"]
-    kv = cfg.get("num_key_value_heads")
+    kv = falcon_kv_heads(cfg) if fam.block == "falcon" else cfg.get("num_key_value_heads")
     attention = f"{heads} heads" + (f" ({kv} key/value)" if kv is not None and kv != heads else "") + f" of {head_dim(cfg)}"
     text = f"{architecture(cfg)}: {parameter_count(cfg):,} parameters; {num_layers(cfg)} layers, hidden {_hidden(cfg, fam)}, {attention}"
     if fam.block == "mixtral":

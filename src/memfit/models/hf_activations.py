@@ -202,6 +202,7 @@ class Family(NamedTuple):
     window_layers: bool = False   # layer_types' sliding layers: under sdpa a window shorter than the sequence is a mask
     shared_input: bool = False   # Cohere: one norm, attention and MLP both read its output (out = x + attn + mlp)
     qk_norm_key: str | None = None   # Cohere: q_norm / k_norm only when this config key is true
+    falcon: bool = False   # Falcon: its own attention (_falcon_attention) and three layer layouts (hf.falcon_layout)
 
 
 LLAMA_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
@@ -265,10 +266,89 @@ FAMILIES.update({
     # one rotary embedding per layer type present (global and sliding layers rotate with different bases)
     "gemma3_text": LLAMA._replace(norm="gemma_rms", act_key="hidden_activation", sandwich="pre_post", qk_norm=True,
                                   window_layers=True),
+    # modeling_falcon.py: fused query_key_value, FalconLinear (x @ W.T, + bias), nn.LayerNorm, a plain MLP; the layer
+    # layout follows parallel_attn / new_decoder_architecture / num_ln_in_parallel_attn (hf.falcon_layout); rotary or
+    # ALiBi; its own attention code (_falcon_attention)
+    "falcon": Family("layer", {"qkv": "self_attention.query_key_value", "o": "self_attention.dense",
+                               "fc_in": "mlp.dense_h_to_4h", "fc_out": "mlp.dense_4h_to_h", "lm_head": "lm_head",
+                               "final": "transformer.ln_f"},
+                     "fused", "full", "plain", "activation", True, parallel_key="parallel_attn",
+                     dropout_keys=(("attn", "attention_dropout"), ("resid", "hidden_dropout")),
+                     softmax_fp32=False, lora_default=("query_key_value",), falcon=True),
 })
 SUPPORTED = tuple(FAMILIES)
 DEFAULT_ACT = {"gpt2": "gelu_new", "bert": "gelu", "gpt_neox": "gelu", "gemma": "gelu_pytorch_tanh",
-               "gemma2": "gelu_pytorch_tanh", "gemma3_text": "gelu_pytorch_tanh"}
+               "gemma2": "gelu_pytorch_tanh", "gemma3_text": "gelu_pytorch_tanh", "falcon": "gelu"}
+
+
+def _falcon_attention(fam: Family, n: dict) -> list:
+    """FalconAttention.forward (modeling_falcon.py), every path; `_conditions` picks the rows that apply.
+
+    query_key_value's output is split by views (every head its own k and v), by `[..., [-2], :]` indexing (multi_query:
+    one k/v head; the index ops keep their (1,) int64 index) or by indexing and broadcast_to + flatten (the new
+    architecture: k and v copied to every query head). Rotary: q*cos + rotate_half(q)*sin keeps only cos and sin (with
+    the embeddings). Eager: q @ k^T keeps q and k at every query head; `scores /= sqrt(d)` (rotary) or `*= 1/sqrt(d)`
+    (ALiBi) keeps its Python float as a CPU scalar, no device memory (saved_tensors_hooks never sees it); softmax runs in the hidden states' dtype and keeps its result;
+    ALiBi applies attention dropout (mask and dropped copy); p @ v keeps p and v at every head; merging the heads
+    copies. SDPA: the causal mask is always materialised (create_causal_mask(allow_is_causal_skip=False)); the fused
+    kernel keeps q, k, v, the output, the log-sum-exp and the mask (a bool mask as a (b, 1, s, s) float bias made per
+    layer; the ALiBi bias (b, H, s, s) is one tensor for every layer). With multi_query the one k/v head does not match
+    the query heads, so torch runs its math kernel: what eager keeps but the scalar."""
+    T, B4, KV4 = ("T", "h"), ("b", "H", "s", "d"), ("b", "KV", "s", "d")
+    QVIEW = "attention: q (a view of query_key_value's output)"
+    rows = _linear([("qkv", n["qkv"], "qkv")], T, "n1")
+    rows += [
+        K("split heads", "key index [-2] (int64)", (1,), "i64", "fa_index", ("k",)),
+        K("split heads", "value index [-1] (int64)", (1,), "i64", "fa_index", ("v",)),
+        # q, k and v as the attention keeps them (eager's and the math kernel's batched matmuls, or the fused kernel):
+        # a contiguous tensor at every query head; a view of query_key_value's output where no copy is made (a fused
+        # kernel takes strided inputs; a batched matmul folds one sequence's heads without a copy); a multi_query k or
+        # v at its one head where one sequence broadcasts without a copy
+        K("attention", "q", B4, "lin", "fa_q_copy", ("attn",)),
+        K("attention", "q (a view of query_key_value's output)", ("b", "s", "qkv"), "lin", "fa_q_view", ("attn",)),
+        K("attention", "k (at every query head)", B4, "lin", "fa_k_heads", ("attn",)),
+        K("attention", "k (its one head)", KV4, "lin", "fa_k_own", ("attn",)),
+        K("attention", "k (a view of query_key_value's output)", ("b", "s", "qkv"), "lin", "fa_k_view", ("attn",),
+          QVIEW),
+        K("attention", "v (at every query head)", B4, "lin", "fa_v_heads", ("attn",)),
+        K("attention", "v (its one head)", KV4, "lin", "fa_v_own", ("attn",)),
+        K("attention", "v (a view of query_key_value's output)", ("b", "s", "qkv"), "lin", "fa_v_view", ("attn",), QVIEW),
+        K("softmax", "probabilities (in the hidden states' dtype)", ("b", "H", "s", "s"), "act", "fa_bmm", ("qk",)),
+        K("attention dropout", "mask", ("b", "H", "s", "s"), "bool", "fa_drop", ("qk",)),
+        K("p @ v", "dropped-out probabilities", ("b", "H", "s", "s"), "act", "fa_drop", ("v",)),
+        K("p @ v", "probabilities (a low copy under autocast)", ("b", "H", "s", "s"), "low", "fa_bmm&fa_no_drop", ("v",),
+          "softmax: probabilities (in the hidden states' dtype)"),
+        K("p @ v", "dropped-out probabilities (a low copy under autocast)", ("b", "H", "s", "s"), "low", "fa_drop",
+          ("v",), "p @ v: dropped-out probabilities"),
+        K("attention", "the causal mask as a float bias (made per layer)", ("b", 1, "s", "s"), "lin", "fa_mask", ("attn",)),
+        K("attention", "the ALiBi bias, cast to the low dtype by autocast", ("b", "H", "s", "s"), "low", "fa_alibi_cast",
+          ("attn",)),
+        K("attention", "the ALiBi bias (shared by every layer; kept by the recomputed one)", ("b", "H", "s", "s"), "act",
+          "fa_alibi_recomputed", ("attn",)),
+        K("attention", "output", ("b", "s", "H", "d"), "lin", "fa_fused", ("attn",)),
+        K("attention", "log-sum-exp (fp32)", ("b", "H", "s"), "f32", "fa_fused", ("attn",)),
+        K("attention", "RNG state (flash-attn)", (2,), "i64", "flash", ("attn",)),
+    ]
+    o = [("o", n["o"], "h")]
+    rows += [r._replace(when=_and("fa_bmm", r.when)) for r in _linear(o, ("T", "q"), "attn", low_input=True)]
+    rows += [r._replace(when=_and("fa_fused", r.when))
+             for r in _linear(o, ("T", "q"), "attn", low_input=True, source="attention: output")]
+    # parallel_attn false: residual = dropout_add(attention_output, residual, config.attention_dropout)
+    rows.append(K("attention output dropout (attention_dropout)", "mask", ("b", "s", "h"), "bool", "fa_seq_drop", ("o",)))
+    return rows
+
+
+def _falcon_rows(fam: Family, n: dict, act: str, layout) -> list:
+    """FalconDecoderLayer.forward in its three layouts (hf.falcon_layout)."""
+    X = ("b", "s", "h")
+    attention, mlp = _falcon_attention(fam, n), _mlp(fam, n, act)
+    if layout == "shared":
+        return _shared_input_rows(fam, n, attention, mlp)
+    if layout == "two_norms":   # ln_attn and ln_mlp both read the layer input: its storage is kept once
+        second = [r for r in _norm(fam.norm, "ln_mlp", X, "x") if not r.what.startswith("input")]
+        return _norm(fam.norm, "ln_attn", X, "x") + attention + second + mlp
+    return (_norm(fam.norm, "input_layernorm", X, "x") + attention + _norm(fam.norm, "post_attention_layernorm", X, "h1")
+            + mlp)
 
 
 def _attention(fam: Family, n: dict) -> list:
@@ -394,6 +474,8 @@ def layer_rows(model_type: str, act: str | None = None, parallel: bool = True) -
     n = fam.names
     act = act or DEFAULT_ACT.get(model_type, "silu")
     X = ("b", "s", "h")
+    if fam.falcon:
+        return _falcon_rows(fam, n, act, parallel)
     attention, mlp = _attention(fam, n), _mlp(fam, n, act)
     if fam.post_norm:   # BERT: attention, add & norm; MLP, add & norm (whose output is the next layer's input)
         attention = [r._replace(needs=tuple("x" if x == "n1" else x for x in r.needs)) for r in attention]
@@ -430,9 +512,9 @@ def _shared_input_rows(fam: Family, n: dict, attention: list, mlp: list) -> list
     """Cohere: input_layernorm, then attention and the MLP both on its output; gate/up's input is q/k/v's storage.
     use_qk_norm adds a per-head CohereLayerNorm on q and k before the rotary."""
     X = ("b", "s", "h")
-    shared = "q_proj/k_proj/v_proj: input"
+    shared = attention[0].label   # the q/k/v projections' input (Falcon: query_key_value's)
     mlp = [r._replace(needs=tuple("n1" if x == "n2" else x for x in r.needs),
-                      source=shared if r.what == "input" and r.op == "gate_proj/up_proj" else r.source) for r in mlp]
+                      source=shared if r.label == mlp[0].label else r.source) for r in mlp]
     qk = [r._replace(when=_and("qk_norm_on", r.when))
           for r in _norm(fam.norm, "q_norm", ("b", "s", "H", "d"), "q_raw", "lin")
           + _norm(fam.norm, "k_norm", ("b", "s", "KV", "d"), "k_raw", "lin")]
@@ -450,9 +532,12 @@ def _embedding_rows(fam: Family) -> list:
     if fam.post_norm:
         rows += _norm(fam.norm, "LayerNorm", X, "W:embed")
     rows.append(K("embedding dropout", "mask", X, "bool", "embd_dropout", ("W:embed",)))
+    if fam.falcon:   # the ALiBi bias: built once in FalconModel.forward, kept by every layer's fused kernel
+        rows.append(K("alibi", "the ALiBi + causal bias (shared by every layer)", ("b", "H", "s", "s"), "act", "fa_alibi_shared",
+                      ("rope",)))
     if fam.rope:
-        rows += [K("rotary", "cos (shared by every layer)", (1, "s", "rot"), "act", None, ("rope",)),
-                 K("rotary", "sin (shared by every layer)", (1, "s", "rot"), "act", None, ("rope",)),
+        rows += [K("rotary", "cos (shared by every layer)", (1, "s", "rot"), "act", "rotary_on", ("rope",)),
+                 K("rotary", "sin (shared by every layer)", (1, "s", "rot"), "act", "rotary_on", ("rope",)),
                  # Gemma 3: a second pair for the other layer type (modeling_gemma3.py, Gemma3TextModel.forward)
                  K("rotary", "cos of the second layer type", (1, "s", "rot"), "act", "two_ropes", ("rope",)),
                  K("rotary", "sin of the second layer type", (1, "s", "rot"), "act", "two_ropes", ("rope",))]
@@ -492,8 +577,12 @@ def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int = 0, attention: 
     h = cfg["n_embd"] if mt == "gpt2" else cfg["hidden_size"]
     heads = cfg["n_head"] if mt == "gpt2" else cfg["num_attention_heads"]
     kv_heads = cfg.get("num_key_value_heads") or heads
+    if FAMILIES[mt].falcon:
+        from memfit.models.hf import falcon_kv_heads
+
+        kv_heads = falcon_kv_heads(cfg)
     d = cfg.get("head_dim") or h // heads
-    inter = (cfg.get("n_inner") or 4 * h) if mt == "gpt2" else cfg["intermediate_size"]
+    inter = (cfg.get("n_inner") or 4 * h) if mt == "gpt2" else cfg.get("ffn_hidden_size") or cfg["intermediate_size"]
     rope = cfg.get("rope_parameters") or {}
     rotary = int(d * rope.get("partial_rotary_factor", 1.0)) if FAMILIES[mt].rope else 0
     tokens = micro_batch * seq_len
@@ -532,8 +621,11 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
     mixed = precision.endswith("-mixed")
     lora_dropout = bool(lora) and (lora.get("dropout") or 0) > 0
     o_copy = eager or (attention == "sdpa" and fam.rope == "partial")
+    falcon = _falcon_conditions(cfg, fam, attention, checkpointing, micro_batch, cache, mixed)
     return Conditions({
+        **falcon,
         None: True,
+        "eager": eager,
         "eager_q": eager and not qkv_views,
         "eager_q_view": eager and qkv_views,
         "eager_kv": eager and (cache or not qkv_views),
@@ -574,6 +666,42 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
     })
 
 
+def _falcon_conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micro_batch: int, cache: bool,
+                       mixed: bool) -> dict:
+    """Which of _falcon_attention's rows apply (all off for the other families)."""
+    names = ("fa_rope", "fa_alibi", "fa_index", "fa_bmm", "fa_fused", "fa_q_copy", "fa_q_view", "fa_k_heads", "fa_k_own",
+             "fa_k_view", "fa_v_heads", "fa_v_own", "fa_v_view", "fa_drop", "fa_no_drop", "fa_mask", "fa_alibi_shared",
+             "fa_alibi_recomputed", "fa_alibi_cast", "fa_seq_drop")
+    if not fam.falcon:
+        return dict.fromkeys(names, False) | {"rotary_on": True}
+    alibi, new = bool(cfg.get("alibi")), bool(cfg.get("new_decoder_architecture"))
+    mq = not new and bool(cfg.get("multi_query"))
+    mha = not new and not mq
+    bmm = attention == "eager" or (attention == "sdpa" and mq)   # multi_query under sdpa: torch's math kernel
+    fused = not bmm
+    folds = fused or micro_batch == 1   # a strided view reaches the kernel without a copy
+    own = bmm and mq and micro_batch == 1
+    q_view = alibi and not new and (fused or (attention == "eager" and micro_batch == 1))   # the math kernel scales q: a copy
+    k_view = alibi and mha and not cache and folds
+    v_view = mha and not cache and folds
+    drop = alibi and attention == "eager" and (cfg.get("attention_dropout") or 0) > 0
+    sdpa = attention == "sdpa" and fused
+    from memfit.models.hf import falcon_layout
+
+    return {
+        "rotary_on": not alibi, "fa_rope": not alibi, "fa_alibi": alibi, "fa_index": not mha, "fa_bmm": bmm,
+        "fa_fused": fused, "fa_q_copy": not q_view, "fa_q_view": q_view,
+        "fa_k_view": k_view, "fa_k_own": own and not k_view, "fa_k_heads": not k_view and not own,
+        "fa_v_view": v_view, "fa_v_own": own and not v_view, "fa_v_heads": not v_view and not own,
+        "fa_drop": bmm and drop, "fa_no_drop": bmm and not drop,
+        "fa_mask": sdpa and not alibi,
+        "fa_alibi_shared": sdpa and alibi and not mixed and checkpointing != "full",
+        "fa_alibi_recomputed": sdpa and alibi and not mixed and checkpointing == "full",
+        "fa_alibi_cast": sdpa and alibi and mixed,
+        "fa_seq_drop": falcon_layout(cfg) == "sequential" and (cfg.get("attention_dropout") or 0) > 0,
+    }
+
+
 def _roles(precision: str, dtypes: dict | None, adapter: str) -> dict:
     low = LOW.get(precision, "float32")
     if precision.endswith("-mixed"):
@@ -585,6 +713,7 @@ def _roles(precision: str, dtypes: dict | None, adapter: str) -> dict:
         act = lin = soft = copy = forced
     ada_low = copy if precision.endswith("-mixed") else adapter
     return {"act": act, "lin": lin, "soft": soft, "low": copy, "ada": adapter, "ada_low": ada_low, "f32": "float32",
+
             "i64": "int64", "i32": "int32", "bool": "bool"}
 
 
@@ -711,6 +840,11 @@ def _act(cfg: dict) -> str:
 
 
 def _parallel(cfg: dict) -> bool:
+    if FAMILIES[cfg["model_type"]].falcon:   # "shared" or "two_norms" (both true), or "" (sequential)
+        from memfit.models.hf import falcon_layout
+
+        layout = falcon_layout(cfg)
+        return "" if layout == "sequential" else layout
     key = FAMILIES[cfg["model_type"]].parallel_key
     return bool(cfg.get(key, True)) if key else False
 

@@ -42,7 +42,8 @@ POSITIVE = frozenset(
         "vocab_size", "hidden_size", "n_embd", "intermediate_size", "n_inner", "num_hidden_layers", "n_layer",
         "num_attention_heads", "n_head", "num_key_value_heads", "head_dim", "max_position_embeddings",
         "n_positions", "type_vocab_size", "num_local_experts", "num_experts_per_tok", "num_labels",
-        "original_max_position_embeddings", "pretraining_tp", "sliding_window",
+        "original_max_position_embeddings", "pretraining_tp", "sliding_window", "num_kv_heads", "ffn_hidden_size",
+        "num_ln_in_parallel_attn",
     }
 )
 NON_NEGATIVE = frozenset({"chunk_size_feed_forward", "max_window_layers"})
@@ -426,6 +427,8 @@ def validate(raw) -> list[HFProblem]:
                 f"pad_token_id {pad} is outside the vocabulary (vocab_size {cfg['vocab_size']}): the embedding's padding row must exist",
             )
         )
+    if family.block == "falcon":
+        problems += _falcon_layout(raw, cfg)
     if family.block == "mixtral" and cfg["num_experts_per_tok"] > cfg["num_local_experts"]:
         problems.append(
             HFProblem(
@@ -437,9 +440,33 @@ def validate(raw) -> list[HFProblem]:
     return problems
 
 
+def _falcon_layout(raw: dict, cfg: dict) -> list[HFProblem]:
+    """Switch combinations FalconDecoderLayer builds but cannot run (modeling_falcon.py): its __init__ picks the norms
+    from parallel_attn and num_ln_in_parallel_attn, its forward from new_decoder_architecture as well."""
+    new, parallel, lns = cfg["new_decoder_architecture"], cfg["parallel_attn"], cfg["num_ln_in_parallel_attn"]
+    lns = 2 if lns is None and new else lns
+    out = []
+    if new and not parallel:
+        out.append(HFProblem(("parallel_attn",), UNSUPPORTED_MODEL, "new_decoder_architecture with parallel_attn false: "
+                             "FalconDecoderLayer builds input_layernorm and post_attention_layernorm but its forward calls ln_attn"))
+    elif parallel and lns == 2 and not new:
+        out.append(HFProblem(("num_ln_in_parallel_attn",), UNSUPPORTED_MODEL, "num_ln_in_parallel_attn 2 without "
+                             "new_decoder_architecture: FalconDecoderLayer builds ln_attn and ln_mlp but its forward calls input_layernorm"))
+    elif new and parallel and lns not in (1, 2):
+        out.append(HFProblem(("num_ln_in_parallel_attn",), UNSUPPORTED_MODEL, f"num_ln_in_parallel_attn {lns} with "
+                             "new_decoder_architecture: FalconDecoderLayer's forward gives the MLP no input (1 or 2 norms only)"))
+    if new and cfg["num_attention_heads"] % cfg["num_kv_heads"]:
+        where = "num_kv_heads" if "num_kv_heads" in raw else "num_attention_heads"
+        out.append(HFProblem((where,), SHAPE_MISMATCH, f"num_attention_heads {cfg['num_attention_heads']} is not divisible by "
+                             f"num_kv_heads {cfg['num_kv_heads']}: each key/value head serves a whole group"))
+    return out
+
+
 def _act_key(family: Family) -> str:
     if "activation_function" in family.fields:
         return "activation_function"
+    if "activation" in family.fields:   # Falcon
+        return "activation"
     return "hidden_activation" if "hidden_activation" in family.fields else "hidden_act"
 
 
@@ -451,6 +478,8 @@ def read_fields(family: Family) -> dict:
         kinds["head_dim"] = (None, "int?")  # read through getattr by the attention
     if family.layer_pattern_key:
         kinds[family.layer_pattern_key] = (None, "int?")  # Gemma 3's legacy sliding_window_pattern
+    for alias in family.init_aliases:
+        kinds[alias] = (None, "int?")  # Falcon's n_embed, popped by the config class's __post_init__
     kinds["num_labels"] = (None, "int?")  # PreTrainedConfig builds id2label from it
     kinds["torch_dtype"] = (None, "str?")  # the legacy spelling of dtype
     if family.rope_theta_default is not None:
@@ -528,16 +557,24 @@ def normalize(raw: dict) -> dict:
     out.update({key: _copy(default) for key, (default, _) in fields.items()})
     extra: dict = {}
     ignored = _ignored(family)
+    aliases = {alias: target for alias, target in family.init_aliases.items() if raw.get(alias) is not None}
     for key, value in raw.items():
         key = family.attribute_map.get(key, key)
+        if key in aliases:   # FalconConfig.__post_init__: n_embed, when given, replaces hidden_size
+            out[aliases[key]] = _copy(value)
+            continue
+        if key in aliases.values():
+            continue
         if key in out:
             out[key] = _copy(value)
         elif key not in ignored:
             extra[key] = _copy(value)
 
     # PreTrainedConfig.__post_init__ and the family's own, in their order
-    if family.kv_heads_default and out.get("num_key_value_heads") is None:
-        out["num_key_value_heads"] = out["num_attention_heads"]
+    if family.kv_heads_default and out.get(family.kv_heads_key) is None:
+        out[family.kv_heads_key] = out["num_attention_heads"]
+    if family.ffn_default and out.get(family.ffn_default) is None:
+        out[family.ffn_default] = out["hidden_size"] * 4   # FalconConfig.__post_init__
     if family.head_dim_default and out.get("head_dim") is None:
         out["head_dim"] = out["hidden_size"] // out["num_attention_heads"]
     if family.sliding_window_flag:
