@@ -49,6 +49,9 @@ TINY = {
                    "embedding_dropout": 0.1},
     "granite": {**_GQA, "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0078125,
                 "logits_scaling": 8.0},
+    # Falcon-7B's switches (multi_query, parallel_attn, one norm); tests/models/test_falcon.py covers the others
+    "falcon": {"hidden_size": 64, "ffn_hidden_size": 112, "num_hidden_layers": 2, "num_attention_heads": 4,
+               "hidden_dropout": 0.1},
 }
 FAMILIES = tuple(TINY)
 VOCAB = 128

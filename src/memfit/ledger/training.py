@@ -386,7 +386,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
         every = per_layer
     fam = acts.FAMILIES[cfg["model_type"]]
     split_cache: dict = {}
-    flights = _layer_flights(cfg, sizes, act_w, lin_w)
+    flights = _layer_flights(cfg, sizes, act_w, lin_w, run["attention"])
     for i in range(n_layers):
         key = id(every[i])
         if key not in split_cache:
@@ -455,7 +455,9 @@ def _split(kept: list, fam) -> list:
     starts_with = {
         "o_proj": ("o_proj", n["o"]),
         # (Cohere's gate/up input is the attention's, kept there: its MLP part begins at the activation)
-        "mlp": ("post_attention_layernorm", "gate_proj", "gate_up_proj", "fc_in", "act_fn(gate)", *(n[k] for k in ("gate", "gate_up", "fc_in") if k in n)),
+        # (Falcon's one-norm layout likewise: its MLP part begins at the activation; ln_mlp: the new architecture's)
+        "mlp": ("post_attention_layernorm", "ln_mlp", "gate_proj", "gate_up_proj", "fc_in", "act_fn(gate)", "act: ",
+                *(n[k] for k in ("gate", "gate_up", "fc_in") if k in n)),
         "down_proj": ("down_proj", "fc_out", "grouped_mm down", *(n[k] for k in ("down", "fc_out") if k in n)),
     }
     order = ["attention", "o_proj", "mlp", "down_proj"]
@@ -466,7 +468,7 @@ def _split(kept: list, fam) -> list:
     return [(part, kept[starts[i] : starts[i + 1]]) for i, part in enumerate(order)]
 
 
-def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int) -> dict:
+def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int, attention: str = "sdpa") -> dict:
     """Gradients in flight at the worst backward moment of each part of a layer; the residual
     stream's gradient is alive through all of them, a residual dropout's gradient beside it. The
     down projection: its input's gradient; the MLP: the gradients of the down projection's input
@@ -480,9 +482,16 @@ def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int) -> dict:
     routed = sizes["k"] or 1  # a mixture of experts runs its MLP once per (token, chosen expert)
     res = T * h * act_w
     dropout = res if acts._drop(cfg, fam, "resid") else 0
+    scores = 0
+    if fam.falcon:
+        # Falcon's batched-matmul attention (eager, and torch's math kernel for multi_query under sdpa, in fp32 from a
+        # 16-bit input): the probabilities' gradient, (b, H, s, s), is in flight through the softmax's backward
+        cond = acts._conditions(cfg, fam, attention, "none", sizes["b"])
+        if cond["fa_bmm"]:
+            scores = sizes["b"] * sizes["H"] * sizes["s"] ** 2 * (4 if cond["fa_math"] else act_w)
     return {
         "down_proj": res + dropout + routed * T * i * lin_w,
         "mlp": res + dropout + routed * T * k * i * lin_w,
         "o_proj": res + dropout + T * q * lin_w,
-        "attention": res + T * (2 * q + 2 * kv) * lin_w,
+        "attention": res + T * (2 * q + 2 * kv) * lin_w + scores,
     }

@@ -304,22 +304,25 @@ def _falcon_attention(fam: Family, n: dict) -> list:
         # a contiguous tensor at every query head; a view of query_key_value's output where no copy is made (a fused
         # kernel takes strided inputs; a batched matmul folds one sequence's heads without a copy); a multi_query k or
         # v at its one head where one sequence broadcasts without a copy
-        K("attention", "q", B4, "lin", "fa_q_copy", ("attn",)),
-        K("attention", "q (a view of query_key_value's output)", ("b", "s", "qkv"), "lin", "fa_q_view", ("attn",)),
-        K("attention", "k (at every query head)", B4, "lin", "fa_k_heads", ("attn",)),
-        K("attention", "k (its one head)", KV4, "lin", "fa_k_own", ("attn",)),
-        K("attention", "k (a view of query_key_value's output)", ("b", "s", "qkv"), "lin", "fa_k_view", ("attn",),
-          QVIEW),
-        K("attention", "v (at every query head)", B4, "lin", "fa_v_heads", ("attn",)),
-        K("attention", "v (its one head)", KV4, "lin", "fa_v_own", ("attn",)),
-        K("attention", "v (a view of query_key_value's output)", ("b", "s", "qkv"), "lin", "fa_v_view", ("attn",), QVIEW),
-        K("softmax", "probabilities (in the hidden states' dtype)", ("b", "H", "s", "s"), "act", "fa_bmm", ("qk",)),
+        # (torch's math kernel computes in fp32 from a 16-bit input: ToCopy up, and back after; its rows are fp32)
+        *[K("attention", what, shape, role, _and(when, path), ("attn",), source)
+          for what, shape, when, source in (
+              ("q", B4, "fa_q_copy", None),
+              ("q (a view of query_key_value's output)", ("b", "s", "qkv"), "fa_q_view", None),
+              ("k (at every query head)", B4, "fa_k_heads", None),
+              ("k (its one head)", KV4, "fa_k_own", None),
+              ("k (a view of query_key_value's output)", ("b", "s", "qkv"), "fa_k_view", QVIEW),
+              ("v (at every query head)", B4, "fa_v_heads", None),
+              ("v (its one head)", KV4, "fa_v_own", None),
+              ("v (a view of query_key_value's output)", ("b", "s", "qkv"), "fa_v_view", QVIEW))
+          for role, path in (("lin", "fa_not_math"), ("f32", "fa_math"))],
+        K("softmax", "probabilities (in the hidden states' dtype)", ("b", "H", "s", "s"), "act", "fa_eager", ("qk",)),
+        K("softmax", "probabilities (in the hidden states' dtype)", ("b", "H", "s", "s"), "f32", "fa_math", ("qk",)),
         K("attention dropout", "mask", ("b", "H", "s", "s"), "bool", "fa_drop", ("qk",)),
-        K("p @ v", "dropped-out probabilities", ("b", "H", "s", "s"), "act", "fa_drop", ("v",)),
-        K("p @ v", "probabilities (a low copy under autocast)", ("b", "H", "s", "s"), "low", "fa_bmm&fa_no_drop", ("v",),
+        K("p @ v", "dropped-out probabilities (a low copy under autocast: the dropout's own output is kept by none)",
+          ("b", "H", "s", "s"), "low", "fa_drop", ("v",)),
+        K("p @ v", "probabilities (a low copy under autocast)", ("b", "H", "s", "s"), "low", "fa_eager&fa_no_drop", ("v",),
           "softmax: probabilities (in the hidden states' dtype)"),
-        K("p @ v", "dropped-out probabilities (a low copy under autocast)", ("b", "H", "s", "s"), "low", "fa_drop",
-          ("v",), "p @ v: dropped-out probabilities"),
         K("attention", "the causal mask as a float bias (made per layer)", ("b", 1, "s", "s"), "lin", "fa_mask", ("attn",)),
         K("attention", "the ALiBi bias, cast to the low dtype by autocast", ("b", "H", "s", "s"), "low", "fa_alibi_cast",
           ("attn",)),
@@ -342,6 +345,12 @@ def _falcon_rows(fam: Family, n: dict, act: str, layout) -> list:
     """FalconDecoderLayer.forward in its three layouts (hf.falcon_layout)."""
     X = ("b", "s", "h")
     attention, mlp = _falcon_attention(fam, n), _mlp(fam, n, act)
+    # FalconLinear adds its bias after the matmul, outside autocast: under *-mixed with bias the activation's input is
+    # fp32 (dense_4h_to_h then casts the activation's output to the low dtype, a copy of the same size)
+    mlp = [r._replace(when=_and("not_fa_bias_mixed", r.when)) for r in mlp if r.op == "act"] + \
+        [r._replace(role="act", when=_and("fa_bias_mixed", r.when)) for r in mlp if r.op == "act"] + \
+        [r for r in mlp if r.op != "act"]
+    mlp = sorted(mlp, key=lambda r: 0 if r.op.startswith("fc_in") else 1 if r.op == "act" else 2)
     if layout == "shared":
         return _shared_input_rows(fam, n, attention, mlp)
     if layout == "two_norms":   # ln_attn and ln_mlp both read the layer input: its storage is kept once
@@ -669,34 +678,48 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
 def _falcon_conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micro_batch: int, cache: bool,
                        mixed: bool) -> dict:
     """Which of _falcon_attention's rows apply (all off for the other families)."""
-    names = ("fa_rope", "fa_alibi", "fa_index", "fa_bmm", "fa_fused", "fa_q_copy", "fa_q_view", "fa_k_heads", "fa_k_own",
+    names = ("fa_rope", "fa_alibi", "fa_index", "fa_bmm", "fa_fused", "fa_math", "fa_not_math", "fa_eager", "fa_bias_mixed",
+             "not_fa_bias_mixed", "fa_q_copy", "fa_q_view", "fa_k_heads", "fa_k_own",
              "fa_k_view", "fa_v_heads", "fa_v_own", "fa_v_view", "fa_drop", "fa_no_drop", "fa_mask", "fa_alibi_shared",
              "fa_alibi_recomputed", "fa_alibi_cast", "fa_seq_drop")
     if not fam.falcon:
-        return dict.fromkeys(names, False) | {"rotary_on": True}
+        return dict.fromkeys(names, False) | {"rotary_on": True, "not_fa_bias_mixed": True}
     alibi, new = bool(cfg.get("alibi")), bool(cfg.get("new_decoder_architecture"))
     mq = not new and bool(cfg.get("multi_query"))
     mha = not new and not mq
     bmm = attention == "eager" or (attention == "sdpa" and mq)   # multi_query under sdpa: torch's math kernel
     fused = not bmm
     folds = fused or micro_batch == 1   # a strided view reaches the kernel without a copy
+    # multi_query's k and v have one head (its cache copies too); the new architecture with one key/value group
+    # broadcasts them to every head as stride-0 views (flatten merges the size-1 group without a copy) until the cache
+    # copies them or the rotary multiplies k: a kernel then reads the one head's storage
+    one_group = new and cfg.get("num_kv_heads") == 1 and not cache and folds
     own = bmm and mq and micro_batch == 1
-    q_view = alibi and not new and (fused or (attention == "eager" and micro_batch == 1))   # the math kernel scales q: a copy
-    k_view = alibi and mha and not cache and folds
-    v_view = mha and not cache and folds
+    own_k, own_v = own or (one_group and alibi), own or one_group
+    # FalconLinear's bias add (outside autocast) makes query_key_value's output fp32 under *-mixed: autocast's low
+    # copies reach the kernel, never views
+    bias_mixed = mixed and bool(cfg.get("bias"))
+    # (the math kernel scales q: a copy; the new architecture's flatten copies q unless there is one key/value group)
+    q_view = (alibi and (not new or cfg.get("num_kv_heads") == 1) and (fused or (attention == "eager" and micro_batch == 1))
+              and not bias_mixed)
+    k_view = alibi and mha and not cache and folds and not bias_mixed
+    v_view = mha and not cache and folds and not bias_mixed
+    math = attention == "sdpa" and mq
     drop = alibi and attention == "eager" and (cfg.get("attention_dropout") or 0) > 0
     sdpa = attention == "sdpa" and fused
     from memfit.models.hf import falcon_layout
 
     return {
         "rotary_on": not alibi, "fa_rope": not alibi, "fa_alibi": alibi, "fa_index": not mha, "fa_bmm": bmm,
-        "fa_fused": fused, "fa_q_copy": not q_view, "fa_q_view": q_view,
-        "fa_k_view": k_view, "fa_k_own": own and not k_view, "fa_k_heads": not k_view and not own,
-        "fa_v_view": v_view, "fa_v_own": own and not v_view, "fa_v_heads": not v_view and not own,
+        "fa_fused": fused, "fa_math": math, "fa_not_math": not math, "fa_eager": attention == "eager",
+        "fa_bias_mixed": bias_mixed, "not_fa_bias_mixed": not bias_mixed, "fa_q_copy": not q_view, "fa_q_view": q_view,
+        "fa_k_view": k_view, "fa_k_own": own_k and not k_view, "fa_k_heads": not k_view and not own_k,
+        "fa_v_view": v_view, "fa_v_own": own_v and not v_view, "fa_v_heads": not v_view and not own_v,
         "fa_drop": bmm and drop, "fa_no_drop": bmm and not drop,
         "fa_mask": sdpa and not alibi,
-        "fa_alibi_shared": sdpa and alibi and not mixed and checkpointing != "full",
-        "fa_alibi_recomputed": sdpa and alibi and not mixed and checkpointing == "full",
+        # (under full checkpointing too: checkpoint keeps each layer's inputs, the bias among them, for the recomputation)
+        "fa_alibi_shared": sdpa and alibi and not mixed,
+        "fa_alibi_recomputed": False,
         "fa_alibi_cast": sdpa and alibi and mixed,
         "fa_seq_drop": falcon_layout(cfg) == "sequential" and (cfg.get("attention_dropout") or 0) > 0,
     }
