@@ -18,6 +18,7 @@ import math
 from typing import NamedTuple
 
 from memfit.models.families import FAMILIES, SEQUENCE_CLASSIFICATION, Family
+from memfit.models.falcon import falcon_kv_heads, falcon_layout  # noqa: F401  (hf.falcon_layout for callers)
 
 LINEAR, LINEAR_BIAS, CONV1D, EMBEDDING, NORM, OTHER = "linear", "linear_bias", "conv1d", "embedding", "norm", "other"
 ATTENTIONS = ("eager", "sdpa", "flash")  # training.attention; sdpa is transformers' default
@@ -162,27 +163,6 @@ def _layer(cfg: dict, fam: Family) -> list[Module]:
         ]
     norms = [Module(name, fam.norm_type, (h,)) for name in fam.layer_norms]
     return attention + mlp + norms
-
-
-def falcon_layout(cfg: dict) -> str:
-    """FalconDecoderLayer's layout (modeling_falcon.py): "sequential" (parallel_attn false: input_layernorm, attention,
-    post_attention_layernorm, MLP), "shared" (one input_layernorm whose output both attention and the MLP read: Falcon-7B,
-    or new_decoder_architecture with num_ln_in_parallel_attn 1) or "two_norms" (new_decoder_architecture: ln_attn and
-    ln_mlp both on the layer input, Falcon-40B/180B). num_ln_in_parallel_attn None means 2 under the new architecture."""
-    new = bool(cfg.get("new_decoder_architecture"))
-    lns = cfg.get("num_ln_in_parallel_attn")
-    lns = 2 if lns is None and new else lns
-    if not cfg.get("parallel_attn") and not new:
-        return "sequential"
-    return "two_norms" if new and lns == 2 else "shared"
-
-
-def falcon_kv_heads(cfg: dict) -> int:
-    """The key/value heads query_key_value projects to: num_kv_heads under the new architecture, one with
-    multi_query, else every head."""
-    if cfg.get("new_decoder_architecture"):
-        return cfg["num_kv_heads"]
-    return 1 if cfg.get("multi_query") else cfg["num_attention_heads"]
 
 
 def _falcon_layer(cfg: dict, h: int) -> list[Module]:

@@ -202,7 +202,7 @@ class Family(NamedTuple):
     window_layers: bool = False   # layer_types' sliding layers: under sdpa a window shorter than the sequence is a mask
     shared_input: bool = False   # Cohere: one norm, attention and MLP both read its output (out = x + attn + mlp)
     qk_norm_key: str | None = None   # Cohere: q_norm / k_norm only when this config key is true
-    falcon: bool = False   # Falcon: its own attention (_falcon_attention) and three layer layouts (hf.falcon_layout)
+    falcon: bool = False   # Falcon: its own attention (_falcon_attention) and three layer layouts (models/falcon.py)
 
 
 LLAMA_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
@@ -267,7 +267,7 @@ FAMILIES.update({
     "gemma3_text": LLAMA._replace(norm="gemma_rms", act_key="hidden_activation", sandwich="pre_post", qk_norm=True,
                                   window_layers=True),
     # modeling_falcon.py: fused query_key_value, FalconLinear (x @ W.T, + bias), nn.LayerNorm, a plain MLP; the layer
-    # layout follows parallel_attn / new_decoder_architecture / num_ln_in_parallel_attn (hf.falcon_layout); rotary or
+    # layout follows parallel_attn / new_decoder_architecture / num_ln_in_parallel_attn (models/falcon.py); rotary or
     # ALiBi; its own attention code (_falcon_attention)
     "falcon": Family("layer", {"qkv": "self_attention.query_key_value", "o": "self_attention.dense",
                                "fc_in": "mlp.dense_h_to_4h", "fc_out": "mlp.dense_4h_to_h", "lm_head": "lm_head",
@@ -342,7 +342,7 @@ def _falcon_attention(fam: Family, n: dict) -> list:
 
 
 def _falcon_rows(fam: Family, n: dict, act: str, layout) -> list:
-    """FalconDecoderLayer.forward in its three layouts (hf.falcon_layout)."""
+    """FalconDecoderLayer.forward in its three layouts (models/falcon.py)."""
     X = ("b", "s", "h")
     attention, mlp = _falcon_attention(fam, n), _mlp(fam, n, act)
     # FalconLinear adds its bias after the matmul, outside autocast: under *-mixed with bias the activation's input is
@@ -587,7 +587,7 @@ def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int = 0, attention: 
     heads = cfg["n_head"] if mt == "gpt2" else cfg["num_attention_heads"]
     kv_heads = cfg.get("num_key_value_heads") or heads
     if FAMILIES[mt].falcon:
-        from memfit.models.hf import falcon_kv_heads
+        from memfit.models.falcon import falcon_kv_heads
 
         kv_heads = falcon_kv_heads(cfg)
     d = cfg.get("head_dim") or h // heads
@@ -707,7 +707,7 @@ def _falcon_conditions(cfg: dict, fam: Family, attention: str, checkpointing: st
     math = attention == "sdpa" and mq
     drop = alibi and attention == "eager" and (cfg.get("attention_dropout") or 0) > 0
     sdpa = attention == "sdpa" and fused
-    from memfit.models.hf import falcon_layout
+    from memfit.models.falcon import falcon_layout
 
     return {
         "rotary_on": not alibi, "fa_rope": not alibi, "fa_alibi": alibi, "fa_index": not mha, "fa_bmm": bmm,
@@ -864,7 +864,7 @@ def _act(cfg: dict) -> str:
 
 def _parallel(cfg: dict) -> bool:
     if FAMILIES[cfg["model_type"]].falcon:   # "shared" or "two_norms" (both true), or "" (sequential)
-        from memfit.models.hf import falcon_layout
+        from memfit.models.falcon import falcon_layout
 
         layout = falcon_layout(cfg)
         return "" if layout == "sequential" else layout
