@@ -333,7 +333,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
         per_copy = {c: v // max(t.count, 1) for c, v in t.bytes.items()}
         entry = (per_copy, t.trainable, t.elements)
         m = _LAYER.search(t.name)
-        if m:
+        if m and ".vision_tower." not in t.name:   # (LLaVA's vision layers run with the embeddings row)
             seen_layer = True
             layers = range(n_layers) if m.group(1) == "*" else (int(m.group(1)),)
             for i in layers:

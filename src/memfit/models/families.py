@@ -680,6 +680,50 @@ FAMILIES.update({
         block='falcon', base='transformer', qkv_bias='bias', o_bias='bias', mlp_bias='bias', norm_type='layernorm',
         padding_idx=False, head_dim_key=False,
     ),
+    # LlavaForConditionalGeneration: a CLIP vision tower, a two-layer projector and a Llama text model. Its fields are
+    # LlavaConfig's; the structure fields below describe the text model, which models/hf.py and hf_activations.py see
+    # (hf_config.model_view flattens text_config to the top, the vision tower and projector under "llava")
+    'llava': Family(
+        'llava',
+        'LlavaConfig',
+        fields={
+            'vision_config': (None, 'dict?'),
+            'text_config': (None, 'dict?'),
+            'image_token_index': (32000, 'int'),
+            'image_seq_length': (576, 'int'),
+            'projector_hidden_act': ('gelu', 'str'),
+            'vision_feature_select_strategy': ('default', 'str'),
+            'vision_feature_layer': (-2, 'ids'),
+            'multimodal_projector_bias': (True, 'bool'),
+            'tie_word_embeddings': (False, 'bool'),
+        },
+        architectures={'LlavaForConditionalGeneration': CAUSAL_LM},
+        default_architecture='LlavaForConditionalGeneration',
+        attribute_map={'image_token_id': 'image_token_index'}, rope_theta_default=None, block='llava',
+        qkv_bias='attention_bias', o_bias='attention_bias', mlp_bias='mlp_bias',
+    ),
 })
 
 SUPPORTED = tuple(FAMILIES)
+
+# LLaVA's sub-configs (transformers 5.24): the text model's families and CLIPVisionConfig's fields (the vision
+# tower), with the values LlavaConfig gives a vision_config it is not handed (SubConfigSpec init_kwargs: CLIP ViT-L/14
+# at 336 px, LLaVA-1.5's)
+LLAVA_TEXT_FAMILIES = ("llama",)
+CLIP_VISION_FIELDS = {
+    'hidden_size': (768, 'int'),
+    'intermediate_size': (3072, 'int'),
+    'projection_dim': (512, 'int'),
+    'num_hidden_layers': (12, 'int'),
+    'num_attention_heads': (12, 'int'),
+    'num_channels': (3, 'int'),
+    'image_size': (224, 'int'),
+    'patch_size': (32, 'int'),
+    'hidden_act': ('quick_gelu', 'str'),
+    'layer_norm_eps': (1e-05, 'float'),
+    'attention_dropout': (0.0, 'number'),
+    'initializer_range': (0.02, 'float'),
+    'initializer_factor': (1.0, 'number'),
+}
+LLAVA_VISION_DEFAULTS = {'intermediate_size': 4096, 'hidden_size': 1024, 'patch_size': 14, 'image_size': 336,
+                         'num_hidden_layers': 24, 'num_attention_heads': 16, 'vocab_size': 32000, 'projection_dim': 768}

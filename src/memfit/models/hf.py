@@ -205,7 +205,46 @@ def _base(cfg: dict, fam: Family, with_pooler: bool) -> tuple[list[Module], str,
         return [Module("embed_in", "embedding", (vocab, h))], "layers", [Module("final_layer_norm", "layernorm", (h,))]
     if fam.block == "falcon":
         return [Module("word_embeddings", "embedding", (vocab, h))], "h", [Module("ln_f", "layernorm", (h,))]
+    if fam.block == "llava":   # LlavaModel: vision_tower, multi_modal_projector, language_model (a Llama)
+        before = _llava_vision(cfg) + [Module("language_model.embed_tokens", "embedding", (vocab, h))]
+        return before, "language_model.layers", [Module("language_model.norm", "rmsnorm", (h,))]
     return [Module("embed_tokens", "embedding", (vocab, h))], "layers", [Module("norm", fam.norm_type, (h,))]
+
+
+def llava_vision_sizes(cfg: dict) -> dict:
+    """The CLIP vision tower's sizes: hidden, heads, intermediate, layers, channels, image and patch size, patches (P,
+    without the CLS token), the hidden state the projector reads (index into hidden_states) and the layers run up to it
+    (the rest run and are dropped), the projector's input width."""
+    v = cfg["llava"]["vision"]
+    patches = (v["image_size"] // v["patch_size"]) ** 2
+    layer = cfg["llava"]["vision_feature_layer"]
+    n = v["num_hidden_layers"]
+    picked = [x if x >= 0 else n + 1 + x for x in (layer if isinstance(layer, list) else [layer])]
+    return {"hv": v["hidden_size"], "Hv": v["num_attention_heads"], "iv": v["intermediate_size"], "layers": n,
+            "C": v["num_channels"], "image": v["image_size"], "patch": v["patch_size"], "P": patches,
+            "used": max(picked), "features": len(picked), "cls": cfg["llava"]["vision_feature_select_strategy"] == "default"}
+
+
+def _llava_vision(cfg: dict) -> list[Module]:
+    """CLIPVisionModel's modules (as LlavaModel builds it: AutoModel of clip_vision_model), then the projector."""
+    z = llava_vision_sizes(cfg)
+    hv, h, bias = z["hv"], cfg["hidden_size"], bool(cfg["llava"]["multimodal_projector_bias"])
+    out = [
+        Module("vision_tower.embeddings.class_embedding", "param", (hv,)),
+        Module("vision_tower.embeddings.patch_embedding.weight", "param", (hv, z["C"], z["patch"], z["patch"])),
+        Module("vision_tower.embeddings.position_embedding", "embedding", (z["P"] + 1, hv)),
+        Module("vision_tower.pre_layrnorm", "layernorm", (hv,)),
+    ]
+    for i in range(z["layers"]):
+        at = f"vision_tower.encoder.layers.{i}."
+        out += [Module(at + "self_attn." + name, "linear", (hv, hv, True)) for name in ("k_proj", "v_proj", "q_proj", "out_proj")]
+        out += [Module(at + "layer_norm1", "layernorm", (hv,)), Module(at + "mlp.fc1", "linear", (hv, z["iv"], True)),
+                Module(at + "mlp.fc2", "linear", (z["iv"], hv, True)), Module(at + "layer_norm2", "layernorm", (hv,))]
+    return out + [
+        Module("vision_tower.post_layernorm", "layernorm", (hv,)),
+        Module("multi_modal_projector.linear_1", "linear", (hv * z["features"], h, bias)),
+        Module("multi_modal_projector.linear_2", "linear", (h, h, bias)),
+    ]
 
 
 def _tree(cfg: dict) -> tuple[list[Module], str, list[Module], list[Module], set]:
@@ -393,7 +432,7 @@ def derive(data: dict, out, path: str) -> list:
 
     from memfit.diagnostics import codes
     from memfit.diagnostics.diagnostic import Problem
-    from memfit.models.hf_config import LoadError, load, normalize, validate
+    from memfit.models.hf_config import LoadError, load, model_view, normalize, validate
 
     model = data["model"]
     training = data.get("training", {})
@@ -422,7 +461,7 @@ def derive(data: dict, out, path: str) -> list:
             hints = _typo_notes(raw, where)
     if problems:
         return problems
-    cfg = normalize(raw)
+    cfg = model_view(normalize(raw))
     kind = head(cfg)
     fam = family(cfg)
     if kind != fam.architectures[fam.default_architecture]:
@@ -439,7 +478,37 @@ def derive(data: dict, out, path: str) -> list:
     micro_batch, seq_len = training["micro_batch"], training["seq_len"]
     attention = training.get("attention", "sdpa")
     checkpointing = training.get("checkpointing", "none")
+    vision = _vision_training(cfg, training, seq_len)
+    if vision:
+        return vision
     return hints + _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointing, data)
+
+
+def _vision_training(cfg: dict, training: dict, seq_len: int) -> list:
+    """training.images_per_sample and freeze_vision_tower: read into a LLaVA cfg (cfg["llava"]); problems where the model
+    has no vision tower, or where the images' tokens do not fit the sequence or do not match the tower's patches."""
+    from memfit.diagnostics import codes
+    from memfit.diagnostics.diagnostic import Problem
+
+    keys = [key for key in ("images_per_sample", "freeze_vision_tower") if key in training]
+    if not family(cfg).block == "llava":
+        return [Problem(("training", key), codes.SCHEMA, f"training.{key} is for a vision-language model (llava); "
+                        f"{cfg['model_type']} takes no images", on_key=True) for key in keys]
+    own = cfg["llava"]
+    own["images"] = training.get("images_per_sample", 1)
+    own["freeze_vision_tower"] = bool(training.get("freeze_vision_tower", False))
+    z = llava_vision_sizes(cfg)
+    per_image = z["P"] if z["cls"] else z["P"] + 1
+    if own["images"] and own["image_seq_length"] != per_image:
+        message = (f"image_seq_length {own['image_seq_length']} is not the {per_image} features the vision tower gives an "
+                   f"image ({z['image']} px in {z['patch']} px patches{', without the CLS token' if z['cls'] else ''}): "
+                   "transformers refuses the mismatch")
+        return [Problem(("model",), codes.UNSUPPORTED_MODEL, message)]
+    if own["images"] * own["image_seq_length"] > seq_len:
+        message = (f"{own['images']} image(s) of {own['image_seq_length']} tokens each do not fit in seq_len {seq_len}: "
+                   "the image tokens count in the text sequence")
+        return [Problem(("training", "seq_len"), codes.SCHEMA, message)]
+    return []
 
 
 def _typo_notes(raw: dict, where: tuple) -> list:
@@ -562,7 +631,8 @@ def _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointi
                 elements += math.prod(p.shape)
                 continue
             label = f"{prefix}*.{p.name}" if name == "layer" else p.name
-            tensor = make_tensor("parameters", where, label, list(p.shape), count, True, None, out)
+            trains = not (cfg.get("llava", {}).get("freeze_vision_tower") and p.name.startswith("model.vision_tower."))
+            tensor = make_tensor("parameters", where, label, list(p.shape), count, trains, None, out)
             out.tensors.append(tensor)
             elements += tensor.elements
         for block in by_block.get(name) or [None]:

@@ -123,6 +123,7 @@ ACTIVATIONS = {
     "gelu_new": ["tanh(...) result", "0.5 * x", "1 + tanh(...)"],
 }
 ACTIVATIONS["gelu_fast"] = ACTIVATIONS["gelu_new"]
+ACTIVATIONS["quick_gelu"] = ["sigmoid(1.702 * x) result"]   # CLIP: x * sigmoid(1.702 * x)
 
 
 def _activation(name: str, op: str, shape: tuple, f: str, role: str = "lin") -> list:
@@ -202,6 +203,7 @@ class Family(NamedTuple):
     window_layers: bool = False   # layer_types' sliding layers: under sdpa a window shorter than the sequence is a mask
     shared_input: bool = False   # Cohere: one norm, attention and MLP both read its output (out = x + attn + mlp)
     qk_norm_key: str | None = None   # Cohere: q_norm / k_norm only when this config key is true
+    llava: bool = False   # LLaVA: a Llama text model; the CLIP vision tower and the projector kept with the embeddings
     falcon: bool = False   # Falcon: its own attention (_falcon_attention) and three layer layouts (models/falcon.py)
 
 
@@ -269,6 +271,9 @@ FAMILIES.update({
     # modeling_falcon.py: fused query_key_value, FalconLinear (x @ W.T, + bias), nn.LayerNorm, a plain MLP; the layer
     # layout follows parallel_attn / new_decoder_architecture / num_ln_in_parallel_attn (models/falcon.py); rotary or
     # ALiBi; its own attention code (_falcon_attention)
+    # modeling_llava.py: the text model is a Llama (LlavaModel.language_model); the vision tower (CLIP) and the
+    # projector run first and are kept with the embeddings (_llava_kept)
+    "llava": LLAMA._replace(llava=True),
     "falcon": Family("layer", {"qkv": "self_attention.query_key_value", "o": "self_attention.dense",
                                "fc_in": "mlp.dense_h_to_4h", "fc_out": "mlp.dense_4h_to_h", "lm_head": "lm_head",
                                "final": "transformer.ln_f"},
@@ -599,7 +604,7 @@ def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int = 0, attention: 
     return {"b": micro_batch, "s": seq_len, "h": h, "i": inter, "i2": 2 * inter, "H": heads, "KV": kv_heads, "d": d,
             "dk": -(-d // 8) * 8 if attention == "flash" else d, "r": rotary,
             "q": heads * d, "kv": kv_heads * d, "qkv": heads * d + 2 * kv_heads * d, "rot": rotary,
-            "V": cfg["vocab_size"], "T": tokens, "Tl": tokens if micro_batch > 1 else seq_len + 1,
+            "V": cfg["vocab_size"], "T": tokens, "Tl": tokens if micro_batch > 1 or FAMILIES[mt].llava else seq_len + 1,
             "E": cfg.get("num_local_experts", 0), "k": k, "S": tokens * k, "R": rank, "R2": 2 * rank}
 
 
@@ -935,6 +940,97 @@ def _layer_blocks(cfg: dict, layers: int, layer0: list, layer1: list, window) ->
     return out
 
 
+# CLIP's encoder layer (modeling_clip.py CLIPEncoderLayer): layer_norm1, attention (q/k/v/out_proj with biases, no
+# mask, no cache), residual, layer_norm2, fc1, activation (quick_gelu), fc2, residual
+CLIP_VISION = Family("layer", {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
+                               "o": "self_attn.out_proj", "fc_in": "mlp.fc1", "fc_out": "mlp.fc2", "lm_head": "-"},
+                     "separate", None, "plain", "hidden_act", False, dropout_keys=(("attn", "attention_dropout"),))
+
+
+def _clip_rows(act: str) -> list:
+    X, n = ("b", "s", "h"), CLIP_VISION.names
+    return (_norm("layer", "layer_norm1", X, "x") + _attention(CLIP_VISION, n)
+            + _norm("layer", "layer_norm2", X, "h1") + _mlp(CLIP_VISION, n, act))
+
+
+def _llava_kept(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape=_shape):
+    """LLaVA's vision tower and projector (LlavaModel.get_image_features), run on micro_batch x images images: (what
+    stays kept, one vision layer's recomputation under full checkpointing beyond its input). The tower runs every
+    layer, but the layers after the hidden state the projector reads (vision_feature_layer, -2 by default) reach no
+    loss: their tensors are freed with the tower's outputs and are not counted; nor is post_layernorm's."""
+    from memfit.models.hf import llava_vision_sizes
+
+    own = cfg["llava"]
+    images = micro_batch * int(own.get("images", 1))
+    if images == 0:
+        return [], []
+    z = llava_vision_sizes(cfg)
+    v = own["vision"]
+    frozen = bool(own.get("freeze_vision_tower"))
+    tokens = z["P"] if z["cls"] else z["P"] + 1
+    d = z["hv"] // z["Hv"]
+    sizes = {"b": images, "s": z["P"] + 1, "h": z["hv"], "i": z["iv"], "H": z["Hv"], "KV": z["Hv"], "d": d,
+             "dk": -(-d // 8) * 8 if attention == "flash" else d, "q": z["hv"], "kv": z["hv"], "qkv": 3 * z["hv"], "rot": 0,
+             "r": 0, "T": images * (z["P"] + 1), "R": int((lora or {}).get("r") or 0), "C": z["C"], "HI": z["image"],
+             "p": z["patch"], "Pt": tokens, "F": z["features"] * z["hv"], "th": cfg["hidden_size"], "tb": micro_batch,
+             "ts": seq_len, "TP": images * tokens}
+    vcfg = {"num_attention_heads": z["Hv"], "attention_dropout": v.get("attention_dropout", 0.0), "use_cache": False}
+    cond = _conditions(vcfg, CLIP_VISION, attention, checkpointing, images, precision, lora)
+    roles = _dtypes(precision, dtypes)
+    w = _trainable(CLIP_VISION, lora)
+    if frozen:
+        w = {key: False for key in w}
+    text_w = _trainable(FAMILIES["llava"], lora)
+    rows = _clip_rows(v["hidden_act"])
+    first = _grads(CLIP_VISION, w, w["W:embed"], False)
+    later = _grads(CLIP_VISION, w, first["out"], False)
+    layer0 = _resolve(rows, cond, roles, sizes, {**w, **first}, shape)
+    layer1 = _resolve(rows, cond, roles, sizes, {**w, **later}, shape)
+    out_grad = (later if z["used"] > 1 else first)["out"] if z["used"] else w["W:embed"]
+    X = ("b", "s", "h")
+    embed_rows = [K("patch_embedding", "pixel values (in the model's dtype; autocast's low copy)", ("b", "C", "HI", "HI"),
+                    "low", None, ("W:embed",)),
+                  K("patch_embedding", "weight, cast to the low dtype by autocast", ("h", "C", "p", "p"), "low", "mixed",
+                    ("W:embed",))] + [r._replace(op="pre_layrnorm") for r in _norm("layer", "", X, "W:embed")]
+    # the projector reads hidden_states[layer][:, 1:] (default) or all of it: a view of the tower's storage where
+    # nothing forces a copy (one image, or no CLS cut and one layer), else a contiguous copy
+    view = z["features"] == 1 and (images == 1 or not z["cls"])
+    # (a view of the input of a layer that runs after it: that layer's layer_norm1 keeps the storage already)
+    shared_view = view and z["used"] < z["layers"] and checkpointing != "full" and (later["x"] or w["W:norm"])
+    w_proj = not lora   # the projector trains, also with the vision tower frozen; peft's LoRA freezes it
+    pg = w_proj or out_grad   # the projector's output needs a gradient
+    flags = {"W:embed": w["W:embed"], "W:proj": w_proj, "vx": out_grad, "pg": pg, "mix": pg or text_w["W:embed"]}
+    act = own["projector_hidden_act"]
+    proj_rows = [
+        K("multi_modal_projector.linear_1", "input (the vision hidden state it reads: a view)", X, "act", "not_mixed&pv",
+          ("W:proj",)),
+        K("multi_modal_projector.linear_1", "input", ("TP", "F"), "act", "not_mixed&pc", ("W:proj",)),
+        K("multi_modal_projector.linear_1", "input, cast to the low dtype by autocast", ("TP", "F"), "low", "mixed",
+          ("W:proj",)),
+        K("multi_modal_projector.linear_1", "weight, cast to the low dtype by autocast", ("th", "F"), "low", "mixed", ("vx",)),
+        *_activation(act, "multi_modal_projector.act", ("TP", "th"), "pg"),
+        K("multi_modal_projector.linear_2", "input (the activation's output)", ("TP", "th"), "lin", None, ("W:proj",)),
+        K("multi_modal_projector.linear_2", "weight, cast to the low dtype by autocast", ("th", "th"), "low", "mixed", ("pg",)),
+        K("masked_scatter", "the image-token mask (bool)", ("tb", "ts"), "bool", None, ("mix",)),
+    ]
+    pcond = Conditions(cond)
+    pcond.update({"pv": view and not shared_view, "pc": not view})
+    kept = _resolve(embed_rows, cond, roles, sizes, flags, shape)
+    if checkpointing == "full":
+        boundary = Kept("vision layer: its input (kept for the recomputation)", shape(X, sizes), roles["act"])
+        kept += [boundary._replace(label=f"vision layer {i}: its input (kept for the recomputation)")
+                 for i in range(z["used"]) if first["x"] or later["x"] or w["W:norm"]]
+        recomputed = [k for k in layer1 if not k.label.startswith("layer_norm1: input")]
+    else:
+        # every layer runs, and the tower's output (LlavaModel's output holds it) keeps the layers after the hidden
+        # state the projector reads, and post_layernorm on the CLS token, alive to the end of the forward
+        for i in range(z["layers"]):
+            kept += [k._replace(label=f"vision layer {i} {k.label}") for k in (layer0 if i == 0 else layer1)]
+        recomputed = []
+    kept += _resolve(proj_rows, pcond, roles, sizes, flags, shape)
+    return kept, recomputed
+
+
 def _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape=_shape):
     check(cfg, attention, checkpointing, precision)
     mt = cfg["model_type"]
@@ -954,6 +1050,8 @@ def _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dt
     layer1 = _resolve(rows, cond, roles, sizes, flags1, shape)
     top = {**w, "rope": first["qk"] or later["qk"], "x": later["out"], "t": True, "tn": True, "fn": True}
     embeddings = _resolve(_embedding_rows(fam), cond, roles, sizes, top, shape)
+    if fam.llava:
+        embeddings += _llava_kept(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape)[0]
     top["t"] = later["out"] or top.get(f"W:{fam.names.get('transform')}", False)
     head = _resolve(_head_rows(fam), cond, roles, sizes, top, shape)
     loss = _resolve(LOSS_ROWS, cond, roles, sizes, top, shape)
@@ -1009,6 +1107,9 @@ def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "s
     boundary = layer.kept[0]
     window = _window_layers(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora, shape or _shape)
     recomputed = 0
+    if FAMILIES[cfg["model_type"]].llava:   # a vision layer's recomputation, beyond its input
+        recomputed = nbytes(_llava_kept(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora,
+                                        shape or _shape)[1])
     for kind in [later] + ([window[1]] if window is not None else []):   # the largest layer's recomputation
         size = nbytes(kind)
         # the recomputed layer's first kept tensor is the boundary itself when it is the layer's input (Cohere's

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from memfit.diagnostics.diagnostic import Range
-from memfit.models.families import BASE_FIELDS, DROPPED_KEYS, FAMILIES, SUPPORTED, Family
+from memfit.models.families import (BASE_FIELDS, CLIP_VISION_FIELDS, DROPPED_KEYS, FAMILIES, LLAVA_TEXT_FAMILIES,
+                                     LLAVA_VISION_DEFAULTS, SUPPORTED, Family)
 
 IO = "io"
 JSON_SYNTAX = "json-syntax"
@@ -380,6 +381,8 @@ def validate(raw) -> list[HFProblem]:
             )
     if problems:
         return problems
+    if family.block == "llava":
+        return _llava_problems(raw)
 
     architectures = raw.get("architectures")
     if architectures:
@@ -438,6 +441,95 @@ def validate(raw) -> list[HFProblem]:
             )
         )
     return problems
+
+
+def _llava_problems(raw: dict) -> list[HFProblem]:
+    """LLaVA: architectures, the text model (one of LLAVA_TEXT_FAMILIES, validated as its own config.json), the CLIP
+    vision tower's keys, the projector's activation and which vision layer feeds it."""
+    from memfit.models.hf_activations import ACTIVATIONS
+
+    out: list[HFProblem] = []
+    names = raw.get("architectures")
+    if names and names[0] not in FAMILIES["llava"].architectures:
+        out.append(HFProblem(("architectures", 0), UNSUPPORTED_MODEL, f"architecture {excerpt(names[0])} is not supported for llava; "
+                             f"supported: {', '.join(FAMILIES['llava'].architectures)}"))
+    text = raw.get("text_config") or {}
+    kind = text.get("model_type", "llama")
+    if kind not in LLAVA_TEXT_FAMILIES:
+        out.append(HFProblem(("text_config", "model_type"), UNSUPPORTED_MODEL, f"a LLaVA text model of model_type {excerpt(kind)} "
+                             f"is not modeled; modeled: {', '.join(LLAVA_TEXT_FAMILIES)}"))
+    else:
+        out += [HFProblem(("text_config",) + p.path, p.code, "text_config." + p.message if p.path else p.message, p.on_key)
+                for p in validate({**text, "model_type": kind})]
+    vision = raw.get("vision_config") or {}
+    if vision.get("model_type", "clip_vision_model") != "clip_vision_model":
+        out.append(HFProblem(("vision_config", "model_type"), UNSUPPORTED_MODEL, f"a LLaVA vision tower of model_type "
+                             f"{excerpt(vision.get('model_type'))} is not modeled; modeled: clip_vision_model"))
+    for key, value in vision.items():
+        if key in CLIP_VISION_FIELDS:
+            kind_ = CLIP_VISION_FIELDS[key][1]
+            if not _type_ok(value, kind_):
+                out.append(HFProblem(("vision_config", key), BAD_MODEL_CONFIG, f"vision_config.{key} must be {_expected(kind_)}, not {_shown(value)}"))
+            elif key in POSITIVE | {"num_channels", "image_size", "patch_size"} and value < 1:
+                out.append(HFProblem(("vision_config", key), BAD_MODEL_CONFIG, f"vision_config.{key} must be at least 1, not {value}"))
+    if out:
+        return out
+    cfg = normalize(raw)
+    v = cfg["vision_config"]
+    if v["hidden_size"] % v["num_attention_heads"]:
+        out.append(HFProblem(("vision_config", "hidden_size"), SHAPE_MISMATCH, f"vision_config.hidden_size {v['hidden_size']} is not "
+                             f"divisible by num_attention_heads {v['num_attention_heads']}"))
+    if v["hidden_act"] not in ACTIVATIONS:
+        out.append(HFProblem(("vision_config", "hidden_act"), UNSUPPORTED_MODEL, f"vision_config.hidden_act {excerpt(v['hidden_act'])} is "
+                             f"not an activation memfit models"))
+    if cfg["projector_hidden_act"] not in ACTIVATIONS:
+        out.append(HFProblem(("projector_hidden_act",), UNSUPPORTED_MODEL, f"projector_hidden_act {excerpt(cfg['projector_hidden_act'])} "
+                             f"is not an activation memfit models"))
+    if cfg["vision_feature_select_strategy"] not in ("default", "full"):
+        out.append(HFProblem(("vision_feature_select_strategy",), BAD_MODEL_CONFIG, "vision_feature_select_strategy is default "
+                             f"(drop the CLS token) or full, not {excerpt(cfg['vision_feature_select_strategy'])}"))
+    layers = cfg["vision_feature_layer"]
+    for layer in layers if isinstance(layers, list) else [layers]:
+        if not -v["num_hidden_layers"] - 1 <= layer <= v["num_hidden_layers"]:
+            out.append(HFProblem(("vision_feature_layer",), BAD_MODEL_CONFIG, f"vision_feature_layer {layer} is not a hidden state of "
+                                 f"the {v['num_hidden_layers']}-layer vision tower"))
+            break
+    return out
+
+
+def model_view(cfg: dict) -> dict:
+    """The dict models/hf.py and hf_activations.py read: a family's normalized config as it is; LLaVA's with its text
+    model's keys at the top (model_type "llava") and the vision tower and projector under "llava"."""
+    if cfg.get("model_type") != "llava":
+        return cfg
+    text = dict(cfg["text_config"])
+    own = {key: cfg[key] for key in FAMILIES["llava"].fields if key not in ("vision_config", "text_config")}
+    return {**text, "model_type": "llava", "architectures": cfg["architectures"], "tie_word_embeddings": cfg["tie_word_embeddings"],
+            "llava": {**own, "vision": dict(cfg["vision_config"]), "text_model_type": text["model_type"]}}
+
+
+def _llava_subconfigs(out: dict, extra: dict) -> None:
+    """LlavaConfig.__post_init__: text_config and vision_config as their config classes serialize nested (a given dict
+    over the class's defaults; LLaVA's init_kwargs only for a vision_config not given), tie_word_embeddings from the text
+    model's when the top one is false."""
+    text = dict(out["text_config"] or {})
+    text = normalize({**text, "model_type": text.get("model_type", "llama")})
+    text.pop("transformers_version", None)
+    out["text_config"] = text
+    given = out["vision_config"]
+    vision = {key: _copy(default) for key, (default, _) in BASE_FIELDS.items() if key != "transformers_version"}
+    vision.update({key: default for key, (default, _) in CLIP_VISION_FIELDS.items()})
+    vision.update(LLAVA_VISION_DEFAULTS if given is None else {k: _copy(v) for k, v in given.items() if k != "transformers_version"})
+    if vision.get("id2label") is None:
+        labels = vision.pop("num_labels", None) or 2
+        vision["id2label"] = {i: f"LABEL_{i}" for i in range(labels)}
+        vision["label2id"] = {f"LABEL_{i}": i for i in range(labels)}
+    vision["_name_or_path"] = ""
+    vision["model_type"] = "clip_vision_model"
+    vision["output_attentions"] = bool(vision.get("output_attentions", False))
+    out["vision_config"] = vision
+    if not out["tie_word_embeddings"] and text.get("tie_word_embeddings"):
+        out["tie_word_embeddings"] = True
 
 
 def _falcon_layout(raw: dict, cfg: dict) -> list[HFProblem]:
@@ -632,6 +724,8 @@ def normalize(raw: dict) -> dict:
             extra.pop(key, None)
     extra.pop("transformers_version", None)
     out.update(extra)
+    if family.block == "llava":
+        _llava_subconfigs(out, extra)
     out["model_type"] = family.model_type
     out["transformers_version"] = "5.24.0"
     return out
