@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 from memfit.models.families import FAMILIES, SEQUENCE_CLASSIFICATION, Family
 from memfit.models.falcon import falcon_kv_heads, falcon_layout  # noqa: F401  (hf.falcon_layout for callers)
+from memfit.models.llava import llava_vision_sizes
 
 LINEAR, LINEAR_BIAS, CONV1D, EMBEDDING, NORM, OTHER = "linear", "linear_bias", "conv1d", "embedding", "norm", "other"
 ATTENTIONS = ("eager", "sdpa", "flash")  # training.attention; sdpa is transformers' default
@@ -209,20 +210,6 @@ def _base(cfg: dict, fam: Family, with_pooler: bool) -> tuple[list[Module], str,
         before = _llava_vision(cfg) + [Module("language_model.embed_tokens", "embedding", (vocab, h))]
         return before, "language_model.layers", [Module("language_model.norm", "rmsnorm", (h,))]
     return [Module("embed_tokens", "embedding", (vocab, h))], "layers", [Module("norm", fam.norm_type, (h,))]
-
-
-def llava_vision_sizes(cfg: dict) -> dict:
-    """The CLIP vision tower's sizes: hidden, heads, intermediate, layers, channels, image and patch size, patches (P,
-    without the CLS token), the hidden state the projector reads (index into hidden_states) and the layers run up to it
-    (the rest run and are dropped), the projector's input width."""
-    v = cfg["llava"]["vision"]
-    patches = (v["image_size"] // v["patch_size"]) ** 2
-    layer = cfg["llava"]["vision_feature_layer"]
-    n = v["num_hidden_layers"]
-    picked = [x if x >= 0 else n + 1 + x for x in (layer if isinstance(layer, list) else [layer])]
-    return {"hv": v["hidden_size"], "Hv": v["num_attention_heads"], "iv": v["intermediate_size"], "layers": n,
-            "C": v["num_channels"], "image": v["image_size"], "patch": v["patch_size"], "P": patches,
-            "used": max(picked), "features": len(picked), "cls": cfg["llava"]["vision_feature_select_strategy"] == "default"}
 
 
 def _llava_vision(cfg: dict) -> list[Module]:

@@ -958,7 +958,7 @@ def _llava_kept(cfg, micro_batch, seq_len, attention, checkpointing, precision, 
     stays kept, one vision layer's recomputation under full checkpointing beyond its input). The tower runs every
     layer, but the layers after the hidden state the projector reads (vision_feature_layer, -2 by default) reach no
     loss: their tensors are freed with the tower's outputs and are not counted; nor is post_layernorm's."""
-    from memfit.models.hf import llava_vision_sizes
+    from memfit.models.llava import llava_vision_sizes
 
     own = cfg["llava"]
     images = micro_batch * int(own.get("images", 1))
