@@ -165,3 +165,21 @@ def test_the_example_is_llava_1_5_7b(tmp_path):
     done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(example)], capture_output=True,
                           text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_lora_on_both_towers(attention, checkpointing):
+    """peft has no default target_modules for llava; q_proj/v_proj match the vision tower's projections and the text
+    model's alike, so the image features need a gradient and the text model's first layer keeps what the others do."""
+    cfg = config()
+    lora = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    run = dict(micro_batch=2, seq_len=40, attention=attention, checkpointing=checkpointing, lora=lora)
+    measured = hm.measure(cfg, **run)["peak"]
+    mine_cfg = hf_config.model_view(hf_config.normalize(cfg))
+    mine = (hf_activations.peak_saved(mine_cfg, **run) if checkpointing == "full"
+            else hf_activations.total(hf_activations.saved(mine_cfg, **run)))
+    if checkpointing == "none":
+        assert mine == measured
+    else:   # measured 0.9836 (sdpa) and 0.9861 (eager): the checkpointed vision layers' frames, as with a frozen tower
+        assert 0.95 * measured <= mine <= measured, (mine, measured)

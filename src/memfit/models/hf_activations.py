@@ -273,7 +273,7 @@ FAMILIES.update({
     # ALiBi; its own attention code (_falcon_attention)
     # modeling_llava.py: the text model is a Llama (LlavaModel.language_model); the vision tower (CLIP) and the
     # projector run first and are kept with the embeddings (_llava_kept)
-    "llava": LLAMA._replace(llava=True),
+    "llava": LLAMA._replace(llava=True, lora_default=()),   # (peft has no default target_modules for llava)
     "falcon": Family("layer", {"qkv": "self_attention.query_key_value", "o": "self_attention.dense",
                                "fc_in": "mlp.dense_h_to_4h", "fc_out": "mlp.dense_4h_to_h", "lm_head": "lm_head",
                                "final": "transformer.ln_f"},
@@ -963,7 +963,7 @@ def _llava_kept(cfg, micro_batch, seq_len, attention, checkpointing, precision, 
     own = cfg["llava"]
     images = micro_batch * int(own.get("images", 1))
     if images == 0:
-        return [], []
+        return [], [], False
     z = llava_vision_sizes(cfg)
     v = own["vision"]
     frozen = bool(own.get("freeze_vision_tower"))
@@ -1028,7 +1028,7 @@ def _llava_kept(cfg, micro_batch, seq_len, attention, checkpointing, precision, 
             kept += [k._replace(label=f"vision layer {i} {k.label}") for k in (layer0 if i == 0 else layer1)]
         recomputed = []
     kept += _resolve(proj_rows, pcond, roles, sizes, flags, shape)
-    return kept, recomputed
+    return kept, recomputed, pg
 
 
 def _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape=_shape):
@@ -1043,15 +1043,18 @@ def _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dt
     rows = layer_rows(mt, _act(cfg), parallel)
     # the layer input needs a gradient from the first layer on when the embeddings train; under LoRA the first
     # layer's input does not, and every later one does as soon as an earlier adapter reaches the residual stream
-    first = _grads(fam, w, w["W:embed"], parallel)
+    vision = (_llava_kept(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape)
+              if fam.llava else None)
+    # (LLaVA: the image features scattered into the embeddings need a gradient when the tower or projector trains)
+    first = _grads(fam, w, w["W:embed"] or bool(vision and vision[2]), parallel)
     later = _grads(fam, w, first["out"], parallel)
     flags0, flags1 = {**w, **first}, {**w, **later}
     layer0 = _resolve(rows, cond, roles, sizes, flags0, shape)
     layer1 = _resolve(rows, cond, roles, sizes, flags1, shape)
     top = {**w, "rope": first["qk"] or later["qk"], "x": later["out"], "t": True, "tn": True, "fn": True}
     embeddings = _resolve(_embedding_rows(fam), cond, roles, sizes, top, shape)
-    if fam.llava:
-        embeddings += _llava_kept(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape)[0]
+    if vision:
+        embeddings += vision[0]
     top["t"] = later["out"] or top.get(f"W:{fam.names.get('transform')}", False)
     head = _resolve(_head_rows(fam), cond, roles, sizes, top, shape)
     loss = _resolve(LOSS_ROWS, cond, roles, sizes, top, shape)
