@@ -45,8 +45,10 @@ def meta_elements(cfg: dict) -> int:
 
     fields = {k: v for k, v in cfg.items() if k != "model_type"}
     config = transformers.AutoConfig.for_model(cfg["model_type"], **fields)
+    architectures = cfg.get("architectures") or []
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config)
+        model = (getattr(transformers, architectures[0])(config) if architectures
+                 else transformers.AutoModelForCausalLM.from_config(config))
     return sum(p.numel() for p in model.parameters())
 
 
@@ -79,7 +81,8 @@ def test_examples_fit_and_their_parameters_are_the_real_models(example, tmp_path
     # the example's config.json, fully fine-tuned in fp32: 4 bytes per parameter of the real model
     reference = (example.parent / yaml.safe_load(example.read_text())["model"]["hf_config"]).resolve()
     cfg = json.loads(reference.read_text())
-    result = run_check(tmp_path, cfg, micro_batch=1, seq_len=8)
+    # (a vision-language model's sequence holds its image's tokens: LLaVA-1.5's 576)
+    result = run_check(tmp_path, cfg, micro_batch=1, seq_len=1024 if cfg["model_type"] == "llava" else 8)
     assert result["footprint"]["parameters"] == 4 * meta_elements(cfg)
 
 

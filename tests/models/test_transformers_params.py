@@ -93,6 +93,19 @@ CONFIGS = {
         {**TINY, "num_key_value_heads": 4, "num_local_experts": 3, "num_experts_per_tok": 2, "attention_bias": True, "lm_head_bias": True,
          "tie_word_embeddings": True},
     ],
+    # Falcon's switches: 7B (multi_query, parallel, one norm), 40B/180B (new_decoder_architecture: num_kv_heads, ln_attn
+    # and ln_mlp), RW (alibi, biases, every head its own k and v, sequential), new_decoder with one norm (Falcon 2),
+    # n_embed spelling, no tie
+    "falcon": [
+        {"vocab_size": 96, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4},
+        {"vocab_size": 96, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "new_decoder_architecture": True,
+         "num_kv_heads": 2, "ffn_hidden_size": 80},
+        {"vocab_size": 96, "n_embed": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "alibi": True, "bias": True,
+         "multi_query": False, "parallel_attn": False},
+        {"vocab_size": 96, "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 8, "new_decoder_architecture": True,
+         "num_kv_heads": 1, "num_ln_in_parallel_attn": 1, "tie_word_embeddings": False},
+        {"vocab_size": 96, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "multi_query": False, "bias": True},
+    ],
 }
 OTHER_ARCHITECTURES = {  # one more head per family where it is cheap
     "llama": "LlamaForSequenceClassification",
@@ -108,6 +121,7 @@ OTHER_ARCHITECTURES = {  # one more head per family where it is cheap
     "gemma3_text": "Gemma3TextForSequenceClassification",
     "qwen2_moe": "Qwen2MoeForSequenceClassification",
     "phimoe": "PhimoeForSequenceClassification",
+    "falcon": "FalconForSequenceClassification",
 }
 
 
@@ -242,6 +256,8 @@ REAL = {
     "smollm3-3b": {k: v for k, v in json.loads((Path(__file__).resolve().parents[2] / "examples" / "models" / "smollm3-3b.json").read_text()).items()
                    if k not in ("max_window_layers", "pretraining_tp")},
     "smollm3-window": {"model_type": "smollm3", "num_hidden_layers": 8, "use_sliding_window": True, "sliding_window": 64},
+    "falcon-40b": json.loads((Path(__file__).resolve().parents[2] / "examples" / "models" / "falcon-40b.json").read_text()),
+    "falcon-n_embed": {"model_type": "falcon", "n_embed": 128, "num_attention_heads": 8, "alibi": True, "rope_theta": 5e5},
     "bert-labels": {"model_type": "bert", "id2label": {"0": "a", "1": "b", "2": "c"}, "label2id": {"a": 0, "b": 1, "c": 2}},
 }
 

@@ -54,6 +54,9 @@ TINY = {
                   "num_experts_per_tok": 2},
     "qwen3_moe": {**_GQA, "head_dim": 16, "moe_intermediate_size": 24, "num_experts": 4, "num_experts_per_tok": 2},
     "phimoe": {**_GQA, "intermediate_size": 48, "num_local_experts": 4, "num_experts_per_tok": 2},
+    # Falcon-7B's switches (multi_query, parallel_attn, one norm); tests/models/test_falcon.py covers the others
+    "falcon": {"hidden_size": 64, "ffn_hidden_size": 112, "num_hidden_layers": 2, "num_attention_heads": 4,
+               "hidden_dropout": 0.1},
 }
 FAMILIES = tuple(TINY)
 VOCAB = 128
@@ -239,17 +242,33 @@ def _track_recomputation(tracker: Tracker):
         checkpoint_module._recomputation_hook = original
 
 
-def inputs(cfg: dict, micro_batch: int, seq_len: int, seed: int = 1):
+def inputs(cfg: dict, micro_batch: int, seq_len: int, seed: int = 1, images: int = 1):
     g = torch.Generator().manual_seed(seed)
+    if cfg["model_type"] == "llava":
+        # as LLaVA's processor gives them: each image's image_seq_length tokens in the text sequence (first here), and
+        # micro_batch x images images at the vision tower's size
+        vocab, token = cfg["text_config"]["vocab_size"], cfg["image_token_index"]
+        ids = torch.randint(0, vocab, (micro_batch, seq_len), generator=g)
+        ids[ids == token] = (token + 1) % vocab
+        ids[:, : images * cfg["image_seq_length"]] = token
+        v = cfg["vision_config"]
+        pixels = torch.randn(micro_batch * images, v["num_channels"], v["image_size"], v["image_size"], generator=g)
+        out = {"input_ids": ids, "labels": ids.clone()}
+        return {**out, "pixel_values": pixels} if images else out
     ids = torch.randint(0, cfg["vocab_size"], (micro_batch, seq_len), generator=g)
     return {"input_ids": ids, "labels": ids.clone()}
 
 
 def measure(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
-            precision: str = "32-true", lora: dict | None = None, model=None, quantization: dict | None = None) -> dict:
-    """One forward + backward; returns {'total': distinct saved bytes, 'peak': peak live saved bytes, 'items': ...}."""
+            precision: str = "32-true", lora: dict | None = None, model=None, quantization: dict | None = None,
+            images: int = 1, freeze: tuple = ()) -> dict:
+    """One forward + backward; returns {'total': distinct saved bytes, 'peak': peak live saved bytes, 'items': ...}.
+    LLaVA: `images` per sample; `freeze`: module prefixes whose parameters do not train (model.vision_tower)."""
     if model is None:
         model = build(cfg, attention, precision, lora, quantization=quantization)
+    for name, p in model.named_parameters():
+        if name.startswith(tuple(freeze)):
+            p.requires_grad_(False)
     if checkpointing == "full":
         model.activation_checkpointing_enable()
     excluded = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -264,7 +283,7 @@ def measure(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa
     def unpack(holder):
         return holder.t
 
-    batch = inputs(cfg, micro_batch, seq_len)
+    batch = inputs(cfg, micro_batch, seq_len, images=images)
     autocast = contextlib.nullcontext()
     if precision in ("bf16-mixed", "16-mixed"):
         autocast = torch.autocast("cpu", dtype=torch.bfloat16 if precision == "bf16-mixed" else torch.float16)

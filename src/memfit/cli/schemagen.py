@@ -332,6 +332,8 @@ def _training() -> dict:
                 "enum": list(CHECKPOINTING),
                 "default": "none",
             },
+            "images_per_sample": {"title": "Images per sample", "description": "A vision-language model (llava): images in each sequence, each run through the vision tower at its config's image_size; each image's image_seq_length tokens count in seq_len, as transformers' processor expands them. Default 1.", "type": "integer", "minimum": 0, "default": 1},
+            "freeze_vision_tower": {"title": "Freeze the vision tower", "description": "A vision-language model (llava): the vision tower's parameters do not train (no gradients, no optimizer state, none of its activations kept); the projector and the text model train. Default false.", "type": "boolean", "default": False},
             "gradient_accumulation": _count("Gradient accumulation", "Micro-batches per optimizer step (under pipeline parallelism: micro-batches in flight, up to the stages)."),
             "optimizer_impl": {
                 "title": "Optimizer implementation",

@@ -334,7 +334,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
         per_copy = {c: v // max(t.count, 1) for c, v in t.bytes.items()}
         entry = (per_copy, t.trainable, t.elements)
         m = _LAYER.search(t.name)
-        if m:
+        if m and ".vision_tower." not in t.name:   # (LLaVA's vision layers run with the embeddings row)
             seen_layer = True
             layers = range(n_layers) if m.group(1) == "*" else (int(m.group(1)),)
             for i in layers:
@@ -387,9 +387,9 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
         every = per_layer
     fam = acts.FAMILIES[cfg["model_type"]]
     split_cache: dict = {}
-    flights = _layer_flights(cfg, sizes, act_w, lin_w)
+    flights = _layer_flights(cfg, sizes, act_w, lin_w, attention=run["attention"])
     redone = _recompute_flights(cfg, sizes, recipe_args.get("lora"), roles) if checkpointing == "full" else {}
-    dense_flights = _layer_flights(cfg, sizes, act_w, lin_w, routed=False)
+    dense_flights = _layer_flights(cfg, sizes, act_w, lin_w, routed=False, attention=run["attention"])
     # expert parallelism (parallel.expert): a MoE layer sends its routed rows (T·k) to the ranks holding their experts
     # and receives its own experts' rows (S) by all-to-all, and back; the buffers live while the layer runs, in each
     # direction (the gradients take the same way back)
@@ -472,7 +472,9 @@ def _split(kept: list, fam) -> list:
     starts_with = {
         "o_proj": ("o_proj", n["o"]),
         # (Cohere's gate/up input is the attention's, kept there: its MLP part begins at the activation)
-        "mlp": ("post_attention_layernorm", "gate_proj", "gate_up_proj", "fc_in", "act_fn(gate)", *(n[k] for k in ("gate", "gate_up", "fc_in") if k in n)),
+        # (Falcon's one-norm layout likewise: its MLP part begins at the activation; ln_mlp: the new architecture's)
+        "mlp": ("post_attention_layernorm", "ln_mlp", "gate_proj", "gate_up_proj", "fc_in", "act_fn(gate)", "act: ",
+                *(n[k] for k in ("gate", "gate_up", "fc_in") if k in n)),
         # (a mixture of experts' grouped MLP: from the activation on, whose kept tensors its backward frees before
         # the gate_up grouped_mm's)
         "down_proj": ("down_proj", "fc_out", "act_fn(gate), * up", *(n[k] for k in ("down", "fc_out") if k in n)),
@@ -534,7 +536,7 @@ def _recompute_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict) -
     return out
 
 
-def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int, routed: bool = True) -> dict:
+def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int, routed: bool = True, attention: str = "sdpa") -> dict:
     """Gradients in flight at the worst backward moment of each part of a layer; the residual
     stream's gradient is alive through all of them, a residual dropout's gradient beside it. The
     down projection: its input's gradient; the MLP: the gradients of the down projection's input
@@ -552,11 +554,18 @@ def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int, routed: bool 
     k = 2 if fam.mlp == "plain" else 3
     res = T * h * act_w
     dropout = res if acts._drop(cfg, fam, "resid") else 0
+    scores = 0
+    if fam.falcon:
+        # Falcon's batched-matmul attention (eager, and torch's math kernel for multi_query under sdpa, in fp32 from a
+        # 16-bit input): the probabilities' gradient, (b, H, s, s), is in flight through the softmax's backward
+        cond = acts._conditions(cfg, fam, attention, "none", sizes["b"])
+        if cond["fa_bmm"]:
+            scores = sizes["b"] * sizes["H"] * sizes["s"] ** 2 * (4 if cond["fa_math"] else act_w)
     out = {
         "down_proj": res + dropout + T * i * lin_w,
         "mlp": res + dropout + T * k * i * lin_w,
         "o_proj": res + dropout + T * q * lin_w,
-        "attention": res + T * (2 * q + 2 * kv) * lin_w,
+        "attention": res + T * (2 * q + 2 * kv) * lin_w + scores,
     }
     if routed and sizes["k"]:
         # the experts run their MLP once per routed row (S = T·k, or as training.moe sets it), at the experts' width

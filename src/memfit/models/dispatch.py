@@ -76,7 +76,7 @@ def transformer_config(data: dict, path: str) -> dict | None:
     model = data.get("model")
     if not isinstance(model, dict) or not ({"transformer", "hf_config"} & set(model)):
         return None
-    from memfit.models.hf_config import LoadError, load, normalize, validate
+    from memfit.models.hf_config import LoadError, load, model_view, normalize, validate
 
     raw = model.get("transformer")
     if raw is None:
@@ -87,7 +87,7 @@ def transformer_config(data: dict, path: str) -> dict | None:
             return None
     if not isinstance(raw, dict) or validate(raw):
         return None
-    return normalize(raw)
+    return model_view(normalize(raw))
 
 
 def stage_activations(config) -> list | None:

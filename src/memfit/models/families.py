@@ -93,6 +93,9 @@ class Family:
     nope_layers: bool = False  # SmolLM3: no_rope_layers filled from no_rope_layer_interval, then layer_types from them
     rope_per_layer_type: bool = False  # Gemma 3: rope_parameters per layer type (full: rope_theta, rope_scaling;
     # sliding: rope_local_base_freq), rope_theta_default then {"global": ..., "local": ...}
+    kv_heads_key: str = "num_key_value_heads"  # Falcon: num_kv_heads (kv_heads_default fills it)
+    init_aliases: dict = field(default_factory=dict)  # Falcon: n_embed -> hidden_size (popped by __post_init__, not attribute_map)
+    ffn_default: str | None = None  # Falcon: ffn_hidden_size None -> 4 * hidden_size
 
     @property
     def hidden_key(self) -> str:
@@ -643,6 +646,63 @@ FAMILIES.update({
         default_architecture='GraniteForCausalLM',
         kv_heads_default=True, qkv_bias='attention_bias', o_bias='attention_bias', mlp_bias='mlp_bias',
     ),
+    'falcon': Family(
+        'falcon',
+        'FalconConfig',
+        fields={
+            'vocab_size': (65024, 'int'),
+            'hidden_size': (4544, 'int'),
+            'num_hidden_layers': (32, 'int'),
+            'num_attention_heads': (71, 'int'),
+            'num_ln_in_parallel_attn': (None, 'int?'),
+            'layer_norm_epsilon': (1e-05, 'number?'),
+            'initializer_range': (0.02, 'float'),
+            'use_cache': (True, 'bool'),
+            'hidden_dropout': (0.0, 'number?'),
+            'attention_dropout': (0.0, 'number?'),
+            'num_kv_heads': (None, 'int?'),
+            'alibi': (False, 'bool?'),
+            'new_decoder_architecture': (False, 'bool?'),
+            'multi_query': (True, 'bool?'),
+            'parallel_attn': (True, 'bool?'),
+            'bias': (False, 'bool?'),
+            'max_position_embeddings': (2048, 'int'),
+            'rope_parameters': (None, 'dict?'),
+            'bos_token_id': (11, 'int?'),
+            'eos_token_id': (11, 'ids?'),
+            'pad_token_id': (None, 'int?'),
+            'ffn_hidden_size': (None, 'int?'),
+            'activation': ('gelu', 'str?'),
+            'tie_word_embeddings': (True, 'bool'),
+        },
+        architectures=_arch('Falcon'),
+        default_architecture='FalconForCausalLM',
+        kv_heads_default=True, kv_heads_key='num_kv_heads', init_aliases={'n_embed': 'hidden_size'}, ffn_default='ffn_hidden_size',
+        block='falcon', base='transformer', qkv_bias='bias', o_bias='bias', mlp_bias='bias', norm_type='layernorm',
+        padding_idx=False, head_dim_key=False,
+    ),
+    # LlavaForConditionalGeneration: a CLIP vision tower, a two-layer projector and a Llama text model. Its fields are
+    # LlavaConfig's; the structure fields below describe the text model, which models/hf.py and hf_activations.py see
+    # (hf_config.model_view flattens text_config to the top, the vision tower and projector under "llava")
+    'llava': Family(
+        'llava',
+        'LlavaConfig',
+        fields={
+            'vision_config': (None, 'dict?'),
+            'text_config': (None, 'dict?'),
+            'image_token_index': (32000, 'int'),
+            'image_seq_length': (576, 'int'),
+            'projector_hidden_act': ('gelu', 'str'),
+            'vision_feature_select_strategy': ('default', 'str'),
+            'vision_feature_layer': (-2, 'ids'),
+            'multimodal_projector_bias': (True, 'bool'),
+            'tie_word_embeddings': (False, 'bool'),
+        },
+        architectures={'LlavaForConditionalGeneration': CAUSAL_LM},
+        default_architecture='LlavaForConditionalGeneration',
+        attribute_map={'image_token_id': 'image_token_index'}, rope_theta_default=None, block='llava',
+        qkv_bias='attention_bias', o_bias='attention_bias', mlp_bias='mlp_bias',
+    ),
 })
 
 # --- mixtures of experts (issue 21) -----------------------------------------------------------
@@ -775,3 +835,25 @@ EXPERTS_KEY = {'mixtral': 'num_local_experts', 'qwen2_moe': 'num_experts', 'qwen
                'phimoe': 'num_local_experts'}
 
 SUPPORTED = tuple(FAMILIES)
+
+# LLaVA's sub-configs (transformers 5.24): the text model's families and CLIPVisionConfig's fields (the vision
+# tower), with the values LlavaConfig gives a vision_config it is not handed (SubConfigSpec init_kwargs: CLIP ViT-L/14
+# at 336 px, LLaVA-1.5's)
+LLAVA_TEXT_FAMILIES = ("llama",)
+CLIP_VISION_FIELDS = {
+    'hidden_size': (768, 'int'),
+    'intermediate_size': (3072, 'int'),
+    'projection_dim': (512, 'int'),
+    'num_hidden_layers': (12, 'int'),
+    'num_attention_heads': (12, 'int'),
+    'num_channels': (3, 'int'),
+    'image_size': (224, 'int'),
+    'patch_size': (32, 'int'),
+    'hidden_act': ('quick_gelu', 'str'),
+    'layer_norm_eps': (1e-05, 'float'),
+    'attention_dropout': (0.0, 'number'),
+    'initializer_range': (0.02, 'float'),
+    'initializer_factor': (1.0, 'number'),
+}
+LLAVA_VISION_DEFAULTS = {'intermediate_size': 4096, 'hidden_size': 1024, 'patch_size': 14, 'image_size': 336,
+                         'num_hidden_layers': 24, 'num_attention_heads': 16, 'vocab_size': 32000, 'projection_dim': 768}

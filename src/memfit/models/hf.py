@@ -18,6 +18,8 @@ import math
 from typing import NamedTuple
 
 from memfit.models.families import EXPERTS_KEY, FAMILIES, SEQUENCE_CLASSIFICATION, Family
+from memfit.models.falcon import falcon_kv_heads, falcon_layout  # noqa: F401  (hf.falcon_layout for callers)
+from memfit.models.llava import llava_vision_sizes
 
 LINEAR, LINEAR_BIAS, CONV1D, EMBEDDING, NORM, OTHER = "linear", "linear_bias", "conv1d", "embedding", "norm", "other"
 ATTENTIONS = ("eager", "sdpa", "flash")  # training.attention; sdpa is transformers' default
@@ -112,6 +114,9 @@ def _layer(cfg: dict, fam: Family) -> list[Module]:
             Module("mlp.dense_h_to_4h", "linear", (h, inner, True)),
             Module("mlp.dense_4h_to_h", "linear", (inner, h, True)),
         ]
+
+    if block == "falcon":
+        return _falcon_layer(cfg, h)
 
     # the Llama layout and its relatives: attention, MLP (or mixture of experts), two RMSNorms
     if block in MOE_LAYERS:
@@ -263,6 +268,26 @@ def _templates(cfg: dict) -> dict:
     return {kind: _moe_layer(cfg, fam, kind) for kind in dict.fromkeys(kinds)}
 
 
+def _falcon_layer(cfg: dict, h: int) -> list[Module]:
+    """FalconDecoderLayer: self_attention (query_key_value, dense), mlp, then the norms its __init__ registers."""
+    heads = cfg["num_attention_heads"]
+    d, bias, ffn = h // heads, bool(cfg.get("bias")), cfg["ffn_hidden_size"]
+    modules = [
+        Module("self_attention.query_key_value", "linear", (h, (heads + 2 * falcon_kv_heads(cfg)) * d, bias)),
+        Module("self_attention.dense", "linear", (h, h, bias)),
+        Module("mlp.dense_h_to_4h", "linear", (h, ffn, bias)),
+        Module("mlp.dense_4h_to_h", "linear", (ffn, h, bias)),
+    ]
+    lns = cfg.get("num_ln_in_parallel_attn")
+    if not cfg.get("parallel_attn"):
+        names = ("post_attention_layernorm", "input_layernorm")
+    elif (2 if lns is None and cfg.get("new_decoder_architecture") else lns) == 2:
+        names = ("ln_attn", "ln_mlp")
+    else:
+        names = ("input_layernorm",)
+    return modules + [Module(name, "layernorm", (h,)) for name in names]
+
+
 def _base(cfg: dict, fam: Family, with_pooler: bool) -> tuple[list[Module], str, list[Module]]:
     """(modules before the layers, the layer list's path, modules after the layers), relative to the base model."""
     h, vocab = _hidden(cfg, fam), cfg["vocab_size"]
@@ -281,8 +306,35 @@ def _base(cfg: dict, fam: Family, with_pooler: bool) -> tuple[list[Module], str,
         return before, "encoder.layer", after
     if fam.block == "gpt_neox":
         return [Module("embed_in", "embedding", (vocab, h))], "layers", [Module("final_layer_norm", "layernorm", (h,))]
+    if fam.block == "falcon":
+        return [Module("word_embeddings", "embedding", (vocab, h))], "h", [Module("ln_f", "layernorm", (h,))]
+    if fam.block == "llava":   # LlavaModel: vision_tower, multi_modal_projector, language_model (a Llama)
+        before = _llava_vision(cfg) + [Module("language_model.embed_tokens", "embedding", (vocab, h))]
+        return before, "language_model.layers", [Module("language_model.norm", "rmsnorm", (h,))]
     norm = "layernorm" if fam.block == "phimoe" else fam.norm_type
     return [Module("embed_tokens", "embedding", (vocab, h))], "layers", [Module("norm", norm, (h,))]
+
+
+def _llava_vision(cfg: dict) -> list[Module]:
+    """CLIPVisionModel's modules (as LlavaModel builds it: AutoModel of clip_vision_model), then the projector."""
+    z = llava_vision_sizes(cfg)
+    hv, h, bias = z["hv"], cfg["hidden_size"], bool(cfg["llava"]["multimodal_projector_bias"])
+    out = [
+        Module("vision_tower.embeddings.class_embedding", "param", (hv,)),
+        Module("vision_tower.embeddings.patch_embedding.weight", "param", (hv, z["C"], z["patch"], z["patch"])),
+        Module("vision_tower.embeddings.position_embedding", "embedding", (z["P"] + 1, hv)),
+        Module("vision_tower.pre_layrnorm", "layernorm", (hv,)),
+    ]
+    for i in range(z["layers"]):
+        at = f"vision_tower.encoder.layers.{i}."
+        out += [Module(at + "self_attn." + name, "linear", (hv, hv, True)) for name in ("k_proj", "v_proj", "q_proj", "out_proj")]
+        out += [Module(at + "layer_norm1", "layernorm", (hv,)), Module(at + "mlp.fc1", "linear", (hv, z["iv"], True)),
+                Module(at + "mlp.fc2", "linear", (z["iv"], hv, True)), Module(at + "layer_norm2", "layernorm", (hv,))]
+    return out + [
+        Module("vision_tower.post_layernorm", "layernorm", (hv,)),
+        Module("multi_modal_projector.linear_1", "linear", (hv * z["features"], h, bias)),
+        Module("multi_modal_projector.linear_2", "linear", (h, h, bias)),
+    ]
 
 
 def _tree(cfg: dict) -> tuple[list[Module], str, list[Module], list[Module], set]:
@@ -415,7 +467,7 @@ def summary(cfg: dict) -> str:
     """One line for a hover: the class, its size and its shape."""
     fam = family(cfg)
     heads = cfg["n_head"] if fam.model_type == "gpt2" else cfg["num_attention_heads"]
-    kv = cfg.get("num_key_value_heads")
+    kv = falcon_kv_heads(cfg) if fam.block == "falcon" else cfg.get("num_key_value_heads")
     attention = f"{heads} heads" + (f" ({kv} key/value)" if kv is not None and kv != heads else "") + f" of {head_dim(cfg)}"
     text = f"{architecture(cfg)}: {parameter_count(cfg):,} parameters; {num_layers(cfg)} layers, hidden {_hidden(cfg, fam)}, {attention}"
     if fam.model_type in EXPERTS_KEY:
@@ -483,7 +535,7 @@ def derive(data: dict, out, path: str) -> list:
 
     from memfit.diagnostics import codes
     from memfit.diagnostics.diagnostic import Problem
-    from memfit.models.hf_config import LoadError, load, normalize, validate
+    from memfit.models.hf_config import LoadError, load, model_view, normalize, validate
 
     model = data["model"]
     training = data.get("training", {})
@@ -512,7 +564,7 @@ def derive(data: dict, out, path: str) -> list:
             hints = _typo_notes(raw, where)
     if problems:
         return problems
-    cfg = normalize(raw)
+    cfg = model_view(normalize(raw))
     kind = head(cfg)
     fam = family(cfg)
     if kind != fam.architectures[fam.default_architecture]:
@@ -529,7 +581,37 @@ def derive(data: dict, out, path: str) -> list:
     micro_batch, seq_len = training["micro_batch"], training["seq_len"]
     attention = training.get("attention", "sdpa")
     checkpointing = training.get("checkpointing", "none")
+    vision = _vision_training(cfg, training, seq_len)
+    if vision:
+        return vision
     return hints + _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointing, data)
+
+
+def _vision_training(cfg: dict, training: dict, seq_len: int) -> list:
+    """training.images_per_sample and freeze_vision_tower: read into a LLaVA cfg (cfg["llava"]); problems where the model
+    has no vision tower, or where the images' tokens do not fit the sequence or do not match the tower's patches."""
+    from memfit.diagnostics import codes
+    from memfit.diagnostics.diagnostic import Problem
+
+    keys = [key for key in ("images_per_sample", "freeze_vision_tower") if key in training]
+    if not family(cfg).block == "llava":
+        return [Problem(("training", key), codes.SCHEMA, f"training.{key} is for a vision-language model (llava); "
+                        f"{cfg['model_type']} takes no images", on_key=True) for key in keys]
+    own = cfg["llava"]
+    own["images"] = training.get("images_per_sample", 1)
+    own["freeze_vision_tower"] = bool(training.get("freeze_vision_tower", False))
+    z = llava_vision_sizes(cfg)
+    per_image = z["P"] if z["cls"] else z["P"] + 1
+    if own["images"] and own["image_seq_length"] != per_image:
+        message = (f"image_seq_length {own['image_seq_length']} is not the {per_image} features the vision tower gives an "
+                   f"image ({z['image']} px in {z['patch']} px patches{', without the CLS token' if z['cls'] else ''}): "
+                   "transformers refuses the mismatch")
+        return [Problem(("model",), codes.UNSUPPORTED_MODEL, message)]
+    if own["images"] * own["image_seq_length"] > seq_len:
+        message = (f"{own['images']} image(s) of {own['image_seq_length']} tokens each do not fit in seq_len {seq_len}: "
+                   "the image tokens count in the text sequence")
+        return [Problem(("training", "seq_len"), codes.SCHEMA, message)]
+    return []
 
 
 def _typo_notes(raw: dict, where: tuple) -> list:
@@ -662,13 +744,14 @@ def _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointi
             if adapted:
                 elements += math.prod(p.shape)
                 continue
+            trains = not (cfg.get("llava", {}).get("freeze_vision_tower") and p.name.startswith("model.vision_tower."))
             if name in covers and len(covers[name]) < num_layers(cfg):  # layers that differ: each layer by index
                 for i in covers[name]:
-                    out.tensors.append(make_tensor("parameters", where, f"{prefix}{i}.{p.name}", list(p.shape), 1, True, None, out))
+                    out.tensors.append(make_tensor("parameters", where, f"{prefix}{i}.{p.name}", list(p.shape), 1, trains, None, out))
                 elements += math.prod(p.shape)
                 continue
             label = f"{prefix}*.{p.name}" if name in covers else p.name
-            tensor = make_tensor("parameters", where, label, list(p.shape), count, True, None, out)
+            tensor = make_tensor("parameters", where, label, list(p.shape), count, trains, None, out)
             out.tensors.append(tensor)
             elements += tensor.elements
         for block in by_block.get(name) or [None]:

@@ -123,6 +123,7 @@ ACTIVATIONS = {
     "gelu_new": ["tanh(...) result", "0.5 * x", "1 + tanh(...)"],
 }
 ACTIVATIONS["gelu_fast"] = ACTIVATIONS["gelu_new"]
+ACTIVATIONS["quick_gelu"] = ["sigmoid(1.702 * x) result"]   # CLIP: x * sigmoid(1.702 * x)
 
 
 def _activation(name: str, op: str, shape: tuple, f: str, role: str = "lin") -> list:
@@ -205,6 +206,8 @@ class Family(NamedTuple):
     qk_norm_key: str | None = None   # Cohere: q_norm / k_norm only when this config key is true
     lora_experts: bool = True  # peft's all-linear adapts the router and the stacked experts (its v4->v5 MoE mapping)
     routing_dtype: str = "f32"  # the role of the routing weights the experts multiply by (Qwen-MoE: cast to the logits')
+    llava: bool = False   # LLaVA: a Llama text model; the CLIP vision tower and the projector kept with the embeddings
+    falcon: bool = False   # Falcon: its own attention (_falcon_attention) and three layer layouts (models/falcon.py)
 
 
 LLAMA_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
@@ -268,6 +271,18 @@ FAMILIES.update({
     # one rotary embedding per layer type present (global and sliding layers rotate with different bases)
     "gemma3_text": LLAMA._replace(norm="gemma_rms", act_key="hidden_activation", sandwich="pre_post", qk_norm=True,
                                   window_layers=True),
+    # modeling_falcon.py: fused query_key_value, FalconLinear (x @ W.T, + bias), nn.LayerNorm, a plain MLP; the layer
+    # layout follows parallel_attn / new_decoder_architecture / num_ln_in_parallel_attn (models/falcon.py); rotary or
+    # ALiBi; its own attention code (_falcon_attention)
+    # modeling_llava.py: the text model is a Llama (LlavaModel.language_model); the vision tower (CLIP) and the
+    # projector run first and are kept with the embeddings (_llava_kept)
+    "llava": LLAMA._replace(llava=True, lora_default=()),   # (peft has no default target_modules for llava)
+    "falcon": Family("layer", {"qkv": "self_attention.query_key_value", "o": "self_attention.dense",
+                               "fc_in": "mlp.dense_h_to_4h", "fc_out": "mlp.dense_4h_to_h", "lm_head": "lm_head",
+                               "final": "transformer.ln_f"},
+                     "fused", "full", "plain", "activation", True, parallel_key="parallel_attn",
+                     dropout_keys=(("attn", "attention_dropout"), ("resid", "hidden_dropout")),
+                     softmax_fp32=False, lora_default=("query_key_value",), falcon=True),
 })
 # --- mixtures of experts (issue 21) ---------------------------------------------------------------------------
 # Qwen2-MoE / Qwen3-MoE (modeling_qwen2_moe.py, modeling_qwen3_moe.py): Mixtral's router and grouped experts, but
@@ -290,7 +305,86 @@ FAMILIES["phimoe"] = LLAMA._replace(norm="layer", mlp="moe_phi", names={**LLAMA_
 MOE = ("moe", "moe_shared", "moe_phi")
 SUPPORTED = tuple(FAMILIES)
 DEFAULT_ACT = {"gpt2": "gelu_new", "bert": "gelu", "gpt_neox": "gelu", "gemma": "gelu_pytorch_tanh",
-               "gemma2": "gelu_pytorch_tanh", "gemma3_text": "gelu_pytorch_tanh"}
+               "gemma2": "gelu_pytorch_tanh", "gemma3_text": "gelu_pytorch_tanh", "falcon": "gelu"}
+
+
+def _falcon_attention(fam: Family, n: dict) -> list:
+    """FalconAttention.forward (modeling_falcon.py), every path; `_conditions` picks the rows that apply.
+
+    query_key_value's output is split by views (every head its own k and v), by `[..., [-2], :]` indexing (multi_query:
+    one k/v head; the index ops keep their (1,) int64 index) or by indexing and broadcast_to + flatten (the new
+    architecture: k and v copied to every query head). Rotary: q*cos + rotate_half(q)*sin keeps only cos and sin (with
+    the embeddings). Eager: q @ k^T keeps q and k at every query head; `scores /= sqrt(d)` (rotary) or `*= 1/sqrt(d)`
+    (ALiBi) keeps its Python float as a CPU scalar, no device memory (saved_tensors_hooks never sees it); softmax runs in the hidden states' dtype and keeps its result;
+    ALiBi applies attention dropout (mask and dropped copy); p @ v keeps p and v at every head; merging the heads
+    copies. SDPA: the causal mask is always materialised (create_causal_mask(allow_is_causal_skip=False)); the fused
+    kernel keeps q, k, v, the output, the log-sum-exp and the mask (a bool mask as a (b, 1, s, s) float bias made per
+    layer; the ALiBi bias (b, H, s, s) is one tensor for every layer). With multi_query the one k/v head does not match
+    the query heads, so torch runs its math kernel: what eager keeps but the scalar."""
+    T, B4, KV4 = ("T", "h"), ("b", "H", "s", "d"), ("b", "KV", "s", "d")
+    QVIEW = "attention: q (a view of query_key_value's output)"
+    rows = _linear([("qkv", n["qkv"], "qkv")], T, "n1")
+    rows += [
+        K("split heads", "key index [-2] (int64)", (1,), "i64", "fa_index", ("k",)),
+        K("split heads", "value index [-1] (int64)", (1,), "i64", "fa_index", ("v",)),
+        # q, k and v as the attention keeps them (eager's and the math kernel's batched matmuls, or the fused kernel):
+        # a contiguous tensor at every query head; a view of query_key_value's output where no copy is made (a fused
+        # kernel takes strided inputs; a batched matmul folds one sequence's heads without a copy); a multi_query k or
+        # v at its one head where one sequence broadcasts without a copy
+        # (torch's math kernel computes in fp32 from a 16-bit input: ToCopy up, and back after; its rows are fp32)
+        *[K("attention", what, shape, role, _and(when, path), ("attn",), source)
+          for what, shape, when, source in (
+              ("q", B4, "fa_q_copy", None),
+              ("q (a view of query_key_value's output)", ("b", "s", "qkv"), "fa_q_view", None),
+              ("k (at every query head)", B4, "fa_k_heads", None),
+              ("k (its one head)", KV4, "fa_k_own", None),
+              ("k (a view of query_key_value's output)", ("b", "s", "qkv"), "fa_k_view", QVIEW),
+              ("v (at every query head)", B4, "fa_v_heads", None),
+              ("v (its one head)", KV4, "fa_v_own", None),
+              ("v (a view of query_key_value's output)", ("b", "s", "qkv"), "fa_v_view", QVIEW))
+          for role, path in (("lin", "fa_not_math"), ("f32", "fa_math"))],
+        K("softmax", "probabilities (in the hidden states' dtype)", ("b", "H", "s", "s"), "act", "fa_eager", ("qk",)),
+        K("softmax", "probabilities (in the hidden states' dtype)", ("b", "H", "s", "s"), "f32", "fa_math", ("qk",)),
+        K("attention dropout", "mask", ("b", "H", "s", "s"), "bool", "fa_drop", ("qk",)),
+        K("p @ v", "dropped-out probabilities (a low copy under autocast: the dropout's own output is kept by none)",
+          ("b", "H", "s", "s"), "low", "fa_drop", ("v",)),
+        K("p @ v", "probabilities (a low copy under autocast)", ("b", "H", "s", "s"), "low", "fa_eager&fa_no_drop", ("v",),
+          "softmax: probabilities (in the hidden states' dtype)"),
+        K("attention", "the causal mask as a float bias (made per layer)", ("b", 1, "s", "s"), "lin", "fa_mask", ("attn",)),
+        K("attention", "the ALiBi bias, cast to the low dtype by autocast", ("b", "H", "s", "s"), "low", "fa_alibi_cast",
+          ("attn",)),
+        K("attention", "the ALiBi bias (shared by every layer; kept by the recomputed one)", ("b", "H", "s", "s"), "act",
+          "fa_alibi_recomputed", ("attn",)),
+        K("attention", "output", ("b", "s", "H", "d"), "lin", "fa_fused", ("attn",)),
+        K("attention", "log-sum-exp (fp32)", ("b", "H", "s"), "f32", "fa_fused", ("attn",)),
+        K("attention", "RNG state (flash-attn)", (2,), "i64", "flash", ("attn",)),
+    ]
+    o = [("o", n["o"], "h")]
+    rows += [r._replace(when=_and("fa_bmm", r.when)) for r in _linear(o, ("T", "q"), "attn", low_input=True)]
+    rows += [r._replace(when=_and("fa_fused", r.when))
+             for r in _linear(o, ("T", "q"), "attn", low_input=True, source="attention: output")]
+    # parallel_attn false: residual = dropout_add(attention_output, residual, config.attention_dropout)
+    rows.append(K("attention output dropout (attention_dropout)", "mask", ("b", "s", "h"), "bool", "fa_seq_drop", ("o",)))
+    return rows
+
+
+def _falcon_rows(fam: Family, n: dict, act: str, layout) -> list:
+    """FalconDecoderLayer.forward in its three layouts (models/falcon.py)."""
+    X = ("b", "s", "h")
+    attention, mlp = _falcon_attention(fam, n), _mlp(fam, n, act)
+    # FalconLinear adds its bias after the matmul, outside autocast: under *-mixed with bias the activation's input is
+    # fp32 (dense_4h_to_h then casts the activation's output to the low dtype, a copy of the same size)
+    mlp = [r._replace(when=_and("not_fa_bias_mixed", r.when)) for r in mlp if r.op == "act"] + \
+        [r._replace(role="act", when=_and("fa_bias_mixed", r.when)) for r in mlp if r.op == "act"] + \
+        [r for r in mlp if r.op != "act"]
+    mlp = sorted(mlp, key=lambda r: 0 if r.op.startswith("fc_in") else 1 if r.op == "act" else 2)
+    if layout == "shared":
+        return _shared_input_rows(fam, n, attention, mlp)
+    if layout == "two_norms":   # ln_attn and ln_mlp both read the layer input: its storage is kept once
+        second = [r for r in _norm(fam.norm, "ln_mlp", X, "x") if not r.what.startswith("input")]
+        return _norm(fam.norm, "ln_attn", X, "x") + attention + second + mlp
+    return (_norm(fam.norm, "input_layernorm", X, "x") + attention + _norm(fam.norm, "post_attention_layernorm", X, "h1")
+            + mlp)
 
 
 def _attention(fam: Family, n: dict) -> list:
@@ -481,6 +575,8 @@ def layer_rows(model_type: str, act: str | None = None, parallel: bool = True, k
     n = fam.names
     act = act or DEFAULT_ACT.get(model_type, "silu")
     X = ("b", "s", "h")
+    if fam.falcon:
+        return _falcon_rows(fam, n, act, parallel)
     attention, mlp = _attention(fam, n), _mlp(fam, n, act)
     if fam.post_norm:   # BERT: attention, add & norm; MLP, add & norm (whose output is the next layer's input)
         attention = [r._replace(needs=tuple("x" if x == "n1" else x for x in r.needs)) for r in attention]
@@ -517,9 +613,9 @@ def _shared_input_rows(fam: Family, n: dict, attention: list, mlp: list) -> list
     """Cohere: input_layernorm, then attention and the MLP both on its output; gate/up's input is q/k/v's storage.
     use_qk_norm adds a per-head CohereLayerNorm on q and k before the rotary."""
     X = ("b", "s", "h")
-    shared = "q_proj/k_proj/v_proj: input"
+    shared = attention[0].label   # the q/k/v projections' input (Falcon: query_key_value's)
     mlp = [r._replace(needs=tuple("n1" if x == "n2" else x for x in r.needs),
-                      source=shared if r.what == "input" and r.op == "gate_proj/up_proj" else r.source) for r in mlp]
+                      source=shared if r.label == mlp[0].label else r.source) for r in mlp]
     qk = [r._replace(when=_and("qk_norm_on", r.when))
           for r in _norm(fam.norm, "q_norm", ("b", "s", "H", "d"), "q_raw", "lin")
           + _norm(fam.norm, "k_norm", ("b", "s", "KV", "d"), "k_raw", "lin")]
@@ -537,9 +633,12 @@ def _embedding_rows(fam: Family) -> list:
     if fam.post_norm:
         rows += _norm(fam.norm, "LayerNorm", X, "W:embed")
     rows.append(K("embedding dropout", "mask", X, "bool", "embd_dropout", ("W:embed",)))
+    if fam.falcon:   # the ALiBi bias: built once in FalconModel.forward, kept by every layer's fused kernel
+        rows.append(K("alibi", "the ALiBi + causal bias (shared by every layer)", ("b", "H", "s", "s"), "act", "fa_alibi_shared",
+                      ("rope",)))
     if fam.rope:
-        rows += [K("rotary", "cos (shared by every layer)", (1, "s", "rot"), "act", None, ("rope",)),
-                 K("rotary", "sin (shared by every layer)", (1, "s", "rot"), "act", None, ("rope",)),
+        rows += [K("rotary", "cos (shared by every layer)", (1, "s", "rot"), "act", "rotary_on", ("rope",)),
+                 K("rotary", "sin (shared by every layer)", (1, "s", "rot"), "act", "rotary_on", ("rope",)),
                  # Gemma 3: a second pair for the other layer type (modeling_gemma3.py, Gemma3TextModel.forward)
                  K("rotary", "cos of the second layer type", (1, "s", "rot"), "act", "two_ropes", ("rope",)),
                  K("rotary", "sin of the second layer type", (1, "s", "rot"), "act", "two_ropes", ("rope",))]
@@ -605,8 +704,12 @@ def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int = 0, attention: 
     h = cfg["n_embd"] if mt == "gpt2" else cfg["hidden_size"]
     heads = cfg["n_head"] if mt == "gpt2" else cfg["num_attention_heads"]
     kv_heads = cfg.get("num_key_value_heads") or heads
+    if FAMILIES[mt].falcon:
+        from memfit.models.falcon import falcon_kv_heads
+
+        kv_heads = falcon_kv_heads(cfg)
     d = cfg.get("head_dim") or h // heads
-    inter = (cfg.get("n_inner") or 4 * h) if mt == "gpt2" else cfg["intermediate_size"]
+    inter = (cfg.get("n_inner") or 4 * h) if mt == "gpt2" else cfg.get("ffn_hidden_size") or cfg["intermediate_size"]
     rope = cfg.get("rope_parameters") or {}
     rotary = int(d * rope.get("partial_rotary_factor", 1.0)) if FAMILIES[mt].rope else 0
     tokens = micro_batch * seq_len
@@ -618,7 +721,7 @@ def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int = 0, attention: 
     return {"b": micro_batch, "s": seq_len, "h": h, "i": inter, "i2": 2 * inter, "H": heads, "KV": kv_heads, "d": d,
             "dk": -(-d // 8) * 8 if attention == "flash" else d, "r": rotary,
             "q": heads * d, "kv": kv_heads * d, "qkv": heads * d + 2 * kv_heads * d, "rot": rotary,
-            "V": cfg["vocab_size"], "T": tokens, "Tl": tokens if micro_batch > 1 else seq_len + 1,
+            "V": cfg["vocab_size"], "T": tokens, "Tl": tokens if micro_batch > 1 or FAMILIES[mt].llava else seq_len + 1,
             "E": experts, "k": k, "S": routed_rows(tokens, k, experts, moe), "R": rank, "R2": 2 * rank,
             "ie": expert_inter, "ie2": 2 * expert_inter, "is": cfg.get("shared_expert_intermediate_size") or 0}
 
@@ -650,8 +753,11 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
     mixed = precision.endswith("-mixed")
     lora_dropout = bool(lora) and (lora.get("dropout") or 0) > 0
     o_copy = eager or (attention == "sdpa" and fam.rope == "partial")
+    falcon = _falcon_conditions(cfg, fam, attention, checkpointing, micro_batch, cache, mixed)
     return Conditions({
+        **falcon,
         None: True,
+        "eager": eager,
         "eager_q": eager and not qkv_views,
         "eager_q_view": eager and qkv_views,
         "eager_kv": eager and (cache or not qkv_views),
@@ -694,6 +800,56 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
     })
 
 
+def _falcon_conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micro_batch: int, cache: bool,
+                       mixed: bool) -> dict:
+    """Which of _falcon_attention's rows apply (all off for the other families)."""
+    names = ("fa_rope", "fa_alibi", "fa_index", "fa_bmm", "fa_fused", "fa_math", "fa_not_math", "fa_eager", "fa_bias_mixed",
+             "not_fa_bias_mixed", "fa_q_copy", "fa_q_view", "fa_k_heads", "fa_k_own",
+             "fa_k_view", "fa_v_heads", "fa_v_own", "fa_v_view", "fa_drop", "fa_no_drop", "fa_mask", "fa_alibi_shared",
+             "fa_alibi_recomputed", "fa_alibi_cast", "fa_seq_drop")
+    if not fam.falcon:
+        return dict.fromkeys(names, False) | {"rotary_on": True, "not_fa_bias_mixed": True}
+    alibi, new = bool(cfg.get("alibi")), bool(cfg.get("new_decoder_architecture"))
+    mq = not new and bool(cfg.get("multi_query"))
+    mha = not new and not mq
+    bmm = attention == "eager" or (attention == "sdpa" and mq)   # multi_query under sdpa: torch's math kernel
+    fused = not bmm
+    folds = fused or micro_batch == 1   # a strided view reaches the kernel without a copy
+    # multi_query's k and v have one head (its cache copies too); the new architecture with one key/value group
+    # broadcasts them to every head as stride-0 views (flatten merges the size-1 group without a copy) until the cache
+    # copies them or the rotary multiplies k: a kernel then reads the one head's storage
+    one_group = new and cfg.get("num_kv_heads") == 1 and not cache and folds
+    own = bmm and mq and micro_batch == 1
+    own_k, own_v = own or (one_group and alibi), own or one_group
+    # FalconLinear's bias add (outside autocast) makes query_key_value's output fp32 under *-mixed: autocast's low
+    # copies reach the kernel, never views
+    bias_mixed = mixed and bool(cfg.get("bias"))
+    # (the math kernel scales q: a copy; the new architecture's flatten copies q unless there is one key/value group)
+    q_view = (alibi and (not new or cfg.get("num_kv_heads") == 1) and (fused or (attention == "eager" and micro_batch == 1))
+              and not bias_mixed)
+    k_view = alibi and mha and not cache and folds and not bias_mixed
+    v_view = mha and not cache and folds and not bias_mixed
+    math = attention == "sdpa" and mq
+    drop = alibi and attention == "eager" and (cfg.get("attention_dropout") or 0) > 0
+    sdpa = attention == "sdpa" and fused
+    from memfit.models.falcon import falcon_layout
+
+    return {
+        "rotary_on": not alibi, "fa_rope": not alibi, "fa_alibi": alibi, "fa_index": not mha, "fa_bmm": bmm,
+        "fa_fused": fused, "fa_math": math, "fa_not_math": not math, "fa_eager": attention == "eager",
+        "fa_bias_mixed": bias_mixed, "not_fa_bias_mixed": not bias_mixed, "fa_q_copy": not q_view, "fa_q_view": q_view,
+        "fa_k_view": k_view, "fa_k_own": own_k and not k_view, "fa_k_heads": not k_view and not own_k,
+        "fa_v_view": v_view, "fa_v_own": own_v and not v_view, "fa_v_heads": not v_view and not own_v,
+        "fa_drop": bmm and drop, "fa_no_drop": bmm and not drop,
+        "fa_mask": sdpa and not alibi,
+        # (under full checkpointing too: checkpoint keeps each layer's inputs, the bias among them, for the recomputation)
+        "fa_alibi_shared": sdpa and alibi and not mixed,
+        "fa_alibi_recomputed": False,
+        "fa_alibi_cast": sdpa and alibi and mixed,
+        "fa_seq_drop": falcon_layout(cfg) == "sequential" and (cfg.get("attention_dropout") or 0) > 0,
+    }
+
+
 def _roles(precision: str, dtypes: dict | None, adapter: str) -> dict:
     low = LOW.get(precision, "float32")
     if precision.endswith("-mixed"):
@@ -705,6 +861,7 @@ def _roles(precision: str, dtypes: dict | None, adapter: str) -> dict:
         act = lin = soft = copy = forced
     ada_low = copy if precision.endswith("-mixed") else adapter
     return {"act": act, "lin": lin, "soft": soft, "low": copy, "ada": adapter, "ada_low": ada_low, "f32": "float32",
+
             "i64": "int64", "i32": "int32", "bool": "bool"}
 
 
@@ -835,6 +992,11 @@ def _act(cfg: dict) -> str:
 
 
 def _parallel(cfg: dict) -> bool:
+    if FAMILIES[cfg["model_type"]].falcon:   # "shared" or "two_norms" (both true), or "" (sequential)
+        from memfit.models.falcon import falcon_layout
+
+        layout = falcon_layout(cfg)
+        return "" if layout == "sequential" else layout
     key = FAMILIES[cfg["model_type"]].parallel_key
     return bool(cfg.get(key, True)) if key else False
 
@@ -902,6 +1064,97 @@ def _layer_blocks(cfg: dict, layers: int, layer0: list, layer1: list, window) ->
     return out
 
 
+# CLIP's encoder layer (modeling_clip.py CLIPEncoderLayer): layer_norm1, attention (q/k/v/out_proj with biases, no
+# mask, no cache), residual, layer_norm2, fc1, activation (quick_gelu), fc2, residual
+CLIP_VISION = Family("layer", {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
+                               "o": "self_attn.out_proj", "fc_in": "mlp.fc1", "fc_out": "mlp.fc2", "lm_head": "-"},
+                     "separate", None, "plain", "hidden_act", False, dropout_keys=(("attn", "attention_dropout"),))
+
+
+def _clip_rows(act: str) -> list:
+    X, n = ("b", "s", "h"), CLIP_VISION.names
+    return (_norm("layer", "layer_norm1", X, "x") + _attention(CLIP_VISION, n)
+            + _norm("layer", "layer_norm2", X, "h1") + _mlp(CLIP_VISION, n, act))
+
+
+def _llava_kept(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape=_shape):
+    """LLaVA's vision tower and projector (LlavaModel.get_image_features), run on micro_batch x images images: (what
+    stays kept, one vision layer's recomputation under full checkpointing beyond its input). The tower runs every
+    layer, but the layers after the hidden state the projector reads (vision_feature_layer, -2 by default) reach no
+    loss: their tensors are freed with the tower's outputs and are not counted; nor is post_layernorm's."""
+    from memfit.models.llava import llava_vision_sizes
+
+    own = cfg["llava"]
+    images = micro_batch * int(own.get("images", 1))
+    if images == 0:
+        return [], [], False
+    z = llava_vision_sizes(cfg)
+    v = own["vision"]
+    frozen = bool(own.get("freeze_vision_tower"))
+    tokens = z["P"] if z["cls"] else z["P"] + 1
+    d = z["hv"] // z["Hv"]
+    sizes = {"b": images, "s": z["P"] + 1, "h": z["hv"], "i": z["iv"], "H": z["Hv"], "KV": z["Hv"], "d": d,
+             "dk": -(-d // 8) * 8 if attention == "flash" else d, "q": z["hv"], "kv": z["hv"], "qkv": 3 * z["hv"], "rot": 0,
+             "r": 0, "T": images * (z["P"] + 1), "R": int((lora or {}).get("r") or 0), "C": z["C"], "HI": z["image"],
+             "p": z["patch"], "Pt": tokens, "F": z["features"] * z["hv"], "th": cfg["hidden_size"], "tb": micro_batch,
+             "ts": seq_len, "TP": images * tokens}
+    vcfg = {"num_attention_heads": z["Hv"], "attention_dropout": v.get("attention_dropout", 0.0), "use_cache": False}
+    cond = _conditions(vcfg, CLIP_VISION, attention, checkpointing, images, precision, lora)
+    roles = _dtypes(precision, dtypes)
+    w = _trainable(CLIP_VISION, lora)
+    if frozen:
+        w = {key: False for key in w}
+    text_w = _trainable(FAMILIES["llava"], lora)
+    rows = _clip_rows(v["hidden_act"])
+    first = _grads(CLIP_VISION, w, w["W:embed"], False)
+    later = _grads(CLIP_VISION, w, first["out"], False)
+    layer0 = _resolve(rows, cond, roles, sizes, {**w, **first}, shape)
+    layer1 = _resolve(rows, cond, roles, sizes, {**w, **later}, shape)
+    out_grad = (later if z["used"] > 1 else first)["out"] if z["used"] else w["W:embed"]
+    X = ("b", "s", "h")
+    embed_rows = [K("patch_embedding", "pixel values (in the model's dtype; autocast's low copy)", ("b", "C", "HI", "HI"),
+                    "low", None, ("W:embed",)),
+                  K("patch_embedding", "weight, cast to the low dtype by autocast", ("h", "C", "p", "p"), "low", "mixed",
+                    ("W:embed",))] + [r._replace(op="pre_layrnorm") for r in _norm("layer", "", X, "W:embed")]
+    # the projector reads hidden_states[layer][:, 1:] (default) or all of it: a view of the tower's storage where
+    # nothing forces a copy (one image, or no CLS cut and one layer), else a contiguous copy
+    view = z["features"] == 1 and (images == 1 or not z["cls"])
+    # (a view of the input of a layer that runs after it: that layer's layer_norm1 keeps the storage already)
+    shared_view = view and z["used"] < z["layers"] and checkpointing != "full" and (later["x"] or w["W:norm"])
+    w_proj = not lora   # the projector trains, also with the vision tower frozen; peft's LoRA freezes it
+    pg = w_proj or out_grad   # the projector's output needs a gradient
+    flags = {"W:embed": w["W:embed"], "W:proj": w_proj, "vx": out_grad, "pg": pg, "mix": pg or text_w["W:embed"]}
+    act = own["projector_hidden_act"]
+    proj_rows = [
+        K("multi_modal_projector.linear_1", "input (the vision hidden state it reads: a view)", X, "act", "not_mixed&pv",
+          ("W:proj",)),
+        K("multi_modal_projector.linear_1", "input", ("TP", "F"), "act", "not_mixed&pc", ("W:proj",)),
+        K("multi_modal_projector.linear_1", "input, cast to the low dtype by autocast", ("TP", "F"), "low", "mixed",
+          ("W:proj",)),
+        K("multi_modal_projector.linear_1", "weight, cast to the low dtype by autocast", ("th", "F"), "low", "mixed", ("vx",)),
+        *_activation(act, "multi_modal_projector.act", ("TP", "th"), "pg"),
+        K("multi_modal_projector.linear_2", "input (the activation's output)", ("TP", "th"), "lin", None, ("W:proj",)),
+        K("multi_modal_projector.linear_2", "weight, cast to the low dtype by autocast", ("th", "th"), "low", "mixed", ("pg",)),
+        K("masked_scatter", "the image-token mask (bool)", ("tb", "ts"), "bool", None, ("mix",)),
+    ]
+    pcond = Conditions(cond)
+    pcond.update({"pv": view and not shared_view, "pc": not view})
+    kept = _resolve(embed_rows, cond, roles, sizes, flags, shape)
+    if checkpointing == "full":
+        boundary = Kept("vision layer: its input (kept for the recomputation)", shape(X, sizes), roles["act"])
+        kept += [boundary._replace(label=f"vision layer {i}: its input (kept for the recomputation)")
+                 for i in range(z["used"]) if first["x"] or later["x"] or w["W:norm"]]
+        recomputed = [k for k in layer1 if not k.label.startswith("layer_norm1: input")]
+    else:
+        # every layer runs, and the tower's output (LlavaModel's output holds it) keeps the layers after the hidden
+        # state the projector reads, and post_layernorm on the CLS token, alive to the end of the forward
+        for i in range(z["layers"]):
+            kept += [k._replace(label=f"vision layer {i} {k.label}") for k in (layer0 if i == 0 else layer1)]
+        recomputed = []
+    kept += _resolve(proj_rows, pcond, roles, sizes, flags, shape)
+    return kept, recomputed, pg
+
+
 def _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape=_shape, kind=None,
               moe=None):
     """(family, sizes, roles, embeddings, the first layer, a later layer, head, loss): the layers of `kind`
@@ -918,13 +1171,18 @@ def _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dt
     rows = layer_rows(mt, _act(cfg), parallel, kind)
     # the layer input needs a gradient from the first layer on when the embeddings train; under LoRA the first
     # layer's input does not, and every later one does as soon as an earlier adapter reaches the residual stream
-    first = _grads(fam, w, w["W:embed"], parallel)
+    vision = (_llava_kept(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape)
+              if fam.llava else None)
+    # (LLaVA: the image features scattered into the embeddings need a gradient when the tower or projector trains)
+    first = _grads(fam, w, w["W:embed"] or bool(vision and vision[2]), parallel)
     later = _grads(fam, w, first["out"], parallel)
     flags0, flags1 = {**w, **first}, {**w, **later}
     layer0 = _resolve(rows, cond, roles, sizes, flags0, shape)
     layer1 = _resolve(rows, cond, roles, sizes, flags1, shape)
     top = {**w, "rope": first["qk"] or later["qk"], "x": later["out"], "t": True, "tn": True, "fn": True}
     embeddings = _resolve(_embedding_rows(fam), cond, roles, sizes, top, shape)
+    if vision:
+        embeddings += vision[0]
     top["t"] = later["out"] or top.get(f"W:{fam.names.get('transform')}", False)
     head = _resolve(_head_rows(fam), cond, roles, sizes, top, shape)
     loss = _resolve(LOSS_ROWS, cond, roles, sizes, top, shape)
@@ -1016,6 +1274,9 @@ def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "s
     # the backward recomputes layer i once the boundaries of the layers above it are released: where layers differ
     # (dense and sparse) the peak is the largest of (layers up to i kept + layer i's recomputation)
     worst = max(nbytes(emb.kept) + (i + 1) * each + recomputed[kind] for i, kind in enumerate(layer_kinds(cfg)))
+    if FAMILIES[cfg["model_type"]].llava:   # a vision layer's recomputation, beyond its input
+        worst = max(worst, kept + nbytes(_llava_kept(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora,
+                                                     shape or _shape)[1]))
     return max(kept + nbytes(head.kept) + nbytes(loss.kept), worst)
 
 

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from memfit.diagnostics.diagnostic import Range
-from memfit.models.families import BASE_FIELDS, DROPPED_KEYS, EXPERTS_KEY, FAMILIES, SUPPORTED, Family
+from memfit.models.families import (BASE_FIELDS, CLIP_VISION_FIELDS, DROPPED_KEYS, EXPERTS_KEY, FAMILIES, LLAVA_TEXT_FAMILIES,
+                                     LLAVA_VISION_DEFAULTS, SUPPORTED, Family)
 
 IO = "io"
 JSON_SYNTAX = "json-syntax"
@@ -42,8 +43,8 @@ POSITIVE = frozenset(
         "vocab_size", "hidden_size", "n_embd", "intermediate_size", "n_inner", "num_hidden_layers", "n_layer",
         "num_attention_heads", "n_head", "num_key_value_heads", "head_dim", "max_position_embeddings",
         "n_positions", "type_vocab_size", "num_local_experts", "num_experts_per_tok", "num_labels",
-        "original_max_position_embeddings", "pretraining_tp", "sliding_window",
-        "decoder_sparse_step", "moe_intermediate_size", "shared_expert_intermediate_size",
+        "original_max_position_embeddings", "pretraining_tp", "sliding_window", "num_kv_heads", "ffn_hidden_size",
+        "num_ln_in_parallel_attn", "decoder_sparse_step", "moe_intermediate_size", "shared_expert_intermediate_size",
     }
 )
 NON_NEGATIVE = frozenset({"chunk_size_feed_forward", "max_window_layers", "num_experts"})
@@ -385,6 +386,8 @@ def validate(raw) -> list[HFProblem]:
             )
     if problems:
         return problems
+    if family.block == "llava":
+        return _llava_problems(raw)
 
     architectures = raw.get("architectures")
     if architectures:
@@ -432,6 +435,8 @@ def validate(raw) -> list[HFProblem]:
                 f"pad_token_id {pad} is outside the vocabulary (vocab_size {cfg['vocab_size']}): the embedding's padding row must exist",
             )
         )
+    if family.block == "falcon":
+        problems += _falcon_layout(raw, cfg)
     experts_key = EXPERTS_KEY.get(family.model_type)
     experts = cfg.get(experts_key) if experts_key else None
     if experts_key and isinstance(experts, int) and not isinstance(experts, bool) and experts > 0 and cfg["num_experts_per_tok"] > experts:
@@ -447,9 +452,122 @@ def validate(raw) -> list[HFProblem]:
     return problems
 
 
+def _llava_problems(raw: dict) -> list[HFProblem]:
+    """LLaVA: architectures, the text model (one of LLAVA_TEXT_FAMILIES, validated as its own config.json), the CLIP
+    vision tower's keys, the projector's activation and which vision layer feeds it."""
+    from memfit.models.hf_activations import ACTIVATIONS
+
+    out: list[HFProblem] = []
+    names = raw.get("architectures")
+    if names and names[0] not in FAMILIES["llava"].architectures:
+        out.append(HFProblem(("architectures", 0), UNSUPPORTED_MODEL, f"architecture {excerpt(names[0])} is not supported for llava; "
+                             f"supported: {', '.join(FAMILIES['llava'].architectures)}"))
+    text = raw.get("text_config") or {}
+    kind = text.get("model_type", "llama")
+    if kind not in LLAVA_TEXT_FAMILIES:
+        out.append(HFProblem(("text_config", "model_type"), UNSUPPORTED_MODEL, f"a LLaVA text model of model_type {excerpt(kind)} "
+                             f"is not modeled; modeled: {', '.join(LLAVA_TEXT_FAMILIES)}"))
+    else:
+        out += [HFProblem(("text_config",) + p.path, p.code, "text_config." + p.message if p.path else p.message, p.on_key)
+                for p in validate({**text, "model_type": kind})]
+    vision = raw.get("vision_config") or {}
+    if vision.get("model_type", "clip_vision_model") != "clip_vision_model":
+        out.append(HFProblem(("vision_config", "model_type"), UNSUPPORTED_MODEL, f"a LLaVA vision tower of model_type "
+                             f"{excerpt(vision.get('model_type'))} is not modeled; modeled: clip_vision_model"))
+    for key, value in vision.items():
+        if key in CLIP_VISION_FIELDS:
+            kind_ = CLIP_VISION_FIELDS[key][1]
+            if not _type_ok(value, kind_):
+                out.append(HFProblem(("vision_config", key), BAD_MODEL_CONFIG, f"vision_config.{key} must be {_expected(kind_)}, not {_shown(value)}"))
+            elif key in POSITIVE | {"num_channels", "image_size", "patch_size"} and value < 1:
+                out.append(HFProblem(("vision_config", key), BAD_MODEL_CONFIG, f"vision_config.{key} must be at least 1, not {value}"))
+    if out:
+        return out
+    cfg = normalize(raw)
+    v = cfg["vision_config"]
+    if v["hidden_size"] % v["num_attention_heads"]:
+        out.append(HFProblem(("vision_config", "hidden_size"), SHAPE_MISMATCH, f"vision_config.hidden_size {v['hidden_size']} is not "
+                             f"divisible by num_attention_heads {v['num_attention_heads']}"))
+    if v["hidden_act"] not in ACTIVATIONS:
+        out.append(HFProblem(("vision_config", "hidden_act"), UNSUPPORTED_MODEL, f"vision_config.hidden_act {excerpt(v['hidden_act'])} is "
+                             f"not an activation memfit models"))
+    if cfg["projector_hidden_act"] not in ACTIVATIONS:
+        out.append(HFProblem(("projector_hidden_act",), UNSUPPORTED_MODEL, f"projector_hidden_act {excerpt(cfg['projector_hidden_act'])} "
+                             f"is not an activation memfit models"))
+    if cfg["vision_feature_select_strategy"] not in ("default", "full"):
+        out.append(HFProblem(("vision_feature_select_strategy",), BAD_MODEL_CONFIG, "vision_feature_select_strategy is default "
+                             f"(drop the CLS token) or full, not {excerpt(cfg['vision_feature_select_strategy'])}"))
+    layers = cfg["vision_feature_layer"]
+    for layer in layers if isinstance(layers, list) else [layers]:
+        if not -v["num_hidden_layers"] - 1 <= layer <= v["num_hidden_layers"]:
+            out.append(HFProblem(("vision_feature_layer",), BAD_MODEL_CONFIG, f"vision_feature_layer {layer} is not a hidden state of "
+                                 f"the {v['num_hidden_layers']}-layer vision tower"))
+            break
+    return out
+
+
+def model_view(cfg: dict) -> dict:
+    """The dict models/hf.py and hf_activations.py read: a family's normalized config as it is; LLaVA's with its text
+    model's keys at the top (model_type "llava") and the vision tower and projector under "llava"."""
+    if cfg.get("model_type") != "llava":
+        return cfg
+    text = dict(cfg["text_config"])
+    own = {key: cfg[key] for key in FAMILIES["llava"].fields if key not in ("vision_config", "text_config")}
+    return {**text, "model_type": "llava", "architectures": cfg["architectures"], "tie_word_embeddings": cfg["tie_word_embeddings"],
+            "llava": {**own, "vision": dict(cfg["vision_config"]), "text_model_type": text["model_type"]}}
+
+
+def _llava_subconfigs(out: dict, extra: dict) -> None:
+    """LlavaConfig.__post_init__: text_config and vision_config as their config classes serialize nested (a given dict
+    over the class's defaults; LLaVA's init_kwargs only for a vision_config not given), tie_word_embeddings from the text
+    model's when the top one is false."""
+    text = dict(out["text_config"] or {})
+    text = normalize({**text, "model_type": text.get("model_type", "llama")})
+    text.pop("transformers_version", None)
+    out["text_config"] = text
+    given = out["vision_config"]
+    vision = {key: _copy(default) for key, (default, _) in BASE_FIELDS.items() if key != "transformers_version"}
+    vision.update({key: default for key, (default, _) in CLIP_VISION_FIELDS.items()})
+    vision.update(LLAVA_VISION_DEFAULTS if given is None else {k: _copy(v) for k, v in given.items() if k != "transformers_version"})
+    if vision.get("id2label") is None:
+        labels = vision.pop("num_labels", None) or 2
+        vision["id2label"] = {i: f"LABEL_{i}" for i in range(labels)}
+        vision["label2id"] = {f"LABEL_{i}": i for i in range(labels)}
+    vision["_name_or_path"] = ""
+    vision["model_type"] = "clip_vision_model"
+    vision["output_attentions"] = bool(vision.get("output_attentions", False))
+    out["vision_config"] = vision
+    if not out["tie_word_embeddings"] and text.get("tie_word_embeddings"):
+        out["tie_word_embeddings"] = True
+
+
+def _falcon_layout(raw: dict, cfg: dict) -> list[HFProblem]:
+    """Switch combinations FalconDecoderLayer builds but cannot run (modeling_falcon.py): its __init__ picks the norms
+    from parallel_attn and num_ln_in_parallel_attn, its forward from new_decoder_architecture as well."""
+    new, parallel, lns = cfg["new_decoder_architecture"], cfg["parallel_attn"], cfg["num_ln_in_parallel_attn"]
+    lns = 2 if lns is None and new else lns
+    out = []
+    if new and not parallel:
+        out.append(HFProblem(("parallel_attn",), UNSUPPORTED_MODEL, "new_decoder_architecture with parallel_attn false: "
+                             "FalconDecoderLayer builds input_layernorm and post_attention_layernorm but its forward calls ln_attn"))
+    elif parallel and lns == 2 and not new:
+        out.append(HFProblem(("num_ln_in_parallel_attn",), UNSUPPORTED_MODEL, "num_ln_in_parallel_attn 2 without "
+                             "new_decoder_architecture: FalconDecoderLayer builds ln_attn and ln_mlp but its forward calls input_layernorm"))
+    elif new and parallel and lns not in (1, 2):
+        out.append(HFProblem(("num_ln_in_parallel_attn",), UNSUPPORTED_MODEL, f"num_ln_in_parallel_attn {lns} with "
+                             "new_decoder_architecture: FalconDecoderLayer's forward gives the MLP no input (1 or 2 norms only)"))
+    if new and cfg["num_attention_heads"] % cfg["num_kv_heads"]:
+        where = "num_kv_heads" if "num_kv_heads" in raw else "num_attention_heads"
+        out.append(HFProblem((where,), SHAPE_MISMATCH, f"num_attention_heads {cfg['num_attention_heads']} is not divisible by "
+                             f"num_kv_heads {cfg['num_kv_heads']}: each key/value head serves a whole group"))
+    return out
+
+
 def _act_key(family: Family) -> str:
     if "activation_function" in family.fields:
         return "activation_function"
+    if "activation" in family.fields:   # Falcon
+        return "activation"
     return "hidden_activation" if "hidden_activation" in family.fields else "hidden_act"
 
 
@@ -461,6 +579,8 @@ def read_fields(family: Family) -> dict:
         kinds["head_dim"] = (None, "int?")  # read through getattr by the attention
     if family.layer_pattern_key:
         kinds[family.layer_pattern_key] = (None, "int?")  # Gemma 3's legacy sliding_window_pattern
+    for alias in family.init_aliases:
+        kinds[alias] = (None, "int?")  # Falcon's n_embed, popped by the config class's __post_init__
     kinds["num_labels"] = (None, "int?")  # PreTrainedConfig builds id2label from it
     kinds["torch_dtype"] = (None, "str?")  # the legacy spelling of dtype
     if family.rope_theta_default is not None:
@@ -538,16 +658,24 @@ def normalize(raw: dict) -> dict:
     out.update({key: _copy(default) for key, (default, _) in fields.items()})
     extra: dict = {}
     ignored = _ignored(family)
+    aliases = {alias: target for alias, target in family.init_aliases.items() if raw.get(alias) is not None}
     for key, value in raw.items():
         key = family.attribute_map.get(key, key)
+        if key in aliases:   # FalconConfig.__post_init__: n_embed, when given, replaces hidden_size
+            out[aliases[key]] = _copy(value)
+            continue
+        if key in aliases.values():
+            continue
         if key in out:
             out[key] = _copy(value)
         elif key not in ignored:
             extra[key] = _copy(value)
 
     # PreTrainedConfig.__post_init__ and the family's own, in their order
-    if family.kv_heads_default and out.get("num_key_value_heads") is None:
-        out["num_key_value_heads"] = out["num_attention_heads"]
+    if family.kv_heads_default and out.get(family.kv_heads_key) is None:
+        out[family.kv_heads_key] = out["num_attention_heads"]
+    if family.ffn_default and out.get(family.ffn_default) is None:
+        out[family.ffn_default] = out["hidden_size"] * 4   # FalconConfig.__post_init__
     if family.head_dim_default and out.get("head_dim") is None:
         out["head_dim"] = out["hidden_size"] // out["num_attention_heads"]
     if family.sliding_window_flag:
@@ -607,6 +735,8 @@ def normalize(raw: dict) -> dict:
             extra.pop(key, None)
     extra.pop("transformers_version", None)
     out.update(extra)
+    if family.block == "llava":
+        _llava_subconfigs(out, extra)
     out["model_type"] = family.model_type
     out["transformers_version"] = "5.24.0"
     return out
