@@ -123,10 +123,6 @@ def lora_for(model: str) -> dict:
 KNOWN_GAPS = {
     "bert-bf16-true-full-lora-adamw-fused": "BERT, LoRA, full checkpointing: 621,888 vs 665,004 B (0.935): the activations "
     "live while layer 0's output.dense is recomputed are 51 KB above the recomputed layer's (embedding outputs, not saved, still held)",
-    # issue 21, open: PhiMoE under QLoRA cannot run: bitsandbytes swaps its router (an nn.Linear subclass returning
-    # a tuple) for a Linear4bit and the MoE block's unpacking fails (ValueError); memfit does not refuse it yet
-    **dict.fromkeys(("phimoe-bf16-true-none-qlora-bf16-adamw8bit-foreach", "phimoe-32-true-none-qlora-fp32-adafactor-for_loop"),
-                    "PhiMoE under QLoRA does not run (bitsandbytes replaces its router; the MoE block's unpacking raises ValueError)"),
 }
 
 
@@ -236,7 +232,27 @@ DENSE21_GAPS = {
 }
 
 
+# issue 21, open: PhiMoE under QLoRA cannot run: bitsandbytes swaps its router (an nn.Linear subclass returning a tuple)
+# for a Linear4bit and the MoE block's unpacking fails (ValueError: too many values to unpack); memfit does not refuse it yet
+MOE21_GAPS = {run: "PhiMoE under QLoRA does not run in transformers (bitsandbytes' Linear4bit router returns no tuple): "
+              "nothing to measure; memfit does not refuse it yet"
+              for run in ("phimoe-bf16-true-none-qlora-bf16-adamw8bit-foreach", "phimoe-32-true-none-qlora-fp32-adafactor-for_loop")}
+# issue 21, open: Falcon with adapters and Falcon bf16-true under full checkpointing, as the covering design drew them
+FALCON21_GAPS = {
+    "falcon-32-true-none-lora-adamw-foreach": "all-linear LoRA on Falcon-7B's layout: saved activations 472,612 B against "
+    "saved_tensors_hooks' 439,844 (+7.4%): the adapter rows of the fused query_key_value not yet checked",
+    "falcon-bf16-true-full-none-sgd-fused": "bf16-true, full checkpointing: the peak 377,904 B against MemTracker's 403,256 "
+    "(0.937): the math kernel's score temporaries in the recomputation (as the 7B's 32-true 0.954)",
+    "falcon-32-true-none-qlora-fp32-adafactor-for_loop": "QLoRA on Falcon: parameters 109,440 B against 99,904 (the 4-bit "
+    "rows of Falcon's linears), the peak 654,244 against 612,536 (+6.8%)",
+}
+
+
 def _marked(run: dict):
+    if _id(run) in MOE21_GAPS:
+        return pytest.param(run, id=_id(run), marks=pytest.mark.xfail(strict=True, raises=ValueError, reason=MOE21_GAPS[_id(run)]))
+    if _id(run) in FALCON21_GAPS:
+        return pytest.param(run, id=_id(run), marks=pytest.mark.xfail(strict=True, reason=FALCON21_GAPS[_id(run)]))
     if _id(run) in DENSE21_GAPS:
         return pytest.param(run, id=_id(run), marks=pytest.mark.xfail(strict=True, reason=DENSE21_GAPS[_id(run)]))
     if _id(run) in KNOWN_GAPS:
