@@ -123,9 +123,6 @@ def lora_for(model: str) -> dict:
 KNOWN_GAPS = {
     "mistral-bf16-true-full-lora-sgd-foreach", "mistral-bf16-true-full-qlora-bf16-adamw-for_loop",
     "llama-bf16-true-full-qlora-bf16-sgd-fused", "bert-bf16-true-full-lora-adamw-fused",
-    # issue 21, open: PhiMoE under QLoRA cannot run: bitsandbytes swaps its router (an nn.Linear subclass returning
-    # a tuple) for a Linear4bit and the MoE block's unpacking fails (ValueError); memfit does not refuse it yet
-    "phimoe-bf16-true-none-qlora-bf16-adamw8bit-foreach", "phimoe-32-true-none-qlora-fp32-adafactor-for_loop",
 }
 
 
@@ -235,7 +232,16 @@ DENSE21_GAPS = {
 }
 
 
+# issue 21, open: PhiMoE under QLoRA cannot run: bitsandbytes swaps its router (an nn.Linear subclass returning a tuple)
+# for a Linear4bit and the MoE block's unpacking fails (ValueError: too many values to unpack); memfit does not refuse it yet
+MOE21_GAPS = {run: "PhiMoE under QLoRA does not run in transformers (bitsandbytes' Linear4bit router returns no tuple): "
+              "nothing to measure; memfit does not refuse it yet"
+              for run in ("phimoe-bf16-true-none-qlora-bf16-adamw8bit-foreach", "phimoe-32-true-none-qlora-fp32-adafactor-for_loop")}
+
+
 def _marked(run: dict):
+    if _id(run) in MOE21_GAPS:
+        return pytest.param(run, id=_id(run), marks=pytest.mark.xfail(strict=True, raises=ValueError, reason=MOE21_GAPS[_id(run)]))
     if _id(run) in DENSE21_GAPS:
         return pytest.param(run, id=_id(run), marks=pytest.mark.xfail(strict=True, reason=DENSE21_GAPS[_id(run)]))
     if _id(run) in KNOWN_GAPS:

@@ -463,6 +463,7 @@ def _split(kept: list, fam) -> list:
     its own, such as o_proj whose input the attention kernel keeps, is empty). A part begins at
     the first label of its first op."""
     n = fam.names
+    routed = any(k.label.startswith("grouped_mm") for k in kept)  # a mixture of experts' layer
     # hf_activations names an op by its role (o_proj, fc_out, ...) or by the family's module
     starts_with = {
         "o_proj": ("o_proj", n["o"]),
@@ -470,7 +471,8 @@ def _split(kept: list, fam) -> list:
         "mlp": ("post_attention_layernorm", "gate_proj", "gate_up_proj", "fc_in", "act_fn(gate)", *(n[k] for k in ("gate", "gate_up", "fc_in") if k in n)),
         # (a mixture of experts' grouped MLP: from the activation on, whose kept tensors its backward frees before
         # the gate_up grouped_mm's)
-        "down_proj": ("down_proj", "fc_out", "act_fn(gate), * up", *(n[k] for k in ("down", "fc_out") if k in n)),
+        "down_proj": ("down_proj", "fc_out", "act_fn(gate), * up" if routed else "grouped_mm down",
+                      *(n[k] for k in ("down", "fc_out") if k in n)),
     }
     order = ["attention", "o_proj", "mlp", "down_proj"]
     starts = [0] * len(order) + [len(kept)]
