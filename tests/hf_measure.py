@@ -38,20 +38,23 @@ TINY = {
     "bert": _BASE,
     "gpt_neox": _BASE,
     "mixtral": {**_GQA, "intermediate_size": 48, "num_local_experts": 4, "num_experts_per_tok": 2},
+    # encoder-decoder: seq_len source tokens and as many target tokens (the labels); dropout_rate 0.1 as T5's default
+    "t5": {"d_model": 64, "d_kv": 16, "d_ff": 112, "num_layers": 2, "num_heads": 4, "decoder_start_token_id": 0},
 }
+SEQ2SEQ = ("t5",)  # built with AutoModelForSeq2SeqLM
 FAMILIES = tuple(TINY)
 VOCAB = 128
 
 
 def tiny(model_type: str, **overrides) -> dict:
     given = dict(TINY[model_type], vocab_size=VOCAB, max_position_embeddings=128)
-    if model_type == "gpt2":
+    if model_type == "gpt2" or model_type in SEQ2SEQ:
         given.pop("max_position_embeddings")
     given.update(overrides)
     return transformers.AutoConfig.for_model(model_type, **given).to_dict()
 
 
-ATTENTION_DROPOUT = {"gpt2": "attn_pdrop", "bert": "attention_probs_dropout_prob"}
+ATTENTION_DROPOUT = {"gpt2": "attn_pdrop", "bert": "attention_probs_dropout_prob", "t5": "dropout_rate"}
 
 
 def without_attention_dropout(cfg: dict) -> dict:
@@ -98,6 +101,8 @@ def build(cfg: dict, attention: str = "sdpa", precision: str = "32-true", lora: 
         cls = getattr(transformers, architectures[0])
     elif cfg["model_type"] == "bert":
         cls = transformers.AutoModelForMaskedLM
+    elif cfg["model_type"] in SEQ2SEQ:
+        cls = transformers.AutoModelForSeq2SeqLM
     else:
         cls = transformers.AutoModelForCausalLM
     model = cls.from_config(config, attn_implementation=attention) if cls.__name__.startswith("Auto") else \

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from memfit.models import hf_encdec
 from memfit.models.families import FAMILIES, SEQUENCE_CLASSIFICATION, Family
 
 LINEAR, LINEAR_BIAS, CONV1D, EMBEDDING, NORM, OTHER = "linear", "linear_bias", "conv1d", "embedding", "norm", "other"
@@ -60,6 +61,8 @@ def _hidden(cfg: dict, fam: Family) -> int:
 
 def head_dim(cfg: dict) -> int:
     fam = family(cfg)
+    if fam.stacked:
+        return cfg["d_kv"]
     if fam.head_dim_key and cfg.get("head_dim"):
         return cfg["head_dim"]
     heads = cfg["n_head"] if fam.model_type == "gpt2" else cfg["num_attention_heads"]
@@ -67,6 +70,8 @@ def head_dim(cfg: dict) -> int:
 
 
 def num_layers(cfg: dict) -> int:
+    if hf_encdec.is_stacked(cfg):  # every stack's layers
+        return sum(count for _, _, count in hf_encdec.stacks(cfg))
     return cfg["n_layer"] if cfg["model_type"] == "gpt2" else cfg["num_hidden_layers"]
 
 
@@ -237,6 +242,8 @@ def layer_parameters(cfg: dict) -> list[Param]:
 
 def parameters(cfg: dict) -> list[Param]:
     """named_parameters() of the transformers class for this config, in order, tied weights once."""
+    if hf_encdec.is_stacked(cfg):
+        return hf_encdec.parameters(cfg)
     before, layers, layer, after, tied = _tree(cfg)
     out = [p for m in before for p in _params(m, m.path)]
     template = [p for m in layer for p in _params(m, m.path)]
@@ -249,6 +256,8 @@ def parameters(cfg: dict) -> list[Param]:
 
 def parameter_count(cfg: dict) -> int:
     """Elements of all parameters (tied ones once), without listing each layer."""
+    if hf_encdec.is_stacked(cfg):
+        return hf_encdec.parameter_count(cfg)
     before, _, layer, after, tied = _tree(cfg)
 
     def elements(params) -> int:
@@ -266,6 +275,8 @@ def parameter_count(cfg: dict) -> int:
 
 def linear_modules(cfg: dict) -> list[tuple[str, int, int, bool]]:
     """(module name, in_features, out_features, has_bias) of every nn.Linear and GPT-2 Conv1D, in module order."""
+    if hf_encdec.is_stacked(cfg):
+        return hf_encdec.linear_modules(cfg)
     before, layers, layer, after, _ = _tree(cfg)
     out = [(m.path, *m.dims) for m in before if m.type in ("linear", "conv1d")]
     template = [m for m in layer if m.type in ("linear", "conv1d")]
@@ -280,7 +291,9 @@ def blocks(cfg: dict) -> list[tuple[str, int, list[Param]]]:
     """The parameters grouped as hf_activations groups what is saved: (block, count, params) for
     "embeddings", "layer" (one layer, names relative to it, `count` = the number of layers) and "head"
     (the final norm and the head), tied weights once. Concatenated with the layer repeated, this is
-    parameters()."""
+    parameters(). An encoder-decoder has a layer block per stack ("encoder layer", "decoder layer")."""
+    if hf_encdec.is_stacked(cfg):
+        return hf_encdec.blocks(cfg)
     before, layers, layer, after, tied = _tree(cfg)
     return [
         ("embeddings", 1, [p for m in before for p in _params(m, m.path)]),
@@ -290,13 +303,17 @@ def blocks(cfg: dict) -> list[tuple[str, int, list[Param]]]:
 
 
 def layer_prefix(cfg: dict) -> str:
-    """The name prefix of layer i is layer_prefix(cfg) + f"{i}."."""
+    """The name prefix of layer i is layer_prefix(cfg) + f"{i}." (an encoder-decoder: its first stack's)."""
+    if hf_encdec.is_stacked(cfg):
+        return hf_encdec.stacks(cfg)[0][1]
     return _tree(cfg)[1] + "."
 
 
 def summary(cfg: dict) -> str:
     """One line for a hover: the class, its size and its shape."""
     fam = family(cfg)
+    if fam.stacked:
+        return hf_encdec.summary(cfg)
     heads = cfg["n_head"] if fam.model_type == "gpt2" else cfg["num_attention_heads"]
     kv = cfg.get("num_key_value_heads")
     attention = f"{heads} heads" + (f" ({kv} key/value)" if kv is not None and kv != heads else "") + f" of {head_dim(cfg)}"
@@ -406,6 +423,9 @@ def derive(data: dict, config, path: str) -> list:
     micro_batch, seq_len = training["micro_batch"], training["seq_len"]
     attention = training.get("attention", "sdpa")
     checkpointing = training.get("checkpointing", "none")
+    if "target_len" in training and not fam.stacked:
+        message = f"training.target_len is the decoder's tokens of an encoder-decoder model; {fam.model_type} has one stack: ignored (seq_len counts its tokens)"
+        hints.append(Problem(("training", "target_len"), codes.IGNORED_KEY, message, on_key=True))
     return hints + _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpointing, data)
 
 
@@ -517,6 +537,12 @@ def _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpoi
         param_rows, problems = adapters.transformer_rows(cfg, data, base, parameters(cfg), linear_modules(cfg), head(cfg))
         if problems:
             return problems
+    stacked = hf_encdec.is_stacked(cfg)
+    if stacked:  # the decoder's tokens: training.target_len, seq_len when not given
+        recipe = {**recipe, "target_len": (data.get("training") or {}).get("target_len", seq_len)}
+        if not adapted:  # every parameter by its own name (layer 0 of each stack owns the relative bias)
+            for p in parameters(cfg):
+                config.tensors.append(make_tensor("parameters", where, p.name, list(p.shape), 1, True, None, config))
     saved = saved_by(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing, dtypes=dtypes, **recipe)
     by_block: dict = {}
     for b in saved:  # under LoRA the first layer keeps less than the others: two "layer" blocks
@@ -524,7 +550,7 @@ def _tensors(cfg, config, where, file, micro_batch, seq_len, attention, checkpoi
     for name, count, params in blocks(cfg):
         elements = 0
         for p in params:
-            if adapted:
+            if adapted or stacked:
                 elements += math.prod(p.shape)
                 continue
             label = f"{prefix}*.{p.name}" if name == "layer" else p.name

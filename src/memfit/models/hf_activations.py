@@ -27,6 +27,9 @@ from __future__ import annotations
 from math import prod
 from typing import NamedTuple
 
+from memfit.models import hf_encdec
+from memfit.models.hf_encdec import NAMES as _T5_NAMES
+
 
 class Kept(NamedTuple):
     label: str
@@ -219,6 +222,11 @@ FAMILIES = {
                    head="mlm", softmax_fp32=False, softmax_role="lin", lora_default=("query", "value"),
                    dropout_keys=(("attn", "attention_probs_dropout_prob"), ("resid", "hidden_dropout_prob"),
                                  ("embd", "hidden_dropout_prob"))),
+    # encoder-decoder families: their rows are in models/hf_encdec.py; this entry names their modules (LoRA flags,
+    # the ledger's layer parts) and their dropout key
+    "t5": Family("rms", dict(_T5_NAMES), "separate", None, "plain", "dense_act_fn", False,
+                 dropout_keys=(("attn", "dropout_rate"), ("resid", "dropout_rate"), ("embd", "dropout_rate")),
+                 head="seq2seq", softmax_fp32=False, lora_default=("q", "v")),
 }
 SUPPORTED = tuple(FAMILIES)
 DEFAULT_ACT = {"gpt2": "gelu_new", "bert": "gelu", "gpt_neox": "gelu", "gemma": "gelu_pytorch_tanh"}
@@ -388,7 +396,10 @@ LOSS_ROWS = [
 # --------------------------------------------------------------------------------------------- evaluation
 
 
-def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int = 0, attention: str = "sdpa") -> dict:
+def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int = 0, attention: str = "sdpa",
+           target_len: int | None = None) -> dict:
+    if hf_encdec.is_stacked(cfg):
+        return hf_encdec._sizes(cfg, micro_batch, seq_len, target_len, rank)
     mt = cfg["model_type"]
     h = cfg["n_embd"] if mt == "gpt2" else cfg["hidden_size"]
     heads = cfg["n_head"] if mt == "gpt2" else cfg["num_attention_heads"]
@@ -607,6 +618,8 @@ def _parallel(cfg: dict) -> bool:
 
 
 def _layers(cfg: dict) -> int:
+    if hf_encdec.is_stacked(cfg):  # every stack's layers, in forward order
+        return sum(count for _, _, count in hf_encdec.stacks(cfg))
     return cfg["n_layer"] if cfg["model_type"] == "gpt2" else cfg["num_hidden_layers"]
 
 
@@ -641,13 +654,18 @@ def _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dt
 
 
 def saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
-          precision: str = "32-true", dtypes: dict | None = None, lora: dict | None = None, shape=None) -> list:
+          precision: str = "32-true", dtypes: dict | None = None, lora: dict | None = None, shape=None,
+          target_len: int | None = None) -> list:
     """Blocks in forward order: embeddings, layer (x num_hidden_layers; the first layer apart when it differs, as
     under LoRA), head, loss; each lists its kept storages. With checkpointing "full" the layer block holds what
     stays saved through the forward (each layer's input); `peak_saved` adds one layer's recomputation.
 
     `shape(symbols, sizes) -> tuple[int, ...]`, if given, evaluates each row's symbolic shape (see `_sizes` for
     the symbols), e.g. with one tensor-parallel rank's share of the heads and widths."""
+    if hf_encdec.is_stacked(cfg):  # an encoder-decoder: one layer block per stack (`target_len`: decoder tokens)
+        check(cfg, attention, checkpointing, precision)
+        return hf_encdec.saved(cfg, micro_batch=micro_batch, seq_len=seq_len, target_len=target_len, attention=attention,
+                               checkpointing=checkpointing, precision=precision, dtypes=dtypes, lora=lora, shape=shape)
     shape = shape or _shape
     fam, sizes, roles, embeddings, layer0, layer1, head, loss = _evaluate(
         cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape)
@@ -672,11 +690,17 @@ def total(blocks: list) -> int:
 
 
 def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
-               precision: str = "32-true", dtypes: dict | None = None, lora: dict | None = None, shape=None) -> int:
+               precision: str = "32-true", dtypes: dict | None = None, lora: dict | None = None, shape=None,
+               target_len: int | None = None) -> int:
     """The peak of live saved bytes during the step. Without full checkpointing everything saved is live at the end
     of the forward. With it, the embeddings' tensors and every layer's input stay saved; on top of them either the
     head and the loss (at the end of the forward) or one layer's recomputation (in the backward, once the head and
     loss are released; it runs without the cache, and its input is the boundary already counted)."""
+    if hf_encdec.is_stacked(cfg):
+        check(cfg, attention, checkpointing, precision)
+        return hf_encdec.peak_saved(cfg, micro_batch=micro_batch, seq_len=seq_len, target_len=target_len,
+                                    attention=attention, checkpointing=checkpointing, precision=precision, dtypes=dtypes,
+                                    lora=lora, shape=shape)
     blocks = saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing,
                    precision=precision, dtypes=dtypes, lora=lora, shape=shape)
     if checkpointing != "full":
@@ -711,15 +735,23 @@ def layer_table(cfg: dict) -> list:
     """One layer's rows for the docs, full training: (op, keeps, shape, eager, sdpa), where the eager and sdpa cells
     give the dtype kept under 32-true · bf16-true · bf16-mixed ("—": not kept; one shared storage is listed once)."""
     fam = FAMILIES[cfg["model_type"]]
-    rows = layer_rows(cfg["model_type"], _act(cfg), _parallel(cfg))
     w = _trainable(fam, None)
-    flags = {**w, **_grads(fam, w, True, _parallel(cfg))}
+    if hf_encdec.is_stacked(cfg):  # the decoder's block (self-attention, cross-attention, feed-forward)
+        rows = hf_encdec.layer_rows(cfg, True)
+        flags = {**w, **hf_encdec._flags(w, True, True, True)}
+        conditions = lambda a, p: hf_encdec._conditions(cfg, a, "none", 2, p, None)  # noqa: E731
+        sizes = hf_encdec._sizes(cfg, 2, 16, None)
+    else:
+        rows = layer_rows(cfg["model_type"], _act(cfg), _parallel(cfg))
+        flags = {**w, **_grads(fam, w, True, _parallel(cfg))}
+        conditions = lambda a, p: _conditions(cfg, fam, a, "none", 2, p, None)  # noqa: E731
+        sizes = _sizes(cfg, 2, 16)
     symbolic = {r.label: "(" + ", ".join(str(x) for x in r.shape) + ")" for r in rows}
     seen: dict = {}
     for attention in ("eager", "sdpa"):
         for precision in TABLE_PRECISIONS:
-            cond = _conditions(cfg, fam, attention, "none", 2, precision, None)
-            for k in _resolve(rows, cond, _roles(precision, None, "float32"), _sizes(cfg, 2, 16), flags):
+            cond = conditions(attention, precision)
+            for k in _resolve(rows, cond, _roles(precision, None, "float32"), sizes, flags):
                 seen.setdefault(k.label, {})[(attention, precision)] = SHORT[k.dtype]
     out = []
     for r in rows:
