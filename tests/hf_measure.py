@@ -222,14 +222,18 @@ def _track_recomputation(tracker: Tracker):
         checkpoint_module._recomputation_hook = original
 
 
-def inputs(cfg: dict, micro_batch: int, seq_len: int, seed: int = 1):
+def inputs(cfg: dict, micro_batch: int, seq_len: int, seed: int = 1, target_len: int | None = None):
+    """Token ids and labels; an encoder-decoder's labels (the decoder's tokens) are `target_len` long."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, cfg["vocab_size"], (micro_batch, seq_len), generator=g)
+    if target_len is not None and target_len != seq_len:
+        return {"input_ids": ids, "labels": torch.randint(0, cfg["vocab_size"], (micro_batch, target_len), generator=g)}
     return {"input_ids": ids, "labels": ids.clone()}
 
 
 def measure(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
-            precision: str = "32-true", lora: dict | None = None, model=None, quantization: dict | None = None) -> dict:
+            precision: str = "32-true", lora: dict | None = None, model=None, quantization: dict | None = None,
+            target_len: int | None = None) -> dict:
     """One forward + backward; returns {'total': distinct saved bytes, 'peak': peak live saved bytes, 'items': ...}."""
     if model is None:
         model = build(cfg, attention, precision, lora, quantization=quantization)
@@ -247,7 +251,7 @@ def measure(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa
     def unpack(holder):
         return holder.t
 
-    batch = inputs(cfg, micro_batch, seq_len)
+    batch = inputs(cfg, micro_batch, seq_len, target_len=target_len)
     autocast = contextlib.nullcontext()
     if precision in ("bf16-mixed", "16-mixed"):
         autocast = torch.autocast("cpu", dtype=torch.bfloat16 if precision == "bf16-mixed" else torch.float16)

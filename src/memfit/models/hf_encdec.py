@@ -187,9 +187,14 @@ def _core(sk: str, g: dict, fused: str, op: str = "") -> list:
     condition under which SDPA's fused kernel runs (else the eager / math rows)."""
     from memfit.models.hf_activations import K
 
-    math_path = f"not_{fused}"
+    math_path = f"not_{fused}&not_math_upcast"
     probs = ("b", "H", "s", sk)
     rows = [
+        # SDPA's math path on 16-bit inputs (measured, torch 2.13 on CPU): q, k, probabilities, v upcast to fp32
+        K("q @ k^T", "q (fp32, SDPA's math path on 16-bit inputs)", ("b", "H", "s", "d"), "f32", f"not_{fused}&math_upcast", (g["k"],)),
+        K("q @ k^T", "k (fp32)", ("b", "H", sk, "d"), "f32", f"not_{fused}&math_upcast", (g["q"],)),
+        K("softmax", "probabilities (fp32)", probs, "f32", f"not_{fused}&math_upcast", (g["qk"],)),
+        K("p @ v", "v (fp32)", ("b", "H", sk, "d"), "f32", f"not_{fused}&math_upcast", (g["qk"],)),
         K("q @ k^T", "q (a copy: matmul folds the heads)", ("b", "H", "s", "d"), "lin", math_path, (g["k"],)),
         K("q @ k^T", "k (a copy)", ("b", "H", sk, "d"), "lin", math_path, (g["q"],)),
         K("softmax", "probabilities", probs, "soft", math_path, (g["qk"],)),
@@ -357,10 +362,12 @@ def _conditions(cfg, attention, checkpointing, micro_batch, precision, lora):
 
     cond = ha._conditions(cfg, ha.FAMILIES["t5"], attention, checkpointing, micro_batch, precision, lora)
     drop = (cfg.get("dropout_rate") or 0) > 0
+    low = precision not in (None, "32-true")
     fused = attention != "eager"
     cond.update({"drop": drop, "attn_drop": drop and checkpointing != "selective", "no_attn_drop": not drop,
                  "enc_fused": fused, "not_enc_fused": not fused, "dec_fused": False, "not_dec_fused": True,
-                 "dec_sdpa": fused, "causal": False, "mlm": True})
+                 "dec_sdpa": fused, "causal": False, "mlm": True,
+                 "math_upcast": fused and low, "not_math_upcast": not (fused and low)})
     return cond
 
 
