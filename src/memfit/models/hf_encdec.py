@@ -442,8 +442,11 @@ def saved(cfg: dict, *, micro_batch: int, seq_len: int, target_len: int | None =
 def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, target_len: int | None = None, attention: str = "sdpa",
                checkpointing: str = "none", precision: str = "32-true", dtypes: dict | None = None,
                lora: dict | None = None, shape=None) -> int:
-    """As hf_activations.peak_saved: under full checkpointing the boundaries and the embeddings' tensors stay, and on
-    top either the head and loss or the largest one layer's recomputation (its input is its boundary)."""
+    """The peak of live saved bytes. Without full checkpointing: everything saved (the end of the forward). With it,
+    the largest of three moments: the end of the forward (every boundary, the embeddings' tensors, head and loss); a
+    decoder layer's recomputation (every boundary and the embeddings' tensors beside it); an encoder layer's
+    recomputation, once the decoder's backward has released its boundaries, the encoder's output and final norm
+    and the decoder's inputs (the encoder's boundaries and inputs beside it). A layer's input is its boundary."""
     from memfit.models.hf_activations import nbytes, total
 
     common = dict(micro_batch=micro_batch, seq_len=seq_len, target_len=target_len, attention=attention,
@@ -451,16 +454,28 @@ def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, target_len: int | N
     blocks = saved(cfg, checkpointing=checkpointing, **common)
     if checkpointing != "full":
         return total(blocks)
-    *_, enc, dec, head, loss = _evaluate(cfg, micro_batch, seq_len, target_len, attention, "full", precision, dtypes,
-                                         lora, shape)
-    recomputed = 0
-    for layers, block in ((enc[1], "encoder layer"), (dec[1], "decoder layer")):
-        boundary = next((b.kept[0] for b in blocks if b.name == block), None)
-        if boundary is None:
-            continue
+    *_, embeddings, enc, dec, head, loss = _evaluate(cfg, micro_batch, seq_len, target_len, attention, "full",
+                                                      precision, dtypes, lora, shape)
+    boundaries = {b.name: (b.count, b.kept[0]) for b in blocks if b.name.endswith(" layer")}
+
+    def recomputed(name, layers) -> tuple[int, int]:
+        """(bytes of one layer's recomputation beyond its boundary, bytes of the stack's boundaries)"""
+        if name not in boundaries:
+            return 0, 0
+        count, boundary = boundaries[name]
         each = nbytes(layers)
         if layers and layers[0].dtype == boundary.dtype and layers[0].shape == boundary.shape:
             each -= nbytes([boundary])
-        recomputed = max(recomputed, each)
-    kept = sum(b.count * nbytes(b.kept) for b in blocks if b.name not in ("head", "loss"))
-    return kept + max(nbytes(head) + nbytes(loss), recomputed)
+        return each, count * nbytes([boundary])
+
+    enc_each, enc_bounds = recomputed("encoder layer", enc[1])
+    dec_each, dec_bounds = recomputed("decoder layer", dec[1])
+    emb = nbytes(embeddings)
+    encoder_inputs = nbytes([k for k in embeddings if k.label.startswith(ENCODER_INPUTS)])
+    return max(emb + enc_bounds + dec_bounds + nbytes(head) + nbytes(loss),
+               emb + enc_bounds + dec_bounds + dec_each,
+               encoder_inputs + enc_bounds + enc_each)
+
+
+# what the embeddings block keeps for the encoder's layers (the rest goes once the decoder's backward is done)
+ENCODER_INPUTS = ("encoder embed_tokens", "encoder embedding dropout", "encoder relative bias", "encoder attention")
