@@ -317,6 +317,13 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     fam = acts.FAMILIES[cfg["model_type"]]
     split_cache: dict = {}
     flights = _layer_flights(cfg, sizes, act_w, lin_w)
+    first_decoder, decoder_flight = n_layers, 0
+    if stacked and checkpointing == "full":
+        # measured (T5, non-reentrant checkpointing): through the decoder's backward the gradients of the encoder's
+        # output and of the decoder's self- and cross-attention biases accumulate beside the residual stream's
+        first_decoder = hf_encdec.stacks(cfg)[0][2]
+        se = sizes["se"]
+        decoder_flight = (b * se * h + sizes["H"] * s * s + sizes["H"] * s * se) * act_w
     for i in range(n_layers):
         key = id(every[i])
         if key not in split_cache:
@@ -334,7 +341,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
             else:
                 row.kept = kept_ids(kept, x, hidden) if n == 0 else [fresh(kept_bytes(k)) for k in kept]
             row.forward_flight = hidden  # its output while it is written; its inner tensors are kept
-            row.backward_flight = flights[part]
+            row.backward_flight = flights[part] + (decoder_flight if i >= first_decoder else 0)
             rows.append(row)
             x = y
     logits = fresh(T * sizes["V"] * lin_w)
@@ -343,8 +350,13 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     rows.append(row)
     logits32 = dtype_bytes(T * sizes["V"], "float32")
     upcast = logits32 if lin_w != 4 else 0
+    loss = Loss(forward=(tensors[logits], *([upcast] if upcast else [])), backward=(logits32, logits32))
+    if stacked:
+        # T5's nn.CrossEntropyLoss on the logits as they are (no fp32 copy); measured at the loss in forward: the
+        # logits, a second logits-sized temporary and the decoder's unscaled output (a local of the forward)
+        loss = Loss(forward=(tensors[logits], tensors[logits], hidden), backward=(tensors[logits], tensors[logits]))
     declared_stepped = list(extra.params) if extra is not None else []
-    return Step(rows, tensors, [ids, labels], Loss(forward=(tensors[logits], *([upcast] if upcast else [])), backward=(logits32, logits32)),
+    return Step(rows, tensors, [ids, labels], loss,
                 declared_states + states, optimizer, impl, config.overhead, declared_stepped + stepped if any_master else None)
 
 
