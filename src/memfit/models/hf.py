@@ -243,7 +243,7 @@ def layer_parameters(cfg: dict) -> list[Param]:
 def parameters(cfg: dict) -> list[Param]:
     """named_parameters() of the transformers class for this config, in order, tied weights once."""
     if hf_encdec.is_stacked(cfg):
-        return hf_encdec.parameters(cfg)
+        return _stacked_parameters(cfg)
     before, layers, layer, after, tied = _tree(cfg)
     out = [p for m in before for p in _params(m, m.path)]
     template = [p for m in layer for p in _params(m, m.path)]
@@ -257,7 +257,7 @@ def parameters(cfg: dict) -> list[Param]:
 def parameter_count(cfg: dict) -> int:
     """Elements of all parameters (tied ones once), without listing each layer."""
     if hf_encdec.is_stacked(cfg):
-        return hf_encdec.parameter_count(cfg)
+        return sum(math.prod(p.shape) for p in _stacked_parameters(cfg))
     before, _, layer, after, tied = _tree(cfg)
 
     def elements(params) -> int:
@@ -276,7 +276,7 @@ def parameter_count(cfg: dict) -> int:
 def linear_modules(cfg: dict) -> list[tuple[str, int, int, bool]]:
     """(module name, in_features, out_features, has_bias) of every nn.Linear and GPT-2 Conv1D, in module order."""
     if hf_encdec.is_stacked(cfg):
-        return hf_encdec.linear_modules(cfg)
+        return [(m.path, *m.dims) for _, modules in hf_encdec._segments(cfg) for m in modules if m.type == "linear"]
     before, layers, layer, after, _ = _tree(cfg)
     out = [(m.path, *m.dims) for m in before if m.type in ("linear", "conv1d")]
     template = [m for m in layer if m.type in ("linear", "conv1d")]
@@ -293,7 +293,7 @@ def blocks(cfg: dict) -> list[tuple[str, int, list[Param]]]:
     (the final norm and the head), tied weights once. Concatenated with the layer repeated, this is
     parameters(). An encoder-decoder has a layer block per stack ("encoder layer", "decoder layer")."""
     if hf_encdec.is_stacked(cfg):
-        return hf_encdec.blocks(cfg)
+        return _stacked_blocks(cfg)
     before, layers, layer, after, tied = _tree(cfg)
     return [
         ("embeddings", 1, [p for m in before for p in _params(m, m.path)]),
@@ -313,7 +313,7 @@ def summary(cfg: dict) -> str:
     """One line for a hover: the class, its size and its shape."""
     fam = family(cfg)
     if fam.stacked:
-        return hf_encdec.summary(cfg)
+        return _stacked_summary(cfg)
     heads = cfg["n_head"] if fam.model_type == "gpt2" else cfg["num_attention_heads"]
     kv = cfg.get("num_key_value_heads")
     attention = f"{heads} heads" + (f" ({kv} key/value)" if kv is not None and kv != heads else "") + f" of {head_dim(cfg)}"
@@ -323,6 +323,44 @@ def summary(cfg: dict) -> str:
     if cfg.get("tie_word_embeddings") and head(cfg) != SEQUENCE_CLASSIFICATION:
         text += ", embeddings tied to the head"
     return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoder-decoder families (models/hf_encdec.py gives the module tree: both stacks, layer 0's relative bias)
+
+
+def _stacked_parameters(cfg: dict) -> list[Param]:
+    return [p for _, modules in hf_encdec._segments(cfg) for m in modules for p in _params(m, m.path) if p.name not in hf_encdec.TIED]
+
+
+def _stacked_blocks(cfg: dict) -> list:
+    """(block, count, one copy's params): the relative-bias tables and the encoder's final norm count with the
+    embeddings (what they keep lives as long as the embeddings' tensors), a layer block's params are layer 0's
+    without its bias table (relative names), the decoder's final norm with the head."""
+    layer_blocks = {name: (prefix, count) for name, prefix, count in hf_encdec.stacks(cfg)}
+    out: dict = {"embeddings": []}
+    for name, modules in hf_encdec._segments(cfg):
+        params = [p for m in modules for p in _params(m, m.path) if p.name not in hf_encdec.TIED]
+        if name not in layer_blocks:
+            out.setdefault(name, []).extend(params)
+            continue
+        prefix, _ = layer_blocks[name]
+        first = params[0].name.startswith(prefix + "0.")
+        for p in params:
+            if p.name.endswith("relative_attention_bias.weight"):
+                out["embeddings"].append(p)
+            elif first:
+                out.setdefault(name, []).append(Param(p.name[len(prefix) + 2 :], p.shape, p.kind))
+    counts = {name: count for name, _, count in hf_encdec.stacks(cfg)}
+    order = ["embeddings", *counts, "head"]
+    return [(name, counts.get(name, 1), out.get(name, [])) for name in order]
+
+
+def _stacked_summary(cfg: dict) -> str:
+    n = hf_encdec.dims(cfg)
+    count = sum(math.prod(p.shape) for p in _stacked_parameters(cfg))
+    return (f"{architecture(cfg)}: {count:,} parameters; {n['Ne']} encoder + {n['Nd']} decoder layers, hidden {n['h']}, "
+            f"{n['H']} heads of {n['d']}, feed-forward {n['i']} ({cfg['feed_forward_proj']}), embeddings tied to the head")
 
 
 # ---------------------------------------------------------------------------------------------
