@@ -152,3 +152,21 @@ def test_the_docs_table_lists_every_encoder_decoder_family():
     assert rows == [name for name, fam in FAMILIES.items() if fam.stacked]
     for name in rows:
         assert f"transformers/models/{name}/modeling_{name}.py" in section
+
+
+def test_tensor_and_pipeline_splits_are_refused_data_parallel_is_walked(tmp_path):
+    config = json.loads((ROOT / "examples" / "models" / "flan-t5-base.json").read_text())
+    training = {"micro_batch": 4, "seq_len": 512, "target_len": 128, "checkpointing": "full"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    for parallel, code in (({"tensor": 2}, "bad-parallel"), ({"data": 2, "pipeline": 2}, "bad-parallel"), ({"data": 4, "zero": 3}, None)):
+        doc = {"memfit": 1, "device": {"memory": "80 GB"}, "precision": "bf16-mixed", "optimizer": "adamw",
+               "model": {"hf_config": "config.json"}, "training": training, "parallel": parallel}
+        path = tmp_path / "run.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)], capture_output=True, text=True, timeout=120, check=False)
+        result = json.loads(done.stdout)["files"][0]
+        codes = [d["code"] for d in result["diagnostics"]]
+        if code is None:
+            assert done.returncode == 0 and codes == [] and result["peak"]["bytes"] > 0, done.stdout
+        else:
+            assert done.returncode == 1 and codes[0] == code, done.stdout

@@ -461,6 +461,13 @@ def derive(data: dict, config, path: str) -> list:
     micro_batch, seq_len = training["micro_batch"], training["seq_len"]
     attention = training.get("attention", "sdpa")
     checkpointing = training.get("checkpointing", "none")
+    parallel = data.get("parallel") if isinstance(data.get("parallel"), dict) else {}
+    if fam.stacked:
+        for key in ("tensor", "pipeline"):
+            if isinstance(parallel.get(key), int) and not isinstance(parallel[key], bool) and parallel[key] > 1:
+                message = (f"parallel.{key} {parallel[key]}: memfit does not split an encoder-decoder's two stacks across "
+                           f"{key}-parallel ranks; data-parallel layouts (ZeRO, FSDP) are modeled")
+                return [Problem(("parallel", key), codes.BAD_PARALLEL, message, on_key=True)]
     if "target_len" in training and not fam.stacked:
         message = f"training.target_len is the decoder's tokens of an encoder-decoder model; {fam.model_type} has one stack: ignored (seq_len counts its tokens)"
         hints.append(Problem(("training", "target_len"), codes.IGNORED_KEY, message, on_key=True))
