@@ -851,7 +851,7 @@ def _t5_feed_forward(cfg: dict, f: str, g: dict) -> list:
         rows = _linear([("fc_in", T5_NAMES["fc_in"], "i")], T, f) + _activation(act, "act", I, g["g"])
         inner = g["g"]
         if act == "relu":  # relu keeps its result (wo's input too, without dropout: one storage)
-            relu = K("act", "relu output", I, "lin", None, (g["g"],))
+            relu = K("fc_out (DenseReluDense.wo)", "relu output (relu keeps it; wo's input without dropout)", I, "lin", None, (g["g"],))
             rows.append(relu)
             rows.append(K("feed-forward dropout", "mask", I, "bool", "drop", (inner,)))
             down = ("fc_out", T5_NAMES["fc_out"], "h")
