@@ -38,6 +38,8 @@ TINY = {
     "bert": _BASE,
     "gpt_neox": _BASE,
     "mixtral": {**_GQA, "intermediate_size": 48, "num_local_experts": 4, "num_experts_per_tok": 2},
+    # encoder-decoder: seq_len source tokens and as many target tokens (the labels); dropout_rate 0.1 as T5's default
+    "t5": {"d_model": 64, "d_kv": 16, "d_ff": 112, "num_layers": 2, "num_heads": 4, "decoder_start_token_id": 0},
     # issue 21's dense decoders: a window shorter than the longer measured sequence (40), so it masks something
     "gemma2": {**_GQA, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 24},
     "gemma3_text": {**_GQA, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 24,
@@ -50,13 +52,14 @@ TINY = {
     "granite": {**_GQA, "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0078125,
                 "logits_scaling": 8.0},
 }
+SEQ2SEQ = ("t5",)  # built with AutoModelForSeq2SeqLM
 FAMILIES = tuple(TINY)
 VOCAB = 128
 
 
 def tiny(model_type: str, **overrides) -> dict:
     given = dict(TINY[model_type], vocab_size=VOCAB, max_position_embeddings=128)
-    if model_type == "gpt2":
+    if model_type == "gpt2" or model_type in SEQ2SEQ:
         given.pop("max_position_embeddings")
     given.update(overrides)
     if "layer_types" in given and len(given["layer_types"]) != given["num_hidden_layers"]:   # more layers: same pattern
@@ -65,7 +68,7 @@ def tiny(model_type: str, **overrides) -> dict:
     return transformers.AutoConfig.for_model(model_type, **given).to_dict()
 
 
-ATTENTION_DROPOUT = {"gpt2": "attn_pdrop", "bert": "attention_probs_dropout_prob"}
+ATTENTION_DROPOUT = {"gpt2": "attn_pdrop", "bert": "attention_probs_dropout_prob", "t5": "dropout_rate"}
 
 
 def without_attention_dropout(cfg: dict) -> dict:
@@ -112,6 +115,8 @@ def build(cfg: dict, attention: str = "sdpa", precision: str = "32-true", lora: 
         cls = getattr(transformers, architectures[0])
     elif cfg["model_type"] == "bert":
         cls = transformers.AutoModelForMaskedLM
+    elif cfg["model_type"] in SEQ2SEQ:
+        cls = transformers.AutoModelForSeq2SeqLM
     else:
         cls = transformers.AutoModelForCausalLM
     if attention == "sdpa" and not getattr(transformers, f"{config.architectures[0]}" if config.architectures else
@@ -234,14 +239,18 @@ def _track_recomputation(tracker: Tracker):
         checkpoint_module._recomputation_hook = original
 
 
-def inputs(cfg: dict, micro_batch: int, seq_len: int, seed: int = 1):
+def inputs(cfg: dict, micro_batch: int, seq_len: int, seed: int = 1, target_len: int | None = None):
+    """Token ids and labels; an encoder-decoder's labels (the decoder's tokens) are `target_len` long."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, cfg["vocab_size"], (micro_batch, seq_len), generator=g)
+    if target_len is not None and target_len != seq_len:
+        return {"input_ids": ids, "labels": torch.randint(0, cfg["vocab_size"], (micro_batch, target_len), generator=g)}
     return {"input_ids": ids, "labels": ids.clone()}
 
 
 def measure(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
-            precision: str = "32-true", lora: dict | None = None, model=None, quantization: dict | None = None) -> dict:
+            precision: str = "32-true", lora: dict | None = None, model=None, quantization: dict | None = None,
+            target_len: int | None = None) -> dict:
     """One forward + backward; returns {'total': distinct saved bytes, 'peak': peak live saved bytes, 'items': ...}."""
     if model is None:
         model = build(cfg, attention, precision, lora, quantization=quantization)
@@ -259,7 +268,7 @@ def measure(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa
     def unpack(holder):
         return holder.t
 
-    batch = inputs(cfg, micro_batch, seq_len)
+    batch = inputs(cfg, micro_batch, seq_len, target_len=target_len)
     autocast = contextlib.nullcontext()
     if precision in ("bf16-mixed", "16-mixed"):
         autocast = torch.autocast("cpu", dtype=torch.bfloat16 if precision == "bf16-mixed" else torch.float16)

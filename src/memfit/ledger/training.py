@@ -288,7 +288,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     are its config tensor's (weight, gradient, buffers, master copy, optimizer state, as the recipe
     priced them). The loss is transformers' ForCausalLMLoss: an fp32 copy of the logits when they
     are not fp32, log-softmax (kept), and in backward two fp32 logits-sized gradients."""
-    from memfit.models import hf_activations as acts
+    from memfit.models import hf_activations as acts, hf_encdec
 
     model = config.model
     cfg, run = model.cfg, model.training
@@ -298,7 +298,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     checkpointing = run["checkpointing"]
     blocks = acts.saved(cfg, checkpointing=checkpointing, **common)
     roles = acts._dtypes(precision, model.dtypes)
-    sizes = acts._sizes(cfg, run["micro_batch"], run["seq_len"])
+    sizes = acts._sizes(cfg, run["micro_batch"], run["seq_len"], target_len=recipe_args.get("target_len"))
     b, s, h, T = sizes["b"], sizes["s"], sizes["h"], sizes["T"]
     act_w, lin_w = dtype_bytes(1, roles["act"]), dtype_bytes(1, roles["lin"])
     n_layers = acts._layers(cfg)
@@ -327,11 +327,20 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     # (norm and attention, its output projection, norm and MLP, its down projection); the head
     groups: dict = {"embeddings": [], "head": []}
     seen_layer = False
+    # an encoder-decoder's layers are those of its stacks in forward order (models.hf_encdec.layer_index)
+    stacked = hf_encdec.is_stacked(cfg)
     for t in config.tensors:
         if t.category != "parameters" or not t.path or t.path[0] != "model":
             continue
         per_copy = {c: v // max(t.count, 1) for c, v in t.bytes.items()}
         entry = (per_copy, t.trainable, t.elements)
+        if stacked:
+            index = hf_encdec.layer_index(cfg, _base_name(t.name))
+            if isinstance(index, int):
+                groups.setdefault((index, _part(t.name)), []).append(entry)
+            else:
+                groups[index].append(entry)
+            continue
         m = _LAYER.search(t.name)
         if m:
             seen_layer = True
@@ -387,6 +396,13 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     fam = acts.FAMILIES[cfg["model_type"]]
     split_cache: dict = {}
     flights = _layer_flights(cfg, sizes, act_w, lin_w)
+    first_decoder, decoder_flight = n_layers, 0
+    if stacked and checkpointing == "full":
+        # measured (T5, non-reentrant checkpointing): through the decoder's backward the gradients of the encoder's
+        # output and of the decoder's self- and cross-attention biases accumulate beside the residual stream's
+        first_decoder = hf_encdec.stacks(cfg)[0][2]
+        se = sizes["se"]
+        decoder_flight = (b * se * h + sizes["H"] * s * s + sizes["H"] * s * se) * act_w
     for i in range(n_layers):
         key = id(every[i])
         if key not in split_cache:
@@ -404,7 +420,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
             else:
                 row.kept = kept_ids(kept, x, hidden) if n == 0 else [fresh(kept_bytes(k)) for k in kept]
             row.forward_flight = hidden  # its output while it is written; its inner tensors are kept
-            row.backward_flight = flights[part]
+            row.backward_flight = flights[part] + (decoder_flight if i >= first_decoder else 0)
             rows.append(row)
             x = y
     logits = fresh(T * sizes["V"] * lin_w)
@@ -414,8 +430,13 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     rows.append(row)
     logits32 = dtype_bytes(T * sizes["V"], "float32")
     upcast = logits32 if lin_w != 4 else 0
+    loss = Loss(forward=(tensors[logits], *([upcast] if upcast else [])), backward=(logits32, logits32))
+    if stacked:
+        # T5's nn.CrossEntropyLoss on the logits as they are (no fp32 copy); measured at the loss in forward: the
+        # logits, a second logits-sized temporary and the decoder's unscaled output (a local of the forward)
+        loss = Loss(forward=(tensors[logits], tensors[logits], hidden), backward=(tensors[logits], tensors[logits]))
     declared_stepped = list(extra.params) if extra is not None else []
-    return Step(rows, tensors, [ids, labels], Loss(forward=(tensors[logits], *([upcast] if upcast else [])), backward=(logits32, logits32)),
+    return Step(rows, tensors, [ids, labels], loss,
                 declared_states + states, optimizer, impl, config.overhead, declared_stepped + stepped if any_master else None, loss_kept=by_loss)
 
 
@@ -433,11 +454,17 @@ def _buffers(cfg: dict, sizes: dict, dtype: str) -> list:
     return out
 
 
+def _base_name(name: str) -> str:
+    """A parameter's transformers name under peft's wrapping (base_model.model.<name>, .base_layer., adapters)."""
+    name = name[len("base_model.model."):] if name.startswith("base_model.model.") else name
+    return name.replace(".base_layer.", ".")
+
+
 # A layer's parameters by part, from their names (the families' spellings); the first match wins.
 _PARTS = (
-    ("o_proj", ("o_proj", "attn.c_proj", "attention.dense", "attention.output.")),
-    ("attention", ("attn", "attention", "input_layernorm", "ln_1", "q_norm", "k_norm")),
-    ("down_proj", ("down_proj", "mlp.c_proj", "dense_4h_to_h", ".output.")),
+    ("o_proj", ("o_proj", "attn.c_proj", "attention.dense", "attention.output.", "Attention.o.")),
+    ("attention", ("attn", "attention", "input_layernorm", "ln_1", "q_norm", "k_norm", "Attention.", "layer.0.layer_norm")),
+    ("down_proj", ("down_proj", "mlp.c_proj", "dense_4h_to_h", ".output.", "DenseReluDense.wo")),
     ("mlp", ("",)),
 )
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 from math import prod
 from typing import NamedTuple
 
+from memfit.models import hf_encdec
+
 
 class Kept(NamedTuple):
     label: str
@@ -237,6 +239,11 @@ FAMILIES = {
                    head="mlm", softmax_fp32=False, softmax_role="lin", lora_default=("query", "value"),
                    dropout_keys=(("attn", "attention_probs_dropout_prob"), ("resid", "hidden_dropout_prob"),
                                  ("embd", "hidden_dropout_prob"))),
+    # encoder-decoder families: their rows are in models/hf_encdec.py; this entry names their modules (LoRA flags,
+    # the ledger's layer parts) and their dropout key
+    "t5": Family("rms", dict(hf_encdec.NAMES), "separate", None, "plain", "dense_act_fn", False,
+                 dropout_keys=(("attn", "dropout_rate"), ("resid", "dropout_rate"), ("embd", "dropout_rate")),
+                 head="seq2seq", softmax_fp32=False, lora_default=("q", "v")),
 }
 # issue 21: the dense decoders
 FAMILIES.update({
@@ -487,7 +494,10 @@ LOSS_ROWS = [
 # --------------------------------------------------------------------------------------------- evaluation
 
 
-def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int = 0, attention: str = "sdpa") -> dict:
+def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int = 0, attention: str = "sdpa",
+           target_len: int | None = None) -> dict:
+    if hf_encdec.is_stacked(cfg):
+        return _t5_sizes(cfg, micro_batch, seq_len, target_len, rank)
     mt = cfg["model_type"]
     h = cfg["n_embd"] if mt == "gpt2" else cfg["hidden_size"]
     heads = cfg["n_head"] if mt == "gpt2" else cfg["num_attention_heads"]
@@ -716,6 +726,8 @@ def _parallel(cfg: dict) -> bool:
 
 
 def _layers(cfg: dict) -> int:
+    if hf_encdec.is_stacked(cfg):  # every stack's layers, in forward order
+        return sum(count for _, _, count in hf_encdec.stacks(cfg))
     return cfg["n_layer"] if cfg["model_type"] == "gpt2" else cfg["num_hidden_layers"]
 
 
@@ -804,13 +816,18 @@ def _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dt
 
 
 def saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
-          precision: str = "32-true", dtypes: dict | None = None, lora: dict | None = None, shape=None) -> list:
+          precision: str = "32-true", dtypes: dict | None = None, lora: dict | None = None, shape=None,
+          target_len: int | None = None) -> list:
     """Blocks in forward order: embeddings, layer (x num_hidden_layers; the first layer apart when it differs, as
     under LoRA), head, loss; each lists its kept storages. With checkpointing "full" the layer block holds what
     stays saved through the forward (each layer's input); `peak_saved` adds one layer's recomputation.
 
     `shape(symbols, sizes) -> tuple[int, ...]`, if given, evaluates each row's symbolic shape (see `_sizes` for
     the symbols), e.g. with one tensor-parallel rank's share of the heads and widths."""
+    if hf_encdec.is_stacked(cfg):  # an encoder-decoder: one layer block per stack (`target_len`: decoder tokens)
+        check(cfg, attention, checkpointing, precision)
+        return stacked_saved(cfg, micro_batch=micro_batch, seq_len=seq_len, target_len=target_len, attention=attention,
+                               checkpointing=checkpointing, precision=precision, dtypes=dtypes, lora=lora, shape=shape)
     shape = shape or _shape
     fam, sizes, roles, embeddings, layer0, layer1, head, loss = _evaluate(
         cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape)
@@ -838,11 +855,17 @@ def total(blocks: list) -> int:
 
 
 def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
-               precision: str = "32-true", dtypes: dict | None = None, lora: dict | None = None, shape=None) -> int:
+               precision: str = "32-true", dtypes: dict | None = None, lora: dict | None = None, shape=None,
+               target_len: int | None = None) -> int:
     """The peak of live saved bytes during the step. Without full checkpointing everything saved is live at the end
     of the forward. With it, the embeddings' tensors and every layer's input stay saved; on top of them either the
     head and the loss (at the end of the forward) or one layer's recomputation (in the backward, once the head and
     loss are released; it runs without the cache, and its input is the boundary already counted)."""
+    if hf_encdec.is_stacked(cfg):
+        check(cfg, attention, checkpointing, precision)
+        return stacked_peak_saved(cfg, micro_batch=micro_batch, seq_len=seq_len, target_len=target_len,
+                                    attention=attention, checkpointing=checkpointing, precision=precision, dtypes=dtypes,
+                                    lora=lora, shape=shape)
     blocks = saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing,
                    precision=precision, dtypes=dtypes, lora=lora, shape=shape)
     if checkpointing != "full":
@@ -892,15 +915,23 @@ def layer_table(cfg: dict) -> list:
     """One layer's rows for the docs, full training: (op, keeps, shape, eager, sdpa), where the eager and sdpa cells
     give the dtype kept under 32-true · bf16-true · bf16-mixed ("—": not kept; one shared storage is listed once)."""
     fam = FAMILIES[cfg["model_type"]]
-    rows = layer_rows(cfg["model_type"], _act(cfg), _parallel(cfg))
     w = _trainable(fam, None)
-    flags = {**w, **_grads(fam, w, True, _parallel(cfg))}
+    if hf_encdec.is_stacked(cfg):  # the decoder's block (self-attention, cross-attention, feed-forward)
+        rows = t5_layer_rows(cfg, True)
+        flags = {**w, **_t5_flags(w, True, True, True)}
+        conditions = lambda a, p: _t5_conditions(cfg, a, "none", 2, p, None)  # noqa: E731
+        sizes = _t5_sizes(cfg, 2, 16, None)
+    else:
+        rows = layer_rows(cfg["model_type"], _act(cfg), _parallel(cfg))
+        flags = {**w, **_grads(fam, w, True, _parallel(cfg))}
+        conditions = lambda a, p: _conditions(cfg, fam, a, "none", 2, p, None)  # noqa: E731
+        sizes = _sizes(cfg, 2, 16)
     symbolic = {r.label: "(" + ", ".join(str(x) for x in r.shape) + ")" for r in rows}
     seen: dict = {}
     for attention in ("eager", "sdpa"):
         for precision in TABLE_PRECISIONS:
-            cond = _conditions(cfg, fam, attention, "none", 2, precision, None)
-            for k in _resolve(rows, cond, _roles(precision, None, "float32"), _sizes(cfg, 2, 16), flags):
+            cond = conditions(attention, precision)
+            for k in _resolve(rows, cond, _roles(precision, None, "float32"), sizes, flags):
                 seen.setdefault(k.label, {})[(attention, precision)] = SHORT[k.dtype]
     out = []
     for r in rows:
@@ -915,3 +946,319 @@ def markdown_table(cfg: dict) -> str:
     lines = ["| op | keeps | shape | eager (32-true · bf16-true · bf16-mixed) | sdpa |", "|---|---|---|---|---|"]
     lines += [f"| {op} | {what} | {shape} | {e} | {s} |" for op, what, shape, e, s in layer_table(cfg)]
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Encoder-decoder families (T5): what autograd keeps per stack. models/hf_encdec.py has the structure (the stacks,
+# their layer counts, the module names); the facts these rows follow are in its docstring and in
+# docs/transformers.md#encoder-decoder-families (transformers 5.24's models/t5/modeling_t5.py, measured on CPU).
+
+T5_NAMES = hf_encdec.NAMES
+T5_ROLES = {"cq": "q", "ck": "k", "cv": "v", "co": "o"}  # a cross-attention projection's role (hf_activations.ROLE)
+
+
+def _t5_norm(n: str, x: tuple, f: str) -> list:
+    """T5LayerNorm: x.to(fp32).pow(2) keeps the fp32 upcast, x * rsqrt(var) keeps x (its own dtype) and 1/rms,
+    weight * (that, cast to a 16-bit weight's dtype) keeps the normalized tensor."""
+    up = K(n, "input, upcast to fp32 (in fp32 the input itself)", x, "f32", needs=(f,))
+    return [up,
+            K(n, "input (x * rsqrt(...); in fp32 the upcast's storage)", x, "act", needs=(f,), source=up.label),
+            K(n, "1/rms", x[:-1] + (1,), "f32", needs=(f,)),
+            K(n, "normalized, in the weight dtype (weight * it)", x, "act", needs=("W:norm",))]
+
+
+def _t5_core(sk: str, g: dict, fused: str, op: str = "") -> list:
+    """Attention core over keys of length `sk`; `g` names the gradient flags (q, k, qk, v, attn); `fused` is the
+    condition under which SDPA's fused kernel runs (else the eager / math rows)."""
+
+    math_path = f"not_{fused}&not_math_upcast"
+    probs = ("b", "H", "s", sk)
+    rows = [
+        # SDPA's math path on 16-bit inputs (measured, torch 2.13 on CPU): q, k, probabilities, v upcast to fp32
+        K("q @ k^T", "q (fp32, SDPA's math path on 16-bit inputs)", ("b", "H", "s", "d"), "f32", f"not_{fused}&math_upcast", (g["k"],)),
+        K("q @ k^T", "k (fp32)", ("b", "H", sk, "d"), "f32", f"not_{fused}&math_upcast", (g["q"],)),
+        K("softmax", "probabilities (fp32)", probs, "f32", f"not_{fused}&math_upcast", (g["qk"],)),
+        K("p @ v", "v (fp32)", ("b", "H", sk, "d"), "f32", f"not_{fused}&math_upcast", (g["qk"],)),
+        K("q @ k^T", "q (a copy: matmul folds the heads)", ("b", "H", "s", "d"), "lin", math_path, (g["k"],)),
+        K("q @ k^T", "k (a copy)", ("b", "H", sk, "d"), "lin", math_path, (g["q"],)),
+        K("softmax", "probabilities", probs, "soft", math_path, (g["qk"],)),
+        K("attention dropout", "mask", probs, "bool", f"{math_path}&attn_drop", (g["qk"],)),
+        K("p @ v", "dropped-out probabilities", probs, "low", f"{math_path}&attn_drop", (g["v"],)),
+        K("p @ v", "probabilities, cast to the value dtype", probs, "low", f"{math_path}&no_attn_drop", (g["v"],),
+          "softmax: probabilities"),
+        K("p @ v", "v (a copy)", ("b", "H", sk, "d"), "lin", math_path, (g["qk"],)),
+        K("attention", "q", ("b", "H", "s", "d"), "lin", fused, (g["attn"],)),
+        K("attention", "k", ("b", "H", sk, "d"), "lin", fused, (g["attn"],)),
+        K("attention", "v", ("b", "H", sk, "d"), "lin", fused, (g["attn"],)),
+        K("attention", "output", ("b", "s", "H", "d"), "lin", fused, (g["attn"],)),
+        K("attention", "log-sum-exp (fp32)", ("b", "H", "s"), "f32", fused, (g["attn"],)),
+    ]
+    if fused == "dec_fused":  # each decoder layer's float mask (where(causal, bias, min); the cross-attention's zeros)
+        rows.append(K("attention", "float mask (the position bias)", (1, "H", "s", sk), "low", fused, (g["attn"],)))
+    return [r._replace(op=op + r.op) for r in rows]
+
+
+def _t5_attention(keys: tuple, x_flag: str, kv_input: tuple, kv_flag: str, sk: str, g: dict, fused: str) -> list:
+
+    q, k, v, o = (T5_NAMES[key] for key in keys)
+    role = lambda key: T5_ROLES.get(key, key)  # noqa: E731
+    T = ("T", "h")
+    if kv_input == T:
+        rows = _linear([(role(keys[0]), q, "q"), (role(keys[1]), k, "q"), (role(keys[2]), v, "q")], T, x_flag)
+    else:
+        rows = _linear([(role(keys[0]), q, "q")], T, x_flag) + _linear([(role(keys[1]), k, "q"), (role(keys[2]), v, "q")], kv_input, kv_flag)
+    rows += _t5_core(sk, g, fused, "cross-attention " if keys[0] == "cq" else "")
+    out = [(role(keys[3]), o, "h")]
+    rows += [r._replace(when=_t5_join(f"not_{fused}", r.when)) for r in _linear(out, ("T", "q"), g["attn"], low_input=True)]
+    rows += [r._replace(when=_t5_join(fused, r.when)) for r in _linear(out, ("T", "q"), g["attn"], low_input=True, source="attention: output")]
+    if keys[0] == "cq":
+        rows = [r._replace(source="cross-attention " + r.source) if r.source and r.source.startswith(("attention:", "softmax:")) else r for r in rows]
+    return rows
+
+
+def _t5_join(a: str, b: str | None) -> str:
+    return a if not b else f"{a}&{b}"
+
+
+def _t5_feed_forward(cfg: dict, f: str, g: dict) -> list:
+
+    T, I = ("T", "h"), ("b", "s", "i")
+    act = cfg["dense_act_fn"]
+    if cfg["is_gated_act"]:
+        rows = _linear([("gate", T5_NAMES["gate"], "i"), ("up", T5_NAMES["up"], "i")], T, f) + _activation(act, "act_fn(wi_0)", I, g["g"])
+        rows += [K("act * wi_1", "act_fn(wi_0)", I, "lin", None, (g["u"],)), K("act * wi_1", "wi_1 output", I, "lin", None, (g["g"],))]
+        inner = g["p"]
+    else:
+        rows = _linear([("fc_in", T5_NAMES["fc_in"], "i")], T, f) + _activation(act, "act", I, g["g"])
+        inner = g["g"]
+        if act == "relu":  # relu keeps its result (wo's input too, without dropout: one storage)
+            relu = K("fc_out (DenseReluDense.wo)", "relu output (relu keeps it; wo's input without dropout)", I, "lin", None, (g["g"],))
+            rows.append(relu)
+            rows.append(K("feed-forward dropout", "mask", I, "bool", "drop", (inner,)))
+            down = ("fc_out", T5_NAMES["fc_out"], "h")
+            return (rows + [r._replace(when=_t5_join("drop", r.when)) for r in _linear([down], ("T", "i"), inner, low_input=True)]
+                    + [r._replace(when=_t5_join("no_attn_drop", r.when)) for r in _linear([down], ("T", "i"), inner, low_input=True, source=relu.label)])
+    rows.append(K("feed-forward dropout", "mask", I, "bool", "drop", (inner,)))
+    down = ("down", T5_NAMES["fc_out"], "h") if cfg["is_gated_act"] else ("fc_out", T5_NAMES["fc_out"], "h")
+    return rows + _linear([down], ("T", "i"), inner, low_input=True)
+
+
+def _t5_encoder_output_label() -> str:
+    """The label of the cross-attention k / v projections' shared input (the encoder's output)."""
+
+    return _linear([("k", T5_NAMES["ck"], "q"), ("v", T5_NAMES["cv"], "q")], ("Te", "h"), "enc")[0].label
+
+
+def t5_layer_rows(cfg: dict, decoder: bool) -> list:
+    """One T5Block's rows (symbolic; the encoder's evaluate with s = the source length)."""
+
+    X = ("b", "s", "h")
+    g = {"q": "q", "k": "k", "qk": "qk", "v": "v", "attn": "attn"}
+    rows = _t5_norm("layer_norm (self-attention)", X, "x")
+    rows += _t5_attention(("q", "k", "v", "o"), "n1", ("T", "h"), "n1", "s", g, "enc_fused" if not decoder else "dec_fused")
+    rows.append(K("self-attention output dropout", "mask", X, "bool", "drop", ("o",)))
+    if decoder:
+        c = {"q": "cq", "k": "ck", "qk": "cqk", "v": "cv", "attn": "cattn"}
+        rows += _t5_norm("layer_norm (cross-attention)", X, "h1")
+        # the k / v projections' input is the encoder's output: one storage, kept with the embeddings (saved())
+        rows += _t5_attention(("cq", "ck", "cv", "co"), "n2", ("Te", "h"), "enc", "se", c, "dec_fused")
+        rows.append(K("cross-attention output dropout", "mask", X, "bool", "drop", ("co",)))
+    rows += _t5_norm("layer_norm (feed-forward)", X, "h")
+    rows += _t5_feed_forward(cfg, "nf", {"g": "g", "u": "u", "p": "p"})
+    rows.append(K("feed-forward output dropout", "mask", X, "bool", "drop", ("d",)))
+    return rows
+
+
+def _t5_flags(w: dict, x: bool, enc: bool, decoder: bool) -> dict:
+    """Which tensors of one block need a gradient, given its input's flag and the encoder output's."""
+
+    def t(key):
+        m = T5_NAMES[key]
+        return w.get(f"W:{m}", False) or w.get(f"L:{m}", False)
+
+    bias = w["W:embed"]
+    g = {"x": x, "enc": enc}
+    g["n1"] = x or w["W:norm"]
+    g["q"], g["k"], g["v"] = g["n1"] or t("q"), g["n1"] or t("k"), g["n1"] or t("v")
+    g["qk"] = g["q"] or g["k"] or bias
+    g["attn"] = g["qk"] or g["v"]
+    g["o"] = g["attn"] or t("o")
+    h = x or g["o"]
+    g["h1"] = h
+    if decoder:
+        g["n2"] = h or w["W:norm"]
+        g["cq"], g["ck"], g["cv"] = g["n2"] or t("cq"), enc or t("ck"), enc or t("cv")
+        g["cqk"] = g["cq"] or g["ck"]
+        g["cattn"] = g["cqk"] or g["cv"]
+        g["co"] = g["cattn"] or t("co")
+        h = h or g["co"]
+    g["h"] = h
+    g["nf"] = h or w["W:norm"]
+    g["g"] = g["nf"] or t("gate") or t("fc_in")
+    g["u"] = g["nf"] or t("up")
+    g["p"] = g["g"] or g["u"]
+    g["d"] = g["p"] or t("fc_out")
+    g["out"] = h or g["d"]
+    return g
+
+
+def _t5_sizes(cfg: dict, micro_batch: int, seq_len: int, target_len: int | None, rank: int = 0) -> dict:
+    n = hf_encdec.dims(cfg)
+    s = target_len or seq_len
+    q = n["H"] * n["d"]
+    return {"b": micro_batch, "s": s, "h": n["h"], "i": n["i"], "i2": 2 * n["i"], "H": n["H"], "KV": n["H"],
+            "d": n["d"], "dk": n["d"], "r": 0, "q": q, "kv": q, "qkv": 3 * q, "rot": 0, "V": n["V"],
+            "T": micro_batch * s, "Tl": micro_batch * s, "E": 0, "k": 0, "S": 0, "R": rank, "R2": 2 * rank,
+            "se": seq_len, "Te": micro_batch * seq_len}
+
+
+def _t5_embedding_rows(cfg: dict) -> list:
+
+    return [
+        K("encoder embed_tokens", "input ids", ("b", "se"), "i64", None, ("W:embed",)),
+        K("encoder embedding dropout", "mask", ("b", "se", "h"), "bool", "drop", ("W:embed",)),
+        K("encoder relative bias", "bucket indices", ("se", "se"), "i64", None, ("W:embed",)),
+        K("encoder attention", "relative bias as SDPA's float mask (every layer's)", (1, "H", "se", "se"), "low",
+          "enc_fused", ("attn_e",)),
+        *_t5_norm("encoder.final_layer_norm", ("b", "se", "h"), "xe"),
+        K("encoder final dropout", "mask", ("b", "se", "h"), "bool", "drop", ("xe",)),
+        K("decoder embed_tokens", "input ids (the labels shifted right)", ("b", "s"), "i64", None, ("W:embed",)),
+        K("decoder embedding dropout", "mask", ("b", "s", "h"), "bool", "drop", ("W:embed",)),
+        K("decoder relative bias", "bucket indices", ("s", "s"), "i64", None, ("W:embed",)),
+        K("decoder attention", "causal mask (where(causal, bias, min))", (1, 1, "s", "s"), "bool", "dec_sdpa",
+          ("W:embed",)),
+        K("decoder cross-attention", "mask (where(mask, bias, min))", (1, 1, "s", "se"), "bool", "dec_math_sdpa"),
+    ]
+
+
+def _t5_head_rows(cfg: dict) -> list:
+
+    X = ("b", "s", "h")
+    rows = _t5_norm("decoder.final_layer_norm", X, "x")
+    rows.append(K("decoder final dropout", "mask", X, "bool", "drop", ("x",)))
+    return rows + _linear([("lm_head", "lm_head", "V")], ("T", "h"), "fn")
+
+
+LOSS_ROWS_T5_NAMES = ("log-softmax of the logits", "targets (the labels)", "total weight")
+
+
+def _t5_conditions(cfg, attention, checkpointing, micro_batch, precision, lora, bias_trains: bool = True):
+    """hf_activations' conditions plus T5's. Measured (torch 2.13, CPU): SDPA runs the decoder's attentions in its
+    math path when the relative bias trains (full fine-tuning), in the fused kernel when it is frozen (LoRA)."""
+
+    cond = _conditions(cfg, FAMILIES["t5"], attention, checkpointing, micro_batch, precision, lora)
+    drop = (cfg.get("dropout_rate") or 0) > 0
+    low = precision not in (None, "32-true")
+    fused = attention != "eager"
+    dec_fused = fused and not bias_trains
+    cond.update({"drop": drop, "attn_drop": drop and checkpointing != "selective", "no_attn_drop": not drop,
+                 "enc_fused": fused, "not_enc_fused": not fused, "dec_fused": dec_fused, "not_dec_fused": not dec_fused,
+                 "dec_sdpa": fused, "dec_math_sdpa": fused and not dec_fused, "causal": False, "mlm": True,
+                 "math_upcast": fused and not dec_fused and low, "not_math_upcast": not (fused and not dec_fused and low)})
+    return cond
+
+
+def _t5_evaluate(cfg, micro_batch, seq_len, target_len, attention, checkpointing, precision, dtypes, lora, shape=None):
+
+    if attention == "flash":
+        attention = "sdpa"  # T5 does not support flash-attn (_supports_flash_attn = False): SDPA runs
+    shape = shape or _shape
+    fam = FAMILIES["t5"]
+    sizes = _t5_sizes(cfg, micro_batch, seq_len, target_len, int((lora or {}).get("r") or 0))
+    enc_sizes = {**sizes, "s": sizes["se"], "T": sizes["Te"]}
+    w = _trainable(fam, lora)
+    cond = _t5_conditions(cfg, attention, checkpointing, micro_batch, precision, lora, bias_trains=w["W:embed"])
+    roles = _dtypes(precision, dtypes)
+    n = hf_encdec.dims(cfg)
+    enc_rows, dec_rows = t5_layer_rows(cfg, False), t5_layer_rows(cfg, True)
+    # the encoder's first layer input needs a gradient when the embedding trains; later ones once any weight below does
+    e0 = _t5_flags(w, w["W:embed"], False, False)
+    e1 = _t5_flags(w, e0["out"], False, False)
+    enc_out = (e1["out"] if n["Ne"] > 1 else e0["out"]) if n["Ne"] else w["W:embed"]
+    enc = enc_out or w["W:norm"]
+    d0 = _t5_flags(w, w["W:embed"], enc, True)
+    d1 = _t5_flags(w, d0["out"], enc, True)
+    dec_out = (d1["out"] if n["Nd"] > 1 else d0["out"]) if n["Nd"] else w["W:embed"]
+    enc0 = _resolve(enc_rows, cond, roles, enc_sizes, {**w, **e0}, shape)
+    enc1 = _resolve(enc_rows, cond, roles, enc_sizes, {**w, **e1}, shape)
+    dec0 = _resolve(dec_rows, cond, roles, sizes, {**w, **d0}, shape)
+    dec1 = _resolve(dec_rows, cond, roles, sizes, {**w, **d1}, shape)
+    label = _t5_encoder_output_label()
+    encoder_output = [k for k in dec0 + dec1 if k.label == label][:1]
+    dec0 = [k for k in dec0 if k.label != label]
+    dec1 = [k for k in dec1 if k.label != label]
+    top = {**w, "attn_e": e0["attn"] or e1["attn"], "xe": enc_out, "x": dec_out, "fn": True}
+    embeddings = _resolve(_t5_embedding_rows(cfg), cond, roles, sizes, top, shape) + encoder_output
+    head = _resolve(_t5_head_rows(cfg), cond, roles, sizes, top, shape)
+    loss = _resolve([r for r in LOSS_ROWS if r.when == "mlm"], cond, roles, sizes, top, shape)
+    return roles, sizes, enc_sizes, embeddings, (enc0, enc1), (dec0, dec1), head, loss
+
+
+def _t5_stack_blocks(name: str, count: int, first: list, later: list) -> list:
+
+    if count == 0:
+        return []
+    if first == later or count == 1:
+        return [Block(name, count, first)]
+    return [Block(name, 1, first), Block(name, count - 1, later)]
+
+
+def stacked_saved(cfg: dict, *, micro_batch: int, seq_len: int, target_len: int | None = None, attention: str = "sdpa",
+          checkpointing: str = "none", precision: str = "32-true", dtypes: dict | None = None,
+          lora: dict | None = None, shape=None) -> list:
+    """Blocks in forward order: embeddings (both stacks' inputs, the relative-bias indices, the encoder's final norm
+    and output), encoder layer, decoder layer, head, loss. With checkpointing "full" each layer keeps its input."""
+
+    roles, sizes, enc_sizes, embeddings, enc, dec, head, loss = _t5_evaluate(
+        cfg, micro_batch, seq_len, target_len, attention, checkpointing, precision, dtypes, lora, shape)
+    n = hf_encdec.dims(cfg)
+    shape = shape or _shape
+    if checkpointing == "full":
+        boundary = "checkpoint: the layer's input (kept for the recomputation)"
+        middle = [Block("encoder layer", n["Ne"], [Kept(boundary, shape(("b", "s", "h"), enc_sizes), roles["act"])])]
+        middle += [Block("decoder layer", n["Nd"], [Kept(boundary, shape(("b", "s", "h"), sizes), roles["act"])])]
+        middle = [b for b in middle if b.count]
+    else:
+        middle = _t5_stack_blocks("encoder layer", n["Ne"], *enc) + _t5_stack_blocks("decoder layer", n["Nd"], *dec)
+    return [Block("embeddings", 1, embeddings), *middle, Block("head", 1, head), Block("loss", 1, loss)]
+
+
+def stacked_peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, target_len: int | None = None, attention: str = "sdpa",
+               checkpointing: str = "none", precision: str = "32-true", dtypes: dict | None = None,
+               lora: dict | None = None, shape=None) -> int:
+    """The peak of live saved bytes. Without full checkpointing: everything saved (the end of the forward). With it,
+    the largest of three moments: the end of the forward (every boundary, the embeddings' tensors, head and loss); a
+    decoder layer's recomputation (every boundary and the embeddings' tensors beside it); an encoder layer's
+    recomputation, once the decoder's backward has released its boundaries, the encoder's output and final norm
+    and the decoder's inputs (the encoder's boundaries and inputs beside it). A layer's input is its boundary."""
+
+    common = dict(micro_batch=micro_batch, seq_len=seq_len, target_len=target_len, attention=attention,
+                  precision=precision, dtypes=dtypes, lora=lora, shape=shape)
+    blocks = stacked_saved(cfg, checkpointing=checkpointing, **common)
+    if checkpointing != "full":
+        return total(blocks)
+    *_, embeddings, enc, dec, head, loss = _t5_evaluate(cfg, micro_batch, seq_len, target_len, attention, "full",
+                                                      precision, dtypes, lora, shape)
+    boundaries = {b.name: (b.count, b.kept[0]) for b in blocks if b.name.endswith(" layer")}
+
+    def recomputed(name, layers) -> tuple[int, int]:
+        """(bytes of one layer's recomputation beyond its boundary, bytes of the stack's boundaries)"""
+        if name not in boundaries:
+            return 0, 0
+        count, boundary = boundaries[name]
+        each = nbytes(layers)
+        if layers and layers[0].dtype == boundary.dtype and layers[0].shape == boundary.shape:
+            each -= nbytes([boundary])
+        return each, count * nbytes([boundary])
+
+    enc_each, enc_bounds = recomputed("encoder layer", enc[1])
+    dec_each, dec_bounds = recomputed("decoder layer", dec[1])
+    emb = nbytes(embeddings)
+    encoder_inputs = nbytes([k for k in embeddings if k.label.startswith(ENCODER_INPUTS)])
+    return max(emb + enc_bounds + dec_bounds + nbytes(head) + nbytes(loss),
+               emb + enc_bounds + dec_bounds + dec_each,
+               encoder_inputs + enc_bounds + enc_each)
+
+
+# what the embeddings block keeps for the encoder's layers (the rest goes once the decoder's backward is done)
+ENCODER_INPUTS = ("encoder embed_tokens", "encoder embedding dropout", "encoder relative bias", "encoder attention")

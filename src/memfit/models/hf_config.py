@@ -43,6 +43,9 @@ POSITIVE = frozenset(
         "num_attention_heads", "n_head", "num_key_value_heads", "head_dim", "max_position_embeddings",
         "n_positions", "type_vocab_size", "num_local_experts", "num_experts_per_tok", "num_labels",
         "original_max_position_embeddings", "pretraining_tp", "sliding_window",
+        # encoder-decoder families' own spellings (T5)
+        "d_model", "d_kv", "d_ff", "num_layers", "num_decoder_layers", "num_heads", "relative_attention_num_buckets",
+        "relative_attention_max_distance",
     }
 )
 NON_NEGATIVE = frozenset({"chunk_size_feed_forward", "max_window_layers"})
@@ -50,12 +53,13 @@ NON_NEGATIVE = frozenset({"chunk_size_feed_forward", "max_window_layers"})
 PROBABILITIES = frozenset(
     {
         "attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout", "hidden_dropout_prob",
-        "attention_probs_dropout_prob", "hidden_dropout", "classifier_dropout",
+        "attention_probs_dropout_prob", "hidden_dropout", "classifier_dropout", "dropout_rate",
     }
 )
 # Other numbers memfit does not compute with but a model does: finite and not negative.
 NON_NEGATIVE_NUMBERS = frozenset(
-    {"initializer_range", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "router_aux_loss_coef", "router_jitter_noise"}
+    {"initializer_range", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "router_aux_loss_coef", "router_jitter_noise",
+     "initializer_factor"}
 )
 # Read from config.json by every family with a rotary embedding (models/families.Family.rope_theta_default), beside
 # the family's own fields; GPT-NeoX's legacy spellings by it alone (Family.rope_legacy).
@@ -309,7 +313,7 @@ def _range_problem(key: str, value) -> str | None:
         return f"{key} must be above 0, not {value}"
     if key == "num_labels" and value > MAX_LABELS:
         return f"num_labels {value:,} is more than {MAX_LABELS:,}: a classification head that large is not modeled"
-    if key in ("num_hidden_layers", "n_layer") and value > MAX_LAYERS:
+    if key in ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers") and value > MAX_LAYERS:
         return f"{key} {value:,} is more than {MAX_LAYERS:,}: memfit walks a training step layer by layer and stops there"
     return None
 
@@ -353,7 +357,7 @@ def validate(raw) -> list[HFProblem]:
             continue
         wrong = _range_problem(given if given == key else key, value)
         if wrong is not None:
-            too_large = key in ("num_labels", "num_hidden_layers", "n_layer") and value > 0
+            too_large = key in ("num_labels", "num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers") and value > 0
             problems.append(HFProblem((given,), TOO_LARGE if too_large else BAD_MODEL_CONFIG, wrong))
         elif isinstance(value, dict):
             problems += _nested(given, key, value)
@@ -363,6 +367,8 @@ def validate(raw) -> list[HFProblem]:
                 for i, item in enumerate(value)
                 if item not in LAYER_TYPES
             ][:1]
+    if "feed_forward_proj" in family.fields and isinstance(raw.get("feed_forward_proj"), str):
+        problems += _feed_forward_problems(raw["feed_forward_proj"])
     if _act_key(family) in raw and isinstance(raw[_act_key(family)], str):
         from memfit.models.hf_activations import ACTIVATIONS
 
@@ -396,9 +402,10 @@ def validate(raw) -> list[HFProblem]:
             problems.append(HFProblem((key,), UNSUPPORTED_MODEL, "cross-attention (an encoder-decoder setup) is not modeled"))
 
     cfg = normalize(raw)
-    hidden, heads = cfg[family.hidden_key], cfg["n_head" if family.model_type == "gpt2" else "num_attention_heads"]
-    heads_key = "n_head" if family.model_type == "gpt2" else "num_attention_heads"
-    explicit_head_dim = family.head_dim_key and _given(raw, family, "head_dim") is not None
+    hidden, heads = cfg[family.hidden_key], cfg[family.heads_key]
+    heads_key = family.heads_key
+    # T5's d_kv (its head_dim) is always explicit: its heads need not divide d_model
+    explicit_head_dim = (family.head_dim_key and _given(raw, family, "head_dim") is not None) or "head_dim" in family.attribute_map
     if hidden % heads and (not explicit_head_dim or family.model_type == "llama"):
         problems.append(
             HFProblem(
@@ -435,6 +442,35 @@ def validate(raw) -> list[HFProblem]:
             )
         )
     return problems
+
+
+def _feed_forward_problems(value: str) -> list[HFProblem]:
+    """T5's feed_forward_proj: "ACT" or "gated-ACT" (T5Config.validate_architecture), ACT one memfit models."""
+    from memfit.models.hf_activations import ACTIVATIONS
+
+    parts = value.split("-")
+    if len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated"):
+        return [HFProblem(("feed_forward_proj",), BAD_MODEL_CONFIG, f"feed_forward_proj {excerpt(value)} must be an activation or gated-<activation> (relu, gated-gelu)")]
+    name = "gelu_new" if value == "gated-gelu" else parts[-1]
+    if name not in ACTIVATIONS:
+        return [HFProblem(("feed_forward_proj",), UNSUPPORTED_MODEL, f"feed_forward_proj {excerpt(value)}: {excerpt(name)} is not an activation memfit models; modeled: {', '.join(sorted(ACTIVATIONS))}")]
+    return []
+
+
+def _post_init_t5(out: dict, raw: dict) -> None:
+    """T5Config.__post_init__ (transformers 5.24): the decoder's layers default to the encoder's; feed_forward_proj
+    splits into dense_act_fn / is_gated_act (gated-gelu means gelu_new); tie_word_embeddings is always True (the
+    head is the shared embedding), and a config.json's false only turns off the d_model ** -0.5 output rescale."""
+    if out["num_decoder_layers"] is None:
+        out["num_decoder_layers"] = out["num_layers"]
+    parts = out["feed_forward_proj"].split("-")
+    out["dense_act_fn"] = "gelu_new" if out["feed_forward_proj"] == "gated-gelu" else parts[-1]
+    out["is_gated_act"] = parts[0] == "gated"
+    out["scale_decoder_outputs"] = raw.get("tie_word_embeddings") is not False
+    out["tie_word_embeddings"] = True
+
+
+_POST_INIT = {"t5": _post_init_t5}
 
 
 def _act_key(family: Family) -> str:
@@ -566,6 +602,8 @@ def normalize(raw: dict) -> dict:
         out["layer_types"] = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(out["num_hidden_layers"])]
     if family.gelu_means_tanh and out["hidden_act"] == "gelu":
         out["hidden_act"] = "gelu_pytorch_tanh"
+    if family.post_init is not None:
+        _POST_INIT[family.post_init](out, raw)
 
     torch_dtype = extra.pop("torch_dtype", None)
     if torch_dtype is not None and out["dtype"] is None:
