@@ -23,7 +23,7 @@ needs.module("torch")
 transformers = needs.module("transformers")
 import hf_measure as hm  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY = {"vocab_size": 96, "d_model": 64, "d_kv": 16, "d_ff": 80, "num_layers": 2, "num_heads": 4}
 CONFIGS = [
     TINY,
@@ -170,3 +170,70 @@ def test_tensor_and_pipeline_splits_are_refused_data_parallel_is_walked(tmp_path
             assert done.returncode == 0 and codes == [] and result["peak"]["bytes"] > 0, done.stdout
         else:
             assert done.returncode == 1 and codes[0] == code, done.stdout
+
+
+QV = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q", "v"]}
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-true", "bf16-mixed"])
+@pytest.mark.parametrize("lora", [None, QV], ids=["full", "lora"])
+def test_sdpa_kernel_choice_with_the_lengths_apart(precision, lora):
+    """SDPA's fused kernel only where its float mask needs no gradient (the self-attentions' when the relative bias
+    is frozen, the cross-attention's zero bias without checkpointing), the math path elsewhere: the saved bytes are
+    autograd's to the byte with the encoder three times the decoder's length and the decoder longer than the
+    encoder (sizes at which taking the wrong kernel for a stack is several percent)."""
+    if lora is not None:
+        needs.module("peft")
+    cfg = hm.without_attention_dropout(hm.tiny("t5"))
+    for b, source, target in ((4, 48, 16), (2, 16, 40)):
+        kw = dict(micro_batch=b, seq_len=source, target_len=target, attention="sdpa", precision=precision, lora=lora)
+        measured = hm.measure(cfg, **kw)["total"]
+        assert ha.total(ha.saved(cfg, **kw)) == measured, (b, source, target)
+
+
+def step_peak(tmp_path, precision: str, checkpointing: str, b: int, source: int, target: int) -> tuple[int, int]:
+    """(memfit check's peak, MemTracker's) for one warm AdamW step of the tiny T5 at these lengths."""
+    import contextlib
+
+    import peak_reference as ref
+    import torch
+
+    cfg = hm.without_attention_dropout(hm.tiny("t5"))
+    training = {"micro_batch": b, "seq_len": source, "target_len": target, "attention": "sdpa",
+                "checkpointing": checkpointing, "optimizer_impl": "foreach"}
+    ours = check_json(tmp_path, cfg, training, precision=precision)["peak"]["bytes"]
+    model = hm.build(cfg, "sdpa")
+    if checkpointing == "full":
+        model.activation_checkpointing_enable()
+    opt = torch.optim.AdamW(model.parameters(), foreach=True)
+    batch = hm.inputs(cfg, b, source, target_len=target)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16-mixed" else contextlib.nullcontext()
+
+    def loss(m, x, y):
+        with autocast:
+            return m(input_ids=x, labels=y).loss
+
+    with hm.cuda_dropout():
+        return ours, ref.measure(model, (batch["input_ids"], batch["labels"]), loss, opt)["bytes"]
+
+
+PEAK_GAPS = {
+    ("32-true", "full", 8, 96, 24): "memfit 9,057,536 B vs MemTracker 8,005,572 (1.131): at an encoder layer's "
+    "attention backward the ledger holds the recomputed layer and the softmax's two (b, H, se, se) gradients; "
+    "MemTracker's moment holds about one score-sized tensor less (not yet diagnosed)",
+    ("bf16-mixed", "none", 4, 24, 96): "memfit 7,975,812 B vs MemTracker 8,462,148 (0.943): the forward's peak in the "
+    "forward (MemTracker's peak phase too); not yet diagnosed",
+}
+STEP_CASES = [(p, ck, *lengths) for p in ("32-true", "bf16-mixed") for ck in ("none", "full")
+              for lengths in ((8, 96, 24), (4, 24, 96))]
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=PEAK_GAPS[c])) if c in PEAK_GAPS
+                                  else c for c in STEP_CASES], ids=lambda c: "-".join(map(str, c)))
+def test_the_step_peak_with_the_lengths_apart_is_memtrackers(tmp_path, case):
+    """memfit check's gated peak against MemTracker around a real warm step, the encoder's and the decoder's lengths
+    apart (each stack's layers walk their own token count; the softmax's backward where scores are materialized)."""
+    precision, checkpointing, b, source, target = case
+    ours, theirs = step_peak(tmp_path, precision, checkpointing, b, source, target)
+    assert abs(ours - theirs) <= 0.05 * theirs, (ours, theirs, ours / theirs)

@@ -119,8 +119,9 @@ def build(cfg: dict, attention: str = "sdpa", precision: str = "32-true", lora: 
         cls = transformers.AutoModelForSeq2SeqLM
     else:
         cls = transformers.AutoModelForCausalLM
-    if attention == "sdpa" and not getattr(transformers, f"{config.architectures[0]}" if config.architectures else
-                                           transformers.AutoModelForCausalLM._model_mapping[type(config)].__name__)._supports_sdpa:
+    # the concrete class the Auto class builds for this config (T5Config: T5ForConditionalGeneration)
+    concrete = cls._model_mapping[type(config)] if cls.__name__.startswith("Auto") else cls
+    if attention == "sdpa" and not concrete._supports_sdpa:
         attention = None   # Gemma 2 refuses sdpa: transformers' default (what a user without attn_implementation runs)
     model = cls.from_config(config, attn_implementation=attention) if cls.__name__.startswith("Auto") else \
         cls._from_config(config, attn_implementation=attention)

@@ -312,12 +312,13 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     def kept_bytes(k) -> int:
         return dtype_bytes(_elements(k.shape), k.dtype)
 
-    def kept_ids(kept, input_id, input_bytes):
+    def kept_ids(kept, input_id, input_bytes, tokens=None):
         """Fresh ids, but the row's input where the first kept tensor is it (a norm keeping its fp32 input)."""
         out = []
         for n, k in enumerate(kept):
             nbytes = kept_bytes(k)
-            if n == 0 and input_id is not None and nbytes == input_bytes and _elements(k.shape) == b * s * h and "input" in k.label:
+            if (n == 0 and input_id is not None and nbytes == input_bytes and _elements(k.shape) == (tokens or b * s) * h
+                    and "input" in k.label):
                 out.append(input_id)
             else:
                 out.append(fresh(nbytes))
@@ -372,11 +373,15 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     per_layer = [blk.kept for blk in layer_blocks for _ in range(blk.count)]
     ids, labels = fresh(b * s * 8), fresh(b * s * 8)
     hidden = b * s * h * act_w
+    # an encoder-decoder's encoder layers run over seq_len source tokens, its decoder's over target_len (`s`)
+    encoder_layers = hf_encdec.stacks(cfg)[0][2] if stacked else 0
+    enc_sizes = {**sizes, "s": sizes["se"], "T": sizes["Te"]} if stacked else sizes
+    enc_hidden = b * enc_sizes["s"] * h * act_w
     rows = []
     extra, declared_states = declared_row(declared, tensors)
     if extra is not None:
         rows.append(extra)
-    x = fresh(hidden)
+    x = fresh(enc_hidden if encoder_layers else hidden)
     row = weights(Row("embeddings", input=ids, output=x, grad_input=False), "embeddings")
     row.kept = [ids if k.label.endswith("input ids") else fresh(kept_bytes(k)) for k in emb.kept]
     row.frozen += _buffers(cfg, sizes, roles["act"])
@@ -388,14 +393,33 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
         # its backward recomputes it is bounded by the footprint's figure (hf_activations.recomputed: the
         # checkpointed forward runs without the key/value cache), so the peak's saved activations never exceed
         # the footprint's
-        full = acts.saved(cfg, checkpointing="none", **common)
-        every = [blk.kept for blk in full[1:-2] for _ in range(blk.count)]
-        bound = [sum(kept_bytes(k) for k in kept) - hidden for kept in acts.recomputed(cfg, **common)]
+        again = acts.recomputed(cfg, **common)
+        if stacked:  # T5's checkpointed layers run other kernels (the cross-attention's zero bias then needs a
+            every = again  # gradient: SDPA's math path), so the parts are those of the recomputation itself
+        else:
+            full = acts.saved(cfg, checkpointing="none", **common)
+            every = [blk.kept for blk in full[1:-2] for _ in range(blk.count)]
+        bound = [sum(kept_bytes(k) for k in kept) - (enc_hidden if i < encoder_layers else hidden)
+                 for i, kept in enumerate(again)]
     else:
         every = per_layer
     fam = acts.FAMILIES[cfg["model_type"]]
     split_cache: dict = {}
     flights = _layer_flights(cfg, sizes, act_w, lin_w)
+    enc_flights = _layer_flights(cfg, enc_sizes, act_w, lin_w)
+    if stacked:
+        # where T5's attention materializes its scores (eager; SDPA's math path), its softmax's backward holds the
+        # gradients of the probabilities and of the scores, (b, H, q, k) each: the self-attention's in the layer's
+        # attention part, the cross-attention's in its o_proj part (which runs from the self-attention's output
+        # projection through the cross-attention)
+        self_math, cross_math, score_dtype = acts.t5_score_kernels(cfg, run["attention"], checkpointing, precision,
+                                                                   recipe_args.get("lora"))
+        H, se = sizes["H"], sizes["se"]
+        if self_math:
+            enc_flights["attention"] += 2 * dtype_bytes(b * H * se * se, score_dtype)
+            flights["attention"] += 2 * dtype_bytes(b * H * s * s, score_dtype)
+        if cross_math:
+            flights["o_proj"] += 2 * dtype_bytes(b * H * s * se, score_dtype)
     first_decoder, decoder_flight = n_layers, 0
     if stacked and checkpointing == "full":
         # measured (T5, non-reentrant checkpointing): through the decoder's backward the gradients of the encoder's
@@ -409,18 +433,21 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
             parts = _split(every[i], fam)
             split_cache[key] = (parts, [sum(kept_bytes(k) for k in kept) for _, kept in parts])
         parts, part_bytes = split_cache[key]
+        encoder = i < encoder_layers
+        layer_hidden = enc_hidden if encoder else hidden
         for n, (part, kept) in enumerate(parts):
-            y = fresh(hidden)
+            y = fresh(layer_hidden)
             row = weights(Row(f"layer {i} {part}", input=x, output=y), (i, part))
             if checkpointing == "full":
                 # only the boundary (the layer's input) stays kept; backward recomputes the layer
                 # first, and each part's tensors go when its backward is done
                 row.kept = [x] if n == 0 else []
-                row.recompute = min(sum(part_bytes[: n + 1]) - hidden, bound[i])
+                row.recompute = min(sum(part_bytes[: n + 1]) - layer_hidden, bound[i])
             else:
-                row.kept = kept_ids(kept, x, hidden) if n == 0 else [fresh(kept_bytes(k)) for k in kept]
-            row.forward_flight = hidden  # its output while it is written; its inner tensors are kept
-            row.backward_flight = flights[part] + (decoder_flight if i >= first_decoder else 0)
+                row.kept = (kept_ids(kept, x, layer_hidden, b * enc_sizes["s"] if encoder else None) if n == 0
+                            else [fresh(kept_bytes(k)) for k in kept])
+            row.forward_flight = layer_hidden  # its output while it is written; its inner tensors are kept
+            row.backward_flight = (enc_flights if encoder else flights)[part] + (decoder_flight if i >= first_decoder else 0)
             rows.append(row)
             x = y
     logits = fresh(T * sizes["V"] * lin_w)

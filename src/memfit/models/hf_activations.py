@@ -172,7 +172,7 @@ def _linear(group: list, x: tuple, f: str, low_input: bool = False, source: str 
             K(f"{short}.lora_A", "input, cast to the low dtype by autocast", x, "low", "lora_plain_mixed", lora),
             K(f"{short}.lora_A", "weight, cast to the low dtype by autocast", ("R", x[-1]), "low", "lora&mixed",
               ((f"L:{m}", f),)),
-            K(f"{short}.lora_B", "input (lora_A's output)", ("T", "R"), "ada_low", "lora", lora),
+            K(f"{short}.lora_B", "input (lora_A's output)", x[:-1] + ("R",), "ada_low", "lora", lora),
             K(f"{short}.lora_B", "weight, cast to the low dtype by autocast", (width, "R"), "low", "lora&mixed", lora),
         ]
     return rows
@@ -888,9 +888,17 @@ def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "s
 
 
 def recomputed(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", precision: str = "32-true",
-               dtypes: dict | None = None, lora: dict | None = None, shape=None) -> list:
+               dtypes: dict | None = None, lora: dict | None = None, shape=None, target_len: int | None = None) -> list:
     """Under full checkpointing, what each layer keeps while its backward recomputes it (one list per layer, in
-    order): the checkpointed forward runs without the key/value cache, so its copies of k and v are not made."""
+    order): the checkpointed forward runs without the key/value cache, so its copies of k and v are not made.
+    An encoder-decoder's layers are both stacks' in forward order (the encoder's, then the decoder's)."""
+    if hf_encdec.is_stacked(cfg):
+        *_, enc, dec, _, _ = _t5_evaluate(cfg, micro_batch, seq_len, target_len, attention, "full", precision, dtypes,
+                                          lora, shape)
+        out: list = []
+        for (first, later), (_, _, count) in zip((enc, dec), hf_encdec.stacks(cfg)):
+            out += [first] + [later] * (count - 1) if count else []
+        return out
     *_, layer0, layer1, _, _ = _evaluate(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora, shape or _shape)
     return [layer0] + [layer1] * (_layers(cfg) - 1)
 
@@ -993,8 +1001,13 @@ def _t5_core(sk: str, g: dict, fused: str, op: str = "") -> list:
         K("attention", "output", ("b", "s", "H", "d"), "lin", fused, (g["attn"],)),
         K("attention", "log-sum-exp (fp32)", ("b", "H", "s"), "f32", fused, (g["attn"],)),
     ]
-    if fused == "dec_fused":  # each decoder layer's float mask (where(causal, bias, min); the cross-attention's zeros)
+    if fused in ("enc_fused", "dec_fused"):
+        # each layer's float mask: the encoder's bias made contiguous (a copy of the permuted lookup), the decoder's
+        # where(causal, bias, min); the cross-attention's zeros are one storage for every layer (saved())
         rows.append(K("attention", "float mask (the position bias)", (1, "H", "s", sk), "low", fused, (g["attn"],)))
+    if fused == "dec_fused":  # where(causal, bias, min) keeps its condition when the bias trains (every layer's)
+        rows.append(K("attention", "causal mask (where(causal, bias, min))", (1, 1, "s", "s"), "bool", "dec_sdpa",
+                      ("W:embed",)))
     return [r._replace(op=op + r.op) for r in rows]
 
 
@@ -1036,8 +1049,10 @@ def _t5_feed_forward(cfg: dict, f: str, g: dict) -> list:
             rows.append(relu)
             rows.append(K("feed-forward dropout", "mask", I, "bool", "drop", (inner,)))
             down = ("fc_out", T5_NAMES["fc_out"], "h")
-            return (rows + [r._replace(when=_t5_join("drop", r.when)) for r in _linear([down], ("T", "i"), inner, low_input=True)]
-                    + [r._replace(when=_t5_join("no_attn_drop", r.when)) for r in _linear([down], ("T", "i"), inner, low_input=True, source=relu.label)])
+            # T5DenseActDense casts wo's input to wo's weight dtype (fp32 under autocast), which autocast casts back:
+            # wo keeps a copy of its own under bf16-mixed, relu's output otherwise (without dropout)
+            return (rows + [r._replace(when=_t5_join("wo_copy", r.when)) for r in _linear([down], ("T", "i"), inner, low_input=True)]
+                    + [r._replace(when=_t5_join("wo_shared", r.when)) for r in _linear([down], ("T", "i"), inner, low_input=True, source=relu.label)])
     rows.append(K("feed-forward dropout", "mask", I, "bool", "drop", (inner,)))
     down = ("down", T5_NAMES["fc_out"], "h") if cfg["is_gated_act"] else ("fc_out", T5_NAMES["fc_out"], "h")
     return rows + _linear([down], ("T", "i"), inner, low_input=True)
@@ -1061,7 +1076,7 @@ def t5_layer_rows(cfg: dict, decoder: bool) -> list:
         c = {"q": "cq", "k": "ck", "qk": "cqk", "v": "cv", "attn": "cattn"}
         rows += _t5_norm("layer_norm (cross-attention)", X, "h1")
         # the k / v projections' input is the encoder's output: one storage, kept with the embeddings (saved())
-        rows += _t5_attention(("cq", "ck", "cv", "co"), "n2", ("Te", "h"), "enc", "se", c, "dec_fused")
+        rows += _t5_attention(("cq", "ck", "cv", "co"), "n2", ("Te", "h"), "enc", "se", c, "cross_fused")
         rows.append(K("cross-attention output dropout", "mask", X, "bool", "drop", ("co",)))
     rows += _t5_norm("layer_norm (feed-forward)", X, "h")
     rows += _t5_feed_forward(cfg, "nf", {"g": "g", "u": "u", "p": "p"})
@@ -1118,16 +1133,13 @@ def _t5_embedding_rows(cfg: dict) -> list:
         K("encoder embed_tokens", "input ids", ("b", "se"), "i64", None, ("W:embed",)),
         K("encoder embedding dropout", "mask", ("b", "se", "h"), "bool", "drop", ("W:embed",)),
         K("encoder relative bias", "bucket indices", ("se", "se"), "i64", None, ("W:embed",)),
-        K("encoder attention", "relative bias as SDPA's float mask (every layer's)", (1, "H", "se", "se"), "low",
-          "enc_fused", ("attn_e",)),
         *_t5_norm("encoder.final_layer_norm", ("b", "se", "h"), "xe"),
         K("encoder final dropout", "mask", ("b", "se", "h"), "bool", "drop", ("xe",)),
         K("decoder embed_tokens", "input ids (the labels shifted right)", ("b", "s"), "i64", None, ("W:embed",)),
         K("decoder embedding dropout", "mask", ("b", "s", "h"), "bool", "drop", ("W:embed",)),
         K("decoder relative bias", "bucket indices", ("s", "s"), "i64", None, ("W:embed",)),
-        K("decoder attention", "causal mask (where(causal, bias, min))", (1, 1, "s", "s"), "bool", "dec_sdpa",
-          ("W:embed",)),
-        K("decoder cross-attention", "mask (where(mask, bias, min))", (1, 1, "s", "se"), "bool", "dec_math_sdpa"),
+        K("decoder cross-attention", "zero position bias as SDPA's float mask (every layer's)", (1, "H", "s", "se"),
+          "lin", "cross_fused", ("attn_c",)),
     ]
 
 
@@ -1143,19 +1155,37 @@ LOSS_ROWS_T5_NAMES = ("log-softmax of the logits", "targets (the labels)", "tota
 
 
 def _t5_conditions(cfg, attention, checkpointing, micro_batch, precision, lora, bias_trains: bool = True):
-    """hf_activations' conditions plus T5's. Measured (torch 2.13, CPU): SDPA runs the decoder's attentions in its
-    math path when the relative bias trains (full fine-tuning), in the fused kernel when it is frozen (LoRA)."""
+    """hf_activations' conditions plus T5's. Measured (torch 2.13, CPU): SDPA takes its fused kernel only when its
+    float mask needs no gradient, else its math path (which upcasts 16-bit inputs to fp32). The self-attentions'
+    mask is the relative bias: the math path when the bias trains (full fine-tuning), the fused kernel when it is
+    frozen (LoRA). The cross-attention's mask is a zero bias, which T5Attention marks as needing a gradient under
+    gradient checkpointing: the fused kernel without checkpointing, the math path with it."""
 
     cond = _conditions(cfg, FAMILIES["t5"], attention, checkpointing, micro_batch, precision, lora)
     drop = (cfg.get("dropout_rate") or 0) > 0
     low = precision not in (None, "32-true")
-    fused = attention != "eager"
-    dec_fused = fused and not bias_trains
+    sdpa = attention != "eager"
+    self_fused = sdpa and not bias_trains
+    cross_fused = sdpa and checkpointing != "full"
     cond.update({"drop": drop, "attn_drop": drop and checkpointing != "selective", "no_attn_drop": not drop,
-                 "enc_fused": fused, "not_enc_fused": not fused, "dec_fused": dec_fused, "not_dec_fused": not dec_fused,
-                 "dec_sdpa": fused, "dec_math_sdpa": fused and not dec_fused, "causal": False, "mlm": True,
-                 "math_upcast": fused and not dec_fused and low, "not_math_upcast": not (fused and not dec_fused and low)})
+                 "enc_fused": self_fused, "not_enc_fused": not self_fused, "dec_fused": self_fused,
+                 "not_dec_fused": not self_fused, "cross_fused": cross_fused, "not_cross_fused": not cross_fused,
+                 "dec_sdpa": sdpa, "causal": False, "mlm": True,
+                 "math_upcast": sdpa and low, "not_math_upcast": not (sdpa and low),
+                 "wo_copy": drop or cond["mixed"], "wo_shared": not (drop or cond["mixed"])})
     return cond
+
+
+def t5_score_kernels(cfg: dict, attention: str, checkpointing: str, precision: str, lora: dict | None) -> tuple:
+    """(self-attention materializes its scores, cross-attention does, their dtype): eager always, SDPA on its math
+    path (see _t5_conditions), where the softmax's backward holds two (b, H, q, k) gradients at once."""
+    if attention == "flash":
+        attention = "sdpa"
+    w = _trainable(FAMILIES["t5"], lora)
+    cond = _t5_conditions(cfg, attention, checkpointing, 1, precision, lora, bias_trains=w["W:embed"])
+    sdpa = attention != "eager"
+    dtype = "float32" if cond["math_upcast"] else _dtypes(precision, None)["soft" if not sdpa else "lin"]
+    return not cond["enc_fused"], not cond["cross_fused"], dtype
 
 
 def _t5_evaluate(cfg, micro_batch, seq_len, target_len, attention, checkpointing, precision, dtypes, lora, shape=None):
@@ -1184,10 +1214,19 @@ def _t5_evaluate(cfg, micro_batch, seq_len, target_len, attention, checkpointing
     dec0 = _resolve(dec_rows, cond, roles, sizes, {**w, **d0}, shape)
     dec1 = _resolve(dec_rows, cond, roles, sizes, {**w, **d1}, shape)
     label = _t5_encoder_output_label()
-    encoder_output = [k for k in dec0 + dec1 if k.label == label][:1]
-    dec0 = [k for k in dec0 if k.label != label]
-    dec1 = [k for k in dec1 if k.label != label]
-    top = {**w, "attn_e": e0["attn"] or e1["attn"], "xe": enc_out, "x": dec_out, "fn": True}
+    # the encoder's output, kept by the cross-attention k / v projections or, where they are frozen, by an adapter
+    # reading it as it is (its storage: a row sourced from the projections' input in the same dtype)
+    sharing = {r.label for r in dec_rows if r.source == label}
+
+    def is_output(k) -> bool:
+        return k.label == label or (k.label in sharing and cond["not_mixed"] and k.dtype == roles["act"])
+
+    encoder_output = [k for k in dec0 + dec1 if is_output(k)][:1]
+    encoder_output = [Kept(label, k.shape, k.dtype) for k in encoder_output]
+    dec0 = [k for k in dec0 if not is_output(k)]
+    dec1 = [k for k in dec1 if not is_output(k)]
+    top = {**w, "attn_e": e0["attn"] or e1["attn"], "attn_c": d0["cattn"] or d1["cattn"], "xe": enc_out, "x": dec_out,
+           "fn": True}
     embeddings = _resolve(_t5_embedding_rows(cfg), cond, roles, sizes, top, shape) + encoder_output
     head = _resolve(_t5_head_rows(cfg), cond, roles, sizes, top, shape)
     loss = _resolve([r for r in LOSS_ROWS if r.when == "mlm"], cond, roles, sizes, top, shape)

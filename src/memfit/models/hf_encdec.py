@@ -9,7 +9,7 @@ stacks in forward order (`stacks()`, `layer_index()`). This module imports nothi
 
 Read off transformers 5.24's models/t5/modeling_t5.py (T5ForConditionalGeneration, T5Stack, T5Block,
 T5LayerNorm, T5Attention, T5DenseActDense / T5DenseGatedActDense) and checked against a real CPU step
-(tests/test_t5_family.py, tests/test_transformers_activations.py).
+(tests/models/test_families_encdec.py, tests/models/test_transformers_activations.py).
 
 Memory-relevant facts of T5 (transformers 5.24):
 - one shared embedding `shared` feeds both stacks; T5Config always sets tie_word_embeddings, so lm_head *is*
@@ -108,6 +108,21 @@ def _segments(cfg: dict) -> list:
 
 
 TIED = {"lm_head.weight"}  # T5ForConditionalGeneration._tied_weights_keys (encoder/decoder embed_tokens too)
+
+
+def layer_module(cfg: dict, index: int) -> str:
+    """The module path of the step's layer `index` (over both stacks, encoder first): encoder.block.i, decoder.block.j."""
+    for _, prefix, count in stacks(cfg):
+        if index < count:
+            return f"{prefix}{index}"
+        index -= count
+    raise IndexError(index)
+
+
+def outer_modules(cfg: dict) -> tuple[str, str, str]:
+    """(the embedding, the final norm before the head, the head): the module paths the timeline names the
+    embeddings row and the head row by."""
+    return "shared", "decoder.final_layer_norm", "lm_head"
 
 
 def layer_index(cfg: dict, name: str):
