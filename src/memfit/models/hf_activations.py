@@ -1300,4 +1300,4 @@ def stacked_peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, target_len:
 
 
 # what the embeddings block keeps for the encoder's layers (the rest goes once the decoder's backward is done)
-ENCODER_INPUTS = ("encoder embed_tokens", "encoder embedding dropout", "encoder relative bias", "encoder attention")
+ENCODER_INPUTS = ("encoder embed_tokens", "encoder embedding dropout", "encoder relative bias")
