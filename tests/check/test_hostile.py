@@ -159,7 +159,7 @@ def test_huge_numbers_are_formatted_or_refused_with_a_position(tmp_path: Path, c
 def test_the_language_server_answers_about_huge_numbers():
     """Hints, hover, lens and the footprint command on a config whose numbers are thousands of
     digits long: every request answered with a result, never an error."""
-    from test_lsp_hardening import INIT, session
+    from lsp_session import INIT, session
 
     uri = "file:///tmp/memfit-huge/huge.yaml"
     messages = [INIT, {"jsonrpc": "2.0", "method": "initialized", "params": {}}]

@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memfit.editor import lsp
+from lsp_session import INIT, session  # noqa: F401 (the in-process session the hostile tests share)
 
 SERVER = [sys.executable, "-m", "memfit", "lsp"]
 TIMEOUT = 30  # a safety net against a hung server, never the synchronisation itself
@@ -274,37 +275,6 @@ def test_completion_after_a_long_word_is_linear(raw):
 # --- in-process: the protocol object fed message by message ------------------------------------------
 
 
-class Capture:
-    def __init__(self) -> None:
-        self.messages: list[dict] = []
-
-    def write(self, data: bytes) -> None:
-        self.messages.append(json.loads(data))
-
-    def close(self) -> None:
-        pass
-
-
-def session(messages: list) -> tuple[lsp.MemfitServer, list[dict]]:
-    server = lsp.make_server()
-    out = Capture()
-    server.protocol.set_writer(out, include_headers=False)
-
-    async def run() -> None:
-        for message in messages:
-            server.protocol.receive(message if isinstance(message, bytes) else json.dumps(message).encode())
-            await asyncio.sleep(0)
-        await asyncio.sleep(0.01)
-        # analyses run in threads and requests wait for their document's: let every task the messages started finish
-        deadline = asyncio.get_running_loop().time() + TIMEOUT
-        while asyncio.get_running_loop().time() < deadline and [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
-            await asyncio.sleep(0.01)
-
-    asyncio.run(run())
-    return server, out.messages
-
-
-INIT = {"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {"processId": None, "rootUri": None, "capabilities": {}}}
 
 
 def test_no_future_is_kept_per_notification():

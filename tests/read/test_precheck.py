@@ -250,7 +250,31 @@ def test_the_every_keyword_schema_really_uses_every_supported_keyword():
 )
 def test_what_it_cannot_compile_it_refuses(schema):
     with pytest.raises(Unsupported):
-        compile_schema(schema)
+        compile_schema(schema, lazy=False)
+    with pytest.raises(Unsupported):  # compiled on first use: refused then, never answered
+        compile_schema(schema)({"a": "x"})
+
+
+def test_the_shipped_schema_compiles_whole():
+    """Lazily compiled parts that failed would send every config to jsonschema (slow, still right)."""
+    assert callable(compile_schema(memfit_schema.schema(), lazy=False, **memfit_schema.DIALECT))
+
+
+def test_an_unsupported_part_first_met_in_a_document_leaves_the_answer_to_jsonschema(monkeypatch):
+    import memfit.read.precheck as precheck
+
+    doc = yaml.safe_load(bench.config_text(5))
+    expected = memfit_schema.problems({**doc, "training": {"micro_batch": -1}})
+    assert expected
+    memfit_schema.precheck.cache_clear()
+    real = precheck.KEYWORDS["minimum"]
+    monkeypatch.setitem(precheck.KEYWORDS, "minimum", lambda *a: (_ for _ in ()).throw(Unsupported("minimum")))
+    try:
+        assert memfit_schema.problems({**doc, "training": {"micro_batch": -1}}) == expected
+        assert memfit_schema.problems(doc) == []
+    finally:
+        monkeypatch.setitem(precheck.KEYWORDS, "minimum", real)
+        memfit_schema.precheck.cache_clear()
 
 
 def test_without_a_compiled_schema_problems_come_from_jsonschema_alone(monkeypatch):

@@ -189,11 +189,18 @@ def _check_memfit(text: str, data: dict, path: str, options: Options, result: Re
     """A memfit config with the settings' device and host where it has none of its own; problems
     on a key the settings added are placed on the `memfit` marker."""
     from memfit.read.names import canonical
-    from memfit.read.native.formats import with_settings
+    from memfit.read.native import settings
     from memfit.read.schema import schema
 
     data = canonical(data, schema())  # enum values without regard to case (FULL_SHARD is full_shard)
-    data, added = with_settings(data, path, options)
+    # the settings' device and host keys where the config says nothing itself (their problems go
+    # on the `memfit` marker); the readers are imported only when a project has settings, so a
+    # config without (every commit's hook, commonly) costs a few stats
+    conf, added = settings.effective(path, options), set()
+    if conf.values:
+        from memfit.read.native.run import memfit_defaults
+
+        data, added = memfit_defaults(data, conf)
     result.data = data
     model = data.get("model")
     if isinstance(model, dict) and isinstance(model.get("hf_config"), str):  # the file the model section reads
@@ -387,13 +394,10 @@ def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") ->
             step, walk = memo[key]
         if config.parallel is None:
             config = replace(config, step=step, peak=ledger.peak(step, config.granule) if walk is None else ledger.copied(walk[0]))
-        elif config.parallel.tensor == 1 and config.parallel.pipeline == 1:
-            # data parallel (DDP, ZeRO, FSDP): each rank walks the same step with its own shares
-            config = replace(config, step=step, placement=config.placement.with_step_peak(ledger.rank_peak(step, config.placement, config.granule, walk)))
         else:
-            # tensor and pipeline parallel split the step itself (a stage's rows, a rank's slice of
-            # each): their per-rank peak stays the placement's (every category at once plus what is gathered)
-            config = replace(config, step=step)
+            # each rank walks the step with its own shares (data parallel: the same rows; tensor and pipeline
+            # parallel: its stage's rows, a slice of each)
+            config = replace(config, step=step, placement=config.placement.with_step_peak(ledger.rank_peak(step, config.placement, config.granule, walk)))
     except ledger.PeakError as error:
         where = ("training", "optimizer_impl") if "optimizer_impl" in training_keys else ("optimizer",)
         problems.append(Problem(where, codes.OPTIMIZER_IMPL, str(error)))

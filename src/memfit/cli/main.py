@@ -94,7 +94,7 @@ def parser(wanted: str | None = None) -> argparse.ArgumentParser:
 
     def settings(sub: argparse.ArgumentParser) -> None:
         """Native configs and the project settings ([tool.memfit]); the command line wins."""
-        from memfit.read.native.base import FORMATS
+        from memfit.read.native import FORMATS
 
         sub.add_argument("--input-format", choices=FORMATS, metavar="NAME", help=f"read the files as this format ({', '.join(FORMATS)}); default: by their keys")
         sub.add_argument("--device", metavar="PRESET", help="the GPU preset (e.g. H100-80GB) where a config names no device")

@@ -88,6 +88,11 @@ class Row:
     recompute: int = 0  # bytes a checkpointed row recomputes at the start of its backward (alive until it is done)
     forward_flight: int | None = None  # the row's own worst transient in forward, when known better than input/output/inner
     backward_flight: int | None = None  # the gradients in flight at its worst backward moment, when known better
+    # a checkpointed row's worst moment while it is recomputed: (the bytes recomputed by then, what is in flight
+    # beyond them: a LoRA linear's base output, adapter output and scaled copy before they are summed, and the
+    # gradients that reached the layer's output besides its own); the recomputation runs when backward reaches
+    # the last row of its layer, with that layer's output gradient waiting
+    recompute_moment: tuple | None = None
 
 
 @dataclass(slots=True)
@@ -128,7 +133,8 @@ def rounded(step: Step, granule: int) -> Step:
 
     rows = [
         replace(r, grads=each(r.grads), params=each(r.params), frozen=each(r.frozen), inner=_up(r.inner, granule),
-                backward_extra=_up(r.backward_extra, granule), recompute=_up(r.recompute, granule))
+                backward_extra=_up(r.backward_extra, granule), recompute=_up(r.recompute, granule),
+                recompute_moment=None if r.recompute_moment is None else tuple(_up(x, granule) for x in r.recompute_moment))
         for r in step.rows
     ]
     return Step(rows, {t: _up(b, granule) for t, b in step.tensors.items()}, list(step.batch),
@@ -211,6 +217,17 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
             continue
         alive = left + row.recompute
         g_out = size.get(row.output, 0) if row.output is not None else 0
+        if row.recompute and (i + 1 == len(rows) or not rows[i + 1].recompute or rows[i + 1].kept):
+            # the last row of a checkpointed layer: backward first recomputes the layer, row by row in forward
+            # order, each at its worst moment (recompute_moment), beside the layer output's gradient: moments of
+            # this row, whose backward runs the recomputation
+            first = i
+            while first > 0 and rows[first - 1].recompute and not rows[first].kept:
+                first -= 1
+            for j in range(first, i + 1):
+                if rows[j].recompute_moment is not None:
+                    redone, flight = rows[j].recompute_moment
+                    consider("backward", row.name, _live(params, max(held, done), left + redone, state, g_out + flight, step.overhead))
         g_in = size.get(row.input, 0) if row.grad_input and not row.view and row.input is not None else 0
         if row.backward_flight is not None:
             consider("backward", row.name, _live(params, max(held, done + sum(row.grads)), alive, state, row.backward_flight, step.overhead))
@@ -309,10 +326,16 @@ def rank_peak(step: Step, placement, granule: int | None = None, walked: tuple |
     and backward, the unit it gathers (ZeRO-3, FSDP). The worst moment of the worst rank:
     {"bytes", "phase", "live", "gathered", "rank", "ranks"}. On one unsharded GPU this is peak()'s.
     `walked`: walk(step, granule), when the caller has it already."""
-    _, moments, all_grads, most_acts, all_state = walked if walked is not None else walk(step, granule)
+    single, moments, all_grads, most_acts, all_state = walked if walked is not None else walk(step, granule)
     layout = placement.layout.parallel
     # ZeRO's gradient partitions are flat buffers allocated once; pipeline micro-batches accumulate
     persistent = layout.engine == "zero" or layout.pipeline > 1 or layout.gradient_accumulation > 1
+    # tensor and pipeline parallelism split the step itself: a rank runs its stage's rows, each a 1/tensor slice,
+    # so its transients (a micro-batch's gradients in flight, the loss's copies) are its share of the single
+    # device's, taken as its share of the parameters (one micro-batch at a time: the in-flight micro-batches of a
+    # pipeline stage are saved activations, not transients)
+    split = layout.tensor > 1 or layout.pipeline > 1
+    all_params = single["live"]["parameters"]
     best = None
     for i, held in enumerate(placement.devices):
         gathered = dict(placement.transients[i])
@@ -326,7 +349,7 @@ def rank_peak(step: Step, placement, granule: int | None = None, walked: tuple |
                 transient = _share(live_transient, state, all_state)
             else:
                 g = gradients if persistent else _share(gradients, live_gradients, all_grads)
-                transient = live_transient + extra[phase]
+                transient = (_share(parameters, live_transient, all_params) if split else live_transient) + extra[phase]
             a = _share(activations, live_activations, most_acts)
             total = parameters + g + a + state + transient + overhead
             if best is None or total > best[0]:

@@ -427,6 +427,8 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
         first_decoder = hf_encdec.stacks(cfg)[0][2]
         se = sizes["se"]
         decoder_flight = (b * se * h + sizes["H"] * s * s + sizes["H"] * s * se) * act_w
+    redone = _recompute_flights(cfg, sizes, recipe_args.get("lora"), roles) if checkpointing == "full" else {}
+    enc_redone = _recompute_flights(cfg, enc_sizes, recipe_args.get("lora"), roles) if checkpointing == "full" else {}
     for i in range(n_layers):
         key = id(every[i])
         if key not in split_cache:
@@ -443,6 +445,11 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
                 # first, and each part's tensors go when its backward is done
                 row.kept = [x] if n == 0 else []
                 row.recompute = min(sum(part_bytes[: n + 1]) - layer_hidden, bound[i])
+                layer_redone = enc_redone if encoder else redone
+                if part in layer_redone:
+                    # a LoRA linear's flight comes once its own tensors are kept, before what reads its output
+                    upto = _through_last_adapter(kept)
+                    row.recompute_moment = (min(sum(part_bytes[:n]) + sum(kept_bytes(k) for k in kept[:upto]) - layer_hidden, bound[i]), layer_redone[part])
             else:
                 row.kept = (kept_ids(kept, x, layer_hidden, b * enc_sizes["s"] if encoder else None) if n == 0
                             else [fresh(kept_bytes(k)) for k in kept])
@@ -518,6 +525,55 @@ def _split(kept: list, fam) -> list:
         found = next((m for m, k in enumerate(kept) if k.label.startswith(starts_with[order[i]])), None)
         starts[i] = min(found if found is not None else starts[i + 1], starts[i + 1])
     return [(part, kept[starts[i] : starts[i + 1]]) for i, part in enumerate(order)]
+
+
+# the linears of each part of a layer: (role in Family.names, the size of its output in _sizes)
+_PART_LINEARS = {
+    "attention": (("q", "q"), ("k", "kv"), ("v", "kv"), ("qkv", "qkv")),
+    "o_proj": (("o", "h"),),
+    "mlp": (("gate", "i"), ("up", "i"), ("gate_up", "i2"), ("fc_in", "i")),
+    "down_proj": (("down", "h"), ("fc_out", "h")),
+}
+
+
+def _through_last_adapter(kept: list) -> int:
+    """How many of a part's kept tensors exist when its last LoRA linear runs: through its lora_B's input
+    (all of them where the part has no adapter)."""
+    last = [n for n, k in enumerate(kept) if ".lora_B: " in k.label]
+    return last[-1] + 1 if last else len(kept)
+
+
+def _recompute_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict) -> dict:
+    """What each part of a layer holds, beyond the tensors it keeps, at its worst op while full checkpointing
+    recomputes it: a LoRA linear (peft's Linear.forward) holds its base output, the adapter's output and its
+    scaled copy at once (`result + lora_B(lora_A(x)) * scaling`; the adapter in fp32 on a 16-bit base, in the
+    low dtype under autocast). Measured: Mistral, bf16-true, all-linear LoRA: the step's peak is the up
+    projection's recomputation in layer 0 (MemTracker, tests/ledger/test_combinations.py)."""
+    from memfit.models import hf_activations as acts
+
+    fam = acts.FAMILIES[cfg["model_type"]]
+    try:
+        adapted = acts._trainable(fam, lora) if lora else {}
+    except ValueError:
+        adapted = {}
+    T = sizes["T"]
+    # the gradient reaching the layer's output comes as two: the residual's and the next layer's norm's (summed
+    # into the first in place); a 16-bit model's norm computes it in fp32 and casts it back (measured: Mistral,
+    # OLMo 2; both held while the layer is recomputed)
+    arrived = dtype_bytes(T * sizes["h"], roles["act"])
+    if fam.norm != "layer" and dtype_bytes(1, roles["act"]) < 4:
+        arrived += dtype_bytes(T * sizes["h"], "float32") + dtype_bytes(T * sizes["h"], roles["act"])
+    out = {}
+    for part, linears in _PART_LINEARS.items():
+        worst = 0
+        for role, width in linears:
+            module = fam.names.get(role)
+            if module is None or not adapted.get(f"L:{module}"):
+                continue
+            elements = T * sizes[width]
+            worst = max(worst, dtype_bytes(elements, roles["lin"]) + 2 * dtype_bytes(elements, roles["ada_low"]))
+        out[part] = arrived + worst
+    return out
 
 
 def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int) -> dict:

@@ -91,8 +91,9 @@ def _never(x) -> bool:
 
 
 class _Compiler:
-    def __init__(self, root: dict, types: dict, multiple_of) -> None:
+    def __init__(self, root: dict, types: dict, multiple_of, lazy: bool = True) -> None:
         self.root = root
+        self.lazy = lazy
         self.types = types
         self.is_number = types["number"]
         self.multiple_of = multiple_of
@@ -205,7 +206,13 @@ def _const(c, value, schema):
 
 
 def _properties(c, value, schema):
-    pairs = [(name, c.compiled(sub)) for name, sub in value.items()]
+    # each property's schema is compiled the first time a document has that property: a check
+    # compiles the few sections its config uses, not the whole schema (half of a small config's
+    # start-up otherwise). An unsupported keyword found then raises from the predicate, and the
+    # caller hands the document to jsonschema, as it does for one found up front.
+    pairs: list = []
+    for name, sub in value.items():
+        pairs.append((name, _on_first_use(c, sub, pairs, len(pairs), name) if c.lazy else c.compiled(sub)))
 
     def check(x) -> bool:
         if not isinstance(x, dict):
@@ -216,6 +223,17 @@ def _properties(c, value, schema):
         return True
 
     return check
+
+
+def _on_first_use(c, schema, pairs: list, index: int, name: str):
+    """A check that compiles `schema` when first called and puts the compiled one in its place."""
+
+    def first(x) -> bool:
+        check = c.compiled(schema)
+        pairs[index] = (name, check)
+        return check(x)
+
+    return first
 
 
 def _additional(c, value, schema):
@@ -363,14 +381,16 @@ KEYWORDS = {
 }
 
 
-def compile_schema(root: dict, at: tuple = (), types: dict | None = None, multiple_of=None):
+def compile_schema(root: dict, at: tuple = (), types: dict | None = None, multiple_of=None, lazy: bool = True):
     """A predicate: document -> True if the schema accepts it (or, with `at`, a path of keys into
     the schema, the subschema there, its $refs resolved against the whole). `types` replaces
     type predicates (x -> bool), `multiple_of(x, divisor) -> bool` the multipleOf test for
-    numbers, as the validator they must agree with was extended. Raises Unsupported."""
+    numbers, as the validator they must agree with was extended. Raises Unsupported: up front
+    for what the schema's top holds, and, with `lazy`, from the predicate for a property's
+    schema first compiled then (`lazy=False` compiles every part now)."""
     if root.get("$schema", "https://json-schema.org/draft/2020-12/schema") != "https://json-schema.org/draft/2020-12/schema":
         raise Unsupported(f"$schema {root['$schema']!r}")
     node = root
     for key in at:
         node = node[key]
-    return _Compiler(root, {**TYPES, **(types or {})}, multiple_of or _float_multiple).compiled(node)
+    return _Compiler(root, {**TYPES, **(types or {})}, multiple_of or _float_multiple, lazy).compiled(node)

@@ -7,3 +7,7 @@ from; the pipeline computes every figure from that document, and each diagnostic
 the native key (`position.place`). Formats are told apart by their keys (DETECT), or named
 with `--input-format`.
 """
+
+# the formats memfit reads (the choices of --input-format); here, not in base, so that the CLI's
+# parser names them without importing the readers
+FORMATS = ("memfit", "axolotl", "llama-factory", "torchtune", "hf-trainer", "deepspeed", "accelerate")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from memfit.diagnostics import codes
 
-FORMATS = ("memfit", "axolotl", "llama-factory", "torchtune", "hf-trainer", "deepspeed", "accelerate")
+from memfit.read.native import FORMATS  # noqa: F401 (the readers name them from here too)
 
 
 @dataclass(frozen=True)

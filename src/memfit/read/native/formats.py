@@ -8,7 +8,7 @@ import re
 from memfit.diagnostics import codes
 from memfit.read.native.base import FORMATS, At, Found, Native, Reader
 
-__all__ = ["FORMATS", "Native", "detect", "read", "sniff", "with_settings"]
+__all__ = ["FORMATS", "Native", "detect", "read", "sniff"]
 
 # format -> (keys that must all be present, keys of which one must be present); first match wins
 DETECT: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
@@ -56,14 +56,3 @@ def read(data, path: str, options, forced: str | None = None) -> Native | None:
         r.error(At(()), codes.NATIVE_CONFIG, f"a {fmt} config is a mapping of keys; this file's top level is not")
         return r.native
     return run.read(fmt, data, path, conf)
-
-
-def with_settings(data: dict, path: str, options) -> tuple[dict, set]:
-    """A memfit config with the settings' device and host keys where it says nothing itself;
-    the memfit keys it added (their problems are placed on the `memfit` marker)."""
-    from memfit.read.native import run, settings
-
-    conf = settings.effective(path, options)
-    if not conf.values:
-        return data, set()
-    return run.memfit_defaults(data, conf)
