@@ -55,6 +55,8 @@ def valid(run: dict) -> bool:
         return False  # an fp32 base is the 32-true recipe
     if adapter in ("qlora-bf16", "qlora-fp32") and model in ("gpt2", KERAS):
         return False  # GPT-2's Conv1D layers are no nn.Linear for the reference's 4-bit swap
+    if adapter in ("qlora-bf16", "qlora-fp32") and model == "t5":
+        return False  # not modelled yet: T5 under QLoRA measured 12-19% below memfit's peak (docs/transformers.md)
     if opt == "adamw8bit" and impl not in (None, "foreach"):
         return False  # bitsandbytes' own kernels: no torch.optim implementation to choose
     if opt == "adafactor" and impl == "fused":

@@ -330,9 +330,9 @@ def test_binary_and_non_utf8_are_io(tmp_path):
 
 
 def test_unknown_model_type_lists_supported(tmp_path):
-    [(code, where, message)] = located(tmp_path, '{\n  "model_type": "t5",\n  "d_model": 512\n}')
+    [(code, where, message)] = located(tmp_path, '{\n  "model_type": "bart",\n  "d_model": 512\n}')
     assert code == "unsupported-model"
-    assert (where.start_line, where.start_character, where.end_character) == (1, 16, 20)
+    assert (where.start_line, where.start_character, where.end_character) == (1, 16, 22)
     assert all(name in message for name in SUPPORTED)
 
 

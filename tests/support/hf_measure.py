@@ -38,6 +38,8 @@ TINY = {
     "bert": _BASE,
     "gpt_neox": _BASE,
     "mixtral": {**_GQA, "intermediate_size": 48, "num_local_experts": 4, "num_experts_per_tok": 2},
+    # encoder-decoder: seq_len source tokens and as many target tokens (the labels); dropout_rate 0.1 as T5's default
+    "t5": {"d_model": 64, "d_kv": 16, "d_ff": 112, "num_layers": 2, "num_heads": 4, "decoder_start_token_id": 0},
     # issue 21's dense decoders: a window shorter than the longer measured sequence (40), so it masks something
     "gemma2": {**_GQA, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 24},
     "gemma3_text": {**_GQA, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 24,
@@ -58,13 +60,14 @@ TINY = {
     "falcon": {"hidden_size": 64, "ffn_hidden_size": 112, "num_hidden_layers": 2, "num_attention_heads": 4,
                "hidden_dropout": 0.1},
 }
+SEQ2SEQ = ("t5",)  # built with AutoModelForSeq2SeqLM
 FAMILIES = tuple(TINY)
 VOCAB = 128
 
 
 def tiny(model_type: str, **overrides) -> dict:
     given = dict(TINY[model_type], vocab_size=VOCAB, max_position_embeddings=128)
-    if model_type == "gpt2":
+    if model_type == "gpt2" or model_type in SEQ2SEQ:
         given.pop("max_position_embeddings")
     given.update(overrides)
     if "layer_types" in given and len(given["layer_types"]) != given["num_hidden_layers"]:   # more layers: same pattern
@@ -73,7 +76,7 @@ def tiny(model_type: str, **overrides) -> dict:
     return transformers.AutoConfig.for_model(model_type, **given).to_dict()
 
 
-ATTENTION_DROPOUT = {"gpt2": "attn_pdrop", "bert": "attention_probs_dropout_prob"}
+ATTENTION_DROPOUT = {"gpt2": "attn_pdrop", "bert": "attention_probs_dropout_prob", "t5": "dropout_rate"}
 
 
 def without_attention_dropout(cfg: dict) -> dict:
@@ -120,10 +123,13 @@ def build(cfg: dict, attention: str = "sdpa", precision: str = "32-true", lora: 
         cls = getattr(transformers, architectures[0])
     elif cfg["model_type"] == "bert":
         cls = transformers.AutoModelForMaskedLM
+    elif cfg["model_type"] in SEQ2SEQ:
+        cls = transformers.AutoModelForSeq2SeqLM
     else:
         cls = transformers.AutoModelForCausalLM
-    if attention == "sdpa" and not getattr(transformers, f"{config.architectures[0]}" if config.architectures else
-                                           transformers.AutoModelForCausalLM._model_mapping[type(config)].__name__)._supports_sdpa:
+    # the concrete class the Auto class builds for this config (T5Config: T5ForConditionalGeneration)
+    concrete = cls._model_mapping[type(config)] if cls.__name__.startswith("Auto") else cls
+    if attention == "sdpa" and not concrete._supports_sdpa:
         attention = None   # Gemma 2 refuses sdpa: transformers' default (what a user without attn_implementation runs)
     model = cls.from_config(config, attn_implementation=attention) if cls.__name__.startswith("Auto") else \
         cls._from_config(config, attn_implementation=attention)
@@ -242,7 +248,8 @@ def _track_recomputation(tracker: Tracker):
         checkpoint_module._recomputation_hook = original
 
 
-def inputs(cfg: dict, micro_batch: int, seq_len: int, seed: int = 1, images: int = 1):
+def inputs(cfg: dict, micro_batch: int, seq_len: int, seed: int = 1, images: int = 1, target_len: int | None = None):
+    """Token ids and labels; an encoder-decoder's labels (the decoder's tokens) are `target_len` long."""
     g = torch.Generator().manual_seed(seed)
     if cfg["model_type"] == "llava":
         # as LLaVA's processor gives them: each image's image_seq_length tokens in the text sequence (first here), and
@@ -256,14 +263,17 @@ def inputs(cfg: dict, micro_batch: int, seq_len: int, seed: int = 1, images: int
         out = {"input_ids": ids, "labels": ids.clone()}
         return {**out, "pixel_values": pixels} if images else out
     ids = torch.randint(0, cfg["vocab_size"], (micro_batch, seq_len), generator=g)
+    if target_len is not None and target_len != seq_len:
+        return {"input_ids": ids, "labels": torch.randint(0, cfg["vocab_size"], (micro_batch, target_len), generator=g)}
     return {"input_ids": ids, "labels": ids.clone()}
 
 
 def measure(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
             precision: str = "32-true", lora: dict | None = None, model=None, quantization: dict | None = None,
-            images: int = 1, freeze: tuple = ()) -> dict:
+            images: int = 1, freeze: tuple = (), target_len: int | None = None) -> dict:
     """One forward + backward; returns {'total': distinct saved bytes, 'peak': peak live saved bytes, 'items': ...}.
-    LLaVA: `images` per sample; `freeze`: module prefixes whose parameters do not train (model.vision_tower)."""
+    LLaVA: `images` per sample; `freeze`: module prefixes whose parameters do not train (model.vision_tower).
+    An encoder-decoder's decoder runs `target_len` tokens."""
     if model is None:
         model = build(cfg, attention, precision, lora, quantization=quantization)
     for name, p in model.named_parameters():
@@ -283,7 +293,7 @@ def measure(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa
     def unpack(holder):
         return holder.t
 
-    batch = inputs(cfg, micro_batch, seq_len, images=images)
+    batch = inputs(cfg, micro_batch, seq_len, images=images, target_len=target_len)
     autocast = contextlib.nullcontext()
     if precision in ("bf16-mixed", "16-mixed"):
         autocast = torch.autocast("cpu", dtype=torch.bfloat16 if precision == "bf16-mixed" else torch.float16)

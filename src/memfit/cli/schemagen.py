@@ -320,6 +320,7 @@ def _training() -> dict:
         "properties": {
             "micro_batch": {"title": "Micro-batch", "description": "Sequences (samples) per device per step: the batch axis.", "type": "integer", "minimum": 1, "examples": [4]},
             "seq_len": {"title": "Sequence length", "description": "Tokens per sequence (a transformer model).", "type": "integer", "minimum": 1, "examples": [4096]},
+            "target_len": {"title": "Target length", "description": "An encoder-decoder model's decoder tokens per sequence (T5: the labels' length); seq_len is then the encoder's tokens. Default: seq_len.", "type": "integer", "minimum": 1, "examples": [128]},
             "attention": {
                 "title": "Attention kernel",
                 "description": "eager (softmax probabilities kept), sdpa (PyTorch's fused kernel: q, k, v, output, log-sum-exp) or flash (flash-attention).",

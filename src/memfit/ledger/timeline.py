@@ -52,18 +52,23 @@ def module_namer(config):
 
 def hf_namer(cfg: dict):
     """A transformer's rows -> transformers' module paths (embeddings, each layer, the head)."""
+    from memfit.models import hf_encdec
     from memfit.models.hf import _tree  # the transformers module tree: embeddings first, the head last
 
-    before, layers, _, after, _ = _tree(cfg)
-    first, last = before[0].path, after[-1].path
-    # the head row is the final norm, then the output layer: its start (pre-forward) and its end
-    # in backward (post-backward) are the norm's
-    norm = next((m.path for m in after[:-1] if "norm" in m.type), last)
+    stacked = hf_encdec.is_stacked(cfg)
+    if stacked:  # an encoder-decoder: the step's layers are both stacks' (encoder.block.i, then decoder.block.j)
+        first, norm, last = hf_encdec.outer_modules(cfg)
+    else:
+        before, layers, _, after, _ = _tree(cfg)
+        first, last = before[0].path, after[-1].path
+        # the head row is the final norm, then the output layer: its start (pre-forward) and its end
+        # in backward (post-backward) are the norm's
+        norm = next((m.path for m in after[:-1] if "norm" in m.type), last)
 
     def name(row: str, edge: str | None = None) -> str:
         m = _HF_ROW.match(row)
         if m:
-            return f"{layers}.{m.group(1)}"
+            return hf_encdec.layer_module(cfg, int(m.group(1))) if stacked else f"{layers}.{m.group(1)}"
         if row == "head":
             return norm if edge in ("pre-forward", "post-backward") else last
         return {"embeddings": first}.get(row, row)

@@ -289,7 +289,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     are its config tensor's (weight, gradient, buffers, master copy, optimizer state, as the recipe
     priced them). The loss is transformers' ForCausalLMLoss: an fp32 copy of the logits when they
     are not fp32, log-softmax (kept), and in backward two fp32 logits-sized gradients."""
-    from memfit.models import hf_activations as acts
+    from memfit.models import hf_activations as acts, hf_encdec
 
     model = config.model
     cfg, run = model.cfg, model.training
@@ -299,7 +299,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     checkpointing = run["checkpointing"]
     blocks = acts.saved(cfg, checkpointing=checkpointing, **common)
     roles = acts._dtypes(precision, model.dtypes)
-    sizes = acts._sizes(cfg, run["micro_batch"], run["seq_len"], moe=recipe_args.get("moe"))
+    sizes = acts._sizes(cfg, run["micro_batch"], run["seq_len"], target_len=recipe_args.get("target_len"), moe=recipe_args.get("moe"))
     b, s, h, T = sizes["b"], sizes["s"], sizes["h"], sizes["T"]
     act_w, lin_w = dtype_bytes(1, roles["act"]), dtype_bytes(1, roles["lin"])
     n_layers = acts._layers(cfg)
@@ -313,12 +313,13 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     def kept_bytes(k) -> int:
         return dtype_bytes(_elements(k.shape), k.dtype)
 
-    def kept_ids(kept, input_id, input_bytes):
+    def kept_ids(kept, input_id, input_bytes, tokens=None):
         """Fresh ids, but the row's input where the first kept tensor is it (a norm keeping its fp32 input)."""
         out = []
         for n, k in enumerate(kept):
             nbytes = kept_bytes(k)
-            if n == 0 and input_id is not None and nbytes == input_bytes and _elements(k.shape) == b * s * h and "input" in k.label:
+            if (n == 0 and input_id is not None and nbytes == input_bytes and _elements(k.shape) == (tokens or b * s) * h
+                    and "input" in k.label):
                 out.append(input_id)
             else:
                 out.append(fresh(nbytes))
@@ -328,11 +329,20 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     # (norm and attention, its output projection, norm and MLP, its down projection); the head
     groups: dict = {"embeddings": [], "head": []}
     seen_layer = False
+    # an encoder-decoder's layers are those of its stacks in forward order (models.hf_encdec.layer_index)
+    stacked = hf_encdec.is_stacked(cfg)
     for t in config.tensors:
         if t.category != "parameters" or not t.path or t.path[0] != "model":
             continue
         per_copy = {c: v // max(t.count, 1) for c, v in t.bytes.items()}
         entry = (per_copy, t.trainable, t.elements)
+        if stacked:
+            index = hf_encdec.layer_index(cfg, _base_name(t.name))
+            if isinstance(index, int):
+                groups.setdefault((index, _part(t.name)), []).append(entry)
+            else:
+                groups[index].append(entry)
+            continue
         m = _LAYER.search(t.name)
         if m and ".vision_tower." not in t.name:   # (LLaVA's vision layers run with the embeddings row)
             seen_layer = True
@@ -364,11 +374,15 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     per_layer = [blk.kept for blk in layer_blocks for _ in range(blk.count)]
     ids, labels = fresh(b * s * 8), fresh(b * s * 8)
     hidden = b * s * h * act_w
+    # an encoder-decoder's encoder layers run over seq_len source tokens, its decoder's over target_len (`s`)
+    encoder_layers = hf_encdec.stacks(cfg)[0][2] if stacked else 0
+    enc_sizes = {**sizes, "s": sizes["se"], "T": sizes["Te"]} if stacked else sizes
+    enc_hidden = b * enc_sizes["s"] * h * act_w
     rows = []
     extra, declared_states = declared_row(declared, tensors)
     if extra is not None:
         rows.append(extra)
-    x = fresh(hidden)
+    x = fresh(enc_hidden if encoder_layers else hidden)
     row = weights(Row("embeddings", input=ids, output=x, grad_input=False), "embeddings")
     row.kept = [ids if k.label.endswith("input ids") else fresh(kept_bytes(k)) for k in emb.kept]
     row.frozen += _buffers(cfg, sizes, roles["act"])
@@ -380,21 +394,48 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
         # its backward recomputes it is bounded by the footprint's figure (hf_activations.recomputed: the
         # checkpointed forward runs without the key/value cache), so the peak's saved activations never exceed
         # the footprint's
-        full = acts.saved(cfg, checkpointing="none", **common)
-        every = [blk.kept for blk in full[1:-2] for _ in range(blk.count)]
-        bound = [sum(kept_bytes(k) for k in kept) - hidden for kept in acts.recomputed(cfg, **common)]
+        again = acts.recomputed(cfg, **common)
+        if stacked:  # T5's checkpointed layers run other kernels (the cross-attention's zero bias then needs a
+            every = again  # gradient: SDPA's math path), so the parts are those of the recomputation itself
+        else:
+            full = acts.saved(cfg, checkpointing="none", **common)
+            every = [blk.kept for blk in full[1:-2] for _ in range(blk.count)]
+        bound = [sum(kept_bytes(k) for k in kept) - (enc_hidden if i < encoder_layers else hidden)
+                 for i, kept in enumerate(again)]
     else:
         every = per_layer
     fam = acts.FAMILIES[cfg["model_type"]]
     split_cache: dict = {}
     flights = _layer_flights(cfg, sizes, act_w, lin_w, attention=run["attention"])
-    redone = _recompute_flights(cfg, sizes, recipe_args.get("lora"), roles) if checkpointing == "full" else {}
+    enc_flights = _layer_flights(cfg, enc_sizes, act_w, lin_w, attention=run["attention"])
     dense_flights = _layer_flights(cfg, sizes, act_w, lin_w, routed=False, attention=run["attention"])
     # expert parallelism (parallel.expert): a MoE layer sends its routed rows (T·k) to the ranks holding their experts
     # and receives its own experts' rows (S) by all-to-all, and back; the buffers live while the layer runs, in each
     # direction (the gradients take the same way back)
     moe = recipe_args.get("moe") or {}
-    a2a = (T * sizes["k"] + sizes["S"]) * h * act_w if (moe.get("expert") or 1) > 1 and sizes["k"] else 0
+    a2a = (T * sizes["k"] + sizes["S"]) * h * act_w if (moe.get("expert") or 1) > 1 and sizes.get("k") else 0
+    if stacked:
+        # where T5's attention materializes its scores (eager; SDPA's math path), its softmax's backward holds the
+        # gradients of the probabilities and of the scores, (b, H, q, k) each: the self-attention's in the layer's
+        # attention part, the cross-attention's in its o_proj part (which runs from the self-attention's output
+        # projection through the cross-attention)
+        self_math, cross_math, score_dtype = acts.t5_score_kernels(cfg, run["attention"], checkpointing, precision,
+                                                                   recipe_args.get("lora"))
+        H, se = sizes["H"], sizes["se"]
+        if self_math:
+            enc_flights["attention"] += 2 * dtype_bytes(b * H * se * se, score_dtype)
+            flights["attention"] += 2 * dtype_bytes(b * H * s * s, score_dtype)
+        if cross_math:
+            flights["o_proj"] += 2 * dtype_bytes(b * H * s * se, score_dtype)
+    first_decoder, decoder_flight = n_layers, 0
+    if stacked and checkpointing == "full":
+        # measured (T5, non-reentrant checkpointing): through the decoder's backward the gradients of the encoder's
+        # output and of the decoder's self- and cross-attention biases accumulate beside the residual stream's
+        first_decoder = hf_encdec.stacks(cfg)[0][2]
+        se = sizes["se"]
+        decoder_flight = (b * se * h + sizes["H"] * s * s + sizes["H"] * s * se) * act_w
+    redone = _recompute_flights(cfg, sizes, recipe_args.get("lora"), roles) if checkpointing == "full" else {}
+    enc_redone = _recompute_flights(cfg, enc_sizes, recipe_args.get("lora"), roles) if checkpointing == "full" else {}
     for i in range(n_layers):
         key = id(every[i])
         if key not in split_cache:
@@ -402,26 +443,31 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
             split_cache[key] = (parts, [sum(kept_bytes(k) for k in kept) for _, kept in parts])
         parts, part_bytes = split_cache[key]
         # a MoE model's dense layers (mlp_only_layers, decoder_sparse_step) run Llama's MLP: its flights
-        sparse = not sizes["k"] or any(k.label.startswith("grouped_mm") for k in every[i])
+        sparse = not sizes.get("k") or any(k.label.startswith("grouped_mm") for k in every[i])
+        encoder = i < encoder_layers
+        layer_hidden = enc_hidden if encoder else hidden
         for n, (part, kept) in enumerate(parts):
-            y = fresh(hidden)
+            y = fresh(layer_hidden)
             row = weights(Row(f"layer {i} {part}", input=x, output=y), (i, part))
             if checkpointing == "full":
                 # only the boundary (the layer's input) stays kept; backward recomputes the layer
                 # first, and each part's tensors go when its backward is done
                 row.kept = [x] if n == 0 else []
-                row.recompute = min(sum(part_bytes[: n + 1]) - hidden, bound[i])
-                if part in redone:
+                row.recompute = min(sum(part_bytes[: n + 1]) - layer_hidden, bound[i])
+                layer_redone = enc_redone if encoder else redone
+                if part in layer_redone:
                     # a LoRA linear's flight comes once its own tensors are kept, before what reads its output
                     upto = _through_last_adapter(kept)
-                    row.recompute_moment = (min(sum(part_bytes[:n]) + sum(kept_bytes(k) for k in kept[:upto]) - hidden, bound[i]), redone[part])
+                    row.recompute_moment = (min(sum(part_bytes[:n]) + sum(kept_bytes(k) for k in kept[:upto]) - layer_hidden, bound[i]), layer_redone[part])
             else:
-                row.kept = kept_ids(kept, x, hidden) if n == 0 else [fresh(kept_bytes(k)) for k in kept]
+                row.kept = (kept_ids(kept, x, layer_hidden, b * enc_sizes["s"] if encoder else None) if n == 0
+                            else [fresh(kept_bytes(k)) for k in kept])
             routed = a2a if part == "mlp" and any(k.label.startswith("router") for k in kept) else 0
-            row.forward_flight = hidden + routed  # its output while it is written; its inner tensors are kept
-            row.backward_flight = (flights if sparse else dense_flights)[part] + routed
+            row.forward_flight = layer_hidden + routed  # its output while it is written; its inner tensors are kept
+            row.backward_flight = ((enc_flights if encoder else (flights if sparse else dense_flights))[part] + routed
+                                   + (decoder_flight if i >= first_decoder else 0))
             # a MoE layer's backward peaks at its unsort, before the experts' weight gradients exist
-            row.flight_first = bool(sizes["k"]) and sparse and part == "down_proj"
+            row.flight_first = bool(sizes.get("k")) and sparse and part == "down_proj"
             rows.append(row)
             x = y
     logits = fresh(T * sizes["V"] * lin_w)
@@ -431,8 +477,13 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     rows.append(row)
     logits32 = dtype_bytes(T * sizes["V"], "float32")
     upcast = logits32 if lin_w != 4 else 0
+    loss = Loss(forward=(tensors[logits], *([upcast] if upcast else [])), backward=(logits32, logits32))
+    if stacked:
+        # T5's nn.CrossEntropyLoss on the logits as they are (no fp32 copy); measured at the loss in forward: the
+        # logits, a second logits-sized temporary and the decoder's unscaled output (a local of the forward)
+        loss = Loss(forward=(tensors[logits], tensors[logits], hidden), backward=(tensors[logits], tensors[logits]))
     declared_stepped = list(extra.params) if extra is not None else []
-    return Step(rows, tensors, [ids, labels], Loss(forward=(tensors[logits], *([upcast] if upcast else [])), backward=(logits32, logits32)),
+    return Step(rows, tensors, [ids, labels], loss,
                 declared_states + states, optimizer, impl, config.overhead, declared_stepped + stepped if any_master else None, loss_kept=by_loss)
 
 
@@ -450,11 +501,17 @@ def _buffers(cfg: dict, sizes: dict, dtype: str) -> list:
     return out
 
 
+def _base_name(name: str) -> str:
+    """A parameter's transformers name under peft's wrapping (base_model.model.<name>, .base_layer., adapters)."""
+    name = name[len("base_model.model."):] if name.startswith("base_model.model.") else name
+    return name.replace(".base_layer.", ".")
+
+
 # A layer's parameters by part, from their names (the families' spellings); the first match wins.
 _PARTS = (
-    ("o_proj", ("o_proj", "attn.c_proj", "attention.dense", "attention.output.")),
-    ("attention", ("attn", "attention", "input_layernorm", "ln_1", "q_norm", "k_norm")),
-    ("down_proj", ("down_proj", "mlp.c_proj", "dense_4h_to_h", ".output.")),
+    ("o_proj", ("o_proj", "attn.c_proj", "attention.dense", "attention.output.", "Attention.o.")),
+    ("attention", ("attn", "attention", "input_layernorm", "ln_1", "q_norm", "k_norm", "Attention.", "layer.0.layer_norm")),
+    ("down_proj", ("down_proj", "mlp.c_proj", "dense_4h_to_h", ".output.", "DenseReluDense.wo")),
     ("mlp", ("",)),
 )
 
@@ -569,7 +626,7 @@ def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int, routed: bool 
         "o_proj": res + dropout + T * q * lin_w,
         "attention": res + T * (2 * q + 2 * kv) * lin_w + scores,
     }
-    if routed and sizes["k"]:
+    if routed and sizes.get("k"):
         # the experts run their MLP once per routed row (S = T·k, or as training.moe sets it), at the experts' width
         S, ie = sizes["S"], sizes["ie"]
         # the routed rows' gradients take the routing-weighted output's dtype: fp32 where the weights stay fp32 (Mixtral)

@@ -51,7 +51,8 @@ DROPPED_KEYS = frozenset(
 CAUSAL_LM = "causal-lm"  # next-token logits over the vocabulary, loss from shifted labels
 MASKED_LM = "masked-lm"  # BERT's MLM head (transform + tied decoder), loss at every position
 SEQUENCE_CLASSIFICATION = "sequence-classification"  # one score per sequence (num_labels)
-HEADS = (CAUSAL_LM, MASKED_LM, SEQUENCE_CLASSIFICATION)
+SEQ2SEQ_LM = "seq2seq-lm"  # an encoder-decoder's decoder logits over the vocabulary, loss at every target position
+HEADS = (CAUSAL_LM, MASKED_LM, SEQUENCE_CLASSIFICATION, SEQ2SEQ_LM)
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class Family:
     qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k
     padding_idx: bool = True  # the embedding takes pad_token_id as padding_idx (must lie in the vocabulary)
     head_dim_key: bool = True  # the attention reads config.head_dim when set
-    post_init: str = ""  # a family's own __post_init__ rule set, by name (models/hf_config._POST_INIT)
+    post_init: str = ""  # a family's own __post_init__ rule set, by name (models/hf_config._POST_INIT): "t5", "qwen2_moe", ...
     # issue 21's dense decoders (appended; every default keeps the ten families as they were)
     layer_pattern: int | None = None  # layer_types None -> every `pattern`-th layer full, the rest sliding (Gemma 2/3)
     layer_pattern_key: str | None = None  # a config.json key that sets the pattern (Gemma 3's sliding_window_pattern)
@@ -99,7 +100,20 @@ class Family:
 
     @property
     def hidden_key(self) -> str:
-        return "n_embd" if self.model_type == "gpt2" else "hidden_size"
+        return self.attribute_map.get("hidden_size", "hidden_size")
+
+    @property
+    def heads_key(self) -> str:
+        return self.attribute_map.get("num_attention_heads", "num_attention_heads")
+
+    @property
+    def stacked(self) -> bool:
+        """An encoder-decoder: more than one stack of layers (models/hf_encdec.py)."""
+        return self.block in STACKED
+
+
+# Blocks of encoder-decoder families: their structure is in models/hf_encdec.py.
+STACKED = ("t5",)
 
 
 def _arch(prefix: str, causal: str = "ForCausalLM") -> dict:
@@ -412,6 +426,36 @@ FAMILIES: dict[str, Family] = {
         architectures=_arch('Mixtral'),
         default_architecture='MixtralForCausalLM',
         attribute_map={'num_experts': 'num_local_experts'}, kv_heads_default=True, rope_theta_default=1000000.0, block='mixtral',
+    ),
+    # --- encoder-decoder families (models/hf_encdec.py) -------------------------------------------
+    't5': Family(
+        't5',
+        'T5Config',
+        fields={
+            'vocab_size': (32128, 'int'),
+            'd_model': (512, 'int'),
+            'd_kv': (64, 'int'),
+            'd_ff': (2048, 'int'),
+            'num_layers': (6, 'int'),
+            'num_decoder_layers': (None, 'int?'),
+            'num_heads': (8, 'int'),
+            'relative_attention_num_buckets': (32, 'int'),
+            'relative_attention_max_distance': (128, 'int'),
+            'dropout_rate': (0.1, 'number'),
+            'layer_norm_epsilon': (1e-06, 'float'),
+            'initializer_factor': (1.0, 'number'),
+            'feed_forward_proj': ('relu', 'str'),
+            'is_encoder_decoder': (True, 'bool'),
+            'use_cache': (True, 'bool'),
+            'pad_token_id': (0, 'int?'),
+            'eos_token_id': (1, 'ids?'),
+            'classifier_dropout': (0.0, 'number'),
+            'is_decoder': (False, 'bool'),
+        },
+        architectures={'T5ForConditionalGeneration': SEQ2SEQ_LM},
+        default_architecture='T5ForConditionalGeneration',
+        attribute_map={'hidden_size': 'd_model', 'num_attention_heads': 'num_heads', 'num_hidden_layers': 'num_layers', 'head_dim': 'd_kv'},
+        rope_theta_default=None, block='t5', base='', padding_idx=False, head_dim_key=False, post_init='t5',
     ),
 }
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from memfit.models import hf_encdec
 from memfit.models.families import EXPERTS_KEY, FAMILIES, SEQUENCE_CLASSIFICATION, Family
 from memfit.models.falcon import falcon_kv_heads, falcon_layout  # noqa: F401  (hf.falcon_layout for callers)
 from memfit.models.llava import llava_vision_sizes
@@ -62,6 +63,8 @@ def _hidden(cfg: dict, fam: Family) -> int:
 
 def head_dim(cfg: dict) -> int:
     fam = family(cfg)
+    if fam.stacked:
+        return cfg["d_kv"]
     if fam.head_dim_key and cfg.get("head_dim"):
         return cfg["head_dim"]
     heads = cfg["n_head"] if fam.model_type == "gpt2" else cfg["num_attention_heads"]
@@ -69,6 +72,8 @@ def head_dim(cfg: dict) -> int:
 
 
 def num_layers(cfg: dict) -> int:
+    if hf_encdec.is_stacked(cfg):  # every stack's layers
+        return sum(count for _, _, count in hf_encdec.stacks(cfg))
     return cfg["n_layer"] if cfg["model_type"] == "gpt2" else cfg["num_hidden_layers"]
 
 
@@ -400,7 +405,9 @@ def layer_parameters(cfg: dict) -> list[Param]:
 
 def parameters(cfg: dict) -> list[Param]:
     """named_parameters() of the transformers class for this config, in order, tied weights once."""
-    before, layers, _, after, tied = _tree(cfg)
+    if hf_encdec.is_stacked(cfg):
+        return _stacked_parameters(cfg)
+    before, layers, layer, after, tied = _tree(cfg)
     out = [p for m in before for p in _params(m, m.path)]
     templates = {kind: [p for m in modules for p in _params(m, m.path)] for kind, modules in _templates(cfg).items()}
     for index, kind in enumerate(layer_kinds(cfg)):
@@ -412,6 +419,8 @@ def parameters(cfg: dict) -> list[Param]:
 
 def parameter_count(cfg: dict) -> int:
     """Elements of all parameters (tied ones once), without listing each layer."""
+    if hf_encdec.is_stacked(cfg):
+        return sum(math.prod(p.shape) for p in _stacked_parameters(cfg))
     before, _, layer, after, tied = _tree(cfg)
 
     def elements(params) -> int:
@@ -431,7 +440,9 @@ def parameter_count(cfg: dict) -> int:
 
 def linear_modules(cfg: dict) -> list[tuple[str, int, int, bool]]:
     """(module name, in_features, out_features, has_bias) of every nn.Linear and GPT-2 Conv1D, in module order."""
-    before, layers, _, after, _ = _tree(cfg)
+    if hf_encdec.is_stacked(cfg):
+        return [(m.path, *m.dims) for _, modules in hf_encdec._segments(cfg) for m in modules if m.type == "linear"]
+    before, layers, layer, after, _ = _tree(cfg)
     out = [(m.path, *m.dims) for m in before if m.type in ("linear", "conv1d")]
     templates = {kind: [m for m in modules if m.type in ("linear", "conv1d")] for kind, modules in _templates(cfg).items()}
     for index, kind in enumerate(layer_kinds(cfg)):
@@ -446,7 +457,10 @@ def blocks(cfg: dict) -> list[tuple[str, int, list[Param]]]:
     "embeddings", "layer" (one layer, names relative to it, `count` = the number of layers) and "head"
     (the final norm and the head), tied weights once. Concatenated with the layer repeated, this is
     parameters(). Where layers differ (layer_kinds) each kind is its own block ("layer" and "dense
-    layer"), in the order a kind first appears; block_layers(cfg) says which layers each covers."""
+    layer"), in the order a kind first appears; block_layers(cfg) says which layers each covers. An encoder-decoder
+    has a layer block per stack ("encoder layer", "decoder layer")."""
+    if hf_encdec.is_stacked(cfg):
+        return _stacked_blocks(cfg)
     before, layers, layer, after, tied = _tree(cfg)
     kinds = layer_kinds(cfg)
     middle = [(_block_name(kind), kinds.count(kind), [p for m in modules for p in _params(m, m.path)])
@@ -459,13 +473,17 @@ def blocks(cfg: dict) -> list[tuple[str, int, list[Param]]]:
 
 
 def layer_prefix(cfg: dict) -> str:
-    """The name prefix of layer i is layer_prefix(cfg) + f"{i}."."""
+    """The name prefix of layer i is layer_prefix(cfg) + f"{i}." (an encoder-decoder: its first stack's)."""
+    if hf_encdec.is_stacked(cfg):
+        return hf_encdec.stacks(cfg)[0][1]
     return _tree(cfg)[1] + "."
 
 
 def summary(cfg: dict) -> str:
     """One line for a hover: the class, its size and its shape."""
     fam = family(cfg)
+    if fam.stacked:
+        return _stacked_summary(cfg)
     heads = cfg["n_head"] if fam.model_type == "gpt2" else cfg["num_attention_heads"]
     kv = falcon_kv_heads(cfg) if fam.block == "falcon" else cfg.get("num_key_value_heads")
     attention = f"{heads} heads" + (f" ({kv} key/value)" if kv is not None and kv != heads else "") + f" of {head_dim(cfg)}"
@@ -480,6 +498,44 @@ def summary(cfg: dict) -> str:
     if cfg.get("tie_word_embeddings") and head(cfg) != SEQUENCE_CLASSIFICATION:
         text += ", embeddings tied to the head"
     return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoder-decoder families (models/hf_encdec.py gives the module tree: both stacks, layer 0's relative bias)
+
+
+def _stacked_parameters(cfg: dict) -> list[Param]:
+    return [p for _, modules in hf_encdec._segments(cfg) for m in modules for p in _params(m, m.path) if p.name not in hf_encdec.TIED]
+
+
+def _stacked_blocks(cfg: dict) -> list:
+    """(block, count, one copy's params): the relative-bias tables and the encoder's final norm count with the
+    embeddings (what they keep lives as long as the embeddings' tensors), a layer block's params are layer 0's
+    without its bias table (relative names), the decoder's final norm with the head."""
+    layer_blocks = {name: (prefix, count) for name, prefix, count in hf_encdec.stacks(cfg)}
+    out: dict = {"embeddings": []}
+    for name, modules in hf_encdec._segments(cfg):
+        params = [p for m in modules for p in _params(m, m.path) if p.name not in hf_encdec.TIED]
+        if name not in layer_blocks:
+            out.setdefault(name, []).extend(params)
+            continue
+        prefix, _ = layer_blocks[name]
+        first = params[0].name.startswith(prefix + "0.")
+        for p in params:
+            if p.name.endswith("relative_attention_bias.weight"):
+                out["embeddings"].append(p)
+            elif first:
+                out.setdefault(name, []).append(Param(p.name[len(prefix) + 2 :], p.shape, p.kind))
+    counts = {name: count for name, _, count in hf_encdec.stacks(cfg)}
+    order = ["embeddings", *counts, "head"]
+    return [(name, counts.get(name, 1), out.get(name, [])) for name in order]
+
+
+def _stacked_summary(cfg: dict) -> str:
+    n = hf_encdec.dims(cfg)
+    count = sum(math.prod(p.shape) for p in _stacked_parameters(cfg))
+    return (f"{architecture(cfg)}: {count:,} parameters; {n['Ne']} encoder + {n['Nd']} decoder layers, hidden {n['h']}, "
+            f"{n['H']} heads of {n['d']}, feed-forward {n['i']} ({cfg['feed_forward_proj']}), embeddings tied to the head")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -584,6 +640,16 @@ def derive(data: dict, out, path: str) -> list:
     vision = _vision_training(cfg, training, seq_len)
     if vision:
         return vision
+    parallel = data.get("parallel") if isinstance(data.get("parallel"), dict) else {}
+    if fam.stacked:
+        for key in ("tensor", "pipeline"):
+            if isinstance(parallel.get(key), int) and not isinstance(parallel[key], bool) and parallel[key] > 1:
+                message = (f"parallel.{key} {parallel[key]}: memfit does not split an encoder-decoder's two stacks across "
+                           f"{key}-parallel ranks; data-parallel layouts (ZeRO, FSDP) are modeled")
+                return [Problem(("parallel", key), codes.BAD_PARALLEL, message, on_key=True)]
+    if "target_len" in training and not fam.stacked:
+        message = f"training.target_len is the decoder's tokens of an encoder-decoder model; {fam.model_type} has one stack: ignored (seq_len counts its tokens)"
+        hints.append(Problem(("training", "target_len"), codes.IGNORED_KEY, message, on_key=True))
     return hints + _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointing, data)
 
 
@@ -727,6 +793,12 @@ def _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointi
         param_rows, problems = adapters.transformer_rows(cfg, data, base, parameters(cfg), linear_modules(cfg), head(cfg))
         if problems:
             return problems
+    stacked = hf_encdec.is_stacked(cfg)
+    if stacked:  # the decoder's tokens: training.target_len, seq_len when not given
+        recipe = {**recipe, "target_len": (data.get("training") or {}).get("target_len", seq_len)}
+        if not adapted:  # every parameter by its own name (layer 0 of each stack owns the relative bias)
+            for p in parameters(cfg):
+                out.tensors.append(make_tensor("parameters", where, p.name, list(p.shape), 1, True, None, out))
     saved = saved_by(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing, dtypes=dtypes, **recipe)
     notes = _selective_notes(cfg, data, saved, micro_batch, seq_len, attention, checkpointing, dtypes, recipe)
     by_block: dict = {}
@@ -741,7 +813,7 @@ def _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointi
     for name, count, params in blocks(cfg):
         elements = 0
         for p in params:
-            if adapted:
+            if adapted or stacked:
                 elements += math.prod(p.shape)
                 continue
             trains = not (cfg.get("llava", {}).get("freeze_vision_tower") and p.name.startswith("model.vision_tower."))

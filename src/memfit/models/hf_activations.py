@@ -27,6 +27,8 @@ from __future__ import annotations
 from math import prod
 from typing import NamedTuple
 
+from memfit.models import hf_encdec
+
 
 class Kept(NamedTuple):
     label: str
@@ -172,7 +174,7 @@ def _linear(group: list, x: tuple, f: str, low_input: bool = False, source: str 
             K(f"{short}.lora_A", "input, cast to the low dtype by autocast", x, "low", "lora_plain_mixed", lora),
             K(f"{short}.lora_A", "weight, cast to the low dtype by autocast", ("R", x[-1]), "low", "lora&mixed",
               ((f"L:{m}", f),)),
-            K(f"{short}.lora_B", "input (lora_A's output)", ("T", "R"), "ada_low", "lora", lora),
+            K(f"{short}.lora_B", "input (lora_A's output)", x[:-1] + ("R",), "ada_low", "lora", lora),
             K(f"{short}.lora_B", "weight, cast to the low dtype by autocast", (width, "R"), "low", "lora&mixed", lora),
         ]
     return rows
@@ -243,6 +245,11 @@ FAMILIES = {
                    head="mlm", softmax_fp32=False, softmax_role="lin", lora_default=("query", "value"),
                    dropout_keys=(("attn", "attention_probs_dropout_prob"), ("resid", "hidden_dropout_prob"),
                                  ("embd", "hidden_dropout_prob"))),
+    # encoder-decoder families: their rows are in models/hf_encdec.py; this entry names their modules (LoRA flags,
+    # the ledger's layer parts) and their dropout key
+    "t5": Family("rms", dict(hf_encdec.NAMES), "separate", None, "plain", "dense_act_fn", False,
+                 dropout_keys=(("attn", "dropout_rate"), ("resid", "dropout_rate"), ("embd", "dropout_rate")),
+                 head="seq2seq", softmax_fp32=False, lora_default=("q", "v")),
 }
 # issue 21: the dense decoders
 FAMILIES.update({
@@ -699,7 +706,9 @@ def routed_rows(tokens: int, k: int, experts: int, moe: dict | None = None) -> i
 
 
 def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int = 0, attention: str = "sdpa",
-           moe: dict | None = None) -> dict:
+           target_len: int | None = None, moe: dict | None = None) -> dict:
+    if hf_encdec.is_stacked(cfg):
+        return _t5_sizes(cfg, micro_batch, seq_len, target_len, rank)
     mt = cfg["model_type"]
     h = cfg["n_embd"] if mt == "gpt2" else cfg["hidden_size"]
     heads = cfg["n_head"] if mt == "gpt2" else cfg["num_attention_heads"]
@@ -1002,6 +1011,8 @@ def _parallel(cfg: dict) -> bool:
 
 
 def _layers(cfg: dict) -> int:
+    if hf_encdec.is_stacked(cfg):  # every stack's layers, in forward order
+        return sum(count for _, _, count in hf_encdec.stacks(cfg))
     return cfg["n_layer"] if cfg["model_type"] == "gpt2" else cfg["num_hidden_layers"]
 
 
@@ -1191,13 +1202,17 @@ def _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dt
 
 def saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
           precision: str = "32-true", dtypes: dict | None = None, lora: dict | None = None, shape=None,
-          moe: dict | None = None) -> list:
+          target_len: int | None = None, moe: dict | None = None) -> list:
     """Blocks in forward order: embeddings, layer (x num_hidden_layers; the first layer apart when it differs, as
     under LoRA), head, loss; each lists its kept storages. With checkpointing "full" the layer block holds what
     stays saved through the forward (each layer's input); `peak_saved` adds one layer's recomputation.
 
     `shape(symbols, sizes) -> tuple[int, ...]`, if given, evaluates each row's symbolic shape (see `_sizes` for
     the symbols), e.g. with one tensor-parallel rank's share of the heads and widths."""
+    if hf_encdec.is_stacked(cfg):  # an encoder-decoder: one layer block per stack (`target_len`: decoder tokens)
+        check(cfg, attention, checkpointing, precision)
+        return stacked_saved(cfg, micro_batch=micro_batch, seq_len=seq_len, target_len=target_len, attention=attention,
+                               checkpointing=checkpointing, precision=precision, dtypes=dtypes, lora=lora, shape=shape)
     shape = shape or _shape
     fam, sizes, roles, embeddings, layer0, layer1, head, loss = _evaluate(
         cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape, moe=moe)
@@ -1241,11 +1256,16 @@ def total(blocks: list) -> int:
 
 def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
                precision: str = "32-true", dtypes: dict | None = None, lora: dict | None = None, shape=None,
-               moe: dict | None = None) -> int:
+               target_len: int | None = None, moe: dict | None = None) -> int:
     """The peak of live saved bytes during the step. Without full checkpointing everything saved is live at the end
     of the forward. With it, the embeddings' tensors and every layer's input stay saved; on top of them either the
     head and the loss (at the end of the forward) or one layer's recomputation (in the backward, once the head and
     loss are released; it runs without the cache, and its input is the boundary already counted)."""
+    if hf_encdec.is_stacked(cfg):
+        check(cfg, attention, checkpointing, precision)
+        return stacked_peak_saved(cfg, micro_batch=micro_batch, seq_len=seq_len, target_len=target_len,
+                                    attention=attention, checkpointing=checkpointing, precision=precision, dtypes=dtypes,
+                                    lora=lora, shape=shape)
     blocks = saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing,
                    precision=precision, dtypes=dtypes, lora=lora, shape=shape, moe=moe)
     if checkpointing != "full":
@@ -1281,11 +1301,19 @@ def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "s
 
 
 def recomputed(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", precision: str = "32-true",
-               dtypes: dict | None = None, lora: dict | None = None, shape=None,
+               dtypes: dict | None = None, lora: dict | None = None, shape=None, target_len: int | None = None,
                moe: dict | None = None) -> list:
     """Under full checkpointing, what each layer keeps while its backward recomputes it (one list per layer, in
     order; each layer of its own kind where layers differ, a sliding layer's where its window masks sdpa): the
-    checkpointed forward runs without the key/value cache, so its copies of k and v are not made."""
+    checkpointed forward runs without the key/value cache, so its copies of k and v are not made. An
+    encoder-decoder's layers are both stacks' in forward order (the encoder's, then the decoder's)."""
+    if hf_encdec.is_stacked(cfg):
+        *_, enc, dec, _, _ = _t5_evaluate(cfg, micro_batch, seq_len, target_len, attention, "full", precision, dtypes,
+                                          lora, shape)
+        out: list = []
+        for (first, later), (_, _, count) in zip((enc, dec), hf_encdec.stacks(cfg)):
+            out += [first] + [later] * (count - 1) if count else []
+        return out
     kinds = layer_kinds(cfg)
     by_kind = {}
     for kind in set(kinds):
@@ -1321,15 +1349,23 @@ def layer_table(cfg: dict) -> list:
     """One layer's rows for the docs, full training: (op, keeps, shape, eager, sdpa), where the eager and sdpa cells
     give the dtype kept under 32-true · bf16-true · bf16-mixed ("—": not kept; one shared storage is listed once)."""
     fam = FAMILIES[cfg["model_type"]]
-    rows = layer_rows(cfg["model_type"], _act(cfg), _parallel(cfg))
     w = _trainable(fam, None)
-    flags = {**w, **_grads(fam, w, True, _parallel(cfg))}
+    if hf_encdec.is_stacked(cfg):  # the decoder's block (self-attention, cross-attention, feed-forward)
+        rows = t5_layer_rows(cfg, True)
+        flags = {**w, **_t5_flags(w, True, True, True)}
+        conditions = lambda a, p: _t5_conditions(cfg, a, "none", 2, p, None)  # noqa: E731
+        sizes = _t5_sizes(cfg, 2, 16, None)
+    else:
+        rows = layer_rows(cfg["model_type"], _act(cfg), _parallel(cfg))
+        flags = {**w, **_grads(fam, w, True, _parallel(cfg))}
+        conditions = lambda a, p: _conditions(cfg, fam, a, "none", 2, p, None)  # noqa: E731
+        sizes = _sizes(cfg, 2, 16)
     symbolic = {r.label: "(" + ", ".join(str(x) for x in r.shape) + ")" for r in rows}
     seen: dict = {}
     for attention in ("eager", "sdpa"):
         for precision in TABLE_PRECISIONS:
-            cond = _conditions(cfg, fam, attention, "none", 2, precision, None)
-            for k in _resolve(rows, cond, _roles(precision, None, "float32"), _sizes(cfg, 2, 16), flags):
+            cond = conditions(attention, precision)
+            for k in _resolve(rows, cond, _roles(precision, None, "float32"), sizes, flags):
                 seen.setdefault(k.label, {})[(attention, precision)] = SHORT[k.dtype]
     out = []
     for r in rows:
@@ -1344,3 +1380,350 @@ def markdown_table(cfg: dict) -> str:
     lines = ["| op | keeps | shape | eager (32-true · bf16-true · bf16-mixed) | sdpa |", "|---|---|---|---|---|"]
     lines += [f"| {op} | {what} | {shape} | {e} | {s} |" for op, what, shape, e, s in layer_table(cfg)]
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Encoder-decoder families (T5): what autograd keeps per stack. models/hf_encdec.py has the structure (the stacks,
+# their layer counts, the module names); the facts these rows follow are in its docstring and in
+# docs/transformers.md#encoder-decoder-families (transformers 5.24's models/t5/modeling_t5.py, measured on CPU).
+
+T5_NAMES = hf_encdec.NAMES
+T5_ROLES = {"cq": "q", "ck": "k", "cv": "v", "co": "o"}  # a cross-attention projection's role (hf_activations.ROLE)
+
+
+def _t5_norm(n: str, x: tuple, f: str) -> list:
+    """T5LayerNorm: x.to(fp32).pow(2) keeps the fp32 upcast, x * rsqrt(var) keeps x (its own dtype) and 1/rms,
+    weight * (that, cast to a 16-bit weight's dtype) keeps the normalized tensor."""
+    up = K(n, "input, upcast to fp32 (in fp32 the input itself)", x, "f32", needs=(f,))
+    return [up,
+            K(n, "input (x * rsqrt(...); in fp32 the upcast's storage)", x, "act", needs=(f,), source=up.label),
+            K(n, "1/rms", x[:-1] + (1,), "f32", needs=(f,)),
+            K(n, "normalized, in the weight dtype (weight * it)", x, "act", needs=("W:norm",))]
+
+
+def _t5_core(sk: str, g: dict, fused: str, op: str = "") -> list:
+    """Attention core over keys of length `sk`; `g` names the gradient flags (q, k, qk, v, attn); `fused` is the
+    condition under which SDPA's fused kernel runs (else the eager / math rows)."""
+
+    math_path = f"not_{fused}&not_math_upcast"
+    probs = ("b", "H", "s", sk)
+    rows = [
+        # SDPA's math path on 16-bit inputs (measured, torch 2.13 on CPU): q, k, probabilities, v upcast to fp32
+        K("q @ k^T", "q (fp32, SDPA's math path on 16-bit inputs)", ("b", "H", "s", "d"), "f32", f"not_{fused}&math_upcast", (g["k"],)),
+        K("q @ k^T", "k (fp32)", ("b", "H", sk, "d"), "f32", f"not_{fused}&math_upcast", (g["q"],)),
+        K("softmax", "probabilities (fp32)", probs, "f32", f"not_{fused}&math_upcast", (g["qk"],)),
+        K("p @ v", "v (fp32)", ("b", "H", sk, "d"), "f32", f"not_{fused}&math_upcast", (g["qk"],)),
+        K("q @ k^T", "q (a copy: matmul folds the heads)", ("b", "H", "s", "d"), "lin", math_path, (g["k"],)),
+        K("q @ k^T", "k (a copy)", ("b", "H", sk, "d"), "lin", math_path, (g["q"],)),
+        K("softmax", "probabilities", probs, "soft", math_path, (g["qk"],)),
+        K("attention dropout", "mask", probs, "bool", f"{math_path}&attn_drop", (g["qk"],)),
+        K("p @ v", "dropped-out probabilities", probs, "low", f"{math_path}&attn_drop", (g["v"],)),
+        K("p @ v", "probabilities, cast to the value dtype", probs, "low", f"{math_path}&no_attn_drop", (g["v"],),
+          "softmax: probabilities"),
+        K("p @ v", "v (a copy)", ("b", "H", sk, "d"), "lin", math_path, (g["qk"],)),
+        K("attention", "q", ("b", "H", "s", "d"), "lin", fused, (g["attn"],)),
+        K("attention", "k", ("b", "H", sk, "d"), "lin", fused, (g["attn"],)),
+        K("attention", "v", ("b", "H", sk, "d"), "lin", fused, (g["attn"],)),
+        K("attention", "output", ("b", "s", "H", "d"), "lin", fused, (g["attn"],)),
+        K("attention", "log-sum-exp (fp32)", ("b", "H", "s"), "f32", fused, (g["attn"],)),
+    ]
+    if fused in ("enc_fused", "dec_fused"):
+        # each layer's float mask: the encoder's bias made contiguous (a copy of the permuted lookup), the decoder's
+        # where(causal, bias, min); the cross-attention's zeros are one storage for every layer (saved())
+        rows.append(K("attention", "float mask (the position bias)", (1, "H", "s", sk), "low", fused, (g["attn"],)))
+    if fused == "dec_fused":  # where(causal, bias, min) keeps its condition when the bias trains (every layer's)
+        rows.append(K("attention", "causal mask (where(causal, bias, min))", (1, 1, "s", "s"), "bool", "dec_sdpa",
+                      ("W:embed",)))
+    return [r._replace(op=op + r.op) for r in rows]
+
+
+def _t5_attention(keys: tuple, x_flag: str, kv_input: tuple, kv_flag: str, sk: str, g: dict, fused: str) -> list:
+
+    q, k, v, o = (T5_NAMES[key] for key in keys)
+    role = lambda key: T5_ROLES.get(key, key)  # noqa: E731
+    T = ("T", "h")
+    if kv_input == T:
+        rows = _linear([(role(keys[0]), q, "q"), (role(keys[1]), k, "q"), (role(keys[2]), v, "q")], T, x_flag)
+    else:
+        rows = _linear([(role(keys[0]), q, "q")], T, x_flag) + _linear([(role(keys[1]), k, "q"), (role(keys[2]), v, "q")], kv_input, kv_flag)
+    rows += _t5_core(sk, g, fused, "cross-attention " if keys[0] == "cq" else "")
+    out = [(role(keys[3]), o, "h")]
+    rows += [r._replace(when=_t5_join(f"not_{fused}", r.when)) for r in _linear(out, ("T", "q"), g["attn"], low_input=True)]
+    rows += [r._replace(when=_t5_join(fused, r.when)) for r in _linear(out, ("T", "q"), g["attn"], low_input=True, source="attention: output")]
+    if keys[0] == "cq":
+        rows = [r._replace(source="cross-attention " + r.source) if r.source and r.source.startswith(("attention:", "softmax:")) else r for r in rows]
+    return rows
+
+
+def _t5_join(a: str, b: str | None) -> str:
+    return a if not b else f"{a}&{b}"
+
+
+def _t5_feed_forward(cfg: dict, f: str, g: dict) -> list:
+
+    T, I = ("T", "h"), ("b", "s", "i")
+    act = cfg["dense_act_fn"]
+    if cfg["is_gated_act"]:
+        rows = _linear([("gate", T5_NAMES["gate"], "i"), ("up", T5_NAMES["up"], "i")], T, f) + _activation(act, "act_fn(wi_0)", I, g["g"])
+        rows += [K("act * wi_1", "act_fn(wi_0)", I, "lin", None, (g["u"],)), K("act * wi_1", "wi_1 output", I, "lin", None, (g["g"],))]
+        inner = g["p"]
+    else:
+        rows = _linear([("fc_in", T5_NAMES["fc_in"], "i")], T, f) + _activation(act, "act", I, g["g"])
+        inner = g["g"]
+        if act == "relu":  # relu keeps its result (wo's input too, without dropout: one storage)
+            relu = K("fc_out (DenseReluDense.wo)", "relu output (relu keeps it; wo's input without dropout)", I, "lin", None, (g["g"],))
+            rows.append(relu)
+            rows.append(K("feed-forward dropout", "mask", I, "bool", "drop", (inner,)))
+            down = ("fc_out", T5_NAMES["fc_out"], "h")
+            # T5DenseActDense casts wo's input to wo's weight dtype (fp32 under autocast), which autocast casts back:
+            # wo keeps a copy of its own under bf16-mixed, relu's output otherwise (without dropout)
+            return (rows + [r._replace(when=_t5_join("wo_copy", r.when)) for r in _linear([down], ("T", "i"), inner, low_input=True)]
+                    + [r._replace(when=_t5_join("wo_shared", r.when)) for r in _linear([down], ("T", "i"), inner, low_input=True, source=relu.label)])
+    rows.append(K("feed-forward dropout", "mask", I, "bool", "drop", (inner,)))
+    down = ("down", T5_NAMES["fc_out"], "h") if cfg["is_gated_act"] else ("fc_out", T5_NAMES["fc_out"], "h")
+    return rows + _linear([down], ("T", "i"), inner, low_input=True)
+
+
+def _t5_encoder_output_label() -> str:
+    """The label of the cross-attention k / v projections' shared input (the encoder's output)."""
+
+    return _linear([("k", T5_NAMES["ck"], "q"), ("v", T5_NAMES["cv"], "q")], ("Te", "h"), "enc")[0].label
+
+
+def t5_layer_rows(cfg: dict, decoder: bool) -> list:
+    """One T5Block's rows (symbolic; the encoder's evaluate with s = the source length)."""
+
+    X = ("b", "s", "h")
+    g = {"q": "q", "k": "k", "qk": "qk", "v": "v", "attn": "attn"}
+    rows = _t5_norm("layer_norm (self-attention)", X, "x")
+    rows += _t5_attention(("q", "k", "v", "o"), "n1", ("T", "h"), "n1", "s", g, "enc_fused" if not decoder else "dec_fused")
+    rows.append(K("self-attention output dropout", "mask", X, "bool", "drop", ("o",)))
+    if decoder:
+        c = {"q": "cq", "k": "ck", "qk": "cqk", "v": "cv", "attn": "cattn"}
+        rows += _t5_norm("layer_norm (cross-attention)", X, "h1")
+        # the k / v projections' input is the encoder's output: one storage, kept with the embeddings (saved())
+        rows += _t5_attention(("cq", "ck", "cv", "co"), "n2", ("Te", "h"), "enc", "se", c, "cross_fused")
+        rows.append(K("cross-attention output dropout", "mask", X, "bool", "drop", ("co",)))
+    rows += _t5_norm("layer_norm (feed-forward)", X, "h")
+    rows += _t5_feed_forward(cfg, "nf", {"g": "g", "u": "u", "p": "p"})
+    rows.append(K("feed-forward output dropout", "mask", X, "bool", "drop", ("d",)))
+    return rows
+
+
+def _t5_flags(w: dict, x: bool, enc: bool, decoder: bool) -> dict:
+    """Which tensors of one block need a gradient, given its input's flag and the encoder output's."""
+
+    def t(key):
+        m = T5_NAMES[key]
+        return w.get(f"W:{m}", False) or w.get(f"L:{m}", False)
+
+    bias = w["W:embed"]
+    g = {"x": x, "enc": enc}
+    g["n1"] = x or w["W:norm"]
+    g["q"], g["k"], g["v"] = g["n1"] or t("q"), g["n1"] or t("k"), g["n1"] or t("v")
+    g["qk"] = g["q"] or g["k"] or bias
+    g["attn"] = g["qk"] or g["v"]
+    g["o"] = g["attn"] or t("o")
+    h = x or g["o"]
+    g["h1"] = h
+    if decoder:
+        g["n2"] = h or w["W:norm"]
+        g["cq"], g["ck"], g["cv"] = g["n2"] or t("cq"), enc or t("ck"), enc or t("cv")
+        g["cqk"] = g["cq"] or g["ck"]
+        g["cattn"] = g["cqk"] or g["cv"]
+        g["co"] = g["cattn"] or t("co")
+        h = h or g["co"]
+    g["h"] = h
+    g["nf"] = h or w["W:norm"]
+    g["g"] = g["nf"] or t("gate") or t("fc_in")
+    g["u"] = g["nf"] or t("up")
+    g["p"] = g["g"] or g["u"]
+    g["d"] = g["p"] or t("fc_out")
+    g["out"] = h or g["d"]
+    return g
+
+
+def _t5_sizes(cfg: dict, micro_batch: int, seq_len: int, target_len: int | None, rank: int = 0) -> dict:
+    n = hf_encdec.dims(cfg)
+    s = target_len or seq_len
+    q = n["H"] * n["d"]
+    return {"b": micro_batch, "s": s, "h": n["h"], "i": n["i"], "i2": 2 * n["i"], "H": n["H"], "KV": n["H"],
+            "d": n["d"], "dk": n["d"], "r": 0, "q": q, "kv": q, "qkv": 3 * q, "rot": 0, "V": n["V"],
+            "T": micro_batch * s, "Tl": micro_batch * s, "E": 0, "k": 0, "S": 0, "R": rank, "R2": 2 * rank,
+            "se": seq_len, "Te": micro_batch * seq_len}
+
+
+def _t5_embedding_rows(cfg: dict) -> list:
+
+    return [
+        K("encoder embed_tokens", "input ids", ("b", "se"), "i64", None, ("W:embed",)),
+        K("encoder embedding dropout", "mask", ("b", "se", "h"), "bool", "drop", ("W:embed",)),
+        K("encoder relative bias", "bucket indices", ("se", "se"), "i64", None, ("W:embed",)),
+        *_t5_norm("encoder.final_layer_norm", ("b", "se", "h"), "xe"),
+        K("encoder final dropout", "mask", ("b", "se", "h"), "bool", "drop", ("xe",)),
+        K("decoder embed_tokens", "input ids (the labels shifted right)", ("b", "s"), "i64", None, ("W:embed",)),
+        K("decoder embedding dropout", "mask", ("b", "s", "h"), "bool", "drop", ("W:embed",)),
+        K("decoder relative bias", "bucket indices", ("s", "s"), "i64", None, ("W:embed",)),
+        K("decoder cross-attention", "zero position bias as SDPA's float mask (every layer's)", (1, "H", "s", "se"),
+          "lin", "cross_fused", ("attn_c",)),
+    ]
+
+
+def _t5_head_rows(cfg: dict) -> list:
+
+    X = ("b", "s", "h")
+    rows = _t5_norm("decoder.final_layer_norm", X, "x")
+    rows.append(K("decoder final dropout", "mask", X, "bool", "drop", ("x",)))
+    return rows + _linear([("lm_head", "lm_head", "V")], ("T", "h"), "fn")
+
+
+LOSS_ROWS_T5_NAMES = ("log-softmax of the logits", "targets (the labels)", "total weight")
+
+
+def _t5_conditions(cfg, attention, checkpointing, micro_batch, precision, lora, bias_trains: bool = True):
+    """hf_activations' conditions plus T5's. Measured (torch 2.13, CPU): SDPA takes its fused kernel only when its
+    float mask needs no gradient, else its math path (which upcasts 16-bit inputs to fp32). The self-attentions'
+    mask is the relative bias: the math path when the bias trains (full fine-tuning), the fused kernel when it is
+    frozen (LoRA). The cross-attention's mask is a zero bias, which T5Attention marks as needing a gradient under
+    gradient checkpointing: the fused kernel without checkpointing, the math path with it."""
+
+    cond = _conditions(cfg, FAMILIES["t5"], attention, checkpointing, micro_batch, precision, lora)
+    drop = (cfg.get("dropout_rate") or 0) > 0
+    low = precision not in (None, "32-true")
+    sdpa = attention != "eager"
+    self_fused = sdpa and not bias_trains
+    cross_fused = sdpa and checkpointing != "full"
+    cond.update({"drop": drop, "attn_drop": drop and checkpointing != "selective", "no_attn_drop": not drop,
+                 "enc_fused": self_fused, "not_enc_fused": not self_fused, "dec_fused": self_fused,
+                 "not_dec_fused": not self_fused, "cross_fused": cross_fused, "not_cross_fused": not cross_fused,
+                 "dec_sdpa": sdpa, "causal": False, "mlm": True,
+                 "math_upcast": sdpa and low, "not_math_upcast": not (sdpa and low),
+                 "wo_copy": drop or cond["mixed"], "wo_shared": not (drop or cond["mixed"])})
+    return cond
+
+
+def t5_score_kernels(cfg: dict, attention: str, checkpointing: str, precision: str, lora: dict | None) -> tuple:
+    """(self-attention materializes its scores, cross-attention does, their dtype): eager always, SDPA on its math
+    path (see _t5_conditions), where the softmax's backward holds two (b, H, q, k) gradients at once."""
+    if attention == "flash":
+        attention = "sdpa"
+    w = _trainable(FAMILIES["t5"], lora)
+    cond = _t5_conditions(cfg, attention, checkpointing, 1, precision, lora, bias_trains=w["W:embed"])
+    sdpa = attention != "eager"
+    dtype = "float32" if cond["math_upcast"] else _dtypes(precision, None)["soft" if not sdpa else "lin"]
+    return not cond["enc_fused"], not cond["cross_fused"], dtype
+
+
+def _t5_evaluate(cfg, micro_batch, seq_len, target_len, attention, checkpointing, precision, dtypes, lora, shape=None):
+
+    if attention == "flash":
+        attention = "sdpa"  # T5 does not support flash-attn (_supports_flash_attn = False): SDPA runs
+    shape = shape or _shape
+    fam = FAMILIES["t5"]
+    sizes = _t5_sizes(cfg, micro_batch, seq_len, target_len, int((lora or {}).get("r") or 0))
+    enc_sizes = {**sizes, "s": sizes["se"], "T": sizes["Te"]}
+    w = _trainable(fam, lora)
+    cond = _t5_conditions(cfg, attention, checkpointing, micro_batch, precision, lora, bias_trains=w["W:embed"])
+    roles = _dtypes(precision, dtypes)
+    n = hf_encdec.dims(cfg)
+    enc_rows, dec_rows = t5_layer_rows(cfg, False), t5_layer_rows(cfg, True)
+    # the encoder's first layer input needs a gradient when the embedding trains; later ones once any weight below does
+    e0 = _t5_flags(w, w["W:embed"], False, False)
+    e1 = _t5_flags(w, e0["out"], False, False)
+    enc_out = (e1["out"] if n["Ne"] > 1 else e0["out"]) if n["Ne"] else w["W:embed"]
+    enc = enc_out or w["W:norm"]
+    d0 = _t5_flags(w, w["W:embed"], enc, True)
+    d1 = _t5_flags(w, d0["out"], enc, True)
+    dec_out = (d1["out"] if n["Nd"] > 1 else d0["out"]) if n["Nd"] else w["W:embed"]
+    enc0 = _resolve(enc_rows, cond, roles, enc_sizes, {**w, **e0}, shape)
+    enc1 = _resolve(enc_rows, cond, roles, enc_sizes, {**w, **e1}, shape)
+    dec0 = _resolve(dec_rows, cond, roles, sizes, {**w, **d0}, shape)
+    dec1 = _resolve(dec_rows, cond, roles, sizes, {**w, **d1}, shape)
+    label = _t5_encoder_output_label()
+    # the encoder's output, kept by the cross-attention k / v projections or, where they are frozen, by an adapter
+    # reading it as it is (its storage: a row sourced from the projections' input in the same dtype)
+    sharing = {r.label for r in dec_rows if r.source == label}
+
+    def is_output(k) -> bool:
+        return k.label == label or (k.label in sharing and cond["not_mixed"] and k.dtype == roles["act"])
+
+    encoder_output = [k for k in dec0 + dec1 if is_output(k)][:1]
+    encoder_output = [Kept(label, k.shape, k.dtype) for k in encoder_output]
+    dec0 = [k for k in dec0 if not is_output(k)]
+    dec1 = [k for k in dec1 if not is_output(k)]
+    top = {**w, "attn_e": e0["attn"] or e1["attn"], "attn_c": d0["cattn"] or d1["cattn"], "xe": enc_out, "x": dec_out,
+           "fn": True}
+    embeddings = _resolve(_t5_embedding_rows(cfg), cond, roles, sizes, top, shape) + encoder_output
+    head = _resolve(_t5_head_rows(cfg), cond, roles, sizes, top, shape)
+    loss = _resolve([r for r in LOSS_ROWS if r.when == "mlm"], cond, roles, sizes, top, shape)
+    return roles, sizes, enc_sizes, embeddings, (enc0, enc1), (dec0, dec1), head, loss
+
+
+def _t5_stack_blocks(name: str, count: int, first: list, later: list) -> list:
+
+    if count == 0:
+        return []
+    if first == later or count == 1:
+        return [Block(name, count, first)]
+    return [Block(name, 1, first), Block(name, count - 1, later)]
+
+
+def stacked_saved(cfg: dict, *, micro_batch: int, seq_len: int, target_len: int | None = None, attention: str = "sdpa",
+          checkpointing: str = "none", precision: str = "32-true", dtypes: dict | None = None,
+          lora: dict | None = None, shape=None) -> list:
+    """Blocks in forward order: embeddings (both stacks' inputs, the relative-bias indices, the encoder's final norm
+    and output), encoder layer, decoder layer, head, loss. With checkpointing "full" each layer keeps its input."""
+
+    roles, sizes, enc_sizes, embeddings, enc, dec, head, loss = _t5_evaluate(
+        cfg, micro_batch, seq_len, target_len, attention, checkpointing, precision, dtypes, lora, shape)
+    n = hf_encdec.dims(cfg)
+    shape = shape or _shape
+    if checkpointing == "full":
+        boundary = "checkpoint: the layer's input (kept for the recomputation)"
+        middle = [Block("encoder layer", n["Ne"], [Kept(boundary, shape(("b", "s", "h"), enc_sizes), roles["act"])])]
+        middle += [Block("decoder layer", n["Nd"], [Kept(boundary, shape(("b", "s", "h"), sizes), roles["act"])])]
+        middle = [b for b in middle if b.count]
+    else:
+        middle = _t5_stack_blocks("encoder layer", n["Ne"], *enc) + _t5_stack_blocks("decoder layer", n["Nd"], *dec)
+    return [Block("embeddings", 1, embeddings), *middle, Block("head", 1, head), Block("loss", 1, loss)]
+
+
+def stacked_peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, target_len: int | None = None, attention: str = "sdpa",
+               checkpointing: str = "none", precision: str = "32-true", dtypes: dict | None = None,
+               lora: dict | None = None, shape=None) -> int:
+    """The peak of live saved bytes. Without full checkpointing: everything saved (the end of the forward). With it,
+    the largest of three moments: the end of the forward (every boundary, the embeddings' tensors, head and loss); a
+    decoder layer's recomputation (every boundary and the embeddings' tensors beside it); an encoder layer's
+    recomputation, once the decoder's backward has released its boundaries, the encoder's output and final norm
+    and the decoder's inputs (the encoder's boundaries and inputs beside it). A layer's input is its boundary."""
+
+    common = dict(micro_batch=micro_batch, seq_len=seq_len, target_len=target_len, attention=attention,
+                  precision=precision, dtypes=dtypes, lora=lora, shape=shape)
+    blocks = stacked_saved(cfg, checkpointing=checkpointing, **common)
+    if checkpointing != "full":
+        return total(blocks)
+    *_, embeddings, enc, dec, head, loss = _t5_evaluate(cfg, micro_batch, seq_len, target_len, attention, "full",
+                                                      precision, dtypes, lora, shape)
+    boundaries = {b.name: (b.count, b.kept[0]) for b in blocks if b.name.endswith(" layer")}
+
+    def recomputed(name, layers) -> tuple[int, int]:
+        """(bytes of one layer's recomputation beyond its boundary, bytes of the stack's boundaries)"""
+        if name not in boundaries:
+            return 0, 0
+        count, boundary = boundaries[name]
+        each = nbytes(layers)
+        if layers and layers[0].dtype == boundary.dtype and layers[0].shape == boundary.shape:
+            each -= nbytes([boundary])
+        return each, count * nbytes([boundary])
+
+    enc_each, enc_bounds = recomputed("encoder layer", enc[1])
+    dec_each, dec_bounds = recomputed("decoder layer", dec[1])
+    emb = nbytes(embeddings)
+    encoder_inputs = nbytes([k for k in embeddings if k.label.startswith(ENCODER_INPUTS)])
+    return max(emb + enc_bounds + dec_bounds + nbytes(head) + nbytes(loss),
+               emb + enc_bounds + dec_bounds + dec_each,
+               encoder_inputs + enc_bounds + enc_each)
+
+
+# what the embeddings block keeps for the encoder's layers (the rest goes once the decoder's backward is done)
+ENCODER_INPUTS = ("encoder embed_tokens", "encoder embedding dropout", "encoder relative bias")

@@ -45,6 +45,9 @@ POSITIVE = frozenset(
         "n_positions", "type_vocab_size", "num_local_experts", "num_experts_per_tok", "num_labels",
         "original_max_position_embeddings", "pretraining_tp", "sliding_window", "num_kv_heads", "ffn_hidden_size",
         "num_ln_in_parallel_attn", "decoder_sparse_step", "moe_intermediate_size", "shared_expert_intermediate_size",
+        # encoder-decoder families' own spellings (T5)
+        "d_model", "d_kv", "d_ff", "num_layers", "num_decoder_layers", "num_heads", "relative_attention_num_buckets",
+        "relative_attention_max_distance",
     }
 )
 NON_NEGATIVE = frozenset({"chunk_size_feed_forward", "max_window_layers", "num_experts"})
@@ -52,12 +55,13 @@ NON_NEGATIVE = frozenset({"chunk_size_feed_forward", "max_window_layers", "num_e
 PROBABILITIES = frozenset(
     {
         "attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout", "hidden_dropout_prob",
-        "attention_probs_dropout_prob", "hidden_dropout", "classifier_dropout",
+        "attention_probs_dropout_prob", "hidden_dropout", "classifier_dropout", "dropout_rate",
     }
 )
 # Other numbers memfit does not compute with but a model does: finite and not negative.
 NON_NEGATIVE_NUMBERS = frozenset(
-    {"initializer_range", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "router_aux_loss_coef", "router_jitter_noise"}
+    {"initializer_range", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "router_aux_loss_coef", "router_jitter_noise",
+     "initializer_factor"}
 )
 # Read from config.json by every family with a rotary embedding (models/families.Family.rope_theta_default), beside
 # the family's own fields; GPT-NeoX's legacy spellings by it alone (Family.rope_legacy).
@@ -314,7 +318,7 @@ def _range_problem(key: str, value) -> str | None:
         return f"{key} must be above 0, not {value}"
     if key == "num_labels" and value > MAX_LABELS:
         return f"num_labels {value:,} is more than {MAX_LABELS:,}: a classification head that large is not modeled"
-    if key in ("num_hidden_layers", "n_layer") and value > MAX_LAYERS:
+    if key in ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers") and value > MAX_LAYERS:
         return f"{key} {value:,} is more than {MAX_LAYERS:,}: memfit walks a training step layer by layer and stops there"
     return None
 
@@ -360,7 +364,7 @@ def validate(raw) -> list[HFProblem]:
         if wrong is not None and key == "sliding_window" and value == 0 and family.post_init == "qwen2_moe":
             wrong = None  # Qwen2MoeConfig writes 0 for "no window" (its to_dict without use_sliding_window)
         if wrong is not None:
-            too_large = key in ("num_labels", "num_hidden_layers", "n_layer") and value > 0
+            too_large = key in ("num_labels", "num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers") and value > 0
             problems.append(HFProblem((given,), TOO_LARGE if too_large else BAD_MODEL_CONFIG, wrong))
         elif isinstance(value, dict):
             problems += _nested(given, key, value)
@@ -370,6 +374,8 @@ def validate(raw) -> list[HFProblem]:
                 for i, item in enumerate(value)
                 if item not in LAYER_TYPES
             ][:1]
+    if "feed_forward_proj" in family.fields and isinstance(raw.get("feed_forward_proj"), str):
+        problems += _feed_forward_problems(raw["feed_forward_proj"])
     if _act_key(family) in raw and isinstance(raw[_act_key(family)], str):
         from memfit.models.hf_activations import ACTIVATIONS
 
@@ -405,9 +411,10 @@ def validate(raw) -> list[HFProblem]:
             problems.append(HFProblem((key,), UNSUPPORTED_MODEL, "cross-attention (an encoder-decoder setup) is not modeled"))
 
     cfg = normalize(raw)
-    hidden, heads = cfg[family.hidden_key], cfg["n_head" if family.model_type == "gpt2" else "num_attention_heads"]
-    heads_key = "n_head" if family.model_type == "gpt2" else "num_attention_heads"
-    explicit_head_dim = family.head_dim_key and _given(raw, family, "head_dim") is not None
+    hidden, heads = cfg[family.hidden_key], cfg[family.heads_key]
+    heads_key = family.heads_key
+    # T5's d_kv (its head_dim) is always explicit: its heads need not divide d_model
+    explicit_head_dim = (family.head_dim_key and _given(raw, family, "head_dim") is not None) or "head_dim" in family.attribute_map
     if hidden % heads and (not explicit_head_dim or family.model_type == "llama"):
         problems.append(
             HFProblem(
@@ -563,6 +570,33 @@ def _falcon_layout(raw: dict, cfg: dict) -> list[HFProblem]:
     return out
 
 
+def _feed_forward_problems(value: str) -> list[HFProblem]:
+    """T5's feed_forward_proj: "ACT" or "gated-ACT" (T5Config.validate_architecture), ACT one memfit models."""
+    from memfit.models.hf_activations import ACTIVATIONS
+
+    parts = value.split("-")
+    if len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated"):
+        return [HFProblem(("feed_forward_proj",), BAD_MODEL_CONFIG, f"feed_forward_proj {excerpt(value)} must be an activation or gated-<activation> (relu, gated-gelu)")]
+    name = "gelu_new" if value == "gated-gelu" else parts[-1]
+    if name not in ACTIVATIONS:
+        return [HFProblem(("feed_forward_proj",), UNSUPPORTED_MODEL, f"feed_forward_proj {excerpt(value)}: {excerpt(name)} is not an activation memfit models; modeled: {', '.join(sorted(ACTIVATIONS))}")]
+    return []
+
+
+def _post_init_t5(out: dict, extra: dict, raw: dict) -> None:
+    """T5Config.__post_init__ (transformers 5.24): the decoder's layers default to the encoder's; feed_forward_proj
+    splits into dense_act_fn / is_gated_act (gated-gelu means gelu_new); tie_word_embeddings is always True (the
+    head is the shared embedding), and a config.json's false only turns off the d_model ** -0.5 output rescale."""
+    if out["num_decoder_layers"] is None:
+        out["num_decoder_layers"] = out["num_layers"]
+    parts = out["feed_forward_proj"].split("-")
+    out["dense_act_fn"] = "gelu_new" if out["feed_forward_proj"] == "gated-gelu" else parts[-1]
+    out["is_gated_act"] = parts[0] == "gated"
+    out["scale_decoder_outputs"] = raw.get("tie_word_embeddings") is not False
+    out["tie_word_embeddings"] = True
+
+
+
 def _act_key(family: Family) -> str:
     if "activation_function" in family.fields:
         return "activation_function"
@@ -703,7 +737,7 @@ def normalize(raw: dict) -> dict:
         # Gemma 2/3: every pattern-th layer attends globally, the others through the sliding window
         out["layer_types"] = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(out["num_hidden_layers"])]
     if family.post_init:
-        _POST_INIT[family.post_init](out, extra)
+        _POST_INIT[family.post_init](out, extra, raw)
     if family.gelu_means_tanh and out["hidden_act"] == "gelu":
         out["hidden_act"] = "gelu_pytorch_tanh"
 
@@ -742,7 +776,7 @@ def normalize(raw: dict) -> dict:
     return out
 
 
-def _qwen2_moe(out: dict, extra: dict) -> None:
+def _qwen2_moe(out: dict, extra: dict, raw: dict) -> None:
     """Qwen2MoeConfig.__post_init__: mlp_only_layers defaults to [], the window is 0 without
     use_sliding_window, and every other layer below max_window_layers slides when it is on."""
     out["mlp_only_layers"] = [] if out["mlp_only_layers"] is None else out["mlp_only_layers"]
@@ -754,7 +788,7 @@ def _qwen2_moe(out: dict, extra: dict) -> None:
         ]
 
 
-def _qwen3_moe(out: dict, extra: dict) -> None:
+def _qwen3_moe(out: dict, extra: dict, raw: dict) -> None:
     """Qwen3MoeConfig.__post_init__: the window is None without use_sliding_window; mlp_only_layers
     defaults to []. Its num_experts field is stored as num_local_experts (the class's attribute_map)."""
     out["sliding_window"] = out["sliding_window"] if out["use_sliding_window"] else None
@@ -763,7 +797,7 @@ def _qwen3_moe(out: dict, extra: dict) -> None:
     extra.setdefault("num_local_experts", default)
 
 
-_POST_INIT = {"qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe}
+_POST_INIT = {"qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe, "t5": _post_init_t5}
 
 
 def _ignored(family: Family) -> frozenset:

@@ -62,6 +62,7 @@ OUTPUT_HEADS: dict[str, str | None] = {
     "causal-lm": "lm_head",
     "masked-lm": "cls.predictions.decoder",
     "sequence-classification": None,
+    "seq2seq-lm": "lm_head",
 }
 
 # peft 0.21 rewrites these families' targets for transformers 5's fused MoE layers

@@ -1,0 +1,239 @@
+"""T5 (an encoder-decoder) against transformers 5.24 and a real CPU step, through the front door.
+
+Parameters: names, shapes and order of `named_parameters()` on the meta device (the head tied to `shared`, as
+T5Config always ties it). Activations: what autograd saves in a real step with the encoder's and the decoder's
+lengths apart (`training.seq_len` / `training.target_len`), eager and SDPA, with and without full checkpointing.
+`memfit check --format json` on a config.json + YAML a user writes gives those figures.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import needs
+import pytest
+import yaml
+
+from memfit.models import hf, hf_activations as ha, hf_config
+
+needs.module("torch")
+transformers = needs.module("transformers")
+import hf_measure as hm  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = {"vocab_size": 96, "d_model": 64, "d_kv": 16, "d_ff": 80, "num_layers": 2, "num_heads": 4}
+CONFIGS = [
+    TINY,
+    {**TINY, "num_layers": 3, "num_decoder_layers": 2, "d_kv": 8, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False},
+    {**TINY, "num_layers": 1, "num_decoder_layers": 3, "num_heads": 2, "d_kv": 40, "relative_attention_num_buckets": 8},
+]
+
+
+def meta_model(given: dict):
+    import torch
+
+    transformers.logging.set_verbosity_error()
+    with torch.device("meta"):
+        return transformers.T5ForConditionalGeneration(transformers.AutoConfig.for_model("t5", **given))
+
+
+@pytest.mark.parametrize("given", CONFIGS, ids=["relu", "gated-untied-flag", "uneven"])
+def test_parameters_are_named_parameters(given):
+    import torch
+
+    raw = {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"], **given}
+    assert hf_config.validate(raw) == []
+    cfg = hf_config.normalize(raw)
+    model = meta_model(given)
+    assert [(p.name, p.shape) for p in hf.parameters(cfg)] == [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+    assert hf.parameter_count(cfg) == sum(p.numel() for p in model.parameters())
+    assert model.lm_head.weight is model.shared.weight  # tied whatever config.json says
+    linears = [(n, m.in_features, m.out_features, m.bias is not None) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    assert hf.linear_modules(cfg) == linears
+    expected = transformers.AutoConfig.for_model("t5", architectures=["T5ForConditionalGeneration"], **given).to_dict()
+    mine = dict(cfg)
+    expected.pop("_name_or_path"), mine.pop("_name_or_path")
+    assert mine == expected
+
+
+LENGTHS = [(2, 24, 8), (1, 12, 30)]  # (micro_batch, encoder tokens, decoder tokens)
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+@pytest.mark.parametrize("ff", ["relu", "gated-gelu"])
+def test_saved_bytes_with_encoder_and_decoder_lengths_apart(attention, ff):
+    cfg = hm.tiny("t5", feed_forward_proj=ff)
+    if attention == "sdpa":
+        cfg = hm.without_attention_dropout(cfg)
+    model = hm.build(cfg, attention)
+    for b, source, target in LENGTHS:
+        measured = hm.measure(cfg, micro_batch=b, seq_len=source, target_len=target, attention=attention, model=model)["total"]
+        ours = ha.total(ha.saved(cfg, micro_batch=b, seq_len=source, target_len=target, attention=attention))
+        assert abs(ours - measured) <= 0.05 * measured, (b, source, target, ours, measured)
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_full_checkpointing_peak(attention):
+    cfg = hm.tiny("t5", num_layers=3, num_decoder_layers=3)
+    if attention == "sdpa":
+        cfg = hm.without_attention_dropout(cfg)
+    for b, source, target in LENGTHS:
+        measured = hm.measure(cfg, micro_batch=b, seq_len=source, target_len=target, attention=attention, checkpointing="full")
+        ours = ha.peak_saved(cfg, micro_batch=b, seq_len=source, target_len=target, attention=attention, checkpointing="full")
+        assert abs(ours - measured["peak"]) <= 0.10 * measured["peak"], (b, source, target, ours, measured["peak"])
+
+
+def check_json(tmp_path, config: dict, training: dict, **top) -> dict:
+    (tmp_path / "config.json").write_text(json.dumps(config, indent=2))
+    doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", **top, "model": {"hf_config": "config.json"}, "training": training}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)["files"][0]
+
+
+def test_front_door_figures_are_the_real_models(tmp_path):
+    given = CONFIGS[1]
+    config = {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "decoder_start_token_id": 0, **given}
+    result = check_json(tmp_path, config, {"micro_batch": 2, "seq_len": 24, "target_len": 8, "attention": "eager"})
+    assert result["diagnostics"] == []
+    elements = sum(p.numel() for p in meta_model(given).parameters())
+    footprint = result["footprint"]
+    assert footprint["parameters"] == footprint["gradients"] == 4 * elements
+    assert footprint["optimizer_state"] == 8 * elements
+    cfg = hm.tiny("t5", **{k: v for k, v in given.items() if k != "vocab_size"}, vocab_size=96)
+    measured = hm.measure(cfg, micro_batch=2, seq_len=24, target_len=8, attention="eager")["total"]
+    assert abs(footprint["activations"] - measured) <= 0.05 * measured
+    # target_len defaults to seq_len: the decoder then runs as many tokens as the encoder
+    same = check_json(tmp_path, config, {"micro_batch": 2, "seq_len": 24, "attention": "eager"})
+    longer = check_json(tmp_path, config, {"micro_batch": 2, "seq_len": 24, "target_len": 24, "attention": "eager"})
+    assert same["footprint"] == longer["footprint"] and same["footprint"]["activations"] > footprint["activations"]
+
+
+def test_target_len_on_a_one_stack_model_is_a_note(tmp_path):
+    config = {"model_type": "llama", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 80, "num_hidden_layers": 2, "num_attention_heads": 4}
+    result = check_json(tmp_path, config, {"micro_batch": 2, "seq_len": 16, "target_len": 8})
+    assert [d["code"] for d in result["diagnostics"]] == ["ignored-key"]
+
+
+def test_flan_t5_base_example_checks_with_the_real_parameter_count():
+    raw = json.loads((ROOT / "examples" / "models" / "flan-t5-base.json").read_text())
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(ROOT / "examples" / "flan-t5-base.yaml")],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout)["files"][0]
+    assert result["diagnostics"] == []
+    given = {k: v for k, v in raw.items() if k not in ("architectures", "model_type", "transformers_version", "torch_dtype")}
+    elements = sum(p.numel() for p in meta_model(given).parameters())
+    assert elements == hf.parameter_count(hf_config.normalize(raw)) == 222_903_552
+    assert result["footprint"]["parameters"] == 4 * elements  # bf16-mixed keeps fp32 weights
+
+
+def test_bad_feed_forward_proj_is_placed(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text('{"model_type": "t5",\n "feed_forward_proj": "gated-relu-x"}')
+    loaded = hf_config.load(str(path))
+    [problem] = hf_config.validate(loaded.raw)
+    assert problem.code == "bad-model-config" and loaded.positions.range(problem.path).start_line == 1
+    [problem] = hf_config.validate({"model_type": "t5", "feed_forward_proj": "gated-mish"})
+    assert problem.code == "unsupported-model"
+
+
+def test_the_docs_table_lists_every_encoder_decoder_family():
+    from memfit.models.families import FAMILIES
+
+    doc = (ROOT / "docs" / "transformers.md").read_text(encoding="utf-8")
+    section = doc.split("## Encoder-decoder families", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1].strip().strip("`") for line in section.splitlines() if line.startswith("| `")]
+    assert rows == [name for name, fam in FAMILIES.items() if fam.stacked]
+    for name in rows:
+        assert f"transformers/models/{name}/modeling_{name}.py" in section
+
+
+def test_tensor_and_pipeline_splits_are_refused_data_parallel_is_walked(tmp_path):
+    config = json.loads((ROOT / "examples" / "models" / "flan-t5-base.json").read_text())
+    training = {"micro_batch": 4, "seq_len": 512, "target_len": 128, "checkpointing": "full"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    for parallel, code in (({"tensor": 2}, "bad-parallel"), ({"data": 2, "pipeline": 2}, "bad-parallel"), ({"data": 4, "zero": 3}, None)):
+        doc = {"memfit": 1, "device": {"memory": "80 GB"}, "precision": "bf16-mixed", "optimizer": "adamw",
+               "model": {"hf_config": "config.json"}, "training": training, "parallel": parallel}
+        path = tmp_path / "run.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)], capture_output=True, text=True, timeout=120, check=False)
+        result = json.loads(done.stdout)["files"][0]
+        codes = [d["code"] for d in result["diagnostics"]]
+        if code is None:
+            assert done.returncode == 0 and codes == [] and result["peak"]["bytes"] > 0, done.stdout
+        else:
+            assert done.returncode == 1 and codes[0] == code, done.stdout
+
+
+QV = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q", "v"]}
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-true", "bf16-mixed"])
+@pytest.mark.parametrize("lora", [None, QV], ids=["full", "lora"])
+def test_sdpa_kernel_choice_with_the_lengths_apart(precision, lora):
+    """SDPA's fused kernel only where its float mask needs no gradient (the self-attentions' when the relative bias
+    is frozen, the cross-attention's zero bias without checkpointing), the math path elsewhere: the saved bytes are
+    autograd's to the byte with the encoder three times the decoder's length and the decoder longer than the
+    encoder (sizes at which taking the wrong kernel for a stack is several percent)."""
+    if lora is not None:
+        needs.module("peft")
+    cfg = hm.without_attention_dropout(hm.tiny("t5"))
+    for b, source, target in ((4, 48, 16), (2, 16, 40)):
+        kw = dict(micro_batch=b, seq_len=source, target_len=target, attention="sdpa", precision=precision, lora=lora)
+        measured = hm.measure(cfg, **kw)["total"]
+        assert ha.total(ha.saved(cfg, **kw)) == measured, (b, source, target)
+
+
+def step_peak(tmp_path, precision: str, checkpointing: str, b: int, source: int, target: int) -> tuple[int, int]:
+    """(memfit check's peak, MemTracker's) for one warm AdamW step of the tiny T5 at these lengths."""
+    import contextlib
+
+    import peak_reference as ref
+    import torch
+
+    cfg = hm.without_attention_dropout(hm.tiny("t5"))
+    training = {"micro_batch": b, "seq_len": source, "target_len": target, "attention": "sdpa",
+                "checkpointing": checkpointing, "optimizer_impl": "foreach"}
+    ours = check_json(tmp_path, cfg, training, precision=precision)["peak"]["bytes"]
+    model = hm.build(cfg, "sdpa")
+    if checkpointing == "full":
+        model.activation_checkpointing_enable()
+    opt = torch.optim.AdamW(model.parameters(), foreach=True)
+    batch = hm.inputs(cfg, b, source, target_len=target)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16-mixed" else contextlib.nullcontext()
+
+    def loss(m, x, y):
+        with autocast:
+            return m(input_ids=x, labels=y).loss
+
+    with hm.cuda_dropout():
+        return ours, ref.measure(model, (batch["input_ids"], batch["labels"]), loss, opt)["bytes"]
+
+
+PEAK_GAPS = {
+    ("32-true", "full", 8, 96, 24): "memfit 9,057,536 B vs MemTracker 8,005,572 (1.131): at an encoder layer's "
+    "attention backward the ledger holds the recomputed layer and the softmax's two (b, H, se, se) gradients; "
+    "MemTracker's moment holds about one score-sized tensor less (not yet diagnosed)",
+    ("bf16-mixed", "none", 4, 24, 96): "memfit 7,975,812 B vs MemTracker 8,462,148 (0.943): the forward's peak in the "
+    "forward (MemTracker's peak phase too); not yet diagnosed",
+}
+STEP_CASES = [(p, ck, *lengths) for p in ("32-true", "bf16-mixed") for ck in ("none", "full")
+              for lengths in ((8, 96, 24), (4, 24, 96))]
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=PEAK_GAPS[c])) if c in PEAK_GAPS
+                                  else c for c in STEP_CASES], ids=lambda c: "-".join(map(str, c)))
+def test_the_step_peak_with_the_lengths_apart_is_memtrackers(tmp_path, case):
+    """memfit check's gated peak against MemTracker around a real warm step, the encoder's and the decoder's lengths
+    apart (each stack's layers walk their own token count; the softmax's backward where scores are materialized)."""
+    precision, checkpointing, b, source, target = case
+    ours, theirs = step_peak(tmp_path, precision, checkpointing, b, source, target)
+    assert abs(ours - theirs) <= 0.05 * theirs, (ours, theirs, ours / theirs)
