@@ -210,7 +210,7 @@ def test_explain_says_when_config_json_has_another_dtype(tmp_path):
 @pytest.mark.parametrize("attention", ["eager", "sdpa", "flash"])
 @pytest.mark.parametrize("checkpointing", ["none", "full"])
 def test_every_family_checks(attention, checkpointing):
-    from test_transformers_params import CONFIGS
+    from transformers_configs import CONFIGS
 
     for model_type, configs in CONFIGS.items():
         for given in configs:

@@ -481,7 +481,7 @@ def test_docs_table_is_generated():
 
 # --- every transformer family memfit models (models/hf.py), on the meta device ---------------
 def _families():
-    from test_transformers_params import CONFIGS, OTHER_ARCHITECTURES
+    from transformers_configs import CONFIGS, OTHER_ARCHITECTURES
 
     from memfit.models import hf, hf_config
 
@@ -494,7 +494,7 @@ def _families():
 
 @pytest.mark.parametrize("model_type,given,arch", list(_families()))
 def test_families_lora_and_quantized_modules(model_type, given, arch):
-    from test_transformers_params import build
+    from transformers_configs import build
     from transformers.quantizers.base import get_keys_to_not_convert
     from transformers.quantizers.quantizers_utils import should_convert_module
 

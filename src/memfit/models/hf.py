@@ -690,7 +690,7 @@ def _typo_notes(raw: dict, where: tuple) -> list:
 
     known = set(BASE_FIELDS)
     for family in FAMILIES.values():
-        known |= set(family.fields) | set(family.attribute_map)
+        known |= set(family.fields) | set(family.attribute_map) | set(family.init_aliases)  # Falcon's n_embed
     out = []
     for key in raw:
         if not isinstance(key, str) or key in known:
