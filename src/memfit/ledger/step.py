@@ -339,9 +339,23 @@ def rank_peak(step: Step, placement, granule: int | None = None, walked: tuple |
     # pipeline stage are saved activations, not transients)
     split = layout.tensor > 1 or layout.pipeline > 1
     all_params = single["live"]["parameters"]
+    # a moment is only a candidate if no moment of its phase with the same gradients (when a rank's gradients follow
+    # them), transients and overhead has more activations: every term of a rank's total grows with each of them, so the
+    # worst moment is among these (a step of thousands of layers has a few hundred of them)
+    kept_at: dict = {}
+    for n, (phase, live_gradients, live_activations, live_transient, overhead) in enumerate(moments):
+        key = (phase, None if persistent else live_gradients, live_transient, overhead)
+        if key not in kept_at or live_activations > moments[kept_at[key]][2]:
+            kept_at[key] = n
+    moments = [moments[n] for n in sorted(kept_at.values())]
     best = None
+    walked_for: set = set()  # ranks holding the same bytes walk alike (a pipeline's middle stages): walked once
     for i, held in enumerate(placement.devices):
         gathered = dict(placement.transients[i])
+        same = (held["parameters"], held["gradients"], held["activations"], held["optimizer_state"], tuple(sorted(gathered.items())))
+        if same in walked_for:
+            continue  # its worst moment equals an earlier rank's, which a tie leaves the best
+        walked_for.add(same)
         # what the rank gathers at a moment of each phase: a unit's parameters in forward, its gradients beside them in backward
         extra = {phase: _gathered(gathered, phase) for phase in PHASES}
         parameters, gradients, activations, state = held["parameters"], held["gradients"], held["activations"], held["optimizer_state"]
