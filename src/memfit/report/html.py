@@ -78,9 +78,9 @@ document.querySelectorAll('section.config').forEach(function(sec){
       s.setAttribute('data-cat',k);s.setAttribute('data-bytes',e.live[k]);s.textContent=words[k]+' '+fmt(e.live[k])+' B   ';body.appendChild(s);});
     tip.appendChild(body);
   }
-  function at(evt){var p=svg.createSVGPoint();p.x=evt.clientX;p.y=evt.clientY;var q=p.matrixTransform(svg.getScreenCTM().inverse());
-    var i=Math.floor((q.x-x0)/(w/n));
-    return i===-1?0:i===n?n-1:i;}  /* the mouse is in whole pixels: a pixel short of either edge is the edge column */
+  function at(evt){var m=svg.getScreenCTM(),p=svg.createSVGPoint();p.x=evt.clientX;p.y=evt.clientY;var q=p.matrixTransform(m.inverse());
+    var px=2/m.a;if(q.x<x0-px||q.x>x0+w+px)return -1;
+    return Math.min(n-1,Math.max(0,Math.floor((q.x-x0)/(w/n))));}  /* the mouse is in whole pixels: up to two short of either edge is the edge column (columns can be far narrower than a pixel) */
   svg.addEventListener('mousemove',function(evt){show(at(evt))});
   svg.addEventListener('keydown',function(evt){var i=+(svg.getAttribute('data-index')||-1);
     if(evt.key==='ArrowRight'){show(Math.min(n-1,i+1));evt.preventDefault()}if(evt.key==='ArrowLeft'){show(Math.max(0,i-1));evt.preventDefault()}});
