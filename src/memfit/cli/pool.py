@@ -46,18 +46,18 @@ def map_checked(paths: list[str], options, jobs: int = 0) -> list:
     from concurrent.futures.process import BrokenProcessPool
     from multiprocessing import get_context
 
-    from memfit.read.schema import precheck
-
-    precheck()  # compiled once here, inherited by every forked worker
-    size = -(-len(paths) // (workers * CHUNKS_PER_JOB))
-    chunks = [paths[i : i + size] for i in range(0, len(paths), size)]
+    # the first file is checked here: the modules a check imports on demand and the schema sections it compiles on
+    # first use are then inherited by every forked worker, not imported and compiled again in each
+    first, rest = safe_check(paths[0], options), paths[1:]
+    size = -(-len(rest) // (workers * CHUNKS_PER_JOB))
+    chunks = [rest[i : i + size] for i in range(0, len(rest), size)]
     # fork: the worker starts with memfit (and the compiled schema) already imported
     context = get_context("fork" if sys.platform == "linux" else None)
     try:
         with ProcessPoolExecutor(workers, mp_context=context) as pool:
-            return [result for chunk in pool.map(_check_chunk, chunks, [options] * len(chunks)) for result in chunk]
+            return [first] + [result for chunk in pool.map(_check_chunk, chunks, [options] * len(chunks)) for result in chunk]
     except BrokenProcessPool:  # a worker died (killed, out of memory): check here instead
-        return [safe_check(path, options) for path in paths]
+        return [first] + [safe_check(path, options) for path in rest]
 
 
 def _check_chunk(paths: list[str], options) -> list:
