@@ -826,23 +826,8 @@ def _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointi
             tensor = make_tensor("parameters", where, label, list(p.shape), count, trains, None, out)
             out.tensors.append(tensor)
             elements += tensor.elements
-        for block in by_block.get(name) or [None]:
-            copies = count if block is None else block.count
-            kept = [] if block is None else block.kept
-            saved_bytes = 0
-            for k in kept:
-                tensor = make_tensor("activations", where, f"{name}: {k.label}", list(k.shape), copies, True, width(k.dtype), out)
-                out.tensors.append(tensor)
-                saved_bytes += tensor.bytes["activations"] // copies
-            rows.append(BlockRow(name, copies, elements, saved_bytes, [(k.label, k.shape, k.dtype) for k in kept]))
-    loss = (by_block.get("loss") or [None])[0]
-    if loss is not None:
-        saved_bytes = 0
-        for k in loss.kept:
-            tensor = make_tensor("activations", where, f"loss: {k.label}", list(k.shape), 1, True, width(k.dtype), out)
-            out.tensors.append(tensor)
-            saved_bytes += tensor.bytes["activations"]
-        rows.append(BlockRow("loss", 1, 0, saved_bytes, [(k.label, k.shape, k.dtype) for k in loss.kept]))
+        rows += saved_rows(out, where, name, by_block.get(name) or [None], count, elements)
+    rows += saved_rows(out, where, "loss", (by_block.get("loss") or [])[:1], 1, 0)
     total = total_of(saved)
     if checkpointing == "full":
         peak = peak_saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing, dtypes=dtypes, **recipe)
@@ -941,3 +926,22 @@ def summary_lines(model: Model, width: int = 80, parameter_dtype: str | None = N
         for label, shape, dtype in row.kept:
             out.append(cut(f"    {shape_text(shape) + ' ' + dtype:<26} {label}", width))
     return out
+
+
+def saved_rows(out, where, name: str, blocks: list, count: int, elements: int) -> list:
+    """The activations a model's block keeps, as config tensors (priced by the recipe through make_tensor), and its
+    BlockRow per saved-block (a None block: the block keeps nothing, `count` copies); models.traced emits the same."""
+    from memfit.config.build import make_tensor
+    from memfit.recipe.costs import width
+
+    rows = []
+    for block in blocks:
+        copies = count if block is None else block.count
+        kept = [] if block is None else block.kept
+        saved_bytes = 0
+        for k in kept:
+            tensor = make_tensor("activations", where, f"{name}: {k.label}", list(k.shape), copies, True, width(k.dtype), out)
+            out.tensors.append(tensor)
+            saved_bytes += tensor.bytes["activations"] // copies
+        rows.append(BlockRow(name, copies, elements, saved_bytes, [(k.label, k.shape, k.dtype) for k in kept]))
+    return rows

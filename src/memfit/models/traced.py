@@ -378,7 +378,7 @@ def derive(data: dict, out, path: str, problems: list) -> list:
 
 def _tensors(traced: Traced, out, where, file, training: dict, data: dict) -> list:
     from memfit.config.build import make_tensor
-    from memfit.models.hf import BlockRow, Model, _recipe_arguments, forced_activations
+    from memfit.models.hf import BlockRow, Model, _recipe_arguments, forced_activations, saved_rows
     from memfit.models.hf_activations import peak_saved, saved as saved_by, total as total_of
     from memfit.recipe.costs import width
 
@@ -422,24 +422,8 @@ def _tensors(traced: Traced, out, where, file, training: dict, data: dict) -> li
             if not adapted:
                 tensor = make_tensor("parameters", where, p.name, list(p.shape), 1, p.name not in traced.frozen, None, out)
                 out.tensors.append(tensor)
-        each = elements // max(count, 1)
-        for block in by_block.get(name) or [None]:
-            copies = count if block is None else block.count
-            kept = [] if block is None else block.kept
-            saved_bytes = 0
-            for k in kept:
-                tensor = make_tensor("activations", where, f"{name}: {k.label}", list(k.shape), copies, True, width(k.dtype), out)
-                out.tensors.append(tensor)
-                saved_bytes += tensor.bytes["activations"] // copies
-            rows.append(BlockRow(name, copies, each, saved_bytes, [(k.label, k.shape, k.dtype) for k in kept]))
-    loss = (by_block.get("loss") or [None])[0]
-    if loss is not None:
-        saved_bytes = 0
-        for k in loss.kept:
-            tensor = make_tensor("activations", where, f"loss: {k.label}", list(k.shape), 1, True, width(k.dtype), out)
-            out.tensors.append(tensor)
-            saved_bytes += tensor.bytes["activations"]
-        rows.append(BlockRow("loss", 1, 0, saved_bytes, [(k.label, k.shape, k.dtype) for k in loss.kept]))
+        rows += saved_rows(out, where, name, by_block.get(name) or [None], count, elements // max(count, 1))
+    rows += saved_rows(out, where, "loss", (by_block.get("loss") or [])[:1], 1, 0)
     total = total_of(saved)
     if checkpointing == "full":
         peak = peak_saved(cfg, **arguments)
