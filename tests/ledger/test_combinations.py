@@ -224,9 +224,6 @@ def _id(run: dict) -> str:
 
 # issue 21's families, as the covering design drew them (open; each number measured on this design)
 DENSE21_GAPS = {
-    "cohere-32-true-none-lora-adamw-foreach": "all-linear LoRA on Cohere: memfit's adapter rows give 16,400 B more "
-    "parameters than peft (146,256 vs 129,856) and 6.6% more activations: recipe/adapters not yet checked for Cohere",
-    "cohere-32-true-none-qlora-fp32-adafactor-for_loop": "QLoRA on Cohere: the same adapter-row gap (gradients 111,488 vs 68,352 B)",
     "gemma2-bf16-true-full-none-sgd-fused": "bf16-true, full checkpointing: the peak is 8.8% low (576,036 vs 631,466 B): "
     "cause not yet diagnosed (likely the sandwich norms' fp32 backward temporaries, which the ledger's flights leave out)",
     "gemma3_text-bf16-true-full-none-sgd-fused": "as gemma2: 8.5% low (566,660 vs 619,018 B)",
@@ -239,14 +236,10 @@ DENSE21_GAPS = {
 MOE21_GAPS = {run: "PhiMoE under QLoRA does not run in transformers (bitsandbytes' Linear4bit router returns no tuple): "
               "nothing to measure; memfit does not refuse it yet"
               for run in ("phimoe-bf16-true-none-qlora-bf16-adamw8bit-foreach", "phimoe-32-true-none-qlora-fp32-adafactor-for_loop")}
-# issue 21, open: Falcon with adapters and Falcon bf16-true under full checkpointing, as the covering design drew them
+# issue 21, open: Falcon bf16-true under full checkpointing, as the covering design drew it
 FALCON21_GAPS = {
-    "falcon-32-true-none-lora-adamw-foreach": "all-linear LoRA on Falcon-7B's layout: saved activations 472,612 B against "
-    "saved_tensors_hooks' 439,844 (+7.4%): the adapter rows of the fused query_key_value not yet checked",
     "falcon-bf16-true-full-none-sgd-fused": "bf16-true, full checkpointing: the peak 377,904 B against MemTracker's 403,256 "
     "(0.937): the math kernel's score temporaries in the recomputation (as the 7B's 32-true 0.954)",
-    "falcon-32-true-none-qlora-fp32-adafactor-for_loop": "QLoRA on Falcon: parameters 109,440 B against 99,904 (the 4-bit "
-    "rows of Falcon's linears), the peak 654,244 against 612,536 (+6.8%)",
 }
 
 
