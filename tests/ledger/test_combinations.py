@@ -222,15 +222,6 @@ def _id(run: dict) -> str:
     return "-".join(str(run[k]) for k in NAMES)
 
 
-# issue 21's families, as the covering design drew them (open; each number measured on this design)
-DENSE21_GAPS = {
-    "gemma2-bf16-true-full-none-sgd-fused": "bf16-true, full checkpointing: the peak is 8.8% low (576,036 vs 631,466 B): "
-    "cause not yet diagnosed (likely the sandwich norms' fp32 backward temporaries, which the ledger's flights leave out)",
-    "gemma3_text-bf16-true-full-none-sgd-fused": "as gemma2: 8.5% low (566,660 vs 619,018 B)",
-    "olmo2-bf16-true-full-none-sgd-fused": "bf16-true, full checkpointing: 5.3% low (518,624 vs 547,560 B), as gemma2 (not yet diagnosed)",
-}
-
-
 # issue 21, open: PhiMoE under QLoRA cannot run: bitsandbytes swaps its router (an nn.Linear subclass returning a tuple)
 # for a Linear4bit and the MoE block's unpacking fails (ValueError: too many values to unpack); memfit does not refuse it yet
 MOE21_GAPS = {run: "PhiMoE under QLoRA does not run in transformers (bitsandbytes' Linear4bit router returns no tuple): "
@@ -248,8 +239,6 @@ def _marked(run: dict):
         return pytest.param(run, id=_id(run), marks=pytest.mark.xfail(strict=True, raises=ValueError, reason=MOE21_GAPS[_id(run)]))
     if _id(run) in FALCON21_GAPS:
         return pytest.param(run, id=_id(run), marks=pytest.mark.xfail(strict=True, reason=FALCON21_GAPS[_id(run)]))
-    if _id(run) in DENSE21_GAPS:
-        return pytest.param(run, id=_id(run), marks=pytest.mark.xfail(strict=True, reason=DENSE21_GAPS[_id(run)]))
     if _id(run) in KNOWN_GAPS:
         return pytest.param(run, id=_id(run), marks=pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[_id(run)]))
     return pytest.param(run, id=_id(run))
