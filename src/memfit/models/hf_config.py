@@ -797,7 +797,17 @@ def _qwen3_moe(out: dict, extra: dict, raw: dict) -> None:
     extra.setdefault("num_local_experts", default)
 
 
-_POST_INIT = {"qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe, "t5": _post_init_t5}
+def _deepseek_v3(out: dict, extra: dict, raw: dict) -> None:
+    """DeepseekV3Config.__post_init__: qk_head_dim = qk_nope_head_dim + qk_rope_head_dim, and head_dim is the rotary
+    part (qk_rope_head_dim: what the rotary embedding reads). Its attribute_map stores num_mtp_layers under
+    num_nextn_predict_layers (the published config.json's key), leaving the declared field unset."""
+    out["qk_head_dim"] = out["qk_nope_head_dim"] + out["qk_rope_head_dim"]
+    out["head_dim"] = out["qk_rope_head_dim"]
+    default = out.pop("num_mtp_layers")
+    extra.setdefault("num_nextn_predict_layers", default)
+
+
+_POST_INIT = {"qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe, "t5": _post_init_t5, "deepseek_v3": _deepseek_v3}
 
 
 def _ignored(family: Family) -> frozenset:
