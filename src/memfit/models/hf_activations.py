@@ -423,7 +423,9 @@ def _mla_attention(fam: Family, n: dict) -> list:
     v_head_dim (every published DeepSeek-V2/V3 config: 192 vs 128) it runs the math kernel, which keeps a scaled copy
     of q and of k, its softmax's result and a contiguous v (measured, torch 2.13). Where they are equal the fused
     kernel keeps q, k, v (a view of kv_b_proj's output), its output and log-sum-exp. o_proj reads a contiguous copy of
-    the merged heads (b, s, H*v_head_dim), or the fused kernel's output as a view."""
+    the merged heads (b, s, H*v_head_dim) with every kernel: query_states is a contiguous (b, H, s, d) cat, and the
+    fused kernel's output follows q's layout, so transpose(1, 2).contiguous() copies it (Llama's q is a transposed
+    view, its output already in (b, s, H, d) order: a view there)."""
     T, S4, V4 = ("T", "h"), ("b", "H", "s", "dqk"), ("b", "H", "s", "dv")
     rows = [r._replace(when=_and("mla_qlora", r.when))
             for r in _linear([("qa", n["qa"], "qr"), ("kva", n["kva"], "kva")], T, "n1")]
@@ -439,18 +441,22 @@ def _mla_attention(fam: Family, n: dict) -> list:
     rows += _linear([("kvb", n["kvb"], "kvb")], ("T", "kvr"), "kvn", low_input=True)
     soft = "probabilities (fp32)"
     rows += [
-        K("q @ k^T", "q (the cat of its no-rope and rotary parts; the math kernel's scaled copy)", S4, "lin", "mla_bmm", ("k",)),
-        K("q @ k^T", "k (every head's no-rope key beside the shared rotary key; the math kernel's scaled copy)", S4, "lin",
-          "mla_bmm", ("q",)),
+        # (torch's math kernel on CPU computes a 16-bit input in fp32: its copies of q, k and v and its softmax are fp32)
+        *[K("q @ k^T", "q (the cat of its no-rope and rotary parts; the math kernel's scaled copy)", S4, role, when, ("k",))
+          for role, when in (("lin", "mla_bmm_own"), ("f32", "mla_math_up"))],
+        *[K("q @ k^T", "k (every head's no-rope key beside the shared rotary key; the math kernel's scaled copy)", S4, role,
+            when, ("q",)) for role, when in (("lin", "mla_bmm_own"), ("f32", "mla_math_up"))],
         K("softmax", soft, ("b", "H", "s", "s"), "f32", "eager_core", ("qk",)),
-        K("softmax (math kernel)", "probabilities", ("b", "H", "s", "s"), "lin", "mla_math", ("qk",)),
+        K("softmax (math kernel)", "probabilities", ("b", "H", "s", "s"), "lin", "mla_math&not_mla_math_up", ("qk",)),
+        K("softmax (math kernel)", "probabilities (fp32)", ("b", "H", "s", "s"), "f32", "mla_math_up", ("qk",)),
         K("attention dropout", "mask", ("b", "H", "s", "s"), "bool", "eager_attn_dropout", ("qk",)),
         K("p @ v", "dropped-out probabilities", ("b", "H", "s", "s"), "low", "eager_attn_dropout", ("v",)),
         K("p @ v", "probabilities, cast to the value dtype", ("b", "H", "s", "s"), "low", "eager_core_no_dropout", ("v",),
           f"softmax: {soft}"),
-        K("p @ v", "v (a contiguous copy of its slice of kv_b_proj's output)", V4, "lin", "mla_v_copy", ("qk",)),
+        K("p @ v", "v (a contiguous copy of its slice of kv_b_proj's output)", V4, "lin", "mla_v_copy&mla_bmm_own", ("qk",)),
+        K("p @ v", "v (the math kernel's fp32 copy)", V4, "f32", "mla_math_up", ("qk",)),
         K("p @ v", "v (a view of kv_b_proj's output: one sequence folds its heads without a copy)", ("b", "s", "kvb"), "lin",
-          "mla_v_view", ("qk",)),
+          "mla_v_view&mla_bmm_own", ("qk",)),
         K("attention", "q", S4, "lin", "mla_fused", ("attn",)),
         K("attention", "k", S4, "lin", "mla_fused", ("attn",)),
         K("attention", "v (a view of kv_b_proj's output)", ("b", "s", "kvb"), "lin", "mla_fused", ("attn",)),
@@ -458,10 +464,7 @@ def _mla_attention(fam: Family, n: dict) -> list:
         K("attention", "log-sum-exp (fp32)", ("b", "H", "s"), "f32", "mla_fused", ("attn",)),
     ]
     o = [("o", n["o"], "h")]
-    rows += [r._replace(when=_and("mla_bmm", r.when)) for r in _linear(o, ("T", "ov"), "attn", low_input=True)]
-    rows += [r._replace(when=_and("mla_fused", r.when))
-             for r in _linear(o, ("T", "ov"), "attn", low_input=True, source="attention: output")]
-    return rows
+    return rows + _linear(o, ("T", "ov"), "attn", low_input=True)
 
 
 def _deepseek_moe(fam: Family, n: dict, act: str) -> list:
@@ -934,13 +937,16 @@ def _mla_conditions(cfg: dict, fam: Family, attention: str, precision: str, micr
     kernel's batched matmuls, or SDPA's fused kernel where q, k and v share one head dim)."""
     if not fam.mla:
         return {"mla_qlora": False, "mla_qplain": False, "mla_bmm": False, "mla_math": False, "mla_fused": False,
-                "mla_v_copy": False, "mla_v_view": False, "lin32": False, "not_lin32": True}
+                "mla_v_copy": False, "mla_v_view": False, "mla_bmm_own": False, "mla_math_up": False,
+                "not_mla_math_up": True, "lin32": False, "not_lin32": True}
     same = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"] == cfg["v_head_dim"]
     bmm = attention == "eager" or (attention == "sdpa" and not same)
     lin32 = precision == "32-true"
     return {"mla_qlora": cfg.get("q_lora_rank") is not None, "mla_qplain": cfg.get("q_lora_rank") is None,
             "mla_bmm": bmm, "mla_math": bmm and attention != "eager", "mla_fused": not bmm, "lin32": lin32,
             "mla_v_copy": bmm and micro_batch > 1, "mla_v_view": bmm and micro_batch == 1,
+            "mla_bmm_own": attention == "eager" or (bmm and lin32), "mla_math_up": bmm and attention != "eager" and not lin32,
+            "not_mla_math_up": not (bmm and attention != "eager" and not lin32),
             "not_lin32": not lin32}
 
 

@@ -48,6 +48,8 @@ POSITIVE = frozenset(
         # encoder-decoder families' own spellings (T5)
         "d_model", "d_kv", "d_ff", "num_layers", "num_decoder_layers", "num_heads", "relative_attention_num_buckets",
         "relative_attention_max_distance",
+        # DeepSeek-V3's latent attention and experts
+        "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim", "n_group", "topk_group", "n_shared_experts",
     }
 )
 NON_NEGATIVE = frozenset({"chunk_size_feed_forward", "max_window_layers", "num_experts"})
