@@ -527,6 +527,10 @@ def summary(cfg: dict) -> str:
     heads = cfg["n_head"] if fam.model_type == "gpt2" else cfg["num_attention_heads"]
     kv = falcon_kv_heads(cfg) if fam.block == "falcon" else cfg.get("num_key_value_heads")
     attention = f"{heads} heads" + (f" ({kv} key/value)" if kv is not None and kv != heads else "") + f" of {head_dim(cfg)}"
+    if fam.block == "deepseek_v3":   # latent attention: the heads' widths and the latents
+        q = f"q_lora_rank {cfg['q_lora_rank']}, " if cfg.get("q_lora_rank") is not None else ""
+        attention = (f"{heads} latent-attention heads (q/k {cfg['qk_nope_head_dim'] + cfg['qk_rope_head_dim']}, "
+                     f"v {cfg['v_head_dim']}; {q}kv_lora_rank {cfg['kv_lora_rank']})")
     text = f"{architecture(cfg)}: {parameter_count(cfg):,} parameters; {num_layers(cfg)} layers, hidden {_hidden(cfg, fam)}, {attention}"
     if fam.model_type in EXPERTS_KEY:
         text += f", {cfg[EXPERTS_KEY[fam.model_type]]} experts ({cfg['num_experts_per_tok']} per token)"
@@ -852,6 +856,11 @@ def _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointi
         else:  # layers that differ alternate: one row per kind and what it keeps
             runs[same] = runs[same]._replace(count=runs[same].count + b.count)
     covers = block_layers(cfg)
+    if checkpointing == "full" and len(covers) > 1 and len(by_block.get("layer") or ()) == 1:
+        # layers that differ (dense and sparse) keep one boundary each under full checkpointing: each kind's block
+        # counts its own layers, as its parameters do (explain's parameter total reads count x params)
+        boundary = by_block["layer"][0]
+        by_block.update({name: [boundary._replace(name=name, count=len(layers))] for name, layers in covers.items()})
     for name, count, params in blocks(cfg):
         elements = 0
         for p in params:
