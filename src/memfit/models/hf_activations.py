@@ -494,7 +494,14 @@ def _deepseek_moe(fam: Family, n: dict, act: str) -> list:
         K("routing weights / sum", "sum", ("T", 1), "low", "topk_norm&mixed", ("r",)),
         K("routing weights / sum", "weights", ("T", "k"), "low", "topk_norm&mixed", ("r",)),
     ]
-    experts = [r for r in _experts(fam) if not r.op.startswith(("router", "routing weights"))]
+    experts = []
+    for r in _experts(fam):
+        if r.op.startswith(("router", "routing weights")):
+            continue
+        if r.what.startswith("routing weight column"):   # the router's dtype: fp32, or autocast's low dtype
+            experts += [r._replace(when="not_mixed"), r._replace(what="routing weight column", role="low", when="mixed")]
+        else:
+            experts.append(r)
     return router + experts + shared
 
 
