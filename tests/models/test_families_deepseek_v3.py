@@ -226,3 +226,12 @@ def test_all_linear_lora_is_refused_as_peft_retargets_the_experts(tmp_path):
                          capture_output=True, text=True, timeout=120, check=False)
     [problem] = json.loads(out.stdout)["files"][0]["diagnostics"]
     assert problem["code"] == "bad-lora" and "retargets" in problem["message"]
+
+
+def test_the_docs_print_the_layer_table_as_the_rules_make_it():
+    """docs/transformer-activations.md's deepseek_v3 table (tests/models/test_transformers_activations.py checks the
+    families of hf_measure.FAMILIES; this one is kept out of it)."""
+    doc = (ROOT / "docs" / "transformer-activations.md").read_text(encoding="utf-8")
+    assert f"#### deepseek_v3\n\n{ha.markdown_table(hm.tiny('deepseek_v3'))}\n" in doc, "deepseek_v3: regenerate the table"
+    text = (ROOT / "docs" / "transformers.md").read_text(encoding="utf-8")
+    assert f"{DEEPSEEK_V3_PARAMETERS:,}" in text and "multi-token-prediction" in text
