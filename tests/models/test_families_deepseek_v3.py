@@ -235,3 +235,19 @@ def test_the_docs_print_the_layer_table_as_the_rules_make_it():
     assert f"#### deepseek_v3\n\n{ha.markdown_table(hm.tiny('deepseek_v3'))}\n" in doc, "deepseek_v3: regenerate the table"
     text = (ROOT / "docs" / "transformers.md").read_text(encoding="utf-8")
     assert f"{DEEPSEEK_V3_PARAMETERS:,}" in text and "multi-token-prediction" in text
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_the_step_peak_matches_memtracker(checkpointing, tmp_path):
+    """The whole step (parameters, AdamW state, gradients, the saved tensors, the backward's transients) through the
+    CLI against PyTorch's MemTracker around a real warm step (tests/support/peak_reference.py)."""
+    import peak_reference as ref
+
+    cfg = hm.tiny("deepseek_v3", num_hidden_layers=3)
+    theirs = ref.measure_hf(cfg, micro_batch=2, seq_len=64, optimizer="adamw", impl="foreach", checkpointing=checkpointing)
+    ours = run_check(tmp_path, cfg, micro_batch=2, seq_len=64, checkpointing=checkpointing, attention="sdpa",
+                     optimizer_impl="foreach")["peak"]
+    assert ours["phase"] == theirs["phase"]
+    assert abs(ours["bytes"] - theirs["bytes"]) <= 0.05 * theirs["bytes"], (ours["bytes"], theirs["bytes"])
+    assert ours["live"]["parameters"] == theirs["parameters"]
