@@ -21,7 +21,7 @@ SP_SPLIT_DIMS = frozenset({"s", "T", "Tl"})
 
 def _rank_sizes(sizes: dict, tensor: int, sequence_parallel: bool, micro_batch: int) -> tuple:
     split = dict(sizes)
-    for dim in TP_SPLIT_DIMS:
+    for dim in TP_SPLIT_DIMS & set(sizes):   # (a family's own dims: DeepSeek-V3's)
         split[dim] = -(-sizes[dim] // tensor)
     if tensor > 1:  # the logits of a vocabulary-parallel output layer: the padded vocabulary / t
         split["V"] = padded_vocab(sizes["V"], tensor) // tensor
