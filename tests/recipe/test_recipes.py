@@ -509,7 +509,10 @@ def test_families_lora_and_quantized_modules(model_type, given, arch):
     theirs = [n for n, *_ in linears if should_convert_module(n, get_keys_to_not_convert(model))]
     assert quant.quantized_modules(linears, output_head=head, params=params, tied=tied) == theirs
     # LoRA: the whole named_parameters() list
-    cases = [{"r": 4, "target_modules": ["q_proj", "v_proj"]}] if model_type in lora.MOE_RETARGETED or model_type in lora.PEFT_FAILS else [{"r": 4, "target_modules": "all-linear"}]
+    # (the attention's projections by name where peft retargets the experts or cannot wrap the router; DeepSeek-V3's
+    # latent attention names its own, q_proj only when q_lora_rank is null)
+    named = {"deepseek_v3": ["q_a_proj", "q_proj", "kv_b_proj", "o_proj"]}.get(model_type, ["q_proj", "v_proj"])
+    cases = [{"r": 4, "target_modules": named}] if model_type in lora.MOE_RETARGETED or model_type in lora.PEFT_FAILS else [{"r": 4, "target_modules": "all-linear"}]
     cases.append({"r": 3})  # peft's per-family default targets
     for cfg_lora in cases:
         with warnings.catch_warnings():

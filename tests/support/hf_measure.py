@@ -62,6 +62,14 @@ TINY = {
 }
 SEQ2SEQ = ("t5",)  # built with AutoModelForSeq2SeqLM
 FAMILIES = tuple(TINY)
+# DeepSeek-V3 (issue 21): measured in tests/models/test_families_deepseek_v3.py and kept out of FAMILIES, the list the
+# covering design of tests/ledger/test_combinations.py draws its models from (and the shared activation cross-checks
+# iterate). Latent attention with q and k (16 + 8) wider than v (12), one dense layer then the MoE layer: 8 routed
+# experts in 2 groups (1 chosen), 2 per token, 1 shared expert.
+TINY["deepseek_v3"] = {**_BASE, "num_key_value_heads": 4, "q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 16,
+                       "qk_rope_head_dim": 8, "v_head_dim": 12, "moe_intermediate_size": 24, "n_routed_experts": 8,
+                       "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "n_shared_experts": 1,
+                       "first_k_dense_replace": 1}
 VOCAB = 128
 
 

@@ -79,6 +79,18 @@ CONFIGS = {
         {**TINY, "num_key_value_heads": 4, "num_local_experts": 3, "num_experts_per_tok": 2, "attention_bias": True, "lm_head_bias": True,
          "tie_word_embeddings": True},
     ],
+    # DeepSeek-V3: latent attention through q_lora_rank (or a plain q_proj), a dense first layer then MoE layers (the
+    # router's e_score_correction_bias is a buffer), biases with attention_bias, two shared experts, every layer dense
+    "deepseek_v3": [
+        {**TINY, "num_key_value_heads": 4, "q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 12,
+         "moe_intermediate_size": 24, "n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1,
+         "first_k_dense_replace": 1},
+        {**TINY, "num_key_value_heads": 4, "num_hidden_layers": 3, "q_lora_rank": None, "kv_lora_rank": 12, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
+         "v_head_dim": 16, "moe_intermediate_size": 20, "n_routed_experts": 6, "num_experts_per_tok": 3, "n_group": 3,
+         "topk_group": 2, "n_shared_experts": 2, "first_k_dense_replace": 2, "attention_bias": True, "tie_word_embeddings": True},
+        {**TINY, "num_key_value_heads": 4, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 16,
+         "first_k_dense_replace": 2},
+    ],
     # Falcon's switches: 7B (multi_query, parallel, one norm), 40B/180B (new_decoder_architecture: num_kv_heads, ln_attn
     # and ln_mlp), RW (alibi, biases, every head its own k and v, sequential), new_decoder with one norm (Falcon 2),
     # n_embed spelling, no tie
@@ -108,6 +120,7 @@ OTHER_ARCHITECTURES = {  # one more head per family where it is cheap
     "qwen2_moe": "Qwen2MoeForSequenceClassification",
     "phimoe": "PhimoeForSequenceClassification",
     "falcon": "FalconForSequenceClassification",
+    "deepseek_v3": "DeepseekV3ForSequenceClassification",
 }
 
 

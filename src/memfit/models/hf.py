@@ -128,6 +128,8 @@ def _layer(cfg: dict, fam: Family) -> list[Module]:
         return _moe_layer(cfg, fam, "moe")
     if block == "phimoe":
         return _phimoe_layer(cfg, fam)
+    if block == "deepseek_v3":
+        return _deepseek_layer(cfg, fam, "moe")
     heads, kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
     inner = cfg["intermediate_size"]
     qkv_bias, o_bias = _flag(cfg, fam.qkv_bias), _flag(cfg, fam.o_bias)
@@ -244,6 +246,42 @@ def _moe_layer(cfg: dict, fam: Family, kind: str) -> list[Module]:
     return attention + mlp + norms
 
 
+def _deepseek_layer(cfg: dict, fam: Family, kind: str) -> list[Module]:
+    """DeepseekV3DecoderLayer: multi-head latent attention (q_a_proj, q_a_layernorm, q_b_proj, or q_proj when
+    q_lora_rank is null; kv_a_proj_with_mqa to kv_lora_rank + qk_rope_head_dim, kv_a_layernorm, kv_b_proj to every
+    head's no-rope key and value; o_proj), then a dense MLP (layers below first_k_dense_replace) or the MoE block
+    (experts as two stacked tensors, the router `gate` whose e_score_correction_bias is a buffer, the shared experts
+    as one gated MLP n_shared_experts * moe_intermediate_size wide), two RMSNorms."""
+    h = _hidden(cfg, fam)
+    heads, bias = cfg["num_attention_heads"], _flag(cfg, fam.qkv_bias)
+    nope, rope, dv, kvr = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
+    dqk, qr = nope + rope, cfg.get("q_lora_rank")
+    if qr is None:
+        attention = [Module("self_attn.q_proj", "linear", (h, heads * dqk, False))]
+    else:
+        attention = [Module("self_attn.q_a_proj", "linear", (h, qr, bias)), Module("self_attn.q_a_layernorm", "rmsnorm", (qr,)),
+                     Module("self_attn.q_b_proj", "linear", (qr, heads * dqk, False))]
+    attention += [
+        Module("self_attn.kv_a_proj_with_mqa", "linear", (h, kvr + rope, bias)),
+        Module("self_attn.kv_a_layernorm", "rmsnorm", (kvr,)),
+        Module("self_attn.kv_b_proj", "linear", (kvr, heads * (nope + dv), False)),
+        Module("self_attn.o_proj", "linear", (heads * dv, h, _flag(cfg, fam.o_bias))),
+    ]
+    if kind == "dense":
+        inner, prefix = cfg["intermediate_size"], "mlp."
+        mlp = []
+    else:
+        experts, ie = cfg["n_routed_experts"], cfg["moe_intermediate_size"]
+        inner, prefix = ie * cfg["n_shared_experts"], "mlp.shared_experts."
+        mlp = [Module("mlp.experts.gate_up_proj", "param", (experts, 2 * ie, h)),
+               Module("mlp.experts.down_proj", "param", (experts, h, ie)),
+               Module("mlp.gate.weight", "param", (experts, h))]
+    mlp += [Module(prefix + "gate_proj", "linear", (h, inner, False)), Module(prefix + "up_proj", "linear", (h, inner, False)),
+            Module(prefix + "down_proj", "linear", (inner, h, False))]
+    norms = [Module("input_layernorm", "rmsnorm", (h,)), Module("post_attention_layernorm", "rmsnorm", (h,))]
+    return attention + mlp + norms
+
+
 def _phimoe_layer(cfg: dict, fam: Family) -> list[Module]:
     """PhiMoE's decoder layer: biased attention (attention_bias), the router as an nn.Linear (`mlp.router`, no
     bias), the experts as two stacked tensors, two LayerNorms (weight and bias)."""
@@ -268,6 +306,8 @@ def _templates(cfg: dict) -> dict:
     """Layer kind -> that kind's modules (one entry, "", where every layer is alike)."""
     fam = family(cfg)
     kinds = layer_kinds(cfg)
+    if fam.block == "deepseek_v3":
+        return {kind: _deepseek_layer(cfg, fam, kind) for kind in dict.fromkeys(kinds)}
     if fam.block not in MOE_LAYERS:
         return {"": _layer(cfg, fam)}
     return {kind: _moe_layer(cfg, fam, kind) for kind in dict.fromkeys(kinds)}
@@ -487,11 +527,17 @@ def summary(cfg: dict) -> str:
     heads = cfg["n_head"] if fam.model_type == "gpt2" else cfg["num_attention_heads"]
     kv = falcon_kv_heads(cfg) if fam.block == "falcon" else cfg.get("num_key_value_heads")
     attention = f"{heads} heads" + (f" ({kv} key/value)" if kv is not None and kv != heads else "") + f" of {head_dim(cfg)}"
+    if fam.block == "deepseek_v3":   # latent attention: the heads' widths and the latents
+        q = f"q_lora_rank {cfg['q_lora_rank']}, " if cfg.get("q_lora_rank") is not None else ""
+        attention = (f"{heads} latent-attention heads (q/k {cfg['qk_nope_head_dim'] + cfg['qk_rope_head_dim']}, "
+                     f"v {cfg['v_head_dim']}; {q}kv_lora_rank {cfg['kv_lora_rank']})")
     text = f"{architecture(cfg)}: {parameter_count(cfg):,} parameters; {num_layers(cfg)} layers, hidden {_hidden(cfg, fam)}, {attention}"
     if fam.model_type in EXPERTS_KEY:
         text += f", {cfg[EXPERTS_KEY[fam.model_type]]} experts ({cfg['num_experts_per_tok']} per token)"
         if fam.block == "qwen2_moe":
             text += " and a shared expert"
+        elif fam.block == "deepseek_v3" and cfg["n_shared_experts"]:
+            text += f" and {cfg['n_shared_experts']} shared"
         dense = layer_kinds(cfg).count("dense")
         if dense:
             text += f"; {dense} dense layers"
@@ -810,6 +856,11 @@ def _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointi
         else:  # layers that differ alternate: one row per kind and what it keeps
             runs[same] = runs[same]._replace(count=runs[same].count + b.count)
     covers = block_layers(cfg)
+    if checkpointing == "full" and len(covers) > 1 and len(by_block.get("layer") or ()) == 1:
+        # layers that differ (dense and sparse) keep one boundary each under full checkpointing: each kind's block
+        # counts its own layers, as its parameters do (explain's parameter total reads count x params)
+        boundary = by_block["layer"][0]
+        by_block.update({name: [boundary._replace(name=name, count=len(layers))] for name, layers in covers.items()})
     for name, count, params in blocks(cfg):
         elements = 0
         for p in params:

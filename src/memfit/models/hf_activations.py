@@ -139,7 +139,8 @@ ROLE = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "qkv": "qkv_proj", "o": "o_
         "up": "up_proj", "gate_up": "gate_up_proj", "down": "down_proj", "fc_in": "fc_in", "fc_out": "fc_out",
         "lm_head": "lm_head", "transform": "transform", "norm1": "input_layernorm", "norm2": "post_attention_layernorm",
         "final": "final norm", "sgate": "shared_expert.gate_proj", "sup": "shared_expert.up_proj",
-        "sdown": "shared_expert.down_proj", "sg": "shared_expert_gate", "router": "router"}
+        "sdown": "shared_expert.down_proj", "sg": "shared_expert_gate", "router": "router",
+        "qa": "q_a_proj", "qb": "q_b_proj", "kva": "kv_a_proj_with_mqa", "kvb": "kv_b_proj"}
 
 
 def _op(role: str, module: str) -> str:
@@ -210,6 +211,7 @@ class Family(NamedTuple):
     routing_dtype: str = "f32"  # the role of the routing weights the experts multiply by (Qwen-MoE: cast to the logits')
     llava: bool = False   # LLaVA: a Llama text model; the CLIP vision tower and the projector kept with the embeddings
     falcon: bool = False   # Falcon: its own attention (_falcon_attention) and three layer layouts (models/falcon.py)
+    mla: bool = False   # DeepSeek-V3: multi-head latent attention (_mla_attention)
 
 
 LLAMA_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
@@ -309,7 +311,17 @@ FAMILIES.update({
 # Gumbel sampling, PhimoeMultiplier), then the grouped experts; peft 0.21 maps no fused experts for phimoe
 FAMILIES["phimoe"] = LLAMA._replace(norm="layer", mlp="moe_phi", names={**LLAMA_NAMES, "router": "mlp.router"},
                                     lora_default=(), routing_dtype="lin", lora_experts=False)
-MOE = ("moe", "moe_shared", "moe_phi")
+# DeepSeek-V3 (modeling_deepseek_v3.py): multi-head latent attention (_mla_attention), Llama's dense MLP in the first
+# first_k_dense_replace layers, then a sigmoid router with group-limited top-k over n_routed_experts grouped experts
+# (the routing weights stay fp32: the router computes in fp32) beside the shared experts (one gated MLP over every
+# token); peft 0.21 has no default targets for deepseek_v3 and converts its MoE targets as qwen2_moe's (recipe/lora.py)
+DEEPSEEK_NAMES = {"q": "self_attn.q_proj", "qa": "self_attn.q_a_proj", "qb": "self_attn.q_b_proj",
+                  "kva": "self_attn.kv_a_proj_with_mqa", "kvb": "self_attn.kv_b_proj", "o": "self_attn.o_proj",
+                  "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj",
+                  "sgate": "mlp.shared_experts.gate_proj", "sup": "mlp.shared_experts.up_proj",
+                  "sdown": "mlp.shared_experts.down_proj", "router": "mlp.gate", "lm_head": "lm_head"}
+FAMILIES["deepseek_v3"] = LLAMA._replace(mlp="moe_deepseek", names=DEEPSEEK_NAMES, mla=True, lora_default=())
+MOE = ("moe", "moe_shared", "moe_phi", "moe_deepseek")
 SUPPORTED = tuple(FAMILIES)
 DEFAULT_ACT = {"gpt2": "gelu_new", "bert": "gelu", "gpt_neox": "gelu", "gemma": "gelu_pytorch_tanh",
                "gemma2": "gelu_pytorch_tanh", "gemma3_text": "gelu_pytorch_tanh", "falcon": "gelu"}
@@ -394,8 +406,109 @@ def _falcon_rows(fam: Family, n: dict, act: str, layout) -> list:
             + mlp)
 
 
+def _mla_attention(fam: Family, n: dict) -> list:
+    """DeepseekV3Attention.forward (modeling_deepseek_v3.py), multi-head latent attention.
+
+    q: q_b_proj(q_a_layernorm(q_a_proj(x))) (or q_proj(x) when q_lora_rank is null), viewed per head and split into
+    its no-rope and rotary parts (views). kv_a_proj_with_mqa(x) gives the kv_lora_rank latent and the shared rotary key
+    (slices): kv_a_layernorm upcasts the latent to fp32, which in fp32 is the slice itself, so its pow and mul keep the
+    whole kv_a_proj_with_mqa output; from 16 bits a (b, s, kv_lora_rank) fp32 copy. The rotary (interleaved or not)
+    keeps only cos and sin (with the embeddings), each (1, s, qk_rope_head_dim). The cache, when built, copies the
+    latent and the rotary key (kv_b_proj then keeps the cache's copy of the latent: the same size). query_states is a
+    cat (b, H, s, qk_head_dim); expand_kv runs kv_b_proj, splits every head's no-rope key and value (views) and copies
+    the key and the broadcast rotary key into a new (b, H, s, qk_head_dim) key. No padding of v: transformers 5.24
+    pads nothing (DeepSeek-V2's remote code padded v for flash-attn).
+    Eager: q @ k^T keeps q and k, the fp32 softmax its result, p @ v the probabilities and a contiguous copy of v (a
+    strided slice; with one sequence matmul folds the heads without a copy and keeps kv_b_proj's whole output). SDPA: torch's CPU flash kernel needs one head dim for q, k and v; where qk_head_dim differs from
+    v_head_dim (every published DeepSeek-V2/V3 config: 192 vs 128) it runs the math kernel, which keeps a scaled copy
+    of q and of k, its softmax's result and a contiguous v (measured, torch 2.13). Where they are equal the fused
+    kernel keeps q, k, v (a view of kv_b_proj's output), its output and log-sum-exp. o_proj reads a contiguous copy of
+    the merged heads (b, s, H*v_head_dim) with every kernel: query_states is a contiguous (b, H, s, d) cat, and the
+    fused kernel's output follows q's layout, so transpose(1, 2).contiguous() copies it (Llama's q is a transposed
+    view, its output already in (b, s, H, d) order: a view there)."""
+    T, S4, V4 = ("T", "h"), ("b", "H", "s", "dqk"), ("b", "H", "s", "dv")
+    rows = [r._replace(when=_and("mla_qlora", r.when))
+            for r in _linear([("qa", n["qa"], "qr"), ("kva", n["kva"], "kva")], T, "n1")]
+    rows += [r._replace(when=_and("mla_qplain", r.when))
+             for r in _linear([("q", n["q"], "qb"), ("kva", n["kva"], "kva")], T, "n1")]
+    rows += [r._replace(when=_and("mla_qlora", r.when)) for r in _norm("rms", "q_a_layernorm", ("b", "s", "qr"), "qa_out", "lin")]
+    rows += [r._replace(when=_and("mla_qlora", r.when))
+             for r in _linear([("qb", n["qb"], "qb")], ("T", "qr"), "qan", low_input=True)]
+    kv_norm = _norm("rms", "kv_a_layernorm", ("b", "s", "kvr"), "kv_out", "lin")
+    rows += [K("kv_a_layernorm", "input (a slice of kv_a_proj_with_mqa's output, which it keeps whole)", ("b", "s", "kva"), "f32",
+               "lin32", ("kv_out",)),
+             kv_norm[0]._replace(when="not_lin32"), *kv_norm[1:]]
+    rows += _linear([("kvb", n["kvb"], "kvb")], ("T", "kvr"), "kvn", low_input=True)
+    soft = "probabilities (fp32)"
+    rows += [
+        # (torch's math kernel on CPU computes a 16-bit input in fp32: its copies of q, k and v and its softmax are fp32)
+        *[K("q @ k^T", "q (the cat of its no-rope and rotary parts; the math kernel's scaled copy)", S4, role, when, ("k",))
+          for role, when in (("lin", "mla_bmm_own"), ("f32", "mla_math_up"))],
+        *[K("q @ k^T", "k (every head's no-rope key beside the shared rotary key; the math kernel's scaled copy)", S4, role,
+            when, ("q",)) for role, when in (("lin", "mla_bmm_own"), ("f32", "mla_math_up"))],
+        K("softmax", soft, ("b", "H", "s", "s"), "f32", "eager_core", ("qk",)),
+        K("softmax (math kernel)", "probabilities", ("b", "H", "s", "s"), "lin", "mla_math&not_mla_math_up", ("qk",)),
+        K("softmax (math kernel)", "probabilities (fp32)", ("b", "H", "s", "s"), "f32", "mla_math_up", ("qk",)),
+        K("attention dropout", "mask", ("b", "H", "s", "s"), "bool", "eager_attn_dropout", ("qk",)),
+        K("p @ v", "dropped-out probabilities", ("b", "H", "s", "s"), "low", "eager_attn_dropout", ("v",)),
+        K("p @ v", "probabilities, cast to the value dtype", ("b", "H", "s", "s"), "low", "eager_core_no_dropout", ("v",),
+          f"softmax: {soft}"),
+        K("p @ v", "v (a contiguous copy of its slice of kv_b_proj's output)", V4, "lin", "mla_v_copy&mla_bmm_own", ("qk",)),
+        K("p @ v", "v (the math kernel's fp32 copy)", V4, "f32", "mla_math_up", ("qk",)),
+        K("p @ v", "v (a view of kv_b_proj's output: one sequence folds its heads without a copy)", ("b", "s", "kvb"), "lin",
+          "mla_v_view&mla_bmm_own", ("qk",)),
+        K("attention", "q", S4, "lin", "mla_fused", ("attn",)),
+        K("attention", "k", S4, "lin", "mla_fused", ("attn",)),
+        K("attention", "v (a view of kv_b_proj's output)", ("b", "s", "kvb"), "lin", "mla_fused", ("attn",)),
+        K("attention", "output", V4, "lin", "mla_fused", ("attn",)),
+        K("attention", "log-sum-exp (fp32)", ("b", "H", "s"), "f32", "mla_fused", ("attn",)),
+    ]
+    o = [("o", n["o"], "h")]
+    return rows + _linear(o, ("T", "ov"), "attn", low_input=True)
+
+
+def _deepseek_moe(fam: Family, n: dict, act: str) -> list:
+    """DeepseekV3MoE.forward: the router (DeepseekV3TopkRouter: F.linear of the fp32 input and weight, sigmoid, the
+    bias-corrected scores' group-limited top-k, the chosen scores gathered, renormalized with norm_topk_prob, times
+    routed_scaling_factor: a Python number, nothing kept), the grouped experts (Mixtral's rows), then the shared
+    experts (a gated MLP over every token) added. The group selection (topk over groups, masked_fill, topk) is
+    indices and a mask that reach no loss: their graph is freed with the router's forward (never in the peak)."""
+    T, X = ("T", "h"), ("b", "s", "h")
+    shared = _linear([("sgate", n["sgate"], "is"), ("sup", n["sup"], "is")], T, "n2")
+    shared += _activation(act, "act_fn(gate) (shared experts)", ("b", "s", "is"), "sh") + [
+        K("act * up", "act_fn(gate) (shared experts)", ("b", "s", "is"), "lin", None, ("sh",)),
+        K("act * up", "up (shared experts)", ("b", "s", "is"), "lin", None, ("sh",)),
+    ] + _linear([("sdown", n["sdown"], "h")], ("T", "is"), "sh", low_input=True)
+    router = [
+        K("router", "input, as fp32 (hidden_states.type(float32): a copy of a 16-bit input)", T, "f32", "not_mixed",
+          ("W:router",), shared[0].label),
+        K("router", "input, cast to the low dtype by autocast", T, "low", "mixed", ("W:router",)),
+        K("router", "weight, as fp32 (a copy of a 16-bit weight)", ("E", "h"), "f32", "true16", ("n2",)),
+        K("router", "weight, cast to the low dtype by autocast", ("E", "h"), "low", "mixed", ("n2",)),
+        K("router (LoRA)", "weight + scaling * B @ A (the effective weight)", ("E", "h"), "act", "lora", ("L:router",)),
+        K("router sigmoid", "scores (fp32)", ("T", "E"), "f32", "not_mixed", ("r",)),
+        K("router sigmoid", "scores", ("T", "E"), "low", "mixed", ("r",)),
+        K("scores.gather", "top-k indices", ("T", "k"), "i64", None, ("r",)),
+        K("routing weights / sum", "sum (fp32)", ("T", 1), "f32", "topk_norm&not_mixed", ("r",)),
+        K("routing weights / sum", "weights (fp32)", ("T", "k"), "f32", "topk_norm&not_mixed", ("r",)),
+        K("routing weights / sum", "sum", ("T", 1), "low", "topk_norm&mixed", ("r",)),
+        K("routing weights / sum", "weights", ("T", "k"), "low", "topk_norm&mixed", ("r",)),
+    ]
+    experts = []
+    for r in _experts(fam):
+        if r.op.startswith(("router", "routing weights")):
+            continue
+        if r.what.startswith("routing weight column"):   # the router's dtype: fp32, or autocast's low dtype
+            experts += [r._replace(when="not_mixed"), r._replace(what="routing weight column", role="low", when="mixed")]
+        else:
+            experts.append(r)
+    return router + experts + shared
+
+
 def _attention(fam: Family, n: dict) -> list:
     """Projections, attention (every kernel: `_conditions` picks the rows that apply), output projection."""
+    if fam.mla:
+        return _mla_attention(fam, n)
     T = ("T", "h")
     if fam.qkv == "separate":
         rows = _linear([("q", n["q"], "q"), ("k", n["k"], "kv"), ("v", n["v"], "kv")], T, "n1")
@@ -490,6 +603,8 @@ def _mlp(fam: Family, n: dict, act: str) -> list:
         return rows + [r._replace(source=rows[0].label) if r.label == "router: input" else r for r in _experts(fam)]
     if fam.mlp == "moe_phi":
         return _sparsemixer(n) + [r for r in _experts(fam) if not r.op.startswith(("router", "routing weights"))]
+    if fam.mlp == "moe_deepseek":
+        return _deepseek_moe(fam, n, act)
     return _experts(fam)
 
 
@@ -562,6 +677,9 @@ def layer_kinds(cfg: dict) -> list:
 
     mt = cfg["model_type"]
     n = _layers(cfg)
+    if mt == "deepseek_v3":   # DeepseekV3DecoderLayer: a dense MLP below first_k_dense_replace
+        first = cfg.get("first_k_dense_replace") or 0
+        return ["dense" if i < first else "moe" for i in range(n)]
     if mt not in ("qwen2_moe", "qwen3_moe"):
         return [""] * n
     experts, step, dense = cfg[EXPERTS_KEY[mt]], cfg["decoder_sparse_step"], set(cfg.get("mlp_only_layers") or ())
@@ -733,7 +851,18 @@ def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int = 0, attention: 
             "q": heads * d, "kv": kv_heads * d, "qkv": heads * d + 2 * kv_heads * d, "rot": rotary,
             "V": cfg["vocab_size"], "T": tokens, "Tl": tokens if micro_batch > 1 or FAMILIES[mt].llava else seq_len + 1,
             "E": experts, "k": k, "S": routed_rows(tokens, k, experts, moe), "R": rank, "R2": 2 * rank,
-            "ie": expert_inter, "ie2": 2 * expert_inter, "is": cfg.get("shared_expert_intermediate_size") or 0}
+            "ie": expert_inter, "ie2": 2 * expert_inter, "is": cfg.get("shared_expert_intermediate_size") or 0,
+            **(_mla_sizes(cfg) if FAMILIES[mt].mla else {})}
+
+
+def _mla_sizes(cfg: dict) -> dict:
+    """DeepSeek-V3's latent-attention widths (and its shared experts': n_shared_experts * moe_intermediate_size). The
+    ledger's q and kv (the attention's gradients in flight) become the query/key and value widths of every head."""
+    H, nope, rope, dv = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    kvr, qr = cfg["kv_lora_rank"], cfg.get("q_lora_rank") or 0
+    return {"qr": qr, "kvr": kvr, "kva": kvr + rope, "dqk": nope + rope, "dv": dv, "qb": H * (nope + rope),
+            "kvb": H * (nope + dv), "ov": H * dv, "q": H * (nope + rope), "kv": H * dv,
+            "is": cfg["moe_intermediate_size"] * cfg["n_shared_experts"]}
 
 
 def _drop(cfg: dict, fam: Family, which: str) -> bool:
@@ -806,8 +935,27 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
         "lora_plain": bool(lora) and not lora_dropout and not mixed,
         "lora_plain_mixed": bool(lora) and not lora_dropout and mixed,
         "topk_norm": bool(cfg.get("norm_topk_prob", True)),
-        "input_jitter": (cfg.get("input_jitter_noise") or 0) > 0,   # PhiMoE   # Mixtral always renormalizes; Qwen-MoE when asked
+        "input_jitter": (cfg.get("input_jitter_noise") or 0) > 0,   # PhiMoE
+        **_mla_conditions(cfg, fam, attention, precision, micro_batch),   # Mixtral always renormalizes; Qwen-MoE when asked
     })
+
+
+def _mla_conditions(cfg: dict, fam: Family, attention: str, precision: str, micro_batch: int) -> dict:
+    """Which of _mla_attention's rows apply: q through q_lora_rank or q_proj; the kernel (eager's and the math
+    kernel's batched matmuls, or SDPA's fused kernel where q, k and v share one head dim)."""
+    if not fam.mla:
+        return {"mla_qlora": False, "mla_qplain": False, "mla_bmm": False, "mla_math": False, "mla_fused": False,
+                "mla_v_copy": False, "mla_v_view": False, "mla_bmm_own": False, "mla_math_up": False,
+                "not_mla_math_up": True, "lin32": False, "not_lin32": True}
+    same = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"] == cfg["v_head_dim"]
+    bmm = attention == "eager" or (attention == "sdpa" and not same)
+    lin32 = precision == "32-true"
+    return {"mla_qlora": cfg.get("q_lora_rank") is not None, "mla_qplain": cfg.get("q_lora_rank") is None,
+            "mla_bmm": bmm, "mla_math": bmm and attention != "eager", "mla_fused": not bmm, "lin32": lin32,
+            "mla_v_copy": bmm and micro_batch > 1, "mla_v_view": bmm and micro_batch == 1,
+            "mla_bmm_own": attention == "eager" or (bmm and lin32), "mla_math_up": bmm and attention != "eager" and not lin32,
+            "not_mla_math_up": not (bmm and attention != "eager" and not lin32),
+            "not_lin32": not lin32}
 
 
 def _falcon_conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micro_batch: int, cache: bool,
@@ -961,6 +1109,13 @@ def _grads(fam: Family, w: dict, x: bool, parallel: bool) -> dict:
         g["q_raw"], g["k_raw"], g["v"] = (g["n1"] or t("q"), g["n1"] or t("k"), g["n1"] or t("v"))
     g["q"] = g["q_raw"] or (fam.qk_norm and w["W:norm"])
     g["k"] = g["k_raw"] or (fam.qk_norm and w["W:norm"])
+    if fam.mla:   # q_a_proj's output, q_a_layernorm's, kv_a_proj_with_mqa's, kv_a_layernorm's; then q, k and v
+        g["qa_out"] = g["n1"] or t("qa")
+        g["qan"] = g["qa_out"] or w["W:norm"]
+        g["kv_out"] = g["n1"] or t("kva")
+        g["kvn"] = g["kv_out"] or w["W:norm"]
+        g["q"] = g["qan"] or t("qb") or t("q")
+        g["k"] = g["v"] = g["kvn"] or t("kvb")
     g["qk"] = g["q"] or g["k"]
     g["attn"] = g["qk"] or g["v"]
     g["o"] = g["attn"] or t("o")
@@ -976,6 +1131,9 @@ def _grads(fam: Family, w: dict, x: bool, parallel: bool) -> dict:
     else:
         g["r"] = g["n2"] or w["W:router"] or t("router")
         g["g"] = g["u"] = g["e"] = g["n2"] or w["W:experts"]
+        if fam.mlp == "moe_deepseek":  # the shared experts' hidden product and output
+            g["sh"] = g["n2"] or t("sgate") or t("sup")
+            g["sd"] = g["sh"] or t("sdown")
         if fam.mlp == "moe_shared":  # the shared expert's hidden product, its output and its gate's logits
             g["sh"] = g["n2"] or t("sgate") or t("sup")
             g["sd"] = g["sh"] or t("sdown")

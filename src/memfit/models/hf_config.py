@@ -48,6 +48,8 @@ POSITIVE = frozenset(
         # encoder-decoder families' own spellings (T5)
         "d_model", "d_kv", "d_ff", "num_layers", "num_decoder_layers", "num_heads", "relative_attention_num_buckets",
         "relative_attention_max_distance",
+        # DeepSeek-V3's latent attention and experts
+        "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim", "n_group", "topk_group", "n_shared_experts",
     }
 )
 NON_NEGATIVE = frozenset({"chunk_size_feed_forward", "max_window_layers", "num_experts"})
@@ -415,7 +417,8 @@ def validate(raw) -> list[HFProblem]:
     heads_key = family.heads_key
     # T5's d_kv (its head_dim) is always explicit: its heads need not divide d_model
     explicit_head_dim = (family.head_dim_key and _given(raw, family, "head_dim") is not None) or "head_dim" in family.attribute_map
-    if hidden % heads and (not explicit_head_dim or family.model_type == "llama"):
+    # (DeepSeek-V3's latent attention sizes its heads by qk_nope_head_dim, qk_rope_head_dim and v_head_dim)
+    if hidden % heads and (not explicit_head_dim or family.model_type == "llama") and family.block != "deepseek_v3":
         problems.append(
             HFProblem(
                 (_where(raw, family, family.hidden_key),),
@@ -456,7 +459,32 @@ def validate(raw) -> list[HFProblem]:
         )
     elif experts_key and not (isinstance(experts, int) and not isinstance(experts, bool) and experts >= 0):
         problems.append(HFProblem((_where(raw, family, experts_key),), BAD_MODEL_CONFIG, f"{experts_key} must be an integer of at least 0, not {_shown(experts)}"))
+    if family.block == "deepseek_v3":
+        problems += _deepseek_problems(raw, cfg, family)
     return problems
+
+
+def _deepseek_problems(raw: dict, cfg: dict, family) -> list[HFProblem]:
+    """What DeepseekV3 cannot run: its key and value already have every head (repeat_kv by num_attention_heads //
+    num_key_value_heads would repeat them again), and the router views the experts as n_group equal groups, topk_group
+    of them chosen, each group's top two scored (so at least two experts in a group)."""
+    out = []
+    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads")
+    if isinstance(kv, int) and kv != heads:
+        out.append(HFProblem((_where(raw, family, "num_key_value_heads"),), SHAPE_MISMATCH,
+                             f"num_key_value_heads {kv} is not num_attention_heads {heads}: DeepSeek-V3's latent attention "
+                             "expands every head's key and value, and transformers' repeat_kv would repeat them again"))
+    experts, groups, chosen = cfg.get("n_routed_experts"), cfg.get("n_group"), cfg.get("topk_group")
+    moe_layers = cfg["num_hidden_layers"] > (cfg.get("first_k_dense_replace") or 0)
+    if moe_layers and isinstance(experts, int) and isinstance(groups, int) and groups > 0:
+        if experts % groups or experts // groups < 2:
+            out.append(HFProblem((_where(raw, family, "n_group"),), SHAPE_MISMATCH,
+                                 f"n_group {groups} does not split n_routed_experts {experts} into equal groups of at least "
+                                 "two: the router scores each group by its top two experts"))
+        elif isinstance(chosen, int) and chosen > groups:
+            out.append(HFProblem((_where(raw, family, "topk_group"),), SHAPE_MISMATCH,
+                                 f"topk_group {chosen} exceeds n_group {groups}"))
+    return out
 
 
 def _llava_problems(raw: dict) -> list[HFProblem]:
@@ -797,7 +825,17 @@ def _qwen3_moe(out: dict, extra: dict, raw: dict) -> None:
     extra.setdefault("num_local_experts", default)
 
 
-_POST_INIT = {"qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe, "t5": _post_init_t5}
+def _deepseek_v3(out: dict, extra: dict, raw: dict) -> None:
+    """DeepseekV3Config.__post_init__: qk_head_dim = qk_nope_head_dim + qk_rope_head_dim, and head_dim is the rotary
+    part (qk_rope_head_dim: what the rotary embedding reads). Its attribute_map stores num_mtp_layers under
+    num_nextn_predict_layers (the published config.json's key), leaving the declared field unset."""
+    out["qk_head_dim"] = out["qk_nope_head_dim"] + out["qk_rope_head_dim"]
+    out["head_dim"] = out["qk_rope_head_dim"]
+    default = out.pop("num_mtp_layers")
+    extra.setdefault("num_nextn_predict_layers", default)
+
+
+_POST_INIT = {"qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe, "t5": _post_init_t5, "deepseek_v3": _deepseek_v3}
 
 
 def _ignored(family: Family) -> frozenset:

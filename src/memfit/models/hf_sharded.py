@@ -14,13 +14,14 @@ from memfit.models import hf_activations as A
 # Symbolic dims (models.hf_activations) a tensor-parallel rank holds 1/t of: heads and the
 # intermediate width live between a column- and a row-parallel linear. Sequence parallelism splits
 # the sequence of what lies outside that region (the residual stream, norms, dropout masks).
-TP_SPLIT_DIMS = frozenset({"H", "KV", "q", "kv", "qkv", "i", "i2"})
+# (DeepSeek-V3: its latent attention's per-head widths qb, kvb, ov; the latents qr, kvr, kva stay whole on every rank)
+TP_SPLIT_DIMS = frozenset({"H", "KV", "q", "kv", "qkv", "i", "i2", "qb", "kvb", "ov"})
 SP_SPLIT_DIMS = frozenset({"s", "T", "Tl"})
 
 
 def _rank_sizes(sizes: dict, tensor: int, sequence_parallel: bool, micro_batch: int) -> tuple:
     split = dict(sizes)
-    for dim in TP_SPLIT_DIMS:
+    for dim in TP_SPLIT_DIMS & set(sizes):   # (a family's own dims: DeepSeek-V3's)
         split[dim] = -(-sizes[dim] // tensor)
     if tensor > 1:  # the logits of a vocabulary-parallel output layer: the padded vocabulary / t
         split["V"] = padded_vocab(sizes["V"], tensor) // tensor

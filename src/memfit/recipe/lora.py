@@ -74,6 +74,9 @@ MOE_RETARGETED: dict[str, tuple] = {
     # peft 0.21 converts the model types transformers maps to the qwen2_moe pattern (qwen3_moe, deepseek_v3, ...),
     # not qwen2_moe itself: there all-linear adapts the nn.Linear modules only (measured: issue 21)
     "qwen3_moe": ("gate", "gate_proj", "up_proj", "down_proj"),
+    # transformers' conversion_mapping maps deepseek_v3 to the qwen2_moe pattern too (its dense layers' gate_proj /
+    # up_proj / down_proj share the names peft retargets)
+    "deepseek_v3": ("gate", "gate_proj", "up_proj", "down_proj"),
 }
 
 
