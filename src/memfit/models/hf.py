@@ -128,6 +128,8 @@ def _layer(cfg: dict, fam: Family) -> list[Module]:
         return _moe_layer(cfg, fam, "moe")
     if block == "phimoe":
         return _phimoe_layer(cfg, fam)
+    if block == "gpt_oss":
+        return _gpt_oss_layer(cfg, fam)
     heads, kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
     inner = cfg["intermediate_size"]
     qkv_bias, o_bias = _flag(cfg, fam.qkv_bias), _flag(cfg, fam.o_bias)
@@ -261,6 +263,32 @@ def _phimoe_layer(cfg: dict, fam: Family) -> list[Module]:
         Module("mlp.experts.down_proj", "param", (experts, h, inner)),
         Module("input_layernorm", "layernorm", (h,)),
         Module("post_attention_layernorm", "layernorm", (h,)),
+    ]
+
+
+def _gpt_oss_layer(cfg: dict, fam: Family) -> list[Module]:
+    """GptOssDecoderLayer (modeling_gpt_oss.py): the attention's own `sinks` (one logit per head, registered after its
+    projections but listed first: named_parameters visits a module's parameters before its children), q/k/v/o with
+    biases (attention_bias), the router's weight and bias (GptOssTopKRouter: bare parameters, F.linear), the experts'
+    fused gate_up_proj (E, h, 2I) and down_proj (E, I, h) with their biases (transposed against Mixtral's), two RMSNorms."""
+    h = _hidden(cfg, fam)
+    heads, kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
+    bias = _flag(cfg, fam.qkv_bias)
+    experts, inner = cfg["num_local_experts"], cfg["intermediate_size"]
+    return [
+        Module("self_attn.sinks", "param", (heads,)),
+        Module("self_attn.q_proj", "linear", (h, heads * d, bias)),
+        Module("self_attn.k_proj", "linear", (h, kv * d, bias)),
+        Module("self_attn.v_proj", "linear", (h, kv * d, bias)),
+        Module("self_attn.o_proj", "linear", (heads * d, h, _flag(cfg, fam.o_bias))),
+        Module("mlp.router.weight", "param", (experts, h)),
+        Module("mlp.router.bias", "param", (experts,)),
+        Module("mlp.experts.gate_up_proj", "param", (experts, h, 2 * inner)),
+        Module("mlp.experts.gate_up_proj_bias", "param", (experts, 2 * inner)),
+        Module("mlp.experts.down_proj", "param", (experts, inner, h)),
+        Module("mlp.experts.down_proj_bias", "param", (experts, h)),
+        Module("input_layernorm", "rmsnorm", (h,)),
+        Module("post_attention_layernorm", "rmsnorm", (h,)),
     ]
 
 

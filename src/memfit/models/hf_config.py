@@ -797,7 +797,15 @@ def _qwen3_moe(out: dict, extra: dict, raw: dict) -> None:
     extra.setdefault("num_local_experts", default)
 
 
-_POST_INIT = {"qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe, "t5": _post_init_t5}
+def _gpt_oss(out: dict, extra: dict, raw: dict) -> None:
+    """GptOssConfig.__post_init__: without rope_parameters, yarn (factor 32 over 4096 positions); layer_types (every
+    second layer full, the others sliding) is the Family's layer_pattern 2. A legacy rope_scaling still wins (_rope)."""
+    if out["rope_parameters"] is None:
+        out["rope_parameters"] = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                  "original_max_position_embeddings": 4096}
+
+
+_POST_INIT = {"qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe, "t5": _post_init_t5, "gpt_oss": _gpt_oss}
 
 
 def _ignored(family: Family) -> frozenset:
