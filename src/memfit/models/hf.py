@@ -922,6 +922,18 @@ def routing_lines(model: Model) -> list[str]:
     return [f"       routed rows per MoE layer: {rows:,} (training.moe changes it)", f"         {how}"]
 
 
+def attention_lines(model: Model) -> list[str]:
+    """What `attention: sdpa` runs where transformers refuses sdpa (`_supports_sdpa = False`: Gemma 2's soft-capping,
+    gpt-oss's attention sinks): from_pretrained without attn_implementation runs eager, and memfit prices that."""
+    from memfit.models.hf_activations import FAMILIES as ROWS
+
+    fam = ROWS.get(family(model.cfg).model_type)
+    if model.training.get("attention", "sdpa") != "sdpa" or fam is None or fam.sdpa:
+        return []
+    return ["       attention: sdpa priced as eager, what transformers runs by default",
+            f"         ({architecture(model.cfg)} refuses sdpa: {'attention sinks' if fam.sinks else 'soft-capping'})"]
+
+
 def summary_lines(model: Model, width: int = 80, parameter_dtype: str | None = None) -> list[str]:
     """explain's transformer section: the class, then one row per block (embeddings, one layer x N,
     head, loss) with its parameters and the bytes it keeps for backward, then what each keeps."""
@@ -937,7 +949,7 @@ def summary_lines(model: Model, width: int = 80, parameter_dtype: str | None = N
     given = model.cfg.get("dtype")
     if parameter_dtype is not None and given and given != parameter_dtype:
         out.append(cut(f"       config.json says dtype {given}; training uses dtypes.parameters {parameter_dtype}", width))
-    out += [cut(line, width) for line in routing_lines(model)]
+    out += [cut(line, width) for line in routing_lines(model) + attention_lines(model)]
     out.append("")
     out.append(f"{'block':<18} {'count':>6} {'params (each)':>16} {'saved (each)':>14} {'saved (all)':>14}")
     out.append("=" * min(width, 72))

@@ -83,7 +83,8 @@ LOW = {"bf16-true": "bfloat16", "16-true": "float16", "bf16-mixed": "bfloat16", 
 
 # Shape symbols (see `_sizes`): b batch, s sequence, h hidden, i intermediate, i2 = 2i, H / KV query / key-value
 # heads, d head dim, q = H*d, kv = KV*d, qkv = q + 2kv, rot rotary dims, V vocab, T = b*s tokens, Tl the stored
-# targets, E experts, k experts per token, S = T*k routed tokens, R LoRA rank.
+# targets, E experts, k experts per token, S = T*k routed tokens, R LoRA rank; s1 = s + 1 (gpt-oss's sink column),
+# rh = rot / 2 (gpt-oss's cos/sin).
 
 # ------------------------------------------------------------------------------------------------- op rules
 
