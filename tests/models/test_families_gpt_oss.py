@@ -88,10 +88,12 @@ def test_transformers_refuses_sdpa_and_memfit_prices_eager():
     import transformers
 
     cfg = hm.tiny("gpt_oss")
-    config = transformers.AutoConfig.for_model("gpt_oss", **{k: v for k, v in cfg.items() if k != "model_type"})
+    def config():
+        return transformers.AutoConfig.for_model("gpt_oss", **{k: v for k, v in cfg.items() if k != "model_type"})
+
     with pytest.raises(ValueError, match="scaled_dot_product_attention"):
-        transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-    assert transformers.AutoModelForCausalLM.from_config(config).config._attn_implementation == "eager"
+        transformers.AutoModelForCausalLM.from_config(config(), attn_implementation="sdpa")
+    assert transformers.AutoModelForCausalLM.from_config(config()).config._attn_implementation == "eager"
     for checkpointing in ("none", "full"):
         eager = modelled(cfg, checkpointing, micro_batch=2, seq_len=16, attention="eager")
         assert modelled(cfg, checkpointing, micro_batch=2, seq_len=16, attention="sdpa") == eager
