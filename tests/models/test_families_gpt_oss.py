@@ -255,3 +255,43 @@ def test_the_layer_splits_into_its_parts():
     assert sum(map(len, parts.values())) == len(kept)
     assert parts["mlp"][0].label.startswith("post_attention_layernorm")
     assert parts["down_proj"][0].label.startswith("act_fn(gate), * up (clamped SwiGLU): gate_up output")
+
+
+# ------------------------------------------------------------------ training.moe and parallel.expert through the CLI
+
+OSS = {"model_type": "gpt_oss", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 48, "num_hidden_layers": 2,
+       "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2}
+
+
+def oss_row_bytes(width: int = 4) -> int:
+    """What one routed (token, expert) row keeps in a gpt-oss layer at fp32, from the model's dimensions: the gathered
+    token (h), the gate_up output (2I), the clamped SwiGLU's sigmoid, clamped gate, up + 1 and glu and the down input
+    (5 I), the expert output (h), its routing weight; four int64 indices (token gather, permutation, the sorted
+    expert ids that gather the biases, inverse permutation)."""
+    h, inner = OSS["hidden_size"], OSS["intermediate_size"]
+    return width * (h + 2 * inner + 5 * inner + h + 1) + 4 * 8
+
+
+@pytest.mark.parametrize("factor", [2, 0.5])
+def test_a_capacity_factor_sizes_the_routed_rows(tmp_path, factor):
+    from moe_cli import activations, check
+
+    tokens, k, experts, layers = 2 * 16, OSS["num_experts_per_tok"], OSS["num_local_experts"], OSS["num_hidden_layers"]
+    base = activations(check(tmp_path, OSS, "micro_batch: 2, seq_len: 16"))
+    assert activations(check(tmp_path, OSS, "micro_batch: 2, seq_len: 16, moe: {routing: worst_case}")) == base
+    ours = activations(check(tmp_path, OSS, f"micro_batch: 2, seq_len: 16, moe: {{capacity_factor: {factor}}}"))
+    rows = experts * -(-int(factor * tokens * k) // experts)
+    assert ours - base == layers * (rows - tokens * k) * oss_row_bytes()
+
+
+def test_expert_parallelism_shards_the_experts_and_their_biases(tmp_path):
+    """parallel.expert 4 over 4 experts: each rank holds one expert's gate_up_proj, down_proj and both biases; the
+    rest (attention with its sinks, the router, norms, embeddings, head) is replicated."""
+    from moe_cli import check
+
+    one = check(tmp_path, OSS, "micro_batch: 2, seq_len: 16")["footprint"]["parameters"]
+    sharded = check(tmp_path, OSS, "micro_batch: 2, seq_len: 16", "parallel: {data: 4, expert: 4}\n")
+    assert sharded["diagnostics"] == [], sharded["diagnostics"]
+    h, inner, experts, layers = OSS["hidden_size"], OSS["intermediate_size"], OSS["num_local_experts"], OSS["num_hidden_layers"]
+    expert_elements = h * 2 * inner + 2 * inner + inner * h + h   # one expert's weights and biases
+    assert one - sharded["footprint"]["parameters"] == 4 * layers * (experts - experts // 4) * expert_elements
