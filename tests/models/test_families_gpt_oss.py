@@ -295,3 +295,28 @@ def test_expert_parallelism_shards_the_experts_and_their_biases(tmp_path):
     h, inner, experts, layers = OSS["hidden_size"], OSS["intermediate_size"], OSS["num_local_experts"], OSS["num_hidden_layers"]
     expert_elements = h * 2 * inner + 2 * inner + inner * h + h   # one expert's weights and biases
     assert one - sharded["footprint"]["parameters"] == 4 * layers * (experts - experts // 4) * expert_elements
+
+
+def test_a_null_window_is_refused_as_transformers_refuses_it(tmp_path):
+    """GptOssModel.forward builds both masks on every call: with sliding_window null the real step raises, and memfit
+    says so at the key instead of pricing a model that cannot run."""
+    cfg = hm.tiny("gpt_oss", sliding_window=None, layer_types=["full_attention", "full_attention"])
+    with pytest.raises(ValueError, match="sliding_window"):
+        hm.measure(cfg, micro_batch=1, seq_len=8, attention="eager")
+    [problem] = hf_config.validate(cfg)
+    assert problem.path == ("sliding_window",) and problem.code == "unsupported-model"
+    assert hf_config.validate(hm.tiny("gpt_oss")) == []
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", "llama"])
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_one_key_value_head_and_one_sequence_keep_k_and_v_at_their_head(family, precision):
+    """Found while modelling gpt-oss (shared with every Llama-style family): with one key/value head and one sequence,
+    eager's repeat_kv (expand + reshape) stays a stride-0 view the batched matmul takes without a copy, so k and v are
+    kept at their one head (under autocast k's cast copies it to every head). memfit counted them at every query head
+    before: Llama 1.0720 (32-true) and 1.0150 (bf16-mixed) of the measured bytes at 1 x 40."""
+    cfg = hm.tiny(family, num_key_value_heads=1, **({"head_dim": 32} if family == "gpt_oss" else {}))
+    for checkpointing in ("none", "full"):
+        measured = hm.measure(cfg, micro_batch=1, seq_len=40, attention="eager", checkpointing=checkpointing, precision=precision)
+        real = measured["peak"] if checkpointing == "full" else measured["total"]
+        assert modelled(cfg, checkpointing, micro_batch=1, seq_len=40, attention="eager", precision=precision) == real

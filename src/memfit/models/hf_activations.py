@@ -431,6 +431,10 @@ def _attention(fam: Family, n: dict) -> list:
         K("q @ k^T", "q (a view of the fused qkv output: one sequence folds without a copy)", ("b", "s", "qkv"), "lin",
           "eager_q_view", ("k",)),
         K("q @ k^T", "k (repeated to every query head)", ("b", "H", "s", "d"), "lin", "eager_kv", ("q",)),
+        # one key/value head and one sequence: repeat_kv's expand + reshape stays a stride-0 view that the batched
+        # matmul takes without a copy, so k and v are kept at their one head (autocast's cast of k copies it to every
+        # head; v comes out of v_proj in the low dtype already)
+        K("q @ k^T", "k (its one head: repeat_kv's expand stays a view)", ("b", "KV", "s", "d"), "lin", "eager_kv_one", ("q",)),
         # Gemma 2's attn_logit_softcapping: tanh(scores / cap) * cap keeps the tanh's result (the divisions and
         # the scale by a Python number keep nothing)
         K("softcap tanh", "tanh(scores / cap)", ("b", "H", "s", "s"), "lin", "eager_core&attn_softcap", ("qk",)),
@@ -446,6 +450,7 @@ def _attention(fam: Family, n: dict) -> list:
         K("p @ v", "probabilities, cast to the value dtype", ("b", "H", "s", "s"), "low", "eager_core_no_dropout",
           ("v",), f"softmax: {soft}"),
         K("p @ v", "v (repeated to every query head)", ("b", "H", "s", "d"), "lin", "eager_v", ("qk",)),
+        K("p @ v", "v (its one head: repeat_kv's expand stays a view)", ("b", "KV", "s", "d"), "lin", "eager_v_one", ("qk",)),
         K("p @ v", "v (a view of the fused qkv output: one sequence folds without a copy)", ("b", "s", "qkv"), "lin",
           "eager_v_view", ("qk",)),
         # fused kernels (SDPA's flash / memory-efficient, flash-attn): q, k, v at their own head counts, output, lse;
@@ -819,6 +824,9 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
     v_view = (fam.qkv == "fused" and bool(fam.rope) and not cache and micro_batch == 1
               and (cfg.get("num_key_value_heads") or heads) == heads)
     mixed = precision.endswith("-mixed")
+    # one key/value head, one sequence, separate projections: repeat_kv's views fold without a copy (eager)
+    one_kv = (fam.qkv == "separate" and micro_batch == 1 and heads is not None and heads > 1
+              and cfg.get("num_key_value_heads") == 1)
     lora_dropout = bool(lora) and (lora.get("dropout") or 0) > 0
     o_copy = eager or (attention == "sdpa" and fam.rope == "partial")
     falcon = _falcon_conditions(cfg, fam, attention, checkpointing, micro_batch, cache, mixed)
@@ -828,8 +836,10 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
         "eager": eager,
         "eager_q": eager and not qkv_views,
         "eager_q_view": eager and qkv_views,
-        "eager_kv": eager and (cache or not qkv_views),
-        "eager_v": eager and (cache or not qkv_views) and not v_view,
+        "eager_kv": eager and (cache or not qkv_views) and not (one_kv and not mixed),
+        "eager_kv_one": eager and (cache or not qkv_views) and one_kv and not mixed,
+        "eager_v": eager and (cache or not qkv_views) and not v_view and not one_kv,
+        "eager_v_one": eager and (cache or not qkv_views) and not v_view and one_kv,
         "eager_v_view": eager and v_view,
         "eager_core": core,
         "eager_attn_dropout": core and attn_drop,

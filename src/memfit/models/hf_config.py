@@ -444,6 +444,12 @@ def validate(raw) -> list[HFProblem]:
         )
     if family.block == "falcon":
         problems += _falcon_layout(raw, cfg)
+    if family.block == "gpt_oss" and cfg.get("sliding_window") is None:
+        # GptOssModel.forward builds the sliding-window mask on every call, whatever layer_types says
+        problems.append(HFProblem((_where(raw, family, "sliding_window"),), UNSUPPORTED_MODEL,
+                                  "sliding_window null: GptOssModel.forward builds a sliding-window mask on every call and "
+                                  "transformers refuses it without a window (create_sliding_window_causal_mask: "
+                                  "'Could not find a `sliding_window` argument')"))
     experts_key = EXPERTS_KEY.get(family.model_type)
     experts = cfg.get(experts_key) if experts_key else None
     if experts_key and isinstance(experts, int) and not isinstance(experts, bool) and experts > 0 and cfg["num_experts_per_tok"] > experts:
