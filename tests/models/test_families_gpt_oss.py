@@ -320,3 +320,20 @@ def test_one_key_value_head_and_one_sequence_keep_k_and_v_at_their_head(family, 
         measured = hm.measure(cfg, micro_batch=1, seq_len=40, attention="eager", checkpointing=checkpointing, precision=precision)
         real = measured["peak"] if checkpointing == "full" else measured["total"]
         assert modelled(cfg, checkpointing, micro_batch=1, seq_len=40, attention="eager", precision=precision) == real
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_the_router_aux_loss_keeps_every_layers_router_softmax(precision):
+    """output_router_logits: GptOssForCausalLM.forward adds load_balancing_loss_func's loss, which keeps a softmax of
+    every layer's (T, E) router logits, their top-k indices and a (E,) fp32 count; with the loss, so not in the full
+    checkpointing peak (the backward's recomputation comes after them)."""
+    cfg = hm.tiny("gpt_oss", output_router_logits=True)
+    for checkpointing in ("none", "full"):
+        for micro_batch, seq_len in SIZES:
+            measured = hm.measure(cfg, micro_batch=micro_batch, seq_len=seq_len, attention="eager",
+                                  checkpointing=checkpointing, precision=precision)
+            real = measured["peak"] if checkpointing == "full" else measured["total"]
+            ours = modelled(cfg, checkpointing, micro_batch=micro_batch, seq_len=seq_len, attention="eager", precision=precision)
+            assert ours == real, (checkpointing, micro_batch, seq_len, ours, real)
+    plain = ha.total(ha.saved(hm.tiny("gpt_oss"), micro_batch=2, seq_len=16))
+    assert ha.total(ha.saved(cfg, micro_batch=2, seq_len=16)) > plain

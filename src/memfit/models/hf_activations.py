@@ -738,6 +738,14 @@ LOSS_ROWS = [
     K("cross-entropy", "targets (the labels)", ("T",), "i64", "mlm"),
     K("cross-entropy", "total weight", (), "f32", "causal"),
     K("cross-entropy", "total weight", (), "soft", "mlm"),
+    # gpt-oss with output_router_logits: load_balancing_loss_func (GptOssForCausalLM.forward adds router_aux_loss_coef x
+    # it) takes a softmax of every layer's (T, E) router logits and their top-k after the last layer; they go with the
+    # loss, before the backward's first recomputation
+    K("router aux loss", "softmax of every layer's router logits (the logits' dtype)", ("nl", "T", "E"), "lin", "aux_loss",
+      ("x", "W:router")),
+    K("router aux loss", "top-k indices of every layer", ("nl", "T", "k"), "i64", "aux_loss", ("x", "W:router")),
+    K("router aux loss", "tokens per expert (fp32; * the mean router probability keeps it)", ("E",), "f32", "aux_loss",
+      ("x", "W:router")),
 ]
 
 # --------------------------------------------------------------------------------------------- evaluation
@@ -793,7 +801,7 @@ def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int = 0, attention: 
     return {"b": micro_batch, "s": seq_len, "h": h, "i": inter, "i2": 2 * inter, "H": heads, "KV": kv_heads, "d": d,
             "dk": -(-d // 8) * 8 if attention == "flash" else d, "r": rotary,
             "q": heads * d, "kv": kv_heads * d, "qkv": heads * d + 2 * kv_heads * d, "rot": rotary, "rh": rotary // 2,
-            "s1": seq_len + 1,
+            "s1": seq_len + 1, "nl": cfg["num_hidden_layers"] if mt != "gpt2" else cfg["n_layer"],
             "V": cfg["vocab_size"], "T": tokens, "Tl": tokens if micro_batch > 1 or FAMILIES[mt].llava else seq_len + 1,
             "E": experts, "k": k, "S": routed_rows(tokens, k, experts, moe), "R": rank, "R2": 2 * rank,
             "ie": expert_inter, "ie2": 2 * expert_inter, "is": cfg.get("shared_expert_intermediate_size") or 0}
@@ -874,6 +882,7 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
         "lora_plain": bool(lora) and not lora_dropout and not mixed,
         "lora_plain_mixed": bool(lora) and not lora_dropout and mixed,
         "topk_norm": bool(cfg.get("norm_topk_prob", True)),
+        "aux_loss": fam.mlp == "moe_oss" and bool(cfg.get("output_router_logits")),   # gpt-oss's load-balancing loss
         "input_jitter": (cfg.get("input_jitter_noise") or 0) > 0,   # PhiMoE   # Mixtral always renormalizes; Qwen-MoE when asked
     })
 
