@@ -147,6 +147,8 @@ REAL = {
     "smollm3-window": {"model_type": "smollm3", "num_hidden_layers": 8, "use_sliding_window": True, "sliding_window": 64},
     "falcon-40b": json.loads((Path(__file__).resolve().parents[2] / "examples" / "models" / "falcon-40b.json").read_text()),
     "falcon-n_embed": {"model_type": "falcon", "n_embed": 128, "num_attention_heads": 8, "alibi": True, "rope_theta": 5e5},
+    "gpt-oss-20b": json.loads((Path(__file__).resolve().parents[2] / "examples" / "models" / "gpt-oss-20b.json").read_text()),
+    "gpt-oss-rope": {"model_type": "gpt_oss", "num_hidden_layers": 3, "rope_theta": 10000.0, "num_experts": 8},
     "bert-labels": {"model_type": "bert", "id2label": {"0": "a", "1": "b", "2": "c"}, "label2id": {"a": 0, "b": 1, "c": 2}},
 }
 

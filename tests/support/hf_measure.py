@@ -59,10 +59,16 @@ TINY = {
     # Falcon-7B's switches (multi_query, parallel_attn, one norm); tests/models/test_falcon.py covers the others
     "falcon": {"hidden_size": 64, "ffn_hidden_size": 112, "num_hidden_layers": 2, "num_attention_heads": 4,
                "hidden_dropout": 0.1},
+    # gpt-oss: a window (24) shorter than the longer measured sequence (40); tests/models/test_families_gpt_oss.py
+    "gpt_oss": {**_GQA, "head_dim": 16, "intermediate_size": 48, "num_local_experts": 4, "num_experts_per_tok": 2,
+                "sliding_window": 24},
 }
 SEQ2SEQ = ("t5",)  # built with AutoModelForSeq2SeqLM
-FAMILIES = tuple(TINY)
-# DeepSeek-V3 (issue 21): measured in tests/models/test_families_deepseek_v3.py and kept out of FAMILIES, the list the
+# The families the shared cross-checks and tests/ledger/test_combinations.py's covering design draw from. Families
+# added after that design was fixed are measured in their own test files (adding them here would redraw the design):
+LATER = ("gpt_oss",)   # tests/models/test_families_gpt_oss.py
+FAMILIES = tuple(f for f in TINY if f not in LATER)
+# DeepSeek-V3 (issue 21): measured in tests/models/test_families_deepseek_v3.py and kept out of FAMILIES (added after it is drawn), the list the
 # covering design of tests/ledger/test_combinations.py draws its models from (and the shared activation cross-checks
 # iterate). Latent attention with q and k (16 + 8) wider than v (12), one dense layer then the MoE layer: 8 routed
 # experts in 2 groups (1 chosen), 2 per token, 1 shared expert.

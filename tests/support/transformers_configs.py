@@ -104,6 +104,13 @@ CONFIGS = {
          "num_kv_heads": 1, "num_ln_in_parallel_attn": 1, "tie_word_embeddings": False},
         {"vocab_size": 96, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "multi_query": False, "bias": True},
     ],
+    # gpt-oss: grouped key/value heads, attention biases, sinks; then one key/value head per query head, no biases,
+    # every expert chosen, tied embeddings
+    "gpt_oss": [
+        {**TINY, "num_key_value_heads": 2, "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2},
+        {**TINY, "num_hidden_layers": 3, "intermediate_size": 48, "num_key_value_heads": 4, "head_dim": 8, "num_local_experts": 3,
+         "num_experts_per_tok": 3, "attention_bias": False, "tie_word_embeddings": True},
+    ],
 }
 OTHER_ARCHITECTURES = {  # one more head per family where it is cheap
     "llama": "LlamaForSequenceClassification",
@@ -121,6 +128,7 @@ OTHER_ARCHITECTURES = {  # one more head per family where it is cheap
     "phimoe": "PhimoeForSequenceClassification",
     "falcon": "FalconForSequenceClassification",
     "deepseek_v3": "DeepseekV3ForSequenceClassification",
+    "gpt_oss": "GptOssForSequenceClassification",
 }
 
 

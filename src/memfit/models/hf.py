@@ -130,6 +130,8 @@ def _layer(cfg: dict, fam: Family) -> list[Module]:
         return _phimoe_layer(cfg, fam)
     if block == "deepseek_v3":
         return _deepseek_layer(cfg, fam, "moe")
+    if block == "gpt_oss":
+        return _gpt_oss_layer(cfg, fam)
     heads, kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
     inner = cfg["intermediate_size"]
     qkv_bias, o_bias = _flag(cfg, fam.qkv_bias), _flag(cfg, fam.o_bias)
@@ -299,6 +301,32 @@ def _phimoe_layer(cfg: dict, fam: Family) -> list[Module]:
         Module("mlp.experts.down_proj", "param", (experts, h, inner)),
         Module("input_layernorm", "layernorm", (h,)),
         Module("post_attention_layernorm", "layernorm", (h,)),
+    ]
+
+
+def _gpt_oss_layer(cfg: dict, fam: Family) -> list[Module]:
+    """GptOssDecoderLayer (modeling_gpt_oss.py): the attention's own `sinks` (one logit per head, registered after its
+    projections but listed first: named_parameters visits a module's parameters before its children), q/k/v/o with
+    biases (attention_bias), the router's weight and bias (GptOssTopKRouter: bare parameters, F.linear), the experts'
+    fused gate_up_proj (E, h, 2I) and down_proj (E, I, h) with their biases (transposed against Mixtral's), two RMSNorms."""
+    h = _hidden(cfg, fam)
+    heads, kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
+    bias = _flag(cfg, fam.qkv_bias)
+    experts, inner = cfg["num_local_experts"], cfg["intermediate_size"]
+    return [
+        Module("self_attn.sinks", "param", (heads,)),
+        Module("self_attn.q_proj", "linear", (h, heads * d, bias)),
+        Module("self_attn.k_proj", "linear", (h, kv * d, bias)),
+        Module("self_attn.v_proj", "linear", (h, kv * d, bias)),
+        Module("self_attn.o_proj", "linear", (heads * d, h, _flag(cfg, fam.o_bias))),
+        Module("mlp.router.weight", "param", (experts, h)),
+        Module("mlp.router.bias", "param", (experts,)),
+        Module("mlp.experts.gate_up_proj", "param", (experts, h, 2 * inner)),
+        Module("mlp.experts.gate_up_proj_bias", "param", (experts, 2 * inner)),
+        Module("mlp.experts.down_proj", "param", (experts, inner, h)),
+        Module("mlp.experts.down_proj_bias", "param", (experts, h)),
+        Module("input_layernorm", "rmsnorm", (h,)),
+        Module("post_attention_layernorm", "rmsnorm", (h,)),
     ]
 
 
@@ -945,6 +973,18 @@ def routing_lines(model: Model) -> list[str]:
     return [f"       routed rows per MoE layer: {rows:,} (training.moe changes it)", f"         {how}"]
 
 
+def attention_lines(model: Model) -> list[str]:
+    """What `attention: sdpa` runs where transformers refuses sdpa (`_supports_sdpa = False`: Gemma 2's soft-capping,
+    gpt-oss's attention sinks): from_pretrained without attn_implementation runs eager, and memfit prices that."""
+    from memfit.models.hf_activations import FAMILIES as ROWS
+
+    fam = ROWS.get(family(model.cfg).model_type)
+    if model.training.get("attention", "sdpa") != "sdpa" or fam is None or fam.sdpa:
+        return []
+    return ["       attention: sdpa priced as eager, what transformers runs by default",
+            f"         ({architecture(model.cfg)} refuses sdpa: {'attention sinks' if fam.sinks else 'soft-capping'})"]
+
+
 def summary_lines(model: Model, width: int = 80, parameter_dtype: str | None = None) -> list[str]:
     """explain's transformer section: the class, then one row per block (embeddings, one layer x N,
     head, loss) with its parameters and the bytes it keeps for backward, then what each keeps."""
@@ -960,7 +1000,7 @@ def summary_lines(model: Model, width: int = 80, parameter_dtype: str | None = N
     given = model.cfg.get("dtype")
     if parameter_dtype is not None and given and given != parameter_dtype:
         out.append(cut(f"       config.json says dtype {given}; training uses dtypes.parameters {parameter_dtype}", width))
-    out += [cut(line, width) for line in routing_lines(model)]
+    out += [cut(line, width) for line in routing_lines(model) + attention_lines(model)]
     out.append("")
     out.append(f"{'block':<18} {'count':>6} {'params (each)':>16} {'saved (each)':>14} {'saved (all)':>14}")
     out.append("=" * min(width, 72))

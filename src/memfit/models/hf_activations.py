@@ -83,7 +83,8 @@ LOW = {"bf16-true": "bfloat16", "16-true": "float16", "bf16-mixed": "bfloat16", 
 
 # Shape symbols (see `_sizes`): b batch, s sequence, h hidden, i intermediate, i2 = 2i, H / KV query / key-value
 # heads, d head dim, q = H*d, kv = KV*d, qkv = q + 2kv, rot rotary dims, V vocab, T = b*s tokens, Tl the stored
-# targets, E experts, k experts per token, S = T*k routed tokens, R LoRA rank.
+# targets, E experts, k experts per token, S = T*k routed tokens, R LoRA rank; s1 = s + 1 (gpt-oss's sink column),
+# rh = rot / 2 (gpt-oss's cos/sin).
 
 # ------------------------------------------------------------------------------------------------- op rules
 
@@ -212,6 +213,9 @@ class Family(NamedTuple):
     llava: bool = False   # LLaVA: a Llama text model; the CLIP vision tower and the projector kept with the embeddings
     falcon: bool = False   # Falcon: its own attention (_falcon_attention) and three layer layouts (models/falcon.py)
     mla: bool = False   # DeepSeek-V3: multi-head latent attention (_mla_attention)
+    sinks: bool = False   # gpt-oss: eager attention concatenates a per-head sink logit to the scores (softmax over s + 1
+    # columns, in the scores' dtype, after subtracting the row max: its int64 indices kept) and drops it after
+    rope_half: bool = False   # gpt-oss: cos and sin are (1, s, d/2) (its _apply_rotary_emb rotates the halves; no cat)
 
 
 LLAMA_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
@@ -321,7 +325,15 @@ DEEPSEEK_NAMES = {"q": "self_attn.q_proj", "qa": "self_attn.q_a_proj", "qb": "se
                   "sgate": "mlp.shared_experts.gate_proj", "sup": "mlp.shared_experts.up_proj",
                   "sdown": "mlp.shared_experts.down_proj", "router": "mlp.gate", "lm_head": "lm_head"}
 FAMILIES["deepseek_v3"] = LLAMA._replace(mlp="moe_deepseek", names=DEEPSEEK_NAMES, mla=True, lora_default=())
-MOE = ("moe", "moe_shared", "moe_phi", "moe_deepseek")
+# gpt-oss (modeling_gpt_oss.py): Llama's attention with biases and sinks (eager only: GptOssPreTrainedModel
+# ._supports_sdpa = False, so `attention: sdpa` is the eager run transformers makes by default), GptOssRMSNorm multiplies
+# by its weight in fp32 before casting back (OLMo 2's), a biased router (F.linear), top-k then a softmax over the k
+# logits, and the grouped experts (integrations/moe.py grouped_mm_experts_forward, the default experts_implementation)
+# with biases gathered per routed row and the clamped SwiGLU (_apply_gate); peft 0.21 has no default targets and no
+# MoE conversion for gpt_oss: its all-linear adapts q/k/v/o only (the router and experts are not nn.Linear)
+FAMILIES["gpt_oss"] = LLAMA._replace(norm="olmo_rms", mlp="moe_oss", sdpa=False, sinks=True, rope_half=True,
+                                     lora_default=(), routing_dtype="lin", lora_experts=False)
+MOE = ("moe", "moe_shared", "moe_phi", "moe_deepseek", "moe_oss")
 SUPPORTED = tuple(FAMILIES)
 DEFAULT_ACT = {"gpt2": "gelu_new", "bert": "gelu", "gpt_neox": "gelu", "gemma": "gelu_pytorch_tanh",
                "gemma2": "gelu_pytorch_tanh", "gemma3_text": "gelu_pytorch_tanh", "falcon": "gelu"}
@@ -524,21 +536,34 @@ def _attention(fam: Family, n: dict) -> list:
         rows += _norm(fam.norm, "k_norm", ("b", "s", "KV", "d"), "k_raw", "lin")
     # rotary: q*cos + rotate_half(q)*sin keeps only cos and sin, shared by every layer (counted with the embeddings)
     soft = "probabilities" + (" (fp32)" if fam.softmax_fp32 else "")
+    if fam.sinks:
+        soft = "probabilities with the sink column (the scores' dtype)"
     rows += [
         # eager: q @ k^T keeps each side for the other's gradient (k repeated to every query head when grouped)
         K("q @ k^T", "q", ("b", "H", "s", "d"), "lin", "eager_q", ("k",)),
         K("q @ k^T", "q (a view of the fused qkv output: one sequence folds without a copy)", ("b", "s", "qkv"), "lin",
           "eager_q_view", ("k",)),
         K("q @ k^T", "k (repeated to every query head)", ("b", "H", "s", "d"), "lin", "eager_kv", ("q",)),
+        # one key/value head and one sequence: repeat_kv's expand + reshape stays a stride-0 view that the batched
+        # matmul takes without a copy, so k and v are kept at their one head (autocast's cast of k copies it to every
+        # head; v comes out of v_proj in the low dtype already)
+        K("q @ k^T", "k (its one head: repeat_kv's expand stays a view)", ("b", "KV", "s", "d"), "lin", "eager_kv_one", ("q",)),
         # Gemma 2's attn_logit_softcapping: tanh(scores / cap) * cap keeps the tanh's result (the divisions and
         # the scale by a Python number keep nothing)
         K("softcap tanh", "tanh(scores / cap)", ("b", "H", "s", "s"), "lin", "eager_core&attn_softcap", ("qk",)),
-        K("softmax", soft, ("b", "H", "s", "s"), "f32" if fam.softmax_fp32 else fam.softmax_role, "eager_core", ("qk",)),
+        *([K("softmax", soft, ("b", "H", "s", "s"), "f32" if fam.softmax_fp32 else fam.softmax_role, "eager_core", ("qk",))]
+          if not fam.sinks else [
+            # gpt-oss: cat([scores, sinks]) keeps nothing; `- max(dim=-1).values` keeps the max's indices; softmax (in
+            # the logits' dtype: fp32 under autocast, where the float mask promotes the scores) keeps its result, whose
+            # [..., :-1] slice p @ v reads (one storage) unless the cast to v's dtype copies it
+            K("combined_logits.max", "indices (int64)", ("b", "H", "s", 1), "i64", "eager_core", ("qk",)),
+            K("softmax", soft, ("b", "H", "s", "s1"), "soft", "eager_core", ("qk",))]),
         K("attention dropout", "mask", ("b", "H", "s", "s"), "bool", "eager_attn_dropout", ("qk",)),
         K("p @ v", "dropped-out probabilities", ("b", "H", "s", "s"), "low", "eager_attn_dropout", ("v",)),
         K("p @ v", "probabilities, cast to the value dtype", ("b", "H", "s", "s"), "low", "eager_core_no_dropout",
           ("v",), f"softmax: {soft}"),
         K("p @ v", "v (repeated to every query head)", ("b", "H", "s", "d"), "lin", "eager_v", ("qk",)),
+        K("p @ v", "v (its one head: repeat_kv's expand stays a view)", ("b", "KV", "s", "d"), "lin", "eager_v_one", ("qk",)),
         K("p @ v", "v (a view of the fused qkv output: one sequence folds without a copy)", ("b", "s", "qkv"), "lin",
           "eager_v_view", ("qk",)),
         # fused kernels (SDPA's flash / memory-efficient, flash-attn): q, k, v at their own head counts, output, lse;
@@ -605,7 +630,44 @@ def _mlp(fam: Family, n: dict, act: str) -> list:
         return _sparsemixer(n) + [r for r in _experts(fam) if not r.op.startswith(("router", "routing weights"))]
     if fam.mlp == "moe_deepseek":
         return _deepseek_moe(fam, n, act)
+    if fam.mlp == "moe_oss":
+        return _gpt_oss_experts()
     return _experts(fam)
+
+
+def _gpt_oss_experts() -> list:
+    """GptOssMLP in training (modeling_gpt_oss.py, integrations/moe.py grouped_mm_experts_forward): the router is
+    F.linear(x, weight, bias) (keeps x when it trains), top-k over the (T, E) logits (keeps its indices), softmax over
+    the k chosen logits (keeps its result, the logits' dtype); then Mixtral's sorted grouped matmuls, plus the gather of
+    each routed row's biases (gate_up_proj_bias[ids], down_proj_bias[ids]: one (S,) index, kept while the biases train)
+    and the clamped SwiGLU: gate = gate_up[..., ::2].clamp(max=limit) and up = gate_up[..., 1::2].clamp(-limit, limit)
+    keep the whole gate_up output (strided views); sigmoid(gate * alpha) keeps its result, gate * it keeps the clamped
+    gate, (up + 1) * glu keeps both factors, and the down grouped_mm its product. Every expert tensor is in the
+    model's dtype (grouped_mm is not autocast)."""
+    T = ("T", "h")
+    return [
+        K("router", "input", T, "act", "not_mixed", ("W:router",)),
+        K("router", "input, cast to the low dtype by autocast", T, "low", "mixed", ("W:router",)),
+        K("router", "weight, cast to the low dtype by autocast", ("E", "h"), "low", "mixed", ("n2",)),
+        K("router top-k", "indices", ("T", "k"), "i64", None, ("r",)),
+        K("router softmax", "weights of the k chosen logits (the logits' dtype)", ("T", "k"), "lin", None, ("r",)),
+        K("gather by expert", "token index", ("S",), "i64", None, ("n2",)),
+        K("gather weights", "permutation", ("S",), "i64", None, ("r",)),
+        K("grouped_mm", "group offsets", ("E",), "i32", None, ("e",)),
+        K("expert biases", "sorted expert ids (gathering gate_up_proj_bias and down_proj_bias)", ("S",), "i64", None,
+          ("W:experts",)),
+        K("grouped_mm gate_up", "routed tokens (one row per chosen expert)", ("S", "h"), "act", None, ("W:experts",)),
+        K("act_fn(gate), * up (clamped SwiGLU)", "gate_up output (both clamps keep it: gate and up interleave in it)",
+          ("S", "ie2"), "act", None, ("e",)),
+        K("act_fn(gate), * up (clamped SwiGLU)", "sigmoid(alpha * gate)", ("S", "ie"), "act", None, ("e",)),
+        K("act_fn(gate), * up (clamped SwiGLU)", "clamped gate", ("S", "ie"), "act", None, ("e",)),
+        K("act_fn(gate), * up (clamped SwiGLU)", "up + 1", ("S", "ie"), "act", None, ("e",)),
+        K("act_fn(gate), * up (clamped SwiGLU)", "glu (gate * sigmoid(alpha * gate))", ("S", "ie"), "act", None, ("e",)),
+        K("grouped_mm down", "input ((up + 1) * glu)", ("S", "ie"), "act", None, ("W:experts",)),
+        K("* routing weight", "expert output", ("S", "h"), "act", None, ("r",)),
+        K("* routing weight", "routing weight column", ("S", 1), "lin", None, ("e",)),
+        K("unsort", "inverse permutation", ("S",), "i64", None, ("e",)),
+    ]
 
 
 def _sparsemixer(n: dict) -> list:
@@ -763,8 +825,9 @@ def _embedding_rows(fam: Family) -> list:
         rows.append(K("alibi", "the ALiBi + causal bias (shared by every layer)", ("b", "H", "s", "s"), "act", "fa_alibi_shared",
                       ("rope",)))
     if fam.rope:
-        rows += [K("rotary", "cos (shared by every layer)", (1, "s", "rot"), "act", "rotary_on", ("rope",)),
-                 K("rotary", "sin (shared by every layer)", (1, "s", "rot"), "act", "rotary_on", ("rope",)),
+        width = "rh" if fam.rope_half else "rot"
+        rows += [K("rotary", "cos (shared by every layer)", (1, "s", width), "act", "rotary_on", ("rope",)),
+                 K("rotary", "sin (shared by every layer)", (1, "s", width), "act", "rotary_on", ("rope",)),
                  # Gemma 3: a second pair for the other layer type (modeling_gemma3.py, Gemma3TextModel.forward)
                  K("rotary", "cos of the second layer type", (1, "s", "rot"), "act", "two_ropes", ("rope",)),
                  K("rotary", "sin of the second layer type", (1, "s", "rot"), "act", "two_ropes", ("rope",))]
@@ -794,6 +857,14 @@ LOSS_ROWS = [
     K("cross-entropy", "targets (the labels)", ("T",), "i64", "mlm"),
     K("cross-entropy", "total weight", (), "f32", "causal"),
     K("cross-entropy", "total weight", (), "soft", "mlm"),
+    # gpt-oss with output_router_logits: load_balancing_loss_func (GptOssForCausalLM.forward adds router_aux_loss_coef x
+    # it) takes a softmax of every layer's (T, E) router logits and their top-k after the last layer; they go with the
+    # loss, before the backward's first recomputation
+    K("router aux loss", "softmax of every layer's router logits (the logits' dtype)", ("nl", "T", "E"), "lin", "aux_loss",
+      ("x", "W:router")),
+    K("router aux loss", "top-k indices of every layer", ("nl", "T", "k"), "i64", "aux_loss", ("x", "W:router")),
+    K("router aux loss", "tokens per expert (fp32; * the mean router probability keeps it)", ("E",), "f32", "aux_loss",
+      ("x", "W:router")),
 ]
 
 # --------------------------------------------------------------------------------------------- evaluation
@@ -848,7 +919,8 @@ def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int = 0, attention: 
     expert_inter = cfg.get("moe_intermediate_size") or inter
     return {"b": micro_batch, "s": seq_len, "h": h, "i": inter, "i2": 2 * inter, "H": heads, "KV": kv_heads, "d": d,
             "dk": -(-d // 8) * 8 if attention == "flash" else d, "r": rotary,
-            "q": heads * d, "kv": kv_heads * d, "qkv": heads * d + 2 * kv_heads * d, "rot": rotary,
+            "q": heads * d, "kv": kv_heads * d, "qkv": heads * d + 2 * kv_heads * d, "rot": rotary, "rh": rotary // 2,
+            "s1": seq_len + 1, "nl": cfg["num_hidden_layers"] if mt != "gpt2" else cfg["n_layer"],
             "V": cfg["vocab_size"], "T": tokens, "Tl": tokens if micro_batch > 1 or FAMILIES[mt].llava else seq_len + 1,
             "E": experts, "k": k, "S": routed_rows(tokens, k, experts, moe), "R": rank, "R2": 2 * rank,
             "ie": expert_inter, "ie2": 2 * expert_inter, "is": cfg.get("shared_expert_intermediate_size") or 0,
@@ -890,6 +962,9 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
     v_view = (fam.qkv == "fused" and bool(fam.rope) and not cache and micro_batch == 1
               and (cfg.get("num_key_value_heads") or heads) == heads)
     mixed = precision.endswith("-mixed")
+    # one key/value head, one sequence, separate projections: repeat_kv's views fold without a copy (eager)
+    one_kv = (fam.qkv == "separate" and micro_batch == 1 and heads is not None and heads > 1
+              and cfg.get("num_key_value_heads") == 1)
     lora_dropout = bool(lora) and (lora.get("dropout") or 0) > 0
     o_copy = eager or (attention == "sdpa" and fam.rope == "partial")
     falcon = _falcon_conditions(cfg, fam, attention, checkpointing, micro_batch, cache, mixed)
@@ -899,8 +974,10 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
         "eager": eager,
         "eager_q": eager and not qkv_views,
         "eager_q_view": eager and qkv_views,
-        "eager_kv": eager and (cache or not qkv_views),
-        "eager_v": eager and (cache or not qkv_views) and not v_view,
+        "eager_kv": eager and (cache or not qkv_views) and not (one_kv and not mixed),
+        "eager_kv_one": eager and (cache or not qkv_views) and one_kv and not mixed,
+        "eager_v": eager and (cache or not qkv_views) and not v_view and not one_kv,
+        "eager_v_one": eager and (cache or not qkv_views) and not v_view and one_kv,
         "eager_v_view": eager and v_view,
         "eager_core": core,
         "eager_attn_dropout": core and attn_drop,
@@ -934,9 +1011,10 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
         "lora_dropout": lora_dropout,
         "lora_plain": bool(lora) and not lora_dropout and not mixed,
         "lora_plain_mixed": bool(lora) and not lora_dropout and mixed,
-        "topk_norm": bool(cfg.get("norm_topk_prob", True)),
+        "topk_norm": bool(cfg.get("norm_topk_prob", True)),   # Mixtral always renormalizes; Qwen-MoE when asked
+        "aux_loss": fam.mlp == "moe_oss" and bool(cfg.get("output_router_logits")),   # gpt-oss's load-balancing loss
         "input_jitter": (cfg.get("input_jitter_noise") or 0) > 0,   # PhiMoE
-        **_mla_conditions(cfg, fam, attention, precision, micro_batch),   # Mixtral always renormalizes; Qwen-MoE when asked
+        **_mla_conditions(cfg, fam, attention, precision, micro_batch),
     })
 
 

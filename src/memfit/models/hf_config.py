@@ -447,6 +447,12 @@ def validate(raw) -> list[HFProblem]:
         )
     if family.block == "falcon":
         problems += _falcon_layout(raw, cfg)
+    if family.block == "gpt_oss" and cfg.get("sliding_window") is None:
+        # GptOssModel.forward builds the sliding-window mask on every call, whatever layer_types says
+        problems.append(HFProblem((_where(raw, family, "sliding_window"),), UNSUPPORTED_MODEL,
+                                  "sliding_window null: GptOssModel.forward builds a sliding-window mask on every call and "
+                                  "transformers refuses it without a window (create_sliding_window_causal_mask: "
+                                  "'Could not find a `sliding_window` argument')"))
     experts_key = EXPERTS_KEY.get(family.model_type)
     experts = cfg.get(experts_key) if experts_key else None
     if experts_key and isinstance(experts, int) and not isinstance(experts, bool) and experts > 0 and cfg["num_experts_per_tok"] > experts:
@@ -835,7 +841,16 @@ def _deepseek_v3(out: dict, extra: dict, raw: dict) -> None:
     extra.setdefault("num_nextn_predict_layers", default)
 
 
-_POST_INIT = {"qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe, "t5": _post_init_t5, "deepseek_v3": _deepseek_v3}
+def _gpt_oss(out: dict, extra: dict, raw: dict) -> None:
+    """GptOssConfig.__post_init__: without rope_parameters, yarn (factor 32 over 4096 positions); layer_types (every
+    second layer full, the others sliding) is the Family's layer_pattern 2. A legacy rope_scaling still wins (_rope)."""
+    if out["rope_parameters"] is None:
+        out["rope_parameters"] = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                  "original_max_position_embeddings": 4096}
+
+
+_POST_INIT = {"qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe, "t5": _post_init_t5, "deepseek_v3": _deepseek_v3,
+              "gpt_oss": _gpt_oss}
 
 
 def _ignored(family: Family) -> frozenset:
