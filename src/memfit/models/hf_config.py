@@ -78,7 +78,7 @@ POSITIVE_NUMBERS = frozenset({"rope_theta", "rotary_emb_base", "factor"})
 MAX_LAYERS = 2048
 MAX_LABELS = 1 << 17  # a sequence-classification head of more labels than this is not a config.json memfit derives
 MAX_DIGITS = 1000  # an integer literal longer than this is refused at parse time (Python converts at most 4,300)
-LAYER_TYPES = ("full_attention", "sliding_attention")
+LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")  # chunked: Llama 4's rope layers
 _LABEL_ID = re.compile(r"-?[0-9]{1,18}")
 
 
@@ -444,6 +444,8 @@ def validate(raw) -> list[HFProblem]:
         )
     if family.block == "falcon":
         problems += _falcon_layout(raw, cfg)
+    if family.block == "llama4":
+        problems += _llama4_layers(raw, cfg)
     experts_key = EXPERTS_KEY.get(family.model_type)
     experts = cfg.get(experts_key) if experts_key else None
     if experts_key and isinstance(experts, int) and not isinstance(experts, bool) and experts > 0 and cfg["num_experts_per_tok"] > experts:
@@ -797,7 +799,34 @@ def _qwen3_moe(out: dict, extra: dict, raw: dict) -> None:
     extra.setdefault("num_local_experts", default)
 
 
-_POST_INIT = {"qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe, "t5": _post_init_t5}
+def _llama4_layers(raw: dict, cfg: dict) -> list[HFProblem]:
+    """Llama 4's per-layer lists: no_rope_layers needs an entry per layer (Llama4TextAttention reads
+    no_rope_layers[layer_idx]); layer_types one per layer; a moe_layers index past the last layer makes no MoE layer."""
+    n, out = cfg["num_hidden_layers"], []
+    for key in ("no_rope_layers", "layer_types"):
+        if key in raw and raw[key] and len(cfg[key]) < n:
+            out.append(HFProblem((key,), SHAPE_MISMATCH, f"{key} has {len(cfg[key])} entries for {n} layers: one per layer"))
+    if cfg.get("layer_types") and "sliding_attention" in cfg["layer_types"]:
+        out.append(HFProblem(("layer_types",), BAD_MODEL_CONFIG, "llama4_text's layer types are full_attention and chunked_attention"))
+    return out
+
+
+def _llama4_text(out: dict, extra: dict, raw: dict) -> None:
+    """Llama4TextConfig.__post_init__: no_rope_layers (when empty) from no_rope_layer_interval (every interval-th layer
+    NoPE), moe_layers from interleave_moe_layer_step, layer_types from them (a rope layer attends in chunks when
+    attention_chunk_size is set)."""
+    n = out["num_hidden_layers"]
+    if not out["no_rope_layers"]:
+        out["no_rope_layers"] = [int((i + 1) % out["no_rope_layer_interval"] != 0) for i in range(n)]
+    if out["moe_layers"] is None:
+        step = out["interleave_moe_layer_step"]
+        out["moe_layers"] = list(range(step - 1, n, step))
+    if out["layer_types"] is None:
+        chunked = out["attention_chunk_size"] is not None
+        out["layer_types"] = ["chunked_attention" if rope and chunked else "full_attention" for rope in out["no_rope_layers"]]
+
+
+_POST_INIT = {"qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe, "t5": _post_init_t5, "llama4_text": _llama4_text}
 
 
 def _ignored(family: Family) -> frozenset:
