@@ -692,6 +692,17 @@ def derive(data: dict, out, path: str) -> list:
                 message = (f"parallel.{key} {parallel[key]}: memfit does not split an encoder-decoder's two stacks across "
                            f"{key}-parallel ranks; data-parallel layouts (ZeRO, FSDP) are modeled")
                 return [Problem(("parallel", key), codes.BAD_PARALLEL, message, on_key=True)]
+    if fam.block == "llama4":
+        expert = parallel.get("expert")
+        if isinstance(expert, int) and not isinstance(expert, bool) and expert > 1:
+            message = (f"parallel.expert {expert}: transformers' Llama 4 runs every token through every expert (each copy "
+                       "scaled by its router score), so there is nothing to dispatch: Llama4TextConfig has no expert-parallel "
+                       "plan and its experts shard with the tensor-parallel one; use parallel.tensor")
+            return [Problem(("parallel", "expert"), codes.BAD_PARALLEL, message, on_key=True)]
+        if "moe" in training:
+            message = ("training.moe sets a routing assumption; Llama 4's experts take every token (E x tokens rows per "
+                       "MoE layer, whatever the router picks): ignored")
+            hints.append(Problem(("training", "moe"), codes.IGNORED_KEY, message, on_key=True))
     if "target_len" in training and not fam.stacked:
         message = f"training.target_len is the decoder's tokens of an encoder-decoder model; {fam.model_type} has one stack: ignored (seq_len counts its tokens)"
         hints.append(Problem(("training", "target_len"), codes.IGNORED_KEY, message, on_key=True))
@@ -924,6 +935,11 @@ def routing_lines(model: Model) -> list[str]:
     from memfit.models.hf_activations import routed_rows
 
     fam = family(model.cfg)
+    if fam.block == "llama4":
+        tokens = model.training["micro_batch"] * model.training["seq_len"]
+        experts = model.cfg["num_local_experts"]
+        return [f"       routed rows per MoE layer: {experts * tokens:,} (every token through each of {experts} experts)",
+                f"         Llama4TextMoe scales each copy by its sigmoid router score (0 off the top-{model.cfg['num_experts_per_tok']})"]
     if fam.model_type not in EXPERTS_KEY:
         return []
     moe = (model.recipe or {}).get("moe") or {}

@@ -342,6 +342,12 @@ def validate(raw) -> list[HFProblem]:
         return [HFProblem((), BAD_MODEL_CONFIG, f"no model_type: name the model family ({', '.join(SUPPORTED)})")]
     model_type = raw["model_type"]
     family = family_of(raw)
+    if family is None and model_type == "llama4" and isinstance(raw.get("text_config"), dict):
+        # Llama4ForConditionalGeneration: a vision tower and projector around a Llama 4 text model (llama4_text)
+        return [HFProblem(("text_config",), UNSUPPORTED_MODEL,
+                          "model_type llama4 is Llama4ForConditionalGeneration (a vision tower and projector around the text "
+                          "model); memfit models the text model (llama4_text: Llama4ForCausalLM): give this text_config as "
+                          "the config.json (it is one, with model_type llama4_text); the vision tower is not modeled")]
     if family is None:
         from memfit.models.unknown import unknown_message  # the families, the fallback, the nearest family
 
