@@ -1389,10 +1389,17 @@ def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "s
         # a sliding layer whose window masks sdpa recomputes more (Gemma 3): the larger of the two
         recomputed[kind] = max([recomputation(later)] + ([recomputation(window[1])] if window is not None else []))
     each = nbytes(layer.kept)
-    kept = nbytes(emb.kept) + layer.count * each
+    emb_bytes = nbytes(emb.kept)
+    if cfg["model_type"] == "llama4_text":
+        # Llama 4's freqs_cis is kept only by a rope layer's complex multiply: under full checkpointing by the rope
+        # layer being recomputed, by no one at the end of the forward or while a NoPE layer is recomputed
+        freqs = nbytes([k for k in emb.kept if k.label.startswith("rotary: freqs_cis")])
+        emb_bytes -= freqs
+        recomputed = {kind: size + (0 if "nope" in kind.split() else freqs) for kind, size in recomputed.items()}
+    kept = emb_bytes + layer.count * each
     # the backward recomputes layer i once the boundaries of the layers above it are released: where layers differ
     # (dense and sparse) the peak is the largest of (layers up to i kept + layer i's recomputation)
-    worst = max(nbytes(emb.kept) + (i + 1) * each + recomputed[kind] for i, kind in enumerate(layer_kinds(cfg)))
+    worst = max(emb_bytes + (i + 1) * each + recomputed[kind] for i, kind in enumerate(layer_kinds(cfg)))
     if FAMILIES[cfg["model_type"]].llava:   # a vision layer's recomputation, beyond its input
         worst = max(worst, kept + nbytes(_llava_kept(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora,
                                                      shape or _shape)[1]))
