@@ -301,7 +301,7 @@ def test_the_multimodal_wrapper_asks_for_its_text_config(tmp_path):
 
 def test_expert_parallelism_is_refused_and_moe_routing_ignored(tmp_path):
     cfg = config()
-    refused = check_json(tmp_path, cfg, micro_batch=2, seq_len=16, extra={"parallel": {"expert": 2}, "gpus": 2})
+    refused = check_json(tmp_path, cfg, micro_batch=2, seq_len=16, extra={"parallel": {"expert": 2, "data": 2}})
     assert [d["code"] for d in refused["diagnostics"]] == ["bad-parallel"]
     assert "every token through every expert" in refused["diagnostics"][0]["message"]
     plain = check_json(tmp_path, cfg, micro_batch=2, seq_len=16)
