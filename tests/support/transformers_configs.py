@@ -92,6 +92,14 @@ CONFIGS = {
          "num_kv_heads": 1, "num_ln_in_parallel_attn": 1, "tie_word_embeddings": False},
         {"vocab_size": 96, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "multi_query": False, "bias": True},
     ],
+    # Llama 4 text: every layer alike here (MoE, rope; the shared checks want one layer block); top-2, biased attention,
+    # tied. tests/models/test_families_llama4.py covers dense / MoE and rope / NoPE layers side by side
+    "llama4_text": [
+        {**TINY, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size_mlp": 112, "num_local_experts": 4,
+         "no_rope_layers": [1, 1]},
+        {**TINY, "num_hidden_layers": 3, "num_local_experts": 3, "num_experts_per_tok": 2, "intermediate_size_mlp": 40,
+         "attention_bias": True, "tie_word_embeddings": True, "use_qk_norm": False, "no_rope_layers": [1, 1, 1]},
+    ],
 }
 OTHER_ARCHITECTURES = {  # one more head per family where it is cheap
     "llama": "LlamaForSequenceClassification",
