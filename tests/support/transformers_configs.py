@@ -97,7 +97,7 @@ CONFIGS = {
     "llama4_text": [
         {**TINY, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size_mlp": 112, "num_local_experts": 4,
          "no_rope_layers": [1, 1]},
-        {**TINY, "num_hidden_layers": 3, "num_local_experts": 3, "num_experts_per_tok": 2, "intermediate_size_mlp": 40,
+        {**TINY, "num_hidden_layers": 3, "num_key_value_heads": 4, "head_dim": 32, "num_local_experts": 3, "num_experts_per_tok": 2, "intermediate_size_mlp": 40,
          "attention_bias": True, "tie_word_embeddings": True, "use_qk_norm": False, "no_rope_layers": [1, 1, 1]},
     ],
 }
