@@ -876,10 +876,10 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
         "embd_dropout": _drop(cfg, fam, "embd"),
         # Gemma 3's second cos/sin pair: kept by the layers of the other type; under full checkpointing only the
         # recomputed layer keeps one pair (the one counted with the embeddings)
-        "qk_norm_on": bool(fam.qk_norm_key and cfg.get(fam.qk_norm_key)) or (cfg["model_type"] == "llama4_text" and bool(cfg.get("use_qk_norm"))),
-        "temperature_on": cfg["model_type"] == "llama4_text" and bool(cfg.get("attn_temperature_tuning")),
-        "freqs_cis": cfg["model_type"] == "llama4_text",
-        "cos_sin": cfg["model_type"] != "llama4_text",
+        "qk_norm_on": bool(fam.qk_norm_key and cfg.get(fam.qk_norm_key)) or (cfg.get("model_type") == "llama4_text" and bool(cfg.get("use_qk_norm"))),
+        "temperature_on": cfg.get("model_type") == "llama4_text" and bool(cfg.get("attn_temperature_tuning")),
+        "freqs_cis": cfg.get("model_type") == "llama4_text",
+        "cos_sin": cfg.get("model_type") != "llama4_text",
         "two_ropes": isinstance(cfg.get("rope_parameters"), dict) and "full_attention" in cfg["rope_parameters"]
         and len(set(cfg.get("layer_types") or ())) > 1 and checkpointing != "full",
         "attn_softcap": cfg.get("attn_logit_softcapping") is not None,
