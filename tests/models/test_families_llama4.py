@@ -234,7 +234,7 @@ def test_published_configs_check_through_the_cli(name, tmp_path):
 
 
 def test_the_example_checks(tmp_path):
-    example = ROOT / "examples" / "families" / "llama-4-scout-text-lora.yaml"
+    example = ROOT / "examples" / "moe" / "llama-4-scout-text-lora.yaml"
     done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(example)], cwd=ROOT,
                           capture_output=True, text=True, timeout=180, check=False)
     assert done.returncode in (0, 1), done.stderr
