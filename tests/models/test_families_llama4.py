@@ -329,3 +329,16 @@ def test_the_docs_state_the_family_and_print_its_table():
     doc = (ROOT / "docs" / "transformer-activations.md").read_text(encoding="utf-8")
     cfg = hf_config.normalize({"model_type": "llama4_text", **TINY})
     assert f"#### llama4_text\n\n{ha.markdown_table(cfg)}\n" in doc, "regenerate the llama4_text table"
+
+
+def test_explain_states_that_every_token_goes_through_every_expert(tmp_path):
+    cfg = config()
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "train.yaml").write_text("memfit: 1\ndevice: {memory: 1 TiB}\noptimizer: adamw\n"
+                                         "model: {hf_config: config.json}\ntraining: {micro_batch: 2, seq_len: 16}\n")
+    done = subprocess.run([sys.executable, "-m", "memfit", "explain", str(tmp_path / "train.yaml")], capture_output=True,
+                          text=True, timeout=180, check=False, env={**__import__("os").environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr
+    rows = TINY["num_local_experts"] * 2 * 16
+    assert f"routed rows per MoE layer: {rows:,} (every token through each of {TINY['num_local_experts']} experts)" in done.stdout
+    assert "uniform routing" not in done.stdout
