@@ -277,26 +277,46 @@ def test_all_linear_lora_is_refused_as_peft_fails_on_the_router(tmp_path):
 # --- what memfit refuses or ignores, with its reason ------------------------------------------------------------
 
 
-def test_the_multimodal_wrapper_asks_for_its_text_config(tmp_path):
-    raw = {"model_type": "llama4", "architectures": ["Llama4ForConditionalGeneration"],
-           "text_config": {"model_type": "llama4_text", **TINY}, "vision_config": {"hidden_size": 64}}
-    (tmp_path / "config.json").write_text(json.dumps(raw, indent=2))
-    (tmp_path / "train.yaml").write_text("memfit: 1\ndevice: {memory: 1 TiB}\noptimizer: adamw\n"
-                                         "model: {hf_config: config.json}\ntraining: {micro_batch: 1, seq_len: 16}\n")
-    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(tmp_path / "train.yaml")],
-                          capture_output=True, text=True, timeout=180, check=False)
-    [problem] = json.loads(done.stdout)["files"][0]["diagnostics"]
+def test_the_multimodal_config_is_read_through_its_text_config_or_refused(tmp_path):
+    """model_type llama4 (Llama4Config: text_config and vision_config): AutoModelForCausalLM builds Llama4ForCausalLM
+    over the text_config alone, and memfit reads it so; a config naming Llama4ForConditionalGeneration (the vision
+    tower and projector too, as the published ones do) is refused at that name, with the advice to give the
+    text_config."""
+    import torch
+    import transformers
+
+    raw = {"model_type": "llama4", "text_config": {"model_type": "llama4_text", **TINY},
+           "vision_config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 96}}
+    config = transformers.AutoConfig.for_model("llama4", **{k: v for k, v in raw.items() if k != "model_type"})
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    assert type(model).__name__ == "Llama4ForCausalLM"
+    real = sum(p.numel() for p in model.parameters())
+    yaml_text = ("memfit: 1\ndevice: {memory: 1 TiB}\noptimizer: adamw\nmodel: {hf_config: config.json}\n"
+                 "training: {micro_batch: 1, seq_len: 16}\n")
+    (tmp_path / "train.yaml").write_text(yaml_text)
+
+    def check(doc):
+        (tmp_path / "config.json").write_text(json.dumps(doc, indent=2))
+        done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(tmp_path / "train.yaml")],
+                              capture_output=True, text=True, timeout=180, check=False)
+        return json.loads(done.stdout)["files"][0]
+
+    entry = check(raw)
+    assert entry["diagnostics"] == []
+    assert entry["footprint"]["parameters"] == 4 * real
+    entry = check({**raw, "architectures": ["Llama4ForConditionalGeneration"]})
+    [problem] = entry["diagnostics"]
     assert problem["code"] == "unsupported-model"
     assert "text_config" in problem["message"] and "llama4_text" in problem["message"]
-    text = (tmp_path / "config.json").read_text().splitlines()
-    line = problem["range"]["start"]["line"] if "range" in problem else None
-    if line is not None:
-        assert '"text_config"' in text[line]
-    # and the text_config, given as the config.json, checks
-    (tmp_path / "config.json").write_text(json.dumps(raw["text_config"]))
-    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(tmp_path / "train.yaml")],
-                          capture_output=True, text=True, timeout=180, check=False)
-    assert json.loads(done.stdout)["files"][0]["diagnostics"] == []
+    line = (tmp_path / "config.json").read_text().splitlines()[problem["range"]["start"]["line"]]
+    assert "Llama4ForConditionalGeneration" in line
+    # a bad key inside text_config is placed there
+    entry = check({**raw, "text_config": {**raw["text_config"], "num_key_value_heads": 3}})
+    [problem] = entry["diagnostics"]
+    assert problem["code"] == "shape-mismatch"
+    line = (tmp_path / "config.json").read_text().splitlines()[problem["range"]["start"]["line"]]
+    assert '"num_key_value_heads": 3' in line
 
 
 def test_expert_parallelism_is_refused_and_moe_routing_ignored(tmp_path):

@@ -20,7 +20,7 @@ import math
 import os
 import re
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from memfit.diagnostics.diagnostic import Range
@@ -343,11 +343,16 @@ def validate(raw) -> list[HFProblem]:
     model_type = raw["model_type"]
     family = family_of(raw)
     if family is None and model_type == "llama4" and isinstance(raw.get("text_config"), dict):
-        # Llama4ForConditionalGeneration: a vision tower and projector around a Llama 4 text model (llama4_text)
-        return [HFProblem(("text_config",), UNSUPPORTED_MODEL,
-                          "model_type llama4 is Llama4ForConditionalGeneration (a vision tower and projector around the text "
-                          "model); memfit models the text model (llama4_text: Llama4ForCausalLM): give this text_config as "
-                          "the config.json (it is one, with model_type llama4_text); the vision tower is not modeled")]
+        names = raw.get("architectures")
+        if isinstance(names, list) and names and names[0] != "Llama4ForCausalLM":
+            # Llama4ForConditionalGeneration: a vision tower and projector around a Llama 4 text model (llama4_text)
+            return [HFProblem(("architectures", 0), UNSUPPORTED_MODEL,
+                              f"architecture {excerpt(names[0])} of model_type llama4 is the multimodal model (a vision tower "
+                              "and projector around the text model); memfit models the text model (llama4_text: "
+                              "Llama4ForCausalLM): give text_config as the config.json (it is one, with model_type "
+                              "llama4_text), or name Llama4ForCausalLM here; the vision tower is not modeled")]
+        # AutoModelForCausalLM builds Llama4ForCausalLM from the text_config alone: read it as llama4_text
+        return [replace(p, path=("text_config",) + p.path) for p in validate(llama4_text(raw))]
     if family is None:
         from memfit.models.unknown import unknown_message  # the families, the fallback, the nearest family
 
@@ -694,6 +699,8 @@ def normalize(raw: dict) -> dict:
 
     `raw` must have passed validate() (a supported model_type, well-typed values).
     """
+    if raw.get("model_type") == "llama4":
+        return normalize(llama4_text(raw))
     family = FAMILIES[raw["model_type"]]
     fields = family.fields
     out = {key: _copy(default) for key, (default, _) in BASE_FIELDS.items()}
@@ -803,6 +810,13 @@ def _qwen3_moe(out: dict, extra: dict, raw: dict) -> None:
     out["mlp_only_layers"] = [] if out["mlp_only_layers"] is None else out["mlp_only_layers"]
     default = out.pop("num_experts")
     extra.setdefault("num_local_experts", default)
+
+
+def llama4_text(raw: dict) -> dict:
+    """A llama4 (multimodal) config.json's text model as its own config.json: what AutoModelForCausalLM builds
+    (Llama4ForCausalLM over text_config)."""
+    text = {k: v for k, v in raw["text_config"].items() if k != "model_type"}
+    return {"model_type": "llama4_text", **text}
 
 
 def _llama4_layers(raw: dict, cfg: dict) -> list[HFProblem]:
