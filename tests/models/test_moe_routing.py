@@ -56,3 +56,17 @@ def test_worst_case_routing_sizes_the_expert_groups_tokens(tmp_path):
     # every token of the 4 ranks sends its k choices to this rank's experts: 4 · T · min(k, E / 4) rows
     rows = 4 * tokens * min(k, experts // 4)
     assert worst - uniform == layers * (rows - tokens * k) * row_bytes(TINY)
+
+
+@pytest.mark.parametrize("parallel", ["parallel: {tensor: 2}\n", "parallel: {pipeline: 2}\n"])
+def test_the_routing_assumption_holds_under_tensor_and_pipeline_parallelism(tmp_path, parallel):
+    # the per-rank path (Megatron's split) sizes the routed rows as one device does: a capacity factor adds
+    # (rows - T·k) routed rows per MoE layer on the rank that holds the layers (tensor: every layer; pipeline:
+    # the first stage's, with the micro-batches 1F1B keeps there)
+    tokens, k, experts = 2 * 16, TINY["num_experts_per_tok"], TINY["num_experts"]
+    base = activations(check(tmp_path, TINY, "micro_batch: 2, seq_len: 16", parallel))
+    padded = activations(check(tmp_path, TINY, "micro_batch: 2, seq_len: 16, moe: {capacity_factor: 2}", parallel))
+    cut = activations(check(tmp_path, TINY, "micro_batch: 2, seq_len: 16, moe: {capacity_factor: 0.5}", parallel))
+    rows = experts * math.ceil(2 * tokens * k / experts)
+    assert padded > base > cut
+    assert (padded - base) % ((rows - tokens * k) * row_bytes(TINY)) == 0

@@ -43,6 +43,7 @@ NEEDS_TRANSFORMER = "needs-transformer"
 BAD_LORA = "bad-lora"
 LORA_NO_MATCH = "lora-no-match"
 UNKNOWN_QUANTIZATION = "unknown-quantization"
+BAD_QUANTIZATION = "bad-quantization"
 BAD_UNIT = "bad-unit"
 BAD_BUDGET = "bad-budget"
 SHAPE_MISMATCH = "shape-mismatch"
@@ -92,6 +93,7 @@ CODES: dict[str, Code] = _register(
     Code(BAD_LORA, ERROR, "A LoRA setting that peft refuses", "Give lora.r a positive integer rank and the targets as module-name suffixes, a regex or 'all-linear'."),
     Code(LORA_NO_MATCH, ERROR, "lora.target_modules match no linear module", "Use names from the model's linear modules (listed in the message), e.g. q_proj, v_proj, or 'all-linear'."),
     Code(UNKNOWN_QUANTIZATION, ERROR, "A quantization method memfit does not know", "Use nf4, fp4 or int8 (bitsandbytes via transformers' BitsAndBytesConfig)."),
+    Code(BAD_QUANTIZATION, ERROR, "A quantized base the model cannot run with", "Train this model without `quantization` (LoRA on the 16-bit base), or quantize a model whose layers bitsandbytes can replace."),
     Code(
         BAD_UNIT,
         ERROR,

@@ -626,6 +626,14 @@ def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int, routed: bool 
         "o_proj": res + dropout + T * q * lin_w,
         "attention": res + T * (2 * q + 2 * kv) * lin_w + scores,
     }
+    if fam.sandwich:
+        # Gemma 2/3, OLMo 2: a norm on o_proj's and on down_proj's output is the first op their backward meets; it
+        # runs in fp32 (the norm upcasts its input) and holds three (T, h) fp32 tensors beside the arriving
+        # gradient (measured, bf16-true and 32-true, full checkpointing: MemTracker peaks at that norm's backward
+        # in layer 0, after the layer is recomputed)
+        norm = res + dropout + 3 * T * h * 4
+        out["down_proj"] = max(out["down_proj"], norm)
+        out["o_proj"] = max(out["o_proj"], norm)
     if routed and sizes.get("k"):
         # the experts run their MLP once per routed row (S = T·k, or as training.moe sets it), at the experts' width
         S, ie = sizes["S"], sizes["ie"]

@@ -104,11 +104,13 @@ def stage_activations(config) -> list | None:
     from memfit.models.hf_sharded import activations_per_stage
 
     t = model.training
-    precision = (getattr(model, "recipe", None) or {}).get("precision", "32-true")  # as the footprint's
+    recipe = getattr(model, "recipe", None) or {}
+    precision = recipe.get("precision", "32-true")  # as the footprint's
     try:
         return activations_per_stage(
             model.cfg, config.parallel, micro_batch=t["micro_batch"], seq_len=t["seq_len"],
             attention=t["attention"], checkpointing=t["checkpointing"], dtypes=model.dtypes, precision=precision,
+            moe=recipe.get("moe"),
         )
     except (ValueError, KeyError):  # a model hf_activations does not cover: its rows, as derived
         return None

@@ -698,8 +698,9 @@ def _shared_input_rows(fam: Family, n: dict, attention: list, mlp: list) -> list
     use_qk_norm adds a per-head CohereLayerNorm on q and k before the rotary."""
     X = ("b", "s", "h")
     shared = attention[0].label   # the q/k/v projections' input (Falcon: query_key_value's)
+    own = mlp[0].label   # gate/up's input row; their LoRA inputs name it as their storage too
     mlp = [r._replace(needs=tuple("n1" if x == "n2" else x for x in r.needs),
-                      source=shared if r.label == mlp[0].label else r.source) for r in mlp]
+                      source=shared if r.label == own or r.source == own else r.source) for r in mlp]
     qk = [r._replace(when=_and("qk_norm_on", r.when))
           for r in _norm(fam.norm, "q_norm", ("b", "s", "H", "d"), "q_raw", "lin")
           + _norm(fam.norm, "k_norm", ("b", "s", "KV", "d"), "k_raw", "lin")]

@@ -49,14 +49,15 @@ def _resolve_per_rank(rows: list, cond: dict, roles: dict, split: dict, seq: dic
 
 def layer_saved_per_rank(cfg: dict, *, micro_batch: int, seq_len: int, tensor: int = 1, sequence_parallel: bool = False,
                          attention: str = "sdpa", checkpointing: str = "none", precision: str = "32-true",
-                         dtypes: dict | None = None) -> list:
+                         dtypes: dict | None = None, moe: dict | None = None) -> list:
     """One transformer layer's saved tensors on one tensor-parallel rank: models.hf_activations'
     rows, each evaluated with the rank's share of its dims (Megatron's split: column-parallel
     outputs and the attention core by heads, the MLP by its intermediate width; under sequence
-    parallelism everything else by the sequence)."""
+    parallelism everything else by the sequence). A mixture of experts' routed rows follow `moe`
+    (training.moe's routing and capacity factor, parallel.expert), as on one device."""
     A.check(cfg, attention, checkpointing, precision)
     fam = A.FAMILIES[cfg["model_type"]]
-    sizes = A._sizes(cfg, micro_batch, seq_len)
+    sizes = A._sizes(cfg, micro_batch, seq_len, moe=moe)
     roles = A._dtypes(precision, dtypes)
     split, seq = _rank_sizes(sizes, tensor, sequence_parallel, micro_batch)
     if checkpointing == "full":
@@ -67,20 +68,22 @@ def layer_saved_per_rank(cfg: dict, *, micro_batch: int, seq_len: int, tensor: i
 
 
 def activations_per_stage(cfg: dict, layout: Parallel, *, micro_batch: int, seq_len: int, attention: str = "sdpa",
-                          checkpointing: str = "none", precision: str = "32-true", dtypes: dict | None = None) -> list:
+                          checkpointing: str = "none", precision: str = "32-true", dtypes: dict | None = None,
+                          moe: dict | None = None) -> list:
     """Saved-activation bytes on the most-loaded rank of every pipeline stage: the stage's layers
     (and the embeddings on the first stage, the head and loss on the last), per tensor-parallel
     rank, times the micro-batches 1F1B keeps in flight there; under full checkpointing plus one
     layer's recomputation."""
     t, sp = layout.tensor, layout.sequence_parallel
     fam = A.FAMILIES[cfg["model_type"]]
-    sizes = A._sizes(cfg, micro_batch, seq_len)
+    sizes = A._sizes(cfg, micro_batch, seq_len, moe=moe)
     roles = A._dtypes(precision, dtypes)
     split, seq = _rank_sizes(sizes, t, sp, micro_batch)
     cond = A._conditions(cfg, fam, attention, checkpointing, micro_batch, precision)
     embeddings = A.nbytes(_resolve_per_rank(A._embedding_rows(fam), cond, roles, split, seq))
     ends = A.nbytes(_resolve_per_rank(A._head_rows(fam), cond, roles, split, seq) + _resolve_per_rank(A.LOSS_ROWS, cond, roles, split, seq))
-    common = dict(micro_batch=micro_batch, seq_len=seq_len, tensor=t, sequence_parallel=sp, attention=attention, precision=precision, dtypes=dtypes)
+    common = dict(micro_batch=micro_batch, seq_len=seq_len, tensor=t, sequence_parallel=sp, attention=attention, precision=precision,
+                  dtypes=dtypes, moe=moe)
     layer = A.nbytes(layer_saved_per_rank(cfg, checkpointing=checkpointing, **common))
     recompute = A.nbytes(layer_saved_per_rank(cfg, checkpointing="none" if checkpointing == "full" else checkpointing, **common)) if checkpointing == "full" else 0
     layers = cfg["n_layer"] if cfg["model_type"] == "gpt2" else cfg["num_hidden_layers"]

@@ -50,8 +50,13 @@ def transformer_rows(cfg: dict, data: dict, base_dtype: str, params, linears, he
     head kind) are models.hf's for it, which turns the rows into config tensors."""
     from memfit.recipe import lora as lora_rules
 
+    from memfit.recipe import quant
+
     head = lora_rules.OUTPUT_HEADS.get(head)
     section = data.get("lora") or {}
+    refused = quant.REFUSED_MODELS.get(cfg.get("model_type"))
+    if data.get("quantization") and refused:
+        return [], [Problem(("quantization",), codes.BAD_QUANTIZATION, f"{cfg['model_type']} cannot be trained on a quantized base: {refused}", on_key=True)]
     try:
         rows = lora_rules.training_parameters(
             params,

@@ -50,6 +50,15 @@ METHODS: dict[str, Method] = {
 TORCHAO_SCALER_BLOCKSIZE = 256
 
 
+# Model types whose quantized base cannot run: transformers' bitsandbytes integration replaces every nn.Linear
+# (subclasses included) but the output head, and these models read more than a tensor from one of them.
+REFUSED_MODELS = {
+    "phimoe": "bitsandbytes replaces PhiMoE's router (an nn.Linear subclass returning routing weights and experts) "
+              "by a quantized linear returning one tensor, and the MoE block fails (ValueError: too many values to "
+              "unpack; transformers 5.24.0, measured)",
+}
+
+
 class QuantError(ValueError):
     def __init__(self, message: str, field: str, suggestions=None):
         super().__init__(message)
