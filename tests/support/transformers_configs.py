@@ -111,6 +111,14 @@ CONFIGS = {
         {**TINY, "num_hidden_layers": 3, "intermediate_size": 48, "num_key_value_heads": 4, "head_dim": 8, "num_local_experts": 3,
          "num_experts_per_tok": 3, "attention_bias": False, "tie_word_embeddings": True},
     ],
+    # Llama 4 text: every layer alike here (MoE, rope; the shared checks want one layer block); top-2, biased attention,
+    # tied. tests/models/test_families_llama4.py covers dense / MoE and rope / NoPE layers side by side
+    "llama4_text": [
+        {**TINY, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size_mlp": 112, "num_local_experts": 4,
+         "no_rope_layers": [1, 1]},
+        {**TINY, "num_hidden_layers": 3, "num_key_value_heads": 4, "head_dim": 32, "num_local_experts": 3, "num_experts_per_tok": 2, "intermediate_size_mlp": 40,
+         "attention_bias": True, "tie_word_embeddings": True, "use_qk_norm": False, "no_rope_layers": [1, 1, 1]},
+    ],
 }
 OTHER_ARCHITECTURES = {  # one more head per family where it is cheap
     "llama": "LlamaForSequenceClassification",

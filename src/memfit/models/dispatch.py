@@ -131,4 +131,6 @@ def layout_dims(cfg: dict | None) -> dict:
     }
     if cfg.get("model_type") in EXPERTS_KEY:  # the routed experts parallel.expert divides
         out["experts"] = cfg.get(EXPERTS_KEY[cfg["model_type"]])
+    elif cfg.get("model_type") == "llama4_text":   # experts that take every token (models.hf refuses parallel.expert)
+        out["experts"] = cfg.get("num_local_experts")
     return out

@@ -123,6 +123,8 @@ def _layer(cfg: dict, fam: Family) -> list[Module]:
     if block == "falcon":
         return _falcon_layer(cfg, h)
 
+    if block == "llama4":
+        return _llama4_layer(cfg, fam, layer_kinds(cfg)[0])
     # the Llama layout and its relatives: attention, MLP (or mixture of experts), two RMSNorms
     if block in MOE_LAYERS:
         return _moe_layer(cfg, fam, "moe")
@@ -189,6 +191,8 @@ def layer_kinds(cfg: dict) -> list[str]:
     """Each layer's kind (hf_activations.layer_kinds: "moe" / "dense" where layers differ, else "")."""
     from memfit.models.hf_activations import layer_kinds as kinds  # on demand: only a transformer config needs it
 
+    if cfg["model_type"] == "llama4_text":   # the parameters differ by the MLP only (rope / NoPE / chunked alike)
+        return [kind.split(" ")[0] for kind in kinds(cfg)]
     return kinds(cfg)
 
 
@@ -330,12 +334,48 @@ def _gpt_oss_layer(cfg: dict, fam: Family) -> list[Module]:
     ]
 
 
+def _llama4_layer(cfg: dict, fam: Family, kind: str) -> list[Module]:
+    """Llama4TextDecoderLayer: self_attn (q/k/v/o; the L2 qk_norm has no weight), feed_forward (a MoE layer:
+    experts.gate_up_proj (E, h, 2·ie) and experts.down_proj (E, ie, h), the router (an nn.Linear, no bias), the
+    shared expert (a gated MLP of intermediate_size); a dense layer: a gated MLP of intermediate_size_mlp), then
+    input_layernorm and post_attention_layernorm."""
+    h = _hidden(cfg, fam)
+    heads, kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
+    bias = _flag(cfg, fam.qkv_bias)
+    attention = [
+        Module("self_attn.q_proj", "linear", (h, heads * d, bias)),
+        Module("self_attn.k_proj", "linear", (h, kv * d, bias)),
+        Module("self_attn.v_proj", "linear", (h, kv * d, bias)),
+        Module("self_attn.o_proj", "linear", (heads * d, h, bias)),
+    ]
+    if kind.startswith("moe"):
+        experts, inner = cfg["num_local_experts"], cfg["intermediate_size"]
+        mlp = [
+            Module("feed_forward.experts.gate_up_proj", "param", (experts, h, 2 * inner)),
+            Module("feed_forward.experts.down_proj", "param", (experts, inner, h)),
+            Module("feed_forward.router", "linear", (h, experts, False)),
+            Module("feed_forward.shared_expert.gate_proj", "linear", (h, inner, False)),
+            Module("feed_forward.shared_expert.up_proj", "linear", (h, inner, False)),
+            Module("feed_forward.shared_expert.down_proj", "linear", (inner, h, False)),
+        ]
+    else:
+        inner = cfg["intermediate_size_mlp"]
+        mlp = [
+            Module("feed_forward.gate_proj", "linear", (h, inner, False)),
+            Module("feed_forward.up_proj", "linear", (h, inner, False)),
+            Module("feed_forward.down_proj", "linear", (inner, h, False)),
+        ]
+    return attention + mlp + [Module("input_layernorm", "rmsnorm", (h,)), Module("post_attention_layernorm", "rmsnorm", (h,))]
+
+
 def _templates(cfg: dict) -> dict:
     """Layer kind -> that kind's modules (one entry, "", where every layer is alike)."""
     fam = family(cfg)
     kinds = layer_kinds(cfg)
     if fam.block == "deepseek_v3":
         return {kind: _deepseek_layer(cfg, fam, kind) for kind in dict.fromkeys(kinds)}
+    if fam.block == "llama4":
+        return {kind: _llama4_layer(cfg, fam, kind) for kind in dict.fromkeys(kinds)}
     if fam.block not in MOE_LAYERS:
         return {"": _layer(cfg, fam)}
     return {kind: _moe_layer(cfg, fam, kind) for kind in dict.fromkeys(kinds)}
@@ -560,6 +600,11 @@ def summary(cfg: dict) -> str:
         attention = (f"{heads} latent-attention heads (q/k {cfg['qk_nope_head_dim'] + cfg['qk_rope_head_dim']}, "
                      f"v {cfg['v_head_dim']}; {q}kv_lora_rank {cfg['kv_lora_rank']})")
     text = f"{architecture(cfg)}: {parameter_count(cfg):,} parameters; {num_layers(cfg)} layers, hidden {_hidden(cfg, fam)}, {attention}"
+    if fam.block == "llama4":
+        moe = sum(kind.startswith("moe") for kind in layer_kinds(cfg))
+        nope = sum(not rope for rope in cfg["no_rope_layers"][: num_layers(cfg)])
+        text += (f", {cfg['num_local_experts']} experts ({cfg['num_experts_per_tok']} scored per token, every token "
+                 f"through every expert) and a shared expert in {moe} of {num_layers(cfg)} layers; {nope} NoPE layers")
     if fam.model_type in EXPERTS_KEY:
         text += f", {cfg[EXPERTS_KEY[fam.model_type]]} experts ({cfg['num_experts_per_tok']} per token)"
         if fam.block == "qwen2_moe":
@@ -721,6 +766,17 @@ def derive(data: dict, out, path: str) -> list:
                 message = (f"parallel.{key} {parallel[key]}: memfit does not split an encoder-decoder's two stacks across "
                            f"{key}-parallel ranks; data-parallel layouts (ZeRO, FSDP) are modeled")
                 return [Problem(("parallel", key), codes.BAD_PARALLEL, message, on_key=True)]
+    if fam.block == "llama4":
+        expert = parallel.get("expert")
+        if isinstance(expert, int) and not isinstance(expert, bool) and expert > 1:
+            message = (f"parallel.expert {expert}: transformers' Llama 4 runs every token through every expert (each copy "
+                       "scaled by its router score), so there is nothing to dispatch: Llama4TextConfig has no expert-parallel "
+                       "plan and its experts shard with the tensor-parallel one; use parallel.tensor")
+            return [Problem(("parallel", "expert"), codes.BAD_PARALLEL, message, on_key=True)]
+        if "moe" in training:
+            message = ("training.moe sets a routing assumption; Llama 4's experts take every token (E x tokens rows per "
+                       "MoE layer, whatever the router picks): ignored")
+            hints.append(Problem(("training", "moe"), codes.IGNORED_KEY, message, on_key=True))
     if "target_len" in training and not fam.stacked:
         message = f"training.target_len is the decoder's tokens of an encoder-decoder model; {fam.model_type} has one stack: ignored (seq_len counts its tokens)"
         hints.append(Problem(("training", "target_len"), codes.IGNORED_KEY, message, on_key=True))
@@ -958,6 +1014,11 @@ def routing_lines(model: Model) -> list[str]:
     from memfit.models.hf_activations import routed_rows
 
     fam = family(model.cfg)
+    if fam.block == "llama4":
+        tokens = model.training["micro_batch"] * model.training["seq_len"]
+        experts = model.cfg["num_local_experts"]
+        return [f"       routed rows per MoE layer: {experts * tokens:,} (every token through each of {experts} experts)",
+                f"         Llama4TextMoe scales each copy by its sigmoid router score (0 off the top-{model.cfg['num_experts_per_tok']})"]
     if fam.model_type not in EXPERTS_KEY:
         return []
     moe = (model.recipe or {}).get("moe") or {}

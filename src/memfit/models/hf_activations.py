@@ -103,6 +103,9 @@ def _norm(kind: str, n: str, x: tuple, f: str, role: str = "act") -> list:
                 K(n, "1/rms", stat, "f32", needs=(f,)),
                 K(n, "normalized (fp32; (1 + weight) * it)", x, "f32", needs=("W:norm",)),
                 K(n, "1 + weight (fp32)", (x[-1],), "f32", needs=(f,))]
+    if kind == "l2":   # Llama 4's qk_norm: RMSNorm without a weight (x.float() * rsqrt(...), cast back)
+        return [K(n, "input, upcast to fp32 (in fp32 the input itself)", x, "f32", needs=(f,)),
+                K(n, "1/rms", stat, "f32", needs=(f,))]
     if kind == "cohere_ln":   # CohereLayerNorm, written out: (x - mean).pow(2) and (x - mean) * rsqrt(...) each
         # compute x - mean (two storages), rsqrt keeps its result, weight * keeps the normalized tensor (all fp32)
         return [K(n, "x - mean for the variance (fp32; pow keeps it)", x, "f32", needs=(f, "W:norm")),
@@ -333,7 +336,19 @@ FAMILIES["deepseek_v3"] = LLAMA._replace(mlp="moe_deepseek", names=DEEPSEEK_NAME
 # MoE conversion for gpt_oss: its all-linear adapts q/k/v/o only (the router and experts are not nn.Linear)
 FAMILIES["gpt_oss"] = LLAMA._replace(norm="olmo_rms", mlp="moe_oss", sdpa=False, sinks=True, rope_half=True,
                                      lora_default=(), routing_dtype="lin", lora_experts=False)
-MOE = ("moe", "moe_shared", "moe_phi", "moe_deepseek", "moe_oss")
+# Llama 4 text (modeling_llama4.py): Llama's attention, rotated by a complex multiply (freqs_cis) on the rope layers,
+# which L2-normalize q and k (use_qk_norm); NoPE layers scale q by attn_scales (attn_temperature_tuning); eager's
+# softmax is not upcast; the rope layers attend in chunks (a mask under sdpa once the sequence is longer than a
+# chunk). A MoE layer runs every token through every expert, each copy scaled by its sigmoid router score (zero off
+# the top-k), plus the shared expert; dense layers run a gated MLP of intermediate_size_mlp
+LLAMA4_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
+                "gate": "feed_forward.gate_proj", "up": "feed_forward.up_proj", "down": "feed_forward.down_proj",
+                "router": "feed_forward.router", "sgate": "feed_forward.shared_expert.gate_proj",
+                "sup": "feed_forward.shared_expert.up_proj", "sdown": "feed_forward.shared_expert.down_proj",
+                "lm_head": "lm_head"}
+FAMILIES["llama4_text"] = LLAMA._replace(mlp="moe_llama4", names=LLAMA4_NAMES, softmax_fp32=False, lora_default=(),
+                                         lora_experts=False)
+MOE = ("moe", "moe_shared", "moe_phi", "moe_deepseek", "moe_oss", "moe_llama4")
 SUPPORTED = tuple(FAMILIES)
 DEFAULT_ACT = {"gpt2": "gelu_new", "bert": "gelu", "gpt_neox": "gelu", "gemma": "gelu_pytorch_tanh",
                "gemma2": "gelu_pytorch_tanh", "gemma3_text": "gelu_pytorch_tanh", "falcon": "gelu"}
@@ -632,6 +647,8 @@ def _mlp(fam: Family, n: dict, act: str) -> list:
         return _deepseek_moe(fam, n, act)
     if fam.mlp == "moe_oss":
         return _gpt_oss_experts()
+    if fam.mlp == "moe_llama4":
+        return _llama4_moe(n, act)
     return _experts(fam)
 
 
@@ -668,6 +685,54 @@ def _gpt_oss_experts() -> list:
         K("* routing weight", "routing weight column", ("S", 1), "lin", None, ("e",)),
         K("unsort", "inverse permutation", ("S",), "i64", None, ("e",)),
     ]
+
+
+def _llama4_moe(n: dict, act: str) -> list:
+    """Llama4TextMoe.forward in training: the router (an nn.Linear) and the shared expert's gate and up read the
+    normalized input (one storage); topk keeps its indices, sigmoid its fp32 result; every token is repeated once per
+    expert (S = E·T rows) and multiplied by its score column (a copy of the transposed scores): the product keeps
+    both; Llama4TextExperts' two torch.bmm keep their inputs (autocast casts them, and the stacked weights, to the
+    low dtype); act_fn(gate) * up keeps both halves (gate and up are views of gate_up's output); the routed outputs
+    are summed over the experts and added in place to the shared expert's output (nothing kept)."""
+    T = ("T", "h")
+    rows = _linear([("router", n["router"], "E"), ("sgate", n["sgate"], "is"), ("sup", n["sup"], "is")], T, "n2")
+    rows += [
+        K("router top-k", "indices (scatter keeps them too)", ("T", "k"), "i64", None, ("r",)),
+        K("router sigmoid", "result (fp32)", ("T", "E"), "f32", None, ("r",)),
+        K("* router scores", "score column (the transposed scores, copied)", ("S", 1), "lin", None, ("n2",)),
+        K("* router scores", "input repeated once per expert", ("S", "h"), "act", None, ("r",)),
+        K("experts bmm gate_up", "scaled routed input", ("S", "h"), "act", "not_mixed", ("W:experts",)),
+        K("experts bmm gate_up", "scaled routed input, cast to the low dtype by autocast", ("S", "h"), "low", "mixed",
+          ("W:experts",)),
+        K("experts bmm gate_up", "gate_up_proj, cast to the low dtype by autocast", ("E", "h", "ie2"), "low", "mixed",
+          ("e",)),
+        K("act_fn(gate), * up", "gate_up output (gate and up are halves of it)", ("S", "ie2"), "lin", None, ("e",)),
+        K("act * up", "act_fn(gate)", ("S", "ie"), "lin", None, ("e",)),
+        K("experts bmm down", "input (act_fn(gate) * up)", ("S", "ie"), "lin", None, ("W:experts",)),
+        K("experts bmm down", "down_proj, cast to the low dtype by autocast", ("E", "ie", "h"), "low", "mixed", ("e",)),
+    ]
+    rows += _activation(act, "act_fn(gate) (shared expert)", ("b", "s", "is"), "sh") + [
+        K("act * up", "act_fn(gate) (shared expert)", ("b", "s", "is"), "lin", None, ("sh",)),
+        K("act * up", "up (shared expert)", ("b", "s", "is"), "lin", None, ("sh",)),
+    ] + _linear([("sdown", n["sdown"], "h")], ("T", "is"), "sh", low_input=True)
+    return rows
+
+
+def _llama4_attention(fam: Family, n: dict, rope: bool, cfg_flags: tuple) -> list:
+    """Llama4TextAttention: Llama's projections and kernels; a rope layer's apply_rotary_emb multiplies by freqs_cis
+    (complex; it keeps only freqs_cis, shared by every layer), then qk_norm (use_qk_norm) keeps each of q and k upcast
+    to fp32 and its 1/rms; a NoPE layer with attn_temperature_tuning multiplies q by attn_scales (fp32, one per
+    position), which the product keeps."""
+    rows = _attention(fam, n)
+    at = next(i for i, r in enumerate(rows) if r.op == "q @ k^T")
+    extra = []
+    if rope:
+        extra += [r._replace(when="qk_norm_on") for r in _norm("l2", "qk_norm (q)", ("b", "s", "H", "d"), "q_raw", "lin")
+                  + _norm("l2", "qk_norm (k)", ("b", "s", "KV", "d"), "k_raw", "lin")]
+    else:
+        extra.append(K("q * attn_scales (NoPE)", "attn_scales (fp32, one per position)", (1, "s", 1, 1), "f32",
+                       "temperature_on", ("q_raw",)))
+    return rows[:at] + extra + rows[at:]
 
 
 def _sparsemixer(n: dict) -> list:
@@ -742,17 +807,27 @@ def layer_kinds(cfg: dict) -> list:
     if mt == "deepseek_v3":   # DeepseekV3DecoderLayer: a dense MLP below first_k_dense_replace
         first = cfg.get("first_k_dense_replace") or 0
         return ["dense" if i < first else "moe" for i in range(n)]
+    if mt == "llama4_text":
+        # "moe" / "dense" by moe_layers, " nope" where no_rope_layers is 0, " chunked" where layer_types says so
+        moe, rope, types = set(cfg["moe_layers"]), cfg["no_rope_layers"], cfg["layer_types"]
+        return [("moe" if i in moe else "dense") + ("" if rope[i] else " nope")
+                + (" chunked" if types[i] == "chunked_attention" else "") for i in range(n)]
     if mt not in ("qwen2_moe", "qwen3_moe"):
         return [""] * n
     experts, step, dense = cfg[EXPERTS_KEY[mt]], cfg["decoder_sparse_step"], set(cfg.get("mlp_only_layers") or ())
     return ["moe" if i not in dense and experts > 0 and (i + 1) % step == 0 else "dense" for i in range(n)]
 
 
-BLOCK_NAMES = {"": "layer", "moe": "layer", "dense": "dense layer"}  # a layer kind's block name (models.hf's too)
+class _BlockNames(dict):
+    def __missing__(self, kind):   # Llama 4's "moe nope chunked": the block of its MLP kind
+        return self[kind.split()[0]]
+
+
+BLOCK_NAMES = _BlockNames({"": "layer", "moe": "layer", "dense": "dense layer"})  # a layer kind's block name (models.hf's too)
 
 
 def _kind_family(fam: Family, kind: str) -> Family:
-    return fam._replace(mlp="gated") if kind == "dense" else fam
+    return fam._replace(mlp="gated") if kind.split(" ")[0] == "dense" else fam
 
 
 def layer_rows(model_type: str, act: str | None = None, parallel: bool = True, kind: str = "") -> list:
@@ -765,6 +840,8 @@ def layer_rows(model_type: str, act: str | None = None, parallel: bool = True, k
     if fam.falcon:
         return _falcon_rows(fam, n, act, parallel)
     attention, mlp = _attention(fam, n), _mlp(fam, n, act)
+    if model_type == "llama4_text":
+        attention = _llama4_attention(fam, n, "nope" not in kind.split(), ())
     if fam.post_norm:   # BERT: attention, add & norm; MLP, add & norm (whose output is the next layer's input)
         attention = [r._replace(needs=tuple("x" if x == "n1" else x for x in r.needs)) for r in attention]
         mlp = [r._replace(needs=tuple("h1n" if x == "n2" else x for x in r.needs)) for r in mlp]
@@ -826,8 +903,11 @@ def _embedding_rows(fam: Family) -> list:
                       ("rope",)))
     if fam.rope:
         width = "rh" if fam.rope_half else "rot"
-        rows += [K("rotary", "cos (shared by every layer)", (1, "s", width), "act", "rotary_on", ("rope",)),
-                 K("rotary", "sin (shared by every layer)", (1, "s", width), "act", "rotary_on", ("rope",)),
+        rows += [K("rotary", "cos (shared by every layer)", (1, "s", width), "act", "rotary_on&cos_sin", ("rope",)),
+                 K("rotary", "sin (shared by every layer)", (1, "s", width), "act", "rotary_on&cos_sin", ("rope",)),
+                 # Llama 4: q and k times freqs_cis (complex64: rot / 2 pairs of fp32, shared by every rope layer)
+                 K("rotary", "freqs_cis (complex64, shared by every rope layer)", (1, "s", "rot"), "f32",
+                   "rotary_on&freqs_cis", ("rope",)),
                  # Gemma 3: a second pair for the other layer type (modeling_gemma3.py, Gemma3TextModel.forward)
                  K("rotary", "cos of the second layer type", (1, "s", "rot"), "act", "two_ropes", ("rope",)),
                  K("rotary", "sin of the second layer type", (1, "s", "rot"), "act", "two_ropes", ("rope",))]
@@ -917,13 +997,19 @@ def _sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int = 0, attention: 
 
     experts = cfg.get(EXPERTS_KEY.get(mt, ""), 0)
     expert_inter = cfg.get("moe_intermediate_size") or inter
+    routed = routed_rows(tokens, k, experts, moe)
+    shared = cfg.get("shared_expert_intermediate_size") or 0
+    if mt == "llama4_text":   # every token through every expert (Llama4TextMoe repeats the input E times)
+        inter, expert_inter, shared = cfg["intermediate_size_mlp"], cfg["intermediate_size"], cfg["intermediate_size"]
+        experts = cfg["num_local_experts"]
+        routed = experts * tokens
     return {"b": micro_batch, "s": seq_len, "h": h, "i": inter, "i2": 2 * inter, "H": heads, "KV": kv_heads, "d": d,
             "dk": -(-d // 8) * 8 if attention == "flash" else d, "r": rotary,
             "q": heads * d, "kv": kv_heads * d, "qkv": heads * d + 2 * kv_heads * d, "rot": rotary, "rh": rotary // 2,
             "s1": seq_len + 1, "nl": cfg["num_hidden_layers"] if mt != "gpt2" else cfg["n_layer"],
             "V": cfg["vocab_size"], "T": tokens, "Tl": tokens if micro_batch > 1 or FAMILIES[mt].llava else seq_len + 1,
-            "E": experts, "k": k, "S": routed_rows(tokens, k, experts, moe), "R": rank, "R2": 2 * rank,
-            "ie": expert_inter, "ie2": 2 * expert_inter, "is": cfg.get("shared_expert_intermediate_size") or 0,
+            "E": experts, "k": k, "S": routed, "R": rank, "R2": 2 * rank,
+            "ie": expert_inter, "ie2": 2 * expert_inter, "is": shared,
             **(_mla_sizes(cfg) if FAMILIES[mt].mla else {})}
 
 
@@ -997,7 +1083,10 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
         "embd_dropout": _drop(cfg, fam, "embd"),
         # Gemma 3's second cos/sin pair: kept by the layers of the other type; under full checkpointing only the
         # recomputed layer keeps one pair (the one counted with the embeddings)
-        "qk_norm_on": bool(fam.qk_norm_key and cfg.get(fam.qk_norm_key)),
+        "qk_norm_on": bool(fam.qk_norm_key and cfg.get(fam.qk_norm_key)) or (cfg.get("model_type") == "llama4_text" and bool(cfg.get("use_qk_norm"))),
+        "temperature_on": cfg.get("model_type") == "llama4_text" and bool(cfg.get("attn_temperature_tuning")),
+        "freqs_cis": cfg.get("model_type") == "llama4_text",
+        "cos_sin": cfg.get("model_type") != "llama4_text",
         "two_ropes": isinstance(cfg.get("rope_parameters"), dict) and "full_attention" in cfg["rope_parameters"]
         and len(set(cfg.get("layer_types") or ())) > 1 and checkpointing != "full",
         "attn_softcap": cfg.get("attn_logit_softcapping") is not None,
@@ -1212,7 +1301,7 @@ def _grads(fam: Family, w: dict, x: bool, parallel: bool) -> dict:
         if fam.mlp == "moe_deepseek":  # the shared experts' hidden product and output
             g["sh"] = g["n2"] or t("sgate") or t("sup")
             g["sd"] = g["sh"] or t("sdown")
-        if fam.mlp == "moe_shared":  # the shared expert's hidden product, its output and its gate's logits
+        if fam.mlp in ("moe_shared", "moe_llama4"):  # the shared expert's hidden product, its output and its gate's logits
             g["sh"] = g["n2"] or t("sgate") or t("sup")
             g["sd"] = g["sh"] or t("sdown")
             g["sgw"] = g["n2"] or t("sg")
@@ -1272,6 +1361,14 @@ def _windowed(cfg: dict, fam: Family, attention: str, seq_len: int) -> bool:
     window = cfg.get("sliding_window")
     return (fam.window_layers and attention == "sdpa" and fam.sdpa and window is not None and seq_len > window
             and "sliding_attention" in _layer_types(cfg))
+
+
+def _chunk_masked(cfg: dict, kind: str, attention: str, seq_len: int) -> bool:
+    """A Llama 4 chunked layer under sdpa once the sequence is a chunk long or longer: create_chunked_causal_mask
+    then gives sdpa a mask (masking_utils._ignore_causal_mask_sdpa skips it only while kv_length < local_size), which
+    it keeps as a float bias, with k and v repeated to every query head (as a sliding window's mask does)."""
+    chunk = cfg.get("attention_chunk_size")
+    return ("chunked" in kind.split() and attention == "sdpa" and chunk is not None and seq_len >= chunk)
 
 
 def _window_conditions(cond: dict) -> dict:
@@ -1413,6 +1510,8 @@ def _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dt
     fam = _kind_family(FAMILIES[mt], kind)
     sizes = _sizes(cfg, micro_batch, seq_len, int((lora or {}).get("r") or 0), attention, moe=moe)
     cond = _conditions(cfg, fam, attention, checkpointing, micro_batch, precision, lora)
+    if _chunk_masked(cfg, kind, attention, seq_len):
+        cond = _window_conditions(cond)
     roles = _dtypes(precision, dtypes)
     w = _trainable(fam, lora)
     parallel = _parallel(cfg)
@@ -1527,10 +1626,17 @@ def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "s
         # a sliding layer whose window masks sdpa recomputes more (Gemma 3): the larger of the two
         recomputed[kind] = max([recomputation(later)] + ([recomputation(window[1])] if window is not None else []))
     each = nbytes(layer.kept)
-    kept = nbytes(emb.kept) + layer.count * each
+    emb_bytes = nbytes(emb.kept)
+    if cfg["model_type"] == "llama4_text":
+        # Llama 4's freqs_cis is kept only by a rope layer's complex multiply: under full checkpointing by the rope
+        # layer being recomputed, by no one at the end of the forward or while a NoPE layer is recomputed
+        freqs = nbytes([k for k in emb.kept if k.label.startswith("rotary: freqs_cis")])
+        emb_bytes -= freqs
+        recomputed = {kind: size + (0 if "nope" in kind.split() else freqs) for kind, size in recomputed.items()}
+    kept = emb_bytes + layer.count * each
     # the backward recomputes layer i once the boundaries of the layers above it are released: where layers differ
     # (dense and sparse) the peak is the largest of (layers up to i kept + layer i's recomputation)
-    worst = max(nbytes(emb.kept) + (i + 1) * each + recomputed[kind] for i, kind in enumerate(layer_kinds(cfg)))
+    worst = max(emb_bytes + (i + 1) * each + recomputed[kind] for i, kind in enumerate(layer_kinds(cfg)))
     if FAMILIES[cfg["model_type"]].llava:   # a vision layer's recomputation, beyond its input
         worst = max(worst, kept + nbytes(_llava_kept(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora,
                                                      shape or _shape)[1]))

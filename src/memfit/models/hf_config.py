@@ -20,7 +20,7 @@ import math
 import os
 import re
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from memfit.diagnostics.diagnostic import Range
@@ -80,7 +80,7 @@ POSITIVE_NUMBERS = frozenset({"rope_theta", "rotary_emb_base", "factor"})
 MAX_LAYERS = 2048
 MAX_LABELS = 1 << 17  # a sequence-classification head of more labels than this is not a config.json memfit derives
 MAX_DIGITS = 1000  # an integer literal longer than this is refused at parse time (Python converts at most 4,300)
-LAYER_TYPES = ("full_attention", "sliding_attention")
+LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")  # chunked: Llama 4's rope layers
 _LABEL_ID = re.compile(r"-?[0-9]{1,18}")
 
 
@@ -344,6 +344,17 @@ def validate(raw) -> list[HFProblem]:
         return [HFProblem((), BAD_MODEL_CONFIG, f"no model_type: name the model family ({', '.join(SUPPORTED)})")]
     model_type = raw["model_type"]
     family = family_of(raw)
+    if family is None and model_type == "llama4" and isinstance(raw.get("text_config"), dict):
+        names = raw.get("architectures")
+        if isinstance(names, list) and names and names[0] != "Llama4ForCausalLM":
+            # Llama4ForConditionalGeneration: a vision tower and projector around a Llama 4 text model (llama4_text)
+            return [HFProblem(("architectures", 0), UNSUPPORTED_MODEL,
+                              f"architecture {excerpt(names[0])} of model_type llama4 is the multimodal model (a vision tower "
+                              "and projector around the text model); memfit models the text model (llama4_text: "
+                              "Llama4ForCausalLM): give text_config as the config.json (it is one, with model_type "
+                              "llama4_text), or name Llama4ForCausalLM here; the vision tower is not modeled")]
+        # AutoModelForCausalLM builds Llama4ForCausalLM from the text_config alone: read it as llama4_text
+        return [replace(p, path=("text_config",) + p.path) for p in validate(llama4_text(raw))]
     if family is None:
         from memfit.models.unknown import unknown_message  # the families, the fallback, the nearest family
 
@@ -453,6 +464,8 @@ def validate(raw) -> list[HFProblem]:
                                   "sliding_window null: GptOssModel.forward builds a sliding-window mask on every call and "
                                   "transformers refuses it without a window (create_sliding_window_causal_mask: "
                                   "'Could not find a `sliding_window` argument')"))
+    if family.block == "llama4":
+        problems += _llama4_layers(raw, cfg)
     experts_key = EXPERTS_KEY.get(family.model_type)
     experts = cfg.get(experts_key) if experts_key else None
     if experts_key and isinstance(experts, int) and not isinstance(experts, bool) and experts > 0 and cfg["num_experts_per_tok"] > experts:
@@ -720,6 +733,8 @@ def normalize(raw: dict) -> dict:
 
     `raw` must have passed validate() (a supported model_type, well-typed values).
     """
+    if raw.get("model_type") == "llama4":
+        return normalize(llama4_text(raw))
     family = FAMILIES[raw["model_type"]]
     fields = family.fields
     out = {key: _copy(default) for key, (default, _) in BASE_FIELDS.items()}
@@ -849,8 +864,43 @@ def _gpt_oss(out: dict, extra: dict, raw: dict) -> None:
                                   "original_max_position_embeddings": 4096}
 
 
+
+def llama4_text(raw: dict) -> dict:
+    """A llama4 (multimodal) config.json's text model as its own config.json: what AutoModelForCausalLM builds
+    (Llama4ForCausalLM over text_config)."""
+    text = {k: v for k, v in raw["text_config"].items() if k != "model_type"}
+    return {"model_type": "llama4_text", **text}
+
+
+def _llama4_layers(raw: dict, cfg: dict) -> list[HFProblem]:
+    """Llama 4's per-layer lists: no_rope_layers needs an entry per layer (Llama4TextAttention reads
+    no_rope_layers[layer_idx]); layer_types one per layer; a moe_layers index past the last layer makes no MoE layer."""
+    n, out = cfg["num_hidden_layers"], []
+    for key in ("no_rope_layers", "layer_types"):
+        if key in raw and raw[key] and len(cfg[key]) < n:
+            out.append(HFProblem((key,), SHAPE_MISMATCH, f"{key} has {len(cfg[key])} entries for {n} layers: one per layer"))
+    if cfg.get("layer_types") and "sliding_attention" in cfg["layer_types"]:
+        out.append(HFProblem(("layer_types",), BAD_MODEL_CONFIG, "llama4_text's layer types are full_attention and chunked_attention"))
+    return out
+
+
+def _llama4_text(out: dict, extra: dict, raw: dict) -> None:
+    """Llama4TextConfig.__post_init__: no_rope_layers (when empty) from no_rope_layer_interval (every interval-th layer
+    NoPE), moe_layers from interleave_moe_layer_step, layer_types from them (a rope layer attends in chunks when
+    attention_chunk_size is set)."""
+    n = out["num_hidden_layers"]
+    if not out["no_rope_layers"]:
+        out["no_rope_layers"] = [int((i + 1) % out["no_rope_layer_interval"] != 0) for i in range(n)]
+    if out["moe_layers"] is None:
+        step = out["interleave_moe_layer_step"]
+        out["moe_layers"] = list(range(step - 1, n, step))
+    if out["layer_types"] is None:
+        chunked = out["attention_chunk_size"] is not None
+        out["layer_types"] = ["chunked_attention" if rope and chunked else "full_attention" for rope in out["no_rope_layers"]]
+
+
 _POST_INIT = {"qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe, "t5": _post_init_t5, "deepseek_v3": _deepseek_v3,
-              "gpt_oss": _gpt_oss}
+              "gpt_oss": _gpt_oss, "llama4_text": _llama4_text}
 
 
 def _ignored(family: Family) -> frozenset:

@@ -83,7 +83,8 @@ MOE_RETARGETED: dict[str, tuple] = {
 # Modules peft 0.21 wraps but whose wrapped forward fails: PhiMoE's router is an nn.Linear subclass returning a tuple
 # (logits, weights, experts), which peft's Linear.forward reads as a tensor (AttributeError: 'tuple' ... 'dtype'):
 # all-linear, or naming the router, cannot train (measured, issue 21)
-PEFT_FAILS: dict[str, tuple] = {"phimoe": ("router",)}
+# Llama 4's Llama4Router likewise returns (scores, logits) (measured, issue 21: all-linear fails the same way)
+PEFT_FAILS: dict[str, tuple] = {"phimoe": ("router",), "llama4_text": ("router",)}
 
 
 class LoraError(ValueError):
