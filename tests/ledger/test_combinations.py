@@ -119,13 +119,6 @@ def lora_for(model: str) -> dict:
     return dict(LORA, target_modules=ATTENTION) if model in ("mixtral", "qwen3_moe", "phimoe") else LORA
 
 
-# Known gap, measured and left open: BERT under LoRA with full checkpointing. The peak is layer 0's output.dense
-# recomputation (as memfit finds it), but MemTracker then holds 235 KB of activations against memfit's 184 KB:
-# the embeddings' outputs (28,672 B, not saved by autograd, still referenced) and about 23 KB not yet traced.
-KNOWN_GAPS = {
-    "bert-bf16-true-full-lora-adamw-fused": "BERT, LoRA, full checkpointing: 621,888 vs 665,004 B (0.935): the activations "
-    "live while layer 0's output.dense is recomputed are 51 KB above the recomputed layer's (embedding outputs, not saved, still held)",
-}
 
 
 def _optimizer(name: str, params, impl: str):
@@ -235,8 +228,6 @@ FALCON21_GAPS = {
 def _marked(run: dict):
     if _id(run) in FALCON21_GAPS:
         return pytest.param(run, id=_id(run), marks=pytest.mark.xfail(strict=True, reason=FALCON21_GAPS[_id(run)]))
-    if _id(run) in KNOWN_GAPS:
-        return pytest.param(run, id=_id(run), marks=pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[_id(run)]))
     return pytest.param(run, id=_id(run))
 
 

@@ -62,7 +62,7 @@ def transformer(draw) -> dict:
     if adapter != "none" and family != "gpt2":
         targets = ["q_proj", "k_proj", "v_proj", "o_proj"] if family in ("mixtral", "qwen3_moe", "phimoe") else "all-linear"  # fused experts: bad-lora by design
         doc["lora"] = {"r": draw(st.sampled_from([4, 8])), "alpha": 16, "target_modules": targets}
-        if adapter == "qlora":
+        if adapter == "qlora" and family != "phimoe":   # a quantized PhiMoE cannot run: bad-quantization by design
             doc["quantization"] = {"method": "nf4", "double_quant": draw(st.booleans()), "compute_dtype": "bfloat16"}
     doc["training"] = training
     return doc

@@ -386,7 +386,9 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     row = weights(Row("embeddings", input=ids, output=x, grad_input=False), "embeddings")
     row.kept = [ids if k.label.endswith("input ids") else fresh(kept_bytes(k)) for k in emb.kept]
     row.frozen += _buffers(cfg, sizes, roles["act"])
-    if not row.grads:  # a frozen embedding (LoRA): autograd records no backward for it
+    if not row.grads and checkpointing != "full":
+        # a frozen embedding (LoRA): autograd records no backward for it (under full checkpointing transformers
+        # makes its output require a gradient, hf_activations._evaluate: that gradient is computed)
         row.output_grad = False
     rows.append(row)
     if checkpointing == "full":

@@ -895,9 +895,9 @@ def _embedding_rows(fam: Family) -> list:
     if "token_types" in fam.embed_extra:
         rows.append(K("token_type embedding", "token type ids (gathered from the buffer)", (1, "s"), "i64", None,
                       ("W:embed",)))
-    if fam.post_norm:
-        rows += _norm(fam.norm, "LayerNorm", X, "W:embed")
-    rows.append(K("embedding dropout", "mask", X, "bool", "embd_dropout", ("W:embed",)))
+    if fam.post_norm:   # (emb_out: the embeddings' output needs a gradient, see _evaluate)
+        rows += _norm(fam.norm, "LayerNorm", X, "emb_out")
+    rows.append(K("embedding dropout", "mask", X, "bool", "embd_dropout", ("emb_out",)))
     if fam.falcon:   # the ALiBi bias: built once in FalconModel.forward, kept by every layer's fused kernel
         rows.append(K("alibi", "the ALiBi + causal bias (shared by every layer)", ("b", "H", "s", "s"), "act", "fa_alibi_shared",
                       ("rope",)))
@@ -1521,12 +1521,17 @@ def _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dt
     vision = (_llava_kept(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape)
               if fam.llava else None)
     # (LLaVA: the image features scattered into the embeddings need a gradient when the tower or projector trains)
-    first = _grads(fam, w, w["W:embed"] or bool(vision and vision[2]), parallel)
+    # transformers' activation_checkpointing_enable also calls enable_input_require_grads (modeling_utils.py): a
+    # hook makes the input embeddings' output require a gradient, so under full checkpointing with a frozen
+    # embedding (LoRA) what follows the lookup (BERT's sum, LayerNorm and dropout) records its graph and the first
+    # layer's input needs a gradient too
+    embed_out = w["W:embed"] or checkpointing == "full"
+    first = _grads(fam, w, embed_out or bool(vision and vision[2]), parallel)
     later = _grads(fam, w, first["out"], parallel)
     flags0, flags1 = {**w, **first}, {**w, **later}
     layer0 = _resolve(rows, cond, roles, sizes, flags0, shape)
     layer1 = _resolve(rows, cond, roles, sizes, flags1, shape)
-    top = {**w, "rope": first["qk"] or later["qk"], "x": later["out"], "t": True, "tn": True, "fn": True}
+    top = {**w, "emb_out": embed_out, "rope": first["qk"] or later["qk"], "x": later["out"], "t": True, "tn": True, "fn": True}
     embeddings = _resolve(_embedding_rows(fam), cond, roles, sizes, top, shape)
     if vision:
         embeddings += vision[0]
