@@ -196,17 +196,20 @@ def layer_kinds(cfg: dict) -> list[str]:
     return kinds(cfg)
 
 
-def _block_name(kind: str) -> str:
+def _block_name(kind: str, kinds: list) -> str:
+    """A layer kind's block; layers all of one kind are "layer" (hf_activations.saved names them so: a DeepSeek-V3
+    whose first_k_dense_replace covers every layer)."""
     from memfit.models.hf_activations import BLOCK_NAMES
 
-    return BLOCK_NAMES[kind]
+    return BLOCK_NAMES[kind] if len(set(kinds)) > 1 else "layer"
 
 
 def block_layers(cfg: dict) -> dict:
     """Block name -> the layer indices it covers ("layer", and "dense layer" where layers differ)."""
     out: dict = {}
-    for i, kind in enumerate(layer_kinds(cfg)):
-        out.setdefault(_block_name(kind), []).append(i)
+    kinds = layer_kinds(cfg)
+    for i, kind in enumerate(kinds):
+        out.setdefault(_block_name(kind, kinds), []).append(i)
     return out
 
 
@@ -571,7 +574,7 @@ def blocks(cfg: dict) -> list[tuple[str, int, list[Param]]]:
         return _stacked_blocks(cfg)
     before, layers, layer, after, tied = _tree(cfg)
     kinds = layer_kinds(cfg)
-    middle = [(_block_name(kind), kinds.count(kind), [p for m in modules for p in _params(m, m.path)])
+    middle = [(_block_name(kind, kinds), kinds.count(kind), [p for m in modules for p in _params(m, m.path)])
               for kind, modules in _templates(cfg).items()]
     return [
         ("embeddings", 1, [p for m in before for p in _params(m, m.path)]),
