@@ -347,8 +347,9 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
         if m and ".vision_tower." not in t.name:   # (LLaVA's vision layers run with the embeddings row)
             seen_layer = True
             layers = range(n_layers) if m.group(1) == "*" else (int(m.group(1)),)
+            part = _part(t.name)
             for i in layers:
-                groups.setdefault((i, _part(t.name)), []).append(entry)
+                groups.setdefault((i, part), []).append(entry)
         else:
             groups["head" if seen_layer else "embeddings"].append(entry)
 
@@ -402,8 +403,11 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
         else:
             full = acts.saved(cfg, checkpointing="none", **common)
             every = [blk.kept for blk in full[1:-2] for _ in range(blk.count)]
-        bound = [sum(kept_bytes(k) for k in kept) - (enc_hidden if i < encoder_layers else hidden)
-                 for i, kept in enumerate(again)]
+        layer_bytes: dict = {}  # by list: most layers share one (a fit search walks every layer of a 70B many times)
+        for kept in again:
+            if id(kept) not in layer_bytes:
+                layer_bytes[id(kept)] = sum(kept_bytes(k) for k in kept)
+        bound = [layer_bytes[id(kept)] - (enc_hidden if i < encoder_layers else hidden) for i, kept in enumerate(again)]
     else:
         every = per_layer
     fam = acts.FAMILIES[cfg["model_type"]]
@@ -442,10 +446,14 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
         key = id(every[i])
         if key not in split_cache:
             parts = _split(every[i], fam)
-            split_cache[key] = (parts, [sum(kept_bytes(k) for k in kept) for _, kept in parts])
-        parts, part_bytes = split_cache[key]
+            # (per part: its kept bytes, those kept by the time its last adapter's flight comes, whether it routes)
+            split_cache[key] = (parts, [sum(kept_bytes(k) for k in kept) for _, kept in parts],
+                                [sum(kept_bytes(k) for k in kept[:_through_last_adapter(kept)]) for _, kept in parts],
+                                [any(k.label.startswith("router") for k in kept) for _, kept in parts],
+                                any(k.label.startswith("grouped_mm") for k in every[i]))
+        parts, part_bytes, adapted_bytes, routers, grouped = split_cache[key]
         # a MoE model's dense layers (mlp_only_layers, decoder_sparse_step) run Llama's MLP: its flights
-        sparse = not sizes.get("k") or any(k.label.startswith("grouped_mm") for k in every[i])
+        sparse = not sizes.get("k") or grouped
         encoder = i < encoder_layers
         layer_hidden = enc_hidden if encoder else hidden
         for n, (part, kept) in enumerate(parts):
@@ -459,12 +467,11 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
                 layer_redone = enc_redone if encoder else redone
                 if part in layer_redone:
                     # a LoRA linear's flight comes once its own tensors are kept, before what reads its output
-                    upto = _through_last_adapter(kept)
-                    row.recompute_moment = (min(sum(part_bytes[:n]) + sum(kept_bytes(k) for k in kept[:upto]) - layer_hidden, bound[i]), layer_redone[part])
+                    row.recompute_moment = (min(sum(part_bytes[:n]) + adapted_bytes[n] - layer_hidden, bound[i]), layer_redone[part])
             else:
                 row.kept = (kept_ids(kept, x, layer_hidden, b * enc_sizes["s"] if encoder else None) if n == 0
                             else [fresh(kept_bytes(k)) for k in kept])
-            routed = a2a if part == "mlp" and any(k.label.startswith("router") for k in kept) else 0
+            routed = a2a if part == "mlp" and routers[n] else 0
             row.forward_flight = layer_hidden + routed  # its output while it is written; its inner tensors are kept
             row.backward_flight = ((enc_flights if encoder else (flights if sparse else dense_flights))[part] + routed
                                    + (decoder_flight if i >= first_decoder else 0))
