@@ -21,7 +21,6 @@ from pathlib import Path
 
 import needs
 import pytest
-import yaml
 
 from memfit.models import hf, hf_activations as ha, hf_config
 
@@ -31,6 +30,7 @@ needs.module("torch")
 needs.module("transformers")
 
 import hf_measure as hm  # noqa: E402
+from family_check import run_check  # noqa: E402
 
 VARIANTS = {  # over hf_measure.TINY["deepseek_v3"] (q/k 16 + 8 wide, v 12; one dense layer, then MoE)
     "q_lora": {},
@@ -126,19 +126,6 @@ def test_the_layers_and_their_rows():
     # parameters: each kind's block covers its own layers
     assert {name: count for name, count, _ in hf.blocks(cfg)} == {"embeddings": 1, "dense layer": 1, "layer": 2, "head": 1}
 
-
-def run_check(tmp_path: Path, cfg: dict, memory: str = "1 TiB", **training) -> dict:
-    (tmp_path / "config.json").write_text(json.dumps(cfg, indent=2))
-    doc = {"memfit": 1, "device": {"memory": memory}, "optimizer": "adamw", "model": {"hf_config": "config.json"},
-           "training": {"micro_batch": 2, "seq_len": 16, **training}}
-    path = tmp_path / "train.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)], capture_output=True,
-                          text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    result = json.loads(done.stdout)["files"][0]
-    assert result["diagnostics"] == []
-    return result
 
 
 def meta_model(raw: dict):

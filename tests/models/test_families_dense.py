@@ -20,36 +20,12 @@ needs.module("torch")
 needs.module("transformers")
 
 import hf_measure as hm  # noqa: E402
+from family_check import run_check, meta_elements  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 NEW = [f for f in ("gemma2", "gemma3_text", "olmo2", "granite", "cohere", "starcoder2", "falcon", "smollm3") if f in hm.TINY]
 
 
-def run_check(tmp_path: Path, cfg: dict, memory: str = "1 TiB", **training) -> dict:
-    (tmp_path / "config.json").write_text(json.dumps(cfg, indent=2))
-    doc = {"memfit": 1, "device": {"memory": memory}, "optimizer": "adamw", "model": {"hf_config": "config.json"},
-           "training": {"micro_batch": 2, "seq_len": 16, **training}}
-    path = tmp_path / "train.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)], capture_output=True,
-                          text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    result = json.loads(done.stdout)["files"][0]
-    assert result["diagnostics"] == []
-    return result
-
-
-def meta_elements(cfg: dict) -> int:
-    import torch
-    import transformers
-
-    fields = {k: v for k, v in cfg.items() if k != "model_type"}
-    config = transformers.AutoConfig.for_model(cfg["model_type"], **fields)
-    architectures = cfg.get("architectures") or []
-    with torch.device("meta"):
-        model = (getattr(transformers, architectures[0])(config) if architectures
-                 else transformers.AutoModelForCausalLM.from_config(config))
-    return sum(p.numel() for p in model.parameters())
 
 
 @pytest.mark.parametrize("checkpointing", ["none", "full"])

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import needs
 import pytest
-import yaml
 
 from memfit.models import hf, hf_activations as ha, hf_config
 
@@ -26,6 +25,7 @@ needs.module("torch")
 needs.module("transformers")
 
 import hf_measure as hm  # noqa: E402
+from family_check import run_check, meta_elements  # noqa: E402
 import peak_reference as ref  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,28 +136,6 @@ def test_what_the_sinks_and_the_clamped_swiglu_keep():
 # ------------------------------------------------------------------ through the CLI
 
 
-def run_check(tmp_path: Path, cfg: dict, precision: str = "32-true", **training) -> dict:
-    (tmp_path / "config.json").write_text(json.dumps(cfg, indent=2))
-    doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "precision": precision, "optimizer": "adamw",
-           "model": {"hf_config": "config.json"}, "training": {"micro_batch": 2, "seq_len": 16, **training}}
-    path = tmp_path / "train.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)], capture_output=True,
-                          text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    result = json.loads(done.stdout)["files"][0]
-    assert result["diagnostics"] == []
-    return result
-
-
-def meta_elements(cfg: dict) -> int:
-    import torch
-    import transformers
-
-    config = transformers.AutoConfig.for_model(cfg["model_type"], **{k: v for k, v in cfg.items() if k != "model_type"})
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in model.parameters())
 
 
 @pytest.mark.parametrize("checkpointing", ["none", "full"])
@@ -189,7 +167,7 @@ def test_step_peak_matches_memtracker(precision, checkpointing, micro_batch, seq
     cfg = hm.tiny("gpt_oss")
     theirs = ref.measure_hf(cfg, micro_batch=micro_batch, seq_len=seq_len, optimizer="adamw", impl="foreach",
                             checkpointing=checkpointing, precision=precision)
-    ours = run_check(tmp_path, cfg, precision, micro_batch=micro_batch, seq_len=seq_len, checkpointing=checkpointing,
+    ours = run_check(tmp_path, cfg, precision=precision, micro_batch=micro_batch, seq_len=seq_len, checkpointing=checkpointing,
                      optimizer_impl="foreach")["peak"]
     band(theirs["bytes"], ours["bytes"], f"step peak {precision} {checkpointing} b={micro_batch} s={seq_len}")
     assert ours["live"]["parameters"] == theirs["parameters"]

@@ -1,0 +1,42 @@
+"""A transformers family through the front door: its config.json beside a memfit config a user could write, run
+by `memfit check --format json`; and the real class's parameter count on the meta device (no weights)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+
+def run_check(tmp_path: Path, cfg: dict, memory: str = "1 TiB", precision: str | None = None, **training) -> dict:
+    """The file entry of `memfit check --format json` (AdamW, micro_batch 2 x 16 tokens unless `training` says
+    otherwise); the check must pass without a diagnostic."""
+    (tmp_path / "config.json").write_text(json.dumps(cfg, indent=2))
+    doc = {"memfit": 1, "device": {"memory": memory}, **({"precision": precision} if precision else {}),
+           "optimizer": "adamw", "model": {"hf_config": "config.json"},
+           "training": {"micro_batch": 2, "seq_len": 16, **training}}
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)], capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout)["files"][0]
+    assert result["diagnostics"] == []
+    return result
+
+
+def meta_elements(cfg: dict) -> int:
+    """named_parameters()' element count of the class the config names (AutoModelForCausalLM when it names none)."""
+    import torch
+    import transformers
+
+    fields = {k: v for k, v in cfg.items() if k != "model_type"}
+    config = transformers.AutoConfig.for_model(cfg["model_type"], **fields)
+    architectures = cfg.get("architectures") or []
+    with torch.device("meta"):
+        model = (getattr(transformers, architectures[0])(config) if architectures
+                 else transformers.AutoModelForCausalLM.from_config(config))
+    return sum(p.numel() for p in model.parameters())
