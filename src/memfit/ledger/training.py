@@ -386,6 +386,18 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     x = fresh(enc_hidden if encoder_layers else hidden)
     row = weights(Row("embeddings", input=ids, output=x, grad_input=False), "embeddings")
     row.kept = [ids if k.label.endswith("input ids") else fresh(kept_bytes(k)) for k in emb.kept]
+    later_kept: dict = {}   # layer -> ids of the embeddings block's tensors that layer's first row keeps instead
+    if stacked:
+        # measured (T5, MemTracker with a dispatch-mode tracer at the encoder's backward): what the embeddings block
+        # keeps for the decoder (its inputs, the encoder's final norm and output, the decoder's position biases) is
+        # freed once the decoder's backward is done, and under full checkpointing the encoder's shared position bias
+        # once the second encoder layer's is; the cross-attention's zero bias (a leaf with its gradient) stays
+        for k, t in zip(emb.kept, list(row.kept)):
+            shared = k.label == f"{acts.SHARED_BIAS} (encoder)" and encoder_layers > 1
+            if t == ids or (k.label.startswith(acts.ENCODER_INPUTS) and not shared) or k.label.endswith("(cross-attention zeros)"):
+                continue
+            later_kept.setdefault(1 if shared else encoder_layers, []).append(t)
+            row.kept.remove(t)
     row.frozen += _buffers(cfg, sizes, roles["act"])
     if not row.grads and checkpointing != "full":
         # a frozen embedding (LoRA): autograd records no backward for it (under full checkpointing transformers
@@ -462,15 +474,15 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
             if checkpointing == "full":
                 # only the boundary (the layer's input) stays kept; backward recomputes the layer
                 # first, and each part's tensors go when its backward is done
-                row.kept = [x] if n == 0 else []
+                row.kept = [x, *later_kept.get(i, ())] if n == 0 else []
                 row.recompute = min(sum(part_bytes[: n + 1]) - layer_hidden, bound[i])
                 layer_redone = enc_redone if encoder else redone
                 if part in layer_redone:
                     # a LoRA linear's flight comes once its own tensors are kept, before what reads its output
                     row.recompute_moment = (min(sum(part_bytes[:n]) + adapted_bytes[n] - layer_hidden, bound[i]), layer_redone[part])
             else:
-                row.kept = (kept_ids(kept, x, layer_hidden, b * enc_sizes["s"] if encoder else None) if n == 0
-                            else [fresh(kept_bytes(k)) for k in kept])
+                row.kept = (kept_ids(kept, x, layer_hidden, b * enc_sizes["s"] if encoder else None) + later_kept.get(i, [])
+                            if n == 0 else [fresh(kept_bytes(k)) for k in kept])
             routed = a2a if part == "mlp" and routers[n] else 0
             row.forward_flight = layer_hidden + routed  # its output while it is written; its inner tensors are kept
             row.backward_flight = ((enc_flights if encoder else (flights if sparse else dense_flights))[part] + routed

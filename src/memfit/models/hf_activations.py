@@ -2007,6 +2007,31 @@ def _t5_evaluate(cfg, micro_batch, seq_len, target_len, attention, checkpointing
     return roles, sizes, enc_sizes, embeddings, (enc0, enc1), (dec0, dec1), head, loss
 
 
+# under full checkpointing T5's relative bias is computed inside the first layer's checkpoint (its bucket indices are
+# that layer's, recomputed with it) and passed to every later layer of its stack
+BUCKETS = ("encoder relative bias", "decoder relative bias")
+SHARED_BIAS = "checkpoint: the shared position bias"
+
+
+def _t5_checkpoint_inputs(embeddings: list, n: dict, attention: str, roles: dict, sizes: dict, shape) -> list:
+    """What full checkpointing keeps besides each layer's hidden input. torch's non-reentrant checkpoint saves every
+    tensor argument of the layer (_NoopSaveInputs, until that layer's backward) and T5Stack passes its layers the
+    first layer's position biases: the encoder's (1, H, se, se) and the decoder's (1, H, s, s) relative biases in the
+    embedding's dtype, the cross-attention's zero bias (1, H, s, se) in the query's dtype (T5Attention makes it
+    require a gradient under checkpointing), and eager's float causal mask (1, 1, s, s) to every decoder layer.
+    Measured (tiny T5, 3+3 layers, CPU): each is one storage live at the last decoder layer's recomputation; the
+    bucket indices are not (they are saved inside the first layer's checkpoint)."""
+    out = [k for k in embeddings if not k.label.startswith(BUCKETS)]
+    if n["Ne"] > 1:
+        out.append(Kept(f"{SHARED_BIAS} (encoder)", shape((1, "H", "se", "se"), sizes), roles["act"]))
+    if n["Nd"] > 1:
+        out.append(Kept(f"{SHARED_BIAS} (decoder)", shape((1, "H", "s", "s"), sizes), roles["act"]))
+        out.append(Kept(f"{SHARED_BIAS} (cross-attention zeros)", shape((1, "H", "s", "se"), sizes), roles["lin"]))
+    if n["Nd"] and attention == "eager":
+        out.append(Kept("checkpoint: the decoder's float causal mask", shape((1, 1, "s", "s"), sizes), roles["act"]))
+    return out
+
+
 def _t5_stack_blocks(name: str, count: int, first: list, later: list) -> list:
 
     if count == 0:
@@ -2027,6 +2052,7 @@ def stacked_saved(cfg: dict, *, micro_batch: int, seq_len: int, target_len: int 
     n = hf_encdec.dims(cfg)
     shape = shape or _shape
     if checkpointing == "full":
+        embeddings = _t5_checkpoint_inputs(embeddings, n, attention, roles, sizes, shape)
         boundary = "checkpoint: the layer's input (kept for the recomputation)"
         middle = [Block("encoder layer", n["Ne"], [Kept(boundary, shape(("b", "s", "h"), enc_sizes), roles["act"])])]
         middle += [Block("decoder layer", n["Nd"], [Kept(boundary, shape(("b", "s", "h"), sizes), roles["act"])])]
@@ -2066,12 +2092,24 @@ def stacked_peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, target_len:
 
     enc_each, enc_bounds = recomputed("encoder layer", enc[1])
     dec_each, dec_bounds = recomputed("decoder layer", dec[1])
-    emb = nbytes(embeddings)
-    encoder_inputs = nbytes([k for k in embeddings if k.label.startswith(ENCODER_INPUTS)])
+    kept = blocks[0].kept   # the embeddings' tensors and the checkpoints' shared inputs (_t5_checkpoint_inputs)
+    emb = nbytes(kept)
+    encoder_inputs = nbytes([k for k in kept if k.label.startswith(ENCODER_INPUTS)])
+    # a stack's first layer recomputes its relative bias (its bucket indices) once the later layers' backward has
+    # released the shared bias; its own boundary and the rest of the stack's inputs beside it
+    buckets = {name: nbytes([k for k in embeddings if k.label.startswith(name)]) for name in BUCKETS}
+    shared = {name: nbytes([k for k in kept if k.label == f"{SHARED_BIAS} ({name})"]) for name in ("encoder", "decoder")}
+    cross = nbytes([k for k in kept if k.label == f"{SHARED_BIAS} (cross-attention zeros)"])
+    enc_first, _ = recomputed("encoder layer", enc[0])
+    dec_first, _ = recomputed("decoder layer", dec[0])
+    enc_one = enc_bounds // max(boundaries.get("encoder layer", (1,))[0], 1)
+    dec_one = dec_bounds // max(boundaries.get("decoder layer", (1,))[0], 1)
     return max(emb + enc_bounds + dec_bounds + nbytes(head) + nbytes(loss),
                emb + enc_bounds + dec_bounds + dec_each,
-               encoder_inputs + enc_bounds + enc_each)
+               emb - shared["decoder"] - cross + enc_bounds + dec_one + dec_first + buckets[BUCKETS[1]],
+               encoder_inputs + enc_bounds + enc_each,
+               encoder_inputs - shared["encoder"] + enc_one + enc_first + buckets[BUCKETS[0]])
 
 
 # what the embeddings block keeps for the encoder's layers (the rest goes once the decoder's backward is done)
-ENCODER_INPUTS = ("encoder embed_tokens", "encoder embedding dropout", "encoder relative bias")
+ENCODER_INPUTS = ("encoder embed_tokens", "encoder embedding dropout", "encoder relative bias", f"{SHARED_BIAS} (encoder)")
