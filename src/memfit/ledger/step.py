@@ -88,6 +88,8 @@ class Row:
     recompute: int = 0  # bytes a checkpointed row recomputes at the start of its backward (alive until it is done)
     forward_flight: int | None = None  # the row's own worst transient in forward, when known better than input/output/inner
     backward_flight: int | None = None  # the gradients in flight at its worst backward moment, when known better
+    flight_freed: int = 0  # bytes of its kept (or recomputed) tensors already freed by that moment (T5's p @ v inputs
+    # at its softmax's backward)
     # a checkpointed row's worst moment while it is recomputed: (the bytes recomputed by then, what is in flight
     # beyond them: a LoRA linear's base output, adapter output and scaled copy before they are summed, and the
     # gradients that reached the layer's output besides its own); the recomputation runs when backward reaches
@@ -136,6 +138,7 @@ def rounded(step: Step, granule: int) -> Step:
     rows = [
         replace(r, grads=each(r.grads), params=each(r.params), frozen=each(r.frozen), inner=_up(r.inner, granule),
                 backward_extra=_up(r.backward_extra, granule), recompute=_up(r.recompute, granule),
+                flight_freed=_up(r.flight_freed, granule),
                 recompute_moment=None if r.recompute_moment is None else tuple(_up(x, granule) for x in r.recompute_moment))
         for r in step.rows
     ]
@@ -233,7 +236,7 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
         g_in = size.get(row.input, 0) if row.grad_input and not row.view and row.input is not None else 0
         if row.backward_flight is not None:
             made = done if row.flight_first else done + sum(row.grads)
-            consider("backward", row.name, _live(params, max(held, made), alive, state, row.backward_flight, step.overhead))
+            consider("backward", row.name, _live(params, max(held, made), alive - row.flight_freed, state, row.backward_flight, step.overhead))
         elif row.inner:  # the activation's backward, then the row's own
             consider("backward", row.name, _live(params, max(held, done), alive, state, g_out + row.inner, step.overhead))
             flowing = row.inner + g_in

@@ -441,8 +441,16 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
                                                                    recipe_args.get("lora"))
         H, se = sizes["H"], sizes["se"]
         if self_math:
-            enc_flights["attention"] += 2 * dtype_bytes(b * H * se * se, score_dtype)
-            flights["attention"] += 2 * dtype_bytes(b * H * s * s, score_dtype)
+            # measured (MemTracker with a dispatch-mode tracer, T5's encoder at its first layer's softmax backward):
+            # beside the two score-sized gradients are the residual stream's, v's and one more (T, h) gradient and
+            # the relative bias's gradient (1, H, q, k), accumulating over the stack's layers when the bias trains
+            # (the decoder's is in decoder_flight under full checkpointing); q's and k's come after the softmax's
+            bias = acts._trainable(acts.FAMILIES["t5"], recipe_args.get("lora"))["W:embed"]
+            for flight, q_len, own_bias in ((enc_flights, se, bias), (flights, s, bias and checkpointing != "full")):
+                tokens = b * q_len
+                at_softmax = (tokens * h * act_w + 2 * tokens * sizes["kv"] * lin_w + 2 * dtype_bytes(b * H * q_len * q_len, score_dtype)
+                              + (dtype_bytes(H * q_len * q_len, roles["act"]) if own_bias else 0))
+                flight["attention"] = max(flight["attention"], at_softmax)
         if cross_math:
             flights["o_proj"] += 2 * dtype_bytes(b * H * s * se, score_dtype)
     first_decoder, decoder_flight = n_layers, 0
@@ -468,6 +476,10 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
         sparse = not sizes.get("k") or grouped
         encoder = i < encoder_layers
         layer_hidden = enc_hidden if encoder else hidden
+        if stacked and i == encoder_layers:
+            # the decoder's first layer reads the decoder's embeddings (b, target_len, h), not the encoder's output
+            # (kept with the embeddings block for the cross-attention): under full checkpointing its boundary
+            x = fresh(hidden)
         for n, (part, kept) in enumerate(parts):
             y = fresh(layer_hidden)
             row = weights(Row(f"layer {i} {part}", input=x, output=y), (i, part))
@@ -487,6 +499,10 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
             row.forward_flight = layer_hidden + routed  # its output while it is written; its inner tensors are kept
             row.backward_flight = ((enc_flights if encoder else (flights if sparse else dense_flights))[part] + routed
                                    + (decoder_flight if i >= first_decoder else 0))
+            if stacked and self_math and part == "attention":
+                # measured (MemTracker with a dispatch-mode tracer, T5 at its encoder's self-attention backward): by
+                # the softmax's backward, p @ v's backward has freed what only it kept (its copy of v)
+                row.flight_freed = sum(kept_bytes(k) for k in kept if k.label.startswith("p @ v:"))
             # a MoE layer's backward peaks at its unsort, before the experts' weight gradients exist
             row.flight_first = bool(sizes.get("k")) and sparse and part == "down_proj"
             rows.append(row)

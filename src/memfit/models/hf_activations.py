@@ -1656,10 +1656,13 @@ def recomputed(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "s
     checkpointed forward runs without the key/value cache, so its copies of k and v are not made. An
     encoder-decoder's layers are both stacks' in forward order (the encoder's, then the decoder's)."""
     if hf_encdec.is_stacked(cfg):
-        *_, enc, dec, _, _ = _t5_evaluate(cfg, micro_batch, seq_len, target_len, attention, "full", precision, dtypes,
-                                          lora, shape)
+        *_, embeddings, enc, dec, _, _ = _t5_evaluate(cfg, micro_batch, seq_len, target_len, attention, "full",
+                                                      precision, dtypes, lora, shape)
         out: list = []
-        for (first, later), (_, _, count) in zip((enc, dec), hf_encdec.stacks(cfg)):
+        for (first, later), (_, _, count), name in zip((enc, dec), hf_encdec.stacks(cfg), BUCKETS):
+            # the stack's first layer computes the relative bias inside its checkpoint: its bucket indices are part
+            # of that layer's recomputation (after its input, which stays the list's first tensor)
+            first = first[:1] + [k for k in embeddings if k.label.startswith(name)] + first[1:]
             out += [first] + [later] * (count - 1) if count else []
         return out
     kinds = layer_kinds(cfg)
