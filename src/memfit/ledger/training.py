@@ -518,7 +518,10 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     if stacked:
         # T5's nn.CrossEntropyLoss on the logits as they are (no fp32 copy); measured at the loss in forward: the
         # logits, a second logits-sized temporary and the decoder's unscaled output (a local of the forward)
-        loss = Loss(forward=(tensors[logits], tensors[logits], hidden), backward=(tensors[logits], tensors[logits]))
+        # (under autocast cross_entropy runs in fp32: that temporary is the fp32 copy of the 16-bit logits, measured
+        # with a dispatch-mode tracer at MemTracker's bf16-mixed forward peak: _to_copy (T, V) float32)
+        second = logits32 if precision.endswith("-mixed") else tensors[logits]
+        loss = Loss(forward=(tensors[logits], second, hidden), backward=(tensors[logits], tensors[logits]))
     declared_stepped = list(extra.params) if extra is not None else []
     return Step(rows, tensors, [ids, labels], loss,
                 declared_states + states, optimizer, impl, config.overhead, declared_stepped + stepped if any_master else None, loss_kept=by_loss)
