@@ -75,9 +75,10 @@ def test_saved_bytes_with_encoder_and_decoder_lengths_apart(attention, ff):
         assert abs(ours - measured) <= 0.05 * measured, (b, source, target, ours, measured)
 
 
+@pytest.mark.parametrize("precision", ["32-true", "bf16-true"])
 @pytest.mark.parametrize("stacks", [(3, 3), (1, 3), (3, 1)], ids=["3+3", "1+3", "3+1"])
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
-def test_full_checkpointing_peak(attention, stacks):
+def test_full_checkpointing_peak(attention, stacks, precision):
     """Under full checkpointing autograd keeps each layer's tensor arguments (torch's non-reentrant checkpoint saves
     them): the hidden input and the first layer's position biases passed on to the later ones, whose bucket
     indices are then the first layer's recomputation. A one-layer stack passes no bias on."""
@@ -85,8 +86,9 @@ def test_full_checkpointing_peak(attention, stacks):
     if attention == "sdpa":
         cfg = hm.without_attention_dropout(cfg)
     for b, source, target in LENGTHS:
-        measured = hm.measure(cfg, micro_batch=b, seq_len=source, target_len=target, attention=attention, checkpointing="full")
-        ours = ha.peak_saved(cfg, micro_batch=b, seq_len=source, target_len=target, attention=attention, checkpointing="full")
+        kw = dict(micro_batch=b, seq_len=source, target_len=target, attention=attention, checkpointing="full", precision=precision)
+        measured = hm.measure(cfg, **kw)
+        ours = ha.peak_saved(cfg, **kw)
         assert abs(ours - measured["peak"]) <= 0.05 * measured["peak"], (b, source, target, ours, measured["peak"])
 
 

@@ -2089,7 +2089,10 @@ def stacked_peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, target_len:
             return 0, 0
         count, boundary = boundaries[name]
         each = nbytes(layers)
-        if layers and layers[0].dtype == boundary.dtype and layers[0].shape == boundary.shape:
+        # the first norm keeps the layer's input, the boundary itself: first in fp32, after the fp32 upcast in a
+        # 16-bit recipe (measured, bf16-true: one storage)
+        if any(k.dtype == boundary.dtype and k.shape == boundary.shape for k in layers[:2]
+               if k.label.startswith("layer_norm (self-attention): input")):
             each -= nbytes([boundary])
         return each, count * nbytes([boundary])
 
