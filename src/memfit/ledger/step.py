@@ -236,7 +236,8 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
         g_in = size.get(row.input, 0) if row.grad_input and not row.view and row.input is not None else 0
         if row.backward_flight is not None:
             made = done if row.flight_first else done + sum(row.grads)
-            consider("backward", row.name, _live(params, max(held, made), alive - row.flight_freed, state, row.backward_flight, step.overhead))
+            consider("backward", row.name,
+                     _live(params, max(held, made), alive - row.flight_freed, state, row.backward_flight, step.overhead))
         elif row.inner:  # the activation's backward, then the row's own
             consider("backward", row.name, _live(params, max(held, done), alive, state, g_out + row.inner, step.overhead))
             flowing = row.inner + g_in

@@ -2021,9 +2021,9 @@ def _t5_checkpoint_inputs(embeddings: list, n: dict, attention: str, roles: dict
     tensor argument of the layer (_NoopSaveInputs, until that layer's backward) and T5Stack passes its layers the
     first layer's position biases: the encoder's (1, H, se, se) and the decoder's (1, H, s, s) relative biases in the
     embedding's dtype, the cross-attention's zero bias (1, H, s, se) in the query's dtype (T5Attention makes it
-    require a gradient under checkpointing), and eager's float causal mask (1, 1, s, s) to every decoder layer.
-    Measured (tiny T5, 3+3 layers, CPU): each is one storage live at the last decoder layer's recomputation; the
-    bucket indices are not (they are saved inside the first layer's checkpoint)."""
+    require a gradient under checkpointing), and eager's float causal mask (1, 1, s, s) and the encoder's output to
+    every decoder layer. Measured (tiny T5, 3+3 layers, CPU): each is one storage live at the last decoder layer's
+    recomputation; the bucket indices are not (they are saved inside the first layer's checkpoint)."""
     out = [k for k in embeddings if not k.label.startswith(BUCKETS)]
     if n["Ne"] > 1:
         out.append(Kept(f"{SHARED_BIAS} (encoder)", shape((1, "H", "se", "se"), sizes), roles["act"]))
@@ -2032,6 +2032,10 @@ def _t5_checkpoint_inputs(embeddings: list, n: dict, attention: str, roles: dict
         out.append(Kept(f"{SHARED_BIAS} (cross-attention zeros)", shape((1, "H", "s", "se"), sizes), roles["lin"]))
     if n["Nd"] and attention == "eager":
         out.append(Kept("checkpoint: the decoder's float causal mask", shape((1, 1, "s", "s"), sizes), roles["act"]))
+    if n["Nd"] and not any(k.label == _t5_encoder_output_label() for k in out):
+        # the encoder's output is every decoder layer's argument too: saved by the checkpoint where the cross-attention
+        # keeps only autocast's 16-bit copies of it (bf16-mixed; measured: one (b, se, h) fp32 storage)
+        out.append(Kept("checkpoint: the encoder's output", shape(("b", "se", "h"), sizes), roles["act"]))
     return out
 
 
