@@ -834,22 +834,12 @@ def _near_known_key(key: str) -> str | None:
     (remembered: `fit` derives the same config.json once per candidate, and difflib is the slow part)."""
     import difflib
 
-    known = _known_keys()
+    from memfit.models.family_keys import NAMED_KEYS as known  # every family's, without importing every family
+
     if key in known:
         return None
     near = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.9)
     return near[0] if near else None
-
-
-@lru_cache(maxsize=1)
-def _known_keys() -> frozenset:
-    """Every key some family's config class reads (or aliases)."""
-    from memfit.models.families import BASE_FIELDS, FAMILIES
-
-    known = set(BASE_FIELDS)
-    for family in FAMILIES.values():
-        known |= set(family.fields) | set(family.attribute_map) | set(family.init_aliases)  # Falcon's n_embed
-    return frozenset(known)
 
 
 def _recipe_arguments(data: dict, base: str = "float32") -> dict:
