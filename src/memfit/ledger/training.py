@@ -445,6 +445,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     enc_redone = _recompute_flights(cfg, enc_sizes, recipe_args.get("lora"), roles) if checkpointing == "full" else {}
     # torch's math kernel, where an attention part runs it, holds its temporaries while the part is recomputed
     kernel = _math_kernel_moments(cfg, sizes, roles, run["attention"], precision) if checkpointing == "full" else []
+    arrived = _arrived(cfg, sizes, roles)
     for i in range(n_layers):
         key = id(every[i])
         if key not in split_cache:
@@ -473,7 +474,6 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
                     row.recompute_moment = (min(sum(part_bytes[:n]) + adapted_bytes[n] - layer_hidden, bound[i]), layer_redone[part])
                 if part == "attention" and kernel and not encoder:
                     # the math kernel's moments come after the LoRA linears' (their outputs summed): the worst of them
-                    arrived = _arrived(cfg, sizes, roles)
                     made = sum(part_bytes[: n + 1]) - layer_hidden
                     for later, flight in kernel:
                         later_bytes = sum(kept_bytes(k) for k in kept if later and k.label.startswith(later))
@@ -618,8 +618,8 @@ def _math_kernel_moments(cfg: dict, sizes: dict, roles: dict, attention: str, pr
     cast back (the kernel returns them). Two moments: q @ k^T's scores (fp32, (b, H, s, s)) and the mask added to
     them, both alive, before the probabilities and v are kept; and the output's cast, with every tensor of the part
     kept (measured: Falcon-7B's switches, bf16-true, MemTracker peaks at that cast in layer 0's recomputation,
-    tests/ledger/test_combinations.py; the scores' moment binds at long sequences, s >> d). The same moments exist
-    in the forward, where the step's peak is not."""
+    tests/ledger/test_combinations.py; the scores' moment binds at long sequences, s >> d). The forward's same
+    moments are not priced: no measured step peaks there."""
     from memfit.models import hf_activations as acts
 
     fam = acts.FAMILIES[cfg["model_type"]]
@@ -635,7 +635,8 @@ def _math_kernel_moments(cfg: dict, sizes: dict, roles: dict, attention: str, pr
     held = (dtype_bytes(T * sizes["qkv"], roles["lin"]) + dtype_bytes(K, act)     # query_key_value's output, v
             + dtype_bytes(Q, act) + dtype_bytes(K, act)                           # q and k after the rotary
             + dtype_bytes(b * s * s, act))                                        # the float mask
-    upcast = dtype_bytes(Q + 2 * K, "float32") if up else 0
+    # (v's fp32 copy is what `attention: v (its one head)` keeps where one sequence folds it without a copy)
+    upcast = dtype_bytes(Q + K + (0 if cond["fa_v_own"] else K), "float32") if up else 0
     scaled = dtype_bytes(Q, "float32") if b > 1 else 0
     scores = (("attention: v", "softmax:"), held + upcast + scaled + 2 * dtype_bytes(P, "float32"))
     output = ((), held + upcast + scaled + dtype_bytes(Q, "float32")
