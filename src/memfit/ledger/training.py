@@ -678,7 +678,7 @@ def _early_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int, attention: st
     probabilities' gradient and the scores', (b, H, s, s) fp32 each, beside the residual stream's gradient, o_proj's
     input's and v's (fp32, summed back to its own heads), ahead of query_key_value's weight gradient (measured:
     Falcon-7B's switches, bf16-true, full checkpointing, s >> d: MemTracker peaks at _softmax_backward_data in
-    layer 0's attention)."""
+    layer 0's attention; with ALiBi too: 0.852 -> 0.949 of MemTracker at (2, 64))."""
     from memfit.models import hf_activations as acts
 
     fam = acts.FAMILIES[cfg["model_type"]]
