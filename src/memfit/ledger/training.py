@@ -46,12 +46,11 @@ def _activation_bytes(config, elements: int, dtype: str | None = None) -> int:
     return config.recipe.cost("activations", elements)["activations"]
 
 
-def _stepped(config, elements: int) -> int | None:
-    """What optimizer.step() updates for a parameter of `elements` elements when it is not the
-    parameter itself: the fp32 master copy of a recipe that keeps one."""
+def _master_dtype(config) -> str | None:
+    """The dtype of the fp32 master copy optimizer.step() updates in place of a parameter, when the recipe keeps
+    one."""
     resolved = getattr(config.recipe, "resolved", None)
-    master = getattr(resolved, "master_weights", None)
-    return None if master is None else dtype_bytes(elements, master)
+    return getattr(resolved, "master_weights", None)
 
 
 # --- declared tensors (`parameters:` / `activations:` lists) and optimizer constants ---------------
@@ -163,9 +162,9 @@ def keras_step(model: dict, config, optimizer: str | None, impl: str, declared=(
                 row.params.append(sizes["parameters"])
                 row.grads.append(sizes.get("gradients", 0))
                 states.append(sizes.get("optimizer_state", 0))
-                master = _stepped(config, n)
+                master = _master_dtype(config)
                 any_master = any_master or master is not None
-                stepped.append(sizes["parameters"] if master is None else master)
+                stepped.append(sizes["parameters"] if master is None else dtype_bytes(n, master))
             else:
                 row.frozen.append(sizes["parameters"])
         row.grad_input = requires_grad
@@ -356,19 +355,31 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     stepped: list[int] = []
     states: list[int] = []
     any_master = False
+    master = _master_dtype(config)
+    priced: dict = {}  # a group's entries -> what they add to a row (a 70B's 80 layers share each part's entries)
 
     def weights(row: Row, key) -> Row:
         nonlocal any_master
-        for per_copy, trainable, elements in groups.get(key, []):
-            if trainable:
-                row.params.append(per_copy.get("parameters", 0))
-                row.grads.append(per_copy.get("gradients", 0))
-                states.append(per_copy.get("optimizer_state", 0))
-                master = _stepped(config, elements)
-                any_master = any_master or master is not None
-                stepped.append(per_copy.get("parameters", 0) if master is None else master)
-            else:
-                row.frozen.append(per_copy.get("parameters", 0))
+        entries = groups.get(key, ())
+        signature = tuple(map(id, entries))
+        adds = priced.get(signature)
+        if adds is None:
+            adds = priced[signature] = ([], [], [], [], [])
+            params, grads, state, steps, frozen = adds
+            for per_copy, trainable, elements in entries:
+                if trainable:
+                    params.append(per_copy.get("parameters", 0))
+                    grads.append(per_copy.get("gradients", 0))
+                    state.append(per_copy.get("optimizer_state", 0))
+                    steps.append(per_copy.get("parameters", 0) if master is None else dtype_bytes(elements, master))
+                else:
+                    frozen.append(per_copy.get("parameters", 0))
+        row.params += adds[0]
+        row.grads += adds[1]
+        states.extend(adds[2])
+        stepped.extend(adds[3])
+        row.frozen += adds[4]
+        any_master = any_master or (master is not None and bool(adds[1]))
         return row
 
     emb, layer_blocks, head, loss = blocks[0], blocks[1:-2], blocks[-2], blocks[-1]
