@@ -95,6 +95,8 @@ class Row:
     recompute_moment: tuple | None = None
     flight_first: bool = False  # that worst moment comes before its parameters' gradients are made (a MoE layer's
     # unsort backward, ahead of the experts' weight gradients)
+    early_flight: int | None = None  # a second worst backward moment, before its parameters' gradients are made
+    # (torch's math kernel's softmax backward, ahead of query_key_value's weight gradient)
 
 
 @dataclass(slots=True)
@@ -232,6 +234,8 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
                     redone, flight = rows[j].recompute_moment
                     consider("backward", row.name, params, max(held, done), left + redone, state, g_out + flight, step.overhead)
         g_in = size.get(row.input, 0) if row.grad_input and not row.view and row.input is not None else 0
+        if row.early_flight is not None:
+            consider("backward", row.name, params, max(held, done), alive, state, row.early_flight, step.overhead)
         if row.backward_flight is not None:
             made = done if row.flight_first else done + sum(row.grads)
             consider("backward", row.name, params, max(held, made), alive, state, row.backward_flight, step.overhead)
