@@ -202,3 +202,18 @@ def test_broken_pipe_is_quiet(configs):
     fits, over = configs
     proc = subprocess.run(f"{sys.executable} -m memfit check {fits} {over} {over} {over} | head -c 1", shell=True, check=False, capture_output=True, text=True)
     assert "Traceback" not in proc.stderr
+
+
+def test_a_command_in_process_leaves_the_garbage_collector_as_it_was(capsys):
+    """The command pauses the cyclic collector and freezes what it checked (cli.runner._settled: a big report's
+    rendering would walk it all again); a caller that runs main() in its own process gets its collector back."""
+    import gc
+
+    from memfit.cli.main import main
+
+    example = str(Path(__file__).resolve().parents[2] / "examples" / "gpt2-small.yaml")
+    for argv in (["check", example], ["explain", example]):
+        assert gc.isenabled()
+        assert main(argv) == 0
+        assert gc.isenabled() and gc.get_freeze_count() == 0
+    capsys.readouterr()

@@ -218,11 +218,10 @@ def _id(run: dict) -> str:
 # PhiMoE under QLoRA cannot run: bitsandbytes swaps its router (an nn.Linear subclass returning a tuple) for a
 # Linear4bit and the MoE block's unpacking fails; memfit refuses the config (bad-quantization) instead of a figure
 REFUSED = {"phimoe-bf16-true-none-qlora-bf16-adamw8bit-foreach", "phimoe-32-true-none-qlora-fp32-adafactor-for_loop"}
-# issue 21, open: Falcon bf16-true under full checkpointing, as the covering design drew it
-FALCON21_GAPS = {
-    "falcon-bf16-true-full-none-sgd-fused": "bf16-true, full checkpointing: the peak 377,904 B against MemTracker's 403,256 "
-    "(0.937): the math kernel's score temporaries in the recomputation (as the 7B's 32-true 0.954)",
-}
+# runs whose measured gap is open, as strict xfails with their numbers (id -> reason). Closed: Falcon bf16-true under
+# full checkpointing (0.937 -> 0.977): the math kernel's temporaries while layer 0's attention is recomputed
+# (ledger/training._math_kernel_moments)
+FALCON21_GAPS: dict = {}
 
 
 def _marked(run: dict):

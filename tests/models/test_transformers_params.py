@@ -2,7 +2,7 @@
 
 Every family is built from a tiny config object on the meta device (no weights, nothing fetched)
 and its named_parameters() / nn.Linear modules compared with models/hf.py exactly; the config
-defaults in models/families.py are compared with the transformers config classes. Bad config.json
+defaults in models/families/ are compared with the transformers config classes. Bad config.json
 inputs each give one positioned problem with a stable code.
 """
 
@@ -90,7 +90,7 @@ def test_heads():
 
 
 # ------------------------------------------------------------------------------------------
-# Defaults: families.py against the config classes
+# Defaults: models/families/ against the config classes
 
 
 @pytest.mark.parametrize("model_type", SUPPORTED)

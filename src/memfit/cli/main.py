@@ -180,11 +180,18 @@ def main(argv: list[str] | None = None) -> int:
         top.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:
         args.paths += extra
+    import gc
+
     from memfit.cli import runner
 
+    collecting = gc.isenabled()
     try:
         return runner.run(args)
     except BrokenPipeError:  # `memfit check ... | head`
         return runner.EXIT_OK
     except KeyboardInterrupt:
         return 130
+    finally:
+        if argv is not None and collecting:  # called in a process that goes on: its collector as it was
+            gc.unfreeze()
+            gc.enable()

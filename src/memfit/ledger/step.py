@@ -97,6 +97,8 @@ class Row:
     recompute_moment: tuple | None = None
     flight_first: bool = False  # that worst moment comes before its parameters' gradients are made (a MoE layer's
     # unsort backward, ahead of the experts' weight gradients)
+    early_flight: int | None = None  # a second worst backward moment, before its parameters' gradients are made
+    # (torch's math kernel's softmax backward, ahead of query_key_value's weight gradient)
 
 
 @dataclass(slots=True)
@@ -175,14 +177,15 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
     loose = sum(size[t] for t in batch if t not in keepers)
     batch = {t for t in batch if t in keepers}
 
-    def consider(phase, at, live):
-        live["transient"] += loose
+    def consider(phase, at, parameters, gradients, activations, optimizer_state, transient, overhead):
+        # (the live bytes by category, as numbers: a 70B's step has a thousand moments and one worst per phase)
+        transient += loose
+        total = parameters + gradients + activations + optimizer_state + transient + overhead
         if trace is not None:
-            trace.append((phase, at, live))
-        total = sum(live.values())
+            trace.append((phase, at, _live(parameters, gradients, activations, optimizer_state, transient, overhead)))
         best = out.get(phase)
         if best is None or total > best["bytes"]:  # the first moment wins a tie, as MemTracker records it
-            out[phase] = {"bytes": total, "live": live, "at": at}
+            out[phase] = {"bytes": total, "live": _live(parameters, gradients, activations, optimizer_state, transient, overhead), "at": at}
 
     # forward: what exists after each row = created so far, minus what nobody keeps
     # (kept so far: a running set and its bytes, so a step of many rows stays linear)
@@ -204,12 +207,12 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
         moving = {t for t in (row.input, row.output) if t is not None and t not in saved_all}
         inner = 0 if row.inner_kept else row.inner
         transient = sum(size[t] for t in moving) + inner if row.forward_flight is None else row.forward_flight
-        consider("forward", row.name, _live(params, held, saved_bytes, state, transient, step.overhead))
+        consider("forward", row.name, params, held, saved_bytes, state, transient, step.overhead)
     by_loss = sum(size[t] for t in step.loss_kept)
-    consider("forward", "loss", _live(params, held, saved_bytes + by_loss, state, sum(step.loss.forward), step.overhead))
+    consider("forward", "loss", params, held, saved_bytes + by_loss, state, sum(step.loss.forward), step.overhead)
 
     # backward: the loss (which then frees what it kept), then rows in reverse
-    consider("backward", "loss", _live(params, held, saved_bytes + by_loss, state, sum(step.loss.backward), step.overhead))
+    consider("backward", "loss", params, held, saved_bytes + by_loss, state, sum(step.loss.backward), step.overhead)
     done = 0  # gradients accumulated by rows after the current one
     released: dict[int, list] = {}  # row -> the kept tensors its backward frees (it is their earliest keeper)
     for t, k in keepers.items():
@@ -232,24 +235,26 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
             for j in range(first, i + 1):
                 if rows[j].recompute_moment is not None:
                     redone, flight = rows[j].recompute_moment
-                    consider("backward", row.name, _live(params, max(held, done), left + redone, state, g_out + flight, step.overhead))
+                    consider("backward", row.name, params, max(held, done), left + redone, state, g_out + flight, step.overhead)
         g_in = size.get(row.input, 0) if row.grad_input and not row.view and row.input is not None else 0
+        if row.early_flight is not None:
+            consider("backward", row.name, params, max(held, done), alive, state, row.early_flight, step.overhead)
         if row.backward_flight is not None:
             made = done if row.flight_first else done + sum(row.grads)
-            consider("backward", row.name,
-                     _live(params, max(held, made), alive - row.flight_freed, state, row.backward_flight, step.overhead))
+            consider("backward", row.name, params, max(held, made), alive - row.flight_freed, state, row.backward_flight,
+                     step.overhead)
         elif row.inner:  # the activation's backward, then the row's own
-            consider("backward", row.name, _live(params, max(held, done), alive, state, g_out + row.inner, step.overhead))
+            consider("backward", row.name, params, max(held, done), alive, state, g_out + row.inner, step.overhead)
             flowing = row.inner + g_in
         else:
             flowing = g_out + g_in
         if row.backward_flight is None:
-            consider("backward", row.name, _live(params, max(held, done + sum(row.grads)), alive, state, flowing + row.backward_extra, step.overhead))
+            consider("backward", row.name, params, max(held, done + sum(row.grads)), alive, state, flowing + row.backward_extra, step.overhead)
         done += sum(row.grads)
         left -= sum(size[t] for t in released.get(i, ()) if t in saved_all)
 
     batch_bytes = sum(size[t] for t in batch)
-    consider("optimizer_step", "step", _live(params, all_grads, batch_bytes, state, temporaries, step.overhead))
+    consider("optimizer_step", "step", params, all_grads, batch_bytes, state, temporaries, step.overhead)
     return {p: out[p] for p in PHASES}
 
 

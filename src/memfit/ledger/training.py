@@ -46,12 +46,11 @@ def _activation_bytes(config, elements: int, dtype: str | None = None) -> int:
     return config.recipe.cost("activations", elements)["activations"]
 
 
-def _stepped(config, elements: int) -> int | None:
-    """What optimizer.step() updates for a parameter of `elements` elements when it is not the
-    parameter itself: the fp32 master copy of a recipe that keeps one."""
+def _master_dtype(config) -> str | None:
+    """The dtype of the fp32 master copy optimizer.step() updates in place of a parameter, when the recipe keeps
+    one."""
     resolved = getattr(config.recipe, "resolved", None)
-    master = getattr(resolved, "master_weights", None)
-    return None if master is None else dtype_bytes(elements, master)
+    return getattr(resolved, "master_weights", None)
 
 
 # --- declared tensors (`parameters:` / `activations:` lists) and optimizer constants ---------------
@@ -163,9 +162,9 @@ def keras_step(model: dict, config, optimizer: str | None, impl: str, declared=(
                 row.params.append(sizes["parameters"])
                 row.grads.append(sizes.get("gradients", 0))
                 states.append(sizes.get("optimizer_state", 0))
-                master = _stepped(config, n)
+                master = _master_dtype(config)
                 any_master = any_master or master is not None
-                stepped.append(sizes["parameters"] if master is None else master)
+                stepped.append(sizes["parameters"] if master is None else dtype_bytes(n, master))
             else:
                 row.frozen.append(sizes["parameters"])
         row.grad_input = requires_grad
@@ -356,19 +355,31 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     stepped: list[int] = []
     states: list[int] = []
     any_master = False
+    master = _master_dtype(config)
+    priced: dict = {}  # a group's entries -> what they add to a row (a 70B's 80 layers share each part's entries)
 
     def weights(row: Row, key) -> Row:
         nonlocal any_master
-        for per_copy, trainable, elements in groups.get(key, []):
-            if trainable:
-                row.params.append(per_copy.get("parameters", 0))
-                row.grads.append(per_copy.get("gradients", 0))
-                states.append(per_copy.get("optimizer_state", 0))
-                master = _stepped(config, elements)
-                any_master = any_master or master is not None
-                stepped.append(per_copy.get("parameters", 0) if master is None else master)
-            else:
-                row.frozen.append(per_copy.get("parameters", 0))
+        entries = groups.get(key, ())
+        signature = tuple(map(id, entries))
+        adds = priced.get(signature)
+        if adds is None:
+            adds = priced[signature] = ([], [], [], [], [])
+            params, grads, state, steps, frozen = adds
+            for per_copy, trainable, elements in entries:
+                if trainable:
+                    params.append(per_copy.get("parameters", 0))
+                    grads.append(per_copy.get("gradients", 0))
+                    state.append(per_copy.get("optimizer_state", 0))
+                    steps.append(per_copy.get("parameters", 0) if master is None else dtype_bytes(elements, master))
+                else:
+                    frozen.append(per_copy.get("parameters", 0))
+        row.params += adds[0]
+        row.grads += adds[1]
+        states.extend(adds[2])
+        stepped.extend(adds[3])
+        row.frozen += adds[4]
+        any_master = any_master or (master is not None and bool(adds[1]))
         return row
 
     emb, layer_blocks, head, loss = blocks[0], blocks[1:-2], blocks[-2], blocks[-1]
@@ -427,6 +438,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     flights = _layer_flights(cfg, sizes, act_w, lin_w, attention=run["attention"])
     enc_flights = _layer_flights(cfg, enc_sizes, act_w, lin_w, attention=run["attention"])
     dense_flights = _layer_flights(cfg, sizes, act_w, lin_w, routed=False, attention=run["attention"])
+    early = _early_flights(cfg, sizes, act_w, lin_w, run["attention"])
     # expert parallelism (parallel.expert): a MoE layer sends its routed rows (T·k) to the ranks holding their experts
     # and receives its own experts' rows (S) by all-to-all, and back; the buffers live while the layer runs, in each
     # direction (the gradients take the same way back)
@@ -462,6 +474,9 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
         decoder_flight = (b * se * h + sizes["H"] * s * s + sizes["H"] * s * se) * act_w
     redone = _recompute_flights(cfg, sizes, recipe_args.get("lora"), roles) if checkpointing == "full" else {}
     enc_redone = _recompute_flights(cfg, enc_sizes, recipe_args.get("lora"), roles) if checkpointing == "full" else {}
+    # torch's math kernel, where an attention part runs it, holds its temporaries while the part is recomputed
+    kernel = _math_kernel_moments(cfg, sizes, roles, run["attention"], precision) if checkpointing == "full" else []
+    arrived = _arrived(cfg, sizes, roles)
     for i in range(n_layers):
         key = id(every[i])
         if key not in split_cache:
@@ -492,6 +507,14 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
                 if part in layer_redone:
                     # a LoRA linear's flight comes once its own tensors are kept, before what reads its output
                     row.recompute_moment = (min(sum(part_bytes[:n]) + adapted_bytes[n] - layer_hidden, bound[i]), layer_redone[part])
+                if part == "attention" and kernel and not encoder:
+                    # the math kernel's moments come after the LoRA linears' (their outputs summed): the worst of them
+                    made = sum(part_bytes[: n + 1]) - layer_hidden
+                    for later, flight in kernel:
+                        later_bytes = sum(kept_bytes(k) for k in kept if later and k.label.startswith(later))
+                        moment = (min(made - later_bytes, bound[i]), arrived + flight)
+                        if row.recompute_moment is None or sum(moment) > sum(row.recompute_moment):
+                            row.recompute_moment = moment
             else:
                 row.kept = (kept_ids(kept, x, layer_hidden, b * enc_sizes["s"] if encoder else None) + later_kept.get(i, [])
                             if n == 0 else [fresh(kept_bytes(k)) for k in kept])
@@ -499,6 +522,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
             row.forward_flight = layer_hidden + routed  # its output while it is written; its inner tensors are kept
             row.backward_flight = ((enc_flights if encoder else (flights if sparse else dense_flights))[part] + routed
                                    + (decoder_flight if i >= first_decoder else 0))
+            row.early_flight = early.get(part) if not encoder else None
             if stacked and self_math and part == "attention":
                 # measured (MemTracker with a dispatch-mode tracer, T5 at its encoder's self-attention backward): by
                 # the softmax's backward, p @ v's backward has freed what only it kept (its copy of v)
@@ -607,6 +631,61 @@ def _through_last_adapter(kept: list) -> int:
     return last[-1] + 1 if last else len(kept)
 
 
+def _arrived(cfg: dict, sizes: dict, roles: dict) -> int:
+    """The gradients beside a layer's own output gradient while full checkpointing recomputes the layer: the
+    gradient reaching the layer's output comes as two, the residual's and the next layer's norm's (summed into the
+    first in place); a 16-bit model's RMSNorm computes it in fp32 and casts it back (measured: Mistral, OLMo 2; both
+    held while the layer is recomputed)."""
+    from memfit.models import hf_activations as acts
+
+    fam = acts.FAMILIES[cfg["model_type"]]
+    T = sizes["T"]
+    arrived = dtype_bytes(T * sizes["h"], roles["act"])
+    if fam.norm != "layer" and dtype_bytes(1, roles["act"]) < 4:
+        arrived += dtype_bytes(T * sizes["h"], "float32") + dtype_bytes(T * sizes["h"], roles["act"])
+    return arrived
+
+
+def _math_kernel_moments(cfg: dict, sizes: dict, roles: dict, attention: str, precision: str) -> list:
+    """The worst moments of an attention part that runs torch's math kernel, while full checkpointing recomputes it:
+    [(the labels of the part's kept tensors not made yet, the bytes in flight beyond the kept ones)], [] where the
+    part runs no math kernel (or one not measured: Falcon's ALiBi, a *-mixed recipe).
+
+    Falcon's multi_query under SDPA (models.hf_activations' `fa_math`: the one key/value head does not match the
+    query heads), rotary. FalconAttention.forward holds query_key_value's output, v (its `[-1]` index copy), and q and
+    k after the rotary (k's index copy is dropped); SDPA's math kernel turns the bool causal mask into a float bias
+    (b, 1, s, s) in q's dtype; from a 16-bit input it computes in fp32: copies of q, k and v at their own heads, q
+    scaled by 1/sqrt(d) (which matmul's fold then copies where b > 1: the copy is what `attention: q` keeps; with one
+    sequence the scaled q is kept itself), and at the end the output in fp32, its cast back and the probabilities'
+    cast back (the kernel returns them). Two moments: q @ k^T's scores (fp32, (b, H, s, s)) and the mask added to
+    them, both alive, before the probabilities and v are kept; and the output's cast, with every tensor of the part
+    kept (measured: Falcon-7B's switches, bf16-true, MemTracker peaks at that cast in layer 0's recomputation,
+    tests/ledger/test_combinations.py; the scores' moment binds at long sequences, s >> d). The forward's same
+    moments are not priced: no measured step peaks there."""
+    from memfit.models import hf_activations as acts
+
+    fam = acts.FAMILIES[cfg["model_type"]]
+    if not fam.falcon or precision.endswith("-mixed"):
+        return []
+    b, s, d, H, KV, T = sizes["b"], sizes["s"], sizes["d"], sizes["H"], sizes["KV"], sizes["T"]
+    cond = acts._conditions(cfg, fam, attention, "full", b, precision)
+    if not cond["fa_math"] or cond["fa_alibi"]:
+        return []
+    act = roles["act"]
+    up = dtype_bytes(1, act) < 4   # 16-bit: the kernel's fp32 copies (a .to() of an fp32 tensor copies nothing)
+    Q, K, P = b * H * s * d, b * KV * s * d, b * H * s * s
+    held = (dtype_bytes(T * sizes["qkv"], roles["lin"]) + dtype_bytes(K, act)     # query_key_value's output, v
+            + dtype_bytes(Q, act) + dtype_bytes(K, act)                           # q and k after the rotary
+            + dtype_bytes(b * s * s, act))                                        # the float mask
+    # (v's fp32 copy is what `attention: v (its one head)` keeps where one sequence folds it without a copy)
+    upcast = dtype_bytes(Q + K + (0 if cond["fa_v_own"] else K), "float32") if up else 0
+    scaled = dtype_bytes(Q, "float32") if b > 1 else 0
+    scores = (("attention: v", "softmax:"), held + upcast + scaled + 2 * dtype_bytes(P, "float32"))
+    output = ((), held + upcast + scaled + dtype_bytes(Q, "float32")
+              + (dtype_bytes(Q, act) + dtype_bytes(P, act) if up else 0))
+    return [scores, output]
+
+
 def _recompute_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict) -> dict:
     """What each part of a layer holds, beyond the tensors it keeps, at its worst op while full checkpointing
     recomputes it: a LoRA linear (peft's Linear.forward) holds its base output, the adapter's output and its
@@ -621,12 +700,7 @@ def _recompute_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict) -
     except ValueError:
         adapted = {}
     T = sizes["T"]
-    # the gradient reaching the layer's output comes as two: the residual's and the next layer's norm's (summed
-    # into the first in place); a 16-bit model's norm computes it in fp32 and casts it back (measured: Mistral,
-    # OLMo 2; both held while the layer is recomputed)
-    arrived = dtype_bytes(T * sizes["h"], roles["act"])
-    if fam.norm != "layer" and dtype_bytes(1, roles["act"]) < 4:
-        arrived += dtype_bytes(T * sizes["h"], "float32") + dtype_bytes(T * sizes["h"], roles["act"])
+    arrived = _arrived(cfg, sizes, roles)
     out = {}
     for part, linears in _PART_LINEARS.items():
         worst = 0
@@ -638,6 +712,25 @@ def _recompute_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict) -
             worst = max(worst, dtype_bytes(elements, roles["lin"]) + 2 * dtype_bytes(elements, roles["ada_low"]))
         out[part] = arrived + worst
     return out
+
+
+def _early_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int, attention: str) -> dict:
+    """A part's worst backward moment before its parameters' gradients are made, where one is known beyond
+    _layer_flights' (after them): torch's math kernel's softmax backward (Falcon's multi_query under SDPA) holds the
+    probabilities' gradient and the scores', (b, H, s, s) fp32 each, beside the residual stream's gradient, o_proj's
+    input's and v's (fp32, summed back to its own heads), ahead of query_key_value's weight gradient (measured:
+    Falcon-7B's switches, bf16-true, full checkpointing, s >> d: MemTracker peaks at _softmax_backward_data in
+    layer 0's attention; with ALiBi too: 0.852 -> 0.949 of MemTracker at (2, 64))."""
+    from memfit.models import hf_activations as acts
+
+    fam = acts.FAMILIES[cfg["model_type"]]
+    if not fam.falcon:
+        return {}
+    cond = acts._conditions(cfg, fam, attention, "none", sizes["b"])
+    if not cond["fa_math"]:
+        return {}
+    T, b, H, s = sizes["T"], sizes["b"], sizes["H"], sizes["s"]
+    return {"attention": T * sizes["h"] * act_w + T * sizes["q"] * lin_w + T * sizes["kv"] * 4 + 2 * b * H * s * s * 4}
 
 
 def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int, routed: bool = True, attention: str = "sdpa") -> dict:

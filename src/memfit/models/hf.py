@@ -15,6 +15,7 @@ with transformers and compares.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import NamedTuple
 
 from memfit.models import hf_encdec
@@ -815,24 +816,30 @@ def _vision_training(cfg: dict, training: dict, seq_len: int) -> list:
 
 def _typo_notes(raw: dict, where: tuple) -> list:
     """Notes on keys no family reads that are close to a key one does (num_hiden_layers)."""
-    import difflib
-
     from memfit.diagnostics import codes
     from memfit.diagnostics.diagnostic import Problem
-    from memfit.models.families import BASE_FIELDS, FAMILIES
 
-    known = set(BASE_FIELDS)
-    for family in FAMILIES.values():
-        known |= set(family.fields) | set(family.attribute_map) | set(family.init_aliases)  # Falcon's n_embed
     out = []
     for key in raw:
-        if not isinstance(key, str) or key in known:
-            continue
-        near = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.9)
+        near = _near_known_key(key) if isinstance(key, str) else None
         if near:
-            message = f"{key!r} is read by no model family: ignored, as transformers ignores it; did you mean {near[0]!r}?"
+            message = f"{key!r} is read by no model family: ignored, as transformers ignores it; did you mean {near!r}?"
             out.append(Problem(where + (key,), codes.IGNORED_KEY, message, on_key=True))
     return out
+
+
+@lru_cache(maxsize=1024)
+def _near_known_key(key: str) -> str | None:
+    """The key a family reads that `key` is a near miss of; None when a family reads `key` itself or none is near
+    (remembered: `fit` derives the same config.json once per candidate, and difflib is the slow part)."""
+    import difflib
+
+    from memfit.models.family_keys import NAMED_KEYS as known  # every family's, without importing every family
+
+    if key in known:
+        return None
+    near = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.9)
+    return near[0] if near else None
 
 
 def _recipe_arguments(data: dict, base: str = "float32") -> dict:

@@ -24,6 +24,7 @@ Dtype roles, resolved per precision recipe by `_roles`:
 from __future__ import annotations
 
 
+from functools import lru_cache
 from math import prod
 from typing import NamedTuple
 
@@ -1500,10 +1501,54 @@ def _llava_kept(cfg, micro_batch, seq_len, attention, checkpointing, precision, 
     return kept, recomputed, pg
 
 
+class _Key:
+    """A config dict (or None) keyed by its frozen value, carrying the dict itself: `_evaluate`'s memo compares
+    configs by what they hold, and the evaluation reads the dict it was given."""
+
+    __slots__ = ("value", "frozen")
+
+    def __init__(self, value):
+        self.value = value
+        self.frozen = _freeze(value)
+
+    def __hash__(self):
+        return hash(self.frozen)
+
+    def __eq__(self, other):
+        return isinstance(other, _Key) and self.frozen == other.frozen
+
+
+def _freeze(value):
+    if isinstance(value, dict):
+        return tuple(sorted(((k, _freeze(v)) for k, v in value.items()), key=lambda kv: repr(kv[0])))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, *(_freeze(v) for v in value))
+    return (type(value).__name__, value)  # 1, 1.0 and True hash alike: the type keeps them apart
+
+
 def _evaluate(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape=_shape, kind=None,
               moe=None):
     """(family, sizes, roles, embeddings, the first layer, a later layer, head, loss): the layers of `kind`
-    (default: the first layer's)."""
+    (default: the first layer's).
+
+    One check evaluates the same layer for its footprint, its peak of saved bytes and the ledger's step (six times
+    for a dense model, more in `fit`'s search): with the plain shape rule the evaluation is remembered by value.
+    A rank's shape rule (a closure) is evaluated each time."""
+    if shape is not _shape:
+        return _evaluate_now(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape, kind, moe)
+    fam, sizes, roles, *kept = _evaluate_memo(_Key(cfg), micro_batch, seq_len, attention, checkpointing, precision,
+                                              _Key(dtypes), _Key(lora), kind, _Key(moe))
+    return (fam, dict(sizes), dict(roles), *(list(k) for k in kept))  # callers may extend what they are given
+
+
+@lru_cache(maxsize=64)
+def _evaluate_memo(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, kind, moe):
+    return _evaluate_now(cfg.value, micro_batch, seq_len, attention, checkpointing, precision, dtypes.value, lora.value,
+                         _shape, kind, moe.value)
+
+
+def _evaluate_now(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape=_shape, kind=None,
+                  moe=None):
     check(cfg, attention, checkpointing, precision)
     mt = cfg["model_type"]
     kind = layer_kinds(cfg)[0] if kind is None else kind

@@ -5,7 +5,7 @@ problem inside config.json is reported at its own line:column. `validate(raw)` c
 models/hf.py relies on and returns problems with stable codes at key paths of that dict (the
 caller places them: in config.json through `Positions`, or in the YAML for an inline
 `transformer:` mapping). `normalize(raw)` gives the dict transformers' config class would
-serialize (`AutoConfig.for_model(model_type, **raw).to_dict()`), defaults from models/families.py.
+serialize (`AutoConfig.for_model(model_type, **raw).to_dict()`), defaults from models/families/.
 
 Nothing here imports transformers or fetches anything; messages quote at most a short excerpt
 of the referenced file.
@@ -912,11 +912,10 @@ def _ignored(family: Family) -> frozenset:
 
 @lru_cache(maxsize=None)
 def _ignored_by_type(model_type: str) -> frozenset:
+    from memfit.models.family_keys import READ_KEYS  # every family's keys, without importing every family
+
     family = FAMILIES[model_type]
-    every: set = set()
-    for other in FAMILIES.values():
-        every |= set(read_fields(other))
-    return frozenset(every - set(read_fields(family)) - set(family.attribute_map) - set(family.attribute_map.values()))
+    return frozenset(READ_KEYS - set(read_fields(family)) - set(family.attribute_map) - set(family.attribute_map.values()))
 
 
 def _rope(out: dict, extra: dict, family: Family) -> None:

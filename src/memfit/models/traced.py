@@ -1,6 +1,6 @@
 """Any other transformers architecture: exact parameters from a meta-device build, activations by a generic rule.
 
-A config.json whose model_type no family in models/families.py describes is, with the optional extra
+A config.json whose model_type no family in models/families/ describes is, with the optional extra
 `memfit[trace]` (torch and transformers) installed, built with transformers on the meta device: no weights,
 no network, never remote code (`AutoConfig.for_model(model_type, **config)`, then the class `architectures[0]`
 names when transformers has it, else `AutoModelForCausalLM.from_config`). Its `named_parameters()` are the

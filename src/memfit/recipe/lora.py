@@ -56,7 +56,7 @@ DEFAULT_TARGETS: dict[str, list[str]] = {
 }
 
 
-# Heads (models/families.py names) -> the module get_output_embeddings() returns,
+# Heads (models/families/ names) -> the module get_output_embeddings() returns,
 # which "all-linear" leaves out; a classification head has none, so peft adapts it.
 OUTPUT_HEADS: dict[str, str | None] = {
     "causal-lm": "lm_head",

@@ -1,0 +1,37 @@
+"""llama: transformers' LlamaConfig as 5.24.0 defines it, and the structure models/hf.py reads.
+
+Data, loaded on demand (models.families.FAMILIES).
+"""
+
+from memfit.models.families import Family, _arch
+
+FAMILY = Family(
+    'llama',
+    'LlamaConfig',
+    fields={
+        'vocab_size': (32000, 'int'),
+        'hidden_size': (4096, 'int'),
+        'intermediate_size': (11008, 'int'),
+        'num_hidden_layers': (32, 'int'),
+        'num_attention_heads': (32, 'int'),
+        'num_key_value_heads': (None, 'int?'),
+        'hidden_act': ('silu', 'str'),
+        'max_position_embeddings': (2048, 'int'),
+        'initializer_range': (0.02, 'float'),
+        'rms_norm_eps': (1e-06, 'float'),
+        'use_cache': (True, 'bool'),
+        'pad_token_id': (None, 'int?'),
+        'bos_token_id': (1, 'int?'),
+        'eos_token_id': (2, 'ids?'),
+        'pretraining_tp': (1, 'int?'),
+        'tie_word_embeddings': (False, 'bool'),
+        'rope_parameters': (None, 'dict?'),
+        'attention_bias': (False, 'bool'),
+        'attention_dropout': (0.0, 'number?'),
+        'mlp_bias': (False, 'bool'),
+        'head_dim': (None, 'int?'),
+    },
+    architectures=_arch('Llama'),
+    default_architecture='LlamaForCausalLM',
+    kv_heads_default=True, head_dim_default=True, qkv_bias='attention_bias', o_bias='attention_bias', mlp_bias='mlp_bias',
+)

@@ -1,0 +1,40 @@
+"""mixtral: transformers' MixtralConfig as 5.24.0 defines it, and the structure models/hf.py reads.
+
+Data, loaded on demand (models.families.FAMILIES).
+"""
+
+from memfit.models.families import Family, _arch
+
+FAMILY = Family(
+    'mixtral',
+    'MixtralConfig',
+    fields={
+        'vocab_size': (32000, 'int'),
+        'hidden_size': (4096, 'int'),
+        'intermediate_size': (14336, 'int'),
+        'num_hidden_layers': (32, 'int'),
+        'num_attention_heads': (32, 'int'),
+        'num_key_value_heads': (8, 'int'),
+        'head_dim': (None, 'int?'),
+        'hidden_act': ('silu', 'str'),
+        'max_position_embeddings': (131072, 'int'),
+        'initializer_range': (0.02, 'float'),
+        'rms_norm_eps': (1e-05, 'float'),
+        'use_cache': (True, 'bool'),
+        'pad_token_id': (None, 'int?'),
+        'bos_token_id': (1, 'int?'),
+        'eos_token_id': (2, 'ids?'),
+        'tie_word_embeddings': (False, 'bool'),
+        'sliding_window': (None, 'int?'),
+        'attention_dropout': (0.0, 'number'),
+        'num_experts_per_tok': (2, 'int'),
+        'num_local_experts': (8, 'int'),
+        'output_router_logits': (False, 'bool'),
+        'router_aux_loss_coef': (0.001, 'float'),
+        'router_jitter_noise': (0.0, 'float'),
+        'rope_parameters': (None, 'dict?'),
+    },
+    architectures=_arch('Mixtral'),
+    default_architecture='MixtralForCausalLM',
+    attribute_map={'num_experts': 'num_local_experts'}, kv_heads_default=True, rope_theta_default=1000000.0, block='mixtral',
+)
