@@ -288,7 +288,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     are its config tensor's (weight, gradient, buffers, master copy, optimizer state, as the recipe
     priced them). The loss is transformers' ForCausalLMLoss: an fp32 copy of the logits when they
     are not fp32, log-softmax (kept), and in backward two fp32 logits-sized gradients."""
-    from memfit.models import hf_activations as acts, hf_encdec
+    from memfit.models import hf, hf_activations as acts, hf_encdec
 
     model = config.model
     cfg, run = model.cfg, model.training
@@ -328,6 +328,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     # (norm and attention, its output projection, norm and MLP, its down projection); the head
     groups: dict = {"embeddings": [], "head": []}
     seen_layer = False
+    tied, tied_grad = hf.tied_embedding(cfg), 0
     # an encoder-decoder's layers are those of its stacks in forward order (models.hf_encdec.layer_index)
     stacked = hf_encdec.is_stacked(cfg)
     for t in config.tensors:
@@ -349,6 +350,10 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
             part = _part(t.name)
             for i in layers:
                 groups.setdefault((i, part), []).append(entry)
+        elif _base_name(t.name) == tied:
+            # the head's backward makes the shared weight's gradient; the embedding's backward adds its part later
+            groups["head"].append(entry)
+            tied_grad = per_copy.get("gradients", 0) if t.trainable else 0
         else:
             groups["head" if seen_layer else "embeddings"].append(entry)
 
@@ -410,10 +415,13 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
             later_kept.setdefault(1 if shared else encoder_layers, []).append(t)
             row.kept.remove(t)
     row.frozen += _buffers(cfg, sizes, roles["act"])
-    if not row.grads and checkpointing != "full":
+    if not row.grads and not tied_grad and checkpointing != "full":
         # a frozen embedding (LoRA): autograd records no backward for it (under full checkpointing transformers
         # makes its output require a gradient, hf_activations._evaluate: that gradient is computed)
         row.output_grad = False
+    # a weight tied to the head: the embedding's backward makes its own part of the gradient, summed into the one the
+    # head's backward started
+    row.backward_extra += tied_grad
     rows.append(row)
     if checkpointing == "full":
         # a part's recomputed tensors follow the un-checkpointed layer's order; what the whole layer holds while

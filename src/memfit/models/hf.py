@@ -509,6 +509,16 @@ def _params(module: Module, name: str) -> list[Param]:
     return [Param(name, dims, OTHER)]
 
 
+def tied_embedding(cfg: dict) -> str | None:
+    """The input embedding's weight when the head shares it (tie_word_embeddings), else None: the one parameter
+    whose gradient the head's backward starts (autograd sums the embedding's part into it later)."""
+    if hf_encdec.is_stacked(cfg):
+        return None
+    before, _, _, _, tied = _tree(cfg)
+    first = before[0] if before else None
+    return first.path + ".weight" if tied and first is not None and first.type == "embedding" else None
+
+
 def layer_parameters(cfg: dict) -> list[Param]:
     """The first layer's parameters, names relative to the layer (every layer is alike but where
     layer_kinds says they differ)."""
