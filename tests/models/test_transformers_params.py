@@ -67,6 +67,14 @@ def test_parameters_match_named_parameters(transformers, model_type, given, arch
         elif isinstance(module, Conv1D):
             modules.append((name, module.weight.shape[0], module.nf, module.bias is not None))
     assert hf.linear_modules(cfg) == modules
+    # the weight the head shares with the input embedding (the ledger starts its gradient at the head's backward)
+    head = model.get_output_embeddings()
+    shared = [name for name, p in model.named_parameters() if head is not None and p is head.weight]
+    assert hf.tied_embedding(cfg) == (shared[0] if shared and shared[0] != f"{head_name(model, head)}.weight" else None)
+
+
+def head_name(model, module) -> str:
+    return next(name for name, m in model.named_modules() if m is module)
 
 
 def test_kinds_follow_the_module_types(transformers):

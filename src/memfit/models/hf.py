@@ -515,8 +515,9 @@ def tied_embedding(cfg: dict) -> str | None:
     if hf_encdec.is_stacked(cfg):
         return None
     before, _, _, _, tied = _tree(cfg)
-    first = before[0] if before else None
-    return first.path + ".weight" if tied and first is not None and first.type == "embedding" else None
+    # the word embedding: the embedding over the vocabulary (LLaVA's vision tower comes first with embeddings of its own)
+    words = next((m for m in before if m.type == "embedding" and m.dims[0] == cfg["vocab_size"]), None)
+    return words.path + ".weight" if tied and words is not None else None
 
 
 def layer_parameters(cfg: dict) -> list[Param]:
