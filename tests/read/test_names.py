@@ -132,3 +132,38 @@ def test_a_keras_merge_layer_without_inputs_is_told_to_name_them(tmp_path):
     (line,) = [x for x in done.stdout.splitlines() if "error[" in x]
     assert line.startswith(f"{path}:9:7: error[schema]")
     assert "model.layers[1] is missing the required key 'inputs'" in line and "nearest first" not in line
+
+
+def _recased(value, flip):
+    """The value with each string's case changed by `flip` (a function of the string)."""
+    if isinstance(value, str):
+        return flip(value)
+    if isinstance(value, dict):
+        return {k: _recased(v, flip) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_recased(v, flip) for v in value]
+    return value
+
+
+def test_the_shortcut_respells_what_the_schema_walk_respells():
+    """canonical skips its schema walk when no string could be respelled: on every example and native test file, as
+    written and with every string upper-cased, lower-cased, title-cased and swapped, it gives what the walk gives."""
+    import yaml
+
+    from memfit.read.names import _walked, canonical
+    from memfit.read.schema import schema
+
+    root = schema()
+    files = sorted((ROOT / "examples").rglob("*.yaml")) + sorted((ROOT / "examples").rglob("*.yml"))
+    documents = [yaml.safe_load(p.read_text()) for p in files]
+    documents = [d for d in documents if isinstance(d, dict) and "memfit" in d]
+    assert len(documents) >= 10
+    changed = 0
+    for document in documents:
+        assert canonical(document, root) is document  # as written, nothing to respell: the walk is skipped
+        for flip in (lambda s: s, str.upper, str.lower, str.title, str.swapcase):
+            given = _recased(document, flip)
+            ours, walked = canonical(given, root), _walked(given, root)
+            assert ours == walked
+            changed += ours is not given
+    assert changed > 0  # the recased copies do get respelled (the shortcut is not always taken)

@@ -129,6 +129,14 @@ def canonical(data, root: dict):
     matched without regard to case (a copy where anything changed; `data` itself when nothing did)."""
     if not isinstance(data, dict):
         return data
+    spellings = _spellings(_Same(root))
+    if all(_spelled(value, spellings) for key, value in data.items() if key not in SKIP):
+        return data  # (most configs: every string is already the only spelling the schema has of it, or none)
+    return _walked(data, root)
+
+
+def _walked(data: dict, root: dict):
+    """canonical's walk along the schema: each value checked against the enums of its own node."""
     properties = root.get("properties", {})
     out = data
     for key, value in data.items():
@@ -138,6 +146,54 @@ def canonical(data, root: dict):
         if new is not value:
             out = {**out, key: new} if out is data else {**out, key: new}
     return out
+
+
+class _Same:
+    """The schema, hashed by identity (read.schema.schema() returns one object): _spellings' cache key."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __hash__(self):
+        return id(self.value)
+
+    def __eq__(self, other):
+        return isinstance(other, _Same) and other.value is self.value
+
+
+@lru_cache(maxsize=4)
+def _spellings(schema: _Same) -> dict:
+    """lower-case -> every spelling the schema's enums give it, over the whole schema."""
+    out: dict = {}
+
+    def visit(node):
+        if isinstance(node, dict):
+            for value in node.get("enum", ()) if isinstance(node.get("enum"), list) else ():
+                if isinstance(value, str):
+                    out.setdefault(value.lower(), set()).add(value)
+            for item in node.values():
+                visit(item)
+        elif isinstance(node, list):
+            for item in node:
+                visit(item)
+
+    visit(schema.value)
+    return {k: frozenset(v) for k, v in out.items()}
+
+
+def _spelled(value, spellings: dict) -> bool:
+    """Whether no enum anywhere could respell `value` or anything in it: each string has no case-insensitive match
+    in the schema's enums, or is itself the only spelling they have of it."""
+    if isinstance(value, str):
+        found = spellings.get(value.lower())
+        return found is None or found == {value}
+    if isinstance(value, dict):
+        return all(_spelled(item, spellings) for item in value.values())
+    if isinstance(value, list):
+        return all(_spelled(item, spellings) for item in value)
+    return True
 
 
 def _resolve(node: dict, root: dict) -> dict:
