@@ -81,7 +81,11 @@ def trainer_arguments(args, model, seq_len: int, config_dir: str) -> tuple[dict,
     impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if isinstance(impl, str):
         out["attn_implementation"] = impl
-    return out, []
+    notes = []
+    kwargs = values.get("activation_checkpointing_kwargs", values.get("gradient_checkpointing_kwargs"))
+    if out.get("gradient_checkpointing") and isinstance(kwargs, dict) and kwargs.get("every_n_layers") not in (None, 1):
+        notes.append(f"activation_checkpointing_kwargs every_n_layers={kwargs['every_n_layers']}: memfit counts every layer checkpointed")
+    return out, notes
 
 
 def lora_section(model) -> tuple[dict | None, list[str]]:
