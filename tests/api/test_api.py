@@ -128,3 +128,12 @@ def test_only_the_integration_module_imports_transformers():
             if any(name.split(".")[0] in ("transformers", "trl", "peft") for name in names):
                 importers.append(path.relative_to(ROOT / "src").as_posix())
     assert sorted(set(importers)) == ["memfit/integrations/transformers.py"]
+
+
+def test_the_example_in_docs_python_prints_what_it_says():
+    page = (ROOT / "docs" / "python.md").read_text(encoding="utf-8")
+    code = page.split("```python\n", 1)[1].split("```", 1)[0]
+    shown = page.split("prints, run in a clone:\n\n```text\n", 1)[1].split("```", 1)[0]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True, cwd=ROOT, env=env)
+    assert done.stdout == shown

@@ -227,3 +227,19 @@ def test_bad_settings_are_refused_when_the_callback_is_made():
         MemfitCallback(budget="80 GBs")
     with pytest.raises(ValueError, match="seq_len"):
         MemfitCallback(seq_len=0)
+
+
+def test_the_readme_s_three_lines_run(tmp_path, monkeypatch):
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Inside the training script") :]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(code.strip().splitlines()) == 3
+    monkeypatch.chdir(tmp_path)
+    space = {"Trainer": Trainer, "model": tiny_model(tmp_path), "args": arguments(tmp_path, max_steps=1), "data": dataset()}
+    exec(compile(code, "README.md", "exec"), space)
+    assert space["trainer"].state.global_step == 1
+    (run,) = lines(tmp_path / "memfit-runs.jsonl")
+    from memfit.config.presets import PRESETS
+
+    assert run["status"] == "completed" and run["predicted"]["fits"] is True
+    assert run["config"]["device"] == {"preset": "H100-80GB"} and run["predicted"]["budget"] <= PRESETS["H100-80GB"].memory

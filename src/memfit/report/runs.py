@@ -189,7 +189,7 @@ def run(args) -> int:
 
     runs, skipped = read(args.paths)
     for path, line, why in skipped:
-        sys.stderr.write(printable(f"{path}:{line}: {why}" if line else f"{path}: {why}") + "\n")
+        sys.stderr.write(printable(f"{path}:{line}: {why}" if line else f"memfit runs: {why}") + "\n")
     if args.format == "json":
         out = {"runs": [r.to_json() for r in runs], "summary": summary(runs), "skipped": [{"path": p, "line": n, "message": m} for p, n, m in skipped]}
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
