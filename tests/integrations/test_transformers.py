@@ -243,3 +243,35 @@ def test_the_readme_s_three_lines_run(tmp_path, monkeypatch):
 
     assert run["status"] == "completed" and run["predicted"]["fits"] is True
     assert run["config"]["device"] == {"preset": "H100-80GB"} and run["predicted"]["budget"] <= PRESETS["H100-80GB"].memory
+
+
+def test_qlora_is_what_memfit_check_gives_for_the_hand_written_config(tmp_path):
+    """A 4-bit bitsandbytes model (loaded on the CPU) with a peft LoRA adapter: the quantization section comes from the
+    model's quantization_config, the precision from its bf16 weights."""
+    needs.module("bitsandbytes")
+    peft = needs.module("peft")
+    tiny_model(tmp_path).save_pretrained(str(tmp_path / "weights"))
+    quantization = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16)
+    model = LlamaForCausalLM.from_pretrained(str(tmp_path / "weights"), quantization_config=quantization, dtype=torch.bfloat16, device_map="cpu")
+    model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    callback = MemfitCallback(budget="1 GiB")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MemfitWarning)  # nothing of this run is left out
+        trainer = Trainer(model=model, args=arguments(tmp_path, max_steps=1), train_dataset=dataset(), callbacks=[callback])
+        trainer.train()
+    assert trainer.state.global_step == 1
+    hand = tmp_path / "qlora.yaml"
+    hand.write_text(textwrap.dedent(f"""\
+        memfit: 1
+        device: {{memory: 1 GiB}}
+        model: {{hf_config: model/config.json}}
+        precision: bf16-true
+        optimizer: adamw
+        training: {{micro_batch: 2, seq_len: {SEQ}, optimizer_impl: fused}}
+        lora: {{r: 4, alpha: 8, target_modules: [q_proj, v_proj]}}
+        quantization: {{method: nf4, double_quant: true, compute_dtype: bfloat16}}
+        """))
+    entry = checked(hand)
+    assert entry["diagnostics"] == []
+    assert callback.result.peak == entry["peak"]["bytes"] and callback.result.footprint == entry["footprint"]
+    assert callback.config["quantization"] == {"method": "nf4", "double_quant": True, "compute_dtype": "bfloat16"}

@@ -120,8 +120,8 @@ def quantization_section(model) -> tuple[dict | None, list[str]]:
     if config is None:
         return None, []
     values = config.to_dict() if hasattr(config, "to_dict") else dict(config) if isinstance(config, dict) else {}
-    method = str(values.get("quant_method", getattr(config, "quant_method", "")))
-    method = getattr(method, "value", method)
+    method = values.get("quant_method", getattr(config, "quant_method", ""))
+    method = str(getattr(method, "value", method))  # transformers' QuantizationMethod enum: its value
     if "bitsandbytes" not in method:
         return None, [f"quantization {method}: memfit models bitsandbytes 4-bit and 8-bit; the base is counted unquantized"]
     if values.get("load_in_4bit"):
