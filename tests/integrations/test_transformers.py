@@ -275,3 +275,20 @@ def test_qlora_is_what_memfit_check_gives_for_the_hand_written_config(tmp_path):
     assert entry["diagnostics"] == []
     assert callback.result.peak == entry["peak"]["bytes"] and callback.result.footprint == entry["footprint"]
     assert callback.config["quantization"] == {"method": "nf4", "double_quant": True, "compute_dtype": "bfloat16"}
+
+
+def test_deepspeed_arguments_and_the_world_size_go_through_the_trainer_argument_reader(tmp_path):
+    """A ZeRO-2 run on 4 GPUs cannot run here; the config the callback would build for it is what `memfit check` reads
+    from the argument file with the same DeepSpeed keys and --gpus 4."""
+    from memfit.integrations import live
+
+    zero = {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "bf16": {"enabled": "auto"}}
+    args = arguments(tmp_path, deepspeed=zero, bf16=True)
+    model = tiny_model(tmp_path)
+    doc, notes = live.memfit_config(args, model, SEQ, budget="1 GiB", world_size=4)
+    assert notes == [] and doc["parallel"]["zero"] == 2 and doc["parallel"]["data"] == 4
+    built = memfit.check_config(doc)
+    hand = tmp_path / "zero2_args.json"
+    hand.write_text(json.dumps({"model_name_or_path": "model", "output_dir": "out", "per_device_train_batch_size": 2, "max_seq_length": SEQ, "bf16": True, "deepspeed": zero}))
+    entry = checked(hand, "--budget", "1GiB", "--gpus", "4", cwd=tmp_path)
+    assert built.to_json()["peak"] == entry["peak"] and built.footprint == entry["footprint"]
