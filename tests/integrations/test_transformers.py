@@ -292,3 +292,41 @@ def test_deepspeed_arguments_and_the_world_size_go_through_the_trainer_argument_
     hand.write_text(json.dumps({"model_name_or_path": "model", "output_dir": "out", "per_device_train_batch_size": 2, "max_seq_length": SEQ, "bf16": True, "deepspeed": zero}))
     entry = checked(hand, "--budget", "1GiB", "--gpus", "4", cwd=tmp_path)
     assert built.to_json()["peak"] == entry["peak"] and built.footprint == entry["footprint"]
+
+
+TWO_RANKS = """
+import sys, torch
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+import memfit
+from memfit.integrations.transformers import MemfitCallback
+model = LlamaForCausalLM(LlamaConfig(**{tiny}))
+# batch 1, sequential sampling, sharded by rank: rank 0 trains on the 8-token sequence, rank 1 on the 64-token one
+data = [{{"input_ids": torch.zeros(n, dtype=torch.long), "labels": torch.zeros(n, dtype=torch.long)}} for n in (8, 64)]
+args = TrainingArguments(output_dir=sys.argv[2], per_device_train_batch_size=1, max_steps=1, report_to=[], use_cpu=True, save_strategy="no",
+                         disable_tqdm=True, train_sampling_strategy="sequential", ddp_backend="gloo")
+callback = MemfitCallback(budget=int(sys.argv[1]))
+trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
+try:
+    trainer.train()
+    print(f"rank {{args.process_index}}: trained, checked {{callback.checked_len}} tokens", flush=True)
+except memfit.DoesNotFit:
+    print(f"rank {{args.process_index}}: DoesNotFit at step {{trainer.state.global_step}}, checked {{callback.checked_len}} tokens", flush=True)
+"""
+
+
+def test_every_rank_of_a_two_process_run_stops(tmp_path):
+    """torch.distributed on gloo, two processes: rank 0's batch alone would fit, rank 1's would not. The ranks agree
+    on the longest batch, so both stop before their first step (none is left in DDP's gradient all-reduce)."""
+    from memfit.integrations import live
+
+    model = tiny_model(tmp_path)
+    args = arguments(tmp_path, per_device_train_batch_size=1)
+    short, long = (memfit.check_config(live.memfit_config(args, model, n, world_size=2)[0]).peak for n in (8, 64))
+    assert short < long
+    script = tmp_path / "train.py"
+    script.write_text(TWO_RANKS.format(tiny=TINY))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), str((short + long) // 2), str(tmp_path / "out")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False, env=env, cwd=tmp_path)
+    said = sorted(line for line in done.stdout.splitlines() if line.startswith("rank "))
+    assert said == ["rank 0: DoesNotFit at step 0, checked 64 tokens", "rank 1: DoesNotFit at step 0, checked 64 tokens"], done.stdout + done.stderr[-3000:]
