@@ -227,6 +227,28 @@ def test_bad_settings_are_refused_when_the_callback_is_made():
         MemfitCallback(budget="80 GBs")
     with pytest.raises(ValueError, match="seq_len"):
         MemfitCallback(seq_len=0)
+    with pytest.raises(ValueError, match=r"'H10' is not a GPU preset \(did you mean H100-80GB"):
+        MemfitCallback(device="H10")
+
+
+class Regression(torch.nn.Module):
+    """A model without a transformers config: memfit cannot build its config."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 1)
+
+    def forward(self, x, labels):
+        return {"loss": torch.nn.functional.mse_loss(self.linear(x).squeeze(-1), labels)}
+
+
+def test_a_run_memfit_cannot_read_goes_on_unchecked_with_a_warning(tmp_path):
+    data = [{"x": torch.ones(4), "labels": torch.tensor(1.0)}] * 4
+    callback = MemfitCallback(budget="1 MB")
+    trainer = Trainer(model=Regression(), args=arguments(tmp_path, max_steps=1), train_dataset=data, callbacks=[callback])
+    with pytest.warns(MemfitWarning, match="cannot check this run .*Regression has no transformers config"):
+        trainer.train()
+    assert trainer.state.global_step == 1 and callback.result is None
 
 
 def test_the_readme_s_three_lines_run(tmp_path, monkeypatch):

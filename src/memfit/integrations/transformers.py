@@ -52,6 +52,12 @@ class MemfitCallback(TrainerCallback):
         if on_fail not in ON_FAIL:
             raise ValueError(f"on_fail: {on_fail!r} is not one of {', '.join(map(repr, ON_FAIL))}")
         options(device=device, budget=budget)  # a bad preset type or size is refused now, as the CLI refuses its flag
+        if device is not None:
+            from memfit.config import presets
+
+            if presets.lookup(device) is None:
+                near = presets.ambiguous(device) or presets.closest(device)
+                raise ValueError(f"device: {device!r} is not a GPU preset{' (did you mean ' + ', '.join(near) + '?)' if near else ''}; docs/peak.md lists them")
         if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1):
             raise ValueError(f"seq_len: {seq_len!r} is not a positive number")
         self.device, self.budget, self.on_fail, self.record, self.seq_len = device, budget, on_fail, record, seq_len
@@ -65,13 +71,19 @@ class MemfitCallback(TrainerCallback):
         self._status: str | None = None
         self._noted: set = set()
         self._writer = False
+        self._steps = 0  # optimizer steps done, as the Trainer's state last said
 
     # --- the Trainer's events ---------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
         self._args, self._model = args, model
+        self._run_id = self._status = self.checked_len = self.result = self.config = None  # a second train() is another run
+        self._steps = 0
         self._writer = bool(self.record) and state.is_world_process_zero
         self._device, self._budget, self._gate = self._target(args)
         fixed, source = self._fixed_length(args, train_dataloader)
+        if not hasattr(getattr(model, "config", None), "to_dict"):
+            warnings.warn(f"memfit: cannot check this run ({type(model).__name__} has no transformers config: memfit needs its shapes); it goes on unchecked", MemfitWarning, stacklevel=2)
+            return control
         if fixed is not None:
             self._check(fixed, source)
         elif model is not None:
@@ -79,6 +91,7 @@ class MemfitCallback(TrainerCallback):
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
+        self._steps = state.global_step
         if self._writer and self._run_id and state.global_step <= MEASURE_STEPS:
             record.update(self.record, self._run_id, {"measured": self._measured(state.global_step)})
         return control
@@ -131,6 +144,9 @@ class MemfitCallback(TrainerCallback):
         elif tokens is not None and getattr(tokens, "ndim", 0) >= 1:
             length = tokens.shape[-1]
         else:
+            self._unhook()  # the same on every rank: no collective is left unmatched
+            warnings.warn("memfit: cannot check this run (its forward takes no input_ids or inputs_embeds to read the sequence length from; "
+                          "MemfitCallback(seq_len=...) names it); it goes on unchecked", MemfitWarning, stacklevel=2)
             return None
         length = _agree(int(length), self._args, "max")  # every rank checks the same length: all stop, or none
         if self.checked_len is None or length > self.checked_len:
@@ -140,18 +156,26 @@ class MemfitCallback(TrainerCallback):
     # --- the check --------------------------------------------------------------------------
     def _check(self, seq_len: int, source: str) -> None:
         args, model = self._args, self._model
-        doc, notes = live.memfit_config(args, model, seq_len, device=self._device, budget=self._budget)
+        try:
+            doc, notes = live.memfit_config(args, model, seq_len, device=self._device, budget=self._budget)
+        except Exception as error:  # noqa: BLE001 (what memfit cannot read never stops a run: it goes on unchecked)
+            self._unhook()
+            warnings.warn(f"memfit: cannot check this run ({type(error).__name__}: {error}); it goes on unchecked", MemfitWarning, stacklevel=2)
+            return
         for note in notes:
             if note not in self._noted:
                 self._noted.add(note)
                 warnings.warn(f"memfit: {note}", MemfitWarning, stacklevel=2)
         result = check_config(doc, base="", name="<trainer>", settings=False)
         self.result, self.config, self.checked_len, self.seq_source = result, doc, seq_len, source
-        fails = self._gate and not result.fits
+        judged = result.needs is not None and result.budget is not None  # a figure and a budget: the gate can say
+        fails = self._gate and judged and not result.fits
         if self._gate:
             fails = bool(_agree(int(fails), args, "max"))
         if self._writer:
             self._write(result, doc, seq_len, source)
+        if self._gate and not judged:
+            warnings.warn(f"memfit: cannot check this run; it goes on unchecked:\n{result.report().rstrip()}", MemfitWarning, stacklevel=2)
         if not fails:
             return
         if self.on_fail == "raise":
@@ -228,7 +252,7 @@ class MemfitCallback(TrainerCallback):
             status, said = "failed", f"{type(error).__name__}: {str(error)[:500]}"
         self._status = status
         try:
-            record.update(self.record, self._run_id, {"status": status, "error": said, "measured": self._measured(-1)})
+            record.update(self.record, self._run_id, {"status": status, "error": said, "measured": self._measured(self._steps)})
         except OSError:
             pass
 
