@@ -352,3 +352,13 @@ def test_every_rank_of_a_two_process_run_stops(tmp_path):
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False, env=env, cwd=tmp_path)
     said = sorted(line for line in done.stdout.splitlines() if line.startswith("rank "))
     assert said == ["rank 0: DoesNotFit at step 0, checked 64 tokens", "rank 1: DoesNotFit at step 0, checked 64 tokens"], done.stdout + done.stderr[-3000:]
+
+
+def test_fsdp_settings_the_reader_leaves_out_are_said(tmp_path):
+    from memfit.integrations import live
+
+    args = arguments(tmp_path, fsdp=True, fsdp_config={"cpu_offload": True})
+    doc, notes = live.memfit_config(args, tiny_model(tmp_path), SEQ, budget="1 GiB", world_size=2)
+    assert doc["parallel"]["fsdp"] == "full_shard" and doc["parallel"]["data"] == 2
+    # the offload is in the layout (once the hf-trainer reader reads cpu_offload), or said to be left out
+    assert ("offload" in doc["parallel"]) != any(note.startswith("fsdp_config cpu_offload") for note in notes), (doc, notes)

@@ -154,6 +154,7 @@ def memfit_config(args, model, seq_len: int, *, device: str | None = None, budge
         read = formats.read(native, os.path.join(tmp, "<trainer>"), chosen, forced="hf-trainer")
         notes += [found.message for found in read.found if found.level != "information"]
         doc = json.loads(json.dumps(read.doc))
+    notes += _fsdp_left_out(native, doc)
     doc["model"] = {"transformer": raw}
     lora, more = lora_section(model)
     notes += more
@@ -168,6 +169,21 @@ def memfit_config(args, model, seq_len: int, *, device: str | None = None, budge
         device_section["memory"] = budget if isinstance(budget, (int, str)) else int(budget)
         doc["device"] = device_section
     return _ordered(doc), notes
+
+
+def _fsdp_left_out(native: dict, doc: dict) -> list[str]:
+    """transformers 5's FSDP settings (`fsdp=True`, the rest in fsdp_config) that the reader did not turn into the
+    layout: said, so that a figure without them is not taken for one with them."""
+    config = native.get("fsdp_config")
+    if not native.get("fsdp") or not isinstance(config, dict):
+        return []
+    parallel = doc.get("parallel") or {}
+    notes = []
+    if config.get("cpu_offload") and "offload" not in parallel:
+        notes.append("fsdp_config cpu_offload: parameters and gradients offloaded to the CPU; memfit's hf-trainer reader does not read it, the figures keep them on the GPU")
+    if config.get("reshard_after_forward") is False and parallel.get("fsdp") == "full_shard":
+        notes.append("fsdp_config reshard_after_forward false: parameters stay gathered between forward and backward; memfit's hf-trainer reader counts full_shard")
+    return notes
 
 
 ORDER = ("memfit", "device", "model", "precision", "optimizer", "dtypes", "training", "lora", "quantization", "parallel", "host")
