@@ -155,7 +155,7 @@ def test_on_fail_warn_goes_on_and_the_warning_names_the_shortfall(tmp_path):
     assert trainer.state.global_step == 2
     shortfall = callback.result.peak - 1_000_000
     (said,) = [str(w.message) for w in caught if "does not fit" in str(w.message)]
-    assert f"exceeds the budget 1,000,000 B" in said and f"by {shortfall:,} B" in said
+    assert "exceeds the budget 1,000,000 B" in said and f"by {shortfall:,} B" in said
 
 
 def test_a_longer_batch_later_is_checked_again(tmp_path):

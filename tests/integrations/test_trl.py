@@ -100,4 +100,4 @@ def test_an_sft_run_that_cannot_fit_stops_at_step_zero_and_warn_goes_on(tmp_path
     assert trainer.state.global_step == 1
     assert callback.result.peak == raised.value.result.peak
     (said,) = [str(w.message) for w in caught if "does not fit" in str(w.message)]
-    assert f"exceeds the budget 1,000,000 B" in said and f"by {callback.result.peak - 1_000_000:,} B" in said
+    assert "exceeds the budget 1,000,000 B" in said and f"by {callback.result.peak - 1_000_000:,} B" in said
