@@ -101,3 +101,13 @@ def test_an_sft_run_that_cannot_fit_stops_at_step_zero_and_warn_goes_on(tmp_path
     assert callback.result.peak == raised.value.result.peak
     (said,) = [str(w.message) for w in caught if "does not fit" in str(w.message)]
     assert "exceeds the budget 1,000,000 B" in said and f"by {callback.result.peak - 1_000_000:,} B" in said
+
+
+def test_a_preference_trainer_s_config_is_said_to_be_more_than_the_step_memfit_models(tmp_path):
+    from memfit.integrations import live
+
+    args = trl.DPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, max_length=MAX_LENGTH, report_to=[], use_cpu=True)
+    _, notes = live.memfit_config(args, model_and_config(tmp_path), MAX_LENGTH, budget="1 GiB")
+    assert any(note.startswith("DPOConfig: DPO runs chosen and rejected sequences") for note in notes), notes
+    sft_args = trl.SFTConfig(output_dir=str(tmp_path / "out"), max_length=MAX_LENGTH, report_to=[], use_cpu=True)
+    assert live.memfit_config(sft_args, model_and_config(tmp_path), MAX_LENGTH, budget="1 GiB")[1] == []

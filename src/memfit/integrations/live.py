@@ -25,6 +25,17 @@ PEFT_UNMODELLED = {
     "target_parameters": ((None, []), "LoRA on parameters (MoE experts) rather than modules"),
     "bias": (("none", None), "trained biases"),
 }
+# TRL's trainers whose step is not the supervised step memfit models (their config classes' names) -> what they add
+TRL_UNMODELLED = {
+    "DPOConfig": "DPO runs chosen and rejected sequences (twice the batch) and, without peft, a reference model",
+    "CPOConfig": "CPO runs chosen and rejected sequences (twice the batch)",
+    "ORPOConfig": "ORPO runs chosen and rejected sequences (twice the batch)",
+    "KTOConfig": "KTO runs a reference model and its KL batch",
+    "GRPOConfig": "GRPO generates completions and runs a reference model",
+    "RLOOConfig": "RLOO generates completions and runs a reference model",
+    "PPOConfig": "PPO runs a policy, a value model, a reward model and a reference model",
+    "RewardConfig": "reward modelling runs chosen and rejected sequences (twice the batch)",
+}
 # bitsandbytes' BitsAndBytesConfig.bnb_4bit_quant_type -> memfit quantization.method
 BNB_4BIT = {"nf4": "nf4", "fp4": "fp4"}
 
@@ -82,6 +93,10 @@ def trainer_arguments(args, model, seq_len: int, config_dir: str) -> tuple[dict,
     if isinstance(impl, str):
         out["attn_implementation"] = impl
     notes = []
+    for kind in type(args).__mro__:
+        if kind.__name__ in TRL_UNMODELLED:
+            notes.append(f"{kind.__name__}: {TRL_UNMODELLED[kind.__name__]}; memfit models the supervised step, the figures leave the rest out")
+            break
     kwargs = values.get("activation_checkpointing_kwargs", values.get("gradient_checkpointing_kwargs"))
     if out.get("gradient_checkpointing") and isinstance(kwargs, dict) and kwargs.get("every_n_layers") not in (None, 1):
         notes.append(f"activation_checkpointing_kwargs every_n_layers={kwargs['every_n_layers']}: memfit counts every layer checkpointed")
