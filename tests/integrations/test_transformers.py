@@ -362,3 +362,18 @@ def test_fsdp_settings_the_reader_leaves_out_are_said(tmp_path):
     assert doc["parallel"]["fsdp"] == "full_shard" and doc["parallel"]["data"] == 2
     # the offload is in the layout (once the hf-trainer reader reads cpu_offload), or said to be left out
     assert ("offload" in doc["parallel"]) != any(note.startswith("fsdp_config cpu_offload") for note in notes), (doc, notes)
+
+
+def test_on_a_gpu_without_a_device_or_budget_the_card_s_own_memory_is_the_budget(monkeypatch):
+    """The mapping from the card to what it is checked against (this machine has no GPU: the driver's answer is
+    given here): a card whose total is a preset's is that preset (its overhead lines apply), another its total."""
+    from types import SimpleNamespace
+
+    from memfit.config.presets import PRESETS
+
+    args = SimpleNamespace(device=torch.device("cuda", 0))
+    for total, expected in ((PRESETS["H100-80GB"].memory, ("H100-80GB", None, True)), (12_345 * 2**20, (None, 12_345 * 2**20, True))):
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device, total=total: SimpleNamespace(total_memory=total))
+        assert MemfitCallback()._target(args) == expected
+    assert MemfitCallback()._target(SimpleNamespace(device=torch.device("cpu"))) == (None, None, False)
+    assert MemfitCallback(device="H100")._target(args) == ("H100", None, True)
