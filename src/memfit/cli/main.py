@@ -74,7 +74,7 @@ class _Version(argparse.Action):
         parser.exit()
 
 
-COMMANDS = ("check", "explain", "fit", "diff", "convert", "schema", "lsp")
+COMMANDS = ("check", "explain", "fit", "diff", "convert", "schema", "lsp", "runs")
 
 
 def parser(wanted: str | None = None) -> argparse.ArgumentParser:
@@ -161,6 +161,11 @@ def parser(wanted: str | None = None) -> argparse.ArgumentParser:
 
     commands.add_parser("schema", help="print the config JSON Schema")
 
+    runs = commands.add_parser("runs", help="predicted against measured memory of the runs MemfitCallback recorded")
+    if wanted in (None, "runs"):
+        runs.add_argument("paths", nargs="+", metavar="PATH", help="record files (JSON lines) written by MemfitCallback(record=PATH)")
+        runs.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
+
     lsp = commands.add_parser("lsp", help="run the language server (needs memfit[lsp])")
     if wanted in (None, "lsp"):
         lsp.add_argument("--tcp", metavar="HOST:PORT", help="listen on TCP instead of stdio")
@@ -186,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
 
     collecting = gc.isenabled()
     try:
+        if args.command == "runs":
+            from memfit.report.runs import run as runs
+
+            return runs(args)
         return runner.run(args)
     except BrokenPipeError:  # `memfit check ... | head`
         return runner.EXIT_OK
