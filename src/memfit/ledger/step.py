@@ -315,7 +315,9 @@ def walk(step: Step, granule: int | None = None) -> tuple[dict, list, int, int, 
     phases(step, trace)
     single = peak(step, granule)
     rounding = {p: info.get("granularity", 0) for p, info in single["phases"].items()}
-    moments = [(phase, live["gradients"], live["activations"], live["transient"], live["overhead"] + rounding.get(phase, 0)) for phase, _, live in trace]
+    # a moment of the loss's backward is marked: no unit's backward has begun then (what a rank gathers differs)
+    moments = [(phase, live["gradients"], live["activations"], live["transient"], live["overhead"] + rounding.get(phase, 0), phase == "backward" and at == "loss")
+               for phase, at, live in trace]
     all_grads = sum(sum(r.grads) for r in step.rows)
     most_acts = max((live["activations"] for _, _, live in trace), default=0)
     return single, moments, all_grads, most_acts, sum(step.optimizer_state)
@@ -352,8 +354,8 @@ def rank_peak(step: Step, placement, granule: int | None = None, walked: tuple |
     # them), transients and overhead has more activations: every term of a rank's total grows with each of them, so the
     # worst moment is among these (a step of thousands of layers has a few hundred of them)
     kept_at: dict = {}
-    for n, (phase, live_gradients, live_activations, live_transient, overhead) in enumerate(moments):
-        key = (phase, None if persistent else live_gradients, live_transient, overhead)
+    for n, (phase, live_gradients, live_activations, live_transient, overhead, at_loss) in enumerate(moments):
+        key = (phase, None if persistent else live_gradients, live_transient, overhead, at_loss)
         if key not in kept_at or live_activations > moments[kept_at[key]][2]:
             kept_at[key] = n
     moments = [moments[n] for n in sorted(kept_at.values())]
@@ -367,20 +369,23 @@ def rank_peak(step: Step, placement, granule: int | None = None, walked: tuple |
         walked_for.add(same)
         # what the rank gathers at a moment of each phase: a unit's parameters in forward, its gradients beside them in backward
         extra = {phase: _gathered(gathered, phase) for phase in PHASES}
+        # at the loss's backward only what stays gathered from forward (FSDP's root unit): no unit's backward has begun
+        loss_gathered = dict(placement.sharded.stages[i].at_loss) if gathered else {}
         parameters, gradients, activations, state = held["parameters"], held["gradients"], held["activations"], held["optimizer_state"]
-        for phase, live_gradients, live_activations, live_transient, overhead in moments:  # the total first, the categories only for a new worst
+        for phase, live_gradients, live_activations, live_transient, overhead, at_loss in moments:  # the total first, the categories only for a new worst
             if phase == "optimizer_step":
                 g = gradients
                 # the optimizer steps the rank's own shard (on the host when it is offloaded there)
                 transient = _share(live_transient, state, all_state)
             else:
                 g = gradients if persistent else _share(gradients, live_gradients, all_grads)
-                transient = (_share(parameters, live_transient, all_params) if split else live_transient) + extra[phase]
+                transient = (_share(parameters, live_transient, all_params) if split else live_transient) + (sum(loss_gathered.values()) if at_loss else extra[phase])
             a = _share(activations, live_activations, most_acts)
             total = parameters + g + a + state + transient + overhead
             if best is None or total > best[0]:
                 rank_live = {"parameters": parameters, "gradients": g, "activations": a, "optimizer_state": state, "transient": transient, "overhead": overhead}
-                best = (total, phase, rank_live, i, {k: v for k, v in gathered.items() if phase == "backward" or (phase == "forward" and k == "gathered parameters")})
+                now = loss_gathered if at_loss else {k: v for k, v in gathered.items() if phase == "backward" or (phase == "forward" and k == "gathered parameters")}
+                best = (total, phase, rank_live, i, dict(now))
     total, phase, live, i, gathered = best
     sharded = placement.sharded
     return {"bytes": total, "phase": phase, "live": live, "gathered": gathered, "rank": sharded.stages[i].rank, "ranks": sharded.ranks}
