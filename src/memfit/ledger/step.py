@@ -156,7 +156,11 @@ def _live(parameters, gradients, activations, optimizer_state, transient, overhe
 
 def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
     """Each phase's worst moment: {"forward"|"backward"|"optimizer_step": {"bytes", "live", "at"}}.
-    `trace` (a list) receives every moment considered, in order: (phase, at, live)."""
+    `trace` (a list) receives every moment considered, in order: (phase, at, live, edge), edge None; and, between
+    them, each row's boundaries as the walk passes them, with the walk's own live bytes there: its pre-forward (the
+    tensors kept so far, its input), in backward its pre-backward (the gradients made so far, what is still kept,
+    its output's gradient) and post-backward (its own gradients too, what it was the last to need freed, the
+    gradient it made for its input). A boundary is an instant between two moments, never above the larger."""
     rows, size = step.rows, step.tensors
     params = sum(sum(r.params) + sum(r.frozen) for r in rows)
     state = sum(step.optimizer_state)
@@ -182,7 +186,7 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
         transient += loose
         total = parameters + gradients + activations + optimizer_state + transient + overhead
         if trace is not None:
-            trace.append((phase, at, _live(parameters, gradients, activations, optimizer_state, transient, overhead)))
+            trace.append((phase, at, _live(parameters, gradients, activations, optimizer_state, transient, overhead), None))
         best = out.get(phase)
         if best is None or total > best["bytes"]:  # the first moment wins a tie, as MemTracker records it
             out[phase] = {"bytes": total, "live": _live(parameters, gradients, activations, optimizer_state, transient, overhead), "at": at}
@@ -193,6 +197,10 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
     saved_all: set[int] = set(batch)
     saved_bytes = sum(size[t] for t in saved_all)
 
+    def edge(phase, at, where, gradients, activations, transient):
+        if trace is not None:
+            trace.append((phase, at, _live(params, gradients, activations, state, transient + loose, step.overhead), where))
+
     def create(t):
         nonlocal saved_bytes
         if t not in saved_all and t in kept_ever:
@@ -200,6 +208,8 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
             saved_bytes += size[t]
 
     for i, row in enumerate(rows):
+        edge("forward", row.name, "pre-forward", held, saved_bytes,
+             size[row.input] if row.input is not None and row.input not in saved_all else 0)
         if row.output is not None and not row.view:
             create(row.output)
         for t in row.kept:
@@ -225,6 +235,7 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
             continue
         alive = left + row.recompute
         g_out = size.get(row.output, 0) if row.output is not None else 0
+        edge("backward", row.name, "pre-backward", max(held, done), left, g_out)
         if row.recompute and (i + 1 == len(rows) or not rows[i + 1].recompute or rows[i + 1].kept):
             # the last row of a checkpointed layer: backward first recomputes the layer, row by row in forward
             # order, each at its worst moment (recompute_moment), beside the layer output's gradient: moments of
@@ -252,6 +263,7 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
             consider("backward", row.name, params, max(held, done + sum(row.grads)), alive, state, flowing + row.backward_extra, step.overhead)
         done += sum(row.grads)
         left -= sum(size[t] for t in released.get(i, ()) if t in saved_all)
+        edge("backward", row.name, "post-backward", max(held, done), left, g_in)
 
     batch_bytes = sum(size[t] for t in batch)
     consider("optimizer_step", "step", params, all_grads, batch_bytes, state, temporaries, step.overhead)
@@ -317,9 +329,9 @@ def walk(step: Step, granule: int | None = None) -> tuple[dict, list, int, int, 
     rounding = {p: info.get("granularity", 0) for p, info in single["phases"].items()}
     # a moment of the loss's backward is marked: no unit's backward has begun then (what a rank gathers differs)
     moments = [(phase, live["gradients"], live["activations"], live["transient"], live["overhead"] + rounding.get(phase, 0), phase == "backward" and at == "loss")
-               for phase, at, live in trace]
+               for phase, at, live, where in trace if where is None]
     all_grads = sum(sum(r.grads) for r in step.rows)
-    most_acts = max((live["activations"] for _, _, live in trace), default=0)
+    most_acts = max((live["activations"] for _, _, live, where in trace if where is None), default=0)
     return single, moments, all_grads, most_acts, sum(step.optimizer_state)
 
 
