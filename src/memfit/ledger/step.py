@@ -379,28 +379,69 @@ def rank_peak(step: Step, placement, granule: int | None = None, walked: tuple |
         if same in walked_for:
             continue  # its worst moment equals an earlier rank's, which a tie leaves the best
         walked_for.add(same)
-        # what the rank gathers at a moment of each phase: a unit's parameters in forward, its gradients beside them in backward
-        extra = {phase: _gathered(gathered, phase) for phase in PHASES}
-        # at the loss's backward only what stays gathered from forward (FSDP's root unit): no unit's backward has begun
-        loss_gathered = dict(placement.sharded.stages[i].at_loss) if gathered else {}
-        parameters, gradients, activations, state = held["parameters"], held["gradients"], held["activations"], held["optimizer_state"]
-        for phase, live_gradients, live_activations, live_transient, overhead, at_loss in moments:  # the total first, the categories only for a new worst
-            if phase == "optimizer_step":
-                g = gradients
-                # the optimizer steps the rank's own shard (on the host when it is offloaded there)
-                transient = _share(live_transient, state, all_state)
-            else:
-                g = gradients if persistent else _share(gradients, live_gradients, all_grads)
-                transient = (_share(parameters, live_transient, all_params) if split else live_transient) + (sum(loss_gathered.values()) if at_loss else extra[phase])
-            a = _share(activations, live_activations, most_acts)
-            total = parameters + g + a + state + transient + overhead
+        at_moment = _rank_moment(placement, i, persistent, split, all_params, all_grads, most_acts, all_state)
+        for moment in moments:  # the total first, the categories only for a new worst
+            terms = at_moment(*moment)
+            total = sum(terms)
             if best is None or total > best[0]:
-                rank_live = {"parameters": parameters, "gradients": g, "activations": a, "optimizer_state": state, "transient": transient, "overhead": overhead}
-                now = loss_gathered if at_loss else {k: v for k, v in gathered.items() if phase == "backward" or (phase == "forward" and k == "gathered parameters")}
-                best = (total, phase, rank_live, i, dict(now))
-    total, phase, live, i, gathered = best
+                best = (total, moment, terms, i)
+    total, moment, terms, i = best
     sharded = placement.sharded
-    return {"bytes": total, "phase": phase, "live": live, "gathered": gathered, "rank": sharded.stages[i].rank, "ranks": sharded.ranks}
+    return {"bytes": total, "phase": moment[0], "live": dict(zip(LIVE, terms)), "gathered": _gathered_at(placement, i, moment[0], moment[5]),
+            "rank": sharded.stages[i].rank, "ranks": sharded.ranks}
+
+
+def _gathered_at(placement, i: int, phase: str, at_loss: bool) -> dict:
+    """What rank i has gathered at a moment of `phase` (at the loss's backward: only what stays from forward)."""
+    gathered = placement.transients[i]
+    if at_loss:
+        return dict(placement.sharded.stages[i].at_loss) if gathered else {}
+    return {k: v for k, v in gathered.items() if phase == "backward" or (phase == "forward" and k == "gathered parameters")}
+
+
+def _rank_moment(placement, i: int, persistent: bool, split: bool, all_params: int, all_grads: int, most_acts: int, all_state: int):
+    """Rank i's live bytes at a moment of the single-device walk, as a function of that moment (phase, gradients,
+    activations, transient, overhead, at the loss's backward): the terms in LIVE's order."""
+    held = placement.devices[i]
+    gathered = placement.transients[i]
+    # what the rank gathers at a moment of each phase: a unit's parameters in forward, its gradients beside them in backward
+    extra = {phase: _gathered(gathered, phase) for phase in PHASES}
+    # at the loss's backward only what stays gathered from forward (FSDP's root unit): no unit's backward has begun
+    at_loss_extra = sum(placement.sharded.stages[i].at_loss.values()) if gathered else 0
+    parameters, gradients, activations, state = held["parameters"], held["gradients"], held["activations"], held["optimizer_state"]
+
+    def terms(phase, live_gradients, live_activations, live_transient, overhead, at_loss):
+        if phase == "optimizer_step":
+            g = gradients
+            # the optimizer steps the rank's own shard (on the host when it is offloaded there)
+            transient = _share(live_transient, state, all_state)
+        else:
+            g = gradients if persistent else _share(gradients, live_gradients, all_grads)
+            transient = (_share(parameters, live_transient, all_params) if split else live_transient) + (at_loss_extra if at_loss else extra[phase])
+        return parameters, g, _share(activations, live_activations, most_acts), state, transient, overhead
+
+    return terms
+
+
+def rank_trace(step: Step, placement, granule: int | None = None) -> list:
+    """The binding rank's program: every instant of the single-device walk (its moments and row boundaries, as
+    step.phases' trace) as that rank holds it, by rank_peak's own rule: [(phase, at, edge, live)]. Its largest
+    instant is rank_peak's bytes."""
+    result = placement.peak if placement.step_peak is not None else rank_peak(step, placement, granule)
+    single, _, all_grads, most_acts, all_state = walk(step, granule)
+    layout = placement.layout.parallel
+    persistent = layout.engine == "zero" or layout.pipeline > 1 or layout.gradient_accumulation > 1
+    split = layout.tensor > 1 or layout.pipeline > 1
+    i = next(n for n, r in enumerate(placement.sharded.stages) if r.rank == result["rank"])
+    at_moment = _rank_moment(placement, i, persistent, split, single["live"]["parameters"], all_grads, most_acts, all_state)
+    trace: list = []
+    phases(step, trace)
+    rounding = {p: info.get("granularity", 0) for p, info in single["phases"].items()}
+    out = []
+    for phase, at, live, edge in trace:
+        moment = (phase, live["gradients"], live["activations"], live["transient"], live["overhead"] + rounding.get(phase, 0), phase == "backward" and at == "loss")
+        out.append((phase, at, edge, dict(zip(LIVE, at_moment(*moment)))))
+    return out
 
 
 # --- words and bars (explain, hover, the budget's diagnostic) ---------------------------------

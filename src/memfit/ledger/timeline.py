@@ -27,8 +27,8 @@ boundaries between them. This module turns that walk into the timeline `memfit e
 - With an allocator granule (`overhead: auto` on a preset), each moment's rounding (every live
   tensor up to 512 bytes) is added to its overhead, as `step.peak` adds it to each phase.
 
-Under a parallel layout the ledger has no per-rank step walk yet: the timeline is one event,
-the binding rank's peak, with its `rank`.
+Under a parallel layout the timeline is the binding rank's program (`step.rank_trace`: each instant of the walk as
+that rank holds it, by the rule of its peak), the warm step, each event with its `rank`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from memfit.ledger.step import LIVE, phases, rounded
+from memfit.ledger.step import LIVE, phases, rank_trace, rounded
 
 PHASE = {"forward": "forward", "backward": "backward", "optimizer_step": "optimizer"}
 AT = ("pre-forward", "post-forward", "pre-backward", "post-backward")
@@ -142,17 +142,21 @@ def events(step, granule: int | None = None, namer=None) -> list[dict]:
 
 
 def timeline(config) -> list[dict]:
-    """The timeline of a checked config: [] when it describes no run (no training section)."""
+    """The timeline of a checked config: [] when it describes no run (no training section). Under a parallel
+    layout, the binding rank's program (step.rank_trace), each event with its `rank`."""
     if config is None:
         return []
+    step = getattr(config, "step", None)
     placement = getattr(config, "placement", None)
     parallel = placement.peak if placement is not None else None
     if parallel is not None:
-        # no per-rank step walk under a parallel layout yet: the binding rank's peak as one event
-        live = {k: parallel["live"][k] for k in LIVE if k in parallel["live"]}
-        return [{"step": 2, "phase": PHASE.get(parallel["phase"], parallel["phase"]), "module": None, "at": None,
-                 "bytes": parallel["bytes"], "live": live, "rank": parallel["rank"]}]
-    step = getattr(config, "step", None)
+        if step is None or placement.step_peak is None:
+            # no walk of the step (declared tensors without a training section): the binding rank's peak as one event
+            live = {k: parallel["live"][k] for k in LIVE if k in parallel["live"]}
+            return [{"step": 2, "phase": PHASE.get(parallel["phase"], parallel["phase"]), "module": None, "at": None,
+                     "bytes": parallel["bytes"], "live": live, "rank": parallel["rank"]}]
+        warm = rank_trace(step, placement, config.granule)
+        return [dict(e, rank=parallel["rank"]) for e in _events(warm, 2, module_namer(config))]
     if step is None or config.peak is None:
         return []
     return events(step, config.granule, module_namer(config))
