@@ -17,6 +17,8 @@ import re
 from memfit.ledger.step import Loss, Row, Step
 from memfit.recipe.costs import dtype_bytes
 
+FP32 = dtype_bytes(1, "float32")  # the recipe's width of an fp32 element (the kernels' upcasts)
+
 
 def build(config, data: dict, optimizer: str | None, impl: str) -> Step:
     """The step of a config with a training section (`optimizer` None: torch.optim has no such
@@ -389,7 +391,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
 
     emb, layer_blocks, head, loss = blocks[0], blocks[1:-2], blocks[-2], blocks[-1]
     per_layer = [blk.kept for blk in layer_blocks for _ in range(blk.count)]
-    ids, labels = fresh(b * s * 8), fresh(b * s * 8)
+    ids, labels = fresh(dtype_bytes(b * s, "int64")), fresh(dtype_bytes(b * s, "int64"))
     hidden = b * s * h * act_w
     # an encoder-decoder's encoder layers run over seq_len source tokens, its decoder's over target_len (`s`)
     encoder_layers = hf_encdec.stacks(cfg)[0][2] if stacked else 0
@@ -545,7 +547,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     by_loss = [fresh(kept_bytes(k)) for k in loss.kept]
     rows.append(row)
     logits32 = dtype_bytes(T * sizes["V"], "float32")
-    upcast = logits32 if lin_w != 4 else 0
+    upcast = logits32 if lin_w != FP32 else 0
     loss = Loss(forward=(tensors[logits], *([upcast] if upcast else [])), backward=(logits32, logits32))
     if stacked:
         # T5's nn.CrossEntropyLoss on the logits as they are (no fp32 copy); measured at the loss in forward: the
@@ -649,7 +651,7 @@ def _arrived(cfg: dict, sizes: dict, roles: dict) -> int:
     fam = acts.FAMILIES[cfg["model_type"]]
     T = sizes["T"]
     arrived = dtype_bytes(T * sizes["h"], roles["act"])
-    if fam.norm != "layer" and dtype_bytes(1, roles["act"]) < 4:
+    if fam.norm != "layer" and dtype_bytes(1, roles["act"]) < FP32:
         arrived += dtype_bytes(T * sizes["h"], "float32") + dtype_bytes(T * sizes["h"], roles["act"])
     return arrived
 
@@ -680,7 +682,7 @@ def _math_kernel_moments(cfg: dict, sizes: dict, roles: dict, attention: str, pr
     if not cond["fa_math"] or cond["fa_alibi"]:
         return []
     act = roles["act"]
-    up = dtype_bytes(1, act) < 4   # 16-bit: the kernel's fp32 copies (a .to() of an fp32 tensor copies nothing)
+    up = dtype_bytes(1, act) < FP32   # 16-bit: the kernel's fp32 copies (a .to() of an fp32 tensor copies nothing)
     Q, K, P = b * H * s * d, b * KV * s * d, b * H * s * s
     held = (dtype_bytes(T * sizes["qkv"], roles["lin"]) + dtype_bytes(K, act)     # query_key_value's output, v
             + dtype_bytes(Q, act) + dtype_bytes(K, act)                           # q and k after the rotary
@@ -738,7 +740,7 @@ def _early_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int, attention: st
     if not cond["fa_math"]:
         return {}
     T, b, H, s = sizes["T"], sizes["b"], sizes["H"], sizes["s"]
-    return {"attention": T * sizes["h"] * act_w + T * sizes["q"] * lin_w + T * sizes["kv"] * 4 + 2 * b * H * s * s * 4}
+    return {"attention": T * sizes["h"] * act_w + T * sizes["q"] * lin_w + dtype_bytes(T * sizes["kv"] + 2 * b * H * s * s, "float32")}
 
 
 def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int, routed: bool = True, attention: str = "sdpa") -> dict:
@@ -765,7 +767,7 @@ def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int, routed: bool 
         # 16-bit input): the probabilities' gradient, (b, H, s, s), is in flight through the softmax's backward
         cond = acts._conditions(cfg, fam, attention, "none", sizes["b"])
         if cond["fa_bmm"]:
-            scores = sizes["b"] * sizes["H"] * sizes["s"] ** 2 * (4 if cond["fa_math"] else act_w)
+            scores = sizes["b"] * sizes["H"] * sizes["s"] ** 2 * (FP32 if cond["fa_math"] else act_w)
     out = {
         "down_proj": res + dropout + T * i * lin_w,
         "mlp": res + dropout + T * k * i * lin_w,
@@ -777,14 +779,14 @@ def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int, routed: bool 
         # runs in fp32 (the norm upcasts its input) and holds three (T, h) fp32 tensors beside the arriving
         # gradient (measured, bf16-true and 32-true, full checkpointing: MemTracker peaks at that norm's backward
         # in layer 0, after the layer is recomputed)
-        norm = res + dropout + 3 * T * h * 4
+        norm = res + dropout + dtype_bytes(3 * T * h, "float32")
         out["down_proj"] = max(out["down_proj"], norm)
         out["o_proj"] = max(out["o_proj"], norm)
     if routed and sizes.get("k"):
         # the experts run their MLP once per routed row (S = T·k, or as training.moe sets it), at the experts' width
         S, ie = sizes["S"], sizes["ie"]
         # the routed rows' gradients take the routing-weighted output's dtype: fp32 where the weights stay fp32 (Mixtral)
-        weighted_w = max(act_w, 4) if fam.routing_dtype == "f32" else act_w
+        weighted_w = max(act_w, FP32) if fam.routing_dtype == "f32" else act_w
         out["down_proj"] = res + dropout + T * h * act_w + 3 * S * h * weighted_w
         # the gate_up grouped_mm's backward: its output's gradient (S, 2·ie) and its input's (S, h)
         out["mlp"] = res + dropout + S * (2 * ie + h) * act_w
