@@ -91,7 +91,7 @@ def test_the_timeline_is_the_walk(doc):
         walked = [live for _, _, _, live in rank_trace(config.step, config.placement, config.granule)]
     else:
         trace: list = []
-        phases(config.step, trace)
+        phases(config.step, trace, edges=True)
         walked = [dict(live) for _, _, live, _ in trace]
     k = 0
     for e in (e for e in events if e["step"] == 2):

@@ -154,13 +154,14 @@ def _live(parameters, gradients, activations, optimizer_state, transient, overhe
     return dict(zip(LIVE, (parameters, gradients, activations, optimizer_state, transient, overhead)))
 
 
-def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
+def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[str, dict]:
     """Each phase's worst moment: {"forward"|"backward"|"optimizer_step": {"bytes", "live", "at"}}.
     `trace` (a list) receives every moment considered, in order: (phase, at, live, edge), edge None; and, between
     them, each row's boundaries as the walk passes them, with the walk's own live bytes there: its pre-forward (the
     tensors kept so far, its input), in backward its pre-backward (the gradients made so far, what is still kept,
     its output's gradient) and post-backward (its own gradients too, what it was the last to need freed, the
-    gradient it made for its input). A boundary is an instant between two moments, never above the larger."""
+    gradient it made for its input), when `edges` (the timeline's). A boundary is an instant between two moments,
+    never above the larger."""
     rows, size = step.rows, step.tensors
     params = sum(sum(r.params) + sum(r.frozen) for r in rows)
     state = sum(step.optimizer_state)
@@ -198,7 +199,7 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
     saved_bytes = sum(size[t] for t in saved_all)
 
     def edge(phase, at, where, gradients, activations, transient):
-        if trace is not None:
+        if edges and trace is not None:
             trace.append((phase, at, _live(params, gradients, activations, state, transient + loose, step.overhead), where))
 
     def create(t):
@@ -208,8 +209,9 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
             saved_bytes += size[t]
 
     for i, row in enumerate(rows):
-        edge("forward", row.name, "pre-forward", held, saved_bytes,
-             size[row.input] if row.input is not None and row.input not in saved_all else 0)
+        if edges:
+            edge("forward", row.name, "pre-forward", held, saved_bytes,
+                 size[row.input] if row.input is not None and row.input not in saved_all else 0)
         if row.output is not None and not row.view:
             create(row.output)
         for t in row.kept:
@@ -235,7 +237,8 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
             continue
         alive = left + row.recompute
         g_out = size.get(row.output, 0) if row.output is not None else 0
-        edge("backward", row.name, "pre-backward", max(held, done), left, g_out)
+        if edges:
+            edge("backward", row.name, "pre-backward", max(held, done), left, g_out)
         if row.recompute and (i + 1 == len(rows) or not rows[i + 1].recompute or rows[i + 1].kept):
             # the last row of a checkpointed layer: backward first recomputes the layer, row by row in forward
             # order, each at its worst moment (recompute_moment), beside the layer output's gradient: moments of
@@ -263,7 +266,8 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
             consider("backward", row.name, params, max(held, done + sum(row.grads)), alive, state, flowing + row.backward_extra, step.overhead)
         done += sum(row.grads)
         left -= sum(size[t] for t in released.get(i, ()) if t in saved_all)
-        edge("backward", row.name, "post-backward", max(held, done), left, g_in)
+        if edges:
+            edge("backward", row.name, "post-backward", max(held, done), left, g_in)
 
     batch_bytes = sum(size[t] for t in batch)
     consider("optimizer_step", "step", params, all_grads, batch_bytes, state, temporaries, step.overhead)
@@ -435,7 +439,7 @@ def rank_trace(step: Step, placement, granule: int | None = None) -> list:
     i = next(n for n, r in enumerate(placement.sharded.stages) if r.rank == result["rank"])
     at_moment = _rank_moment(placement, i, persistent, split, single["live"]["parameters"], all_grads, most_acts, all_state)
     trace: list = []
-    phases(step, trace)
+    phases(step, trace, edges=True)
     rounding = {p: info.get("granularity", 0) for p, info in single["phases"].items()}
     out = []
     for phase, at, live, edge in trace:

@@ -87,12 +87,12 @@ def _moments(step, granule):
     """The walk's own trace (step.phases): its moments (edge None) and the row boundaries it passes, each with
     its allocator rounding added to the overhead (the rounded step walked the same way, instant by instant)."""
     exact: list = []
-    phases(step, exact)
+    phases(step, exact, edges=True)
     exact = [(phase, at, where, live) for phase, at, live, where in exact]
     if not granule:
         return exact
     coarse: list = []
-    phases(rounded(step, granule), coarse)
+    phases(rounded(step, granule), coarse, edges=True)
     out = []
     for (phase, at, edge, live), (_, _, live_coarse, _) in zip(exact, coarse):
         live = dict(live)
