@@ -45,6 +45,50 @@ def entries() -> dict:
     return {e["path"]: e for e in explain_json(*EXAMPLES)}
 
 
+# --- the HTML's charts, read from its text (no browser) ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def html_sections(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("html") / "report.html"
+    done = memfit("explain", "--format", "html", "-o", out, *EXAMPLES)
+    assert done.returncode in (0, 1), done.stderr
+    text = out.read_text()
+    return {m.group(1): m.group(2) for m in re.finditer(r'<section class="config" id="cfg\d+" data-path="([^"]+)">(.*?)</section>', text, re.S)}
+
+
+def test_every_example_has_a_chart_with_one_unit_per_axis(entries, html_sections):
+    assert set(html_sections) == set(EXAMPLES)
+    for path, section in html_sections.items():
+        charts = re.findall(r'<svg class="chart[^"]*".*?</svg>', section, re.S)
+        assert len(charts) == 1, path
+        chart = charts[0]
+        labels = re.findall(r'<text class="axis"[^>]*data-bytes="(\d+)">([^<]+)</text>', chart)
+        assert len(labels) == 5, path
+        assert len({text.split()[-1] for _, text in labels}) == 1, (path, labels)  # one unit on the axis
+        if not entries[path]["timeline"]:  # the footprint, stacked: its categories add up to the total
+            values = [int(v) for v in re.findall(r'<rect class="series[^"]*"[^>]*data-values="(\d+)"', chart)]
+            assert sum(values) == entries[path]["footprint"]["total"], path
+
+
+def test_the_peak_label_stays_inside_its_step(entries, html_sections):
+    from memfit.report.html import CHAR_W
+
+    seen = 0
+    for path, section in html_sections.items():
+        m = re.search(r'<g class="peak-marker"[^>]*data-step-x0="([\d.]+)" data-step-x1="([\d.]+)">.*?'
+                      r'<text class="peak-label" x="([\d.]+)"[^>]*text-anchor="(\w+)">([^<]+)</text>', section, re.S)
+        if entries[path].get("peak") is None:
+            continue
+        assert m, path
+        x0, x1, x, anchor = float(m.group(1)), float(m.group(2)), float(m.group(3)), m.group(4)
+        width = len(m.group(5).replace("&amp;", "&").replace("&#x27;", "'")) * CHAR_W
+        left = {"start": x, "end": x - width, "middle": x - width / 2}[anchor]
+        assert x0 <= left and left + width <= x1, (path, x0, x1, left, width)
+        seen += 1
+    assert seen
+
+
 # --- the json series ------------------------------------------------------------------------
 def test_every_example_has_a_timeline_whose_largest_event_is_the_peak(entries):
     assert set(entries) == set(EXAMPLES)
@@ -63,8 +107,9 @@ def test_every_example_has_a_timeline_whose_largest_event_is_the_peak(entries):
             assert ev["bytes"] == sum(ev["live"].values())
         assert max(ev["bytes"] for ev in events) == e["peak"]["bytes"], path
         assert [ev["step"] for ev in events] == sorted(ev["step"] for ev in events)  # step 1, then step 2
-        if "rank" in e["peak"]:  # parallel: the binding rank's peak, one event, its rank named
-            assert [ev["rank"] for ev in events] == [e["peak"]["rank"]]
+        if "rank" in e["peak"]:  # parallel: the binding rank's program (its warm step), every event naming that rank
+            assert {ev["rank"] for ev in events} == {e["peak"]["rank"]} and {ev["step"] for ev in events} == {2}, path
+            assert events[0]["phase"] == "forward" and events[-1]["phase"] == "optimizer", path
             continue
         warm = [ev for ev in events if ev["step"] == 2]
         cold = [ev for ev in events if ev["step"] == 1]
@@ -296,8 +341,9 @@ def _check_page(page, entry):
         assert all(rows.nth(i).is_visible() for i in range(rows.count()))
     if entry.get("host"):
         assert page.locator("table.host [data-bytes]").last.get_attribute("data-bytes") == str(entry["host"]["total"])
-    if not events:
-        assert page.locator("svg.chart").count() == 0
+    if not events:  # no training section: the footprint as one stacked bar, each category's exact bytes
+        bars = page.locator("svg.footprint-chart rect.series")
+        assert sum(int(bars.nth(i).get_attribute("data-values")) for i in range(bars.count())) == fp["total"]
         return
     svg = page.locator("svg.chart")
     attrs = {k: float(svg.get_attribute(f"data-{k}")) for k in ("x0", "y0", "plot-w", "plot-h", "ymax")}

@@ -443,7 +443,9 @@ def _one_gpu(parallel) -> bool:
     """A layout of one GPU that shards, offloads and buckets nothing: the single device itself
     (`parallel: {data: 1}` or `zero: 0` on one GPU change no figure)."""
     return (parallel.world == 1 and not parallel.offload_optimizer and not parallel.offload_parameters
-            and not parallel.reduce_bucket and not parallel.allgather_bucket)
+            and not parallel.reduce_bucket and not parallel.allgather_bucket
+            # an engine runs as it does on more GPUs: ZeRO's flat gradient partitions, FSDP's all-gathered unit
+            and not parallel.zero and parallel.fsdp in (None, "no_shard"))
 
 
 def _layout(config, data: dict, cfg: dict | None, memo: dict | None = None):

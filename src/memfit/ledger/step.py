@@ -154,9 +154,14 @@ def _live(parameters, gradients, activations, optimizer_state, transient, overhe
     return dict(zip(LIVE, (parameters, gradients, activations, optimizer_state, transient, overhead)))
 
 
-def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
+def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[str, dict]:
     """Each phase's worst moment: {"forward"|"backward"|"optimizer_step": {"bytes", "live", "at"}}.
-    `trace` (a list) receives every moment considered, in order: (phase, at, live)."""
+    `trace` (a list) receives every moment considered, in order: (phase, at, live, edge), edge None; and, between
+    them, each row's boundaries as the walk passes them, with the walk's own live bytes there: its pre-forward (the
+    tensors kept so far, its input), in backward its pre-backward (the gradients made so far, what is still kept,
+    its output's gradient) and post-backward (its own gradients too, what it was the last to need freed, the
+    gradient it made for its input), when `edges` (the timeline's). A boundary is an instant between two moments,
+    never above the larger."""
     rows, size = step.rows, step.tensors
     params = sum(sum(r.params) + sum(r.frozen) for r in rows)
     state = sum(step.optimizer_state)
@@ -182,7 +187,7 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
         transient += loose
         total = parameters + gradients + activations + optimizer_state + transient + overhead
         if trace is not None:
-            trace.append((phase, at, _live(parameters, gradients, activations, optimizer_state, transient, overhead)))
+            trace.append((phase, at, _live(parameters, gradients, activations, optimizer_state, transient, overhead), None))
         best = out.get(phase)
         if best is None or total > best["bytes"]:  # the first moment wins a tie, as MemTracker records it
             out[phase] = {"bytes": total, "live": _live(parameters, gradients, activations, optimizer_state, transient, overhead), "at": at}
@@ -193,6 +198,10 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
     saved_all: set[int] = set(batch)
     saved_bytes = sum(size[t] for t in saved_all)
 
+    def edge(phase, at, where, gradients, activations, transient):
+        if edges and trace is not None:
+            trace.append((phase, at, _live(params, gradients, activations, state, transient + loose, step.overhead), where))
+
     def create(t):
         nonlocal saved_bytes
         if t not in saved_all and t in kept_ever:
@@ -200,6 +209,9 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
             saved_bytes += size[t]
 
     for i, row in enumerate(rows):
+        if edges:
+            edge("forward", row.name, "pre-forward", held, saved_bytes,
+                 size[row.input] if row.input is not None and row.input not in saved_all else 0)
         if row.output is not None and not row.view:
             create(row.output)
         for t in row.kept:
@@ -225,6 +237,8 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
             continue
         alive = left + row.recompute
         g_out = size.get(row.output, 0) if row.output is not None else 0
+        if edges:
+            edge("backward", row.name, "pre-backward", max(held, done), left, g_out)
         if row.recompute and (i + 1 == len(rows) or not rows[i + 1].recompute or rows[i + 1].kept):
             # the last row of a checkpointed layer: backward first recomputes the layer, row by row in forward
             # order, each at its worst moment (recompute_moment), beside the layer output's gradient: moments of
@@ -252,6 +266,8 @@ def phases(step: Step, trace: list | None = None) -> dict[str, dict]:
             consider("backward", row.name, params, max(held, done + sum(row.grads)), alive, state, flowing + row.backward_extra, step.overhead)
         done += sum(row.grads)
         left -= sum(size[t] for t in released.get(i, ()) if t in saved_all)
+        if edges:
+            edge("backward", row.name, "post-backward", max(held, done), left, g_in)
 
     batch_bytes = sum(size[t] for t in batch)
     consider("optimizer_step", "step", params, all_grads, batch_bytes, state, temporaries, step.overhead)
@@ -315,9 +331,11 @@ def walk(step: Step, granule: int | None = None) -> tuple[dict, list, int, int, 
     phases(step, trace)
     single = peak(step, granule)
     rounding = {p: info.get("granularity", 0) for p, info in single["phases"].items()}
-    moments = [(phase, live["gradients"], live["activations"], live["transient"], live["overhead"] + rounding.get(phase, 0)) for phase, _, live in trace]
+    # a moment of the loss's backward is marked: no unit's backward has begun then (what a rank gathers differs)
+    moments = [(phase, live["gradients"], live["activations"], live["transient"], live["overhead"] + rounding.get(phase, 0), phase == "backward" and at == "loss")
+               for phase, at, live, where in trace if where is None]
     all_grads = sum(sum(r.grads) for r in step.rows)
-    most_acts = max((live["activations"] for _, _, live in trace), default=0)
+    most_acts = max((live["activations"] for _, _, live, where in trace if where is None), default=0)
     return single, moments, all_grads, most_acts, sum(step.optimizer_state)
 
 
@@ -352,8 +370,8 @@ def rank_peak(step: Step, placement, granule: int | None = None, walked: tuple |
     # them), transients and overhead has more activations: every term of a rank's total grows with each of them, so the
     # worst moment is among these (a step of thousands of layers has a few hundred of them)
     kept_at: dict = {}
-    for n, (phase, live_gradients, live_activations, live_transient, overhead) in enumerate(moments):
-        key = (phase, None if persistent else live_gradients, live_transient, overhead)
+    for n, (phase, live_gradients, live_activations, live_transient, overhead, at_loss) in enumerate(moments):
+        key = (phase, None if persistent else live_gradients, live_transient, overhead, at_loss)
         if key not in kept_at or live_activations > moments[kept_at[key]][2]:
             kept_at[key] = n
     moments = [moments[n] for n in sorted(kept_at.values())]
@@ -365,25 +383,69 @@ def rank_peak(step: Step, placement, granule: int | None = None, walked: tuple |
         if same in walked_for:
             continue  # its worst moment equals an earlier rank's, which a tie leaves the best
         walked_for.add(same)
-        # what the rank gathers at a moment of each phase: a unit's parameters in forward, its gradients beside them in backward
-        extra = {phase: _gathered(gathered, phase) for phase in PHASES}
-        parameters, gradients, activations, state = held["parameters"], held["gradients"], held["activations"], held["optimizer_state"]
-        for phase, live_gradients, live_activations, live_transient, overhead in moments:  # the total first, the categories only for a new worst
-            if phase == "optimizer_step":
-                g = gradients
-                # the optimizer steps the rank's own shard (on the host when it is offloaded there)
-                transient = _share(live_transient, state, all_state)
-            else:
-                g = gradients if persistent else _share(gradients, live_gradients, all_grads)
-                transient = (_share(parameters, live_transient, all_params) if split else live_transient) + extra[phase]
-            a = _share(activations, live_activations, most_acts)
-            total = parameters + g + a + state + transient + overhead
+        at_moment = _rank_moment(placement, i, persistent, split, all_params, all_grads, most_acts, all_state)
+        for moment in moments:  # the total first, the categories only for a new worst
+            terms = at_moment(*moment)
+            total = sum(terms)
             if best is None or total > best[0]:
-                rank_live = {"parameters": parameters, "gradients": g, "activations": a, "optimizer_state": state, "transient": transient, "overhead": overhead}
-                best = (total, phase, rank_live, i, {k: v for k, v in gathered.items() if phase == "backward" or (phase == "forward" and k == "gathered parameters")})
-    total, phase, live, i, gathered = best
+                best = (total, moment, terms, i)
+    total, moment, terms, i = best
     sharded = placement.sharded
-    return {"bytes": total, "phase": phase, "live": live, "gathered": gathered, "rank": sharded.stages[i].rank, "ranks": sharded.ranks}
+    return {"bytes": total, "phase": moment[0], "live": dict(zip(LIVE, terms)), "gathered": _gathered_at(placement, i, moment[0], moment[5]),
+            "rank": sharded.stages[i].rank, "ranks": sharded.ranks}
+
+
+def _gathered_at(placement, i: int, phase: str, at_loss: bool) -> dict:
+    """What rank i has gathered at a moment of `phase` (at the loss's backward: only what stays from forward)."""
+    gathered = placement.transients[i]
+    if at_loss:
+        return dict(placement.sharded.stages[i].at_loss) if gathered else {}
+    return {k: v for k, v in gathered.items() if phase == "backward" or (phase == "forward" and k == "gathered parameters")}
+
+
+def _rank_moment(placement, i: int, persistent: bool, split: bool, all_params: int, all_grads: int, most_acts: int, all_state: int):
+    """Rank i's live bytes at a moment of the single-device walk, as a function of that moment (phase, gradients,
+    activations, transient, overhead, at the loss's backward): the terms in LIVE's order."""
+    held = placement.devices[i]
+    gathered = placement.transients[i]
+    # what the rank gathers at a moment of each phase: a unit's parameters in forward, its gradients beside them in backward
+    extra = {phase: _gathered(gathered, phase) for phase in PHASES}
+    # at the loss's backward only what stays gathered from forward (FSDP's root unit): no unit's backward has begun
+    at_loss_extra = sum(placement.sharded.stages[i].at_loss.values()) if gathered else 0
+    parameters, gradients, activations, state = held["parameters"], held["gradients"], held["activations"], held["optimizer_state"]
+
+    def terms(phase, live_gradients, live_activations, live_transient, overhead, at_loss):
+        if phase == "optimizer_step":
+            g = gradients
+            # the optimizer steps the rank's own shard (on the host when it is offloaded there)
+            transient = _share(live_transient, state, all_state)
+        else:
+            g = gradients if persistent else _share(gradients, live_gradients, all_grads)
+            transient = (_share(parameters, live_transient, all_params) if split else live_transient) + (at_loss_extra if at_loss else extra[phase])
+        return parameters, g, _share(activations, live_activations, most_acts), state, transient, overhead
+
+    return terms
+
+
+def rank_trace(step: Step, placement, granule: int | None = None) -> list:
+    """The binding rank's program: every instant of the single-device walk (its moments and row boundaries, as
+    step.phases' trace) as that rank holds it, by rank_peak's own rule: [(phase, at, edge, live)]. Its largest
+    instant is rank_peak's bytes."""
+    result = placement.peak if placement.step_peak is not None else rank_peak(step, placement, granule)
+    single, _, all_grads, most_acts, all_state = walk(step, granule)
+    layout = placement.layout.parallel
+    persistent = layout.engine == "zero" or layout.pipeline > 1 or layout.gradient_accumulation > 1
+    split = layout.tensor > 1 or layout.pipeline > 1
+    i = next(n for n, r in enumerate(placement.sharded.stages) if r.rank == result["rank"])
+    at_moment = _rank_moment(placement, i, persistent, split, single["live"]["parameters"], all_grads, most_acts, all_state)
+    trace: list = []
+    phases(step, trace, edges=True)
+    rounding = {p: info.get("granularity", 0) for p, info in single["phases"].items()}
+    out = []
+    for phase, at, live, edge in trace:
+        moment = (phase, live["gradients"], live["activations"], live["transient"], live["overhead"] + rounding.get(phase, 0), phase == "backward" and at == "loss")
+        out.append((phase, at, edge, dict(zip(LIVE, at_moment(*moment)))))
+    return out
 
 
 # --- words and bars (explain, hover, the budget's diagnostic) ---------------------------------

@@ -1,8 +1,8 @@
 """The step as a series of events: what is live at each module boundary, for a picture of memory over time.
 
 `step.phases(step, trace)` walks one warm training step and lists every moment it considers
-(forward at each row, the loss, backward at each row in reverse, the optimizer step). This
-module turns that walk into the timeline `memfit explain --format json|html` publishes:
+(forward at each row, the loss, backward at each row in reverse, the optimizer step) and the row
+boundaries between them. This module turns that walk into the timeline `memfit explain --format json|html` publishes:
 
     {"step": 1|2, "phase": "forward"|"loss"|"backward"|"optimizer", "module": <name>,
      "at": "pre-forward"|"post-forward"|"pre-backward"|"post-backward"|None, "bytes": int, "live": {...}}
@@ -17,17 +17,18 @@ module turns that walk into the timeline `memfit explain --format json|html` pub
   MLP and down projection, and they all belong to the layer's module), a Keras-form layer's
   name, `declared tensors` for the tensors a config lists by hand; the loss and the optimizer
   step are `loss` and `optimizer`.
-- `at`: a module's last row's forward moment is its post-forward (its output just written); the
-  final moment of its backward, its post-backward. Its pre-forward (pre-backward) is the same
-  instant as the preceding module's post-forward (post-backward, or the loss's gradient for the
-  first module in backward): nothing is allocated between two modules, so those events repeat
-  that moment's live bytes under the next module's name. A moment inside a module (the worst
-  moment of a transformer layer's attention, say) has `at` None.
+- The events are the walk's own instants (`step.phases`' trace, the walk that gives `peak.bytes`): its moments
+  and the row boundaries it passes, with its live bytes there (gradients accumulated by earlier micro-batches
+  included). `at`: a module's first row's pre-forward boundary is its pre-forward; its last row's forward moment
+  its post-forward (its output just written); in backward its first row's pre-backward and its last row's
+  post-backward boundaries. A moment inside a module (the worst moment of a transformer layer's attention, say)
+  has `at` None. A transformer's final norm and head are one row of the walk: the norm's pre-forward and
+  post-backward are that row's, the head's post-forward and pre-backward.
 - With an allocator granule (`overhead: auto` on a preset), each moment's rounding (every live
   tensor up to 512 bytes) is added to its overhead, as `step.peak` adds it to each phase.
 
-Under a parallel layout the ledger has no per-rank step walk yet: the timeline is one event,
-the binding rank's peak, with its `rank`.
+Under a parallel layout the timeline is the binding rank's program (`step.rank_trace`: each instant of the walk as
+that rank holds it, by the rule of its peak), the warm step, each event with its `rank`.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from memfit.ledger.step import LIVE, phases, rounded
+from memfit.ledger.step import LIVE, phases, rank_trace, rounded
 
 PHASE = {"forward": "forward", "backward": "backward", "optimizer_step": "optimizer"}
 AT = ("pre-forward", "post-forward", "pre-backward", "post-backward")
@@ -83,96 +84,20 @@ def keras_namer(row: str, edge: str | None = None) -> str:
 
 
 def _moments(step, granule):
-    """The walk's moments and the backward boundaries, each with its allocator rounding added to
-    the overhead (the rounded step walked the same way, moment by moment)."""
-    exact = _walk(step)
+    """The walk's own trace (step.phases): its moments (edge None) and the row boundaries it passes, each with
+    its allocator rounding added to the overhead (the rounded step walked the same way, instant by instant)."""
+    exact: list = []
+    phases(step, exact, edges=True)
+    exact = [(phase, at, where, live) for phase, at, live, where in exact]
     if not granule:
         return exact
-    coarse = _walk(rounded(step, granule))
+    coarse: list = []
+    phases(rounded(step, granule), coarse, edges=True)
     out = []
-    for (phase, at, edge, live), (_, _, _, live_coarse) in zip(exact, coarse):
+    for (phase, at, edge, live), (_, _, live_coarse, _) in zip(exact, coarse):
         live = dict(live)
         live["overhead"] += sum(live_coarse.values()) - sum(live.values())
         out.append((phase, at, edge, live))
-    return out
-
-
-def _walk(step) -> list:
-    """(phase, row name, edge, live) in order: the ledger's moments (edge None) and, in backward,
-    each row's pre-backward and post-backward edges around its own moments (_backward_edges)."""
-    trace: list = []
-    phases(step, trace)
-    edges = _backward_edges(step)
-    starts = _forward_edges(step)
-    rows = [m[1] for m in trace if m[0] == "backward" and m[1] != "loss"]
-    last = {name: i for i, name in enumerate(rows)}
-    out, seen, k = [], set(), 0
-    for phase, at, live in trace:
-        if phase == "backward" and at != "loss":
-            if at not in seen:
-                seen.add(at)
-                out.append((phase, at, "pre-backward", edges[at][0]))
-            out.append((phase, at, None, live))
-            if last[at] == k:
-                out.append((phase, at, "post-backward", edges[at][1]))
-            k += 1
-        else:
-            if phase == "forward" and at in starts:
-                out.append((phase, at, "pre-forward", starts.pop(at)))
-            out.append((phase, at, None, live))
-    return out
-
-
-def _forward_edges(step) -> dict:
-    """Each row's live bytes as its forward starts, with the ledger's bookkeeping (step.phases):
-    the tensors kept by the rows before it (and the batch), and its input unless it is kept."""
-    rows, size = step.rows, step.tensors
-    params = sum(sum(r.params) + sum(r.frozen) for r in rows)
-    state = sum(step.optimizer_state)
-    kept_ever = {t for row in rows for t in row.kept}
-    saved = set(step.batch)
-    saved_bytes = sum(size[t] for t in saved)
-    out = {}
-    for row in rows:
-        moving = size[row.input] if row.input is not None and row.input not in saved else 0
-        out[row.name] = dict(zip(LIVE, (params, 0, saved_bytes, state, moving, step.overhead)))
-        for t in ([row.output] if row.output is not None and not row.view else []) + list(row.kept):
-            if t not in saved and t in kept_ever:
-                saved.add(t)
-                saved_bytes += size[t]
-    return out
-
-
-def _backward_edges(step) -> dict:
-    """Each row's live bytes at the start and at the end of its backward, with the ledger's
-    bookkeeping (step.phases): at the start, the gradients of the rows after it, every tensor
-    still kept, and the gradient of its output; at the end, its own gradients too, the tensors it
-    was the earliest to keep freed, and the gradient it produced for its input (none for the
-    first row or a view). A checkpointed row's recomputed tensors are not there at either edge."""
-    rows, size = step.rows, step.tensors
-    params = sum(sum(r.params) + sum(r.frozen) for r in rows)
-    state = sum(step.optimizer_state)
-    keepers: dict = {}
-    for i, row in enumerate(rows):
-        for t in row.kept:
-            keepers.setdefault(t, i)
-    batch = set(step.batch)
-    left = sum(size[t] for t in set(keepers) | batch)
-    released: dict = {}
-    for t, k in keepers.items():
-        if t not in batch:
-            released[k] = released.get(k, 0) + size[t]
-    done, out = 0, {}
-    for i in range(len(rows) - 1, -1, -1):
-        row = rows[i]
-        if not row.output_grad:
-            continue
-        g_out = size.get(row.output, 0) if row.output is not None else 0
-        g_in = size.get(row.input, 0) if row.grad_input and not row.view and row.input is not None else 0
-        start = dict(zip(LIVE, (params, done, left, state, g_out, step.overhead)))
-        done += sum(row.grads)
-        left -= released.get(i, 0)
-        out[row.name] = (start, dict(zip(LIVE, (params, done, left, state, g_in, step.overhead))))
     return out
 
 
@@ -217,17 +142,21 @@ def events(step, granule: int | None = None, namer=None) -> list[dict]:
 
 
 def timeline(config) -> list[dict]:
-    """The timeline of a checked config: [] when it describes no run (no training section)."""
+    """The timeline of a checked config: [] when it describes no run (no training section). Under a parallel
+    layout, the binding rank's program (step.rank_trace), each event with its `rank`."""
     if config is None:
         return []
+    step = getattr(config, "step", None)
     placement = getattr(config, "placement", None)
     parallel = placement.peak if placement is not None else None
     if parallel is not None:
-        # no per-rank step walk under a parallel layout yet: the binding rank's peak as one event
-        live = {k: parallel["live"][k] for k in LIVE if k in parallel["live"]}
-        return [{"step": 2, "phase": PHASE.get(parallel["phase"], parallel["phase"]), "module": None, "at": None,
-                 "bytes": parallel["bytes"], "live": live, "rank": parallel["rank"]}]
-    step = getattr(config, "step", None)
+        if step is None or placement.step_peak is None:
+            # no walk of the step (declared tensors without a training section): the binding rank's peak as one event
+            live = {k: parallel["live"][k] for k in LIVE if k in parallel["live"]}
+            return [{"step": 2, "phase": PHASE.get(parallel["phase"], parallel["phase"]), "module": None, "at": None,
+                     "bytes": parallel["bytes"], "live": live, "rank": parallel["rank"]}]
+        warm = rank_trace(step, placement, config.granule)
+        return [dict(e, rank=parallel["rank"]) for e in _events(warm, 2, module_namer(config))]
     if step is None or config.peak is None:
         return []
     return events(step, config.granule, module_namer(config))

@@ -17,6 +17,8 @@ import re
 from memfit.ledger.step import Loss, Row, Step
 from memfit.recipe.costs import dtype_bytes
 
+FP32 = dtype_bytes(1, "float32")  # the recipe's width of an fp32 element (the kernels' upcasts)
+
 
 def build(config, data: dict, optimizer: str | None, impl: str) -> Step:
     """The step of a config with a training section (`optimizer` None: torch.optim has no such
@@ -302,6 +304,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     b, s, h, T = sizes["b"], sizes["s"], sizes["h"], sizes["T"]
     act_w, lin_w = dtype_bytes(1, roles["act"]), dtype_bytes(1, roles["lin"])
     n_layers = acts._layers(cfg)
+    stacked = hf_encdec.is_stacked(cfg)  # an encoder-decoder: its layers are those of its stacks in forward order
 
     tensors: dict[int, int] = {}
 
@@ -309,8 +312,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
         tensors[len(tensors) + 1] = nbytes
         return len(tensors)
 
-    def kept_bytes(k) -> int:
-        return dtype_bytes(_elements(k.shape), k.dtype)
+    kept_bytes = _kept_bytes
 
     def kept_ids(kept, input_id, input_bytes, tokens=None):
         """Fresh ids, but the row's input where the first kept tensor is it (a norm keeping its fp32 input)."""
@@ -324,72 +326,12 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
                 out.append(fresh(nbytes))
         return out
 
-    # parameters by row, from the config's own tensors: embeddings; each layer as four parts
-    # (norm and attention, its output projection, norm and MLP, its down projection); the head
-    groups: dict = {"embeddings": [], "head": []}
-    seen_layer = False
-    tied, tied_grad = hf.tied_embedding(cfg), 0
-    # an encoder-decoder's layers are those of its stacks in forward order (models.hf_encdec.layer_index)
-    stacked = hf_encdec.is_stacked(cfg)
-    for t in config.tensors:
-        if t.category != "parameters" or not t.path or t.path[0] != "model":
-            continue
-        per_copy = {c: v // max(t.count, 1) for c, v in t.bytes.items()}
-        entry = (per_copy, t.trainable, t.elements)
-        if stacked:
-            index = hf_encdec.layer_index(cfg, _base_name(t.name))
-            if isinstance(index, int):
-                groups.setdefault((index, _part(t.name)), []).append(entry)
-            else:
-                groups[index].append(entry)
-            continue
-        m = _LAYER.search(t.name)
-        if m and ".vision_tower." not in t.name:   # (LLaVA's vision layers run with the embeddings row)
-            seen_layer = True
-            layers = range(n_layers) if m.group(1) == "*" else (int(m.group(1)),)
-            part = _part(t.name)
-            for i in layers:
-                groups.setdefault((i, part), []).append(entry)
-        elif _base_name(t.name) == tied:
-            # the head's backward makes the shared weight's gradient; the embedding's backward adds its part later
-            groups["head"].append(entry)
-            tied_grad = per_copy.get("gradients", 0) if t.trainable else 0
-        else:
-            groups["head" if seen_layer else "embeddings"].append(entry)
-
-    stepped: list[int] = []
-    states: list[int] = []
-    any_master = False
-    master = _master_dtype(config)
-    priced: dict = {}  # a group's entries -> what they add to a row (a 70B's 80 layers share each part's entries)
-
-    def weights(row: Row, key) -> Row:
-        nonlocal any_master
-        entries = groups.get(key, ())
-        signature = tuple(map(id, entries))
-        adds = priced.get(signature)
-        if adds is None:
-            adds = priced[signature] = ([], [], [], [], [])
-            params, grads, state, steps, frozen = adds
-            for per_copy, trainable, elements in entries:
-                if trainable:
-                    params.append(per_copy.get("parameters", 0))
-                    grads.append(per_copy.get("gradients", 0))
-                    state.append(per_copy.get("optimizer_state", 0))
-                    steps.append(per_copy.get("parameters", 0) if master is None else dtype_bytes(elements, master))
-                else:
-                    frozen.append(per_copy.get("parameters", 0))
-        row.params += adds[0]
-        row.grads += adds[1]
-        states.extend(adds[2])
-        stepped.extend(adds[3])
-        row.frozen += adds[4]
-        any_master = any_master or (master is not None and bool(adds[1]))
-        return row
+    groups, tied_grad = _weight_groups(config, cfg, n_layers, stacked)
+    weights = _Weights(groups, _master_dtype(config))
 
     emb, layer_blocks, head, loss = blocks[0], blocks[1:-2], blocks[-2], blocks[-1]
     per_layer = [blk.kept for blk in layer_blocks for _ in range(blk.count)]
-    ids, labels = fresh(b * s * 8), fresh(b * s * 8)
+    ids, labels = fresh(dtype_bytes(b * s, "int64")), fresh(dtype_bytes(b * s, "int64"))
     hidden = b * s * h * act_w
     # an encoder-decoder's encoder layers run over seq_len source tokens, its decoder's over target_len (`s`)
     encoder_layers = hf_encdec.stacks(cfg)[0][2] if stacked else 0
@@ -423,6 +365,117 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     # head's backward started
     row.backward_extra += tied_grad
     rows.append(row)
+    every, bound = _every_layer(cfg, common, checkpointing, stacked, per_layer, encoder_layers, enc_hidden, hidden)
+    k = _layer_kernels(cfg, run, recipe_args, sizes, enc_sizes, roles, checkpointing, stacked)
+    x = _layer_rows(k, rows, x, every, bound, later_kept, fresh, weights, kept_ids, cfg, sizes, enc_sizes, checkpointing, stacked,
+                    encoder_layers, enc_hidden, hidden, n_layers)
+    logits = fresh(T * sizes["V"] * lin_w)
+    row = weights(Row("head", input=x, output=logits), "head")
+    row.kept = kept_ids(head.kept, x, hidden)
+    by_loss = [fresh(kept_bytes(k)) for k in loss.kept]
+    rows.append(row)
+    logits32 = dtype_bytes(T * sizes["V"], "float32")
+    upcast = logits32 if lin_w != FP32 else 0
+    loss = Loss(forward=(tensors[logits], *([upcast] if upcast else [])), backward=(logits32, logits32))
+    if stacked:
+        # T5's nn.CrossEntropyLoss on the logits as they are (no fp32 copy); measured at the loss in forward: the
+        # logits, a second logits-sized temporary and the decoder's unscaled output (a local of the forward)
+        # (under autocast cross_entropy runs in fp32: that temporary is the fp32 copy of the 16-bit logits, measured
+        # with a dispatch-mode tracer at MemTracker's bf16-mixed forward peak: _to_copy (T, V) float32)
+        second = logits32 if precision.endswith("-mixed") else tensors[logits]
+        loss = Loss(forward=(tensors[logits], second, hidden), backward=(tensors[logits], tensors[logits]))
+    declared_stepped = list(extra.params) if extra is not None else []
+    return Step(rows, tensors, [ids, labels], loss,
+                declared_states + weights.states, optimizer, impl, config.overhead,
+                declared_stepped + weights.stepped if weights.any_master else None, loss_kept=by_loss)
+
+
+def _weight_groups(config, cfg: dict, n_layers: int, stacked: bool) -> tuple:
+    """A transformer's parameters by row of the step, from the config's own tensors (as the recipe priced them):
+    ({row key: [(bytes per category of one copy, trainable, elements)]}, the tied head weight's gradient bytes)."""
+    from memfit.models import hf, hf_encdec
+
+    # parameters by row, from the config's own tensors: embeddings; each layer as four parts
+    # (norm and attention, its output projection, norm and MLP, its down projection); the head
+    groups: dict = {"embeddings": [], "head": []}
+    seen_layer = False
+    tied, tied_grad = hf.tied_embedding(cfg), 0
+    for t in config.tensors:
+        if t.category != "parameters" or not t.path or t.path[0] != "model":
+            continue
+        per_copy = {c: v // max(t.count, 1) for c, v in t.bytes.items()}
+        entry = (per_copy, t.trainable, t.elements)
+        if stacked:
+            index = hf_encdec.layer_index(cfg, _base_name(t.name))
+            if isinstance(index, int):
+                groups.setdefault((index, _part(t.name)), []).append(entry)
+            else:
+                groups[index].append(entry)
+            continue
+        m = _LAYER.search(t.name)
+        if m and ".vision_tower." not in t.name:   # (LLaVA's vision layers run with the embeddings row)
+            seen_layer = True
+            layers = range(n_layers) if m.group(1) == "*" else (int(m.group(1)),)
+            part = _part(t.name)
+            for i in layers:
+                groups.setdefault((i, part), []).append(entry)
+        elif _base_name(t.name) == tied:
+            # the head's backward makes the shared weight's gradient; the embedding's backward adds its part later
+            groups["head"].append(entry)
+            tied_grad = per_copy.get("gradients", 0) if t.trainable else 0
+        else:
+            groups["head" if seen_layer else "embeddings"].append(entry)
+    return groups, tied_grad
+
+
+class _Weights:
+    """What each row's parameters add to it (trainable: weight, gradient; frozen: weight), with the optimizer state
+    and what optimizer.step() updates (the master copy where the recipe has one) collected in row order."""
+
+    def __init__(self, groups: dict, master: str | None) -> None:
+        self.groups, self.master = groups, master
+        self.stepped: list[int] = []
+        self.states: list[int] = []
+        self.any_master = False
+        self.priced: dict = {}  # a group's entries -> what they add to a row (a 70B's 80 layers share each part's entries)
+
+    def __call__(self, row: Row, key) -> Row:
+        master = self.master
+        entries = self.groups.get(key, ())
+        signature = tuple(map(id, entries))
+        adds = self.priced.get(signature)
+        if adds is None:
+            adds = self.priced[signature] = ([], [], [], [], [])
+            params, grads, state, steps, frozen = adds
+            for per_copy, trainable, elements in entries:
+                if trainable:
+                    params.append(per_copy.get("parameters", 0))
+                    grads.append(per_copy.get("gradients", 0))
+                    state.append(per_copy.get("optimizer_state", 0))
+                    steps.append(per_copy.get("parameters", 0) if master is None else dtype_bytes(elements, master))
+                else:
+                    frozen.append(per_copy.get("parameters", 0))
+        row.params += adds[0]
+        row.grads += adds[1]
+        self.states.extend(adds[2])
+        self.stepped.extend(adds[3])
+        row.frozen += adds[4]
+        self.any_master = self.any_master or (master is not None and bool(adds[1]))
+        return row
+
+
+def _kept_bytes(k) -> int:
+    return dtype_bytes(_elements(k.shape), k.dtype)
+
+
+def _every_layer(cfg: dict, common: dict, checkpointing: str, stacked: bool, per_layer: list, encoder_layers: int,
+                 enc_hidden: int, hidden: int) -> tuple:
+    """(each layer's kept tensors as its parts run them, and under full checkpointing each layer's bound: what the
+    whole layer holds while its backward recomputes it, beyond its input)."""
+    from memfit.models import hf_activations as acts
+
+    kept_bytes = _kept_bytes
+    bound = None
     if checkpointing == "full":
         # a part's recomputed tensors follow the un-checkpointed layer's order; what the whole layer holds while
         # its backward recomputes it is bounded by the footprint's figure (hf_activations.recomputed: the
@@ -441,8 +494,23 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
         bound = [layer_bytes[id(kept)] - (enc_hidden if i < encoder_layers else hidden) for i, kept in enumerate(again)]
     else:
         every = per_layer
+    return every, bound
+
+
+def _layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_sizes: dict, roles: dict, checkpointing: str,
+                   stacked: bool):
+    """What a layer's rows hold besides their kept tensors (the family's kernels, measured): the gradients in flight
+    at each part's worst backward moment, the recomputation's moments, expert parallelism's all-to-all buffers."""
+    from types import SimpleNamespace
+
+    from memfit.models import hf_activations as acts, hf_encdec
+
+    b, s, h, T = sizes["b"], sizes["s"], sizes["h"], sizes["T"]
+    act_w, lin_w = dtype_bytes(1, roles["act"]), dtype_bytes(1, roles["lin"])
+    n_layers = acts._layers(cfg)
+    precision = recipe_args.get("precision", "32-true")
+    self_math = False
     fam = acts.FAMILIES[cfg["model_type"]]
-    split_cache: dict = {}
     flights = _layer_flights(cfg, sizes, act_w, lin_w, attention=run["attention"])
     enc_flights = _layer_flights(cfg, enc_sizes, act_w, lin_w, attention=run["attention"])
     dense_flights = _layer_flights(cfg, sizes, act_w, lin_w, routed=False, attention=run["attention"])
@@ -485,6 +553,21 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     # torch's math kernel, where an attention part runs it, holds its temporaries while the part is recomputed
     kernel = _math_kernel_moments(cfg, sizes, roles, run["attention"], precision) if checkpointing == "full" else []
     arrived = _arrived(cfg, sizes, roles)
+    return SimpleNamespace(fam=fam, flights=flights, enc_flights=enc_flights, dense_flights=dense_flights, early=early, a2a=a2a,
+                           self_math=self_math, first_decoder=first_decoder, decoder_flight=decoder_flight, redone=redone,
+                           enc_redone=enc_redone, kernel=kernel, arrived=arrived)
+
+
+def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fresh, weights, kept_ids, cfg: dict, sizes: dict,
+                enc_sizes: dict, checkpointing: str, stacked: bool, encoder_layers: int, enc_hidden: int, hidden: int,
+                n_layers: int) -> int:
+    """Each layer's four rows (its parts), appended to `rows`; the id of the last layer's output."""
+    kept_bytes = _kept_bytes
+    fam, flights, enc_flights, dense_flights, early, a2a = k.fam, k.flights, k.enc_flights, k.dense_flights, k.early, k.a2a
+    self_math, first_decoder, decoder_flight, redone, enc_redone = k.self_math, k.first_decoder, k.decoder_flight, k.redone, k.enc_redone
+    kernel, arrived = k.kernel, k.arrived
+    b = sizes["b"]
+    split_cache: dict = {}
     for i in range(n_layers):
         key = id(every[i])
         if key not in split_cache:
@@ -539,24 +622,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
             row.flight_first = bool(sizes.get("k")) and sparse and part == "down_proj"
             rows.append(row)
             x = y
-    logits = fresh(T * sizes["V"] * lin_w)
-    row = weights(Row("head", input=x, output=logits), "head")
-    row.kept = kept_ids(head.kept, x, hidden)
-    by_loss = [fresh(kept_bytes(k)) for k in loss.kept]
-    rows.append(row)
-    logits32 = dtype_bytes(T * sizes["V"], "float32")
-    upcast = logits32 if lin_w != 4 else 0
-    loss = Loss(forward=(tensors[logits], *([upcast] if upcast else [])), backward=(logits32, logits32))
-    if stacked:
-        # T5's nn.CrossEntropyLoss on the logits as they are (no fp32 copy); measured at the loss in forward: the
-        # logits, a second logits-sized temporary and the decoder's unscaled output (a local of the forward)
-        # (under autocast cross_entropy runs in fp32: that temporary is the fp32 copy of the 16-bit logits, measured
-        # with a dispatch-mode tracer at MemTracker's bf16-mixed forward peak: _to_copy (T, V) float32)
-        second = logits32 if precision.endswith("-mixed") else tensors[logits]
-        loss = Loss(forward=(tensors[logits], second, hidden), backward=(tensors[logits], tensors[logits]))
-    declared_stepped = list(extra.params) if extra is not None else []
-    return Step(rows, tensors, [ids, labels], loss,
-                declared_states + states, optimizer, impl, config.overhead, declared_stepped + stepped if any_master else None, loss_kept=by_loss)
+    return x
 
 
 def _buffers(cfg: dict, sizes: dict, dtype: str) -> list:
@@ -649,7 +715,7 @@ def _arrived(cfg: dict, sizes: dict, roles: dict) -> int:
     fam = acts.FAMILIES[cfg["model_type"]]
     T = sizes["T"]
     arrived = dtype_bytes(T * sizes["h"], roles["act"])
-    if fam.norm != "layer" and dtype_bytes(1, roles["act"]) < 4:
+    if fam.norm != "layer" and dtype_bytes(1, roles["act"]) < FP32:
         arrived += dtype_bytes(T * sizes["h"], "float32") + dtype_bytes(T * sizes["h"], roles["act"])
     return arrived
 
@@ -680,7 +746,7 @@ def _math_kernel_moments(cfg: dict, sizes: dict, roles: dict, attention: str, pr
     if not cond["fa_math"] or cond["fa_alibi"]:
         return []
     act = roles["act"]
-    up = dtype_bytes(1, act) < 4   # 16-bit: the kernel's fp32 copies (a .to() of an fp32 tensor copies nothing)
+    up = dtype_bytes(1, act) < FP32   # 16-bit: the kernel's fp32 copies (a .to() of an fp32 tensor copies nothing)
     Q, K, P = b * H * s * d, b * KV * s * d, b * H * s * s
     held = (dtype_bytes(T * sizes["qkv"], roles["lin"]) + dtype_bytes(K, act)     # query_key_value's output, v
             + dtype_bytes(Q, act) + dtype_bytes(K, act)                           # q and k after the rotary
@@ -738,7 +804,7 @@ def _early_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int, attention: st
     if not cond["fa_math"]:
         return {}
     T, b, H, s = sizes["T"], sizes["b"], sizes["H"], sizes["s"]
-    return {"attention": T * sizes["h"] * act_w + T * sizes["q"] * lin_w + T * sizes["kv"] * 4 + 2 * b * H * s * s * 4}
+    return {"attention": T * sizes["h"] * act_w + T * sizes["q"] * lin_w + dtype_bytes(T * sizes["kv"] + 2 * b * H * s * s, "float32")}
 
 
 def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int, routed: bool = True, attention: str = "sdpa") -> dict:
@@ -765,7 +831,7 @@ def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int, routed: bool 
         # 16-bit input): the probabilities' gradient, (b, H, s, s), is in flight through the softmax's backward
         cond = acts._conditions(cfg, fam, attention, "none", sizes["b"])
         if cond["fa_bmm"]:
-            scores = sizes["b"] * sizes["H"] * sizes["s"] ** 2 * (4 if cond["fa_math"] else act_w)
+            scores = sizes["b"] * sizes["H"] * sizes["s"] ** 2 * (FP32 if cond["fa_math"] else act_w)
     out = {
         "down_proj": res + dropout + T * i * lin_w,
         "mlp": res + dropout + T * k * i * lin_w,
@@ -777,14 +843,14 @@ def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int, routed: bool 
         # runs in fp32 (the norm upcasts its input) and holds three (T, h) fp32 tensors beside the arriving
         # gradient (measured, bf16-true and 32-true, full checkpointing: MemTracker peaks at that norm's backward
         # in layer 0, after the layer is recomputed)
-        norm = res + dropout + 3 * T * h * 4
+        norm = res + dropout + dtype_bytes(3 * T * h, "float32")
         out["down_proj"] = max(out["down_proj"], norm)
         out["o_proj"] = max(out["o_proj"], norm)
     if routed and sizes.get("k"):
         # the experts run their MLP once per routed row (S = T·k, or as training.moe sets it), at the experts' width
         S, ie = sizes["S"], sizes["ie"]
         # the routed rows' gradients take the routing-weighted output's dtype: fp32 where the weights stay fp32 (Mixtral)
-        weighted_w = max(act_w, 4) if fam.routing_dtype == "f32" else act_w
+        weighted_w = max(act_w, FP32) if fam.routing_dtype == "f32" else act_w
         out["down_proj"] = res + dropout + T * h * act_w + 3 * S * h * weighted_w
         # the gate_up grouped_mm's backward: its output's gradient (S, 2·ie) and its input's (S, h)
         out["mlp"] = res + dropout + S * (2 * ie + h) * act_w

@@ -146,6 +146,9 @@ class RankBytes:
     host: dict = field(default_factory=dict)
     sharded: dict = field(default_factory=dict)  # category -> "sharded" | "replicated" | "offloaded"
     layers: tuple[int, int] = (0, 0)  # [first, last) transformer layers on this stage
+    # what is gathered while the loss runs its backward, before any unit's backward has begun: FSDP's root unit
+    # (kept unsharded from its forward), no unit's gradients yet; ZeRO-3 nothing
+    at_loss: dict = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -462,7 +465,11 @@ def rank_bytes(tensors: list, p: Parallel, stage: int = 0, data_rank: int = 0, t
 
     flat: dict = {}  # ZeRO 1/2: (category, width, on host, group) -> elements in the flat buffer
     units: dict = {}  # gathering unit -> {"parameters": bytes, "gradients": bytes}
-    gathering = n > 1 and ((engine == "fsdp" and p.fsdp != "no_shard") or (engine == "zero" and p.zero == 3))
+    # ZeRO-3 and FSDP gather each unit to compute it whatever the group's size: DeepSpeed partitions into one
+    # partition at world size 1 and gathers from it, FSDP2 copies the sharded parameters into its all-gather
+    # output at world size 1 (_fsdp_param_group.py `wait_for_unshard`), and with the parameters offloaded the
+    # unit is copied from the host: one GPU holds that unit too, so adding GPUs never adds it
+    gathering = (engine == "fsdp" and p.fsdp != "no_shard") or (engine == "zero" and p.zero == 3)
     # what one tensor adds depends on its local shape, count, widths and data-parallel group only: a model's
     # layer copies (expand_layers: the same shape and widths dict under 80 names) are priced once, then added up
     # per kind in the order the kinds first appear (so every dict fills in the order it did tensor by tensor)
@@ -491,6 +498,8 @@ def rank_bytes(tensors: list, p: Parallel, stage: int = 0, data_rank: int = 0, t
         put(out.host if on_host else out.device, category, _bytes(partition, width))
     if units:
         out.transient = _gathered(units, p)
+        root = units.get("<root>", {}).get("parameters", 0) if engine == "fsdp" else 0
+        out.at_loss = {"gathered parameters": root} if root else {}
     if p.reduce_bucket:
         gw = max((t.widths["gradients"] for t, _ in local if "gradients" in t.widths), default=0)
         put(out.transient, "reduce bucket", _bytes(p.reduce_bucket, gw))

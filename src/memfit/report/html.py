@@ -186,7 +186,7 @@ def _chart(entry: dict, before=None) -> str:
     events = entry["timeline"]
     budget = entry.get("budget")
     if not events:
-        return "<p class=\"muted\">No timeline: this config has no <code>training</code> section, so it describes tensors, not a run; the footprint below is every category at full size.</p>"
+        return _footprint_chart(entry)
     n = len(events)
     old = (before[1] or {}).get("timeline") if before is not None else None
     top = max(max(e["bytes"] for e in events), budget or 0, *(e["bytes"] for e in old or ()))
@@ -200,10 +200,7 @@ def _chart(entry: dict, before=None) -> str:
         f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" tabindex="0" aria-label="memory over the training step, stacked by category" '
         f'data-x0="{LEFT}" data-y0="{TOP}" data-plot-w="{PLOT_W}" data-plot-h="{PLOT_H}" data-ymax="{ymax}" data-events="{n}">'
     ]
-    for k in range(5):  # grid lines and the y axis in GiB
-        b = ymax * k // 4
-        parts.append(f'<line class="grid" x1="{LEFT}" x2="{LEFT + PLOT_W}" y1="{y(b):.1f}" y2="{y(b):.1f}"/>')
-        parts.append(f'<text x="{LEFT - 6}" y="{y(b) + 4:.1f}" text-anchor="end">{escape(human(b))}</text>')
+    parts.extend(_axis(ymax, y))
     # the stacked series: one step-shaped area per category, its exact values in data-values. Each
     # area is drawn from its stack's top down to zero, the highest first, so each lower one covers
     # the part below it (half the path of a band between two edges)
@@ -238,11 +235,14 @@ def _chart(entry: dict, before=None) -> str:
         i = peak_index(events, peak)
         x = LEFT + (i + 0.5) * col
         label = f"peak {human(peak['bytes'])}: {peak['phase'].replace('_', ' ')}" + (f", {events[i]['module']}" if events[i]["module"] else "")
-        anchor = "end" if x > LEFT + PLOT_W / 2 else "start"
-        dx = -6 if anchor == "end" else 6
-        parts.append(f'<g class="peak-marker" data-index="{i}" data-bytes="{peak["bytes"]}"><line class="peak" x1="{x:.2f}" x2="{x:.2f}" y1="{TOP + PLOT_H}" y2="{y(peak["bytes"]):.2f}"/>'
+        # the label stays inside its step's columns (the warm step's, from the line where it begins)
+        start = LEFT + (second or 0) * col if events[i]["step"] == 2 else LEFT
+        end = LEFT + second * col if events[i]["step"] == 1 and second else LEFT + PLOT_W
+        lx, anchor, label = label_place(label, x, start, end)
+        parts.append(f'<g class="peak-marker" data-index="{i}" data-bytes="{peak["bytes"]}" data-step-x0="{start:.1f}" data-step-x1="{end:.1f}">'
+                     f'<line class="peak" x1="{x:.2f}" x2="{x:.2f}" y1="{TOP + PLOT_H}" y2="{y(peak["bytes"]):.2f}"/>'
                      f'<circle class="peak" cx="{x:.2f}" cy="{y(peak["bytes"]):.2f}" r="3.5"/>'
-                     f'<text class="peak-label" x="{x + dx:.1f}" y="{max(TOP + 10, y(peak["bytes"]) - 6):.1f}" text-anchor="{anchor}">{escape(label)}</text></g>')
+                     f'<text class="peak-label" x="{lx:.1f}" y="{max(TOP + 10, y(peak["bytes"]) - 6):.1f}" text-anchor="{anchor}">{escape(label)}</text></g>')
     parts.append(f'<rect class="cursor" x="{LEFT}" y="{TOP}" width="0" height="{PLOT_H}" visibility="hidden"/>')
     parts.append("</svg>")
     legend = "".join(f'<span><i class="c-{c}"></i>{escape(LIVE_WORDS[c])}</span>' for c in present)
@@ -256,6 +256,75 @@ def _chart(entry: dict, before=None) -> str:
         peak_text = f"<p class=\"peak-text\">The peak, {peak['bytes']:,} B ({escape(human(peak['bytes']))}), is in step {e['step']}'s {escape(e['phase'])}" + (f" at {escape(e['module'])}" if e["module"] else "") + f": {breakdown}.</p>"
     return ("<h3>Timeline</h3>" + "".join(parts) + f'<div class="legend">{legend}</div>'
             + '<div class="tip" role="status" aria-live="polite">Hover the chart for the bytes live at each event.</div>' + peak_text)
+
+
+# the widest an 11px system-ui glyph is drawn (SVG user units), for placing a label without measuring it
+CHAR_W = 7
+
+
+def label_place(label: str, x: float, start: float, end: float) -> tuple:
+    """(x, text-anchor, label) for a label about the point x that stays within [start, end]: to its right, else
+    to its left, else centred in the span, shortened to fit."""
+    room = int((end - start - 8) // CHAR_W)
+    if len(label) > room:
+        label = label[: max(1, room - 1)] + "…"
+    width = len(label) * CHAR_W
+    if x + 6 + width <= end:
+        return x + 6, "start", label
+    if x - 6 - width >= start:
+        return x - 6, "end", label
+    return (start + end) / 2, "middle", label
+
+
+def _unit(ymax: int) -> tuple:
+    """The one unit an axis up to ymax is labelled in: (name, bytes)."""
+    for name, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if ymax >= size:
+            return name, size
+    return "B", 1
+
+
+def _axis(ymax: int, y) -> list:
+    """Grid lines and the y axis' labels, every label in the same unit (the axis top's)."""
+    name, size = _unit(ymax)
+    out = []
+    for k in range(5):
+        b = ymax * k // 4
+        hundredths = (b * 100 + size // 2) // size  # integer arithmetic, as units.human
+        text = f"{hundredths // 100:,}.{hundredths % 100:02d} {name}" if size > 1 else f"{b:,} B"
+        out.append(f'<line class="grid" x1="{LEFT}" x2="{LEFT + PLOT_W}" y1="{y(b):.1f}" y2="{y(b):.1f}"/>')
+        out.append(f'<text class="axis" x="{LEFT - 6}" y="{y(b) + 4:.1f}" text-anchor="end" data-bytes="{b}">{escape(text)}</text>')
+    return out
+
+
+def _footprint_chart(entry: dict) -> str:
+    """A config without `training` describes tensors, not a run: its footprint as one stacked bar (every category at
+    full size), against the budget, on the timeline's axis."""
+    fp, budget = entry["footprint"], entry.get("budget")
+    ymax = _nice(max(fp["total"], budget or 0))
+
+    def y(b: int) -> float:
+        return TOP + PLOT_H * (1 - b / ymax)
+
+    parts = [f'<svg class="chart footprint-chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="the footprint, stacked by category" '
+             f'data-x0="{LEFT}" data-y0="{TOP}" data-plot-w="{PLOT_W}" data-plot-h="{PLOT_H}" data-ymax="{ymax}">']
+    parts.extend(_axis(ymax, y))
+    x0, w = LEFT + PLOT_W / 3, PLOT_W / 3
+    running = 0
+    for c in CATEGORIES:
+        size = fp.get(c, 0)
+        if not size:
+            continue
+        parts.append(f'<rect class="series c-{c}" data-category="{c}" data-values="{size}" x="{x0:.1f}" width="{w:.1f}" '
+                     f'y="{y(running + size):.2f}" height="{y(running) - y(running + size):.2f}"><title>{escape(c.replace("_", " "))} {size:,} B</title></rect>')
+        running += size
+    if budget is not None:
+        parts.append(f'<line class="budget" x1="{LEFT}" x2="{LEFT + PLOT_W}" y1="{y(budget):.2f}" y2="{y(budget):.2f}" data-bytes="{budget}"/>')
+        parts.append(f'<text class="budget-label" x="{LEFT + PLOT_W - 4}" y="{y(budget) - 4:.1f}" text-anchor="end">budget {escape(human(budget))}</text>')
+    parts.append(f'<text x="{LEFT}" y="{HEIGHT - 6}">the footprint: no <tspan font-style="italic">training</tspan> section, so every category at full size (no step to walk)</text>')
+    parts.append("</svg>")
+    legend = "".join(f'<span><i class="c-{c}"></i>{escape(c.replace("_", " "))}</span>' for c in CATEGORIES if fp.get(c))
+    return "<h3>Footprint</h3>" + "".join(parts) + f'<div class="legend">{legend}</div>'
 
 
 def peak_index(events: list[dict], peak: dict) -> int:

@@ -1,0 +1,120 @@
+"""The timeline is the walk (issue 31), as properties over generated configs (declared tensors, the Keras form,
+transformers; gradient accumulation, checkpointing, LoRA, precision recipes, optimizers, ZeRO/FSDP layouts):
+`explain --format json`'s timeline's largest event is `peak.bytes`; every event of the warm step is an instant of
+the walk that gives the peak (step.phases' trace), in the walk's order, with the walk's live bytes; a module that
+runs in a pass has its pre- and post- event there, once each."""
+
+from __future__ import annotations
+
+import needs
+import yaml
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from memfit.check.pipeline import check
+from memfit.ledger.step import LIVE, phases, rank_trace
+from memfit.ledger.timeline import timeline
+
+needs.module("transformers")
+import hf_measure  # noqa: E402
+import keras_reference as tf  # noqa: E402
+
+FAMILIES = ["llama", "gpt2", "qwen2", "mixtral", "bert", "gpt_neox", "t5", "falcon", "phi3"]
+_TINY: dict = {}
+
+
+def tiny(family: str) -> dict:
+    if family not in _TINY:
+        _TINY[family] = hf_measure.tiny(family)
+    return _TINY[family]
+
+
+@st.composite
+def declared(draw) -> dict:
+    shapes = st.lists(st.integers(1, 300), min_size=1, max_size=3)
+    params = draw(st.lists(st.fixed_dictionaries({"shape": shapes}, optional={"count": st.integers(1, 4), "trainable": st.booleans()}), min_size=1, max_size=4))
+    acts = draw(st.lists(st.fixed_dictionaries({"shape": shapes}), max_size=3))
+    return {"parameters": params, **({"activations": acts} if acts else {})}
+
+
+@st.composite
+def keras(draw) -> dict:
+    input_shape, layers = tf.CASES[draw(st.sampled_from(sorted(tf.CASES)))]
+    return {"model": {"input_shape": input_shape, "batch_size": draw(st.integers(1, 8)), "layers": layers}}
+
+
+@st.composite
+def transformer(draw) -> dict:
+    family = draw(st.sampled_from(FAMILIES))
+    doc = {"model": {"transformer": tiny(family)},
+           "training": {"micro_batch": draw(st.integers(1, 4)), "seq_len": draw(st.integers(4, 64)),
+                        "attention": draw(st.sampled_from(["sdpa", "eager"])), "checkpointing": draw(st.sampled_from(["none", "full"]))}}
+    if draw(st.booleans()) and family not in ("gpt2", "mixtral"):
+        doc["lora"] = {"r": 8, "alpha": 16, "target_modules": "all-linear"}
+    return doc
+
+
+LAYOUTS = st.sampled_from([None, None, None, {"data": 2, "zero": 2}, {"data": 4, "zero": 3}, {"data": 2, "fsdp": "full_shard"},
+                           {"data": 2, "fsdp": "full_shard", "offload": {"parameters": "cpu", "optimizer": "cpu"}}])
+
+
+@st.composite
+def run(draw) -> dict:
+    doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "host": {"memory": "1 TiB"}, "optimizer": draw(st.sampled_from(["adamw", "sgd", "adafactor"]))}
+    doc.update(draw(st.one_of(declared(), keras(), transformer())))
+    doc["precision"] = draw(st.sampled_from(["32-true", "bf16-true", "bf16-mixed"]))
+    training = dict(doc.get("training") or {})
+    training["gradient_accumulation"] = draw(st.sampled_from([1, 4]))
+    doc["training"] = training
+    layout = draw(LAYOUTS)
+    if layout is not None:
+        doc["parallel"] = {**layout, "gpus_per_node": 8}
+    return doc
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(run())
+def test_the_timeline_is_the_walk(doc):
+    result = check(yaml.safe_dump(doc, sort_keys=False))
+    errors = [d for d in result.diagnostics if d.severity == "error"]
+    assume(not any(d.code == "optimizer-impl" for d in errors))
+    assert not errors, [(d.code, d.message) for d in errors]
+    config = result.config
+    events = timeline(config)
+    peak = config.placement.peak if "parallel" in doc else config.peak
+    assert events and max(e["bytes"] for e in events) == peak["bytes"]
+    assert all(e["bytes"] == sum(e["live"].values()) and min(e["live"].values()) >= 0 for e in events)
+    # each warm-step event is an instant of the walk, in its order, with its live bytes (under a parallel layout, the
+    # binding rank's: the same instants as that rank holds them)
+    if "parallel" in doc:
+        assert all(e["rank"] == peak["rank"] for e in events)
+        walked = [live for _, _, _, live in rank_trace(config.step, config.placement, config.granule)]
+    else:
+        trace: list = []
+        phases(config.step, trace, edges=True)
+        walked = [dict(live) for _, _, live, _ in trace]
+    k = 0
+    for e in (e for e in events if e["step"] == 2):
+        live = {key: e["live"][key] for key in LIVE}
+        while k < len(walked) and walked[k] != live:
+            k += 1
+        assert k < len(walked), (e, "not an instant of the walk, in order")
+        k += 1
+    # a module that runs in a pass has its pre- and post- event there, once each (a transformer's final norm and
+    # head are one row of the walk: the norm opens it in forward and closes it in backward, the head the other ends)
+    for phase, pre, post in (("forward", "pre-forward", "post-forward"), ("backward", "pre-backward", "post-backward")):
+        seen: dict = {}
+        for e in events:
+            if e["step"] == 2 and e["phase"] == phase and e["at"] in (pre, post):
+                seen.setdefault(e["module"], []).append(e["at"])
+        for module, ats in seen.items():
+            assert ats.count(pre) <= 1 and ats.count(post) <= 1, (module, ats)
+            if "parallel" not in doc and len(ats) == 1:
+                assert module in _head_modules(config), (module, ats)
+
+
+def _head_modules(config) -> set:
+    from memfit.ledger.timeline import module_namer
+
+    namer = module_namer(config)
+    return {namer("head", "pre-forward"), namer("head", "post-forward")}
