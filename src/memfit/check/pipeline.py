@@ -369,6 +369,7 @@ def _derived(data: dict, config, path: str, memo: dict | None) -> tuple:
 def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") -> tuple:
     """A config with a training section describes a run: its step (ledger/training.py, every byte
     priced by the recipe, as the footprint's) and the step's peak: a new Config with them, and the problems."""
+    from memfit.ledger import ranks
     from memfit.ledger import step as ledger
     from memfit.ledger import training
 
@@ -396,6 +397,10 @@ def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") ->
             step, walk = memo[key]
         if config.parallel is None:
             config = replace(config, step=step, peak=ledger.peak(step, config.granule) if walk is None else ledger.copied(walk[0]))
+        elif ranks.applies(config):
+            # tensor and pipeline parallelism: each stage's rank walks its own program (its shares, its slice, the
+            # schedule's micro-batches in flight)
+            config = replace(config, step=step, placement=config.placement.with_step_peak(ranks.ranks_peak(config, data, optimizer, impl, config.granule)))
         else:
             # each rank walks the step with its own shares (data parallel: the same rows; tensor and pipeline
             # parallel: its stage's rows, a slice of each)

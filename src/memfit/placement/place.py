@@ -183,7 +183,7 @@ def _place_parallel(tensors, layout: Layout) -> Placement:
         held = dict(constants)
         for category, size in r.device.items():
             held[FOOTPRINT_CATEGORY.get(category, category)] += size
-        held["activations"] += sharding.in_flight(s, p.pipeline, p.gradient_accumulation) * per_stage[s]
+        held["activations"] += sharding.in_flight(s, p.pipeline, p.gradient_accumulation, p.schedule) * per_stage[s]
         if layout.model_activations is not None:
             held["activations"] += layout.model_activations[s]
         held["total"] = sum(held[c] for c in CATEGORIES)
