@@ -1,0 +1,102 @@
+"""Every rank measured (issue 31): tensor, sequence and pipeline parallelism run for real on gloo (CPU), each rank's
+MemTracker peak against the figure `memfit check --format json` gives for that rank (`peak.per_rank`), on config
+files a user writes: a tiny Llama config.json beside a memfit config naming `parallel`.
+
+The real runs (tests/support/rank_worker.py): Megatron's tensor parallelism with DTensor plans on transformers'
+LlamaForCausalLM (the vocabulary-parallel embedding and head over the vocabulary padded to a multiple of 128 x
+tensor, the vocabulary-parallel cross-entropy), at 2 and 4 ranks; torch.distributed.pipelining with 2 stages under
+ScheduleGPipe and Schedule1F1B, 4 micro-batches (`training.gradient_accumulation: 4`, `parallel.schedule`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+HERE = Path(__file__).resolve().parents[1] / "support"
+sys.path.insert(0, str(HERE))
+import needs  # noqa: E402
+
+BAND = 0.05
+MODEL = {"model_type": "llama", "vocab_size": 250, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+         "num_attention_heads": 8, "num_key_value_heads": 4, "max_position_embeddings": 128, "attention_dropout": 0.0,
+         "tie_word_embeddings": False, "use_cache": False}
+MICRO_BATCH, SEQ_LEN, MICRO_BATCHES = 2, 64, 4
+
+
+def megatron_padded(vocab: int, tensor: int) -> int:
+    """Megatron-LM's _vocab_size_with_padding with --make-vocab-size-divisible-by 128."""
+    multiple = 128 * tensor
+    return -(-vocab // multiple) * multiple
+
+
+def measured(tmp_path, world: int, mode: str) -> list:
+    needs.module("torch")
+    needs.module("transformers")
+    case = {"model": MODEL, "micro_batch": MICRO_BATCH, "seq_len": SEQ_LEN, "mode": mode, "micro_batches": MICRO_BATCHES,
+            "padded_vocab": megatron_padded(MODEL["vocab_size"], world) if mode in ("tp", "sp") else None}
+    spec, out = tmp_path / "case.json", tmp_path / "ranks.json"
+    spec.write_text(json.dumps(case))
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run([sys.executable, str(HERE / "rank_worker.py"), str(world), str(out), str(spec)],
+                          capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def memfit_ranks(tmp_path, parallel: dict, accumulation: int = 1) -> dict:
+    (tmp_path / "config.json").write_text(json.dumps(MODEL))
+    training = {"micro_batch": MICRO_BATCH, "seq_len": SEQ_LEN, "attention": "sdpa", "optimizer_impl": "foreach"}
+    if accumulation > 1:
+        training["gradient_accumulation"] = accumulation
+    doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "model": {"hf_config": "config.json"},
+           "training": training, "parallel": parallel}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)["files"][0]["peak"]
+
+
+CASES = [
+    ("tp", 2, {"tensor": 2}, 1),
+    ("tp", 4, {"tensor": 4}, 1),
+    ("1f1b", 2, {"pipeline": 2, "schedule": "1f1b"}, MICRO_BATCHES),
+    ("gpipe", 2, {"pipeline": 2, "schedule": "gpipe"}, MICRO_BATCHES),
+    # memfit's sequence parallelism is Megatron's: a column-parallel linear keeps its input's sequence shard and
+    # gathers it again in backward (Korthikanti's 34/t); DTensor's plan (PrepareModuleInput to Replicate) keeps the
+    # all-gathered input, two (b, s, h) per layer more: measured 1,609,472 B a rank against memfit's 1,521,188 B
+    pytest.param("sp", 2, {"tensor": 2, "sequence_parallel": True}, 1,
+                 marks=pytest.mark.xfail(strict=True, reason="DTensor's sequence-parallel plan keeps the gathered input of q/k/v and gate/up; Megatron's (memfit's) keeps the shard")),
+]
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("mode, world, parallel, accumulation", CASES)
+def test_every_rank_within_five_percent_of_memtracker(tmp_path, mode, world, parallel, accumulation):
+    ours = memfit_ranks(tmp_path, parallel, accumulation)
+    per_stage = {r["stage"]: r for r in ours["per_rank"]}
+    assert ours["bytes"] == max(r["bytes"] for r in ours["per_rank"])  # the gate's figure is the worst rank's
+    theirs = measured(tmp_path, world, mode)
+    assert len(theirs) == world
+    ranks_per_stage = world // parallel.get("pipeline", 1)
+    for report in theirs:
+        mine = per_stage[report["rank"] // ranks_per_stage]
+        assert abs(mine["bytes"] - report["bytes"]) <= BAND * report["bytes"], (report["rank"], mine["bytes"], report["bytes"], mine["bytes"] / report["bytes"])
+    if mode == "tp":
+        # each rank's parameters (and buffers) are the shares memfit gives it: the padded vocabulary's slice included
+        assert all(mine["live"]["parameters"] == report["parameters"] for report in theirs)
+
+
+def test_gpipe_holds_more_than_1f1b_on_the_first_stage(tmp_path):
+    """Under GPipe every micro-batch's forward runs before any backward: the first stage holds all of them where
+    1F1B holds `pipeline` of them; the last stage runs each micro-batch's backward at once under 1F1B."""
+    gpipe = memfit_ranks(tmp_path, {"pipeline": 2, "schedule": "gpipe"}, MICRO_BATCHES)["per_rank"]
+    one = memfit_ranks(tmp_path, {"pipeline": 2}, MICRO_BATCHES)["per_rank"]
+    assert [r["bytes"] for r in one] == [r["bytes"] for r in memfit_ranks(tmp_path, {"pipeline": 2, "schedule": "1f1b"}, MICRO_BATCHES)["per_rank"]]
+    assert all(g["bytes"] > o["bytes"] for g, o in zip(gpipe, one))
