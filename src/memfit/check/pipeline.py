@@ -399,8 +399,9 @@ def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") ->
             config = replace(config, step=step, peak=ledger.peak(step, config.granule) if walk is None else ledger.copied(walk[0]))
         elif ranks.applies(config):
             # tensor and pipeline parallelism: each stage's rank walks its own program (its shares, its slice, the
-            # schedule's micro-batches in flight)
-            config = replace(config, step=step, placement=config.placement.with_step_peak(ranks.ranks_peak(config, data, optimizer, impl, config.granule)))
+            # schedule's micro-batches in flight); the config's step is the binding rank's
+            result, program = ranks.ranks_peak(config, data, optimizer, impl, config.granule)
+            config = replace(config, step=program, placement=config.placement.with_step_peak(result))
         else:
             # each rank walks the step with its own shares (data parallel: the same rows; tensor and pipeline
             # parallel: its stage's rows, a slice of each)

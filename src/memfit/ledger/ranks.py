@@ -61,7 +61,7 @@ def rank_step(config, data: dict, optimizer, impl: str, tensor_rank: int = 0) ->
     p = config.parallel
     own = [t for t in config.tensors if not t.path or t.path[0] != "model"]
     shape = hf_sharded.rank_shape(p.tensor, p.sequence_parallel) if p.tensor > 1 else None
-    sizes = hf_sharded.rank_sizes(p.tensor) if p.tensor > 1 else None
+    sizes = hf_sharded.rank_sizes(p.tensor, p.sequence_parallel) if p.tensor > 1 else None
     step = training.transformer_step(rank_config(config, tensor_rank), optimizer, impl, own, shape=shape, rank_sizes=sizes)
     ga = (data.get("training") or {}).get("gradient_accumulation")
     step.accumulating = isinstance(ga, int) and ga > 1
@@ -187,16 +187,18 @@ def stage_peak(step: Step, stage: int, p, granule: int | None = None) -> dict:
     return {"bytes": phases[worst]["bytes"], "phase": worst, "live": dict(phases[worst]["live"]), "phases": phases}
 
 
-def ranks_peak(config, data: dict, optimizer, impl: str, granule: int | None = None) -> dict:
+def ranks_peak(config, data: dict, optimizer, impl: str, granule: int | None = None) -> tuple[dict, Step]:
     """Every pipeline stage's most-loaded rank walked on its own program: the worst, as ledger.step.rank_peak
-    reports it ({"bytes", "phase", "live", "gathered", "rank", "ranks"}), and `per_rank`: each stage's rank
-    {"rank", "stage", "bytes", "phase", "live"}."""
+    reports it ({"bytes", "phase", "live", "gathered", "rank", "ranks"}) with `per_rank`: each stage's rank
+    {"rank", "stage", "bytes", "phase", "live"}; and the binding rank's program (explain's rows read it)."""
     p = config.parallel
     whole = rank_step(config, data, optimizer, impl)
-    per_rank = []
+    per_rank, programs = [], []
     for stage in range(p.pipeline):
-        result = stage_peak(stage_step(whole, stage, p.pipeline), stage, p, granule)
+        program = stage_step(whole, stage, p.pipeline)
+        result = stage_peak(program, stage, p, granule)
+        programs.append(program)
         per_rank.append({"rank": p.rank(stage), "stage": stage, "bytes": result["bytes"], "phase": result["phase"], "live": result["live"]})
     best = max(per_rank, key=lambda r: (r["bytes"], -r["stage"]))
-    return {"bytes": best["bytes"], "phase": best["phase"], "live": dict(best["live"]), "gathered": {}, "rank": best["rank"],
-            "ranks": p.world, "per_rank": per_rank}
+    return ({"bytes": best["bytes"], "phase": best["phase"], "live": dict(best["live"]), "gathered": {}, "rank": best["rank"],
+             "ranks": p.world, "per_rank": per_rank}, programs[best["stage"]])

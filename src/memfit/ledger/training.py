@@ -397,7 +397,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
     emb, layer_blocks, head, loss = blocks[0], blocks[1:-2], blocks[-2], blocks[-1]
     per_layer = [blk.kept for blk in layer_blocks for _ in range(blk.count)]
     ids, labels = fresh(b * s * 8), fresh(b * s * 8)
-    hidden = b * s * h * act_w
+    hidden = b * sizes.get("stream", s) * h * act_w  # the residual stream (a sequence-parallel rank's: its slice)
     # an encoder-decoder's encoder layers run over seq_len source tokens, its decoder's over target_len (`s`)
     encoder_layers = hf_encdec.stacks(cfg)[0][2] if stacked else 0
     enc_sizes = {**sizes, "s": sizes["se"], "T": sizes["Te"]} if stacked else sizes

@@ -53,11 +53,13 @@ def rank_shape(tensor: int, sequence_parallel: bool):
     return shape
 
 
-def rank_sizes(tensor: int):
+def rank_sizes(tensor: int, sequence_parallel: bool = False):
     """The rank's sizes for what a layer holds in flight (its kernels' temporaries, the logits): the split dims'
-    shares, the sequence whole (the region between a column- and a row-parallel linear, where they live)."""
+    shares, the sequence whole (the region between a column- and a row-parallel linear, where they live); `stream`:
+    the residual stream's sequence (a sequence-parallel rank's slice)."""
     def sizes_of(sizes: dict) -> dict:
-        return _rank_sizes(sizes, tensor, False, sizes["b"])[0]
+        split, seq = _rank_sizes(sizes, tensor, sequence_parallel, sizes["b"])
+        return {**split, "stream": seq["s"]}
 
     return sizes_of
 
