@@ -23,7 +23,8 @@ def _rank_sizes(sizes: dict, tensor: int, sequence_parallel: bool, micro_batch: 
     split = dict(sizes)
     for dim in TP_SPLIT_DIMS & set(sizes):   # (a family's own dims: DeepSeek-V3's)
         split[dim] = -(-sizes[dim] // tensor)
-    if tensor > 1:  # the logits of a vocabulary-parallel output layer: the padded vocabulary / t
+    if tensor > 1 and "V" in sizes:  # the logits of a vocabulary-parallel output layer: the padded vocabulary / t
+        # (a vision tower's sizes have no vocabulary)
         split["V"] = padded_vocab(sizes["V"], tensor) // tensor
     seq = dict(sizes)
     if sequence_parallel:
@@ -44,7 +45,7 @@ def rank_shape(tensor: int, sequence_parallel: bool):
         key = id(sizes)
         tables = cache.get(key)
         if tables is None or tables[0] is not sizes:
-            tables = cache[key] = (sizes, *_rank_sizes(sizes, tensor, sequence_parallel, sizes["b"]))
+            tables = cache[key] = (sizes, *_rank_sizes(sizes, tensor, sequence_parallel, sizes.get("b", 1)))
         _, split, seq = tables
         dims = {x for x in symbols if isinstance(x, str)}
         table = split if dims & (TP_SPLIT_DIMS | {"V"}) else seq
@@ -58,7 +59,7 @@ def rank_sizes(tensor: int, sequence_parallel: bool = False):
     shares, the sequence whole (the region between a column- and a row-parallel linear, where they live); `stream`:
     the residual stream's sequence (a sequence-parallel rank's slice)."""
     def sizes_of(sizes: dict) -> dict:
-        split, seq = _rank_sizes(sizes, tensor, sequence_parallel, sizes["b"])
+        split, seq = _rank_sizes(sizes, tensor, sequence_parallel, sizes.get("b", 1))
         return {**split, "stream": seq["s"]}
 
     return sizes_of
