@@ -386,6 +386,19 @@ def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") ->
         )
         optimizer = None
     try:
+        if config.parallel is not None and ranks.applies(config):
+            # tensor and pipeline parallelism: each stage's rank walks its own program (its shares, its slice, the
+            # schedule's micro-batches in flight); the config's step is the binding rank's
+            if memo is None:
+                programs = ranks.programs(config, data, optimizer, impl)
+            else:  # the same for every data-parallel size of a search
+                p = config.parallel
+                key = ("ranks", path, _memo_key(data, memo), optimizer, impl, p.tensor, p.pipeline, p.sequence_parallel, p.gradient_accumulation)
+                if key not in memo:
+                    memo[key] = ranks.programs(config, data, optimizer, impl)
+                programs = memo[key]
+            result, program = ranks.ranks_peak(config, programs, config.granule)
+            return replace(config, step=program, placement=config.placement.with_step_peak(result)), problems
         if memo is None:
             step = training.build(config, data, optimizer, impl)
             walk = None
@@ -397,11 +410,6 @@ def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") ->
             step, walk = memo[key]
         if config.parallel is None:
             config = replace(config, step=step, peak=ledger.peak(step, config.granule) if walk is None else ledger.copied(walk[0]))
-        elif ranks.applies(config):
-            # tensor and pipeline parallelism: each stage's rank walks its own program (its shares, its slice, the
-            # schedule's micro-batches in flight); the config's step is the binding rank's
-            result, program = ranks.ranks_peak(config, data, optimizer, impl, config.granule)
-            config = replace(config, step=program, placement=config.placement.with_step_peak(result))
         else:
             # each rank walks the step with its own shares (data parallel: the same rows; tensor and pipeline
             # parallel: its stage's rows, a slice of each)
