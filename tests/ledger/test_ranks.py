@@ -5,7 +5,8 @@ files a user writes: a tiny Llama config.json beside a memfit config naming `par
 The real runs (tests/support/rank_worker.py): Megatron's tensor parallelism with DTensor plans on transformers'
 LlamaForCausalLM (the vocabulary-parallel embedding and head over the vocabulary padded to a multiple of 128 x
 tensor, the vocabulary-parallel cross-entropy), at 2 and 4 ranks; torch.distributed.pipelining with 2 stages under
-ScheduleGPipe and Schedule1F1B, 4 micro-batches (`training.gradient_accumulation: 4`, `parallel.schedule`)."""
+ScheduleGPipe and Schedule1F1B, 4 micro-batches (`training.gradient_accumulation: 4`, `parallel.schedule`); FSDP2
+beside tensor parallelism on a 2 x 2 mesh."""
 
 from __future__ import annotations
 
@@ -35,11 +36,11 @@ def megatron_padded(vocab: int, tensor: int) -> int:
     return -(-vocab // multiple) * multiple
 
 
-def measured(tmp_path, world: int, mode: str) -> list:
+def measured(tmp_path, world: int, mode: str, tensor: int = 1) -> list:
     needs.module("torch")
     needs.module("transformers")
     case = {"model": MODEL, "micro_batch": MICRO_BATCH, "seq_len": SEQ_LEN, "mode": mode, "micro_batches": MICRO_BATCHES,
-            "padded_vocab": megatron_padded(MODEL["vocab_size"], world) if mode in ("tp", "sp") else None}
+            "padded_vocab": megatron_padded(MODEL["vocab_size"], tensor) if tensor > 1 else None}
     spec, out = tmp_path / "case.json", tmp_path / "ranks.json"
     spec.write_text(json.dumps(case))
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
@@ -73,6 +74,12 @@ CASES = [
     # all-gathered input, two (b, s, h) per layer more: measured 1,609,472 B a rank against memfit's 1,521,188 B
     pytest.param("sp", 2, {"tensor": 2, "sequence_parallel": True}, 1,
                  marks=pytest.mark.xfail(strict=True, reason="DTensor's sequence-parallel plan keeps the gathered input of q/k/v and gate/up; Megatron's (memfit's) keeps the shard")),
+    # FSDP2 over 2 data ranks beside tensor 2 (a 2-D mesh, every layer a unit, the root kept unsharded): the peak is
+    # the loss's backward with only the root unit gathered (MemTracker: parameters 172,928 B = 107,136 sharded +
+    # 65,792 of embedding, head and norm); memfit adds the root and the largest layer with their gradients
+    # (placement's gathered transient, 280,064 B) at every backward moment: 1,729,412 B against 1,518,976 B
+    pytest.param("fsdp_tp", 4, {"tensor": 2, "data": 2, "fsdp": "full_shard"}, 1,
+                 marks=pytest.mark.xfail(strict=True, reason="FSDP's gathered units are counted at every backward moment, the loss's included, where FSDP2 holds only the root unit")),
 ]
 
 
@@ -82,9 +89,9 @@ def test_every_rank_within_five_percent_of_memtracker(tmp_path, mode, world, par
     ours = memfit_ranks(tmp_path, parallel, accumulation)
     per_stage = {r["stage"]: r for r in ours["per_rank"]}
     assert ours["bytes"] == max(r["bytes"] for r in ours["per_rank"])  # the gate's figure is the worst rank's
-    theirs = measured(tmp_path, world, mode)
+    theirs = measured(tmp_path, world, mode, parallel.get("tensor", 1))
     assert len(theirs) == world
-    ranks_per_stage = world // parallel.get("pipeline", 1)
+    ranks_per_stage = world // parallel.get("pipeline", 1)  # (data x tensor ranks of a stage hold alike: rank 0's figure)
     for report in theirs:
         mine = per_stage[report["rank"] // ranks_per_stage]
         assert abs(mine["bytes"] - report["bytes"]) <= BAND * report["bytes"], (report["rank"], mine["bytes"], report["bytes"], mine["bytes"] / report["bytes"])

@@ -13,6 +13,8 @@ CASE.json: {"model": a Llama config.json (dict), "micro_batch", "seq_len", "mode
   the model is built with the padded vocabulary (`padded_vocab` in CASE.json).
 - "sp": the same with sequence parallelism (torchtitan's Llama plan): the norms and the residual stream split by the
   sequence, gathered before q/k/v and gate/up, reduce-scattered after o/down.
+- "fsdp_tp": "tp" on pairs of ranks and FSDP2's fully_shard (each layer a unit, then the root) over the data ranks
+  of a (WORLD / 2) x 2 mesh.
 - "gpipe" / "1f1b": two pipeline stages (torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B): the first
   holds the embedding and the first half of the layers, the second the rest, the final norm and the head; the loss
   is transformers' ForCausalLM cross-entropy on each micro-batch's logits.
@@ -118,15 +120,27 @@ def run_tp(rank, world, case):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import loss_parallel
 
-    mesh = init_device_mesh("cpu", (world,))
     model = build(case)
-    tensor_parallel(model, mesh, case["mode"] == "sp")
-    # foreach over the sharded (DTensor) parameters and, in a second optimizer, the replicated plain ones (the norms
-    # without sequence parallelism): torch.optim's foreach does not mix the two
+    if case["mode"] == "fsdp_tp":  # 2-D: FSDP2 over the data ranks (each layer a unit, the root), TP within a pair
+        from torch.distributed.fsdp import fully_shard
+
+        mesh2 = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
+        mesh = mesh2["tp"]
+        tensor_parallel(model, mesh, False)
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh2["dp"])
+        fully_shard(model, mesh=mesh2["dp"])
+    else:
+        mesh = init_device_mesh("cpu", (world,))
+        tensor_parallel(model, mesh, case["mode"] == "sp")
+    # one foreach optimizer per device mesh the parameters live on (and one for plain tensors: the norms without
+    # sequence parallelism): torch.optim's foreach does not mix them
     from torch.distributed.tensor import DTensor
 
-    groups = [[p for p in model.parameters() if isinstance(p, DTensor)], [p for p in model.parameters() if not isinstance(p, DTensor)]]
-    optimizers = [torch.optim.AdamW(g, lr=1e-3, foreach=True) for g in groups if g]
+    by_mesh: dict = {}
+    for p in model.parameters():
+        by_mesh.setdefault(p.device_mesh if isinstance(p, DTensor) else None, []).append(p)
+    optimizers = [torch.optim.AdamW(g, lr=1e-3, foreach=True) for g in by_mesh.values()]
     g = torch.Generator().manual_seed(1)
     b, s, vocab = case["micro_batch"], case["seq_len"], case["model"]["vocab_size"]
     ids = torch.randint(0, vocab, (b, s), generator=g)
@@ -212,7 +226,7 @@ def run_pp(rank, world, case):
 def run(rank, world, case, store, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    report = (run_tp if case["mode"] in ("tp", "sp") else run_pp)(rank, world, case)
+    report = (run_tp if case["mode"] in ("tp", "sp", "fsdp_tp") else run_pp)(rank, world, case)
     report["rank"] = rank
     with open(f"{out}.{rank}", "w") as f:
         json.dump(report, f)

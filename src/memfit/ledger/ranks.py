@@ -14,6 +14,9 @@ a stage holds beside the one it runs (`parallel.schedule`, `training.gradient_ac
 1F1B up to pipeline - stage, under GPipe all of them, each at its own moment of the step — the forward of the last
 one in flight, the backward of the first (before any gradient exists) and of the second (with every gradient).
 
+Under ZeRO or FSDP beside them, every moment holds the parameters, gradients and optimizer state the rank keeps
+(placement: its data-parallel shares of its tensor shares) and the unit it gathers.
+
 `ranks_peak` walks every stage's most-loaded rank (tensor rank 0: Megatron gives the first ranks the full shares)
 with step.peak, the same walk as one device, and reports the worst, each stage's in `per_rank`.
 Measured against MemTracker on every rank of real gloo runs in tests/ledger/test_ranks.py.
