@@ -369,6 +369,7 @@ def _derived(data: dict, config, path: str, memo: dict | None) -> tuple:
 def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") -> tuple:
     """A config with a training section describes a run: its step (ledger/training.py, every byte
     priced by the recipe, as the footprint's) and the step's peak: a new Config with them, and the problems."""
+    from memfit.ledger import ranks
     from memfit.ledger import step as ledger
     from memfit.ledger import training
 
@@ -385,6 +386,19 @@ def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") ->
         )
         optimizer = None
     try:
+        if config.parallel is not None and ranks.applies(config):
+            # tensor and pipeline parallelism: each stage's rank walks its own program (its shares, its slice, the
+            # schedule's micro-batches in flight); the config's step is the binding rank's
+            if memo is None:
+                programs = ranks.programs(config, data, optimizer, impl)
+            else:  # the same for every data-parallel size of a search
+                p = config.parallel
+                key = ("ranks", path, _memo_key(data, memo), optimizer, impl, p.tensor, p.pipeline, p.sequence_parallel, p.gradient_accumulation)
+                if key not in memo:
+                    memo[key] = ranks.programs(config, data, optimizer, impl)
+                programs = memo[key]
+            result, program = ranks.ranks_peak(config, programs, config.granule)
+            return replace(config, step=program, placement=config.placement.with_step_peak(result)), problems
         if memo is None:
             step = training.build(config, data, optimizer, impl)
             walk = None

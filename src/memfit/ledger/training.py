@@ -282,14 +282,17 @@ def _elements(shape) -> int:
     return n
 
 
-def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> Step:
+def transformer_step(config, optimizer: str | None, impl: str, declared=(), shape=None, rank_sizes=None) -> Step:
     """One training step of a transformers model: embeddings, each layer as four parts, the head (with the loss).
 
     What each block keeps comes from models.hf_activations.saved under the same recipe arguments as
     the footprint (precision, LoRA, a quantized base: config.model.recipe); each parameter's bytes
     are its config tensor's (weight, gradient, buffers, master copy, optimizer state, as the recipe
     priced them). The loss is transformers' ForCausalLMLoss: an fp32 copy of the logits when they
-    are not fp32, log-softmax (kept), and in backward two fp32 logits-sized gradients."""
+    are not fp32, log-softmax (kept), and in backward two fp32 logits-sized gradients.
+
+    A tensor-parallel rank's program (ledger.ranks): `shape` evaluates each saved tensor's shape with the rank's
+    share (models.hf_sharded.rank_shape), `rank_sizes` gives the rank's sizes for the in-flight tensors."""
     from memfit.models import hf, hf_activations as acts, hf_encdec
 
     model = config.model
@@ -297,10 +300,14 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     recipe_args = dict(getattr(model, "recipe", None) or {})
     precision = recipe_args.get("precision", "32-true")
     common = dict(micro_batch=run["micro_batch"], seq_len=run["seq_len"], attention=run["attention"], dtypes=model.dtypes, **recipe_args)
+    if shape is not None:
+        common["shape"] = shape
     checkpointing = run["checkpointing"]
     blocks = acts.saved(cfg, checkpointing=checkpointing, **common)
     roles = acts._dtypes(precision, model.dtypes)
     sizes = acts._sizes(cfg, run["micro_batch"], run["seq_len"], target_len=recipe_args.get("target_len"), moe=recipe_args.get("moe"))
+    if rank_sizes is not None:
+        sizes = rank_sizes(sizes)
     b, s, h, T = sizes["b"], sizes["s"], sizes["h"], sizes["T"]
     act_w, lin_w = dtype_bytes(1, roles["act"]), dtype_bytes(1, roles["lin"])
     n_layers = acts._layers(cfg)
@@ -332,7 +339,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
     emb, layer_blocks, head, loss = blocks[0], blocks[1:-2], blocks[-2], blocks[-1]
     per_layer = [blk.kept for blk in layer_blocks for _ in range(blk.count)]
     ids, labels = fresh(dtype_bytes(b * s, "int64")), fresh(dtype_bytes(b * s, "int64"))
-    hidden = b * s * h * act_w
+    hidden = b * sizes.get("stream", s) * h * act_w  # the residual stream (a sequence-parallel rank's: its slice)
     # an encoder-decoder's encoder layers run over seq_len source tokens, its decoder's over target_len (`s`)
     encoder_layers = hf_encdec.stacks(cfg)[0][2] if stacked else 0
     enc_sizes = {**sizes, "s": sizes["se"], "T": sizes["Te"]} if stacked else sizes

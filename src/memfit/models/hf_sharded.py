@@ -23,13 +23,46 @@ def _rank_sizes(sizes: dict, tensor: int, sequence_parallel: bool, micro_batch: 
     split = dict(sizes)
     for dim in TP_SPLIT_DIMS & set(sizes):   # (a family's own dims: DeepSeek-V3's)
         split[dim] = -(-sizes[dim] // tensor)
-    if tensor > 1:  # the logits of a vocabulary-parallel output layer: the padded vocabulary / t
+    if tensor > 1 and "V" in sizes:  # the logits of a vocabulary-parallel output layer: the padded vocabulary / t
+        # (a vision tower's sizes have no vocabulary)
         split["V"] = padded_vocab(sizes["V"], tensor) // tensor
     seq = dict(sizes)
     if sequence_parallel:
         local_s = -(-sizes["s"] // tensor)
-        seq.update(s=local_s, T=micro_batch * local_s, Tl=-(-sizes["Tl"] // tensor))
+        seq.update(s=local_s, T=micro_batch * local_s)
+        if "Tl" in sizes:
+            seq["Tl"] = -(-sizes["Tl"] // tensor)
     return split, seq
+
+
+def rank_shape(tensor: int, sequence_parallel: bool):
+    """`shape(symbols, sizes)` for models.hf_activations.saved: a row's shape on one tensor-parallel rank, Megatron's
+    split (a row with a split dim — heads, the intermediate width, the vocabulary — takes the rank's share of each
+    of its dims; any other row lives on the residual stream, split by the sequence under sequence parallelism)."""
+    cache: dict = {}
+
+    def shape(symbols: tuple, sizes: dict) -> tuple:
+        key = id(sizes)
+        tables = cache.get(key)
+        if tables is None or tables[0] is not sizes:
+            tables = cache[key] = (sizes, *_rank_sizes(sizes, tensor, sequence_parallel, sizes.get("b", 1)))
+        _, split, seq = tables
+        dims = {x for x in symbols if isinstance(x, str)}
+        table = split if dims & (TP_SPLIT_DIMS | {"V"}) else seq
+        return tuple(table[x] if isinstance(x, str) else x for x in symbols)
+
+    return shape
+
+
+def rank_sizes(tensor: int, sequence_parallel: bool = False):
+    """The rank's sizes for what a layer holds in flight (its kernels' temporaries, the logits): the split dims'
+    shares, the sequence whole (the region between a column- and a row-parallel linear, where they live); `stream`:
+    the residual stream's sequence (a sequence-parallel rank's slice)."""
+    def sizes_of(sizes: dict) -> dict:
+        split, seq = _rank_sizes(sizes, tensor, sequence_parallel, sizes.get("b", 1))
+        return {**split, "stream": seq["s"]}
+
+    return sizes_of
 
 
 def _resolve_per_rank(rows: list, cond: dict, roles: dict, split: dict, seq: dict) -> list:
@@ -91,5 +124,5 @@ def activations_per_stage(cfg: dict, layout: Parallel, *, micro_batch: int, seq_
     out = []
     for s, (a, b) in enumerate(stage_layers(layers, layout.pipeline)):
         kept = (b - a) * layer + (embeddings if s == 0 else 0) + (ends if s == layout.pipeline - 1 else 0)
-        out.append(in_flight(s, layout.pipeline, layout.gradient_accumulation) * kept + recompute)
+        out.append(in_flight(s, layout.pipeline, layout.gradient_accumulation, layout.schedule) * kept + recompute)
     return out

@@ -54,7 +54,11 @@ class Placement:
 
     @property
     def binding(self) -> int:
-        """The device that must fit: the one holding the most at its worst moment."""
+        """The device that must fit: the one holding the most at its worst moment (each rank's walked peak where
+        every stage's rank walked its own program: ledger.ranks, `per_rank`)."""
+        walked = self.step_peak.get("per_rank") if self.step_peak is not None else None
+        if walked and len(walked) == len(self.devices):
+            return max(range(len(walked)), key=lambda i: (walked[i]["bytes"], -i))
         return max(range(len(self.devices)), key=lambda i: (self.devices[i]["total"] + sum(self.transients[i].values()), -i))
 
     @property
@@ -183,7 +187,7 @@ def _place_parallel(tensors, layout: Layout) -> Placement:
         held = dict(constants)
         for category, size in r.device.items():
             held[FOOTPRINT_CATEGORY.get(category, category)] += size
-        held["activations"] += sharding.in_flight(s, p.pipeline, p.gradient_accumulation) * per_stage[s]
+        held["activations"] += sharding.in_flight(s, p.pipeline, p.gradient_accumulation, p.schedule) * per_stage[s]
         if layout.model_activations is not None:
             held["activations"] += layout.model_activations[s]
         held["total"] = sum(held[c] for c in CATEGORIES)

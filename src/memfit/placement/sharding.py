@@ -40,6 +40,9 @@ from fractions import Fraction
 from functools import lru_cache
 
 ZERO_STAGES = (0, 1, 2, 3)
+# torch.distributed.pipelining's ScheduleGPipe (every micro-batch's forward, then every backward) and Schedule1F1B
+# (Megatron's default: a stage runs pipeline - stage forwards, then alternates one forward and one backward)
+PIPELINE_SCHEDULES = ("1f1b", "gpipe")
 FSDP_STRATEGIES = ("full_shard", "shard_grad_op", "hybrid_shard", "no_shard")
 
 # How a category is sharded: "weights" (the working copy), "grads" (the working gradients) or
@@ -116,6 +119,7 @@ class Parallel:
     allgather_bucket: int | None = None  # elements, as DeepSpeed's allgather_bucket_size
     gradient_accumulation: int = 1
     expert: int = 1  # expert-parallel ranks, carved out of the data-parallel ones (Megatron's expert_model_parallel_size)
+    schedule: str = "1f1b"  # the pipeline schedule (parallel.schedule): PIPELINE_SCHEDULES
 
     @property
     def world(self) -> int:
@@ -344,9 +348,11 @@ def stage_of_tensors(tensors: list, pipeline: int) -> tuple[list, list]:
     return stages, ranges
 
 
-def in_flight(stage: int, pipeline: int, gradient_accumulation: int) -> int:
-    """Micro-batches whose activations stage `stage` holds at once under 1F1B: the first stage
-    runs `pipeline` forwards before its first backward."""
+def in_flight(stage: int, pipeline: int, gradient_accumulation: int, schedule: str = "1f1b") -> int:
+    """Micro-batches whose activations stage `stage` holds at once: under 1F1B the first stage
+    runs `pipeline` forwards before its first backward; under GPipe every stage runs all of them."""
+    if schedule == "gpipe" and pipeline > 1:
+        return max(1, gradient_accumulation)
     return max(1, min(pipeline - stage, gradient_accumulation))
 
 
@@ -723,6 +729,7 @@ def from_config(data: dict) -> tuple:
         allgather_bucket=buckets.get("allgather"),
         gradient_accumulation=training.get("gradient_accumulation", 1),
         expert=section.get("expert", 1),
+        schedule=section.get("schedule", "1f1b"),
     )
     if (layout.offload_optimizer or layout.offload_parameters) and host is None:
         at = ("parallel", "offload")

@@ -185,6 +185,7 @@ def parallel_lines(placement) -> list:
         a, b = r.layers
         span = f"{a}-{b - 1}" if b > a else "-"
         # a run on a data-parallel layout: the step's peak on this rank (its transients included)
-        top = placement.step_peak["bytes"] if placement.step_peak is not None else device + gathered
+        walked = placement.step_peak.get("per_rank") if placement.step_peak is not None else None
+        top = (walked[s]["bytes"] if walked and len(walked) == len(sharded.stages) else placement.step_peak["bytes"]) if placement.step_peak is not None else device + gathered
         out.append(f"  {s:>5} {r.rank:>6} {span:>9} {human(device):>13} {human(gathered):>11} {human(top):>11} {human(sum(r.host.values())):>11}")
     return out

@@ -1,0 +1,264 @@
+"""Each rank's own program under tensor, sequence and pipeline parallelism, walked as one device's.
+
+A tensor-parallel rank runs the model with its shares: every parameter at the shape it holds (Megatron's split,
+placement.sharding.tp_shard_shape: column- and row-parallel linears, the vocabulary-parallel embedding and head over
+the padded vocabulary), every saved tensor at the rank's share of its dims (models.hf_sharded.rank_shape: heads and
+the intermediate width split, the residual stream split by the sequence under sequence parallelism), the logits and
+the loss over the rank's slice of the vocabulary. ledger.training.transformer_step builds that program from the
+rank's tensors, as it builds one device's.
+
+A pipeline stage runs its slice of that program: the embedding and the first layers on the first stage, the last
+layers, the head and the loss on the last; a stage's output is kept until its backward (the schedule holds it to
+run the backward), its input's gradient is sent back. The schedule decides how many micro-batches' saved tensors
+a stage holds beside the one it runs (`parallel.schedule`, `training.gradient_accumulation` micro-batches): under
+1F1B up to pipeline - stage, under GPipe all of them, each at its own moment of the step — the forward of the last
+one in flight, the backward of the first (before any gradient exists) and of the second (with every gradient).
+
+Under ZeRO or FSDP beside them, every moment holds the parameters, gradients and optimizer state the rank keeps
+(placement: its data-parallel shares of its tensor shares) and the unit it gathers.
+
+`ranks_peak` walks every stage's most-loaded rank (tensor rank 0: Megatron gives the first ranks the full shares)
+with step.peak, the same walk as one device, and reports the worst, each stage's in `per_rank`.
+Measured against MemTracker on every rank of real gloo runs in tests/ledger/test_ranks.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from memfit.config.build import make_tensor
+from memfit.ledger import training
+from memfit.ledger.step import PHASES, Loss, Step, peak
+from memfit.models import hf_encdec, hf_sharded
+from memfit.placement import sharding
+
+DECLARED = "declared tensors"
+
+
+def applies(config) -> bool:
+    """A transformer under tensor or pipeline parallelism: its ranks' programs are walked here (expert parallelism
+    and data parallelism alone keep ledger.step.rank_peak)."""
+    p = config.parallel
+    model = getattr(config, "model", None)
+    return (p is not None and (p.tensor > 1 or p.pipeline > 1) and p.expert == 1
+            and model is not None and hasattr(model, "cfg") and not hf_encdec.is_stacked(model.cfg))
+
+
+def rank_config(config, tensor_rank: int = 0):
+    """The config with the model's parameters at the shapes one tensor-parallel rank holds, priced by the recipe."""
+    p = config.parallel
+    if p.tensor == 1:
+        return config
+    out = []
+    for t in config.tensors:
+        if t.category == "parameters" and t.path and t.path[0] == "model":
+            local = sharding.tp_shard_shape(sharding.Tensor(t.name, tuple(t.shape), {}, count=t.count), p.tensor, tensor_rank)
+            if tuple(local) != tuple(t.shape):
+                t = make_tensor(t.category, t.path, t.name, list(local), t.count, t.trainable, t.dtype, config)
+        out.append(t)
+    return replace(config, tensors=tuple(out))
+
+
+def rank_step(config, data: dict, optimizer, impl: str, tensor_rank: int = 0) -> Step:
+    """One tensor-parallel rank's step (every layer): its parameters, saved tensors and transients at its shares."""
+    p = config.parallel
+    own = [t for t in config.tensors if not t.path or t.path[0] != "model"]
+    shape = hf_sharded.rank_shape(p.tensor, p.sequence_parallel) if p.tensor > 1 else None
+    sizes = hf_sharded.rank_sizes(p.tensor, p.sequence_parallel) if p.tensor > 1 else None
+    step = training.transformer_step(rank_config(config, tensor_rank), optimizer, impl, own, shape=shape, rank_sizes=sizes)
+    ga = (data.get("training") or {}).get("gradient_accumulation")
+    step.accumulating = isinstance(ga, int) and ga > 1
+    if p.tensor > 1:
+        # the vocabulary-parallel cross-entropy (torch's loss_parallel, measured in tests/ledger/test_ranks.py): its
+        # backward holds three fp32 gradients the size of the rank's logits at once, where transformers' loss on
+        # whole logits holds two
+        step.loss = Loss(step.loss.forward, (*step.loss.backward, step.loss.backward[-1]))
+    return step
+
+
+def _layer(row) -> int | None:
+    parts = row.name.split()
+    return int(parts[1]) if len(parts) > 2 and parts[0] == "layer" and parts[1].isdigit() else None
+
+
+def stage_steps(step: Step, pipeline: int) -> list:
+    """Every pipeline stage's slice of the step (one pass over its rows: a 2,048-layer model on 512 stages), with
+    its optimizer state; what precedes the first layer on the first stage, the head and the loss on the last. A
+    stage's output is kept until its backward (the schedule sends it and runs its backward from the gradient it
+    receives); the last stage's output, the logits, until the loss's backward has run."""
+    if pipeline == 1:
+        return [step]
+    indices = [_layer(r) for r in step.rows]
+    layers = sorted({i for i in indices if i is not None})
+    stage_of_layer = {}
+    for s, (a, b) in enumerate(sharding.stage_layers(len(layers), pipeline)):
+        for i in layers[a:b]:
+            stage_of_layer[i] = s
+    # optimizer state (and what optimizer.step() updates) in row order: a declared row's first, then one per trainable
+    # parameter of each model row (training.transformer_step's order)
+    n_model = sum(len(r.grads) for r in step.rows if r.name != DECLARED)
+    declared = len(step.optimizer_state) - n_model
+    declared_stepped = len(step.stepped) - n_model if step.stepped is not None else 0
+    rows: list = [[] for _ in range(pipeline)]
+    states: list = [list(step.optimizer_state[:declared])] + [[] for _ in range(pipeline - 1)]
+    stepped = None if step.stepped is None else [list(step.stepped[:declared_stepped])] + [[] for _ in range(pipeline - 1)]
+    at, at_stepped = declared, declared_stepped
+    for row, i in zip(step.rows, indices):
+        if row.name == DECLARED:
+            rows[0].append(row)
+            continue
+        s = stage_of_layer[i] if i is not None else (pipeline - 1 if row.name == "head" else 0)
+        n = len(row.grads)
+        rows[s].append(row)
+        states[s].extend(step.optimizer_state[at:at + n])
+        if stepped is not None:
+            stepped[s].extend(step.stepped[at_stepped:at_stepped + n])
+        at += n
+        at_stepped += n
+    out = []
+    for s in range(pipeline):
+        mine = rows[s]
+        tail = mine[-1]
+        mine[-1] = replace(tail, kept=[*tail.kept, tail.output])  # its output, held until its backward
+        kept = {t for r in mine for t in r.kept}
+        batch = [t for t in step.batch if t in kept]
+        if s == pipeline - 1:
+            loss, loss_kept = Loss(tuple(step.loss.forward[1:]), step.loss.backward), list(step.loss_kept)
+            batch = [*batch, step.batch[-1]]  # the labels
+        else:
+            loss, loss_kept = Loss((), ()), []
+        out.append(Step(mine, step.tensors, batch, loss, states[s], step.optimizer, step.impl, step.overhead,
+                        None if stepped is None else stepped[s], step.accumulating, loss_kept))
+    return out
+
+
+def _saved(step: Step) -> int:
+    """Bytes one micro-batch leaves saved on the stage at the end of its forward (its batch slices are views of the
+    loader's batch: not counted)."""
+    ids = {t for r in step.rows for t in r.kept} | set(step.loss_kept)
+    return sum(step.tensors[t] for t in ids - set(step.batch))
+
+
+def _with(result: dict, phase: str, extra: int, held: dict | None = None) -> dict:
+    """A phase's worst moment with `extra` saved bytes (other micro-batches, buffers) and, under ZeRO or FSDP, the
+    rank's data-parallel shares (`held`, _data_shares)."""
+    info = result["phases"][phase]
+    live = dict(info["live"])
+    live["activations"] += extra
+    if held is not None:
+        live = held(phase, live)
+    return {"bytes": sum(live.values()), "live": live, "at": info.get("at")}
+
+
+def _data_shares(step: Step, p, device: dict, gathered: dict):
+    """Under ZeRO or FSDP a moment's parameters, gradients and optimizer state are what the rank keeps of its
+    program's (placement: `device`, by footprint category), and it gathers a unit for a moment (`gathered`):
+    ZeRO's gradient partitions are flat buffers allocated once (held for the whole step), FSDP's gradients grow as
+    the program's do, in proportion; the optimizer steps the rank's shard (its temporaries in proportion to the
+    state it steps on the GPU); in forward the gathered parameters are live, in backward their gradients too."""
+    if p.engine == "ddp":
+        return None
+    all_grads = sum(sum(r.grads) for r in step.rows)
+    all_state = sum(step.optimizer_state)
+    unit_params = gathered.get("gathered parameters", 0)
+    unit_all = sum(gathered.values())
+
+    def held(phase: str, live: dict) -> dict:
+        out = dict(live)
+        out["parameters"] = device["parameters"]
+        out["optimizer_state"] = device["optimizer_state"]
+        if phase == "optimizer_step":
+            out["gradients"] = device["gradients"]
+            out["transient"] = _share(live["transient"], device["optimizer_state"], all_state)
+            return out
+        out["gradients"] = device["gradients"] if p.engine == "zero" else _share(device["gradients"], live["gradients"], all_grads)
+        out["transient"] = live["transient"] + (unit_params if phase == "forward" else unit_all)
+        return out
+
+    return held
+
+
+def _share(amount: int, part: int, whole: int) -> int:
+    """amount x part / whole, rounded up (a share is never under-counted)."""
+    return -(-amount * part // whole) if whole else 0
+
+
+def stage_peak(step: Step, stage: int, p, granule: int | None = None, device: dict | None = None, gathered: dict | None = None) -> dict:
+    """The worst moment of a stage's rank over the schedule: {"bytes", "phase", "live", "phases"}.
+
+    Beside the micro-batch it runs, a stage holds the saved tensors of the others in flight, the loader's batch
+    (every micro-batch's ids or labels) and its receive buffers, one per micro-batch for the whole step
+    (torch.distributed.pipelining allocates them once and keeps them): a later stage's inputs, an earlier stage's
+    output gradients. The micro-batch it runs has its own input among them; its output gradient is the walk's."""
+    m = max(1, p.gradient_accumulation)
+    k = sharding.in_flight(stage, p.pipeline, m, p.schedule)
+    shares = _data_shares(step, p, device, gathered or {}) if device is not None else None
+    if p.pipeline == 1 and shares is None:
+        return peak(step, granule)
+    first, last = stage == 0, stage == p.pipeline - 1
+    x = 0 if first else step.tensors[step.rows[0].input]
+    y = 0 if last else step.tensors[step.rows[-1].output]
+    saved = _saved(step) - x  # one micro-batch's saved tensors; its input is its receive buffer
+    # (one device loads each micro-batch in turn; a pipeline's schedule is handed the whole batch)
+    loader = (m - 1) * sum(step.tensors[t] for t in step.batch) if p.pipeline > 1 else 0
+    held = {"forward": (m - 1) * x + m * y, "backward": (m - 1) * x + (m - 1) * y, "optimizer_step": m * x + m * y}
+    fresh = peak(replace(step, accumulating=False), granule)
+    warm = peak(replace(step, accumulating=True), granule) if m > 1 else None
+
+    def at(result, phase, others):
+        return _with(result, phase, others * saved + loader + held[phase], shares)
+
+    candidates = {
+        "forward": [at(fresh, "forward", k - 1)],
+        "backward": [at(fresh, "backward", min(k - 1, m - 1))],
+        "optimizer_step": [at(warm or fresh, "optimizer_step", 0)],
+    }
+    if warm is not None:
+        if m > k:
+            candidates["forward"].append(at(warm, "forward", k - 1))
+        candidates["backward"].append(at(warm, "backward", min(k - 1, m - 2)))
+    phases = {phase: max(candidates[phase], key=lambda c: c["bytes"]) for phase in PHASES}
+    worst = max(PHASES, key=lambda ph: (phases[ph]["bytes"], -PHASES.index(ph)))
+    return {"bytes": phases[worst]["bytes"], "phase": worst, "live": dict(phases[worst]["live"]), "phases": phases}
+
+
+def _signature(step: Step) -> tuple:
+    """What a stage's walk depends on, but the tensors' identities: its rows' bytes and its optimizer state."""
+    size = step.tensors
+    rows = tuple((r.name.rsplit(" ", 1)[-1], tuple(r.params), tuple(r.grads), tuple(r.frozen),
+                  tuple(size[t] for t in r.kept), size.get(r.input, 0), size.get(r.output, 0), r.view, r.inner, r.inner_kept,
+                  r.output_grad, r.grad_input, r.backward_extra, r.recompute, r.forward_flight, r.backward_flight,
+                  r.flight_freed, r.recompute_moment, r.flight_first, r.early_flight) for r in step.rows)
+    return (rows, tuple(step.optimizer_state), None if step.stepped is None else tuple(step.stepped),
+            tuple(size[t] for t in step.batch), step.loss.forward, step.loss.backward, tuple(size[t] for t in step.loss_kept))
+
+
+def programs(config, data: dict, optimizer, impl: str) -> list:
+    """Every pipeline stage's most-loaded rank's program (a function of the model, the run, tensor, sequence
+    parallelism and pipeline: a search over data-parallel sizes builds it once)."""
+    return stage_steps(rank_step(config, data, optimizer, impl), config.parallel.pipeline)
+
+
+def ranks_peak(config, programs: list, granule: int | None = None) -> tuple[dict, Step]:
+    """Every pipeline stage's most-loaded rank walked on its own program (`programs`): the worst, as
+    ledger.step.rank_peak reports it ({"bytes", "phase", "live", "gathered", "rank", "ranks"}) with `per_rank`: each
+    stage's rank {"rank", "stage", "bytes", "phase", "live"}; and the binding rank's program (explain's rows)."""
+    p = config.parallel
+    per_rank = []
+    walked: dict = {}  # stages whose programs and holdings are alike (a pipeline's middle stages) walk once
+    m = max(1, p.gradient_accumulation)
+    for stage, program in enumerate(programs):
+        device, gathered = config.placement.devices[stage], config.placement.transients[stage]
+        key = (stage == 0, stage == p.pipeline - 1, sharding.in_flight(stage, p.pipeline, m, p.schedule),
+               tuple(sorted(device.items())), tuple(sorted(gathered.items())), _signature(program))
+        result = walked.get(key)
+        if result is None:
+            result = walked[key] = stage_peak(program, stage, p, granule, device, gathered)
+        per_rank.append({"rank": p.rank(stage), "stage": stage, "bytes": result["bytes"], "phase": result["phase"], "live": result["live"]})
+    best = max(per_rank, key=lambda r: (r["bytes"], -r["stage"]))
+    # what the binding rank gathers at that moment (ZeRO-3, FSDP): a unit's parameters in forward, its gradients too
+    # in backward, nothing in the optimizer step
+    units = config.placement.transients[best["stage"]]
+    gathered = {k: v for k, v in units.items() if best["phase"] == "backward" or (best["phase"] == "forward" and k == "gathered parameters")}
+    return ({"bytes": best["bytes"], "phase": best["phase"], "live": dict(best["live"]), "gathered": gathered, "rank": best["rank"],
+             "ranks": p.world, "per_rank": per_rank}, programs[best["stage"]])

@@ -1,0 +1,150 @@
+"""Every rank measured (issue 31): tensor, sequence and pipeline parallelism run for real on gloo (CPU), each rank's
+MemTracker peak against the figure `memfit check --format json` gives for that rank (`peak.per_rank`), on config
+files a user writes: a tiny Llama config.json beside a memfit config naming `parallel`.
+
+The real runs (tests/support/rank_worker.py): Megatron's tensor parallelism with DTensor plans on transformers'
+LlamaForCausalLM (the vocabulary-parallel embedding and head over the vocabulary padded to a multiple of 128 x
+tensor, the vocabulary-parallel cross-entropy), at 2 and 4 ranks; torch.distributed.pipelining with 2 stages under
+ScheduleGPipe and Schedule1F1B, 4 micro-batches (`training.gradient_accumulation: 4`, `parallel.schedule`); FSDP2
+beside tensor parallelism on a 2 x 2 mesh."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+HERE = Path(__file__).resolve().parents[1] / "support"
+sys.path.insert(0, str(HERE))
+import needs  # noqa: E402
+
+BAND = 0.05
+MODEL = {"model_type": "llama", "vocab_size": 250, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+         "num_attention_heads": 8, "num_key_value_heads": 4, "max_position_embeddings": 128, "attention_dropout": 0.0,
+         "tie_word_embeddings": False, "use_cache": False}
+MICRO_BATCH, SEQ_LEN, MICRO_BATCHES = 2, 64, 4
+
+
+def megatron_padded(vocab: int, tensor: int) -> int:
+    """Megatron-LM's _vocab_size_with_padding with --make-vocab-size-divisible-by 128."""
+    multiple = 128 * tensor
+    return -(-vocab // multiple) * multiple
+
+
+def measured(tmp_path, world: int, mode: str, tensor: int = 1) -> list:
+    needs.module("torch")
+    needs.module("transformers")
+    case = {"model": MODEL, "micro_batch": MICRO_BATCH, "seq_len": SEQ_LEN, "mode": mode, "micro_batches": MICRO_BATCHES,
+            "padded_vocab": megatron_padded(MODEL["vocab_size"], tensor) if tensor > 1 else None}
+    spec, out = tmp_path / "case.json", tmp_path / "ranks.json"
+    spec.write_text(json.dumps(case))
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run([sys.executable, str(HERE / "rank_worker.py"), str(world), str(out), str(spec)],
+                          capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def memfit_ranks(tmp_path, parallel: dict, accumulation: int = 1) -> dict:
+    (tmp_path / "config.json").write_text(json.dumps(MODEL))
+    training = {"micro_batch": MICRO_BATCH, "seq_len": SEQ_LEN, "attention": "sdpa", "optimizer_impl": "foreach"}
+    if accumulation > 1:
+        training["gradient_accumulation"] = accumulation
+    doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "model": {"hf_config": "config.json"},
+           "training": training, "parallel": parallel}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)["files"][0]["peak"]
+
+
+CASES = [
+    ("tp", 2, {"tensor": 2}, 1),
+    ("tp", 4, {"tensor": 4}, 1),
+    ("1f1b", 2, {"pipeline": 2, "schedule": "1f1b"}, MICRO_BATCHES),
+    ("gpipe", 2, {"pipeline": 2, "schedule": "gpipe"}, MICRO_BATCHES),
+    # memfit's sequence parallelism is Megatron's: a column-parallel linear keeps its input's sequence shard and
+    # gathers it again in backward (Korthikanti's 34/t); DTensor's plan (PrepareModuleInput to Replicate) keeps the
+    # all-gathered input, two (b, s, h) per layer more: measured 1,609,472 B a rank against memfit's 1,521,188 B
+    pytest.param("sp", 2, {"tensor": 2, "sequence_parallel": True}, 1,
+                 marks=pytest.mark.xfail(strict=True, reason="DTensor's sequence-parallel plan keeps the gathered input of q/k/v and gate/up; Megatron's (memfit's) keeps the shard")),
+    # FSDP2 over 2 data ranks beside tensor 2 (a 2-D mesh, every layer a unit, the root kept unsharded): the peak is
+    # the loss's backward with only the root unit gathered (MemTracker: parameters 172,928 B = 107,136 sharded +
+    # 65,792 of embedding, head and norm); memfit adds the root and the largest layer with their gradients
+    # (placement's gathered transient, 280,064 B) at every backward moment: 1,729,412 B against 1,518,976 B
+    pytest.param("fsdp_tp", 4, {"tensor": 2, "data": 2, "fsdp": "full_shard"}, 1,
+                 marks=pytest.mark.xfail(strict=True, reason="FSDP's gathered units are counted at every backward moment, the loss's included, where FSDP2 holds only the root unit")),
+]
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("mode, world, parallel, accumulation", CASES)
+def test_every_rank_within_five_percent_of_memtracker(tmp_path, mode, world, parallel, accumulation):
+    ours = memfit_ranks(tmp_path, parallel, accumulation)
+    per_stage = {r["stage"]: r for r in ours["per_rank"]}
+    assert ours["bytes"] == max(r["bytes"] for r in ours["per_rank"])  # the gate's figure is the worst rank's
+    theirs = measured(tmp_path, world, mode, parallel.get("tensor", 1))
+    assert len(theirs) == world
+    ranks_per_stage = world // parallel.get("pipeline", 1)  # (data x tensor ranks of a stage hold alike: rank 0's figure)
+    for report in theirs:
+        mine = per_stage[report["rank"] // ranks_per_stage]
+        assert abs(mine["bytes"] - report["bytes"]) <= BAND * report["bytes"], (report["rank"], mine["bytes"], report["bytes"], mine["bytes"] / report["bytes"])
+    if mode == "tp":
+        # each rank's parameters (and buffers) are the shares memfit gives it: the padded vocabulary's slice included
+        assert all(mine["live"]["parameters"] == report["parameters"] for report in theirs)
+
+
+def test_gpipe_holds_more_than_1f1b_on_the_first_stage(tmp_path):
+    """Under GPipe every micro-batch's forward runs before any backward: the first stage holds all of them where
+    1F1B holds `pipeline` of them; the last stage runs each micro-batch's backward at once under 1F1B."""
+    gpipe = memfit_ranks(tmp_path, {"pipeline": 2, "schedule": "gpipe"}, MICRO_BATCHES)["per_rank"]
+    one = memfit_ranks(tmp_path, {"pipeline": 2}, MICRO_BATCHES)["per_rank"]
+    assert [r["bytes"] for r in one] == [r["bytes"] for r in memfit_ranks(tmp_path, {"pipeline": 2, "schedule": "1f1b"}, MICRO_BATCHES)["per_rank"]]
+    assert all(g["bytes"] > o["bytes"] for g, o in zip(gpipe, one))
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_every_bundled_transformer_run_walks_its_ranks(tmp_path):
+    """Every bundled transformer run (families, models) under tensor, pipeline and both with sequence parallelism
+    and GPipe: checked without an internal error; the gate's peak is the worst rank's; a tensor-parallel rank peaks
+    below the single GPU; under GPipe every stage holds at least what it holds under 1F1B."""
+    layouts = {"tp": {"tensor": 2}, "pp": {"pipeline": 2}, "gpipe": {"pipeline": 2, "schedule": "gpipe"},
+               "both": {"tensor": 2, "pipeline": 2, "sequence_parallel": True}}
+    written: dict = {}
+    for path in sorted(EXAMPLES.glob("families/*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        if not isinstance(doc, dict) or "training" not in doc or "hf_config" not in (doc.get("model") or {}) or "parallel" in doc:
+            continue
+        doc["model"]["hf_config"] = str((path.parent / doc["model"]["hf_config"]).resolve())
+        doc["training"] = {**doc["training"], "gradient_accumulation": 4}
+        for name, parallel in [("one", None), *layouts.items()]:
+            out = tmp_path / f"{path.stem}.{name}.yaml"
+            out.write_text(yaml.safe_dump({**doc, **({"parallel": parallel} if parallel else {})}, sort_keys=False))
+            written[(path.stem, name)] = str(out)
+    assert len(written) >= 5 * 5
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", *written.values()], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    by_path = {entry["path"]: entry for entry in json.loads(done.stdout)["files"]}
+    seen = 0
+    for (stem, name), path in written.items():
+        entry = by_path[path]
+        assert not [d for d in entry["diagnostics"] if d["code"] == "internal"], (stem, name, entry["diagnostics"])
+        if name == "one" or "peak" not in entry:
+            continue  # (a layout the model cannot take is a positioned bad-parallel)
+        seen += 1
+        peak = entry["peak"]
+        assert peak["bytes"] == max(r["bytes"] for r in peak["per_rank"]) > 0
+        if name == "tp" and "peak" in by_path[written[(stem, "one")]]:
+            assert peak["bytes"] < by_path[written[(stem, "one")]]["peak"]["bytes"], stem
+        if name == "gpipe" and "peak" in by_path[written[(stem, "pp")]]:
+            ones = by_path[written[(stem, "pp")]]["peak"]["per_rank"]
+            assert all(g["bytes"] >= o["bytes"] for g, o in zip(peak["per_rank"], ones)), stem
+    assert seen >= 4 * 4
