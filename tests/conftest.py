@@ -44,6 +44,8 @@ def _has_gpu() -> bool:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", f"{GPU_MARKER}: needs a CUDA GPU (CI has none): skipped without one, counted in the summary")
+    config.addinivalue_line("markers", "wallclock: asserts a generous outer wall-clock limit where the work cannot be counted from Python "
+                                       "(a regex engine, big-integer arithmetic, a server's reply); speed itself is benchmarks/bench.py's")
     config._memfit_gpu = {"collected": 0, "skipped": 0}
 
 
