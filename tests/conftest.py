@@ -43,6 +43,8 @@ def _has_gpu() -> bool:
 
 
 def pytest_configure(config):
+    if _ci():
+        os.environ["PIP_NO_INDEX"] = "1"  # after .ci/run's install step no test needs a package index
     config.addinivalue_line("markers", f"{GPU_MARKER}: needs a CUDA GPU (CI has none): skipped without one, counted in the summary")
     config.addinivalue_line("markers", "wallclock: asserts a generous outer wall-clock limit where the work cannot be counted from Python "
                                        "(a regex engine, big-integer arithmetic, a server's reply); speed itself is benchmarks/bench.py's")
