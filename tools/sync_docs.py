@@ -27,6 +27,9 @@ memfit's pre-commit hook: `$MEMFIT_ROOT` is this tree, `$MEMFIT_PYTHON` this int
 scratch directory holds links to the repository's `examples/`, `action.yml` and `README.md`. Either way
 `memfit` is this tree's (src/ first on the path) and stdout and stderr are shown together, in order.
 
+`<!-- memfit-docs table="KIND" ...-->` before a Markdown table of measured figures: tools/doc_tables.py rewrites
+memfit's cells of it (this tool calls it, except from `refresh(page)` without `tables=True`).
+
     python tools/sync_docs.py            # rewrite every marked block from the program's real output
     python tools/sync_docs.py --check    # print the differences, exit 1 if any (what tests/project/test_docs.py runs)
 """
@@ -80,7 +83,12 @@ class Block:
     lines: list[str]  # the content as written, indent removed
 
     def where(self) -> str:
-        return f"{self.page.relative_to(ROOT)}:{self.line}"
+        return f"{_name(self.page)}:{self.line}"
+
+
+def _name(page: Path) -> str:
+    """The page as the messages name it: relative to the repository when it is in it (a test's page is not)."""
+    return str(page.relative_to(ROOT)) if page.is_relative_to(ROOT) else str(page)
 
 
 def blocks(page: Path, text: str | None = None) -> list[Block]:
@@ -92,7 +100,7 @@ def blocks(page: Path, text: str | None = None) -> list[Block]:
             continue
         attrs = {k: v for k, v in ATTR.findall(m["attrs"])}
         j = i + 1
-        if "examples-table" in attrs:
+        if "examples-table" in attrs or "table" in attrs:
             k = j
             while k < len(lines) and lines[k].startswith("|"):
                 k += 1
@@ -102,13 +110,13 @@ def blocks(page: Path, text: str | None = None) -> list[Block]:
             j += 1
         fence = FENCE.match(lines[j]) if j < len(lines) else None
         if not fence:
-            raise DocsError(f"{page.relative_to(ROOT)}:{i + 1}: a memfit-docs marker must be followed by a fenced block")
+            raise DocsError(f"{_name(page)}:{i + 1}: a memfit-docs marker must be followed by a fenced block")
         indent, close = fence["indent"], fence["indent"] + fence["fence"]
         k = j + 1
         while k < len(lines) and lines[k].rstrip() != close:
             k += 1
         if k == len(lines):
-            raise DocsError(f"{page.relative_to(ROOT)}:{j + 1}: the fenced block is not closed")
+            raise DocsError(f"{_name(page)}:{j + 1}: the fenced block is not closed")
         content = [ln[len(indent) :] if ln.startswith(indent) else ln.lstrip() for ln in lines[j + 1 : k]]
         found.append(Block(page, i + 1, attrs, indent, j + 1, k, content))
     return found
@@ -194,6 +202,8 @@ def render(block: Block, work: Path, env: dict[str, str]) -> list[str]:
     """The block's content as the program prints it now."""
     if "examples-table" in block.attrs:
         return examples_table(block.lines, env)
+    if "table" in block.attrs:
+        return block.lines  # a measurement table: tools/doc_tables.py rewrites it (refresh(tables=True))
     unknown = set(block.attrs) - {"run", "cmd", "select", "setup"}
     if unknown or ("run" in block.attrs) == ("cmd" in block.attrs):
         raise DocsError(f"{block.where()}: a marker takes `run` or cmd=\"...\" (and select=, setup=), not {sorted(block.attrs)}")
@@ -241,8 +251,9 @@ def examples_table(lines: list[str], env: dict[str, str]) -> list[str]:
     return out
 
 
-def refresh(page: Path) -> tuple[str, str]:
-    """The page as written and as it should be."""
+def refresh(page: Path, tables: bool = False) -> tuple[str, str]:
+    """The page as written and as it should be; with `tables`, its measurement tables too (tools/doc_tables.py:
+    memfit's cells; that needs the frameworks the tables' models are built with)."""
     text = page.read_text(encoding="utf-8")
     lines = text.split("\n")
     found = blocks(page, text)
@@ -256,7 +267,21 @@ def refresh(page: Path) -> tuple[str, str]:
         for block in reversed(found):
             new = render(block, work, env)
             lines[block.start : block.end] = [block.indent + ln if ln else ln for ln in new]
-    return text, "\n".join(lines)
+    new = "\n".join(lines)
+    if tables and any("table" in b.attrs for b in found):
+        new = _doc_tables().refresh_text(new)
+    return text, new
+
+
+def _doc_tables():
+    import importlib.util
+
+    if "doc_tables" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("doc_tables", ROOT / "tools" / "doc_tables.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["doc_tables"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["doc_tables"]
 
 
 def pages() -> list[Path]:
@@ -264,7 +289,7 @@ def pages() -> list[Path]:
 
 
 def diff(page: Path, old: str, new: str) -> str:
-    name = str(page.relative_to(ROOT))
+    name = _name(page)
     return "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"{name} (the page)", f"{name} (the program)"))
 
 
@@ -276,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     stale = 0
     for page in [p.resolve() for p in args.pages] or pages():
         try:
-            old, new = refresh(page)
+            old, new = refresh(page, tables=True)
         except DocsError as exc:
             print(f"sync_docs: {exc}", file=sys.stderr)
             return 2
@@ -287,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(diff(page, old, new))
         else:
             page.write_text(new, encoding="utf-8")
-            print(f"rewrote {page.relative_to(ROOT)}")
+            print(f"rewrote {_name(page)}")
     return 1 if stale and args.check else 0
 
 

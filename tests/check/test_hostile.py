@@ -91,6 +91,7 @@ def assert_no_internal_error(outputs) -> None:
 # --- output amplification ---------------------------------------------------------------------------
 
 
+@pytest.mark.wallclock  # bounded by bytes (the report); the clock only as a generous outer limit
 def test_an_aliased_megabyte_string_gives_a_small_report(tmp_path: Path):
     """One 1 MB anchored string used a thousand times (dims, a dtype, layer types): the report
     must stay small and quick, whatever the format."""
@@ -144,13 +145,14 @@ HUGE = {
 }
 
 
+@pytest.mark.wallclock  # big-integer arithmetic runs in C: the clock only as a generous outer limit
 @pytest.mark.parametrize("case", sorted(HUGE))
 def test_huge_numbers_are_formatted_or_refused_with_a_position(tmp_path: Path, case: str):
     (tmp_path / "huge.yaml").write_text(HUGE[case], encoding="utf-8")
     outputs = every_output(tmp_path, "huge.yaml")
     assert_no_internal_error(outputs)
     for label, (_, _, seconds) in outputs.items():
-        assert seconds < 20, (label, seconds)  # a million-digit size took 33 s
+        assert seconds < 30, (label, seconds)  # a million-digit size took 33 s (now about 1 s)
     text = outputs["--format text"][1].decode()
     for line in text.splitlines()[:-1]:
         assert not line.startswith("huge.yaml:1:1:"), line  # at the number, not at the file's start

@@ -1,7 +1,8 @@
 """The pre-commit hook, end to end with the real tools: real `git commit` in a temporary
 repository whose .pre-commit-config.yaml points at this checkout's hook, as a user's would
 (`repo:` + `rev:` + `id: memfit`). pre-commit clones it, builds the hook's virtualenv with pip
-(memfit and its dependencies from PyPI) and runs the manifest's entry: the hook definition, the
+(memfit and its dependencies from the local wheels .ci/run builds: tests/support/wheelhouse.py; a user's come from
+PyPI) and runs the manifest's entry: the hook definition, the
 console script and the packaging are what is tested. One pre-commit cache serves the session,
 so the hook environment is built once."""
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import needs
 import pytest
+import wheelhouse
 
 pytestmark = pytest.mark.slow
 needs.module("pre_commit")
@@ -62,7 +64,7 @@ def env(tmp_path_factory) -> dict:
     _require("git")
     base = tmp_path_factory.mktemp("precommit-env")
     (base / "home").mkdir()
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("GIT_", "PRE_COMMIT"))}
+    clean = wheelhouse.offline({k: v for k, v in os.environ.items() if not k.startswith(("GIT_", "PRE_COMMIT"))})
     return {
         **clean,
         "HOME": str(base / "home"),

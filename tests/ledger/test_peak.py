@@ -2,7 +2,8 @@
 
 tests/support/peak_reference.py runs the step (optimizer state allocated by warm-up steps, gradients None
 between steps) and notes the phase of the peak. Compared: peak.bytes within 5%, the phase exactly,
-live.parameters and live.optimizer_state exactly (MemTracker rounds to 512 bytes on CUDA only).
+live.parameters and live.optimizer_state exactly (MemTracker rounds to 512 bytes on CUDA only), and MemTracker's
+figure of every run docs/peak.md prints, to the byte. The transformers families: tests/ledger/test_peak_transformers.py.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ import needs
 import pytest
 import yaml
 
-torch = needs.module("torch")
-
-import peak_reference as ref
-import keras_reference as tf
+import doc_tables  # tools/doc_tables.py: the docs' measurement tables
 from memfit.check.pipeline import check
+
+# imported by the tests that use them: the step model's own tests and the presets run without torch
+torch = needs.lazy("torch")
+ref = needs.lazy("peak_reference")
+tf = needs.lazy("keras_reference")
 from memfit.ledger.step import IMPLS, OPTIMIZER_TEMPORARIES, Loss, PeakError, Row, Step, optimizer_temporaries, peak, phases
 
 BAND = 0.05
@@ -46,6 +49,7 @@ def test_adafactor_temporaries_on_matrices(shapes, impl):
     column means and scalar norms: at most rows + columns + a few elements per parameter in flight."""
     import math
 
+    needs.module("torch")
     from torch.distributed._tools.mem_tracker import MemTracker
 
     params = [torch.nn.Parameter(torch.randn(*shape)) for shape in shapes]
@@ -126,12 +130,18 @@ def test_a_declared_tensor_list_peaks_at_its_footprint_in_backward():
 
 
 # --- Keras-form models against MemTracker --------------------------------------------------------
-MODELS = {
-    "seed-cnn": (*tf.SEED, 32),  # the seed's Atari CNN: 3.4 M parameters, batch 32
-    "mlp": (*tf.CASES["mlp"], 8),
-    "encoder": (*tf.CASES["encoder"], 4),  # embedding, attention, layer norms, GELU, dropout, pooling
-}
-RUNS = [(m, o, i) for m in MODELS for o in ("sgd", "adamw") for i in IMPLS] + [(m, "adam", "foreach") for m in MODELS]
+# the seed's Atari CNN (3.4 M parameters, batch 32); an MLP; an encoder (embedding, attention, layer norms, GELU,
+# dropout, pooling): (input_shape, layers, batch), keras_reference's cases
+BATCH = {"seed-cnn": 32, "mlp": 8, "encoder": 4}
+
+
+def keras_model(name):
+    return (*(tf.SEED if name == "seed-cnn" else tf.CASES[name]), BATCH[name])
+
+
+RUNS = [(m, o, i) for m in BATCH for o in ("sgd", "adamw") for i in IMPLS] + [(m, "adam", "foreach") for m in BATCH]
+# docs/peak.md's table of these runs (tools/doc_tables.py): the model's name, "adam/adamw", "any" implementation
+DOC_MODEL = {"seed-cnn": "seed CNN", "mlp": "MLP", "encoder": "encoder"}
 
 
 def memfit_peak(input_shape, layers, batch, optimizer, impl):
@@ -146,20 +156,26 @@ def memfit_peak(input_shape, layers, batch, optimizer, impl):
 @pytest.mark.filterwarnings("ignore")
 @pytest.mark.parametrize("model,optimizer,impl", RUNS)
 def test_keras_peak_matches_memtracker(model, optimizer, impl):
-    input_shape, layers, batch = MODELS[model]
+    input_shape, layers, batch = keras_model(model)
     theirs = ref.measure_keras(input_shape, layers, batch, optimizer, impl)
     ours = memfit_peak(input_shape, layers, batch, optimizer, impl)
     assert ours["phase"] == theirs["phase"]
     assert abs(ours["bytes"] - theirs["bytes"]) <= BAND * theirs["bytes"], (ours["bytes"], theirs["bytes"])
     assert ours["live"]["parameters"] == theirs["parameters"]
     assert ours["live"]["optimizer_state"] == theirs["optimizer_state"]
+    # the page prints MemTracker's figure to the byte: the row of this run (its "any" and "adam/adamw" rows hold
+    # for every implementation and both Adams)
+    rows = [r for r in doc_tables.documented("docs/peak.md", "peak-keras") if r[0].split(" (")[0] == DOC_MODEL[model]
+            and r[1] in (optimizer, "adam/adamw" if optimizer.startswith("adam") else "") and r[2] in (impl, "any")]
+    assert len(rows) == 1, (model, optimizer, impl)
+    assert (theirs["bytes"], theirs["phase"]) == (int(rows[0][3].replace(",", "")), rows[0][4]), rows[0]
 
 
 def test_the_flowing_gradients_are_a_third_of_a_small_cnn_peak():
     """The issue's claim, on the seed CNN with SGD: the peak is in backward, at the first ReLU,
     and the two gradients flowing through it are about a tenth of it here (the parameters and
     their gradients dominate this 3.4 M-parameter network at batch 32)."""
-    ours = memfit_peak(*MODELS["seed-cnn"], "sgd", "foreach")
+    ours = memfit_peak(*keras_model("seed-cnn"), "sgd", "foreach")
     assert ours["phase"] == "backward"
     labels = 32 * 8  # one int64 class label per sample, held by the loop (no layer keeps them)
     assert ours["live"]["transient"] == 2 * 32 * 20 * 20 * 32 * 4 + labels
@@ -203,86 +219,6 @@ def test_overhead_lines_are_named_and_sourced_and_sum_to_auto():
     assert sum(v for k, v in ampere.items() if k.startswith("cuBLAS workspace")) == 2 * (8 * 2**20 + 128 * 2**10)
 
 
-# --- transformers families against MemTracker ----------------------------------------------------
-needs.module("transformers")
-import hf_measure  # noqa: E402
-
-from memfit.models import hf_config  # noqa: E402
-
-STATES = {"sgd": 0, "adam": 2, "adamw": 2}
-HF_RUNS = (
-    [(f, "adamw", "foreach", c, 2, 64) for f in hf_measure.FAMILIES for c in ("none", "full")]
-    + [(f, "sgd", "foreach", c, 2, 64) for f in ("llama", "gpt2") for c in ("none", "full")]
-    + [(f, "adamw", i, c, 2, 64) for f in ("llama", "gpt2") for i in ("fused", "for_loop") for c in ("none", "full")]
-    # one sequence of 8 tokens: the activations are small and the optimizer step is the peak
-    + [(f, "adamw", i, "none", 1, 8) for f in ("llama", "gpt2") for i in IMPLS]
-)
-# bf16 parameters (model.to(bfloat16)): the loss upcasts the logits to fp32
-HF_BF16 = [(f, "adamw", "foreach", c, b, s) for f in ("llama", "gpt2") for c in ("none", "full") for b, s in ((2, 64), (1, 8))]
-
-
-def hf_tiny(family):
-    return hf_measure.without_attention_dropout(hf_measure.tiny(family))
-
-
-# issue 21: a family whose attention builds (b, ., s, s) temporaries in the forward peaks there: Gemma 2 runs eager
-# only (no sdpa), Starcoder2's sliding window (24 < 64 tokens) hands sdpa a mask built per call. The ledger counts
-# what each op keeps, not those temporaries; the bytes agree within 0.07%, the phase is the other one
-EAGER_ONLY_PHASE = {("gemma2", "none"): "eager attention's forward score temporaries are not in the ledger: "
-                    "measured forward 3,196,612 B vs memfit backward 3,195,464 B (0.9996)",
-                    ("starcoder2", "none"): "the sliding-window mask's forward temporaries are not in the ledger: "
-                    "measured forward 1,897,844 B vs memfit backward 1,896,644 B (0.9994)"}
-HF_RUNS = [pytest.param(*run, marks=pytest.mark.xfail(strict=True, reason=EAGER_ONLY_PHASE[run[0], run[3]]))
-           if (run[0], run[3]) in EAGER_ONLY_PHASE else run for run in HF_RUNS]
-
-
-@pytest.mark.filterwarnings("ignore")
-@pytest.mark.parametrize("precision", ["32-true"])
-@pytest.mark.parametrize("family,optimizer,impl,checkpointing,micro_batch,seq_len", HF_RUNS)
-def test_transformers_peak_matches_memtracker(family, optimizer, impl, checkpointing, micro_batch, seq_len, precision, tmp_path):
-    check_hf(family, optimizer, impl, checkpointing, micro_batch, seq_len, precision, tmp_path)
-
-
-@pytest.mark.filterwarnings("ignore")
-@pytest.mark.parametrize("family,optimizer,impl,checkpointing,micro_batch,seq_len", HF_BF16)
-def test_transformers_peak_in_bf16_matches_memtracker(family, optimizer, impl, checkpointing, micro_batch, seq_len, tmp_path):
-    check_hf(family, optimizer, impl, checkpointing, micro_batch, seq_len, "bf16-true", tmp_path)
-
-
-def hf_run_peak(cfg: dict, tmp_path, **run) -> dict:
-    """The peak `memfit check --format json` reports for the run, written as a user writes it:
-    the model's config.json beside a memfit config that names it."""
-    import json
-    import subprocess
-    import sys
-
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": run.pop("optimizer"), "model": {"hf_config": "config.json"}}
-    if run.get("precision") is not None:
-        doc["precision"] = run.pop("precision")
-    for key in ("quantization", "lora"):
-        if run.get(key) is not None:
-            doc[key] = run.pop(key)
-    run.pop("precision", None), run.pop("quantization", None), run.pop("lora", None)
-    doc["training"] = {k: v for k, v in run.items() if v is not None}
-    path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)], capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return json.loads(done.stdout)["files"][0]
-
-
-def check_hf(family, optimizer, impl, checkpointing, micro_batch, seq_len, precision, tmp_path):
-    cfg = hf_tiny(family)
-    theirs = ref.measure_hf(cfg, micro_batch=micro_batch, seq_len=seq_len, optimizer=optimizer, impl=impl, checkpointing=checkpointing, precision=precision)
-    ours = hf_run_peak(cfg, tmp_path, optimizer=optimizer, precision=precision, micro_batch=micro_batch, seq_len=seq_len,
-                       checkpointing=checkpointing, optimizer_impl=impl, attention="sdpa")["peak"]
-    assert ours["phase"] == theirs["phase"]
-    assert abs(ours["bytes"] - theirs["bytes"]) <= BAND * theirs["bytes"], (ours["bytes"], theirs["bytes"])
-    assert ours["live"]["parameters"] == theirs["parameters"]
-    assert ours["live"]["optimizer_state"] == theirs["optimizer_state"]
-
-
 # --- in the pipeline: config, budget gate, reports ------------------------------------------
 import json  # noqa: E402
 import subprocess  # noqa: E402
@@ -292,17 +228,18 @@ from memfit.editor.editor import Analysis  # noqa: E402
 from memfit.report.explain import render  # noqa: E402
 from memfit.report.reporters import summary_markdown  # noqa: E402
 
-SEED_RUN = {
-    "memfit": 1,
-    "optimizer": "sgd",
-    "device": {"memory": "1 GiB"},
-    "training": {"optimizer_impl": "foreach"},
-    "model": {"input_shape": [80, 80, 4], "batch_size": 32, "layers": tf.SEED[1]},
-}
+def seed_run():
+    return {
+        "memfit": 1,
+        "optimizer": "sgd",
+        "device": {"memory": "1 GiB"},
+        "training": {"optimizer_impl": "foreach"},
+        "model": {"input_shape": [80, 80, 4], "batch_size": 32, "layers": tf.SEED[1]},
+    }
 
 
 def run_doc(**changes):
-    doc = json.loads(json.dumps(SEED_RUN))
+    doc = seed_run()
     for key, value in changes.items():
         if value is None:
             doc.pop(key, None)
@@ -317,7 +254,7 @@ def test_a_training_section_adds_the_peak_and_keeps_the_footprint():
     _, plain = run_doc(training=None)
     assert run.footprint == plain.footprint
     assert plain.peak is None and plain.config.peak is None
-    assert run.peak == {k: v for k, v in memfit_peak(*MODELS["seed-cnn"], "sgd", "foreach").items() if k in ("bytes", "phase", "live")}
+    assert run.peak == {k: v for k, v in memfit_peak(*keras_model("seed-cnn"), "sgd", "foreach").items() if k in ("bytes", "phase", "live")}
     assert run.peak["bytes"] == sum(run.peak["live"].values())
     assert run.peak["phase"] == "backward" and run.peak["bytes"] > run.footprint["total"]
 
@@ -409,39 +346,3 @@ def test_a_fused_step_torch_optim_does_not_have_is_refused():
     _, run = run_doc(optimizer="lion")
     [d] = run.diagnostics
     assert (d.code, d.severity) == ("optimizer-impl", "information") and run.peak is not None
-
-
-@pytest.mark.filterwarnings("ignore")
-@pytest.mark.parametrize("family,checkpointing", [("llama", "none"), ("gpt2", "full")])
-def test_a_transformer_run_through_check_matches_memtracker(family, checkpointing):
-    """The whole pipeline on a transformer config (model.transformer inline, a training section)
-    against a real step of the same tiny model."""
-    cfg = hf_tiny(family)
-    given = {k: v for k, v in cfg.items() if k in ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                                                     "num_key_value_heads", "max_position_embeddings", "n_embd", "n_layer", "n_head", "n_positions", "attn_pdrop", "bos_token_id", "eos_token_id")}
-    doc = {
-        "memfit": 1,
-        "optimizer": "adamw",
-        "device": {"memory": "1 GiB"},
-        "model": {"transformer": given},
-        "training": {"micro_batch": 2, "seq_len": 64, "checkpointing": checkpointing, "optimizer_impl": "for_loop"},
-    }
-    result = check(yaml.safe_dump(doc, sort_keys=False))
-    assert not result.failed, result.diagnostics
-    theirs = ref.measure_hf(cfg, micro_batch=2, seq_len=64, optimizer="adamw", impl="for_loop", checkpointing=checkpointing)
-    ours = result.peak
-    assert ours["phase"] == theirs["phase"]
-    assert abs(ours["bytes"] - theirs["bytes"]) <= BAND * theirs["bytes"], (ours["bytes"], theirs["bytes"])
-    assert ours["live"]["parameters"] == theirs["parameters"] and ours["live"]["optimizer_state"] == theirs["optimizer_state"]
-
-
-@pytest.mark.parametrize("family", hf_measure.FAMILIES)
-def test_every_family_layer_splits_into_its_parts(family):
-    """The layer parts are found by hf_activations' labels: a renamed op must not silently merge them."""
-    from memfit.models import hf_activations
-    from memfit.ledger.training import _split
-
-    kept = hf_activations.saved(hf_config.normalize(hf_tiny(family)), micro_batch=2, seq_len=64)[1].kept
-    parts = dict(_split(kept, hf_activations.FAMILIES[family]))
-    assert parts["attention"] and parts["mlp"] and parts["down_proj"], {k: len(v) for k, v in parts.items()}
-    assert sum(map(len, parts.values())) == len(kept)

@@ -57,6 +57,29 @@ def compare(ours: list[dict], theirs: dict, modules) -> list[str]:
     return bad
 
 
+def largest(ours: list[dict], theirs: dict, modules) -> str:
+    """The largest difference at any boundary of `modules`, signed, as docs/report.md prints it (+2.0%, −3.3%)."""
+    diffs = [(e["bytes"] - theirs[(e["module"], e["at"])]) / theirs[(e["module"], e["at"])] for e in ours
+             if e["at"] is not None and e["module"] in modules and (e["module"], e["at"]) in theirs]
+    worst = max(diffs, key=abs)
+    return f"{'+' if worst >= 0 else '−'}{abs(worst) * 100:.1f}%"
+
+
+def documented(model: str, checkpointing: str, column: int) -> str:
+    """docs/report.md's "Measured against PyTorch" table: the cell of the row whose model cell starts with `model`
+    (a row that repeats the model above names it alone) and checkpointing; column 2 decoder layers, 3 head."""
+    text = (ROOT / "docs" / "report.md").read_text(encoding="utf-8")
+    section = text[text.index("### Measured against PyTorch"):]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines() if line.startswith("| ")][1:]
+    found = [r for r in rows if r[0].split(" (")[0].split(",")[0] == model and r[1] == checkpointing]
+    assert len(found) == 1, (model, checkpointing, rows)
+    return found[0][column].strip("*")
+
+
+DOC_MODEL = {"llama": "Llama", "gpt2": "GPT-2", "mixtral": "Mixtral", "mlp": "Keras-form MLP", "encoder": "Keras-form encoder",
+             "seed-cnn": "Keras-form seed CNN"}
+
+
 def hf_run(tmp_path, family: str, checkpointing: str):
     cfg = hf_measure.without_attention_dropout(hf_measure.tiny(family))
     (tmp_path / "config.json").write_text(json.dumps(cfg))  # transformers' own config.json of the model measured
@@ -81,6 +104,7 @@ def test_decoder_layer_boundaries_match_memtracker(tmp_path, family, checkpointi
     for m in layers:
         assert {e["at"] for e in ours if e["module"] == m} >= set(ATS)
     assert compare(ours, theirs, layers) == []
+    assert largest(ours, theirs, layers) == documented(DOC_MODEL[family], checkpointing, 2)  # the page, at its 0.1%
 
 
 # The head: the ledger's head row keeps the loss's log-softmax output from its own forward on
@@ -97,6 +121,7 @@ def test_head_boundaries_match_memtracker(tmp_path, family, checkpointing):
     head = {e["module"] for e in ours if e["module"] == "lm_head" or "norm" in e["module"] or e["module"].endswith("ln_f")}
     assert "lm_head" in head and len(head) == 2  # the output layer and the final norm the head row begins with
     assert compare(ours, theirs, head) == []
+    assert largest(ours, theirs, head) == documented(DOC_MODEL[family], checkpointing, 3)  # the page, at its 0.1%
 
 
 KERAS = {"mlp": 8, "encoder": 8, "seed-cnn": 32}
@@ -113,3 +138,4 @@ def test_keras_form_layer_boundaries_match_memtracker(tmp_path, case):
     assert len(names) == len(layers)
     theirs = tm.keras_boundaries(input_shape, layers, KERAS[case], "adamw", "foreach", names)
     assert compare(ours, theirs, set(names)) == []
+    assert largest(ours, theirs, set(names)) == documented(DOC_MODEL[case], "—", 2)  # the page, at its 0.1%

@@ -144,7 +144,7 @@ PUBLISHED = {  # examples/models: the config.json Qwen publishes for each
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
-def test_published_configs_check_through_the_cli(name):
+def test_published_configs_check_through_the_cli(name, tmp_path):
     """`memfit check --format json` on the example: its parameter bytes are the real class's parameters (built on
     the meta device from the same config.json) at the example's dtype."""
     import torch
@@ -158,10 +158,7 @@ def test_published_configs_check_through_the_cli(name):
     real = sum(p.numel() for p in model.parameters())
     assert real == published == hf.parameter_count(hf_config.normalize(raw))
     if example is None:
-        import tempfile
-
-        folder = tempfile.mkdtemp()
-        example = str(Path(folder) / "full.yaml")
+        example = str(tmp_path / "full.yaml")
         Path(example).write_text(f"memfit: 1\ndevice: {{preset: H200}}\nprecision: bf16-mixed\noptimizer: adamw\n"
                                  f"model: {{hf_config: {ROOT / 'examples' / 'models' / name}}}\n"
                                  "training: {micro_batch: 1, seq_len: 4096, attention: sdpa, checkpointing: full}\n")

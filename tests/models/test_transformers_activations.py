@@ -7,6 +7,7 @@ then compares memfit's closed form within the band issue 11 sets (±5%; ±10% fo
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -29,8 +30,23 @@ def modelled(cfg, **kw):
     return ha.total(ha.saved(cfg, **kw))
 
 
-def assert_band(measured: int, model: int, band: float, what: str):
+def documented_ratios() -> dict[str, tuple[float, float]]:
+    """docs/transformers.md's per-family "activation ratio" column: memfit / measured, lowest–highest, 4 decimals."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "transformers.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `(\w+)` \| [^|]* \| (\d\.\d{4})–(\d\.\d{4}) \|", text, re.MULTILINE)
+    return {family: (float(lo), float(hi)) for family, lo, hi in rows}
+
+
+RATIOS = documented_ratios()
+
+
+def assert_band(measured: int, model: int, band: float, what: str, family: str | None = None):
     assert abs(model - measured) <= band * measured, f"{what}: memfit {model} B vs measured {measured} B ({model / measured:.4f}x)"
+    if family is not None:  # the page's claim for the family, at its precision (4 decimals)
+        lo, hi = RATIOS[family]
+        assert lo <= round(model / measured, 4) <= hi, f"{what}: {model / measured:.4f}x, outside docs/transformers.md's {lo:.4f}–{hi:.4f} for {family}"
 
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
@@ -43,7 +59,12 @@ def test_saved_bytes_match_a_real_step(family, attention):
     for micro_batch, seq_len in SIZES:
         measured = hm.measure(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, model=model)["total"]
         ours = modelled(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention)
-        assert_band(measured, ours, 0.05, f"{family} {attention} b={micro_batch} s={seq_len}")
+        assert_band(measured, ours, 0.05, f"{family} {attention} b={micro_batch} s={seq_len}", family)
+
+
+def test_the_page_gives_every_measured_family_a_ratio():
+    assert set(hm.FAMILIES) <= set(RATIOS), sorted(set(hm.FAMILIES) - set(RATIOS))
+    assert all(lo <= hi for lo, hi in RATIOS.values())
 
 
 def test_blocks_follow_the_layout_contract():
@@ -99,7 +120,7 @@ def test_precision_recipes_match_a_real_step(family, precision, attention):
         cfg = hm.without_attention_dropout(cfg)
     measured = hm.measure(cfg, micro_batch=2, seq_len=16, attention=attention, precision=precision)["total"]
     ours = modelled(cfg, micro_batch=2, seq_len=16, attention=attention, precision=precision)
-    assert_band(measured, ours, 0.05, f"{family} {precision} {attention}")
+    assert_band(measured, ours, 0.05, f"{family} {precision} {attention}", family)
 
 
 def test_true_16_bit_keeps_fp32_norm_upcasts_and_loss():
@@ -135,7 +156,7 @@ def test_lora_matches_a_real_step(family, precision, lora):
     cfg = hm.without_attention_dropout(hm.tiny(family))
     measured = hm.measure(cfg, micro_batch=2, seq_len=16, precision=precision, lora=lora)["total"]
     ours = modelled(cfg, micro_batch=2, seq_len=16, precision=precision, lora=lora)
-    assert_band(measured, ours, 0.05, f"{family} {precision} LoRA {lora}")
+    assert_band(measured, ours, 0.05, f"{family} {precision} LoRA {lora}", family)
 
 
 def test_lora_below_the_first_adapter_keeps_nothing():
@@ -163,7 +184,7 @@ def test_full_checkpointing_peak_matches_the_measured_peak(family, attention):
     for micro_batch, seq_len in SIZES:
         measured = hm.measure(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing="full")
         ours = ha.peak_saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing="full")
-        assert_band(measured["peak"], ours, 0.10, f"{family} {attention} checkpointed peak")
+        assert_band(measured["peak"], ours, 0.10, f"{family} {attention} checkpointed peak", family)
         assert measured["peak"] < 0.5 * modelled(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention)
 
 

@@ -110,9 +110,18 @@ def _meta_model(kind):
 OFFLOADS = [(False, False), (True, False), (True, True)]
 
 
+def assert_padded(ours: int, theirs: int, world: int, what):
+    """docs/parallel.md's claim: to the byte on 8 ranks (every partition divides); on 6 or 24 ranks above the
+    estimator by ZeRO's partition padding alone, which the estimators ignore: never below, at most 0.0002 %."""
+    if world == 8:
+        assert ours == theirs, what
+    else:
+        assert 0 <= ours - theirs <= theirs * 2 // 1_000_000, (what, ours - theirs)
+
+
 @pytest.mark.parametrize("model", ["docs-t5-3b", "t5-3b", "llama-7b"])
 @pytest.mark.parametrize("gpus, nodes", [(8, 1), (6, 1), (8, 3)])
-def test_deepspeed_estimators_within_a_tenth_of_a_percent(model, gpus, nodes):
+def test_deepspeed_estimators_to_the_byte_or_the_padding(model, gpus, nodes):
     stage12, stage3 = _deepspeed()
     tensors, total, largest = _docs_t5_3b() if model == "docs-t5-3b" else _meta_model(model)
     for offload_optimizer, offload_parameters in OFFLOADS:
@@ -123,12 +132,12 @@ def test_deepspeed_estimators_within_a_tenth_of_a_percent(model, gpus, nodes):
         if largest % (gpus * nodes) == 0 and model != "llama-7b":  # one parameter, nothing padded
             assert r3.transient == {"gathered parameters": 2 * largest, "unit gradients": 2 * largest}
         assert sum(r3.transient.values()) == pytest.approx(largest_layer_memory, rel=1e-3)
-        assert r3.peak == pytest.approx(gpu3, rel=1e-3), (offload_optimizer, offload_parameters)
+        assert_padded(r3.peak, gpu3, gpus * nodes, (3, offload_optimizer, offload_parameters))
         if not offload_parameters:
             _, gpu2 = stage12.estimate_zero2_model_states_mem_needs(total, gpus, nodes, cpu_offload=offload_optimizer)
             r2 = _memfit_gpu(tensors, 2, gpus, nodes, offload_optimizer, False).most_loaded
             assert r2.transient == {}
-            assert r2.peak == pytest.approx(gpu2, rel=1e-3), offload_optimizer
+            assert_padded(r2.peak, gpu2, gpus * nodes, (2, offload_optimizer))
 
 
 def test_deepspeed_printed_tables_agree_with_memfit():

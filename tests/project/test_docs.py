@@ -127,22 +127,61 @@ def test_the_pages_mark_their_command_outputs():
 
 
 def test_the_sync_tool_rewrites_a_stale_block(tmp_path):
-    """The rewrite is real: a page with a wrong figure in a marked block comes back with the program's."""
+    """The rewrite is real: a page with a wrong figure in a marked block comes back with the program's (the page is
+    written in a scratch directory, never into the checkout)."""
     sync = _sync_docs()
-    page = ROOT / "docs" / "_sync_probe.md"
-    try:
-        page.write_text(
-            "# probe\n\n<!-- memfit-docs run -->\n```text\n$ memfit check examples/atari-cnn.yaml\nexamples/atari-cnn.yaml: total 1.00 MiB\n```\n",
-            encoding="utf-8",
-        )
-        done = subprocess.run([sys.executable, str(ROOT / "tools" / "sync_docs.py"), "--check", str(page)], capture_output=True, text=True, check=False)
-        assert done.returncode == 1 and "-examples/atari-cnn.yaml: total 1.00 MiB" in done.stdout, done.stdout + done.stderr
-        done = subprocess.run([sys.executable, str(ROOT / "tools" / "sync_docs.py"), str(page)], capture_output=True, text=True, check=False)
-        assert done.returncode == 0, done.stderr
-        text = page.read_text(encoding="utf-8")
-        # the Atari CNN: 3,356,322 float32 parameters with Adam (4 + 4 + 8 bytes each) + 6,619,392 B of
-        # activations (docs/layers.md derives both by hand) = 60,320,544 B = 57.53 MiB, against 2 GiB
-        assert "total 57.53 MiB of 2.00 GiB" in text and 3_356_322 * 16 + 6_619_392 == 60_320_544
-        assert sync.diff(page, *sync.refresh(page)) == ""
-    finally:
-        page.unlink(missing_ok=True)
+    page = tmp_path / "_sync_probe.md"
+    page.write_text(
+        "# probe\n\n<!-- memfit-docs run -->\n```text\n$ memfit check examples/atari-cnn.yaml\nexamples/atari-cnn.yaml: total 1.00 MiB\n```\n",
+        encoding="utf-8",
+    )
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "sync_docs.py"), "--check", str(page)], capture_output=True, text=True, check=False)
+    assert done.returncode == 1 and "-examples/atari-cnn.yaml: total 1.00 MiB" in done.stdout, done.stdout + done.stderr
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "sync_docs.py"), str(page)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    text = page.read_text(encoding="utf-8")
+    # the Atari CNN: 3,356,322 float32 parameters with Adam (4 + 4 + 8 bytes each) + 6,619,392 B of
+    # activations (docs/layers.md derives both by hand) = 60,320,544 B = 57.53 MiB, against 2 GiB
+    assert "total 57.53 MiB of 2.00 GiB" in text and 3_356_322 * 16 + 6_619_392 == 60_320_544
+    assert sync.diff(page, *sync.refresh(page)) == ""
+
+
+def _doc_tables():
+    return _sync_docs()._doc_tables()
+
+
+def test_every_measurement_table_prints_what_memfit_prints():
+    """memfit's cells of every marked measurement table (tools/doc_tables.py: peak.md's MemTracker tables,
+    parallel.md's DeepSpeed and Korthikanti tables) are what `memfit check` prints for the row's config, to the byte;
+    the reference cells are asserted by the tests that run the reference (test_peak.py, test_deepspeed_configs.py,
+    test_korthikanti_configs.py). `python tools/doc_tables.py` rewrites them."""
+    import needs
+
+    needs.module("torch"), needs.module("transformers")  # the tables' models are built from transformers configs
+    tables = _doc_tables()
+    marked = [p for p in tables.pages() if "memfit-docs table=" in p.read_text(encoding="utf-8")]
+    assert {p.name for p in marked} >= {"peak.md", "parallel.md"}
+    stale = tables.check(marked)
+    assert not stale, "measurement tables differ from memfit's output (run `python tools/doc_tables.py`):\n" + stale
+
+
+def test_the_table_tool_rewrites_a_drifted_figure(tmp_path):
+    """A documented figure that drifts fails the check: Korthikanti's Table 2 at a small layer (the paper's bytes are
+    the formula's, s = 64, b = 2, h = 64, a = 4, t = 2: sbh(10 + 24/2 + 5as/(ht)) = 8192 x (22 + 10) = 262,144 B),
+    with memfit's cell one byte off; the rewrite puts memfit's figure back and the check is clean."""
+    tables = _doc_tables()
+    page = tmp_path / "probe.md"
+    page.write_text(
+        '# probe\n\n<!-- memfit-docs table="korthikanti" s="64" b="2" h="64" a="4" t="2" -->\n'
+        "| recompute | sequence parallel | Table 2 | paper (bytes) | memfit (bytes) | difference |\n"
+        "|---|---|---|---:|---:|---:|\n"
+        "| none | no | sbh(10 + 24/t + 5as/(ht)) | 262,144 | 262,145 | 0 |\n", encoding="utf-8")
+    assert 64 * 2 * 64 * (10 + 24 // 2 + 5 * 4 * 64 // (64 * 2)) == 262_144
+    assert "-| none | no | sbh(10 + 24/t + 5as/(ht)) | 262,144 | 262,145 | 0 |" in tables.check([page])
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "doc_tables.py"), str(page)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    row = page.read_text(encoding="utf-8").splitlines()[-1]
+    paper, ours = (int(c.replace(",", "")) for c in row.split("|")[4:6])
+    # the paper leaves out each LayerNorm's fp32 mean and 1/std: 2 norms x 8 bytes per token (docs/parallel.md)
+    assert paper == 262_144 and ours == paper + 2 * 8 * 64 * 2, row
+    assert tables.check([page]) == ""

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import needs
+import wheelhouse
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +77,7 @@ def env(tmp_path_factory) -> dict:
         needs.unavailable("git is not installed")
     base = tmp_path_factory.mktemp("precommit-docs-env")
     (base / "home").mkdir()
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("GIT_", "PRE_COMMIT", "MEMFIT_"))}
+    clean = wheelhouse.offline({k: v for k, v in os.environ.items() if not k.startswith(("GIT_", "PRE_COMMIT", "MEMFIT_"))})
     sync = _sync_docs()
     return {
         **clean,

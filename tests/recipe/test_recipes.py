@@ -21,10 +21,11 @@ import warnings
 import needs
 import pytest
 
-torch = needs.module("torch")
-transformers = needs.module("transformers")
-peft = needs.module("peft")
-bnb = needs.module("bitsandbytes")
+# imported by the tests that use them: the accountings, the tables and the config checks below run without them
+torch = needs.lazy("torch")
+transformers = needs.lazy("transformers")
+peft = needs.lazy("peft")
+bnb = needs.lazy("bitsandbytes")
 
 from memfit.recipe import lora  # noqa: E402
 
@@ -34,11 +35,12 @@ from memfit.recipe import precision
 
 from memfit.recipe import quant
 
-transformers.logging.set_verbosity_error()
+if needs.available("transformers"):
+    transformers.logging.set_verbosity_error()
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.filterwarnings("ignore::FutureWarning")]
 
-TORCH_DTYPE = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-NAME_OF = {v: k for k, v in TORCH_DTYPE.items()} | {torch.uint8: "uint8", torch.int8: "int8"}
+TORCH_DTYPE = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16} if needs.available("torch") else {}
+NAME_OF = {v: k for k, v in TORCH_DTYPE.items()} | ({torch.uint8: "uint8", torch.int8: "int8"} if TORCH_DTYPE else {})
 SCALARS = {"step", "mu_product"}
 
 
@@ -125,18 +127,23 @@ TORCH_OPTIMIZERS = {
 RECIPE_NAMES = list(precision.RECIPES)
 
 
-class Net(torch.nn.Module):
-    """Linear + LayerNorm + Linear + a 3-dim parameter (Adafactor factors over the last two dims)."""
+def Net():
+    """The model of the one-step checks (a class made when a test needs it: torch is imported then)."""
 
-    def __init__(self):
-        super().__init__()
-        self.a = torch.nn.Linear(12, 20)
-        self.norm = torch.nn.LayerNorm(20)
-        self.b = torch.nn.Linear(20, 6, bias=False)
-        self.cube = torch.nn.Parameter(torch.randn(3, 4, 6) * 0.1)
+    class Net(torch.nn.Module):
+        """Linear + LayerNorm + Linear + a 3-dim parameter (Adafactor factors over the last two dims)."""
 
-    def forward(self, x):
-        return (self.b(self.norm(self.a(x))).unsqueeze(0) * self.cube.sum(1, keepdim=True)).sum()
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(12, 20)
+            self.norm = torch.nn.LayerNorm(20)
+            self.b = torch.nn.Linear(20, 6, bias=False)
+            self.cube = torch.nn.Parameter(torch.randn(3, 4, 6) * 0.1)
+
+        def forward(self, x):
+            return (self.b(self.norm(self.a(x))).unsqueeze(0) * self.cube.sum(1, keepdim=True)).sum()
+
+    return Net()
 
 
 def _step(recipe: str, optimizer: str):
@@ -217,17 +224,22 @@ BNB = {
 }
 
 
-class Wide(torch.nn.Module):
-    """Tensors on both sides of min_8bit_size (4096) and of a 256-block boundary."""
+def Wide():
+    """The model of the 8-bit state checks (made when a test needs it: torch is imported then)."""
 
-    def __init__(self):
-        super().__init__()
-        self.big = torch.nn.Linear(70, 100)  # 7000 elements: 8-bit, 28 blocks (last one partial)
-        self.exact = torch.nn.Linear(64, 64, bias=False)  # 4096: exactly min_8bit_size -> 8-bit
-        self.small = torch.nn.Linear(100, 40)  # 4000 < 4096: fp32 state
+    class Wide(torch.nn.Module):
+        """Tensors on both sides of min_8bit_size (4096) and of a 256-block boundary."""
 
-    def forward(self, x):
-        return self.small(self.exact(self.big(x)[:, :64]).repeat(1, 2)[:, :100]).sum()
+        def __init__(self):
+            super().__init__()
+            self.big = torch.nn.Linear(70, 100)  # 7000 elements: 8-bit, 28 blocks (last one partial)
+            self.exact = torch.nn.Linear(64, 64, bias=False)  # 4096: exactly min_8bit_size -> 8-bit
+            self.small = torch.nn.Linear(100, 40)  # 4000 < 4096: fp32 state
+
+        def forward(self, x):
+            return self.small(self.exact(self.big(x)[:, :64]).repeat(1, 2)[:, :100]).sum()
+
+    return Wide()
 
 
 @pytest.mark.parametrize("name", list(BNB))
@@ -255,6 +267,7 @@ def test_bnb_8bit_state(name, dtype):
 def test_bnb_constants_read_from_its_source():
     import inspect
 
+    needs.module("bitsandbytes")
     from bitsandbytes.optim import optimizer as bnb_optimizer
 
     source = inspect.getsource(bnb_optimizer.Optimizer2State.init_state)
@@ -417,6 +430,7 @@ def test_lora_gpt2_conv1d_tied():
 
 
 def test_default_targets_are_peft_s():
+    needs.module("peft")
     from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT
 
     assert all(PEFT[k] == v for k, v in lora.DEFAULT_TARGETS.items())
@@ -494,6 +508,7 @@ def _families():
 
 @pytest.mark.parametrize("model_type,given,arch", list(_families()))
 def test_families_lora_and_quantized_modules(model_type, given, arch):
+    needs.module("transformers")
     from transformers_configs import build
     from transformers.quantizers.base import get_keys_to_not_convert
     from transformers.quantizers.quantizers_utils import should_convert_module

@@ -21,3 +21,30 @@ def module(name: str):
         return importlib.import_module(name)
     except ImportError as error:
         unavailable(f"{name} is not installed ({error})")
+
+
+def available(name: str) -> bool:
+    """Whether `name` can be imported (without importing it)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+class _Lazy:
+    """A module imported when a test first uses it: a module-level `torch = needs.lazy("torch")` lets the tests that
+    never touch torch run without it, and skips (or, under CI, fails) only those that do."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__") or attr == "pytestmark":  # pytest's collector looking at a module's names
+            raise AttributeError(attr)
+        return getattr(module(self._name), attr)
+
+
+def lazy(name: str):
+    return _Lazy(name)

@@ -514,7 +514,8 @@ def _budget(config, options: Options, result: Result, data: dict) -> list[Proble
     else:
         at = ("device",) if "device" in data else ("memfit",)
         return [Problem(at, codes.NO_BUDGET, "no memory budget: set device.memory (e.g. '24 GiB'), name the card with device.preset (e.g. 'H100-80GB'), or pass --budget", on_key=True)]
-    if config.overhead and config.peak is None:  # a run's peak holds the overhead; a tensor list's budget loses it
+    gated_peak = config.peak if config.peak is not None else config.placement.peak
+    if config.overhead and not (gated_peak or {}).get("live", {}).get("overhead"):  # a run's peak holds the overhead; a tensor list's budget loses it
         budget -= config.overhead
         origin += f" - overhead {with_bytes(config.overhead)}"
     warn_at = options.warn_at if options.warn_at is not None else config.warn_at

@@ -232,6 +232,11 @@ def memfit_defaults(data: dict, conf: Settings) -> tuple[dict, set]:
     elif "host" not in data and conf.get("host_memory") is not None:
         out["host"] = {"memory": conf.get("host_memory")}
         added.add(("host",))
+    if isinstance(data.get("device"), dict):  # a device section without them: --reserve and --overhead fill them
+        for key in ("reserve", "overhead"):
+            if key not in data["device"] and conf.get(key) is not None:
+                out["device"] = {**out["device"], key: conf.get(key)}
+                added.add(("device", key))
     if isinstance(data.get("parallel"), dict) and "gpus_per_node" not in data["parallel"] and conf.get("gpus_per_node") is not None:
         out["parallel"] = {**data["parallel"], "gpus_per_node": conf.get("gpus_per_node")}
         added.add(("parallel", "gpus_per_node"))

@@ -1,0 +1,153 @@
+"""memfit's peak of a training step of tiny transformers models against PyTorch's MemTracker around a real step on
+the CPU (tests/support/peak_reference.py, tests/support/hf_measure.py's tiny configs), as test_peak.py does for the
+Keras-form models: peak.bytes within 5%, the phase exactly, live.parameters and live.optimizer_state exactly; and
+MemTracker's figure of every run docs/peak.md prints, to the byte (its memfit column: tests/project/test_docs.py).
+"""
+
+from __future__ import annotations
+
+import needs
+import pytest
+import yaml
+
+needs.module("torch")
+needs.module("transformers")
+
+import doc_tables  # noqa: E402
+import hf_measure  # noqa: E402
+import peak_reference as ref  # noqa: E402
+
+from memfit.check.pipeline import check  # noqa: E402
+from memfit.ledger.step import IMPLS  # noqa: E402
+from memfit.models import hf_config  # noqa: E402
+
+BAND = 0.05
+
+STATES = {"sgd": 0, "adam": 2, "adamw": 2}
+HF_RUNS = (
+    [(f, "adamw", "foreach", c, 2, 64) for f in hf_measure.FAMILIES for c in ("none", "full")]
+    + [(f, "sgd", "foreach", c, 2, 64) for f in ("llama", "gpt2") for c in ("none", "full")]
+    + [(f, "adamw", i, c, 2, 64) for f in ("llama", "gpt2") for i in ("fused", "for_loop") for c in ("none", "full")]
+    # one sequence of 8 tokens: the activations are small and the optimizer step is the peak
+    + [(f, "adamw", i, "none", 1, 8) for f in ("llama", "gpt2") for i in IMPLS]
+)
+# bf16 parameters (model.to(bfloat16)): the loss upcasts the logits to fp32
+HF_BF16 = [(f, "adamw", "foreach", c, b, s) for f in ("llama", "gpt2") for c in ("none", "full") for b, s in ((2, 64), (1, 8))]
+
+
+def hf_tiny(family):
+    return hf_measure.without_attention_dropout(hf_measure.tiny(family))
+
+
+# issue 21: a family whose attention builds (b, ., s, s) temporaries in the forward peaks there: Gemma 2 runs eager
+# only (no sdpa), Starcoder2's sliding window (24 < 64 tokens) hands sdpa a mask built per call. The ledger counts
+# what each op keeps, not those temporaries; the bytes agree within 0.07%, the phase is the other one
+EAGER_ONLY_PHASE = {("gemma2", "none"): "eager attention's forward score temporaries are not in the ledger: "
+                    "measured forward 3,196,612 B vs memfit backward 3,195,464 B (0.9996)",
+                    ("starcoder2", "none"): "the sliding-window mask's forward temporaries are not in the ledger: "
+                    "measured forward 1,897,844 B vs memfit backward 1,896,644 B (0.9994)"}
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("precision", ["32-true"])
+@pytest.mark.parametrize("family,optimizer,impl,checkpointing,micro_batch,seq_len", HF_RUNS)
+def test_transformers_peak_matches_memtracker(family, optimizer, impl, checkpointing, micro_batch, seq_len, precision, tmp_path):
+    check_hf(family, optimizer, impl, checkpointing, micro_batch, seq_len, precision, tmp_path)
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("family,optimizer,impl,checkpointing,micro_batch,seq_len", HF_BF16)
+def test_transformers_peak_in_bf16_matches_memtracker(family, optimizer, impl, checkpointing, micro_batch, seq_len, tmp_path):
+    check_hf(family, optimizer, impl, checkpointing, micro_batch, seq_len, "bf16-true", tmp_path)
+
+
+def hf_run_peak(cfg: dict, tmp_path, **run) -> dict:
+    """The peak `memfit check --format json` reports for the run, written as a user writes it:
+    the model's config.json beside a memfit config that names it."""
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": run.pop("optimizer"), "model": {"hf_config": "config.json"}}
+    if run.get("precision") is not None:
+        doc["precision"] = run.pop("precision")
+    for key in ("quantization", "lora"):
+        if run.get(key) is not None:
+            doc[key] = run.pop(key)
+    run.pop("precision", None), run.pop("quantization", None), run.pop("lora", None)
+    doc["training"] = {k: v for k, v in run.items() if v is not None}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)["files"][0]
+
+
+def documented_row(family, optimizer, impl, checkpointing, micro_batch, seq_len):
+    """docs/peak.md's row of this run (tools/doc_tables.py), or None: the page prints the fp32 runs of ten families."""
+    key = [family, optimizer, impl, checkpointing, f"{micro_batch}x{seq_len}"]
+    rows = [r for r in doc_tables.documented("docs/peak.md", "peak-transformers") if r[:5] == key]
+    assert len(rows) <= 1, rows
+    return rows[0] if rows else None
+
+
+def check_hf(family, optimizer, impl, checkpointing, micro_batch, seq_len, precision, tmp_path):
+    cfg = hf_tiny(family)
+    theirs = ref.measure_hf(cfg, micro_batch=micro_batch, seq_len=seq_len, optimizer=optimizer, impl=impl, checkpointing=checkpointing, precision=precision)
+    ours = hf_run_peak(cfg, tmp_path, optimizer=optimizer, precision=precision, micro_batch=micro_batch, seq_len=seq_len,
+                       checkpointing=checkpointing, optimizer_impl=impl, attention="sdpa")["peak"]
+    assert abs(ours["bytes"] - theirs["bytes"]) <= BAND * theirs["bytes"], (ours["bytes"], theirs["bytes"])
+    assert ours["live"]["parameters"] == theirs["parameters"]
+    assert ours["live"]["optimizer_state"] == theirs["optimizer_state"]
+    row = documented_row(family, optimizer, impl, checkpointing, micro_batch, seq_len) if precision == "32-true" else None
+    if row is not None:  # the page prints MemTracker's figure and phase to the byte
+        assert (theirs["bytes"], theirs["phase"]) == (int(row[5].replace(",", "")), row[6]), row
+    known = EAGER_ONLY_PHASE.get((family, checkpointing)) if precision == "32-true" else None
+    if known:  # the one assertion known to fail; strict: when the phases agree, this entry must go
+        assert ours["phase"] != theirs["phase"], f"the phases agree now: remove {(family, checkpointing)} from EAGER_ONLY_PHASE"
+        pytest.xfail(known)
+    assert ours["phase"] == theirs["phase"]
+
+
+def test_every_run_the_page_prints_is_measured():
+    """Each row of docs/peak.md's transformers table is one of the runs above (so its MemTracker figure is asserted)."""
+    runs = {(f, o, i, c, f"{b}x{s}") for f, o, i, c, b, s in HF_RUNS}
+    rows = doc_tables.documented("docs/peak.md", "peak-transformers")
+    assert rows and all(tuple(r[:5]) in runs for r in rows), [r[:5] for r in rows if tuple(r[:5]) not in runs]
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("family,checkpointing", [("llama", "none"), ("gpt2", "full")])
+def test_a_transformer_run_through_check_matches_memtracker(family, checkpointing):
+    """The whole pipeline on a transformer config (model.transformer inline, a training section)
+    against a real step of the same tiny model."""
+    cfg = hf_tiny(family)
+    given = {k: v for k, v in cfg.items() if k in ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                                                     "num_key_value_heads", "max_position_embeddings", "n_embd", "n_layer", "n_head", "n_positions", "attn_pdrop", "bos_token_id", "eos_token_id")}
+    doc = {
+        "memfit": 1,
+        "optimizer": "adamw",
+        "device": {"memory": "1 GiB"},
+        "model": {"transformer": given},
+        "training": {"micro_batch": 2, "seq_len": 64, "checkpointing": checkpointing, "optimizer_impl": "for_loop"},
+    }
+    result = check(yaml.safe_dump(doc, sort_keys=False))
+    assert not result.failed, result.diagnostics
+    theirs = ref.measure_hf(cfg, micro_batch=2, seq_len=64, optimizer="adamw", impl="for_loop", checkpointing=checkpointing)
+    ours = result.peak
+    assert ours["phase"] == theirs["phase"]
+    assert abs(ours["bytes"] - theirs["bytes"]) <= BAND * theirs["bytes"], (ours["bytes"], theirs["bytes"])
+    assert ours["live"]["parameters"] == theirs["parameters"] and ours["live"]["optimizer_state"] == theirs["optimizer_state"]
+
+
+@pytest.mark.parametrize("family", hf_measure.FAMILIES)
+def test_every_family_layer_splits_into_its_parts(family):
+    """The layer parts are found by hf_activations' labels: a renamed op must not silently merge them."""
+    from memfit.models import hf_activations
+    from memfit.ledger.training import _split
+
+    kept = hf_activations.saved(hf_config.normalize(hf_tiny(family)), micro_batch=2, seq_len=64)[1].kept
+    parts = dict(_split(kept, hf_activations.FAMILIES[family]))
+    assert parts["attention"] and parts["mlp"] and parts["down_proj"], {k: len(v) for k, v in parts.items()}
+    assert sum(map(len, parts.values())) == len(kept)
