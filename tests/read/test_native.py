@@ -226,9 +226,9 @@ def test_settings_and_directory_walks(tmp_path, model):
     configs.mkdir()
     (configs / "run.yml").write_text("base_model: meta/Llama-Three\nmicro_batch_size: 1\nsequence_len: 2048\n")
     (configs / "plain.yaml").write_text("memfit: 1\noptimizer: adam\nparameters: [[1024, 1024]]\n")
-    # without settings: a walk picks up memfit configs only, the native file is not one
+    # without settings: a folder is checked like its files, the native file too (its model unknown: an error, not a skip)
     walk = memfit("check", "--skip-unrecognized", "--device", "H100-80GB", configs)
-    assert walk.returncode == 0 and "1 skipped" in walk.stdout
+    assert walk.returncode == 1 and "run.yml:1:13: error[model-not-found]" in walk.stdout and "skipped" not in walk.stdout
     (tmp_path / "pyproject.toml").write_text(
         '[project]\nname = "x"\n\n[tool.memfit]\ndevice = "A100-40GB"\ninclude = ["configs/*.yml"]\n\n[tool.memfit.models]\n"meta/Llama-Three" = "models/m.json"\n'
     )

@@ -113,6 +113,7 @@ def parser(wanted: str | None = None) -> argparse.ArgumentParser:
         check.add_argument("paths", nargs="+", metavar="PATH", help="files, or directories to search for *.yaml / *.yml")
         check.add_argument("--format", choices=list(REPORTERS), default="text", help="output format (default text)")
         check.add_argument("--skip-unrecognized", action="store_true", help="skip files that are not memfit configs instead of failing them")
+        check.add_argument("--allow-empty", action="store_true", help="let a directory in which no config is recognised pass (default: exit 1, error no-configs)")
         check.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
         check.add_argument("--summary-md", metavar="FILE", help="also append a Markdown table (file, total, budget, headroom, verdict) to FILE, e.g. $GITHUB_STEP_SUMMARY")
         check.add_argument("--suggest", action="store_true", help="for a config over (or near) its budget, the single changes that make it fit, with their edits")
@@ -126,6 +127,7 @@ def parser(wanted: str | None = None) -> argparse.ArgumentParser:
         explain.add_argument("--format", choices=("text", "json", "html"), default="text", help="text (default), json (with each step's timeline) or one self-contained HTML report of all the configs")
         explain.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of stdout")
         explain.add_argument("--skip-unrecognized", action="store_true", help="skip files that are not memfit configs instead of failing them")
+        explain.add_argument("--allow-empty", action="store_true", help="let a directory in which no config is recognised pass (default: exit 1, error no-configs)")
         common(explain)
 
     fit = commands.add_parser("fit", help="the largest micro_batch (or other training key) that fits, or the fewest GPUs")

@@ -11,38 +11,87 @@ from memfit.read.inputs import expand
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
-def targets(paths: list[str]):
-    """expand(paths), plus the native configs the settings include under each walked directory."""
-    found = expand(paths)
-    walked_dirs = [p for p in paths if os.path.isdir(p)]
-    if walked_dirs:
+def targets(paths: list[str], allow_empty: bool = False):
+    """The files to check: a named file; under a named directory its YAML files and JSON files (read
+    alike: a native config is recognised by its parsed keys, wherever it was found), plus the native
+    configs the settings include. A directory with no such file is a problem unless `allow_empty`."""
+    found = []
+    for path, problem in expand(paths):
+        # a directory without YAML files: its JSON files, if any, are its candidates
+        if problem is not None and os.path.isdir(path) and (allow_empty or _walk_json(path)):
+            continue
+        found.append((path, problem))
+    have = {p for p, _ in found}
+    for directory in (p for p in paths if os.path.isdir(p)):
         from memfit.read.native.settings import include_matches
 
-        have = {p for p, _ in found}
-        for directory in walked_dirs:
-            found.extend((p, None) for p in include_matches(directory) if p not in have)
+        for extra in _walk_json(directory) + include_matches(directory):
+            if extra not in have:
+                found.append((extra, None))
+                have.add(extra)
     return found
 
 
-def with_walked(options: Options, paths: list[str]) -> Options:
-    """Files a directory walk found may be native configs only where the settings include them."""
+def _walk_json(top: str) -> list[str]:
+    """The JSON files under a directory (hidden and pruned folders left out, as the YAML walk does)."""
+    from memfit.read.inputs import _PRUNED
+
+    out = []
+    for root, dirs, names in os.walk(top):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in _PRUNED]
+        out.extend(os.path.join(root, name) for name in names if name.endswith(".json"))
+    return sorted(out)
+
+
+def lenient(paths: list[str]) -> frozenset:
+    """The JSON files a directory walk found: most JSON in a folder is not a config (a model's
+    config.json, a tokenizer), so such a file counts only where memfit recognises it, as
+    --skip-unrecognized would have it, with or without the flag."""
+    return frozenset(p for directory in paths if os.path.isdir(directory) for p in _walk_json(directory))
+
+
+def check_found(found: list, options: Options, loose: frozenset, jobs: int = 0) -> list[Result]:
+    """safe_check for each (path, problem), in order; a lenient file checked as --skip-unrecognized does."""
     from dataclasses import replace
 
-    given = set(paths)
-    return replace(options, walked=frozenset(p for p, _ in expand(paths) if p not in given))
-
-
-def check_paths(paths: list[str], options: Options, jobs: int = 0) -> list[Result]:
-    found = targets(paths)
-    results: list[Result | None] = [Result(p, [d]) if d else None for p, d in found]
-    todo = [p for p, d in found if d is None]
     from memfit.cli.pool import map_checked
 
-    checked = iter(map_checked(todo, options, jobs))
-    results = [r if r is not None else next(checked) for r in results]
+    results: list[Result | None] = [Result(p, [d]) if d else None for p, d in found]
+    strict = [p for p, d in found if d is None and p not in loose]
+    skipping = [p for p, d in found if d is None and p in loose]
+    checked = dict(zip(strict, map_checked(strict, options, jobs)))
+    checked.update(zip(skipping, map_checked(skipping, replace(options, skip_unrecognized=True), jobs)))
+    return [r if r is not None else checked[p] for r, (p, _) in zip(results, found)]
+
+
+def empty_folders(paths: list[str], results: list[Result], allow_empty: bool) -> list[Result]:
+    """A directory named on the command line in which memfit recognised no config: checking it
+    checked nothing, which a gate must not call a pass (unless --allow-empty asks for one)."""
+    from memfit.diagnostics import codes
+    from memfit.diagnostics.diagnostic import FILE_START, diagnostic
+
+    if allow_empty:
+        return []
+    out = []
+    for directory in dict.fromkeys(p for p in paths if os.path.isdir(p)):
+        prefix = os.path.join(directory, "")
+        under = [r for r in results if r.path.startswith(prefix) or r.path == directory]
+        if any(not r.skipped for r in under):
+            continue
+        message = (
+            f"no config memfit recognises in directory {directory} ({len(under):,} file{'s' if len(under) != 1 else ''} skipped: "
+            "neither a memfit config nor a native config recognised by its keys); pass --allow-empty if an empty check may pass"
+        )
+        out.append(Result(directory, [diagnostic(FILE_START, codes.NO_CONFIGS, message)]))
+    return out
+
+
+def check_paths(paths: list[str], options: Options, jobs: int = 0, allow_empty: bool = False) -> list[Result]:
+    found = targets(paths, allow_empty)
+    results = check_found(found, options, lenient(paths), jobs)
     if options.skip_unrecognized:
         results += dependents(results, options)
-    return results
+    return results + empty_folders(paths, results, allow_empty)
 
 
 def dependents(results: list[Result], options: Options) -> list[Result]:
@@ -111,7 +160,6 @@ def run(args) -> int:
     options = _options(args)
     if args.command == "convert":
         return run_convert(args, options)
-    options = with_walked(options, args.paths)
     if args.command == "fit":
         return run_fit(args, options)
     if args.command == "explain":
@@ -124,7 +172,7 @@ def run(args) -> int:
     if clash is not None:
         sys.stderr.write(printable(clash) + "\n")
         return EXIT_USAGE
-    results = check_paths(args.paths, options, args.jobs)
+    results = check_paths(args.paths, options, args.jobs, getattr(args, "allow_empty", False))
     if args.suggest:
         results = [suggest(r, options) for r in results]
     results = _settled(results)
@@ -158,7 +206,9 @@ def run_explain(args, options: Options) -> int:
     if clash is not None:
         sys.stderr.write(printable(clash) + "\n")
         return EXIT_USAGE
-    results = _settled([Result(p, [d]) if d else safe_check(p, options) for p, d in targets(args.paths)])
+    allow_empty = getattr(args, "allow_empty", False)
+    checked = check_found(targets(args.paths, allow_empty), options, lenient(args.paths))
+    results = _settled(checked + empty_folders(args.paths, checked, allow_empty))
     shown = [r for r in results if not r.skipped]
     if args.format == "text":
         colour = args.color == "always" or (args.color == "auto" and not args.output and sys.stdout.isatty() and "NO_COLOR" not in os.environ)
@@ -276,11 +326,19 @@ def run_fit(args, options: Options) -> int:
         from memfit.whatif.gpus import REPORTERS
 
         empty = GpuFit
-    fits = [empty(p, args.vary, diagnostics=[d]) if d else fit_file(p, args.vary, options) for p, d in targets(args.paths)]
+    loose = lenient(args.paths)
+    found = [(p, d) for p, d in targets(args.paths) if p not in loose or not safe_check(p, _skipping(options)).skipped]
+    fits = [empty(p, args.vary, diagnostics=[d]) if d else fit_file(p, args.vary, options) for p, d in found]
     REPORTERS[args.format](sys.stdout).report(fits)
     if any(f.usage for f in fits):
         return EXIT_USAGE
     return EXIT_FAILED if any(f.failed for f in fits) else EXIT_OK
+
+
+def _skipping(options: Options) -> Options:
+    from dataclasses import replace
+
+    return replace(options, skip_unrecognized=True)
 
 
 def _options(args) -> Options:

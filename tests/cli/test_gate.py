@@ -1,0 +1,112 @@
+"""The gate on native configs as users keep them (issue 33), each reproducer through the CLI on real files:
+recognition from the parsed document (every spelling YAML and JSON allow), folders checked like their files,
+an empty folder not called a pass, the command line's budget and device flags, where the budget came from."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ROOT / "examples" / "models"
+
+# an Axolotl full fine-tune of Llama-3-8B at 16 x 8192 tokens: far over an H100
+AXOLOTL = {
+    "block": "base_model: ../llama-3-8b.json\nsequence_len: 8192\nmicro_batch_size: 16\nnum_epochs: 1\n",
+    "flow": "{base_model: ../llama-3-8b.json, sequence_len: 8192, micro_batch_size: 16, num_epochs: 1}\n",
+    "quoted": "\"base_model\": ../llama-3-8b.json\n'sequence_len': 8192\n\"micro_batch_size\": 16\nnum_epochs: 1\n",
+    "indented": "  base_model: ../llama-3-8b.json\n  sequence_len: 8192\n  micro_batch_size: 16\n  num_epochs: 1\n",
+    "escaped": "\"\\x62ase_model\": ../llama-3-8b.json\n\"sequence\\u005flen\": 8192\nmicro_batch_size: 16\nnum_epochs: 1\n",
+    "json": '{"base_model": "../llama-3-8b.json", "sequence_len": 8192, "micro_batch_size": 16, "num_epochs": 1}',
+}
+# a Trainer argument file whose keys are JSON escapes
+TRAINER_ESCAPED = '{"\\u006dodel_name_or_path": "llama-3-8b.json", "per_device_train_batch_size": 16, "\\u0062lock_size": 8192, "output_dir": "o"}'
+
+
+def memfit(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "memfit", *map(str, args)], check=False, capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
+    (tmp_path / "ax").mkdir()
+    return tmp_path
+
+
+@pytest.mark.parametrize("spelling", sorted(AXOLOTL))
+def test_every_spelling_is_recognised_by_its_parsed_keys(project, spelling):
+    name = project / "ax" / ("run.json" if spelling == "json" else "run.yml")
+    name.write_text(AXOLOTL[spelling])
+    out = memfit("check", "--skip-unrecognized", "--format", "json", "--device", "H100", name)
+    [entry] = json.loads(out.stdout)["files"]  # the json format lists the files it checked, not the ones it skipped
+    assert out.returncode == 1 and entry["input_format"] == "axolotl"
+    assert [d["code"] for d in entry["diagnostics"]] == ["budget-exceeded"]
+
+
+def test_a_trainer_json_with_escaped_keys_is_checked(project):
+    (project / "args.json").write_text(TRAINER_ESCAPED)
+    out = memfit("check", "--skip-unrecognized", "--device", "H100", project / "args.json")
+    assert out.returncode == 1 and "error[budget-exceeded]" in out.stdout, out.stdout
+
+
+def test_a_folder_is_checked_like_its_files(project):
+    for spelling, text in AXOLOTL.items():
+        (project / "ax" / (f"{spelling}.json" if spelling == "json" else f"{spelling}.yml")).write_text(text)
+    (project / "ax" / "tokenizer.json").write_text('{"version": "1.0", "added_tokens": []}')  # JSON that is no config: skipped
+    (project / "ax" / "dataset.yaml").write_text("name: alpaca\nsplits: [train]\n")
+    out = memfit("check", "--skip-unrecognized", "--device", "H100", project / "ax")
+    assert out.returncode == 1, out.stdout
+    assert out.stdout.count("error[budget-exceeded]") == len(AXOLOTL), out.stdout
+    assert f"memfit: {len(AXOLOTL)} configs of {len(AXOLOTL)} failed" in out.stdout and "2 skipped" in out.stdout
+    # named one by one, the same verdicts
+    named = memfit("check", "--skip-unrecognized", "--device", "H100", *sorted((project / "ax").iterdir()))
+    assert named.stdout.count("error[budget-exceeded]") == len(AXOLOTL)
+
+
+def test_the_upstream_example_folder_checks_as_a_folder():
+    out = memfit("check", "--skip-unrecognized", "--format", "json", ROOT / "examples" / "native")
+    files = json.loads(out.stdout)["files"]
+    assert files and all(f["input_format"] == "axolotl" for f in files) and out.returncode == 0
+
+
+def test_a_folder_with_no_config_is_not_a_pass(project):
+    other = project / "other"
+    other.mkdir()
+    (other / "values.yaml").write_text("replicas: 2\n")
+    (other / "package.json").write_text('{"name": "x"}')
+    out = memfit("check", "--skip-unrecognized", other)
+    assert out.returncode == 1 and f"{other}:1:1: error[no-configs] no config memfit recognises in directory {other} (2 files skipped" in out.stdout
+    passed = memfit("check", "--skip-unrecognized", "--allow-empty", other)
+    assert passed.returncode == 0 and "0 configs checked" in passed.stdout
+    # a folder with no YAML or JSON file at all: an error, unless an empty pass was asked for
+    (project / "empty").mkdir()
+    assert memfit("check", project / "empty").returncode == 1
+    assert memfit("check", "--allow-empty", project / "empty").returncode == 0
+    # explain gates the same way
+    assert memfit("explain", "--skip-unrecognized", other).returncode == 1
+    assert memfit("explain", "--skip-unrecognized", "--allow-empty", other).returncode == 0
+
+
+def test_a_folder_of_deepspeed_jsons_is_checked(project):
+    ds = project / "ds"
+    ds.mkdir()
+    for stage in (2, 3):
+        (ds / f"zero{stage}.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": stage}, "bf16": {"enabled": True}}))
+    out = memfit("check", "--skip-unrecognized", "--format", "json", "--model", project / "llama-3-8b.json", "--device", "H100", "--gpus", "8", ds)
+    files = json.loads(out.stdout)["files"]
+    assert [Path(f["path"]).name for f in files] == ["zero2.json", "zero3.json"], out.stdout
+    assert all(f["input_format"] == "deepspeed" and f["footprint"] is not None for f in files)
+
+
+def test_the_hook_passes_files_that_are_none_of_memfits(project):
+    names = []
+    for name, text in {"compose.yml": "services: {web: {image: nginx}}\n", "package.json": '{"name": "x", "model": 3}', "train.yaml": "model: resnet\nepochs: 3\n"}.items():
+        (project / name).write_text(text)
+        names.append(project / name)
+    out = memfit("check", "--skip-unrecognized", *names)
+    assert out.returncode == 0 and "3 skipped" in out.stdout, out.stdout
