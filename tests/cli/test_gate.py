@@ -110,3 +110,31 @@ def test_the_hook_passes_files_that_are_none_of_memfits(project):
         names.append(project / name)
     out = memfit("check", "--skip-unrecognized", *names)
     assert out.returncode == 0 and "3 skipped" in out.stdout, out.stdout
+
+
+MEMFIT_CONFIG = "memfit: 1\noptimizer: adam\nparameters: [[1000, 1000]]\n"
+
+
+def test_a_bare_budget_asks_for_a_unit(tmp_path):
+    config = tmp_path / "m.yaml"
+    config.write_text(MEMFIT_CONFIG)
+    out = memfit("check", "--budget", "80", config)
+    assert out.returncode == 2 and "'80' has no unit" in out.stderr and "80GiB" in out.stderr
+    assert memfit("check", "--budget", "80GB", config).returncode == 0
+    assert memfit("check", "--budget", "80B", config).returncode == 1  # bytes, said so
+
+
+def test_the_device_flag_is_checked_and_kept(tmp_path):
+    config = tmp_path / "m.yaml"
+    config.write_text(MEMFIT_CONFIG)
+    own = tmp_path / "own.yaml"
+    own.write_text("memfit: 1\ndevice: {preset: H100}\noptimizer: adam\nparameters: [[1000, 1000]]\n")
+    # a typo is an error even where the config names its device (it would otherwise pass unnoticed)
+    typo = memfit("check", "--device", "H10", own)
+    assert typo.returncode == 2 and "unknown device preset 'H10'; did you mean H100-80GB" in typo.stderr
+    assert memfit("check", "--device", "A100", config).returncode == 2  # two cards with different memory
+    # --no-settings drops the settings files, not the command line's device
+    (tmp_path / "memfit.toml").write_text('device = "T4"\n')
+    kept = memfit("check", "--no-settings", "--device", "H100", "--format", "json", config)
+    assert kept.returncode == 0, kept.stdout
+    assert json.loads(kept.stdout)["files"][0]["budget"] == json.loads(memfit("check", "--device", "H100", "--format", "json", config).stdout)["files"][0]["budget"]

@@ -319,7 +319,7 @@ def test_suggest_edits_the_native_keys(tmp_path, model):
     native = tmp_path / "ax.yml"
     native.write_text("base_model: ./llama-3-8b.json\nsequence_len: 4096\nmicro_batch_size: 8\ngradient_accumulation_steps: 2\nbf16: true\ngradient_checkpointing: true\n")
     tight = figures(native, "--device", "H100-80GB")[0]["peak"]["bytes"] * 3 // 4
-    out = memfit("check", "--suggest", "--budget", str(tight), native)
+    out = memfit("check", "--suggest", "--budget", f"{tight}B", native)
     assert out.returncode == 1
     # the batch fix rewrites micro_batch_size's and gradient_accumulation_steps' values, where they are written
     import re

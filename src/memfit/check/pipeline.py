@@ -123,7 +123,7 @@ def _check(text: str, path: str, options: Options) -> Result:
         native = _read_native(data, path, options)
         if native is not None:
             return _check_native(native, text, options, result)
-    if is_config(data) and options.settings and not path.startswith("<"):
+    if is_config(data) and not path.startswith("<"):  # with --no-settings, the command line's device and host still apply
         return _check_memfit(text, data, path, options, result)
     if not is_config(data):
         if options.skip_unrecognized:
