@@ -87,49 +87,109 @@ def empty_folders(paths: list[str], results: list[Result], allow_empty: bool) ->
 
 
 def check_paths(paths: list[str], options: Options, jobs: int = 0, allow_empty: bool = False) -> list[Result]:
-    found = targets(paths, allow_empty)
-    results = check_found(found, options, lenient(paths), jobs)
+    settings = settings_results(paths, options)
+    named_settings = {r.path for r in settings}
+    found = [(p, d) for p, d in targets(paths, allow_empty) if p not in named_settings]
+    results = check_found(found, options, lenient(paths), jobs) + settings
     if options.skip_unrecognized:
         results += dependents(results, options)
     return results + empty_folders(paths, results, allow_empty)
 
 
-def dependents(results: list[Result], options: Options) -> list[Result]:
-    """The hook's other half: a staged file that is not a config but that configs read (a model's
-    config.json, a DeepSpeed JSON, an accelerate config) has those configs checked again, so that
-    a config.json edit that makes a run overflow does not commit cleanly. Candidates are the
-    repository's configs (the YAML under the working directory, plus the settings' include)
-    that mention the file's name, or a model name the settings map to it; a candidate counts
-    when its check read the file."""
-    from memfit.read.native.settings import find, include_matches
-    from memfit.read.inputs import read
+SETTINGS_NAMES = ("pyproject.toml", "memfit.toml")
+# a JSON file larger than this is not a candidate reader (a tokenizer or a data set, never a Trainer argument file)
+MAX_CANDIDATE_JSON = 2**20
 
-    changed = {os.path.abspath(r.path): r.path for r in results if r.skipped and (r.path.endswith(".json") or r.input_format in ("accelerate", "deepspeed"))}
+
+def settings_results(paths: list[str], options: Options) -> list[Result]:
+    """A settings file named on the command line (the hook hands it over when it is staged) is no config:
+    with --skip-unrecognized it is skipped, and the configs it governs are checked again (dependents)."""
+    if not options.skip_unrecognized:
+        return []
+    return [Result(p, skipped=True) for p in paths if p.endswith(".toml") and os.path.isfile(p)]
+
+
+def dependents(results: list[Result], options: Options) -> list[Result]:
+    """The hook's other half: a staged file that configs read but that is not a config itself has those configs
+    checked again, so that an edit that makes a run overflow does not commit cleanly, by any route: a model's
+    config.json or its folder (`base_model: ./models/x`, `hf_config: models/x`), a DeepSpeed JSON read by a
+    Trainer argument file or an Axolotl config, a launch config and the DeepSpeed JSON it names
+    (`deepspeed_config_file`), the settings (pyproject.toml, memfit.toml) and what they name.
+
+    Candidates are the repository's YAML and JSON files under the working directory (plus the settings'
+    include), found by their text: one that mentions a changed file's name (or its folder's, for a
+    config.json), or the name of a file that does (a launch config naming the DeepSpeed JSON), or that is
+    governed by a settings file among these. A candidate counts when its check read a changed file."""
+    from memfit.read.inputs import read
+    from memfit.read.native.settings import find, include_matches
+
+    changed = {
+        os.path.abspath(r.path): r.path
+        for r in results
+        if os.path.isfile(r.path) and (r.skipped or r.path.endswith((".json", ".toml")) or r.input_format in ("accelerate", "deepspeed"))
+    }
     if not changed:
         return []
     given = {os.path.abspath(r.path) for r in results}
     candidates = [p for p, d in expand(["."]) if d is None] + include_matches(".")
-    names = {os.path.basename(p) for p in changed}
-    out = []
-    for candidate in dict.fromkeys(candidates):
-        full = os.path.abspath(candidate)
-        if full in given:
+    candidates += [p for p in _walk_json(".") if os.path.getsize(p) <= MAX_CANDIDATE_JSON]
+    texts = {}
+    for candidate in dict.fromkeys(os.path.normpath(c) for c in candidates):
+        if os.path.abspath(candidate) in given:
             continue
         text, problem, _ = read(candidate, options.max_file_size)
-        if problem is not None:
+        if problem is None:
+            texts[candidate] = text
+    governing = {c: find(os.path.dirname(os.path.abspath(c)))[0] for c in texts}
+    # the names that lead to a changed file, closed over the files that mention one (launch -> DeepSpeed JSON)
+    names = set()
+    for full in changed:
+        names.add(os.path.basename(full))
+        if os.path.basename(full) == "config.json":
+            names.add(os.path.basename(os.path.dirname(full)))  # the model folder
+    settings_files = {f for f in governing.values() if f}
+    mapped: set[str] = set()
+    for settings_file in settings_files:
+        _, _, values, _ = find(os.path.dirname(settings_file))
+        base = os.path.dirname(settings_file)
+        for name, target in (values.get("models") or {}).items():
+            full = os.path.abspath(os.path.join(base, os.path.expanduser(str(target))))
+            if full in changed or os.path.join(full, "config.json") in changed:
+                mapped.add(name)
+    names |= mapped
+    hit: set[str] = set()
+    settings_hit = {f for f in settings_files if f in changed}
+    while True:
+        grown = False
+        for candidate, text in texts.items():
+            if candidate not in hit and any(name and name in text for name in names):
+                hit.add(candidate)
+                names.add(os.path.basename(candidate))
+                grown = True
+        for settings_file in settings_files - settings_hit:
+            settings_text = find(os.path.dirname(settings_file))[1]
+            if any(name and name in settings_text for name in names):
+                settings_hit.add(settings_file)
+                grown = True
+        if not grown:
+            break
+    out = []
+    for candidate in texts:
+        if candidate not in hit and governing[candidate] not in settings_hit:
             continue
-        settings_file, _, values, _ = find(os.path.dirname(full))
-        base = os.path.dirname(settings_file) if settings_file else ""
-        targets = {name: os.path.abspath(os.path.join(base, os.path.expanduser(str(t)))) for name, t in (values.get("models") or {}).items()}
-        mapped = {name for name, t in targets.items() if t in changed or os.path.join(t, "config.json") in changed}
-        launch = os.path.abspath(os.path.join(base, str(values["launch"]))) if settings_file and values.get("launch") else None
-        if launch not in changed and not any(name in text for name in names | mapped):
+        result = safe_check(candidate, options)
+        if result.skipped:
             continue
-        result = safe_check(os.path.normpath(candidate), options)
-        if not result.skipped and changed.keys() & set(result.references):
+        read_files = set(result.references) | ({governing[candidate]} if governing[candidate] else set())
+        if any(_reads(ref, full) for ref in read_files for full in changed):
             out.append(result)
-            given.add(full)
     return out
+
+
+def _reads(reference: str, changed: str) -> bool:
+    """Whether a file a check read is the changed file, or a folder that holds it (a model folder)."""
+    reference = os.path.abspath(reference)
+    return reference == changed or changed.startswith(os.path.join(reference, ""))
 
 
 def _settled(results: list) -> list:
