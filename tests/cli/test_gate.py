@@ -138,3 +138,68 @@ def test_the_device_flag_is_checked_and_kept(tmp_path):
     kept = memfit("check", "--no-settings", "--device", "H100", "--format", "json", config)
     assert kept.returncode == 0, kept.stdout
     assert json.loads(kept.stdout)["files"][0]["budget"] == json.loads(memfit("check", "--device", "H100", "--format", "json", config).stdout)["files"][0]["budget"]
+
+
+def test_where_the_device_model_and_settings_came_from(tmp_path):
+    (tmp_path / ".git").mkdir()  # the repository's root
+    (tmp_path / "models").mkdir()
+    shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "models" / "m.json")
+    (tmp_path / "memfit.toml").write_text('device = "A100-80GB"\n[models]\n"acme/llama" = "models/m.json"\n')
+    config = tmp_path / "run.yml"
+    config.write_text("base_model: acme/llama\nmicro_batch_size: 1\nsequence_len: 1024\nadapter: lora\nlora_r: 8\nlora_target_linear: true\nbf16: true\n")
+    out = memfit("check", "--format", "json", "run.yml", cwd=tmp_path)
+    entry = json.loads(out.stdout)["files"][0]
+    keys = list(entry)
+    assert keys.index("provenance") == keys.index("budget") + 1
+    assert entry["provenance"] == {
+        "settings": "memfit.toml",
+        "device": {"preset": "A100-80GB", "from": "memfit.toml"},
+        "model": {"name": "acme/llama", "config": "models/m.json", "from": "the models table of memfit.toml"},
+    }
+    text = memfit("check", "run.yml", cwd=tmp_path).stdout
+    assert "fits (device A100-80GB from memfit.toml; model acme/llama: models/m.json, from the models table of memfit.toml)" in text
+    flagged = json.loads(memfit("check", "--format", "json", "--device", "H100", "run.yml", cwd=tmp_path).stdout)["files"][0]
+    assert flagged["provenance"]["device"] == {"preset": "H100", "from": "--device"}
+    # a failing config says it on a line of its own
+    failing = memfit("check", "--budget", "1GiB", "run.yml", cwd=tmp_path).stdout
+    assert "run.yml: device A100-80GB from memfit.toml; model acme/llama: models/m.json, from the models table of memfit.toml" in failing
+
+
+def test_settings_stop_at_the_repository_root(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.memfit]\ndevice = "T4"\n')  # above the checkout: someone else's
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    config = repo / "m.yaml"
+    config.write_text(MEMFIT_CONFIG)
+    out = memfit("check", config)
+    assert out.returncode == 1 and "error[no-budget]" in out.stdout, out.stdout
+    (repo / "pyproject.toml").write_text('[tool.memfit]\ndevice = "T4"\n')  # the repository's own
+    assert memfit("check", config).returncode == 0
+
+
+def test_a_local_folder_that_shadows_a_hub_name_is_a_warning_naming_both(project):
+    folder = project / "ax" / "meta-llama" / "Meta-Llama-3-8B"
+    folder.mkdir(parents=True)
+    shutil.copy(MODELS / "gpt2.json", folder / "config.json")  # a tiny model where the framework would load the 8B
+    config = project / "ax" / "run.yml"
+    config.write_text("base_model: meta-llama/Meta-Llama-3-8B\nmicro_batch_size: 1\nsequence_len: 1024\n")
+    out = memfit("check", "--device", "H100", config)
+    assert f"{config}:1:13: warning[model-shadowed] model 'meta-llama/Meta-Llama-3-8B' is read from the local folder" in out.stdout, out.stdout
+    assert "which shadows the Hugging Face model 'meta-llama/Meta-Llama-3-8B'" in out.stdout
+    # written as a path, the folder is meant: no warning
+    config.write_text("base_model: ./meta-llama/Meta-Llama-3-8B\nmicro_batch_size: 1\nsequence_len: 1024\n")
+    assert "model-shadowed" not in memfit("check", "--device", "H100", config).stdout
+
+
+def test_a_cache_ref_cannot_lead_out_of_the_cache(tmp_path):
+    repo = tmp_path / "hub" / "models--acme--llama"
+    (repo / "refs").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.copy(MODELS / "llama-3-8b.json", outside / "config.json")
+    (repo / "snapshots").mkdir()
+    (repo / "refs" / "main").write_text("../../../outside")  # snapshots/../../../outside/config.json
+    config = tmp_path / "run.yml"
+    config.write_text("base_model: acme/llama\nmicro_batch_size: 1\nsequence_len: 1024\n")
+    out = subprocess.run([sys.executable, "-m", "memfit", "check", "--device", "H100", str(config)], capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HOME": str(tmp_path)})
+    assert out.returncode == 1 and "error[model-not-found]" in out.stdout, out.stdout

@@ -55,6 +55,7 @@ class Result:
     input_format: str = "memfit"  # the format the file was read as (read/native.FORMATS)
     origins: dict | None = None  # a native config: memfit key path -> the native node it came from
     references: list = field(default_factory=list)  # the other files the check read (absolute): config.json, DeepSpeed JSON, ...
+    provenance: dict | None = None  # where the model, the device and the settings came from (read/native/settings.provenance)
 
     @property
     def footprint(self) -> dict | None:
@@ -179,6 +180,7 @@ def _check_native(native, text: str, options: Options, result: Result) -> Result
         result.skipped = True
         return result
     result.data, result.references = native.doc, list(native.files)
+    result.provenance = native.provenance
     result.origins = {**native.origins, ("memfit",): native.root}  # the marker's place: the file's main key
     problems = _pipeline(native.doc, options, result) if native.checkable and not native.failed else []
     result.diagnostics.extend(place(native, text, result.path, problems))
@@ -201,6 +203,7 @@ def _check_memfit(text: str, data: dict, path: str, options: Options, result: Re
         from memfit.read.native.run import memfit_defaults
 
         data, added = memfit_defaults(data, conf)
+        result.provenance = settings.provenance(conf, device=("device",) in added)
     result.data = data
     model = data.get("model")
     if isinstance(model, dict) and isinstance(model.get("hf_config"), str):  # the file the model section reads

@@ -76,6 +76,7 @@ SELECTIVE_NOOP = "selective-noop"
 APPROXIMATE_ACTIVATIONS = "approximate-activations"
 NO_CONFIGS = "no-configs"
 NOT_TRAINING = "not-training"
+MODEL_SHADOWED = "model-shadowed"
 
 CODES: dict[str, Code] = _register(
     Code(YAML_SYNTAX, ERROR, "The file is not valid YAML", "Fix the YAML syntax at the position shown; memfit reads YAML 1.1 with core tags only."),
@@ -263,6 +264,13 @@ CODES: dict[str, Code] = _register(
         ERROR,
         "A directory named on the command line holds no config memfit recognises",
         "Name the configs' directory or files (a memfit config has `memfit: 1`; a native one is recognised by its keys, or named with --input-format), or pass --allow-empty where an empty check may pass.",
+    ),
+    Code(
+        MODEL_SHADOWED,
+        WARNING,
+        "A local folder shadows the Hugging Face model of the same name",
+        "memfit reads the local folder's config.json; the framework loads it only when the run starts where that path exists, and the Hub's model otherwise. Write './org/name' to mean the folder, or map the name in the settings' models table.",
+        keeps_footprint=True,
     ),
     Code(
         NOT_TRAINING,

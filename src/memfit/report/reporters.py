@@ -46,6 +46,7 @@ class TextReporter(Reporter):
         if len(checked) <= HANDFUL:
             # a passing check says what it found; past a handful of files it stays quiet, as linters do
             write("".join(found_line(r) + "\n" for r in checked if not r.failed and r.footprint is not None and r.budget is not None))
+            write("".join(f"{printable(r.path)}: {came_from(r)}\n" for r in checked if r.failed and came_from(r)))
         write(summary_line(results) + "\n")
 
 
@@ -62,7 +63,29 @@ def found_line(result) -> str:
     if peak is not None:  # the budget is per GPU: the most-loaded rank at its worst moment
         return f"{result.path}: GPU rank {peak['rank']} of {peak['ranks']}: peak {human(used)} of {human(budget)} ({pct(used, budget)}), fits"
     what = "peak" if getattr(result, "peak", None) else "total"  # what the gate compared
-    return f"{result.path}: {what} {human(used)} of {human(budget)} ({pct(used, budget)}), fits"
+    origin = came_from(result)
+    return f"{result.path}: {what} {human(used)} of {human(budget)} ({pct(used, budget)}), fits" + (f" ({origin})" if origin else "")
+
+
+def came_from(result) -> str:
+    """Where the device, the model and the settings came from, when not from the checked file itself
+    (json `provenance`): `device RTX-4090 from memfit.toml; model meta-llama/Meta-Llama-3-8B: ../models/x.json
+    (the settings' models table ...)`."""
+    found = getattr(result, "provenance", None)
+    if not found:
+        return ""
+    parts = []
+    device = found.get("device")
+    if device:
+        value = device.get("preset", device.get("memory"))
+        parts.append(f"device {value} from {device['from']}")
+    model = found.get("model")
+    if model:
+        parts.append(f"model {model['name']}: {model['config']}, from {model['from']}")
+    named = " ".join(parts)
+    if found.get("settings") and found["settings"] not in named:
+        parts.append(f"settings {found['settings']}")
+    return printable("; ".join(parts))
 
 
 def fix_lines(result) -> list[str]:
@@ -124,7 +147,7 @@ class JsonReporter(Reporter):
 
     def report(self, results) -> None:
         files = [
-            _entry(r, {"budget": r.budget, "diagnostics": [d.to_json() for d in r.diagnostics], **({"fixes": [f.to_json() for f in r.fixes]} if r.fixes is not None else {}), **({"closest": r.closest.to_json()} if r.fixes is not None and getattr(r, "closest", None) is not None else {})})
+            _entry(r, {"budget": r.budget, **({"provenance": r.provenance} if getattr(r, "provenance", None) else {}), "diagnostics": [d.to_json() for d in r.diagnostics], **({"fixes": [f.to_json() for f in r.fixes]} if r.fixes is not None else {}), **({"closest": r.closest.to_json()} if r.fixes is not None and getattr(r, "closest", None) is not None else {})})
             for r in results
             if not r.skipped
         ]

@@ -54,6 +54,7 @@ class Native:
     checkable: bool = True  # False: a launch config alone (no model): read, but nothing to check
     uncheckable: str = ""  # why not, for the error when it is named explicitly
     files: list = field(default_factory=list)  # every other file read (config.json, DeepSpeed JSON, launch config), absolute
+    provenance: dict | None = None  # where the model, the device and the settings came from (settings.provenance)
 
     @property
     def failed(self) -> bool:

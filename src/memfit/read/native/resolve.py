@@ -19,6 +19,7 @@ extra `memfit[online]`). Not found: where it looked, for a positioned error.
 from __future__ import annotations
 
 import os
+import re
 
 
 def cache_dirs() -> list[str]:
@@ -30,6 +31,15 @@ def cache_dirs() -> list[str]:
         return [os.path.expandvars(os.path.expanduser(env["HUGGINGFACE_HUB_CACHE"]))]
     home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
     return [os.path.join(os.path.expandvars(os.path.expanduser(home)), "hub")]
+
+
+_COMMIT = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]*")  # a commit hash (or a name): no separator, no dot, so no way out of snapshots/
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def hub_like(name: str) -> bool:
+    """A name the Hub could hold (`org/model`), not a path written as one (`./x`, `../x`, `/x`, `~/x`)."""
+    return _HUB_ID.fullmatch(name) is not None and ".." not in name
 
 
 def _config_in(path: str) -> str | None:
@@ -63,7 +73,8 @@ def resolve(name: str, base_dir: str, models: dict | None = None, models_dir: st
                 from memfit.read.inputs import read
 
                 text, problem, _ = read(ref, 4096)
-                commit = text.strip() if problem is None else revision
+                # a commit hash, never a path: a ref reading `../../x` must not lead out of the cache
+                commit = text.strip() if problem is None and _COMMIT.fullmatch(text.strip()) else revision
             candidate = os.path.join(repo, "snapshots", commit, "config.json")
             if os.path.isfile(candidate):
                 return candidate, looked

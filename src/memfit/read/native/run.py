@@ -10,6 +10,7 @@ from memfit.read.inputs import read as read_file
 from memfit.read.native import resolve
 from memfit.read.native.base import At, Found, Native, Reader
 from memfit.read.native.settings import Settings
+from memfit.read.native.settings import shown as settings_shown
 
 
 
@@ -20,6 +21,7 @@ class Context:
         self.model_config: dict | None = None
         self.launch: dict = {}
         self.ds_from_launch = None
+        self.model_source: dict | None = None  # provenance's "model"
 
     # --- the model ------------------------------------------------------------------------
     def model(self, name, at: At) -> dict | None:
@@ -30,8 +32,10 @@ class Context:
             return None
         models = self.conf.get("models") or {}
         found, looked = resolve.resolve(name, self.base, models, self.conf.base if self.conf.file else None)
+        fetched = False
         if found is None and self.conf.online and "/" in name and not os.path.exists(os.path.join(self.base, name)):
             found, why = resolve.fetch(name)
+            fetched = found is not None
             if found is None:
                 looked.append(why)
         if found is None:
@@ -49,6 +53,19 @@ class Context:
         target = os.path.relpath(full, os.path.abspath(self.base)) if shared and not cached else full
         self.r.set(("model", "hf_config"), target.replace(os.sep, "/") if not os.path.isabs(target) else target, at)
         self.r.native.files.append(full)
+        source = "the Hugging Face Hub (--online)" if fetched else looked[-1].split(" (")[0]
+        if source == "the settings' models table":
+            source = f"the models table of {settings_shown(self.conf.file)}"
+        self.model_source = {"name": name, "config": settings_shown(full), "from": source}
+        if not fetched and source.startswith("a local path") and resolve.hub_like(name) and name not in models:
+            self.r.error(
+                at,
+                codes.MODEL_SHADOWED,
+                f"model {name!r} is read from the local folder {settings_shown(os.path.dirname(full) if full.endswith('config.json') else full)}, "
+                f"which shadows the Hugging Face model {name!r}: the framework loads the local folder only when the run starts "
+                "where that path exists, and the Hub's model otherwise (the figures may then be far off, either way); "
+                f"write './{name}' to mean the folder, or map the name in the settings' models table",
+            )
         import json
 
         text, problem, _ = read_file(found)
@@ -175,6 +192,9 @@ class Context:
             if per_node is not None:
                 r.set(("parallel", "gpus_per_node"), per_node, per_node_at)
         _device(doc, conf)
+        from memfit.read.native.settings import provenance
+
+        r.native.provenance = provenance(conf, model=self.model_source)
         if not r.native.checkable:
             r.error(r.native.root, codes.MODEL_NOT_FOUND, r.native.uncheckable)
         elif "model" not in doc and not r.native.failed:
