@@ -472,6 +472,7 @@ def test_each_format_page_lists_the_keys_its_reader_reads_and_warns_about(module
     reader = importlib.import_module(f"memfit.read.native.{module}")
     text = (ROOT / "docs" / f"{page}.md").read_text(encoding="utf-8")
     keys = list(getattr(reader, "KEYS", {})) + list(getattr(reader, "UNMODELLED", {})) + list(getattr(reader, "ZERO_UNMODELLED", {})) + list(getattr(reader, "BUILDERS", {}))
+    keys += list(getattr(reader, "CONDITIONAL", {}))
     missing = [key for key in keys if f"`{key}`" not in text]
     assert not missing, f"docs/{page}.md does not list {missing}"
 

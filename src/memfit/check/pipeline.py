@@ -518,7 +518,11 @@ def _budget(config, options: Options, result: Result, data: dict) -> list[Proble
     elif parallel is not None:  # per GPU: the most-loaded rank, with what it gathers for a moment
         used = parallel["bytes"]
         what = f"GPU rank {parallel['rank']} of {parallel['ranks']}: peak {with_bytes(used)}"
-        aside = f" (on the GPU {with_bytes(config.footprint['total'])}, gathered for a moment {with_bytes(used - config.footprint['total'])})" if used != config.footprint["total"] else ""
+        total = config.footprint["total"]
+        if used > total:
+            aside = f" (on the GPU {with_bytes(total)}, gathered for a moment {with_bytes(used - total)})"
+        else:  # a rank that holds a share of the whole (a pipeline stage, a tensor slice): never a negative "gathered"
+            aside = f" (the four categories at full size total {with_bytes(total)})" if used != total else ""
     else:
         used = config.footprint["total"]
         what, aside = f"total {with_bytes(used)}", ""

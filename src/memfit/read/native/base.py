@@ -141,6 +141,18 @@ class Reader:
                 self.warn(self.at(*prefix, key, on_key=True, file=file), f"{_name(prefix, key)}: {why}; memfit does not model it, the figures leave it out")
 
 
+    def eval_batch(self, key: str, micro: int, default: int | None = None) -> None:
+        """An evaluation batch larger than the training micro-batch: evaluation's forward (no graph kept, but the
+        logits of the whole eval batch, upcast to float32 for the loss) is not the step memfit checks."""
+        value = self.get(key, (int,), default) if key in self.data else default
+        if isinstance(value, int) and not isinstance(value, bool) and value > micro:
+            self.warn(
+                self.at(key, on_key=True) if key in self.data else self.native.root,
+                f"{key} {value} is larger than the training micro-batch {micro}: evaluation runs its forward on {value} sequences "
+                "(the logits of all of them at once); memfit checks the training step, so the figures may be low for evaluation",
+            )
+
+
 def _name(prefix: tuple, key) -> str:
     return ".".join(str(p) for p in (*prefix, key))
 

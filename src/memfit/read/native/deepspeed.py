@@ -31,6 +31,7 @@ ZERO_UNMODELLED = {
     "zero_quantized_weights": ((False,), "ZeRO++ quantizes the gathered weights"),
     "zero_hpz_partition_size": ((1,), "ZeRO++ keeps a secondary partition of the weights per node"),
     "zero_quantized_gradients": ((False,), "ZeRO++ quantizes the gradients"),
+    "mics_shard_size": ((-1, 0), "MiCS shards the parameters, gradients and optimizer state over groups of this many GPUs, not the whole world: each GPU keeps a 1/mics_shard_size share where memfit counts 1/world (the figures are low)"),
 }
 TOP_UNMODELLED = {
     "activation_checkpointing": ((), "DeepSpeed's activation checkpointing (partition_activations, cpu_checkpointing) applies to models that call deepspeed.checkpointing"),
