@@ -3,6 +3,7 @@ recognition from the parsed document (every spelling YAML and JSON allow), folde
 an empty folder not called a pass, the command line's budget and device flags, where the budget came from."""
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -203,3 +204,78 @@ def test_a_cache_ref_cannot_lead_out_of_the_cache(tmp_path):
     config.write_text("base_model: acme/llama\nmicro_batch_size: 1\nsequence_len: 1024\n")
     out = subprocess.run([sys.executable, "-m", "memfit", "check", "--device", "H100", str(config)], capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HOME": str(tmp_path)})
     assert out.returncode == 1 and "error[model-not-found]" in out.stdout, out.stdout
+
+
+NOT_TRAINING = {
+    # LLaMA-Factory examples/inference/llama3.yaml and examples/merge_lora/llama3_lora_sft.yaml, as upstream writes them
+    "inference.yaml": "model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct\ntemplate: llama3\ninfer_backend: huggingface  # choices: [huggingface, vllm, sglang]\ntrust_remote_code: true\n",
+    "merge.yaml": "model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct\nadapter_name_or_path: saves/llama3-8b/lora/sft\ntemplate: llama3\ntrust_remote_code: true\nexport_dir: output/llama3_lora_sft\nexport_size: 5\nexport_device: cpu\nexport_legacy_format: false\n",
+    # torchtune recipes/configs/eleuther_evaluation.yaml and generation.yaml (abridged: their keys that matter)
+    "eval.yaml": "model:\n  _component_: torchtune.models.llama3.llama3_8b\ncheckpointer:\n  _component_: torchtune.training.FullModelHFCheckpointer\ntokenizer:\n  _component_: torchtune.models.llama3.llama3_tokenizer\n  max_seq_len: null\ntasks: [\"truthfulqa_mc2\"]\nlimit: null\nbatch_size: 8\nenable_kv_cache: True\ndtype: bf16\n",
+    "generation.yaml": "model:\n  _component_: torchtune.models.llama2.llama2_7b\ntokenizer:\n  _component_: torchtune.models.llama2.llama2_tokenizer\ndtype: bf16\nprompt:\n  user: \"Tell me a joke.\"\nmax_new_tokens: 300\ntemperature: 0.6\n",
+}
+
+
+def test_configs_that_train_nothing_get_a_note_and_no_figure(tmp_path):
+    for name, text in NOT_TRAINING.items():
+        (tmp_path / name).write_text(text)
+    out = memfit("check", "--format", "json", "--device", "H100", *sorted(NOT_TRAINING), cwd=tmp_path)
+    assert out.returncode == 0, out.stdout
+    for entry in json.loads(out.stdout)["files"]:
+        assert entry["footprint"] is None and "peak" not in entry, entry["path"]
+        assert [(d["code"], d["severity"]) for d in entry["diagnostics"]] == [("not-training", "information")], entry
+    text = memfit("check", "--device", "H100", "eval.yaml", cwd=tmp_path).stdout
+    assert "eval.yaml:8:1: information[not-training] tasks: an evaluation, generation or quantization recipe config, which trains nothing" in text
+    # the hook sees them as what they are, not as skipped files
+    hook = memfit("check", "--skip-unrecognized", "--device", "H100", "merge.yaml", cwd=tmp_path)
+    assert hook.returncode == 0 and "skipped" not in hook.stdout and "not-training" in hook.stdout
+
+
+def test_a_deepspeed_json_alone_takes_the_trainers_defaults_for_auto(project):
+    ds = project / "ds.json"
+    ds.write_text('{\n  "train_micro_batch_size_per_gpu": "auto",\n  "gradient_accumulation_steps": "auto",\n  "zero_optimization": {"stage": 3},\n  "bf16": {"enabled": "auto"}\n}\n')
+    out = memfit("check", "--format", "json", "--model", "llama-3-8b.json", "--device", "H100", "--gpus", "8", "ds.json", cwd=project)
+    entry = json.loads(out.stdout)["files"][0]
+    assert entry["footprint"] is not None and not [d for d in entry["diagnostics"] if d["severity"] == "error" and d["code"] != "budget-exceeded"], entry["diagnostics"]
+    warned = {d["range"]["start"]["line"]: d["message"] for d in entry["diagnostics"] if d["code"] == "not-modelled"}
+    assert "alone, memfit takes the Trainer's default 8" in warned[1] and "default 1" in warned[2] and "off: float32" in warned[4]
+    # the micro-batch that "auto" stands for is the Trainer's default: the same figures as writing 8
+    ds.write_text('{\n  "train_micro_batch_size_per_gpu": 8,\n  "gradient_accumulation_steps": 1,\n  "zero_optimization": {"stage": 3}\n}\n')
+    written = json.loads(memfit("check", "--format", "json", "--model", "llama-3-8b.json", "--device", "H100", "--gpus", "8", "ds.json", cwd=project).stdout)["files"][0]
+    assert written["footprint"] == entry["footprint"]
+
+
+def test_a_file_that_is_no_config_has_no_input_format(tmp_path):
+    (tmp_path / "data.json").write_text('{"rows": [1, 2]}')
+    entry = json.loads(memfit("check", "--format", "json", tmp_path / "data.json").stdout)["files"][0]
+    assert entry["input_format"] is None and entry["diagnostics"][0]["code"] == "not-a-config"
+
+
+def test_fit_gives_every_key_the_same_units():
+    seq = memfit("fit", "--vary", "seq_len", ROOT / "examples" / "gpt2-small.yaml").stdout
+    assert re.search(r"seq_len ≤ \d+ fits \(\d+\.\d\d GiB = [\d,]+ B of \d+\.\d\d GiB = [\d,]+ B\); \d+ needs \d+\.\d\d GiB", seq), seq
+    batch = memfit("fit", ROOT / "examples" / "gpt2-small.yaml").stdout
+    assert re.search(r"micro_batch ≤ \d+ fits \(\d+\.\d\d GiB of \d+\.\d\d GiB\)", batch), batch
+
+
+def test_the_launch_configs_fsdp_is_no_unmodelled_key(project):
+    (project / "launch.yaml").write_text("distributed_type: FSDP\nnum_processes: 8\nmixed_precision: bf16\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n")
+    (project / "lf.yaml").write_text("model_name_or_path: ./llama-3-8b.json\nstage: sft\nfinetuning_type: full\ncutoff_len: 1024\nper_device_train_batch_size: 1\nbf16: true\nfsdp: full_shard\n")
+    alone = memfit("check", "--device", "H100", "lf.yaml", cwd=project).stdout
+    assert "lf.yaml:7:1: warning[not-modelled] fsdp:" in alone
+    launched = memfit("check", "--device", "H100", "--launch", "launch.yaml", "lf.yaml", cwd=project)
+    assert launched.returncode == 0 and "warning" not in launched.stdout and "GPU rank 0 of 8" in launched.stdout, launched.stdout
+
+
+def test_suggest_on_an_axolotl_file_finds_what_its_conversion_finds(project):
+    native = project / "ax" / "ax.yml"
+    native.write_text("base_model: ../llama-3-8b.json\nsequence_len: 4096\nmicro_batch_size: 4\nbf16: true\nadapter: lora\nlora_r: 8\nlora_target_linear: true\n")
+    out = memfit("check", "--suggest", "--device", "RTX-4090", native)
+    assert "no change memfit knows of" not in out.stdout, out.stdout
+    assert "checkpointing: full (recompute each layer in backward) + micro_batch 4 → 1, gradient_accumulation 1 → 4" in out.stdout
+    assert f"{native}:3:19: replace with '1'" in out.stdout and "insert 'gradient_checkpointing: true'" in out.stdout
+    assert "insert 'gradient_accumulation_steps: 4'" in out.stdout
+    # the edits, made, give a config that fits
+    text = native.read_text().replace("micro_batch_size: 4", "micro_batch_size: 1") + "gradient_checkpointing: true\ngradient_accumulation_steps: 4\n"
+    native.write_text(text)
+    assert memfit("check", "--device", "RTX-4090", native).returncode == 0

@@ -52,7 +52,7 @@ class Result:
     data: object = None
     fixes: list | None = None  # with --suggest: fixes.Fix, cheapest first
     closest: object = None  # with --suggest, when no fix fits: fixes.Closest, what came nearest
-    input_format: str = "memfit"  # the format the file was read as (read/native.FORMATS)
+    input_format: str | None = "memfit"  # the format the file was read as (read/native.FORMATS); None: not a config
     origins: dict | None = None  # a native config: memfit key path -> the native node it came from
     references: list = field(default_factory=list)  # the other files the check read (absolute): config.json, DeepSpeed JSON, ...
     provenance: dict | None = None  # where the model, the device and the settings came from (read/native/settings.provenance)
@@ -131,6 +131,7 @@ def _check(text: str, path: str, options: Options) -> Result:
             result.skipped = True
             result.diagnostics.clear()
             return result
+        result.input_format = None  # read as no format: json says null, not "memfit"
         what = "the file is empty" if data is None else f"its top level is {_kind(data)}, not a mapping with a 'memfit' key" if not isinstance(data, dict) else "it has no top-level 'memfit' key"
         result.diagnostics.append(diagnostic(FILE_START, codes.NOT_A_CONFIG, f"not a memfit config: {what} (add 'memfit: 1')"))
         return result
@@ -176,7 +177,7 @@ def _check_native(native, text: str, options: Options, result: Result) -> Result
     from memfit.read.native.position import place
 
     result.input_format = native.format
-    if not native.checkable and options.skip_unrecognized:
+    if not native.checkable and options.skip_unrecognized and native.training:
         result.skipped = True
         return result
     result.data, result.references = native.doc, list(native.files)

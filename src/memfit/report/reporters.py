@@ -60,11 +60,12 @@ def found_line(result) -> str:
 
     used, budget = gated(result), result.budget
     peak = getattr(result, "parallel_peak", None)
-    if peak is not None:  # the budget is per GPU: the most-loaded rank at its worst moment
-        return f"{result.path}: GPU rank {peak['rank']} of {peak['ranks']}: peak {human(used)} of {human(budget)} ({pct(used, budget)}), fits"
-    what = "peak" if getattr(result, "peak", None) else "total"  # what the gate compared
     origin = came_from(result)
-    return f"{result.path}: {what} {human(used)} of {human(budget)} ({pct(used, budget)}), fits" + (f" ({origin})" if origin else "")
+    tail = f" ({origin})" if origin else ""
+    if peak is not None:  # the budget is per GPU: the most-loaded rank at its worst moment
+        return f"{result.path}: GPU rank {peak['rank']} of {peak['ranks']}: peak {human(used)} of {human(budget)} ({pct(used, budget)}), fits" + tail
+    what = "peak" if getattr(result, "peak", None) else "total"  # what the gate compared
+    return f"{result.path}: {what} {human(used)} of {human(budget)} ({pct(used, budget)}), fits" + tail
 
 
 def came_from(result) -> str:
@@ -109,7 +110,9 @@ def fix_lines(result) -> list[str]:
     figure = "peak" if result.peak else "total"  # what the gate compares: a run's peak, else the total
     for i, fix in enumerate(result.fixes, 1):
         lines.append(f"  {i}. {fix.title}: {figure} {human(fix.total)}{budget}")
-        if not fix.edits:
+        if not fix.edits and getattr(result, "origins", None) is not None:  # a native config: its format's keys
+            lines.append(f"     no text edit: {result.input_format} has no key of this file for this change (ZeRO, FSDP and offload are the DeepSpeed JSON's or the launch config's); make it there")
+        elif not fix.edits:
             lines.append("     no text edit: the key is reached through an alias or merge key here; change it where it is defined")
         for edit in fix.edits:
             r = edit.range

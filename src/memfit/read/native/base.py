@@ -55,6 +55,7 @@ class Native:
     uncheckable: str = ""  # why not, for the error when it is named explicitly
     files: list = field(default_factory=list)  # every other file read (config.json, DeepSpeed JSON, launch config), absolute
     provenance: dict | None = None  # where the model, the device and the settings came from (settings.provenance)
+    training: bool = True  # False: a config that trains nothing (inference, a merge, evaluation): a note, no figure
 
     @property
     def failed(self) -> bool:

@@ -146,10 +146,26 @@ def read(r: Reader, ctx) -> dict:
     else:  # nothing to check without a model: an error when named, skipped by the hook
         r.native.checkable = False
         r.native.uncheckable = "no model: a DeepSpeed config names none; give one with --model NAME or the settings' `model` (or check the training config that references this file)"
-    for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
+    # "auto" is the Trainer integration's to fill in (integrations/deepspeed.py trainer_config_process): alone, the
+    # Trainer's defaults, said at the key (the training config that references the file decides)
+    trainer = {}
+    for key, name, default in (("train_micro_batch_size_per_gpu", "micro_batch", 8), ("gradient_accumulation_steps", "grad_accum", 1)):
         if data.get(key) == "auto":
-            r.error(r.at(key), codes.NATIVE_CONFIG, f"{key} is \"auto\": only the Trainer integration fills it in; a DeepSpeed config used alone needs a number")
-    apply(r, data, None, {}, ctx.hidden_size)
+            trainer[name] = (default, None)
+            r.warn(
+                r.at(key),
+                f"{key} is \"auto\": alone, memfit takes the Trainer's default {default} (TrainingArguments); the training config "
+                "that references this file decides it (check that one for the real figure, higher or lower)",
+            )
+    for section in ("bf16", "fp16"):
+        block = data.get(section)
+        if isinstance(block, dict) and block.get("enabled") == "auto":
+            r.warn(
+                r.at(section, "enabled"),
+                f"{section}.enabled is \"auto\": alone, memfit takes the Trainer's default (off: float32 weights); the training "
+                "config that references this file decides it (with it on, the figures are lower)",
+            )
+    apply(r, data, None, trainer, ctx.hidden_size)
     training = r.native.doc.setdefault("training", {})
     if "micro_batch" not in training:
         # runtime/config.py _set_batch_related_parameters: train_batch_size = micro x accumulation x world size

@@ -157,5 +157,7 @@ def read(r: Reader, ctx) -> dict:
     }
     if r.has("deepspeed"):
         ctx.deepspeed(data["deepspeed"], r.at("deepspeed"), trainer)
-    r.unmodelled(UNMODELLED)
+    # the launch config's FSDP is the layout memfit reads (--launch, the settings' launch): TrainingArguments' fsdp
+    # key then says nothing memfit leaves out
+    r.unmodelled({k: v for k, v in UNMODELLED.items() if not (k == "fsdp" and "fsdp" in ctx.launch)})
     return trainer

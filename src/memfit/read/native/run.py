@@ -272,11 +272,40 @@ DDP_FORMATS = ("axolotl", "llama-factory", "hf-trainer")
 MODULES = {"axolotl": "axolotl", "llama-factory": "llamafactory", "hf-trainer": "hftrainer", "torchtune": "torchtune", "deepspeed": "deepspeed", "accelerate": "accelerate"}
 
 
+# configs of a training framework that train nothing: format -> (keys any of which says so, unless a training key is
+# there, what such a file is). LLaMA-Factory's examples/inference/ (infer_backend) and examples/merge_lora/
+# (export_dir); torchtune's eleuther_evaluation (tasks), generation (prompt, max_new_tokens) and quantization
+# (quantizer) recipes, none of which has an optimizer
+NOT_TRAINING = {
+    "llama-factory": (("infer_backend", "export_dir"), ("stage", "do_train", "output_dir"), "an inference or merge config (LLaMA-Factory's chat, webui, export)"),
+    "torchtune": (("tasks", "prompt", "max_new_tokens", "quantizer"), ("optimizer", "loss", "epochs"), "an evaluation, generation or quantization recipe config"),
+}
+
+
+def not_training(fmt: str, data: dict) -> tuple[str, str] | None:
+    """(the key that says so, what the file is) for a config that trains nothing, else None."""
+    found = NOT_TRAINING.get(fmt)
+    if found is None:
+        return None
+    marks, training, what = found
+    if any(k in data for k in training):
+        return None
+    key = next((k for k in marks if k in data), None)
+    return (key, what) if key is not None else None
+
+
 def read(fmt: str, data: dict, path: str, conf: Settings) -> Native:
     import importlib
 
-    module = importlib.import_module(f"memfit.read.native.{MODULES[fmt]}")  # only the format read
     r = Reader(fmt, data, path)
+    idle = not_training(fmt, data)
+    if idle is not None:  # recognised, and said to be what it is: no training figure
+        key, what = idle
+        r.native.root = r.at(key, on_key=True)
+        r.native.checkable, r.native.training = False, False
+        r.native.found.append(Found(r.native.root, codes.NOT_TRAINING, f"{key}: {what}, which trains nothing; memfit prices training steps, so it gives no figure (check the training config that made the model)"))
+        return r.native
+    module = importlib.import_module(f"memfit.read.native.{MODULES[fmt]}")  # only the format read
     ctx = Context(r, path, conf)
     ctx.read_launch()
     trainer = module.read(r, ctx)
