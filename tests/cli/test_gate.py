@@ -279,3 +279,41 @@ def test_suggest_on_an_axolotl_file_finds_what_its_conversion_finds(project):
     text = native.read_text().replace("micro_batch_size: 4", "micro_batch_size: 1") + "gradient_checkpointing: true\ngradient_accumulation_steps: 4\n"
     native.write_text(text)
     assert memfit("check", "--device", "RTX-4090", native).returncode == 0
+
+
+def test_output_never_overwrites_a_file_the_check_reads(project):
+    config = project / "ax" / "run.yml"
+    config.write_text("base_model: ../llama-3-8b.json\nmicro_batch_size: 1\nsequence_len: 512\n")
+    (project / "ax" / "memfit.toml").write_text('device = "H100"\n')
+    model = (project / "llama-3-8b.json").read_bytes()
+    for command in ("check", "explain"):
+        for target in (project / "llama-3-8b.json", project / "ax" / "memfit.toml"):
+            before = target.read_bytes()
+            out = memfit(command, "-o", target, config)
+            assert out.returncode == 2 and "refusing to write over it" in out.stderr, out.stderr
+            assert target.read_bytes() == before
+    assert (project / "llama-3-8b.json").read_bytes() == model
+
+
+def test_a_newline_in_a_file_name_injects_nothing_into_convert(project):
+    name = project / "ax" / "x\nmemfit: 7\nparallel: {data: 99}\n#.yml"
+    name.write_text("base_model: ../llama-3-8b.json\nmicro_batch_size: 1\nsequence_len: 512\n")
+    out = memfit("convert", "--device", "H100", name)
+    assert out.returncode == 0, out.stderr
+    import yaml
+
+    doc = yaml.safe_load(out.stdout)
+    assert doc["memfit"] == 1 and "parallel" not in doc
+    assert out.stdout.splitlines()[0].startswith("# memfit config read from ") and "\\nmemfit: 7" in out.stdout.splitlines()[0]
+
+
+def test_a_deeply_nested_config_json_is_a_positioned_diagnostic(project):
+    folder = project / "deep"
+    folder.mkdir()
+    raw = (MODELS / "llama-3-8b.json").read_text()
+    (folder / "config.json").write_text(raw.rstrip().rstrip("}") + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    config = project / "ax.yml"
+    config.write_text("base_model: ./deep\nmicro_batch_size: 1\nsequence_len: 512\n")
+    out = memfit("check", "--device", "H100", config)
+    assert out.returncode == 1 and "internal" not in out.stdout and "RecursionError" not in out.stdout, out.stdout
+    assert f"{folder / 'config.json'}:1:1: error[json-syntax] invalid JSON: nested too deeply (referenced from {config}:1:13)" in out.stdout

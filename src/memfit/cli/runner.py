@@ -236,6 +236,10 @@ def run(args) -> int:
     if args.suggest:
         results = [suggest(r, options) for r in results]
     results = _settled(results)
+    clash = _output_onto_read(args, results)
+    if clash is not None:
+        sys.stderr.write(printable(clash) + "\n")
+        return EXIT_USAGE
     target = args.output or "standard output"
     try:
         if args.output:
@@ -270,6 +274,10 @@ def run_explain(args, options: Options) -> int:
     checked = check_found(targets(args.paths, allow_empty), options, lenient(args.paths))
     results = _settled(checked + empty_folders(args.paths, checked, allow_empty))
     shown = [r for r in results if not r.skipped]
+    clash = _output_onto_read(args, results)
+    if clash is not None:
+        sys.stderr.write(printable(clash) + "\n")
+        return EXIT_USAGE
     if args.format == "text":
         colour = args.color == "always" or (args.color == "auto" and not args.output and sys.stdout.isatty() and "NO_COLOR" not in os.environ)
         text = "\n".join(render(result, colour) for result in shown)
@@ -311,6 +319,7 @@ def run_convert(args, options: Options) -> int:
     import yaml
 
     from memfit.check.pipeline import check
+    from memfit.diagnostics.safe_text import printable
     from memfit.read.inputs import read
     from memfit.report.reporters import diagnostic_line
 
@@ -329,10 +338,11 @@ def run_convert(args, options: Options) -> int:
         sys.stderr.write(diagnostic_line(path, d) + "\n")
     if result.data is None:
         return EXIT_FAILED
+    shown = printable(path)  # a comment line: a newline in the file's name must not start a key of the output
     if launch_only:
-        header = f"# what the launch config {path} decides (accelerate), to go with a training config (memfit check --launch {path} CONFIG)\n"
+        header = f"# what the launch config {shown} decides (accelerate), to go with a training config (memfit check --launch {shown} CONFIG)\n"
     else:
-        header = f"# memfit config read from {path} ({result.input_format}); `memfit check` on this file gives the same figures\n"
+        header = f"# memfit config read from {shown} ({result.input_format}); `memfit check` on this file gives the same figures\n"
     sys.stdout.write(header + yaml.safe_dump(result.data, sort_keys=False, default_flow_style=None, width=120))
     return EXIT_FAILED if any(d.severity == "error" for d in read_problems) else EXIT_OK
 
@@ -438,6 +448,23 @@ def run_diff(args) -> int:
         if over:
             return EXIT_FAILED
     return EXIT_OK
+def _output_onto_read(args, results) -> str | None:
+    """An output onto a file a check read (a model's config.json, a DeepSpeed JSON, a launch config, the settings):
+    written over, the next check would read the report. Found after the checks, before anything is written."""
+    outputs = [(flag, name) for flag, name in (("--output", args.output), ("--summary-md", getattr(args, "summary_md", None))) if name and os.path.exists(name)]
+    for result in results:
+        settings = (result.provenance or {}).get("settings") if getattr(result, "provenance", None) else None
+        for read_file in [*result.references, *([settings] if settings else [])]:
+            for flag, name in outputs:
+                try:
+                    same = os.path.samefile(read_file, name)
+                except OSError:
+                    continue
+                if same:
+                    return f"memfit: {flag} {name} is a file the check of {result.path} reads ({read_file}): refusing to write over it"
+    return None
+
+
 def _output_onto_input(args) -> str | None:
     """A report written over a config it checks would destroy it: `-o a.yaml a.yaml`, or an
     output that is an input under another name (./a.yaml, a symlink, inside a checked directory)."""

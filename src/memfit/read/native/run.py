@@ -71,7 +71,7 @@ class Context:
         text, problem, _ = read_file(found)
         try:
             raw = json.loads(text) if problem is None else None
-        except ValueError:
+        except (ValueError, RecursionError):  # too deeply nested for json: the pipeline says so, positioned in that file
             raw = None  # the pipeline reports an unreadable config.json, in that file
         self.model_config = raw if isinstance(raw, dict) else None
         return self.model_config
