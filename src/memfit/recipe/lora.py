@@ -197,11 +197,15 @@ def _modules_of(params) -> list[str]:
     return out
 
 
-def saved_modules(params, lora: LoraSpec) -> list[str]:
-    """Outermost modules that modules_to_save wraps (peft: name.endswith(entry))."""
+def saved_modules(params, lora: LoraSpec, linears=()) -> list[str]:
+    """Outermost modules that modules_to_save wraps (peft: name.endswith(entry)). A tied output head has no
+    parameter of its own in named_parameters() (it is the embedding's), but it is a module peft wraps: `linears`
+    names it."""
     if not lora.modules_to_save:
         return []
-    hits = [m for m in _modules_of(params) if any(m.endswith(t) for t in lora.modules_to_save)]
+    modules = _modules_of(params)
+    modules += [row[0] for row in linears if row[0] not in modules]
+    hits = [m for m in modules if any(m.endswith(t) for t in lora.modules_to_save)]
     outer = [m for m in hits if not any(m.startswith(h + ".") for h in hits if h != m)]
     missing = [t for t in lora.modules_to_save if not any(m.endswith(t) for m in outer)]
     if missing:
@@ -217,7 +221,7 @@ def peft_parameters(params, linears, config, *, output_head: str | None = "lm_he
     lora = config if isinstance(config, LoraSpec) else spec(config, model_type=model_type)
     rows = {row[0]: row for row in linears}
     targets = set(targeted(linears, lora, output_head=output_head))
-    saved = saved_modules(params, lora)
+    saved = saved_modules(params, lora, linears)
     out: list[PeftParam] = []
     pending_adapter: str | None = None
     pending_copies: list[PeftParam] = []
@@ -257,6 +261,15 @@ def peft_parameters(params, linears, config, *, output_head: str | None = "lm_he
             out.append(PeftParam(PREFIX + name, tuple(shape), None, False, "frozen", name))
     flush_adapter()
     flush_copies()
+    # a tied head in modules_to_save (Llama-3.2-1B's lm_head): peft wraps the module, whose original weight is the
+    # embedding's (listed once, under the embedding's name), and trains a copy of it of its own
+    owned = {name.rsplit(".", 1)[0] for name, *_ in params}
+    for owner in saved:
+        if owner in rows and owner not in owned and not any(o.startswith(owner + ".") for o in owned):
+            _, fan_in, fan_out, bias = rows[owner]
+            out.append(PeftParam(f"{PREFIX}{owner}.modules_to_save.{ADAPTER}.weight", (fan_out, fan_in), None, True, "saved_copy", f"{owner}.weight"))
+            if bias:
+                out.append(PeftParam(f"{PREFIX}{owner}.modules_to_save.{ADAPTER}.bias", (fan_out,), None, True, "saved_copy", f"{owner}.bias"))
     return out
 
 
