@@ -317,3 +317,38 @@ def test_a_deeply_nested_config_json_is_a_positioned_diagnostic(project):
     out = memfit("check", "--device", "H100", config)
     assert out.returncode == 1 and "internal" not in out.stdout and "RecursionError" not in out.stdout, out.stdout
     assert f"{folder / 'config.json'}:1:1: error[json-syntax] invalid JSON: nested too deeply (referenced from {config}:1:13)" in out.stdout
+
+
+def test_a_layer_name_cannot_hide_the_rest_of_the_html_report(tmp_path):
+    hostile = tmp_path / "a.yaml"
+    hostile.write_text(
+        'memfit: 1\ndevice: {memory: 1 GiB}\noptimizer: adam\nmodel:\n  input_shape: [8]\n  batch_size: 2\n  layers:\n'
+        '    - {name: "<!--<script>", type: Dense, units: 8}\n    - {name: "</script><b>x</b>&amp;", type: Dense, units: 4}\n'
+        "training: {micro_batch: 2}\n"
+    )
+    plain = tmp_path / "b.yaml"
+    plain.write_text("memfit: 1\ndevice: {memory: 1 GiB}\noptimizer: adam\nparameters: [[1000, 1000]]\n")
+    out = memfit("explain", "--format", "html", hostile, plain)
+    assert out.returncode == 0, out.stderr
+    page = out.stdout
+    blocks = re.findall(r'<script type="application/json" class="memfit-data">(.*?)</script>', page, re.S)
+    assert len(blocks) == 2  # both configs' data, the second not swallowed by the first
+    assert all("<" not in block and ">" not in block and "&" not in block for block in blocks)
+    assert any("<!--<script>" in json.dumps(json.loads(block)) for block in blocks)  # the name itself is kept, as data
+    assert page.index(f'data-path="{hostile}"') < page.index(f'data-path="{plain}"')
+
+
+def test_the_html_report_is_bounded_with_a_clear_error(tmp_path):
+    config = tmp_path / "m.yaml"
+    config.write_text("memfit: 1\ndevice: {memory: 1 GiB}\noptimizer: adam\nparameters: [[1000, 1000]]\n")
+    out_file = tmp_path / "report.html"
+    # the bound, made small here, as a report past it: nothing written, exit 2 and why
+    script = (
+        "import sys; import memfit.cli.runner as r; r.HTML_PER_CONFIG = 1000; from memfit.cli.main import main; "
+        f"sys.exit(main(['explain', '--format', 'html', '-o', {str(out_file)!r}, {str(config)!r}]))"
+    )
+    small = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert small.returncode == 2 and not out_file.exists(), small.stderr
+    assert "over its bound of" in small.stderr and "(1,000 per config + 16 x the configs'" in small.stderr and "nothing was written" in small.stderr
+    # the real bound: this report is far inside it
+    assert memfit("explain", "--format", "html", "-o", out_file, config).returncode == 0 and out_file.stat().st_size < 2 * 2**20

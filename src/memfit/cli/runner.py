@@ -261,6 +261,23 @@ def run(args) -> int:
     return EXIT_FAILED if any(r.failed for r in results) else EXIT_OK
 
 
+# the HTML report's bound: per config a fixed allowance (the largest example's report, a Llama-3-8B QLoRA's timeline,
+# is 348,056 bytes) plus a multiple of the config's own bytes (a long layer list is a long table); past it, an error
+HTML_PER_CONFIG = 2 * 2**20
+HTML_PER_BYTE = 16
+
+
+def html_limit(results) -> tuple[int, int]:
+    """The most bytes `explain --format html` writes for these configs, and the configs' own bytes."""
+    sizes = 0
+    for result in results:
+        try:
+            sizes += os.path.getsize(result.path)
+        except OSError:
+            pass
+    return HTML_PER_CONFIG * len(results) + HTML_PER_BYTE * sizes, sizes
+
+
 def run_explain(args, options: Options) -> int:
     """`memfit explain`: text (the breakdown), json (check's entries with the step's timeline) or html."""
     from memfit.diagnostics.safe_text import printable
@@ -291,6 +308,15 @@ def run_explain(args, options: Options) -> int:
             from memfit.report.html import render as html
 
             text = html(shown, entries)
+            limit, sizes = html_limit(shown)
+            written = len(text.encode("utf-8"))
+            if written > limit:
+                sys.stderr.write(printable(
+                    f"memfit explain: the HTML report would be {written:,} bytes, over its bound of {limit:,} bytes "
+                    f"({HTML_PER_CONFIG:,} per config + {HTML_PER_BYTE} x the configs' {sizes:,} bytes): nothing was written; "
+                    "report fewer configs at a time, or use --format json"
+                ) + "\n")
+                return EXIT_USAGE
     try:
         if args.output:
             with open(args.output, "w", encoding="utf-8") as out:
