@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from needs import module
 
 from memfit.read.native import axolotl, deepspeed, hftrainer, llamafactory, torchtune
 
@@ -51,7 +52,7 @@ def test_the_issues_keys_are_in_their_readers_table(reader):
 def test_every_trainer_argument_is_tabled():
     """Each field of the installed transformers' TrainingArguments is modelled (KEYS), warned about (UNMODELLED,
     CONDITIONAL) or listed as not changing the training step's GPU memory (NO_MEMORY): a new field fails here."""
-    from transformers import TrainingArguments
+    TrainingArguments = module("transformers").TrainingArguments
 
     fields = {f.name for f in dataclasses.fields(TrainingArguments)}
     known = set(hftrainer.KEYS) | set(hftrainer.UNMODELLED) | set(hftrainer.CONDITIONAL) | set(hftrainer.NO_MEMORY)
@@ -177,3 +178,13 @@ def test_ddp_keeps_a_second_copy_of_the_gradients_and_memfit_says_so(tmp_path):
     zero.write_text(json.dumps({"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto"}))
     (tmp_path / "ax.yml").write_text("base_model: ./llama-3-8b.json\nmicro_batch_size: 1\nsequence_len: 512\ndeepspeed: ds.json\n")
     assert "runs PyTorch DDP" not in memfit("check", "--device", "H200", "--gpus", "8", "ax.yml", cwd=tmp_path).stdout
+
+
+def test_every_deepspeed_zero_key_is_tabled():
+    """Each field of the installed DeepSpeed's DeepSpeedZeroConfig, as a JSON writes it (its alias), is read
+    (ZERO_MODELLED), warned about (ZERO_UNMODELLED) or listed as not changing the step's GPU memory (ZERO_NO_MEMORY)."""
+    config = module("deepspeed.runtime.zero.config")
+    fields = {f.alias or name for name, f in config.DeepSpeedZeroConfig.model_fields.items()}
+    known = set(deepspeed.ZERO_MODELLED) | set(deepspeed.ZERO_UNMODELLED) | set(deepspeed.ZERO_NO_MEMORY)
+    assert not sorted(fields - known), "DeepSpeedZeroConfig fields in no table"
+    assert not set(deepspeed.ZERO_NO_MEMORY) & (set(deepspeed.ZERO_MODELLED) | set(deepspeed.ZERO_UNMODELLED))
