@@ -320,6 +320,7 @@ def test_every_route_to_a_staged_file_rechecks_its_readers(tmp_path: Path, env, 
         ({"a/models/x/config.json": deeper}, ["a/ax.yml", "a/m.yaml", "d/m.yaml"], 5),
         ({"b/ds.json": zero0}, ["b/trainer.json"], 1),
         ({"c/ds.json": zero0}, ["c/full.yml"], 1),
+        ({"c/launch.yaml": files["c/launch.yaml"].replace("num_processes: 8", "num_processes: 1")}, ["c/full.yml"], 1),
         ({"a/memfit.toml": 'device = "T4"\n'}, ["a/ax.yml", "a/m.yaml"], 2),
         ({"d/pyproject.toml": '[project]\nname = "d"\n\n[tool.memfit]\ndevice = "T4"\n'}, ["d/m.yaml"], 1),
     ]

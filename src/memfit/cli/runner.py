@@ -126,7 +126,9 @@ def dependents(results: list[Result], options: Options) -> list[Result]:
     changed = {
         os.path.abspath(r.path): r.path
         for r in results
-        if os.path.isfile(r.path) and (r.skipped or r.path.endswith((".json", ".toml")) or r.input_format in ("accelerate", "deepspeed"))
+        # what configs read: JSON (a model's config.json, a DeepSpeed JSON, a Trainer's arguments), the settings'
+        # TOML, a launch config or a DeepSpeed config in YAML; an unrelated staged YAML costs no scan of the repository
+        if os.path.isfile(r.path) and (r.path.endswith((".json", ".toml")) or r.input_format in ("accelerate", "deepspeed"))
     }
     if not changed:
         return []
