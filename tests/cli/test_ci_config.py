@@ -41,7 +41,7 @@ def test_hook_manifest() -> None:
     (hook,) = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text(encoding="utf-8"))
     assert hook["id"] == "memfit"
     assert hook["language"] == "python"
-    assert hook["types_or"] == ["yaml", "json"]  # JSON: a staged config.json re-checks the configs that read it
+    assert hook["types_or"] == ["yaml", "json", "toml"]  # JSON, TOML: a staged config.json or settings file re-checks the configs that read it
     assert hook["entry"] == "memfit check --skip-unrecognized"
     assert "args" not in hook  # users' args replace the manifest's: nothing of ours to lose there
     assert hook["require_serial"] is True

@@ -170,7 +170,7 @@ def test_unrelated_yaml_passes(tmp_path: Path, env, hook_repo) -> None:
     done = commit(repo, env, UNRELATED, "a repository's other YAML")
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
-    assert hook_line(output).endswith("Passed")  # the hook ran on them (types_or: [yaml, json]) and skipped them
+    assert hook_line(output).endswith("Passed")  # the hook ran on them (types_or: [yaml, json, toml]) and skipped them
     assert commits(repo, env) == 1
 
 
@@ -285,3 +285,56 @@ def test_a_config_json_edit_rechecks_the_configs_that_read_it(tmp_path: Path, en
     assert deeper.returncode != 0, output
     assert any(line.startswith("train.yaml:") and "error[budget-exceeded]" in line for line in output.splitlines()), output
     assert commits(repo, env) == 1
+
+
+def test_every_route_to_a_staged_file_rechecks_its_readers(tmp_path: Path, env, hook_repo) -> None:
+    """Issue 33: a staged file reached by any route has the configs that read it checked again: a model folder
+    (`base_model: ./models/x`, `hf_config: models/x`), a DeepSpeed JSON read by a Trainer argument file, the
+    DeepSpeed JSON the launch config names (`deepspeed_config_file`), a memfit.toml and a pyproject.toml.
+    Each edit alone takes its readers past the budget; the readers are not staged."""
+    import json
+
+    repo = make_repo(tmp_path, env, hook_repo)
+    model = json.loads((ROOT / "examples" / "models" / "llama-3-8b.json").read_text(encoding="utf-8"))
+    zero3 = json.dumps({"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 3}, "bf16": {"enabled": "auto"}})
+    zero0 = json.dumps({"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 0}, "bf16": {"enabled": "auto"}})
+    memfit_config = "memfit: 1\nprecision: bf16-true\noptimizer: adamw\nmodel: {hf_config: %s}\ntraining: {micro_batch: 1, seq_len: 512, checkpointing: full}\n"
+    files = {
+        "a/models/x/config.json": json.dumps(model, indent=2),
+        "a/memfit.toml": 'device = "H100"\n',
+        "a/ax.yml": "base_model: ./models/x\nsequence_len: 2048\nmicro_batch_size: 1\nadapter: lora\nlora_r: 8\nlora_target_linear: true\nbf16: true\n",
+        "a/m.yaml": memfit_config % "models/x",
+        "b/memfit.toml": 'device = "H100"\ngpus = 8\n',
+        "b/trainer.json": json.dumps({"model_name_or_path": "../a/models/x", "per_device_train_batch_size": 1, "output_dir": "o", "deepspeed": "ds.json", "bf16": True, "gradient_checkpointing": True}),
+        "b/ds.json": zero3,
+        "c/memfit.toml": 'device = "H100"\nlaunch = "launch.yaml"\n',
+        "c/launch.yaml": "distributed_type: DEEPSPEED\nnum_processes: 8\nmixed_precision: bf16\ndeepspeed_config:\n  deepspeed_config_file: ds.json\n",
+        "c/ds.json": zero3,
+        "c/full.yml": "base_model: ../a/models/x\nsequence_len: 2048\nmicro_batch_size: 1\nbf16: true\ngradient_checkpointing: true\n",
+        "d/pyproject.toml": '[project]\nname = "d"\n\n[tool.memfit]\ndevice = "H200"\n',
+        "d/m.yaml": memfit_config % "../a/models/x/config.json",
+    }
+    first = commit(repo, env, files, "runs that fit")
+    assert first.returncode == 0, first.stdout + first.stderr
+    deeper = json.dumps({**model, "num_hidden_layers": 128}, indent=2)
+    routes = [
+        # every config reads the model: all five checked again; the two ZeRO-3 runs still fit on 8 GPUs
+        ({"a/models/x/config.json": deeper}, ["a/ax.yml", "a/m.yaml", "d/m.yaml"], 5),
+        ({"b/ds.json": zero0}, ["b/trainer.json"], 1),
+        ({"c/ds.json": zero0}, ["c/full.yml"], 1),
+        ({"c/launch.yaml": files["c/launch.yaml"].replace("num_processes: 8", "num_processes: 1")}, ["c/full.yml"], 1),
+        ({"a/memfit.toml": 'device = "T4"\n'}, ["a/ax.yml", "a/m.yaml"], 2),
+        ({"d/pyproject.toml": '[project]\nname = "d"\n\n[tool.memfit]\ndevice = "T4"\n'}, ["d/m.yaml"], 1),
+    ]
+    for edit, readers, checked in routes:
+        refused = commit(repo, env, edit, f"edit {', '.join(edit)}")
+        output = refused.stdout + refused.stderr
+        assert refused.returncode != 0, (edit, output)
+        failing = sorted({line.split(":")[0] for line in output.splitlines() if "error[budget-exceeded]" in line})
+        assert failing == sorted(readers), (edit, output)
+        assert f"memfit: {len(readers)} config{'s' if len(readers) > 1 else ''} of {checked} failed" in output, (edit, output)
+        assert commits(repo, env) == 1
+        assert run(["git", "reset", "-q", "--hard"], repo, env).returncode == 0
+    # an edit that keeps every reader within its budget commits
+    fits = commit(repo, env, {"b/ds.json": json.dumps({**json.loads(zero3), "gradient_clipping": 1.0})}, "a harmless edit")
+    assert fits.returncode == 0, fits.stdout + fits.stderr

@@ -688,3 +688,35 @@ async def test_a_superseded_analysis_publishes_nothing(gated_client, tmp_path: P
     assert await published(client, uri) == []  # the first publication is of version 2 (it fits)
     assert await hover(client, uri, at(BASE, 6, "fc.weight")) is not None
     assert client.published[uri].empty()
+
+
+async def test_a_referenced_file_or_settings_change_rechecks_the_open_document(client: LanguageClient, tmp_path: Path):
+    """Issue 33: an open document's verdict follows its config.json and its settings file when they change on disk
+    (workspace/didChangeWatchedFiles), though its own text did not change."""
+    raw = json.loads((ROOT / "examples" / "models" / "gpt2.json").read_text(encoding="utf-8"))
+    model = tmp_path / "gpt2.json"
+    model.write_text(json.dumps(raw), encoding="utf-8")
+    settings = tmp_path / "memfit.toml"
+    settings.write_text('device = "H100"\n', encoding="utf-8")
+    text = "memfit: 1\noptimizer: adamw\nmodel: {hf_config: gpt2.json}\ntraining: {micro_batch: 1, seq_len: 128}\n"
+    uri = uri_of(tmp_path, "run.yaml")
+    (tmp_path / "run.yaml").write_text(text, encoding="utf-8")
+    open_doc(client, uri, text)
+    assert await published(client, uri) == []
+
+    def changed(path: Path) -> None:
+        client.workspace_did_change_watched_files(types.DidChangeWatchedFilesParams(changes=[types.FileEvent(uri=path.as_uri(), type=types.FileChangeType.Changed)]))
+
+    # the model grows past the H100: 48 layers of width 8192 (about 39 billion parameters, 16 bytes each under AdamW)
+    model.write_text(json.dumps({**raw, "n_layer": 48, "n_embd": 8192, "n_head": 64}), encoding="utf-8")
+    changed(model)
+    (exceeded,) = await published(client, uri)
+    assert exceeded.code == "budget-exceeded"
+    model.write_text(json.dumps(raw), encoding="utf-8")
+    changed(model)
+    assert await published(client, uri) == []
+    # the settings now give a 100 MB budget, with the model as it was: the budget changed, not the text
+    settings.write_text('budget = "100 MB"\n', encoding="utf-8")
+    changed(settings)
+    (over,) = await published(client, uri)
+    assert over.code == "budget-exceeded" and "100,000,000 B" in over.message

@@ -226,9 +226,9 @@ def test_settings_and_directory_walks(tmp_path, model):
     configs.mkdir()
     (configs / "run.yml").write_text("base_model: meta/Llama-Three\nmicro_batch_size: 1\nsequence_len: 2048\n")
     (configs / "plain.yaml").write_text("memfit: 1\noptimizer: adam\nparameters: [[1024, 1024]]\n")
-    # without settings: a walk picks up memfit configs only, the native file is not one
+    # without settings: a folder is checked like its files, the native file too (its model unknown: an error, not a skip)
     walk = memfit("check", "--skip-unrecognized", "--device", "H100-80GB", configs)
-    assert walk.returncode == 0 and "1 skipped" in walk.stdout
+    assert walk.returncode == 1 and "run.yml:1:13: error[model-not-found]" in walk.stdout and "skipped" not in walk.stdout
     (tmp_path / "pyproject.toml").write_text(
         '[project]\nname = "x"\n\n[tool.memfit]\ndevice = "A100-40GB"\ninclude = ["configs/*.yml"]\n\n[tool.memfit.models]\n"meta/Llama-Three" = "models/m.json"\n'
     )
@@ -319,7 +319,7 @@ def test_suggest_edits_the_native_keys(tmp_path, model):
     native = tmp_path / "ax.yml"
     native.write_text("base_model: ./llama-3-8b.json\nsequence_len: 4096\nmicro_batch_size: 8\ngradient_accumulation_steps: 2\nbf16: true\ngradient_checkpointing: true\n")
     tight = figures(native, "--device", "H100-80GB")[0]["peak"]["bytes"] * 3 // 4
-    out = memfit("check", "--suggest", "--budget", str(tight), native)
+    out = memfit("check", "--suggest", "--budget", f"{tight}B", native)
     assert out.returncode == 1
     # the batch fix rewrites micro_batch_size's and gradient_accumulation_steps' values, where they are written
     import re
@@ -472,6 +472,7 @@ def test_each_format_page_lists_the_keys_its_reader_reads_and_warns_about(module
     reader = importlib.import_module(f"memfit.read.native.{module}")
     text = (ROOT / "docs" / f"{page}.md").read_text(encoding="utf-8")
     keys = list(getattr(reader, "KEYS", {})) + list(getattr(reader, "UNMODELLED", {})) + list(getattr(reader, "ZERO_UNMODELLED", {})) + list(getattr(reader, "BUILDERS", {}))
+    keys += list(getattr(reader, "CONDITIONAL", {}))
     missing = [key for key in keys if f"`{key}`" not in text]
     assert not missing, f"docs/{page}.md does not list {missing}"
 

@@ -37,7 +37,7 @@ def _zero3_peak_at(tmp_path, base: dict, size: int) -> str:
     path = tmp_path / f"zero3-at-{size}.yaml"
     path.write_text(yaml.safe_dump({**base, "parallel": {"gpus_per_node": 4, "zero": 3, "data": size}}), encoding="utf-8")
     (entry,) = json.loads(memfit("check", "--format", "json", "--budget", "1TiB", str(path)).stdout)["files"]
-    return str(entry["peak"]["bytes"])
+    return f"{entry['peak']['bytes']}B"
 
 
 @pytest.mark.parametrize(
@@ -108,7 +108,7 @@ def test_the_search_is_logarithmic_and_the_table_names_every_strategy(tmp_path):
     for size, ok in ((zero3.data, True), (zero3.data - 1, False)):
         path = tmp_path / f"z3-{size}.yaml"
         path.write_text(yaml.safe_dump({**base, "parallel": {"gpus_per_node": 4, "zero": 3, "data": size}}), encoding="utf-8")
-        assert (memfit("check", "--budget", str(budget), str(path)).returncode == 0) is ok, size
+        assert (memfit("check", "--budget", f"{budget}B", str(path)).returncode == 0) is ok, size
 
 
 def test_text_table_and_a_config_without_parallel(tmp_path):

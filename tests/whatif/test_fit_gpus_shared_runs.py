@@ -65,7 +65,7 @@ def test_answers_and_figures_are_those_of_check_at_every_size(tmp_path, name):
     for keys in ({"zero": 3, "data": 6}, {"zero": 2, "data": 12}):
         (entry,) = json.loads(memfit("check", "--format", "json", str(write(tmp_path / "budget.yaml", base, {**kept, **keys}))).stdout)["files"]
         needs.append(gated(entry))
-    budget = str(max(needs))
+    budget = f"{max(needs)}B"
     config = write(tmp_path / "config.yaml", base, kept)
     done = memfit("fit", "--vary", "gpus", "--format", "json", "--budget", budget, str(config))
     assert done.returncode in (0, 1), done.stderr

@@ -69,7 +69,7 @@ SHARES = (0.9, 0.75, 0.6, 0.5, 0.4, 0.33, 0.25, 0.2, 0.15, 0.12, 0.1)
 
 
 def _suggest(path: Path, budget: int) -> dict:
-    done = memfit("check", "--suggest", "--format", "json", "--budget", str(budget), str(path))
+    done = memfit("check", "--suggest", "--format", "json", "--budget", f"{budget}B", str(path))
     (entry,) = json.loads(done.stdout)["files"]
     return entry
 
@@ -94,7 +94,7 @@ def test_the_first_combined_fix_makes_the_config_pass(tmp_path, case):
     assert first["total"] <= entry["budget"] == budget
     fixed = tmp_path / "fixed.yaml"
     fixed.write_text(apply_edits(path.read_text(encoding="utf-8"), first["edits"]), encoding="utf-8")
-    after = memfit("check", "--format", "json", "--budget", str(budget), str(fixed))
+    after = memfit("check", "--format", "json", "--budget", f"{budget}B", str(fixed))
     assert after.returncode == 0, after.stdout
     (checked,) = json.loads(after.stdout)["files"]
     figure_after = checked["peak"]["bytes"] if checked.get("peak") else checked["footprint"]["total"]
@@ -104,7 +104,7 @@ def test_the_first_combined_fix_makes_the_config_pass(tmp_path, case):
     for change in first["changes"]:
         assert f"{change['key'].rsplit('.', 1)[-1]}: {change['to']}" in text or f"{change['key'].rsplit('.', 1)[-1]}:\n" in text, change
     # text output: the same fixes, announced as combinations
-    text_out = memfit("check", "--suggest", "--budget", str(budget), str(path)).stdout
+    text_out = memfit("check", "--suggest", "--budget", f"{budget}B", str(path)).stdout
     assert "(no single change fits: combinations):" in text_out and f"  1. {first['title']}:" in text_out
 
 
@@ -138,7 +138,7 @@ def test_fused_optimizer_impl_is_offered_where_it_makes_a_config_fit(tmp_path):
     fused = json.loads(memfit("check", "--format", "json", str(fused_path)).stdout)["files"][0]["peak"]
     if fused["bytes"] >= foreach["bytes"]:
         pytest.fail(f"fused is not smaller than foreach here ({fused['bytes']} vs {foreach['bytes']}): the test needs a config where it is")
-    budget = str((fused["bytes"] + foreach["bytes"]) // 2)  # between the two: only fused fits (and cheaper fixes)
+    budget = f"{(fused['bytes'] + foreach['bytes']) // 2}B"  # between the two: only fused fits (and cheaper fixes)
     done = memfit("check", "--suggest", "--format", "json", "--budget", budget, str(path))
     kinds = [fix["kind"] for fix in json.loads(done.stdout)["files"][0]["fixes"]]
     assert "optimizer_impl" in kinds, kinds

@@ -52,9 +52,10 @@ class Result:
     data: object = None
     fixes: list | None = None  # with --suggest: fixes.Fix, cheapest first
     closest: object = None  # with --suggest, when no fix fits: fixes.Closest, what came nearest
-    input_format: str = "memfit"  # the format the file was read as (read/native.FORMATS)
+    input_format: str | None = "memfit"  # the format the file was read as (read/native.FORMATS); None: not a config
     origins: dict | None = None  # a native config: memfit key path -> the native node it came from
     references: list = field(default_factory=list)  # the other files the check read (absolute): config.json, DeepSpeed JSON, ...
+    provenance: dict | None = None  # where the model, the device and the settings came from (read/native/settings.provenance)
 
     @property
     def footprint(self) -> dict | None:
@@ -123,13 +124,14 @@ def _check(text: str, path: str, options: Options) -> Result:
         native = _read_native(data, path, options)
         if native is not None:
             return _check_native(native, text, options, result)
-    if is_config(data) and options.settings and not path.startswith("<"):
+    if is_config(data) and not path.startswith("<"):  # with --no-settings, the command line's device and host still apply
         return _check_memfit(text, data, path, options, result)
     if not is_config(data):
         if options.skip_unrecognized:
             result.skipped = True
             result.diagnostics.clear()
             return result
+        result.input_format = None  # read as no format: json says null, not "memfit"
         what = "the file is empty" if data is None else f"its top level is {_kind(data)}, not a mapping with a 'memfit' key" if not isinstance(data, dict) else "it has no top-level 'memfit' key"
         result.diagnostics.append(diagnostic(FILE_START, codes.NOT_A_CONFIG, f"not a memfit config: {what} (add 'memfit: 1')"))
         return result
@@ -175,10 +177,11 @@ def _check_native(native, text: str, options: Options, result: Result) -> Result
     from memfit.read.native.position import place
 
     result.input_format = native.format
-    if not native.checkable and options.skip_unrecognized:
+    if not native.checkable and options.skip_unrecognized and native.training:
         result.skipped = True
         return result
     result.data, result.references = native.doc, list(native.files)
+    result.provenance = native.provenance
     result.origins = {**native.origins, ("memfit",): native.root}  # the marker's place: the file's main key
     problems = _pipeline(native.doc, options, result) if native.checkable and not native.failed else []
     result.diagnostics.extend(place(native, text, result.path, problems))
@@ -201,6 +204,7 @@ def _check_memfit(text: str, data: dict, path: str, options: Options, result: Re
         from memfit.read.native.run import memfit_defaults
 
         data, added = memfit_defaults(data, conf)
+        result.provenance = settings.provenance(conf, device=("device",) in added)
     result.data = data
     model = data.get("model")
     if isinstance(model, dict) and isinstance(model.get("hf_config"), str):  # the file the model section reads
@@ -532,7 +536,11 @@ def _budget(config, options: Options, result: Result, data: dict) -> list[Proble
     elif parallel is not None:  # per GPU: the most-loaded rank, with what it gathers for a moment
         used = parallel["bytes"]
         what = f"GPU rank {parallel['rank']} of {parallel['ranks']}: peak {with_bytes(used)}"
-        aside = f" (on the GPU {with_bytes(config.footprint['total'])}, gathered for a moment {with_bytes(used - config.footprint['total'])})" if used != config.footprint["total"] else ""
+        total = config.footprint["total"]
+        if used > total:
+            aside = f" (on the GPU {with_bytes(total)}, gathered for a moment {with_bytes(used - total)})"
+        else:  # a rank that holds a share of the whole (a pipeline stage, a tensor slice): never a negative "gathered"
+            aside = f" (the four categories at full size total {with_bytes(total)})" if used != total else ""
     else:
         used = config.footprint["total"]
         what, aside = f"total {with_bytes(used)}", ""

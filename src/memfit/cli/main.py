@@ -19,6 +19,31 @@ def _bytes_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _budget_arg(text: str) -> int:
+    """--budget: a byte quantity with its unit. A bare number is refused, as device.memory refuses it:
+    `--budget 80` meant as 80 GB would be a budget of 80 bytes."""
+    digits = text.strip()
+    if digits.replace("_", "").replace(",", "").replace(".", "", 1).isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} has no unit: write the budget with one, e.g. '{digits}GiB' or '{digits}GB' ('{digits}B' for bytes)")
+    return _bytes_arg(text)
+
+
+def _device_arg(text: str) -> str:
+    """--device: a GPU preset of the table (config/presets.py), checked before any file is read: a typo
+    would otherwise pass unnoticed wherever a config names its own device."""
+    from memfit.config import presets
+
+    if presets.lookup(text) is not None:
+        return text
+    choices = presets.ambiguous(text)
+    if choices:
+        listed = ", ".join(choices)
+        raise argparse.ArgumentTypeError(f"{text!r} names cards with different memory: {listed}; name one")
+    near = presets.closest(text)
+    hint = f"; did you mean {', '.join(near)}?" if near else ""
+    raise argparse.ArgumentTypeError(f"unknown device preset {text!r}{hint} (known: {', '.join(presets.PRESETS)})")
+
+
 def _jobs_arg(text: str) -> int:
     if not (text.isascii() and text.isdigit()):
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of processes (0: choose by file count and cores)")
@@ -85,7 +110,7 @@ def parser(wanted: str | None = None) -> argparse.ArgumentParser:
     commands = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def common(sub: argparse.ArgumentParser) -> None:
-        sub.add_argument("--budget", type=_bytes_arg, metavar="BYTES", help="memory budget, e.g. 80GiB; supplies or overrides device.memory - reserve")
+        sub.add_argument("--budget", type=_budget_arg, metavar="BYTES", help="memory budget with its unit, e.g. 80GiB; supplies or overrides device.memory - reserve")
         sub.add_argument("--warn-at", type=_percent_arg, metavar="PERCENT", help="warn above this share of the budget (default 90%%, or device.warn_at)")
         sub.add_argument(
             "--max-file-size", type=_bytes_arg, default=DEFAULT_MAX_FILE_SIZE, metavar="BYTES", help="refuse to read a config larger than this (default 64 MiB)"
@@ -97,7 +122,7 @@ def parser(wanted: str | None = None) -> argparse.ArgumentParser:
         from memfit.read.native import FORMATS
 
         sub.add_argument("--input-format", choices=FORMATS, metavar="NAME", help=f"read the files as this format ({', '.join(FORMATS)}); default: by their keys")
-        sub.add_argument("--device", metavar="PRESET", help="the GPU preset (e.g. H100-80GB) where a config names no device")
+        sub.add_argument("--device", type=_device_arg, metavar="PRESET", help="the GPU preset (e.g. H100-80GB) where a config names no device")
         sub.add_argument("--gpus", type=_count_arg, metavar="N", help="GPUs in the run (the world size) for native configs")
         sub.add_argument("--gpus-per-node", type=_count_arg, metavar="N", help="GPUs per node")
         sub.add_argument("--host-memory", type=_bytes_arg, metavar="BYTES", help="host RAM per node, where a config names none")
@@ -113,6 +138,7 @@ def parser(wanted: str | None = None) -> argparse.ArgumentParser:
         check.add_argument("paths", nargs="+", metavar="PATH", help="files, or directories to search for *.yaml / *.yml")
         check.add_argument("--format", choices=list(REPORTERS), default="text", help="output format (default text)")
         check.add_argument("--skip-unrecognized", action="store_true", help="skip files that are not memfit configs instead of failing them")
+        check.add_argument("--allow-empty", action="store_true", help="let a directory in which no config is recognised pass (default: exit 1, error no-configs)")
         check.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
         check.add_argument("--summary-md", metavar="FILE", help="also append a Markdown table (file, total, budget, headroom, verdict) to FILE, e.g. $GITHUB_STEP_SUMMARY")
         check.add_argument("--suggest", action="store_true", help="for a config over (or near) its budget, the single changes that make it fit, with their edits")
@@ -126,6 +152,7 @@ def parser(wanted: str | None = None) -> argparse.ArgumentParser:
         explain.add_argument("--format", choices=("text", "json", "html"), default="text", help="text (default), json (with each step's timeline) or one self-contained HTML report of all the configs")
         explain.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of stdout")
         explain.add_argument("--skip-unrecognized", action="store_true", help="skip files that are not memfit configs instead of failing them")
+        explain.add_argument("--allow-empty", action="store_true", help="let a directory in which no config is recognised pass (default: exit 1, error no-configs)")
         common(explain)
 
     fit = commands.add_parser("fit", help="the largest micro_batch (or other training key) that fits, or the fewest GPUs")

@@ -11,76 +11,187 @@ from memfit.read.inputs import expand
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
-def targets(paths: list[str]):
-    """expand(paths), plus the native configs the settings include under each walked directory."""
-    found = expand(paths)
-    walked_dirs = [p for p in paths if os.path.isdir(p)]
-    if walked_dirs:
+def targets(paths: list[str], allow_empty: bool = False):
+    """The files to check: a named file; under a named directory its YAML files and JSON files (read
+    alike: a native config is recognised by its parsed keys, wherever it was found), plus the native
+    configs the settings include. A directory with no such file is a problem unless `allow_empty`."""
+    found = []
+    for path, problem in expand(paths):
+        # a directory without YAML files: its JSON files, if any, are its candidates
+        if problem is not None and os.path.isdir(path) and (allow_empty or _walk_json(path)):
+            continue
+        found.append((path, problem))
+    have = {p for p, _ in found}
+    for directory in (p for p in paths if os.path.isdir(p)):
         from memfit.read.native.settings import include_matches
 
-        have = {p for p, _ in found}
-        for directory in walked_dirs:
-            found.extend((p, None) for p in include_matches(directory) if p not in have)
+        for extra in _walk_json(directory) + include_matches(directory):
+            if extra not in have:
+                found.append((extra, None))
+                have.add(extra)
     return found
 
 
-def with_walked(options: Options, paths: list[str]) -> Options:
-    """Files a directory walk found may be native configs only where the settings include them."""
+def _walk_json(top: str) -> list[str]:
+    """The JSON files under a directory (hidden and pruned folders left out, as the YAML walk does)."""
+    from memfit.read.inputs import _PRUNED
+
+    out = []
+    for root, dirs, names in os.walk(top):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in _PRUNED]
+        out.extend(os.path.join(root, name) for name in names if name.endswith(".json"))
+    return sorted(out)
+
+
+def lenient(paths: list[str]) -> frozenset:
+    """The JSON files a directory walk found: most JSON in a folder is not a config (a model's
+    config.json, a tokenizer), so such a file counts only where memfit recognises it, as
+    --skip-unrecognized would have it, with or without the flag."""
+    return frozenset(p for directory in paths if os.path.isdir(directory) for p in _walk_json(directory))
+
+
+def check_found(found: list, options: Options, loose: frozenset, jobs: int = 0) -> list[Result]:
+    """safe_check for each (path, problem), in order; a lenient file checked as --skip-unrecognized does."""
     from dataclasses import replace
 
-    given = set(paths)
-    return replace(options, walked=frozenset(p for p, _ in expand(paths) if p not in given))
-
-
-def check_paths(paths: list[str], options: Options, jobs: int = 0) -> list[Result]:
-    found = targets(paths)
-    results: list[Result | None] = [Result(p, [d]) if d else None for p, d in found]
-    todo = [p for p, d in found if d is None]
     from memfit.cli.pool import map_checked
 
-    checked = iter(map_checked(todo, options, jobs))
-    results = [r if r is not None else next(checked) for r in results]
+    results: list[Result | None] = [Result(p, [d]) if d else None for p, d in found]
+    strict = [p for p, d in found if d is None and p not in loose]
+    skipping = [p for p, d in found if d is None and p in loose]
+    checked = dict(zip(strict, map_checked(strict, options, jobs)))
+    checked.update(zip(skipping, map_checked(skipping, replace(options, skip_unrecognized=True), jobs)))
+    return [r if r is not None else checked[p] for r, (p, _) in zip(results, found)]
+
+
+def empty_folders(paths: list[str], results: list[Result], allow_empty: bool) -> list[Result]:
+    """A directory named on the command line in which memfit recognised no config: checking it
+    checked nothing, which a gate must not call a pass (unless --allow-empty asks for one)."""
+    from memfit.diagnostics import codes
+    from memfit.diagnostics.diagnostic import FILE_START, diagnostic
+
+    if allow_empty:
+        return []
+    out = []
+    for directory in dict.fromkeys(p for p in paths if os.path.isdir(p)):
+        prefix = os.path.join(directory, "")
+        under = [r for r in results if r.path.startswith(prefix) or r.path == directory]
+        if any(not r.skipped for r in under):
+            continue
+        message = (
+            f"no config memfit recognises in directory {directory} ({len(under):,} file{'s' if len(under) != 1 else ''} skipped: "
+            "neither a memfit config nor a native config recognised by its keys); pass --allow-empty if an empty check may pass"
+        )
+        out.append(Result(directory, [diagnostic(FILE_START, codes.NO_CONFIGS, message)]))
+    return out
+
+
+def check_paths(paths: list[str], options: Options, jobs: int = 0, allow_empty: bool = False) -> list[Result]:
+    settings = settings_results(paths, options)
+    named_settings = {r.path for r in settings}
+    found = [(p, d) for p, d in targets(paths, allow_empty) if p not in named_settings]
+    results = check_found(found, options, lenient(paths), jobs) + settings
     if options.skip_unrecognized:
         results += dependents(results, options)
-    return results
+    return results + empty_folders(paths, results, allow_empty)
+
+
+SETTINGS_NAMES = ("pyproject.toml", "memfit.toml")
+# a JSON file larger than this is not a candidate reader (a tokenizer or a data set, never a Trainer argument file)
+MAX_CANDIDATE_JSON = 2**20
+
+
+def settings_results(paths: list[str], options: Options) -> list[Result]:
+    """A settings file named on the command line (the hook hands it over when it is staged) is no config:
+    with --skip-unrecognized it is skipped, and the configs it governs are checked again (dependents)."""
+    if not options.skip_unrecognized:
+        return []
+    return [Result(p, skipped=True) for p in paths if p.endswith(".toml") and os.path.isfile(p)]
 
 
 def dependents(results: list[Result], options: Options) -> list[Result]:
-    """The hook's other half: a staged file that is not a config but that configs read (a model's
-    config.json, a DeepSpeed JSON, an accelerate config) has those configs checked again, so that
-    a config.json edit that makes a run overflow does not commit cleanly. Candidates are the
-    repository's configs (the YAML under the working directory, plus the settings' include)
-    that mention the file's name, or a model name the settings map to it; a candidate counts
-    when its check read the file."""
-    from memfit.read.native.settings import find, include_matches
-    from memfit.read.inputs import read
+    """The hook's other half: a staged file that configs read but that is not a config itself has those configs
+    checked again, so that an edit that makes a run overflow does not commit cleanly, by any route: a model's
+    config.json or its folder (`base_model: ./models/x`, `hf_config: models/x`), a DeepSpeed JSON read by a
+    Trainer argument file or an Axolotl config, a launch config and the DeepSpeed JSON it names
+    (`deepspeed_config_file`), the settings (pyproject.toml, memfit.toml) and what they name.
 
-    changed = {os.path.abspath(r.path): r.path for r in results if r.skipped and (r.path.endswith(".json") or r.input_format in ("accelerate", "deepspeed"))}
+    Candidates are the repository's YAML and JSON files under the working directory (plus the settings'
+    include), found by their text: one that mentions a changed file's name (or its folder's, for a
+    config.json), or the name of a file that does (a launch config naming the DeepSpeed JSON), or that is
+    governed by a settings file among these. A candidate counts when its check read a changed file."""
+    from memfit.read.inputs import read
+    from memfit.read.native.settings import find, include_matches
+
+    changed = {
+        os.path.abspath(r.path): r.path
+        for r in results
+        # what configs read: JSON (a model's config.json, a DeepSpeed JSON, a Trainer's arguments), the settings'
+        # TOML, a launch config or a DeepSpeed config in YAML; an unrelated staged YAML costs no scan of the repository
+        if os.path.isfile(r.path) and (r.path.endswith((".json", ".toml")) or r.input_format in ("accelerate", "deepspeed"))
+    }
     if not changed:
         return []
     given = {os.path.abspath(r.path) for r in results}
     candidates = [p for p, d in expand(["."]) if d is None] + include_matches(".")
-    names = {os.path.basename(p) for p in changed}
-    out = []
-    for candidate in dict.fromkeys(candidates):
-        full = os.path.abspath(candidate)
-        if full in given:
+    candidates += [p for p in _walk_json(".") if os.path.getsize(p) <= MAX_CANDIDATE_JSON]
+    texts = {}
+    for candidate in dict.fromkeys(os.path.normpath(c) for c in candidates):
+        if os.path.abspath(candidate) in given:
             continue
         text, problem, _ = read(candidate, options.max_file_size)
-        if problem is not None:
+        if problem is None:
+            texts[candidate] = text
+    governing = {c: find(os.path.dirname(os.path.abspath(c)))[0] for c in texts}
+    # the names that lead to a changed file, closed over the files that mention one (launch -> DeepSpeed JSON)
+    names = set()
+    for full in changed:
+        names.add(os.path.basename(full))
+        if os.path.basename(full) == "config.json":
+            names.add(os.path.basename(os.path.dirname(full)))  # the model folder
+    settings_files = {f for f in governing.values() if f}
+    mapped: set[str] = set()
+    for settings_file in settings_files:
+        _, _, values, _ = find(os.path.dirname(settings_file))
+        base = os.path.dirname(settings_file)
+        for name, target in (values.get("models") or {}).items():
+            full = os.path.abspath(os.path.join(base, os.path.expanduser(str(target))))
+            if full in changed or os.path.join(full, "config.json") in changed:
+                mapped.add(name)
+    names |= mapped
+    hit: set[str] = set()
+    settings_hit = {f for f in settings_files if f in changed}
+    while True:
+        grown = False
+        for candidate, text in texts.items():
+            if candidate not in hit and any(name and name in text for name in names):
+                hit.add(candidate)
+                names.add(os.path.basename(candidate))
+                grown = True
+        for settings_file in settings_files - settings_hit:
+            settings_text = find(os.path.dirname(settings_file))[1]
+            if any(name and name in settings_text for name in names):
+                settings_hit.add(settings_file)
+                grown = True
+        if not grown:
+            break
+    out = []
+    for candidate in texts:
+        if candidate not in hit and governing[candidate] not in settings_hit:
             continue
-        settings_file, _, values, _ = find(os.path.dirname(full))
-        base = os.path.dirname(settings_file) if settings_file else ""
-        targets = {name: os.path.abspath(os.path.join(base, os.path.expanduser(str(t)))) for name, t in (values.get("models") or {}).items()}
-        mapped = {name for name, t in targets.items() if t in changed or os.path.join(t, "config.json") in changed}
-        launch = os.path.abspath(os.path.join(base, str(values["launch"]))) if settings_file and values.get("launch") else None
-        if launch not in changed and not any(name in text for name in names | mapped):
+        result = safe_check(candidate, options)
+        if result.skipped:
             continue
-        result = safe_check(os.path.normpath(candidate), options)
-        if not result.skipped and changed.keys() & set(result.references):
+        read_files = set(result.references) | ({governing[candidate]} if governing[candidate] else set())
+        if any(_reads(ref, full) for ref in read_files for full in changed):
             out.append(result)
-            given.add(full)
     return out
+
+
+def _reads(reference: str, changed: str) -> bool:
+    """Whether a file a check read is the changed file, or a folder that holds it (a model folder)."""
+    reference = os.path.abspath(reference)
+    return reference == changed or changed.startswith(os.path.join(reference, ""))
 
 
 def _settled(results: list) -> list:
@@ -111,7 +222,6 @@ def run(args) -> int:
     options = _options(args)
     if args.command == "convert":
         return run_convert(args, options)
-    options = with_walked(options, args.paths)
     if args.command == "fit":
         return run_fit(args, options)
     if args.command == "explain":
@@ -124,10 +234,14 @@ def run(args) -> int:
     if clash is not None:
         sys.stderr.write(printable(clash) + "\n")
         return EXIT_USAGE
-    results = check_paths(args.paths, options, args.jobs)
+    results = check_paths(args.paths, options, args.jobs, getattr(args, "allow_empty", False))
     if args.suggest:
         results = [suggest(r, options) for r in results]
     results = _settled(results)
+    clash = _output_onto_read(args, results)
+    if clash is not None:
+        sys.stderr.write(printable(clash) + "\n")
+        return EXIT_USAGE
     target = args.output or "standard output"
     try:
         if args.output:
@@ -149,6 +263,23 @@ def run(args) -> int:
     return EXIT_FAILED if any(r.failed for r in results) else EXIT_OK
 
 
+# the HTML report's bound: per config a fixed allowance (the largest example's report, a Llama-3-8B QLoRA's timeline,
+# is 348,056 bytes) plus a multiple of the config's own bytes (a long layer list is a long table); past it, an error
+HTML_PER_CONFIG = 2 * 2**20
+HTML_PER_BYTE = 16
+
+
+def html_limit(results) -> tuple[int, int]:
+    """The most bytes `explain --format html` writes for these configs, and the configs' own bytes."""
+    sizes = 0
+    for result in results:
+        try:
+            sizes += os.path.getsize(result.path)
+        except OSError:
+            pass
+    return HTML_PER_CONFIG * len(results) + HTML_PER_BYTE * sizes, sizes
+
+
 def run_explain(args, options: Options) -> int:
     """`memfit explain`: text (the breakdown), json (check's entries with the step's timeline) or html."""
     from memfit.diagnostics.safe_text import printable
@@ -158,8 +289,14 @@ def run_explain(args, options: Options) -> int:
     if clash is not None:
         sys.stderr.write(printable(clash) + "\n")
         return EXIT_USAGE
-    results = _settled([Result(p, [d]) if d else safe_check(p, options) for p, d in targets(args.paths)])
+    allow_empty = getattr(args, "allow_empty", False)
+    checked = check_found(targets(args.paths, allow_empty), options, lenient(args.paths))
+    results = _settled(checked + empty_folders(args.paths, checked, allow_empty))
     shown = [r for r in results if not r.skipped]
+    clash = _output_onto_read(args, results)
+    if clash is not None:
+        sys.stderr.write(printable(clash) + "\n")
+        return EXIT_USAGE
     if args.format == "text":
         colour = args.color == "always" or (args.color == "auto" and not args.output and sys.stdout.isatty() and "NO_COLOR" not in os.environ)
         text = "\n".join(render(result, colour) for result in shown)
@@ -173,6 +310,15 @@ def run_explain(args, options: Options) -> int:
             from memfit.report.html import render as html
 
             text = html(shown, entries)
+            limit, sizes = html_limit(shown)
+            written = len(text.encode("utf-8"))
+            if written > limit:
+                sys.stderr.write(printable(
+                    f"memfit explain: the HTML report would be {written:,} bytes, over its bound of {limit:,} bytes "
+                    f"({HTML_PER_CONFIG:,} per config + {HTML_PER_BYTE} x the configs' {sizes:,} bytes): nothing was written; "
+                    "report fewer configs at a time, or use --format json"
+                ) + "\n")
+                return EXIT_USAGE
     try:
         if args.output:
             with open(args.output, "w", encoding="utf-8") as out:
@@ -201,6 +347,7 @@ def run_convert(args, options: Options) -> int:
     import yaml
 
     from memfit.check.pipeline import check
+    from memfit.diagnostics.safe_text import printable
     from memfit.read.inputs import read
     from memfit.report.reporters import diagnostic_line
 
@@ -219,10 +366,11 @@ def run_convert(args, options: Options) -> int:
         sys.stderr.write(diagnostic_line(path, d) + "\n")
     if result.data is None:
         return EXIT_FAILED
+    shown = printable(path)  # a comment line: a newline in the file's name must not start a key of the output
     if launch_only:
-        header = f"# what the launch config {path} decides (accelerate), to go with a training config (memfit check --launch {path} CONFIG)\n"
+        header = f"# what the launch config {shown} decides (accelerate), to go with a training config (memfit check --launch {shown} CONFIG)\n"
     else:
-        header = f"# memfit config read from {path} ({result.input_format}); `memfit check` on this file gives the same figures\n"
+        header = f"# memfit config read from {shown} ({result.input_format}); `memfit check` on this file gives the same figures\n"
     sys.stdout.write(header + yaml.safe_dump(result.data, sort_keys=False, default_flow_style=None, width=120))
     return EXIT_FAILED if any(d.severity == "error" for d in read_problems) else EXIT_OK
 
@@ -276,11 +424,19 @@ def run_fit(args, options: Options) -> int:
         from memfit.whatif.gpus import REPORTERS
 
         empty = GpuFit
-    fits = [empty(p, args.vary, diagnostics=[d]) if d else fit_file(p, args.vary, options) for p, d in targets(args.paths)]
+    loose = lenient(args.paths)
+    found = [(p, d) for p, d in targets(args.paths) if p not in loose or not safe_check(p, _skipping(options)).skipped]
+    fits = [empty(p, args.vary, diagnostics=[d]) if d else fit_file(p, args.vary, options) for p, d in found]
     REPORTERS[args.format](sys.stdout).report(fits)
     if any(f.usage for f in fits):
         return EXIT_USAGE
     return EXIT_FAILED if any(f.failed for f in fits) else EXIT_OK
+
+
+def _skipping(options: Options) -> Options:
+    from dataclasses import replace
+
+    return replace(options, skip_unrecognized=True)
 
 
 def _options(args) -> Options:
@@ -320,6 +476,23 @@ def run_diff(args) -> int:
         if over:
             return EXIT_FAILED
     return EXIT_OK
+def _output_onto_read(args, results) -> str | None:
+    """An output onto a file a check read (a model's config.json, a DeepSpeed JSON, a launch config, the settings):
+    written over, the next check would read the report. Found after the checks, before anything is written."""
+    outputs = [(flag, name) for flag, name in (("--output", args.output), ("--summary-md", getattr(args, "summary_md", None))) if name and os.path.exists(name)]
+    for result in results:
+        settings = (result.provenance or {}).get("settings") if getattr(result, "provenance", None) else None
+        for read_file in [*result.references, *([settings] if settings else [])]:
+            for flag, name in outputs:
+                try:
+                    same = os.path.samefile(read_file, name)
+                except OSError:
+                    continue
+                if same:
+                    return f"memfit: {flag} {name} is a file the check of {result.path} reads ({read_file}): refusing to write over it"
+    return None
+
+
 def _output_onto_input(args) -> str | None:
     """A report written over a config it checks would destroy it: `-o a.yaml a.yaml`, or an
     output that is an input under another name (./a.yaml, a symlink, inside a checked directory)."""

@@ -74,6 +74,9 @@ MISSING_REFERENCE = "missing-reference"
 IGNORED_KEY = "ignored-key"
 SELECTIVE_NOOP = "selective-noop"
 APPROXIMATE_ACTIVATIONS = "approximate-activations"
+NO_CONFIGS = "no-configs"
+NOT_TRAINING = "not-training"
+MODEL_SHADOWED = "model-shadowed"
 
 CODES: dict[str, Code] = _register(
     Code(YAML_SYNTAX, ERROR, "The file is not valid YAML", "Fix the YAML syntax at the position shown; memfit reads YAML 1.1 with core tags only."),
@@ -255,6 +258,26 @@ CODES: dict[str, Code] = _register(
         ERROR,
         "A file a native config references (a DeepSpeed JSON, a launch config) cannot be read",
         "Fix the path (it is relative to the config that names it; a launch config from the settings is relative to the settings file), or create the file.",
+    ),
+    Code(
+        NO_CONFIGS,
+        ERROR,
+        "A directory named on the command line holds no config memfit recognises",
+        "Name the configs' directory or files (a memfit config has `memfit: 1`; a native one is recognised by its keys, or named with --input-format), or pass --allow-empty where an empty check may pass.",
+    ),
+    Code(
+        MODEL_SHADOWED,
+        WARNING,
+        "A local folder shadows the Hugging Face model of the same name",
+        "memfit reads the local folder's config.json; the framework loads it only when the run starts where that path exists, and the Hub's model otherwise. Write './org/name' to mean the folder, or map the name in the settings' models table.",
+        keeps_footprint=True,
+    ),
+    Code(
+        NOT_TRAINING,
+        INFORMATION,
+        "A native config that trains nothing (inference, a merge, an evaluation, generation, quantization)",
+        "memfit prices training steps: such a config gets no training figure. Check the training config that made the model instead.",
+        keeps_footprint=True,
     ),
 )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 import sys
 import threading
@@ -539,6 +540,14 @@ class MemfitServer(LanguageServer):
         return position.line, column
 
 
+def settings_of(path: str) -> str | None:
+    """The settings file that governs a document (read/native/settings.find), absolute."""
+    from memfit.read.native.settings import find
+
+    found = find(os.path.dirname(path))[0]
+    return os.path.abspath(found) if found else None
+
+
 def make_server() -> MemfitServer:
     server = MemfitServer()
 
@@ -565,6 +574,37 @@ def make_server() -> MemfitServer:
     def did_save(ls: MemfitServer, params: types.DidSaveTextDocumentParams) -> None:
         if ls.is_open(params.text_document.uri):
             ls.analyse(params.text_document.uri)
+
+    @server.feature(types.INITIALIZED)
+    def initialized(ls: MemfitServer, params: types.InitializedParams) -> None:
+        """Ask the client to tell us when the files a check reads change (a model's config.json, a DeepSpeed JSON,
+        a launch config, the settings), where it can watch files for a server."""
+        capabilities = getattr(ls, "client_capabilities", None)
+        watched = getattr(getattr(capabilities, "workspace", None), "did_change_watched_files", None)
+        if watched is None or not getattr(watched, "dynamic_registration", False):
+            return
+        watchers = [types.FileSystemWatcher(glob_pattern=glob) for glob in ("**/*.json", "**/*.yaml", "**/*.yml", "**/pyproject.toml", "**/memfit.toml")]
+        ls.client_register_capability(types.RegistrationParams(registrations=[types.Registration(
+            id="memfit-referenced-files", method=types.WORKSPACE_DID_CHANGE_WATCHED_FILES,
+            register_options=types.DidChangeWatchedFilesRegistrationOptions(watchers=watchers))]))
+
+    @server.feature(types.WORKSPACE_DID_CHANGE_WATCHED_FILES)
+    def did_change_watched_files(ls: MemfitServer, params: types.DidChangeWatchedFilesParams) -> None:
+        """A file an open document's check read changed on disk (its config.json, DeepSpeed JSON, launch config, or
+        the settings file that governs it): the document is checked again, though its own text did not change."""
+        changed = {os.path.abspath(to_fs_path(event.uri) or event.uri) for event in params.changes}
+        for uri, state in list(ls.documents.items()):
+            if not ls.is_open(uri) or state is None:
+                continue
+            path = os.path.abspath(to_fs_path(uri) or uri)
+            result = state.latest.result if state.latest is not None else None
+            read = set(getattr(result, "references", None) or [])
+            settings_file = settings_of(path)
+            governs = settings_file is not None and settings_file in changed
+            settings_named = any(os.path.basename(c) in ("pyproject.toml", "memfit.toml") and path.startswith(os.path.dirname(c) + os.sep) for c in changed)
+            if governs or settings_named or any(r == c or c.startswith(os.path.join(r, "")) for r in read for c in changed):
+                state.analysed = None  # the same text, read against new files: not a superseded analysis
+                ls.analyse(uri)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: MemfitServer, params: types.DidCloseTextDocumentParams) -> None:

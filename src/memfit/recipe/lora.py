@@ -140,7 +140,11 @@ def spec(config: dict, *, model_type: str | None = None) -> LoraSpec:
         targets = ALL_LINEAR if targets.lower() == ALL_LINEAR else targets
     else:
         targets = list(targets)
-    if model_type in MOE_RETARGETED and (isinstance(targets, str) or set(targets) & set(MOE_RETARGETED[model_type])):
+    # all-linear is resolved as peft 0.21 resolves it (_resolve_string_target_modules: the nn.Linear modules, plus the
+    # router and the fused experts as target_parameters: peft_parameters); a regex or a list naming the mapped
+    # modules goes through the same remap with rank patterns memfit does not model
+    retargeted = targets != ALL_LINEAR and (isinstance(targets, str) or set(targets) & set(MOE_RETARGETED.get(model_type, ())))
+    if model_type in MOE_RETARGETED and retargeted:
         raise LoraError(
             f"lora.target_modules {targets!r} on {model_type}: peft retargets the router and experts of transformers 5's fused "
             "MoE layers (target_parameters), which memfit does not model; list the attention projections instead "
@@ -162,13 +166,18 @@ def _saved_match(name: str, saved) -> bool:
     return any(re.match(rf"(^|.*\.){m}($|\..*)", name) for m in saved)
 
 
-def targeted(linears, lora: LoraSpec, *, output_head: str | None = "lm_head") -> list[str]:
+def targeted(linears, lora: LoraSpec, *, output_head: str | None = "lm_head", model_type: str | None = None) -> list[str]:
     """Names of the linear modules peft puts adapters on, in the model's order.
 
     `linears`: (module_name, in_features, out_features, has_bias) rows."""
     names = [row[0] for row in linears]
     if lora.target_modules == ALL_LINEAR:
         chosen = [n for n in names if n != output_head]
+        if model_type in MOE_RETARGETED:
+            # peft's transformers-5 remap moves the mapped names (the experts' projections, the router) from the
+            # modules to target_parameters: a dense layer's or a shared expert's gate_proj / up_proj / down_proj then
+            # gets no adapter (their parameters are `.weight`, not the experts' fused `gate_up_proj` / `down_proj`)
+            chosen = [n for n in chosen if n.rsplit(".", 1)[-1] not in MOE_RETARGETED[model_type]]
     elif isinstance(lora.target_modules, str):
         chosen = [n for n in names if re.fullmatch(lora.target_modules, n)]
     else:
@@ -197,11 +206,15 @@ def _modules_of(params) -> list[str]:
     return out
 
 
-def saved_modules(params, lora: LoraSpec) -> list[str]:
-    """Outermost modules that modules_to_save wraps (peft: name.endswith(entry))."""
+def saved_modules(params, lora: LoraSpec, linears=()) -> list[str]:
+    """Outermost modules that modules_to_save wraps (peft: name.endswith(entry)). A tied output head has no
+    parameter of its own in named_parameters() (it is the embedding's), but it is a module peft wraps: `linears`
+    names it."""
     if not lora.modules_to_save:
         return []
-    hits = [m for m in _modules_of(params) if any(m.endswith(t) for t in lora.modules_to_save)]
+    modules = _modules_of(params)
+    modules += [row[0] for row in linears if row[0] not in modules]
+    hits = [m for m in modules if any(m.endswith(t) for t in lora.modules_to_save)]
     outer = [m for m in hits if not any(m.startswith(h + ".") for h in hits if h != m)]
     missing = [t for t in lora.modules_to_save if not any(m.endswith(t) for m in outer)]
     if missing:
@@ -216,8 +229,9 @@ def peft_parameters(params, linears, config, *, output_head: str | None = "lm_he
     order (models.hf.parameters gives them); `linears`: its linear modules."""
     lora = config if isinstance(config, LoraSpec) else spec(config, model_type=model_type)
     rows = {row[0]: row for row in linears}
-    targets = set(targeted(linears, lora, output_head=output_head))
-    saved = saved_modules(params, lora)
+    targets = set(targeted(linears, lora, output_head=output_head, model_type=model_type))
+    saved = saved_modules(params, lora, linears)
+    moe = lora.target_modules == ALL_LINEAR and model_type in MOE_RETARGETED
     out: list[PeftParam] = []
     pending_adapter: str | None = None
     pending_copies: list[PeftParam] = []
@@ -255,16 +269,46 @@ def peft_parameters(params, linears, config, *, output_head: str | None = "lm_he
             out.append(PeftParam(f"{PREFIX}{module}.base_layer.{leaf}", tuple(shape), None, False, "base", name))
         else:
             out.append(PeftParam(PREFIX + name, tuple(shape), None, False, "frozen", name))
+            if moe:
+                out.extend(_moe_adapters(name, tuple(shape), lora.r, adapter_dtype))
     flush_adapter()
     flush_copies()
+    # a tied head in modules_to_save (Llama-3.2-1B's lm_head): peft wraps the module, whose original weight is the
+    # embedding's (listed once, under the embedding's name), and trains a copy of it of its own
+    owned = {name.rsplit(".", 1)[0] for name, *_ in params}
+    for owner in saved:
+        if owner in rows and owner not in owned and not any(o.startswith(owner + ".") for o in owned):
+            _, fan_in, fan_out, bias = rows[owner]
+            out.append(PeftParam(f"{PREFIX}{owner}.modules_to_save.{ADAPTER}.weight", (fan_out, fan_in), None, True, "saved_copy", f"{owner}.weight"))
+            if bias:
+                out.append(PeftParam(f"{PREFIX}{owner}.modules_to_save.{ADAPTER}.bias", (fan_out,), None, True, "saved_copy", f"{owner}.bias"))
     return out
+
+
+def _moe_adapters(name: str, shape: tuple, r: int, dtype: str) -> list[PeftParam]:
+    """peft 0.21's LoRA on a mixture of experts' target_parameters (tuners/lora/layer.py ParamWrapper), measured on
+    tiny Mixtral and DeepSeek-V3 models: the router's weight (E, hidden) gets A (r, hidden) and B (E, r); the fused
+    gate_up_proj (E, 2I, hidden) rank 2r per expert (rank_pattern: gate and up fused): A (2r·E, hidden), B (2I, 2r·E);
+    down_proj (E, hidden, I): A (r·E, I), B (hidden, r·E)."""
+    module, leaf = name.rsplit(".", 1) if "." in name else ("", name)
+    if leaf == "weight" and module.endswith("mlp.gate") and len(shape) == 2:
+        experts, hidden = shape
+        return [PeftParam(f"{PREFIX}{module}.lora_A.{ADAPTER}.weight", (r, hidden), dtype, True, "adapter", ""),
+                PeftParam(f"{PREFIX}{module}.lora_B.{ADAPTER}.weight", (experts, r), dtype, True, "adapter", "")]
+    if module.endswith("mlp.experts") and len(shape) == 3 and leaf in ("gate_up_proj", "down_proj"):
+        experts, out_features, in_features = shape
+        rank = (2 * r if leaf == "gate_up_proj" else r) * experts
+        stem = f"{PREFIX}{module}{'.base_layer' if leaf == 'gate_up_proj' else ''}"
+        return [PeftParam(f"{stem}.lora_A.{ADAPTER}.weight", (rank, in_features), dtype, True, "adapter", ""),
+                PeftParam(f"{stem}.lora_B.{ADAPTER}.weight", (out_features, rank), dtype, True, "adapter", "")]
+    return []
 
 
 def adapter_count(linears, config, *, output_head: str | None = "lm_head", model_type: str | None = None) -> int:
     """Trainable adapter elements: r * (in + out) per targeted linear."""
     lora = config if isinstance(config, LoraSpec) else spec(config, model_type=model_type)
     rows = {row[0]: row for row in linears}
-    return sum(lora.r * (rows[m][1] + rows[m][2]) for m in targeted(linears, lora, output_head=output_head))
+    return sum(lora.r * (rows[m][1] + rows[m][2]) for m in targeted(linears, lora, output_head=output_head, model_type=model_type))
 
 
 @dataclass(frozen=True, slots=True)

@@ -148,7 +148,7 @@ def _section(i: int, result, entry: dict, before=None) -> str:
     out.append(_layers(config))
     out.append(_per_parameter(config))
     data = {"timeline": entry["timeline"], "words": LIVE_WORDS, "peak": entry.get("peak"), "budget": entry.get("budget")}
-    out.append('<script type="application/json" class="memfit-data">' + json.dumps(data, separators=(",", ":")).replace("</", "<\\/") + "</script>")
+    out.append('<script type="application/json" class="memfit-data">' + json.dumps(data, separators=(",", ":")).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026") + "</script>")
     out.append("</section>")
     return "".join(out)
 

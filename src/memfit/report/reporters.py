@@ -46,6 +46,7 @@ class TextReporter(Reporter):
         if len(checked) <= HANDFUL:
             # a passing check says what it found; past a handful of files it stays quiet, as linters do
             write("".join(found_line(r) + "\n" for r in checked if not r.failed and r.footprint is not None and r.budget is not None))
+            write("".join(f"{printable(r.path)}: {came_from(r)}\n" for r in checked if r.failed and came_from(r)))
         write(summary_line(results) + "\n")
 
 
@@ -59,10 +60,33 @@ def found_line(result) -> str:
 
     used, budget = gated(result), result.budget
     peak = getattr(result, "parallel_peak", None)
+    origin = came_from(result)
+    tail = f" ({origin})" if origin else ""
     if peak is not None:  # the budget is per GPU: the most-loaded rank at its worst moment
-        return f"{result.path}: GPU rank {peak['rank']} of {peak['ranks']}: peak {human(used)} of {human(budget)} ({pct(used, budget)}), fits"
+        return f"{result.path}: GPU rank {peak['rank']} of {peak['ranks']}: peak {human(used)} of {human(budget)} ({pct(used, budget)}), fits" + tail
     what = "peak" if getattr(result, "peak", None) else "total"  # what the gate compared
-    return f"{result.path}: {what} {human(used)} of {human(budget)} ({pct(used, budget)}), fits"
+    return f"{result.path}: {what} {human(used)} of {human(budget)} ({pct(used, budget)}), fits" + tail
+
+
+def came_from(result) -> str:
+    """Where the device, the model and the settings came from, when not from the checked file itself
+    (json `provenance`): `device RTX-4090 from memfit.toml; model meta-llama/Meta-Llama-3-8B: ../models/x.json
+    (the settings' models table ...)`."""
+    found = getattr(result, "provenance", None)
+    if not found:
+        return ""
+    parts = []
+    device = found.get("device")
+    if device:
+        value = device.get("preset", device.get("memory"))
+        parts.append(f"device {value} from {device['from']}")
+    model = found.get("model")
+    if model:
+        parts.append(f"model {model['name']}: {model['config']}, from {model['from']}")
+    named = " ".join(parts)
+    if found.get("settings") and found["settings"] not in named:
+        parts.append(f"settings {found['settings']}")
+    return printable("; ".join(parts))
 
 
 def fix_lines(result) -> list[str]:
@@ -86,7 +110,9 @@ def fix_lines(result) -> list[str]:
     figure = "peak" if result.peak else "total"  # what the gate compares: a run's peak, else the total
     for i, fix in enumerate(result.fixes, 1):
         lines.append(f"  {i}. {fix.title}: {figure} {human(fix.total)}{budget}")
-        if not fix.edits:
+        if not fix.edits and getattr(result, "origins", None) is not None:  # a native config: its format's keys
+            lines.append(f"     no text edit: {result.input_format} has no key of this file for this change (ZeRO, FSDP and offload are the DeepSpeed JSON's or the launch config's); make it there")
+        elif not fix.edits:
             lines.append("     no text edit: the key is reached through an alias or merge key here; change it where it is defined")
         for edit in fix.edits:
             r = edit.range
@@ -124,7 +150,7 @@ class JsonReporter(Reporter):
 
     def report(self, results) -> None:
         files = [
-            _entry(r, {"budget": r.budget, "diagnostics": [d.to_json() for d in r.diagnostics], **({"fixes": [f.to_json() for f in r.fixes]} if r.fixes is not None else {}), **({"closest": r.closest.to_json()} if r.fixes is not None and getattr(r, "closest", None) is not None else {})})
+            _entry(r, {"budget": r.budget, **({"provenance": r.provenance} if getattr(r, "provenance", None) else {}), "diagnostics": [d.to_json() for d in r.diagnostics], **({"fixes": [f.to_json() for f in r.fixes]} if r.fixes is not None else {}), **({"closest": r.closest.to_json()} if r.fixes is not None and getattr(r, "closest", None) is not None else {})})
             for r in results
             if not r.skipped
         ]

@@ -273,8 +273,9 @@ def text_line(found: Fit) -> str | None:
         return None
     figures = [found.budget, found.bytes_at_max, found.bytes_at_next]
     shown = [human(n) for n in figures if n is not None]
-    # at 2 decimals the three figures can read the same; then they are given exactly
-    size = human if len(set(shown)) == len(shown) else (lambda n: f"{n:,} B")
+    # at 2 decimals the three figures can read the same; then each also gives its exact bytes (the same units
+    # whatever the key varied: micro_batch and seq_len alike)
+    size = human if len(set(shown)) == len(shown) else (lambda n: f"{human(n)} = {n:,} B")
     budget = size(found.budget)
     if found.max == 0:
         now = f" (the config has {found.current})" if found.current not in (None, 1) else ""

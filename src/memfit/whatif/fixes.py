@@ -300,7 +300,7 @@ def fixes(result: Result, text: str, options: Options = Options()) -> list[Fix]:
             if any(d.code in refuse for d in after.diagnostics):
                 near.saw(title, after, changes)
                 continue  # it does not make the config fit
-            made = safe_edits(text, changes, result.data) if result.origins is None else native_edits(text, changes, result.origins)
+            made = safe_edits(text, changes, result.data) if result.origins is None else native_edits(text, changes, result.origins, result.input_format)
             found.append(Fix(remedy.kind, title, gated(after), changes, made, remedy.speed))
     found.sort(key=lambda f: f.speed)
     if not found:
@@ -370,7 +370,8 @@ def _combined(result: Result, text: str, evaluated: dict, options: Options, refu
             near.saw(title, after, changes)
             continue
         originals = [(p, _get(result.data, p), value) for p, _, value in changes]  # `from` as the file has it
-        fix = Fix("+".join(ranked[i].kind for i in order), title, gated(after), originals, sorted(edits(text, originals, result.data), key=lambda e: (e.range.start_line, e.range.start_character)), max(ranked[i].speed for i in combo))
+        made = edits(text, originals, result.data) if result.origins is None else native_edits(text, originals, result.origins, result.input_format)
+        fix = Fix("+".join(ranked[i].kind for i in order), title, gated(after), originals, sorted(made, key=lambda e: (e.range.start_line, e.range.start_character)), max(ranked[i].speed for i in combo))
         if not _edits_fit(fix, text, result, options, refuse):
             continue
         fitting.append(set(combo))
@@ -439,20 +440,44 @@ def _written(text: str, path: tuple) -> bool:
     return path in keys
 
 
-def native_edits(text: str, changes, origins: dict) -> list[Edit]:
-    """The edits of a fix in a native config: a new number over the native key it came from
-    (micro_batch_size for training.micro_batch in Axolotl); a change with no native key of its
-    own in this file (a default, a key to insert, a value the format spells otherwise) gets none."""
+def native_edits(text: str, changes, origins: dict, fmt: str | None = None) -> list[Edit]:
+    """The edits of a fix in a native config, in the format's own keys (read/native/edits.py): a new value over
+    the native key the memfit key came from (micro_batch_size for training.micro_batch in Axolotl), or the key
+    added at the end of the file's top-level mapping where the file does not write it; a change the format has
+    no spelling of (ZeRO, FSDP, offload: the DeepSpeed JSON's or the launch config's) gets none."""
     from memfit.read import source
+    from memfit.read.native.edits import spelt
 
     out = []
     for path, before, value in changes:
+        native = spelt(fmt, path, value)
         at = origins.get(path)
-        if at is None or at.file is not None or before is None or isinstance(value, bool) or not isinstance(value, int):
+        if native is None:
+            if at is None or at.file is not None or before is None or isinstance(value, bool) or not isinstance(value, int):
+                continue
+            where = source.locate(text, [(at.path, source.VALUE)])[(at.path, source.VALUE)]
+            out.append(Edit(where, scalar(value)))
             continue
-        where = source.locate(text, [(at.path, source.VALUE)])[(at.path, source.VALUE)]
-        out.append(Edit(where, scalar(value)))
+        key, new = native
+        if at is not None and at.file is None and at.path == (key,):
+            where = source.locate(text, [(at.path, source.VALUE)])[(at.path, source.VALUE)]
+            out.append(Edit(where, scalar(new)))
+        elif key in (source.load(text).data or {}):
+            where = source.locate(text, [((key,), source.VALUE)])[((key,), source.VALUE)]
+            out.append(Edit(where, scalar(new)))
+        else:
+            out.append(_append_top_level(text, key, new))
     return out
+
+
+def _append_top_level(text: str, key: str, value) -> Edit:
+    """`key: value` as a new last line of a block mapping at column 0 (a native config as frameworks write it)."""
+    lines = _lines(text)
+    last = len(lines) - 1
+    while last > 0 and not lines[last].strip():
+        last -= 1
+    end = len(lines[last])
+    return Edit(Range(last, end, last, end), f"\n{key}: {scalar(value)}")
 
 
 def edits(text: str, changes, data=None) -> list[Edit]:

@@ -38,6 +38,12 @@ KEYS = {
     "deepspeed": (None, "parallel.zero, offload, buckets, precision (a DeepSpeed JSON)", "schemas/config.py deepspeed"),
     "fsdp_config": (None, "parallel.fsdp, parallel.offload, training.checkpointing", "schemas/fsdp.py FSDPConfig"),
     "fsdp": (None, "parallel.fsdp (deprecated list form: full_shard, shard_grad_op, offload)", "schemas/config.py fsdp"),
+    "overrides_of_model_config": (None, "model.transformer: the config.json's keys with these set over them (setattr on the model config)", "schemas/model.py ModelInputConfig.overrides_of_model_config; loaders/model.py ModelLoader._apply_model_config_overrides"),
+}
+
+# keys warned about when their value makes the figures off (which way: the message says)
+CONDITIONAL = {
+    "eval_batch_size": "evaluation's batch (default: micro_batch_size); warned when larger than micro_batch_size",
 }
 
 # keys that change memory and are not modelled -> (no-effect values, what they do)
@@ -72,7 +78,11 @@ def read(r: Reader, ctx) -> dict:
     data = r.data
     r.native.root = r.at("base_model", on_key=True) if "base_model" in data else r.at()
     config_key = "base_model_config" if r.has("base_model_config") else "base_model"
-    ctx.model(r.get(config_key, (str,)), r.at(config_key))
+    raw = ctx.model(r.get(config_key, (str,)), r.at(config_key))
+    overrides = r.get("overrides_of_model_config", (dict,), None)
+    if overrides and raw is not None:
+        # loaders/model.py: each key is set on the loaded config (setattr), so the model is built with it
+        r.set(("model",), {"transformer": {**raw, **overrides}}, r.at("overrides_of_model_config", on_key=True))
 
     # precision: utils/config/__init__.py resolve_dtype, line for line (no mps, no ray)
     bf16 = r.get("bf16", (bool, "auto", "full"), "auto")
@@ -159,6 +169,7 @@ def read(r: Reader, ctx) -> dict:
         key = "load_in_4bit" if load_in_4bit else "load_in_8bit"
         r.warn(r.at(key), f"{key} without an adapter: memfit counts a full fine-tune of the unquantized model")
 
+    r.eval_batch("eval_batch_size", micro)
     trainer = {
         "micro_batch": (micro, r.at("micro_batch_size") if "micro_batch_size" in data else None),
         "grad_accum": (accum, r.at("gradient_accumulation_steps") if "gradient_accumulation_steps" in data else None),

@@ -54,6 +54,8 @@ class Native:
     checkable: bool = True  # False: a launch config alone (no model): read, but nothing to check
     uncheckable: str = ""  # why not, for the error when it is named explicitly
     files: list = field(default_factory=list)  # every other file read (config.json, DeepSpeed JSON, launch config), absolute
+    provenance: dict | None = None  # where the model, the device and the settings came from (settings.provenance)
+    training: bool = True  # False: a config that trains nothing (inference, a merge, evaluation): a note, no figure
 
     @property
     def failed(self) -> bool:
@@ -138,6 +140,18 @@ class Reader:
         for key, (inert, why) in table.items():
             if key in data and data[key] is not None and data[key] not in inert:
                 self.warn(self.at(*prefix, key, on_key=True, file=file), f"{_name(prefix, key)}: {why}; memfit does not model it, the figures leave it out")
+
+
+    def eval_batch(self, key: str, micro: int, default: int | None = None) -> None:
+        """An evaluation batch larger than the training micro-batch: evaluation's forward (no graph kept, but the
+        logits of the whole eval batch, upcast to float32 for the loss) is not the step memfit checks."""
+        value = self.get(key, (int,), default) if key in self.data else default
+        if isinstance(value, int) and not isinstance(value, bool) and value > micro:
+            self.warn(
+                self.at(key, on_key=True) if key in self.data else self.native.root,
+                f"{key} {value} is larger than the training micro-batch {micro}: evaluation runs its forward on {value} sequences "
+                "(the logits of all of them at once); memfit checks the training step, so the figures may be low for evaluation",
+            )
 
 
 def _name(prefix: tuple, key) -> str:

@@ -31,7 +31,32 @@ ZERO_UNMODELLED = {
     "zero_quantized_weights": ((False,), "ZeRO++ quantizes the gathered weights"),
     "zero_hpz_partition_size": ((1,), "ZeRO++ keeps a secondary partition of the weights per node"),
     "zero_quantized_gradients": ((False,), "ZeRO++ quantizes the gradients"),
+    "mics_shard_size": ((-1, 0), "MiCS shards the parameters, gradients and optimizer state over groups of this many GPUs, not the whole world: each GPU keeps a 1/mics_shard_size share where memfit counts 1/world (the figures are low); DeepSpeed 0.19 removed MiCS and refuses the key"),
+    "overlap_comm": ((None, False), "overlapping the gradients' reduction with backward keeps a second reduce bucket: the figures are low by up to one reduce bucket"),
+    "contiguous_gradients": ((True,), "without contiguous gradients ZeRO does not copy each gradient into one buffer as it is produced (the allocator's fragmentation is not modelled)"),
+    "reduce_scatter": ((True,), "without reduce-scatter ZeRO all-reduces whole gradient buckets (a bucket's full size rather than its share, for a moment)"),
+    "sub_group_size": ((1000000000, 1e9), "ZeRO-3's optimizer step runs over sub-groups of this many elements, each with its own float32 temporaries"),
+    "stage3_model_persistence_threshold": ((), "ZeRO-3 leaves up to this many elements of small parameters unpartitioned on every GPU"),
+    "stage3_module_granularity_threshold": ((0,), "ZeRO-3 fetches modules below this granularity whole, as leaf modules"),
+    "zero_quantized_nontrainable_weights": ((False,), "ZeRO++ keeps the frozen weights quantized (less memory than memfit counts)"),
+    "memory_efficient_linear": ((True,), "without ZeRO-3's memory-efficient linear, autograd keeps the gathered weight for backward"),
+    "zenflow": ((None,), "ZenFlow offloads and updates the gradients selectively"),
+    "leaf_module": ((), "ZeRO-3 fetches these modules whole, as leaf modules"),
+    "cpu_offload": ((None, False), "the deprecated spelling of offload_optimizer.device cpu: memfit reads offload_optimizer (without it, the figures count no offload: high)"),
+    "cpu_offload_param": ((None, False), "the deprecated spelling of offload_param.device cpu: memfit reads offload_param (without it, the figures count no offload: high)"),
 }
+# fields of DeepSpeed's DeepSpeedZeroConfig (runtime/zero/config.py, by the key a JSON writes) that do not change the
+# training step's GPU memory (communication patterns, checkpoint saving and loading, checks, host-side pinning);
+# tests/read/test_native_keys.py fails on a field of the installed DeepSpeed that is in none of the tables
+ZERO_NO_MEMORY = (
+    "use_multi_rank_bucket_allreduce", "allgather_partitions", "compute_grad_norm", "load_from_fp32_weights", "elastic_checkpoint",
+    "cpu_offload_use_pin_memory", "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+    "stage3_use_all_reduce_for_fetch_params", "stage3_allgather_sequential", "ignore_unused_parameters", "legacy_stage1",
+    "round_robin_gradients", "parameter_alignment", "pipeline_loading_checkpoint", "override_module_apply",
+    "log_trace_cache_warnings", "enable_sanity_checks", "save_muon_momentum_buffer_in_memory",
+)
+# the zero_optimization keys apply() reads (the memfit keys they set: docs/native-deepspeed.md)
+ZERO_MODELLED = ("stage", "offload_param", "offload_optimizer", "reduce_bucket_size", "allgather_bucket_size")
 TOP_UNMODELLED = {
     "activation_checkpointing": ((), "DeepSpeed's activation checkpointing (partition_activations, cpu_checkpointing) applies to models that call deepspeed.checkpointing"),
     "compression_training": ((), "compression changes the weights' storage"),
@@ -145,10 +170,26 @@ def read(r: Reader, ctx) -> dict:
     else:  # nothing to check without a model: an error when named, skipped by the hook
         r.native.checkable = False
         r.native.uncheckable = "no model: a DeepSpeed config names none; give one with --model NAME or the settings' `model` (or check the training config that references this file)"
-    for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
+    # "auto" is the Trainer integration's to fill in (integrations/deepspeed.py trainer_config_process): alone, the
+    # Trainer's defaults, said at the key (the training config that references the file decides)
+    trainer = {}
+    for key, name, default in (("train_micro_batch_size_per_gpu", "micro_batch", 8), ("gradient_accumulation_steps", "grad_accum", 1)):
         if data.get(key) == "auto":
-            r.error(r.at(key), codes.NATIVE_CONFIG, f"{key} is \"auto\": only the Trainer integration fills it in; a DeepSpeed config used alone needs a number")
-    apply(r, data, None, {}, ctx.hidden_size)
+            trainer[name] = (default, None)
+            r.warn(
+                r.at(key),
+                f"{key} is \"auto\": alone, memfit takes the Trainer's default {default} (TrainingArguments); the training config "
+                "that references this file decides it (check that one for the real figure, higher or lower)",
+            )
+    for section in ("bf16", "fp16"):
+        block = data.get(section)
+        if isinstance(block, dict) and block.get("enabled") == "auto":
+            r.warn(
+                r.at(section, "enabled"),
+                f"{section}.enabled is \"auto\": alone, memfit takes the Trainer's default (off: float32 weights); the training "
+                "config that references this file decides it (with it on, the figures are lower)",
+            )
+    apply(r, data, None, trainer, ctx.hidden_size)
     training = r.native.doc.setdefault("training", {})
     if "micro_batch" not in training:
         # runtime/config.py _set_batch_related_parameters: train_batch_size = micro x accumulation x world size

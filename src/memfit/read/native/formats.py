@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import re
-
 from memfit.diagnostics import codes
 from memfit.read.native.base import FORMATS, At, Found, Native, Reader
 
@@ -20,9 +17,11 @@ DETECT: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("accelerate", ("distributed_type",), ("num_processes", "compute_environment", "mixed_precision", "num_machines")),
 )
 
-# the same keys at column 0 of a YAML text: a cheap test before parsing (the hook, --skip-unrecognized)
-_KEYS = r"(base_model|model_name_or_path|zero_optimization|train_micro_batch_size_per_gpu|train_batch_size|distributed_type|model)"
-_SNIFF = re.compile(rf'^{_KEYS}\s*:|"{_KEYS}"\s*:|^\s+_component_\s*:\s*torchtune\.', re.M)
+# A cheap test before parsing (the hook, --skip-unrecognized): could the text spell any key DETECT
+# reads, however YAML or JSON lets it be written (flow mapping, indented, quoted, an escape)? A
+# text with none of these substrings cannot; anything else is parsed and DETECT decides on the
+# parsed document, never on the text's layout.
+_MAY_SPELL = ("model", "zero_", "train_", "distributed_type", "_component_", "\\")
 
 
 def detect(data) -> str | None:
@@ -39,7 +38,8 @@ def detect(data) -> str | None:
 
 
 def sniff(text: str) -> bool:
-    return _SNIFF.search(text) is not None
+    """Whether the text may be a native config (its parsed document then decides: detect)."""
+    return any(word in text for word in _MAY_SPELL)
 
 
 def read(data, path: str, options, forced: str | None = None) -> Native | None:

@@ -32,7 +32,39 @@ UNMODELLED = {
     "torch_compile": ((False,), "torch.compile fuses kernels and changes what is saved for backward"),
     "use_liger_kernel": ((False,), "Liger kernels save less for backward and never materialize the logits"),
     "optim_target_modules": ((), "GaLore/APOLLO target modules"),
+    "torch_compile_mode": ((None,), "a torch.compile mode turns torch_compile on (TrainingArguments.__post_init__): compiled kernels save less for backward than memfit counts"),
+    "torch_compile_backend": ((None,), "a torch.compile backend turns torch_compile on (TrainingArguments.__post_init__): compiled kernels save less for backward than memfit counts"),
+    "activation_checkpointing": ((False, None), "the accelerator's activation checkpointing recomputes each layer in backward; memfit reads gradient_checkpointing, so the figures are high here"),
+    "auto_find_batch_size": ((False,), "the Trainer halves the batch after an out-of-memory error: the batch that runs may be smaller than written (the figures are for the written one)"),
+    "label_smoothing_factor": ((0, 0.0), "the Trainer's LabelSmoother takes a log-softmax over the logits besides the model's loss: the figures may be low by a logits-sized tensor"),
+    "use_cache": ((False, None), "the forward returns a key/value cache during training: the figures may be low by the cache's bytes"),
+    "use_cpu": ((False,), "the run trains on the CPU: no GPU memory is used, and the figures are the host's"),
+    "parallelism_config": ((None,), "accelerate's ParallelismConfig (tensor, context and data shard sizes) is not read: the figures assume a data-parallel world of --gpus"),
+    "optim_args": ((None, ""), "optimizer arguments are not read: the state layout of optim's default arguments is assumed"),
 }
+CONDITIONAL = {
+    "per_device_eval_batch_size": "evaluation's batch (TrainingArguments default 8); warned when larger than per_device_train_batch_size, where the run evaluates",
+    "ddp_bucket_cap_mb": "DDP's gradient buckets: a second copy of the gradients whatever their size, warned with a data-parallel layout without ZeRO or FSDP (read/native/run.py)",
+}
+# TrainingArguments fields that do not change the training step's GPU memory (schedules, logging, saving, the hub,
+# data loading on the host, evaluation's own bookkeeping, determinism, launch details); tests/read/test_native_keys.py
+# fails on a field of the installed transformers that is in none of KEYS, UNMODELLED, CONDITIONAL and this
+NO_MEMORY = (
+    "output_dir", "num_train_epochs", "max_steps", "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps",
+    "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "average_tokens_across_devices", "max_grad_norm", "bf16_full_eval", "fp16_full_eval",
+    "tf32", "activation_checkpointing_kwargs", "gradient_checkpointing_kwargs", "liger_kernel_config", "neftune_noise_alpha", "torch_empty_cache_steps",
+    "logging_strategy", "logging_steps", "logging_first_step", "log_on_each_node", "logging_nan_inf_filter", "include_num_input_tokens_seen",
+    "log_level", "log_level_replica", "disable_tqdm", "report_to", "run_name", "project", "trackio_space_id", "trackio_bucket_id",
+    "trackio_static_space_id", "eval_strategy", "eval_steps", "eval_delay", "prediction_loss_only", "eval_on_start", "eval_do_concat_batches",
+    "eval_use_gather_object", "eval_accumulation_steps", "include_for_metrics", "batch_eval_metrics", "save_only_model", "save_strategy",
+    "save_steps", "save_on_each_node", "save_total_limit", "enable_jit_checkpoint", "push_to_hub", "hub_token", "hub_private_repo",
+    "hub_model_id", "hub_strategy", "hub_always_push", "hub_revision", "load_best_model_at_end", "metric_for_best_model", "greater_is_better",
+    "ignore_data_skip", "restore_callback_states_from_checkpoint", "full_determinism", "seed", "data_seed", "accelerator_config",
+    "dataloader_drop_last", "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers", "dataloader_prefetch_factor",
+    "dataloader_multiprocessing_context", "dataloader_in_order", "remove_unused_columns", "label_names", "train_sampling_strategy",
+    "length_column_name", "ddp_find_unused_parameters", "ddp_broadcast_buffers", "ddp_static_graph", "ddp_backend", "ddp_timeout", "debug",
+    "skip_memory_metrics", "do_train", "do_eval", "do_predict", "resume_from_checkpoint", "local_rank",
+)
 FSDP_OPTIONS = {"full_shard": "full_shard", "shard_grad_op": "shard_grad_op", "hybrid_shard": "hybrid_shard", "no_shard": "no_shard", "hybrid_shard_zero2": "hybrid_shard"}
 
 
@@ -90,6 +122,8 @@ def read(r: Reader, ctx) -> dict:
             checkpointing = True
             r.origin(("training", "checkpointing"), r.at("fsdp_config"))
     r.set(("training", "checkpointing"), "full" if checkpointing else "none", r.at("gradient_checkpointing") if "gradient_checkpointing" in data else None)
+    if r.get("do_eval", (bool,), False) or data.get("eval_strategy", data.get("evaluation_strategy", "no")) not in ("no", None):
+        r.eval_batch("per_device_eval_batch_size", micro, 8)
     trainer = {
         "micro_batch": (micro, r.at("per_device_train_batch_size") if "per_device_train_batch_size" in data else None),
         "grad_accum": (accum, r.at("gradient_accumulation_steps") if "gradient_accumulation_steps" in data else None),

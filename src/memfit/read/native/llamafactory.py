@@ -47,6 +47,11 @@ UNMODELLED = {
     "pissa_init": ((False,), "PiSSA initialization"),
     "torch_compile": ((False,), "torch.compile fuses kernels and changes what is saved for backward"),
     "fsdp": ((None, "", False), "FSDP from TrainingArguments (use an accelerate config via --launch)"),
+    "upcast_lmhead_output": ((False,), "the lm_head's output is upcast to float32 (model/model_utils/checkpointing.py _fp32_forward_post_hook): a float32 copy of the logits, batch x seq x vocab x 4 bytes, is kept besides the 16-bit ones; the figures are low by it"),
+    "upcast_layernorm": ((False,), "the layer norms' weights are upcast to float32 (more bytes per norm weight than memfit counts; the figures are slightly low)"),
+}
+CONDITIONAL = {
+    "per_device_eval_batch_size": "evaluation's batch (TrainingArguments default 8); warned when larger than per_device_train_batch_size",
 }
 STAGE_EXTRA = {
     "ppo": "PPO holds a reward model and a value head besides the policy",
@@ -142,6 +147,8 @@ def read(r: Reader, ctx) -> dict:
             r.set(("quantization",), {"method": "int8"}, r.at("quantization_bit"))
         else:
             r.error(r.at("quantization_bit"), codes.NATIVE_CONFIG, f"quantization_bit {quant_bits}: bitsandbytes takes 4 or 8")
+    if r.get("do_eval", (bool,), False) or data.get("eval_strategy", data.get("evaluation_strategy", "no")) not in ("no", None) or "val_size" in data:
+        r.eval_batch("per_device_eval_batch_size", micro, 8)
     trainer = {
         "micro_batch": (micro, r.at("per_device_train_batch_size") if "per_device_train_batch_size" in data else None),
         "grad_accum": (accum, r.at("gradient_accumulation_steps") if "gradient_accumulation_steps" in data else None),
@@ -150,5 +157,7 @@ def read(r: Reader, ctx) -> dict:
     }
     if r.has("deepspeed"):
         ctx.deepspeed(data["deepspeed"], r.at("deepspeed"), trainer)
-    r.unmodelled(UNMODELLED)
+    # the launch config's FSDP is the layout memfit reads (--launch, the settings' launch): TrainingArguments' fsdp
+    # key then says nothing memfit leaves out
+    r.unmodelled({k: v for k, v in UNMODELLED.items() if not (k == "fsdp" and "fsdp" in ctx.launch)})
     return trainer

@@ -10,6 +10,7 @@ from memfit.read.inputs import read as read_file
 from memfit.read.native import resolve
 from memfit.read.native.base import At, Found, Native, Reader
 from memfit.read.native.settings import Settings
+from memfit.read.native.settings import shown as settings_shown
 
 
 
@@ -20,6 +21,7 @@ class Context:
         self.model_config: dict | None = None
         self.launch: dict = {}
         self.ds_from_launch = None
+        self.model_source: dict | None = None  # provenance's "model"
 
     # --- the model ------------------------------------------------------------------------
     def model(self, name, at: At) -> dict | None:
@@ -30,8 +32,10 @@ class Context:
             return None
         models = self.conf.get("models") or {}
         found, looked = resolve.resolve(name, self.base, models, self.conf.base if self.conf.file else None)
+        fetched = False
         if found is None and self.conf.online and "/" in name and not os.path.exists(os.path.join(self.base, name)):
             found, why = resolve.fetch(name)
+            fetched = found is not None
             if found is None:
                 looked.append(why)
         if found is None:
@@ -49,12 +53,25 @@ class Context:
         target = os.path.relpath(full, os.path.abspath(self.base)) if shared and not cached else full
         self.r.set(("model", "hf_config"), target.replace(os.sep, "/") if not os.path.isabs(target) else target, at)
         self.r.native.files.append(full)
+        source = "the Hugging Face Hub (--online)" if fetched else looked[-1].split(" (")[0]
+        if source == "the settings' models table":
+            source = f"the models table of {settings_shown(self.conf.file)}"
+        self.model_source = {"name": name, "config": settings_shown(full), "from": source}
+        if not fetched and source.startswith("a local path") and resolve.hub_like(name) and name not in models:
+            self.r.error(
+                at,
+                codes.MODEL_SHADOWED,
+                f"model {name!r} is read from the local folder {settings_shown(os.path.dirname(full) if full.endswith('config.json') else full)}, "
+                f"which shadows the Hugging Face model {name!r}: the framework loads the local folder only when the run starts "
+                "where that path exists, and the Hub's model otherwise (the figures may then be far off, either way); "
+                f"write './{name}' to mean the folder, or map the name in the settings' models table",
+            )
         import json
 
         text, problem, _ = read_file(found)
         try:
             raw = json.loads(text) if problem is None else None
-        except ValueError:
+        except (ValueError, RecursionError):  # too deeply nested for json: the pipeline says so, positioned in that file
             raw = None  # the pipeline reports an unreadable config.json, in that file
         self.model_config = raw if isinstance(raw, dict) else None
         return self.model_config
@@ -174,7 +191,18 @@ class Context:
                 r.set(("parallel", "data"), world // split, gpus_at)
             if per_node is not None:
                 r.set(("parallel", "gpus_per_node"), per_node, per_node_at)
+            layout = doc.get("parallel", {})
+            if r.native.format in DDP_FORMATS and layout.get("data", 1) > 1 and "zero" not in layout and "fsdp" not in layout:
+                r.warn(
+                    gpus_at or r.native.root,
+                    f"data parallel over {layout['data']} GPUs without ZeRO or FSDP runs PyTorch DDP, whose reducer keeps its gradient "
+                    "buckets: a second copy of the trainable parameters' gradients (torch/csrc/distributed/c10d/reducer.cpp; "
+                    "accelerate and the Trainer leave gradient_as_bucket_view off); memfit counts one copy, so the figures are low by up to the gradients' bytes",
+                )
         _device(doc, conf)
+        from memfit.read.native.settings import provenance
+
+        r.native.provenance = provenance(conf, model=self.model_source)
         if not r.native.checkable:
             r.error(r.native.root, codes.MODEL_NOT_FOUND, r.native.uncheckable)
         elif "model" not in doc and not r.native.failed:
@@ -243,14 +271,46 @@ def memfit_defaults(data: dict, conf: Settings) -> tuple[dict, set]:
     return out, added
 
 
+# the formats whose data-parallel runs without ZeRO or FSDP are torch DDP (the Trainer, through accelerate)
+DDP_FORMATS = ("axolotl", "llama-factory", "hf-trainer")
+
 MODULES = {"axolotl": "axolotl", "llama-factory": "llamafactory", "hf-trainer": "hftrainer", "torchtune": "torchtune", "deepspeed": "deepspeed", "accelerate": "accelerate"}
+
+
+# configs of a training framework that train nothing: format -> (keys any of which says so, unless a training key is
+# there, what such a file is). LLaMA-Factory's examples/inference/ (infer_backend) and examples/merge_lora/
+# (export_dir); torchtune's eleuther_evaluation (tasks), generation (prompt, max_new_tokens) and quantization
+# (quantizer) recipes, none of which has an optimizer
+NOT_TRAINING = {
+    "llama-factory": (("infer_backend", "export_dir"), ("stage", "do_train", "output_dir"), "an inference or merge config (LLaMA-Factory's chat, webui, export)"),
+    "torchtune": (("tasks", "prompt", "max_new_tokens", "quantizer"), ("optimizer", "loss", "epochs"), "an evaluation, generation or quantization recipe config"),
+}
+
+
+def not_training(fmt: str, data: dict) -> tuple[str, str] | None:
+    """(the key that says so, what the file is) for a config that trains nothing, else None."""
+    found = NOT_TRAINING.get(fmt)
+    if found is None:
+        return None
+    marks, training, what = found
+    if any(k in data for k in training):
+        return None
+    key = next((k for k in marks if k in data), None)
+    return (key, what) if key is not None else None
 
 
 def read(fmt: str, data: dict, path: str, conf: Settings) -> Native:
     import importlib
 
-    module = importlib.import_module(f"memfit.read.native.{MODULES[fmt]}")  # only the format read
     r = Reader(fmt, data, path)
+    idle = not_training(fmt, data)
+    if idle is not None:  # recognised, and said to be what it is: no training figure
+        key, what = idle
+        r.native.root = r.at(key, on_key=True)
+        r.native.checkable, r.native.training = False, False
+        r.native.found.append(Found(r.native.root, codes.NOT_TRAINING, f"{key}: {what}, which trains nothing; memfit prices training steps, so it gives no figure (check the training config that made the model)"))
+        return r.native
+    module = importlib.import_module(f"memfit.read.native.{MODULES[fmt]}")  # only the format read
     ctx = Context(r, path, conf)
     ctx.read_launch()
     trainer = module.read(r, ctx)

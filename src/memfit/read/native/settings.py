@@ -1,7 +1,7 @@
 """Project settings: `[tool.memfit]` in a pyproject.toml, or the same keys at the top level of a
 memfit.toml, found from the checked file's directory upward as ruff finds its settings (in each
 directory a memfit.toml wins over a pyproject.toml; a pyproject.toml without `[tool.memfit]` is
-passed over). Command-line flags win over the file.
+passed over), up to the repository's root (the directory holding `.git`) and no further. Command-line flags win over the file.
 
 What a key means for a config is in one table, SETTINGS: the memfit key it fills. A native
 config gets them all; a memfit config gets the device and host keys where it says nothing itself.
@@ -54,6 +54,39 @@ class Settings:
         return f"--{key.replace('_', '-')}" if key in self.cli else f"{self.file} {key}" if self.file else key
 
 
+def shown(path: str | None) -> str | None:
+    """A file as the output names it: relative to the working directory when under it, else absolute."""
+    if path is None:
+        return None
+    relative = os.path.relpath(path)
+    return relative if not relative.startswith(os.pardir) else path
+
+
+def provenance(conf: Settings, device: bool = True, model: dict | None = None) -> dict | None:
+    """Where a check's model, device and settings came from (json `provenance`, the text's found line):
+    {"settings": the settings file or None, "device": {"preset" or "memory", "from"}, "model": {"name",
+    "config", "from"}}; None when nothing came from outside the checked file."""
+    out: dict = {}
+    if device:
+        for key, field_name in (("device", "preset"), ("budget", "memory")):
+            value = conf.get(key)
+            if value is not None:
+                out["device"] = {field_name: value if isinstance(value, (str, int)) else str(value), "from": key_origin(conf, key)}
+                break
+    if model is not None:
+        out["model"] = model
+    if not out and conf.file is None:
+        return None
+    return {"settings": shown(conf.file), **out}
+
+
+def key_origin(conf: Settings, key: str) -> str:
+    """`--device`, or the settings file that set the key (as the output names files)."""
+    if key in conf.cli:
+        return f"--{key.replace('_', '-')}"
+    return shown(conf.file) or "the settings"
+
+
 def find(directory: str) -> tuple[str | None, str, dict, list]:
     """(the settings file, its text, its [tool.memfit] values, problems) for a directory. Read
     for each checked file, never cached (no state between checks; a long-running language server
@@ -71,7 +104,8 @@ def find(directory: str) -> tuple[str | None, str, dict, list]:
                     break
         else:
             parent = os.path.dirname(here)
-            if parent == here:
+            # the repository's root ends the search: a pyproject.toml above the checkout is someone else's
+            if parent == here or os.path.lexists(os.path.join(here, ".git")):
                 break
             here = parent
             continue

@@ -106,6 +106,7 @@ UNMODELLED = {
     "compile": ((False,), "torch.compile fuses kernels and changes what is saved for backward"),
     "custom_sharded_layers": ((), "extra FSDP units"),
     "tensor_parallel_dim": ((1,), "tensor parallelism"),
+    "teacher_model": ((), "knowledge distillation holds the teacher model's weights (and its logits) beside the student's: the figures are low by the teacher's weights"),
 }
 
 

@@ -1,0 +1,190 @@
+"""Every key in each native reader's table is modelled or warned about (issue 33): the tables (read/native/*.py
+KEYS, UNMODELLED, CONDITIONAL, and the Trainer's NO_MEMORY) cover the framework's keys that change memory, each
+unmodelled key set to a value that matters is a positioned `not-modelled` warning saying which way the figure is
+off, through the CLI; the keys the issue named are modelled (Axolotl's overrides_of_model_config) or warned about
+(eval batches, DDP's gradient buckets, measured on gloo, MiCS, a KD teacher, LLaMA-Factory's upcast logits)."""
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from needs import module
+
+from memfit.read.native import axolotl, deepspeed, hftrainer, llamafactory, torchtune
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ROOT / "examples" / "models"
+READERS = {"axolotl": axolotl, "llama-factory": llamafactory, "hf-trainer": hftrainer, "torchtune": torchtune}
+
+# the keys issue 33 found ignored, by reader: each must be in a table (modelled, or warned about)
+ISSUE_KEYS = {
+    "axolotl": ("overrides_of_model_config", "eval_batch_size"),
+    "llama-factory": ("upcast_lmhead_output", "per_device_eval_batch_size"),
+    "hf-trainer": ("per_device_eval_batch_size", "ddp_bucket_cap_mb"),
+    "torchtune": ("teacher_model",),
+}
+
+
+def memfit(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "memfit", *map(str, args)], check=False, capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def tabled(module) -> set:
+    keys = set(getattr(module, "UNMODELLED", {})) | set(getattr(module, "CONDITIONAL", {}))
+    for key in getattr(module, "KEYS", {}):
+        keys |= set(re.findall(r"[A-Za-z_][A-Za-z0-9_.]*", key))  # torchtune's table names several keys in one entry
+    return keys
+
+
+@pytest.mark.parametrize("reader", sorted(ISSUE_KEYS))
+def test_the_issues_keys_are_in_their_readers_table(reader):
+    missing = [key for key in ISSUE_KEYS[reader] if key not in tabled(READERS[reader])]
+    assert not missing, f"{reader}: {missing} neither modelled nor warned about"
+    assert "mics_shard_size" in deepspeed.ZERO_UNMODELLED
+
+
+def test_every_trainer_argument_is_tabled():
+    """Each field of the installed transformers' TrainingArguments is modelled (KEYS), warned about (UNMODELLED,
+    CONDITIONAL) or listed as not changing the training step's GPU memory (NO_MEMORY): a new field fails here."""
+    TrainingArguments = module("transformers").TrainingArguments
+
+    fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    known = set(hftrainer.KEYS) | set(hftrainer.UNMODELLED) | set(hftrainer.CONDITIONAL) | set(hftrainer.NO_MEMORY)
+    assert not sorted(fields - known), "TrainingArguments fields in no table"
+    assert not set(hftrainer.NO_MEMORY) & (set(hftrainer.KEYS) | set(hftrainer.UNMODELLED) | set(hftrainer.CONDITIONAL))
+    # each unmodelled key's no-effect values hold TrainingArguments' default
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainingArguments) if f.default is not dataclasses.MISSING}
+    for key, (inert, _) in hftrainer.UNMODELLED.items():
+        if key in defaults and defaults[key] is not None:
+            assert defaults[key] in inert, key
+
+
+def mattering(inert: tuple):
+    """A value that is not one of the key's no-effect values."""
+    if False in inert:
+        return True
+    if 1 in inert or -1 in inert:
+        return 2
+    return "x"
+
+
+BASES = {
+    "axolotl": ("run.yml", "base_model: ./llama-3-8b.json\nmicro_batch_size: 1\nsequence_len: 512\n"),
+    "llama-factory": ("lf.yaml", "model_name_or_path: ./llama-3-8b.json\nstage: sft\nfinetuning_type: lora\ncutoff_len: 512\nper_device_train_batch_size: 1\n"),
+    "hf-trainer": ("args.yaml", "model_name_or_path: ./llama-3-8b.json\nper_device_train_batch_size: 1\noutput_dir: out\nblock_size: 512\n"),
+    "torchtune": ("tt.yaml", "model:\n  _component_: torchtune.models.llama3.lora_llama3_8b\n  lora_attn_modules: ['q_proj', 'v_proj']\ntokenizer:\n  max_seq_len: 512\nbatch_size: 1\ndtype: bf16\n"),
+}
+
+
+@pytest.mark.parametrize("reader", sorted(BASES))
+def test_every_unmodelled_key_is_a_positioned_warning(tmp_path, reader):
+    shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
+    name, text = BASES[reader]
+    table = READERS[reader].UNMODELLED
+    text += "".join(f"{key}: {json.dumps(mattering(inert))}\n" for key, (inert, _) in table.items())
+    (tmp_path / name).write_text(text)
+    out = memfit("check", "--device", "H200", "--input-format", reader, name, cwd=tmp_path)
+    lines = text.splitlines()
+    for key in table:
+        line = next(i for i, row in enumerate(lines) if row.startswith(f"{key}:")) + 1
+        assert f"{name}:{line}:1: warning[not-modelled] {key}: " in out.stdout, (key, out.stdout)
+
+
+def test_every_unmodelled_deepspeed_key_is_a_positioned_warning_in_the_json(tmp_path):
+    shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
+    zero = {"stage": 3, **{key: mattering(inert) for key, (inert, _) in deepspeed.ZERO_UNMODELLED.items()}}
+    ds = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}, "zero_optimization": zero}
+    text = json.dumps(ds, indent=2)
+    (tmp_path / "ds.json").write_text(text)
+    out = memfit("check", "--model", "llama-3-8b.json", "--device", "H200", "--gpus", "8", "ds.json", cwd=tmp_path)
+    lines = text.splitlines()
+    for key in deepspeed.ZERO_UNMODELLED:
+        line = next(i for i, row in enumerate(lines) if row.strip().startswith(f'"{key}"'))
+        column = lines[line].index('"') + 1
+        assert f"ds.json:{line + 1}:{column}: warning[not-modelled] zero_optimization.{key}: " in out.stdout, (key, out.stdout)
+    assert "MiCS shards" in out.stdout and "the figures are low" in out.stdout
+
+
+def test_axolotl_overrides_of_model_config_are_the_model_built(tmp_path):
+    """Axolotl sets each override on the loaded config (setattr) before building the model: a 128-layer override
+    gives the figures of a config.json with 128 layers, not the 32 of the file."""
+    raw = json.loads((MODELS / "llama-3-8b.json").read_text())
+    (tmp_path / "llama-3-8b.json").write_text(json.dumps(raw))
+    (tmp_path / "deep.json").write_text(json.dumps({**raw, "num_hidden_layers": 128}))
+    common = "micro_batch_size: 1\nsequence_len: 1024\nadapter: lora\nlora_r: 8\nlora_target_linear: true\nbf16: true\n"
+    (tmp_path / "over.yml").write_text("base_model: ./llama-3-8b.json\noverrides_of_model_config:\n  num_hidden_layers: 128\n" + common)
+    (tmp_path / "deep.yml").write_text("base_model: ./deep.json\n" + common)
+    (tmp_path / "plain.yml").write_text("base_model: ./llama-3-8b.json\n" + common)
+    out = memfit("check", "--format", "json", "--device", "H100", "over.yml", "deep.yml", "plain.yml", cwd=tmp_path)
+    over, deep, plain = json.loads(out.stdout)["files"]
+    assert over["footprint"] == deep["footprint"] and over["peak"] == deep["peak"]
+    assert over["peak"]["bytes"] > over["budget"] > plain["peak"]["bytes"]  # the 32-layer reading "fits"
+
+
+def test_eval_batches_larger_than_the_training_batch_are_warned(tmp_path):
+    shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
+    (tmp_path / "ax.yml").write_text("base_model: ./llama-3-8b.json\nmicro_batch_size: 2\nsequence_len: 512\neval_batch_size: 32\n")
+    (tmp_path / "args.json").write_text(json.dumps({"model_name_or_path": "./llama-3-8b.json", "output_dir": "o", "per_device_train_batch_size": 2, "do_eval": True, "per_device_eval_batch_size": 64}))
+    (tmp_path / "same.yml").write_text("base_model: ./llama-3-8b.json\nmicro_batch_size: 2\nsequence_len: 512\neval_batch_size: 2\n")
+    out = memfit("check", "--device", "H200", "ax.yml", "args.json", "same.yml", cwd=tmp_path)
+    assert "ax.yml:4:1: warning[not-modelled] eval_batch_size 32 is larger than the training micro-batch 2" in out.stdout, out.stdout
+    assert "warning[not-modelled] per_device_eval_batch_size 64 is larger than the training micro-batch 2" in out.stdout
+    assert "same.yml" not in "".join(line for line in out.stdout.splitlines() if "warning" in line)
+
+
+def test_ddp_keeps_a_second_copy_of_the_gradients_and_memfit_says_so(tmp_path):
+    """Measured on gloo: without gradient_as_bucket_view, DDP's reducer holds its buckets in storage of their own,
+    as many bytes as the gradients; with it, the gradients are views of the buckets. memfit warns where a Trainer
+    run is data parallel without ZeRO or FSDP."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        for view in (False, True):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32))
+            ddp = DistributedDataParallel(model, gradient_as_bucket_view=view)
+            buckets = []
+
+            def hook(state, bucket, buckets=buckets):
+                buffer = bucket.buffer()
+                buckets.append((buffer.untyped_storage().data_ptr(), buffer.numel() * buffer.element_size()))
+                done = torch.futures.Future()
+                done.set_result(buffer)
+                return done
+
+            ddp.register_comm_hook(None, hook)
+            ddp(torch.randn(4, 64)).sum().backward()
+            grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters())
+            assert sum(size for _, size in buckets) == grads
+            shared = {p.grad.untyped_storage().data_ptr() for p in model.parameters()} <= {ptr for ptr, _ in buckets}
+            assert shared is view  # a second copy exactly when the gradients are not views of the buckets
+    finally:
+        dist.destroy_process_group()
+    shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
+    (tmp_path / "ax.yml").write_text("base_model: ./llama-3-8b.json\nmicro_batch_size: 1\nsequence_len: 512\n")
+    out = memfit("check", "--device", "H200", "--gpus", "8", "ax.yml", cwd=tmp_path)
+    assert "warning[not-modelled] data parallel over 8 GPUs without ZeRO or FSDP runs PyTorch DDP" in out.stdout, out.stdout
+    zero = tmp_path / "ds.json"
+    zero.write_text(json.dumps({"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto"}))
+    (tmp_path / "ax.yml").write_text("base_model: ./llama-3-8b.json\nmicro_batch_size: 1\nsequence_len: 512\ndeepspeed: ds.json\n")
+    assert "runs PyTorch DDP" not in memfit("check", "--device", "H200", "--gpus", "8", "ax.yml", cwd=tmp_path).stdout
+
+
+def test_every_deepspeed_zero_key_is_tabled():
+    """Each field of the installed DeepSpeed's DeepSpeedZeroConfig, as a JSON writes it (its alias), is read
+    (ZERO_MODELLED), warned about (ZERO_UNMODELLED) or listed as not changing the step's GPU memory (ZERO_NO_MEMORY)."""
+    config = module("deepspeed.runtime.zero.config")
+    fields = {f.alias or name for name, f in config.DeepSpeedZeroConfig.model_fields.items()}
+    known = set(deepspeed.ZERO_MODELLED) | set(deepspeed.ZERO_UNMODELLED) | set(deepspeed.ZERO_NO_MEMORY)
+    assert not sorted(fields - known), "DeepSpeedZeroConfig fields in no table"
+    assert not set(deepspeed.ZERO_NO_MEMORY) & (set(deepspeed.ZERO_MODELLED) | set(deepspeed.ZERO_UNMODELLED))
