@@ -297,8 +297,8 @@ SHARED_ELSEWHERE = {  # (command, flag): the test that runs it
     ("diff", "--fail-on-growth"): "tests/whatif/test_diff.py::test_markdown_largest_growth_first_and_fail_on_growth",
     ("diff", "--max-file-size"): "tests/whatif/test_diff.py::test_both_sides_go_through_checks_input_checks",
     ("lsp", "--tcp"): "tests/editor/test_lsp.py::test_tcp_serves_the_same_diagnostics",
-    ("check", "--allow-empty"): "tests/cli/test_gate.py::test_a_folder_with_no_config_is_not_a_pass",
-    ("explain", "--allow-empty"): "tests/cli/test_gate.py::test_a_folder_with_no_config_is_not_a_pass",
+    ("check", "--allow-empty"): "tests/cli/test_native_gate.py::test_a_folder_with_no_config_is_not_a_pass",
+    ("explain", "--allow-empty"): "tests/cli/test_native_gate.py::test_a_folder_with_no_config_is_not_a_pass",
     ("runs", "--format"): "tests/report/test_runs.py::test_the_table_the_median_the_worst_and_a_low_run",
 }
 REGISTRY = dict(SHARED_ELSEWHERE)
