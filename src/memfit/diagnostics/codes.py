@@ -74,6 +74,7 @@ MISSING_REFERENCE = "missing-reference"
 IGNORED_KEY = "ignored-key"
 SELECTIVE_NOOP = "selective-noop"
 APPROXIMATE_ACTIVATIONS = "approximate-activations"
+MEASURED_ACTIVATIONS = "measured-activations"
 
 CODES: dict[str, Code] = _register(
     Code(YAML_SYNTAX, ERROR, "The file is not valid YAML", "Fix the YAML syntax at the position shown; memfit reads YAML 1.1 with core tags only."),
@@ -255,6 +256,13 @@ CODES: dict[str, Code] = _register(
         ERROR,
         "A file a native config references (a DeepSpeed JSON, a launch config) cannot be read",
         "Fix the path (it is relative to the config that names it; a launch config from the settings is relative to the settings file), or create the file.",
+    ),
+    Code(
+        MEASURED_ACTIVATIONS,
+        INFORMATION,
+        "A transformers model without a memfit family: exact parameters, activations measured on fake tensors",
+        "memfit[trace] built the model and ran one forward and backward on torch's fake tensors (no memory, no weights) at the config's batch, length, precision and checkpointing; what autograd saved is the activations figure (layers past the first few extrapolated per layer, as the message says).",
+        keeps_footprint=True,
     ),
 )
 

@@ -1681,6 +1681,9 @@ def saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa",
 
     `shape(symbols, sizes) -> tuple[int, ...]`, if given, evaluates each row's symbolic shape (see `_sizes` for
     the symbols), e.g. with one tensor-parallel rank's share of the heads and widths."""
+    measured = _measured(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora)
+    if measured is not None:
+        return _measured_blocks(measured, checkpointing)
     if hf_encdec.is_stacked(cfg):  # an encoder-decoder: one layer block per stack (`target_len`: decoder tokens)
         check(cfg, attention, checkpointing, precision)
         return stacked_saved(cfg, micro_batch=micro_batch, seq_len=seq_len, target_len=target_len, attention=attention,
@@ -1716,6 +1719,35 @@ def saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa",
     return [Block("embeddings", 1, embeddings), *middle, Block("head", 1, head), Block("loss", 1, loss)]
 
 
+def _measured(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora):
+    """A traced model's measured step (models/traced.measure) when it was measured at these settings (under full
+    checkpointing it also answers for `none`: each layer's recomputation is what it keeps without checkpointing),
+    else None: the generic rule answers."""
+    measured = cfg.get("traced_measured")
+    if measured is None or dtypes or lora:
+        return None
+    b, s, a, c, p = measured.run
+    if (b, s, a, p) != (micro_batch, seq_len, attention, precision) or (c != checkpointing and (c, checkpointing) != ("full", "none")):
+        return None
+    return measured
+
+
+def _measured_blocks(measured, checkpointing: str) -> list:
+    def kept(items) -> list:
+        return [Kept(*k) for k in items]
+
+    blocks = [Block(name, count, kept(items)) for name, count, items in measured.blocks]
+    if measured.run[3] == "full" and checkpointing == "none":   # the layers as they run without checkpointing
+        layers: list = []
+        for items in measured.recomputed:
+            if layers and layers[-1].kept == kept(items):
+                layers[-1] = layers[-1]._replace(count=layers[-1].count + 1)
+            else:
+                layers.append(Block("layer", 1, kept(items)))
+        blocks = [blocks[0], *layers, blocks[-2], blocks[-1]]
+    return blocks
+
+
 def nbytes(kept: list) -> int:
     from memfit.recipe.costs import dtype_bytes  # the recipe prices a dtype
 
@@ -1733,6 +1765,9 @@ def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "s
     of the forward. With it, the embeddings' tensors and every layer's input stay saved; on top of them either the
     head and the loss (at the end of the forward) or one layer's recomputation (in the backward, once the head and
     loss are released; it runs without the cache, and its input is the boundary already counted)."""
+    measured = _measured(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora)
+    if measured is not None and measured.run[3] == checkpointing:
+        return measured.peak
     if hf_encdec.is_stacked(cfg):
         check(cfg, attention, checkpointing, precision)
         return stacked_peak_saved(cfg, micro_batch=micro_batch, seq_len=seq_len, target_len=target_len,
@@ -1786,6 +1821,9 @@ def recomputed(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "s
     order; each layer of its own kind where layers differ, a sliding layer's where its window masks sdpa): the
     checkpointed forward runs without the key/value cache, so its copies of k and v are not made. An
     encoder-decoder's layers are both stacks' in forward order (the encoder's, then the decoder's)."""
+    measured = _measured(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora)
+    if measured is not None and measured.run[3] == "full":
+        return [[Kept(*k) for k in kept] for kept in measured.recomputed]
     if hf_encdec.is_stacked(cfg):
         *_, embeddings, enc, dec, _, _ = _t5_evaluate(cfg, micro_batch, seq_len, target_len, attention, "full",
                                                       precision, dtypes, lora, shape)
