@@ -1,7 +1,8 @@
 """A model_type without a memfit family, through the CLI (issue 21, "any other architecture").
 
-With memfit[trace] (torch and transformers installed): exact parameters from the meta-device build, the generic
-rule's activations, an approximate-activations warning at model_type that quotes the measured band; the recipe
+With memfit[trace] (torch and transformers installed): exact parameters from the meta-device build, activations
+measured on fake tensors (a measured-activations note at model_type; where the step cannot run there, LoRA, the
+generic rule's activations and an approximate-activations warning that quotes the measured band); the recipe
 (LoRA, checkpointing, optimizer) applies to it as to a family. Without the extra (torch hidden from the
 subprocess): unsupported-model at model_type, naming the install, the families and the nearest family. A known
 family's check never imports torch.
@@ -115,10 +116,14 @@ def test_an_unknown_model_type_gets_exact_parameters_and_a_warning(tmp_path):
     count, _ = meta_parameters(OLMO2)
     fp = files["train"]["footprint"]
     assert fp["parameters"] == 4 * count and fp["gradients"] == 4 * count and fp["optimizer_state"] == 8 * count
-    (warning,) = files["train"]["diagnostics"]
+    (note,) = files["train"]["diagnostics"]   # measured on fake tensors (issue 34)
+    assert note["code"] == "measured-activations" and note["severity"] == "information"
+    assert "fake tensors" in note["message"] and "meta device" in note["message"]
+    assert note["file"] == str(tmp_path / "config.json") and note["range"]["start"]["line"] == 1
+    # LoRA is not run on fake tensors: the generic rule, its band and the reason
+    (warning,) = files["lora"]["diagnostics"]
     assert warning["code"] == "approximate-activations" and warning["severity"] == "warning"
-    assert band_text() in warning["message"] and "meta device" in warning["message"]
-    assert warning["file"] == str(tmp_path / "config.json") and warning["range"]["start"]["line"] == 1
+    assert band_text() in warning["message"] and "LoRA" in warning["message"]
     # LoRA: peft's adapters on q_proj and v_proj train; the base is frozen
     adapters = 2 * (8 * 64 + 64 * 8) + 2 * (8 * 64 + 32 * 8)
     lora_fp = files["lora"]["footprint"]

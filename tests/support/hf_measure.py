@@ -139,6 +139,8 @@ def build(cfg: dict, attention: str = "sdpa", precision: str = "32-true", lora: 
         cls = transformers.AutoModelForMaskedLM
     elif cfg["model_type"] in SEQ2SEQ:
         cls = transformers.AutoModelForSeq2SeqLM
+    elif cfg["model_type"] == "whisper":
+        cls = transformers.AutoModelForSpeechSeq2Seq
     else:
         cls = transformers.AutoModelForCausalLM
     # the concrete class the Auto class builds for this config (T5Config: T5ForConditionalGeneration)
@@ -276,6 +278,10 @@ def inputs(cfg: dict, micro_batch: int, seq_len: int, seed: int = 1, images: int
         pixels = torch.randn(micro_batch * images, v["num_channels"], v["image_size"], v["image_size"], generator=g)
         out = {"input_ids": ids, "labels": ids.clone()}
         return {**out, "pixel_values": pixels} if images else out
+    if cfg["model_type"] == "whisper":
+        # Whisper: log-mel frames, 2 x max_source_positions long (its convolutions halve them), and seq_len decoder tokens
+        features = torch.randn(micro_batch, cfg["num_mel_bins"], 2 * cfg["max_source_positions"], generator=g)
+        return {"input_features": features, "labels": torch.randint(3, cfg["vocab_size"], (micro_batch, seq_len), generator=g)}
     ids = torch.randint(0, cfg["vocab_size"], (micro_batch, seq_len), generator=g)
     head = (cfg.get("architectures") or [""])[0]
     if head.endswith(("ForSequenceClassification", "ForTokenClassification")):

@@ -81,6 +81,7 @@ PRECISIONS = ("32-true", "bf16-true", "16-true", "bf16-mixed", "16-mixed")
 ATTENTIONS = ("eager", "sdpa", "flash")
 CHECKPOINTING = ("none", "full", "selective")
 LOW = {"bf16-true": "bfloat16", "16-true": "float16", "bf16-mixed": "bfloat16", "16-mixed": "float16"}
+TRUE_DTYPE = {"32-true": "float32", "bf16-true": "bfloat16", "16-true": "float16"}   # what every activation is in
 
 # Shape symbols (see `_sizes`): b batch, s sequence, h hidden, i intermediate, i2 = 2i, H / KV query / key-value
 # heads, d head dim, q = H*d, kv = KV*d, qkv = q + 2kv, rot rotary dims, V vocab, T = b*s tokens, Tl the stored
@@ -1724,7 +1725,7 @@ def _measured(cfg, micro_batch, seq_len, attention, checkpointing, precision, dt
     checkpointing it also answers for `none`: each layer's recomputation is what it keeps without checkpointing),
     else None: the generic rule answers."""
     measured = cfg.get("traced_measured")
-    if measured is None or dtypes or lora:
+    if measured is None or lora or (dtypes and dtypes.get("activations") != TRUE_DTYPE.get(precision)):
         return None
     b, s, a, c, p = measured.run
     if (b, s, a, p) != (micro_batch, seq_len, attention, precision) or (c != checkpointing and (c, checkpointing) != ("full", "none")):

@@ -396,8 +396,10 @@ def _measure_for(raw: dict, training: dict, recipe: dict, adapted: bool, dtypes)
     """(Measured or None, why not)."""
     if adapted:
         return None, "a LoRA adapter or a quantized base is not run on fake tensors (peft and bitsandbytes move tensors)"
-    if dtypes:
-        return None, "dtypes.activations forces a dtype no step runs in"
+    from memfit.models.hf_activations import TRUE_DTYPE
+
+    if dtypes and dtypes.get("activations") != TRUE_DTYPE.get(recipe.get("precision", "32-true")):
+        return None, "dtypes.activations forces a dtype the step does not run every activation in"
     checkpointing = training.get("checkpointing", "none")
     if checkpointing not in ("none", "full"):
         return None, f"checkpointing {checkpointing} is Megatron's recomputation, not a transformers step"
