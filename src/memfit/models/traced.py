@@ -728,10 +728,18 @@ def measure(raw: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa
 
     original_hook = checkpoint_module._recomputation_hook
 
+    forward_order: list = []   # the layers as the forward ran them; the backward recomputes them in reverse
+    frames: dict = {}
+
     class Counting(original_hook):
         def __init__(self, target_frame_ref, gid):
             super().__init__(target_frame_ref, gid)
             inner = self.pack_hook
+            frame = target_frame_ref()
+            if id(frame) not in frames:
+                index = len(frames) + 1
+                frames[id(frame)] = forward_order[-index] if index <= len(forward_order) else "backward"
+            name = frames[id(frame)]
 
             def pack_hook(x):
                 frame = target_frame_ref()
@@ -741,7 +749,9 @@ def measure(raw: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa
                 finally:
                     holder = frame.weak_holders[index]() if index < len(frame.weak_holders) else None
                     handle = holder.handles.get(gid) if holder is not None else None
+                    state["block"], was = name, state["block"]
                     note(x, handle, recomputed=True)
+                    state["block"] = was
 
             self.pack_hook = pack_hook
 
@@ -757,11 +767,21 @@ def measure(raw: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa
 
     stacks_info = []
     mode = FakeTensorMode(allow_non_fake_inputs=True)
+    # transformers treats a fake tensor as a traced graph: it would not look whether the position ids pack several
+    # sequences in a row and would build an explicit causal mask for sdpa; the step memfit measures has one sequence
+    # per row (what find_packed_sequence_indices finds in a real step: None)
+    import transformers.masking_utils as masking
+
+    original_packed = getattr(masking, "find_packed_sequence_indices", None)
     original_dropout, original_grouped = F.dropout, getattr(F, "grouped_mm", None)
     try:
         with mode:
+            concrete = cls._model_mapping[type(config)] if cls.__name__.startswith("Auto") else cls
+            impl = attention
+            if attention == "sdpa" and not getattr(concrete, "_supports_sdpa", False):
+                impl = None   # transformers refuses sdpa for it (state-space models...): its default, what runs
             with no_init_weights():
-                model = _build(cls, config, attn_implementation=attention)
+                model = _build(cls, config, attn_implementation=impl)
             if low is not None:
                 model = model.to(low)
             excluded |= {p.untyped_storage()._cdata for p in model.parameters()}
@@ -776,6 +796,8 @@ def measure(raw: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa
                 for i, layer in enumerate(items[:ran]):
                     def pre(module, args, kwargs=None, _name=f"{path}.{i}"):
                         check_time()
+                        if state["block"] != "backward":
+                            forward_order.append(_name)
                         state["block"] = _name
                     def post(module, args, output, _next=f"{path}.{i + 1}" if i + 1 < ran else "head"):
                         state["block"] = _next   # (the next layer's checkpoint keeps its input before its hooks run)
@@ -795,6 +817,8 @@ def measure(raw: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa
             if original_grouped is not None:
                 F.grouped_mm = _FakeGroupedMm.make(torch)
             checkpoint_module._recomputation_hook = Counting
+            if original_packed is not None:
+                masking.find_packed_sequence_indices = lambda position_ids: None
             with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
                 with autocast:
                     loss = model(**batch).loss
@@ -809,6 +833,8 @@ def measure(raw: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa
         if original_grouped is not None:
             F.grouped_mm = original_grouped
         checkpoint_module._recomputation_hook = original_hook
+        if original_packed is not None:
+            masking.find_packed_sequence_indices = original_packed
     return _measured((micro_batch, seq_len, attention, checkpointing, precision), stacks_info, first, sizes, shapes,
                      recomputing, live[1] if checkpointing == "full" else sum(sizes.values()))
 
