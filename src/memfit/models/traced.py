@@ -372,6 +372,8 @@ def derive(data: dict, out, path: str, problems: list) -> list:
                    f"transformers on the meta device), activations measured: one forward and backward of it on fake tensors "
                    f"(no memory, no weights) at this batch, length, precision and checkpointing, what autograd saved"
                    f"{extrapolated}")
+        if measured.note:
+            message += f"; {measured.note}"
         if _hybrid(raw):
             message += ("; a state-space layer runs transformers' slow PyTorch path on CPU (the CUDA kernels of mamba_ssm and "
                         "causal_conv1d keep other tensors)")
@@ -528,6 +530,7 @@ class Measured(NamedTuple):
     recomputed: tuple  # under full checkpointing, each layer's saved tensors while its backward recomputes it
     layers: int  # layers of every stack
     ran: int  # layers that ran
+    note: str = ""  # how the step differs from the one asked for (a cache transformers refused)
 
 
 def _decoded(raw: dict) -> dict:
@@ -647,10 +650,69 @@ def _inputs(model, config, micro_batch: int, seq_len: int, torch, target_len: in
     return {"input_ids": ids, "labels": ids.clone()}
 
 
-def measure(raw: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
-            precision: str = "32-true", target_len: int | None = None, layers_cap: int = MEASURED_LAYERS,
-            time_limit: float = TIME_LIMIT_S) -> Measured:
-    """One training step of `raw`'s class on fake tensors: what autograd saves (see above). Raises MeasureError."""
+def measure(raw: dict, **settings) -> Measured:
+    """One training step of `raw`'s class on fake tensors: what autograd saves (see above). Raises MeasureError.
+
+    The step runs in a forked child process where the platform forks (torch and transformers are imported first, so
+    the fork costs milliseconds): a model whose code leaves fake tensors in a module-level cache, or crashes the
+    interpreter, cannot harm the next config of the same run; the child is killed at the time limit."""
+    import os
+    import pickle
+    import signal
+    import time
+
+    if not hasattr(os, "fork"):
+        return _measure_now(raw, **settings)
+    import torch  # noqa: F401  (imported before the fork)
+    import transformers  # noqa: F401
+
+    limit = settings.get("time_limit", TIME_LIMIT_S)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: measure, send the result (or the error) back, exit without cleanup
+        os.close(read)
+        try:
+            try:
+                result = ("ok", _measure_now(raw, **settings))
+            except MeasureError as error:
+                result = ("error", str(error))
+            except BaseException as error:  # noqa: BLE001  (anything: reported, never raised in the parent)
+                result = ("error", f"{type(error).__name__}: {_short(error)}")
+            data = pickle.dumps(result)
+            with os.fdopen(write, "wb") as out:
+                out.write(data)
+        finally:
+            os._exit(0)
+    os.close(write)
+    chunks = []
+    deadline = time.monotonic() + limit + 10
+    import select
+
+    with os.fdopen(read, "rb") as source:
+        while True:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([source], [], [], max(left, 0))
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise MeasureError(f"the fake-tensor step ran past memfit's {limit:.0f} s limit")
+            chunk = source.read1(1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    _, status = os.waitpid(pid, 0)
+    if not chunks:
+        code = os.waitstatus_to_exitcode(status)
+        raise MeasureError(f"the fake-tensor step ended the process ({'signal ' + str(-code) if code < 0 else 'exit ' + str(code)})")
+    kind, value = pickle.loads(b"".join(chunks))
+    if kind == "error":
+        raise MeasureError(value)
+    return value
+
+
+def _measure_now(raw: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
+                 precision: str = "32-true", target_len: int | None = None, layers_cap: int = MEASURED_LAYERS,
+                 time_limit: float = TIME_LIMIT_S, _no_cache: bool = False) -> Measured:
     import contextlib
     import time
     import weakref
@@ -812,6 +874,8 @@ def measure(raw: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa
             if checkpointing == "full":
                 model.activation_checkpointing_enable()
             batch = _inputs(model, config, micro_batch, seq_len, torch, target_len)
+            if _no_cache:
+                batch["use_cache"] = False
             autocast = torch.autocast("cpu", dtype=mixed) if mixed is not None else contextlib.nullcontext()
             F.dropout = native_dropout
             if original_grouped is not None:
@@ -827,7 +891,9 @@ def measure(raw: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa
     except MeasureError:
         raise
     except Exception as error:
-        raise MeasureError(f"{type(error).__name__}: {_short(error)}") from None
+        failure = MeasureError(f"{type(error).__name__}: {_short(error)}")
+    else:
+        failure = None
     finally:
         F.dropout = original_dropout
         if original_grouped is not None:
@@ -835,6 +901,14 @@ def measure(raw: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa
         checkpoint_module._recomputation_hook = original_hook
         if original_packed is not None:
             masking.find_packed_sequence_indices = original_packed
+    if failure is not None:
+        if _no_cache or "cache" not in str(failure).lower() or time.monotonic() - started > time_limit:
+            raise failure
+        # a step with transformers' key/value cache that it cannot build for this config: the step without one
+        again = _measure_now(raw, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing,
+                        precision=precision, target_len=target_len, layers_cap=layers_cap,
+                        time_limit=time_limit - (time.monotonic() - started), _no_cache=True)
+        return again._replace(note=f"run with use_cache false: with the cache transformers stops ({failure})")
     return _measured((micro_batch, seq_len, attention, checkpointing, precision), stacks_info, first, sizes, shapes,
                      recomputing, live[1] if checkpointing == "full" else sum(sizes.values()))
 
