@@ -571,7 +571,10 @@ def _config_for(cls, config):
     wanted = getattr(cls, "config_class", None)
     if wanted is None or isinstance(config, wanted) or not hasattr(config, "get_text_config"):
         return config
-    text = config.get_text_config()
+    try:
+        text = config.get_text_config()
+    except ValueError:   # several text parts (musicgen's text encoder and decoder): none is the one
+        return config
     return text if isinstance(text, wanted) else config
 
 
