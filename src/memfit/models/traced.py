@@ -832,6 +832,7 @@ def _measure_now(raw: dict, *, micro_batch: int, seq_len: int, attention: str = 
 
     stacks_info = []
     mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode.cache_enabled = False   # one step: hashing each op for the cache costs more than it saves (a third of the time)
     # transformers treats a fake tensor as a traced graph: it would not look whether the position ids pack several
     # sequences in a row and would build an explicit causal mask for sdpa; the step memfit measures has one sequence
     # per row (what find_packed_sequence_indices finds in a real step: None)
