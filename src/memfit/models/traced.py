@@ -86,8 +86,40 @@ def _attr(config, *names, default=None):
     return default
 
 
+def _quiet_import() -> None:
+    """Import torch and transformers' modeling code with stderr silenced: their import prints torchao's optional
+    kernels that do not load and torch's pytree deprecations, which are not memfit's output (a docs page or a CI
+    log showing `memfit check` would carry them)."""
+    import sys
+
+    if "transformers.modeling_utils" in sys.modules:
+        return
+    import contextlib
+    import io
+    import logging
+    import os
+    import warnings
+
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                logging.disable(logging.WARNING)
+                try:
+                    import torch  # noqa: F401
+                    import transformers.modeling_utils  # noqa: F401
+                finally:
+                    logging.disable(logging.NOTSET)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def trace(raw: dict) -> Traced:
     """Build `raw` (a config.json dict) with transformers on the meta device and read its structure."""
+    _quiet_import()
     import torch
     import transformers
     from transformers import AutoConfig
@@ -664,6 +696,7 @@ def measure(raw: dict, **settings) -> Measured:
     import signal
     import time
 
+    _quiet_import()
     if not hasattr(os, "fork"):
         return _measure_now(raw, **settings)
     import torch  # noqa: F401  (imported before the fork)
