@@ -24,7 +24,6 @@ needs.module("torch")
 transformers = needs.module("transformers")
 
 import hf_measure as hm  # noqa: E402
-from family_check import run_check  # noqa: E402
 
 from memfit.models import traced  # noqa: E402
 
@@ -112,15 +111,37 @@ def test_architectures_without_a_family_are_measured_through_the_cli(attention, 
     assert wrong == {}
 
 
-@pytest.mark.parametrize("attention, checkpointing", SETTINGS)
-@pytest.mark.parametrize("model_type", ["llama", "qwen3", "gpt2", "bert", "mixtral", "gemma2"])
-def test_a_family_and_the_fallback_agree(model_type, attention, checkpointing, tmp_path):
-    cfg = hm.tiny(model_type, **({"n_layer": 6} if model_type == "gpt2" else {"num_hidden_layers": 6}))
-    if attention == "sdpa":
-        cfg = hm.without_attention_dropout(cfg)
-    family = run_check(tmp_path, cfg, attention=attention, checkpointing=checkpointing, seq_len=32)["footprint"]["activations"]
-    fallback = traced.measure(cfg, micro_batch=2, seq_len=32, attention=attention, checkpointing=checkpointing).peak
-    assert abs(family - fallback) <= 0.05 * fallback, (family, fallback)
+AGREE = ("llama", "qwen3", "gpt2", "bert", "mixtral", "gemma2")
+
+
+def test_a_family_and_the_fallback_agree(tmp_path):
+    """The family's figure (memfit check, one run over every case) and the fallback's measured step on the same
+    config.json, eager without checkpointing and sdpa with full checkpointing."""
+    cases, paths = [], []
+    for model_type in AGREE:
+        for attention, checkpointing in SETTINGS:
+            cfg = hm.tiny(model_type, **({"n_layer": 6} if model_type == "gpt2" else {"num_hidden_layers": 6}))
+            if attention == "sdpa":
+                cfg = hm.without_attention_dropout(cfg)
+            name = f"{model_type}-{attention}-{checkpointing}"
+            (tmp_path / f"{name}.json").write_text(json.dumps(cfg))
+            (tmp_path / f"{name}.yaml").write_text(
+                "memfit: 1\noptimizer: adamw\ndevice: {memory: 1 TiB}\n"
+                f"model: {{hf_config: {name}.json}}\n"
+                f"training: {{micro_batch: 2, seq_len: 32, attention: {attention}, checkpointing: {checkpointing}}}\n")
+            cases.append((name, cfg, attention, checkpointing))
+            paths.append(str(tmp_path / f"{name}.yaml"))
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", *paths], capture_output=True,
+                          text=True, timeout=600, check=False)
+    files = {Path(f["path"]).stem: f for f in json.loads(done.stdout)["files"]}
+    wrong = {}
+    for name, cfg, attention, checkpointing in cases:
+        assert files[name]["diagnostics"] == []   # a family: no trace
+        family = files[name]["footprint"]["activations"]
+        fallback = traced.measure(cfg, micro_batch=2, seq_len=32, attention=attention, checkpointing=checkpointing).peak
+        if abs(family - fallback) > 0.05 * fallback:
+            wrong[name] = (family, fallback)
+    assert wrong == {}
 
 
 def test_whisper_is_counted_whole_and_measured(tmp_path):
