@@ -6,7 +6,9 @@ eager without checkpointing and sdpa with full checkpointing, fp32, batch 2 x 32
 that 5 run and the sixth is extrapolated): the ten first families treated as unknown (traced.measure on their
 config.json) and ten architectures without a family through `memfit check --format json` (hybrids and state-space
 models among them: their slow PyTorch path). Within 5% (the peak of live saved bytes under full checkpointing: 10%).
-And where a family exists, the family's figure and the fallback's agree within 5%.
+And where a family exists, the family's figure and the fallback's agree within 5%. Whisper (its encoder counted), a
+config.json with a non-finite float as save_pretrained writes it, and encoder classifiers without a family (RoBERTa,
+ModernBERT) through the CLI.
 """
 
 from __future__ import annotations
@@ -181,3 +183,45 @@ def test_a_config_json_with_a_non_finite_float_is_read_as_transformers_reads_it(
     with __import__("torch").device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
     assert entry["footprint"]["parameters"] == 4 * sum(p.numel() for p in model.parameters())
+
+
+# encoder classifiers without a memfit family (issue 34: RoBERTa, ModernBERT): traced with their head and measured
+_ENC = {"hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 3, "num_attention_heads": 4, "vocab_size": 128,
+        "max_position_embeddings": 128}
+ENCODERS = [
+    ("roberta", "RobertaForSequenceClassification", "eager", {**_ENC, "pad_token_id": 1}),
+    ("roberta", "RobertaForTokenClassification", "sdpa", {**_ENC, "pad_token_id": 1}),
+    ("modernbert", "ModernBertForSequenceClassification", "sdpa",
+     {**_ENC, "global_attn_every_n_layers": 2, "local_attention": 16, "pad_token_id": 0, "bos_token_id": 1,
+      "eos_token_id": 2, "cls_token_id": 1, "sep_token_id": 2}),
+    ("modernbert", "ModernBertForTokenClassification", "eager",
+     {**_ENC, "global_attn_every_n_layers": 2, "local_attention": 16, "pad_token_id": 0, "bos_token_id": 1,
+      "eos_token_id": 2, "cls_token_id": 1, "sep_token_id": 2}),
+]
+
+
+def test_encoder_classifiers_without_a_family_are_measured(tmp_path):
+    paths, cases = [], []
+    for model_type, architecture, attention, fields in ENCODERS:
+        cfg = json.loads(transformers.AutoConfig.for_model(model_type, architectures=[architecture], num_labels=3,
+                                                           **fields).to_json_string())
+        if attention == "sdpa":
+            cfg = hm.without_attention_dropout(cfg)
+            cfg.update({k: 0.0 for k in ("attention_dropout", "attention_probs_dropout_prob") if k in cfg})
+        (tmp_path / f"{architecture}.json").write_text(json.dumps(cfg))
+        (tmp_path / f"{architecture}.yaml").write_text(
+            "memfit: 1\noptimizer: adamw\ndevice: {memory: 1 TiB}\n"
+            f"model: {{hf_config: {architecture}.json}}\ntraining: {{micro_batch: 2, seq_len: 16, attention: {attention}}}\n")
+        paths.append(str(tmp_path / f"{architecture}.yaml"))
+        cases.append((architecture, cfg, attention))
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", *paths], capture_output=True,
+                          text=True, timeout=600, check=False)
+    files = {Path(f["path"]).stem: f for f in json.loads(done.stdout)["files"]}
+    for architecture, cfg, attention in cases:
+        entry = files[architecture]
+        assert [d["code"] for d in entry["diagnostics"]] == ["measured-activations"], entry["diagnostics"]
+        model = hm.build(cfg, attention)
+        assert type(model).__name__ == architecture
+        assert entry["footprint"]["parameters"] == 4 * sum(p.numel() for p in model.parameters())
+        real = hm.measure(cfg, micro_batch=2, seq_len=16, attention=attention, model=model)["total"]
+        assert abs(entry["footprint"]["activations"] - real) <= 0.05 * real, (architecture, entry["footprint"]["activations"], real)
