@@ -110,7 +110,8 @@ def test_an_unknown_model_type_gets_exact_parameters_and_a_warning(tmp_path):
     lora = write(tmp_path, OLMO2, yaml_name="lora.yaml", extra="lora: {r: 8, alpha: 16, target_modules: [q_proj, v_proj]}\n")
     full = write(tmp_path, OLMO2, yaml_name="full.yaml", training=", checkpointing: full")
     tied = write(tmp_path, {**OLMO2, "tie_word_embeddings": True}, name="tied.json", yaml_name="tied.yaml")
-    rc, out = run("check", "--format", "json", str(plain), str(lora), str(full), str(tied))
+    selective = write(tmp_path, OLMO2, yaml_name="selective.yaml", training=", checkpointing: selective, attention: eager")
+    rc, out = run("check", "--format", "json", str(plain), str(lora), str(full), str(tied), str(selective))
     assert rc == 0, out
     files = {Path(f["path"]).stem: f for f in out["files"]}
     count, _ = meta_parameters(OLMO2)
@@ -120,10 +121,12 @@ def test_an_unknown_model_type_gets_exact_parameters_and_a_warning(tmp_path):
     assert note["code"] == "measured-activations" and note["severity"] == "information"
     assert "fake tensors" in note["message"] and "meta device" in note["message"]
     assert note["file"] == str(tmp_path / "config.json") and note["range"]["start"]["line"] == 1
-    # LoRA is not run on fake tensors: the generic rule, its band and the reason
-    (warning,) = files["lora"]["diagnostics"]
+    # LoRA runs on fake tensors too (peft's adapters on the fake model); selective recomputation is not a
+    # transformers step: the generic rule, its band and the reason
+    assert [d["code"] for d in files["lora"]["diagnostics"]] == ["measured-activations"]
+    (warning,) = files["selective"]["diagnostics"]
     assert warning["code"] == "approximate-activations" and warning["severity"] == "warning"
-    assert band_text() in warning["message"] and "LoRA" in warning["message"]
+    assert band_text() in warning["message"] and "selective" in warning["message"]
     # LoRA: peft's adapters on q_proj and v_proj train; the base is frozen
     adapters = 2 * (8 * 64 + 64 * 8) + 2 * (8 * 64 + 32 * 8)
     lora_fp = files["lora"]["footprint"]

@@ -225,3 +225,20 @@ def test_encoder_classifiers_without_a_family_are_measured(tmp_path):
         assert entry["footprint"]["parameters"] == 4 * sum(p.numel() for p in model.parameters())
         real = hm.measure(cfg, micro_batch=2, seq_len=16, attention=attention, model=model)["total"]
         assert abs(entry["footprint"]["activations"] - real) <= 0.05 * real, (architecture, entry["footprint"]["activations"], real)
+
+
+def test_lora_runs_on_fake_tensors():
+    """peft's LoRA on the fake model (its .to() moves are to the device every fake tensor is on): q/v adapters in
+    eager, every linear with adapter dropout under sdpa and full checkpointing, q/v on a bf16-true base."""
+    cases = [({"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}, "eager", "none", "32-true"),
+             ({"r": 8, "alpha": 16, "target_modules": "all-linear", "dropout": 0.1}, "sdpa", "full", "32-true"),
+             ({"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}, "sdpa", "none", "bf16-true")]
+    for lora, attention, checkpointing, precision in cases:
+        cfg = transformers.AutoConfig.for_model("olmo", **OTHERS["olmo"]).to_dict()
+        if attention == "sdpa":
+            cfg = hm.without_attention_dropout(cfg)
+        measured = traced.measure(cfg, micro_batch=2, seq_len=32, attention=attention, checkpointing=checkpointing,
+                                  precision=precision, lora=lora)
+        real = hm.measure(cfg, micro_batch=2, seq_len=32, attention=attention, checkpointing=checkpointing,
+                          precision=precision, lora=lora)["peak" if checkpointing == "full" else "total"]
+        assert abs(measured.peak - real) <= _band(checkpointing) * real, (lora, measured.peak, real)

@@ -1725,10 +1725,13 @@ def _measured(cfg, micro_batch, seq_len, attention, checkpointing, precision, dt
     checkpointing it also answers for `none`: each layer's recomputation is what it keeps without checkpointing),
     else None: the generic rule answers."""
     measured = cfg.get("traced_measured")
-    if measured is None or lora or (dtypes and dtypes.get("activations") != TRUE_DTYPE.get(precision)):
+    if measured is None or (dtypes and dtypes.get("activations") != TRUE_DTYPE.get(precision)):
         return None
-    b, s, a, c, p = measured.run
-    if (b, s, a, p) != (micro_batch, seq_len, attention, precision) or (c != checkpointing and (c, checkpointing) != ("full", "none")):
+    from memfit.models.traced import lora_key
+
+    b, s, a, c, p, adapters = measured.run
+    if (b, s, a, p, adapters) != (micro_batch, seq_len, attention, precision, lora_key(lora)) or \
+            (c != checkpointing and (c, checkpointing) != ("full", "none")):
         return None
     return measured
 

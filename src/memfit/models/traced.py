@@ -428,8 +428,8 @@ def _hybrid(raw: dict) -> bool:
 
 def _measure_for(raw: dict, training: dict, recipe: dict, adapted: bool, dtypes) -> tuple:
     """(Measured or None, why not)."""
-    if adapted:
-        return None, "a LoRA adapter or a quantized base is not run on fake tensors (peft and bitsandbytes move tensors)"
+    if adapted == "quantization":
+        return None, "a quantized base is not run on fake tensors (bitsandbytes packs real weights)"
     from memfit.models.hf_activations import TRUE_DTYPE
 
     if dtypes and dtypes.get("activations") != TRUE_DTYPE.get(recipe.get("precision", "32-true")):
@@ -440,7 +440,8 @@ def _measure_for(raw: dict, training: dict, recipe: dict, adapted: bool, dtypes)
     try:
         return measure(raw, micro_batch=training["micro_batch"], seq_len=training["seq_len"],
                        attention=training.get("attention", "sdpa"), checkpointing=checkpointing,
-                       precision=recipe.get("precision", "32-true"), target_len=training.get("target_len")), ""
+                       precision=recipe.get("precision", "32-true"), target_len=training.get("target_len"),
+                       lora=recipe.get("lora")), ""
     except MeasureError as error:
         return None, str(error)
 
@@ -461,7 +462,8 @@ def _tensors(traced: Traced, out, where, file, training: dict, data: dict, raw: 
     recipe = _recipe_arguments(data, base_name if isinstance(base_name, str) else "float32")
     cfg = surrogate(traced)
     adapted = "lora" in data or "quantization" in data
-    measured, why = _measure_for(raw, training, recipe, adapted, dtypes) if raw is not None else (None, "")
+    kind = "quantization" if "quantization" in data else ("lora" if adapted else "")
+    measured, why = _measure_for(raw, training, recipe, kind, dtypes) if raw is not None else (None, "")
     if measured is not None:   # hf_activations answers with what the step saved (every stack's layers in order)
         cfg.update(traced_measured=measured, num_hidden_layers=measured.layers)
     if adapted:
@@ -748,7 +750,7 @@ def measure(raw: dict, **settings) -> Measured:
 
 def _measure_now(raw: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
                  precision: str = "32-true", target_len: int | None = None, layers_cap: int = MEASURED_LAYERS,
-                 time_limit: float = TIME_LIMIT_S, _no_cache: bool = False) -> Measured:
+                 time_limit: float = TIME_LIMIT_S, lora: dict | None = None, _no_cache: bool = False) -> Measured:
     import contextlib
     import time
     import weakref
@@ -879,10 +881,10 @@ def _measure_now(raw: dict, *, micro_batch: int, seq_len: int, attention: str = 
             impl = attention
             if attention == "sdpa" and not getattr(concrete, "_supports_sdpa", False):
                 impl = None   # transformers refuses sdpa for it (state-space models...): its default, what runs
-            with no_init_weights():
-                model = _build(cls, config, attn_implementation=impl)
-            if low is not None:
-                model = model.to(low)
+            with no_init_weights():   # (a fake parameter refuses .to(): a 16-bit model is built in its dtype)
+                model = _build(cls, config, attn_implementation=impl, **({"dtype": low} if low is not None else {}))
+            if lora:
+                model = _with_lora(model, lora)
             excluded |= {p.untyped_storage()._cdata for p in model.parameters()}
             excluded |= {b.untyped_storage()._cdata for b in model.buffers()}
             for parent, attr, path in _stacks(model, torch):
@@ -944,10 +946,46 @@ def _measure_now(raw: dict, *, micro_batch: int, seq_len: int, attention: str = 
         # a step with transformers' key/value cache that it cannot build for this config: the step without one
         again = _measure_now(raw, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing,
                         precision=precision, target_len=target_len, layers_cap=layers_cap,
-                        time_limit=time_limit - (time.monotonic() - started), _no_cache=True)
+                        time_limit=time_limit - (time.monotonic() - started), lora=lora, _no_cache=True)
         return again._replace(note=f"run with use_cache false: with the cache transformers stops ({failure})")
-    return _measured((micro_batch, seq_len, attention, checkpointing, precision), stacks_info, first, sizes, shapes,
+    return _measured((micro_batch, seq_len, attention, checkpointing, precision, lora_key(lora)), stacks_info, first, sizes, shapes,
                      recomputing, live[1] if checkpointing == "full" else sum(sizes.values()))
+
+
+def lora_key(lora: dict | None) -> str:
+    """The LoRA settings a measurement ran with, as a comparable string ("" without)."""
+    import json
+
+    return json.dumps(lora, sort_keys=True, default=str) if lora else ""
+
+
+def _with_lora(model, lora: dict):
+    """peft's LoRA on the fake model, as get_peft_model makes it; peft moves each new adapter to its base layer's
+    device and dtype with .to(), which a fake parameter refuses: the adapters stay as created (fp32 on the CPU device,
+    peft's autocast_adapter_dtype for a 16-bit base and the base's own dtype in fp32)."""
+    import peft
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    config = peft.LoraConfig(r=lora.get("r", 8), lora_alpha=lora.get("alpha", 8), lora_dropout=lora.get("dropout", 0.0),
+                             target_modules=lora.get("target_modules"), modules_to_save=lora.get("modules_to_save") or None)
+    import torch
+
+    original, original_to = BaseTunerLayer._move_adapter_to_device_of_base_layer, torch.nn.Module.to
+
+    def to(self, *args, **kwargs):   # a move to the device every fake tensor here is on: nothing to do
+        targets = [a for a in args if isinstance(a, (torch.device, str))] + [kwargs.get("device")]
+        if all(t is None or torch.device(t).type == "cpu" for t in targets) and "dtype" not in kwargs and not any(
+                isinstance(a, torch.dtype) for a in args):
+            return self
+        return original_to(self, *args, **kwargs)
+
+    BaseTunerLayer._move_adapter_to_device_of_base_layer = lambda self, adapter_name, device=None: None
+    torch.nn.Module.to = to
+    try:
+        return peft.get_peft_model(model, config)
+    finally:
+        BaseTunerLayer._move_adapter_to_device_of_base_layer = original
+        torch.nn.Module.to = original_to
 
 
 def _measured(run, stacks_info, first, sizes, shapes, recomputing, peak) -> Measured:
