@@ -85,3 +85,24 @@ def test_a_head_memfit_does_not_model_names_the_ones_it_does(tmp_path):
     refused = _check(tmp_path, cfg)["diagnostics"]
     assert [d["code"] for d in refused] == ["unsupported-model"]
     assert "BertForSequenceClassification" in refused[0]["message"] and "BertForTokenClassification" in refused[0]["message"]
+
+
+@pytest.mark.parametrize("architecture, model_type, labels", [("LlamaForSequenceClassification", "llama", 1),
+                                                              ("BertForSequenceClassification", "bert", 3),
+                                                              ("LlamaForTokenClassification", "llama", 3)])
+def test_lora_on_a_classifier_matches_the_real_model(architecture, model_type, labels, tmp_path):
+    # peft's all-linear adapts the classifier (and BERT's pooler) too: it is not the output embedding
+    lora = {"r": 8, "alpha": 16, "target_modules": "all-linear"}
+    cfg = hm.tiny(model_type, architectures=[architecture], num_labels=labels, pad_token_id=0)
+    (tmp_path / "config.json").write_text(json.dumps(cfg, indent=2))
+    doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "lora": lora,
+           "model": {"hf_config": "config.json"}, "training": {"micro_batch": 2, "seq_len": 16, "attention": "eager"}}
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(tmp_path / "train.yaml")],
+                          capture_output=True, text=True, timeout=300, check=False)
+    entry = json.loads(done.stdout)["files"][0]
+    assert entry["diagnostics"] == []
+    model = hm.build(cfg, "eager", lora=lora)
+    assert entry["footprint"]["gradients"] == 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+    real = hm.measure(cfg, micro_batch=2, seq_len=16, attention="eager", lora=lora, model=model)["total"]
+    assert abs(entry["footprint"]["activations"] - real) <= 0.05 * real, (entry["footprint"]["activations"], real)

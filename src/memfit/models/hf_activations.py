@@ -937,9 +937,11 @@ def _classifier_rows(fam: Family, dropout: bool) -> list:
     reads the tensor before it)."""
     X, n = ("b", "s", "h"), fam.names
     if fam.head == "seq" and fam.post_norm:   # BertForSequenceClassification
-        P, W = ("b", "h"), f"W:{n['pooler']}"
+        P, W, L = ("b", "h"), f"W:{n['pooler']}", f"L:{n['pooler']}"
         rows = [K("pooler.dense", "input (the first token: a view, the last hidden state's storage)", X, "act", "not_mixed",
-                  (W,)),
+                  (W, L)),
+                # peft's all-linear adapts the pooler: lora_A keeps the same view, lora_B lora_A's output
+                K("pooler.dense.lora_B", "input (lora_A's output)", ("b", "R"), "ada_low", "lora", (L,)),
                 K("pooler.dense", "input, cast to the low dtype by autocast", P, "low", "mixed", (W,)),
                 K("pooler.dense", "weight, cast to the low dtype by autocast", ("h", "h"), "low", "mixed", ("x",)),
                 K("pooler activation", "tanh result", P, "lin", None, ("x", W)),
