@@ -1729,13 +1729,18 @@ def _measured(cfg, micro_batch, seq_len, attention, checkpointing, precision, dt
     measured = cfg.get("traced_measured")
     if measured is None or (dtypes and dtypes.get("activations") != TRUE_DTYPE.get(precision)):
         return None
-    from memfit.models.traced import lora_key
-
     b, s, a, c, p, adapters = measured.run
     if (b, s, a, p, adapters) != (micro_batch, seq_len, attention, precision, lora_key(lora)) or \
             (c != checkpointing and (c, checkpointing) != ("full", "none")):
         return None
     return measured
+
+
+def lora_key(lora: dict | None) -> str:
+    """The LoRA settings a traced model's step ran with (models/traced.measure), as a comparable string ("" without)."""
+    import json
+
+    return json.dumps(lora, sort_keys=True, default=str) if lora else ""
 
 
 def _measured_blocks(measured, checkpointing: str) -> list:

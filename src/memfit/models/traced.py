@@ -948,15 +948,10 @@ def _measure_now(raw: dict, *, micro_batch: int, seq_len: int, attention: str = 
                         precision=precision, target_len=target_len, layers_cap=layers_cap,
                         time_limit=time_limit - (time.monotonic() - started), lora=lora, _no_cache=True)
         return again._replace(note=f"run with use_cache false: with the cache transformers stops ({failure})")
+    from memfit.models.hf_activations import lora_key
+
     return _measured((micro_batch, seq_len, attention, checkpointing, precision, lora_key(lora)), stacks_info, first, sizes, shapes,
                      recomputing, live[1] if checkpointing == "full" else sum(sizes.values()))
-
-
-def lora_key(lora: dict | None) -> str:
-    """The LoRA settings a measurement ran with, as a comparable string ("" without)."""
-    import json
-
-    return json.dumps(lora, sort_keys=True, default=str) if lora else ""
 
 
 def _with_lora(model, lora: dict):
