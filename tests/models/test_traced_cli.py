@@ -1,7 +1,8 @@
 """A model_type without a memfit family, through the CLI (issue 21, "any other architecture").
 
-With memfit[trace] (torch and transformers installed): exact parameters from the meta-device build, the generic
-rule's activations, an approximate-activations warning at model_type that quotes the measured band; the recipe
+With memfit[trace] (torch and transformers installed): exact parameters from the meta-device build, activations
+measured on fake tensors (a measured-activations note at model_type; where the step cannot run there, LoRA, the
+generic rule's activations and an approximate-activations warning that quotes the measured band); the recipe
 (LoRA, checkpointing, optimizer) applies to it as to a family. Without the extra (torch hidden from the
 subprocess): unsupported-model at model_type, naming the install, the families and the nearest family. A known
 family's check never imports torch.
@@ -109,16 +110,23 @@ def test_an_unknown_model_type_gets_exact_parameters_and_a_warning(tmp_path):
     lora = write(tmp_path, OLMO2, yaml_name="lora.yaml", extra="lora: {r: 8, alpha: 16, target_modules: [q_proj, v_proj]}\n")
     full = write(tmp_path, OLMO2, yaml_name="full.yaml", training=", checkpointing: full")
     tied = write(tmp_path, {**OLMO2, "tie_word_embeddings": True}, name="tied.json", yaml_name="tied.yaml")
-    rc, out = run("check", "--format", "json", str(plain), str(lora), str(full), str(tied))
+    selective = write(tmp_path, OLMO2, yaml_name="selective.yaml", training=", checkpointing: selective, attention: eager")
+    rc, out = run("check", "--format", "json", str(plain), str(lora), str(full), str(tied), str(selective))
     assert rc == 0, out
     files = {Path(f["path"]).stem: f for f in out["files"]}
     count, _ = meta_parameters(OLMO2)
     fp = files["train"]["footprint"]
     assert fp["parameters"] == 4 * count and fp["gradients"] == 4 * count and fp["optimizer_state"] == 8 * count
-    (warning,) = files["train"]["diagnostics"]
+    (note,) = files["train"]["diagnostics"]   # measured on fake tensors (issue 34)
+    assert note["code"] == "measured-activations" and note["severity"] == "information"
+    assert "fake tensors" in note["message"] and "meta device" in note["message"]
+    assert note["file"] == str(tmp_path / "config.json") and note["range"]["start"]["line"] == 1
+    # LoRA runs on fake tensors too (peft's adapters on the fake model); selective recomputation is not a
+    # transformers step: the generic rule, its band and the reason
+    assert [d["code"] for d in files["lora"]["diagnostics"]] == ["measured-activations"]
+    (warning,) = files["selective"]["diagnostics"]
     assert warning["code"] == "approximate-activations" and warning["severity"] == "warning"
-    assert band_text() in warning["message"] and "meta device" in warning["message"]
-    assert warning["file"] == str(tmp_path / "config.json") and warning["range"]["start"]["line"] == 1
+    assert band_text() in warning["message"] and "selective" in warning["message"]
     # LoRA: peft's adapters on q_proj and v_proj train; the base is frozen
     adapters = 2 * (8 * 64 + 64 * 8) + 2 * (8 * 64 + 32 * 8)
     lora_fp = files["lora"]["footprint"]

@@ -139,6 +139,8 @@ def build(cfg: dict, attention: str = "sdpa", precision: str = "32-true", lora: 
         cls = transformers.AutoModelForMaskedLM
     elif cfg["model_type"] in SEQ2SEQ:
         cls = transformers.AutoModelForSeq2SeqLM
+    elif cfg["model_type"] == "whisper":
+        cls = transformers.AutoModelForSpeechSeq2Seq
     else:
         cls = transformers.AutoModelForCausalLM
     # the concrete class the Auto class builds for this config (T5Config: T5ForConditionalGeneration)
@@ -276,7 +278,26 @@ def inputs(cfg: dict, micro_batch: int, seq_len: int, seed: int = 1, images: int
         pixels = torch.randn(micro_batch * images, v["num_channels"], v["image_size"], v["image_size"], generator=g)
         out = {"input_ids": ids, "labels": ids.clone()}
         return {**out, "pixel_values": pixels} if images else out
+    if cfg["model_type"] == "whisper":
+        # Whisper: log-mel frames, 2 x max_source_positions long (its convolutions halve them), and seq_len decoder tokens
+        features = torch.randn(micro_batch, cfg["num_mel_bins"], 2 * cfg["max_source_positions"], generator=g)
+        return {"input_features": features, "labels": torch.randint(3, cfg["vocab_size"], (micro_batch, seq_len), generator=g)}
     ids = torch.randint(0, cfg["vocab_size"], (micro_batch, seq_len), generator=g)
+    head = (cfg.get("architectures") or [""])[0]
+    if head.endswith(("ForSequenceClassification", "ForTokenClassification")):
+        # a classifier's labels: one per sequence (fp32 for a regression, num_labels 1) or one per token; no token is
+        # the padding one, so the pooled position is each sequence's last
+        labels = len(cfg.get("id2label") or {0: 0, 1: 1})
+        pad = cfg.get("pad_token_id")
+        if pad is not None:
+            ids[ids == pad] = (pad + 1) % cfg["vocab_size"]
+        shape = (micro_batch,) if head.endswith("ForSequenceClassification") else (micro_batch, seq_len)
+        if labels == 1 or cfg.get("problem_type") == "multi_label_classification":
+            shape = shape + ((labels,) if labels > 1 else ())
+            target = torch.rand(shape, generator=g).round() if labels > 1 else torch.randn(shape, generator=g)
+        else:
+            target = torch.randint(0, labels, shape, generator=g)
+        return {"input_ids": ids, "labels": target}
     if target_len is not None and target_len != seq_len:
         return {"input_ids": ids, "labels": torch.randint(0, cfg["vocab_size"], (micro_batch, target_len), generator=g)}
     return {"input_ids": ids, "labels": ids.clone()}

@@ -77,6 +77,7 @@ APPROXIMATE_ACTIVATIONS = "approximate-activations"
 NO_CONFIGS = "no-configs"
 NOT_TRAINING = "not-training"
 MODEL_SHADOWED = "model-shadowed"
+MEASURED_ACTIVATIONS = "measured-activations"
 
 CODES: dict[str, Code] = _register(
     Code(YAML_SYNTAX, ERROR, "The file is not valid YAML", "Fix the YAML syntax at the position shown; memfit reads YAML 1.1 with core tags only."),
@@ -277,6 +278,13 @@ CODES: dict[str, Code] = _register(
         INFORMATION,
         "A native config that trains nothing (inference, a merge, an evaluation, generation, quantization)",
         "memfit prices training steps: such a config gets no training figure. Check the training config that made the model instead.",
+        keeps_footprint=True,
+    ),
+    Code(
+        MEASURED_ACTIVATIONS,
+        INFORMATION,
+        "A transformers model without a memfit family: exact parameters, activations measured on fake tensors",
+        "memfit[trace] built the model and ran one forward and backward on torch's fake tensors (no memory, no weights) at the config's batch, length, precision and checkpointing; what autograd saved is the activations figure (layers past the first few extrapolated per layer, as the message says).",
         keeps_footprint=True,
     ),
 )

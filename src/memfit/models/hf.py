@@ -19,7 +19,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from memfit.models import hf_encdec
-from memfit.models.families import EXPERTS_KEY, FAMILIES, SEQUENCE_CLASSIFICATION, Family
+from memfit.models.families import EXPERTS_KEY, FAMILIES, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, Family
 from memfit.models.falcon import falcon_kv_heads, falcon_layout  # noqa: F401  (hf.falcon_layout for callers)
 from memfit.models.llava import llava_vision_sizes
 
@@ -54,7 +54,8 @@ def architecture(cfg: dict) -> str:
 
 
 def head(cfg: dict) -> str:
-    """causal-lm, masked-lm or sequence-classification: what the architecture puts on the base model."""
+    """causal-lm, masked-lm, sequence-classification or token-classification: what the architecture puts on the base
+    model."""
     return family(cfg).architectures[architecture(cfg)]
 
 
@@ -473,6 +474,8 @@ def _tree(cfg: dict) -> tuple[list[Module], str, list[Module], list[Module], set
             after.append(Module("classifier", "linear", (h, labels, True)))
         else:
             after.append(Module("score", "linear", (h, labels, False)))
+    elif kind == TOKEN_CLASSIFICATION:   # dropout, then the classifier (with a bias) at every position
+        after.append(Module(fam.classifier, "linear", (h, labels, True)))
     elif fam.block == "bert":  # BertForMaskedLM and BertLMHeadModel share the MLM prediction head
         after += [
             Module("cls.predictions.bias", "param", (vocab,)),
@@ -629,7 +632,7 @@ def summary(cfg: dict) -> str:
         dense = layer_kinds(cfg).count("dense")
         if dense:
             text += f"; {dense} dense layers"
-    if cfg.get("tie_word_embeddings") and head(cfg) != SEQUENCE_CLASSIFICATION:
+    if cfg.get("tie_word_embeddings") and head(cfg) not in (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION):
         text += ", embeddings tied to the head"
     return text
 
@@ -757,18 +760,32 @@ def derive(data: dict, out, path: str) -> list:
     cfg = model_view(normalize(raw))
     kind = head(cfg)
     fam = family(cfg)
-    if kind != fam.architectures[fam.default_architecture]:
-        # hf_activations models the family's own language-model head (and its loss) only
-        message = f"{architecture(cfg)}: activations are modeled for {fam.default_architecture} only, not for a {kind} head"
+
+    def at_architecture(message):
         if file is not None:
             return [Problem(where, codes.UNSUPPORTED_MODEL, message, file=file, at=loaded.positions.range(("architectures", 0)))]
         return [Problem(where + ("architectures", 0), codes.UNSUPPORTED_MODEL, message)]
+
+    classifies = kind in (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION) and not fam.stacked and fam.block != "llava"
+    if kind != fam.architectures[fam.default_architecture] and not classifies:
+        # hf_activations models the family's own language-model head (and its loss) and the classifiers
+        heads = [name for name, k in fam.architectures.items() if name == fam.default_architecture
+                 or (k in (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION) and not fam.stacked and fam.block != "llava")]
+        return at_architecture(f"{architecture(cfg)}: activations are modeled for {', '.join(heads)}, not for a {kind} "
+                               f"head; name one of them in architectures[0] (the head's own parameters are then counted "
+                               f"as transformers builds them)")
     missing = [key for key in ("micro_batch", "seq_len") if key not in training]
     if missing:
         at = ("training",) if "training" in data else ("model",)
         need = " and ".join(f"training.{key}" for key in missing)
         return [Problem(at, codes.SCHEMA, f"a transformer model needs {need}: the batch axis and the tokens per sequence", on_key=True)]
     micro_batch, seq_len = training["micro_batch"], training["seq_len"]
+    if (kind == SEQUENCE_CLASSIFICATION and fam.block != "bert" and cfg.get("pad_token_id") is None
+            and isinstance(micro_batch, int) and micro_batch > 1):
+        # GenericForSequenceClassification.forward: the last non-padding token is found by pad_token_id
+        return at_architecture(f"{architecture(cfg)} with micro_batch {micro_batch}: transformers refuses it (\"Cannot handle "
+                               "batch sizes > 1 if no padding token is defined.\"): set pad_token_id in the config.json "
+                               "(the tokenizer's pad token, as TRL's reward trainer does) or train with micro_batch 1")
     attention = training.get("attention", "sdpa")
     checkpointing = training.get("checkpointing", "none")
     vision = _vision_training(cfg, training, seq_len)

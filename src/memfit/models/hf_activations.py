@@ -81,6 +81,7 @@ PRECISIONS = ("32-true", "bf16-true", "16-true", "bf16-mixed", "16-mixed")
 ATTENTIONS = ("eager", "sdpa", "flash")
 CHECKPOINTING = ("none", "full", "selective")
 LOW = {"bf16-true": "bfloat16", "16-true": "float16", "bf16-mixed": "bfloat16", "16-mixed": "float16"}
+TRUE_DTYPE = {"32-true": "float32", "bf16-true": "bfloat16", "16-true": "float16"}   # what every activation is in
 
 # Shape symbols (see `_sizes`): b batch, s sequence, h hidden, i intermediate, i2 = 2i, H / KV query / key-value
 # heads, d head dim, q = H*d, kv = KV*d, qkv = q + 2kv, rot rotary dims, V vocab, T = b*s tokens, Tl the stored
@@ -145,7 +146,7 @@ ROLE = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "qkv": "qkv_proj", "o": "o_
         "lm_head": "lm_head", "transform": "transform", "norm1": "input_layernorm", "norm2": "post_attention_layernorm",
         "final": "final norm", "sgate": "shared_expert.gate_proj", "sup": "shared_expert.up_proj",
         "sdown": "shared_expert.down_proj", "sg": "shared_expert_gate", "router": "router",
-        "qa": "q_a_proj", "qb": "q_b_proj", "kva": "kv_a_proj_with_mqa", "kvb": "kv_b_proj"}
+        "qa": "q_a_proj", "qb": "q_b_proj", "kva": "kv_a_proj_with_mqa", "kvb": "kv_b_proj", "score": "classifier"}
 
 
 def _op(role: str, module: str) -> str:
@@ -928,6 +929,78 @@ def _head_rows(fam: Family) -> list:
         K("final softcap tanh", "tanh(logits / cap)", ("T", "V"), "lin", "final_softcap", ("x", f"W:{n['lm_head']}"))]
 
 
+def _classifier_rows(fam: Family, dropout: bool) -> list:
+    """A classification head (issue 34; families' docstring): a decoder's final norm then `score` over every position,
+    the last non-padding token's row picked by advanced indexing (its two index tensors kept); BERT's pooler (a view
+    of the first token: the linear keeps the last hidden state's storage; tanh keeps its result), dropout and
+    `classifier`. A token classifier: dropout, then its linear at every position (`dropout`: p > 0, else the linear
+    reads the tensor before it)."""
+    X, n = ("b", "s", "h"), fam.names
+    if fam.head == "seq" and fam.post_norm:   # BertForSequenceClassification
+        P, W, L = ("b", "h"), f"W:{n['pooler']}", f"L:{n['pooler']}"
+        rows = [K("pooler.dense", "input (the first token: a view, the last hidden state's storage)", X, "act", "not_mixed",
+                  (W, L)),
+                # peft's all-linear adapts the pooler: lora_A keeps the same view, lora_B lora_A's output
+                K("pooler.dense.lora_B", "input (lora_A's output)", ("b", "R"), "ada_low", "lora", (L,)),
+                K("pooler.dense", "input, cast to the low dtype by autocast", P, "low", "mixed", (W,)),
+                K("pooler.dense", "weight, cast to the low dtype by autocast", ("h", "h"), "low", "mixed", ("x",)),
+                K("pooler activation", "tanh result", P, "lin", None, ("x", W)),
+                K("classifier dropout", "mask", P, "bool", "cls_dropout", ("x", W))]
+        return rows + _linear([("score", n["score"], "L")], P, "x", low_input=True,
+                              source=None if dropout else "pooler activation: tanh result")
+    if fam.post_norm:   # BertForTokenClassification: no final norm (each layer ends in its own)
+        top, rows = "x", []
+    else:
+        top = "fn"
+        rows = _norm(fam.norm, _op(ROLE["final"], n.get("final", "model.norm")), X, "x")
+    if fam.head == "token":
+        rows.append(K("classifier dropout", "mask", X, "bool", "cls_dropout", (top,)))
+    rows += _linear([("score", n["score"], "L")], ("T", "h"), top)
+    if fam.head == "seq":
+        rows += [K("pooling", "batch indices (arange)", ("b",), "i64", None, (top,)),
+                 K("pooling", "each sequence's last non-padding position", ("b",), "i64", "pad_known", (top,))]
+    return rows
+
+
+# Classification losses (issue 34): config.problem_type's, on the pooled (b, L) logits or on every position's (T, L)
+CLASSIFIER_LOSS_ROWS = [
+    K("cross-entropy", "log-softmax of the pooled logits", ("b", "L"), "soft", "seq_ce"),
+    K("cross-entropy", "targets (the labels)", ("b",), "i64", "seq_ce"),
+    K("cross-entropy", "total weight", (), "soft", "seq_ce"),
+    K("mse loss", "input (the pooled logits)", ("b", "L"), "soft", "seq_mse"),
+    K("mse loss", "targets (the labels, fp32)", ("b", "L"), "f32", "seq_mse"),
+    K("bce-with-logits loss", "input (the pooled logits)", ("b", "L"), "soft", "seq_bce"),
+    K("bce-with-logits loss", "targets (the labels, fp32)", ("b", "L"), "f32", "seq_bce"),
+    K("cross-entropy", "log-softmax of the logits (fp32)", ("T", "L"), "f32", "token"),
+    K("cross-entropy", "targets (the labels)", ("T",), "i64", "token"),
+    K("cross-entropy", "total weight", (), "f32", "token"),
+]
+
+
+def classifier(cfg: dict) -> dict | None:
+    """The classification head `architectures[0]` names (as transformers picks the class), or None for a language
+    model: {"task": "seq" | "token", "module", "labels", "loss": "ce" | "mse" | "bce", "dropout": p, "pad": bool}."""
+    from memfit.models.families import FAMILIES as FAMS, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION
+
+    own = FAMS[cfg["model_type"]]
+    names = cfg.get("architectures")
+    kind = own.architectures.get(names[0] if names else own.default_architecture)
+    if kind not in (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION):
+        return None
+    labels = len(cfg["id2label"]) if cfg.get("id2label") is not None else 2
+    problem = cfg.get("problem_type") or ("regression" if labels == 1 else "single_label_classification")
+    loss = {"regression": "mse", "multi_label_classification": "bce"}.get(problem, "ce")
+    keys = own.classifier_dropout
+    if kind == SEQUENCE_CLASSIFICATION:
+        module = "classifier" if own.block == "bert" else "score"
+        keys = ("classifier_dropout", "hidden_dropout_prob") if own.block == "bert" else ()
+    else:
+        module = own.classifier
+    p = next((cfg[k] for k in keys if cfg.get(k) is not None), 0.1 if kind == TOKEN_CLASSIFICATION else 0.0)
+    return {"task": "seq" if kind == SEQUENCE_CLASSIFICATION else "token", "module": module, "labels": labels,
+            "loss": loss, "dropout": p, "pad": cfg.get("pad_token_id") is not None}
+
+
 # Causal LMs upcast the logits (logits.float()) before the cross-entropy; BERT's masked-LM loss does not
 # (autocast runs its log-softmax in fp32 all the same).
 LOSS_ROWS = [
@@ -1553,8 +1626,20 @@ def _evaluate_now(cfg, micro_batch, seq_len, attention, checkpointing, precision
     mt = cfg["model_type"]
     kind = layer_kinds(cfg)[0] if kind is None else kind
     fam = _kind_family(FAMILIES[mt], kind)
+    head = classifier(cfg) if not cfg.get("traced_model_type") else None
+    if head is not None:   # a classifier in place of the language-model head (the layers are the family's own)
+        names = {**fam.names, "score": head["module"], "lm_head": "-"}
+        if head["task"] == "seq" and fam.post_norm:
+            names["pooler"] = "bert.pooler.dense"
+        fam = fam._replace(head=head["task"], names=names)
     sizes = _sizes(cfg, micro_batch, seq_len, int((lora or {}).get("r") or 0), attention, moe=moe)
     cond = _conditions(cfg, fam, attention, checkpointing, micro_batch, precision, lora)
+    if head is not None:
+        sizes["L"] = head["labels"]
+        task, loss = head["task"], head["loss"]
+        cond.update({"seq_ce": task == "seq" and loss == "ce", "seq_mse": task == "seq" and loss == "mse",
+                     "seq_bce": task == "seq" and loss == "bce", "token": task == "token",
+                     "cls_dropout": head["dropout"] > 0, "pad_known": head["pad"]})
     if _chunk_masked(cfg, kind, attention, seq_len):
         cond = _window_conditions(cond)
     roles = _dtypes(precision, dtypes)
@@ -1581,8 +1666,12 @@ def _evaluate_now(cfg, micro_batch, seq_len, attention, checkpointing, precision
     if vision:
         embeddings += vision[0]
     top["t"] = later["out"] or top.get(f"W:{fam.names.get('transform')}", False)
-    head = _resolve(_head_rows(fam), cond, roles, sizes, top, shape)
-    loss = _resolve(LOSS_ROWS, cond, roles, sizes, top, shape)
+    if head is not None:
+        head_rows, loss_rows = _classifier_rows(fam, head["dropout"] > 0), CLASSIFIER_LOSS_ROWS
+    else:
+        head_rows, loss_rows = _head_rows(fam), LOSS_ROWS
+    head = _resolve(head_rows, cond, roles, sizes, top, shape)
+    loss = _resolve(loss_rows, cond, roles, sizes, top, shape)
     return fam, sizes, roles, embeddings, layer0, layer1, head, loss
 
 
@@ -1595,6 +1684,9 @@ def saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa",
 
     `shape(symbols, sizes) -> tuple[int, ...]`, if given, evaluates each row's symbolic shape (see `_sizes` for
     the symbols), e.g. with one tensor-parallel rank's share of the heads and widths."""
+    measured = _measured(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora)
+    if measured is not None:
+        return _measured_blocks(measured, checkpointing)
     if hf_encdec.is_stacked(cfg):  # an encoder-decoder: one layer block per stack (`target_len`: decoder tokens)
         check(cfg, attention, checkpointing, precision)
         return stacked_saved(cfg, micro_batch=micro_batch, seq_len=seq_len, target_len=target_len, attention=attention,
@@ -1630,6 +1722,43 @@ def saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa",
     return [Block("embeddings", 1, embeddings), *middle, Block("head", 1, head), Block("loss", 1, loss)]
 
 
+def _measured(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora):
+    """A traced model's measured step (models/traced.measure) when it was measured at these settings (under full
+    checkpointing it also answers for `none`: each layer's recomputation is what it keeps without checkpointing),
+    else None: the generic rule answers."""
+    measured = cfg.get("traced_measured")
+    if measured is None or (dtypes and dtypes.get("activations") != TRUE_DTYPE.get(precision)):
+        return None
+    b, s, a, c, p, adapters = measured.run
+    if (b, s, a, p, adapters) != (micro_batch, seq_len, attention, precision, lora_key(lora)) or \
+            (c != checkpointing and (c, checkpointing) != ("full", "none")):
+        return None
+    return measured
+
+
+def lora_key(lora: dict | None) -> str:
+    """The LoRA settings a traced model's step ran with (models/traced.measure), as a comparable string ("" without)."""
+    import json
+
+    return json.dumps(lora, sort_keys=True, default=str) if lora else ""
+
+
+def _measured_blocks(measured, checkpointing: str) -> list:
+    def kept(items) -> list:
+        return [Kept(*k) for k in items]
+
+    blocks = [Block(name, count, kept(items)) for name, count, items in measured.blocks]
+    if measured.run[3] == "full" and checkpointing == "none":   # the layers as they run without checkpointing
+        layers: list = []
+        for items in measured.recomputed:
+            if layers and layers[-1].kept == kept(items):
+                layers[-1] = layers[-1]._replace(count=layers[-1].count + 1)
+            else:
+                layers.append(Block("layer", 1, kept(items)))
+        blocks = [blocks[0], *layers, blocks[-2], blocks[-1]]
+    return blocks
+
+
 def nbytes(kept: list) -> int:
     from memfit.recipe.costs import dtype_bytes  # the recipe prices a dtype
 
@@ -1647,6 +1776,9 @@ def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "s
     of the forward. With it, the embeddings' tensors and every layer's input stay saved; on top of them either the
     head and the loss (at the end of the forward) or one layer's recomputation (in the backward, once the head and
     loss are released; it runs without the cache, and its input is the boundary already counted)."""
+    measured = _measured(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora)
+    if measured is not None and measured.run[3] == checkpointing:
+        return measured.peak
     if hf_encdec.is_stacked(cfg):
         check(cfg, attention, checkpointing, precision)
         return stacked_peak_saved(cfg, micro_batch=micro_batch, seq_len=seq_len, target_len=target_len,
@@ -1700,6 +1832,9 @@ def recomputed(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "s
     order; each layer of its own kind where layers differ, a sliding layer's where its window masks sdpa): the
     checkpointed forward runs without the key/value cache, so its copies of k and v are not made. An
     encoder-decoder's layers are both stacks' in forward order (the encoder's, then the decoder's)."""
+    measured = _measured(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora)
+    if measured is not None and measured.run[3] == "full":
+        return [[Kept(*k) for k in kept] for kept in measured.recomputed]
     if hf_encdec.is_stacked(cfg):
         *_, embeddings, enc, dec, _, _ = _t5_evaluate(cfg, micro_batch, seq_len, target_len, attention, "full",
                                                       precision, dtypes, lora, shape)

@@ -86,36 +86,64 @@ def _attr(config, *names, default=None):
     return default
 
 
+def _quiet_import() -> None:
+    """Import torch and transformers' modeling code with stderr silenced: their import prints torchao's optional
+    kernels that do not load and torch's pytree deprecations, which are not memfit's output (a docs page or a CI
+    log showing `memfit check` would carry them)."""
+    import sys
+
+    if "transformers.modeling_utils" in sys.modules:
+        return
+    import contextlib
+    import io
+    import logging
+    import os
+    import warnings
+
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                logging.disable(logging.WARNING)
+                try:
+                    import torch  # noqa: F401
+                    import transformers.modeling_utils  # noqa: F401
+                finally:
+                    logging.disable(logging.NOTSET)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def trace(raw: dict) -> Traced:
     """Build `raw` (a config.json dict) with transformers on the meta device and read its structure."""
+    _quiet_import()
     import torch
     import transformers
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from memfit.models.hf import CONV1D, EMBEDDING, LINEAR, LINEAR_BIAS, NORM, OTHER, Param
 
     transformers.logging.set_verbosity_error()
     model_type = raw["model_type"]
-    fields = {k: v for k, v in raw.items() if k not in ("model_type", "transformers_version", "auto_map")}
     try:
-        config = AutoConfig.for_model(model_type, **fields)
+        # read as transformers reads a config.json: {"__float__": "Infinity"} decoded (mamba2's time_step_limit...)
+        config = AutoConfig.for_model(model_type, **_decoded(raw))
     except Exception as error:  # transformers' own refusal, quoted
         raise TraceError(f"transformers {transformers.__version__} cannot read this config: {_short(error)}") from None
-    note = ""
-    cls = None
     names = raw.get("architectures") or []
-    if names and isinstance(names[0], str):
-        found = getattr(transformers, names[0], None)
-        if isinstance(found, type) and issubclass(found, transformers.PreTrainedModel):
-            cls = found
-        else:
-            note = f"architecture {names[0]!r} is not a transformers class (remote code is never run): AutoModelForCausalLM built instead"
+    # architectures[0] when transformers has it; an encoder-decoder's own class (Whisper: its encoder counted); a
+    # composite config's text part for its causal-LM class (qwen3_5...)
+    cls, config, note = _model_class(raw, config)
+    named = bool(names) and cls.__name__ == names[0]
     try:
         with torch.device("meta"):
-            model = cls._from_config(config) if cls is not None else AutoModelForCausalLM.from_config(config)
+            model = _build(cls, config)
     except Exception as error:
-        key = ("architectures", 0) if cls is not None else ("model_type",)
-        raise TraceError(f"transformers {transformers.__version__} cannot build {names[0] if cls is not None else model_type}: {_short(error)}", key) from None
+        key = ("architectures", 0) if named else ("model_type",)
+        raise TraceError(f"transformers {transformers.__version__} cannot build {names[0] if named else model_type}: {_short(error)}", key) from None
 
     modules = dict(model.named_modules())
     conv1d = getattr(getattr(transformers, "pytorch_utils", None), "Conv1D", None)
@@ -282,12 +310,15 @@ def surrogate(traced: Traced) -> dict:
     return cfg
 
 
-def summary(traced: Traced) -> str:
+def summary(traced: Traced, measured=None) -> str:
     s = traced.sizes
     count = sum(_elements(p.shape) for p in traced.params)
+    how = (f"activations measured on fake tensors ({measured.ran} of {measured.layers} layers run)" if measured is not None
+           else f"activations by the generic rule ({s['rule']}'s layer, MLP width {s['intermediate']})")
+    layers = measured.layers if measured is not None else traced.layers
     return (
-        f"{traced.architecture} (traced on the meta device): {count:,} parameters; {traced.layers} layers, hidden {s['hidden']}, "
-        f"{s['heads']} heads of {s['head_dim']}; activations by the generic rule ({s['rule']}'s layer, MLP width {s['intermediate']})"
+        f"{traced.architecture} (traced on the meta device): {count:,} parameters; {layers} layers, hidden {s['hidden']}, "
+        f"{s['heads']} heads of {s['head_dim']}; {how}"
     )
 
 
@@ -365,18 +396,57 @@ def derive(data: dict, out, path: str, problems: list) -> list:
         # transformers' reason, with the model_type as the excerpt memfit quotes of a referenced file
         reason = error.message.replace(raw["model_type"], shown) if raw["model_type"] else error.message
         return [place(error.key, codes.UNSUPPORTED_MODEL, f"{unknown_message(raw, shown)}; {reason}")]
-    warning = place(
-        ("model_type",),
-        codes.APPROXIMATE_ACTIVATIONS,
-        f"model_type {shown} has no memfit family: parameters are exact ({traced.architecture} built by transformers "
-        f"on the meta device), activations come from the generic rule ({traced.sizes['rule']}'s layer at this model's sizes), "
-        f"measured at {band_text()} of autograd's saved bytes (docs/transformers.md)"
-        + (f"; {traced.note}" if traced.note else ""),
-    )
-    return [warning] + _tensors(traced, out, where, file, training, data)
+    problems, measured, why = _tensors(traced, out, where, file, training, data, raw)
+    if measured is not None:
+        extrapolated = (f"; {measured.ran} of its {measured.layers} layers ran, each later one keeps what a measured layer "
+                        f"of the same place in a period of {MEASURED_LAYERS - 1} keeps" if measured.ran < measured.layers else "")
+        message = (f"model_type {shown} has no memfit family: parameters are exact ({traced.architecture} built by "
+                   f"transformers on the meta device), activations measured: one forward and backward of it on fake tensors "
+                   f"(no memory, no weights) at this batch, length, precision and checkpointing, what autograd saved"
+                   f"{extrapolated}")
+        if measured.note:
+            message += f"; {measured.note}"
+        if _hybrid(raw):
+            message += ("; a state-space layer runs transformers' slow PyTorch path on CPU (the CUDA kernels of mamba_ssm and "
+                        "causal_conv1d keep other tensors)")
+        code = codes.MEASURED_ACTIVATIONS
+    else:
+        message = (f"model_type {shown} has no memfit family: parameters are exact ({traced.architecture} built by transformers "
+                   f"on the meta device), activations come from the generic rule ({traced.sizes['rule']}'s layer at this model's sizes), "
+                   f"measured at {band_text()} of autograd's saved bytes (docs/transformers.md)"
+                   + (f"; not measured on fake tensors: {why}" if why else ""))
+        code = codes.APPROXIMATE_ACTIVATIONS
+    warning = place(("model_type",), code, message + (f"; {traced.note}" if traced.note else ""))
+    return [warning] + problems
 
 
-def _tensors(traced: Traced, out, where, file, training: dict, data: dict) -> list:
+def _hybrid(raw: dict) -> bool:
+    """A config with state-space (Mamba) layers: its keys name them."""
+    return any(isinstance(k, str) and ("mamba" in k or k in ("ssm_state_size", "state_size", "conv_kernel", "d_state"))
+               for k in raw) or "mamba" in str(raw.get("model_type"))
+
+
+def _measure_for(raw: dict, training: dict, recipe: dict, adapted: bool, dtypes) -> tuple:
+    """(Measured or None, why not)."""
+    if adapted == "quantization":
+        return None, "a quantized base is not run on fake tensors (bitsandbytes packs real weights)"
+    from memfit.models.hf_activations import TRUE_DTYPE
+
+    if dtypes and dtypes.get("activations") != TRUE_DTYPE.get(recipe.get("precision", "32-true")):
+        return None, "dtypes.activations forces a dtype the step does not run every activation in"
+    checkpointing = training.get("checkpointing", "none")
+    if checkpointing not in ("none", "full"):
+        return None, f"checkpointing {checkpointing} is Megatron's recomputation, not a transformers step"
+    try:
+        return measure(raw, micro_batch=training["micro_batch"], seq_len=training["seq_len"],
+                       attention=training.get("attention", "sdpa"), checkpointing=checkpointing,
+                       precision=recipe.get("precision", "32-true"), target_len=training.get("target_len"),
+                       lora=recipe.get("lora")), ""
+    except MeasureError as error:
+        return None, str(error)
+
+
+def _tensors(traced: Traced, out, where, file, training: dict, data: dict, raw: dict | None = None) -> tuple:
     from memfit.config.build import make_tensor
     from memfit.models.hf import BlockRow, Model, _recipe_arguments, forced_activations, saved_rows
     from memfit.models.hf_activations import peak_saved, saved as saved_by, total as total_of
@@ -387,21 +457,25 @@ def _tensors(traced: Traced, out, where, file, training: dict, data: dict) -> li
     checkpointing = training.get("checkpointing", "none")
     dtypes, problem = forced_activations(data.get("dtypes", {}))
     if problem is not None:
-        return [problem]
+        return [problem], None, ""
     base_name = out.widths["parameters"].name
     recipe = _recipe_arguments(data, base_name if isinstance(base_name, str) else "float32")
     cfg = surrogate(traced)
     adapted = "lora" in data or "quantization" in data
+    kind = "quantization" if "quantization" in data else ("lora" if adapted else "")
+    measured, why = _measure_for(raw, training, recipe, kind, dtypes) if raw is not None else (None, "")
+    if measured is not None:   # hf_activations answers with what the step saved (every stack's layers in order)
+        cfg.update(traced_measured=measured, num_hidden_layers=measured.layers)
     if adapted:
         from memfit.recipe import adapters
         from memfit.recipe.dtypes import DTYPES
 
         if adapters.problems(data):
-            return []
+            return [], None, why
         base = base_name if base_name in DTYPES else "float32"
         param_rows, problems = adapters.transformer_rows({"model_type": traced.model_type}, data, base, traced.params, traced.linears, "causal-lm")
         if problems:
-            return problems
+            return problems, None, why
     arguments = dict(micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing, dtypes=dtypes, **recipe)
     try:
         saved = saved_by(cfg, **arguments)
@@ -409,7 +483,7 @@ def _tensors(traced: Traced, out, where, file, training: dict, data: dict) -> li
         from memfit.diagnostics import codes
         from memfit.diagnostics.diagnostic import Problem
 
-        return [Problem(("training",), codes.SCHEMA, str(error))]
+        return [Problem(("training",), codes.SCHEMA, str(error))], None, why
     by_block: dict = {}
     for b in saved:
         by_block.setdefault(b.name, []).append(b)
@@ -439,8 +513,8 @@ def _tensors(traced: Traced, out, where, file, training: dict, data: dict) -> li
             trainable = row.trainable and row.name not in traced.frozen
             out.tensors.append(make_tensor("parameters", where, row.name, list(row.shape), 1, trainable, own, out))
     run = {"micro_batch": micro_batch, "seq_len": seq_len, "attention": attention, "checkpointing": checkpointing}
-    out.model = Model(cfg, file, summary(traced), rows, total, run, dtypes, recipe)
-    return []
+    out.model = Model(cfg, file, summary(traced, measured), rows, total, run, dtypes, recipe)
+    return [], measured, why
 
 
 def _groups(traced: Traced) -> list:
@@ -454,3 +528,512 @@ def _groups(traced: Traced) -> list:
         else:
             before.append(p)
     return [("embeddings", 1, before), ("layer", traced.layers, inside), ("head", 1, after)]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Measured activations (issue 34): one training step on fake tensors
+#
+# The class trace() builds is built again under torch's FakeTensorMode (tensors with shapes, dtypes and storages but
+# no memory: no weights, no network, a 70B costs what a tiny model costs) and runs one forward with labels and its
+# backward at the config's micro_batch, seq_len, precision, attention and checkpointing. Every tensor autograd saves
+# passes a saved_tensors_hooks pack hook; each distinct storage counts once at its full size, parameters and buffers
+# left out (the measurement tests/support/hf_measure.py makes on a real CPU step, where the figures agree). Each
+# saved storage is attributed to the block that first saves it (module hooks on each stack's layers: embeddings,
+# layer i, head, loss). Under full checkpointing the layers' recomputation in the backward is tracked too, with the
+# live bytes of what stays saved, and the peak is the largest live total.
+#
+# A stack of more than MEASURED_LAYERS layers runs its first MEASURED_LAYERS (the module list is cut; the config is
+# not changed): layer i beyond them keeps what measured layer 1 + (i - 1) % (MEASURED_LAYERS - 1) keeps, so a pattern
+# of period MEASURED_LAYERS - 1 (every fourth layer full attention, a hybrid's interleave of four) repeats exactly.
+# Dropout runs as CUDA's fused kernel (torch.native_dropout: a 1-byte mask), as in every family's rules. What cannot
+# run on fake tensors (data-dependent shapes, a kernel without a fake implementation) falls back to the generic rule,
+# and the warning says so. State-space and hybrid models run their slow PyTorch path (no CUDA kernels on CPU): their
+# figures are that path's saved tensors, which the fused CUDA kernels (mamba_ssm, causal_conv1d) do not keep alike.
+MEASURED_LAYERS = 5
+TIME_LIMIT_S = 120.0
+
+
+class MeasureError(Exception):
+    """The step could not run on fake tensors; the message says why (transformers' or torch's words)."""
+
+
+class Measured(NamedTuple):
+    run: tuple  # (micro_batch, seq_len, attention, checkpointing, precision): what was measured
+    blocks: tuple  # (name, count, kept): embeddings, the layers in order, head, loss; kept = ((label, shape, dtype), ...)
+    peak: int  # the peak of live saved bytes (full checkpointing), else the distinct saved bytes
+    recomputed: tuple  # under full checkpointing, each layer's saved tensors while its backward recomputes it
+    layers: int  # layers of every stack
+    ran: int  # layers that ran
+    note: str = ""  # how the step differs from the one asked for (a cache transformers refused)
+
+
+def _decoded(raw: dict) -> dict:
+    """config.json as transformers reads it: {"__float__": "Infinity"} and its kin decoded (PreTrainedConfig.
+    _decode_special_floats), the keys from_pretrained never passes dropped."""
+    from transformers import PreTrainedConfig
+
+    fields = {k: v for k, v in raw.items() if k not in ("model_type", "transformers_version", "auto_map")}
+    return PreTrainedConfig._decode_special_floats(fields)
+
+
+def _model_class(raw: dict, config):
+    """(the class to build, the config to build it with, a note): architectures[0] when transformers has it; else an
+    encoder-decoder's sequence-to-sequence class (Whisper: AutoModelForSpeechSeq2Seq, its encoder counted), else
+    AutoModelForCausalLM. A composite config whose causal-LM class takes the text part gets that part (from_pretrained
+    does the same)."""
+    import transformers
+
+    names = raw.get("architectures") or []
+    note = ""
+    if names and isinstance(names[0], str):
+        found = getattr(transformers, names[0], None)
+        if isinstance(found, type) and issubclass(found, transformers.PreTrainedModel):
+            return found, _config_for(found, config), ""
+        note = f"architecture {names[0]!r} is not a transformers class (remote code is never run): a transformers Auto class built instead"
+    autos = []
+    if getattr(config, "is_encoder_decoder", False):
+        autos = [transformers.AutoModelForSpeechSeq2Seq, transformers.AutoModelForSeq2SeqLM]
+    autos.append(transformers.AutoModelForCausalLM)
+    for auto in autos:
+        cls = auto._model_mapping[type(config)] if type(config) in auto._model_mapping else None
+        if cls is not None:
+            return cls, _config_for(cls, config), note
+    return transformers.AutoModelForCausalLM, config, note
+
+
+def _config_for(cls, config):
+    wanted = getattr(cls, "config_class", None)
+    if wanted is None or isinstance(config, wanted) or not hasattr(config, "get_text_config"):
+        return config
+    try:
+        text = config.get_text_config()
+    except ValueError:   # several text parts (musicgen's text encoder and decoder): none is the one
+        return config
+    return text if isinstance(text, wanted) else config
+
+
+def _build(cls, config, **kwargs):
+    if cls.__name__.startswith("Auto"):
+        return cls.from_config(config, **kwargs)
+    return cls._from_config(config, **kwargs)
+
+
+def _stacks(model, torch) -> list:
+    """Every repeated layer list (the longest ModuleList of a stack whose items hold parameters), outermost first:
+    (its parent module, attribute name, its path)."""
+    out = []
+    for name, m in model.named_modules():
+        if not isinstance(m, torch.nn.ModuleList) or len(m) < 2 or not name:
+            continue
+        if "expert" in name.rpartition(".")[2]:
+            continue
+        if any(name.startswith(path + ".") for _, _, path in out):
+            continue  # a list inside a layer of a stack already found
+        items = list(m)
+        if len({type(i) for i in items}) > 2 or not all(any(True for _ in i.parameters()) for i in items):
+            continue
+        parent_name, _, attr = name.rpartition(".")
+        out.append((model.get_submodule(parent_name) if parent_name else model, attr, name))
+    return out
+
+
+class _FakeGroupedMm:
+    """torch.nn.functional.grouped_mm on fake tensors: torch's meta check asks bf16 where the CPU kernel takes any
+    float (transformers' grouped experts on CPU). Same output shape, same saved tensors (input, weight, offsets)."""
+
+    @staticmethod
+    def make(torch):
+        class Fn(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, a, b, offs):
+                ctx.save_for_backward(a, b, offs)
+                return a.new_empty((a.shape[0], b.shape[-1]))
+
+            @staticmethod
+            def backward(ctx, grad):
+                a, b, _ = ctx.saved_tensors
+                return torch.empty_like(a), torch.empty_like(b), None
+
+        def grouped_mm(a, b, offs=None, **_):
+            return Fn.apply(a, b, offs)
+
+        return grouped_mm
+
+
+def _inputs(model, config, micro_batch: int, seq_len: int, torch, target_len: int | None = None) -> dict:
+    """Token ids and the labels the class's loss takes (a classifier's one per sequence or per token; an
+    encoder-decoder's decoder tokens; Whisper's log-mel frames, 2 x max_source_positions long)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    vocab = int(getattr(text, "vocab_size", None) or 2)
+    name = type(model).__name__
+    b, s = micro_batch, seq_len
+    ids = torch.zeros((b, s), dtype=torch.long)
+    if name.endswith("ForSequenceClassification") or name.endswith("ForTokenClassification"):
+        labels_n = int(getattr(config, "num_labels", 2) or 2)
+        shape = (b,) if name.endswith("ForSequenceClassification") else (b, s)
+        multi = getattr(config, "problem_type", None) == "multi_label_classification"
+        labels = torch.zeros(shape + ((labels_n,) if multi else ()), dtype=torch.float if labels_n == 1 or multi else torch.long)
+        return {"input_ids": ids, "labels": labels}
+    main = getattr(model, "main_input_name", "input_ids")
+    if main == "input_features":
+        frames = 2 * int(getattr(config, "max_source_positions", 1500))
+        mels = int(getattr(config, "num_mel_bins", 80))
+        return {"input_features": torch.zeros((b, mels, frames), dtype=model.dtype),
+                "labels": torch.zeros((b, target_len or s), dtype=torch.long)}
+    if main != "input_ids":
+        raise MeasureError(f"{name} takes {main}, not token ids: memfit measures text, speech and classification steps")
+    if getattr(config, "is_encoder_decoder", False):
+        return {"input_ids": ids, "labels": torch.zeros((b, target_len or s), dtype=torch.long)}
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+def measure(raw: dict, **settings) -> Measured:
+    """One training step of `raw`'s class on fake tensors: what autograd saves (see above). Raises MeasureError.
+
+    The step runs in a forked child process where the platform forks (torch and transformers are imported first, so
+    the fork costs milliseconds): a model whose code leaves fake tensors in a module-level cache, or crashes the
+    interpreter, cannot harm the next config of the same run; the child is killed at the time limit."""
+    import os
+    import pickle
+    import signal
+    import time
+
+    _quiet_import()
+    if not hasattr(os, "fork"):
+        return _measure_now(raw, **settings)
+    import torch  # noqa: F401  (imported before the fork)
+    import transformers  # noqa: F401
+
+    limit = settings.get("time_limit", TIME_LIMIT_S)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: measure, send the result (or the error) back, exit without cleanup
+        os.close(read)
+        try:
+            try:
+                result = ("ok", _measure_now(raw, **settings))
+            except MeasureError as error:
+                result = ("error", str(error))
+            except BaseException as error:  # noqa: BLE001  (anything: reported, never raised in the parent)
+                result = ("error", f"{type(error).__name__}: {_short(error)}")
+            data = pickle.dumps(result)
+            with os.fdopen(write, "wb") as out:
+                out.write(data)
+        finally:
+            os._exit(0)
+    os.close(write)
+    chunks = []
+    deadline = time.monotonic() + limit + 10
+    import select
+
+    with os.fdopen(read, "rb") as source:
+        while True:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([source], [], [], max(left, 0))
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise MeasureError(f"the fake-tensor step ran past memfit's {limit:.0f} s limit")
+            chunk = source.read1(1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    _, status = os.waitpid(pid, 0)
+    if not chunks:
+        code = os.waitstatus_to_exitcode(status)
+        raise MeasureError(f"the fake-tensor step ended the process ({'signal ' + str(-code) if code < 0 else 'exit ' + str(code)})")
+    kind, value = pickle.loads(b"".join(chunks))
+    if kind == "error":
+        raise MeasureError(value)
+    return value
+
+
+def _measure_now(raw: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
+                 precision: str = "32-true", target_len: int | None = None, layers_cap: int = MEASURED_LAYERS,
+                 time_limit: float = TIME_LIMIT_S, lora: dict | None = None, _no_cache: bool = False) -> Measured:
+    import contextlib
+    import time
+    import weakref
+
+    import torch
+    import torch.nn.functional as F
+    import torch.utils.checkpoint as checkpoint_module
+    import transformers
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    transformers.logging.set_verbosity_error()
+    if attention not in ("eager", "sdpa"):
+        raise MeasureError(f"attention {attention} has no CPU kernel to run on fake tensors (eager and sdpa do)")
+    started = time.monotonic()
+    try:
+        config = transformers.AutoConfig.for_model(raw["model_type"], **_decoded(raw))
+    except Exception as error:
+        raise MeasureError(_short(error)) from None
+    cls, config, _ = _model_class(raw, config)
+    low = {"bf16-true": torch.bfloat16, "16-true": torch.float16}.get(precision)
+    mixed = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+    from transformers.initialization import no_init_weights
+
+    state = {"block": "embeddings", "seen_layer": False}
+    first: dict = {}  # storage -> block that first saved it
+    sizes: dict = {}
+    shapes: dict = {}
+    refs: dict = {}
+    live = [0, 0]  # live, peak
+    keep: list = []  # every storage packed, alive to the end (ids are never reused)
+    excluded: set = set()
+    recomputing: dict = {}  # block -> storages saved while the backward recomputes it
+
+    def note(t, owner=None, recomputed=False):
+        if not isinstance(t, torch.Tensor):
+            return
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if key in excluded or storage.nbytes() == 0:
+            return
+        keep.append(storage)
+        if key not in sizes:
+            sizes[key] = storage.nbytes()
+            shapes[key] = (tuple(int(d) for d in t.shape), str(t.dtype).replace("torch.", ""))
+            if not recomputed:
+                first[key] = state["block"]
+        if recomputed:
+            recomputing.setdefault(state["block"], {})[key] = storage.nbytes()
+        if owner is not None:
+            count = refs.get(key, 0)
+            refs[key] = count + 1
+            if count == 0:
+                live[0] += sizes[key]
+                live[1] = max(live[1], live[0])
+            weakref.finalize(owner, drop, key)
+
+    def drop(key):
+        refs[key] -= 1
+        if refs[key] == 0:
+            live[0] -= sizes[key]
+
+    class Holder:
+        __slots__ = ("__weakref__", "t")
+
+        def __init__(self, t):
+            self.t = t
+
+    def pack(t):
+        holder = Holder(t)
+        note(t, holder)
+        return holder
+
+    def unpack(holder):
+        return holder.t
+
+    original_hook = checkpoint_module._recomputation_hook
+
+    forward_order: list = []   # the layers as the forward ran them; the backward recomputes them in reverse
+    frames: dict = {}
+
+    class Counting(original_hook):
+        def __init__(self, target_frame_ref, gid):
+            super().__init__(target_frame_ref, gid)
+            inner = self.pack_hook
+            frame = target_frame_ref()
+            if id(frame) not in frames:
+                index = len(frames) + 1
+                frames[id(frame)] = forward_order[-index] if index <= len(forward_order) else "backward"
+            name = frames[id(frame)]
+
+            def pack_hook(x):
+                frame = target_frame_ref()
+                index = frame.recomp_counter[gid]
+                try:
+                    return inner(x)
+                finally:
+                    holder = frame.weak_holders[index]() if index < len(frame.weak_holders) else None
+                    handle = holder.handles.get(gid) if holder is not None else None
+                    state["block"], was = name, state["block"]
+                    note(x, handle, recomputed=True)
+                    state["block"] = was
+
+            self.pack_hook = pack_hook
+
+    def native_dropout(input, p=0.5, training=True, inplace=False):
+        if not training or p == 0.0:
+            return input
+        out, _ = torch.native_dropout(input, p, True)
+        return input.copy_(out) if inplace else out
+
+    def check_time():
+        if time.monotonic() - started > time_limit:
+            raise MeasureError(f"the fake-tensor step ran past memfit's {time_limit:.0f} s limit")
+
+    stacks_info = []
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode.cache_enabled = False   # one step: hashing each op for the cache costs more than it saves (a third of the time)
+    # transformers treats a fake tensor as a traced graph: it would not look whether the position ids pack several
+    # sequences in a row and would build an explicit causal mask for sdpa; the step memfit measures has one sequence
+    # per row (what find_packed_sequence_indices finds in a real step: None)
+    import transformers.masking_utils as masking
+
+    original_packed = getattr(masking, "find_packed_sequence_indices", None)
+    original_dropout, original_grouped = F.dropout, getattr(F, "grouped_mm", None)
+    try:
+        with mode:
+            concrete = cls._model_mapping[type(config)] if cls.__name__.startswith("Auto") else cls
+            impl = attention
+            if attention == "sdpa" and not getattr(concrete, "_supports_sdpa", False):
+                impl = None   # transformers refuses sdpa for it (state-space models...): its default, what runs
+            with no_init_weights():   # (a fake parameter refuses .to(): a 16-bit model is built in its dtype)
+                model = _build(cls, config, attn_implementation=impl, **({"dtype": low} if low is not None else {}))
+            if lora:
+                model = _with_lora(model, lora)
+            excluded |= {p.untyped_storage()._cdata for p in model.parameters()}
+            excluded |= {b.untyped_storage()._cdata for b in model.buffers()}
+            for parent, attr, path in _stacks(model, torch):
+                items = list(getattr(parent, attr))
+                total = len(items)
+                if total > layers_cap:
+                    setattr(parent, attr, torch.nn.ModuleList(items[:layers_cap]))
+                ran = min(total, layers_cap)
+                stacks_info.append((path, total, ran))
+                for i, layer in enumerate(items[:ran]):
+                    def pre(module, args, kwargs=None, _name=f"{path}.{i}"):
+                        check_time()
+                        if state["block"] != "backward":
+                            forward_order.append(_name)
+                        state["block"] = _name
+                    def post(module, args, output, _next=f"{path}.{i + 1}" if i + 1 < ran else "head"):
+                        state["block"] = _next   # (the next layer's checkpoint keeps its input before its hooks run)
+                    layer.register_forward_pre_hook(pre)
+                    layer.register_forward_hook(post)
+            if not stacks_info:
+                raise MeasureError(f"{type(model).__name__} has no repeated layer list to measure")
+            output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+            if isinstance(output, torch.nn.Module):
+                output.register_forward_hook(lambda *a: state.update(block="loss"))
+            model.train()
+            if checkpointing == "full":
+                model.activation_checkpointing_enable()
+            batch = _inputs(model, config, micro_batch, seq_len, torch, target_len)
+            if _no_cache:
+                batch["use_cache"] = False
+            autocast = torch.autocast("cpu", dtype=mixed) if mixed is not None else contextlib.nullcontext()
+            F.dropout = native_dropout
+            if original_grouped is not None:
+                F.grouped_mm = _FakeGroupedMm.make(torch)
+            checkpoint_module._recomputation_hook = Counting
+            if original_packed is not None:
+                masking.find_packed_sequence_indices = lambda position_ids: None
+            with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+                with autocast:
+                    loss = model(**batch).loss
+                state["block"] = "backward"
+                loss.backward()
+    except MeasureError:
+        raise
+    except Exception as error:
+        failure = MeasureError(f"{type(error).__name__}: {_short(error)}")
+    else:
+        failure = None
+    finally:
+        F.dropout = original_dropout
+        if original_grouped is not None:
+            F.grouped_mm = original_grouped
+        checkpoint_module._recomputation_hook = original_hook
+        if original_packed is not None:
+            masking.find_packed_sequence_indices = original_packed
+    if failure is not None:
+        if _no_cache or "cache" not in str(failure).lower() or time.monotonic() - started > time_limit:
+            raise failure
+        # a step with transformers' key/value cache that it cannot build for this config: the step without one
+        again = _measure_now(raw, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing,
+                        precision=precision, target_len=target_len, layers_cap=layers_cap,
+                        time_limit=time_limit - (time.monotonic() - started), lora=lora, _no_cache=True)
+        return again._replace(note=f"run with use_cache false: with the cache transformers stops ({failure})")
+    from memfit.models.hf_activations import lora_key
+
+    return _measured((micro_batch, seq_len, attention, checkpointing, precision, lora_key(lora)), stacks_info, first, sizes, shapes,
+                     recomputing, live[1] if checkpointing == "full" else sum(sizes.values()))
+
+
+def _with_lora(model, lora: dict):
+    """peft's LoRA on the fake model, as get_peft_model makes it; peft moves each new adapter to its base layer's
+    device and dtype with .to(), which a fake parameter refuses: the adapters stay as created (fp32 on the CPU device,
+    peft's autocast_adapter_dtype for a 16-bit base and the base's own dtype in fp32)."""
+    import peft
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    config = peft.LoraConfig(r=lora.get("r", 8), lora_alpha=lora.get("alpha", 8), lora_dropout=lora.get("dropout", 0.0),
+                             target_modules=lora.get("target_modules"), modules_to_save=lora.get("modules_to_save") or None)
+    import torch
+
+    original, original_to = BaseTunerLayer._move_adapter_to_device_of_base_layer, torch.nn.Module.to
+
+    def to(self, *args, **kwargs):   # a move to the device every fake tensor here is on: nothing to do
+        targets = [a for a in args if isinstance(a, (torch.device, str))] + [kwargs.get("device")]
+        if all(t is None or torch.device(t).type == "cpu" for t in targets) and "dtype" not in kwargs and not any(
+                isinstance(a, torch.dtype) for a in args):
+            return self
+        return original_to(self, *args, **kwargs)
+
+    BaseTunerLayer._move_adapter_to_device_of_base_layer = lambda self, adapter_name, device=None: None
+    torch.nn.Module.to = to
+    try:
+        return peft.get_peft_model(model, config)
+    finally:
+        BaseTunerLayer._move_adapter_to_device_of_base_layer = original
+        torch.nn.Module.to = original_to
+
+
+def _measured(run, stacks_info, first, sizes, shapes, recomputing, peak) -> Measured:
+    """The blocks of a measurement, unmeasured layers extrapolated from the measured ones."""
+    from memfit.recipe.dtypes import DTYPES
+
+    def kept(keys) -> tuple:
+        out = []
+        for key in keys:
+            shape, dtype = shapes[key]
+            if dtype not in DTYPES:   # (complex64, an 8-bit float...): its storage's bytes
+                shape, dtype = (sizes[key],), "uint8"
+            elements = 1
+            for d in shape:
+                elements *= d
+            if elements * _width(dtype) != sizes[key]:   # a view: its storage, as a flat run of its dtype
+                shape = (sizes[key] // _width(dtype),)
+            out.append((f"saved storage {len(out) + 1}", shape, dtype))
+        return tuple(out)
+
+    by_block: dict = {}
+    for key, block in first.items():
+        by_block.setdefault(block, []).append(key)
+    blocks = [("embeddings", 1, kept(by_block.get("embeddings", [])))]
+    recomputed = []
+    extra = 0
+    layers_total = 0
+    ran_total = 0
+    for path, total, ran in stacks_info:
+        layers_total += total
+        ran_total += ran
+        measured = [kept(by_block.get(f"{path}.{i}", [])) for i in range(ran)]
+        again = [kept(recomputing.get(f"{path}.{i}", {})) for i in range(ran)]
+        for i in range(total):
+            j = i if i < ran else 1 + (i - 1) % max(ran - 1, 1)
+            j = min(j, ran - 1)
+            if blocks[-1][0] == "layer" and blocks[-1][2] == measured[j] and len(blocks) > 1:
+                blocks[-1] = ("layer", blocks[-1][1] + 1, blocks[-1][2])
+            else:
+                blocks.append(("layer", 1, measured[j]))
+            recomputed.append(again[j])
+            if i >= ran:
+                extra += sum(sizes_of(measured[j]))
+    blocks.append(("head", 1, kept(by_block.get("head", []))))
+    blocks.append(("loss", 1, kept(by_block.get("loss", []) + by_block.get("backward", []))))
+    return Measured(run, tuple(blocks), peak + extra, tuple(recomputed), layers_total, ran_total)
+
+
+def sizes_of(kept) -> list:
+    return [_elements(shape) * _width(dtype) for _, shape, dtype in kept]
+
+
+def _width(dtype: str) -> int:
+    from memfit.recipe.costs import dtype_bytes
+
+    return dtype_bytes(1, dtype)

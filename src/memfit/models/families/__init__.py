@@ -55,7 +55,14 @@ CAUSAL_LM = "causal-lm"  # next-token logits over the vocabulary, loss from shif
 MASKED_LM = "masked-lm"  # BERT's MLM head (transform + tied decoder), loss at every position
 SEQUENCE_CLASSIFICATION = "sequence-classification"  # one score per sequence (num_labels)
 SEQ2SEQ_LM = "seq2seq-lm"  # an encoder-decoder's decoder logits over the vocabulary, loss at every target position
-HEADS = (CAUSAL_LM, MASKED_LM, SEQUENCE_CLASSIFICATION, SEQ2SEQ_LM)
+TOKEN_CLASSIFICATION = "token-classification"  # num_labels logits at every position (dropout, classifier), loss on (b, s) labels
+HEADS = (CAUSAL_LM, MASKED_LM, SEQUENCE_CLASSIFICATION, SEQ2SEQ_LM, TOKEN_CLASSIFICATION)
+# What the classification heads compute (modeling_layers.py GenericForSequenceClassification / GenericForTokenClassification,
+# and each family's own class where it has one; issue 34): a decoder's sequence classifier scores every position with
+# `score` (no bias) and takes the last non-padding token's row (pad_token_id; without one transformers refuses a batch
+# above 1); BERT's pools the first token through `bert.pooler` (dense, tanh), dropout, then `classifier`. A token
+# classifier applies dropout then its linear (with a bias) at every position. The loss is config.problem_type's
+# (regression when num_labels is 1, single-label cross-entropy otherwise, multi_label_classification when named).
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,10 @@ class Family:
     kv_heads_key: str = "num_key_value_heads"  # Falcon: num_kv_heads (kv_heads_default fills it)
     init_aliases: dict = field(default_factory=dict)  # Falcon: n_embed -> hidden_size (popped by __post_init__, not attribute_map)
     ffn_default: str | None = None  # Falcon: ffn_hidden_size None -> 4 * hidden_size
+    # issue 34's classification heads (appended)
+    classifier: str = "score"  # the token classifier's module (GPT-2, GPT-NeoX, Falcon, BERT: "classifier")
+    classifier_dropout: tuple = ("classifier_dropout", "hidden_dropout")  # the token classifier's dropout: the first of
+    # these config keys that is set, else 0.1 (GenericForTokenClassification; BERT: hidden_dropout_prob, always set)
 
     @property
     def hidden_key(self) -> str:
@@ -119,8 +130,10 @@ class Family:
 STACKED = ("t5",)
 
 
-def _arch(prefix: str, causal: str = "ForCausalLM") -> dict:
-    return {f"{prefix}{causal}": CAUSAL_LM, f"{prefix}ForSequenceClassification": SEQUENCE_CLASSIFICATION}
+def _arch(prefix: str, causal: str = "ForCausalLM", token: bool = True) -> dict:
+    """The causal LM and the classifiers transformers has for a decoder family (`token`: a ForTokenClassification)."""
+    out = {f"{prefix}{causal}": CAUSAL_LM, f"{prefix}ForSequenceClassification": SEQUENCE_CLASSIFICATION}
+    return {**out, f"{prefix}ForTokenClassification": TOKEN_CLASSIFICATION} if token else out
 
 
 # Every family, in the order the schema and the docs list them: the module models/families/<model_type>.py holds it.

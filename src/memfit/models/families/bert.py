@@ -3,7 +3,7 @@
 Data, loaded on demand (models.families.FAMILIES).
 """
 
-from memfit.models.families import CAUSAL_LM, Family, MASKED_LM, SEQUENCE_CLASSIFICATION
+from memfit.models.families import CAUSAL_LM, Family, MASKED_LM, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION
 
 FAMILY = Family(
     'bert',
@@ -30,7 +30,9 @@ FAMILY = Family(
         'eos_token_id': (None, 'ids?'),
         'tie_word_embeddings': (True, 'bool'),
     },
-    architectures={'BertForMaskedLM': MASKED_LM, 'BertLMHeadModel': CAUSAL_LM, 'BertForSequenceClassification': SEQUENCE_CLASSIFICATION},
+    architectures={'BertForMaskedLM': MASKED_LM, 'BertLMHeadModel': CAUSAL_LM, 'BertForSequenceClassification': SEQUENCE_CLASSIFICATION,
+                   'BertForTokenClassification': TOKEN_CLASSIFICATION},
     default_architecture='BertForMaskedLM',
     rope_theta_default=None, block='bert', base='bert', qkv_bias=True, o_bias=True, mlp_bias=True, head_dim_key=False,
+    classifier='classifier', classifier_dropout=('classifier_dropout', 'hidden_dropout_prob'),
 )

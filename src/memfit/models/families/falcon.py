@@ -38,5 +38,5 @@ FAMILY = Family(
     default_architecture='FalconForCausalLM',
     kv_heads_default=True, kv_heads_key='num_kv_heads', init_aliases={'n_embed': 'hidden_size'}, ffn_default='ffn_hidden_size',
     block='falcon', base='transformer', qkv_bias='bias', o_bias='bias', mlp_bias='bias', norm_type='layernorm',
-    padding_idx=False, head_dim_key=False,
+    padding_idx=False, head_dim_key=False, classifier='classifier',
 )

@@ -38,5 +38,5 @@ FAMILY = Family(
     },
     architectures=_arch('GPT2', 'LMHeadModel'),
     default_architecture='GPT2LMHeadModel',
-    attribute_map={'hidden_size': 'n_embd', 'max_position_embeddings': 'n_positions', 'num_attention_heads': 'n_head', 'num_hidden_layers': 'n_layer'}, rope_theta_default=None, block='gpt2', base='transformer', qkv_bias=True, o_bias=True, mlp_bias=True, padding_idx=False, head_dim_key=False,
+    attribute_map={'hidden_size': 'n_embd', 'max_position_embeddings': 'n_positions', 'num_attention_heads': 'n_head', 'num_hidden_layers': 'n_layer'}, rope_theta_default=None, block='gpt2', base='transformer', qkv_bias=True, o_bias=True, mlp_bias=True, padding_idx=False, head_dim_key=False, classifier='classifier',
 )

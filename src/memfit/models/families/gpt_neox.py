@@ -33,5 +33,5 @@ FAMILY = Family(
     },
     architectures=_arch('GPTNeoX'),
     default_architecture='GPTNeoXForCausalLM',
-    rope_legacy={'rotary_emb_base': 'rope_theta', 'rotary_pct': 'partial_rotary_factor'}, rope_partial_default=0.25, block='gpt_neox', base='gpt_neox', qkv_bias='attention_bias', o_bias='attention_bias', mlp_bias=True, padding_idx=False, head_dim_key=False,
+    rope_legacy={'rotary_emb_base': 'rope_theta', 'rotary_pct': 'partial_rotary_factor'}, rope_partial_default=0.25, block='gpt_neox', base='gpt_neox', qkv_bias='attention_bias', o_bias='attention_bias', mlp_bias=True, padding_idx=False, head_dim_key=False, classifier='classifier', classifier_dropout=('classifier_dropout',),
 )

@@ -28,7 +28,7 @@ FAMILY = Family(
         'attention_dropout': (0.0, 'number'),
         'rms_norm_eps': (1e-05, 'float'),
     },
-    architectures=_arch('Olmo2'),
+    architectures=_arch('Olmo2', token=False),
     default_architecture='Olmo2ForCausalLM',
     kv_heads_default=True, qkv_bias='attention_bias', o_bias='attention_bias', qk_norm=True, qk_norm_full=True,
     layer_norms=("post_attention_layernorm", "post_feedforward_layernorm"),

@@ -38,7 +38,7 @@ FAMILY = Family(
         'attention_bias': (False, 'bool'),
         'lm_head_bias': (False, 'bool'),
     },
-    architectures=_arch('Phimoe'),
+    architectures=_arch('Phimoe', token=False),
     default_architecture='PhimoeForCausalLM',
     kv_heads_default=True, rope_theta_default=1000000.0, block='phimoe', qkv_bias='attention_bias', o_bias='attention_bias',
 )
