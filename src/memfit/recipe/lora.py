@@ -113,6 +113,44 @@ class LoraSpec:
     dropout: float
     target_modules: object  # list of suffixes, a regex string, or "all-linear"
     modules_to_save: tuple
+    use_dora: bool = False
+
+
+# lora.dtype: the adapters' dtype. "peft": peft's default (autocast_adapter_dtype=True: fp32 on a 16-bit base);
+# "model": the base layer's dtype (peft's autocast_adapter_dtype=False; torchtune's and LitGPT's adapters, built in
+# the model's dtype); or a float dtype named outright.
+ADAPTER_DTYPES = ("peft", "model", "float32", "bfloat16", "float16")
+_UPCAST = ("bfloat16", "float16")  # cast_adapter_dtype's dtypes_to_convert_to_fp32 (and fp8, which no base here is)
+
+
+def adapter_dtype(section: dict | None, base_dtype: str, quantization: dict | None = None) -> str:
+    """The dtype peft (or the framework `lora.dtype` names) keeps the adapters in, on a base kept in `base_dtype`.
+
+    The base layer's dtype is `base_dtype`, or under a bitsandbytes 4-bit quantization its compute_dtype (peft's
+    _get_base_layer_device_and_dtype reads Linear4bit.compute_dtype; an int8 weight is no float: the adapters stay
+    in torch's default fp32)."""
+    section = section or {}
+    choice = section.get("dtype")
+    if choice is None:
+        choice = "model" if section.get("autocast_adapter_dtype") is False else "peft"
+    if choice not in ("peft", "model"):
+        return choice
+    layer = base_dtype
+    if quantization:
+        from memfit.recipe import quant
+
+        method = quant.method(quantization.get("method", "nf4")).name
+        if method in ("nf4", "fp4"):  # BitsAndBytesConfig's bnb_4bit_compute_dtype defaults to fp32
+            from memfit.recipe.dtypes import DTYPES
+
+            layer = quantization.get("compute_dtype") or "float32"
+            meaning = DTYPES.get(layer, (0, ""))[1]
+            layer = meaning[len("alias of "):] if meaning.startswith("alias of ") else layer
+        elif method == "int8":
+            layer = "float32"
+    if choice == "model":
+        return layer
+    return "float32" if layer in _UPCAST else layer
 
 
 def spec(config: dict, *, model_type: str | None = None) -> LoraSpec:
@@ -155,7 +193,7 @@ def spec(config: dict, *, model_type: str | None = None) -> LoraSpec:
             "lora.target_modules",
         )
     saved = tuple(config.get("modules_to_save") or ())
-    return LoraSpec(r, alpha, dropout, targets, saved)
+    return LoraSpec(r, alpha, dropout, targets, saved, config.get("use_dora") is True)
 
 
 def _saved_match(name: str, saved) -> bool:
@@ -230,6 +268,8 @@ def peft_parameters(params, linears, config, *, output_head: str | None = "lm_he
             stem = PREFIX + pending_adapter
             out.append(PeftParam(f"{stem}.lora_A.{ADAPTER}.weight", (lora.r, fan_in), adapter_dtype, True, "adapter", ""))
             out.append(PeftParam(f"{stem}.lora_B.{ADAPTER}.weight", (fan_out, lora.r), adapter_dtype, True, "adapter", ""))
+            if lora.use_dora:  # DoraLinearLayer.update_layer: the weight's norm per output row, a trainable Parameter
+                out.append(PeftParam(f"{stem}.lora_magnitude_vector.{ADAPTER}.weight", (fan_out,), adapter_dtype, True, "adapter", ""))
             pending_adapter = None
 
     def flush_copies():
@@ -261,10 +301,10 @@ def peft_parameters(params, linears, config, *, output_head: str | None = "lm_he
 
 
 def adapter_count(linears, config, *, output_head: str | None = "lm_head", model_type: str | None = None) -> int:
-    """Trainable adapter elements: r * (in + out) per targeted linear."""
+    """Trainable adapter elements: r * (in + out) per targeted linear (and DoRA's out)."""
     lora = config if isinstance(config, LoraSpec) else spec(config, model_type=model_type)
     rows = {row[0]: row for row in linears}
-    return sum(lora.r * (rows[m][1] + rows[m][2]) for m in targeted(linears, lora, output_head=output_head))
+    return sum(lora.r * (rows[m][1] + rows[m][2]) + (rows[m][2] if lora.use_dora else 0) for m in targeted(linears, lora, output_head=output_head))
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,7 +333,8 @@ def training_parameters(params, linears, *, base_dtype: str, lora_config=None, q
         double = bool(quantization.get("double_quant", False))
         quantized = set(quant.quantized_modules(linears, skip_modules=quantization.get("skip_modules"), output_head=output_head, params=params, tied=tied))
     if lora_config is not None:
-        wrapped = peft_parameters(params, linears, lora_config, output_head=output_head, model_type=model_type)
+        adapters = adapter_dtype(lora_config if isinstance(lora_config, dict) else None, base_dtype, quantization)
+        wrapped = peft_parameters(params, linears, lora_config, output_head=output_head, adapter_dtype=adapters, model_type=model_type)
         source_rows = [(p.name, p.shape, p.dtype or base_dtype, p.trainable, p.role, p.source) for p in wrapped]
     else:
         source_rows = [(name, tuple(shape), base_dtype, True, "weight", name) for name, shape, *_ in params]
@@ -329,6 +370,13 @@ def schema_property() -> dict:
                 "examples": [["q_proj", "k_proj", "v_proj", "o_proj"], ALL_LINEAR],
             },
             "modules_to_save": {"title": "Modules to save", "description": "Modules trained in full: peft keeps a trainable copy of each.", "type": "array", "items": {"type": "string"}},
+            "dtype": {
+                "title": "Adapter dtype",
+                "description": "The dtype the adapters (and their gradients) are kept in: 'peft' (default: fp32 on a 16-bit base, peft's autocast_adapter_dtype=True), 'model' (the base layer's dtype: torchtune, LitGPT, peft with autocast_adapter_dtype=False), or a float dtype.",
+                "enum": list(ADAPTER_DTYPES),
+            },
+            "autocast_adapter_dtype": {"title": "Autocast adapter dtype", "description": "peft's get_peft_model argument: false keeps the adapters in the base layer's dtype (lora.dtype: model); true (default) upcasts 16-bit adapters to fp32. lora.dtype wins where both are given.", "type": "boolean"},
+            "use_dora": {"title": "DoRA", "description": "peft's use_dora: a trainable magnitude vector per adapted layer (its output width, in the adapters' dtype) and the tensors DoRA's forward keeps for its gradient.", "type": "boolean"},
         },
         "examples": [{"r": 16, "alpha": 32, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}],
     }
