@@ -107,6 +107,23 @@ def test_dora_parameters_and_saved_tensors_match_peft(precision, checkpointing, 
     assert abs(ours["activations"] - saved) <= BAND * saved, (ours["activations"], saved)
 
 
+@pytest.mark.filterwarnings("ignore")
+def test_dora_on_a_4bit_base_matches_peft(tmp_path):
+    """QDoRA: DoraLinearLayer.forward dequantizes the Linear4bit weight for the norm (a transient) and keeps what it
+    keeps on a 16-bit base."""
+    needs.module("bitsandbytes")
+    cfg = hf_measure.without_attention_dropout(hf_measure.tiny("llama"))
+    quantization = {"method": "nf4", "double_quant": True, "compute_dtype": "bfloat16"}
+    lora = dict(LORA, use_dora=True)
+    doc = config(tmp_path, cfg, "bf16-true", lora)
+    ours = check({**doc, "quantization": quantization}, tmp_path)["footprint"]
+    model = hf_measure.build(cfg, "sdpa", "bf16-true", lora, quantization=quantization)
+    assert ours["gradients"] == trainable_bytes(model)
+    saved = hf_measure.measure(cfg, micro_batch=MICRO_BATCH, seq_len=SEQ_LEN, precision="bf16-true", lora=lora,
+                               quantization=quantization)["peak"]
+    assert abs(ours["activations"] - saved) <= BAND * saved, (ours["activations"], saved)
+
+
 def test_dora_on_gpt2s_conv1d_is_refused_at_the_key(tmp_path):
     cfg = hf_measure.without_attention_dropout(hf_measure.tiny("gpt2"))
     ours = check(config(tmp_path, cfg, "32-true", dict(LORA, use_dora=True)), tmp_path)
