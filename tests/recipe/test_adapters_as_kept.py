@@ -124,6 +124,24 @@ def test_dora_on_a_4bit_base_matches_peft(tmp_path):
     assert abs(ours["activations"] - saved) <= BAND * saved, (ours["activations"], saved)
 
 
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("precision", ["bf16-true", "32-true"])
+def test_without_autocast_4bit_adapters_take_the_compute_dtype(precision, tmp_path):
+    """peft's _get_base_layer_device_and_dtype reads a Linear4bit's compute_dtype: on an fp32 base with bf16 compute,
+    autocast_adapter_dtype=False leaves bf16 adapters (and their bf16 input copies for backward)."""
+    needs.module("bitsandbytes")
+    cfg = hf_measure.without_attention_dropout(hf_measure.tiny("llama"))
+    quantization = {"method": "nf4", "double_quant": True, "compute_dtype": "bfloat16"}
+    lora = dict(LORA, autocast_adapter_dtype=False)
+    ours = check({**config(tmp_path, cfg, precision, lora), "quantization": quantization}, tmp_path)["footprint"]
+    model = hf_measure.build(cfg, "sdpa", precision, lora, quantization=quantization)
+    assert {p.dtype for p in model.parameters() if p.requires_grad} == {torch.bfloat16}
+    assert ours["gradients"] == trainable_bytes(model)
+    saved = hf_measure.measure(cfg, micro_batch=MICRO_BATCH, seq_len=SEQ_LEN, precision=precision, lora=lora,
+                               quantization=quantization)["peak"]
+    assert abs(ours["activations"] - saved) <= BAND * saved, (ours["activations"], saved)
+
+
 def test_dora_on_gpt2s_conv1d_is_refused_at_the_key(tmp_path):
     cfg = hf_measure.without_attention_dropout(hf_measure.tiny("gpt2"))
     ours = check(config(tmp_path, cfg, "32-true", dict(LORA, use_dora=True)), tmp_path)
