@@ -481,7 +481,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=()) -> S
         se = sizes["se"]
         decoder_flight = (b * se * h + sizes["H"] * s * s + sizes["H"] * s * se) * act_w
     redone = _recompute_flights(cfg, sizes, recipe_args.get("lora"), roles) if checkpointing == "full" else {}
-    dora = _dora_flights(cfg, sizes, recipe_args.get("lora"), roles, precision)
+    dora = _dora_flights(cfg, sizes, recipe_args.get("lora"), roles, precision, (model.dtypes or {}).get("dequantized"))
     if dora and redone:  # the recomputed forward computes DoRA's weight norm again
         redone = {part: max(flight, _arrived(cfg, sizes, roles) + dora.get(part, 0)) for part, flight in redone.items()}
     enc_redone = _recompute_flights(cfg, enc_sizes, recipe_args.get("lora"), roles) if checkpointing == "full" else {}
@@ -732,12 +732,13 @@ _LINEAR_INPUTS = {"q": "h", "k": "h", "v": "h", "qkv": "h", "o": "q", "gate": "h
                   "down": "i", "fc_out": "i"}
 
 
-def _dora_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict, precision: str) -> dict:
+def _dora_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict, precision: str, dequantized: str | None = None) -> dict:
     """DoRA's weight norm, computed in every forward of an adapted linear (peft tuners/lora/dora.py
     DoraLinearLayer.forward, after the base layer's output exists): get_lora_weight runs an (in, in) identity through
     lora_A and lora_B ((in, r) and the (in, out) product, kept by that graph until the forward returns); the base weight
     cast to the input's (the adapters') dtype where it differs; `weight + scaling * lora_weight` (the scaled copy and
-    the sum), all (out, in) in the adapters' dtype; then the output's three (T, out) temporaries. Per part, the worst
+    the sum), all (out, in) in the adapters' dtype (a quantized base is first dequantized: one more (out, in) copy in
+    `dequantized`, its layer's dtype); then the output's three (T, out) temporaries. Per part, the worst
     linear's: base output + the larger of those.
     Measured (MemTracker, tiny and wide Llama, 32-true and bf16-true): the step's peak is this moment in the forward."""
     from memfit.models import hf_activations as acts
@@ -750,7 +751,7 @@ def _dora_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict, precis
     except ValueError:
         return {}
     ada, rank, T = roles["ada"], int(lora.get("r") or 8), sizes["T"]
-    weight = "float32" if precision.endswith("-mixed") else roles["lin"]
+    weight = dequantized or ("float32" if precision.endswith("-mixed") else roles["lin"])
     out = {}
     for part, linears in _PART_LINEARS.items():
         worst = 0
@@ -760,7 +761,8 @@ def _dora_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict, precis
                 continue
             n_in, n_out = sizes[_LINEAR_INPUTS[role]], sizes[width]
             norm = (dtype_bytes(n_in * n_in, ada) + dtype_bytes(n_in * rank, ada) + 3 * dtype_bytes(n_out * n_in, ada)
-                    + (dtype_bytes(n_out * n_in, ada) if weight != ada else 0))
+                    + (dtype_bytes(n_out * n_in, ada) if weight != ada else 0)
+                    + (dtype_bytes(n_out * n_in, dequantized) if dequantized else 0))
             # then `(scale - 1) * base_result + scale * lora_result * scaling`: two products and their sum, (T, out)
             # each in the adapters' dtype, beside the base output
             combine = 3 * dtype_bytes(T * n_out, ada)
