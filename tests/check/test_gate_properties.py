@@ -70,7 +70,7 @@ YAML_KEYS = [
     ("device", "warn_at"), ("device", "overhead"), ("device", "preset"), ("training", "grad_accum_dtype"), ("master_weights",),
     ("parallel", "data"), ("parallel", "tensor"), ("parallel", "pipeline"), ("parallel", "zero"), ("parallel", "fsdp"),
     ("parallel", "gpus_per_node"), ("parallel", "sequence_parallel"), ("host", "memory"), ("lora", "r"), ("lora", "alpha"),
-    ("lora", "dropout"), ("quantization", "method"), ("quantization", "compute_dtype"), ("quantization", "double_quant"),
+    ("lora", "dropout"), ("lora", "dtype"), ("lora", "use_dora"), ("lora", "autocast_adapter_dtype"), ("quantization", "method"), ("quantization", "compute_dtype"), ("quantization", "double_quant"),
 ]
 YAML_VALUES = st.one_of(
     st.integers(-2, 4), st.sampled_from([10**9, 10**30]), st.sampled_from([float("nan"), float("inf"), -1.5, 0.5, 8, 2]),

@@ -158,8 +158,9 @@ def build(cfg: dict, attention: str = "sdpa", precision: str = "32-true", lora: 
         lora_config = peft.LoraConfig(r=lora.get("r", 8), lora_alpha=lora.get("alpha", 16),
                                       lora_dropout=lora.get("dropout", 0.0),
                                       target_modules=lora.get("target_modules"),
-                                      modules_to_save=lora.get("modules_to_save") or None)
-        model = peft.get_peft_model(model, lora_config)
+                                      modules_to_save=lora.get("modules_to_save") or None,
+                                      use_dora=lora.get("use_dora", False))
+        model = peft.get_peft_model(model, lora_config, autocast_adapter_dtype=lora.get("autocast_adapter_dtype", True))
     model.train()
     return model
 

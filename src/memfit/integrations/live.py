@@ -16,10 +16,10 @@ import os
 import tempfile
 
 # peft LoraConfig attribute -> memfit `lora` key (recipe/lora.py's schema takes peft's names)
-PEFT_LORA = {"r": "r", "lora_alpha": "alpha", "lora_dropout": "dropout", "target_modules": "target_modules", "modules_to_save": "modules_to_save"}
+PEFT_LORA = {"r": "r", "lora_alpha": "alpha", "lora_dropout": "dropout", "target_modules": "target_modules", "modules_to_save": "modules_to_save",
+             "use_dora": "use_dora"}
 # peft LoraConfig attributes that change memory and memfit does not model -> (their no-effect values, what they do)
 PEFT_UNMODELLED = {
-    "use_dora": ((False, None), "DoRA keeps a magnitude vector and the weight's norm per adapted layer"),
     "layers_to_transform": ((None, []), "LoRA on some layers only"),
     "rank_pattern": ((None, {}), "per-module ranks"),
     "target_parameters": ((None, []), "LoRA on parameters (MoE experts) rather than modules"),
@@ -124,6 +124,14 @@ def lora_section(model) -> tuple[dict | None, list[str]]:
         value = getattr(config, peft_key, None)
         if value not in inert:
             notes.append(f"peft {peft_key}={value!r}: {why}; memfit does not model it, the figures leave it out")
+    if section.get("use_dora") is not True:
+        section.pop("use_dora", None)
+    # the adapters' dtype as the live model keeps them (fp32 is peft's default; autocast_adapter_dtype=False keeps
+    # the base layer's)
+    adapter = next((p for n, p in model.named_parameters() if ".lora_A." in n), None) if hasattr(model, "named_parameters") else None
+    dtype = str(getattr(adapter, "dtype", "")).replace("torch.", "")
+    if dtype in ("bfloat16", "float16"):
+        section["dtype"] = dtype
     if len(configs) > 1:
         notes.append(f"the peft model has {len(configs)} adapters: memfit counts the active one ({active})")
     return section, notes

@@ -586,6 +586,9 @@ def _layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_siz
         se = sizes["se"]
         decoder_flight = (b * se * h + sizes["H"] * s * s + sizes["H"] * s * se) * act_w
     redone = _recompute_flights(cfg, sizes, recipe_args.get("lora"), roles) if checkpointing == "full" else {}
+    dora = _dora_flights(cfg, sizes, recipe_args.get("lora"), roles, precision, (model.dtypes or {}).get("dequantized"))
+    if dora and redone:  # the recomputed forward computes DoRA's weight norm again
+        redone = {part: max(flight, _arrived(cfg, sizes, roles) + dora.get(part, 0)) for part, flight in redone.items()}
     enc_redone = _recompute_flights(cfg, enc_sizes, recipe_args.get("lora"), roles) if checkpointing == "full" else {}
     # torch's math kernel, where an attention part runs it, holds its temporaries while the part is recomputed
     kernel = _math_kernel_moments(cfg, sizes, roles, run["attention"], precision) if checkpointing == "full" else []
@@ -648,6 +651,8 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
                             if n == 0 else [fresh(kept_bytes(k)) for k in kept])
             routed = a2a if part == "mlp" and routers[n] else 0
             row.forward_flight = layer_hidden + routed  # its output while it is written; its inner tensors are kept
+            if dora.get(part) and not encoder:
+                row.forward_flight = max(row.forward_flight, dora[part])
             row.backward_flight = ((enc_flights if encoder else (flights if sparse else dense_flights))[part] + routed
                                    + (decoder_flight if i >= first_decoder else 0))
             row.early_flight = early.get(part) if not encoder else None
@@ -822,6 +827,50 @@ def _recompute_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict) -
             elements = T * sizes[width]
             worst = max(worst, dtype_bytes(elements, roles["lin"]) + 2 * dtype_bytes(elements, roles["ada_low"]))
         out[part] = arrived + worst
+    return out
+
+
+# the input width of each linear of _PART_LINEARS (its symbol in _sizes)
+_LINEAR_INPUTS = {"q": "h", "k": "h", "v": "h", "qkv": "h", "o": "q", "gate": "h", "up": "h", "gate_up": "h", "fc_in": "h",
+                  "down": "i", "fc_out": "i"}
+
+
+def _dora_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict, precision: str, dequantized: str | None = None) -> dict:
+    """DoRA's weight norm, computed in every forward of an adapted linear (peft tuners/lora/dora.py
+    DoraLinearLayer.forward, after the base layer's output exists): get_lora_weight runs an (in, in) identity through
+    lora_A and lora_B ((in, r) and the (in, out) product, kept by that graph until the forward returns); the base weight
+    cast to the input's (the adapters') dtype where it differs; `weight + scaling * lora_weight` (the scaled copy and
+    the sum), all (out, in) in the adapters' dtype (a quantized base is first dequantized: one more (out, in) copy in
+    `dequantized`, its layer's dtype); then the output's three (T, out) temporaries. Per part, the worst
+    linear's: base output + the larger of those.
+    Measured (MemTracker, tiny and wide Llama, 32-true and bf16-true): the step's peak is this moment in the forward."""
+    from memfit.models import hf_activations as acts
+
+    if not (isinstance(lora, dict) and lora.get("use_dora") is True):
+        return {}
+    fam = acts.FAMILIES[cfg["model_type"]]
+    try:
+        adapted = acts._trainable(fam, lora)
+    except ValueError:
+        return {}
+    ada, rank, T = roles["ada"], int(lora.get("r") or 8), sizes["T"]
+    weight = dequantized or ("float32" if precision.endswith("-mixed") else roles["lin"])
+    out = {}
+    for part, linears in _PART_LINEARS.items():
+        worst = 0
+        for role, width in linears:
+            module = fam.names.get(role)
+            if module is None or not adapted.get(f"L:{module}"):
+                continue
+            n_in, n_out = sizes[_LINEAR_INPUTS[role]], sizes[width]
+            norm = (dtype_bytes(n_in * n_in, ada) + dtype_bytes(n_in * rank, ada) + 3 * dtype_bytes(n_out * n_in, ada)
+                    + (dtype_bytes(n_out * n_in, ada) if weight != ada else 0)
+                    + (dtype_bytes(n_out * n_in, dequantized) if dequantized else 0))
+            # then `(scale - 1) * base_result + scale * lora_result * scaling`: two products and their sum, (T, out)
+            # each in the adapters' dtype, beside the base output
+            combine = 3 * dtype_bytes(T * n_out, ada)
+            worst = max(worst, dtype_bytes(T * n_out, roles["lin"]) + max(norm, combine))
+        out[part] = worst
     return out
 
 

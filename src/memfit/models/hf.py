@@ -961,6 +961,14 @@ def _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointi
         param_rows, problems = adapters.transformer_rows(cfg, data, base, parameters(cfg), linear_modules(cfg), head(cfg))
         if problems:
             return problems
+        if isinstance(data.get("lora"), dict):  # the adapters' dtype (recipe.lora.adapter_dtype) for what autograd keeps
+            from memfit.recipe.lora import adapter_dtype
+
+            dtypes = {**(dtypes or {}), "adapter": adapter_dtype(data["lora"], base, data.get("quantization"))}
+            if data["lora"].get("use_dora") is True and isinstance(data.get("quantization"), dict):
+                # DoRA dequantizes a quantized base weight in every forward (peft dequantize_module_weight): the
+                # dtype it comes out in is the 4-bit layer's (the adapters' dtype on the base layer, without autocast)
+                dtypes["dequantized"] = adapter_dtype({"dtype": "model"}, base, data["quantization"])
     stacked = hf_encdec.is_stacked(cfg)
     if stacked:  # the decoder's tokens: training.target_len, seq_len when not given
         recipe = {**recipe, "target_len": (data.get("training") or {}).get("target_len", seq_len)}

@@ -183,6 +183,15 @@ def _linear(group: list, x: tuple, f: str, low_input: bool = False, source: str 
               ((f"L:{m}", f),)),
             K(f"{short}.lora_B", "input (lora_A's output)", x[:-1] + ("R",), "ada_low", "lora", lora),
             K(f"{short}.lora_B", "weight, cast to the low dtype by autocast", (width, "R"), "low", "lora&mixed", lora),
+            # DoRA (peft tuners/lora/dora.py DoraLinearLayer.forward): result_dora = (m/|W+BA| - 1) * base_result +
+            # m/|W+BA| * lora_B(lora_A(x)) * scaling. The magnitude's gradient keeps both products' other factor (the
+            # base layer's output, lora_B's output); magnitude / weight_norm keeps the (detached) norm; the base
+            # output's gradient keeps the (1, out) scale. The norm's eye-matrix graph is freed inside the forward.
+            K(f"{short}.dora", "base layer's output (the magnitude's gradient)", x[:-1] + (width,), "lin", "dora", lora),
+            K(f"{short}.dora", "lora_B's output (the magnitude's gradient)", x[:-1] + (width,), "ada_low", "dora", lora),
+            K(f"{short}.dora", "weight norm (magnitude / norm)", (width,), "ada", "dora", lora),
+            K(f"{short}.dora", "magnitude / norm (lora_B's output's gradient)", (width,), "ada", "dora", lora),
+            K(f"{short}.dora", "magnitude / norm - 1 (the base output's gradient)", (width,), "ada", "dora", ((f"L:{m}", f),)),
         ]
     return rows
 
@@ -1172,6 +1181,7 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
         "not_mixed": not mixed,
         "lora": bool(lora),
         "lora_dropout": lora_dropout,
+        "dora": bool(lora) and lora.get("use_dora") is True,
         "lora_plain": bool(lora) and not lora_dropout and not mixed,
         "lora_plain_mixed": bool(lora) and not lora_dropout and mixed,
         "topk_norm": bool(cfg.get("norm_topk_prob", True)),   # Mixtral always renormalizes; Qwen-MoE when asked
@@ -1265,8 +1275,8 @@ def _roles(precision: str, dtypes: dict | None, adapter: str) -> dict:
 
 
 def _dtypes(precision: str, dtypes: dict | None) -> dict:
-    """The dtype of each role for a recipe (adapters in fp32, as peft keeps them)."""
-    return _roles(precision, dtypes, "float32")
+    """The dtype of each role for a recipe (adapters in fp32, as peft keeps them, unless `dtypes` names theirs)."""
+    return _roles(precision, dtypes, (dtypes or {}).get("adapter") or "float32")
 
 
 def _shape(symbols: tuple, sizes: dict) -> tuple:

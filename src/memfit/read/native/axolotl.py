@@ -33,6 +33,8 @@ KEYS = {
     "lora_target_modules": (None, "lora.target_modules", "schemas/peft.py lora_target_modules"),
     "lora_target_linear": (None, "lora.target_modules all-linear", "schemas/peft.py lora_target_linear"),
     "lora_modules_to_save": (None, "lora.modules_to_save", "schemas/peft.py lora_modules_to_save"),
+    "peft_use_dora": (None, "lora.use_dora", "schemas/peft.py LoraConfig.peft_use_dora; loaders/adapter.py load_lora"),
+    "peft_autocast_adapter_dtype": (None, "lora.autocast_adapter_dtype (peft's default true when unset)", "schemas/peft.py LoraConfig.peft_autocast_adapter_dtype; loaders/adapter.py load_lora"),
     "load_in_4bit": (False, "quantization nf4, double quant, compute dtype = torch_dtype (with adapter qlora)", "schemas/peft.py load_in_4bit; loaders/model.py ModelLoader._set_quantization_config"),
     "load_in_8bit": (False, "quantization int8 (with adapter lora)", "schemas/peft.py load_in_8bit; _set_quantization_config"),
     "deepspeed": (None, "parallel.zero, offload, buckets, precision (a DeepSpeed JSON)", "schemas/config.py deepspeed"),
@@ -150,9 +152,13 @@ def read(r: Reader, ctx) -> dict:
         save = r.get("lora_modules_to_save", (list,), None)
         if save:
             lora["modules_to_save"] = save
+        if r.get("peft_use_dora", (bool,), None):
+            lora["use_dora"] = True
+        if r.get("peft_autocast_adapter_dtype", (bool,), None) is not None:  # passed to get_peft_model when set
+            lora["autocast_adapter_dtype"] = r.get("peft_autocast_adapter_dtype", (bool,), None)
         r.set(("lora",), lora, r.at("adapter"))
-        for key, memfit in (("lora_r", "r"), ("lora_alpha", "alpha"), ("lora_dropout", "dropout"), ("lora_modules_to_save", "modules_to_save")):
-            if key in data:
+        for key, memfit in (("lora_r", "r"), ("lora_alpha", "alpha"), ("lora_dropout", "dropout"), ("lora_modules_to_save", "modules_to_save"), ("peft_use_dora", "use_dora"), ("peft_autocast_adapter_dtype", "autocast_adapter_dtype")):
+            if key in data and memfit in lora:
                 r.origin(("lora", memfit), r.at(key))
         if target_at is not None:
             r.origin(("lora", "target_modules"), target_at)

@@ -19,6 +19,7 @@ KEYS = {
     "lora_dropout": (0.0, "lora.dropout", "hparams/finetuning_args.py lora_dropout"),
     "lora_target": ("all", "lora.target_modules (all -> all-linear; a comma list)", "hparams/finetuning_args.py lora_target; model/adapter.py _setup_lora_tuning"),
     "additional_target": (None, "lora.modules_to_save (a comma list)", "hparams/finetuning_args.py additional_target"),
+    "use_dora": (False, "lora.use_dora", "hparams/finetuning_args.py LoraArguments.use_dora; model/adapter.py _setup_lora_tuning"),
     "quantization_bit": (None, "quantization: 4 -> nf4/fp4, 8 -> int8", "hparams/model_args.py QuantizationArguments.quantization_bit; model/model_utils/quantization.py configure_quantization"),
     "quantization_method": ("bnb", "bnb only (others warned)", "hparams/model_args.py quantization_method"),
     "double_quantization": (True, "quantization.double_quant", "hparams/model_args.py double_quantization"),
@@ -43,7 +44,6 @@ UNMODELLED = {
     "use_badam": ((False,), "BAdam trains one block at a time"),
     "use_unsloth": ((False,), "Unsloth's kernels and checkpointing"),
     "freeze_vision_tower": ((True,), "a vision tower memfit does not model"),
-    "use_dora": ((False,), "DoRA keeps a magnitude vector and recomputes the weight norm"),
     "pissa_init": ((False,), "PiSSA initialization"),
     "torch_compile": ((False,), "torch.compile fuses kernels and changes what is saved for backward"),
     "fsdp": ((None, "", False), "FSDP from TrainingArguments (use an accelerate config via --launch)"),
@@ -128,9 +128,11 @@ def read(r: Reader, ctx) -> dict:
         extra = r.get("additional_target", (str, list), None)
         if extra:
             lora["modules_to_save"] = [t.strip() for t in extra.split(",")] if isinstance(extra, str) else extra
+        if kind == "lora" and r.get("use_dora", (bool,), False):
+            lora["use_dora"] = True
         r.set(("lora",), lora, r.at("finetuning_type") if "finetuning_type" in data else None)
-        for key, memfit in (("lora_rank", "r"), ("lora_alpha", "alpha"), ("lora_dropout", "dropout"), ("lora_target", "target_modules"), ("additional_target", "modules_to_save")):
-            if key in data:
+        for key, memfit in (("lora_rank", "r"), ("lora_alpha", "alpha"), ("lora_dropout", "dropout"), ("lora_target", "target_modules"), ("additional_target", "modules_to_save"), ("use_dora", "use_dora")):
+            if key in data and memfit in lora:
                 r.origin(("lora", memfit), r.at(key))
     elif kind == "freeze":
         r.warn(r.at("finetuning_type"), "finetuning_type freeze: only the last freeze_trainable_layers layers train; memfit counts a full fine-tune")

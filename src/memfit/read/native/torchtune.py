@@ -92,6 +92,8 @@ KEYS = {
     "model._component_": "model.transformer (BUILDERS); lora_* -> lora; qlora_* -> lora + quantization nf4-torchao",
     "model.lora_attn_modules / apply_lora_to_mlp / apply_lora_to_output": "lora.target_modules",
     "model.lora_rank (8) / lora_alpha (16) / lora_dropout (0.0)": "lora.r / alpha / dropout",
+    "model.use_dora (false)": "lora.use_dora (DoRA's magnitude vector; its forward as peft's dora.py)",
+    "(adapters built under set_default_dtype(dtype))": "lora.dtype model: the adapters in the model's dtype",
     "batch_size": "training.micro_batch",
     "tokenizer.max_seq_len": "training.seq_len (null: the model's max_seq_len, with a warning)",
     "gradient_accumulation_steps (1)": "training.gradient_accumulation",
@@ -201,10 +203,12 @@ def read(r: Reader, ctx) -> dict:
         for key, memfit in (("lora_rank", "r"), ("lora_alpha", "alpha"), ("lora_dropout", "dropout"), ("lora_attn_modules", "target_modules")):
             if key in model:
                 r.origin(("lora", memfit), r.at("model", key))
-        if dtype != "fp32":
-            r.note(at, "torchtune keeps the LoRA adapters in the model's dtype; memfit counts them in fp32 as peft keeps them on a 16-bit base (a few MB high)")
-        if model.get("use_dora"):
-            r.warn(r.at("model", "use_dora"), "use_dora: DoRA keeps a magnitude vector and recomputes the weight norm; memfit counts LoRA")
+        # the recipes build the model under training.set_default_dtype(dtype): LoRALinear's lora_a / lora_b (and
+        # DoRA's magnitude) are created in the model's dtype and never upcast (modules/peft/lora.py, dora.py)
+        spec["dtype"] = "model"
+        if r.get("use_dora", (bool,), False, data=model, prefix=("model",)):
+            spec["use_dora"] = True
+            r.origin(("lora", "use_dora"), r.at("model", "use_dora"))
     if quantize:
         r.set(("quantization",), {"method": "nf4-torchao"}, at)
 
