@@ -18,7 +18,9 @@ Under ZeRO or FSDP beside them, every moment holds the parameters, gradients and
 (placement: its data-parallel shares of its tensor shares) and the unit it gathers.
 
 `ranks_peak` walks every stage's most-loaded rank (tensor rank 0: Megatron gives the first ranks the full shares)
-with step.peak, the same walk as one device, and reports the worst, each stage's in `per_rank`.
+with step.phases, the same walk as one device, instant by instant (`stage_walk`: its moments and row boundaries, with
+what the rank holds beside them), and reports the worst, each stage's in `per_rank`. The timeline of the binding
+stage is those instants (`stage_trace`, `binding_trace`): its largest is the peak, by construction.
 Measured against MemTracker on every rank of real gloo runs in tests/ledger/test_ranks.py.
 """
 
