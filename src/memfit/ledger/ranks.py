@@ -193,35 +193,37 @@ def _instants(step: Step, granule: int | None) -> dict:
     return out
 
 
+def _hold(phase: str, live: dict, extra: int, shares) -> dict:
+    """An instant of the program's walk as the stage's rank holds it: `extra` saved bytes beside the micro-batch it
+    runs (the others in flight, the loader's batch, the receive buffers) and, under ZeRO or FSDP, its data-parallel
+    shares and the unit it gathers (`shares`, _data_shares)."""
+    live = {**live, "activations": live["activations"] + extra}
+    return shares(phase, live) if shares is not None else live
+
+
 def _held(instants: list, extra: int, shares) -> list:
-    """A phase's instants as the stage's rank holds them: `extra` saved bytes beside the micro-batch it runs (the
-    others in flight, the loader's batch, the receive buffers) and, under ZeRO or FSDP, its data-parallel shares
-    and the unit it gathers (`shares`, _data_shares)."""
-    out = []
-    for phase, at, edge, live in instants:
-        live = dict(live)
-        live["activations"] += extra
-        if shares is not None:
-            live = shares(phase, live)
-        out.append((phase, at, edge, live))
-    return out
+    """A phase's instants as the stage's rank holds them (_hold)."""
+    return [(phase, at, edge, _hold(phase, live, extra, shares)) for phase, at, edge, live in instants]
 
 
-def _worst(instants: list) -> dict:
-    """A phase's worst instant {"bytes", "live", "at"}: a moment before a row boundary as large (the boundary is
-    between two moments), the earliest on a tie."""
+def _worst(instants: list, extra: int, shares) -> dict:
+    """A phase's worst instant as the rank holds it (_held's, without building them all) {"bytes", "live", "at"}: a
+    moment before a row boundary as large (the boundary is between two moments), the earliest on a tie."""
     best = None
-    for _, at, edge, live in instants:
-        total = sum(live.values())
+    for phase, at, edge, live in instants:
+        # (without shares only the activations change, by `extra`: the total, without a copy of the instant)
+        total = sum(live.values()) + extra if shares is None else sum(_hold(phase, live, extra, shares).values())
         if best is None or (total, edge is None) > (best[0], best[1]):
-            best = (total, edge is None, live, at)
-    return {"bytes": best[0], "live": dict(best[2]), "at": best[3]}
+            best = (total, edge is None, phase, at, live)
+    total, _, phase, at, live = best
+    return {"bytes": total, "live": _hold(phase, live, extra, shares), "at": at}
 
 
 def stage_walk(step: Step, stage: int, p, granule: int | None = None, device: dict | None = None, gathered: dict | None = None) -> dict:
-    """A stage's rank over the schedule, phase by phase: {phase: (its instants, its worst)}, each phase's instants
-    (phase, at, edge, live) those of the walk of the program it runs then (step.phases' trace, row boundaries
-    included), with what the rank holds beside it.
+    """A stage's rank over the schedule, phase by phase: {phase: (instants, extra, shares, worst)}: the instants
+    (phase, at, edge, live) of the walk of the program it runs then (step.phases' trace, row boundaries included),
+    and what the rank holds beside them (_held: `extra` saved bytes, its data-parallel `shares`); `worst` the
+    phase's worst instant so held (_worst).
 
     Beside the micro-batch it runs, a stage holds the saved tensors of the others in flight, the loader's batch
     (every micro-batch's ids or labels) and its receive buffers, one per micro-batch for the whole step
@@ -235,7 +237,7 @@ def stage_walk(step: Step, stage: int, p, granule: int | None = None, device: di
     shares = _data_shares(step, p, device, gathered or {}) if device is not None else None
     if p.pipeline == 1 and shares is None:  # one micro-batch at a time, as one device runs it
         walked = _instants(step, granule)
-        return {ph: (walked[ph], _worst(walked[ph])) for ph in PHASES}
+        return {ph: (walked[ph], 0, None, _worst(walked[ph], 0, None)) for ph in PHASES}
     first, last = stage == 0, stage == p.pipeline - 1
     x = 0 if first else step.tensors[step.rows[0].input]
     y = 0 if last else step.tensors[step.rows[-1].output]
@@ -247,8 +249,8 @@ def stage_walk(step: Step, stage: int, p, granule: int | None = None, device: di
     warm = _instants(replace(step, accumulating=True), granule) if m > 1 else None
 
     def at(walked, phase, others):
-        instants = _held(walked[phase], others * saved + loader + held[phase], shares)
-        return instants, _worst(instants)
+        extra = others * saved + loader + held[phase]
+        return walked[phase], extra, shares, _worst(walked[phase], extra, shares)
 
     candidates = {
         "forward": [at(fresh, "forward", k - 1)],
@@ -259,20 +261,20 @@ def stage_walk(step: Step, stage: int, p, granule: int | None = None, device: di
         if m > k:
             candidates["forward"].append(at(warm, "forward", k - 1))
         candidates["backward"].append(at(warm, "backward", min(k - 1, m - 2)))
-    return {phase: max(candidates[phase], key=lambda c: c[1]["bytes"]) for phase in PHASES}
+    return {phase: max(candidates[phase], key=lambda c: c[3]["bytes"]) for phase in PHASES}
 
 
 def stage_trace(step: Step, stage: int, p, granule: int | None = None, device: dict | None = None, gathered: dict | None = None) -> list:
     """The stage's rank's program, instant by instant, as stage_peak walks it: [(phase, at, edge, live)], each
     phase's from the program that phase runs (stage_walk). Its largest instant is stage_peak's bytes."""
     walked = stage_walk(step, stage, p, granule, device, gathered)
-    return [instant for phase in PHASES for instant in walked[phase][0]]
+    return [instant for phase in PHASES for instant in _held(*walked[phase][:3])]
 
 
 def stage_peak(step: Step, stage: int, p, granule: int | None = None, device: dict | None = None, gathered: dict | None = None) -> dict:
     """The worst instant of a stage's rank over the schedule (stage_walk): {"bytes", "phase", "live", "phases"}."""
     walked = stage_walk(step, stage, p, granule, device, gathered)
-    phases_ = {phase: walked[phase][1] for phase in PHASES}
+    phases_ = {phase: walked[phase][3] for phase in PHASES}
     worst = max(PHASES, key=lambda ph: (phases_[ph]["bytes"], -PHASES.index(ph)))
     return {"bytes": phases_[worst]["bytes"], "phase": worst, "live": dict(phases_[worst]["live"]), "phases": phases_}
 
