@@ -18,7 +18,9 @@ Under ZeRO or FSDP beside them, every moment holds the parameters, gradients and
 (placement: its data-parallel shares of its tensor shares) and the unit it gathers.
 
 `ranks_peak` walks every stage's most-loaded rank (tensor rank 0: Megatron gives the first ranks the full shares)
-with step.peak, the same walk as one device, and reports the worst, each stage's in `per_rank`.
+with step.phases, the same walk as one device, instant by instant (`stage_walk`: its moments and row boundaries, with
+what the rank holds beside them), and reports the worst, each stage's in `per_rank`. The timeline of the binding
+stage is those instants (`stage_trace`, `binding_trace`): its largest is the peak, by construction.
 Measured against MemTracker on every rank of real gloo runs in tests/ledger/test_ranks.py.
 """
 
@@ -28,7 +30,7 @@ from dataclasses import replace
 
 from memfit.config.build import make_tensor
 from memfit.ledger import training
-from memfit.ledger.step import PHASES, Loss, Step, peak
+from memfit.ledger.step import PHASES, Loss, Step, phases, rounded
 from memfit.models import hf_encdec, hf_sharded
 from memfit.placement import sharding
 
@@ -139,17 +141,6 @@ def _saved(step: Step) -> int:
     return sum(step.tensors[t] for t in ids - set(step.batch))
 
 
-def _with(result: dict, phase: str, extra: int, held: dict | None = None) -> dict:
-    """A phase's worst moment with `extra` saved bytes (other micro-batches, buffers) and, under ZeRO or FSDP, the
-    rank's data-parallel shares (`held`, _data_shares)."""
-    info = result["phases"][phase]
-    live = dict(info["live"])
-    live["activations"] += extra
-    if held is not None:
-        live = held(phase, live)
-    return {"bytes": sum(live.values()), "live": live, "at": info.get("at")}
-
-
 def _data_shares(step: Step, p, device: dict, gathered: dict):
     """Under ZeRO or FSDP a moment's parameters, gradients and optimizer state are what the rank keeps of its
     program's (placement: `device`, by footprint category), and it gathers a unit for a moment (`gathered`):
@@ -183,18 +174,70 @@ def _share(amount: int, part: int, whole: int) -> int:
     return -(-amount * part // whole) if whole else 0
 
 
-def stage_peak(step: Step, stage: int, p, granule: int | None = None, device: dict | None = None, gathered: dict | None = None) -> dict:
-    """The worst moment of a stage's rank over the schedule: {"bytes", "phase", "live", "phases"}.
+def _instants(step: Step, granule: int | None) -> dict:
+    """A program's walk, instant by instant: step.phases' trace with its row boundaries, {phase: [(phase, at, edge,
+    live)]}, each phase's allocator rounding added to the overhead of its every instant (as step.peak adds it to
+    the phase's worst moment: its largest instant is peak's phase figure)."""
+    trace: list = []
+    exact = phases(step, trace, edges=True)
+    rounding = {}
+    if granule:
+        coarse = phases(rounded(step, granule))
+        rounding = {ph: coarse[ph]["bytes"] - exact[ph]["bytes"] for ph in PHASES}
+    out: dict = {ph: [] for ph in PHASES}
+    for phase, at, live, edge in trace:
+        if rounding.get(phase):
+            live = dict(live)
+            live["overhead"] += rounding[phase]
+        out[phase].append((phase, at, edge, live))
+    return out
+
+
+def _hold(phase: str, live: dict, extra: int, shares) -> dict:
+    """An instant of the program's walk as the stage's rank holds it: `extra` saved bytes beside the micro-batch it
+    runs (the others in flight, the loader's batch, the receive buffers) and, under ZeRO or FSDP, its data-parallel
+    shares and the unit it gathers (`shares`, _data_shares)."""
+    live = {**live, "activations": live["activations"] + extra}
+    return shares(phase, live) if shares is not None else live
+
+
+def _held(instants: list, extra: int, shares) -> list:
+    """A phase's instants as the stage's rank holds them (_hold)."""
+    return [(phase, at, edge, _hold(phase, live, extra, shares)) for phase, at, edge, live in instants]
+
+
+def _worst(instants: list, extra: int, shares) -> dict:
+    """A phase's worst instant as the rank holds it (_held's, without building them all) {"bytes", "live", "at"}: a
+    moment before a row boundary as large (the boundary is between two moments), the earliest on a tie."""
+    best = None
+    for phase, at, edge, live in instants:
+        # (without shares only the activations change, by `extra`: the total, without a copy of the instant)
+        total = sum(live.values()) + extra if shares is None else sum(_hold(phase, live, extra, shares).values())
+        if best is None or (total, edge is None) > (best[0], best[1]):
+            best = (total, edge is None, phase, at, live)
+    total, _, phase, at, live = best
+    return {"bytes": total, "live": _hold(phase, live, extra, shares), "at": at}
+
+
+def stage_walk(step: Step, stage: int, p, granule: int | None = None, device: dict | None = None, gathered: dict | None = None) -> dict:
+    """A stage's rank over the schedule, phase by phase: {phase: (instants, extra, shares, worst)}: the instants
+    (phase, at, edge, live) of the walk of the program it runs then (step.phases' trace, row boundaries included),
+    and what the rank holds beside them (_held: `extra` saved bytes, its data-parallel `shares`); `worst` the
+    phase's worst instant so held (_worst).
 
     Beside the micro-batch it runs, a stage holds the saved tensors of the others in flight, the loader's batch
     (every micro-batch's ids or labels) and its receive buffers, one per micro-batch for the whole step
     (torch.distributed.pipelining allocates them once and keeps them): a later stage's inputs, an earlier stage's
-    output gradients. The micro-batch it runs has its own input among them; its output gradient is the walk's."""
+    output gradients. The micro-batch it runs has its own input among them; its output gradient is the walk's.
+    Each phase is the worst of the moments the schedule runs it: the forward of the last micro-batch in flight
+    (before any gradient exists, or with every gradient when more micro-batches follow), the backward of the first
+    (before any gradient) and of the second (with every gradient), the optimizer step after the last."""
     m = max(1, p.gradient_accumulation)
     k = sharding.in_flight(stage, p.pipeline, m, p.schedule)
     shares = _data_shares(step, p, device, gathered or {}) if device is not None else None
-    if p.pipeline == 1 and shares is None:
-        return peak(step, granule)
+    if p.pipeline == 1 and shares is None:  # one micro-batch at a time, as one device runs it
+        walked = _instants(step, granule)
+        return {ph: (walked[ph], 0, None, _worst(walked[ph], 0, None)) for ph in PHASES}
     first, last = stage == 0, stage == p.pipeline - 1
     x = 0 if first else step.tensors[step.rows[0].input]
     y = 0 if last else step.tensors[step.rows[-1].output]
@@ -202,11 +245,12 @@ def stage_peak(step: Step, stage: int, p, granule: int | None = None, device: di
     # (one device loads each micro-batch in turn; a pipeline's schedule is handed the whole batch)
     loader = (m - 1) * sum(step.tensors[t] for t in step.batch) if p.pipeline > 1 else 0
     held = {"forward": (m - 1) * x + m * y, "backward": (m - 1) * x + (m - 1) * y, "optimizer_step": m * x + m * y}
-    fresh = peak(replace(step, accumulating=False), granule)
-    warm = peak(replace(step, accumulating=True), granule) if m > 1 else None
+    fresh = _instants(replace(step, accumulating=False), granule)
+    warm = _instants(replace(step, accumulating=True), granule) if m > 1 else None
 
-    def at(result, phase, others):
-        return _with(result, phase, others * saved + loader + held[phase], shares)
+    def at(walked, phase, others):
+        extra = others * saved + loader + held[phase]
+        return walked[phase], extra, shares, _worst(walked[phase], extra, shares)
 
     candidates = {
         "forward": [at(fresh, "forward", k - 1)],
@@ -217,9 +261,29 @@ def stage_peak(step: Step, stage: int, p, granule: int | None = None, device: di
         if m > k:
             candidates["forward"].append(at(warm, "forward", k - 1))
         candidates["backward"].append(at(warm, "backward", min(k - 1, m - 2)))
-    phases = {phase: max(candidates[phase], key=lambda c: c["bytes"]) for phase in PHASES}
-    worst = max(PHASES, key=lambda ph: (phases[ph]["bytes"], -PHASES.index(ph)))
-    return {"bytes": phases[worst]["bytes"], "phase": worst, "live": dict(phases[worst]["live"]), "phases": phases}
+    return {phase: max(candidates[phase], key=lambda c: c[3]["bytes"]) for phase in PHASES}
+
+
+def stage_trace(step: Step, stage: int, p, granule: int | None = None, device: dict | None = None, gathered: dict | None = None) -> list:
+    """The stage's rank's program, instant by instant, as stage_peak walks it: [(phase, at, edge, live)], each
+    phase's from the program that phase runs (stage_walk). Its largest instant is stage_peak's bytes."""
+    walked = stage_walk(step, stage, p, granule, device, gathered)
+    return [instant for phase in PHASES for instant in _held(*walked[phase][:3])]
+
+
+def stage_peak(step: Step, stage: int, p, granule: int | None = None, device: dict | None = None, gathered: dict | None = None) -> dict:
+    """The worst instant of a stage's rank over the schedule (stage_walk): {"bytes", "phase", "live", "phases"}."""
+    walked = stage_walk(step, stage, p, granule, device, gathered)
+    phases_ = {phase: walked[phase][3] for phase in PHASES}
+    worst = max(PHASES, key=lambda ph: (phases_[ph]["bytes"], -PHASES.index(ph)))
+    return {"bytes": phases_[worst]["bytes"], "phase": worst, "live": dict(phases_[worst]["live"]), "phases": phases_}
+
+
+def binding_trace(config) -> list:
+    """The binding stage's rank's program, instant by instant (stage_trace), for a config whose ranks were walked
+    here (`config.step` is that stage's program, placement.binding that stage)."""
+    placement, i = config.placement, config.placement.binding
+    return stage_trace(config.step, i, config.parallel, config.granule, placement.devices[i], placement.transients[i])
 
 
 def _signature(step: Step) -> tuple:

@@ -27,8 +27,12 @@ boundaries between them. This module turns that walk into the timeline `memfit e
 - With an allocator granule (`overhead: auto` on a preset), each moment's rounding (every live
   tensor up to 512 bytes) is added to its overhead, as `step.peak` adds it to each phase.
 
-Under a parallel layout the timeline is the binding rank's program (`step.rank_trace`: each instant of the walk as
-that rank holds it, by the rule of its peak), the warm step, each event with its `rank`.
+Under a parallel layout the timeline is the binding rank's program, the warm step, each event with its `rank`: under
+tensor or pipeline parallelism the binding stage's own program walked as ledger.ranks walks it for the peak
+(`ranks.binding_trace`: each phase from the program the schedule runs then, with the other micro-batches in flight,
+the loader's batch, the receive buffers, the data-parallel shares and gathered units), otherwise each instant of the
+single-device walk as the binding rank holds it (`step.rank_trace`, by the rule of rank_peak). Either way its
+largest event is the peak.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
+from memfit.ledger import ranks
 from memfit.ledger.step import LIVE, phases, rank_trace, rounded
 
 PHASE = {"forward": "forward", "backward": "backward", "optimizer_step": "optimizer"}
@@ -143,7 +148,7 @@ def events(step, granule: int | None = None, namer=None) -> list[dict]:
 
 def timeline(config) -> list[dict]:
     """The timeline of a checked config: [] when it describes no run (no training section). Under a parallel
-    layout, the binding rank's program (step.rank_trace), each event with its `rank`."""
+    layout, the binding rank's program (ranks.binding_trace or step.rank_trace), each event with its `rank`."""
     if config is None:
         return []
     step = getattr(config, "step", None)
@@ -155,7 +160,8 @@ def timeline(config) -> list[dict]:
             live = {k: parallel["live"][k] for k in LIVE if k in parallel["live"]}
             return [{"step": 2, "phase": PHASE.get(parallel["phase"], parallel["phase"]), "module": None, "at": None,
                      "bytes": parallel["bytes"], "live": live, "rank": parallel["rank"]}]
-        warm = rank_trace(step, placement, config.granule)
+        walked = parallel.get("per_rank") is not None and ranks.applies(config)
+        warm = ranks.binding_trace(config) if walked else rank_trace(step, placement, config.granule)
         return [dict(e, rank=parallel["rank"]) for e in _events(warm, 2, module_namer(config))]
     if step is None or config.peak is None:
         return []
