@@ -20,7 +20,8 @@ and the derived cells (the difference) follow from both.
 
 `python tools/sync_docs.py` rewrites these tables too (memfit's cells). The tests hold both kinds: tests/project/
 test_docs.py reruns memfit's cells of every table (`check`); the tests that run the reference (tests/ledger/test_peak.py
-MemTracker, tests/placement/test_deepspeed_configs.py DeepSpeed, tests/ledger/test_korthikanti_configs.py the paper)
+MemTracker, tests/placement/test_deepspeed_configs.py DeepSpeed, tests/ledger/test_korthikanti_configs.py the paper,
+tests/models/test_transformers_activations.py autograd's saved bytes for docs/transformers.md)
 assert each documented reference figure exactly, through `documented(...)`.
 """
 
@@ -353,6 +354,55 @@ class DeepSpeedTable:
         return out
 
 
+# --- docs/transformers.md: saved activation bytes against autograd's in a real step ---------------------------
+class ActivationRatios:
+    """One row per family and attention kernel (tests/support/hf_measure.py's tiny models, 32-true, no
+    checkpointing; sdpa with attention dropout off): the bytes autograd saves in one forward + backward on the CPU
+    (hf_measure.measure, saved_tensors_hooks) and memfit's activations (`memfit check --format json`'s
+    footprint.activations) at b x s = 2 x 16 and 1 x 40, and memfit / autograd, lowest–highest, 4 decimals (the
+    precision of the family table's ratio column). tests/models/test_transformers_activations.py measures each."""
+
+    SIZES = ((2, 16), (1, 40))
+
+    @staticmethod
+    def model_config(family: str, attention: str) -> dict:
+        _support()
+        import hf_measure
+
+        cfg = hf_measure.tiny(family)
+        return hf_measure.without_attention_dropout(cfg) if attention == "sdpa" else cfg
+
+    def config(self, family: str, attention: str, micro_batch: int, seq_len: int) -> tuple[dict, dict[str, str]]:
+        doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "precision": "32-true", "model": {"hf_config": "config.json"},
+               "training": {"micro_batch": micro_batch, "seq_len": seq_len, "attention": attention, "checkpointing": "none"}}
+        return doc, {"config.json": json.dumps(self.model_config(family, attention))}
+
+    def measure(self, family: str, attention: str) -> list[int]:
+        _support()
+        import hf_measure
+
+        cfg = self.model_config(family, attention)
+        model = hf_measure.build(cfg, attention)
+        return [hf_measure.measure(cfg, micro_batch=b, seq_len=s, attention=attention, model=model)["total"] for b, s in self.SIZES]
+
+    def render(self, rows, measure):
+        keys = [(r[0].strip("`"), r[1]) for r in rows]
+        made = [self.config(family, attention, b, s) for family, attention in keys for b, s in self.SIZES]
+        entries = memfit_json([m[0] for m in made], [m[1] for m in made])
+        out = []
+        for i, (row, (family, attention)) in enumerate(zip(rows, keys)):
+            theirs = self.measure(family, attention) if measure else [n(row[2]), n(row[4])]
+            ours = []
+            for entry in entries[2 * i:2 * i + 2]:
+                if entry.get("footprint") is None:
+                    raise TableError(f"no footprint for {family} {attention}: {entry.get('diagnostics')}")
+                ours.append(entry["footprint"]["activations"])
+            ratios = sorted(round(o / t, 4) for o, t in zip(ours, theirs))
+            out.append([row[0], row[1], commas(theirs[0]), commas(ours[0]), commas(theirs[1]), commas(ours[1]),
+                        f"{ratios[0]:.4f}–{ratios[-1]:.4f}"])
+        return out
+
+
 # --- the tables, found in the pages -------------------------------------------------------------------------
 def table(name: str, attrs: dict[str, str]):
     if name == "peak-keras":
@@ -363,6 +413,8 @@ def table(name: str, attrs: dict[str, str]):
         return Korthikanti(**attrs)
     if name == "deepspeed":
         return DeepSpeedTable()
+    if name == "activation-ratios":
+        return ActivationRatios()
     raise TableError(f"no table kind {name!r}")
 
 
