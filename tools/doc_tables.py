@@ -403,6 +403,108 @@ class ActivationRatios:
         return out
 
 
+# --- docs/accuracy.md: adapters as peft keeps them -----------------------------------------------------------
+class AdapterTable:
+    """Columns: setup, figure, memfit, reference, ratio (3 decimals). A tiny Llama (tests/support/hf_measure.py,
+    attention dropout off), LoRA r 8 on all linears, 2 x 32 tokens, sdpa, AdamW foreach. The setup cell names the
+    run; "same" repeats the run above, "same, X" changes X in it. The references: the trainable bytes of peft's
+    model (gradients), a real AdamW step's moments (optimizer state), the peak of what autograd saves (saved
+    activations); tests/recipe/test_adapters_as_kept.py asserts each documented reference."""
+
+    LORA = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"}
+    NF4 = {"method": "nf4", "double_quant": True, "compute_dtype": "bfloat16"}
+    SETUPS = {
+        "bf16 model, peft default (`autocast_adapter_dtype=True`: fp32 adapters)": {"precision": "bf16-true"},
+        "bf16 model, `autocast_adapter_dtype=False` (`lora.dtype: model`: bf16 adapters)": {"precision": "bf16-true", "bf16_adapters": True},
+        "fp32 model, LoRA": {"precision": "32-true"},
+        "fp32 model, DoRA (`use_dora`)": {"precision": "32-true", "dora": True},
+        "fp32 model, DoRA, full checkpointing": {"precision": "32-true", "dora": True, "checkpointing": "full"},
+        "bf16 model (`bf16-true`), DoRA, fp32 adapters": {"precision": "bf16-true", "dora": True},
+        "bf16 model, DoRA, bf16 adapters": {"precision": "bf16-true", "dora": True, "bf16_adapters": True},
+        "fp32 model under bf16 autocast (`bf16-mixed`), DoRA": {"precision": "bf16-mixed", "dora": True},
+        "4-bit nf4 base (bitsandbytes, bf16 compute) on bf16, `autocast_adapter_dtype=False` (bf16 adapters)":
+            {"precision": "bf16-true", "nf4": True, "bf16_adapters": True},
+        "4-bit nf4 base (bitsandbytes, bf16 compute), DoRA": {"precision": "bf16-true", "nf4": True, "dora": True},
+    }
+    CHANGES = {"`lora_dropout` 0.1": {"dropout": 0.1}, "full checkpointing": {"checkpointing": "full"}, "on an fp32 base": {"precision": "32-true"}}
+    FIGURES = {"gradients": "gradients", "gradients (adapters and magnitudes)": "gradients", "optimizer state": "optimizer_state",
+               "saved activations": "activations"}
+
+    def runs(self, rows) -> list[dict]:
+        run, out = None, []
+        for row in rows:
+            setup = row[0]
+            if setup in self.SETUPS:
+                run = dict(self.SETUPS[setup])
+            elif setup == "same" and run is not None:
+                pass
+            elif setup.startswith("same") and run is not None and setup[4:].lstrip(", ") in self.CHANGES:
+                run = {**run, **self.CHANGES[setup[4:].lstrip(", ")]}
+            else:
+                raise TableError(f"adapters: no run for the setup {setup!r}")
+            if row[1] not in self.FIGURES:
+                raise TableError(f"adapters: no figure {row[1]!r} (one of {sorted(self.FIGURES)})")
+            out.append(dict(run))
+        return out
+
+    def lora(self, run) -> dict:
+        lora = dict(self.LORA, dropout=run.get("dropout", 0.0))
+        if run.get("dora"):
+            lora["use_dora"] = True
+        if run.get("bf16_adapters"):
+            lora["autocast_adapter_dtype"] = False
+        return lora
+
+    @staticmethod
+    def model_config() -> dict:
+        _support()
+        import hf_measure
+
+        return hf_measure.without_attention_dropout(hf_measure.tiny("llama"))
+
+    def config(self, run) -> tuple[dict, dict[str, str]]:
+        doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "precision": run["precision"], "model": {"hf_config": "config.json"},
+               "training": {"micro_batch": 2, "seq_len": 32, "attention": "sdpa", "checkpointing": run.get("checkpointing", "none"),
+                            "optimizer_impl": "foreach"},
+               "lora": self.lora(run)}
+        if run.get("nf4"):
+            doc["quantization"] = dict(self.NF4)
+        return doc, {"config.json": json.dumps(self.model_config())}
+
+    def measure(self, run, figure: str) -> int:
+        _support()
+        import hf_measure
+        import torch
+
+        cfg, quantization = self.model_config(), (dict(self.NF4) if run.get("nf4") else None)
+        if figure == "activations":
+            return hf_measure.measure(cfg, micro_batch=2, seq_len=32, checkpointing=run.get("checkpointing", "none"), precision=run["precision"],
+                                      lora=self.lora(run), quantization=quantization)["peak"]
+        model = hf_measure.build(cfg, "sdpa", run["precision"], self.lora(run), quantization=quantization)
+        params = [p for p in model.parameters() if p.requires_grad]
+        if figure == "gradients":
+            return sum(p.numel() * p.element_size() for p in params)
+        opt = torch.optim.AdamW(params, foreach=True)
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        return sum(t.numel() * t.element_size() for s in opt.state.values() for k, t in s.items() if k != "step")
+
+    def render(self, rows, measure):
+        runs = self.runs(rows)
+        made = [self.config(run) for run in runs]
+        entries = memfit_json([m[0] for m in made], [m[1] for m in made])
+        out = []
+        for row, run, entry in zip(rows, runs, entries):
+            if entry.get("footprint") is None:
+                raise TableError(f"adapters: no footprint for {row[0]!r}: {entry.get('diagnostics')}")
+            figure = self.FIGURES[row[1]]
+            ours = entry["footprint"][figure]
+            theirs = self.measure(run, figure) if measure else n(row[3])
+            out.append([row[0], row[1], commas(ours), commas(theirs), f"{ours / theirs:.3f}"])
+        return out
+
+
 # --- the tables, found in the pages -------------------------------------------------------------------------
 def table(name: str, attrs: dict[str, str]):
     if name == "peak-keras":
@@ -415,6 +517,8 @@ def table(name: str, attrs: dict[str, str]):
         return DeepSpeedTable()
     if name == "activation-ratios":
         return ActivationRatios()
+    if name == "adapters":
+        return AdapterTable()
     raise TableError(f"no table kind {name!r}")
 
 
