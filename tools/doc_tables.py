@@ -505,6 +505,54 @@ class AdapterTable:
         return out
 
 
+# --- docs/accuracy.md: DoRA's gated peak against MemTracker's range ------------------------------------------
+class DoraPeakTable:
+    """Columns: setup, memfit peak, MemTracker (lowest–highest over runs), ratio (memfit over the highest and the
+    lowest, 3 decimals). memfit's cells from one `memfit check` call; the MemTracker ranges are what runs in separate
+    processes gave (Python's cyclic collector decides them, docs/accuracy.md), kept as written: --measure does not
+    rerun them (tests/ledger/test_dora_peak.py measures the deterministic collector-off step instead)."""
+
+    LORA = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear", "use_dora": True}
+    NF4 = {"method": "nf4", "double_quant": True, "compute_dtype": "bfloat16"}
+    WIDE = {"hidden_size": 512, "intermediate_size": 2048, "num_attention_heads": 8, "num_key_value_heads": 4}
+    SETUPS = {
+        "tiny Llama, 32-true, micro-batch 2, sequence 32, DoRA all-linear": {"wide": False, "precision": "32-true", "b": 2, "s": 32},
+        "wide Llama (hidden 512, intermediate 2048), 32-true, 1 × 16 tokens": {"wide": True, "precision": "32-true", "b": 1, "s": 16},
+        "same, bf16-true (fp32 adapters)": {"wide": True, "precision": "bf16-true", "b": 1, "s": 16},
+        "same, 4-bit nf4 base (bitsandbytes, bf16 compute: QDoRA)": {"wide": True, "precision": "bf16-true", "b": 1, "s": 16, "nf4": True},
+        "tiny Llama, bf16-true, 2 × 32": {"wide": False, "precision": "bf16-true", "b": 2, "s": 32},
+    }
+
+    def config(self, run) -> tuple[dict, dict[str, str]]:
+        _support()
+        import hf_measure
+
+        cfg = hf_measure.without_attention_dropout(hf_measure.tiny("llama"))
+        if run["wide"]:
+            cfg = dict(cfg, **self.WIDE)
+        doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "precision": run["precision"], "model": {"hf_config": "config.json"},
+               "lora": dict(self.LORA),
+               "training": {"micro_batch": run["b"], "seq_len": run["s"], "attention": "sdpa", "checkpointing": "none", "optimizer_impl": "foreach"}}
+        if run.get("nf4"):
+            doc["quantization"] = dict(self.NF4)
+        return doc, {"config.json": json.dumps(cfg)}
+
+    def render(self, rows, measure):
+        for row in rows:
+            if row[0] not in self.SETUPS:
+                raise TableError(f"dora-peak: no run for the setup {row[0]!r}")
+        made = [self.config(self.SETUPS[row[0]]) for row in rows]
+        entries = memfit_json([m[0] for m in made], [m[1] for m in made])
+        out = []
+        for row, entry in zip(rows, entries):
+            if entry.get("peak") is None:
+                raise TableError(f"dora-peak: no peak for {row[0]!r}: {entry.get('diagnostics')}")
+            ours = entry["peak"]["bytes"]
+            lo, hi = (n(x) for x in row[2].split("–"))
+            out.append([row[0], commas(ours), row[2], f"{ours / hi:.3f}–{ours / lo:.3f}"])
+        return out
+
+
 # --- the tables, found in the pages -------------------------------------------------------------------------
 def table(name: str, attrs: dict[str, str]):
     if name == "peak-keras":
@@ -519,6 +567,8 @@ def table(name: str, attrs: dict[str, str]):
         return ActivationRatios()
     if name == "adapters":
         return AdapterTable()
+    if name == "dora-peak":
+        return DoraPeakTable()
     raise TableError(f"no table kind {name!r}")
 
 
