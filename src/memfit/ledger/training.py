@@ -403,7 +403,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
     row.backward_extra += tied_grad
     rows.append(row)
     every, bound = _every_layer(cfg, common, checkpointing, stacked, per_layer, encoder_layers, enc_hidden, hidden)
-    k = _layer_kernels(cfg, run, recipe_args, sizes, enc_sizes, roles, checkpointing, stacked, (model.dtypes or {}).get("dequantized"))
+    k = _layer_kernels(cfg, run, recipe_args, sizes, enc_sizes, roles, checkpointing, stacked, model.dtypes)
     x = _layer_rows(k, rows, x, every, bound, later_kept, fresh, weights, kept_ids, cfg, sizes, enc_sizes, checkpointing, stacked,
                     encoder_layers, enc_hidden, hidden, n_layers)
     logits = fresh(T * sizes["V"] * lin_w)
@@ -535,7 +535,7 @@ def _every_layer(cfg: dict, common: dict, checkpointing: str, stacked: bool, per
 
 
 def _layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_sizes: dict, roles: dict, checkpointing: str,
-                   stacked: bool, dequantized: str | None = None):
+                   stacked: bool, model_dtypes: dict | None = None):
     """What a layer's rows hold besides their kept tensors (the family's kernels, measured): the gradients in flight
     at each part's worst backward moment, the recomputation's moments, expert parallelism's all-to-all buffers."""
     from types import SimpleNamespace
@@ -586,7 +586,7 @@ def _layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_siz
         se = sizes["se"]
         decoder_flight = (b * se * h + sizes["H"] * s * s + sizes["H"] * s * se) * act_w
     redone = _recompute_flights(cfg, sizes, recipe_args.get("lora"), roles) if checkpointing == "full" else {}
-    dora = _dora_flights(cfg, sizes, recipe_args.get("lora"), roles, precision, dequantized)
+    dora = _dora_flights(cfg, sizes, recipe_args.get("lora"), roles, precision, (model_dtypes or {}).get("dequantized"))
     if dora and redone:  # the recomputed forward computes DoRA's weight norm again
         redone = {part: max(flight, _arrived(cfg, sizes, roles) + dora.get(part, 0)) for part, flight in redone.items()}
     enc_redone = _recompute_flights(cfg, enc_sizes, recipe_args.get("lora"), roles) if checkpointing == "full" else {}
@@ -605,7 +605,7 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
     kept_bytes = _kept_bytes
     fam, flights, enc_flights, dense_flights, early, a2a = k.fam, k.flights, k.enc_flights, k.dense_flights, k.early, k.a2a
     self_math, first_decoder, decoder_flight, redone, enc_redone = k.self_math, k.first_decoder, k.decoder_flight, k.redone, k.enc_redone
-    kernel, arrived, dora = k.kernel, k.arrived, k.dora
+    kernel, arrived = k.kernel, k.arrived
     b = sizes["b"]
     split_cache: dict = {}
     for i in range(n_layers):
@@ -651,8 +651,8 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
                             if n == 0 else [fresh(kept_bytes(k)) for k in kept])
             routed = a2a if part == "mlp" and routers[n] else 0
             row.forward_flight = layer_hidden + routed  # its output while it is written; its inner tensors are kept
-            if dora.get(part) and not encoder:
-                row.forward_flight = max(row.forward_flight, dora[part])
+            if k.dora.get(part) and not encoder:
+                row.forward_flight = max(row.forward_flight, k.dora[part])
             row.backward_flight = ((enc_flights if encoder else (flights if sparse else dense_flights))[part] + routed
                                    + (decoder_flight if i >= first_decoder else 0))
             row.early_flight = early.get(part) if not encoder else None
