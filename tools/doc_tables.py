@@ -20,7 +20,8 @@ and the derived cells (the difference) follow from both.
 
 `python tools/sync_docs.py` rewrites these tables too (memfit's cells). The tests hold both kinds: tests/project/
 test_docs.py reruns memfit's cells of every table (`check`); the tests that run the reference (tests/ledger/test_peak.py
-MemTracker, tests/placement/test_deepspeed_configs.py DeepSpeed, tests/ledger/test_korthikanti_configs.py the paper)
+MemTracker, tests/placement/test_deepspeed_configs.py DeepSpeed, tests/ledger/test_korthikanti_configs.py the paper,
+tests/models/test_transformers_activations.py autograd's saved bytes for docs/transformers.md)
 assert each documented reference figure exactly, through `documented(...)`.
 """
 
@@ -353,6 +354,205 @@ class DeepSpeedTable:
         return out
 
 
+# --- docs/transformers.md: saved activation bytes against autograd's in a real step ---------------------------
+class ActivationRatios:
+    """One row per family and attention kernel (tests/support/hf_measure.py's tiny models, 32-true, no
+    checkpointing; sdpa with attention dropout off): the bytes autograd saves in one forward + backward on the CPU
+    (hf_measure.measure, saved_tensors_hooks) and memfit's activations (`memfit check --format json`'s
+    footprint.activations) at b x s = 2 x 16 and 1 x 40, and memfit / autograd, lowest–highest, 4 decimals (the
+    precision of the family table's ratio column). tests/models/test_transformers_activations.py measures each."""
+
+    SIZES = ((2, 16), (1, 40))
+
+    @staticmethod
+    def model_config(family: str, attention: str) -> dict:
+        _support()
+        import hf_measure
+
+        cfg = hf_measure.tiny(family)
+        return hf_measure.without_attention_dropout(cfg) if attention == "sdpa" else cfg
+
+    def config(self, family: str, attention: str, micro_batch: int, seq_len: int) -> tuple[dict, dict[str, str]]:
+        doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "precision": "32-true", "model": {"hf_config": "config.json"},
+               "training": {"micro_batch": micro_batch, "seq_len": seq_len, "attention": attention, "checkpointing": "none"}}
+        return doc, {"config.json": json.dumps(self.model_config(family, attention))}
+
+    def measure(self, family: str, attention: str) -> list[int]:
+        _support()
+        import hf_measure
+
+        cfg = self.model_config(family, attention)
+        model = hf_measure.build(cfg, attention)
+        return [hf_measure.measure(cfg, micro_batch=b, seq_len=s, attention=attention, model=model)["total"] for b, s in self.SIZES]
+
+    def render(self, rows, measure):
+        keys = [(r[0].strip("`"), r[1]) for r in rows]
+        made = [self.config(family, attention, b, s) for family, attention in keys for b, s in self.SIZES]
+        entries = memfit_json([m[0] for m in made], [m[1] for m in made])
+        out = []
+        for i, (row, (family, attention)) in enumerate(zip(rows, keys)):
+            theirs = self.measure(family, attention) if measure else [n(row[2]), n(row[4])]
+            ours = []
+            for entry in entries[2 * i:2 * i + 2]:
+                if entry.get("footprint") is None:
+                    raise TableError(f"no footprint for {family} {attention}: {entry.get('diagnostics')}")
+                ours.append(entry["footprint"]["activations"])
+            ratios = sorted(round(o / t, 4) for o, t in zip(ours, theirs))
+            out.append([row[0], row[1], commas(theirs[0]), commas(ours[0]), commas(theirs[1]), commas(ours[1]),
+                        f"{ratios[0]:.4f}–{ratios[-1]:.4f}"])
+        return out
+
+
+# --- docs/accuracy.md: adapters as peft keeps them -----------------------------------------------------------
+class AdapterTable:
+    """Columns: setup, figure, memfit, reference, ratio (3 decimals). A tiny Llama (tests/support/hf_measure.py,
+    attention dropout off), LoRA r 8 on all linears, 2 x 32 tokens, sdpa, AdamW foreach. The setup cell names the
+    run; "same" repeats the run above, "same, X" changes X in it. The references: the trainable bytes of peft's
+    model (gradients), a real AdamW step's moments (optimizer state), the peak of what autograd saves (saved
+    activations); tests/recipe/test_adapters_as_kept.py asserts each documented reference."""
+
+    LORA = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"}
+    NF4 = {"method": "nf4", "double_quant": True, "compute_dtype": "bfloat16"}
+    SETUPS = {
+        "bf16 model, peft default (`autocast_adapter_dtype=True`: fp32 adapters)": {"precision": "bf16-true"},
+        "bf16 model, `autocast_adapter_dtype=False` (`lora.dtype: model`: bf16 adapters)": {"precision": "bf16-true", "bf16_adapters": True},
+        "fp32 model, LoRA": {"precision": "32-true"},
+        "fp32 model, DoRA (`use_dora`)": {"precision": "32-true", "dora": True},
+        "fp32 model, DoRA, full checkpointing": {"precision": "32-true", "dora": True, "checkpointing": "full"},
+        "bf16 model (`bf16-true`), DoRA, fp32 adapters": {"precision": "bf16-true", "dora": True},
+        "bf16 model, DoRA, bf16 adapters": {"precision": "bf16-true", "dora": True, "bf16_adapters": True},
+        "fp32 model under bf16 autocast (`bf16-mixed`), DoRA": {"precision": "bf16-mixed", "dora": True},
+        "4-bit nf4 base (bitsandbytes, bf16 compute) on bf16, `autocast_adapter_dtype=False` (bf16 adapters)":
+            {"precision": "bf16-true", "nf4": True, "bf16_adapters": True},
+        "4-bit nf4 base (bitsandbytes, bf16 compute), DoRA": {"precision": "bf16-true", "nf4": True, "dora": True},
+    }
+    CHANGES = {"`lora_dropout` 0.1": {"dropout": 0.1}, "full checkpointing": {"checkpointing": "full"}, "on an fp32 base": {"precision": "32-true"}}
+    FIGURES = {"gradients": "gradients", "gradients (adapters and magnitudes)": "gradients", "optimizer state": "optimizer_state",
+               "saved activations": "activations"}
+
+    def runs(self, rows) -> list[dict]:
+        run, out = None, []
+        for row in rows:
+            setup = row[0]
+            if setup in self.SETUPS:
+                run = dict(self.SETUPS[setup])
+            elif setup == "same" and run is not None:
+                pass
+            elif setup.startswith("same") and run is not None and setup[4:].lstrip(", ") in self.CHANGES:
+                run = {**run, **self.CHANGES[setup[4:].lstrip(", ")]}
+            else:
+                raise TableError(f"adapters: no run for the setup {setup!r}")
+            if row[1] not in self.FIGURES:
+                raise TableError(f"adapters: no figure {row[1]!r} (one of {sorted(self.FIGURES)})")
+            out.append(dict(run))
+        return out
+
+    def lora(self, run) -> dict:
+        lora = dict(self.LORA, dropout=run.get("dropout", 0.0))
+        if run.get("dora"):
+            lora["use_dora"] = True
+        if run.get("bf16_adapters"):
+            lora["autocast_adapter_dtype"] = False
+        return lora
+
+    @staticmethod
+    def model_config() -> dict:
+        _support()
+        import hf_measure
+
+        return hf_measure.without_attention_dropout(hf_measure.tiny("llama"))
+
+    def config(self, run) -> tuple[dict, dict[str, str]]:
+        doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "precision": run["precision"], "model": {"hf_config": "config.json"},
+               "training": {"micro_batch": 2, "seq_len": 32, "attention": "sdpa", "checkpointing": run.get("checkpointing", "none"),
+                            "optimizer_impl": "foreach"},
+               "lora": self.lora(run)}
+        if run.get("nf4"):
+            doc["quantization"] = dict(self.NF4)
+        return doc, {"config.json": json.dumps(self.model_config())}
+
+    def measure(self, run, figure: str) -> int:
+        _support()
+        import hf_measure
+        import torch
+
+        cfg, quantization = self.model_config(), (dict(self.NF4) if run.get("nf4") else None)
+        if figure == "activations":
+            return hf_measure.measure(cfg, micro_batch=2, seq_len=32, checkpointing=run.get("checkpointing", "none"), precision=run["precision"],
+                                      lora=self.lora(run), quantization=quantization)["peak"]
+        model = hf_measure.build(cfg, "sdpa", run["precision"], self.lora(run), quantization=quantization)
+        params = [p for p in model.parameters() if p.requires_grad]
+        if figure == "gradients":
+            return sum(p.numel() * p.element_size() for p in params)
+        opt = torch.optim.AdamW(params, foreach=True)
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        return sum(t.numel() * t.element_size() for s in opt.state.values() for k, t in s.items() if k != "step")
+
+    def render(self, rows, measure):
+        runs = self.runs(rows)
+        made = [self.config(run) for run in runs]
+        entries = memfit_json([m[0] for m in made], [m[1] for m in made])
+        out = []
+        for row, run, entry in zip(rows, runs, entries):
+            if entry.get("footprint") is None:
+                raise TableError(f"adapters: no footprint for {row[0]!r}: {entry.get('diagnostics')}")
+            figure = self.FIGURES[row[1]]
+            ours = entry["footprint"][figure]
+            theirs = self.measure(run, figure) if measure else n(row[3])
+            out.append([row[0], row[1], commas(ours), commas(theirs), f"{ours / theirs:.3f}"])
+        return out
+
+
+# --- docs/accuracy.md: DoRA's gated peak against MemTracker's range ------------------------------------------
+class DoraPeakTable:
+    """Columns: setup, memfit peak, MemTracker (lowest–highest over runs), ratio (memfit over the highest and the
+    lowest, 3 decimals). memfit's cells from one `memfit check` call; the MemTracker ranges are what runs in separate
+    processes gave (Python's cyclic collector decides them, docs/accuracy.md), kept as written: --measure does not
+    rerun them (tests/ledger/test_dora_peak.py measures the deterministic collector-off step instead)."""
+
+    LORA = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear", "use_dora": True}
+    NF4 = {"method": "nf4", "double_quant": True, "compute_dtype": "bfloat16"}
+    WIDE = {"hidden_size": 512, "intermediate_size": 2048, "num_attention_heads": 8, "num_key_value_heads": 4}
+    SETUPS = {
+        "tiny Llama, 32-true, micro-batch 2, sequence 32, DoRA all-linear": {"wide": False, "precision": "32-true", "b": 2, "s": 32},
+        "wide Llama (hidden 512, intermediate 2048), 32-true, 1 × 16 tokens": {"wide": True, "precision": "32-true", "b": 1, "s": 16},
+        "same, bf16-true (fp32 adapters)": {"wide": True, "precision": "bf16-true", "b": 1, "s": 16},
+        "same, 4-bit nf4 base (bitsandbytes, bf16 compute: QDoRA)": {"wide": True, "precision": "bf16-true", "b": 1, "s": 16, "nf4": True},
+        "tiny Llama, bf16-true, 2 × 32": {"wide": False, "precision": "bf16-true", "b": 2, "s": 32},
+    }
+
+    def config(self, run) -> tuple[dict, dict[str, str]]:
+        _support()
+        import hf_measure
+
+        cfg = hf_measure.without_attention_dropout(hf_measure.tiny("llama"))
+        if run["wide"]:
+            cfg = dict(cfg, **self.WIDE)
+        doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "precision": run["precision"], "model": {"hf_config": "config.json"},
+               "lora": dict(self.LORA),
+               "training": {"micro_batch": run["b"], "seq_len": run["s"], "attention": "sdpa", "checkpointing": "none", "optimizer_impl": "foreach"}}
+        if run.get("nf4"):
+            doc["quantization"] = dict(self.NF4)
+        return doc, {"config.json": json.dumps(cfg)}
+
+    def render(self, rows, measure):
+        for row in rows:
+            if row[0] not in self.SETUPS:
+                raise TableError(f"dora-peak: no run for the setup {row[0]!r}")
+        made = [self.config(self.SETUPS[row[0]]) for row in rows]
+        entries = memfit_json([m[0] for m in made], [m[1] for m in made])
+        out = []
+        for row, entry in zip(rows, entries):
+            if entry.get("peak") is None:
+                raise TableError(f"dora-peak: no peak for {row[0]!r}: {entry.get('diagnostics')}")
+            ours = entry["peak"]["bytes"]
+            lo, hi = (n(x) for x in row[2].split("–"))
+            out.append([row[0], commas(ours), row[2], f"{ours / hi:.3f}–{ours / lo:.3f}"])
+        return out
+
+
 # --- the tables, found in the pages -------------------------------------------------------------------------
 def table(name: str, attrs: dict[str, str]):
     if name == "peak-keras":
@@ -363,6 +563,12 @@ def table(name: str, attrs: dict[str, str]):
         return Korthikanti(**attrs)
     if name == "deepspeed":
         return DeepSpeedTable()
+    if name == "activation-ratios":
+        return ActivationRatios()
+    if name == "adapters":
+        return AdapterTable()
+    if name == "dora-peak":
+        return DoraPeakTable()
     raise TableError(f"no table kind {name!r}")
 
 

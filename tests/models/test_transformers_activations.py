@@ -42,6 +42,21 @@ def documented_ratios() -> dict[str, tuple[float, float]]:
 RATIOS = documented_ratios()
 
 
+def documented_saved() -> dict[tuple[str, str, int, int], int]:
+    """docs/transformers.md's activation-ratios table (tools/doc_tables.py): autograd's saved bytes per family,
+    attention and (micro_batch, seq_len), the figures the page prints as measured."""
+    import doc_tables  # tools/doc_tables.py: the docs' measurement tables
+
+    out = {}
+    for row in doc_tables.documented("docs/transformers.md", "activation-ratios"):
+        for (b, s), cell in zip(SIZES, (row[2], row[4])):
+            out[row[0].strip("`"), row[1], b, s] = int(cell.replace(",", ""))
+    return out
+
+
+SAVED = documented_saved()
+
+
 def assert_band(measured: int, model: int, band: float, what: str, family: str | None = None):
     assert abs(model - measured) <= band * measured, f"{what}: memfit {model} B vs measured {measured} B ({model / measured:.4f}x)"
     if family is not None:  # the page's claim for the family, at its precision (4 decimals)
@@ -60,11 +75,24 @@ def test_saved_bytes_match_a_real_step(family, attention):
         measured = hm.measure(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, model=model)["total"]
         ours = modelled(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention)
         assert_band(measured, ours, 0.05, f"{family} {attention} b={micro_batch} s={seq_len}", family)
+        if family != "phimoe":  # its router draws jitter noise each step (the page says so)
+            assert measured == SAVED[family, attention, micro_batch, seq_len], "docs/transformers.md's activation-ratios row"
 
 
 def test_the_page_gives_every_measured_family_a_ratio():
     assert set(hm.FAMILIES) <= set(RATIOS), sorted(set(hm.FAMILIES) - set(RATIOS))
+    assert set(SAVED) == {(f, a, b, s) for f in hm.FAMILIES if f != "phimoe" for a in ("eager", "sdpa") for b, s in SIZES}
     assert all(lo <= hi for lo, hi in RATIOS.values())
+
+
+def test_each_documented_case_lies_in_its_familys_ratio():
+    """The family table's ratio column holds the case-by-case ratios that tools/doc_tables.py regenerates."""
+    import doc_tables
+
+    for row in doc_tables.documented("docs/transformers.md", "activation-ratios"):
+        lo, hi = (float(x) for x in row[6].split("–"))
+        family_lo, family_hi = RATIOS[row[0].strip("`")]
+        assert family_lo <= lo <= hi <= family_hi, f"{row[0]} {row[1]}: {row[6]} outside the family table's {family_lo:.4f}–{family_hi:.4f}"
 
 
 def test_blocks_follow_the_layout_contract():

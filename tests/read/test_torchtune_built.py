@@ -21,6 +21,21 @@ TINY = {"vocab_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "
         "max_seq_len": 256}
 
 
+LABELS = {("q_proj", "v_proj"): "q, v", ("q_proj", "k_proj", "v_proj", "output_proj"): "q, k, v, output, MLP, lm_head",
+          ("q_proj", "v_proj", "output_proj"): "q, v, output, MLP, DoRA"}
+
+
+def documented(modules: list[str], dtype: str) -> tuple[int, int]:
+    """docs/accuracy.md's torchtune rows for this build: (gradients, optimizer state), the bytes the page prints."""
+    lines = (SUPPORT.parents[1] / "docs" / "accuracy.md").read_text(encoding="utf-8").splitlines()
+    setup = f"| torchtune `lora_llama3` (tiny), {LABELS[tuple(modules)]}, `dtype: {dtype}` | gradients |"
+    at = [i for i, line in enumerate(lines) if line.startswith(setup)]
+    assert len(at) == 1, f"docs/accuracy.md has no single row {setup!r}"
+    grads, state = (line.strip().strip("|").split("|") for line in lines[at[0]:at[0] + 2])
+    assert state[0].strip() == "same" and state[1].strip() == "optimizer state", state
+    return int(grads[3].replace(",", "")), int(state[3].replace(",", ""))
+
+
 def torchtune_python() -> str:
     python = os.environ.get("MEMFIT_TORCHTUNE_PYTHON")
     if not python:
@@ -53,3 +68,4 @@ def test_torchtunes_adapters_are_memfits_gradients_and_state(tmp_path, dtype, mo
     ours = json.loads(out.stdout)["files"][0]["footprint"]
     assert ours["gradients"] == theirs["trainable_bytes"]
     assert ours["optimizer_state"] == theirs["adamw_moments"]
+    assert documented(modules, dtype) == (theirs["trainable_bytes"], theirs["adamw_moments"])  # the page's bytes

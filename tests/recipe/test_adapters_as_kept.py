@@ -191,3 +191,30 @@ def test_torchtunes_llama3_8b_lora_keeps_its_adapters_in_bf16(dora, tmp_path):
     footprint = json.loads(done.stdout)["files"][0]["footprint"]
     assert footprint["gradients"] == 2 * elements  # bf16: 39,321,600 bytes without DoRA (peft's fp32: twice that)
     assert footprint["optimizer_state"] == 2 * 2 * elements  # AdamW's two moments in the parameters' bf16
+    if not dora:  # docs/accuracy.md's figures: 19,660,800 elements, gradients 39,321,600 B, AdamW's moments 78,643,200 B
+        assert (elements, footprint["gradients"], footprint["optimizer_state"]) == (19_660_800, 39_321_600, 78_643_200)
+    else:  # the page: the magnitudes add 32 x (4096 x 3 + 14336 x 2 + 1024) elements
+        assert elements == 19_660_800 + 32 * (4096 * 3 + 14336 * 2 + 1024)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_docs_accuracy_tables_reference_figures_are_what_peft_keeps():
+    """docs/accuracy.md's adapters table (tools/doc_tables.py regenerates it; tests/project/test_docs.py holds its
+    memfit cells): each reference figure, to the byte, from peft's model, a real AdamW step and autograd's saved peak."""
+    needs.module("bitsandbytes")
+    import doc_tables  # tools/doc_tables.py: the docs' measurement tables
+
+    table = doc_tables.AdapterTable()
+    rows = doc_tables.documented("docs/accuracy.md", "adapters")
+    assert len(rows) == 21
+    for row, run in zip(rows, table.runs(rows)):
+        cfg = hf_measure.without_attention_dropout(hf_measure.tiny("llama"))
+        quantization = dict(table.NF4) if run.get("nf4") else None
+        figure = table.FIGURES[row[1]]
+        if figure == "activations":
+            theirs = hf_measure.measure(cfg, micro_batch=MICRO_BATCH, seq_len=SEQ_LEN, checkpointing=run.get("checkpointing", "none"),
+                                        precision=run["precision"], lora=table.lora(run), quantization=quantization)["peak"]
+        else:
+            model = hf_measure.build(cfg, "sdpa", run["precision"], table.lora(run), quantization=quantization)
+            theirs = trainable_bytes(model) if figure == "gradients" else adamw_state_bytes(model)
+        assert theirs == int(row[3].replace(",", "")), f"docs/accuracy.md: {row[0]} / {row[1]}: measured {theirs:,} B, the page {row[3]} B"
