@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import wheelhouse
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,13 +101,14 @@ def test_action_steps_run(tmp_path: Path) -> None:
     (workspace / "configs" / "over.yaml").write_text(OVER, encoding="utf-8")
     (workspace / "docker-compose.yml").write_text("services: {web: {image: nginx}}\n", encoding="utf-8")
     (tmp_path / "runner").mkdir()
-    base = {
+    # the Action's install step builds memfit from its checkout: from the local wheels, with no package index
+    base = wheelhouse.offline({
         **{k: v for k, v in os.environ.items() if not k.startswith("GITHUB_")},
         "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
         "GITHUB_ACTION_PATH": str(ROOT),
         "RUNNER_TEMP": str(tmp_path / "runner"),
         "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"),
-    }
+    })
 
     def step(index: int, inputs: dict) -> subprocess.CompletedProcess:
         values = {name: spec.get("default", "") for name, spec in action["inputs"].items()} | inputs

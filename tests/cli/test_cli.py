@@ -108,7 +108,8 @@ def test_every_example_fits_except_the_over_budget_one():
     files = {Path(f["path"]).name: f for f in json.loads(passing.stdout)["files"]}
     assert len(files) >= 4
     for name, f in files.items():
-        codes = [d["code"] for d in f["diagnostics"]]
+        # a note (information: how a figure was made, e.g. measured-activations under [trace]) is no finding
+        codes = [d["code"] for d in f["diagnostics"] if d["severity"] != "information"]
         assert codes == (["budget-exceeded"] if "over-budget" in f["path"] else []), name
 
 

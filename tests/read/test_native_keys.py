@@ -188,3 +188,20 @@ def test_every_deepspeed_zero_key_is_tabled():
     known = set(deepspeed.ZERO_MODELLED) | set(deepspeed.ZERO_UNMODELLED) | set(deepspeed.ZERO_NO_MEMORY)
     assert not sorted(fields - known), "DeepSpeedZeroConfig fields in no table"
     assert not set(deepspeed.ZERO_NO_MEMORY) & (set(deepspeed.ZERO_MODELLED) | set(deepspeed.ZERO_UNMODELLED))
+
+
+def test_the_trainers_activation_checkpointing_is_its_gradient_checkpointing(tmp_path):
+    """transformers 5's TrainingArguments.activation_checkpointing (gradient_checkpointing is its deprecated alias,
+    which __post_init__ reads only where the new name is unset): the same run as gradient_checkpointing, and it wins
+    over the alias."""
+    shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
+    common = {"model_name_or_path": "./llama-3-8b.json", "output_dir": "out", "per_device_train_batch_size": 2, "max_seq_length": 1024, "bf16": True}
+    runs = {"new": {"activation_checkpointing": True}, "old": {"gradient_checkpointing": True},
+            "both": {"activation_checkpointing": False, "gradient_checkpointing": True}, "none": {}}
+    for name, keys in runs.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps({**common, **keys}))
+    out = memfit("check", "--format", "json", "--device", "H100", *(f"{n}.json" for n in runs), cwd=tmp_path)
+    new, old, both, none = json.loads(out.stdout)["files"]
+    assert new["peak"] == old["peak"] and new["footprint"]["activations"] < none["footprint"]["activations"]
+    assert both["peak"] == none["peak"]  # the new name, false, wins over the alias
+    assert not [d for d in new["diagnostics"] if "activation_checkpointing" in d["message"]]

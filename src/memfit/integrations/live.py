@@ -81,6 +81,10 @@ def trainer_arguments(args, model, seq_len: int, config_dir: str) -> tuple[dict,
     out = {key: _plain(values[key]) for key in (*KEYS, *UNMODELLED) if key in values and values[key] not in (None, "", [])}
     for key in ("block_size", "max_seq_length", "max_length", "config_name", "torch_dtype", "dtype"):
         out.pop(key, None)  # the model's and the run's own, below
+    for key in ("use_cpu", "no_cuda"):
+        # where the run trains is what the callback sees in the process (on a machine without a GPU it only records):
+        # not a key of a file whose device memfit must be told
+        out.pop(key, None)
     out["model_name_or_path"] = config_dir
     out["max_seq_length"] = seq_len
     dtype = weights_dtype(model)

@@ -19,7 +19,8 @@ KEYS = {
     "max_seq_length": (None, "training.seq_len (run_mlm, run_sft)", "run_mlm.py DataTrainingArguments.max_seq_length"),
     "per_device_train_batch_size": (8, "training.micro_batch", "training_args.py TrainingArguments.per_device_train_batch_size"),
     "gradient_accumulation_steps": (1, "training.gradient_accumulation", "TrainingArguments.gradient_accumulation_steps"),
-    "gradient_checkpointing": (False, "training.checkpointing full", "TrainingArguments.gradient_checkpointing"),
+    "gradient_checkpointing": (False, "training.checkpointing full", "TrainingArguments.gradient_checkpointing (transformers 5: activation_checkpointing's deprecated alias)"),
+    "activation_checkpointing": (None, "training.checkpointing full (wins over gradient_checkpointing)", "TrainingArguments.activation_checkpointing; __post_init__ takes gradient_checkpointing only when it is unset"),
     "bf16": (False, "precision bf16-mixed (bf16-true with torch_dtype bfloat16)", "TrainingArguments.bf16"),
     "fp16": (False, "precision 16-mixed", "TrainingArguments.fp16"),
     "optim": ("adamw_torch_fused", "optimizer, training.optimizer_impl", "TrainingArguments.optim; trainer_optimizer.py _OPTIMIZER_HANDLERS"),
@@ -34,7 +35,6 @@ UNMODELLED = {
     "optim_target_modules": ((), "GaLore/APOLLO target modules"),
     "torch_compile_mode": ((None,), "a torch.compile mode turns torch_compile on (TrainingArguments.__post_init__): compiled kernels save less for backward than memfit counts"),
     "torch_compile_backend": ((None,), "a torch.compile backend turns torch_compile on (TrainingArguments.__post_init__): compiled kernels save less for backward than memfit counts"),
-    "activation_checkpointing": ((False, None), "the accelerator's activation checkpointing recomputes each layer in backward; memfit reads gradient_checkpointing, so the figures are high here"),
     "auto_find_batch_size": ((False,), "the Trainer halves the batch after an out-of-memory error: the batch that runs may be smaller than written (the figures are for the written one)"),
     "label_smoothing_factor": ((0, 0.0), "the Trainer's LabelSmoother takes a log-softmax over the logits besides the model's loss: the figures may be low by a logits-sized tensor"),
     "use_cache": ((False, None), "the forward returns a key/value cache during training: the figures may be low by the cache's bytes"),
@@ -101,7 +101,9 @@ def read(r: Reader, ctx) -> dict:
     r.set(("training", "seq_len"), seq, seq_at)
     if accum != 1 or "gradient_accumulation_steps" in data:
         r.set(("training", "gradient_accumulation"), accum, r.at("gradient_accumulation_steps") if "gradient_accumulation_steps" in data else None)
-    checkpointing = r.get("gradient_checkpointing", (bool,), False)
+    # transformers 5's name; gradient_checkpointing is its deprecated alias, read only where the new name is unset
+    checkpoint_key = "activation_checkpointing" if isinstance(data.get("activation_checkpointing"), bool) else "gradient_checkpointing"
+    checkpointing = r.get(checkpoint_key, (bool,), False)
     impl = r.get("attn_implementation", (str,), None)
     attention = hf.ATTENTION.get(impl) if impl else hf.DEFAULT_ATTENTION
     if impl and attention is None:
@@ -121,7 +123,7 @@ def read(r: Reader, ctx) -> dict:
         if isinstance(config, dict) and (config.get("activation_checkpointing") or config.get("fsdp_activation_checkpointing")):
             checkpointing = True
             r.origin(("training", "checkpointing"), r.at("fsdp_config"))
-    r.set(("training", "checkpointing"), "full" if checkpointing else "none", r.at("gradient_checkpointing") if "gradient_checkpointing" in data else None)
+    r.set(("training", "checkpointing"), "full" if checkpointing else "none", r.at(checkpoint_key) if checkpoint_key in data else None)
     if r.get("do_eval", (bool,), False) or data.get("eval_strategy", data.get("evaluation_strategy", "no")) not in ("no", None):
         r.eval_batch("per_device_eval_batch_size", micro, 8)
     trainer = {
