@@ -153,6 +153,10 @@ def fetch(name: str, revision: str = "main", deadline_s: float | None = None, ma
                     connection.close()
             raise ValueError("too many redirects")
         except Exception as error:  # noqa: BLE001 -- network, status, deadline, cap: the reason the fetch failed
+            if isinstance(error, TimeoutError):
+                # every socket wait is set to what is left of the deadline: a socket timeout is the deadline passing
+                # (it can fire just before the caller's join gives up on this thread)
+                error = TimeoutError(f"no complete answer within the {deadline_s:g} s deadline")
             found["error"] = error
 
     import threading
