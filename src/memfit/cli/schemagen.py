@@ -207,9 +207,8 @@ def _parallel_sections() -> dict:
 
 
 def _transformer_properties() -> dict:
-    from memfit.models.families import FAMILIES, SUPPORTED
+    from memfit.models.families import SUPPORTED
 
-    architectures = [name for family in FAMILIES.values() for name in family.architectures]
     return {
         "hf_config": {
             "title": "Hugging Face config.json",

@@ -323,7 +323,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
 
     A tensor-parallel rank's program (ledger.ranks): `shape` evaluates each saved tensor's shape with the rank's
     share (models.hf_sharded.rank_shape), `rank_sizes` gives the rank's sizes for the in-flight tensors."""
-    from memfit.models import hf, hf_activations as acts, hf_encdec
+    from memfit.models import hf_activations as acts, hf_encdec
 
     model = config.model
     cfg, run = model.cfg, model.training

@@ -466,7 +466,6 @@ def _tree(cfg: dict) -> tuple[list[Module], str, list[Module], list[Module], set
     prefix = fam.base + "."
     before = [Module(prefix + m.path, m.type, m.dims) for m in before]
     after = [Module(prefix + m.path, m.type, m.dims) for m in after]
-    embedding = before[0].path + ".weight"
     tied: set = set()
     tie = bool(cfg.get("tie_word_embeddings"))
     if kind == SEQUENCE_CLASSIFICATION:

@@ -511,7 +511,7 @@ def _deepseek_moe(fam: Family, n: dict, act: str) -> list:
     routed_scaling_factor: a Python number, nothing kept), the grouped experts (Mixtral's rows), then the shared
     experts (a gated MLP over every token) added. The group selection (topk over groups, masked_fill, topk) is
     indices and a mask that reach no loss: their graph is freed with the router's forward (never in the peak)."""
-    T, X = ("T", "h"), ("b", "s", "h")
+    T = ("T", "h")
     shared = _linear([("sgate", n["sgate"], "is"), ("sup", n["sup"], "is")], T, "n2")
     shared += _activation(act, "act_fn(gate) (shared experts)", ("b", "s", "is"), "sh") + [
         K("act * up", "act_fn(gate) (shared experts)", ("b", "s", "is"), "lin", None, ("sh",)),

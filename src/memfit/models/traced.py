@@ -663,8 +663,6 @@ class _FakeGroupedMm:
 def _inputs(model, config, micro_batch: int, seq_len: int, torch, target_len: int | None = None) -> dict:
     """Token ids and the labels the class's loss takes (a classifier's one per sequence or per token; an
     encoder-decoder's decoder tokens; Whisper's log-mel frames, 2 x max_source_positions long)."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    vocab = int(getattr(text, "vocab_size", None) or 2)
     name = type(model).__name__
     b, s = micro_batch, seq_len
     ids = torch.zeros((b, s), dtype=torch.long)

@@ -36,7 +36,6 @@ from memfit.recipe.costs import dtype_bytes
 import math
 import re
 from dataclasses import dataclass, field
-from fractions import Fraction
 from functools import lru_cache
 
 ZERO_STAGES = (0, 1, 2, 3)

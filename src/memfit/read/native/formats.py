@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from memfit.diagnostics import codes
-from memfit.read.native.base import FORMATS, At, Found, Native, Reader
+from memfit.read.native.base import FORMATS, At, Native, Reader
 
 __all__ = ["FORMATS", "Native", "detect", "read", "sniff"]
 
