@@ -808,26 +808,31 @@ def _recompute_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict) -
     scaled copy at once (`result + lora_B(lora_A(x)) * scaling`; the adapter in fp32 on a 16-bit base, in the
     low dtype under autocast). Measured: Mistral, bf16-true, all-linear LoRA: the step's peak is the up
     projection's recomputation in layer 0 (MemTracker, tests/ledger/test_combinations.py)."""
+    T = sizes["T"]
+    arrived = _arrived(cfg, sizes, roles)
+    out = {}
+    for part, linears in (_adapted_linears(cfg, lora) or dict.fromkeys(_PART_LINEARS, [])).items():
+        worst = 0
+        for _, width in linears:
+            elements = T * sizes[width]
+            worst = max(worst, dtype_bytes(elements, roles["lin"]) + 2 * dtype_bytes(elements, roles["ada_low"]))
+        out[part] = arrived + worst
+    return out
+
+
+def _adapted_linears(cfg: dict, lora: dict | None) -> dict | None:
+    """{part: [(role, output width symbol)]}: each part's linears (_PART_LINEARS) that the LoRA config adapts in this
+    family (none without LoRA); None where the family cannot say which."""
     from memfit.models import hf_activations as acts
 
     fam = acts.FAMILIES[cfg["model_type"]]
     try:
         adapted = acts._trainable(fam, lora) if lora else {}
     except ValueError:
-        adapted = {}
-    T = sizes["T"]
-    arrived = _arrived(cfg, sizes, roles)
-    out = {}
-    for part, linears in _PART_LINEARS.items():
-        worst = 0
-        for role, width in linears:
-            module = fam.names.get(role)
-            if module is None or not adapted.get(f"L:{module}"):
-                continue
-            elements = T * sizes[width]
-            worst = max(worst, dtype_bytes(elements, roles["lin"]) + 2 * dtype_bytes(elements, roles["ada_low"]))
-        out[part] = arrived + worst
-    return out
+        return None
+    return {part: [(role, width) for role, width in linears
+                   if fam.names.get(role) is not None and adapted.get(f"L:{fam.names[role]}")]
+            for part, linears in _PART_LINEARS.items()}
 
 
 # the input width of each linear of _PART_LINEARS (its symbol in _sizes)
@@ -844,24 +849,17 @@ def _dora_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict, precis
     `dequantized`, its layer's dtype); then the output's three (T, out) temporaries. Per part, the worst
     linear's: base output + the larger of those.
     Measured (MemTracker, tiny and wide Llama, 32-true and bf16-true): the step's peak is this moment in the forward."""
-    from memfit.models import hf_activations as acts
-
     if not (isinstance(lora, dict) and lora.get("use_dora") is True):
         return {}
-    fam = acts.FAMILIES[cfg["model_type"]]
-    try:
-        adapted = acts._trainable(fam, lora)
-    except ValueError:
+    parts = _adapted_linears(cfg, lora)
+    if parts is None:
         return {}
     ada, rank, T = roles["ada"], int(lora.get("r") or 8), sizes["T"]
     weight = dequantized or ("float32" if precision.endswith("-mixed") else roles["lin"])
     out = {}
-    for part, linears in _PART_LINEARS.items():
+    for part, linears in parts.items():
         worst = 0
         for role, width in linears:
-            module = fam.names.get(role)
-            if module is None or not adapted.get(f"L:{module}"):
-                continue
             n_in, n_out = sizes[_LINEAR_INPUTS[role]], sizes[width]
             norm = (dtype_bytes(n_in * n_in, ada) + dtype_bytes(n_in * rank, ada) + 3 * dtype_bytes(n_out * n_in, ada)
                     + (dtype_bytes(n_out * n_in, ada) if weight != ada else 0)
