@@ -476,38 +476,44 @@ def run_diff(args) -> int:
         if over:
             return EXIT_FAILED
     return EXIT_OK
+
+
+def _existing_outputs(args) -> list[tuple[str, str]]:
+    """(flag, file) of each report output that already exists: the ones a write could destroy."""
+    outputs = (("--output", args.output), ("--summary-md", getattr(args, "summary_md", None)))
+    return [(flag, name) for flag, name in outputs if name and os.path.exists(name)]
+
+
+def _written_over(path: str, outputs: list[tuple[str, str]]) -> tuple[str, str] | None:
+    """The output (flag, file) that is `path` under any name (./a.yaml, a symlink), if one is."""
+    for flag, name in outputs:
+        try:
+            if os.path.samefile(path, name):
+                return flag, name
+        except OSError:
+            continue
+    return None
+
+
 def _output_onto_read(args, results) -> str | None:
     """An output onto a file a check read (a model's config.json, a DeepSpeed JSON, a launch config, the settings):
     written over, the next check would read the report. Found after the checks, before anything is written."""
-    outputs = [(flag, name) for flag, name in (("--output", args.output), ("--summary-md", getattr(args, "summary_md", None))) if name and os.path.exists(name)]
-    for result in results:
+    outputs = _existing_outputs(args)
+    for result in results if outputs else ():
         settings = (result.provenance or {}).get("settings") if getattr(result, "provenance", None) else None
         for read_file in [*result.references, *([settings] if settings else [])]:
-            for flag, name in outputs:
-                try:
-                    same = os.path.samefile(read_file, name)
-                except OSError:
-                    continue
-                if same:
-                    return f"memfit: {flag} {name} is a file the check of {result.path} reads ({read_file}): refusing to write over it"
+            hit = _written_over(read_file, outputs)
+            if hit:
+                return f"memfit: {hit[0]} {hit[1]} is a file the check of {result.path} reads ({read_file}): refusing to write over it"
     return None
 
 
 def _output_onto_input(args) -> str | None:
     """A report written over a config it checks would destroy it: `-o a.yaml a.yaml`, or an
     output that is an input under another name (./a.yaml, a symlink, inside a checked directory)."""
-    outputs = [(flag, name) for flag, name in (("--output", args.output), ("--summary-md", getattr(args, "summary_md", None))) if name]
-    if not outputs:
-        return None
-    existing = [(flag, name) for flag, name in outputs if os.path.exists(name)]
-    if not existing:
-        return None
-    for path, _ in expand(args.paths):
-        for flag, name in existing:
-            try:
-                same = os.path.samefile(path, name)
-            except OSError:
-                continue
-            if same:
-                return f"memfit: {flag} {name} is one of the inputs ({path}): refusing to write over a config being checked"
+    outputs = _existing_outputs(args)
+    for path, _ in expand(args.paths) if outputs else ():
+        hit = _written_over(path, outputs)
+        if hit:
+            return f"memfit: {hit[0]} {hit[1]} is one of the inputs ({path}): refusing to write over a config being checked"
     return None
