@@ -393,7 +393,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
                 continue
             later_kept.setdefault(1 if shared else encoder_layers, []).append(t)
             row.kept.remove(t)
-    row.frozen += _buffers(cfg, sizes, roles["act"])
+    # (the model's buffers are config tensors, models/buffers.py: with the embeddings' frozen parameters)
     if not row.grads and not tied_grad and checkpointing != "full":
         # a frozen embedding (LoRA): autograd records no backward for it (under full checkpointing transformers
         # makes its output require a gradient, hf_activations._evaluate: that gradient is computed)
@@ -665,25 +665,6 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
             rows.append(row)
             x = y
     return x
-
-
-def _buffers(cfg: dict, sizes: dict, dtype: str) -> list:
-    """The model's buffers (on the device, without gradients): the rotary embedding's inv_freq and
-    original_inv_freq (in the model's dtype once it is cast); BERT's position_ids and token_type_ids
-    (int64, max_position_embeddings); Gemma's embedding normalizer (a float32 scalar); DeepSeek-V3's router bias
-    (e_score_correction_bias per MoE layer, in the model's dtype once it is cast: from_pretrained would keep it fp32,
-    _keep_in_fp32_modules_strict)."""
-    out = [dtype_bytes(sizes["rot"] // 2, dtype)] * 2 if sizes["rot"] else []
-    if cfg["model_type"] == "gemma3_text":  # one inv_freq pair per layer type present (Gemma3RotaryEmbedding)
-        out *= len(set(cfg.get("layer_types") or ())) or 1
-    if cfg["model_type"] == "bert":
-        out += [dtype_bytes(cfg["max_position_embeddings"], "int64")] * 2
-    if cfg["model_type"] in ("gemma", "gemma2", "gemma3_text"):
-        out.append(dtype_bytes(1, "float32"))
-    if cfg["model_type"] == "deepseek_v3":   # each MoE layer's router keeps e_score_correction_bias (n_routed_experts)
-        moe_layers = cfg["num_hidden_layers"] - min(cfg["num_hidden_layers"], cfg.get("first_k_dense_replace") or 0)
-        out += [dtype_bytes(cfg["n_routed_experts"], dtype)] * moe_layers
-    return out
 
 
 def _base_name(name: str) -> str:
