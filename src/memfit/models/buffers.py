@@ -32,8 +32,8 @@ def buffers(cfg: dict, rotary: int) -> list[Buffer]:
         positions = (1, cfg["max_position_embeddings"])
         return [Buffer(f"{base}.embeddings.position_ids", positions, "int64"),
                 Buffer(f"{base}.embeddings.token_type_ids", positions, "int64")]
-    if mt in ("gemma", "gemma2", "gemma3_text"):  # the scaled word embedding's normalizer: a float32 scalar
-        out.append(Buffer(f"{base}.embed_tokens.embed_scale", (), "float32"))
+    if mt in ("gemma", "gemma2", "gemma3_text"):  # the scaled word embedding's normalizer: a scalar, cast with the model
+        out.append(Buffer(f"{base}.embed_tokens.embed_scale", (), None))
     if mt == "deepseek_v3":  # each MoE layer's router keeps e_score_correction_bias (n_routed_experts)
         first = min(cfg["num_hidden_layers"], cfg.get("first_k_dense_replace") or 0)
         out += [Buffer(f"{base}.layers.{i}.mlp.gate.e_score_correction_bias", (cfg["n_routed_experts"],), None)
