@@ -363,7 +363,9 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
                 out.append(fresh(nbytes))
         return out
 
-    groups, tied_grad = _weight_groups(config, cfg, n_layers, stacked)
+    # the final norm (model.norm, transformer.ln_f) is its own row before the head where the family has one
+    norm_kept = [k for k in blocks[-2].kept if k.label.startswith(FINAL_NORM)] if not stacked else []
+    groups, tied_grad = _weight_groups(config, cfg, n_layers, stacked, final_norm(cfg) if norm_kept else None)
     weights = _Weights(groups, _master_dtype(config))
 
     emb, layer_blocks, head, loss = blocks[0], blocks[1:-2], blocks[-2], blocks[-1]
@@ -406,9 +408,15 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
     k = _layer_kernels(cfg, run, recipe_args, sizes, enc_sizes, roles, checkpointing, stacked, model.dtypes)
     x = _layer_rows(k, rows, x, every, bound, later_kept, fresh, weights, kept_ids, cfg, sizes, enc_sizes, checkpointing, stacked,
                     encoder_layers, enc_hidden, hidden, n_layers)
+    if norm_kept:
+        normed = fresh(hidden)
+        row = weights(Row(FINAL_NORM, input=x, output=normed), FINAL_NORM)
+        row.kept = kept_ids(norm_kept, x, hidden)
+        rows.append(row)
+        x = normed
     logits = fresh(T * sizes["V"] * lin_w)
     row = weights(Row("head", input=x, output=logits), "head")
-    row.kept = kept_ids(head.kept, x, hidden)
+    row.kept = kept_ids([k for k in head.kept if k not in norm_kept], x, hidden)
     by_loss = [fresh(kept_bytes(k)) for k in loss.kept]
     rows.append(row)
     logits32 = dtype_bytes(T * sizes["V"], "float32")
@@ -427,14 +435,29 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
                 declared_stepped + weights.stepped if weights.any_master else None, loss_kept=by_loss)
 
 
-def _weight_groups(config, cfg: dict, n_layers: int, stacked: bool) -> tuple:
+FINAL_NORM = "final norm"  # the row of a decoder's final norm (and the label prefix of what it keeps)
+
+
+def final_norm(cfg: dict) -> str | None:
+    """The module path of a decoder's final norm (the last norm after the layers, before the head), None for an
+    encoder-decoder."""
+    from memfit.models import hf, hf_encdec
+
+    if hf_encdec.is_stacked(cfg):
+        return None
+    after = hf._tree(cfg)[3]
+    return next((m.path for m in after[:-1] if "norm" in m.type), None)
+
+
+def _weight_groups(config, cfg: dict, n_layers: int, stacked: bool, norm: str | None = None) -> tuple:
     """A transformer's parameters by row of the step, from the config's own tensors (as the recipe priced them):
-    ({row key: [(bytes per category of one copy, trainable, elements)]}, the tied head weight's gradient bytes)."""
+    ({row key: [(bytes per category of one copy, trainable, elements)]}, the tied head weight's gradient bytes).
+    `norm`: the final norm's module path when it is a row of its own (its parameters in FINAL_NORM)."""
     from memfit.models import hf, hf_encdec
 
     # parameters by row, from the config's own tensors: embeddings; each layer as four parts
-    # (norm and attention, its output projection, norm and MLP, its down projection); the head
-    groups: dict = {"embeddings": [], "head": []}
+    # (norm and attention, its output projection, norm and MLP, its down projection); the final norm; the head
+    groups: dict = {"embeddings": [], FINAL_NORM: [], "head": []}
     seen_layer = False
     tied, tied_grad = hf.tied_embedding(cfg), 0
     for t in config.tensors:
@@ -460,6 +483,8 @@ def _weight_groups(config, cfg: dict, n_layers: int, stacked: bool) -> tuple:
             # the head's backward makes the shared weight's gradient; the embedding's backward adds its part later
             groups["head"].append(entry)
             tied_grad = per_copy.get("gradients", 0) if t.trainable else 0
+        elif seen_layer and norm is not None and _base_name(t.name).startswith(norm + "."):
+            groups[FINAL_NORM].append(entry)
         else:
             groups["head" if seen_layer else "embeddings"].append(entry)
     return groups, tied_grad
