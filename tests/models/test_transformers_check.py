@@ -44,6 +44,19 @@ def meta_parameters(given: dict) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def meta_buffer_bytes(given: dict, dtype: str) -> int:
+    """The bytes of the registered buffers transformers builds for the config (rotary inv_freq, ...), cast to `dtype` as
+    the model is: they are on the device beside the parameters, counted under `parameters`."""
+    import needs
+
+    torch = needs.module("torch")
+    transformers = needs.module("transformers")
+    config = transformers.AutoConfig.for_model(**given)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config).to(getattr(torch, dtype))
+    return sum(b.numel() * b.element_size() for b in model.buffers())
+
+
 def measured(given: dict, **run) -> dict:
     """A real step of the model on the CPU: the bytes autograd saves (tests/support/hf_measure.py)."""
     import needs
@@ -63,7 +76,7 @@ def test_hf_config_bytes_are_the_parameters_and_the_saved_tensors(tmp_path):
     assert elements == 67_904  # embed 96x64 + head 96x64 + 2 layers x (q 64x64 + k, v 32x64 + o 64x64 + 3 x 80x64 + 2 x 64) + norm 64
     assert elements == 2 * 96 * 64 + 2 * (64 * 64 * 2 + 32 * 64 * 2 + 3 * 80 * 64 + 2 * 64) + 64
     fp = result.footprint
-    assert fp["parameters"] == 4 * elements and fp["gradients"] == 4 * elements and fp["optimizer_state"] == 8 * elements
+    assert fp["parameters"] == 4 * elements + meta_buffer_bytes(TINY, "float32") and fp["gradients"] == 4 * elements and fp["optimizer_state"] == 8 * elements
     # the bytes autograd saves in a real step of the same model (sdpa, 2 x 16 tokens): equal to the byte
     assert fp["activations"] == measured(TINY, micro_batch=2, seq_len=16, attention="sdpa")["total"]
     assert result.config.model.file == str(tmp_path / "config.json")
@@ -84,7 +97,7 @@ def test_bf16_dtypes_and_checkpointing(tmp_path):
     # the peak of saved bytes in a real bf16 step with gradient checkpointing (eager, 2 x 16 tokens): to the byte
     real = measured(TINY, micro_batch=2, seq_len=16, attention="eager", checkpointing="full", precision="bf16-true")
     assert result.footprint["activations"] == real["peak"] < real["total"]
-    assert result.footprint["parameters"] == 2 * meta_parameters(TINY)
+    assert result.footprint["parameters"] == 2 * meta_parameters(TINY) + meta_buffer_bytes(TINY, "bfloat16")
 
 
 def test_the_gpt2_example_is_its_measured_activations(tmp_path):

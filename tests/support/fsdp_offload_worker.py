@@ -34,12 +34,36 @@ def run(rank, world, config, cases, store, out):
     dist.destroy_process_group()
 
 
-def step(rank, world, config, checkpointing):
+def step(rank, world, config, checkpointing, fake=None):
+    """One warm step of rank `rank`. `fake`: a FakeTensorMode (tests/support/fsdp_fake_worker.py): the model is built
+    and sharded on the meta device, then made real-shaped fake tensors inside it (torchtitan's estimator's order),
+    and the steps run inside it."""
+    import contextlib
+
+    inside = fake if fake is not None else contextlib.nullcontext()
     import transformers
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    fields = {k: v for k, v in config.items() if k != "model_type"}
+    cfg = transformers.AutoConfig.for_model(config["model_type"], **fields)
+    with torch.device("meta") if fake is not None else contextlib.nullcontext():
+        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    model.train()
+    if checkpointing == "full":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    offload = CPUOffloadPolicy(pin_memory=False)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, offload_policy=offload)
+    fully_shard(model, mesh=mesh, offload_policy=offload)
+    with inside:
+        return _warm_step(rank, world, config, checkpointing, model, fake, FSDPMemTracker)
+
+
+def _warm_step(rank, world, config, checkpointing, model, fake, FSDPMemTracker):
     class DeviceTracker(FSDPMemTracker):
         """FSDPMemTracker noting, at every update, the live bytes outside what the offload keeps on the host."""
 
@@ -63,18 +87,8 @@ def step(rank, world, config, checkpointing):
                 if held > self.by_phase.get(self.phase, 0):
                     self.by_phase[self.phase] = held
 
-    mesh = init_device_mesh("cpu", (world,))
-    torch.manual_seed(0)
-    fields = {k: v for k, v in config.items() if k != "model_type"}
-    cfg = transformers.AutoConfig.for_model(config["model_type"], **fields)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
-    model.train()
-    if checkpointing == "full":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    offload = CPUOffloadPolicy(pin_memory=False)
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh, offload_policy=offload)
-    fully_shard(model, mesh=mesh, offload_policy=offload)
+    if fake is not None:
+        model.to_empty(device="cpu")  # fake tensors of the real shapes (the sharded ones on the host)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, config["vocab_size"], (2, 32), generator=g)

@@ -36,6 +36,7 @@ class Tensor:
     trainable: bool
     bytes: dict  # category -> int, from costs.Recipe.cost; per-device figures: placement.Placement.of
     roles: dict | None = None  # role -> int where a recipe splits a category (a grad accum buffer, a master copy): what placement shards
+    buffer: bool = False  # a module's registered buffer (rotary inv_freq): a parameter-like tensor no engine shards
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,7 +109,7 @@ def stage_steps(step: Step, pipeline: int) -> list:
         if row.name == DECLARED:
             rows[0].append(row)
             continue
-        s = stage_of_layer[i] if i is not None else (pipeline - 1 if row.name == "head" else 0)
+        s = stage_of_layer[i] if i is not None else (pipeline - 1 if row.name in ("head", training.FINAL_NORM) else 0)
         n = len(row.grads)
         rows[s].append(row)
         states[s].extend(step.optimizer_state[at:at + n])

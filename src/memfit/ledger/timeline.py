@@ -22,8 +22,9 @@ boundaries between them. This module turns that walk into the timeline `memfit e
   included). `at`: a module's first row's pre-forward boundary is its pre-forward; its last row's forward moment
   its post-forward (its output just written); in backward its first row's pre-backward and its last row's
   post-backward boundaries. A moment inside a module (the worst moment of a transformer layer's attention, say)
-  has `at` None. A transformer's final norm and head are one row of the walk: the norm's pre-forward and
-  post-backward are that row's, the head's post-forward and pre-backward.
+  has `at` None. A decoder's final norm (`model.norm`, `transformer.ln_f`) and its head (`lm_head`) are rows of
+  their own, each with its four edges; an encoder-decoder's final norm and head are one row (the norm's
+  pre-forward and post-backward are that row's, the head's post-forward and pre-backward).
 - With an allocator granule (`overhead: auto` on a preset), each moment's rounding (every live
   tensor up to 512 bytes) is added to its overhead, as `step.peak` adds it to each phase.
 
@@ -42,6 +43,7 @@ from dataclasses import replace
 
 from memfit.ledger import ranks
 from memfit.ledger.step import LIVE, phases, rank_trace, rounded
+from memfit.ledger.training import FINAL_NORM, final_norm
 
 PHASE = {"forward": "forward", "backward": "backward", "optimizer_step": "optimizer"}
 AT = ("pre-forward", "post-forward", "pre-backward", "post-backward")
@@ -53,31 +55,36 @@ def module_namer(config):
     """row name -> the model's own module name, for the config's model."""
     model = getattr(config, "model", None)
     cfg = getattr(model, "cfg", None)
-    return hf_namer(cfg) if cfg is not None else keras_namer
+    step = getattr(config, "step", None)
+    own_norm = step is not None and any(r.name == FINAL_NORM for r in step.rows)
+    return hf_namer(cfg, own_norm) if cfg is not None else keras_namer
 
 
-def hf_namer(cfg: dict):
-    """A transformer's rows -> transformers' module paths (embeddings, each layer, the head)."""
+def hf_namer(cfg: dict, own_norm: bool = True):
+    """A transformer's rows -> transformers' module paths (embeddings, each layer, the final norm, the head).
+    `own_norm`: the final norm is a row of its own (training.FINAL_NORM); otherwise the head row is the final norm
+    (an encoder-decoder's), then the output layer."""
     from memfit.models import hf_encdec
     from memfit.models.hf import _tree  # the transformers module tree: embeddings first, the head last
 
     stacked = hf_encdec.is_stacked(cfg)
     if stacked:  # an encoder-decoder: the step's layers are both stacks' (encoder.block.i, then decoder.block.j)
         first, norm, last = hf_encdec.outer_modules(cfg)
+        own_norm = False
     else:
         before, layers, _, after, _ = _tree(cfg)
         first, last = before[0].path, after[-1].path
-        # the head row is the final norm, then the output layer: its start (pre-forward) and its end
-        # in backward (post-backward) are the norm's
-        norm = next((m.path for m in after[:-1] if "norm" in m.type), last)
+        norm = final_norm(cfg) or last
 
     def name(row: str, edge: str | None = None) -> str:
         m = _HF_ROW.match(row)
         if m:
             return hf_encdec.layer_module(cfg, int(m.group(1))) if stacked else f"{layers}.{m.group(1)}"
         if row == "head":
-            return norm if edge in ("pre-forward", "post-backward") else last
-        return {"embeddings": first}.get(row, row)
+            # a head row that includes the final norm: its start (pre-forward) and its end in backward
+            # (post-backward) are the norm's
+            return norm if not own_norm and edge in ("pre-forward", "post-backward") else last
+        return {"embeddings": first, FINAL_NORM: norm}.get(row, row)
 
     return name
 

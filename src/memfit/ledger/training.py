@@ -364,7 +364,9 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
                 out.append(fresh(nbytes))
         return out
 
-    groups, tied_grad = _weight_groups(config, cfg, n_layers, stacked)
+    # the final norm (model.norm, transformer.ln_f) is its own row before the head where the family has one
+    norm_kept = [k for k in blocks[-2].kept if k.label.startswith(FINAL_NORM)] if not stacked else []
+    groups, tied_grad = _weight_groups(config, cfg, n_layers, stacked, final_norm(cfg) if norm_kept else None)
     weights = _Weights(groups, _master_dtype(config))
 
     emb, layer_blocks, head, loss = blocks[0], blocks[1:-2], blocks[-2], blocks[-1]
@@ -394,7 +396,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
                 continue
             later_kept.setdefault(1 if shared else encoder_layers, []).append(t)
             row.kept.remove(t)
-    row.frozen += _buffers(cfg, sizes, roles["act"])
+    # (the model's buffers are config tensors, models/buffers.py: with the embeddings' frozen parameters)
     if not row.grads and not tied_grad and checkpointing != "full":
         # a frozen embedding (LoRA): autograd records no backward for it (under full checkpointing transformers
         # makes its output require a gradient, hf_activations._evaluate: that gradient is computed)
@@ -407,9 +409,15 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
     k = _layer_kernels(cfg, run, recipe_args, sizes, enc_sizes, roles, checkpointing, stacked, model.dtypes)
     x = _layer_rows(k, rows, x, every, bound, later_kept, fresh, weights, kept_ids, cfg, sizes, enc_sizes, checkpointing, stacked,
                     encoder_layers, enc_hidden, hidden, n_layers)
+    if norm_kept:
+        normed = fresh(hidden)
+        row = weights(Row(FINAL_NORM, input=x, output=normed), FINAL_NORM)
+        row.kept = kept_ids(norm_kept, x, hidden)
+        rows.append(row)
+        x = normed
     logits = fresh(T * sizes["V"] * lin_w)
     row = weights(Row("head", input=x, output=logits), "head")
-    row.kept = kept_ids(head.kept, x, hidden)
+    row.kept = kept_ids([k for k in head.kept if k not in norm_kept], x, hidden)
     by_loss = [fresh(kept_bytes(k)) for k in loss.kept]
     rows.append(row)
     logits32 = dtype_bytes(T * sizes["V"], "float32")
@@ -428,14 +436,29 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
                 declared_stepped + weights.stepped if weights.any_master else None, loss_kept=by_loss)
 
 
-def _weight_groups(config, cfg: dict, n_layers: int, stacked: bool) -> tuple:
+FINAL_NORM = "final norm"  # the row of a decoder's final norm (and the label prefix of what it keeps)
+
+
+def final_norm(cfg: dict) -> str | None:
+    """The module path of a decoder's final norm (the last norm after the layers, before the head), None for an
+    encoder-decoder."""
+    from memfit.models import hf, hf_encdec
+
+    if hf_encdec.is_stacked(cfg):
+        return None
+    after = hf._tree(cfg)[3]
+    return next((m.path for m in after[:-1] if "norm" in m.type), None)
+
+
+def _weight_groups(config, cfg: dict, n_layers: int, stacked: bool, norm: str | None = None) -> tuple:
     """A transformer's parameters by row of the step, from the config's own tensors (as the recipe priced them):
-    ({row key: [(bytes per category of one copy, trainable, elements)]}, the tied head weight's gradient bytes)."""
+    ({row key: [(bytes per category of one copy, trainable, elements)]}, the tied head weight's gradient bytes).
+    `norm`: the final norm's module path when it is a row of its own (its parameters in FINAL_NORM)."""
     from memfit.models import hf, hf_encdec
 
     # parameters by row, from the config's own tensors: embeddings; each layer as four parts
-    # (norm and attention, its output projection, norm and MLP, its down projection); the head
-    groups: dict = {"embeddings": [], "head": []}
+    # (norm and attention, its output projection, norm and MLP, its down projection); the final norm; the head
+    groups: dict = {"embeddings": [], FINAL_NORM: [], "head": []}
     seen_layer = False
     tied, tied_grad = hf.tied_embedding(cfg), 0
     for t in config.tensors:
@@ -461,6 +484,8 @@ def _weight_groups(config, cfg: dict, n_layers: int, stacked: bool) -> tuple:
             # the head's backward makes the shared weight's gradient; the embedding's backward adds its part later
             groups["head"].append(entry)
             tied_grad = per_copy.get("gradients", 0) if t.trainable else 0
+        elif seen_layer and norm is not None and _base_name(t.name).startswith(norm + "."):
+            groups[FINAL_NORM].append(entry)
         else:
             groups["head" if seen_layer else "embeddings"].append(entry)
     return groups, tied_grad
@@ -666,25 +691,6 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
             rows.append(row)
             x = y
     return x
-
-
-def _buffers(cfg: dict, sizes: dict, dtype: str) -> list:
-    """The model's buffers (on the device, without gradients): the rotary embedding's inv_freq and
-    original_inv_freq (in the model's dtype once it is cast); BERT's position_ids and token_type_ids
-    (int64, max_position_embeddings); Gemma's embedding normalizer (a float32 scalar); DeepSeek-V3's router bias
-    (e_score_correction_bias per MoE layer, in the model's dtype once it is cast: from_pretrained would keep it fp32,
-    _keep_in_fp32_modules_strict)."""
-    out = [dtype_bytes(sizes["rot"] // 2, dtype)] * 2 if sizes["rot"] else []
-    if cfg["model_type"] == "gemma3_text":  # one inv_freq pair per layer type present (Gemma3RotaryEmbedding)
-        out *= len(set(cfg.get("layer_types") or ())) or 1
-    if cfg["model_type"] == "bert":
-        out += [dtype_bytes(cfg["max_position_embeddings"], "int64")] * 2
-    if cfg["model_type"] in ("gemma", "gemma2", "gemma3_text"):
-        out.append(dtype_bytes(1, "float32"))
-    if cfg["model_type"] == "deepseek_v3":   # each MoE layer's router keeps e_score_correction_bias (n_routed_experts)
-        moe_layers = cfg["num_hidden_layers"] - min(cfg["num_hidden_layers"], cfg.get("first_k_dense_replace") or 0)
-        out += [dtype_bytes(cfg["n_routed_experts"], dtype)] * moe_layers
-    return out
 
 
 def _base_name(name: str) -> str:

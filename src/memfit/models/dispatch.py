@@ -45,6 +45,8 @@ def _derive(data: dict, out, path: str) -> list:
             from memfit.models import traced  # no family: with memfit[trace], transformers builds it on the meta device
 
             return traced.derive(data, out, path, problems)
+        if out.model is not None:
+            _add_buffers(out, ("model", transformer[0]))
         return problems
 
     missing = [k for k in ("input_shape", "layers") if k not in model]
@@ -65,6 +67,28 @@ def _derive(data: dict, out, path: str) -> list:
     tensors, problems = keras.derive({**model, "batch_size": batch}, out)
     out.tensors.extend(tensors)
     return problems
+
+
+def _add_buffers(out, where: tuple) -> None:
+    """The model's registered buffers (models/buffers.py) as non-trainable parameter tensors, before the first
+    layer's parameters (the step's walk holds them with the embeddings; a layer's own, DeepSeek-V3's router bias,
+    with that layer): on the device for the whole step, no gradient, no optimizer state."""
+    from memfit.config.build import make_tensor
+    from memfit.models import hf, hf_activations as acts
+    from memfit.models.buffers import buffers
+    from memfit.recipe.costs import width
+
+    model = out.model
+    sizes = acts._sizes(model.cfg, model.training["micro_batch"], model.training["seq_len"])
+    cast = acts._dtypes(model.recipe.get("precision", "32-true"), model.dtypes)["act"]
+    made = [make_tensor("parameters", where, b.name, list(b.shape), 1, False, width(b.dtype or cast), out)
+            for b in buffers(model.cfg, sizes["rot"])]
+    for t in made:
+        t.buffer = True
+    prefix = hf.layer_prefix(model.cfg)
+    at = next((i for i, t in enumerate(out.tensors) if t.category == "parameters" and t.name.split("base_model.model.")[-1].startswith(prefix)),
+              len(out.tensors))
+    out.tensors[at:at] = made
 
 
 def transformer_config(data: dict, path: str) -> dict | None:

@@ -137,7 +137,8 @@ def _place_parallel(tensors, layout: Layout) -> Placement:
     p = layout.parallel
     parameters, activations, constants = [], [], dict.fromkeys(CATEGORIES, 0)
     for t in tensors:
-        if t.category not in ("parameters", "activations"):
+        if t.category not in ("parameters", "activations") or t.buffer:
+            # a module's buffers (rotary inv_freq): no ZeRO stage or FSDP shards them, every rank keeps its own
             # an optimizer's own constants (bitsandbytes' quantization maps): each rank's optimizer keeps them
             for category, size in t.bytes.items():
                 constants[category] += size

@@ -540,7 +540,7 @@ def explain_view(config):
             return None
     entries, shared = [], []
     for t in config.tensors:
-        if t.category == "parameters":
+        if t.category == "parameters" and not t.buffer:  # (a module's buffers are not parameters: the view counts these)
             own = None if t.dtype == recipe.widths["parameters"] else t.dtype
             items = recipe.items(t.shape, t.trainable, own)
             kind = _kind(t.name, t.dtype.name, t.trainable)
