@@ -86,9 +86,9 @@ def _render(result, colour: bool, lines: list[str]) -> int | None:
         out("")
 
     if config.layers:
-        from memfit.models.keras import summary_lines
+        from memfit.report.model_tables import keras_lines
 
-        lines.extend(summary_lines(config.layers, WIDTH))
+        lines.extend(keras_lines(config.layers, WIDTH))
         out("")
 
     fp = config.footprint

@@ -56,9 +56,7 @@ HANDFUL = 5  # up to this many configs, a passing check prints each one's total 
 def found_line(result) -> str:
     from memfit.report.present import pct
 
-    from memfit.check.pipeline import gated
-
-    used, budget = gated(result), result.budget
+    used, budget = result.gated, result.budget
     peak = getattr(result, "parallel_peak", None)
     origin = came_from(result)
     tail = f" ({origin})" if origin else ""
