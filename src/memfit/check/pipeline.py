@@ -246,25 +246,10 @@ def evaluate(data, options: Options = Options(), path: str = "<data>", memo: dic
             gc.enable()
 
 
-def configure(data: dict) -> tuple:
-    """The config stage (config.build), then the layout the document declares: placement reads `parallel`,
-    `training.gradient_accumulation` and `host.memory` (the config stage sits below placement)."""
-    from memfit.config.build import build
-
-    config, problems = build(data)
-    if "parallel" in data or "host" in data:
-        from memfit.placement.sharding import from_config
-
-        parallel, host, found = from_config(data)
-        config = replace(config, parallel=parallel, host_memory=host)
-        code = {"error": codes.BAD_UNIT, "note": codes.NO_HOST_BUDGET}
-        problems = problems + [Problem(path, code[severity], message, on_key=severity == "note") for path, message, severity in found]
-    return config, problems
-
-
 def _pipeline(data: dict, options: Options, result: Result, memo: dict | None = None) -> list[Problem]:
     """schema -> config -> tensors -> placement -> footprint -> budget, on a document that is a config."""
     from memfit.read import schema
+    from memfit.check.configure import configure
     from memfit.config.build import optimizer_constants
     from memfit.placement.place import SINGLE, place
 
