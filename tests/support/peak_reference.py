@@ -48,8 +48,9 @@ def state_bytes(optimizer, scalars: bool) -> int:
     return sum(seen.values())
 
 
-def measure(model, batch, loss_fn, optimizer, warmup: int = 2) -> dict:
-    """Peak of one step after `warmup` steps: {"bytes", "phase", "parameters", "gradients", "optimizer_state", "categories"}."""
+def measure(model, batch, loss_fn, optimizer, warmup: int = 2, set_to_none: bool = True) -> dict:
+    """Peak of one step after `warmup` steps: {"bytes", "phase", "parameters", "gradients", "optimizer_state", "categories"}.
+    `set_to_none` False: the loop zeroes the gradients in place (they stay allocated between steps)."""
 
     def step(tracker=None):
         def phase(name):
@@ -62,7 +63,7 @@ def measure(model, batch, loss_fn, optimizer, warmup: int = 2) -> dict:
         loss.backward()
         phase("optimizer_step")
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=set_to_none)
         return loss
 
     for _ in range(warmup):
@@ -222,7 +223,8 @@ def optimizer_step_temporaries(optimizer, impl, sizes, warmup: int = 8) -> int:
 
 
 # --- transformers models (tests/support/hf_measure.py builds them as the activation cross-checks do) -----
-def measure_hf(cfg: dict, *, micro_batch: int, seq_len: int, optimizer: str, impl: str, checkpointing: str = "none", precision: str = "32-true") -> dict:
+def measure_hf(cfg: dict, *, micro_batch: int, seq_len: int, optimizer: str, impl: str, checkpointing: str = "none", precision: str = "32-true",
+               set_to_none: bool = True) -> dict:
     """One step of a tiny transformers model with its labels (the model computes the loss), attention
     dropout off and dropout through torch.native_dropout (CUDA's 1-byte mask), as in hf_measure."""
     import hf_measure
@@ -233,4 +235,5 @@ def measure_hf(cfg: dict, *, micro_batch: int, seq_len: int, optimizer: str, imp
     batch = hf_measure.inputs(cfg, micro_batch, seq_len)
     opt = OPTIMIZERS[optimizer](model.parameters(), **IMPLS[impl])
     with hf_measure.cuda_dropout():
-        return measure(model, (batch["input_ids"], batch["labels"]), lambda m, x, y: m(input_ids=x, labels=y).loss, opt)
+        return measure(model, (batch["input_ids"], batch["labels"]), lambda m, x, y: m(input_ids=x, labels=y).loss, opt,
+                       set_to_none=set_to_none)

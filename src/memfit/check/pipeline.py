@@ -379,7 +379,7 @@ def _derived(data: dict, config, path: str, memo: dict | None) -> tuple:
 def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") -> tuple:
     """A config with a training section describes a run: its step (ledger/training.py, every byte
     priced by the recipe, as the footprint's) and the step's peak: a new Config with them, and the problems."""
-    from memfit.ledger import ranks
+    from memfit.ledger import ranks, rewrites
     from memfit.ledger import step as ledger
     from memfit.ledger import training
 
@@ -389,7 +389,7 @@ def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") ->
     zero = config.parallel is not None and config.parallel.engine == "zero"
     impl = training_keys.get("optimizer_impl", "fused" if zero and config.optimizer.strip().lower() in ("adam", "adamw") else "foreach")
     optimizer = config.optimizer.strip().lower()
-    problems = []
+    problems = rewrites.problems(config, training_keys)
     if optimizer not in ledger.OPTIMIZER_TEMPORARIES:
         problems.append(
             Problem(("optimizer",), codes.OPTIMIZER_IMPL, f"the temporaries of {optimizer}'s step are not modelled (recipe/optim.py TEMPORARIES): the peak counts none", severity=codes.INFORMATION)

@@ -311,6 +311,7 @@ def _training() -> dict:
     from memfit.models.hf import ATTENTIONS, CHECKPOINTING
     from memfit.ledger.step import IMPLS
     from memfit.recipe.precision import schema_training_properties
+    from memfit.ledger import rewrites
 
     return {
         "title": "Training",
@@ -343,6 +344,7 @@ def _training() -> dict:
                 "default": "foreach",
             },
             **schema_training_properties(),
+            **rewrites.schema_properties(),
             "moe": _moe(),
         },
         "examples": [{"micro_batch": 4, "seq_len": 4096, "attention": "sdpa", "checkpointing": "none", "optimizer_impl": "foreach"}],

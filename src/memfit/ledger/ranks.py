@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from memfit.config.build import make_tensor
-from memfit.ledger import training
+from memfit.ledger import rewrites, training
 from memfit.ledger.step import PHASES, Loss, Step, phases, rounded
 from memfit.models import hf_encdec, hf_sharded
 from memfit.placement import sharding
@@ -75,7 +75,7 @@ def rank_step(config, data: dict, optimizer, impl: str, tensor_rank: int = 0) ->
         # backward holds three fp32 gradients the size of the rank's logits at once, where transformers' loss on
         # whole logits holds two
         step.loss = Loss(step.loss.forward, (*step.loss.backward, step.loss.backward[-1]))
-    return step
+    return rewrites.rewrite(step, config, data.get("training") or {})
 
 
 def _layer(row) -> int | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 
+from memfit.ledger import rewrites
 from memfit.ledger.step import Loss, Row, Step
 from memfit.recipe.costs import dtype_bytes
 
@@ -26,7 +27,7 @@ def build(config, data: dict, optimizer: str | None, impl: str) -> Step:
     step = _build(config, data, optimizer, impl)
     training = data.get("training") or {}
     step.accumulating = isinstance(training.get("gradient_accumulation"), int) and training["gradient_accumulation"] > 1
-    return step
+    return rewrites.rewrite(step, config, training)
 
 
 def _build(config, data: dict, optimizer: str | None, impl: str) -> Step:

@@ -1,0 +1,43 @@
+"""The techniques a config switches on, applied to the step's program in one place.
+
+Every program the ledger builds (ledger.training.build for one device, ledger.ranks for each tensor- or
+pipeline-parallel rank) passes through `rewrite`; the schema's `training` keys of the techniques come from
+`schema_properties`, their refusals from `problems`. Adding a technique: its module in ledger/techniques/
+and its name in TECHNIQUES (docs/architecture.md, "Extending memfit").
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+# in the order they rewrite the program
+TECHNIQUES = (
+    "keep_gradients",
+)
+
+
+def modules() -> list:
+    return [import_module(f"memfit.ledger.techniques.{name}") for name in TECHNIQUES]
+
+
+def schema_properties() -> dict:
+    out: dict = {}
+    for module in modules():
+        out.update(module.KEYS)
+    return out
+
+
+def problems(config, training: dict) -> list:
+    """Problems (memfit.diagnostics Problem) of the techniques a config switches on: a refusal is an error at its key."""
+    out = []
+    for module in modules():
+        if module.applies(training):
+            out += module.problems(config, training)
+    return out
+
+
+def rewrite(step, config, training: dict):
+    for module in modules():
+        if module.applies(training):
+            step = module.rewrite(step, config, training)
+    return step
