@@ -806,3 +806,25 @@ def test_no_model_type_branch_outside_models():
     assert used == MODEL_TYPE_EXCEPTIONS, f"fixed, drop: {MODEL_TYPE_EXCEPTIONS - used}"
     hits = list(_model_type_uses(ast.parse("if cfg['model_type'] in ('gemma', 'x'):\n    t = {'gpt2': 1}['gpt2']\n"), types))
     assert [what for _, what in hits] == ["compares with 'gemma'", "looks up 'gpt2'", "keys a table by 'gpt2'"]
+
+
+def test_the_extension_table_names_files_that_exist():
+    """docs/architecture.md's "Extending memfit" lists what each extension touches: every path it names
+    exists (a `<name>` path: its folder, and the folder's existing modules follow the pattern)."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = text[text.index("## Extending memfit"):]
+    section = section[: section.index("\n## ", 1)]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| extension") and not line.startswith("| ---")]
+    kinds = [row.split("|")[1].strip().split(" (")[0] for row in rows]
+    assert kinds == ["a family", "a technique", "an optimizer", "an input format", "a layout"], kinds
+    paths = {p for p in re.findall(r"`([\w./<>-]+)`", section) if "/" in p and not p.endswith("/")}
+    assert len(paths) >= 15, paths
+    missing = []
+    for path in sorted(paths):
+        if "<name>" in path:
+            pattern = (ROOT / path).name.replace("<name>", "*")
+            if not list((ROOT / path).parent.glob(pattern)):
+                missing.append(path)
+        elif not (ROOT / path).exists():
+            missing.append(path)
+    assert not missing, missing
