@@ -828,3 +828,21 @@ def test_the_extension_table_names_files_that_exist():
         elif not (ROOT / path).exists():
             missing.append(path)
     assert not missing, missing
+
+
+def test_one_registry_of_reporters():
+    """Rendering lives in report/: the what-if commands' reporters sit beside check's, and
+    report/commands.py's REPORTERS (command -> format -> reporter, check's table its "check" entry) is
+    the one registry; a command's module names its entry, never a table of its own."""
+    tables = []
+    for path, tree in _module_sources():
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+            if isinstance(getattr(node, "value", None), ast.Dict) and any(isinstance(t, ast.Name) and "REPORTERS" in t.id for t in targets):
+                tables.append(path.relative_to(PACKAGE).as_posix())
+    assert sorted(tables) == ["report/commands.py", "report/reporters.py"], tables
+    from memfit.report.commands import REPORTERS
+    from memfit.report.reporters import REPORTERS as CHECK
+    from memfit.whatif import diff, fit, gpus
+
+    assert REPORTERS["check"] is CHECK and (fit.REPORTERS, gpus.REPORTERS, diff.REPORTERS) == (REPORTERS["fit"], REPORTERS["gpus"], REPORTERS["diff"])
