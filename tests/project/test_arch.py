@@ -539,11 +539,11 @@ def _in_bottom(module: str) -> bool:
     return any(module == b or module.startswith(b + ".") for b in BOTTOM)
 
 
-def import_edges(path: Path, name: str, modules: set):
+def import_edges(path: Path, name: str, modules: set, text: str | None = None):
     """Every memfit import of one module: (imported module, names, line, enclosing function or None).
     `from a import b` names the module a.b where b is one; a bare package import names the package."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = ast.parse(path.read_text(encoding="utf-8") if text is None else text)
     parents = {}
     for node in ast.walk(tree):
         for child in ast.iter_child_nodes(node):
@@ -634,20 +634,8 @@ def test_the_order_check_sees_what_it_must():
     assert not _against_the_order("memfit.cli.main", "memfit")
     code = "def f():\n    from memfit.report import present\n    from ..check.pipeline import gated\n"
     path = PACKAGE / "models" / "keras.py"
-    edges = {(t, fn) for t, _, _, fn in _edges_of_text(code, path, "memfit.models.keras", {"memfit.report.present", "memfit.check.pipeline"})}
+    edges = {(t, fn) for t, _, _, fn in import_edges(path, "memfit.models.keras", {"memfit.report.present", "memfit.check.pipeline"}, code)}
     assert edges == {("memfit.report.present", "f"), ("memfit.check.pipeline", "f")}
-
-
-def _edges_of_text(code: str, path: Path, name: str, modules: set):
-    class Text(type(path)):
-        pass
-
-    real = Path.read_text
-    try:
-        Path.read_text = lambda self, encoding=None: code if self == path else real(self, encoding=encoding)
-        return list(import_edges(path, name, modules))
-    finally:
-        Path.read_text = real
 
 
 # A private name (one starting with an underscore) is its package's: another stage neither imports
@@ -846,3 +834,37 @@ def test_one_registry_of_reporters():
     from memfit.whatif import diff, fit, gpus
 
     assert REPORTERS["check"] is CHECK and (fit.REPORTERS, gpus.REPORTERS, diff.REPORTERS) == (REPORTERS["fit"], REPORTERS["gpus"], REPORTERS["diff"])
+
+
+# GPT-2's own names for the general keys (GPT2Config.attribute_map: n_layer for num_hidden_layers, ...) are the
+# family's: code reads the general key through the family's attribute_map (models/dispatch.layout_dims), not
+# `cfg["n_layer"] if gpt2 else cfg["num_hidden_layers"]` again. Where they are still named, by file and count;
+# this list only shrinks (the models/ files are split at the merge; the readers are helper G's this session).
+FAMILY_NAME_USES = {
+    "models/hf.py": 4,  # head_dim and num_layers: the rule itself, twice
+    "models/hf_activations.py": 5,  # its sizes and layer count
+    "models/hf_sharded.py": 1,  # a stage's layer count
+    "models/hf_config.py": 6,  # config.json's key table and bounds: every name a config.json may carry
+    "models/traced.py": 3,  # an unknown model's attributes: every name a config class may use
+    "read/native/deepspeed.py": 1,  # the reader peeks at config.json's positions
+    "read/native/hftrainer.py": 1,  # likewise
+    "read/native/run.py": 1,  # and its hidden size
+}
+
+
+def test_gpt2s_own_key_names_stay_in_its_family():
+    from memfit.models.families import FAMILIES
+
+    names = set(FAMILIES["gpt2"].attribute_map.values())
+    assert {"n_layer", "n_head", "n_embd"} <= names
+    found = {}
+    for path, tree in _module_sources():
+        where = path.relative_to(PACKAGE).as_posix()
+        if where.startswith("models/families/") or where == "models/family_keys.py":
+            continue
+        count = sum(1 for node in ast.walk(tree) if isinstance(node, ast.Constant) and node.value in names)
+        if count:
+            found[where] = count
+    grown = {w: n for w, n in found.items() if n > FAMILY_NAME_USES.get(w, 0)}
+    assert not grown, f"GPT-2's own key names named again (read them through the family's attribute_map): {grown}"
+    assert found == FAMILY_NAME_USES, f"fewer now: lower FAMILY_NAME_USES to {found}"
