@@ -4,7 +4,10 @@ them (whatif.fit.Fit, whatif.gpus.GpuFit, whatif.diff.Comparison) and import no 
 
 from __future__ import annotations
 
+import json
+
 from memfit.diagnostics.safe_text import markdown_code, printable
+from memfit.diagnostics.units import human
 from memfit.recipe.costs import CATEGORIES
 from memfit.report import reporters as check_reporters
 
@@ -12,8 +15,6 @@ from memfit.report import reporters as check_reporters
 
 
 def fit_line(found) -> str | None:
-    from memfit.diagnostics.units import human
-
     if found.max is None:
         return None
     figures = [found.budget, found.bytes_at_max, found.bytes_at_next]
@@ -36,11 +37,9 @@ class FitText:
         self.out = out
 
     def report(self, fits: list) -> None:
-        from memfit.report.reporters import diagnostic_line
-
         for found in fits:
             for d in found.diagnostics:
-                self.out.write(diagnostic_line(found.path, d) + "\n")
+                self.out.write(check_reporters.diagnostic_line(found.path, d) + "\n")
             line = fit_line(found)
             if line is not None:
                 self.out.write(line + "\n")
@@ -51,8 +50,6 @@ class FitJson:
         self.out = out
 
     def report(self, fits: list) -> None:
-        import json
-
         json.dump({"files": [f.to_json() for f in fits]}, self.out, indent=2)
         self.out.write("\n")
 
@@ -61,8 +58,6 @@ class FitJson:
 
 
 def gpus_table(found) -> list[str]:
-    from memfit.diagnostics.units import human
-
     if not found.rows:
         return []
     shape = "" if found.tensor == found.pipeline == 1 else f" (tensor {found.tensor} x pipeline {found.pipeline} kept)"
@@ -88,11 +83,9 @@ class GpusText:
         self.out = out
 
     def report(self, fits: list) -> None:
-        from memfit.report.reporters import diagnostic_line
-
         for found in fits:
             for d in found.diagnostics:
-                self.out.write(diagnostic_line(found.path, d) + "\n")
+                self.out.write(check_reporters.diagnostic_line(found.path, d) + "\n")
             for line in gpus_table(found):
                 self.out.write(line + "\n")
 
@@ -102,8 +95,6 @@ class GpusJson:
         self.out = out
 
     def report(self, fits: list) -> None:
-        import json
-
         json.dump({"files": [f.to_json() for f in fits]}, self.out, indent=2)
         self.out.write("\n")
 
@@ -112,8 +103,6 @@ class GpusJson:
 
 
 def _signed(n: int) -> str:
-    from memfit.diagnostics.units import human
-
     return ("+" if n > 0 else "") + human(n) if n else "±0"
 
 
@@ -145,9 +134,6 @@ class DiffText:
         self.out = out
 
     def report(self, comparison) -> None:
-        from memfit.report.reporters import diagnostic_line
-        from memfit.diagnostics.units import human
-
         write = self.out.write
         write(f"memfit diff: working tree against {printable(comparison.base)} ({comparison.commit[:12]})\n")
         for e in comparison.entries:
@@ -175,13 +161,13 @@ class DiffText:
             if e.newly_failing:
                 for d in e.after.result.diagnostics:
                     if d.severity == "error":
-                        write(f"  {diagnostic_line(e.path, d)}\n")
+                        write(f"  {check_reporters.diagnostic_line(e.path, d)}\n")
             for name, side in (("before", e.before), ("after", e.after)):
                 if side.result is not None and side.footprint is None:
                     where = printable(comparison.base) if name == "before" else "the working tree"
                     write(f"  no footprint at {where}:\n")
                     for d in side.result.diagnostics:
-                        write(f"  {diagnostic_line(e.path, d)}\n")
+                        write(f"  {check_reporters.diagnostic_line(e.path, d)}\n")
         if not comparison.entries:
             write("no memfit configs at either side\n")
 
@@ -191,8 +177,6 @@ class DiffJson:
         self.out = out
 
     def report(self, comparison) -> None:
-        import json
-
         json.dump(comparison.to_json(), self.out, indent=2)
         self.out.write("\n")
 
@@ -204,8 +188,6 @@ class DiffMarkdown:
         self.out = out
 
     def report(self, comparison) -> None:
-        from memfit.diagnostics.units import human
-
         def cell(side) -> str:
             if side.result is None:
                 return "—"
