@@ -222,7 +222,7 @@ def test_tensor_parallel_must_divide_the_transformers_heads():
     data = yaml.safe_load(textwrap.dedent(base % (16, 1)))
     assert _transformer_dims(data, "<text>") == {"heads": 32, "kv_heads": 8, "layers": 4}
     from memfit.check.pipeline import _layout_problems
-    from memfit.config.build import build
+    from memfit.check.configure import configure as build  # the config stage and its layout
 
     config, _ = build(data)
     assert [m for _, _, m in [(p.path, p.code, p.message) for p in _layout_problems(config, _transformer_dims(data, "<text>"))]] == [

@@ -85,6 +85,11 @@ class Result:
     def failed(self) -> bool:
         return any(d.severity == codes.ERROR for d in self.diagnostics)
 
+    @property
+    def gated(self) -> int | None:
+        """The figure the budget gate compares (`gated`), for the reporters, which read a result and import no stage."""
+        return gated(self)
+
 
 def gated(result: Result) -> int | None:
     """The figure the budget gate compares: the run's peak where there is one, else the total."""
@@ -244,7 +249,8 @@ def evaluate(data, options: Options = Options(), path: str = "<data>", memo: dic
 def _pipeline(data: dict, options: Options, result: Result, memo: dict | None = None) -> list[Problem]:
     """schema -> config -> tensors -> placement -> footprint -> budget, on a document that is a config."""
     from memfit.read import schema
-    from memfit.config.build import build, optimizer_constants
+    from memfit.check.configure import configure
+    from memfit.config.build import optimizer_constants
     from memfit.placement.place import SINGLE, place
 
     problems = schema.problems(data)
@@ -256,7 +262,7 @@ def _pipeline(data: dict, options: Options, result: Result, memo: dict | None = 
 
         problems.extend(salvage(data, problems, lambda config, d: _layout_problems(config, layout_dims(transformer_config(d, result.path)))))
     else:
-        config, problems = build(data)
+        config, problems = configure(data)
         if "lora" in data or "quantization" in data:
             from memfit.recipe import adapters
 

@@ -55,7 +55,7 @@ def _under(path: tuple, cuts: set) -> bool:
 def salvage(data: dict, schema_problems: list, layout=None) -> list:
     """The semantic problems of the parts of `data` the schema accepts. `layout(config, data)` gives the
     parallel layout's problems (the pipeline's own check)."""
-    from memfit.config.build import build
+    from memfit.check.configure import configure
     from memfit.read import schema
 
     cuts: set = set()
@@ -73,7 +73,7 @@ def salvage(data: dict, schema_problems: list, layout=None) -> list:
     else:
         return []
     try:
-        config, problems = build(data)
+        config, problems = configure(data)
         if "lora" in data or "quantization" in data:
             from memfit.recipe import adapters
 

@@ -34,11 +34,11 @@ def targets(paths: list[str], allow_empty: bool = False):
 
 def _walk_json(top: str) -> list[str]:
     """The JSON files under a directory (hidden and pruned folders left out, as the YAML walk does)."""
-    from memfit.read.inputs import _PRUNED
+    from memfit.read.inputs import PRUNED
 
     out = []
     for root, dirs, names in os.walk(top):
-        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in _PRUNED]
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in PRUNED]
         out.extend(os.path.join(root, name) for name in names if name.endswith(".json"))
     return sorted(out)
 

@@ -101,7 +101,8 @@ class Emitted:
 
 
 def build(data: dict) -> tuple[Config, list[Problem]]:
-    """Tensors declared explicitly; model-derived ones and the placement are added by check."""
+    """Tensors declared explicitly; the layout (`parallel`, `host`: check.pipeline.configure asks placement),
+    model-derived tensors and the placement are added by check."""
     problems: list[Problem] = []
     recipe = None
     if _beyond_seed(data):
@@ -120,21 +121,11 @@ def build(data: dict) -> tuple[Config, list[Problem]]:
         recipe = Recipe(data["optimizer"], states, widths)
     fields: dict = {}  # the Config's fields, each set once as the document is read
     problems.extend(_device(data.get("device", {}), fields))
-    if "parallel" in data or "host" in data:
-        problems.extend(_parallel(data, fields))
     declared = Emitted(recipe)
     for category in ("parameters", "activations"):
         for i, item in enumerate(data.get(category, ())):
             declared.tensors.append(_tensor(category, (category, i), item, declared))
     return Config(data.get("name"), recipe, tensors=tuple(declared.tensors), **fields), problems
-
-
-def _parallel(data: dict, fields: dict) -> list[Problem]:
-    from memfit.placement.sharding import from_config
-
-    fields["parallel"], fields["host_memory"], found = from_config(data)
-    code = {"error": codes.BAD_UNIT, "note": codes.NO_HOST_BUDGET}
-    return [Problem(path, code[severity], message, on_key=severity == "note") for path, message, severity in found]
 
 
 def _beyond_seed(data: dict) -> bool:

@@ -71,3 +71,16 @@ def markdown_code(text: str) -> str:
     fence = "`" * (longest + 1)
     pad = " " if text.startswith("`") or text.endswith("`") or longest else ""
     return f"{fence}{pad}{text}{pad}{fence}"
+
+
+ELLIPSIS = "…"
+
+
+def shape_text(shape, brackets: str = "[]") -> str:
+    """[32, 20, 20] or, with brackets="()", Keras's (32, 20, 20)."""
+    return brackets[0] + ", ".join(map(str, shape)) + brackets[1]
+
+
+def cut(text: str, width: int) -> str:
+    """At most `width` characters: a longer text ends in an ellipsis."""
+    return text if len(text) <= width else text[: width - 1] + ELLIPSIS

@@ -13,7 +13,7 @@ from functools import cached_property
 
 from memfit.read import source
 from memfit.check.pipeline import Result
-from memfit.recipe.costs import byte_width
+from memfit.recipe.costs import byte_width, element_bytes
 from memfit.diagnostics.diagnostic import Range
 from memfit.recipe.dtypes import DTYPES, describe
 from memfit.report.present import pct as _pct
@@ -445,7 +445,7 @@ def optimizer_text(value, config) -> str | None:
         text = f"**{value}**: {states} state tensor{'s' if states != 1 else ''} per trainable parameter, each of the parameter's shape"
     if config is not None and states and spec.layout == "elementwise":
         width = config.widths["optimizer_state"]
-        per = states * width.bytes
+        per = element_bytes(width, states)
         text += f"\n\nstored as dtypes.optimizer_state ({_width_text(width)}): {describe(per).replace(' per element', '')} per trainable parameter element"
     if config is not None and config.footprint:
         text += f"\n\noptimizer state in this config: {with_bytes(config.footprint['optimizer_state'])}"

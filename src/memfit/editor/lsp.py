@@ -550,6 +550,14 @@ def settings_of(path: str) -> str | None:
 
 def make_server() -> MemfitServer:
     server = MemfitServer()
+    _document_sync(server)
+    _views(server)
+    _edits(server)
+    return server
+
+
+def _document_sync(server: MemfitServer) -> None:
+    """Opening, changing, saving and closing a document, and the files its check read changing on disk."""
 
     @server.feature(types.INITIALIZE)
     def initialize(ls: MemfitServer, params: types.InitializeParams) -> None:
@@ -616,6 +624,10 @@ def make_server() -> MemfitServer:
         if state.latest is not None or state.published:
             ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=params.text_document.uri, diagnostics=[]))
 
+
+def _views(server: MemfitServer) -> None:
+    """What the editor shows of a document's analysis: hover, inlay hints, the code lens and its command."""
+
     @server.feature(types.TEXT_DOCUMENT_HOVER)
     async def hover(ls: MemfitServer, params: types.HoverParams) -> types.Hover | None:
         state = await ls.current(params.text_document.uri)
@@ -677,6 +689,10 @@ def make_server() -> MemfitServer:
         view = state.view if state is not None else None
         return dict(view.config.footprint) if view is not None else None
 
+
+def _edits(server: MemfitServer) -> None:
+    """What the editor offers to write: quick fixes and completions."""
+
     @server.feature(types.TEXT_DOCUMENT_CODE_ACTION, types.CodeActionOptions(code_action_kinds=[types.CodeActionKind.QuickFix]))
     async def code_action(ls: MemfitServer, params: types.CodeActionParams) -> list[types.CodeAction] | None:
         """Quick fixes on the budget diagnostics: each fix's edit, applied as a workspace edit."""
@@ -728,8 +744,6 @@ def make_server() -> MemfitServer:
             for choice in choices(vocabulary)
         ]
         return types.CompletionList(is_incomplete=False, items=items)
-
-    return server
 
 
 _SOCKET_NAME = re.compile(r"\('([^']*)', (\d+)")

@@ -144,15 +144,18 @@ def layout_dims(cfg: dict | None) -> dict:
     """Heads, KV heads, layers and routed experts, for the layout checks."""
     if cfg is None:
         return {}
-    gpt2 = cfg.get("model_type") == "gpt2"
-    heads = cfg["n_head"] if gpt2 else cfg.get("num_attention_heads")
-    from memfit.models.families import EXPERTS_KEY
+    from memfit.models.families import EXPERTS_KEY, FAMILIES, STACKED
 
-    out = {
-        "heads": heads,
-        "kv_heads": (None if gpt2 else cfg.get("num_key_value_heads")) or heads,
-        "layers": cfg["n_layer"] if gpt2 else cfg.get("num_hidden_layers"),
-    }
+    # the family's own names for the keys (GPT-2's n_head, n_layer); an encoder-decoder's layers and heads are
+    # its stacks' (hf_encdec), which have no one count for the layout check
+    family = FAMILIES.get(cfg.get("model_type")) if cfg.get("model_type") not in STACKED else None
+    names = family.attribute_map if family is not None else {}
+
+    def value(key: str):
+        return cfg.get(names.get(key, key))
+
+    heads = value("num_attention_heads")
+    out = {"heads": heads, "kv_heads": value("num_key_value_heads") or heads, "layers": value("num_hidden_layers")}
     if cfg.get("model_type") in EXPERTS_KEY:  # the routed experts parallel.expert divides
         out["experts"] = cfg.get(EXPERTS_KEY[cfg["model_type"]])
     elif cfg.get("model_type") == "llama4_text":   # experts that take every token (models.hf refuses parallel.expert)

@@ -21,7 +21,7 @@ DEFAULT_MAX_FILE_SIZE = 64 * 2**20  # far above any hand-written config; a 150,0
 YAML_SUFFIXES = (".yaml", ".yml")
 
 # never configs, and often huge: a `memfit check .` must not crawl them
-_PRUNED = {"node_modules", "__pycache__", "site-packages"}
+PRUNED = {"node_modules", "__pycache__", "site-packages"}
 
 # YAML allows UTF-8, UTF-16 and UTF-32, told apart by a byte order mark (longest first)
 _BOMS = (
@@ -43,7 +43,7 @@ def is_config(data) -> bool:
 
 def _walk_yaml(top: str):
     for root, dirs, names in os.walk(top):
-        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in _PRUNED]
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in PRUNED]
         yield from (os.path.join(root, name) for name in names if name.endswith(YAML_SUFFIXES))
 
 

@@ -520,6 +520,15 @@ def _key_of(event, scalars: _Scalars):
     return object()  # aliases and complex keys never match a path
 
 
+def keys_at(text: str, wanted: set) -> dict[tuple, Range]:
+    """The ranges of the mapping keys at the wanted paths that the text itself writes (a key reached
+    through a merge key or an alias has none)."""
+    values: dict[tuple, Range] = {}
+    keys: dict[tuple, Range] = {}
+    _walk(text, wanted, values, keys)
+    return keys
+
+
 def index(text: str) -> tuple[dict[tuple, Range], dict[tuple, Range]]:
     """Every node's value range and every mapping key's range (for the editor)."""
     values: dict[tuple, Range] = {}

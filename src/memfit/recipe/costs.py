@@ -87,6 +87,12 @@ class Width:
         return f"Width({self.name!r}, {self.bytes!r})"
 
 
+def element_bytes(width: Width, copies: int = 1) -> int | Fraction:
+    """Bytes per element of `copies` tensors kept at `width`, exact (half a byte for a 4-bit width): what a
+    hover shows per trainable parameter element."""
+    return copies * width.bytes
+
+
 def width(value) -> Width:
     """A dtype name or a byte width (schema-checked) -> Width."""
     if isinstance(value, str):

@@ -23,38 +23,13 @@ import difflib
 import re
 from dataclasses import dataclass
 
+# what peft does per model type (its default targets, the MoE families it retargets for transformers 5, the
+# modules it wraps but fails on, DoRA where memfit does not model it): data in models/, the families' place
+from memfit.models.adapter_tables import DEFAULT_TARGETS, DORA_UNMODELLED, MOE_RETARGETED, PEFT_FAILS  # noqa: F401
+
 PREFIX = "base_model.model."
 ADAPTER = "default"
 ALL_LINEAR = "all-linear"
-
-# peft's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: the targets peft picks
-# when a LoraConfig gives none (utils/constants.py), for the list-valued families.
-DEFAULT_TARGETS: dict[str, list[str]] = {
-    "t5": ["q", "v"],
-    "mt5": ["q", "v"],
-    "bart": ["q_proj", "v_proj"],
-    "gpt2": ["c_attn"],
-    "bloom": ["query_key_value"],
-    "opt": ["q_proj", "v_proj"],
-    "gptj": ["q_proj", "v_proj"],
-    "gpt_neox": ["query_key_value"],
-    "gpt_neo": ["q_proj", "v_proj"],
-    "bert": ["query", "value"],
-    "roberta": ["query", "value"],
-    "llama": ["q_proj", "v_proj"],
-    "gpt_bigcode": ["c_attn"],
-    "falcon": ["query_key_value"],
-    "mistral": ["q_proj", "v_proj"],
-    "mixtral": ["q_proj", "v_proj"],
-    "stablelm": ["q_proj", "v_proj"],
-    "phi": ["q_proj", "v_proj", "fc1", "fc2"],
-    "gemma": ["q_proj", "v_proj"],
-    "gemma2": ["q_proj", "v_proj"],
-    "gemma3_text": ["q_proj", "v_proj"],
-    "qwen2": ["q_proj", "v_proj"],
-    "qwen3": ["q_proj", "v_proj"],
-}
-
 
 # Heads (models/families/ names) -> the module get_output_embeddings() returns,
 # which "all-linear" leaves out; a classification head has none, so peft adapts it.
@@ -64,38 +39,6 @@ OUTPUT_HEADS: dict[str, str | None] = {
     "sequence-classification": None,
     "seq2seq-lm": "lm_head",
 }
-
-# peft 0.21 rewrites these families' targets for transformers 5's fused MoE layers
-# (utils/transformers_weight_conversion.py, _MOE_TARGET_MODULE_MAPPING): a string
-# target is resolved to include the router and experts, which then get LoRA as
-# target_parameters. memfit does not model that conversion.
-MOE_RETARGETED: dict[str, tuple] = {
-    "mixtral": ("gate", "w1", "w3", "w2"),
-    # peft 0.21 converts the model types transformers maps to the qwen2_moe pattern (qwen3_moe, deepseek_v3, ...),
-    # not qwen2_moe itself: there all-linear adapts the nn.Linear modules only (measured: issue 21)
-    "qwen3_moe": ("gate", "gate_proj", "up_proj", "down_proj"),
-    # transformers' conversion_mapping maps deepseek_v3 to the qwen2_moe pattern too (its dense layers' gate_proj /
-    # up_proj / down_proj share the names peft retargets)
-    "deepseek_v3": ("gate", "gate_proj", "up_proj", "down_proj"),
-}
-
-
-# Modules peft 0.21 wraps but whose wrapped forward fails: PhiMoE's router is an nn.Linear subclass returning a tuple
-# (logits, weights, experts), which peft's Linear.forward reads as a tensor (AttributeError: 'tuple' ... 'dtype'):
-# all-linear, or naming the router, cannot train (measured, issue 21)
-# Llama 4's Llama4Router likewise returns (scores, logits) (measured, issue 21: all-linear fails the same way)
-PEFT_FAILS: dict[str, tuple] = {"phimoe": ("router",), "llama4_text": ("router",)}
-
-
-# DoRA on a fan_in_fan_out layer (GPT-2's Conv1D): peft's utils.other.transpose wraps the transposed base weight in
-# a new nn.Parameter (requires_grad=True), so DoRA's weight-norm graph keeps tensors for a gradient nobody reads;
-# measured on a tiny GPT-2 (peft 0.21.2): saved activations 25-35% above what memfit's DoRA rows give. Refused, not
-# guessed low.
-DORA_UNMODELLED: dict[str, str] = {
-    "gpt2": "peft's DoRA on GPT-2's Conv1D layers (fan_in_fan_out) keeps more for backward than memfit models "
-            "(measured 25-35% above); not modelled",
-}
-
 
 class LoraError(ValueError):
     """Bad LoRA input; `field` is the config key it is about."""

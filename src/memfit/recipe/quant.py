@@ -24,6 +24,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from memfit.models.adapter_tables import REFUSED_MODELS  # noqa: F401  (model types whose quantized base cannot run: data in models/)
+
 BLOCKSIZE_4BIT = 64  # quantize_4bit's default (BitsAndBytesConfig has no knob for it)
 NESTED_BLOCKSIZE = 256  # quantize_4bit(compress_statistics=True) -> quantize_blockwise(blocksize=256)
 CODE_4BIT = 16  # get_4bit_type(): 16 fp32 values
@@ -48,15 +50,6 @@ METHODS: dict[str, Method] = {
 # quantization_factor (one per 256 scalers) and scaler_mean (0-dim) in the input's dtype, and the
 # 16-value nf4 table in the input's dtype
 TORCHAO_SCALER_BLOCKSIZE = 256
-
-
-# Model types whose quantized base cannot run: transformers' bitsandbytes integration replaces every nn.Linear
-# (subclasses included) but the output head, and these models read more than a tensor from one of them.
-REFUSED_MODELS = {
-    "phimoe": "bitsandbytes replaces PhiMoE's router (an nn.Linear subclass returning routing weights and experts) "
-              "by a quantized linear returning one tensor, and the MoE block fails (ValueError: too many values to "
-              "unpack; transformers 5.24.0, measured)",
-}
 
 
 class QuantError(ValueError):

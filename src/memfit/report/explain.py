@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from memfit.ledger.step import LIVE_WORDS, PHASE_WORDS, phase_lines, rows_table, summary
+from memfit.ledger.timeline import timeline
 from memfit.recipe.costs import CATEGORIES
+from memfit.recipe.precision import explain_lines
+from memfit.report.model_tables import keras_lines
 from memfit.recipe.dtypes import describe
 from memfit.report.present import bar, cut, pct, shape_text
-from memfit.report.reporters import diagnostic_line
+from memfit.report.reporters import _entry, diagnostic_line
 from memfit.diagnostics.safe_text import printable
 from memfit.diagnostics.units import human, with_bytes
 
@@ -17,9 +21,6 @@ def json_entry(result) -> dict:
     """`explain --format json`'s entry of one file: check's json entry (path, footprint, peak, host,
     budget, diagnostics), the step's `timeline` (ledger.timeline; [] for a config that is not a run)
     and its `rows` (ledger.step.rows_table: per layer, parameters, gradients and saved bytes)."""
-    from memfit.ledger.step import rows_table
-    from memfit.ledger.timeline import timeline
-    from memfit.report.reporters import _entry
 
     step = getattr(result.config, "step", None) if result.config is not None else None
     rows = rows_table(step) if step is not None else []
@@ -29,8 +30,6 @@ def json_entry(result) -> dict:
 def peak_lines(config, budget) -> list[str]:
     """The run's phases, one bar each (scaled to the budget), which one is the peak, what is live
     in it, and the overhead's named lines."""
-    from memfit.ledger.step import phase_lines, summary
-
     out = [cut(f"{summary(config.peak)}; each phase at its worst:", WIDTH)]
     out += ["  " + line for line in phase_lines(config.peak, budget, WIDTH - 2)]
     if config.overhead_lines or config.overhead:
@@ -72,8 +71,6 @@ def _render(result, colour: bool, lines: list[str]) -> int | None:
         out(f"{'dtype ' + category:<22} {w.name} ({describe(w.bytes)})")
     out("")
 
-    from memfit.recipe.precision import explain_lines
-
     per_parameter = explain_lines(config, WIDTH)
     if per_parameter:
         lines.extend(per_parameter)
@@ -86,9 +83,7 @@ def _render(result, colour: bool, lines: list[str]) -> int | None:
         out("")
 
     if config.layers:
-        from memfit.models.keras import summary_lines
-
-        lines.extend(summary_lines(config.layers, WIDTH))
+        lines.extend(keras_lines(config.layers, WIDTH))
         out("")
 
     fp = config.footprint
@@ -106,8 +101,6 @@ def _render(result, colour: bool, lines: list[str]) -> int | None:
     peak = config.placement.peak
     if peak is not None and config.placement.step_peak is not None:
         # a run on a data-parallel layout: the step walked on this rank (ledger.step.rank_peak)
-        from memfit.ledger.step import LIVE_WORDS, PHASE_WORDS
-
         out(f"the step on this rank peaks during {PHASE_WORDS[peak['phase']]}; live then:")
         for category, size in peak["live"].items():
             out(f"{'  ' + LIVE_WORDS[category]:<16} {size:>24,} {human(size):>13}")

@@ -5,17 +5,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-ELLIPSIS = "…"
-
-
-def shape_text(shape, brackets: str = "[]") -> str:
-    """[32, 20, 20] or, with brackets="()", Keras's (32, 20, 20)."""
-    return brackets[0] + ", ".join(map(str, shape)) + brackets[1]
-
-
-def cut(text: str, width: int) -> str:
-    """At most `width` characters: a longer text ends in an ellipsis."""
-    return text if len(text) <= width else text[: width - 1] + ELLIPSIS
+from memfit.diagnostics.safe_text import ELLIPSIS, cut, shape_text  # noqa: F401  (shared with the models' messages)
 
 
 def pct(part: int, whole: int) -> str:

@@ -11,6 +11,7 @@ from memfit import __version__
 
 from memfit.diagnostics import codes
 from memfit.diagnostics.codes import CODES, lookup
+from memfit.report.present import pct
 from memfit.report.present import plural as _plural
 from memfit.diagnostics.safe_text import markdown_code, printable
 from memfit.diagnostics.units import human
@@ -54,11 +55,7 @@ HANDFUL = 5  # up to this many configs, a passing check prints each one's total 
 
 
 def found_line(result) -> str:
-    from memfit.report.present import pct
-
-    from memfit.check.pipeline import gated
-
-    used, budget = gated(result), result.budget
+    used, budget = result.gated, result.budget
     peak = getattr(result, "parallel_peak", None)
     origin = came_from(result)
     tail = f" ({origin})" if origin else ""

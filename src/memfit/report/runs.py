@@ -16,6 +16,10 @@ import sys
 from dataclasses import dataclass
 from fractions import Fraction
 
+from memfit.diagnostics.safe_text import printable
+from memfit.diagnostics.units import human
+from memfit.read.inputs import read as read_file
+
 EXIT_OK, EXIT_FAILED = 0, 1
 TOLERANCE = Fraction(5, 100)  # low by more than this share of the measured peak fails the command
 STATUSES = ("started", "completed", "stopped", "oom", "failed", "interrupted")
@@ -114,8 +118,6 @@ def parse(entry, path: str, line: int) -> Run:
 
 def read(paths: list[str]) -> tuple[list[Run], list[tuple[str, int, str]]]:
     """The runs of the record files, and the lines skipped: (path, line number (0: the file), why)."""
-    from memfit.read.inputs import read as read_file
-
     runs, skipped = [], []
     for path in paths:
         text, problem, _ = read_file(path)
@@ -159,8 +161,6 @@ def _percent(share: Fraction | float | None) -> str:
 
 
 def text(runs: list[Run], skipped: list) -> str:
-    from memfit.diagnostics.units import human
-
     def size(n):
         return "-" if n is None else human(n)
 
@@ -185,8 +185,6 @@ def text(runs: list[Run], skipped: list) -> str:
 
 def run(args) -> int:
     """The command: the table (or --format json) on stdout, skipped lines on stderr."""
-    from memfit.diagnostics.safe_text import printable
-
     runs, skipped = read(args.paths)
     for path, line, why in skipped:
         sys.stderr.write(printable(f"{path}:{line}: {why}" if line else f"memfit runs: {why}") + "\n")

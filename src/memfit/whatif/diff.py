@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from memfit.check.pipeline import Options, Result, check
-from memfit.recipe.costs import CATEGORIES
 from memfit.check.pipeline import gated
-from memfit.diagnostics.safe_text import markdown_code, printable
+from memfit.diagnostics.safe_text import printable
 from memfit.read.inputs import YAML_SUFFIXES, decode, has_marker, read_bytes
+from memfit.report.commands import REPORTERS as COMMANDS
 
 
 class UsageError(Exception):
@@ -409,132 +409,5 @@ def grown(comparison: Comparison, limit: Fraction) -> list:
     return [e for e in comparison.entries if (e.growth is not None and e.growth > limit) or e.newly_failing]
 
 
-# --- reporters ---------------------------------------------------------------------------
-
-
-def _signed(n: int) -> str:
-    from memfit.diagnostics.units import human
-
-    return ("+" if n > 0 else "") + human(n) if n else "±0"
-
-
-def _share(entry: Entry) -> str:
-    growth = entry.growth
-    if growth is None:
-        return ""
-    tenths = round(growth * 1000)
-    return f"{'+' if tenths > 0 else '-' if tenths < 0 else '±'}{abs(tenths) // 10}.{abs(tenths) % 10}%"
-
-
-def _verdict(entry: Entry) -> str:
-    """"pass → fail", "fail → pass", "fails" or "" (a pass that stays a pass, or a side missing)."""
-    before, after = entry.before.status, entry.after.status
-    if before in ("pass", "fail") and after in ("pass", "fail") and before != after:
-        return f"{before} → {after}"
-    if after == "fail" or (after is None and before == "fail"):
-        return "fails"
-    return ""
-
-
-def _order(entries) -> list:
-    """Pass → fail first, then largest growth of the gated figure; configs without a difference last."""
-    return sorted(entries, key=lambda e: (not e.newly_failing, e.gated_delta is None, -(e.gated_delta or 0), e.path))
-
-
-class TextReporter:
-    def __init__(self, out) -> None:
-        self.out = out
-
-    def report(self, comparison: Comparison) -> None:
-        from memfit.report.reporters import diagnostic_line
-        from memfit.diagnostics.units import human
-
-        write = self.out.write
-        write(f"memfit diff: working tree against {printable(comparison.base)} ({comparison.commit[:12]})\n")
-        for e in comparison.entries:
-            before, after, change = e.before.gated, e.after.gated, e.gated_delta
-            label = "peak " if e.label == "peak" else ""  # a run's gated figure is its peak; else the total, unlabelled
-            if e.before.result is None:
-                head = f"added, {label}{human(after)}" if after is not None else "added, no footprint"
-            elif e.after.result is None:
-                head = f"removed (was {label}{human(before)})" if before is not None else "removed"
-            elif change is None:
-                head = f"{label}{human(before) if before is not None else 'no footprint'} → {human(after) if after is not None else 'no footprint'}"
-            elif not change and not any((e.delta or {}).values()):
-                head = f"{label}{human(after)}, unchanged"
-            else:
-                head = f"{label}{human(before)} → {human(after)} ({_signed(change)}, {_share(e)})"
-            verdict = _verdict(e)
-            if verdict:
-                head += f"; {verdict.upper() if e.newly_failing else verdict}"
-            write(f"{printable(e.path)}: {head}\n")
-            delta = e.delta
-            if delta is not None and e.before.result is not None and e.after.result is not None:
-                for category in CATEGORIES:
-                    if delta.get(category):
-                        write(f"  {category:<16} {_signed(delta[category])}\n")
-            if e.newly_failing:
-                for d in e.after.result.diagnostics:
-                    if d.severity == "error":
-                        write(f"  {diagnostic_line(e.path, d)}\n")
-            for name, side in (("before", e.before), ("after", e.after)):
-                if side.result is not None and side.footprint is None:
-                    where = printable(comparison.base) if name == "before" else "the working tree"
-                    write(f"  no footprint at {where}:\n")
-                    for d in side.result.diagnostics:
-                        write(f"  {diagnostic_line(e.path, d)}\n")
-        if not comparison.entries:
-            write("no memfit configs at either side\n")
-
-
-class JsonReporter:
-    def __init__(self, out) -> None:
-        self.out = out
-
-    def report(self, comparison: Comparison) -> None:
-        import json
-
-        json.dump(comparison.to_json(), self.out, indent=2)
-        self.out.write("\n")
-
-
-class MarkdownReporter:
-    """A table for a pull-request comment or a job summary: configs that now fail first, then largest growth."""
-
-    def __init__(self, out) -> None:
-        self.out = out
-
-    def report(self, comparison: Comparison) -> None:
-        from memfit.diagnostics.units import human
-
-        def cell(side: Side) -> str:
-            if side.result is None:
-                return "—"
-            return human(side.gated) if side.gated is not None else "❌ no footprint"
-
-        lines = [
-            f"### memfit: memory against {markdown_code(comparison.base)}",
-            "",
-            "| config | before | after | change | status | " + " | ".join(CATEGORIES) + " |",
-            "| --- | ---: | ---: | ---: | --- | " + " | ".join("---:" for _ in CATEGORIES) + " |",
-        ]
-        for e in _order(comparison.entries):
-            delta, change = e.delta, e.gated_delta
-            if e.before.result is None:
-                shown = "added"
-            elif e.after.result is None:
-                shown = "removed"
-            elif change is None:
-                shown = "—"
-            else:
-                shown = _signed(change) + (f" ({_share(e)})" if _share(e) else "")
-            verdict = _verdict(e)
-            status = f"❌ **{verdict}**" if e.newly_failing else verdict or ("pass" if e.after.status == "pass" else "—")
-            parts = [_signed(delta.get(c, 0)) if delta is not None else "—" for c in CATEGORIES]
-            lines.append(f"| {markdown_code(e.path)} | {cell(e.before)} | {cell(e.after)} | {shown} | {status} | " + " | ".join(parts) + " |")
-        if not comparison.entries:
-            lines.append("| (no memfit configs) | | | | | " + " | ".join("" for _ in CATEGORIES) + " |")
-        self.out.write("\n".join(lines) + "\n\n")
-
-
-REPORTERS = {"text": TextReporter, "json": JsonReporter, "markdown": MarkdownReporter}
+# the reporters: report/commands.py, the one registry of reporters by command
+REPORTERS = COMMANDS["diff"]

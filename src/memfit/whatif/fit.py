@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from memfit.diagnostics import codes
 from memfit.check.pipeline import Options, Result, evaluate, gated, position
 from memfit.diagnostics.diagnostic import Problem
+from memfit.report.commands import REPORTERS as COMMANDS
 
 # The name asked for -> where it lives in a config's data, first present wins. A new model
 # form with its own batch axis (or sequence length) adds its path here.
@@ -263,53 +264,5 @@ def _usage(out: Fit, text: str, data, where: tuple, message: str, on_key: bool =
     return out
 
 
-# --- reporters --------------------------------------------------------------------------
-
-
-def text_line(found: Fit) -> str | None:
-    from memfit.diagnostics.units import human
-
-    if found.max is None:
-        return None
-    figures = [found.budget, found.bytes_at_max, found.bytes_at_next]
-    shown = [human(n) for n in figures if n is not None]
-    # at 2 decimals the three figures can read the same; then each also gives its exact bytes (the same units
-    # whatever the key varied: micro_batch and seq_len alike)
-    size = human if len(set(shown)) == len(shown) else (lambda n: f"{human(n)} = {n:,} B")
-    budget = size(found.budget)
-    if found.max == 0:
-        now = f" (the config has {found.current})" if found.current not in (None, 1) else ""
-        return f"{found.path}: does not fit at any {found.vary}: at 1{now} it needs {size(found.bytes_at_next)} of {budget}"
-    line = f"{found.path}: {found.vary} ≤ {found.max} fits ({size(found.bytes_at_max)} of {budget})"
-    if found.bytes_at_next is not None:
-        line += f"; {found.max + 1} needs {size(found.bytes_at_next)}"
-    return line
-
-
-class TextReporter:
-    def __init__(self, out) -> None:
-        self.out = out
-
-    def report(self, fits: list[Fit]) -> None:
-        from memfit.report.reporters import diagnostic_line
-
-        for found in fits:
-            for d in found.diagnostics:
-                self.out.write(diagnostic_line(found.path, d) + "\n")
-            line = text_line(found)
-            if line is not None:
-                self.out.write(line + "\n")
-
-
-class JsonReporter:
-    def __init__(self, out) -> None:
-        self.out = out
-
-    def report(self, fits: list[Fit]) -> None:
-        import json
-
-        json.dump({"files": [f.to_json() for f in fits]}, self.out, indent=2)
-        self.out.write("\n")
-
-
-REPORTERS = {"text": TextReporter, "json": JsonReporter}
+# the reporters: report/commands.py, the one registry of reporters by command
+REPORTERS = COMMANDS["fit"]

@@ -434,10 +434,7 @@ def _written(text: str, path: tuple) -> bool:
     """Whether the key at `path` is written in the text itself (not reached through a merge key or an alias)."""
     from memfit.read import source
 
-    values: dict = {}
-    keys: dict = {}
-    source._walk(text, {path[:i] for i in range(len(path) + 1)}, values, keys)
-    return path in keys
+    return path in source.keys_at(text, {path[:i] for i in range(len(path) + 1)})
 
 
 def native_edits(text: str, changes, origins: dict, fmt: str | None = None) -> list[Edit]:

@@ -27,6 +27,7 @@ from memfit.check.pipeline import Options, Result, evaluate, gated
 from memfit.diagnostics import codes
 
 from memfit.whatif.fit import CLEAR, inline
+from memfit.report.commands import REPORTERS as COMMANDS
 
 GPU_VARY = ("gpus", "data")  # the names `--vary` takes for this question
 CAP = 1 << 16  # data ranks: a strategy that does not fit here is reported as never fitting
@@ -289,55 +290,5 @@ def gpus(checked: Result, vary: str = "gpus", options: Options = Options()) -> G
     return out
 
 
-# --- reporters --------------------------------------------------------------------------
-
-
-def text_table(found: GpuFit) -> list[str]:
-    from memfit.diagnostics.units import human
-
-    if not found.rows:
-        return []
-    shape = "" if found.tensor == found.pipeline == 1 else f" (tensor {found.tensor} x pipeline {found.pipeline} kept)"
-    lines = [f"{found.path}: the fewest GPUs that pass memfit check, per strategy{shape}; budget {human(found.budget)} per GPU"]
-    header = ("GPUs", "strategy", "peak per GPU", "host per node")
-    rows = []
-    for row in found.rows:
-        if row.data is None:
-            rows.append(("—", row.strategy, row.reason, ""))
-        else:
-            rows.append((f"{row.gpus:,}", row.strategy, human(row.peak), human(row.host) if row.host is not None else "—"))
-    width = [max(len(r[i]) for r in [header, *rows] if not (r is not header and r[0] == "—" and i == 2)) for i in range(4)]
-    for r in [header, *rows]:
-        if r is not header and r[0] == "—":
-            lines.append(f"  {r[0]:>{width[0]}}  {r[1]:<{width[1]}}  {r[2]}")
-        else:
-            lines.append(f"  {r[0]:>{width[0]}}  {r[1]:<{width[1]}}  {r[2]:>{width[2]}}  {r[3]:>{width[3]}}".rstrip())
-    return lines
-
-
-class TextReporter:
-    def __init__(self, out) -> None:
-        self.out = out
-
-    def report(self, fits: list[GpuFit]) -> None:
-        from memfit.report.reporters import diagnostic_line
-
-        for found in fits:
-            for d in found.diagnostics:
-                self.out.write(diagnostic_line(found.path, d) + "\n")
-            for line in text_table(found):
-                self.out.write(line + "\n")
-
-
-class JsonReporter:
-    def __init__(self, out) -> None:
-        self.out = out
-
-    def report(self, fits: list[GpuFit]) -> None:
-        import json
-
-        json.dump({"files": [f.to_json() for f in fits]}, self.out, indent=2)
-        self.out.write("\n")
-
-
-REPORTERS = {"text": TextReporter, "json": JsonReporter}
+# the reporters: report/commands.py, the one registry of reporters by command
+REPORTERS = COMMANDS["gpus"]
