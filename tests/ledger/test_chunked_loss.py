@@ -92,3 +92,64 @@ def test_optimizer_in_backward_with_gradient_accumulation_is_refused(tmp_path):
     refused = [d for d in diagnostics if d["code"] == "optimizer-impl" and d["severity"] == "error"]
     assert refused and "gradient_accumulation" in refused[0]["message"], diagnostics
     assert refused[0]["range"]["start"]["line"] == 11, refused[0]
+
+
+# --- LitGPT's chunked head and loss (litgpt 0.5.13): its own code reproduced, on a transformers Llama ----------------
+# LitGPT cannot be installed beside this environment's packages (litgpt 0.5.13 pins huggingface_hub<1.4), so its two
+# functions are reproduced line for line: litgpt/model.py GPT.forward (lines 177-179) and litgpt/utils.py
+# chunked_cross_entropy (lines 313-331, the list branch), as litgpt/finetune/lora.py (lines 355-358) calls them.
+def litgpt_loss(chunk_size: int):
+    import torch
+
+    def chunked_cross_entropy(logits, targets, ignore_index=-100):
+        logit_chunks = [logit_chunk.reshape(-1, logit_chunk.size(-1)) for logit_chunk in logits]
+        target_chunks = [target_chunk.reshape(-1) for target_chunk in targets.split(logits[0].size(1), dim=1)]
+        loss_chunks = [torch.nn.functional.cross_entropy(logit_chunk, target_chunk, ignore_index=ignore_index, reduction="none")
+                       for logit_chunk, target_chunk in zip(logit_chunks, target_chunks)]
+        non_masked_elems = (targets != ignore_index).sum()
+        return torch.cat(loss_chunks).sum() / non_masked_elems.maximum(torch.ones_like(non_masked_elems))
+
+    def loss(model, input_ids, targets):
+        logits = model(input_ids)
+        logits[-1] = logits[-1][..., :-1, :]
+        return chunked_cross_entropy(logits, targets[..., 1:])
+
+    return loss
+
+
+def litgpt_forward(model, chunk_size: int):
+    """The transformers model whose forward ends as GPT.forward does with lm_head_chunk_size (a module: the head runs
+    inside the model's forward, as in LitGPT)."""
+    import torch
+
+    class Chunked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, input_ids):
+            x = self.inner.model(input_ids=input_ids).last_hidden_state
+            return [self.inner.lm_head(x_i) for x_i in x.split(chunk_size, dim=1)]
+
+    return Chunked()
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("precision", ["32-true", "bf16-true"])
+def test_litgpts_chunked_head_matches_its_code(tmp_path, precision):
+    needs.module("torch")
+    needs.module("transformers")
+    import hf_measure
+    import peak_reference as ref
+    from test_peak_transformers import hf_run_peak, hf_tiny
+
+    cfg = {**hf_tiny("llama"), "vocab_size": 4096}
+    model = litgpt_forward(hf_measure.build(cfg, precision=precision), 16)
+    batch = hf_measure.inputs(cfg, 2, 64)
+    opt = ref.OPTIMIZERS["adamw"](model.parameters(), **ref.IMPLS["foreach"])
+    measured = ref.measure(model, (batch["input_ids"], batch["labels"]), litgpt_loss(16), opt)
+    run = dict(micro_batch=2, seq_len=64, checkpointing="none", optimizer_impl="foreach", attention="sdpa")
+    peak = hf_run_peak(cfg, tmp_path, optimizer="adamw", precision=precision, loss={"kind": "chunked_head", "chunk_size": 16}, **run)["peak"]
+    whole = hf_run_peak(cfg, tmp_path, optimizer="adamw", precision=precision, **run)["peak"]
+    assert abs(peak["bytes"] - measured["bytes"]) <= BAND * measured["bytes"], (peak["bytes"], measured["bytes"])
+    assert peak["bytes"] < whole["bytes"]
