@@ -13,6 +13,8 @@ from importlib import import_module
 # in the order they rewrite the program
 TECHNIQUES = (
     "keep_gradients",
+    "chunked_loss",
+    "optimizer_in_backward",
 )
 
 

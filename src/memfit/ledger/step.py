@@ -126,6 +126,11 @@ class Step:
     # ids of what the loss keeps for its own backward (a transformer's log-softmax): made after the last row's
     # forward, freed by the loss's backward, before the last row's
     loss_kept: list = field(default_factory=list)
+    # each parameter is stepped by an optimizer of its own as soon as its gradient is made, which that step then
+    # frees (torchtune's optimizer_in_bwd: register_post_accumulate_grad_hook): gradients never accumulate over
+    # rows, one parameter's gradient and its step's temporaries exist at a time, and optimizer.step() after the
+    # backward has nothing left to do
+    step_in_backward: bool = False
 
 
 def _up(n: int, granule: int) -> int:
@@ -147,7 +152,7 @@ def rounded(step: Step, granule: int) -> Step:
     return Step(rows, {t: _up(b, granule) for t, b in step.tensors.items()}, list(step.batch),
                 Loss(tuple(each(step.loss.forward)), tuple(each(step.loss.backward))),
                 each(step.optimizer_state), step.optimizer, step.impl, step.overhead, None if step.stepped is None else each(step.stepped), step.accumulating,
-                list(step.loss_kept))
+                list(step.loss_kept), step.step_in_backward)
 
 
 def _live(parameters, gradients, activations, optimizer_state, transient, overhead) -> dict:
@@ -170,6 +175,7 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
     all_grads = sum(sum(r.grads) for r in rows)
     # under gradient accumulation the worst micro-batch is a later one: every gradient exists already
     held = all_grads if step.accumulating else 0
+    in_backward = step.step_in_backward and not step.accumulating
     keepers: dict[int, int] = {}  # kept id -> earliest row keeping it
     for i, row in enumerate(rows):
         for t in row.kept:
@@ -231,10 +237,23 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
         if t not in batch:
             released.setdefault(k, []).append(t)
     left = saved_bytes
+    # under step_in_backward, each row's parameters in `stepped` order (their own optimizer's temporaries)
+    offsets, at = [], 0
+    for row in rows:
+        offsets.append(at)
+        at += len(row.params)
     for i in range(len(rows) - 1, -1, -1):
         row = rows[i]
         if not row.output_grad:
             continue
+        if in_backward:
+            # the row's worst parameter: its gradient, then its own optimizer step's temporaries beside it
+            own = [(g, optimizer_temporaries(step.optimizer, step.impl, [stepped[offsets[i] + n]]) if offsets[i] + n < len(stepped) else 0)
+                   for n, g in enumerate(row.grads)]
+            worst = max(own, key=sum, default=(0, 0))
+            done = 0
+            row = replace(row, grads=[worst[0]], backward_extra=row.backward_extra + worst[1],
+                          backward_flight=None if row.backward_flight is None else row.backward_flight + worst[1])
         alive = left + row.recompute
         g_out = size.get(row.output, 0) if row.output is not None else 0
         if edges:
@@ -270,6 +289,8 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
             edge("backward", row.name, "post-backward", max(held, done), left, g_in)
 
     batch_bytes = sum(size[t] for t in batch)
+    if in_backward:  # every parameter was stepped in backward: no gradient left, no step to run
+        all_grads, temporaries = 0, 0
     consider("optimizer_step", "step", params, all_grads, batch_bytes, state, temporaries, step.overhead)
     return {p: out[p] for p in PHASES}
 

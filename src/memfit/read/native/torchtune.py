@@ -101,10 +101,11 @@ KEYS = {
     "optimizer._component_, optimizer.fused": "optimizer, training.optimizer_impl",
     "enable_activation_checkpointing (false)": "training.checkpointing full",
     "fsdp_cpu_offload (false)": "parallel.offload (distributed recipes: FSDP2 full shard over --gpus)",
+    "loss._component_ CEWithChunkedOutputLoss, loss.num_output_chunks (8)": "training.loss {kind: chunked, chunks}",
+    "optimizer_in_bwd (false)": "training.optimizer_in_backward",
 }
 UNMODELLED = {
     "enable_activation_offloading": ((False,), "activations are offloaded to host memory (the GPU keeps less than memfit counts)"),
-    "optimizer_in_bwd": ((False,), "the optimizer steps each parameter in backward and frees its gradient at once (less memory than memfit counts)"),
     "compile": ((False,), "torch.compile fuses kernels and changes what is saved for backward"),
     "custom_sharded_layers": ((), "extra FSDP units"),
     "tensor_parallel_dim": ((1,), "tensor parallelism"),
@@ -219,7 +220,12 @@ def read(r: Reader, ctx) -> dict:
             r.set(("parallel", "offload", "optimizer"), "cpu", r.at("fsdp_cpu_offload"))
             r.set(("parallel", "offload", "parameters"), "cpu", r.at("fsdp_cpu_offload"))
     loss = r.get("loss", (dict,), {})
-    if "LinearCrossEntropy" in str(loss.get("_component_", "")) or "Chunked" in str(loss.get("_component_", "")):
+    if str(loss.get("_component_", "")).rsplit(".", 1)[-1] == "CEWithChunkedOutputLoss":
+        chunks = r.get("num_output_chunks", (int,), 8, data=loss, prefix=("loss",))
+        r.set(("training", "loss"), {"kind": "chunked", "chunks": chunks}, r.at("loss", "_component_"))
+    elif "LinearCrossEntropy" in str(loss.get("_component_", "")) or "Chunked" in str(loss.get("_component_", "")):
         r.warn(r.at("loss", "_component_"), f"loss {loss['_component_'].rsplit('.', 1)[-1]}: the logits are computed in chunks, never whole; memfit counts the full logits")
+    if r.get("optimizer_in_bwd", (bool,), False):
+        r.set(("training", "optimizer_in_backward"), True, r.at("optimizer_in_bwd"))
     r.unmodelled(UNMODELLED)
     return {}

@@ -1,0 +1,111 @@
+"""A chunked cross-entropy: torchtune's `CEWithChunkedOutputLoss` (modules/loss/ce_chunked_output_loss.py, 0.6.1)
+with the model's output projection run a chunk of the sequence at a time (modules/transformer.py
+`TransformerDecoder.chunked_output`: `[self.output(chunk) for chunk in last_hidden_state.chunk(num_output_chunks, dim=1)]`,
+switched on by `set_num_output_chunks`, which the recipes call when the loss is this class).
+
+What it allocates, from that code and measured (MemTracker around torchtune's own step on the CPU,
+tests/ledger/test_chunked_loss.py):
+- forward: the logits, as a list of chunks in the model's dtype, all of them alive (the model returns them before
+  the loss runs); `compute_cross_entropy` upcasts one chunk at a time (`logits.float()`: a chunk's fp32 copy, not the
+  whole logits'), and each chunk's log-softmax (fp32) is kept for backward as the unchunked loss keeps it;
+- backward: autograd runs every chunk's loss backward first (the loss's nodes are newer than every chunk's output
+  projection): at a chunk, the gradient of its log-softmax output and of its input, fp32 chunk-sized (not
+  logits-sized); the chunks' gradients, cast back to the model's dtype, make the whole logits' gradient again by the
+  time the output projection's backward runs; that weight's gradient comes from each chunk's matmul and is summed by
+  autograd's input buffer out of place (`add.Tensor`): the sum so far, the chunk's and their sum (three of it) at
+  once, beside the logits' gradient and the hidden states'.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from memfit.diagnostics import codes
+from memfit.diagnostics.diagnostic import Problem
+from memfit.recipe.costs import dtype_bytes
+
+NAME = "chunked_loss"
+
+KINDS = ("chunked", "chunked_head")
+
+KEYS = {
+    "loss": {
+        "title": "The loss's implementation",
+        "description": "How the cross-entropy over the logits runs. kind chunked: torchtune's CEWithChunkedOutputLoss "
+                       "with the output projection chunked (num_output_chunks = chunks, default 8): the logits exist as "
+                       "chunks in the model's dtype, each upcast to fp32 inside the loss one at a time. kind "
+                       "chunked_head: LitGPT's fine-tuning loss (model(input_ids, lm_head_chunk_size=chunk_size), "
+                       "chunked_cross_entropy): chunks of chunk_size tokens (default 128), the cross-entropy in the "
+                       "logits' own dtype, no fp32 copy. Absent: "
+                       "transformers' loss over the whole logits.",
+        "type": "object",
+        "properties": {
+            "kind": {"enum": list(KINDS), "description": "chunked: torchtune's CEWithChunkedOutputLoss (each chunk upcast "
+                                                         "to fp32); chunked_head: LitGPT's lm_head_chunk_size with "
+                                                         "chunked_cross_entropy (each chunk in the logits' dtype)"},
+            "chunks": {"type": "integer", "minimum": 1, "default": 8, "description": "kind chunked: the number of chunks of the sequence"},
+            "chunk_size": {"type": "integer", "minimum": 1, "default": 128, "description": "kind chunked_head: the tokens of each sequence per chunk"},
+        },
+        "required": ["kind"],
+        "additionalProperties": False,
+    },
+}
+
+
+def applies(training: dict) -> bool:
+    loss = training.get("loss")
+    return isinstance(loss, dict) and loss.get("kind") in KINDS
+
+
+def problems(config, training: dict) -> list:
+    model = getattr(config, "model", None)
+    if model is None or not hasattr(model, "cfg"):
+        return [Problem(("training", "loss"), codes.NEEDS_TRANSFORMER,
+                        "training.loss: a chunked loss chunks a transformer's output projection; declare the model as a transformer (hf_config)")]
+    return []
+
+
+def rewrite(step, config, training: dict):
+    model = getattr(config, "model", None)
+    if model is None or not hasattr(model, "cfg") or not step.rows or step.rows[-1].name != "head":
+        return step
+    run, cfg = model.training, model.cfg
+    b, s, vocab = run["micro_batch"], run["seq_len"], cfg.get("vocab_size")
+    head = step.rows[-1]
+    logits = step.tensors[head.output]
+    if not vocab or not b or not s:
+        return step
+    whole32 = dtype_bytes(b * s * vocab, "float32")
+    tensors = step.tensors
+    if training["loss"]["kind"] == "chunked_head":
+        # LitGPT (litgpt/model.py GPT.forward: `[self.lm_head(x_i) for x_i in x.split(lm_head_chunk_size, dim=1)]`;
+        # litgpt/utils.py chunked_cross_entropy: `F.cross_entropy(logit_chunk, target_chunk, reduction="none")` per
+        # chunk, no .float()): each chunk's log-softmax is kept in the logits' dtype, and the loss's gradients in
+        # flight are a chunk's, in that dtype
+        size = int(training["loss"].get("chunk_size") or 128)
+        chunks = -(-s // size)
+        width = logits // (b * s * vocab) if logits % (b * s * vocab) == 0 else 4
+        chunk = b * min(size, s) * vocab * width
+        # litgpt/finetune/lora.py `logits[-1] = logits[-1][..., :-1, :]`: with more than one sequence the last chunk's
+        # `reshape(-1, vocab)` copies it (it is not contiguous), beside the whole logits
+        last = b * (s - (chunks - 1) * size - 1) * vocab * width if b > 1 else 0
+        tensors = {t: (n * logits // whole32 if t in step.loss_kept and n == whole32 else n) for t, n in step.tensors.items()}
+        loss = replace(step.loss, forward=(logits, *([last] if last else [])), backward=(chunk, chunk))
+    else:
+        chunks = int(training["loss"].get("chunks") or 8)
+        per_chunk = b * -(-s // chunks) * vocab  # torch.chunk: ceil(s / chunks) tokens of each sequence per chunk
+        chunk32 = dtype_bytes(per_chunk, "float32")
+        upcast = chunk32 if logits < whole32 else 0  # an fp32 model's .float() copies nothing
+        loss = replace(step.loss, forward=(logits, *([upcast] if upcast else [])), backward=(chunk32, chunk32))
+    flight = head.backward_flight
+    if chunks > 1 and head.grads:
+        # the output projection's weight gradient summed out of place over the chunks, first at the second chunk's
+        # matmul: the walk counts one (the row's gradient), two more are in flight beside the hidden states' gradient
+        # and the logits' gradient: torchtune's whole (measured: MemTracker's peak at that add.Tensor is the whole
+        # logits' gradient + three weight gradients), LitGPT's less the two chunks whose matmuls have run (measured:
+        # each chunk's gradient is freed by its matmul's backward)
+        hidden = step.tensors.get(head.input, 0)
+        left = logits if training["loss"]["kind"] == "chunked" else max(logits - 2 * chunk, 0)
+        flight = left + hidden + 2 * max(head.grads)
+    rows = step.rows[:-1] + [replace(head, backward_flight=flight)]
+    return replace(step, rows=rows, loss=loss, tensors=tensors)

@@ -1,0 +1,155 @@
+"""torchtune's chunked cross-entropy (`loss: CEWithChunkedOutputLoss`, `num_output_chunks`) and its optimizer in
+backward (`optimizer_in_bwd: true`), measured on torchtune 0.6.1's own step (MemTracker and saved_tensors_hooks
+around tests/support/torchtune_step.py, in torchtune's own interpreter: MEMFIT_TORCHTUNE_PYTHON, as
+tests/read/test_torchtune_built.py) against `memfit check` on the torchtune config that runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import needs
+import pytest
+import yaml
+
+SUPPORT = Path(__file__).resolve().parents[1] / "support"
+BAND = 0.05
+# the logits dominate (vocab 4096 over a 64-wide model): the loss's chunking is what the peak measures
+WIDE_VOCAB = {"vocab_size": 4096, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "embed_dim": 64, "intermediate_dim": 112, "max_seq_len": 256}
+# a short sequence over more layers: the gradients and the optimizer step are what the peak measures
+DEEP = {"vocab_size": 256, "num_layers": 6, "num_heads": 4, "num_kv_heads": 2, "embed_dim": 128, "intermediate_dim": 256, "max_seq_len": 256}
+LORA = {"lora_attn_modules": ["q_proj", "v_proj"], "apply_lora_to_mlp": False, "apply_lora_to_output": False, "lora_rank": 8, "lora_alpha": 16}
+
+
+def torchtune_python() -> str:
+    python = os.environ.get("MEMFIT_TORCHTUNE_PYTHON")
+    if not python:
+        needs.unavailable("MEMFIT_TORCHTUNE_PYTHON is not set (an interpreter with torchtune 0.6.1 and torchao 0.10.0)")
+    return python
+
+
+def theirs(dtype: str, lora: bool, chunks: int, in_bwd: bool, builder: dict, batch: int, seq: int) -> dict:
+    spec = {"dtype": dtype, "lora": lora, "chunks": chunks, "in_bwd": in_bwd, "batch_size": batch, "seq_len": seq,
+            "builder": {**builder, **(LORA if lora else {})}}
+    done = subprocess.run([torchtune_python(), str(SUPPORT / "torchtune_step.py"), json.dumps(spec)], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def ours(tmp_path, dtype: str, lora: bool, chunks: int, in_bwd: bool, builder: dict, batch: int, seq: int) -> dict:
+    model = {"_component_": f"torchtune.models.llama3.{'lora_llama3' if lora else 'llama3'}", **builder, **(LORA if lora else {})}
+    config = {"model": model,
+              "tokenizer": {"_component_": "torchtune.models.llama3.llama3_tokenizer", "path": "/tmp/tokenizer.model", "max_seq_len": seq},
+              "batch_size": batch, "optimizer": {"_component_": "torch.optim.AdamW", "fused": True}, "dtype": dtype,
+              "optimizer_in_bwd": in_bwd}
+    if chunks:
+        config["loss"] = {"_component_": "torchtune.modules.loss.CEWithChunkedOutputLoss", "num_output_chunks": chunks}
+    else:
+        config["loss"] = {"_component_": "torch.nn.CrossEntropyLoss"}
+    path = tmp_path / ("lora_single_device.yaml" if lora else "full_single_device.yaml")
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    out = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", "--budget", "1GiB", str(path)],
+                         capture_output=True, text=True, timeout=120, check=False)
+    return json.loads(out.stdout)["files"][0]
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("dtype, lora, chunks", [("bf16", False, 8), ("fp32", False, 8), ("bf16", True, 8), ("bf16", False, 0)])
+def test_chunked_loss_matches_torchtunes_step(tmp_path, dtype, lora, chunks):
+    measured = theirs(dtype, lora, chunks, False, WIDE_VOCAB, 2, 64)
+    file = ours(tmp_path, dtype, lora, chunks, False, WIDE_VOCAB, 2, 64)
+    peak = file["peak"]
+    assert abs(peak["bytes"] - measured["bytes"]) <= BAND * measured["bytes"], (peak["bytes"], measured["bytes"])
+    saved = file["footprint"]["activations"]
+    assert abs(saved - measured["saved"]) <= BAND * measured["saved"], (saved, measured["saved"])
+    assert not [d for d in file.get("diagnostics", []) if d["code"] == "not-modelled" and "loss" in d["message"]]
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("dtype, lora", [("fp32", False), ("bf16", False), ("fp32", True)])
+def test_optimizer_in_backward_matches_torchtunes_step(tmp_path, dtype, lora):
+    measured = theirs(dtype, lora, 0, True, DEEP, 1, 16)
+    plain = theirs(dtype, lora, 0, False, DEEP, 1, 16)
+    file = ours(tmp_path, dtype, lora, 0, True, DEEP, 1, 16)
+    peak = file["peak"]
+    assert abs(peak["bytes"] - measured["bytes"]) <= BAND * measured["bytes"], (peak["bytes"], measured["bytes"])
+    if not lora:  # the gradients are a large share of a full fine-tune's step: the measured saving is real, and memfit's
+        assert plain["bytes"] > measured["bytes"] * (1 + BAND)
+        assert ours(tmp_path, dtype, lora, 0, False, DEEP, 1, 16)["peak"]["bytes"] > peak["bytes"]
+
+
+def test_optimizer_in_backward_with_gradient_accumulation_is_refused(tmp_path):
+    path = tmp_path / "full_single_device.yaml"
+    path.write_text("model:\n  _component_: torchtune.models.llama3.llama3\n" + "".join(f"  {k}: {v}\n" for k, v in DEEP.items())
+                    + "tokenizer:\n  max_seq_len: 16\noptimizer_in_bwd: true\ngradient_accumulation_steps: 4\n")
+    out = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", "--budget", "1GiB", str(path)],
+                         capture_output=True, text=True, timeout=120, check=False)
+    diagnostics = json.loads(out.stdout)["files"][0]["diagnostics"]
+    refused = [d for d in diagnostics if d["code"] == "optimizer-impl" and d["severity"] == "error"]
+    assert refused and "gradient_accumulation" in refused[0]["message"], diagnostics
+    assert refused[0]["range"]["start"]["line"] == 11, refused[0]
+
+
+# --- LitGPT's chunked head and loss (litgpt 0.5.13): its own code reproduced, on a transformers Llama ----------------
+# LitGPT cannot be installed beside this environment's packages (litgpt 0.5.13 pins huggingface_hub<1.4), so its two
+# functions are reproduced line for line: litgpt/model.py GPT.forward (lines 177-179) and litgpt/utils.py
+# chunked_cross_entropy (lines 313-331, the list branch), as litgpt/finetune/lora.py (lines 355-358) calls them.
+def litgpt_loss(chunk_size: int):
+    import torch
+
+    def chunked_cross_entropy(logits, targets, ignore_index=-100):
+        logit_chunks = [logit_chunk.reshape(-1, logit_chunk.size(-1)) for logit_chunk in logits]
+        target_chunks = [target_chunk.reshape(-1) for target_chunk in targets.split(logits[0].size(1), dim=1)]
+        loss_chunks = [torch.nn.functional.cross_entropy(logit_chunk, target_chunk, ignore_index=ignore_index, reduction="none")
+                       for logit_chunk, target_chunk in zip(logit_chunks, target_chunks)]
+        non_masked_elems = (targets != ignore_index).sum()
+        return torch.cat(loss_chunks).sum() / non_masked_elems.maximum(torch.ones_like(non_masked_elems))
+
+    def loss(model, input_ids, targets):
+        logits = model(input_ids)
+        logits[-1] = logits[-1][..., :-1, :]
+        return chunked_cross_entropy(logits, targets[..., 1:])
+
+    return loss
+
+
+def litgpt_forward(model, chunk_size: int):
+    """The transformers model whose forward ends as GPT.forward does with lm_head_chunk_size (a module: the head runs
+    inside the model's forward, as in LitGPT)."""
+    import torch
+
+    class Chunked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, input_ids):
+            x = self.inner.model(input_ids=input_ids).last_hidden_state
+            return [self.inner.lm_head(x_i) for x_i in x.split(chunk_size, dim=1)]
+
+    return Chunked()
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("precision", ["32-true", "bf16-true"])
+def test_litgpts_chunked_head_matches_its_code(tmp_path, precision):
+    needs.module("torch")
+    needs.module("transformers")
+    import hf_measure
+    import peak_reference as ref
+    from test_peak_transformers import hf_run_peak, hf_tiny
+
+    cfg = {**hf_tiny("llama"), "vocab_size": 4096}
+    model = litgpt_forward(hf_measure.build(cfg, precision=precision), 16)
+    batch = hf_measure.inputs(cfg, 2, 64)
+    opt = ref.OPTIMIZERS["adamw"](model.parameters(), **ref.IMPLS["foreach"])
+    measured = ref.measure(model, (batch["input_ids"], batch["labels"]), litgpt_loss(16), opt)
+    run = dict(micro_batch=2, seq_len=64, checkpointing="none", optimizer_impl="foreach", attention="sdpa")
+    peak = hf_run_peak(cfg, tmp_path, optimizer="adamw", precision=precision, loss={"kind": "chunked_head", "chunk_size": 16}, **run)["peak"]
+    whole = hf_run_peak(cfg, tmp_path, optimizer="adamw", precision=precision, **run)["peak"]
+    assert abs(peak["bytes"] - measured["bytes"]) <= BAND * measured["bytes"], (peak["bytes"], measured["bytes"])
+    assert peak["bytes"] < whole["bytes"]
