@@ -16,6 +16,11 @@ from memfit.check.pipeline import Result
 from memfit.recipe.costs import byte_width, element_bytes
 from memfit.diagnostics.diagnostic import Range
 from memfit.recipe.dtypes import DTYPES, describe
+from memfit.recipe.optim import OPTIMIZERS  # the one optimizer table
+from memfit.ledger.step import PHASES, PHASE_WORDS, live_text
+from memfit.ledger.step import summary as peak_summary
+from memfit.whatif.fit import VARY, fit, location
+from memfit.whatif.fixes import fixes
 from memfit.report.present import pct as _pct
 from memfit.report.present import shape_text as _shape
 from memfit.diagnostics.units import UNITS, human, with_bytes
@@ -131,15 +136,11 @@ class Analysis:
     @cached_property
     def fixes(self) -> list:
         """The fixes for this version when it is over (or near) its budget, cheapest first."""
-        from memfit.whatif.fixes import fixes
-
         return fixes(self.result, self.text) if self.config is not None else []
 
     @cached_property
     def fit(self):
         """The largest micro_batch that fits, for the hover on it (None without a batch axis)."""
-        from memfit.whatif.fit import fit, location
-
         if self.config is None or self.result.data is None or location(self.result.data, "micro_batch") is None:
             return None
         return fit(self.result, self.text)
@@ -224,8 +225,6 @@ class Analysis:
         lines.append(f"**total**: {with_bytes(total)}" + (f", {_pct(total, budget)} of the budget" if budget else ""))
         used = total
         if config.peak is not None:  # a run: the budget gate compares the peak
-            from memfit.ledger.step import summary as peak_summary
-
             used = config.peak["bytes"]
             lines.append(f"**{peak_summary(config.peak)}**" + (f", {_pct(used, budget)} of the budget" if budget else ""))
         if budget is not None:
@@ -304,8 +303,6 @@ class Analysis:
 
 def _peak_hover(result: dict, budget) -> list[str]:
     """The phases as the hover shows them: a line each, the peak in bold."""
-    from memfit.ledger.step import PHASES, PHASE_WORDS, live_text
-
     out = ["phases of one training step (each at its worst moment):"]
     for phase in PHASES:
         size = with_bytes(result["phases"][phase]["bytes"])
@@ -355,8 +352,6 @@ def training_text(key: str, model) -> str:
 
 
 def _batch_axes() -> tuple:
-    from memfit.whatif.fit import VARY
-
     return VARY["micro_batch"]
 
 
@@ -433,8 +428,6 @@ def dtype_text(value) -> str | None:
 
 
 def optimizer_text(value, config) -> str | None:
-    from memfit.recipe.optim import OPTIMIZERS  # the one optimizer table
-
     spec = OPTIMIZERS.get(value.strip().lower()) if isinstance(value, str) else None
     if spec is None:
         return None
@@ -623,8 +616,6 @@ def choices(vocabulary: str) -> list[Choice]:
     if vocabulary == "dtype":
         return [Choice(name, f"{describe(width)}: {what}", "dtype") for name, (width, what) in DTYPES.items()]
     if vocabulary == "optimizer":
-        from memfit.recipe.optim import OPTIMIZERS  # the one optimizer table: every optimizer memfit knows
-
         return [Choice(name, f"{o.framework}: {len(o.states)} state tensor{'s' if len(o.states) != 1 else ''} per parameter ({o.layout})", "optimizer") for name, o in OPTIMIZERS.items()]
     if vocabulary == "unit":
         return [Choice(name, f"{size:,} bytes", "unit") for name, size in UNITS.items()]

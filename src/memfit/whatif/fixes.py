@@ -17,8 +17,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from memfit.diagnostics import codes
-from memfit.check.pipeline import Options, Result, evaluate
+from memfit.check.pipeline import Options, Result, check, evaluate
 from memfit.diagnostics.diagnostic import Range
+from memfit.read import source
+from memfit.read.native.edits import spelt
+from memfit.recipe.costs import OPTIMIZER_STATES
+from memfit.recipe.optim import OPTIMIZERS
 from memfit.whatif.fit import CLEAR, OVER, Probe, gated, inline, largest, location, locations, read
 
 FIXABLE = (codes.BUDGET_EXCEEDED, codes.NEAR_BUDGET)
@@ -178,9 +182,6 @@ def _eight_bit(data, options, refuse, result):
 def _known_optimizer(name: str) -> bool:
     """In the seed's table or the recipes' (bitsandbytes' 8-bit optimizers live there); the
     pipeline still has the last word: a change it refuses is never offered."""
-    from memfit.recipe.costs import OPTIMIZER_STATES
-    from memfit.recipe.optim import OPTIMIZERS
-
     return name in OPTIMIZER_STATES or name in OPTIMIZERS
 
 
@@ -381,8 +382,6 @@ def _combined(result: Result, text: str, evaluated: dict, options: Options, refu
 
 def _edits_fit(fix: Fix, text: str, result: Result, options: Options, refuse) -> bool:
     """The edits, applied to the text, give a config that passes: what the user will run."""
-    from memfit.check.pipeline import check
-
     after = check(apply_edits(text, fix.edits), result.path, options)
     return after.config is not None and not any(d.severity == codes.ERROR or d.code in refuse for d in after.diagnostics)
 
@@ -418,8 +417,6 @@ def safe_edits(text: str, changes, data) -> list[Edit]:
     data with the changes made. An edit that would break the YAML or change anything else (a value
     reached through an alias, a layout the edits do not know) is never offered: the fix then has no
     edits, and --suggest and the editor show its change in words only."""
-    from memfit.read import source
-
     try:
         found = edits(text, changes, data)
     except Exception:  # noqa: BLE001 -- a layout the edit builder does not know: no edit, never a crash
@@ -432,8 +429,6 @@ def safe_edits(text: str, changes, data) -> list[Edit]:
 
 def _written(text: str, path: tuple) -> bool:
     """Whether the key at `path` is written in the text itself (not reached through a merge key or an alias)."""
-    from memfit.read import source
-
     return path in source.keys_at(text, {path[:i] for i in range(len(path) + 1)})
 
 
@@ -442,9 +437,6 @@ def native_edits(text: str, changes, origins: dict, fmt: str | None = None) -> l
     the native key the memfit key came from (micro_batch_size for training.micro_batch in Axolotl), or the key
     added at the end of the file's top-level mapping where the file does not write it; a change the format has
     no spelling of (ZeRO, FSDP, offload: the DeepSpeed JSON's or the launch config's) gets none."""
-    from memfit.read import source
-    from memfit.read.native.edits import spelt
-
     out = []
     for path, before, value in changes:
         native = spelt(fmt, path, value)
@@ -481,8 +473,6 @@ def edits(text: str, changes, data=None) -> list[Edit]:
     """Minimal edits: a new value over the old value's range; a new key inserted into its
     nearest existing mapping (flow or block style, as that mapping is written). A key that a
     merge key (`<<: *defaults`) supplies is overridden by writing it into the mapping itself."""
-    from memfit.read import source
-
     out = []
     for path, before, value in changes:
         if before is not None and _written(text, path):
@@ -501,8 +491,6 @@ def _lines(text: str) -> list[str]:
 
 def _insert(text: str, data, path: tuple, value) -> Edit:
     """A new key inside its nearest existing mapping (data: the text's loaded data)."""
-    from memfit.read import source
-
     depth = len(path) - 1
     while depth > 0 and not isinstance(_get(data, path[:depth]), dict):
         depth -= 1
