@@ -9,7 +9,6 @@ feed messages to the server object in-process, which is fast enough for hundreds
 
 from __future__ import annotations
 
-import asyncio
 import json
 import queue
 import subprocess

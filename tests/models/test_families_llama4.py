@@ -11,7 +11,6 @@ published Scout and Maverick text configs, and the multimodal wrapper's diagnost
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path

@@ -10,7 +10,6 @@ import dataclasses
 import json
 from pathlib import Path
 import logging
-import warnings
 
 import needs
 import pytest

@@ -6,7 +6,6 @@ off, through the CLI; the keys the issue named are modelled (Axolotl's overrides
 
 import dataclasses
 import json
-import os
 import re
 import shutil
 import subprocess

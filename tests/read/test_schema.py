@@ -10,7 +10,6 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from memfit.recipe.calculator import OPTIMIZER_STATES
 from memfit.recipe.dtypes import DTYPES
 from memfit.read.schema import schema
 
