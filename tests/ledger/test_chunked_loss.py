@@ -73,11 +73,12 @@ def test_chunked_loss_matches_torchtunes_step(tmp_path, dtype, lora, chunks):
 @pytest.mark.parametrize("dtype, lora", [("fp32", False), ("bf16", False), ("fp32", True)])
 def test_optimizer_in_backward_matches_torchtunes_step(tmp_path, dtype, lora):
     measured = theirs(dtype, lora, 0, True, DEEP, 1, 16)
-    plain = theirs(dtype, lora, 0, False, DEEP, 1, 16)
     file = ours(tmp_path, dtype, lora, 0, True, DEEP, 1, 16)
     peak = file["peak"]
     assert abs(peak["bytes"] - measured["bytes"]) <= BAND * measured["bytes"], (peak["bytes"], measured["bytes"])
+    assert peak["live"]["gradients"] < file["footprint"]["gradients"] or lora
     if not lora:  # the gradients are a large share of a full fine-tune's step: the measured saving is real, and memfit's
+        plain = theirs(dtype, lora, 0, False, DEEP, 1, 16)
         assert plain["bytes"] > measured["bytes"] * (1 + BAND)
         assert ours(tmp_path, dtype, lora, 0, False, DEEP, 1, 16)["peak"]["bytes"] > peak["bytes"]
 

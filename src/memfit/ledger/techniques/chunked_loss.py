@@ -40,11 +40,11 @@ KEYS = {
                        "transformers' loss over the whole logits.",
         "type": "object",
         "properties": {
-            "kind": {"enum": list(KINDS), "description": "chunked: torchtune's CEWithChunkedOutputLoss (each chunk upcast "
+            "kind": {"title": "Which chunked loss", "enum": list(KINDS), "description": "chunked: torchtune's CEWithChunkedOutputLoss (each chunk upcast "
                                                          "to fp32); chunked_head: LitGPT's lm_head_chunk_size with "
                                                          "chunked_cross_entropy (each chunk in the logits' dtype)"},
-            "chunks": {"type": "integer", "minimum": 1, "default": 8, "description": "kind chunked: the number of chunks of the sequence"},
-            "chunk_size": {"type": "integer", "minimum": 1, "default": 128, "description": "kind chunked_head: the tokens of each sequence per chunk"},
+            "chunks": {"title": "Chunks", "type": "integer", "minimum": 1, "default": 8, "description": "kind chunked: the number of chunks of the sequence"},
+            "chunk_size": {"title": "Tokens per chunk", "type": "integer", "minimum": 1, "default": 128, "description": "kind chunked_head: the tokens of each sequence per chunk"},
         },
         "required": ["kind"],
         "additionalProperties": False,
