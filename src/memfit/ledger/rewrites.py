@@ -12,6 +12,7 @@ from importlib import import_module
 
 # in the order they rewrite the program
 TECHNIQUES = (
+    "partial_checkpointing",  # first: it builds the transformer's program again, layer by layer
     "keep_gradients",
 )
 
