@@ -22,6 +22,7 @@ KEYS = {
     "bfloat16": (None, "precision bf16-true (no AMP)", "schemas/config.py bfloat16"),
     "float16": (None, "precision 16-true (no AMP)", "schemas/config.py float16"),
     "gradient_checkpointing": (False, "training.checkpointing full (true, offload, offload_disk)", "schemas/config.py gradient_checkpointing"),
+    "gradient_checkpointing_kwargs": (None, "every_n_layers -> training.checkpoint_every (the Trainer's activation_checkpointing_kwargs, transformers 5)", "schemas/config.py gradient_checkpointing_kwargs; core/builders passes it to TrainingArguments"),
     "attn_implementation": (None, "training.attention (eager, sdpa, flash_attention_2/3 -> flash)", "schemas/config.py attn_implementation; loaders/model.py _set_attention_config"),
     "flash_attention": (None, "training.attention flash (deprecated spelling)", "schemas/config.py flash_attention"),
     "sdp_attention": (None, "training.attention sdpa (deprecated spelling)", "schemas/config.py sdp_attention"),
@@ -124,6 +125,7 @@ def read(r: Reader, ctx) -> dict:
             r.warn(r.at("gradient_checkpointing"), f"gradient_checkpointing {checkpointing}: the checkpoints go to {'disk' if checkpointing == 'offload_disk' else 'host memory'}; memfit counts them on the GPU (full checkpointing)")
     else:
         r.set(("training", "checkpointing"), "none")
+    hf.every_n_layers(r, "gradient_checkpointing_kwargs", checkpointing)
 
     attention = _attention(r)
     r.set(("training", "attention"), attention[0], attention[1])

@@ -62,3 +62,15 @@ ATTENTION = {
 # the attention transformers picks when a config does not say: SDPA
 # (modeling_utils.PreTrainedModel._check_and_adjust_attn_implementation: sdpa when available)
 DEFAULT_ATTENTION = "sdpa"
+
+
+def every_n_layers(r, key: str, checkpointing) -> None:
+    """`{key: {every_n_layers: N}}` (transformers 5's Trainer pops it for activation_checkpointing_enable): only the
+    layers 0, N, 2N, ... are checkpointed -> training.checkpoint_every N."""
+    kwargs = r.get(key, (dict,), None)
+    if not checkpointing or not isinstance(kwargs, dict) or "every_n_layers" not in kwargs:
+        return
+    every = r.get("every_n_layers", (int,), 1, data=kwargs, prefix=(key,))
+    if isinstance(every, int) and every > 1:
+        r.set(("training", "checkpoint_every"), every, r.at(key, "every_n_layers"))
+

@@ -100,6 +100,7 @@ KEYS = {
     "dtype (fp32 when absent: training.get_dtype)": "precision bf16-true / 32-true",
     "optimizer._component_, optimizer.fused": "optimizer, training.optimizer_impl",
     "enable_activation_checkpointing (false)": "training.checkpointing full",
+    "ac_mode: selective + ac_option N": "(distributed recipes, with enable_activation_checkpointing false) training.checkpointing full, checkpoint_every N, checkpoint_offset N-1 (layers N-1, 2N-1, ...: training/_activation_checkpointing.py `_count % ac_freq == 0`); ac_option op: warned",
     "fsdp_cpu_offload (false)": "parallel.offload (distributed recipes: FSDP2 full shard over --gpus)",
 }
 UNMODELLED = {
@@ -170,6 +171,22 @@ def read(r: Reader, ctx) -> dict:
         r.set(("training", "gradient_accumulation"), accum, r.at("gradient_accumulation_steps"))
     checkpointing = r.get("enable_activation_checkpointing", (bool,), False)
     r.set(("training", "checkpointing"), "full" if checkpointing else "none", r.at("enable_activation_checkpointing") if "enable_activation_checkpointing" in data else None)
+    ac_mode = r.get("ac_mode", (str,), None)
+    if ac_mode is not None and not checkpointing:
+        # the distributed recipes: apply_selective_activation_checkpointing(model, ac_mode, ac_option) only where
+        # enable_activation_checkpointing is false; checkpoint_wrapper counts the blocks from 1 and wraps those with
+        # `_count % ac_freq == 0` (ac_freq 0: every block)
+        option = r.get("ac_option", (int, str), None)
+        if isinstance(option, str) and option.isdigit():
+            option = int(option)
+        if ac_mode == "full" or (ac_mode == "selective" and isinstance(option, int) and option in (0, 1)):
+            r.set(("training", "checkpointing"), "full", r.at("ac_mode"))
+        elif ac_mode == "selective" and isinstance(option, int) and option > 1:
+            r.set(("training", "checkpointing"), "full", r.at("ac_mode"))
+            r.set(("training", "checkpoint_every"), option, r.at("ac_option"))
+            r.set(("training", "checkpoint_offset"), option - 1, r.at("ac_option"))
+        else:
+            r.warn(r.at("ac_mode"), f"ac_mode {ac_mode} with ac_option {option!r}: op-level selective checkpointing is not modelled; memfit counts no checkpointing")
     r.set(("training", "attention"), "sdpa")  # torchtune's MultiHeadAttention: F.scaled_dot_product_attention (modules/attention_utils.py)
 
     optimizer = r.get("optimizer", (dict,), {})
