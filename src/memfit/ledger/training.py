@@ -654,6 +654,8 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
             else:
                 row.kept = (kept_ids(kept, x, layer_hidden, b * enc_sizes["s"] if encoder else None) + later_kept.get(i, [])
                             if n == 0 else [fresh(kept_bytes(k)) for k in kept])
+                # which op saved each (its label's prefix): what one autograd node unpacks
+                row.kept_ops = [k.label.split(":")[0] for k in kept] + ["later"] * (len(row.kept) - len(kept))
             routed = a2a if part == "mlp" and routers[n] else 0
             row.forward_flight = layer_hidden + routed  # its output while it is written; its inner tensors are kept
             if k.dora.get(part) and not encoder:
