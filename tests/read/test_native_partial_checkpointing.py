@@ -54,3 +54,29 @@ def test_trainer_and_axolotl_every_n_layers(tmp_path):
                        "gradient_checkpointing: true\ngradient_checkpointing_kwargs:\n  use_reentrant: false\n  every_n_layers: 4\n")
     out = same_figures_as_converted(axolotl, "--device", "H100-80GB")
     assert out["doc"]["training"]["checkpoint_every"] == 4
+
+
+def test_activation_offloading_from_each_format(tmp_path):
+    """torchtune's enable_activation_offloading, Axolotl's activation_offloading and gradient_checkpointing: offload, the
+    Trainer's activation_checkpointing_kwargs.offload: training.activation_offloading, the same figures as the
+    conversion, a lower peak than the same run without it."""
+    shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
+    on = tmp_path / "tt.yaml"
+    on.write_text(TORCHTUNE + "enable_activation_offloading: True\n")
+    out = same_figures_as_converted(on, "--device", "H100-80GB")
+    assert out["doc"]["training"]["activation_offloading"] is True
+    off = tmp_path / "tt-off.yaml"
+    off.write_text(TORCHTUNE)
+    plain, _ = figures(off, "--device", "H100-80GB")
+    assert out["native"]["peak"]["bytes"] < plain["peak"]["bytes"]
+    assert not [d for d in out["native"]["diagnostics"] if "offload" in d["message"]]
+    for name, text in (("ax.yml", "activation_offloading: true\n"), ("ax2.yml", "gradient_checkpointing: offload\n")):
+        axolotl = tmp_path / name
+        axolotl.write_text("base_model: ./llama-3-8b.json\nsequence_len: 1024\nmicro_batch_size: 1\nbf16: true\n" + text)
+        out = same_figures_as_converted(axolotl, "--device", "H100-80GB")
+        assert out["doc"]["training"]["activation_offloading"] is True
+    trainer = tmp_path / "args.json"
+    trainer.write_text('{"model_name_or_path": "./llama-3-8b.json", "output_dir": "out", "bf16": true, "activation_checkpointing": true, '
+                       '"activation_checkpointing_kwargs": {"offload": true}}')
+    out = same_figures_as_converted(trainer, "--device", "H100-80GB")
+    assert out["doc"]["training"]["activation_offloading"] is True and out["doc"]["training"]["checkpointing"] == "full"

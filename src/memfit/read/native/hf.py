@@ -65,12 +65,17 @@ DEFAULT_ATTENTION = "sdpa"
 
 
 def every_n_layers(r, key: str, checkpointing) -> None:
-    """`{key: {every_n_layers: N}}` (transformers 5's Trainer pops it for activation_checkpointing_enable): only the
-    layers 0, N, 2N, ... are checkpointed -> training.checkpoint_every N."""
+    """`{key: {every_n_layers: N, offload: true}}` (transformers 5's Trainer pops them for activation_checkpointing_enable):
+    only the layers 0, N, 2N, ... are checkpointed -> training.checkpoint_every N; offload -> training.activation_offloading."""
     kwargs = r.get(key, (dict,), None)
-    if not checkpointing or not isinstance(kwargs, dict) or "every_n_layers" not in kwargs:
+    if not checkpointing or not isinstance(kwargs, dict):
         return
-    every = r.get("every_n_layers", (int,), 1, data=kwargs, prefix=(key,))
-    if isinstance(every, int) and every > 1:
-        r.set(("training", "checkpoint_every"), every, r.at(key, "every_n_layers"))
+    if "every_n_layers" in kwargs:
+        every = r.get("every_n_layers", (int,), 1, data=kwargs, prefix=(key,))
+        if isinstance(every, int) and every > 1:
+            r.set(("training", "checkpoint_every"), every, r.at(key, "every_n_layers"))
+    # `offload: true`: each checkpoint runs under save_on_cpu (modeling_utils.py _activation_checkpointing_enable): the
+    # checkpoints leave the GPU
+    if r.get("offload", (bool,), False, data=kwargs, prefix=(key,)):
+        r.set(("training", "activation_offloading"), True, r.at(key, "offload"))
 
