@@ -223,10 +223,10 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
     off = step.offloaded
     # bytes of offloaded tensors on the device while each row runs forward (its own) and backward (its own; a
     # checkpointed layer's rows: the whole layer's, brought back for its recomputation)
-    own_off = [sum(size[t] for t in set(row.kept) if t in off) for row in rows]
+    own_off = [sum(size[t] for t in set(row.kept) if t in off) for row in rows] if off else [0] * len(rows)
     # in backward a node brings back what its op saved, and the node before it (the op after it in forward) still
     # holds its own: the most two adjacent ops of the row hold (the whole row where its ops are not known)
-    back_off = [_adjacent_ops(row, off, size) if row.kept_ops else own_off[i] for i, row in enumerate(rows)]
+    back_off = [_adjacent_ops(row, off, size) if row.kept_ops else own_off[i] for i, row in enumerate(rows)] if off else own_off
     if off:
         i = len(rows) - 1
         while i >= 0:
