@@ -13,7 +13,9 @@ OffloadActivations; Axolotl's `activation_offloading`). What stays on the device
   keeps, brought back (a checkpointed layer's: its input, brought back for the recomputation, through its backward);
 - a weight's transposed view is packed like an activation (it is not an nn.Parameter instance: pack_tensor's test),
   so the backward brings a copy of each weight back for its node, kept until the next node's hook has run
-  (unpack_tensor_with_streams' prev_node_ids): the row's two largest weights, in flight during its backward.
+  (unpack_tensor_with_streams' prev_node_ids): the row's two largest weights, in flight during its backward (not in a
+  checkpointed layer: its ops save under torch.utils.checkpoint's own hooks, the innermost, so only the checkpoint's
+  inputs reach OffloadActivations).
 The host holds every offloaded copy at the end of the forward (Step.offloaded's bytes, `host_bytes`).
 Measured on the CPU with that code's pack/unpack ported to saved_tensors_hooks (tests/support/offload_reference.py):
 tests/ledger/test_activation_offloading.py.
@@ -73,9 +75,12 @@ def rewrite(step, config, training: dict):
     if not moved:
         return step
     rows = []
+    moved_set = set(moved)
     for row in step.rows[:-1]:
         weights = sorted(row.params + row.frozen, reverse=True)[:2]
-        back = sum(weights) if any(t in set(moved) for t in row.kept) or row.recompute else 0
+        # (a checkpointed row's ops save under the checkpoint's own hooks, the innermost: no weight is packed)
+        # (a matmul saves its weight only for its input's gradient: none where the row makes none, as an embedding)
+        back = sum(weights) if row.grad_input and not row.recompute and any(t in moved_set for t in row.kept) else 0
         if row.backward_flight is not None:
             row = replace(row, backward_flight=row.backward_flight + back)
         else:
