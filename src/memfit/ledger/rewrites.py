@@ -12,9 +12,11 @@ from importlib import import_module
 
 # in the order they rewrite the program
 TECHNIQUES = (
+    "partial_checkpointing",  # first: it builds the transformer's program again, layer by layer
     "keep_gradients",
     "chunked_loss",
     "optimizer_in_backward",
+    "activation_offloading",
 )
 
 

@@ -97,6 +97,8 @@ class Row:
     recompute_moment: tuple | None = None
     flight_first: bool = False  # that worst moment comes before its parameters' gradients are made (a MoE layer's
     # unsort backward, ahead of the experts' weight gradients)
+    # the op that saves each of `kept` (parallel to it; empty: one op): one autograd node unpacks what its op saved
+    kept_ops: list = field(default_factory=list)
     early_flight: int | None = None  # a second worst backward moment, before its parameters' gradients are made
     # (torch's math kernel's softmax backward, ahead of query_key_value's weight gradient)
 
@@ -131,6 +133,10 @@ class Step:
     # rows, one parameter's gradient and its step's temporaries exist at a time, and optimizer.step() after the
     # backward has nothing left to do
     step_in_backward: bool = False
+    # ids of kept tensors that live on the host between forward and backward (saved-tensor hooks that copy them
+    # out): on the device only while a row keeping one runs its forward, and again while it runs its backward (a
+    # checkpointed layer's: from its recomputation through its first row); never among the saved activations
+    offloaded: set = field(default_factory=set)
 
 
 def _up(n: int, granule: int) -> int:
@@ -152,7 +158,19 @@ def rounded(step: Step, granule: int) -> Step:
     return Step(rows, {t: _up(b, granule) for t, b in step.tensors.items()}, list(step.batch),
                 Loss(tuple(each(step.loss.forward)), tuple(each(step.loss.backward))),
                 each(step.optimizer_state), step.optimizer, step.impl, step.overhead, None if step.stepped is None else each(step.stepped), step.accumulating,
-                list(step.loss_kept), step.step_in_backward)
+                list(step.loss_kept), step.step_in_backward, set(step.offloaded))
+
+
+def _adjacent_ops(row: Row, off: set, size: dict) -> int:
+    """The most bytes of offloaded tensors two adjacent ops of a row saved (kept_ops' order, forward order)."""
+    ops: list = []
+    for t, op in zip(row.kept, row.kept_ops):
+        nbytes = size[t] if t in off else 0
+        if ops and ops[-1][0] == op:
+            ops[-1][1] += nbytes
+        else:
+            ops.append([op, nbytes])
+    return max((ops[n][1] + (ops[n + 1][1] if n + 1 < len(ops) else 0) for n in range(len(ops))), default=0)
 
 
 def _live(parameters, gradients, activations, optimizer_state, transient, overhead) -> dict:
@@ -208,9 +226,28 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
         if edges and trace is not None:
             trace.append((phase, at, _live(params, gradients, activations, state, transient + loose, step.overhead), where))
 
+    off = step.offloaded
+    # bytes of offloaded tensors on the device while each row runs forward (its own) and backward (its own; a
+    # checkpointed layer's rows: the whole layer's, brought back for its recomputation)
+    own_off = [sum(size[t] for t in set(row.kept) if t in off) for row in rows] if off else [0] * len(rows)
+    # in backward a node brings back what its op saved, and the node before it (the op after it in forward) still
+    # holds its own: the most two adjacent ops of the row hold (the whole row where its ops are not known)
+    back_off = [_adjacent_ops(row, off, size) if row.kept_ops else own_off[i] for i, row in enumerate(rows)] if off else own_off
+    if off:
+        i = len(rows) - 1
+        while i >= 0:
+            first = i
+            if rows[i].recompute:
+                while first > 0 and rows[first - 1].recompute and not rows[first].kept:
+                    first -= 1
+                span = sum(own_off[first:i + 1])
+                for j in range(first, i + 1):
+                    back_off[j] = span
+            i = first - 1
+
     def create(t):
         nonlocal saved_bytes
-        if t not in saved_all and t in kept_ever:
+        if t not in saved_all and t in kept_ever and t not in off:
             saved_all.add(t)
             saved_bytes += size[t]
 
@@ -225,6 +262,8 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
         moving = {t for t in (row.input, row.output) if t is not None and t not in saved_all}
         inner = 0 if row.inner_kept else row.inner
         transient = sum(size[t] for t in moving) + inner if row.forward_flight is None else row.forward_flight
+        if off:  # its own offloaded tensors exist while it runs (an input or output among them is a transient already)
+            transient += sum(size[t] for t in set(row.kept) if t in off and (row.forward_flight is not None or t not in moving))
         consider("forward", row.name, params, held, saved_bytes, state, transient, step.overhead)
     by_loss = sum(size[t] for t in step.loss_kept)
     consider("forward", "loss", params, held, saved_bytes + by_loss, state, sum(step.loss.forward), step.overhead)
@@ -254,7 +293,7 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
             done = 0
             row = replace(row, grads=[worst[0]], backward_extra=row.backward_extra + worst[1],
                           backward_flight=None if row.backward_flight is None else row.backward_flight + worst[1])
-        alive = left + row.recompute
+        alive = left + row.recompute + back_off[i]
         g_out = size.get(row.output, 0) if row.output is not None else 0
         if edges:
             edge("backward", row.name, "pre-backward", max(held, done), left, g_out)
@@ -268,7 +307,7 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
             for j in range(first, i + 1):
                 if rows[j].recompute_moment is not None:
                     redone, flight = rows[j].recompute_moment
-                    consider("backward", row.name, params, max(held, done), left + redone, state, g_out + flight, step.overhead)
+                    consider("backward", row.name, params, max(held, done), left + redone + back_off[i], state, g_out + flight, step.overhead)
         g_in = size.get(row.input, 0) if row.grad_input and not row.view and row.input is not None else 0
         if row.early_flight is not None:
             consider("backward", row.name, params, max(held, done), alive, state, row.early_flight, step.overhead)

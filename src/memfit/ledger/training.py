@@ -313,7 +313,8 @@ def _elements(shape) -> int:
     return n
 
 
-def transformer_step(config, optimizer: str | None, impl: str, declared=(), shape=None, rank_sizes=None) -> Step:
+def transformer_step(config, optimizer: str | None, impl: str, declared=(), shape=None, rank_sizes=None,
+                     checkpointed=None) -> Step:
     """One training step of a transformers model: embeddings, each layer as four parts, the head (with the loss).
 
     What each block keeps comes from models.hf_activations.saved under the same recipe arguments as
@@ -323,7 +324,9 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
     are not fp32, log-softmax (kept), and in backward two fp32 logits-sized gradients.
 
     A tensor-parallel rank's program (ledger.ranks): `shape` evaluates each saved tensor's shape with the rank's
-    share (models.hf_sharded.rank_shape), `rank_sizes` gives the rank's sizes for the in-flight tensors."""
+    share (models.hf_sharded.rank_shape), `rank_sizes` gives the rank's sizes for the in-flight tensors.
+    `checkpointed`: under full checkpointing, the indices of the layers that are checkpointed (None: every layer);
+    the others keep what they keep without checkpointing (partial checkpointing, ledger/techniques)."""
     from memfit.models import hf_activations as acts, hf_encdec
 
     model = config.model
@@ -408,7 +411,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
     every, bound = _every_layer(cfg, common, checkpointing, stacked, per_layer, encoder_layers, enc_hidden, hidden)
     k = _layer_kernels(cfg, run, recipe_args, sizes, enc_sizes, roles, checkpointing, stacked, model.dtypes)
     x = _layer_rows(k, rows, x, every, bound, later_kept, fresh, weights, kept_ids, cfg, sizes, enc_sizes, checkpointing, stacked,
-                    encoder_layers, enc_hidden, hidden, n_layers)
+                    encoder_layers, enc_hidden, hidden, n_layers, checkpointed)
     if norm_kept:
         normed = fresh(hidden)
         row = weights(Row(FINAL_NORM, input=x, output=normed), FINAL_NORM)
@@ -626,8 +629,9 @@ def _layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_siz
 
 def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fresh, weights, kept_ids, cfg: dict, sizes: dict,
                 enc_sizes: dict, checkpointing: str, stacked: bool, encoder_layers: int, enc_hidden: int, hidden: int,
-                n_layers: int) -> int:
-    """Each layer's four rows (its parts), appended to `rows`; the id of the last layer's output."""
+                n_layers: int, checkpointed=None) -> int:
+    """Each layer's four rows (its parts), appended to `rows`; the id of the last layer's output. `checkpointed`:
+    the layers full checkpointing recomputes (None: all of them); the others run as without checkpointing."""
     kept_bytes = _kept_bytes
     fam, flights, enc_flights, dense_flights, early, a2a = k.fam, k.flights, k.enc_flights, k.dense_flights, k.early, k.a2a
     self_math, first_decoder, decoder_flight, redone, enc_redone = k.self_math, k.first_decoder, k.decoder_flight, k.redone, k.enc_redone
@@ -655,7 +659,7 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
         for n, (part, kept) in enumerate(parts):
             y = fresh(layer_hidden)
             row = weights(Row(f"layer {i} {part}", input=x, output=y), (i, part))
-            if checkpointing == "full":
+            if checkpointing == "full" and (checkpointed is None or i in checkpointed):
                 # only the boundary (the layer's input) stays kept; backward recomputes the layer
                 # first, and each part's tensors go when its backward is done
                 row.kept = [x, *later_kept.get(i, ())] if n == 0 else []
@@ -675,6 +679,8 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
             else:
                 row.kept = (kept_ids(kept, x, layer_hidden, b * enc_sizes["s"] if encoder else None) + later_kept.get(i, [])
                             if n == 0 else [fresh(kept_bytes(k)) for k in kept])
+                # which op saved each (its label's prefix): what one autograd node unpacks
+                row.kept_ops = [k.label.split(":")[0] for k in kept] + ["later"] * (len(row.kept) - len(kept))
             routed = a2a if part == "mlp" and routers[n] else 0
             row.forward_flight = layer_hidden + routed  # its output while it is written; its inner tensors are kept
             if k.dora.get(part) and not encoder:

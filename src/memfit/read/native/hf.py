@@ -62,3 +62,20 @@ ATTENTION = {
 # the attention transformers picks when a config does not say: SDPA
 # (modeling_utils.PreTrainedModel._check_and_adjust_attn_implementation: sdpa when available)
 DEFAULT_ATTENTION = "sdpa"
+
+
+def every_n_layers(r, key: str, checkpointing) -> None:
+    """`{key: {every_n_layers: N, offload: true}}` (transformers 5's Trainer pops them for activation_checkpointing_enable):
+    only the layers 0, N, 2N, ... are checkpointed -> training.checkpoint_every N; offload -> training.activation_offloading."""
+    kwargs = r.get(key, (dict,), None)
+    if not checkpointing or not isinstance(kwargs, dict):
+        return
+    if "every_n_layers" in kwargs:
+        every = r.get("every_n_layers", (int,), 1, data=kwargs, prefix=(key,))
+        if isinstance(every, int) and every > 1:
+            r.set(("training", "checkpoint_every"), every, r.at(key, "every_n_layers"))
+    # `offload: true`: each checkpoint runs under save_on_cpu (modeling_utils.py _activation_checkpointing_enable): the
+    # checkpoints leave the GPU
+    if r.get("offload", (bool,), False, data=kwargs, prefix=(key,)):
+        r.set(("training", "activation_offloading"), True, r.at(key, "offload"))
+

@@ -1,0 +1,89 @@
+"""Activation offloading: saved-tensor hooks copy what the forward saves for backward to host memory and bring each
+tensor back when the backward needs it (torchtune's `enable_activation_offloading`, training/_activation_offloading.py
+OffloadActivations; Axolotl's `activation_offloading`). What stays on the device, as that class does it (commit
+05cda5e9, use_streams=True, its default on torch >= 2.5):
+- what the forward saves under min_offload_size (1024 bytes; pack_tensor: `num_bytes >= self.min_tensor_size_bytes`);
+- the input batch (the training loop holds it whatever is saved);
+- the forward stash: an offloaded tensor stays referenced until a tensor max_fwd_stash_size (5) ids later is packed,
+  and those still there when the backward starts are used as they are: the last 5 offloaded tensors stay kept;
+- the output layer's saved tensors and the loss's: torchtune's recipes run model.output under NoOpManager
+  (get_act_offloading_ctx_manager) and the loss outside the context (_loss_step): the last row and the loss keep
+  theirs;
+- while a row runs its forward, its own tensors (they are made there); while it runs its backward, the tensors it
+  keeps, brought back (a checkpointed layer's: its input, brought back for the recomputation, through its backward);
+- a weight's transposed view is packed like an activation (it is not an nn.Parameter instance: pack_tensor's test),
+  so the backward brings a copy of each weight back for its node, kept until the next node's hook has run
+  (unpack_tensor_with_streams' prev_node_ids): the row's two largest weights, in flight during its backward (not in a
+  checkpointed layer: its ops save under torch.utils.checkpoint's own hooks, the innermost, so only the checkpoint's
+  inputs reach OffloadActivations).
+The host holds every offloaded copy at the end of the forward (Step.offloaded's bytes, `host_bytes`).
+Measured on the CPU with that code's pack/unpack ported to saved_tensors_hooks (tests/support/offload_reference.py):
+tests/ledger/test_activation_offloading.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+NAME = "activation_offloading"
+
+MIN_OFFLOAD_SIZE = 1024   # OffloadActivations(min_offload_size=1024)
+MAX_FWD_STASH_SIZE = 5    # OffloadActivations(max_fwd_stash_size=5)
+
+KEYS = {
+    "activation_offloading": {
+        "title": "Activation offloading",
+        "description": "true: what the forward saves for backward is copied to host memory and brought back when the "
+                       "backward needs it (torchtune's enable_activation_offloading, Axolotl's activation_offloading), "
+                       "with OffloadActivations' window on the device: tensors under 1,024 bytes, the last 5 offloaded, "
+                       "the output layer's and the loss's, and each row's own while it runs. Default false.",
+        "type": "boolean",
+        "default": False,
+    },
+}
+
+
+def applies(training: dict) -> bool:
+    return training.get("activation_offloading") is True
+
+
+def problems(config, training: dict) -> list:
+    return []
+
+
+def offloaded(step) -> list:
+    """The ids the hooks copy to the host, in the order they are packed (forward order)."""
+    size, batch = step.tensors, set(step.batch)
+    order: list = []
+    seen: set = set()
+    for row in step.rows[:-1]:   # the output layer runs under NoOpManager
+        for t in row.kept:
+            if t in seen or t in batch:
+                continue
+            seen.add(t)
+            if size[t] >= MIN_OFFLOAD_SIZE:
+                order.append(t)
+    return order[:-MAX_FWD_STASH_SIZE] if len(order) > MAX_FWD_STASH_SIZE else []
+
+
+def host_bytes(step) -> int:
+    return sum(step.tensors[t] for t in step.offloaded)
+
+
+def rewrite(step, config, training: dict):
+    moved = offloaded(step)
+    if not moved:
+        return step
+    rows = []
+    moved_set = set(moved)
+    for row in step.rows[:-1]:
+        weights = sorted(row.params + row.frozen, reverse=True)[:2]
+        # (a checkpointed row's ops save under the checkpoint's own hooks, the innermost: no weight is packed)
+        # (a matmul saves its weight only for its input's gradient: none where the row makes none, as an embedding)
+        back = sum(weights) if row.grad_input and not row.recompute and any(t in moved_set for t in row.kept) else 0
+        if row.backward_flight is not None:
+            row = replace(row, backward_flight=row.backward_flight + back)
+        else:
+            row = replace(row, backward_extra=row.backward_extra + back)
+        rows.append(row)
+    return replace(step, rows=rows + step.rows[-1:], offloaded=set(moved))
