@@ -40,23 +40,39 @@ FACTORS = {
     "adapter": ["none", "lora", "qlora-bf16", "qlora-fp32"],
     "optimizer": ["adamw", "sgd", "adamw8bit", "adafactor"],
     "impl": ["foreach", "fused", "for_loop"],
+    # the adapters' dtype: peft's (fp32 on a 16-bit base, autocast_adapter_dtype=True) or the base layer's
+    # (torchtune's and LitGPT's, peft with autocast_adapter_dtype=False): memfit's lora.dtype peft | model
+    "adapter_dtype": ["peft", "model"],
+    # what a launch config switches on (ledger/techniques/): none, gradients zeroed in place, an optimizer of each
+    # parameter stepped by its gradient's hook, torchtune's chunked cross-entropy, every second layer checkpointed
+    "technique": ["none", "keep_gradients", "optimizer_in_backward", "chunked_loss", "checkpoint_every_2"],
 }
 NAMES = list(FACTORS)
 
 
 def valid(run: dict) -> bool:
     """Whether a (partial) run can be launched as both sides describe it."""
-    model, precision, ck, adapter, opt, impl = (run.get(k) for k in NAMES)
+    model, precision, ck, adapter, opt, impl, adapter_dtype, technique = (run.get(k) for k in NAMES)
+    if model == KERAS and technique not in (None, "none", "keep_gradients"):
+        return False  # the Keras-form reference has a plain loop: no transformer head to chunk, no layers to checkpoint
+    if technique == "optimizer_in_backward" and opt == "adamw8bit":
+        return False  # the reference steps torch.optim optimizers per parameter, as torchtune does
+    if technique == "chunked_loss" and model in ("t5", "bert"):
+        return False  # torchtune's chunked loss is a causal LM's
+    if technique == "checkpoint_every_2" and (ck not in (None, "full") or model == "t5"):
+        return False  # partial checkpointing is a choice of which layers full checkpointing recomputes (a decoder's)
+    if adapter in ("none", None) and model == KERAS and adapter_dtype not in (None, "peft"):
+        return False  # a Keras-form stack has no adapters
+    if adapter == "none" and adapter_dtype not in (None, "peft"):
+        return False  # no adapters: their dtype is no factor (one level stands for it)
     if model == KERAS and (adapter not in (None, "none") or ck == "full" or precision == "bf16-mixed"):
         return False  # a Keras-form stack has no peft adapters, no checkpointing key; its reference runs no autocast
     if adapter == "qlora-bf16" and precision not in (None, "bf16-true"):
         return False  # a bf16 base is the bf16-true recipe
-    if adapter == "qlora-fp32" and precision not in (None, "32-true"):
-        return False  # an fp32 base is the 32-true recipe
-    if adapter in ("qlora-bf16", "qlora-fp32") and model in ("gpt2", KERAS):
-        return False  # GPT-2's Conv1D layers are no nn.Linear for the reference's 4-bit swap
-    if adapter in ("qlora-bf16", "qlora-fp32") and model == "t5":
-        return False  # not modelled yet: T5 under QLoRA measured 12-19% below memfit's peak (docs/transformers.md)
+    if adapter == "qlora-fp32" and precision not in (None, "32-true", "bf16-mixed"):
+        return False  # an fp32 base is the 32-true recipe, or bf16-mixed: the Trainer's bf16=True over a 4-bit model
+    if adapter in ("qlora-bf16", "qlora-fp32") and model == KERAS:
+        return False  # no bitsandbytes layers in a Keras-form stack
     if opt == "adamw8bit" and impl not in (None, "foreach"):
         return False  # bitsandbytes' own kernels: no torch.optim implementation to choose
     if opt == "adafactor" and impl == "fused":
@@ -141,23 +157,93 @@ def measure_transformer(cfg: dict, run: dict) -> tuple[dict, int]:
     """(MemTracker's peak of a warm step, the saved activations' peak from saved_tensors_hooks)."""
     adapter, precision = run["adapter"], run["precision"]
     lora = lora_for(cfg["model_type"]) if adapter != "none" else None
+    if lora is not None and run["adapter_dtype"] == "model":
+        lora = dict(lora, autocast_adapter_dtype=False)
     build_precision = "bf16-true" if adapter == "qlora-bf16" else precision
     saved = hf_measure.measure(cfg, micro_batch=MICRO_BATCH, seq_len=SEQ_LEN, checkpointing=run["checkpointing"], precision=build_precision,
                                lora=lora, quantization=_quantization(adapter))["peak"]
+    technique = run["technique"]
+    if technique == "checkpoint_every_2":  # saved_tensors_hooks over the same partially checkpointed model
+        partial = _checkpointed(hf_measure.build(cfg, "sdpa", build_precision, lora, quantization=_quantization(adapter)), 2)
+        saved = hf_measure.measure(cfg, micro_batch=MICRO_BATCH, seq_len=SEQ_LEN, checkpointing="none", precision=build_precision,
+                                   model=partial)["peak"]
     model = hf_measure.build(cfg, "sdpa", build_precision, lora, quantization=_quantization(adapter))
     if run["checkpointing"] == "full":
-        model.activation_checkpointing_enable() if hasattr(model, "activation_checkpointing_enable") else model.get_base_model().activation_checkpointing_enable()
+        _checkpointed(model, 2 if technique == "checkpoint_every_2" else 1)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    opt = _optimizer(run["optimizer"], trainable, run["impl"])
+    if technique == "optimizer_in_backward":
+        opt = InBackward([_optimizer(run["optimizer"], [p], run["impl"]) for p in trainable])
+    else:
+        opt = _optimizer(run["optimizer"], trainable, run["impl"])
     batch = hf_measure.inputs(cfg, MICRO_BATCH, SEQ_LEN)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16-mixed" else contextlib.nullcontext()
 
     def loss(m, x, y):
         with autocast:
+            if technique == "chunked_loss":
+                return chunked_cross_entropy(m, x, y, CHUNKS)
             return m(input_ids=x, labels=y).loss
 
     with hf_measure.cuda_dropout():
-        return ref.measure(model, (batch["input_ids"], batch["labels"]), loss, opt), saved
+        return ref.measure(model, (batch["input_ids"], batch["labels"]), loss, opt, set_to_none=technique != "keep_gradients"), saved
+
+
+CHUNKS = 8
+
+
+def _checkpointed(model, every: int):
+    """transformers' activation checkpointing on every `every`-th decoder layer from layer 0 (its
+    activation_checkpointing_enable, then GradientCheckpointingLayer.gradient_checkpointing off on the others, as
+    the Trainer's every_n_layers leaves them)."""
+    base = model if hasattr(model, "activation_checkpointing_enable") else model.get_base_model()
+    base.activation_checkpointing_enable()
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in base.modules() if isinstance(m, GradientCheckpointingLayer)]
+    assert layers, type(base).__name__
+    for i, layer in enumerate(layers):
+        layer.gradient_checkpointing = i % every == 0
+    return model
+
+
+class InBackward:
+    """torchtune's optimizer_in_bwd (training/_grad_scaler-free form of its recipe's `_register_optim_in_bwd_hooks`):
+    an optimizer per parameter, stepped and zeroed by the parameter's post-accumulate-grad hook, so each gradient is
+    freed as soon as it is made; the loop's optimizer.step() and zero_grad() have nothing left to do."""
+
+    def __init__(self, optimizers: list):
+        self.optimizers = optimizers
+        for o in optimizers:
+            for group in o.param_groups:
+                for p in group["params"]:
+                    p.register_post_accumulate_grad_hook(lambda _p, o=o: (o.step(), o.zero_grad(set_to_none=True)))
+
+    @property
+    def state(self) -> dict:
+        return {k: v for o in self.optimizers for k, v in o.state.items()}
+
+    def step(self):
+        pass
+
+    def zero_grad(self, set_to_none: bool = True):
+        pass
+
+
+def chunked_cross_entropy(model, input_ids, labels, chunks: int):
+    """torchtune's CEWithChunkedOutputLoss over a transformers causal LM: the output projection applied to each of
+    `chunks` slices of the final hidden states (every chunk's logits kept, as torchtune's chunked output keeps them),
+    then per chunk F.cross_entropy(logits.float(), labels, reduction="sum") (torchtune/modules/loss/ce_chunked_output_loss.py
+    compute_cross_entropy), summed and divided by the labelled tokens."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    hidden = base.base_model(input_ids=input_ids).last_hidden_state
+    head = base.get_output_embeddings()
+    shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]  # transformers' causal shift, as torchtune's
+    logits = [head(h) for h in hidden.chunk(chunks, dim=1)]
+    targets = [t.reshape(-1) for t in shifted.chunk(chunks, dim=1)]
+    total = 0.0
+    for lg, t in zip(logits, targets):
+        total = total + torch.nn.functional.cross_entropy(lg.reshape(-1, lg.size(-1)).float(), t, ignore_index=-100, reduction="sum")
+    return total / (shifted != -100).sum()
 
 
 def measure_keras(run: dict) -> dict:
@@ -176,7 +262,7 @@ def measure_keras(run: dict) -> dict:
         logits = module(x)
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
-    return ref.measure(model, (x, y), loss, opt)
+    return ref.measure(model, (x, y), loss, opt, set_to_none=run.get("technique") != "keep_gradients")
 
 
 # --- memfit, through the front door -------------------------------------------------------------
@@ -196,9 +282,19 @@ def config_for(run: dict, tmp_path) -> dict:
         training.update(micro_batch=MICRO_BATCH, seq_len=SEQ_LEN, attention="sdpa", checkpointing=run["checkpointing"])
         if adapter != "none":
             lora = lora_for(run["model"])
-            doc["lora"] = {"r": lora["r"], "alpha": lora["alpha"], "dropout": lora["dropout"], "target_modules": lora["target_modules"]}
+            doc["lora"] = {"r": lora["r"], "alpha": lora["alpha"], "dropout": lora["dropout"], "target_modules": lora["target_modules"],
+                           "dtype": run["adapter_dtype"]}
         if adapter.startswith("qlora"):
             doc["quantization"] = _quantization(adapter)
+    technique = run.get("technique", "none")
+    if technique == "keep_gradients":
+        training["keep_gradients"] = True
+    elif technique == "optimizer_in_backward":
+        training["optimizer_in_backward"] = True
+    elif technique == "chunked_loss":
+        training["loss"] = {"kind": "chunked", "chunks": CHUNKS}
+    elif technique == "checkpoint_every_2":
+        training["checkpoint_every"] = 2
     doc["training"] = training
     return doc
 

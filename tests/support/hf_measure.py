@@ -102,18 +102,25 @@ def without_attention_dropout(cfg: dict) -> dict:
 
 def quantize_4bit(model, quantization: dict):
     """QLoRA's base as transformers' BitsAndBytesConfig(load_in_4bit) makes it, on CPU: every Linear but the output
-    layer becomes a bitsandbytes Linear4bit (NF4/FP4, blocksize 64) computing in `compute_dtype`."""
+    layer becomes a bitsandbytes Linear4bit (NF4/FP4, blocksize 64) computing in `compute_dtype`; so does a GPT-2
+    Conv1D, its (in, out) weight transposed (transformers/integrations/bitsandbytes.py, replace_with_bnb_linear:
+    `isinstance(module, Conv1D)`, `in_features, out_features = module.weight.shape`, and the weight `value.T`)."""
     bnb = __import__("bitsandbytes")
+    from transformers.pytorch_utils import Conv1D
+
     compute = getattr(torch, quantization.get("compute_dtype", "bfloat16"))
     skip = set(quantization.get("skip_modules") or ["lm_head"])
 
     def swap(module):
         for name, child in module.named_children():
-            if isinstance(child, torch.nn.Linear) and name not in skip:
-                new = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+            if isinstance(child, (torch.nn.Linear, Conv1D)) and name not in skip:
+                conv = isinstance(child, Conv1D)
+                in_features, out_features = child.weight.shape if conv else (child.in_features, child.out_features)
+                weight = child.weight.data.T.contiguous() if conv else child.weight.data
+                new = bnb.nn.Linear4bit(in_features, out_features, bias=child.bias is not None,
                                         compute_dtype=compute, quant_type=quantization.get("method", "nf4"),
                                         compress_statistics=quantization.get("double_quant", False), device="meta")
-                new.weight = bnb.nn.Params4bit(child.weight.data.float(), requires_grad=False,
+                new.weight = bnb.nn.Params4bit(weight.float(), requires_grad=False,
                                                quant_type=quantization.get("method", "nf4"),
                                                compress_statistics=quantization.get("double_quant", False))
                 if child.bias is not None:

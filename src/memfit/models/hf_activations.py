@@ -155,13 +155,16 @@ def _op(role: str, module: str) -> str:
     return role if module == role or module.endswith("." + role) else f"{role} ({module})"
 
 
-def _linear(group: list, x: tuple, f: str, low_input: bool = False, source: str | None = None) -> list:
+def _linear(group: list, x: tuple, f: str, low_input: bool = False, source: str | None = None, quantizable: bool = True) -> list:
     """Linears reading one input `x` whose gradient flag is `f`; `group` lists (role, module path, output width).
     The input is kept once if any of their weights trains (`source`: it is that row's storage). Under autocast each
     linear keeps its own low-precision copy of an fp32 input (`low_input`: the input already comes out of a matmul,
     low) and of its weight, the latter whenever the input needs a gradient, frozen or not. A LoRA adapter keeps its
     input (peft casts it to the adapter's fp32 first: a copy per adapter on a 16-bit model), or a dropout mask and
-    the dropped copy, and its rank-R output."""
+    the dropped copy, and its rank-R output. A `quantizable` linear is a bitsandbytes 4-bit one on a quantized base
+    (every linear but the output head and a classifier: transformers' replace_with_bnb_linear): no autocast op, so
+    none of its casts are kept (`mixed_base` off, _quantized_base)."""
+    base_mixed = "mixed_base" if quantizable else "mixed"
     roles = "/".join(ROLE[r] for r, _, _ in group)
     modules = "/".join([group[0][1]] + [m.rsplit(".", 1)[-1] for _, m, _ in group[1:]])
     names = roles if all(m.endswith(ROLE[r]) for r, m, _ in group) else f"{roles} ({modules})"
@@ -172,9 +175,9 @@ def _linear(group: list, x: tuple, f: str, low_input: bool = False, source: str 
     for short, m, width in group:
         lora = (f"L:{m}",)
         if not low_input:
-            rows.append(K(short, "input, cast to the low dtype by autocast", x, "low", "mixed", (f"W:{m}",)))
+            rows.append(K(short, "input, cast to the low dtype by autocast", x, "low", base_mixed, (f"W:{m}",)))
         rows += [
-            K(short, "weight, cast to the low dtype by autocast", (width, x[-1]), "low", "mixed", (f,)),
+            K(short, "weight, cast to the low dtype by autocast", (width, x[-1]), "low", base_mixed, (f,)),
             K(f"{short}.lora_dropout", "mask", x, "bool", "lora_dropout", ((f"L:{m}", f),)),
             K(f"{short}.lora_A", "dropped-out input", x, "ada_low", "lora_dropout", lora),
             K(f"{short}.lora_A", "input (cast to the adapter dtype when it differs)", x, "ada", "lora_plain", lora, key),
@@ -625,18 +628,18 @@ def _attention(fam: Family, n: dict) -> list:
 def _mlp(fam: Family, n: dict, act: str) -> list:
     T, X = ("T", "h"), ("b", "s", "h")
     if fam.mlp == "gated":
-        return _linear([("gate", n["gate"], "i"), ("up", n["up"], "i")], T, "n2") + _activation(act, "act_fn(gate)", ("b", "s", "i"), "g") + [
-            K("act * up", "act_fn(gate)", ("b", "s", "i"), "lin", None, ("u",)),
-            K("act * up", "up", ("b", "s", "i"), "lin", None, ("g",)),
+        return _linear([("gate", n["gate"], "i"), ("up", n["up"], "i")], T, "n2") + _activation(act, "act_fn(gate)", ("b", "s", "i"), "g", "out") + [
+            K("act * up", "act_fn(gate)", ("b", "s", "i"), "out", None, ("u",)),
+            K("act * up", "up", ("b", "s", "i"), "out", None, ("g",)),
         ] + _linear([("down", n["down"], "h")], ("T", "i"), "p", low_input=True)
     if fam.mlp == "gated_fused":
         return _linear([("gate_up", n["gate_up"], "i2")], T, "n2") + [
-            K("act_fn(gate), * up", "gate_up output (gate and up are halves of it)", ("b", "s", "i2"), "lin", None, ("g",)),
-            K("act * up", "act_fn(gate)", ("b", "s", "i"), "lin", None, ("g",)),
+            K("act_fn(gate), * up", "gate_up output (gate and up are halves of it)", ("b", "s", "i2"), "out", None, ("g",)),
+            K("act * up", "act_fn(gate)", ("b", "s", "i"), "out", None, ("g",)),
         ] + _linear([("down", n["down"], "h")], ("T", "i"), "p", low_input=True) + [
             K("mlp output dropout", "mask", X, "bool", "resid_dropout", ("d",))]
     if fam.mlp == "plain":
-        return _linear([("fc_in", n["fc_in"], "i")], T, "n2") + _activation(act, "act", ("b", "s", "i"), "g") + \
+        return _linear([("fc_in", n["fc_in"], "i")], T, "n2") + _activation(act, "act", ("b", "s", "i"), "g", "out") + \
             _linear([("fc_out", n["fc_out"], "h")], ("T", "i"), "g", low_input=True) + [
                 K("mlp output dropout", "mask", X, "bool", "resid_dropout", ("d",))]
     rows = []
@@ -932,8 +935,8 @@ def _head_rows(fam: Family) -> list:
                 + _activation("gelu", "transform act", X, "t")
                 + [r._replace(what="input (the activation's output)", role="lin") if i == 0 else r
                    for i, r in enumerate(_norm(fam.norm, "transform.LayerNorm", X, "t"))]
-                + _linear([("lm_head", n["lm_head"], "V")], ("T", "h"), "tn"))
-    return _norm(fam.norm, _op(ROLE["final"], n.get("final", "model.norm")), X, "x") + _linear([("lm_head", n["lm_head"], "V")], ("T", "h"), "fn") + [
+                + _linear([("lm_head", n["lm_head"], "V")], ("T", "h"), "tn", quantizable=False))
+    return _norm(fam.norm, _op(ROLE["final"], n.get("final", "model.norm")), X, "x") + _linear([("lm_head", n["lm_head"], "V")], ("T", "h"), "fn", quantizable=False) + [
         # Gemma 2's final_logit_softcapping: tanh(logits / cap) * cap keeps the tanh's result
         K("final softcap tanh", "tanh(logits / cap)", ("T", "V"), "lin", "final_softcap", ("x", f"W:{n['lm_head']}"))]
 
@@ -955,7 +958,7 @@ def _classifier_rows(fam: Family, dropout: bool) -> list:
                 K("pooler.dense", "weight, cast to the low dtype by autocast", ("h", "h"), "low", "mixed", ("x",)),
                 K("pooler activation", "tanh result", P, "lin", None, ("x", W)),
                 K("classifier dropout", "mask", P, "bool", "cls_dropout", ("x", W))]
-        return rows + _linear([("score", n["score"], "L")], P, "x", low_input=True,
+        return rows + _linear([("score", n["score"], "L")], P, "x", low_input=True, quantizable=False,
                               source=None if dropout else "pooler activation: tanh result")
     if fam.post_norm:   # BertForTokenClassification: no final norm (each layer ends in its own)
         top, rows = "x", []
@@ -964,7 +967,7 @@ def _classifier_rows(fam: Family, dropout: bool) -> list:
         rows = _norm(fam.norm, _op(ROLE["final"], n.get("final", "model.norm")), X, "x")
     if fam.head == "token":
         rows.append(K("classifier dropout", "mask", X, "bool", "cls_dropout", (top,)))
-    rows += _linear([("score", n["score"], "L")], ("T", "h"), top)
+    rows += _linear([("score", n["score"], "L")], ("T", "h"), top, quantizable=False)
     if fam.head == "seq":
         rows += [K("pooling", "batch indices (arange)", ("b",), "i64", None, (top,)),
                  K("pooling", "each sequence's last non-padding position", ("b",), "i64", "pad_known", (top,))]
@@ -1177,6 +1180,7 @@ def _conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micr
         "causal": fam.head == "causal",
         "mlm": fam.head == "mlm",
         "mixed": mixed,
+        "mixed_base": mixed,   # a base linear's autocast casts (off on a 4-bit base: _quantized_base)
         "true16": precision in ("bf16-true", "16-true"),
         "not_mixed": not mixed,
         "lora": bool(lora),
@@ -1269,7 +1273,7 @@ def _roles(precision: str, dtypes: dict | None, adapter: str) -> dict:
     if forced:
         act = lin = soft = copy = forced
     ada_low = copy if precision.endswith("-mixed") else adapter
-    return {"act": act, "lin": lin, "soft": soft, "low": copy, "ada": adapter, "ada_low": ada_low, "f32": "float32",
+    return {"act": act, "lin": lin, "out": lin, "soft": soft, "low": copy, "ada": adapter, "ada_low": ada_low, "f32": "float32",
 
             "i64": "int64", "i32": "int32", "bool": "bool"}
 
@@ -1277,6 +1281,18 @@ def _roles(precision: str, dtypes: dict | None, adapter: str) -> dict:
 def _dtypes(precision: str, dtypes: dict | None) -> dict:
     """The dtype of each role for a recipe (adapters in fp32, as peft keeps them, unless `dtypes` names theirs)."""
     return _roles(precision, dtypes, (dtypes or {}).get("adapter") or "float32")
+
+
+def _quantized_base(cond: dict, roles: dict, dtypes: dict | None) -> None:
+    """A 4-bit base (bitsandbytes Linear4bit) under autocast: Linear4bit.forward casts its input to the compute dtype
+    and its output back to the input's dtype (`out.to(inp_dtype)`), outside autocast's op list. So autocast keeps no
+    copy of a quantized linear's input or weight (MatMul4Bit keeps only the packed weight, a parameter), and what
+    reads a projection's output in fp32 (the feed-forward's activation and product) keeps fp32 where a dense base's
+    autocast matmul would have handed it the low dtype. Measured (saved_tensors_hooks, tiny Llama, QLoRA nf4 under
+    bf16-mixed): the MLP's three (b, s, i) tensors per layer kept in fp32, no weight copies."""
+    if (dtypes or {}).get("quantized") and cond["mixed"]:
+        cond["mixed_base"] = False
+        roles["out"] = roles["act"]
 
 
 def _shape(symbols: tuple, sizes: dict) -> tuple:
@@ -1470,6 +1486,7 @@ def _window_layers(cfg, micro_batch, seq_len, attention, checkpointing, precisio
     sizes = _sizes(cfg, micro_batch, seq_len, int((lora or {}).get("r") or 0), attention, moe=moe)
     cond = _window_conditions(_conditions(cfg, fam, attention, checkpointing, micro_batch, precision, lora))
     roles = _dtypes(precision, dtypes)
+    _quantized_base(cond, roles, dtypes)
     w = _trainable(fam, lora)
     parallel = _parallel(cfg)
     rows = layer_rows(cfg["model_type"], _act(cfg), parallel)
@@ -1653,6 +1670,7 @@ def _evaluate_now(cfg, micro_batch, seq_len, attention, checkpointing, precision
     if _chunk_masked(cfg, kind, attention, seq_len):
         cond = _window_conditions(cond)
     roles = _dtypes(precision, dtypes)
+    _quantized_base(cond, roles, dtypes)
     w = _trainable(fam, lora)
     parallel = _parallel(cfg)
     rows = layer_rows(mt, _act(cfg), parallel, kind)
