@@ -119,6 +119,7 @@ class Parallel:
     gradient_accumulation: int = 1
     expert: int = 1  # expert-parallel ranks, carved out of the data-parallel ones (Megatron's expert_model_parallel_size)
     schedule: str = "1f1b"  # the pipeline schedule (parallel.schedule): PIPELINE_SCHEDULES
+    gradient_as_bucket_view: bool = False  # DDP's gradients are views of its reducer's buckets (PyTorch's default: off)
 
     @property
     def world(self) -> int:
@@ -152,6 +153,8 @@ class RankBytes:
     # what is gathered while the loss runs its backward, before any unit's backward has begun: FSDP's root unit
     # (kept unsharded from its forward), no unit's gradients yet; ZeRO-3 nothing
     at_loss: dict = field(default_factory=dict)
+    # PyTorch DDP's reducer buckets (plain data parallelism): allocated at construction, live the whole step
+    buckets: int = 0
 
     @property
     def total(self) -> int:
@@ -511,6 +514,11 @@ def rank_bytes(tensors: list, p: Parallel, stage: int = 0, data_rank: int = 0, t
     if p.allgather_bucket:
         pw = max((t.widths["parameters"] for t, _ in local), default=0)
         put(out.transient, "allgather bucket", _bytes(p.allgather_bucket, pw))
+    if engine == "ddp" and p.data > 1 and p.tensor == 1 and p.pipeline == 1:
+        # PyTorch DDP: the reducer allocates one flat tensor per bucket at construction, the elements of its
+        # parameters that require a gradient in their gradient's dtype (torch/csrc/distributed/c10d/reducer.cpp
+        # initialize_buckets: at::empty({offset}, options)), and keeps them; bucket_cap_mb only groups them
+        out.buckets = sum(t.count * _bytes(math.prod(shape), t.widths["gradients"]) for t, shape in local if "gradients" in t.widths)
     return out
 
 
@@ -729,6 +737,7 @@ def from_config(data: dict) -> tuple:
         gradient_accumulation=training.get("gradient_accumulation", 1),
         expert=section.get("expert", 1),
         schedule=section.get("schedule", "1f1b"),
+        gradient_as_bucket_view=bool(section.get("gradient_as_bucket_view", False)),
     )
     if (layout.offload_optimizer or layout.offload_parameters) and host is None:
         at = ("parallel", "offload")

@@ -44,7 +44,7 @@ UNMODELLED = {
 }
 CONDITIONAL = {
     "per_device_eval_batch_size": "evaluation's batch (TrainingArguments default 8); warned when larger than per_device_train_batch_size, where the run evaluates",
-    "ddp_bucket_cap_mb": "DDP's gradient buckets: a second copy of the gradients whatever their size, warned with a data-parallel layout without ZeRO or FSDP (read/native/run.py)",
+    "ddp_bucket_cap_mb": "DDP's gradient buckets: a second copy of the gradients whatever the cap (it only groups them), counted under a data-parallel layout without ZeRO or FSDP (placement/sharding.py rank_bytes) and noted (read/native/run.py)",
 }
 # TrainingArguments fields that do not change the training step's GPU memory (schedules, logging, saving, the hub,
 # data loading on the host, evaluation's own bookkeeping, determinism, launch details); tests/read/test_native_keys.py

@@ -191,14 +191,8 @@ class Context:
                 r.set(("parallel", "data"), world // split, gpus_at)
             if per_node is not None:
                 r.set(("parallel", "gpus_per_node"), per_node, per_node_at)
-            layout = doc.get("parallel", {})
-            if r.native.format in DDP_FORMATS and layout.get("data", 1) > 1 and "zero" not in layout and "fsdp" not in layout:
-                r.warn(
-                    gpus_at or r.native.root,
-                    f"data parallel over {layout['data']} GPUs without ZeRO or FSDP runs PyTorch DDP, whose reducer keeps its gradient "
-                    "buckets: a second copy of the trainable parameters' gradients (torch/csrc/distributed/c10d/reducer.cpp; "
-                    "accelerate and the Trainer leave gradient_as_bucket_view off); memfit counts one copy, so the figures are low by up to the gradients' bytes",
-                )
+            # plain data parallelism runs PyTorch DDP: its reducer's gradient buckets (a second copy of the gradients,
+            # gradient_as_bucket_view being off under accelerate and the Trainer) are counted by placement/sharding.py
         _device(doc, conf)
         from memfit.read.native.settings import provenance
 
@@ -272,7 +266,6 @@ def memfit_defaults(data: dict, conf: Settings) -> tuple[dict, set]:
 
 
 # the formats whose data-parallel runs without ZeRO or FSDP are torch DDP (the Trainer, through accelerate)
-DDP_FORMATS = ("axolotl", "llama-factory", "hf-trainer")
 
 MODULES = {"axolotl": "axolotl", "llama-factory": "llamafactory", "hf-trainer": "hftrainer", "torchtune": "torchtune", "deepspeed": "deepspeed", "accelerate": "accelerate"}
 
