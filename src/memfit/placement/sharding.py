@@ -120,6 +120,7 @@ class Parallel:
     expert: int = 1  # expert-parallel ranks, carved out of the data-parallel ones (Megatron's expert_model_parallel_size)
     schedule: str = "1f1b"  # the pipeline schedule (parallel.schedule): PIPELINE_SCHEDULES
     gradient_as_bucket_view: bool = False  # DDP's gradients are views of its reducer's buckets (PyTorch's default: off)
+    zero_shard_size: int | None = None  # ZeRO shards over groups of this many data ranks, replicated across them (MiCS)
 
     @property
     def world(self) -> int:
@@ -206,6 +207,8 @@ def check_layout(p: Parallel, *, heads: int | None = None, kv_heads: int | None 
             out.append(("parallel.pipeline", f"pipeline = {p.pipeline} stages but no layers to split: name the layer tensors with their index (model.layers.3.…) or use a transformer model", "error"))
         else:
             out.append(("parallel.pipeline", f"pipeline = {p.pipeline} stages but the model has {layers} layers", "error"))
+    if p.zero_shard_size and p.data % p.zero_shard_size:
+        out.append(("parallel.zero_shard_size", f"zero_shard_size = {p.zero_shard_size} does not divide data = {p.data}: ZeRO's shard groups (MiCS) split the data-parallel ranks evenly", "error"))
     if p.expert > 1:
         # Megatron: expert-parallel ranks are carved out of the data-parallel ranks (each EP group is EP data ranks
         # that exchange tokens with all-to-all); the routed experts divide evenly among them
@@ -407,6 +410,8 @@ def shard_group(p: Parallel) -> int:
         if p.fsdp == "hybrid_shard":
             return max(1, min(p.data, p.gpus_per_node // p.tensor))
         return p.data
+    if p.zero and p.zero_shard_size:  # MiCS: each group of zero_shard_size ranks holds one whole copy, sharded
+        return max(1, min(p.data, p.zero_shard_size))
     return p.data if p.zero else 1
 
 
@@ -738,6 +743,7 @@ def from_config(data: dict) -> tuple:
         expert=section.get("expert", 1),
         schedule=section.get("schedule", "1f1b"),
         gradient_as_bucket_view=bool(section.get("gradient_as_bucket_view", False)),
+        zero_shard_size=section.get("zero_shard_size"),
     )
     if (layout.offload_optimizer or layout.offload_parameters) and host is None:
         at = ("parallel", "offload")
