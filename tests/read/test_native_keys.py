@@ -44,7 +44,7 @@ def tabled(module) -> set:
 
 @pytest.mark.parametrize("reader", sorted(ISSUE_KEYS))
 def test_the_issues_keys_are_in_their_readers_table(reader):
-    missing = [key for key in ISSUE_KEYS[reader] if key not in tabled(READERS[reader])]
+    missing = [key for key in ISSUE_KEYS[reader] if key not in tabled(READERS[reader]) | set(getattr(READERS[reader], "NO_MEMORY", ()))]
     assert not missing, f"{reader}: {missing} neither modelled nor warned about"
     assert "mics_shard_size" in deepspeed.ZERO_MODELLED
 
@@ -234,3 +234,51 @@ def test_mics_keeps_what_zero3_over_its_group_keeps(tmp_path):
     (tmp_path / "odd.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, "mics_shard_size": 3}}))
     odd = memfit("check", "--model", "llama-3-8b.json", "--device", "H200", "--gpus", "8", "odd.json", cwd=tmp_path)
     assert odd.returncode != 0 and "zero_shard_size = 3 does not divide data = 8" in odd.stdout, odd.stdout
+
+
+def _code_strings(module) -> tuple[set, set]:
+    """(the keys a reader reads at the top of its document: the first argument of r.get / r.has / r.at /
+    r.eval_batch without `data=` or `prefix=`; every string constant in its functions)."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(module))
+    top, strings = set(), set()
+    for function in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
+        for node in ast.walk(function):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                strings.add(node.value)
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("get", "has", "at", "eval_batch")
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "r" and node.args
+                    and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+                    and not {k.arg for k in node.keywords} & {"data", "prefix"}):
+                top.add(node.args[0].value)
+    return top, strings
+
+
+def _named(entry: str) -> list:
+    """The keys a KEYS entry names: torchtune's entries name several ('model.lora_rank (8) / lora_alpha (16)'),
+    with their defaults in parentheses; a dotted key is read by its last part from its section."""
+    bare = re.sub(r"\([^()]*(\([^()]*\))?[^()]*\)", "", entry)
+    return [piece.strip().rsplit(".", 1)[-1] for piece in re.split(r"[/,]", bare) if piece.strip()]
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_every_key_a_reader_reads_is_in_its_table_and_every_tabled_key_is_read(reader):
+    """A key the reader reads is in its table (KEYS, CONDITIONAL, UNMODELLED; the Trainer's NO_MEMORY); a key its
+    KEYS (modelled) or CONDITIONAL (warned when its value matters) names is read by its code; the UNMODELLED keys are
+    warned about by r.unmodelled (test_every_unmodelled_key_is_a_positioned_warning). A key neither modelled nor named
+    fails here: add it to the table, or read it."""
+    module = READERS[reader]
+    top, strings = _code_strings(module)
+    tabled_keys = tabled(module) | set(getattr(module, "NO_MEMORY", ()))
+    sections = {name.split(".")[0] for entry in module.KEYS for name in re.findall(r"[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_]", entry)}
+    assert not sorted(top - tabled_keys - sections), f"{reader}: keys read but in no table"
+    named = [key for entry in (*module.KEYS, *getattr(module, "CONDITIONAL", {})) for key in _named(entry)]
+    assert named and not sorted(key for key in named if key not in strings), f"{reader}: tabled keys its code never reads"
+    import ast
+    import inspect
+
+    warned = {n.id for call in ast.walk(ast.parse(inspect.getsource(module))) if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+              and call.func.attr == "unmodelled" for n in ast.walk(call) if isinstance(n, ast.Name)}
+    assert "UNMODELLED" in warned, f"{reader}: its UNMODELLED table is never warned about"

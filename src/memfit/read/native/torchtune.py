@@ -101,6 +101,8 @@ KEYS = {
     "optimizer._component_, optimizer.fused": "optimizer, training.optimizer_impl",
     "enable_activation_checkpointing (false)": "training.checkpointing full",
     "fsdp_cpu_offload (false)": "parallel.offload (distributed recipes: FSDP2 full shard over --gpus)",
+    "fsdp_reshard_after_forward (true)": "parallel.fsdp full_shard, or shard_grad_op when false",
+    "loss._component_": "a chunked-output loss (the logits in chunks) is warned about: memfit counts the full logits",
 }
 UNMODELLED = {
     "enable_activation_offloading": ((False,), "activations are offloaded to host memory (the GPU keeps less than memfit counts)"),
