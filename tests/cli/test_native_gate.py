@@ -352,3 +352,40 @@ def test_the_html_report_is_bounded_with_a_clear_error(tmp_path):
     assert "over its bound of" in small.stderr and "(1,000 per config + 16 x the configs'" in small.stderr and "nothing was written" in small.stderr
     # the real bound: this report is far inside it
     assert memfit("explain", "--format", "html", "-o", out_file, config).returncode == 0 and out_file.stat().st_size < 2 * 2**20
+
+
+# LLaMA-Factory's v1 format (its examples/v1/train_lora/train_lora_sft.yaml, shortened): `model` and plugin configs
+LLAMA_FACTORY_V1 = """\
+model: Qwen/Qwen3-4B
+model_class: llm
+
+peft_config:
+  name: lora
+  r: 16
+  target_modules: all
+
+dist_config:
+  name: fsdp2
+
+train_dataset: data/v1_sft_demo.yaml
+micro_batch_size: 1
+cutoff_len: 2048
+"""
+
+
+def test_a_llama_factory_v1_config_is_said_not_read_not_passed(project):
+    """LLaMA-Factory's v1 format (USE_V1=1) is recognised by its keys and refused with a positioned error: memfit
+    does not read it, so the gate does not pass it, named alone, in a folder, or under --skip-unrecognized (the hook)."""
+    (project / "lf").mkdir()
+    (project / "lf" / "train_lora_sft.yaml").write_text(LLAMA_FACTORY_V1)
+    for args in (["lf/train_lora_sft.yaml"], ["--skip-unrecognized", "lf/train_lora_sft.yaml"], ["--skip-unrecognized", "lf"]):
+        out = memfit("check", "--device", "H100", *args, cwd=project)
+        assert out.returncode == 1, (args, out.stdout)
+        assert "lf/train_lora_sft.yaml:2:1: error[native-config] model_class: a LLaMA-Factory v1 config" in out.stdout, out.stdout
+        assert "nothing is checked" in out.stdout and "Traceback" not in out.stderr
+    [entry] = json.loads(memfit("check", "--format", "json", "--device", "H100", "lf/train_lora_sft.yaml", cwd=project).stdout)["files"]
+    assert entry["input_format"] == "llama-factory" and [d["code"] for d in entry["diagnostics"]] == ["native-config"]
+    # a file that only shares the `model` key stays none of memfit's
+    (project / "lf" / "train_lora_sft.yaml").write_text("model: Qwen/Qwen3-4B\ntemperature: 0.7\n")
+    other = memfit("check", "--skip-unrecognized", "--device", "H100", "lf/train_lora_sft.yaml", cwd=project)
+    assert other.returncode == 0 and "native-config" not in other.stdout and "1 skipped" in other.stdout, other.stdout

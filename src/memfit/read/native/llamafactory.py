@@ -62,6 +62,19 @@ STAGE_EXTRA = {
 }
 
 
+# LLaMA-Factory's v1 format (USE_V1=1; src/llamafactory/v1/config/: ModelArguments `model`, `model_class`, the plugin
+# configs `peft_config`, `kernel_config`, `quant_config`, TrainingArguments `dist_config`; examples/v1/): a hub name or
+# path under `model` and these keys, no model_name_or_path. memfit does not read it (a positioned error, not a pass)
+V1_KEYS = ("model_class", "peft_config", "dist_config", "kernel_config", "quant_config")
+
+
+def v1_key(data: dict) -> str | None:
+    """The key that makes `data` a LLaMA-Factory v1 config, else None."""
+    if "model_name_or_path" in data or not isinstance(data.get("model"), str):
+        return None
+    return next((k for k in V1_KEYS if k in data), None)
+
+
 def read(r: Reader, ctx) -> dict:
     data = r.data
     r.native.root = r.at("model_name_or_path", on_key=True)

@@ -304,6 +304,12 @@ def read(fmt: str, data: dict, path: str, conf: Settings) -> Native:
         r.native.found.append(Found(r.native.root, codes.NOT_TRAINING, f"{key}: {what}, which trains nothing; memfit prices training steps, so it gives no figure (check the training config that made the model)"))
         return r.native
     module = importlib.import_module(f"memfit.read.native.{MODULES[fmt]}")  # only the format read
+    v1 = module.v1_key(data) if fmt == "llama-factory" else None
+    if v1 is not None:
+        r.native.root = r.at(v1, on_key=True)
+        r.error(r.native.root, codes.NATIVE_CONFIG, f"{v1}: a LLaMA-Factory v1 config (USE_V1=1: `model` with {v1}); memfit reads LLaMA-Factory's v0 format "
+                "(model_name_or_path, stage, finetuning_type) and not this one, so nothing is checked: write the run in the v0 format or as a memfit config")
+        return r.native
     ctx = Context(r, path, conf)
     ctx.read_launch()
     trainer = module.read(r, ctx)
