@@ -282,3 +282,47 @@ def test_every_key_a_reader_reads_is_in_its_table_and_every_tabled_key_is_read(r
     warned = {n.id for call in ast.walk(ast.parse(inspect.getsource(module))) if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
               and call.func.attr == "unmodelled" for n in ast.walk(call) if isinstance(n, ast.Name)}
     assert "UNMODELLED" in warned, f"{reader}: its UNMODELLED table is never warned about"
+
+
+def test_llama_factorys_upcast_lmhead_output_adds_nothing_measured(tmp_path):
+    """LLaMA-Factory's upcast_lmhead_output registers a forward hook on the lm_head that returns its output in float32
+    (model/model_utils/checkpointing.py _fp32_forward_post_hook). transformers' causal-LM loss upcasts the logits to
+    float32 itself (loss_utils.py ForCausalLMLoss: logits.float()), and the 16-bit output the hook replaces is saved by
+    nobody: MemTracker's peak of a bf16 training step is the same with and without the hook, and so is memfit's."""
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    transformers = module("transformers")
+    config = transformers.LlamaConfig(vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
+                                      num_key_value_heads=4, max_position_embeddings=256, tie_word_embeddings=False, use_cache=False)
+
+    def peak(upcast: bool) -> int:
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM._from_config(config, attn_implementation="sdpa", dtype=torch.bfloat16)
+        model.train()
+        if upcast:
+            model.lm_head.register_forward_hook(lambda m, args, out: out.to(torch.float32))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+        ids = torch.randint(0, config.vocab_size, (2, 128))
+
+        def step():
+            model(input_ids=ids, labels=ids).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        step()
+        tracker = MemTracker()
+        tracker.track_external(model, optimizer, ids)
+        with tracker:
+            step()
+        return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+
+    with_hook, without = peak(True), peak(False)
+    assert with_hook == without and with_hook > 2 * 128 * 4096 * 4  # the float32 logits are within the peak either way
+    shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
+    common = "model_name_or_path: ./llama-3-8b.json\nstage: sft\nfinetuning_type: full\nbf16: true\ncutoff_len: 1024\nper_device_train_batch_size: 2\n"
+    (tmp_path / "up.yaml").write_text(common + "upcast_lmhead_output: true\n")
+    (tmp_path / "plain.yaml").write_text(common)
+    out = memfit("check", "--format", "json", "--device", "H200", "up.yaml", "plain.yaml", cwd=tmp_path)
+    up, plain = json.loads(out.stdout)["files"]
+    assert up["peak"] == plain["peak"] and not [d for d in up["diagnostics"] if "upcast" in d["message"]]

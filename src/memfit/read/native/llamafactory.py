@@ -14,6 +14,7 @@ KEYS = {
     "model_name_or_path": (None, "model.hf_config", "hparams/model_args.py BaseModelArguments.model_name_or_path"),
     "stage": ("sft", "pt, sft: as read; rm, ppo, dpo, kto: extra models warned about", "hparams/finetuning_args.py FinetuningArguments.stage"),
     "finetuning_type": ("lora", "lora: lora section; full: no adapters", "hparams/finetuning_args.py finetuning_type"),
+    "upcast_lmhead_output": (False, "no bytes of its own: the lm_head's output upcast to float32 (a forward hook) is the float32 copy transformers' causal-LM loss makes anyway (MemTracker: the same peak)", "hparams/model_args.py upcast_lmhead_output; model/model_utils/checkpointing.py _fp32_forward_post_hook"),
     "lora_rank": (8, "lora.r", "hparams/finetuning_args.py LoraArguments.lora_rank"),
     "lora_alpha": ("lora_rank * 2", "lora.alpha", "hparams/finetuning_args.py lora_alpha, __post_init__"),
     "lora_dropout": (0.0, "lora.dropout", "hparams/finetuning_args.py lora_dropout"),
@@ -47,7 +48,6 @@ UNMODELLED = {
     "pissa_init": ((False,), "PiSSA initialization"),
     "torch_compile": ((False,), "torch.compile fuses kernels and changes what is saved for backward"),
     "fsdp": ((None, "", False), "FSDP from TrainingArguments (use an accelerate config via --launch)"),
-    "upcast_lmhead_output": ((False,), "the lm_head's output is upcast to float32 (model/model_utils/checkpointing.py _fp32_forward_post_hook): a float32 copy of the logits, batch x seq x vocab x 4 bytes, is kept besides the 16-bit ones; the figures are low by it"),
     "upcast_layernorm": ((False,), "the layer norms' weights are upcast to float32 (more bytes per norm weight than memfit counts; the figures are slightly low)"),
 }
 CONDITIONAL = {
@@ -163,6 +163,9 @@ def read(r: Reader, ctx) -> dict:
             r.set(("quantization",), {"method": "int8"}, r.at("quantization_bit"))
         else:
             r.error(r.at("quantization_bit"), codes.NATIVE_CONFIG, f"quantization_bit {quant_bits}: bitsandbytes takes 4 or 8")
+    # upcast_lmhead_output: the float32 logits transformers' ForCausalLMLoss makes anyway (logits.float()), made by the
+    # lm_head's hook instead; the 16-bit output it replaces is saved by nobody: the step's bytes are the same
+    r.get("upcast_lmhead_output", (bool,), False)
     if r.get("do_eval", (bool,), False) or data.get("eval_strategy", data.get("evaluation_strategy", "no")) not in ("no", None) or "val_size" in data:
         r.eval_batch("per_device_eval_batch_size", micro, 8)
     trainer = {
