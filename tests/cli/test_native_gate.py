@@ -389,3 +389,43 @@ def test_a_llama_factory_v1_config_is_said_not_read_not_passed(project):
     (project / "lf" / "train_lora_sft.yaml").write_text("model: Qwen/Qwen3-4B\ntemperature: 0.7\n")
     other = memfit("check", "--skip-unrecognized", "--device", "H100", "lf/train_lora_sft.yaml", cwd=project)
     assert other.returncode == 0 and "native-config" not in other.stdout and "1 skipped" in other.stdout, other.stdout
+
+
+def test_a_plain_check_never_contacts_the_hub_for_a_name_inside_config_json(tmp_path):
+    """A config.json that names a hub checkpoint inside it (DETR's `backbone`: transformers' load_backbone fetches its
+    config, or its weights with use_pretrained_backbone) is built by the [trace] path with huggingface_hub offline: a
+    plain check (no --online) sends no request to HF_ENDPOINT, a loopback server that counts them here."""
+    import http.server
+    import threading
+
+    pytest.importorskip("transformers")
+    hits = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 -- http.server's name
+            hits.append(self.path)
+            self.send_response(404)
+            self.end_headers()
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        (tmp_path / "config.json").write_text(json.dumps({
+            "model_type": "detr", "architectures": ["DetrForObjectDetection"], "use_timm_backbone": False, "backbone": "acme/resnet-50",
+            "use_pretrained_backbone": True, "d_model": 32, "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2,
+            "decoder_attention_heads": 2, "encoder_ffn_dim": 32, "decoder_ffn_dim": 32, "num_queries": 4}))
+        (tmp_path / "run.yaml").write_text("memfit: 1\ndevice: {memory: 80 GiB}\noptimizer: adamw\nmodel: {hf_config: config.json}\ntraining: {micro_batch: 1, seq_len: 16}\n")
+        env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}", "HF_HOME": str(tmp_path / "hf")}
+        env.pop("HF_HUB_OFFLINE", None)
+        env.pop("TRANSFORMERS_OFFLINE", None)
+        out = subprocess.run([sys.executable, "-m", "memfit", "check", "run.yaml"], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert hits == [], hits
+    assert "Traceback" not in out.stderr and out.returncode in (0, 1) and "config.json:" in out.stdout, out.stdout + out.stderr
