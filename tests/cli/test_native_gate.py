@@ -429,3 +429,21 @@ def test_a_plain_check_never_contacts_the_hub_for_a_name_inside_config_json(tmp_
         server.server_close()
     assert hits == [], hits
     assert "Traceback" not in out.stderr and out.returncode in (0, 1) and "config.json:" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_rank_holding_a_share_is_never_said_to_gather_a_negative_amount(tmp_path):
+    """A pipeline stage's worst moment can hold less than its footprint's categories at full size (its micro-batches'
+    activations are not all alive at once): the budget message then names that total, never a negative 'gathered for a
+    moment' (the issue's '-11.43 GiB'); a layout that does gather says what it gathers, a positive amount."""
+    shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
+    doc = "memfit: 1\ndevice: {{memory: 10 GiB}}\noptimizer: adamw\nmodel: {{hf_config: llama-3-8b.json}}\ntraining: {{micro_batch: 4, seq_len: 2048, gradient_accumulation: 4}}\nparallel: {}\n"
+    (tmp_path / "pp.yaml").write_text(doc.format("{pipeline: 4}"))
+    (tmp_path / "z3.yaml").write_text(doc.format("{data: 2, zero: 3}"))
+    [pp, z3] = json.loads(memfit("check", "--format", "json", "pp.yaml", "z3.yaml", cwd=tmp_path).stdout)["files"]
+    assert pp["peak"]["bytes"] < pp["footprint"]["total"] and z3["peak"]["bytes"] > z3["footprint"]["total"]  # the two cases
+    out = memfit("check", "pp.yaml", "z3.yaml", cwd=tmp_path)
+    assert out.returncode == 1 and "gathered for a moment -" not in out.stdout, out.stdout
+    [pp_line] = [line for line in out.stdout.splitlines() if line.startswith("pp.yaml") and "budget-exceeded" in line]
+    [z3_line] = [line for line in out.stdout.splitlines() if line.startswith("z3.yaml") and "budget-exceeded" in line]
+    assert "the four categories at full size total" in pp_line and "gathered for a moment" not in pp_line
+    assert re.search(r"gathered for a moment [0-9,]+ B", z3_line), z3_line
