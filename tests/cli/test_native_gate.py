@@ -438,12 +438,17 @@ def test_a_rank_holding_a_share_is_never_said_to_gather_a_negative_amount(tmp_pa
     shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
     doc = "memfit: 1\ndevice: {{memory: 10 GiB}}\noptimizer: adamw\nmodel: {{hf_config: llama-3-8b.json}}\ntraining: {{micro_batch: 4, seq_len: 2048, gradient_accumulation: 4}}\nparallel: {}\n"
     (tmp_path / "pp.yaml").write_text(doc.format("{pipeline: 4}"))
-    (tmp_path / "z3.yaml").write_text(doc.format("{data: 2, zero: 3}"))
-    [pp, z3] = json.loads(memfit("check", "--format", "json", "pp.yaml", "z3.yaml", cwd=tmp_path).stdout)["files"]
+    (tmp_path / "z3.yaml").write_text(doc.format("{data: 2, zero: 3}").replace("micro_batch: 4, seq_len: 2048", "micro_batch: 1, seq_len: 512"))
+    (tmp_path / "dp.yaml").write_text(doc.format("{data: 8}"))
+    [pp, z3, dp] = json.loads(memfit("check", "--format", "json", "pp.yaml", "z3.yaml", "dp.yaml", cwd=tmp_path).stdout)["files"]
     assert pp["peak"]["bytes"] < pp["footprint"]["total"] and z3["peak"]["bytes"] > z3["footprint"]["total"]  # the two cases
+    assert any(z3["peak"]["gathered"].values()) and not any(dp["peak"]["gathered"].values()) and dp["peak"]["bytes"] > dp["footprint"]["total"]
     out = memfit("check", "pp.yaml", "z3.yaml", cwd=tmp_path)
     assert out.returncode == 1 and "gathered for a moment -" not in out.stdout, out.stdout
     [pp_line] = [line for line in out.stdout.splitlines() if line.startswith("pp.yaml") and "budget-exceeded" in line]
     [z3_line] = [line for line in out.stdout.splitlines() if line.startswith("z3.yaml") and "budget-exceeded" in line]
     assert "the four categories at full size total" in pp_line and "gathered for a moment" not in pp_line
     assert re.search(r"gathered for a moment [0-9,]+ B", z3_line), z3_line
+    # DDP gathers nothing (its buckets and transients are above the categories' total): not called gathered
+    out = memfit("check", "dp.yaml", cwd=tmp_path)
+    assert "gathered for a moment" not in out.stdout and "the four categories at full size total" in out.stdout, out.stdout
