@@ -519,8 +519,9 @@ def rank_bytes(tensors: list, p: Parallel, stage: int = 0, data_rank: int = 0, t
     if p.allgather_bucket:
         pw = max((t.widths["parameters"] for t, _ in local), default=0)
         put(out.transient, "allgather bucket", _bytes(p.allgather_bucket, pw))
-    if engine == "ddp" and p.data > 1 and p.tensor == 1 and p.pipeline == 1:
-        # PyTorch DDP: the reducer allocates one flat tensor per bucket at construction, the elements of its
+    if engine == "ddp" and p.data > 1 and p.tensor == 1 and p.pipeline == 1 and p.expert == 1:
+        # PyTorch DDP (plain data parallelism; Megatron's expert-parallel DDP keeps its gradients in its own buffer): the
+        # reducer allocates one flat tensor per bucket at construction, the elements of its
         # parameters that require a gradient in their gradient's dtype (torch/csrc/distributed/c10d/reducer.cpp
         # initialize_buckets: at::empty({offset}, options)), and keeps them; bucket_cap_mb only groups them
         out.buckets = sum(t.count * _bytes(math.prod(shape), t.widths["gradients"]) for t, shape in local if "gradients" in t.widths)
