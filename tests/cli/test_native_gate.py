@@ -352,3 +352,103 @@ def test_the_html_report_is_bounded_with_a_clear_error(tmp_path):
     assert "over its bound of" in small.stderr and "(1,000 per config + 16 x the configs'" in small.stderr and "nothing was written" in small.stderr
     # the real bound: this report is far inside it
     assert memfit("explain", "--format", "html", "-o", out_file, config).returncode == 0 and out_file.stat().st_size < 2 * 2**20
+
+
+# LLaMA-Factory's v1 format (its examples/v1/train_lora/train_lora_sft.yaml, shortened): `model` and plugin configs
+LLAMA_FACTORY_V1 = """\
+model: Qwen/Qwen3-4B
+model_class: llm
+
+peft_config:
+  name: lora
+  r: 16
+  target_modules: all
+
+dist_config:
+  name: fsdp2
+
+train_dataset: data/v1_sft_demo.yaml
+micro_batch_size: 1
+cutoff_len: 2048
+"""
+
+
+def test_a_llama_factory_v1_config_is_said_not_read_not_passed(project):
+    """LLaMA-Factory's v1 format (USE_V1=1) is recognised by its keys and refused with a positioned error: memfit
+    does not read it, so the gate does not pass it, named alone, in a folder, or under --skip-unrecognized (the hook)."""
+    (project / "lf").mkdir()
+    (project / "lf" / "train_lora_sft.yaml").write_text(LLAMA_FACTORY_V1)
+    for args in (["lf/train_lora_sft.yaml"], ["--skip-unrecognized", "lf/train_lora_sft.yaml"], ["--skip-unrecognized", "lf"]):
+        out = memfit("check", "--device", "H100", *args, cwd=project)
+        assert out.returncode == 1, (args, out.stdout)
+        assert "lf/train_lora_sft.yaml:2:1: error[native-config] model_class: a LLaMA-Factory v1 config" in out.stdout, out.stdout
+        assert "nothing is checked" in out.stdout and "Traceback" not in out.stderr
+    [entry] = json.loads(memfit("check", "--format", "json", "--device", "H100", "lf/train_lora_sft.yaml", cwd=project).stdout)["files"]
+    assert entry["input_format"] == "llama-factory" and [d["code"] for d in entry["diagnostics"]] == ["native-config"]
+    # a file that only shares the `model` key stays none of memfit's
+    (project / "lf" / "train_lora_sft.yaml").write_text("model: Qwen/Qwen3-4B\ntemperature: 0.7\n")
+    other = memfit("check", "--skip-unrecognized", "--device", "H100", "lf/train_lora_sft.yaml", cwd=project)
+    assert other.returncode == 0 and "native-config" not in other.stdout and "1 skipped" in other.stdout, other.stdout
+
+
+def test_a_plain_check_never_contacts_the_hub_for_a_name_inside_config_json(tmp_path):
+    """A config.json that names a hub checkpoint inside it (DETR's `backbone`: transformers' load_backbone fetches its
+    config, or its weights with use_pretrained_backbone) is built by the [trace] path with huggingface_hub offline: a
+    plain check (no --online) sends no request to HF_ENDPOINT, a loopback server that counts them here."""
+    import http.server
+    import threading
+
+    pytest.importorskip("transformers")
+    hits = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 -- http.server's name
+            hits.append(self.path)
+            self.send_response(404)
+            self.end_headers()
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        (tmp_path / "config.json").write_text(json.dumps({
+            "model_type": "detr", "architectures": ["DetrForObjectDetection"], "use_timm_backbone": False, "backbone": "acme/resnet-50",
+            "use_pretrained_backbone": True, "d_model": 32, "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2,
+            "decoder_attention_heads": 2, "encoder_ffn_dim": 32, "decoder_ffn_dim": 32, "num_queries": 4}))
+        (tmp_path / "run.yaml").write_text("memfit: 1\ndevice: {memory: 80 GiB}\noptimizer: adamw\nmodel: {hf_config: config.json}\ntraining: {micro_batch: 1, seq_len: 16}\n")
+        env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}", "HF_HOME": str(tmp_path / "hf")}
+        env.pop("HF_HUB_OFFLINE", None)
+        env.pop("TRANSFORMERS_OFFLINE", None)
+        out = subprocess.run([sys.executable, "-m", "memfit", "check", "run.yaml"], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert hits == [], hits
+    assert "Traceback" not in out.stderr and out.returncode in (0, 1) and "config.json:" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_rank_holding_a_share_is_never_said_to_gather_a_negative_amount(tmp_path):
+    """A pipeline stage's worst moment can hold less than its footprint's categories at full size (its micro-batches'
+    activations are not all alive at once): the budget message then names that total, never a negative 'gathered for a
+    moment' (the issue's '-11.43 GiB'); a layout that does gather says what it gathers, a positive amount."""
+    shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
+    doc = "memfit: 1\ndevice: {{memory: 10 GiB}}\noptimizer: adamw\nmodel: {{hf_config: llama-3-8b.json}}\ntraining: {{micro_batch: 4, seq_len: 2048, gradient_accumulation: 4}}\nparallel: {}\n"
+    (tmp_path / "pp.yaml").write_text(doc.format("{pipeline: 4}"))
+    (tmp_path / "z3.yaml").write_text(doc.format("{data: 2, zero: 3}").replace("micro_batch: 4, seq_len: 2048", "micro_batch: 1, seq_len: 512"))
+    (tmp_path / "dp.yaml").write_text(doc.format("{data: 8}"))
+    [pp, z3, dp] = json.loads(memfit("check", "--format", "json", "pp.yaml", "z3.yaml", "dp.yaml", cwd=tmp_path).stdout)["files"]
+    assert pp["peak"]["bytes"] < pp["footprint"]["total"] and z3["peak"]["bytes"] > z3["footprint"]["total"]  # the two cases
+    assert any(z3["peak"]["gathered"].values()) and not any(dp["peak"]["gathered"].values()) and dp["peak"]["bytes"] > dp["footprint"]["total"]
+    out = memfit("check", "pp.yaml", "z3.yaml", cwd=tmp_path)
+    assert out.returncode == 1 and "gathered for a moment -" not in out.stdout, out.stdout
+    [pp_line] = [line for line in out.stdout.splitlines() if line.startswith("pp.yaml") and "budget-exceeded" in line]
+    [z3_line] = [line for line in out.stdout.splitlines() if line.startswith("z3.yaml") and "budget-exceeded" in line]
+    assert "the four categories at full size total" in pp_line and "gathered for a moment" not in pp_line
+    assert re.search(r"gathered for a moment [0-9,]+ B", z3_line), z3_line
+    # DDP gathers nothing (its buckets and transients are above the categories' total): not called gathered
+    out = memfit("check", "dp.yaml", cwd=tmp_path)
+    assert "gathered for a moment" not in out.stdout and "the four categories at full size total" in out.stdout, out.stdout

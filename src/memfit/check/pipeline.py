@@ -543,7 +543,7 @@ def _budget(config, options: Options, result: Result, data: dict) -> list[Proble
         used = parallel["bytes"]
         what = f"GPU rank {parallel['rank']} of {parallel['ranks']}: peak {with_bytes(used)}"
         total = config.footprint["total"]
-        if used > total:
+        if used > total and any((parallel.get("gathered") or {}).values()):  # ZeRO-3, FSDP: a unit gathered at the peak
             aside = f" (on the GPU {with_bytes(total)}, gathered for a moment {with_bytes(used - total)})"
         else:  # a rank that holds a share of the whole (a pipeline stage, a tensor slice): never a negative "gathered"
             aside = f" (the four categories at full size total {with_bytes(total)})" if used != total else ""

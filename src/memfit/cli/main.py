@@ -131,7 +131,7 @@ def parser(wanted: str | None = None) -> argparse.ArgumentParser:
         sub.add_argument("--launch", metavar="FILE", help="an accelerate config: the world size and sharding of native configs")
         sub.add_argument("--model", metavar="NAME", help="the model of a config that names none (a DeepSpeed JSON alone)")
         sub.add_argument("--no-settings", dest="settings", action="store_false", help="ignore [tool.memfit] in pyproject.toml and memfit.toml")
-        sub.add_argument("--online", action="store_true", help="fetch a model's config.json alone through huggingface_hub when it is not found locally (HF_ENDPOINT honoured)")
+        sub.add_argument("--online", action="store_true", help="fetch a model's config.json alone from the Hugging Face Hub when it is not found locally (memfit's own bounded HTTP client, no extra package; HF_ENDPOINT and HF_TOKEN honoured)")
 
     check = commands.add_parser("check", help="check configs; exit 1 if any error")
     if wanted in (None, "check"):

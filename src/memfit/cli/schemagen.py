@@ -183,6 +183,8 @@ def _parallel_sections() -> dict:
                     "additionalProperties": False,
                     "properties": {"optimizer": offload, "parameters": offload},
                 },
+                "zero_shard_size": _count("ZeRO shard group", "ZeRO shards over groups of this many data-parallel ranks, each group holding one whole copy (DeepSpeed MiCS's mics_shard_size): a GPU keeps 1/zero_shard_size of the sharded state, not 1/data. Must divide data; default: all data ranks."),
+                "gradient_as_bucket_view": {"title": "DDP gradients as bucket views", "description": "Plain data parallelism (no zero, no fsdp) runs PyTorch DistributedDataParallel, whose reducer keeps gradient buckets from its construction on: a second copy of the trainable parameters' gradients, counted. true: the gradients are views of the buckets (DistributedDataParallel(gradient_as_bucket_view=True), Lightning's DDPStrategy(gradient_as_bucket_view=True)): one copy, held the whole step. Default false, as PyTorch, accelerate and the HF Trainer leave it.", "type": "boolean"},
                 "buckets": {
                     "title": "Communication buckets",
                     "description": "Counted only when declared, in elements (DeepSpeed's reduce_bucket_size, allgather_bucket_size).",

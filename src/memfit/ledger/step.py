@@ -473,6 +473,10 @@ def _rank_moment(placement, i: int, persistent: bool, split: bool, all_params: i
     # at the loss's backward only what stays gathered from forward (FSDP's root unit): no unit's backward has begun
     at_loss_extra = sum(placement.sharded.stages[i].at_loss.values()) if gathered else 0
     parameters, gradients, activations, state = held["parameters"], held["gradients"], held["activations"], held["optimizer_state"]
+    # DDP's reducer buckets, held from construction: a second copy of the gradients, or the gradients themselves
+    # when they are views of the buckets (gradient_as_bucket_view)
+    buckets = getattr(placement.sharded.stages[i], "buckets", 0)
+    views = placement.layout.parallel.gradient_as_bucket_view
 
     def terms(phase, live_gradients, live_activations, live_transient, overhead, at_loss):
         if phase == "optimizer_step":
@@ -482,6 +486,8 @@ def _rank_moment(placement, i: int, persistent: bool, split: bool, all_params: i
         else:
             g = gradients if persistent else _share(gradients, live_gradients, all_grads)
             transient = (_share(parameters, live_transient, all_params) if split else live_transient) + (at_loss_extra if at_loss else extra[phase])
+        if buckets:
+            g = max(g, buckets) if views else g + buckets
         return parameters, g, _share(activations, live_activations, most_acts), state, transient, overhead
 
     return terms

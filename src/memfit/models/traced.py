@@ -86,12 +86,28 @@ def _attr(config, *names, default=None):
     return default
 
 
+def _offline() -> None:
+    """huggingface_hub's offline mode (constants.HF_HUB_OFFLINE, which its is_offline_mode and every request through
+    its session read): a plain check never contacts the Hub; --online fetches through its own bounded client."""
+    import os
+
+    os.environ["HF_HUB_OFFLINE"] = "1"  # for a huggingface_hub imported later (read when its constants load)
+    try:
+        import huggingface_hub.constants as hub
+    except ImportError:
+        return
+    hub.HF_HUB_OFFLINE = True
+
+
 def _quiet_import() -> None:
     """Import torch and transformers' modeling code with stderr silenced: their import prints torchao's optional
     kernels that do not load and torch's pytree deprecations, which are not memfit's output (a docs page or a CI
-    log showing `memfit check` would carry them)."""
+    log showing `memfit check` would carry them). Building a model from its config.json never reaches the network:
+    huggingface_hub's offline mode is set, so a config naming a hub checkpoint inside it (DETR's `backbone`, a
+    composite model's sub-config) is refused by transformers, not fetched (issue 33)."""
     import sys
 
+    _offline()
     if "transformers.modeling_utils" in sys.modules:
         return
     import contextlib

@@ -119,6 +119,8 @@ class Parallel:
     gradient_accumulation: int = 1
     expert: int = 1  # expert-parallel ranks, carved out of the data-parallel ones (Megatron's expert_model_parallel_size)
     schedule: str = "1f1b"  # the pipeline schedule (parallel.schedule): PIPELINE_SCHEDULES
+    gradient_as_bucket_view: bool = False  # DDP's gradients are views of its reducer's buckets (PyTorch's default: off)
+    zero_shard_size: int | None = None  # ZeRO shards over groups of this many data ranks, replicated across them (MiCS)
 
     @property
     def world(self) -> int:
@@ -152,6 +154,8 @@ class RankBytes:
     # what is gathered while the loss runs its backward, before any unit's backward has begun: FSDP's root unit
     # (kept unsharded from its forward), no unit's gradients yet; ZeRO-3 nothing
     at_loss: dict = field(default_factory=dict)
+    # PyTorch DDP's reducer buckets (plain data parallelism): allocated at construction, live the whole step
+    buckets: int = 0
 
     @property
     def total(self) -> int:
@@ -203,6 +207,8 @@ def check_layout(p: Parallel, *, heads: int | None = None, kv_heads: int | None 
             out.append(("parallel.pipeline", f"pipeline = {p.pipeline} stages but no layers to split: name the layer tensors with their index (model.layers.3.…) or use a transformer model", "error"))
         else:
             out.append(("parallel.pipeline", f"pipeline = {p.pipeline} stages but the model has {layers} layers", "error"))
+    if p.zero_shard_size and p.data % p.zero_shard_size:
+        out.append(("parallel.zero_shard_size", f"zero_shard_size = {p.zero_shard_size} does not divide data = {p.data}: ZeRO's shard groups (MiCS) split the data-parallel ranks evenly", "error"))
     if p.expert > 1:
         # Megatron: expert-parallel ranks are carved out of the data-parallel ranks (each EP group is EP data ranks
         # that exchange tokens with all-to-all); the routed experts divide evenly among them
@@ -404,6 +410,8 @@ def shard_group(p: Parallel) -> int:
         if p.fsdp == "hybrid_shard":
             return max(1, min(p.data, p.gpus_per_node // p.tensor))
         return p.data
+    if p.zero and p.zero_shard_size:  # MiCS: each group of zero_shard_size ranks holds one whole copy, sharded
+        return max(1, min(p.data, p.zero_shard_size))
     return p.data if p.zero else 1
 
 
@@ -511,6 +519,12 @@ def rank_bytes(tensors: list, p: Parallel, stage: int = 0, data_rank: int = 0, t
     if p.allgather_bucket:
         pw = max((t.widths["parameters"] for t, _ in local), default=0)
         put(out.transient, "allgather bucket", _bytes(p.allgather_bucket, pw))
+    if engine == "ddp" and p.data > 1 and p.tensor == 1 and p.pipeline == 1 and p.expert == 1:
+        # PyTorch DDP (plain data parallelism; Megatron's expert-parallel DDP keeps its gradients in its own buffer): the
+        # reducer allocates one flat tensor per bucket at construction, the elements of its
+        # parameters that require a gradient in their gradient's dtype (torch/csrc/distributed/c10d/reducer.cpp
+        # initialize_buckets: at::empty({offset}, options)), and keeps them; bucket_cap_mb only groups them
+        out.buckets = sum(t.count * _bytes(math.prod(shape), t.widths["gradients"]) for t, shape in local if "gradients" in t.widths)
     return out
 
 
@@ -729,6 +743,8 @@ def from_config(data: dict) -> tuple:
         gradient_accumulation=training.get("gradient_accumulation", 1),
         expert=section.get("expert", 1),
         schedule=section.get("schedule", "1f1b"),
+        gradient_as_bucket_view=bool(section.get("gradient_as_bucket_view", False)),
+        zero_shard_size=section.get("zero_shard_size"),
     )
     if (layout.offload_optimizer or layout.offload_parameters) and host is None:
         at = ("parallel", "offload")

@@ -47,6 +47,9 @@ KEYS = {
 
 # keys warned about when their value makes the figures off (which way: the message says)
 CONDITIONAL = {
+    "xformers_attention": "training.attention sdpa, with a warning that memfit models eager, sdpa and flash attention (loaders/model.py _set_attention_config)",
+    "flex_attention": "training.attention sdpa, with a warning that memfit models eager, sdpa and flash attention (loaders/model.py _set_attention_config)",
+    "plugins": "a Liger or Cut Cross-Entropy plugin without its enable keys (liger_*, cut_cross_entropy) is warned about: its kernels save less than memfit counts",
     "eval_batch_size": "evaluation's batch (default: micro_batch_size); warned when larger than micro_batch_size",
 }
 

@@ -31,7 +31,6 @@ ZERO_UNMODELLED = {
     "zero_quantized_weights": ((False,), "ZeRO++ quantizes the gathered weights"),
     "zero_hpz_partition_size": ((1,), "ZeRO++ keeps a secondary partition of the weights per node"),
     "zero_quantized_gradients": ((False,), "ZeRO++ quantizes the gradients"),
-    "mics_shard_size": ((-1, 0), "MiCS shards the parameters, gradients and optimizer state over groups of this many GPUs, not the whole world: each GPU keeps a 1/mics_shard_size share where memfit counts 1/world (the figures are low); DeepSpeed 0.19 removed MiCS and refuses the key"),
     "overlap_comm": ((None, False), "overlapping the gradients' reduction with backward keeps a second reduce bucket: the figures are low by up to one reduce bucket"),
     "contiguous_gradients": ((True,), "without contiguous gradients ZeRO does not copy each gradient into one buffer as it is produced (the allocator's fragmentation is not modelled)"),
     "reduce_scatter": ((True,), "without reduce-scatter ZeRO all-reduces whole gradient buckets (a bucket's full size rather than its share, for a moment)"),
@@ -56,7 +55,7 @@ ZERO_NO_MEMORY = (
     "log_trace_cache_warnings", "enable_sanity_checks", "save_muon_momentum_buffer_in_memory",
 )
 # the zero_optimization keys apply() reads (the memfit keys they set: docs/native-deepspeed.md)
-ZERO_MODELLED = ("stage", "offload_param", "offload_optimizer", "reduce_bucket_size", "allgather_bucket_size")
+ZERO_MODELLED = ("stage", "offload_param", "offload_optimizer", "reduce_bucket_size", "allgather_bucket_size", "mics_shard_size")
 TOP_UNMODELLED = {
     "activation_checkpointing": ((), "DeepSpeed's activation checkpointing (partition_activations, cpu_checkpointing) applies to models that call deepspeed.checkpointing"),
     "compression_training": ((), "compression changes the weights' storage"),
@@ -145,6 +144,14 @@ def apply(r: Reader, ds: dict, file: str | None, trainer: dict, hidden_size: int
             value = int(value)
         if isinstance(value, int) and value >= 1:
             r.set(("parallel", "buckets", target), value, at("zero_optimization", key))
+    mics = r.get("mics_shard_size", (int,), -1, data=zero, prefix=("zero_optimization",), file=file) if "mics_shard_size" in zero else -1
+    if isinstance(mics, int) and not isinstance(mics, bool) and mics > 0:
+        if stage == 3:  # MiCS (DeepSpeed 0.9-0.18 runtime/zero/mics.py): ZeRO-3 within groups of mics_shard_size ranks
+            r.set(("parallel", "zero_shard_size"), mics, at("zero_optimization", "mics_shard_size"))
+        r.note(at("zero_optimization", "mics_shard_size"),
+               "zero_optimization.mics_shard_size: " + ("MiCS shards the parameters, gradients and optimizer state over groups of "
+               f"{mics} GPUs (each keeps 1/{mics}), counted; " if stage == 3 else "MiCS applies to ZeRO stage 3 only, the key has no effect here; ")
+               + "DeepSpeed 0.19 removed MiCS and refuses the key at launch")
     r.unmodelled(ZERO_UNMODELLED, data=zero, prefix=("zero_optimization",), file=file)
     r.unmodelled(TOP_UNMODELLED, data=ds, file=file)
 

@@ -29,6 +29,10 @@ def detect(data) -> str | None:
         return None
     if any(isinstance(v, dict) and str(v.get("_component_", "")).startswith("torchtune.") for v in data.values()):
         return "torchtune"  # a recipe config: its components are torchtune's
+    from memfit.read.native.llamafactory import v1_key
+
+    if v1_key(data) is not None:
+        return "llama-factory"  # its v1 format: recognised, and said not to be read (run.read)
     for fmt, required, any_of in DETECT:
         if all(k in data for k in required) and any(k in data for k in any_of):
             if fmt == "torchtune" and not (isinstance(data["model"], dict) and "_component_" in data["model"]):

@@ -14,6 +14,7 @@ from memfit.read.native.base import Reader
 KEYS = {
     "model_name_or_path": (None, "model.hf_config", "run_clm.py ModelArguments.model_name_or_path"),
     "config_name": (None, "model.hf_config, when given", "run_clm.py ModelArguments.config_name"),
+    "dtype": (None, "the weights' dtype, transformers 5's spelling of torch_dtype", "run_clm.py ModelArguments.dtype"),
     "torch_dtype": (None, "the weights' dtype: bfloat16 / float16 -> *-true; auto -> the config.json's; none -> float32", "run_clm.py ModelArguments.torch_dtype"),
     "block_size": ("min(model_max_length, 1024)", "training.seq_len", "run_clm.py DataTrainingArguments.block_size"),
     "max_seq_length": (None, "training.seq_len (run_mlm, run_sft)", "run_mlm.py DataTrainingArguments.max_seq_length"),
@@ -46,7 +47,6 @@ UNMODELLED = {
 }
 CONDITIONAL = {
     "per_device_eval_batch_size": "evaluation's batch (TrainingArguments default 8); warned when larger than per_device_train_batch_size, where the run evaluates",
-    "ddp_bucket_cap_mb": "DDP's gradient buckets: a second copy of the gradients whatever their size, warned with a data-parallel layout without ZeRO or FSDP (read/native/run.py)",
 }
 # TrainingArguments fields that do not change the training step's GPU memory (schedules, logging, saving, the hub,
 # data loading on the host, evaluation's own bookkeeping, determinism, launch details); tests/read/test_native_keys.py
@@ -66,6 +66,9 @@ NO_MEMORY = (
     "dataloader_multiprocessing_context", "dataloader_in_order", "remove_unused_columns", "label_names", "train_sampling_strategy",
     "length_column_name", "ddp_find_unused_parameters", "ddp_broadcast_buffers", "ddp_static_graph", "ddp_backend", "ddp_timeout", "debug",
     "skip_memory_metrics", "do_train", "do_eval", "do_predict", "resume_from_checkpoint", "local_rank",
+    # DDP's buckets hold every trainable gradient whatever the cap (it only groups them): counted under a data-parallel
+    # layout without ZeRO or FSDP (placement/sharding.py rank_bytes)
+    "ddp_bucket_cap_mb",
 )
 FSDP_OPTIONS = {"full_shard": "full_shard", "shard_grad_op": "shard_grad_op", "hybrid_shard": "hybrid_shard", "no_shard": "no_shard", "hybrid_shard_zero2": "hybrid_shard"}
 

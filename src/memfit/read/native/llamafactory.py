@@ -14,6 +14,7 @@ KEYS = {
     "model_name_or_path": (None, "model.hf_config", "hparams/model_args.py BaseModelArguments.model_name_or_path"),
     "stage": ("sft", "pt, sft: as read; rm, ppo, dpo, kto: extra models warned about", "hparams/finetuning_args.py FinetuningArguments.stage"),
     "finetuning_type": ("lora", "lora: lora section; full: no adapters", "hparams/finetuning_args.py finetuning_type"),
+    "upcast_lmhead_output": (False, "no bytes of its own: the lm_head's output upcast to float32 (a forward hook) is the float32 copy transformers' causal-LM loss makes anyway (MemTracker: the same peak)", "hparams/model_args.py upcast_lmhead_output; model/model_utils/checkpointing.py _fp32_forward_post_hook"),
     "lora_rank": (8, "lora.r", "hparams/finetuning_args.py LoraArguments.lora_rank"),
     "lora_alpha": ("lora_rank * 2", "lora.alpha", "hparams/finetuning_args.py lora_alpha, __post_init__"),
     "lora_dropout": (0.0, "lora.dropout", "hparams/finetuning_args.py lora_dropout"),
@@ -47,10 +48,10 @@ UNMODELLED = {
     "pissa_init": ((False,), "PiSSA initialization"),
     "torch_compile": ((False,), "torch.compile: compiled kernels save less for backward, so the figure is high, on the safe side (torchtune's README, Llama 3.2 3B full fine-tune: + compile 51.0 GiB measured vs 60.0 GiB eager, 15% less); the gate keeps the eager figure"),
     "fsdp": ((None, "", False), "FSDP from TrainingArguments (use an accelerate config via --launch)"),
-    "upcast_lmhead_output": ((False,), "the lm_head's output is upcast to float32 (model/model_utils/checkpointing.py _fp32_forward_post_hook): a float32 copy of the logits, batch x seq x vocab x 4 bytes, is kept besides the 16-bit ones; the figures are low by it"),
     "upcast_layernorm": ((False,), "the layer norms' weights are upcast to float32 (more bytes per norm weight than memfit counts; the figures are slightly low)"),
 }
 CONDITIONAL = {
+    "do_eval": "whether the run evaluates (with eval_strategy, val_size): per_device_eval_batch_size is warned about then",
     "per_device_eval_batch_size": "evaluation's batch (TrainingArguments default 8); warned when larger than per_device_train_batch_size",
 }
 STAGE_EXTRA = {
@@ -59,6 +60,19 @@ STAGE_EXTRA = {
     "kto": "KTO holds a reference model and computes two forward passes",
     "rm": "a reward model adds a value head",
 }
+
+
+# LLaMA-Factory's v1 format (USE_V1=1; src/llamafactory/v1/config/: ModelArguments `model`, `model_class`, the plugin
+# configs `peft_config`, `kernel_config`, `quant_config`, TrainingArguments `dist_config`; examples/v1/): a hub name or
+# path under `model` and these keys, no model_name_or_path. memfit does not read it (a positioned error, not a pass)
+V1_KEYS = ("model_class", "peft_config", "dist_config", "kernel_config", "quant_config")
+
+
+def v1_key(data: dict) -> str | None:
+    """The key that makes `data` a LLaMA-Factory v1 config, else None."""
+    if "model_name_or_path" in data or not isinstance(data.get("model"), str):
+        return None
+    return next((k for k in V1_KEYS if k in data), None)
 
 
 def read(r: Reader, ctx) -> dict:
@@ -149,6 +163,9 @@ def read(r: Reader, ctx) -> dict:
             r.set(("quantization",), {"method": "int8"}, r.at("quantization_bit"))
         else:
             r.error(r.at("quantization_bit"), codes.NATIVE_CONFIG, f"quantization_bit {quant_bits}: bitsandbytes takes 4 or 8")
+    # upcast_lmhead_output: the float32 logits transformers' ForCausalLMLoss makes anyway (logits.float()), made by the
+    # lm_head's hook instead; the 16-bit output it replaces is saved by nobody: the step's bytes are the same
+    r.get("upcast_lmhead_output", (bool,), False)
     if r.get("do_eval", (bool,), False) or data.get("eval_strategy", data.get("evaluation_strategy", "no")) not in ("no", None) or "val_size" in data:
         r.eval_batch("per_device_eval_batch_size", micro, 8)
     trainer = {

@@ -191,14 +191,8 @@ class Context:
                 r.set(("parallel", "data"), world // split, gpus_at)
             if per_node is not None:
                 r.set(("parallel", "gpus_per_node"), per_node, per_node_at)
-            layout = doc.get("parallel", {})
-            if r.native.format in DDP_FORMATS and layout.get("data", 1) > 1 and "zero" not in layout and "fsdp" not in layout:
-                r.warn(
-                    gpus_at or r.native.root,
-                    f"data parallel over {layout['data']} GPUs without ZeRO or FSDP runs PyTorch DDP, whose reducer keeps its gradient "
-                    "buckets: a second copy of the trainable parameters' gradients (torch/csrc/distributed/c10d/reducer.cpp; "
-                    "accelerate and the Trainer leave gradient_as_bucket_view off); memfit counts one copy, so the figures are low by up to the gradients' bytes",
-                )
+            # plain data parallelism runs PyTorch DDP: its reducer's gradient buckets (a second copy of the gradients,
+            # gradient_as_bucket_view being off under accelerate and the Trainer) are counted by placement/sharding.py
         _device(doc, conf)
         from memfit.read.native.settings import provenance
 
@@ -272,7 +266,6 @@ def memfit_defaults(data: dict, conf: Settings) -> tuple[dict, set]:
 
 
 # the formats whose data-parallel runs without ZeRO or FSDP are torch DDP (the Trainer, through accelerate)
-DDP_FORMATS = ("axolotl", "llama-factory", "hf-trainer")
 
 MODULES = {"axolotl": "axolotl", "llama-factory": "llamafactory", "hf-trainer": "hftrainer", "torchtune": "torchtune", "deepspeed": "deepspeed", "accelerate": "accelerate"}
 
@@ -311,6 +304,12 @@ def read(fmt: str, data: dict, path: str, conf: Settings) -> Native:
         r.native.found.append(Found(r.native.root, codes.NOT_TRAINING, f"{key}: {what}, which trains nothing; memfit prices training steps, so it gives no figure (check the training config that made the model)"))
         return r.native
     module = importlib.import_module(f"memfit.read.native.{MODULES[fmt]}")  # only the format read
+    v1 = module.v1_key(data) if fmt == "llama-factory" else None
+    if v1 is not None:
+        r.native.root = r.at(v1, on_key=True)
+        r.error(r.native.root, codes.NATIVE_CONFIG, f"{v1}: a LLaMA-Factory v1 config (USE_V1=1: `model` with {v1}); memfit reads LLaMA-Factory's v0 format "
+                "(model_name_or_path, stage, finetuning_type) and not this one, so nothing is checked: write the run in the v0 format or as a memfit config")
+        return r.native
     ctx = Context(r, path, conf)
     ctx.read_launch()
     trainer = module.read(r, ctx)

@@ -100,11 +100,12 @@ KEYS = {
     "dtype (fp32 when absent: training.get_dtype)": "precision bf16-true / 32-true",
     "optimizer._component_, optimizer.fused": "optimizer, training.optimizer_impl",
     "enable_activation_checkpointing (false)": "training.checkpointing full",
-    "ac_mode: selective + ac_option N": "(distributed recipes, with enable_activation_checkpointing false) training.checkpointing full, checkpoint_every N, checkpoint_offset N-1 (layers N-1, 2N-1, ...: training/_activation_checkpointing.py `_count % ac_freq == 0`); ac_option op: warned",
+    "ac_mode, ac_option": "(distributed recipes, ac_mode selective + ac_option N: with enable_activation_checkpointing false) training.checkpointing full, checkpoint_every N, checkpoint_offset N-1 (layers N-1, 2N-1, ...: training/_activation_checkpointing.py `_count % ac_freq == 0`); ac_option op: warned",
     "enable_activation_offloading (false)": "training.activation_offloading (OffloadActivations: saved tensors to the host but for its window)",
     "fsdp_cpu_offload (false)": "parallel.offload (distributed recipes: FSDP2 full shard over --gpus)",
-    "loss._component_ CEWithChunkedOutputLoss, loss.num_output_chunks (8)": "training.loss {kind: chunked, chunks}",
+    "loss._component_, loss.num_output_chunks (8)": "training.loss {kind: chunked, chunks} for CEWithChunkedOutputLoss",
     "optimizer_in_bwd (false)": "training.optimizer_in_backward",
+    "fsdp_reshard_after_forward (true)": "parallel.fsdp full_shard, or shard_grad_op when false",
 }
 UNMODELLED = {
     "compile": ((False,), "torch.compile: compiled kernels save less for backward, so the figure is high, on the safe side (torchtune's README, Llama 3.2 3B full fine-tune: + compile 51.0 GiB measured vs 60.0 GiB eager, 15% less); the gate keeps the eager figure"),
