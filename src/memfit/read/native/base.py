@@ -56,6 +56,7 @@ class Native:
     files: list = field(default_factory=list)  # every other file read (config.json, DeepSpeed JSON, launch config), absolute
     provenance: dict | None = None  # where the model, the device and the settings came from (settings.provenance)
     training: bool = True  # False: a config that trains nothing (inference, a merge, evaluation): a note, no figure
+    seq_from_data: tuple | None = None  # (the warning where the sequence length is left to the data, the model's maximum): the check adds the longest that fits
 
     @property
     def failed(self) -> bool:

@@ -27,6 +27,7 @@ KEYS = {
     "per_device_train_batch_size": (8, "training.micro_batch", "transformers TrainingArguments.per_device_train_batch_size"),
     "gradient_accumulation_steps": (1, "training.gradient_accumulation", "transformers TrainingArguments.gradient_accumulation_steps"),
     "cutoff_len": (2048, "training.seq_len", "hparams/data_args.py DataArguments.cutoff_len"),
+    "packing": (None, "training.seq_len: packing fills every sequence to cutoff_len (without it, cutoff_len is the longest a batch can be)", "hparams/data_args.py DataArguments.packing; data/processor/pretrain.py, supervised.py PackedSupervisedDatasetProcessor"),
     "bf16": (False, "precision (compute dtype bf16)", "hparams/parser.py get_train_args: compute_dtype"),
     "fp16": (False, "precision (compute dtype fp16)", "hparams/parser.py get_train_args"),
     "pure_bf16": (False, "precision bf16-true (no fp32 upcast of trainable parameters)", "hparams/finetuning_args.py pure_bf16; model/adapter.py init_adapter"),
@@ -48,6 +49,7 @@ UNMODELLED = {
     "torch_compile": ((False,), "torch.compile fuses kernels and changes what is saved for backward"),
     "fsdp": ((None, "", False), "FSDP from TrainingArguments (use an accelerate config via --launch)"),
     "upcast_lmhead_output": ((False,), "the lm_head's output is upcast to float32 (model/model_utils/checkpointing.py _fp32_forward_post_hook): a float32 copy of the logits, batch x seq x vocab x 4 bytes, is kept besides the 16-bit ones; the figures are low by it"),
+    "neat_packing": ((False,), "packing without cross-attention: unless the attention is flash_attention_2 the collator builds a (batch, 1, cutoff_len, cutoff_len) attention mask in the compute dtype (data/collator.py prepare_4d_attention_mask), batch x cutoff_len^2 x 2 bytes more than memfit counts"),
     "upcast_layernorm": ((False,), "the layer norms' weights are upcast to float32 (more bytes per norm weight than memfit counts; the figures are slightly low)"),
 }
 CONDITIONAL = {
