@@ -168,7 +168,7 @@ def read(r: Reader, ctx) -> dict:
         r.error(at, codes.UNSUPPORTED_MODEL, f"torchtune builder {component!r}: {refused}")
         return {}
     if shape is None:
-        r.error(at, codes.UNSUPPORTED_MODEL, f"torchtune builder {component!r}: memfit knows the builders of {', '.join(sorted({k.split('_')[0] for k in BUILDERS}))} ({len(BUILDERS)} in all); write a memfit config for this model")
+        r.error(at, codes.UNSUPPORTED_MODEL, f"torchtune builder {component!r}: memfit knows the builders of {', '.join(sorted({'code_llama2' if k.startswith('code_llama2') else k.split('_')[0] for k in BUILDERS}))} ({len(BUILDERS)} in all); write a memfit config for this model")
         return {}
     family, hidden, inter, layers, heads, kv, vocab, max_seq, tied, head_dim = shape
     tied = r.get("tie_word_embeddings", (bool,), tied, data=model, prefix=("model",))
