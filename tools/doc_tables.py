@@ -576,7 +576,7 @@ def memfit_files(paths: list[Path]) -> list[dict]:
 
 class PublishedTable:
     """Columns: row (the source's words), config (a file in tests/support/published/, its header cites the source
-    and commit), published (GiB or MiB, as printed: nvidia-smi's "MB" is MiB), memfit peak (B), memfit (GiB), ratio (memfit / published, 3 decimals),
+    and commit), published (GiB, MiB or GB as the source computes it: nvidia-smi's "MB" is MiB, Lit-GPT's "GB" 10^9 bytes), memfit peak (B), memfit (GiB), ratio (memfit / published, 3 decimals),
     gate (memfit's verdict on the device the row ran on: tests/support/published/memfit.toml). The published cells are
     the source's and stay as written; memfit's cells come from one `memfit check` call on the files."""
 
@@ -593,10 +593,10 @@ class PublishedTable:
             peak = entry.get("peak")
             if not peak:
                 raise TableError(f"published: no peak for {row[1]}: {entry.get('diagnostics')}")
-            m = re.fullmatch(r"([\d.]+) (GiB|MiB)", row[2])
+            m = re.fullmatch(r"([\d.]+) (GiB|MiB|GB)", row[2])
             if not m:
-                raise TableError(f"published: {row[2]!r} is not a figure in GiB or MiB")
-            theirs = Fraction(m[1]) * (GIB if m[2] == "GiB" else 1 << 20)
+                raise TableError(f"published: {row[2]!r} is not a figure in GiB, MiB or GB")
+            theirs = Fraction(m[1]) * {"GiB": GIB, "MiB": 1 << 20, "GB": 10**9}[m[2]]
             ours = peak["bytes"]
             gate = "exceeds" if any(d["code"] == "budget-exceeded" for d in entry["diagnostics"]) else "fits"
             out.append([row[0], row[1], row[2], commas(ours), f"{ours / GIB:.2f}", f"{float(ours / theirs):.3f}", gate])
