@@ -169,3 +169,20 @@ def test_the_new_builders_are_the_published_models(tmp_path):
                                                        max_position_embeddings=16384, pad_token_id=None)),
     }
     assert memfit_parameters(tmp_path) == theirs
+
+
+def test_trls_max_length_null_is_left_to_the_data_the_same_way(tmp_path):
+    """The same length and the same message for every format: TRL's SFTConfig `max_length: null` (no truncation) in a
+    Trainer argument file gates 2,048 tokens with fit's longest, not the model's 8,192."""
+    model = Path(__file__).resolve().parents[2] / "examples" / "models" / "llama-3-8b.json"
+    (tmp_path / "llama-3-8b.json").write_text(model.read_text(encoding="utf-8"), encoding="utf-8")
+    body = "model_name_or_path: ./llama-3-8b.json\nper_device_train_batch_size: 2\noutput_dir: out\nmax_length: {}\nbf16: true\ntorch_dtype: bfloat16\n"
+    (tmp_path / "sft.yaml").write_text(body.format("null"), encoding="utf-8")
+    (tmp_path / "sft-2048.yaml").write_text(body.format(2048), encoding="utf-8")
+    left, fixed = entries("check", "--format", "json", "--device", "H100-80GB", "sft.yaml", "sft-2048.yaml", cwd=tmp_path)
+    (fit,) = entries("fit", "--vary", "seq_len", "--format", "json", "--device", "H100-80GB", "sft.yaml", cwd=tmp_path)
+    (warning,) = [d for d in left["diagnostics"] if d["message"].startswith("max_length is null")]
+    assert warning["range"]["start"] == {"line": 3, "character": 12}
+    assert "the model allows 8,192 tokens); memfit gates 2,048 tokens" in warning["message"]
+    assert f"the longest sequence that fits is {fit['max']:,} tokens" in warning["message"]
+    assert left["peak"] == fixed["peak"]

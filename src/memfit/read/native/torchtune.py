@@ -193,12 +193,7 @@ def read(r: Reader, ctx) -> dict:
         if packed is not None:  # datasets/_alpaca.py, _sft.py ...: "PackedDataset requires a max_seq_len to be set on the tokenizer."
             r.error(packed, codes.NATIVE_CONFIG, "dataset packed: true needs tokenizer.max_seq_len: torchtune raises 'PackedDataset requires a max_seq_len to be set on the tokenizer'")
         else:
-            from memfit.read.native.settings import data_seq_len
-
-            seq, source = data_seq_len(ctx.conf)
-            r.warn(where, f"tokenizer.max_seq_len is not set: torchtune does not truncate, the dataset's longest sample sets the length "
-                          f"(the model allows {max_seq:,} tokens); memfit gates {seq:,} tokens ({source})")
-            r.native.seq_from_data = (r.native.found[-1], max_seq)
+            seq = r.seq_left_to_data(where, ctx.conf, max_seq, "tokenizer.max_seq_len is not set: torchtune does not truncate")
             r.set(("training", "seq_len"), seq)
     else:
         r.set(("training", "seq_len"), seq, r.at("tokenizer", "max_seq_len"))
