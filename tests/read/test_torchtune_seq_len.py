@@ -140,10 +140,33 @@ def test_the_new_builders_are_torchtunes_own_build(tmp_path):
         import needs
 
         needs.unavailable("MEMFIT_TORCHTUNE_PYTHON is not set (an interpreter with torchtune 0.6.1 and torchao 0.10.0)")
-    done = subprocess.run([python, str(SUPPORT / "torchtune_count.py"), *BUILDERS], capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run([python, str(SUPPORT / "torchtune_count.py"), *BUILDERS, *LORA_BUILDERS], capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     theirs = json.loads(done.stdout.strip().splitlines()[-1])
-    assert memfit_parameters(tmp_path) == theirs
+    assert memfit_parameters(tmp_path) == {b: theirs[b] for b in BUILDERS}
+    # the LoRA builders' adapters (q, v, output, MLP at rank 8): memfit's gradients in fp32, 4 bytes each
+    ours = memfit_adapters(tmp_path)
+    for builder in ("gemma2.lora_gemma2_2b", "gemma2.lora_gemma2_27b", "code_llama2.lora_code_llama2_7b"):
+        assert ours[builder] == theirs[builder], builder
+    # Phi-4 (torchtune's Phi-3 builder) adapts q, k, v, gate and up separately; memfit's fused qkv_proj / gate_up_proj
+    # carry one lora_a each: fewer elements, as the warning at lora_attn_modules says with these two figures
+    assert (ours["phi4.lora_phi4_14b"], theirs["phi4.lora_phi4_14b"]) == (27_852_800, 30_720_000)
+
+
+LORA_BUILDERS = ["gemma2.lora_gemma2_2b", "gemma2.lora_gemma2_27b", "code_llama2.lora_code_llama2_7b", "phi4.lora_phi4_14b"]
+
+
+def memfit_adapters(tmp_path: Path) -> dict[str, int]:
+    paths = []
+    for builder in LORA_BUILDERS:
+        path = tmp_path / f"{builder}.yaml"
+        path.write_text(f"model:\n  _component_: torchtune.models.{builder}\n  lora_attn_modules: ['q_proj', 'v_proj', 'output_proj']\n"
+                        "  apply_lora_to_mlp: True\n  lora_rank: 8\n  lora_alpha: 16\ntokenizer:\n  max_seq_len: 16\nbatch_size: 1\ndtype: fp32\n", encoding="utf-8")
+        paths.append(path)
+    found = entries("check", "--format", "json", "--budget", "10TiB", *paths)
+    phi4 = found[LORA_BUILDERS.index("phi4.lora_phi4_14b")]
+    assert any("27,852,800 against 30,720,000" in d["message"] for d in phi4["diagnostics"])
+    return {b: e["footprint"]["gradients"] // 4 for b, e in zip(LORA_BUILDERS, found)}
 
 
 def test_the_new_builders_are_the_published_models(tmp_path):

@@ -223,7 +223,7 @@ def read(r: Reader, ctx) -> dict:
         rank = r.get("lora_rank", (int,), 8, data=model, prefix=("model",))
         targets = [LORA_ATTN.get(m, m) for m in (r.get("lora_attn_modules", (list,), [], data=model, prefix=("model",)) or [])]
         if family == "phi3" and targets:
-            r.warn(r.at("model", "lora_attn_modules"), "phi3: torchtune adapts q, k and v separately; memfit's Phi-3 has the fused qkv_proj, so the adapters are counted on it")
+            r.warn(r.at("model", "lora_attn_modules"), "phi3 (Phi-3, Phi-4): torchtune adapts q, k and v (and gate, up) separately, each with its own lora_a; memfit's Phi-3 has the fused qkv_proj (and gate_up_proj), so the adapters are counted on them, one lora_a each: fewer adapter elements than torchtune builds (lora_phi4_14b, q, v, output and MLP at rank 8: 27,852,800 against 30,720,000)")
             targets = ["qkv_proj" if t in ("q_proj", "k_proj", "v_proj") else t for t in targets]
             targets = list(dict.fromkeys(targets))
         if r.get("apply_lora_to_mlp", (bool,), False, data=model, prefix=("model",)):
