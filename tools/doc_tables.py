@@ -553,6 +553,56 @@ class DoraPeakTable:
         return out
 
 
+# --- docs/accuracy.md: published GPU measurements, as config files ------------------------------------------
+PUBLISHED = SUPPORT / "published"
+GIB = 1 << 30
+
+
+def memfit_files(paths: list[Path]) -> list[dict]:
+    """`memfit check --format json` on config files as they are (native configs; the settings beside them, such as
+    tests/support/published/memfit.toml's devices, apply as they do for a user), one CLI call, in their folder."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    folder = paths[0].parent
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", *[p.name for p in paths]], capture_output=True, text=True,
+                          timeout=600, check=False, env=env, cwd=folder)
+    try:
+        files = json.loads(done.stdout)["files"]
+    except ValueError:
+        raise TableError(f"memfit check failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}") from None
+    by_path = {e["path"]: e for e in files}
+    return [by_path[p.name] for p in paths]
+
+
+class PublishedTable:
+    """Columns: row (the source's words), config (a file in tests/support/published/, its header cites the source
+    and commit), published (GiB, MiB or GB as the source computes it: nvidia-smi's "MB" is MiB, Lit-GPT's "GB" 10^9 bytes), memfit peak (B), memfit (GiB), ratio (memfit / published, 3 decimals),
+    gate (memfit's verdict on the device the row ran on: tests/support/published/memfit.toml). The published cells are
+    the source's and stay as written; memfit's cells come from one `memfit check` call on the files."""
+
+    def render(self, rows, measure):
+        paths = []
+        for row in rows:
+            m = re.fullmatch(r"\[`([\w.-]+)`\]\([^)]*\)", row[1])
+            if not m or not (PUBLISHED / m[1]).is_file():
+                raise TableError(f"published: no config file in {row[1]!r} (a link to tests/support/published/<file>)")
+            paths.append(PUBLISHED / m[1])
+        entries = memfit_files(paths)
+        out = []
+        for row, entry in zip(rows, entries):
+            peak = entry.get("peak")
+            if not peak:
+                raise TableError(f"published: no peak for {row[1]}: {entry.get('diagnostics')}")
+            m = re.fullmatch(r"([\d.]+) (GiB|MiB|GB)", row[2])
+            if not m:
+                raise TableError(f"published: {row[2]!r} is not a figure in GiB, MiB or GB")
+            theirs = Fraction(m[1]) * {"GiB": GIB, "MiB": 1 << 20, "GB": 10**9}[m[2]]
+            ours = peak["bytes"]
+            gate = "exceeds" if any(d["code"] == "budget-exceeded" for d in entry["diagnostics"]) else "fits"
+            out.append([row[0], row[1], row[2], commas(ours), f"{ours / GIB:.2f}", f"{float(ours / theirs):.3f}", gate])
+        return out
+
+
 # --- the tables, found in the pages -------------------------------------------------------------------------
 def table(name: str, attrs: dict[str, str]):
     if name == "peak-keras":
@@ -569,6 +619,8 @@ def table(name: str, attrs: dict[str, str]):
         return AdapterTable()
     if name == "dora-peak":
         return DoraPeakTable()
+    if name == "published":
+        return PublishedTable()
     raise TableError(f"no table kind {name!r}")
 
 

@@ -189,8 +189,44 @@ def _check_native(native, text: str, options: Options, result: Result) -> Result
     result.provenance = native.provenance
     result.origins = {**native.origins, ("memfit",): native.root}  # the marker's place: the file's main key
     problems = _pipeline(native.doc, options, result) if native.checkable and not native.failed else []
+    if native.seq_from_data is not None and native.seq_from_data[0] in native.found:
+        warning, most = native.seq_from_data
+        native.found[native.found.index(warning)] = replace(warning, message=warning.message + _longest_seq(native.doc, options, result, most))
     result.diagnostics.extend(place(native, text, result.path, problems))
     return result
+
+
+class _SeqProbe:
+    """The pipeline at one sequence length (the search's probe: whatif/fit.py's Probe on training.seq_len)."""
+
+    def __init__(self, data: dict, options: Options, path: str) -> None:
+        self.data, self.options, self.path, self._seen = data, options, path, {}
+
+    def result(self, value: int) -> Result:
+        if value not in self._seen:
+            self._seen[value] = evaluate({**self.data, "training": {**self.data["training"], "seq_len": value}}, self.options, self.path)
+        return self._seen[value]
+
+    def fits(self, value: int) -> bool:
+        result = self.result(value)
+        return result.footprint is not None and result.budget is not None and not any(d.code == codes.BUDGET_EXCEEDED for d in result.diagnostics)
+
+    def bytes(self, value: int) -> int | None:
+        return gated(self.result(value))
+
+
+def _longest_seq(data: dict, options: Options, result: Result, most: int) -> str:
+    """What to add to the warning of a sequence length left to the data: the longest that fits the budget, as
+    `memfit fit --vary seq_len` answers it (the same search on the same document)."""
+    if result.config is None or result.budget is None:
+        return "; no budget to find the longest sequence that fits (set a device)"
+    from memfit.check.search import largest
+
+    longest = largest(_SeqProbe(data, options, result.path))
+    if longest == 0:
+        return "; not even 1 token fits the budget"
+    beyond = f", beyond the model's {most:,}: any length the model takes fits" if longest >= most else ""
+    return f"; the longest sequence that fits is {longest:,} tokens{beyond}"
 
 
 def _check_memfit(text: str, data: dict, path: str, options: Options, result: Result) -> Result:

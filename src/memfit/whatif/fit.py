@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from memfit.diagnostics import codes
 from memfit.check.pipeline import Options, Result, evaluate, gated, position
+from memfit.check.search import CEILING, NoEffect, largest  # noqa: F401 (fit's search; fixes imports them from here)
 from memfit.diagnostics.diagnostic import Problem
 from memfit.report.commands import REPORTERS as COMMANDS
 
@@ -24,7 +25,6 @@ VARY: dict[str, tuple[tuple[str, ...], ...]] = {
     "gradient_accumulation": (("training", "gradient_accumulation"),),
 }
 DEFAULT_VARY = "micro_batch"
-CEILING = 1 << 62  # no footprint stays under a budget this far out; the search stops here
 
 OVER = frozenset({codes.BUDGET_EXCEEDED})  # the gate's verdict "does not fit"
 CLEAR = frozenset({codes.BUDGET_EXCEEDED, codes.NEAR_BUDGET})  # "does not fit below the warning mark"
@@ -128,72 +128,6 @@ class Probe:
 
     def bytes(self, value: int) -> int | None:
         return gated(self.result(value))
-
-
-class NoEffect(Exception):
-    """The key does not change the footprint."""
-
-
-def largest(probe: Probe) -> int:
-    """The largest value >= 1 that fits (0 when 1 does not), exactly, assuming monotonicity."""
-    if not probe.fits(1):
-        return 0
-    if probe.bytes(2) == probe.bytes(1):
-        if probe.fits(CEILING):
-            raise NoEffect
-    if not probe.fits(2):
-        return 1
-    low, high = 2, None  # low fits; high (when known) does not
-    budget = probe.result(1).budget
-    slope = probe.bytes(2) - probe.bytes(1)
-    if slope > 0:
-        guess = (budget - (probe.bytes(1) - slope)) // slope  # exact when bytes are affine in the value
-        guess = min(max(guess, low), CEILING)
-        if guess > low:
-            if not probe.fits(guess):
-                high = guess
-                # far off (a curve that bends up, e.g. attention in seq_len): double from below
-                while low * 2 < high:
-                    if not probe.fits(low * 2):
-                        high = low * 2
-                        break
-                    low *= 2
-            elif guess == CEILING or not probe.fits(guess + 1):
-                return guess
-            else:
-                low = guess + 1
-    step = 1
-    while high is None:  # gallop up from the last value that fits
-        candidate = min(low + step, CEILING)
-        if probe.fits(candidate):
-            low = candidate
-            if low == CEILING:
-                return low
-            step *= 2
-        else:
-            high = candidate
-    return _narrow(probe, low, high, budget)
-
-
-def _narrow(probe: Probe, low: int, high: int, budget: int) -> int:
-    """The boundary between low (fits) and high (does not): interpolation on the byte counts
-    where it halves the bracket (a smooth curve: a few runs), bisection where it does not."""
-    interpolate = True
-    while high - low > 1:
-        width = high - low
-        below, above = probe.bytes(low), probe.bytes(high)
-        if interpolate and below is not None and above is not None and above > below:
-            middle = min(max(low + (budget - below) * width // (above - below), low + 1), high - 1)
-        else:
-            middle = (low + high) // 2
-        if probe.fits(middle):
-            low = middle
-            if middle + 1 < high and not probe.fits(middle + 1):  # interpolation lands just short
-                return middle
-        else:
-            high = middle
-        interpolate = (high - low) * 2 <= width
-    return low
 
 
 @dataclass

@@ -16,6 +16,7 @@ KEYS = {
     "micro_batch_size": (1, "training.micro_batch", "schemas/training.py HyperparametersConfig.micro_batch_size"),
     "gradient_accumulation_steps": (1, "training.gradient_accumulation", "schemas/training.py gradient_accumulation_steps"),
     "sequence_len": (512, "training.seq_len", "schemas/config.py AxolotlInputConfig.sequence_len"),
+    "sample_packing": (False, "training.seq_len: packing fills every sequence to sequence_len (without it, sequence_len is the longest a batch can be)", "schemas/config.py sample_packing; utils/samplers/multipack.py"),
     "optimizer": ("adamw_torch_fused", "optimizer, training.optimizer_impl (the Trainer's optim names)", "schemas/training.py optimizer"),
     "bf16": ("auto", "precision (resolve_dtype: bf16 -> torch_dtype bfloat16: bf16-true)", "schemas/config.py bf16; utils/config/__init__.py resolve_dtype"),
     "fp16": (None, "precision 16-true", "schemas/config.py fp16; resolve_dtype"),

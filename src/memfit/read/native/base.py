@@ -56,6 +56,7 @@ class Native:
     files: list = field(default_factory=list)  # every other file read (config.json, DeepSpeed JSON, launch config), absolute
     provenance: dict | None = None  # where the model, the device and the settings came from (settings.provenance)
     training: bool = True  # False: a config that trains nothing (inference, a merge, evaluation): a note, no figure
+    seq_from_data: tuple | None = None  # (the warning where the sequence length is left to the data, the model's maximum): the check adds the longest that fits
 
     @property
     def failed(self) -> bool:
@@ -141,6 +142,17 @@ class Reader:
             if key in data and data[key] is not None and data[key] not in inert:
                 self.warn(self.at(*prefix, key, on_key=True, file=file), f"{_name(prefix, key)}: {why}; memfit does not model it, the figures leave it out")
 
+
+    def seq_left_to_data(self, at: At, conf, most: int, why: str) -> int:
+        """A sequence length the config leaves to the data (no truncation): the length memfit gates, the same for every
+        format (settings.data_seq_len: DATA_SEQ_LEN or the setting), said at the key; the check adds the longest length
+        that fits (check/pipeline.py). `why` names the key and the framework's behaviour; `most` is the model's context."""
+        from memfit.read.native.settings import data_seq_len
+
+        seq, source = data_seq_len(conf)
+        self.warn(at, f"{why}, the dataset's longest sample sets the length (the model allows {most:,} tokens); memfit gates {seq:,} tokens ({source})")
+        self.native.seq_from_data = (self.native.found[-1], most)
+        return seq
 
     def eval_batch(self, key: str, micro: int, default: int | None = None) -> None:
         """An evaluation batch larger than the training micro-batch: evaluation's forward (no graph kept, but the

@@ -17,6 +17,7 @@ KEYS = {
     "dtype": (None, "the weights' dtype, transformers 5's spelling of torch_dtype", "run_clm.py ModelArguments.dtype"),
     "torch_dtype": (None, "the weights' dtype: bfloat16 / float16 -> *-true; auto -> the config.json's; none -> float32", "run_clm.py ModelArguments.torch_dtype"),
     "block_size": ("min(model_max_length, 1024)", "training.seq_len", "run_clm.py DataTrainingArguments.block_size"),
+    "max_length": (1024, "training.seq_len (TRL's SFTConfig; null: no truncation, left to the data: the setting data_seq_len, default 2,048, with the longest length that fits)", "trl/trainer/sft_config.py SFTConfig.max_length"),
     "max_seq_length": (None, "training.seq_len (run_mlm, run_sft)", "run_mlm.py DataTrainingArguments.max_seq_length"),
     "per_device_train_batch_size": (8, "training.micro_batch", "training_args.py TrainingArguments.per_device_train_batch_size"),
     "gradient_accumulation_steps": (1, "training.gradient_accumulation", "TrainingArguments.gradient_accumulation_steps"),
@@ -100,6 +101,9 @@ def read(r: Reader, ctx) -> dict:
     seq_key = next((k for k in ("block_size", "max_seq_length", "max_length") if r.has(k)), None)
     if seq_key is not None:
         seq, seq_at = r.get(seq_key, (int,), 1024), r.at(seq_key)
+    elif "max_length" in data and data["max_length"] is None:  # TRL's SFTConfig: None, no truncation
+        positions = cfg.get("max_position_embeddings", cfg.get("n_positions"))
+        seq, seq_at = r.seq_left_to_data(r.at("max_length"), ctx.conf, positions if isinstance(positions, int) else 0, "max_length is null: TRL's SFTTrainer does not truncate"), None
     else:  # run_clm: min(tokenizer.model_max_length, 1024); the tokenizer's limit is the model's positions
         positions = cfg.get("max_position_embeddings", cfg.get("n_positions", 1024))
         seq, seq_at = min(positions if isinstance(positions, int) else 1024, 1024), None

@@ -28,6 +28,7 @@ KEYS = {
     "per_device_train_batch_size": (8, "training.micro_batch", "transformers TrainingArguments.per_device_train_batch_size"),
     "gradient_accumulation_steps": (1, "training.gradient_accumulation", "transformers TrainingArguments.gradient_accumulation_steps"),
     "cutoff_len": (2048, "training.seq_len", "hparams/data_args.py DataArguments.cutoff_len"),
+    "packing": (None, "training.seq_len: packing fills every sequence to cutoff_len (without it, cutoff_len is the longest a batch can be)", "hparams/data_args.py DataArguments.packing; data/processor/pretrain.py, supervised.py PackedSupervisedDatasetProcessor"),
     "bf16": (False, "precision (compute dtype bf16)", "hparams/parser.py get_train_args: compute_dtype"),
     "fp16": (False, "precision (compute dtype fp16)", "hparams/parser.py get_train_args"),
     "pure_bf16": (False, "precision bf16-true (no fp32 upcast of trainable parameters)", "hparams/finetuning_args.py pure_bf16; model/adapter.py init_adapter"),
@@ -48,6 +49,7 @@ UNMODELLED = {
     "pissa_init": ((False,), "PiSSA initialization"),
     "torch_compile": ((False,), "torch.compile: compiled kernels save less for backward, so the figure is high, on the safe side (torchtune's README, Llama 3.2 3B full fine-tune: + compile 51.0 GiB measured vs 60.0 GiB eager, 15% less); the gate keeps the eager figure"),
     "fsdp": ((None, "", False), "FSDP from TrainingArguments (use an accelerate config via --launch)"),
+    "neat_packing": ((False,), "packing without cross-attention: unless the attention is flash_attention_2 the collator builds a (batch, 1, cutoff_len, cutoff_len) attention mask in the compute dtype (data/collator.py prepare_4d_attention_mask), batch x cutoff_len^2 x 2 bytes more than memfit counts"),
     "upcast_layernorm": ((False,), "the layer norms' weights are upcast to float32 (more bytes per norm weight than memfit counts; the figures are slightly low)"),
 }
 CONDITIONAL = {

@@ -29,9 +29,24 @@ SETTINGS: dict[str, tuple[str, str, str | None]] = {
     "include": ("globs of native configs, relative to the settings file", "files a directory walk checks", None),
     "models": ("a table: model name -> config.json (or its directory)", "model.hf_config", None),
     "model": ("a model name or path, for configs that name none (a DeepSpeed JSON alone)", "model.hf_config", "--model"),
+    "data_seq_len": ("tokens: the sequence length gated where a config leaves it to the data (torchtune tokenizer.max_seq_len: null)", "training.seq_len (default DATA_SEQ_LEN)", None),
     "overrides": ("a list of tables: `files` (globs, relative to the settings file) and any keys above, for those files", "the keys it sets", None),
 }
 NAMES = ("pyproject.toml", "memfit.toml")
+
+# The sequence length memfit gates where a config leaves it to the data (torchtune's `tokenizer.max_seq_len: null`:
+# no truncation, the dataset's longest sample decides), the same for every format: not the model's maximum context
+# (131,072 tokens for Llama 3.1), which no dataset of instructions comes near. 2,048 is LLaMA-Factory's `cutoff_len`
+# default. The setting `data_seq_len` changes it; the diagnostic gives the longest sequence that fits besides.
+DATA_SEQ_LEN = 2048
+
+
+def data_seq_len(conf: "Settings") -> tuple[int, str]:
+    """The length gated where a config leaves it to the data, and where that length comes from (as the message says it)."""
+    value = conf.get("data_seq_len")
+    if value is None:
+        return DATA_SEQ_LEN, "memfit's default for a length left to the data; the setting data_seq_len changes it"
+    return value, f"data_seq_len in {shown(conf.file)}" if conf.file and "data_seq_len" not in conf.cli else "data_seq_len"
 
 
 @dataclass
@@ -162,7 +177,7 @@ def validate(values: dict, text: str = "") -> tuple[dict, list]:
             near = get_close_matches(key, list(SETTINGS), 1)
             bad(key, "is not a memfit setting" + (f" (did you mean {near[0]!r}?)" if near else f"; the settings are {', '.join(SETTINGS)}"))
             continue
-        if key in ("gpus", "gpus_per_node"):
+        if key in ("gpus", "gpus_per_node", "data_seq_len"):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 bad(key, f"is {value!r}: a positive integer")
                 continue

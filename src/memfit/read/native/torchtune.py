@@ -1,7 +1,7 @@
 """torchtune recipe configs (pytorch/torchtune recipes/configs/): the model from its builder
 (`model._component_`), the run from the recipe's keys. The builders' shapes are the table
 BUILDERS, read from torchtune's torchtune/models/<family>/_model_builders.py (commit bd2a0fc of
-2026-04-23): each builder's arguments to its component builder (embed_dim, intermediate_dim,
+2026-04-23; code_llama2's from v0.6.1, the last release that has it): each builder's arguments to its component builder (embed_dim, intermediate_dim,
 num_layers, num_heads, num_kv_heads, vocab_size, max_seq_len, tie_word_embeddings, head_dim);
 llama2's intermediate_dim, where the builder leaves it out, is
 torchtune.models.llama2._model_utils.scale_hidden_dim_for_mlp(embed_dim). memfit derives the
@@ -21,6 +21,13 @@ from memfit.read.native.base import Reader
 BUILDERS = {
     "gemma_2b": ("gemma", 2048, 16384, 18, 8, 1, 256000, 8192, True, 256),
     "gemma_7b": ("gemma", 3072, 24576, 28, 16, 16, 256000, 8192, True, 256),
+    "gemma2_2b": ("gemma2", 2304, 9216, 26, 8, 4, 256000, 8192, True, 256),
+    "gemma2_9b": ("gemma2", 3584, 14336, 42, 16, 8, 256000, 8192, True, 256),
+    "gemma2_27b": ("gemma2", 4608, 36864, 46, 32, 16, 256000, 8192, True, 128),
+    "code_llama2_7b": ("llama", 4096, 11008, 32, 32, 32, 32016, 16384, False, None),
+    "code_llama2_13b": ("llama", 5120, 13824, 40, 40, 40, 32016, 16384, False, None),
+    "code_llama2_70b": ("llama", 8192, 28672, 80, 64, 8, 32016, 16384, False, None),
+    "phi4_14b": ("phi3", 5120, 17920, 40, 40, 10, 100352, 16384, False, None),
     "llama2_7b": ("llama", 4096, 11008, 32, 32, 32, 32000, 4096, False, None),
     "llama2_13b": ("llama", 5120, 13824, 40, 40, 40, 32000, 4096, False, None),
     "llama2_70b": ("llama", 8192, 28672, 80, 64, 8, 32000, 4096, False, None),
@@ -61,7 +68,7 @@ BUILDERS = {
     "qwen3_32b": ("qwen3", 5120, 25600, 64, 64, 8, 151936, 40960, False, 128),
 }
 # component builders (torchtune/models/<family>/_component_builders.py) -> model_type
-COMPONENTS = {"llama2": "llama", "llama3": "llama", "llama3_1": "llama", "llama3_2": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma", "phi3": "phi3"}
+COMPONENTS = {"llama2": "llama", "llama3": "llama", "llama3_1": "llama", "llama3_2": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma", "gemma2": "gemma2", "phi3": "phi3"}
 
 
 def _scale_hidden_dim(dim: int, multiple_of: int = 256) -> int:
@@ -71,6 +78,13 @@ def _scale_hidden_dim(dim: int, multiple_of: int = 256) -> int:
 
 
 ALIASES = {"llama3_3_70b": "llama3_1_70b"}  # torchtune/models/llama3_3/_model_builders.py: llama3_3_70b = llama3_1_70b
+# builders memfit refuses, and why (a positioned unsupported-model at model._component_)
+REFUSED = {
+    "llama3_2_vision": "Llama 3.2 Vision (torchtune.models.llama3_2_vision) is a decoder with cross-attention layers fused in "
+                       "(fusion_interval 4: a cross-attention layer to the image after every 4 decoder layers) over a tiled vision encoder with its own projection; memfit's "
+                       "vision support is LLaVA's shape (a CLIP tower and a projector before an unchanged decoder), so it has "
+                       "neither the cross-attention layers nor the tiled encoder: write a memfit config for the text decoder",
+}
 
 # torchtune's LoRA module names -> the transformers module names memfit's LoRA targets
 LORA_ATTN = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "output_proj": "o_proj"}
@@ -95,7 +109,8 @@ KEYS = {
     "model.use_dora (false)": "lora.use_dora (DoRA's magnitude vector; its forward as peft's dora.py)",
     "(adapters built under set_default_dtype(dtype))": "lora.dtype model: the adapters in the model's dtype",
     "batch_size": "training.micro_batch",
-    "tokenizer.max_seq_len": "training.seq_len (null: the model's max_seq_len, with a warning)",
+    "tokenizer.max_seq_len": "training.seq_len (null: left to the data; memfit gates the setting data_seq_len, default 2,048, says so at the key with the longest length that fits)",
+    "dataset.packed (false)": "training.seq_len: PackedDataset fills every sequence to tokenizer.max_seq_len (true with max_seq_len null: torchtune's error)",
     "gradient_accumulation_steps (1)": "training.gradient_accumulation",
     "dtype (fp32 when absent: training.get_dtype)": "precision bf16-true / 32-true",
     "optimizer._component_, optimizer.fused": "optimizer, training.optimizer_impl",
@@ -113,6 +128,16 @@ UNMODELLED = {
     "tensor_parallel_dim": ((1,), "tensor parallelism"),
     "teacher_model": ((), "knowledge distillation holds the teacher model's weights (and its logits) beside the student's: the figures are low by the teacher's weights"),
 }
+
+
+def _packed(r: Reader):
+    """Where `packed: true` is written in the dataset (a mapping or a list of them), else None: PackedDataset fills
+    every sequence to tokenizer.max_seq_len (datasets/_packed.py), so the figure at that length is the run's."""
+    dataset = r.data.get("dataset")
+    for i, entry in enumerate(dataset if isinstance(dataset, list) else [dataset]):
+        if isinstance(entry, dict) and entry.get("packed") is True:
+            return r.at("dataset", i, "packed") if isinstance(dataset, list) else r.at("dataset", "packed")
+    return None
 
 
 def read(r: Reader, ctx) -> dict:
@@ -141,8 +166,12 @@ def read(r: Reader, ctx) -> dict:
         )
     else:
         shape = BUILDERS.get(base)
+    refused = next((why for prefix, why in REFUSED.items() if base.startswith(prefix)), None)
+    if shape is None and refused is not None:
+        r.error(at, codes.UNSUPPORTED_MODEL, f"torchtune builder {component!r}: {refused}")
+        return {}
     if shape is None:
-        r.error(at, codes.UNSUPPORTED_MODEL, f"torchtune builder {component!r}: memfit knows the builders of {', '.join(sorted({k.split('_')[0] for k in BUILDERS}))} ({len(BUILDERS)} in all); write a memfit config for this model")
+        r.error(at, codes.UNSUPPORTED_MODEL, f"torchtune builder {component!r}: memfit knows the builders of {', '.join(sorted({'code_llama2' if k.startswith('code_llama2') else k.split('_')[0] for k in BUILDERS}))} ({len(BUILDERS)} in all); write a memfit config for this model")
         return {}
     family, hidden, inter, layers, heads, kv, vocab, max_seq, tied, head_dim = shape
     tied = r.get("tie_word_embeddings", (bool,), tied, data=model, prefix=("model",))
@@ -161,11 +190,14 @@ def read(r: Reader, ctx) -> dict:
     r.set(("training", "micro_batch"), micro, r.at("batch_size") if "batch_size" in data else None)
     tokenizer = r.get("tokenizer", (dict,), {})
     seq = r.get("max_seq_len", (int,), None, data=tokenizer, prefix=("tokenizer",))
+    packed = _packed(r)
     if seq is None:
-        seq = max_seq
-        r.warn(r.at("tokenizer", "max_seq_len") if "max_seq_len" in tokenizer else r.at("tokenizer", on_key=True) if "tokenizer" in data else at,
-               f"tokenizer.max_seq_len is not set: torchtune does not truncate, the dataset's longest sample sets the length; memfit assumes the model's max_seq_len, {max_seq:,} tokens (set tokenizer.max_seq_len)")
-        r.set(("training", "seq_len"), seq)
+        where = r.at("tokenizer", "max_seq_len") if "max_seq_len" in tokenizer else r.at("tokenizer", on_key=True) if "tokenizer" in data else at
+        if packed is not None:  # datasets/_alpaca.py, _sft.py ...: "PackedDataset requires a max_seq_len to be set on the tokenizer."
+            r.error(packed, codes.NATIVE_CONFIG, "dataset packed: true needs tokenizer.max_seq_len: torchtune raises 'PackedDataset requires a max_seq_len to be set on the tokenizer'")
+        else:
+            seq = r.seq_left_to_data(where, ctx.conf, max_seq, "tokenizer.max_seq_len is not set: torchtune does not truncate")
+            r.set(("training", "seq_len"), seq)
     else:
         r.set(("training", "seq_len"), seq, r.at("tokenizer", "max_seq_len"))
     accum = r.get("gradient_accumulation_steps", (int,), 1)
@@ -212,7 +244,7 @@ def read(r: Reader, ctx) -> dict:
         rank = r.get("lora_rank", (int,), 8, data=model, prefix=("model",))
         targets = [LORA_ATTN.get(m, m) for m in (r.get("lora_attn_modules", (list,), [], data=model, prefix=("model",)) or [])]
         if family == "phi3" and targets:
-            r.warn(r.at("model", "lora_attn_modules"), "phi3: torchtune adapts q, k and v separately; memfit's Phi-3 has the fused qkv_proj, so the adapters are counted on it")
+            r.warn(r.at("model", "lora_attn_modules"), "phi3 (Phi-3, Phi-4): torchtune adapts q, k and v (and gate, up) separately, each with its own lora_a; memfit's Phi-3 has the fused qkv_proj (and gate_up_proj), so the adapters are counted on them, one lora_a each: fewer adapter elements than torchtune builds (lora_phi4_14b, q, v, output and MLP at rank 8: 27,852,800 against 30,720,000)")
             targets = ["qkv_proj" if t in ("q_proj", "k_proj", "v_proj") else t for t in targets]
             targets = list(dict.fromkeys(targets))
         if r.get("apply_lora_to_mlp", (bool,), False, data=model, prefix=("model",)):
