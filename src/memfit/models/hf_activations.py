@@ -230,6 +230,8 @@ class Family(NamedTuple):
     sinks: bool = False   # gpt-oss: eager attention concatenates a per-head sink logit to the scores (softmax over s + 1
     # columns, in the scores' dtype, after subtracting the row max: its int64 indices kept) and drops it after
     rope_half: bool = False   # gpt-oss: cos and sin are (1, s, d/2) (its _apply_rotary_emb rotates the halves; no cat)
+    qwen_vl: bool = False   # Qwen2-VL / Qwen2.5-VL: a Qwen2 text model rotated per sequence (mrope: cos and sin (b, s, d));
+    # the vision tower and merger (models/qwen_vl.kept) kept with the embeddings
 
 
 LLAMA_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
@@ -359,6 +361,10 @@ LLAMA4_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_att
                 "lm_head": "lm_head"}
 FAMILIES["llama4_text"] = LLAMA._replace(mlp="moe_llama4", names=LLAMA4_NAMES, softmax_fp32=False, lora_default=(),
                                          lora_experts=False)
+# Qwen2-VL and Qwen2.5-VL (issue 34; modeling_qwen2_vl.py, modeling_qwen2_5_vl.py): the text model is Qwen2's layer;
+# peft 0.21 has no default target_modules for either
+FAMILIES["qwen2_vl"] = LLAMA._replace(qwen_vl=True, lora_default=())
+FAMILIES["qwen2_5_vl"] = LLAMA._replace(qwen_vl=True, lora_default=())
 MOE = ("moe", "moe_shared", "moe_phi", "moe_deepseek", "moe_oss", "moe_llama4")
 SUPPORTED = tuple(FAMILIES)
 DEFAULT_ACT = {"gpt2": "gelu_new", "bert": "gelu", "gpt_neox": "gelu", "gemma": "gelu_pytorch_tanh",
@@ -1660,6 +1666,10 @@ def _evaluate_now(cfg, micro_batch, seq_len, attention, checkpointing, precision
     # layer's input does not, and every later one does as soon as an earlier adapter reaches the residual stream
     vision = (_llava_kept(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape)
               if fam.llava else None)
+    if fam.qwen_vl:
+        from memfit.models import qwen_vl
+
+        vision = qwen_vl.kept(cfg, micro_batch, seq_len, attention, checkpointing, _dtypes(precision, dtypes), lora)
     # (LLaVA: the image features scattered into the embeddings need a gradient when the tower or projector trains)
     # transformers' activation_checkpointing_enable also calls enable_input_require_grads (modeling_utils.py): a
     # hook makes the input embeddings' output require a gradient, so under full checkpointing with a frozen
@@ -1673,6 +1683,9 @@ def _evaluate_now(cfg, micro_batch, seq_len, attention, checkpointing, precision
     layer1 = _resolve(rows, cond, roles, sizes, flags1, shape)
     top = {**w, "emb_out": embed_out, "rope": first["qk"] or later["qk"], "x": later["out"], "t": True, "tn": True, "fn": True}
     embeddings = _resolve(_embedding_rows(fam), cond, roles, sizes, top, shape)
+    if fam.qwen_vl:   # mrope: cos and sin are per sequence, (b, s, head_dim), from the (3, b, s) position ids
+        embeddings = [k._replace(shape=(micro_batch,) + tuple(k.shape[1:])) if k.label.startswith("rotary: ") else k
+                      for k in embeddings]
     if vision:
         embeddings += vision[0]
     top["t"] = later["out"] or top.get(f"W:{fam.names.get('transform')}", False)
@@ -1829,6 +1842,11 @@ def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "s
     # the backward recomputes layer i once the boundaries of the layers above it are released: where layers differ
     # (dense and sparse) the peak is the largest of (layers up to i kept + layer i's recomputation)
     worst = max(emb_bytes + (i + 1) * each + recomputed[kind] for i, kind in enumerate(layer_kinds(cfg)))
+    if FAMILIES[cfg["model_type"]].qwen_vl:   # a vision block's recomputation, beyond its input
+        from memfit.models import qwen_vl
+
+        worst = max(worst, kept + nbytes(qwen_vl.kept(cfg, micro_batch, seq_len, attention, "full",
+                                                       _dtypes(precision, dtypes), lora)[1]))
     if FAMILIES[cfg["model_type"]].llava:   # a vision layer's recomputation, beyond its input
         worst = max(worst, kept + nbytes(_llava_kept(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora,
                                                      shape or _shape)[1]))

@@ -25,7 +25,7 @@ from functools import lru_cache
 
 from memfit.diagnostics.diagnostic import Range
 from memfit.models.families import (BASE_FIELDS, CLIP_VISION_FIELDS, DROPPED_KEYS, EXPERTS_KEY, FAMILIES, LLAVA_TEXT_FAMILIES,
-                                     LLAVA_VISION_DEFAULTS, SUPPORTED, Family)
+                                     LLAVA_VISION_DEFAULTS, QWEN_VL_BLOCKS, SUPPORTED, Family)
 
 IO = "io"
 JSON_SYNTAX = "json-syntax"
@@ -407,6 +407,10 @@ def validate(raw) -> list[HFProblem]:
         return problems
     if family.block == "llava":
         return _llava_problems(raw)
+    if family.block in QWEN_VL_BLOCKS:   # Qwen2-VL, Qwen2.5-VL (issue 34): models/qwen_vl.py
+        from memfit.models import qwen_vl
+
+        return qwen_vl.problems(raw)
 
     architectures = raw.get("architectures")
     if architectures:
@@ -563,6 +567,10 @@ def _llava_problems(raw: dict) -> list[HFProblem]:
 def model_view(cfg: dict) -> dict:
     """The dict models/hf.py and hf_activations.py read: a family's normalized config as it is; LLaVA's with its text
     model's keys at the top (model_type "llava") and the vision tower and projector under "llava"."""
+    if cfg.get("model_type") in QWEN_VL_BLOCKS:
+        from memfit.models import qwen_vl
+
+        return qwen_vl.model_view(cfg)
     if cfg.get("model_type") != "llava":
         return cfg
     text = dict(cfg["text_config"])
@@ -736,6 +744,10 @@ def normalize(raw: dict) -> dict:
     if raw.get("model_type") == "llama4":
         return normalize(llama4_text(raw))
     family = FAMILIES[raw["model_type"]]
+    if family.block in QWEN_VL_BLOCKS:
+        from memfit.models import qwen_vl
+
+        return qwen_vl.normalize(raw)
     fields = family.fields
     out = {key: _copy(default) for key, (default, _) in BASE_FIELDS.items()}
     out.update({key: _copy(default) for key, (default, _) in fields.items()})

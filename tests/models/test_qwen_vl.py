@@ -1,0 +1,121 @@
+"""Qwen2-VL and Qwen2.5-VL (issue 34: Qwen2VLForConditionalGeneration / Qwen2_5_VLForConditionalGeneration, a vision
+transformer with dynamic resolution, a patch merger and a Qwen2 text model rotated by mrope) through the front door:
+`memfit check --format json` on a config.json and a memfit config with training.images_per_sample and image_size,
+against the real transformers model: parameters on the meta device (names, shapes, the tied head), saved bytes in a real
+CPU step with images (autograd's saved_tensors_hooks, the vision tower and merger included), the step's peak against
+MemTracker."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import needs
+import pytest
+import yaml
+
+from memfit.models import hf, hf_config, qwen_vl
+
+needs.module("torch")
+needs.module("transformers")
+
+import hf_measure as hm  # noqa: E402
+import peak_reference as ref  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+TEXT = {"hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 128, "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3]}}
+TOKENS = {"image_token_id": 120, "video_token_id": 121, "vision_start_token_id": 122, "vision_end_token_id": 123}
+TINY = {
+    "qwen2_vl": {"model_type": "qwen2_vl", "architectures": ["Qwen2VLForConditionalGeneration"], "text_config": TEXT,
+                 "vision_config": {"depth": 2, "embed_dim": 32, "hidden_size": 64, "num_heads": 2, "mlp_ratio": 2}, **TOKENS},
+    # window_size 56 px: 2 x 2 merged patches per window; block 1 attends within each image
+    "qwen2_5_vl": {"model_type": "qwen2_5_vl", "architectures": ["Qwen2_5_VLForConditionalGeneration"], "text_config": TEXT,
+                   "vision_config": {"depth": 3, "hidden_size": 32, "intermediate_size": 40, "num_heads": 2,
+                                     "out_hidden_size": 64, "window_size": 56, "fullatt_block_indexes": [1]}, **TOKENS},
+}
+IMAGE = [112, 84]   # px: 8 x 6 patches of 14, 12 image tokens (a multiple of 28 on each side: the processor keeps it)
+
+
+def config(model_type: str, **change) -> dict:
+    import transformers
+
+    raw = {**TINY[model_type], **change}
+    return transformers.AutoConfig.for_model(model_type, **{k: v for k, v in raw.items() if k != "model_type"}).to_dict()
+
+
+def check_json(tmp_path: Path, cfg: dict, **training) -> dict:
+    (tmp_path / "config.json").write_text(json.dumps(cfg, indent=2))
+    doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "model": {"hf_config": "config.json"},
+           "training": training}
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    return json.loads(done.stdout)["files"][0]
+
+
+def meta_model(cfg: dict):
+    import torch
+    import transformers
+
+    config_ = transformers.AutoConfig.for_model(cfg["model_type"], **{k: v for k, v in cfg.items() if k != "model_type"})
+    with torch.device("meta"):
+        names = cfg.get("architectures") or [{"qwen2_vl": "Qwen2VLForConditionalGeneration"}.get(cfg["model_type"],
+                                                                                         "Qwen2_5_VLForConditionalGeneration")]
+        return getattr(transformers, names[0])(config_)
+
+
+@pytest.mark.parametrize("raw", [{"model_type": "qwen2_vl"}, {"model_type": "qwen2_5_vl"}, *TINY.values(),
+                                 {**TINY["qwen2_vl"], "tie_word_embeddings": True}],
+                         ids=["qwen2_vl-default", "qwen2_5_vl-default", *TINY, "qwen2_vl-tied"])
+def test_parameters_are_the_real_models(raw):
+    import torch.nn as nn
+
+    assert hf_config.validate(raw) == []
+    cfg = hf_config.model_view(hf_config.normalize(raw))
+    model = meta_model(raw)
+    expected = [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+    assert [(p.name, p.shape) for p in hf.parameters(cfg)] == expected
+    assert hf.parameter_count(cfg) == sum(p.numel() for p in model.parameters())
+    modules = [(n, m.in_features, m.out_features, m.bias is not None) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    assert hf.linear_modules(cfg) == modules
+
+
+def test_the_image_tokens_are_the_processors():
+    """Qwen2VLImageProcessor's smart_resize and defaults (min 56 x 56, max 28 x 28 x 1280 pixels) give the grid; its
+    processor expands the placeholder to grid_h x grid_w / merge^2 tokens. (The processor class itself needs
+    torchvision and PIL, which the test environment does not have: its module's resize rule and defaults are read.)"""
+    from transformers.models.qwen2_vl import image_processing_qwen2_vl as ip
+
+    assert ip.Qwen2VLImageProcessor.size == {"shortest_edge": qwen_vl.MIN_PIXELS, "longest_edge": qwen_vl.MAX_PIXELS}
+    cfg = hf_config.model_view(hf_config.normalize({"model_type": "qwen2_vl"}))
+    for (height, width), low, high in (((112, 84), None, None), ((500, 375), None, None), ((2000, 1000), None, None),
+                                       ((30, 40), None, None), ((4000, 3000), 256 * 28 * 28, 768 * 768)):
+        h, w = ip.smart_resize(height, width, 28, low or qwen_vl.MIN_PIXELS, high or qwen_vl.MAX_PIXELS)
+        cfg["qwen_vl"].update(image_size=[height, width], min_pixels=low or qwen_vl.MIN_PIXELS,
+                              max_pixels=high or qwen_vl.MAX_PIXELS)
+        assert qwen_vl.image_grid(cfg) == (h // 14, w // 14)
+        assert qwen_vl.image_tokens(cfg) == (h // 14) * (w // 14) // 4
+
+
+CASES = [(m, a, c, b) for m in TINY for a in ("eager", "sdpa") for c in ("none", "full") for b in (1, 2)]
+
+
+@pytest.mark.parametrize("model_type,attention,checkpointing,images", CASES)
+def test_check_matches_the_real_model(model_type, attention, checkpointing, images, tmp_path):
+    cfg = config(model_type)
+    seq_len = 40
+    result = check_json(tmp_path, cfg, micro_batch=2, seq_len=seq_len, attention=attention, checkpointing=checkpointing,
+                        images_per_sample=images, image_size=IMAGE)
+    assert result["diagnostics"] == []
+    elements = sum(p.numel() for p in meta_model(cfg).parameters())
+    footprint = result["footprint"]
+    assert footprint["parameters"] == 4 * elements and footprint["optimizer_state"] == 8 * elements
+    measured = hm.measure({**cfg, "_image_size": IMAGE}, micro_batch=2, seq_len=seq_len, attention=attention,
+                          checkpointing=checkpointing, images=images)
+    band = 0.10 if checkpointing == "full" else 0.05
+    assert abs(footprint["activations"] - measured["peak"]) <= band * measured["peak"], (footprint["activations"], measured["peak"])
