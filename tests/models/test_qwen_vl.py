@@ -86,12 +86,15 @@ def test_parameters_are_the_real_models(raw):
 
 
 def test_the_image_tokens_are_the_processors():
-    """Qwen2VLImageProcessor's smart_resize and defaults (min 56 x 56, max 28 x 28 x 1280 pixels) give the grid; its
+    """image_processing_qwen2_vl's smart_resize and its defaults (min 56 x 56, max 28 x 28 x 1280 pixels) give the grid; its
     processor expands the placeholder to grid_h x grid_w / merge^2 tokens. (The processor class itself needs
     torchvision and PIL, which the test environment does not have: its module's resize rule and defaults are read.)"""
     from transformers.models.qwen2_vl import image_processing_qwen2_vl as ip
 
-    assert ip.Qwen2VLImageProcessor.size == {"shortest_edge": qwen_vl.MIN_PIXELS, "longest_edge": qwen_vl.MAX_PIXELS}
+    import inspect
+
+    defaults = inspect.signature(ip.smart_resize).parameters
+    assert (defaults["min_pixels"].default, defaults["max_pixels"].default) == (qwen_vl.MIN_PIXELS, qwen_vl.MAX_PIXELS)
     cfg = hf_config.model_view(hf_config.normalize({"model_type": "qwen2_vl"}))
     for (height, width), low, high in (((112, 84), None, None), ((500, 375), None, None), ((2000, 1000), None, None),
                                        ((30, 40), None, None), ((4000, 3000), 256 * 28 * 28, 768 * 768)):
