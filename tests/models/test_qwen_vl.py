@@ -85,22 +85,40 @@ def test_parameters_are_the_real_models(raw):
     assert hf.linear_modules(cfg) == modules
 
 
-def test_the_image_tokens_are_the_processors():
-    """image_processing_qwen2_vl's smart_resize and its defaults (min 56 x 56, max 28 x 28 x 1280 pixels) give the grid; its
-    processor expands the placeholder to grid_h x grid_w / merge^2 tokens. (The processor class itself needs
-    torchvision and PIL, which the test environment does not have: its module's resize rule and defaults are read.)"""
-    from transformers.models.qwen2_vl import image_processing_qwen2_vl as ip
+def _transformers_smart_resize():
+    """transformers' own smart_resize (image_processing_qwen2_vl.py), read from its source: the module itself needs
+    torchvision and PIL to import, which the test environment does not have."""
+    import ast
+    import math
+    import transformers
 
+    path = Path(transformers.__file__).parent / "models" / "qwen2_vl" / "image_processing_qwen2_vl.py"
+    tree = ast.parse(path.read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "smart_resize")
+    scope = {"math": math}
+    exec(compile(ast.Module([node], []), str(path), "exec"), scope)
+    return scope["smart_resize"]
+
+
+def test_the_image_tokens_are_the_processors():
+    """The processor's smart_resize and its defaults (min 56 x 56, max 28 x 28 x 1280 pixels) give the grid; the
+    processor expands the placeholder to grid_h x grid_w / merge^2 tokens."""
     import inspect
 
-    defaults = inspect.signature(ip.smart_resize).parameters
+    smart_resize = _transformers_smart_resize()
+    defaults = inspect.signature(smart_resize).parameters
     assert (defaults["min_pixels"].default, defaults["max_pixels"].default) == (qwen_vl.MIN_PIXELS, qwen_vl.MAX_PIXELS)
     cfg = hf_config.model_view(hf_config.normalize({"model_type": "qwen2_vl"}))
     for (height, width), low, high in (((112, 84), None, None), ((500, 375), None, None), ((2000, 1000), None, None),
-                                       ((30, 40), None, None), ((4000, 3000), 256 * 28 * 28, 768 * 768)):
-        h, w = ip.smart_resize(height, width, 28, low or qwen_vl.MIN_PIXELS, high or qwen_vl.MAX_PIXELS)
-        cfg["qwen_vl"].update(image_size=[height, width], min_pixels=low or qwen_vl.MIN_PIXELS,
-                              max_pixels=high or qwen_vl.MAX_PIXELS)
+                                       ((30, 40), None, None), ((4000, 3000), 256 * 28 * 28, 768 * 768), ((None, None), None, None)):
+        low, high = low or qwen_vl.MIN_PIXELS, high or qwen_vl.MAX_PIXELS
+        cfg["qwen_vl"].update(min_pixels=low, max_pixels=high)
+        if height is None:   # no image_size: the largest square the processor makes (a huge square image resized)
+            cfg["qwen_vl"].pop("image_size", None)
+            height = width = 100_000
+        else:
+            cfg["qwen_vl"]["image_size"] = [height, width]
+        h, w = smart_resize(height, width, 28, low, high)
         assert qwen_vl.image_grid(cfg) == (h // 14, w // 14)
         assert qwen_vl.image_tokens(cfg) == (h // 14) * (w // 14) // 4
 
