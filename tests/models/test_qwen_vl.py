@@ -138,5 +138,31 @@ def test_check_matches_the_real_model(model_type, attention, checkpointing, imag
     assert footprint["parameters"] == 4 * elements and footprint["optimizer_state"] == 8 * elements
     measured = hm.measure({**cfg, "_image_size": IMAGE}, micro_batch=2, seq_len=seq_len, attention=attention,
                           checkpointing=checkpointing, images=images)
-    band = 0.10 if checkpointing == "full" else 0.05
-    assert abs(footprint["activations"] - measured["peak"]) <= band * measured["peak"], (footprint["activations"], measured["peak"])
+    # measured: equal without checkpointing; under full checkpointing memfit is over by the blocks' cu_seqlens (a few
+    # int32 each, which the checkpoint keeps as inputs and the tracker sees or not as the frames hold them)
+    assert abs(footprint["activations"] - measured["peak"]) <= 0.05 * measured["peak"], (footprint["activations"], measured["peak"])
+    if checkpointing == "none":
+        assert footprint["activations"] == measured["peak"]
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("model_type", TINY)
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_peak_matches_memtracker(model_type, checkpointing, tmp_path):
+    cfg = config(model_type)
+    model = hm.build(cfg)
+    if checkpointing == "full":
+        model.gradient_checkpointing_enable()
+    import torch
+
+    batch = hm.qwen_vl_inputs({**cfg, "_image_size": IMAGE}, 2, 64, torch.Generator().manual_seed(1), 2)
+    opt = ref.OPTIMIZERS["adamw"](model.parameters(), **ref.IMPLS["foreach"])
+    with hm.cuda_dropout():
+        theirs = ref.measure(model, (batch["input_ids"], batch["labels"], batch["pixel_values"], batch["image_grid_thw"],
+                                     batch["mm_token_type_ids"]),
+                             lambda m, x, y, p, g, t: m(input_ids=x, labels=y, pixel_values=p, image_grid_thw=g,
+                                                        mm_token_type_ids=t).loss, opt)
+    ours = check_json(tmp_path, cfg, micro_batch=2, seq_len=64, checkpointing=checkpointing, optimizer_impl="foreach",
+                      images_per_sample=2, image_size=IMAGE)["peak"]
+    assert ours["phase"] == theirs["phase"], (ours, theirs)
+    assert abs(ours["bytes"] - theirs["bytes"]) <= 0.05 * theirs["bytes"], (ours["bytes"], theirs["bytes"])

@@ -1845,8 +1845,8 @@ def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "s
     if FAMILIES[cfg["model_type"]].qwen_vl:   # a vision block's recomputation, beyond its input
         from memfit.models import qwen_vl
 
-        worst = max(worst, kept + nbytes(qwen_vl.kept(cfg, micro_batch, seq_len, attention, "full",
-                                                       _dtypes(precision, dtypes), lora)[1]))
+        ids = nbytes([k for k in emb.kept if k.label.startswith("embed_tokens: input ids")])   # (its backward runs last)
+        worst = max(worst, ids + qwen_vl.recompute_peak(cfg, micro_batch, seq_len, attention, _dtypes(precision, dtypes), lora))
     if FAMILIES[cfg["model_type"]].llava:   # a vision layer's recomputation, beyond its input
         worst = max(worst, kept + nbytes(_llava_kept(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora,
                                                      shape or _shape)[1]))

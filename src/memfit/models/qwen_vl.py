@@ -277,6 +277,17 @@ def windows(cfg: dict, gh: int, gw: int) -> list[int]:
     return [r * c * merge * merge for r in rows for c in cols]
 
 
+def pixel_bytes(cfg: dict, micro_batch: int) -> int:
+    """The processor's pixel_values for one micro-batch (fp32: patches x C x temporal_patch_size x patch^2), which the
+    training loop's batch holds through the step."""
+    from memfit.recipe.costs import dtype_bytes
+
+    z = vision_sizes(cfg)
+    gh, gw = image_grid(cfg)
+    images = micro_batch * int(cfg["qwen_vl"].get("images", 1))
+    return dtype_bytes(images * gh * gw * z["C"] * z["T"] * z["P"] * z["P"], "float32")
+
+
 def vision_sizes(cfg: dict) -> dict:
     mt = cfg["model_type"]
     v = cfg["qwen_vl"]["vision"]
@@ -389,18 +400,23 @@ def kept(cfg: dict, micro_batch: int, seq_len: int, attention: str, checkpointin
     recomputed: list = []
     if tower:
         out.append(Kept("patch_embed (Conv3d): pixel values", (N, z["C"], z["T"], z["P"], z["P"]), act))
-        out += [Kept("vision rotary: cos (shared by every block)", (N, 1, d), f32),
-                Kept("vision rotary: sin (shared by every block)", (N, 1, d), f32)]
+        rotary = [Kept("vision rotary: cos (shared by every block)", (N, 1, d), f32),
+                  Kept("vision rotary: sin (shared by every block)", (N, 1, d), f32)]
         if rms:
             out.append(Kept("window order: the patches' window index (int64)", (N // (m * m),), "int64"))
-        for i in range(z["layers"]):
-            if checkpointing == "full":
-                out.append(Kept(f"vision block {i}: its input (kept for the recomputation)", (N, E), act))
-            else:
-                out += [k._replace(label=f"vision block {i} {k.label}") for k in block(i in full_layers)]
         if checkpointing == "full":
-            worst = max((block(i in full_layers) for i in range(z["layers"])), key=lambda ks: sum(math.prod(k.shape) for k in ks))
-            recomputed = [k for k in worst if not k.label.startswith("norm1: input")]
+            # (torch.utils.checkpoint saves a block's tensor inputs: its hidden states and cu_seqlens; the rotary's cos
+            # and sin come in a tuple, kept by the recomputed block only)
+            chunks = len(_chunks(cfg, images, False)) if rms else images
+            out += [Kept(f"vision block {i}: its input (kept for the recomputation)", (N, E), act) for i in range(z["layers"])]
+            out += [Kept(f"vision block {i}: cu_seqlens (int32)", (1 + (images if i in full_layers or not rms else chunks),), "int32")
+                    for i in range(z["layers"])]
+            recomputed = [rotary + [k for k in block(i in full_layers) if not k.label.startswith("norm1: input")]
+                          for i in range(z["layers"])]
+        else:
+            out += rotary
+            for i in range(z["layers"]):
+                out += [k._replace(label=f"vision block {i} {k.label}") for k in block(i in full_layers)]
     wide = E * m * m
     out += [k._replace(label=f"merger.{k.label}") for k in norm("ln_q")]
     out += [Kept("merger.mlp.0: input (ln_q's output, viewed)", (N, E), act),
@@ -409,3 +425,20 @@ def kept(cfg: dict, micro_batch: int, seq_len: int, attention: str, checkpointin
         out.append(Kept("merger output, back in image order: the reverse index (int64)", (N // (m * m),), "int64"))
     out.append(Kept("masked_scatter: the image-token mask (bool)", (micro_batch, seq_len, 1), "bool"))
     return out, recomputed, True
+
+
+def recompute_peak(cfg: dict, micro_batch: int, seq_len: int, attention: str, roles: dict, lora) -> int:
+    """Under full checkpointing, the vision tower's worst moment in the backward: block i is recomputed once the text
+    model, the merger and the blocks above it are done (their saved tensors and inputs released), so what lives is the
+    patch embedding's input, the window order, the inputs of blocks 0..i and block i's recomputation (the rotary's
+    cos and sin with it). The largest over the blocks (Qwen2.5-VL's full-attention blocks recompute more)."""
+    from memfit.models.hf_activations import nbytes
+
+    out, recomputed, _ = kept(cfg, micro_batch, seq_len, attention, "full", roles, lora)
+    if not recomputed:
+        return 0
+    base = [k for k in out if k.label.startswith(("patch_embed", "window order"))]
+    inputs = [k for k in out if k.label.startswith("vision block")]
+    per_block = len(inputs) // len(recomputed)   # (its hidden states and its cu_seqlens)
+    return max(nbytes(base) + nbytes([k for k in inputs if int(k.label.split()[2].rstrip(":")) <= i]) + nbytes(again)
+               for i, again in enumerate(recomputed)) if per_block else 0
