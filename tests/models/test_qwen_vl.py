@@ -166,3 +166,74 @@ def test_peak_matches_memtracker(model_type, checkpointing, tmp_path):
                       images_per_sample=2, image_size=IMAGE)["peak"]
     assert ours["phase"] == theirs["phase"], (ours, theirs)
     assert abs(ours["bytes"] - theirs["bytes"]) <= 0.05 * theirs["bytes"], (ours["bytes"], theirs["bytes"])
+
+
+@pytest.mark.parametrize("model_type", TINY)
+def test_a_frozen_vision_tower_trains_the_merger(model_type, tmp_path):
+    """training.freeze_vision_tower (LLaMA-Factory's default): patch_embed and the blocks keep nothing and have no
+    gradient; the merger and the text model train."""
+    cfg = config(model_type)
+    result = check_json(tmp_path, cfg, micro_batch=2, seq_len=40, freeze_vision_tower=True, image_size=IMAGE)
+    assert result["diagnostics"] == []
+    model = meta_model(cfg)
+    frozen = ("model.visual.patch_embed.", "model.visual.blocks.")
+    trains = sum(p.numel() for n, p in model.named_parameters() if not n.startswith(frozen))
+    footprint = result["footprint"]
+    assert footprint["gradients"] == 4 * trains and footprint["optimizer_state"] == 8 * trains
+    measured = hm.measure({**cfg, "_image_size": IMAGE}, micro_batch=2, seq_len=40, freeze=frozen)["peak"]
+    assert footprint["activations"] == measured
+
+
+def test_images_must_fit_the_sequence(tmp_path):
+    cfg = config("qwen2_vl")
+    result = check_json(tmp_path, cfg, micro_batch=1, seq_len=20, images_per_sample=2, image_size=IMAGE)
+    assert [d["code"] for d in result["diagnostics"]] == ["schema"] and "12 tokens each" in result["diagnostics"][0]["message"]
+    # no image_size: the largest square the processor makes (980 x 980 px: 70 x 70 patches, 1,225 tokens)
+    result = check_json(tmp_path, cfg, micro_batch=1, seq_len=1024)
+    assert "1225 tokens each" in result["diagnostics"][0]["message"]
+    result = check_json(tmp_path, cfg, micro_batch=1, seq_len=40, image_min_pixels=10_000, image_max_pixels=5_000)
+    assert [d["code"] for d in result["diagnostics"]] == ["schema"]
+
+
+def test_lora_on_the_vision_tower_is_refused(tmp_path):
+    cfg = config("qwen2_5_vl")
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "model": {"hf_config": "config.json"},
+           "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "gate_proj"]},
+           "training": {"micro_batch": 1, "seq_len": 40, "image_size": IMAGE}}
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(doc))
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(tmp_path / "t.yaml")],
+                          capture_output=True, text=True, timeout=120, check=False)
+    diagnostics = json.loads(done.stdout)["files"][0]["diagnostics"]
+    assert [d["code"] for d in diagnostics] == ["unsupported-model"] and "visual.blocks.0.mlp.gate_proj" in diagnostics[0]["message"]
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_lora_on_the_text_model(attention):
+    """peft on q_proj/v_proj (the text model's only): the vision tower and merger frozen keep nothing."""
+    from memfit.models import hf_activations
+
+    cfg = config("qwen2_vl")
+    lora = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    run = dict(micro_batch=2, seq_len=40, attention=attention, checkpointing="none", lora=lora)
+    measured = hm.measure({**cfg, "_image_size": IMAGE}, **run)["peak"]
+    mine_cfg = hf_config.model_view(hf_config.normalize(cfg))
+    mine_cfg["qwen_vl"]["image_size"] = IMAGE
+    assert hf_activations.total(hf_activations.saved(mine_cfg, **run)) == measured
+
+
+def test_the_examples_are_the_published_models(tmp_path):
+    """Qwen2-VL-2B-Instruct, Qwen2.5-VL-3B-Instruct, Qwen2.5-VL-7B-Instruct as Qwen publishes their config.json: the
+    parameters transformers builds (2,208,985,600; 3,754,622,976; 8,292,166,656), each example checked."""
+    for name in ("qwen2-vl-2b-instruct", "qwen2.5-vl-3b-instruct", "qwen2.5-vl-7b-instruct"):
+        raw = json.loads((ROOT / "examples" / "models" / f"{name}.json").read_text())
+        assert hf_config.validate(raw) == []
+        cfg = hf_config.model_view(hf_config.normalize(raw))
+        assert hf.parameter_count(cfg) == sum(p.numel() for p in meta_model(raw).parameters())
+    examples = sorted((ROOT / "examples" / "families").glob("qwen2*.yaml"))
+    assert len(examples) == 3
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", *map(str, examples)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for file in json.loads(done.stdout)["files"]:
+        assert file["diagnostics"] == [] and file["footprint"]["activations"] > 0

@@ -792,7 +792,7 @@ def derive(data: dict, out, path: str) -> list:
                                "(the tokenizer's pad token, as TRL's reward trainer does) or train with micro_batch 1")
     attention = training.get("attention", "sdpa")
     checkpointing = training.get("checkpointing", "none")
-    vision = _vision_training(cfg, training, seq_len)
+    vision = _vision_training(cfg, training, seq_len, data.get("lora"))
     if vision:
         return vision
     parallel = data.get("parallel") if isinstance(data.get("parallel"), dict) else {}
@@ -819,7 +819,7 @@ def derive(data: dict, out, path: str) -> list:
     return hints + _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointing, data)
 
 
-def _vision_training(cfg: dict, training: dict, seq_len: int) -> list:
+def _vision_training(cfg: dict, training: dict, seq_len: int, lora=None) -> list:
     """training.images_per_sample and freeze_vision_tower (and, for Qwen2-VL / Qwen2.5-VL, the images' size:
     image_size, image_min_pixels, image_max_pixels): read into the model's cfg (cfg["llava"], cfg["qwen_vl"]); problems
     where the model has no vision tower, or where the images' tokens do not fit the sequence or do not match the
@@ -831,7 +831,7 @@ def _vision_training(cfg: dict, training: dict, seq_len: int) -> list:
     keys = [key for key in ("images_per_sample", "freeze_vision_tower", *sized) if key in training]
     block = family(cfg).block
     if block in QWEN_VL_BLOCKS:
-        return _qwen_vl_training(cfg, training, seq_len)
+        return _qwen_vl_training(cfg, training, seq_len, lora)
     if not block == "llava":
         return [Problem(("training", key), codes.SCHEMA, f"training.{key} is for a vision-language model (llava, qwen2_vl, "
                         f"qwen2_5_vl); {cfg['model_type']} takes no images", on_key=True) for key in keys]
@@ -856,7 +856,7 @@ def _vision_training(cfg: dict, training: dict, seq_len: int) -> list:
     return []
 
 
-def _qwen_vl_training(cfg: dict, training: dict, seq_len: int) -> list:
+def _qwen_vl_training(cfg: dict, training: dict, seq_len: int, lora=None) -> list:
     """Qwen2-VL / Qwen2.5-VL: the images per sample, their size as the processor resizes them (image_size, else the
     largest max_pixels allows) and the image tokens each expands to, which must fit seq_len."""
     from memfit.diagnostics import codes
@@ -879,6 +879,15 @@ def _qwen_vl_training(cfg: dict, training: dict, seq_len: int) -> list:
         return [Problem(("training", "image_size"), codes.SCHEMA, f"training.image_size: the processor refuses it ({error})")]
     gh, gw = qwen_vl.image_grid(cfg)
     patch = own["vision"]["patch_size"]
+    if isinstance(lora, dict) and own["images"]:
+        reached = qwen_vl.adapted_vision(cfg, lora)
+        if reached:
+            message = (f"lora.target_modules reach the vision tower ({reached}; peft matches a module by its name's last "
+                       "part, and all-linear takes every linear but the head): memfit models LoRA on the text model with the "
+                       "vision tower and merger frozen; name the text model's modules only (q_proj, k_proj, v_proj, o_proj" +
+                       (", which Qwen2.5-VL's vision blocks do not share" if cfg["model_type"] == "qwen2_5_vl" else
+                        ", gate_proj, up_proj, down_proj") + ")")
+            return [Problem(("lora", "target_modules"), codes.UNSUPPORTED_MODEL, message)]
     if own["images"] * tokens > seq_len:
         message = (f"{own['images']} image(s) of {tokens} tokens each ({gh * patch} x {gw * patch} px as the processor resizes "
                    f"them: {gh} x {gw} patches of {patch} px, merged {own['vision']['spatial_merge_size']} x "

@@ -326,6 +326,21 @@ def vision_modules(cfg: dict) -> list:
                   Module("visual.merger.mlp.2", "linear", (wide, z["O"], True))]
 
 
+def adapted_vision(cfg: dict, lora: dict) -> str:
+    """The vision modules a LoRA config's target_modules would adapt (peft: a name equal to a target or ending in
+    "." + target; all-linear: every linear but the output layer), as "visual.blocks.0.attn.qkv, ..." or ""."""
+    targets = lora.get("target_modules")
+    if targets is None:
+        return ""
+    linear = [m.path for m in vision_modules(cfg) if m.type == "linear"]
+    if targets in ("all-linear", ["all-linear"]):
+        hit = linear
+    else:
+        names = [targets] if isinstance(targets, str) else [t for t in targets if isinstance(t, str)]
+        hit = [m for m in linear if any(m == t or m.endswith("." + t) for t in names)]
+    return ", ".join(hit[:2]) + (f" and {len(hit) - 2} more" if len(hit) > 2 else "")
+
+
 # ----------------------------------------------------------------------------------------- what autograd keeps
 
 
@@ -418,7 +433,10 @@ def kept(cfg: dict, micro_batch: int, seq_len: int, attention: str, checkpointin
             for i in range(z["layers"]):
                 out += [k._replace(label=f"vision block {i} {k.label}") for k in block(i in full_layers)]
     wide = E * m * m
-    out += [k._replace(label=f"merger.{k.label}") for k in norm("ln_q")]
+    # (a frozen tower's output needs no gradient: RMSNorm's pow and 1/rms then keep nothing, weight * normalized its
+    # normalized input; nn.LayerNorm keeps input and statistics for its weight's gradient all the same)
+    merger_norm = norm("ln_q") if tower or not rms else norm("ln_q")[2:]
+    out += [k._replace(label=f"merger.{k.label}") for k in merger_norm]
     out += [Kept("merger.mlp.0: input (ln_q's output, viewed)", (N, E), act),
             Kept("merger GELU: input", (N // (m * m), wide), lin), Kept("merger.mlp.2: input (GELU's output)", (N // (m * m), wide), lin)]
     if rms:
