@@ -6,7 +6,7 @@ what memfit reads from each key and where its default is; docs/native-llama-fact
 from __future__ import annotations
 
 from memfit.diagnostics import codes
-from memfit.read.native import hf
+from memfit.read.native import hf, vision
 from memfit.read.native.axolotl import optimizer
 from memfit.read.native.base import Reader
 
@@ -34,6 +34,9 @@ KEYS = {
     "deepspeed": (None, "a DeepSpeed JSON", "transformers TrainingArguments.deepspeed"),
     "flash_attn": ("auto", "training.attention: auto, sdpa -> sdpa; disabled -> eager; fa2, fa3 -> flash", "hparams/model_args.py flash_attn; model/model_utils/attention.py configure_attn_implementation"),
     "disable_gradient_checkpointing": (False, "training.checkpointing full unless true", "hparams/model_args.py; model/model_utils/checkpointing.py prepare_model_for_training"),
+    "image_max_pixels": (768 * 768, "training.image_max_pixels (Qwen2-VL, Qwen2.5-VL)", "hparams/model_args.py ProcessorArguments.image_max_pixels; data/mm_plugin.py _preprocess_image"),
+    "image_min_pixels": (32 * 32, "training.image_min_pixels (Qwen2-VL, Qwen2.5-VL)", "hparams/model_args.py ProcessorArguments.image_min_pixels"),
+    "freeze_vision_tower": (True, "training.freeze_vision_tower (Qwen2-VL, Qwen2.5-VL, LLaVA)", "hparams/finetuning_args.py FinetuningArguments.freeze_vision_tower; model/adapter.py"),
 }
 
 UNMODELLED = {
@@ -43,8 +46,8 @@ UNMODELLED = {
     "use_apollo": ((False,), "APOLLO keeps optimizer state in a low-rank projection"),
     "use_badam": ((False,), "BAdam trains one block at a time"),
     "use_unsloth": ((False,), "Unsloth's kernels and checkpointing"),
-    "freeze_vision_tower": ((True,), "a vision tower memfit does not model"),
     "pissa_init": ((False,), "PiSSA initialization"),
+    "freeze_multi_modal_projector": ((False,), "the multi-modal projector (Qwen2-VL's merger, LLaVA's projector) frozen: memfit trains it beside the text model; the figures are high by its gradients and optimizer state"),
     "torch_compile": ((False,), "torch.compile fuses kernels and changes what is saved for backward"),
     "fsdp": ((None, "", False), "FSDP from TrainingArguments (use an accelerate config via --launch)"),
     "upcast_lmhead_output": ((False,), "the lm_head's output is upcast to float32 (model/model_utils/checkpointing.py _fp32_forward_post_hook): a float32 copy of the logits, batch x seq x vocab x 4 bytes, is kept besides the 16-bit ones; the figures are low by it"),
@@ -116,6 +119,7 @@ def read(r: Reader, ctx) -> dict:
     r.set(("training", "attention"), {"auto": hf.DEFAULT_ATTENTION, "disabled": "eager", "sdpa": "sdpa", "fa2": "flash", "fa3": "flash"}[attention], r.at("flash_attn") if "flash_attn" in data else None)
 
     optimizer(r, r.get("optim", (str,), "adamw_torch_fused"), r.at("optim") if "optim" in data else None)
+    vision.llamafactory(r, ctx)   # (issue 34) a vision-language model's image settings
 
     if kind in ("lora", "oft"):
         if kind == "oft":
