@@ -373,20 +373,28 @@ def kept(cfg: dict, micro_batch: int, seq_len: int, attention: str, checkpointin
     merger = not lora
     if not merger:
         return [], [], False
-    act, lin, f32 = roles["act"], roles["lin"], "float32"
+    # CPU autocast (bf16-mixed) runs the Conv3d in the low dtype: the residual stream, LayerNorm (not autocast there)
+    # and every linear's output are low from the patch embedding on; each linear keeps autocast's low copy of its
+    # weight (and of an fp32 input: Qwen2.5-VL's RMSNorm multiplies by its fp32 weight). Under *-true and 32-true
+    # every tensor is the model's dtype: `lin` is the tower's dtype in each recipe.
+    lin, f32, low = roles["lin"], "float32", roles["low"]
+    mixed = roles["act"] != roles["lin"]
     rms = cfg["model_type"] == "qwen2_5_vl"
     eager = attention == "eager"
+
+    def weights(*shapes, label="") -> list:
+        return [Kept(f"{label}weight, cast to the low dtype by autocast", shape, low) for shape in shapes] if mixed else []
 
     def norm(label: str) -> list:
         if rms:
             return [Kept(f"{label}: input, upcast to fp32 (in fp32 the input itself)", (N, E), f32),
                     Kept(f"{label}: 1/rms", (N, 1), f32),
-                    Kept(f"{label}: normalized, cast back to the input dtype (weight * it)", (N, E), act)]
-        return [Kept(f"{label}: input", (N, E), act), Kept(f"{label}: mean (fp32)", (N, 1), f32),
+                    Kept(f"{label}: normalized, cast back to the input dtype (weight * it)", (N, E), lin)]
+        return [Kept(f"{label}: input", (N, E), lin), Kept(f"{label}: mean (fp32)", (N, 1), f32),
                 Kept(f"{label}: 1/std (fp32)", (N, 1), f32)]
 
     def block(full: bool) -> list:
-        rows = norm("norm1") + [Kept("attn.qkv: input", (N, E), act if rms else lin if False else act)]
+        rows = norm("norm1") + [Kept("attn.qkv: input", (N, E), lin)]
         rows.append(Kept("attention: v (a view of attn.qkv's output, which it keeps whole)", (N, 3 * E), lin))
         chunks = _chunks(cfg, int(own.get("images", 1)) * micro_batch, full)
         if eager:
@@ -400,21 +408,27 @@ def kept(cfg: dict, micro_batch: int, seq_len: int, attention: str, checkpointin
         rows.append(Kept("attn.proj: input (the chunks' outputs, concatenated)", (N, E), lin))
         rows += norm("norm2")
         if rms:
-            rows += [Kept("mlp.gate_proj/up_proj: input", (N, E), act), Kept("act_fn(gate): input (the projection's output)", (N, M), lin),
+            rows.append(Kept("mlp.gate_proj/up_proj: input", (N, E), lin))
+            if mixed:   # (each autocast linear casts the fp32 product itself: up_proj keeps a copy of its own)
+                rows.append(Kept("mlp.up_proj: input, cast to the low dtype by autocast", (N, E), lin))
+            rows += [Kept("act_fn(gate): input (the projection's output)", (N, M), lin),
                      Kept("act * up: act_fn(gate)", (N, M), lin), Kept("act * up: up", (N, M), lin),
                      Kept("mlp.down_proj: input", (N, M), lin)]
+            rows += weights((3 * E, E), (E, E), (M, E), (M, E), (E, M), label="qkv/proj/gate/up/down: ")
         else:
             extra = ACTIVATIONS[cfg["qwen_vl"]["vision"]["hidden_act"]] or []
-            rows += [Kept("mlp.fc1: input", (N, E), act), Kept("act: input (the projection's output)", (N, M), lin)]
+            rows += [Kept("mlp.fc1: input", (N, E), lin), Kept("act: input (the projection's output)", (N, M), lin)]
             rows += [Kept(f"act: {what}", (N, M), lin) for what in extra]
             rows.append(Kept("mlp.fc2: input (the activation's output)", (N, M), lin))
+            rows += weights((3 * E, E), (E, E), (M, E), (E, M), label="qkv/proj/fc1/fc2: ")
         return rows
 
     full_layers = set(cfg["qwen_vl"]["vision"].get("fullatt_block_indexes") or ()) if rms else set()
     out: list = []
     recomputed: list = []
     if tower:
-        out.append(Kept("patch_embed (Conv3d): pixel values", (N, z["C"], z["T"], z["P"], z["P"]), act))
+        out.append(Kept("patch_embed (Conv3d): pixel values", (N, z["C"], z["T"], z["P"], z["P"]), lin))
+        out += weights((E, z["C"], z["T"], z["P"], z["P"]), label="patch_embed: ")
         rotary = [Kept("vision rotary: cos (shared by every block)", (N, 1, d), f32),
                   Kept("vision rotary: sin (shared by every block)", (N, 1, d), f32)]
         if rms:
@@ -423,7 +437,7 @@ def kept(cfg: dict, micro_batch: int, seq_len: int, attention: str, checkpointin
             # (torch.utils.checkpoint saves a block's tensor inputs: its hidden states and cu_seqlens; the rotary's cos
             # and sin come in a tuple, kept by the recomputed block only)
             chunks = len(_chunks(cfg, images, False)) if rms else images
-            out += [Kept(f"vision block {i}: its input (kept for the recomputation)", (N, E), act) for i in range(z["layers"])]
+            out += [Kept(f"vision block {i}: its input (kept for the recomputation)", (N, E), lin) for i in range(z["layers"])]
             out += [Kept(f"vision block {i}: cu_seqlens (int32)", (1 + (images if i in full_layers or not rms else chunks),), "int32")
                     for i in range(z["layers"])]
             recomputed = [rotary + [k for k in block(i in full_layers) if not k.label.startswith("norm1: input")]
@@ -437,8 +451,9 @@ def kept(cfg: dict, micro_batch: int, seq_len: int, attention: str, checkpointin
     # normalized input; nn.LayerNorm keeps input and statistics for its weight's gradient all the same)
     merger_norm = norm("ln_q") if tower or not rms else norm("ln_q")[2:]
     out += [k._replace(label=f"merger.{k.label}") for k in merger_norm]
-    out += [Kept("merger.mlp.0: input (ln_q's output, viewed)", (N, E), act),
+    out += [Kept("merger.mlp.0: input (ln_q's output, viewed)", (N, E), lin),
             Kept("merger GELU: input", (N // (m * m), wide), lin), Kept("merger.mlp.2: input (GELU's output)", (N // (m * m), wide), lin)]
+    out += weights(*([(wide, wide)] if tower else []), (z["O"], wide), label="merger.mlp.0/mlp.2: ")
     if rms:
         out.append(Kept("merger output, back in image order: the reverse index (int64)", (N // (m * m),), "int64"))
     out.append(Kept("masked_scatter: the image-token mask (bool)", (micro_batch, seq_len, 1), "bool"))
