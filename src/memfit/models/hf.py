@@ -432,7 +432,7 @@ def _base(cfg: dict, fam: Family, with_pooler: bool) -> tuple[list[Module], str,
     if fam.block in QWEN_VL_BLOCKS:   # Qwen2VLModel: visual (the vision tower and merger), language_model (a Qwen2)
         from memfit.models.qwen_vl import vision_modules
 
-        before = vision_modules(cfg) + [Module("language_model.embed_tokens", "embedding", (vocab, h))]
+        before = [Module(*m) for m in vision_modules(cfg)] + [Module("language_model.embed_tokens", "embedding", (vocab, h))]
         return before, "language_model.layers", [Module("language_model.norm", "rmsnorm", (h,))]
     norm = "layernorm" if fam.block == "phimoe" else fam.norm_type
     return [Module("embed_tokens", "embedding", (vocab, h))], "layers", [Module("norm", norm, (h,))]

@@ -152,63 +152,6 @@ def normalize(raw: dict) -> dict:
     return out
 
 
-def problems(raw: dict) -> list:
-    """The text model's keys (typed as Qwen2VLTextConfig reads them, flat or under text_config), the vision tower's,
-    and the shapes transformers needs: heads dividing the widths, key/value groups, the merge dividing nothing odd."""
-    from memfit.diagnostics import codes
-    from memfit.models.hf_config import HFProblem, _expected, _shown, _type_ok, excerpt
-    from memfit.models.families import FAMILIES
-
-    mt = raw["model_type"]
-    text_fields, vision_fields = _fields(mt)
-    out = []
-    names = raw.get("architectures")
-    if names and names[0] not in FAMILIES[mt].architectures:
-        out.append(HFProblem(("architectures", 0), codes.UNSUPPORTED_MODEL, f"architecture {excerpt(names[0])} is not supported "
-                             f"for {mt}; supported: {', '.join(FAMILIES[mt].architectures)}"))
-    nested = isinstance(raw.get("text_config"), dict)
-    where = ("text_config",) if nested else ()
-    given = _text_given(raw)
-    for key, value in given.items():
-        if key in text_fields and not _type_ok(value, text_fields[key][1]):
-            out.append(HFProblem(where + (key,), codes.BAD_MODEL_CONFIG, f"{key} must be {_expected(text_fields[key][1])}, not {_shown(value)}"))
-        elif key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size") and value < 1:
-            out.append(HFProblem(where + (key,), codes.BAD_MODEL_CONFIG, f"{key} must be at least 1, not {value}"))
-    vision = raw.get("vision_config")
-    for key, value in (vision or {}).items():
-        key_ = {"num_attention_heads": "num_heads", "num_hidden_layers": "depth"}.get(key, key)
-        if key_ in vision_fields:
-            kind = vision_fields[key_][1]
-            if not _type_ok(value, kind):
-                out.append(HFProblem(("vision_config", key), codes.BAD_MODEL_CONFIG, f"vision_config.{key} must be {_expected(kind)}, not {_shown(value)}"))
-            elif kind == "int" and value < 1 and key_ != "depth":
-                out.append(HFProblem(("vision_config", key), codes.BAD_MODEL_CONFIG, f"vision_config.{key} must be at least 1, not {value}"))
-    if out:
-        return out
-    cfg = normalize(raw)
-    text, v = cfg["text_config"], cfg["vision_config"]
-    heads, kv = text["num_attention_heads"], text["num_key_value_heads"]
-    if text["hidden_size"] % heads:
-        out.append(HFProblem(where + ("hidden_size",), codes.SHAPE_MISMATCH, f"hidden_size {text['hidden_size']} is not divisible by "
-                             f"num_attention_heads {heads}: each head gets an equal share"))
-    if heads % kv:
-        out.append(HFProblem(where + ("num_key_value_heads" if "num_key_value_heads" in given else "num_attention_heads",),
-                             codes.SHAPE_MISMATCH, f"num_attention_heads {heads} is not divisible by num_key_value_heads {kv} "
-                             f"(Qwen2VLTextConfig's default is 8): each key/value head serves a whole group"))
-    width = v["embed_dim"] if mt == "qwen2_vl" else v["hidden_size"]
-    if width % v["num_heads"] or (width // v["num_heads"]) % 4:
-        out.append(HFProblem(("vision_config", "num_heads"), codes.SHAPE_MISMATCH, f"the vision tower's width {width} over "
-                             f"num_heads {v['num_heads']} is not a head dim divisible by 4: its 2D rotary splits each head "
-                             "into height and width halves"))
-    from memfit.models.hf_activations import ACTIVATIONS
-
-    for key, value in (("hidden_act", text["hidden_act"]), ("vision_config.hidden_act", v["hidden_act"])):
-        if value not in ACTIVATIONS:
-            path = ("vision_config", "hidden_act") if key.startswith("vision") else where + ("hidden_act",)
-            out.append(HFProblem(path, codes.UNSUPPORTED_MODEL, f"{key} {excerpt(value)} is not an activation memfit models"))
-    return out
-
-
 def model_view(cfg: dict) -> dict:
     """The dict models/hf.py and hf_activations.py read: the text model's keys at the top (model_type stays the
     family's), the vision tower and the composite keys under "qwen_vl"."""
@@ -304,8 +247,10 @@ def vision_sizes(cfg: dict) -> dict:
 
 def vision_modules(cfg: dict) -> list:
     """The vision tower's modules (Qwen2VisionTransformerPretrainedModel / Qwen2_5_Vision...), paths under the base
-    model: patch_embed, the blocks, the merger."""
-    from memfit.models.hf import Module
+    model: patch_embed, the blocks, the merger; as models/hf.Module's fields (path, type, dims)."""
+
+    def Module(path, type_, dims):
+        return (path, type_, dims)
 
     z = vision_sizes(cfg)
     E, M = z["E"], z["M"]
@@ -332,7 +277,7 @@ def adapted_vision(cfg: dict, lora: dict) -> str:
     targets = lora.get("target_modules")
     if targets is None:
         return ""
-    linear = [m.path for m in vision_modules(cfg) if m.type == "linear"]
+    linear = [path for path, type_, _ in vision_modules(cfg) if type_ == "linear"]
     if targets in ("all-linear", ["all-linear"]):
         hit = linear
     else:
@@ -351,127 +296,3 @@ def _chunks(cfg: dict, images: int, full: bool) -> list[int]:
     if cfg["model_type"] == "qwen2_vl" or full:
         return [gh * gw] * images
     return windows(cfg, gh, gw) * images
-
-
-def kept(cfg: dict, micro_batch: int, seq_len: int, attention: str, checkpointing: str, roles: dict, lora) -> tuple:
-    """The vision tower and merger run on micro_batch x images images: (what stays kept through the forward, the
-    largest vision block's recomputation under full checkpointing beyond its input, whether the image features
-    need a gradient). The tower trains unless training.freeze_vision_tower (then patch_embed and the blocks are
-    frozen and keep nothing; the merger trains) or a LoRA adapter freezes the model (peft: nothing of the vision
-    tower is adapted by the text model's target modules: the tower and merger keep nothing)."""
-    from memfit.models.hf_activations import ACTIVATIONS, Kept
-
-    own = cfg["qwen_vl"]
-    images = micro_batch * int(own.get("images", 1))
-    if images == 0:
-        return [], [], False
-    z = vision_sizes(cfg)
-    E, M, H, d, m = z["E"], z["M"], z["H"], z["d"], z["m"]
-    gh, gw = image_grid(cfg)
-    N = images * gh * gw
-    tower = not lora and not own.get("freeze_vision_tower")
-    merger = not lora
-    if not merger:
-        return [], [], False
-    # CPU autocast (bf16-mixed) runs the Conv3d in the low dtype: the residual stream, LayerNorm (not autocast there)
-    # and every linear's output are low from the patch embedding on; each linear keeps autocast's low copy of its
-    # weight (and of an fp32 input: Qwen2.5-VL's RMSNorm multiplies by its fp32 weight). Under *-true and 32-true
-    # every tensor is the model's dtype: `lin` is the tower's dtype in each recipe.
-    lin, f32, low = roles["lin"], "float32", roles["low"]
-    mixed = roles["act"] != roles["lin"]
-    rms = cfg["model_type"] == "qwen2_5_vl"
-    eager = attention == "eager"
-
-    def weights(*shapes, label="") -> list:
-        return [Kept(f"{label}weight, cast to the low dtype by autocast", shape, low) for shape in shapes] if mixed else []
-
-    def norm(label: str) -> list:
-        if rms:
-            return [Kept(f"{label}: input, upcast to fp32 (in fp32 the input itself)", (N, E), f32),
-                    Kept(f"{label}: 1/rms", (N, 1), f32),
-                    Kept(f"{label}: normalized, cast back to the input dtype (weight * it)", (N, E), lin)]
-        return [Kept(f"{label}: input", (N, E), lin), Kept(f"{label}: mean (fp32)", (N, 1), f32),
-                Kept(f"{label}: 1/std (fp32)", (N, 1), f32)]
-
-    def block(full: bool) -> list:
-        rows = norm("norm1") + [Kept("attn.qkv: input", (N, E), lin)]
-        rows.append(Kept("attention: v (a view of attn.qkv's output, which it keeps whole)", (N, 3 * E), lin))
-        chunks = _chunks(cfg, int(own.get("images", 1)) * micro_batch, full)
-        if eager:
-            rows += [Kept("q @ k^T: q (each chunk's copy)", (H, N, d), lin), Kept("q @ k^T: k^T (each chunk's copy)", (H, d, N), lin),
-                     Kept("softmax: probabilities of every chunk (fp32)", (H, sum(c * c for c in chunks)), f32)]
-            if lin != f32:
-                rows.append(Kept("p @ v: probabilities, cast to the value dtype", (H, sum(c * c for c in chunks)), lin))
-        else:
-            rows += [Kept("attention: q (after the rotary)", (N, H, d), lin), Kept("attention: k (after the rotary)", (N, H, d), lin),
-                     Kept("attention: every chunk's output", (N, H, d), lin), Kept("attention: log-sum-exp (fp32)", (H, N), f32)]
-        rows.append(Kept("attn.proj: input (the chunks' outputs, concatenated)", (N, E), lin))
-        rows += norm("norm2")
-        if rms:
-            rows.append(Kept("mlp.gate_proj/up_proj: input", (N, E), lin))
-            if mixed:   # (each autocast linear casts the fp32 product itself: up_proj keeps a copy of its own)
-                rows.append(Kept("mlp.up_proj: input, cast to the low dtype by autocast", (N, E), lin))
-            rows += [Kept("act_fn(gate): input (the projection's output)", (N, M), lin),
-                     Kept("act * up: act_fn(gate)", (N, M), lin), Kept("act * up: up", (N, M), lin),
-                     Kept("mlp.down_proj: input", (N, M), lin)]
-            rows += weights((3 * E, E), (E, E), (M, E), (M, E), (E, M), label="qkv/proj/gate/up/down: ")
-        else:
-            extra = ACTIVATIONS[cfg["qwen_vl"]["vision"]["hidden_act"]] or []
-            rows += [Kept("mlp.fc1: input", (N, E), lin), Kept("act: input (the projection's output)", (N, M), lin)]
-            rows += [Kept(f"act: {what}", (N, M), lin) for what in extra]
-            rows.append(Kept("mlp.fc2: input (the activation's output)", (N, M), lin))
-            rows += weights((3 * E, E), (E, E), (M, E), (E, M), label="qkv/proj/fc1/fc2: ")
-        return rows
-
-    full_layers = set(cfg["qwen_vl"]["vision"].get("fullatt_block_indexes") or ()) if rms else set()
-    out: list = []
-    recomputed: list = []
-    if tower:
-        out.append(Kept("patch_embed (Conv3d): pixel values", (N, z["C"], z["T"], z["P"], z["P"]), lin))
-        out += weights((E, z["C"], z["T"], z["P"], z["P"]), label="patch_embed: ")
-        rotary = [Kept("vision rotary: cos (shared by every block)", (N, 1, d), f32),
-                  Kept("vision rotary: sin (shared by every block)", (N, 1, d), f32)]
-        if rms:
-            out.append(Kept("window order: the patches' window index (int64)", (N // (m * m),), "int64"))
-        if checkpointing == "full":
-            # (torch.utils.checkpoint saves a block's tensor inputs: its hidden states and cu_seqlens; the rotary's cos
-            # and sin come in a tuple, kept by the recomputed block only)
-            chunks = len(_chunks(cfg, images, False)) if rms else images
-            out += [Kept(f"vision block {i}: its input (kept for the recomputation)", (N, E), lin) for i in range(z["layers"])]
-            out += [Kept(f"vision block {i}: cu_seqlens (int32)", (1 + (images if i in full_layers or not rms else chunks),), "int32")
-                    for i in range(z["layers"])]
-            recomputed = [rotary + [k for k in block(i in full_layers) if not k.label.startswith("norm1: input")]
-                          for i in range(z["layers"])]
-        else:
-            out += rotary
-            for i in range(z["layers"]):
-                out += [k._replace(label=f"vision block {i} {k.label}") for k in block(i in full_layers)]
-    wide = E * m * m
-    # (a frozen tower's output needs no gradient: RMSNorm's pow and 1/rms then keep nothing, weight * normalized its
-    # normalized input; nn.LayerNorm keeps input and statistics for its weight's gradient all the same)
-    merger_norm = norm("ln_q") if tower or not rms else norm("ln_q")[2:]
-    out += [k._replace(label=f"merger.{k.label}") for k in merger_norm]
-    out += [Kept("merger.mlp.0: input (ln_q's output, viewed)", (N, E), lin),
-            Kept("merger GELU: input", (N // (m * m), wide), lin), Kept("merger.mlp.2: input (GELU's output)", (N // (m * m), wide), lin)]
-    out += weights(*([(wide, wide)] if tower else []), (z["O"], wide), label="merger.mlp.0/mlp.2: ")
-    if rms:
-        out.append(Kept("merger output, back in image order: the reverse index (int64)", (N // (m * m),), "int64"))
-    out.append(Kept("masked_scatter: the image-token mask (bool)", (micro_batch, seq_len, 1), "bool"))
-    return out, recomputed, True
-
-
-def recompute_peak(cfg: dict, micro_batch: int, seq_len: int, attention: str, roles: dict, lora) -> int:
-    """Under full checkpointing, the vision tower's worst moment in the backward: block i is recomputed once the text
-    model, the merger and the blocks above it are done (their saved tensors and inputs released), so what lives is the
-    patch embedding's input, the window order, the inputs of blocks 0..i and block i's recomputation (the rotary's
-    cos and sin with it). The largest over the blocks (Qwen2.5-VL's full-attention blocks recompute more)."""
-    from memfit.models.hf_activations import nbytes
-
-    out, recomputed, _ = kept(cfg, micro_batch, seq_len, attention, "full", roles, lora)
-    if not recomputed:
-        return 0
-    base = [k for k in out if k.label.startswith(("patch_embed", "window order"))]
-    inputs = [k for k in out if k.label.startswith("vision block")]
-    per_block = len(inputs) // len(recomputed)   # (its hidden states and its cu_seqlens)
-    return max(nbytes(base) + nbytes([k for k in inputs if int(k.label.split()[2].rstrip(":")) <= i]) + nbytes(again)
-               for i, again in enumerate(recomputed)) if per_block else 0
