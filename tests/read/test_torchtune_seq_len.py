@@ -16,7 +16,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 CONFIGS = Path(__file__).resolve().parent / "torchtune_configs"
 SUPPORT = Path(__file__).resolve().parents[1] / "support"

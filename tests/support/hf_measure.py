@@ -137,7 +137,7 @@ def quantize_4bit(model, quantization: dict):
 def build(cfg: dict, attention: str = "sdpa", precision: str = "32-true", lora: dict | None = None, seed: int = 0,
           quantization: dict | None = None):
     torch.manual_seed(seed)
-    fields = {k: v for k, v in cfg.items() if k != "model_type"}
+    fields = {k: v for k, v in cfg.items() if k not in ("model_type", "_image_size")}
     config = transformers.AutoConfig.for_model(cfg["model_type"], **fields)
     architectures = cfg.get("architectures") or []
     if architectures:
@@ -286,6 +286,8 @@ def inputs(cfg: dict, micro_batch: int, seq_len: int, seed: int = 1, images: int
         pixels = torch.randn(micro_batch * images, v["num_channels"], v["image_size"], v["image_size"], generator=g)
         out = {"input_ids": ids, "labels": ids.clone()}
         return {**out, "pixel_values": pixels} if images else out
+    if cfg["model_type"] in ("qwen2_vl", "qwen2_5_vl"):
+        return qwen_vl_inputs(cfg, micro_batch, seq_len, g, images)
     if cfg["model_type"] == "whisper":
         # Whisper: log-mel frames, 2 x max_source_positions long (its convolutions halve them), and seq_len decoder tokens
         features = torch.randn(micro_batch, cfg["num_mel_bins"], 2 * cfg["max_source_positions"], generator=g)
@@ -309,6 +311,31 @@ def inputs(cfg: dict, micro_batch: int, seq_len: int, seed: int = 1, images: int
     if target_len is not None and target_len != seq_len:
         return {"input_ids": ids, "labels": torch.randint(0, cfg["vocab_size"], (micro_batch, target_len), generator=g)}
     return {"input_ids": ids, "labels": ids.clone()}
+
+
+def qwen_vl_inputs(cfg: dict, micro_batch: int, seq_len: int, g, images: int = 1):
+    """Qwen2-VL / Qwen2.5-VL as Qwen2VLProcessor gives a batch: each image cut into grid_h x grid_w patches (cfg's
+    "_image_size" [h, w] pixels, already a multiple of patch_size x spatial_merge_size), flattened to (patches,
+    C x temporal_patch_size x patch^2) pixel values with its image_grid_thw row, and grid_h x grid_w / merge^2 image
+    tokens in the sequence (after two text tokens), mm_token_type_ids marking them."""
+    v, token = cfg["vision_config"], cfg["image_token_id"]
+    height, width = cfg.get("_image_size", (56, 56))
+    patch, merge, temporal = v["patch_size"], v["spatial_merge_size"], v["temporal_patch_size"]
+    gh, gw = height // patch, width // patch
+    per_image = gh * gw // merge ** 2
+    vocab = cfg["text_config"]["vocab_size"]
+    ids = torch.randint(0, vocab, (micro_batch, seq_len), generator=g)
+    special = {token, cfg["video_token_id"], cfg["vision_start_token_id"], cfg["vision_end_token_id"]}
+    for t in special:
+        ids[ids == t] = min(set(range(vocab)) - special)
+    for i in range(images):
+        ids[:, 2 + i * (per_image + 2): 2 + i * (per_image + 2) + per_image] = token
+    out = {"input_ids": ids, "labels": ids.clone(), "mm_token_type_ids": (ids == token).int()}
+    if not images:
+        return out
+    pixels = torch.randn(micro_batch * images * gh * gw, v["in_channels"] * temporal * patch * patch, generator=g)
+    grid = torch.tensor([[1, gh, gw]] * (micro_batch * images))
+    return {**out, "pixel_values": pixels, "image_grid_thw": grid}
 
 
 def measure(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",

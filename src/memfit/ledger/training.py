@@ -400,6 +400,14 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
             later_kept.setdefault(1 if shared else encoder_layers, []).append(t)
             row.kept.remove(t)
     # (the model's buffers are config tensors, models/buffers.py: with the embeddings' frozen parameters)
+    batch = [ids, labels]
+    if cfg.get("qwen_vl"):   # (issue 34) Qwen2-VL's batch also holds the processor's fp32 pixel values all step
+        from memfit.models import qwen_vl
+
+        pixels = fresh(qwen_vl.pixel_bytes(cfg, run["micro_batch"]))
+        batch.append(pixels)
+        # an fp32 patch embedding keeps the batch's own pixel values (a view), not a copy
+        row.kept = [pixels if k.label.startswith("patch_embed") and k.dtype == "float32" else t for k, t in zip(emb.kept, row.kept)]
     if not row.grads and not tied_grad and checkpointing != "full":
         # a frozen embedding (LoRA): autograd records no backward for it (under full checkpointing transformers
         # makes its output require a gradient, hf_activations._evaluate: that gradient is computed)
@@ -434,7 +442,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
         second = logits32 if precision.endswith("-mixed") else tensors[logits]
         loss = Loss(forward=(tensors[logits], second, hidden), backward=(tensors[logits], tensors[logits]))
     declared_stepped = list(extra.params) if extra is not None else []
-    return Step(rows, tensors, [ids, labels], loss,
+    return Step(rows, tensors, batch, loss,
                 declared_states + weights.states, optimizer, impl, config.overhead,
                 declared_stepped + weights.stepped if weights.any_master else None, loss_kept=by_loss)
 

@@ -19,7 +19,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from memfit.models import hf_encdec
-from memfit.models.families import EXPERTS_KEY, FAMILIES, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, Family
+from memfit.models.families import EXPERTS_KEY, FAMILIES, QWEN_VL_BLOCKS, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, Family
 from memfit.models.falcon import falcon_kv_heads, falcon_layout  # noqa: F401  (hf.falcon_layout for callers)
 from memfit.models.llava import llava_vision_sizes
 
@@ -429,6 +429,11 @@ def _base(cfg: dict, fam: Family, with_pooler: bool) -> tuple[list[Module], str,
     if fam.block == "llava":   # LlavaModel: vision_tower, multi_modal_projector, language_model (a Llama)
         before = _llava_vision(cfg) + [Module("language_model.embed_tokens", "embedding", (vocab, h))]
         return before, "language_model.layers", [Module("language_model.norm", "rmsnorm", (h,))]
+    if fam.block in QWEN_VL_BLOCKS:   # Qwen2VLModel: visual (the vision tower and merger), language_model (a Qwen2)
+        from memfit.models.qwen_vl import vision_modules
+
+        before = [Module(*m) for m in vision_modules(cfg)] + [Module("language_model.embed_tokens", "embedding", (vocab, h))]
+        return before, "language_model.layers", [Module("language_model.norm", "rmsnorm", (h,))]
     norm = "layernorm" if fam.block == "phimoe" else fam.norm_type
     return [Module("embed_tokens", "embedding", (vocab, h))], "layers", [Module("norm", norm, (h,))]
 
@@ -787,7 +792,7 @@ def derive(data: dict, out, path: str) -> list:
                                "(the tokenizer's pad token, as TRL's reward trainer does) or train with micro_batch 1")
     attention = training.get("attention", "sdpa")
     checkpointing = training.get("checkpointing", "none")
-    vision = _vision_training(cfg, training, seq_len)
+    vision = _vision_training(cfg, training, seq_len, data.get("lora"))
     if vision:
         return vision
     parallel = data.get("parallel") if isinstance(data.get("parallel"), dict) else {}
@@ -814,16 +819,26 @@ def derive(data: dict, out, path: str) -> list:
     return hints + _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointing, data)
 
 
-def _vision_training(cfg: dict, training: dict, seq_len: int) -> list:
-    """training.images_per_sample and freeze_vision_tower: read into a LLaVA cfg (cfg["llava"]); problems where the model
-    has no vision tower, or where the images' tokens do not fit the sequence or do not match the tower's patches."""
+def _vision_training(cfg: dict, training: dict, seq_len: int, lora=None) -> list:
+    """training.images_per_sample and freeze_vision_tower (and, for Qwen2-VL / Qwen2.5-VL, the images' size:
+    image_size, image_min_pixels, image_max_pixels): read into the model's cfg (cfg["llava"], cfg["qwen_vl"]); problems
+    where the model has no vision tower, or where the images' tokens do not fit the sequence or do not match the
+    tower's patches."""
     from memfit.diagnostics import codes
     from memfit.diagnostics.diagnostic import Problem
 
-    keys = [key for key in ("images_per_sample", "freeze_vision_tower") if key in training]
-    if not family(cfg).block == "llava":
-        return [Problem(("training", key), codes.SCHEMA, f"training.{key} is for a vision-language model (llava); "
-                        f"{cfg['model_type']} takes no images", on_key=True) for key in keys]
+    sized = ("image_size", "image_min_pixels", "image_max_pixels")
+    keys = [key for key in ("images_per_sample", "freeze_vision_tower", *sized) if key in training]
+    block = family(cfg).block
+    if block in QWEN_VL_BLOCKS:
+        return _qwen_vl_training(cfg, training, seq_len, lora)
+    if not block == "llava":
+        return [Problem(("training", key), codes.SCHEMA, f"training.{key} is for a vision-language model (llava, qwen2_vl, "
+                        f"qwen2_5_vl); {cfg['model_type']} takes no images", on_key=True) for key in keys]
+    if any(key in training for key in sized):
+        key = next(key for key in sized if key in training)
+        return [Problem(("training", key), codes.SCHEMA, f"training.{key} sizes the images of a dynamic-resolution model "
+                        f"(qwen2_vl, qwen2_5_vl); llava's vision tower takes its config's image_size", on_key=True)]
     own = cfg["llava"]
     own["images"] = training.get("images_per_sample", 1)
     own["freeze_vision_tower"] = bool(training.get("freeze_vision_tower", False))
@@ -837,6 +852,47 @@ def _vision_training(cfg: dict, training: dict, seq_len: int) -> list:
     if own["images"] * own["image_seq_length"] > seq_len:
         message = (f"{own['images']} image(s) of {own['image_seq_length']} tokens each do not fit in seq_len {seq_len}: "
                    "the image tokens count in the text sequence")
+        return [Problem(("training", "seq_len"), codes.SCHEMA, message)]
+    return []
+
+
+def _qwen_vl_training(cfg: dict, training: dict, seq_len: int, lora=None) -> list:
+    """Qwen2-VL / Qwen2.5-VL: the images per sample, their size as the processor resizes them (image_size, else the
+    largest max_pixels allows) and the image tokens each expands to, which must fit seq_len."""
+    from memfit.diagnostics import codes
+    from memfit.diagnostics.diagnostic import Problem
+    from memfit.models import qwen_vl
+
+    own = cfg["qwen_vl"]
+    own["images"] = training.get("images_per_sample", 1)
+    own["freeze_vision_tower"] = bool(training.get("freeze_vision_tower", False))
+    own["min_pixels"] = training.get("image_min_pixels", qwen_vl.MIN_PIXELS)
+    own["max_pixels"] = training.get("image_max_pixels", qwen_vl.MAX_PIXELS)
+    if "image_size" in training:
+        own["image_size"] = training["image_size"]
+    if own["min_pixels"] > own["max_pixels"]:
+        return [Problem(("training", "image_min_pixels"), codes.SCHEMA, f"training.image_min_pixels {own['min_pixels']:,} exceeds "
+                        f"image_max_pixels {own['max_pixels']:,}", on_key=True)]
+    try:
+        tokens = qwen_vl.image_tokens(cfg)
+    except ValueError as error:   # smart_resize refuses an aspect ratio over 200
+        return [Problem(("training", "image_size"), codes.SCHEMA, f"training.image_size: the processor refuses it ({error})")]
+    gh, gw = qwen_vl.image_grid(cfg)
+    patch = own["vision"]["patch_size"]
+    if isinstance(lora, dict) and own["images"]:
+        reached = qwen_vl.adapted_vision(cfg, lora)
+        if reached:
+            message = (f"lora.target_modules reach the vision tower ({reached}; peft matches a module by its name's last "
+                       "part, and all-linear takes every linear but the head): memfit models LoRA on the text model with the "
+                       "vision tower and merger frozen; name the text model's modules only (q_proj, k_proj, v_proj, o_proj" +
+                       (", which Qwen2.5-VL's vision blocks do not share" if cfg["model_type"] == "qwen2_5_vl" else
+                        ", gate_proj, up_proj, down_proj") + ")")
+            return [Problem(("lora", "target_modules"), codes.UNSUPPORTED_MODEL, message)]
+    if own["images"] * tokens > seq_len:
+        message = (f"{own['images']} image(s) of {tokens} tokens each ({gh * patch} x {gw * patch} px as the processor resizes "
+                   f"them: {gh} x {gw} patches of {patch} px, merged {own['vision']['spatial_merge_size']} x "
+                   f"{own['vision']['spatial_merge_size']}) do not fit in seq_len {seq_len}: the image tokens count in the text "
+                   "sequence (set training.image_size or image_max_pixels for smaller images)")
         return [Problem(("training", "seq_len"), codes.SCHEMA, message)]
     return []
 
@@ -1001,6 +1057,8 @@ def _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointi
                 elements += math.prod(p.shape)
                 continue
             trains = not (cfg.get("llava", {}).get("freeze_vision_tower") and p.name.startswith("model.vision_tower."))
+            if cfg.get("qwen_vl", {}).get("freeze_vision_tower") and p.name.startswith(("model.visual.patch_embed.", "model.visual.blocks.")):
+                trains = False   # (the merger, LLaMA-Factory's multi-modal projector, still trains)
             if name in covers and len(covers[name]) < num_layers(cfg):  # layers that differ: each layer by index
                 for i in covers[name]:
                     out.tensors.append(make_tensor("parameters", where, f"{prefix}{i}.{p.name}", list(p.shape), 1, trains, None, out))

@@ -233,6 +233,8 @@ class Family(NamedTuple):
     sinks: bool = False   # gpt-oss: eager attention concatenates a per-head sink logit to the scores (softmax over s + 1
     # columns, in the scores' dtype, after subtracting the row max: its int64 indices kept) and drops it after
     rope_half: bool = False   # gpt-oss: cos and sin are (1, s, d/2) (its _apply_rotary_emb rotates the halves; no cat)
+    qwen_vl: bool = False   # Qwen2-VL / Qwen2.5-VL: a Qwen2 text model rotated per sequence (mrope: cos and sin (b, s, d));
+    # the vision tower and merger (_qwen_vl_kept) kept with the embeddings
 
 
 LLAMA_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
@@ -362,6 +364,10 @@ LLAMA4_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_att
                 "lm_head": "lm_head"}
 FAMILIES["llama4_text"] = LLAMA._replace(mlp="moe_llama4", names=LLAMA4_NAMES, softmax_fp32=False, lora_default=(),
                                          lora_experts=False)
+# Qwen2-VL and Qwen2.5-VL (issue 34; modeling_qwen2_vl.py, modeling_qwen2_5_vl.py): the text model is Qwen2's layer;
+# peft 0.21 has no default target_modules for either
+FAMILIES["qwen2_vl"] = LLAMA._replace(qwen_vl=True, lora_default=())
+FAMILIES["qwen2_5_vl"] = LLAMA._replace(qwen_vl=True, lora_default=())
 MOE = ("moe", "moe_shared", "moe_phi", "moe_deepseek", "moe_oss", "moe_llama4")
 SUPPORTED = tuple(FAMILIES)
 DEFAULT_ACT = {"gpt2": "gelu_new", "bert": "gelu", "gpt_neox": "gelu", "gemma": "gelu_pytorch_tanh",
@@ -1601,6 +1607,130 @@ def _llava_kept(cfg, micro_batch, seq_len, attention, checkpointing, precision, 
     return kept, recomputed, pg
 
 
+# Qwen2-VL / Qwen2.5-VL's vision tower and merger (issue 34; the sizes and images: models/qwen_vl.py)
+def _qwen_vl_kept(cfg: dict, micro_batch: int, seq_len: int, attention: str, checkpointing: str, roles: dict, lora) -> tuple:
+    """The vision tower and merger run on micro_batch x images images: (what stays kept through the forward, the
+    largest vision block's recomputation under full checkpointing beyond its input, whether the image features
+    need a gradient). The tower trains unless training.freeze_vision_tower (then patch_embed and the blocks are
+    frozen and keep nothing; the merger trains) or a LoRA adapter freezes the model (peft: nothing of the vision
+    tower is adapted by the text model's target modules: the tower and merger keep nothing)."""
+
+    from memfit.models.qwen_vl import _chunks, image_grid, vision_sizes
+
+    own = cfg["qwen_vl"]
+    images = micro_batch * int(own.get("images", 1))
+    if images == 0:
+        return [], [], False
+    z = vision_sizes(cfg)
+    E, M, H, d, m = z["E"], z["M"], z["H"], z["d"], z["m"]
+    gh, gw = image_grid(cfg)
+    N = images * gh * gw
+    tower = not lora and not own.get("freeze_vision_tower")
+    merger = not lora
+    if not merger:
+        return [], [], False
+    # CPU autocast (bf16-mixed) runs the Conv3d in the low dtype: the residual stream, LayerNorm (not autocast there)
+    # and every linear's output are low from the patch embedding on; each linear keeps autocast's low copy of its
+    # weight (and of an fp32 input: Qwen2.5-VL's RMSNorm multiplies by its fp32 weight). Under *-true and 32-true
+    # every tensor is the model's dtype: `lin` is the tower's dtype in each recipe.
+    lin, f32, low = roles["lin"], "float32", roles["low"]
+    mixed = roles["act"] != roles["lin"]
+    rms = cfg["model_type"] == "qwen2_5_vl"
+    eager = attention == "eager"
+
+    def weights(*shapes, label="") -> list:
+        return [Kept(f"{label}weight, cast to the low dtype by autocast", shape, low) for shape in shapes] if mixed else []
+
+    def norm(label: str) -> list:
+        if rms:
+            return [Kept(f"{label}: input, upcast to fp32 (in fp32 the input itself)", (N, E), f32),
+                    Kept(f"{label}: 1/rms", (N, 1), f32),
+                    Kept(f"{label}: normalized, cast back to the input dtype (weight * it)", (N, E), lin)]
+        return [Kept(f"{label}: input", (N, E), lin), Kept(f"{label}: mean (fp32)", (N, 1), f32),
+                Kept(f"{label}: 1/std (fp32)", (N, 1), f32)]
+
+    def block(full: bool) -> list:
+        rows = norm("norm1") + [Kept("attn.qkv: input", (N, E), lin)]
+        rows.append(Kept("attention: v (a view of attn.qkv's output, which it keeps whole)", (N, 3 * E), lin))
+        chunks = _chunks(cfg, int(own.get("images", 1)) * micro_batch, full)
+        if eager:
+            rows += [Kept("q @ k^T: q (each chunk's copy)", (H, N, d), lin), Kept("q @ k^T: k^T (each chunk's copy)", (H, d, N), lin),
+                     Kept("softmax: probabilities of every chunk (fp32)", (H, sum(c * c for c in chunks)), f32)]
+            if lin != f32:
+                rows.append(Kept("p @ v: probabilities, cast to the value dtype", (H, sum(c * c for c in chunks)), lin))
+        else:
+            rows += [Kept("attention: q (after the rotary)", (N, H, d), lin), Kept("attention: k (after the rotary)", (N, H, d), lin),
+                     Kept("attention: every chunk's output", (N, H, d), lin), Kept("attention: log-sum-exp (fp32)", (H, N), f32)]
+        rows.append(Kept("attn.proj: input (the chunks' outputs, concatenated)", (N, E), lin))
+        rows += norm("norm2")
+        if rms:
+            rows.append(Kept("mlp.gate_proj/up_proj: input", (N, E), lin))
+            if mixed:   # (each autocast linear casts the fp32 product itself: up_proj keeps a copy of its own)
+                rows.append(Kept("mlp.up_proj: input, cast to the low dtype by autocast", (N, E), lin))
+            rows += [Kept("act_fn(gate): input (the projection's output)", (N, M), lin),
+                     Kept("act * up: act_fn(gate)", (N, M), lin), Kept("act * up: up", (N, M), lin),
+                     Kept("mlp.down_proj: input", (N, M), lin)]
+            rows += weights((3 * E, E), (E, E), (M, E), (M, E), (E, M), label="qkv/proj/gate/up/down: ")
+        else:
+            extra = ACTIVATIONS[cfg["qwen_vl"]["vision"]["hidden_act"]] or []
+            rows += [Kept("mlp.fc1: input", (N, E), lin), Kept("act: input (the projection's output)", (N, M), lin)]
+            rows += [Kept(f"act: {what}", (N, M), lin) for what in extra]
+            rows.append(Kept("mlp.fc2: input (the activation's output)", (N, M), lin))
+            rows += weights((3 * E, E), (E, E), (M, E), (E, M), label="qkv/proj/fc1/fc2: ")
+        return rows
+
+    full_layers = set(cfg["qwen_vl"]["vision"].get("fullatt_block_indexes") or ()) if rms else set()
+    out: list = []
+    recomputed: list = []
+    if tower:
+        out.append(Kept("patch_embed (Conv3d): pixel values", (N, z["C"], z["T"], z["P"], z["P"]), lin))
+        out += weights((E, z["C"], z["T"], z["P"], z["P"]), label="patch_embed: ")
+        rotary = [Kept("vision rotary: cos (shared by every block)", (N, 1, d), f32),
+                  Kept("vision rotary: sin (shared by every block)", (N, 1, d), f32)]
+        if rms:
+            out.append(Kept("window order: the patches' window index (int64)", (N // (m * m),), "int64"))
+        if checkpointing == "full":
+            # (torch.utils.checkpoint saves a block's tensor inputs: its hidden states and cu_seqlens; the rotary's cos
+            # and sin come in a tuple, kept by the recomputed block only)
+            chunks = len(_chunks(cfg, images, False)) if rms else images
+            out += [Kept(f"vision block {i}: its input (kept for the recomputation)", (N, E), lin) for i in range(z["layers"])]
+            out += [Kept(f"vision block {i}: cu_seqlens (int32)", (1 + (images if i in full_layers or not rms else chunks),), "int32")
+                    for i in range(z["layers"])]
+            recomputed = [rotary + [k for k in block(i in full_layers) if not k.label.startswith("norm1: input")]
+                          for i in range(z["layers"])]
+        else:
+            out += rotary
+            for i in range(z["layers"]):
+                out += [k._replace(label=f"vision block {i} {k.label}") for k in block(i in full_layers)]
+    wide = E * m * m
+    # (a frozen tower's output needs no gradient: RMSNorm's pow and 1/rms then keep nothing, weight * normalized its
+    # normalized input; nn.LayerNorm keeps input and statistics for its weight's gradient all the same)
+    merger_norm = norm("ln_q") if tower or not rms else norm("ln_q")[2:]
+    out += [k._replace(label=f"merger.{k.label}") for k in merger_norm]
+    out += [Kept("merger.mlp.0: input (ln_q's output, viewed)", (N, E), lin),
+            Kept("merger GELU: input", (N // (m * m), wide), lin), Kept("merger.mlp.2: input (GELU's output)", (N // (m * m), wide), lin)]
+    out += weights(*([(wide, wide)] if tower else []), (z["O"], wide), label="merger.mlp.0/mlp.2: ")
+    if rms:
+        out.append(Kept("merger output, back in image order: the reverse index (int64)", (N // (m * m),), "int64"))
+    out.append(Kept("masked_scatter: the image-token mask (bool)", (micro_batch, seq_len, 1), "bool"))
+    return out, recomputed, True
+
+
+def _qwen_vl_recompute_peak(cfg: dict, micro_batch: int, seq_len: int, attention: str, roles: dict, lora) -> int:
+    """Under full checkpointing, the vision tower's worst moment in the backward: block i is recomputed once the text
+    model, the merger and the blocks above it are done (their saved tensors and inputs released), so what lives is the
+    patch embedding's input, the window order, the inputs of blocks 0..i and block i's recomputation (the rotary's
+    cos and sin with it). The largest over the blocks (Qwen2.5-VL's full-attention blocks recompute more)."""
+    out, recomputed, _ = _qwen_vl_kept(cfg, micro_batch, seq_len, attention, "full", roles, lora)
+    if not recomputed:
+        return 0
+    base = [k for k in out if k.label.startswith(("patch_embed", "window order"))]
+    inputs = [k for k in out if k.label.startswith("vision block")]
+    per_block = len(inputs) // len(recomputed)   # (its hidden states and its cu_seqlens)
+    return max(nbytes(base) + nbytes([k for k in inputs if int(k.label.split()[2].rstrip(":")) <= i]) + nbytes(again)
+               for i, again in enumerate(recomputed)) if per_block else 0
+
+
 class _Key:
     """A config dict (or None) keyed by its frozen value, carrying the dict itself: `_evaluate`'s memo compares
     configs by what they hold, and the evaluation reads the dict it was given."""
@@ -1678,6 +1808,8 @@ def _evaluate_now(cfg, micro_batch, seq_len, attention, checkpointing, precision
     # layer's input does not, and every later one does as soon as an earlier adapter reaches the residual stream
     vision = (_llava_kept(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape)
               if fam.llava else None)
+    if fam.qwen_vl:
+        vision = _qwen_vl_kept(cfg, micro_batch, seq_len, attention, checkpointing, _dtypes(precision, dtypes), lora)
     # (LLaVA: the image features scattered into the embeddings need a gradient when the tower or projector trains)
     # transformers' activation_checkpointing_enable also calls enable_input_require_grads (modeling_utils.py): a
     # hook makes the input embeddings' output require a gradient, so under full checkpointing with a frozen
@@ -1691,6 +1823,9 @@ def _evaluate_now(cfg, micro_batch, seq_len, attention, checkpointing, precision
     layer1 = _resolve(rows, cond, roles, sizes, flags1, shape)
     top = {**w, "emb_out": embed_out, "rope": first["qk"] or later["qk"], "x": later["out"], "t": True, "tn": True, "fn": True}
     embeddings = _resolve(_embedding_rows(fam), cond, roles, sizes, top, shape)
+    if fam.qwen_vl:   # mrope: cos and sin are per sequence, (b, s, head_dim), from the (3, b, s) position ids
+        embeddings = [k._replace(shape=(micro_batch,) + tuple(k.shape[1:])) if k.label.startswith("rotary: ") else k
+                      for k in embeddings]
     if vision:
         embeddings += vision[0]
     top["t"] = later["out"] or top.get(f"W:{fam.names.get('transform')}", False)
@@ -1847,6 +1982,9 @@ def peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "s
     # the backward recomputes layer i once the boundaries of the layers above it are released: where layers differ
     # (dense and sparse) the peak is the largest of (layers up to i kept + layer i's recomputation)
     worst = max(emb_bytes + (i + 1) * each + recomputed[kind] for i, kind in enumerate(layer_kinds(cfg)))
+    if FAMILIES[cfg["model_type"]].qwen_vl:   # a vision block's recomputation, beyond its input
+        ids = nbytes([k for k in emb.kept if k.label.startswith("embed_tokens: input ids")])   # (its backward runs last)
+        worst = max(worst, ids + _qwen_vl_recompute_peak(cfg, micro_batch, seq_len, attention, _dtypes(precision, dtypes), lora))
     if FAMILIES[cfg["model_type"]].llava:   # a vision layer's recomputation, beyond its input
         worst = max(worst, kept + nbytes(_llava_kept(cfg, micro_batch, seq_len, attention, "full", precision, dtypes, lora,
                                                      shape or _shape)[1]))

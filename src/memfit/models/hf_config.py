@@ -25,7 +25,7 @@ from functools import lru_cache
 
 from memfit.diagnostics.diagnostic import Range
 from memfit.models.families import (BASE_FIELDS, CLIP_VISION_FIELDS, DROPPED_KEYS, EXPERTS_KEY, FAMILIES, LLAVA_TEXT_FAMILIES,
-                                     LLAVA_VISION_DEFAULTS, SUPPORTED, Family)
+                                     LLAVA_VISION_DEFAULTS, QWEN_VL_BLOCKS, SUPPORTED, Family)
 
 IO = "io"
 JSON_SYNTAX = "json-syntax"
@@ -407,6 +407,8 @@ def validate(raw) -> list[HFProblem]:
         return problems
     if family.block == "llava":
         return _llava_problems(raw)
+    if family.block in QWEN_VL_BLOCKS:   # Qwen2-VL, Qwen2.5-VL (issue 34): models/qwen_vl.py
+        return _qwen_vl_problems(raw)
 
     architectures = raw.get("architectures")
     if architectures:
@@ -560,9 +562,69 @@ def _llava_problems(raw: dict) -> list[HFProblem]:
     return out
 
 
+def _qwen_vl_problems(raw: dict) -> list:
+    """The text model's keys (typed as Qwen2VLTextConfig reads them, flat or under text_config), the vision tower's,
+    and the shapes transformers needs: heads dividing the widths, key/value groups, the merge dividing nothing odd."""
+    from memfit.diagnostics import codes
+    from memfit.models.qwen_vl import _fields, _text_given, normalize as normalize_vl
+
+    mt = raw["model_type"]
+    text_fields, vision_fields = _fields(mt)
+    out = []
+    names = raw.get("architectures")
+    if names and names[0] not in FAMILIES[mt].architectures:
+        out.append(HFProblem(("architectures", 0), codes.UNSUPPORTED_MODEL, f"architecture {excerpt(names[0])} is not supported "
+                             f"for {mt}; supported: {', '.join(FAMILIES[mt].architectures)}"))
+    nested = isinstance(raw.get("text_config"), dict)
+    where = ("text_config",) if nested else ()
+    given = _text_given(raw)
+    for key, value in given.items():
+        if key in text_fields and not _type_ok(value, text_fields[key][1]):
+            out.append(HFProblem(where + (key,), codes.BAD_MODEL_CONFIG, f"{key} must be {_expected(text_fields[key][1])}, not {_shown(value)}"))
+        elif key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size") and value < 1:
+            out.append(HFProblem(where + (key,), codes.BAD_MODEL_CONFIG, f"{key} must be at least 1, not {value}"))
+    vision = raw.get("vision_config")
+    for key, value in (vision or {}).items():
+        key_ = {"num_attention_heads": "num_heads", "num_hidden_layers": "depth"}.get(key, key)
+        if key_ in vision_fields:
+            kind = vision_fields[key_][1]
+            if not _type_ok(value, kind):
+                out.append(HFProblem(("vision_config", key), codes.BAD_MODEL_CONFIG, f"vision_config.{key} must be {_expected(kind)}, not {_shown(value)}"))
+            elif kind == "int" and value < 1 and key_ != "depth":
+                out.append(HFProblem(("vision_config", key), codes.BAD_MODEL_CONFIG, f"vision_config.{key} must be at least 1, not {value}"))
+    if out:
+        return out
+    cfg = normalize_vl(raw)
+    text, v = cfg["text_config"], cfg["vision_config"]
+    heads, kv = text["num_attention_heads"], text["num_key_value_heads"]
+    if text["hidden_size"] % heads:
+        out.append(HFProblem(where + ("hidden_size",), codes.SHAPE_MISMATCH, f"hidden_size {text['hidden_size']} is not divisible by "
+                             f"num_attention_heads {heads}: each head gets an equal share"))
+    if heads % kv:
+        out.append(HFProblem(where + ("num_key_value_heads" if "num_key_value_heads" in given else "num_attention_heads",),
+                             codes.SHAPE_MISMATCH, f"num_attention_heads {heads} is not divisible by num_key_value_heads {kv} "
+                             f"(Qwen2VLTextConfig's default is 8): each key/value head serves a whole group"))
+    width = v["embed_dim"] if mt == "qwen2_vl" else v["hidden_size"]
+    if width % v["num_heads"] or (width // v["num_heads"]) % 4:
+        out.append(HFProblem(("vision_config", "num_heads"), codes.SHAPE_MISMATCH, f"the vision tower's width {width} over "
+                             f"num_heads {v['num_heads']} is not a head dim divisible by 4: its 2D rotary splits each head "
+                             "into height and width halves"))
+    from memfit.models.hf_activations import ACTIVATIONS
+
+    for key, value in (("hidden_act", text["hidden_act"]), ("vision_config.hidden_act", v["hidden_act"])):
+        if value not in ACTIVATIONS:
+            path = ("vision_config", "hidden_act") if key.startswith("vision") else where + ("hidden_act",)
+            out.append(HFProblem(path, codes.UNSUPPORTED_MODEL, f"{key} {excerpt(value)} is not an activation memfit models"))
+    return out
+
+
 def model_view(cfg: dict) -> dict:
     """The dict models/hf.py and hf_activations.py read: a family's normalized config as it is; LLaVA's with its text
     model's keys at the top (model_type "llava") and the vision tower and projector under "llava"."""
+    if cfg.get("model_type") in QWEN_VL_BLOCKS:
+        from memfit.models import qwen_vl
+
+        return qwen_vl.model_view(cfg)
     if cfg.get("model_type") != "llava":
         return cfg
     text = dict(cfg["text_config"])
@@ -736,6 +798,10 @@ def normalize(raw: dict) -> dict:
     if raw.get("model_type") == "llama4":
         return normalize(llama4_text(raw))
     family = FAMILIES[raw["model_type"]]
+    if family.block in QWEN_VL_BLOCKS:
+        from memfit.models import qwen_vl
+
+        return qwen_vl.normalize(raw)
     fields = family.fields
     out = {key: _copy(default) for key, (default, _) in BASE_FIELDS.items()}
     out.update({key: _copy(default) for key, (default, _) in fields.items()})

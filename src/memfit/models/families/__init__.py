@@ -164,6 +164,8 @@ SUPPORTED = (
     'deepseek_v3',
     'gpt_oss',
     'llama4_text',
+    'qwen2_vl',
+    'qwen2_5_vl',
 )
 
 
@@ -233,3 +235,7 @@ CLIP_VISION_FIELDS = {
 LLAVA_VISION_DEFAULTS = {'intermediate_size': 4096, 'hidden_size': 1024, 'patch_size': 14, 'image_size': 336,
                          'num_hidden_layers': 24, 'num_attention_heads': 16, 'vocab_size': 32000, 'projection_dim': 768}
 
+
+
+# Qwen2-VL and Qwen2.5-VL (issue 34): vision-language families whose vision tower models/qwen_vl.py describes
+QWEN_VL_BLOCKS = ("qwen2_vl", "qwen2_5_vl")

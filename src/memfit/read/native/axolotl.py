@@ -17,6 +17,7 @@ KEYS = {
     "gradient_accumulation_steps": (1, "training.gradient_accumulation", "schemas/training.py gradient_accumulation_steps"),
     "sequence_len": (512, "training.seq_len", "schemas/config.py AxolotlInputConfig.sequence_len"),
     "sample_packing": (False, "training.seq_len: packing fills every sequence to sequence_len (without it, sequence_len is the longest a batch can be)", "schemas/config.py sample_packing; utils/samplers/multipack.py"),
+    "image_size": (None, "training.image_size (Qwen2-VL, Qwen2.5-VL; (width, height) read as [height, width])", "utils/schemas/multimodal.py MultiModalConfig.image_size"),
     "optimizer": ("adamw_torch_fused", "optimizer, training.optimizer_impl (the Trainer's optim names)", "schemas/training.py optimizer"),
     "bf16": ("auto", "precision (resolve_dtype: bf16 -> torch_dtype bfloat16: bf16-true)", "schemas/config.py bf16; utils/config/__init__.py resolve_dtype"),
     "fp16": (None, "precision 16-true", "schemas/config.py fp16; resolve_dtype"),
@@ -114,6 +115,9 @@ def read(r: Reader, ctx) -> dict:
     where = next((k for k in ("bfloat16", "float16", "bf16", "fp16") if k in data), None)
     r.set(("precision",), PRECISION[torch_dtype], r.at(where) if where else None)
 
+    from memfit.read.native import vision
+
+    vision.axolotl(r, ctx)   # (issue 34) a vision-language model's image size
     micro = r.get("micro_batch_size", (int,), 1)
     accum = r.get("gradient_accumulation_steps", (int,), 1)
     seq = r.get("sequence_len", (int,), 512)

@@ -6,7 +6,7 @@ what memfit reads from each key and where its default is; docs/native-llama-fact
 from __future__ import annotations
 
 from memfit.diagnostics import codes
-from memfit.read.native import hf
+from memfit.read.native import hf, vision
 from memfit.read.native.axolotl import optimizer
 from memfit.read.native.base import Reader
 
@@ -36,6 +36,9 @@ KEYS = {
     "deepspeed": (None, "a DeepSpeed JSON", "transformers TrainingArguments.deepspeed"),
     "flash_attn": ("auto", "training.attention: auto, sdpa -> sdpa; disabled -> eager; fa2, fa3 -> flash", "hparams/model_args.py flash_attn; model/model_utils/attention.py configure_attn_implementation"),
     "disable_gradient_checkpointing": (False, "training.checkpointing full unless true", "hparams/model_args.py; model/model_utils/checkpointing.py prepare_model_for_training"),
+    "image_max_pixels": (768 * 768, "training.image_max_pixels (Qwen2-VL, Qwen2.5-VL)", "hparams/model_args.py ProcessorArguments.image_max_pixels; data/mm_plugin.py _preprocess_image"),
+    "image_min_pixels": (32 * 32, "training.image_min_pixels (Qwen2-VL, Qwen2.5-VL)", "hparams/model_args.py ProcessorArguments.image_min_pixels"),
+    "freeze_vision_tower": (True, "training.freeze_vision_tower (Qwen2-VL, Qwen2.5-VL, LLaVA)", "hparams/finetuning_args.py FinetuningArguments.freeze_vision_tower; model/adapter.py"),
 }
 
 UNMODELLED = {
@@ -45,9 +48,9 @@ UNMODELLED = {
     "use_apollo": ((False,), "APOLLO keeps optimizer state in a low-rank projection"),
     "use_badam": ((False,), "BAdam trains one block at a time"),
     "use_unsloth": ((False,), "Unsloth's kernels and checkpointing"),
-    "freeze_vision_tower": ((True,), "a vision tower memfit does not model"),
     "pissa_init": ((False,), "PiSSA initialization"),
     "torch_compile": ((False,), "torch.compile: compiled kernels save less for backward, so the figure is high, on the safe side (torchtune's README, Llama 3.2 3B full fine-tune: + compile 51.0 GiB measured vs 60.0 GiB eager, 15% less); the gate keeps the eager figure"),
+    "freeze_multi_modal_projector": ((False,), "the multi-modal projector (Qwen2-VL's merger, LLaVA's projector) frozen: memfit trains it beside the text model; the figures are high by its gradients and optimizer state"),
     "fsdp": ((None, "", False), "FSDP from TrainingArguments (use an accelerate config via --launch)"),
     "neat_packing": ((False,), "packing without cross-attention: unless the attention is flash_attention_2 the collator builds a (batch, 1, cutoff_len, cutoff_len) attention mask in the compute dtype (data/collator.py prepare_4d_attention_mask), batch x cutoff_len^2 x 2 bytes more than memfit counts"),
     "upcast_layernorm": ((False,), "the layer norms' weights are upcast to float32 (more bytes per norm weight than memfit counts; the figures are slightly low)"),
@@ -132,6 +135,7 @@ def read(r: Reader, ctx) -> dict:
     r.set(("training", "attention"), {"auto": hf.DEFAULT_ATTENTION, "disabled": "eager", "sdpa": "sdpa", "fa2": "flash", "fa3": "flash"}[attention], r.at("flash_attn") if "flash_attn" in data else None)
 
     optimizer(r, r.get("optim", (str,), "adamw_torch_fused"), r.at("optim") if "optim" in data else None)
+    vision.llamafactory(r, ctx)   # (issue 34) a vision-language model's image settings
 
     if kind in ("lora", "oft"):
         if kind == "oft":
