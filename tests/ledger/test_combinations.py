@@ -216,7 +216,15 @@ class InBackward:
         for o in optimizers:
             for group in o.param_groups:
                 for p in group["params"]:
-                    p.register_post_accumulate_grad_hook(lambda _p, o=o: (o.step(), o.zero_grad(set_to_none=True)))
+                    p.register_post_accumulate_grad_hook(self._stepper(o))
+
+    @staticmethod
+    def _stepper(optimizer):
+        def hook(_parameter) -> None:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return hook
 
     @property
     def state(self) -> dict:
@@ -347,6 +355,8 @@ def test_the_gated_peak_of_a_combination_matches_memtracker(run, tmp_path):
     peak = ours["peak"]
     assert abs(peak["bytes"] - theirs["bytes"]) <= BAND * theirs["bytes"], (peak, theirs)
     assert peak["live"]["optimizer_state"] == ours["footprint"]["optimizer_state"]
-    if saved is not None:
+    if saved is not None and run.get("technique") != "checkpoint_every_2":
+        # (under partial checkpointing the footprint's activations stay the every-layer figure, docs/config.md; the
+        # peak above has the chosen layers)
         activations = ours["footprint"]["activations"]
         assert abs(activations - saved) <= BAND * saved, (activations, saved)

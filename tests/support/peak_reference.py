@@ -70,7 +70,8 @@ def measure(model, batch, loss_fn, optimizer, warmup: int = 2, set_to_none: bool
         step()
     params = [p for p in model.parameters()]
     tracker = PhaseTracker(params)
-    tracker.track_external(model, optimizer, *batch)
+    # (an optimizer per parameter stepped in backward, test_combinations.InBackward: each one tracked)
+    tracker.track_external(model, *getattr(optimizer, "optimizers", [optimizer]), *batch)
     with tracker:
         step(tracker)
     snap = tracker.get_tracker_snapshot("peak")[CPU]
