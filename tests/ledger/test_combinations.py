@@ -246,7 +246,9 @@ def chunked_cross_entropy(model, input_ids, labels, chunks: int):
     hidden = base.base_model(input_ids=input_ids).last_hidden_state
     head = base.get_output_embeddings()
     shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]  # transformers' causal shift, as torchtune's
-    logits = [head(h) for h in hidden.chunk(chunks, dim=1)]
+    # (the head's own forward per chunk, as torchtune's chunked_output calls self.output(chunk); through F.linear because
+    # MemTracker refuses a module called more than once in a step)
+    logits = [torch.nn.functional.linear(h, head.weight, head.bias) for h in hidden.chunk(chunks, dim=1)]
     targets = [t.reshape(-1) for t in shifted.chunk(chunks, dim=1)]
     total = 0.0
     for lg, t in zip(logits, targets):
@@ -321,7 +323,8 @@ def _id(run: dict) -> str:
 
 # PhiMoE under QLoRA cannot run: bitsandbytes swaps its router (an nn.Linear subclass returning a tuple) for a
 # Linear4bit and the MoE block's unpacking fails; memfit refuses the config (bad-quantization) instead of a figure
-REFUSED = {"phimoe-bf16-true-none-qlora-bf16-adamw8bit-foreach", "phimoe-32-true-none-qlora-fp32-adafactor-for_loop"}
+def refused(run: dict) -> bool:
+    return run["model"] == "phimoe" and run["adapter"].startswith("qlora")
 # runs whose measured gap is open, as strict xfails with their numbers (id -> reason). Closed: Falcon bf16-true under
 # full checkpointing (0.937 -> 0.977): the math kernel's temporaries while layer 0's attention is recomputed
 # (ledger/training._math_kernel_moments)
@@ -337,7 +340,7 @@ def _marked(run: dict):
 @pytest.mark.filterwarnings("ignore")
 @pytest.mark.parametrize("run", [_marked(r) for r in RUNS])
 def test_the_gated_peak_of_a_combination_matches_memtracker(run, tmp_path):
-    if _id(run) in REFUSED:
+    if refused(run):
         path = tmp_path / "run.yaml"
         path.write_text(yaml.safe_dump(config_for(run, tmp_path), sort_keys=False))
         done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)], capture_output=True, text=True, timeout=120, check=False)
