@@ -61,6 +61,7 @@ class Row:
     budget: int | None = None
     reason: str | None = None  # why there is no answer
     runs: int = 0
+    on_device: dict | None = None  # the GPU's parameters, gradients and optimizer state at the answer (under offload)
 
     def to_json(self) -> dict:
         return {
@@ -282,6 +283,8 @@ def gpus(checked: Result, vary: str = "gpus", options: Options = Options()) -> G
                 row.parallel = {**parallel, "data": row.data}
                 row.peak = gated(result)
                 row.host = result.host["total"] if result.host else None
+                if result.host:
+                    row.on_device = {c: result.footprint.get(c, 0) for c in ("parameters", "gradients", "optimizer_state")}
         row.budget = sizes.result(1).budget
         row.runs = len(sizes.seen)
         out.runs += row.runs
@@ -312,7 +315,24 @@ def text_table(found: GpuFit) -> list[str]:
             lines.append(f"  {r[0]:>{width[0]}}  {r[1]:<{width[1]}}  {r[2]}")
         else:
             lines.append(f"  {r[0]:>{width[0]}}  {r[1]:<{width[1]}}  {r[2]:>{width[2]}}  {r[3]:>{width[3]}}".rstrip())
+    lines += _why_one_gpu(found)
     return lines
+
+
+def _why_one_gpu(found: GpuFit) -> list[str]:
+    """Why a strategy fits on one GPU where the model's own bytes are far over the budget: the offload keeps the
+    parameters (beside their gradients and optimizer state) on the host, and the GPU holds what runs."""
+    from memfit.diagnostics.units import human
+
+    out = []
+    for row in found.rows:
+        if row.gpus != 1 or row.on_device is None or row.host is None:
+            continue
+        held = sum(row.on_device.values())
+        out.append(f"  {row.strategy} on 1 GPU: the parameters, gradients and optimizer state are on the host "
+                   f"({human(row.host)}; {human(held)} stays on the GPU);")
+        out.append(f"    the GPU holds one gathered unit at a time, its gradients and the activations: {human(row.peak)}")
+    return out
 
 
 class TextReporter:
