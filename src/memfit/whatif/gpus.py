@@ -326,8 +326,8 @@ def _why_one_gpu(found: GpuFit) -> list[str]:
 
     out = []
     for row in found.rows:
-        if row.gpus != 1 or row.on_device is None or row.host is None:
-            continue
+        if row.gpus != 1 or row.on_device is None or row.host is None or row.budget is None or row.host <= row.budget:
+            continue  # (only where the host alone holds more than a GPU could: where one GPU is a surprise)
         held = sum(row.on_device.values())
         out.append(f"  {row.strategy} on 1 GPU: the parameters, gradients and optimizer state are on the host "
                    f"({human(row.host)}; {human(held)} stays on the GPU);")
