@@ -147,12 +147,16 @@ def build(cfg: dict, attention: str = "sdpa", precision: str = "32-true", lora: 
     concrete = cls._model_mapping[type(config)] if cls.__name__.startswith("Auto") else cls
     if attention == "sdpa" and not concrete._supports_sdpa:
         attention = None   # Gemma 2 refuses sdpa: transformers' default (what a user without attn_implementation runs)
-    # built in its dtype as from_pretrained(dtype=...) loads it (the rotary inv_freq and DeepSeek-V3's router bias stay
-    # fp32 there; model.to(dtype) would cast them too)
-    dtype = {"bf16-true": torch.bfloat16, "16-true": torch.float16}.get(precision)
-    kwargs = {"dtype": dtype} if dtype is not None else {}
-    model = cls.from_config(config, attn_implementation=attention, **kwargs) if cls.__name__.startswith("Auto") else \
-        cls._from_config(config, attn_implementation=attention, **kwargs)
+    model = cls.from_config(config, attn_implementation=attention) if cls.__name__.startswith("Auto") else \
+        cls._from_config(config, attn_implementation=attention)
+    if precision in ("bf16-true", "16-true"):
+        model = model.to(torch.bfloat16 if precision == "bf16-true" else torch.float16)
+        # the rotary inv_freq pair as from_pretrained(dtype=...) keeps it: fp32 (transformers 5.24; model.to casts
+        # it, and the rotary embedding reads it as .float() either way)
+        for module in model.modules():
+            for name, buf in list(module._buffers.items()):
+                if buf is not None and name.endswith("inv_freq"):
+                    module._buffers[name] = buf.float()
     if quantization:
         quantize_4bit(model, quantization)
     if lora is not None:
