@@ -45,15 +45,15 @@ def meta_parameters(given: dict) -> int:
 
 
 def meta_buffer_bytes(given: dict, dtype: str) -> int:
-    """The bytes of the registered buffers transformers builds for the config (rotary inv_freq, ...), cast to `dtype` as
-    the model is: they are on the device beside the parameters, counted under `parameters`."""
+    """The bytes of the registered buffers transformers builds for the config (rotary inv_freq, ...) in `dtype` as
+    from_pretrained(dtype=...) builds the model: they are on the device beside the parameters, under `parameters`."""
     import needs
 
     torch = needs.module("torch")
     transformers = needs.module("transformers")
     config = transformers.AutoConfig.for_model(**given)
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config).to(getattr(torch, dtype))
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     return sum(b.numel() * b.element_size() for b in model.buffers())
 
 

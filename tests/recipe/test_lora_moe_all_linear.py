@@ -27,9 +27,11 @@ def test_all_linear_on_a_mixture_of_experts_is_what_peft_builds(tmp_path, model_
     raw = {**config.to_dict(), "torch_dtype": "bfloat16"}
     (tmp_path / "tiny.json").write_text(json.dumps(raw))
     model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    with torch.device("meta"):  # the buffers in the dtypes from_pretrained(dtype=bfloat16) keeps them in (inv_freq fp32)
+        loaded = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     wrapped = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules="all-linear"))
     trainable = sum(t.numel() * t.element_size() for t in wrapped.parameters() if t.requires_grad)
-    every = sum(t.numel() * t.element_size() for t in wrapped.parameters())
+    every = sum(t.numel() * t.element_size() for t in [*wrapped.parameters(), *loaded.buffers()])  # buffers: on the device too
     path = tmp_path / "c.yaml"
     path.write_text(
         "memfit: 1\ndevice: {memory: 80 GB}\nprecision: bf16-true\noptimizer: adamw\nmodel: {hf_config: tiny.json}\n"

@@ -752,7 +752,7 @@ def test_qlora_config_through_check_matches_a_real_step(llama_dir):
     opt = torch.optim.AdamW(trainable)
     model(input_ids=torch.randint(0, 130, (2, 8)), labels=torch.randint(0, 130, (2, 8))).loss.backward()
     opt.step()
-    held = list(model.parameters())
+    held = list(model.parameters()) + list(model.buffers())  # (the rotary inv_freq pair: on the device, under parameters)
     for m in model.modules():
         if isinstance(m, bnb.nn.Linear4bit):
             held += list(_held(m).values())
@@ -760,7 +760,7 @@ def test_qlora_config_through_check_matches_a_real_step(llama_dir):
     assert fp["parameters"] == distinct(held)
     assert fp["gradients"] == distinct(p.grad for p in trainable)
     assert fp["optimizer_state"] == distinct(v for p in trainable for k, v in opt.state[p].items() if k != "step")
-    names = [t.name for t in result.config.tensors if t.category == "parameters"]
+    names = [t.name for t in result.config.tensors if t.category == "parameters" and not t.buffer]
     assert [n for n, _ in model.named_parameters()] == [n for n in names if ".quant_state." not in n and not n.endswith(".weight.SCB")]
 
 
@@ -789,11 +789,12 @@ def test_qlora_example_by_hand():
     quantized = 128 * nf4_dq(attn) + 96 * nf4_dq(mlp)
     bf16 = 2 * (2 * 32000 * 4096 + 65 * 4096)  # embeddings, head, 65 RMSNorm weights
     adapters = 128 * 16 * (4096 + 4096)  # r 16 on q, k, v, o of 32 layers, fp32
+    buffers = 2 * 4 * (128 // 2)  # the rotary embedding's inv_freq and original_inv_freq: head_dim / 2 each, fp32 (as loaded)
     path = Path(__file__).resolve().parents[2] / "examples" / "llama7b-qlora.yaml"
     result = check(path.read_text(), str(path))
     assert not result.diagnostics
     fp = result.footprint
-    assert fp["parameters"] == quantized + bf16 + 4 * adapters == 3_932_945_280
+    assert fp["parameters"] == quantized + bf16 + 4 * adapters + buffers == 3_932_945_792
     assert (fp["gradients"], fp["optimizer_state"]) == (4 * adapters, 8 * adapters)
     text = render(result)
     assert "4-bit weight, packed (quantization)" in text and "LoRA adapter (peft)" in text

@@ -155,10 +155,12 @@ def test_transformer_modules_are_transformers_own_module_paths(entries, path, hf
     backward = [ev["module"] for ev in warm if ev["at"] == "post-backward"]
     assert [m for m in forward if m in layers] == sorted(layers, key=lambda m: int(m.rsplit(".", 1)[1]))
     assert [m for m in backward if m in layers] == [m for m in forward if m in layers][::-1]
-    # the model's ends: its embedding first and last; the head's output layer ends forward, and
-    # the final norm it begins with is where the head's backward ends
-    assert forward[0] == backward[-1] and forward[-1] == "lm_head" and ("norm" in backward[0] or "ln_f" in backward[0])
-    for m in layers:
+    # the model's ends: its embedding first and last; the final norm, then the output layer end forward, and
+    # backward begins with the output layer, then the final norm (each a module of its own)
+    norm = forward[-2]
+    assert forward[0] == backward[-1] and forward[-1] == "lm_head" and ("norm" in norm or "ln_f" in norm)
+    assert backward[:2] == ["lm_head", norm]
+    for m in layers | {norm, "lm_head"}:
         assert {ev["at"] for ev in warm if ev["module"] == m} - {None} == {"pre-forward", "post-forward", "pre-backward", "post-backward"}
 
 

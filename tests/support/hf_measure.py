@@ -158,6 +158,12 @@ def build(cfg: dict, attention: str = "sdpa", precision: str = "32-true", lora: 
         cls._from_config(config, attn_implementation=attention)
     if precision in ("bf16-true", "16-true"):
         model = model.to(torch.bfloat16 if precision == "bf16-true" else torch.float16)
+        # the rotary inv_freq pair as from_pretrained(dtype=...) keeps it: fp32 (transformers 5.24; model.to casts
+        # it, and the rotary embedding reads it as .float() either way)
+        for module in model.modules():
+            for name, buf in list(module._buffers.items()):
+                if buf is not None and name.endswith("inv_freq"):
+                    module._buffers[name] = buf.float()
     if quantization:
         quantize_4bit(model, quantization)
     if lora is not None:

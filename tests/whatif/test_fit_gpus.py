@@ -119,3 +119,22 @@ def test_text_table_and_a_config_without_parallel(tmp_path):
     assert len(lines) == 2 + 12
     bad = memfit("fit", "--vary", "nodes", "examples/llama-3-8b.yaml")
     assert bad.returncode == 2
+
+
+def test_an_offloaded_70b_on_one_gpu_is_every_parameter_on_the_host_and_says_so():
+    """Llama-3-70B, bf16 weights, gradients and AdamW state, FSDP with parameter and optimizer offload: one GPU is
+    enough because the host holds every parameter, gradient and optimizer state (8 bytes per parameter of the
+    model transformers builds) and the GPU only what runs; the text says so."""
+    import needs
+
+    torch, transformers = needs.module("torch"), needs.module("transformers")
+    raw = json.loads((ROOT / "examples" / "models" / "llama-3-70b.json").read_text())
+    config = transformers.AutoConfig.for_model(raw.pop("model_type"), **{k: v for k, v in raw.items() if k != "architectures"})
+    with torch.device("meta"):
+        count = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(config).parameters())
+    example = "examples/parallel/llama3-70b-fsdp-8xh100.yaml"
+    (entry,) = json.loads(memfit("fit", "--vary", "gpus", "--format", "json", example).stdout)["files"]
+    (row,) = [r for r in entry["strategies"] if r["strategy"] == "FSDP full_shard + offload"]
+    assert row["gpus"] == 1 and row["host"] == 8 * count, row
+    text = memfit("fit", "--vary", "gpus", example).stdout
+    assert "FSDP full_shard + offload on 1 GPU: the parameters, gradients and optimizer state are on the host" in text

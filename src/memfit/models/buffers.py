@@ -5,8 +5,10 @@ gradients or optimizer state: the footprint counts them under `parameters` (as n
 step's walk holds them for the whole step, so the two agree (tests/models/test_buffers.py builds each family on
 the meta device and compares with `model.named_buffers()`).
 
-A buffer's dtype is None where it is a float the model's cast converts (`model.to(dtype)`: the dtype the model's
-own tensors are in), or the integer dtype it keeps.
+A buffer's dtype is the one a model loaded with `from_pretrained(..., dtype=...)` keeps it in (transformers 5.24):
+the rotary embedding computes inv_freq in float32 and keeps it there, DeepSeek-V3 keeps its router bias in float32
+(_keep_in_fp32_modules_strict), BERT's ids are int64; None where it is made in the model's dtype (Gemma's
+embed_scale). (`model.to(dtype)` after loading would cast the float ones too.)
 """
 
 from __future__ import annotations
@@ -32,11 +34,11 @@ def buffers(cfg: dict, rotary: int) -> list[Buffer]:
         positions = (1, cfg["max_position_embeddings"])
         return [Buffer(f"{base}.embeddings.position_ids", positions, "int64"),
                 Buffer(f"{base}.embeddings.token_type_ids", positions, "int64")]
-    if mt in ("gemma", "gemma2", "gemma3_text"):  # the scaled word embedding's normalizer: a scalar, cast with the model
+    if mt in ("gemma", "gemma2", "gemma3_text"):  # the scaled word embedding's normalizer: a scalar in the model's dtype
         out.append(Buffer(f"{base}.embed_tokens.embed_scale", (), None))
     if mt == "deepseek_v3":  # each MoE layer's router keeps e_score_correction_bias (n_routed_experts)
         first = min(cfg["num_hidden_layers"], cfg.get("first_k_dense_replace") or 0)
-        out += [Buffer(f"{base}.layers.{i}.mlp.gate.e_score_correction_bias", (cfg["n_routed_experts"],), None)
+        out += [Buffer(f"{base}.layers.{i}.mlp.gate.e_score_correction_bias", (cfg["n_routed_experts"],), "float32")
                 for i in range(first, cfg["num_hidden_layers"])]
     if rotary:
         half = (rotary // 2,)
@@ -45,6 +47,6 @@ def buffers(cfg: dict, rotary: int) -> list[Buffer]:
         else:
             kinds = [""]
         for kind in kinds:
-            out += [Buffer(f"{base}.rotary_emb.{kind}inv_freq", half, None),
-                    Buffer(f"{base}.rotary_emb.{kind}original_inv_freq", half, None)]
+            out += [Buffer(f"{base}.rotary_emb.{kind}inv_freq", half, "float32"),
+                    Buffer(f"{base}.rotary_emb.{kind}original_inv_freq", half, "float32")]
     return out

@@ -75,7 +75,22 @@ def gpus_table(found) -> list[str]:
             lines.append(f"  {r[0]:>{width[0]}}  {r[1]:<{width[1]}}  {r[2]}")
         else:
             lines.append(f"  {r[0]:>{width[0]}}  {r[1]:<{width[1]}}  {r[2]:>{width[2]}}  {r[3]:>{width[3]}}".rstrip())
+    lines += _why_one_gpu(found)
     return lines
+
+
+def _why_one_gpu(found) -> list[str]:
+    """Why a strategy fits on one GPU where the model's own bytes are far over the budget: the offload keeps the
+    parameters (beside their gradients and optimizer state) on the host, and the GPU holds what runs."""
+    out = []
+    for row in found.rows:
+        if row.gpus != 1 or row.on_device is None or row.host is None or row.budget is None or row.host <= row.budget:
+            continue  # (only where the host alone holds more than a GPU could: where one GPU is a surprise)
+        held = sum(row.on_device.values())
+        out.append(f"  {row.strategy} on 1 GPU: the parameters, gradients and optimizer state are on the host "
+                   f"({human(row.host)}; {human(held)} stays on the GPU);")
+        out.append(f"    the GPU holds one gathered unit at a time, its gradients and the activations: {human(row.peak)}")
+    return out
 
 
 class GpusText:

@@ -62,6 +62,7 @@ class Row:
     budget: int | None = None
     reason: str | None = None  # why there is no answer
     runs: int = 0
+    on_device: dict | None = None  # the GPU's parameters, gradients and optimizer state at the answer (under offload)
 
     def to_json(self) -> dict:
         return {
@@ -283,6 +284,8 @@ def gpus(checked: Result, vary: str = "gpus", options: Options = Options()) -> G
                 row.parallel = {**parallel, "data": row.data}
                 row.peak = gated(result)
                 row.host = result.host["total"] if result.host else None
+                if result.host:
+                    row.on_device = {c: result.footprint.get(c, 0) for c in ("parameters", "gradients", "optimizer_state")}
         row.budget = sizes.result(1).budget
         row.runs = len(sizes.seen)
         out.runs += row.runs
