@@ -676,7 +676,7 @@ def _buffers(cfg: dict, sizes: dict, dtype: str) -> list:
     out = [dtype_bytes(sizes["rot"] // 2, dtype)] * 2 if sizes["rot"] else []
     if cfg["model_type"] == "gemma3_text":  # one inv_freq pair per layer type present (Gemma3RotaryEmbedding)
         out *= len(set(cfg.get("layer_types") or ())) or 1
-    if cfg["model_type"] == "bert":
+    if cfg["model_type"] in ("bert", "roberta"):   # (RoBERTa: the same two buffers)
         out += [dtype_bytes(cfg["max_position_embeddings"], "int64")] * 2
     if cfg["model_type"] in ("gemma", "gemma2", "gemma3_text"):
         out.append(dtype_bytes(1, "float32"))

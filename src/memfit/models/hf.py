@@ -19,7 +19,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from memfit.models import hf_encdec
-from memfit.models.families import EXPERTS_KEY, FAMILIES, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, Family
+from memfit.models.families import EXPERTS_KEY, FAMILIES, MASKED_LM, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, Family
 from memfit.models.falcon import falcon_kv_heads, falcon_layout  # noqa: F401  (hf.falcon_layout for callers)
 from memfit.models.llava import llava_vision_sizes
 
@@ -413,6 +413,14 @@ def _base(cfg: dict, fam: Family, with_pooler: bool) -> tuple[list[Module], str,
         return [Module("wte", "embedding", (vocab, h)), Module("wpe", "embedding", (cfg["n_positions"], h))], "h", [
             Module("ln_f", "layernorm", (h,))
         ]
+    if fam.block == "bert" and fam.encoder_head == "roberta":   # RobertaEmbeddings registers position_embeddings last
+        before = [
+            Module("embeddings.word_embeddings", "embedding", (vocab, h)),
+            Module("embeddings.token_type_embeddings", "embedding", (cfg["type_vocab_size"], h)),
+            Module("embeddings.LayerNorm", "layernorm", (h,)),
+            Module("embeddings.position_embeddings", "embedding", (cfg["max_position_embeddings"], h)),
+        ]
+        return before, "encoder.layer", []
     if fam.block == "bert":
         before = [
             Module("embeddings.word_embeddings", "embedding", (vocab, h)),
@@ -468,7 +476,17 @@ def _tree(cfg: dict) -> tuple[list[Module], str, list[Module], list[Module], set
     after = [Module(prefix + m.path, m.type, m.dims) for m in after]
     tied: set = set()
     tie = bool(cfg.get("tie_word_embeddings"))
-    if kind == SEQUENCE_CLASSIFICATION:
+    if fam.encoder_head == "roberta" and kind in (SEQUENCE_CLASSIFICATION, MASKED_LM):
+        # RobertaClassificationHead (dense, tanh, out_proj) / RobertaLMHead (its bias first: a module's own parameters
+        # come before its children's; the decoder's weight is the word embedding's and its bias lm_head.bias when tied)
+        if kind == SEQUENCE_CLASSIFICATION:
+            after += [Module("classifier.dense", "linear", (h, h, True)), Module("classifier.out_proj", "linear", (h, labels, True))]
+        else:
+            after += [Module("lm_head.bias", "param", (vocab,)), Module("lm_head.dense", "linear", (h, h, True)),
+                      Module("lm_head.layer_norm", "layernorm", (h,)), Module("lm_head.decoder", "linear", (h, vocab, True))]
+            if tie:
+                tied = {"lm_head.decoder.weight", "lm_head.decoder.bias"}
+    elif kind == SEQUENCE_CLASSIFICATION:
         if fam.block == "bert":
             after.append(Module("classifier", "linear", (h, labels, True)))
         else:
@@ -773,6 +791,15 @@ def derive(data: dict, out, path: str) -> list:
         return at_architecture(f"{architecture(cfg)}: activations are modeled for {', '.join(heads)}, not for a {kind} "
                                f"head; name one of them in architectures[0] (the head's own parameters are then counted "
                                f"as transformers builds them)")
+    if fam.block == "bert" and (cfg.get("is_decoder") or cfg.get("add_cross_attention")):
+        # a BERT-style encoder run as a decoder (causal mask) or with cross-attention: not the encoder memfit models
+        key = "is_decoder" if cfg.get("is_decoder") else "add_cross_attention"
+        message = (f"{key}: true makes {architecture(cfg)} a decoder (a causal mask{', cross-attention' if key != 'is_decoder' else ''}); "
+                   f"memfit's {fam.model_type} family models the bidirectional encoder and its masked-LM and classifier "
+                   f"heads: set {key} to false for those")
+        if file is not None:
+            return [Problem(where, codes.UNSUPPORTED_MODEL, message, file=file, at=loaded.positions.range((key,), True))]
+        return [Problem(where + (key,), codes.UNSUPPORTED_MODEL, message, on_key=True)]
     missing = [key for key in ("micro_batch", "seq_len") if key not in training]
     if missing:
         at = ("training",) if "training" in data else ("model",)
