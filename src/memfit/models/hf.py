@@ -548,6 +548,10 @@ def layer_parameters(cfg: dict) -> list[Param]:
 
 def parameters(cfg: dict) -> list[Param]:
     """named_parameters() of the transformers class for this config, in order, tied weights once."""
+    if cfg.get("model_type") == "whisper":  # models/whisper.py
+        from memfit.models import whisper
+
+        return whisper.parameters(cfg)
     if hf_encdec.is_stacked(cfg):
         return _stacked_parameters(cfg)
     before, layers, layer, after, tied = _tree(cfg)
@@ -562,6 +566,10 @@ def parameters(cfg: dict) -> list[Param]:
 
 def parameter_count(cfg: dict) -> int:
     """Elements of all parameters (tied ones once), without listing each layer."""
+    if cfg.get("model_type") == "whisper":  # models/whisper.py
+        from memfit.models import whisper
+
+        return sum(math.prod(p.shape) for p in whisper.parameters(cfg))
     if hf_encdec.is_stacked(cfg):
         return sum(math.prod(p.shape) for p in _stacked_parameters(cfg))
     before, _, layer, after, tied = _tree(cfg)
@@ -583,6 +591,10 @@ def parameter_count(cfg: dict) -> int:
 
 def linear_modules(cfg: dict) -> list[tuple[str, int, int, bool]]:
     """(module name, in_features, out_features, has_bias) of every nn.Linear and GPT-2 Conv1D, in module order."""
+    if cfg.get("model_type") == "whisper":  # models/whisper.py
+        from memfit.models import whisper
+
+        return whisper.linear_modules(cfg)
     if hf_encdec.is_stacked(cfg):
         return [(m.path, *m.dims) for _, modules in hf_encdec._segments(cfg) for m in modules if m.type == "linear"]
     before, layers, layer, after, _ = _tree(cfg)
@@ -625,6 +637,10 @@ def layer_prefix(cfg: dict) -> str:
 def summary(cfg: dict) -> str:
     """One line for a hover: the class, its size and its shape."""
     fam = family(cfg)
+    if fam.block == "whisper":  # models/whisper.py
+        from memfit.models import whisper
+
+        return whisper.summary(cfg)
     if fam.stacked:
         return _stacked_summary(cfg)
     heads = cfg["n_head"] if fam.model_type == "gpt2" else cfg["num_attention_heads"]
@@ -835,6 +851,10 @@ def derive(data: dict, out, path: str) -> list:
             message = ("training.moe sets a routing assumption; Llama 4's experts take every token (E x tokens rows per "
                        "MoE layer, whatever the router picks): ignored")
             hints.append(Problem(("training", "moe"), codes.IGNORED_KEY, message, on_key=True))
+    if fam.block == "whisper":  # models/whisper.py: its encoder over max_source_positions, its decoder over seq_len
+        from memfit.models import whisper
+
+        return hints + whisper.derive(cfg, raw, out, where, file, data, at_architecture)
     if "target_len" in training and not fam.stacked:
         message = f"training.target_len is the decoder's tokens of an encoder-decoder model; {fam.model_type} has one stack: ignored (seq_len counts its tokens)"
         hints.append(Problem(("training", "target_len"), codes.IGNORED_KEY, message, on_key=True))

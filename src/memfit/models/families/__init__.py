@@ -168,6 +168,7 @@ SUPPORTED = (
     'gpt_oss',
     'llama4_text',
     'roberta',
+    'whisper',
 )
 
 
