@@ -213,6 +213,8 @@ def derive(cfg: dict, raw: dict, out, where, file, data: dict, at_architecture) 
     """models/hf.derive's tail for Whisper: the step this module computes, priced by the fallback's machinery
     (models/traced._tensors); settings it was not measured at run the `[trace]` fallback's fake-tensor step where
     memfit[trace] is installed, else are refused with the reason."""
+    import dataclasses
+
     from memfit.diagnostics import codes
     from memfit.diagnostics.diagnostic import Problem
     from memfit.models import traced
@@ -246,7 +248,7 @@ def derive(cfg: dict, raw: dict, out, where, file, data: dict, at_architecture) 
         code = codes.MEASURED_ACTIVATIONS if ran is not None else codes.APPROXIMATE_ACTIVATIONS
         how = ("activations measured by the [trace] fallback: one forward and backward on fake tensors" if ran is not None
                else "activations from the [trace] fallback's generic rule")
-        return hints + problems + [p._replace(code=code) for p in at_architecture(f"{reason}; {how}")]
+        return hints + problems + [dataclasses.replace(p, code=code) for p in at_architecture(f"{reason}; {how}")]
     step = measured(cfg, training["micro_batch"], seq_len, training.get("attention", "sdpa"), training.get("checkpointing", "none"))
     problems, _, _ = traced._tensors(traced_model(cfg), out, where, file, training, data, None, given=step)
     if out.model is not None:
