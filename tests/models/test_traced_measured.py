@@ -159,7 +159,9 @@ def test_whisper_is_counted_whole_and_measured(tmp_path):
     done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(tmp_path / "train.yaml")],
                           capture_output=True, text=True, timeout=300, check=False)
     entry = json.loads(done.stdout)["files"][0]
-    assert [d["code"] for d in entry["diagnostics"]] == ["measured-activations"]
+    # Whisper now has its family (models/whisper.py, no trace warning); the fallback's own step is compared with it in
+    # tests/models/test_families_whisper.py
+    assert [d["code"] for d in entry["diagnostics"]] == []
     model = hm.build(cfg, "eager")
     assert type(model).__name__ == "WhisperForConditionalGeneration"
     assert entry["footprint"]["parameters"] == 4 * sum(p.numel() for p in model.parameters())

@@ -799,6 +799,10 @@ def derive(data: dict, out, path: str) -> list:
             return [Problem(where, codes.UNSUPPORTED_MODEL, message, file=file, at=loaded.positions.range(("architectures", 0)))]
         return [Problem(where + ("architectures", 0), codes.UNSUPPORTED_MODEL, message)]
 
+    if fam.block == "whisper":  # models/whisper.py: its encoder over max_source_positions, its decoder over seq_len
+        from memfit.models import whisper
+
+        return hints + whisper.derive(cfg, raw, out, where, file, data, at_architecture)
     classifies = kind in (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION) and not fam.stacked and fam.block != "llava"
     if kind != fam.architectures[fam.default_architecture] and not classifies:
         # hf_activations models the family's own language-model head (and its loss) and the classifiers
@@ -851,10 +855,6 @@ def derive(data: dict, out, path: str) -> list:
             message = ("training.moe sets a routing assumption; Llama 4's experts take every token (E x tokens rows per "
                        "MoE layer, whatever the router picks): ignored")
             hints.append(Problem(("training", "moe"), codes.IGNORED_KEY, message, on_key=True))
-    if fam.block == "whisper":  # models/whisper.py: its encoder over max_source_positions, its decoder over seq_len
-        from memfit.models import whisper
-
-        return hints + whisper.derive(cfg, raw, out, where, file, data, at_architecture)
     if "target_len" in training and not fam.stacked:
         message = f"training.target_len is the decoder's tokens of an encoder-decoder model; {fam.model_type} has one stack: ignored (seq_len counts its tokens)"
         hints.append(Problem(("training", "target_len"), codes.IGNORED_KEY, message, on_key=True))

@@ -980,6 +980,6 @@ def _rope_per_layer_type(out: dict, extra: dict, family: Family) -> None:
 def _copy(value):
     if isinstance(value, dict):
         return {key: _copy(item) for key, item in value.items()}
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):  # a tuple default (WhisperConfig's begin_suppress_tokens) serializes as a list
         return [_copy(item) for item in value]
     return value

@@ -221,6 +221,11 @@ def derive(cfg: dict, raw: dict, out, where, file, data: dict, at_architecture) 
     from memfit.models.hf import _recipe_arguments
 
     training = data.get("training") or {}
+    missing = [key for key in ("micro_batch", "seq_len") if key not in training]
+    if missing:
+        at = ("training",) if "training" in data else ("model",)
+        need = " and ".join(f"training.{key}" for key in missing)
+        return [Problem(at, codes.SCHEMA, f"a transformer model needs {need}: the batch axis and the tokens per sequence", on_key=True)]
     hints = []
     if "target_len" in training:
         message = ("training.target_len: Whisper's decoder runs training.seq_len tokens and its encoder "
@@ -235,9 +240,11 @@ def derive(cfg: dict, raw: dict, out, where, file, data: dict, at_architecture) 
     recipe = _recipe_arguments(data, base if isinstance(base, str) else "float32")
     adapted = "lora" in data or "quantization" in data
     why = why_not(cfg, training, recipe.get("precision", "32-true"), adapted)
+    if architecture_name(cfg) != "WhisperForConditionalGeneration":
+        why = f"{architecture_name(cfg)} (the decoder alone)"
     if why:
-        reason = (f"{architecture_name(cfg)}: memfit's whisper family computes the step for fp32, eager or sdpa attention, "
-                  f"checkpointing none or full, no dropout and no adapters; not {why}")
+        reason = (f"{architecture_name(cfg)}: memfit's whisper family computes WhisperForConditionalGeneration's step at fp32, "
+                  f"eager or sdpa attention, checkpointing none or full, no dropout and no adapters; not {why}")
         if not traced.available():
             return hints + at_architecture(reason + ": install memfit[trace] to measure it on fake tensors")
         try:

@@ -5,7 +5,7 @@ num_mel_bins (the feature extractor pads every clip to 30 s), so the encoder alw
 positions; the decoder runs `training.seq_len` tokens. Data, loaded on demand (models.families.FAMILIES).
 """
 
-from memfit.models.families import Family, SEQ2SEQ_LM
+from memfit.models.families import CAUSAL_LM, Family, SEQ2SEQ_LM
 
 FAMILY = Family(
     'whisper',
@@ -36,7 +36,7 @@ FAMILY = Family(
         'bos_token_id': (50256, 'int?'),
         'eos_token_id': (50256, 'ids?'),
         'suppress_tokens': (None, 'ints?'),
-        'begin_suppress_tokens': ([220, 50256], 'ints?'),
+        'begin_suppress_tokens': ((220, 50256), 'ints?'),
         'use_weighted_layer_sum': (False, 'bool'),
         'classifier_proj_size': (256, 'int'),
         'apply_spec_augment': (False, 'bool'),
@@ -50,7 +50,7 @@ FAMILY = Family(
         'tie_word_embeddings': (True, 'bool'),
         'is_encoder_decoder': (True, 'bool'),
     },
-    architectures={'WhisperForConditionalGeneration': SEQ2SEQ_LM},
+    architectures={'WhisperForConditionalGeneration': SEQ2SEQ_LM, 'WhisperForCausalLM': CAUSAL_LM},  # the decoder alone: the [trace] fallback
     default_architecture='WhisperForConditionalGeneration',
     attribute_map={'num_key_value_heads': 'encoder_attention_heads', 'num_attention_heads': 'encoder_attention_heads',
                    'hidden_size': 'd_model', 'num_hidden_layers': 'encoder_layers'},
