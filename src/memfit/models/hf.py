@@ -548,10 +548,8 @@ def layer_parameters(cfg: dict) -> list[Param]:
 
 def parameters(cfg: dict) -> list[Param]:
     """named_parameters() of the transformers class for this config, in order, tied weights once."""
-    if cfg.get("model_type") == "whisper":  # models/whisper.py
-        from memfit.models import whisper
-
-        return whisper.parameters(cfg)
+    if cfg.get("model_type") == "whisper":  # models/hf_encdec.whisper_modules (proj_out tied: left out)
+        return [p for m in hf_encdec.whisper_modules(cfg) for p in _params(m, m.path)]
     if hf_encdec.is_stacked(cfg):
         return _stacked_parameters(cfg)
     before, layers, layer, after, tied = _tree(cfg)
@@ -566,10 +564,8 @@ def parameters(cfg: dict) -> list[Param]:
 
 def parameter_count(cfg: dict) -> int:
     """Elements of all parameters (tied ones once), without listing each layer."""
-    if cfg.get("model_type") == "whisper":  # models/whisper.py
-        from memfit.models import whisper
-
-        return sum(math.prod(p.shape) for p in whisper.parameters(cfg))
+    if cfg.get("model_type") == "whisper":  # models/hf_encdec.whisper_modules
+        return sum(math.prod(p.shape) for m in hf_encdec.whisper_modules(cfg) for p in _params(m, m.path))
     if hf_encdec.is_stacked(cfg):
         return sum(math.prod(p.shape) for p in _stacked_parameters(cfg))
     before, _, layer, after, tied = _tree(cfg)
@@ -591,10 +587,10 @@ def parameter_count(cfg: dict) -> int:
 
 def linear_modules(cfg: dict) -> list[tuple[str, int, int, bool]]:
     """(module name, in_features, out_features, has_bias) of every nn.Linear and GPT-2 Conv1D, in module order."""
-    if cfg.get("model_type") == "whisper":  # models/whisper.py
-        from memfit.models import whisper
-
-        return whisper.linear_modules(cfg)
+    if cfg.get("model_type") == "whisper":  # models/hf_encdec.whisper_modules, and proj_out (tied or not)
+        linears = [(m.path, *m.dims) for m in hf_encdec.whisper_modules(cfg) if m.type == "linear"]
+        tied = cfg.get("tie_word_embeddings", True)
+        return linears + ([("proj_out", cfg["d_model"], cfg["vocab_size"], False)] if tied else [])
     if hf_encdec.is_stacked(cfg):
         return [(m.path, *m.dims) for _, modules in hf_encdec._segments(cfg) for m in modules if m.type == "linear"]
     before, layers, layer, after, _ = _tree(cfg)
@@ -637,10 +633,8 @@ def layer_prefix(cfg: dict) -> str:
 def summary(cfg: dict) -> str:
     """One line for a hover: the class, its size and its shape."""
     fam = family(cfg)
-    if fam.block == "whisper":  # models/whisper.py
-        from memfit.models import whisper
-
-        return whisper.summary(cfg)
+    if fam.block == "whisper":
+        return hf_encdec.whisper_summary(cfg)
     if fam.stacked:
         return _stacked_summary(cfg)
     heads = cfg["n_head"] if fam.model_type == "gpt2" else cfg["num_attention_heads"]
@@ -752,7 +746,7 @@ def is_transformer(model: dict) -> bool:
     return "hf_config" in model or "transformer" in model
 
 
-def derive(data: dict, out, path: str) -> list:
+def derive(data: dict, out, path: str, tails: dict | None = None) -> list:
     """What `data["model"]` (the transformer form) emits into `out` (config.build.Emitted: its tensors, the Model);
     the problems.
 
@@ -799,10 +793,8 @@ def derive(data: dict, out, path: str) -> list:
             return [Problem(where, codes.UNSUPPORTED_MODEL, message, file=file, at=loaded.positions.range(("architectures", 0)))]
         return [Problem(where + ("architectures", 0), codes.UNSUPPORTED_MODEL, message)]
 
-    if fam.block == "whisper":  # models/whisper.py: its encoder over max_source_positions, its decoder over seq_len
-        from memfit.models import whisper
-
-        return hints + whisper.derive(cfg, raw, out, where, file, data, at_architecture)
+    if fam.block in (tails or {}):  # a family's own tail (models/dispatch passes models/whisper.derive)
+        return hints + tails[fam.block](cfg, raw, out, where, file, data, at_architecture)
     classifies = kind in (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION) and not fam.stacked and fam.block != "llava"
     if kind != fam.architectures[fam.default_architecture] and not classifies:
         # hf_activations models the family's own language-model head (and its loss) and the classifiers

@@ -23,63 +23,26 @@ Measured step), computed here rather than run on fake tensors.
 
 from __future__ import annotations
 
-from memfit.models.hf import Module, Param, _params
+from memfit.models import hf, hf_encdec
+from memfit.models.hf import Param
 
 F32, I64 = "float32", "int64"
 
 
-def _attention(prefix: str, h: int) -> list:
-    return [Module(f"{prefix}.k_proj", "linear", (h, h, False)), Module(f"{prefix}.v_proj", "linear", (h, h, True)),
-            Module(f"{prefix}.q_proj", "linear", (h, h, True)), Module(f"{prefix}.out_proj", "linear", (h, h, True))]
-
-
-def _layer(cfg: dict, prefix: str, decoder: bool) -> list:
-    h = cfg["d_model"]
-    ffn = cfg["decoder_ffn_dim" if decoder else "encoder_ffn_dim"]
-    out = _attention(f"{prefix}.self_attn", h) + [Module(f"{prefix}.self_attn_layer_norm", "layernorm", (h,))]
-    if decoder:
-        out += _attention(f"{prefix}.encoder_attn", h) + [Module(f"{prefix}.encoder_attn_layer_norm", "layernorm", (h,))]
-    return out + [Module(f"{prefix}.fc1", "linear", (h, ffn, True)), Module(f"{prefix}.fc2", "linear", (ffn, h, True)),
-                  Module(f"{prefix}.final_layer_norm", "layernorm", (h,))]
-
-
-def modules(cfg: dict) -> list:
-    """Every module with parameters, in named_parameters() order (proj_out, tied to embed_tokens, left out)."""
-    h, m = cfg["d_model"], cfg["num_mel_bins"]
-    out = [Module("model.encoder.conv1.weight", "param", (h, m, 3)), Module("model.encoder.conv1.bias", "param", (h,)),
-           Module("model.encoder.conv2.weight", "param", (h, h, 3)), Module("model.encoder.conv2.bias", "param", (h,)),
-           Module("model.encoder.embed_positions", "embedding", (cfg["max_source_positions"], h))]
-    for i in range(cfg["encoder_layers"]):
-        out += _layer(cfg, f"model.encoder.layers.{i}", False)
-    out += [Module("model.encoder.layer_norm", "layernorm", (h,)),
-            Module("model.decoder.embed_tokens", "embedding", (cfg["vocab_size"], h)),
-            Module("model.decoder.embed_positions", "embedding", (cfg["max_target_positions"], h))]
-    for i in range(cfg["decoder_layers"]):
-        out += _layer(cfg, f"model.decoder.layers.{i}", True)
-    out.append(Module("model.decoder.layer_norm", "layernorm", (h,)))
-    if not cfg.get("tie_word_embeddings", True):
-        out.append(Module("proj_out", "linear", (h, cfg["vocab_size"], False)))
-    return out
-
+modules = hf_encdec.whisper_modules
 
 FROZEN = frozenset({"model.encoder.embed_positions.weight"})  # WhisperEncoder: embed_positions.requires_grad_(False)
 
 
 def parameters(cfg: dict) -> list[Param]:
-    return [p for m in modules(cfg) for p in _params(m, m.path)]
+    return hf.parameters(cfg)
 
 
 def linear_modules(cfg: dict) -> list:
-    return [(m.path, *m.dims) for m in modules(cfg) if m.type == "linear"] + (
-        [("proj_out", cfg["d_model"], cfg["vocab_size"], False)] if cfg.get("tie_word_embeddings", True) else [])
+    return hf.linear_modules(cfg)
 
 
-def summary(cfg: dict) -> str:
-    count = sum(_elements(p.shape) for p in parameters(cfg))
-    return (f"WhisperForConditionalGeneration: {count:,} parameters; {cfg['encoder_layers']} encoder layers over "
-            f"{cfg['max_source_positions']} positions ({2 * cfg['max_source_positions']} log-mel frames of "
-            f"{cfg['num_mel_bins']}) + {cfg['decoder_layers']} decoder layers, hidden {cfg['d_model']}, "
-            f"{cfg['encoder_attention_heads']}/{cfg['decoder_attention_heads']} heads, embeddings tied to the head")
+summary = hf_encdec.whisper_summary
 
 
 def _elements(shape) -> int:
