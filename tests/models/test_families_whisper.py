@@ -108,8 +108,10 @@ def test_whisper_family_and_the_fallback_agree(tmp_path):
 
 
 def test_whisper_outside_the_family_goes_to_the_fallback_and_a_long_decoder_is_refused(tmp_path):
+    # and tensor parallelism, as for T5: the two stacks are not split across ranks
     cases = {"bf16": (_whisper(), {"micro_batch": 2, "seq_len": 16, "attention": "sdpa"}, {"precision": "bf16-true"}),
-             "long": (_whisper(), {"micro_batch": 2, "seq_len": 65})}
+             "long": (_whisper(), {"micro_batch": 2, "seq_len": 65}),
+             "tp": (_whisper(), {"micro_batch": 2, "seq_len": 16}, {"parallel": {"tensor": 2}})}
     files = _check_all(tmp_path, cases)
     bf16 = files["bf16"]
     assert [d["code"] for d in bf16["diagnostics"]] == ["measured-activations"], bf16["diagnostics"]
@@ -118,3 +120,5 @@ def test_whisper_outside_the_family_goes_to_the_fallback_and_a_long_decoder_is_r
     assert [d["code"] for d in long] == ["schema"] and "max_target_positions 64" in long[0]["message"]
     lines = (tmp_path / "long.yaml").read_text().splitlines()
     assert "seq_len" in lines[long[0]["range"]["start"]["line"]]
+    tp = files["tp"]["diagnostics"]
+    assert [d["code"] for d in tp] == ["bad-parallel"] and "encoder and decoder" in tp[0]["message"]

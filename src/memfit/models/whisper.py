@@ -189,6 +189,12 @@ def derive(cfg: dict, raw: dict, out, where, file, data: dict, at_architecture) 
         at = ("training",) if "training" in data else ("model",)
         need = " and ".join(f"training.{key}" for key in missing)
         return [Problem(at, codes.SCHEMA, f"a transformer model needs {need}: the batch axis and the tokens per sequence", on_key=True)]
+    parallel = data.get("parallel") if isinstance(data.get("parallel"), dict) else {}
+    for key in ("tensor", "pipeline"):   # as the T5 family: the two stacks are not split across ranks
+        if isinstance(parallel.get(key), int) and not isinstance(parallel[key], bool) and parallel[key] > 1:
+            message = (f"parallel.{key} {parallel[key]}: memfit does not split Whisper's encoder and decoder across "
+                       f"{key}-parallel ranks; data-parallel layouts (ZeRO, FSDP) are modeled")
+            return [Problem(("parallel", key), codes.BAD_PARALLEL, message, on_key=True)]
     hints = []
     if "target_len" in training:
         message = ("training.target_len: Whisper's decoder runs training.seq_len tokens and its encoder "
