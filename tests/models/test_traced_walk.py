@@ -175,7 +175,7 @@ def test_every_causal_lm_architecture_gets_a_figure(tmp_path):
     print(f"\n{len(measured)} traced architectures measured on fake tensors, {len(ruled)} by the generic rule: {ruled}")
     # issue 34: 140 of the traced architectures ran their step on fake tensors when this was written (the others:
     # transformers cannot run them from these configs, or a kernel has no fake implementation); fewer is a regression.
-    # roberta was one of them; its family (issue 34) answers it now, without a trace
-    assert len(measured) >= 139, ruled
+    # roberta and whisper were two of them; their families (issue 34) answer them now, without a trace
+    assert len(measured) >= 138, ruled
     print(f"\n{figures} of {len(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)} architectures get a figure; {len(default_size)} at their default "
           f"depth ({', '.join(default_size)}); built in {built:.0f} s, checked in {checked:.0f} s")
