@@ -174,7 +174,8 @@ def test_every_causal_lm_architecture_gets_a_figure(tmp_path):
     ruled = sorted(set(expected) - set(measured) - set(UNBUILDABLE) - set(FAMILIES))
     print(f"\n{len(measured)} traced architectures measured on fake tensors, {len(ruled)} by the generic rule: {ruled}")
     # issue 34: 140 of the traced architectures ran their step on fake tensors when this was written (the others:
-    # transformers cannot run them from these configs, or a kernel has no fake implementation); fewer is a regression
-    assert len(measured) >= 140, ruled
+    # transformers cannot run them from these configs, or a kernel has no fake implementation); fewer is a regression.
+    # roberta and whisper were two of them; their families (issue 34) answer them now, without a trace
+    assert len(measured) >= 138, ruled
     print(f"\n{figures} of {len(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)} architectures get a figure; {len(default_size)} at their default "
           f"depth ({', '.join(default_size)}); built in {built:.0f} s, checked in {checked:.0f} s")

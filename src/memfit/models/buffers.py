@@ -30,7 +30,7 @@ def buffers(cfg: dict, rotary: int) -> list[Buffer]:
     fam = FAMILIES[cfg["model_type"]]
     base, mt = fam.base, cfg["model_type"]
     out: list[Buffer] = []
-    if mt == "bert":
+    if mt in ("bert", "roberta"):   # (RoBERTa: the same two buffers)
         positions = (1, cfg["max_position_embeddings"])
         return [Buffer(f"{base}.embeddings.position_ids", positions, "int64"),
                 Buffer(f"{base}.embeddings.token_type_ids", positions, "int64")]

@@ -40,7 +40,9 @@ def _derive(data: dict, out, path: str) -> list:
     if transformer:
         from memfit.models import hf
 
-        problems = hf.derive(data, out, path)
+        from memfit.models import whisper  # Whisper's step (models/whisper.py), handed to hf.derive as its tail
+
+        problems = hf.derive(data, out, path, tails={"whisper": whisper.derive})
         if any(p.code == codes.UNSUPPORTED_MODEL for p in problems):
             from memfit.models import traced  # no family: with memfit[trace], transformers builds it on the meta device
 

@@ -19,7 +19,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from memfit.models import hf_encdec
-from memfit.models.families import EXPERTS_KEY, FAMILIES, QWEN_VL_BLOCKS, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, Family
+from memfit.models.families import EXPERTS_KEY, FAMILIES, MASKED_LM, QWEN_VL_BLOCKS, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, Family
 from memfit.models.falcon import falcon_kv_heads, falcon_layout  # noqa: F401  (hf.falcon_layout for callers)
 from memfit.models.llava import llava_vision_sizes
 
@@ -413,6 +413,14 @@ def _base(cfg: dict, fam: Family, with_pooler: bool) -> tuple[list[Module], str,
         return [Module("wte", "embedding", (vocab, h)), Module("wpe", "embedding", (cfg["n_positions"], h))], "h", [
             Module("ln_f", "layernorm", (h,))
         ]
+    if fam.block == "bert" and fam.encoder_head == "roberta":   # RobertaEmbeddings registers position_embeddings last
+        before = [
+            Module("embeddings.word_embeddings", "embedding", (vocab, h)),
+            Module("embeddings.token_type_embeddings", "embedding", (cfg["type_vocab_size"], h)),
+            Module("embeddings.LayerNorm", "layernorm", (h,)),
+            Module("embeddings.position_embeddings", "embedding", (cfg["max_position_embeddings"], h)),
+        ]
+        return before, "encoder.layer", []
     if fam.block == "bert":
         before = [
             Module("embeddings.word_embeddings", "embedding", (vocab, h)),
@@ -473,7 +481,17 @@ def _tree(cfg: dict) -> tuple[list[Module], str, list[Module], list[Module], set
     after = [Module(prefix + m.path, m.type, m.dims) for m in after]
     tied: set = set()
     tie = bool(cfg.get("tie_word_embeddings"))
-    if kind == SEQUENCE_CLASSIFICATION:
+    if fam.encoder_head == "roberta" and kind in (SEQUENCE_CLASSIFICATION, MASKED_LM):
+        # RobertaClassificationHead (dense, tanh, out_proj) / RobertaLMHead (its bias first: a module's own parameters
+        # come before its children's; the decoder's weight is the word embedding's and its bias lm_head.bias when tied)
+        if kind == SEQUENCE_CLASSIFICATION:
+            after += [Module("classifier.dense", "linear", (h, h, True)), Module("classifier.out_proj", "linear", (h, labels, True))]
+        else:
+            after += [Module("lm_head.bias", "param", (vocab,)), Module("lm_head.dense", "linear", (h, h, True)),
+                      Module("lm_head.layer_norm", "layernorm", (h,)), Module("lm_head.decoder", "linear", (h, vocab, True))]
+            if tie:
+                tied = {"lm_head.decoder.weight", "lm_head.decoder.bias"}
+    elif kind == SEQUENCE_CLASSIFICATION:
         if fam.block == "bert":
             after.append(Module("classifier", "linear", (h, labels, True)))
         else:
@@ -535,6 +553,8 @@ def layer_parameters(cfg: dict) -> list[Param]:
 
 def parameters(cfg: dict) -> list[Param]:
     """named_parameters() of the transformers class for this config, in order, tied weights once."""
+    if cfg.get("model_type") == "whisper":  # models/hf_encdec.whisper_modules (proj_out tied: left out)
+        return [p for m in hf_encdec.whisper_modules(cfg) for p in _params(m, m.path)]
     if hf_encdec.is_stacked(cfg):
         return _stacked_parameters(cfg)
     before, layers, layer, after, tied = _tree(cfg)
@@ -549,6 +569,8 @@ def parameters(cfg: dict) -> list[Param]:
 
 def parameter_count(cfg: dict) -> int:
     """Elements of all parameters (tied ones once), without listing each layer."""
+    if cfg.get("model_type") == "whisper":  # models/hf_encdec.whisper_modules
+        return sum(math.prod(p.shape) for m in hf_encdec.whisper_modules(cfg) for p in _params(m, m.path))
     if hf_encdec.is_stacked(cfg):
         return sum(math.prod(p.shape) for p in _stacked_parameters(cfg))
     before, _, layer, after, tied = _tree(cfg)
@@ -570,6 +592,10 @@ def parameter_count(cfg: dict) -> int:
 
 def linear_modules(cfg: dict) -> list[tuple[str, int, int, bool]]:
     """(module name, in_features, out_features, has_bias) of every nn.Linear and GPT-2 Conv1D, in module order."""
+    if cfg.get("model_type") == "whisper":  # models/hf_encdec.whisper_modules, and proj_out (tied or not)
+        linears = [(m.path, *m.dims) for m in hf_encdec.whisper_modules(cfg) if m.type == "linear"]
+        tied = cfg.get("tie_word_embeddings", True)
+        return linears + ([("proj_out", cfg["d_model"], cfg["vocab_size"], False)] if tied else [])
     if hf_encdec.is_stacked(cfg):
         return [(m.path, *m.dims) for _, modules in hf_encdec._segments(cfg) for m in modules if m.type == "linear"]
     before, layers, layer, after, _ = _tree(cfg)
@@ -612,6 +638,8 @@ def layer_prefix(cfg: dict) -> str:
 def summary(cfg: dict) -> str:
     """One line for a hover: the class, its size and its shape."""
     fam = family(cfg)
+    if fam.block == "whisper":
+        return hf_encdec.whisper_summary(cfg)
     if fam.stacked:
         return _stacked_summary(cfg)
     heads = cfg["n_head"] if fam.model_type == "gpt2" else cfg["num_attention_heads"]
@@ -723,7 +751,7 @@ def is_transformer(model: dict) -> bool:
     return "hf_config" in model or "transformer" in model
 
 
-def derive(data: dict, out, path: str) -> list:
+def derive(data: dict, out, path: str, tails: dict | None = None) -> list:
     """What `data["model"]` (the transformer form) emits into `out` (config.build.Emitted: its tensors, the Model);
     the problems.
 
@@ -770,6 +798,8 @@ def derive(data: dict, out, path: str) -> list:
             return [Problem(where, codes.UNSUPPORTED_MODEL, message, file=file, at=loaded.positions.range(("architectures", 0)))]
         return [Problem(where + ("architectures", 0), codes.UNSUPPORTED_MODEL, message)]
 
+    if fam.block in (tails or {}):  # a family's own tail (models/dispatch passes models/whisper.derive)
+        return hints + tails[fam.block](cfg, raw, out, where, file, data, at_architecture)
     classifies = kind in (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION) and not fam.stacked and fam.block != "llava"
     if kind != fam.architectures[fam.default_architecture] and not classifies:
         # hf_activations models the family's own language-model head (and its loss) and the classifiers
@@ -778,6 +808,15 @@ def derive(data: dict, out, path: str) -> list:
         return at_architecture(f"{architecture(cfg)}: activations are modeled for {', '.join(heads)}, not for a {kind} "
                                f"head; name one of them in architectures[0] (the head's own parameters are then counted "
                                f"as transformers builds them)")
+    if fam.block == "bert" and (cfg.get("is_decoder") or cfg.get("add_cross_attention")):
+        # a BERT-style encoder run as a decoder (causal mask) or with cross-attention: not the encoder memfit models
+        key = "is_decoder" if cfg.get("is_decoder") else "add_cross_attention"
+        message = (f"{key}: true makes {architecture(cfg)} a decoder (a causal mask{', cross-attention' if key != 'is_decoder' else ''}); "
+                   f"memfit's {fam.model_type} family models the bidirectional encoder and its masked-LM and classifier "
+                   f"heads: set {key} to false for those")
+        if file is not None:
+            return [Problem(where, codes.UNSUPPORTED_MODEL, message, file=file, at=loaded.positions.range((key,), True))]
+        return [Problem(where + (key,), codes.UNSUPPORTED_MODEL, message, on_key=True)]
     missing = [key for key in ("micro_batch", "seq_len") if key not in training]
     if missing:
         at = ("training",) if "training" in data else ("model",)

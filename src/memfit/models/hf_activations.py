@@ -270,6 +270,17 @@ FAMILIES = {
                    head="mlm", softmax_fp32=False, softmax_role="lin", lora_default=("query", "value"),
                    dropout_keys=(("attn", "attention_probs_dropout_prob"), ("resid", "hidden_dropout_prob"),
                                  ("embd", "hidden_dropout_prob"))),
+    # modeling_roberta.py: BERT's layer; position ids counted from the padding token per sequence and the token
+    # types gathered by them, so both are (b, s) int64 the embeddings keep; the masked-LM head is BERT's (lm_head
+    # .dense, gelu, lm_head.layer_norm, the decoder); the sequence classifier drops out the first token, then
+    # classifier.dense, tanh, dropout, classifier.out_proj (no pooler)
+    "roberta": Family("layer", {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",
+                                "o": "attention.output.dense", "fc_in": "intermediate.dense", "fc_out": "output.dense",
+                                "transform": "lm_head.dense", "lm_head": "lm_head.decoder"},
+                      "separate", None, "plain", "hidden_act", False, embed_extra=("batch_positions",), post_norm=True,
+                      head="mlm", softmax_fp32=False, softmax_role="lin", lora_default=("query", "value"),
+                      dropout_keys=(("attn", "attention_probs_dropout_prob"), ("resid", "hidden_dropout_prob"),
+                                    ("embd", "hidden_dropout_prob"))),
     # encoder-decoder families: their rows are in models/hf_encdec.py; this entry names their modules (LoRA flags,
     # the ledger's layer parts) and their dropout key
     "t5": Family("rms", dict(hf_encdec.NAMES), "separate", None, "plain", "dense_act_fn", False,
@@ -912,6 +923,11 @@ def _embedding_rows(fam: Family) -> list:
     rows = [K("embed_tokens", "input ids", ("b", "s"), "i64", None, ("W:embed",))]
     if "positions" in fam.embed_extra:
         rows.append(K("position embedding", "position ids", (1, "s"), "i64", None, ("W:embed",)))
+    if "batch_positions" in fam.embed_extra:   # RoBERTa: both made per sequence from the input ids
+        rows += [K("token_type embedding", "token type ids (gathered by the position ids)", ("b", "s"), "i64", None,
+                   ("W:embed",)),
+                 K("position embedding", "position ids (counted from the padding token)", ("b", "s"), "i64", None,
+                   ("W:embed",))]
     if "token_types" in fam.embed_extra:
         rows.append(K("token_type embedding", "token type ids (gathered from the buffer)", (1, "s"), "i64", None,
                       ("W:embed",)))
@@ -954,6 +970,23 @@ def _classifier_rows(fam: Family, dropout: bool) -> list:
     `classifier`. A token classifier: dropout, then its linear at every position (`dropout`: p > 0, else the linear
     reads the tensor before it)."""
     X, n = ("b", "s", "h"), fam.names
+    if fam.head == "seq" and fam.post_norm and "batch_positions" in fam.embed_extra:
+        # RobertaClassificationHead: dropout on the first token (a view: without dropout the dense keeps the last
+        # hidden state's storage), dense, tanh, dropout, out_proj
+        P, W, L = ("b", "h"), f"W:{n['pooler']}", f"L:{n['pooler']}"
+        if dropout:
+            rows = [K("classifier dropout", "mask (first token)", P, "bool", None, ("x", W)),
+                    *_linear([("transform", n["pooler"], "h")], P, "x")]
+        else:
+            rows = [K("classifier.dense", "input (the first token: a view, the last hidden state's storage)", X, "act",
+                      "not_mixed", (W, L)),
+                    K("classifier.dense.lora_B", "input (lora_A's output)", ("b", "R"), "ada_low", "lora", (L,)),
+                    K("classifier.dense", "input, cast to the low dtype by autocast", P, "low", "mixed", (W,)),
+                    K("classifier.dense", "weight, cast to the low dtype by autocast", ("h", "h"), "low", "mixed", ("x",))]
+        rows += [K("classifier activation", "tanh result", P, "lin", None, ("x", W)),
+                 K("classifier dropout", "mask", P, "bool", "cls_dropout", ("x", W))]
+        return rows + _linear([("score", n["score"], "L")], P, "x", low_input=True,
+                              source=None if dropout else "classifier activation: tanh result")
     if fam.head == "seq" and fam.post_norm:   # BertForSequenceClassification
         P, W, L = ("b", "h"), f"W:{n['pooler']}", f"L:{n['pooler']}"
         rows = [K("pooler.dense", "input (the first token: a view, the last hidden state's storage)", X, "act", "not_mixed",
@@ -1010,7 +1043,7 @@ def classifier(cfg: dict) -> dict | None:
     loss = {"regression": "mse", "multi_label_classification": "bce"}.get(problem, "ce")
     keys = own.classifier_dropout
     if kind == SEQUENCE_CLASSIFICATION:
-        module = "classifier" if own.block == "bert" else "score"
+        module = ("classifier.out_proj" if own.encoder_head == "roberta" else "classifier") if own.block == "bert" else "score"
         keys = ("classifier_dropout", "hidden_dropout_prob") if own.block == "bert" else ()
     else:
         module = own.classifier
@@ -1787,7 +1820,7 @@ def _evaluate_now(cfg, micro_batch, seq_len, attention, checkpointing, precision
     if head is not None:   # a classifier in place of the language-model head (the layers are the family's own)
         names = {**fam.names, "score": head["module"], "lm_head": "-"}
         if head["task"] == "seq" and fam.post_norm:
-            names["pooler"] = "bert.pooler.dense"
+            names["pooler"] = "classifier.dense" if "batch_positions" in fam.embed_extra else "bert.pooler.dense"
         fam = fam._replace(head=head["task"], names=names)
     sizes = _sizes(cfg, micro_batch, seq_len, int((lora or {}).get("r") or 0), attention, moe=moe)
     cond = _conditions(cfg, fam, attention, checkpointing, micro_batch, precision, lora)

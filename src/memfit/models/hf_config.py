@@ -400,7 +400,8 @@ def validate(raw) -> list[HFProblem]:
                 HFProblem(
                     (_act_key(family),),
                     UNSUPPORTED_MODEL,
-                    f"{_act_key(family)} {excerpt(raw[_act_key(family)])} is not an activation memfit models; modeled: {', '.join(sorted(ACTIVATIONS))}",
+                    f"{_act_key(family)} {excerpt(raw[_act_key(family)])} is not an activation memfit models; modeled: {', '.join(sorted(ACTIVATIONS))}: "
+                    "give one of these names (transformers' ACT2FN spelling) if the model uses one of them",
                 )
             )
     if problems:
@@ -418,12 +419,14 @@ def validate(raw) -> list[HFProblem]:
                 HFProblem(
                     ("architectures", 0),
                     UNSUPPORTED_MODEL,
-                    f"architecture {excerpt(name)} is not supported for {family.model_type}; supported: {', '.join(family.architectures)}",
+                    f"architecture {excerpt(name)} is not supported for {family.model_type}; supported: {', '.join(family.architectures)}: "
+                    f"name one of them in architectures[0], or leave architectures out for {family.default_architecture}",
                 )
             )
     for key in ("add_cross_attention",):
         if raw.get(key) is True:
-            problems.append(HFProblem((key,), UNSUPPORTED_MODEL, "cross-attention (an encoder-decoder setup) is not modeled"))
+            problems.append(HFProblem((key,), UNSUPPORTED_MODEL, "cross-attention (an encoder-decoder setup) is not modeled: set "
+                                      f"{key} to false to check the model without it (an encoder-decoder family, t5, models its own)"))
 
     cfg = normalize(raw)
     hidden, heads = cfg[family.hidden_key], cfg[family.heads_key]
@@ -465,7 +468,7 @@ def validate(raw) -> list[HFProblem]:
         problems.append(HFProblem((_where(raw, family, "sliding_window"),), UNSUPPORTED_MODEL,
                                   "sliding_window null: GptOssModel.forward builds a sliding-window mask on every call and "
                                   "transformers refuses it without a window (create_sliding_window_causal_mask: "
-                                  "'Could not find a `sliding_window` argument')"))
+                                  "'Could not find a `sliding_window` argument'): set sliding_window (gpt-oss's published configs: 128)"))
     if family.block == "llama4":
         problems += _llama4_layers(raw, cfg)
     experts_key = EXPERTS_KEY.get(family.model_type)
@@ -522,14 +525,16 @@ def _llava_problems(raw: dict) -> list[HFProblem]:
     kind = text.get("model_type", "llama")
     if kind not in LLAVA_TEXT_FAMILIES:
         out.append(HFProblem(("text_config", "model_type"), UNSUPPORTED_MODEL, f"a LLaVA text model of model_type {excerpt(kind)} "
-                             f"is not modeled; modeled: {', '.join(LLAVA_TEXT_FAMILIES)}"))
+                             f"is not modeled; modeled: {', '.join(LLAVA_TEXT_FAMILIES)}: give a text_config of one of them to check "
+                             "that shape"))
     else:
         out += [HFProblem(("text_config",) + p.path, p.code, "text_config." + p.message if p.path else p.message, p.on_key)
                 for p in validate({**text, "model_type": kind})]
     vision = raw.get("vision_config") or {}
     if vision.get("model_type", "clip_vision_model") != "clip_vision_model":
         out.append(HFProblem(("vision_config", "model_type"), UNSUPPORTED_MODEL, f"a LLaVA vision tower of model_type "
-                             f"{excerpt(vision.get('model_type'))} is not modeled; modeled: clip_vision_model"))
+                             f"{excerpt(vision.get('model_type'))} is not modeled; modeled: clip_vision_model: give a CLIP "
+                             "vision_config to check that shape"))
     for key, value in vision.items():
         if key in CLIP_VISION_FIELDS:
             kind_ = CLIP_VISION_FIELDS[key][1]
@@ -546,10 +551,10 @@ def _llava_problems(raw: dict) -> list[HFProblem]:
                              f"divisible by num_attention_heads {v['num_attention_heads']}"))
     if v["hidden_act"] not in ACTIVATIONS:
         out.append(HFProblem(("vision_config", "hidden_act"), UNSUPPORTED_MODEL, f"vision_config.hidden_act {excerpt(v['hidden_act'])} is "
-                             f"not an activation memfit models"))
+                             f"not an activation memfit models; modeled: {', '.join(sorted(ACTIVATIONS))}"))
     if cfg["projector_hidden_act"] not in ACTIVATIONS:
         out.append(HFProblem(("projector_hidden_act",), UNSUPPORTED_MODEL, f"projector_hidden_act {excerpt(cfg['projector_hidden_act'])} "
-                             f"is not an activation memfit models"))
+                             f"is not an activation memfit models; modeled: {', '.join(sorted(ACTIVATIONS))}"))
     if cfg["vision_feature_select_strategy"] not in ("default", "full"):
         out.append(HFProblem(("vision_feature_select_strategy",), BAD_MODEL_CONFIG, "vision_feature_select_strategy is default "
                              f"(drop the CLS token) or full, not {excerpt(cfg['vision_feature_select_strategy'])}"))
@@ -665,13 +670,16 @@ def _falcon_layout(raw: dict, cfg: dict) -> list[HFProblem]:
     out = []
     if new and not parallel:
         out.append(HFProblem(("parallel_attn",), UNSUPPORTED_MODEL, "new_decoder_architecture with parallel_attn false: "
-                             "FalconDecoderLayer builds input_layernorm and post_attention_layernorm but its forward calls ln_attn"))
+                             "FalconDecoderLayer builds input_layernorm and post_attention_layernorm but its forward calls ln_attn: "
+                             "set parallel_attn to true (as Falcon-40B's and -180B's configs do)"))
     elif parallel and lns == 2 and not new:
         out.append(HFProblem(("num_ln_in_parallel_attn",), UNSUPPORTED_MODEL, "num_ln_in_parallel_attn 2 without "
-                             "new_decoder_architecture: FalconDecoderLayer builds ln_attn and ln_mlp but its forward calls input_layernorm"))
+                             "new_decoder_architecture: FalconDecoderLayer builds ln_attn and ln_mlp but its forward calls input_layernorm: "
+                             "set new_decoder_architecture to true, or num_ln_in_parallel_attn to 1"))
     elif new and parallel and lns not in (1, 2):
         out.append(HFProblem(("num_ln_in_parallel_attn",), UNSUPPORTED_MODEL, f"num_ln_in_parallel_attn {lns} with "
-                             "new_decoder_architecture: FalconDecoderLayer's forward gives the MLP no input (1 or 2 norms only)"))
+                             "new_decoder_architecture: FalconDecoderLayer's forward gives the MLP no input (1 or 2 norms only): "
+                             "set num_ln_in_parallel_attn to 1 or 2"))
     if new and cfg["num_attention_heads"] % cfg["num_kv_heads"]:
         where = "num_kv_heads" if "num_kv_heads" in raw else "num_attention_heads"
         out.append(HFProblem((where,), SHAPE_MISMATCH, f"num_attention_heads {cfg['num_attention_heads']} is not divisible by "
@@ -688,7 +696,7 @@ def _feed_forward_problems(value: str) -> list[HFProblem]:
         return [HFProblem(("feed_forward_proj",), BAD_MODEL_CONFIG, f"feed_forward_proj {excerpt(value)} must be an activation or gated-<activation> (relu, gated-gelu)")]
     name = "gelu_new" if value == "gated-gelu" else parts[-1]
     if name not in ACTIVATIONS:
-        return [HFProblem(("feed_forward_proj",), UNSUPPORTED_MODEL, f"feed_forward_proj {excerpt(value)}: {excerpt(name)} is not an activation memfit models; modeled: {', '.join(sorted(ACTIVATIONS))}")]
+        return [HFProblem(("feed_forward_proj",), UNSUPPORTED_MODEL, f"feed_forward_proj {excerpt(value)}: {excerpt(name)} is not an activation memfit models; modeled: {', '.join(sorted(ACTIVATIONS))}: give one of them, or gated-<one of them>")]
     return []
 
 
@@ -1038,6 +1046,6 @@ def _rope_per_layer_type(out: dict, extra: dict, family: Family) -> None:
 def _copy(value):
     if isinstance(value, dict):
         return {key: _copy(item) for key, item in value.items()}
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):  # a tuple default (WhisperConfig's begin_suppress_tokens) serializes as a list
         return [_copy(item) for item in value]
     return value

@@ -138,3 +138,61 @@ def layer_index(cfg: dict, name: str):
     return "head" if name.startswith(("decoder.final_layer_norm", "lm_head")) else "embeddings"
 
 
+
+
+# ---------------------------------------------------------------------------------------------- Whisper (issue 34)
+# WhisperForConditionalGeneration's modules in named_parameters() order (models/whisper.py: what its step saves).
+# Its encoder and decoder are not T5's stacks (is_stacked is False): models/hf.py lists its parameters from here.
+
+
+def _whisper_attention(prefix: str, h: int) -> list:
+    return [Module(f"{prefix}.k_proj", "linear", (h, h, False)), Module(f"{prefix}.v_proj", "linear", (h, h, True)),
+            Module(f"{prefix}.q_proj", "linear", (h, h, True)), Module(f"{prefix}.out_proj", "linear", (h, h, True))]
+
+
+def _whisper_layer(cfg: dict, prefix: str, decoder: bool) -> list:
+    h = cfg["d_model"]
+    ffn = cfg["decoder_ffn_dim" if decoder else "encoder_ffn_dim"]
+    out = _whisper_attention(f"{prefix}.self_attn", h) + [Module(f"{prefix}.self_attn_layer_norm", "layernorm", (h,))]
+    if decoder:
+        out += _whisper_attention(f"{prefix}.encoder_attn", h) + [Module(f"{prefix}.encoder_attn_layer_norm", "layernorm", (h,))]
+    return out + [Module(f"{prefix}.fc1", "linear", (h, ffn, True)), Module(f"{prefix}.fc2", "linear", (ffn, h, True)),
+                  Module(f"{prefix}.final_layer_norm", "layernorm", (h,))]
+
+
+def whisper_modules(cfg: dict) -> list:
+    """Every module with parameters, in named_parameters() order (proj_out, tied to embed_tokens, left out)."""
+    h, m = cfg["d_model"], cfg["num_mel_bins"]
+    out = [Module("model.encoder.conv1.weight", "param", (h, m, 3)), Module("model.encoder.conv1.bias", "param", (h,)),
+           Module("model.encoder.conv2.weight", "param", (h, h, 3)), Module("model.encoder.conv2.bias", "param", (h,)),
+           Module("model.encoder.embed_positions", "embedding", (cfg["max_source_positions"], h))]
+    for i in range(cfg["encoder_layers"]):
+        out += _whisper_layer(cfg, f"model.encoder.layers.{i}", False)
+    out += [Module("model.encoder.layer_norm", "layernorm", (h,)),
+            Module("model.decoder.embed_tokens", "embedding", (cfg["vocab_size"], h)),
+            Module("model.decoder.embed_positions", "embedding", (cfg["max_target_positions"], h))]
+    for i in range(cfg["decoder_layers"]):
+        out += _whisper_layer(cfg, f"model.decoder.layers.{i}", True)
+    out.append(Module("model.decoder.layer_norm", "layernorm", (h,)))
+    if not cfg.get("tie_word_embeddings", True):
+        out.append(Module("proj_out", "linear", (h, cfg["vocab_size"], False)))
+    return out
+
+
+def whisper_summary(cfg: dict) -> str:
+    count = sum(_whisper_elements(m) for m in whisper_modules(cfg))
+    return (f"WhisperForConditionalGeneration: {count:,} parameters; {cfg['encoder_layers']} encoder layers over "
+            f"{cfg['max_source_positions']} positions ({2 * cfg['max_source_positions']} log-mel frames of "
+            f"{cfg['num_mel_bins']}) + {cfg['decoder_layers']} decoder layers, hidden {cfg['d_model']}, "
+            f"{cfg['encoder_attention_heads']}/{cfg['decoder_attention_heads']} heads, embeddings tied to the head")
+
+
+def _whisper_elements(module: Module) -> int:
+    """A module's parameter elements (a linear's weight and bias, a LayerNorm's two vectors, a bare parameter)."""
+    if module.type == "linear":
+        fan_in, fan_out, bias = module.dims
+        return fan_in * fan_out + (fan_out if bias else 0)
+    n = 1
+    for d in module.dims:
+        n *= d
+    return 2 * n if module.type == "layernorm" else n

@@ -462,7 +462,8 @@ def _measure_for(raw: dict, training: dict, recipe: dict, adapted: bool, dtypes)
         return None, str(error)
 
 
-def _tensors(traced: Traced, out, where, file, training: dict, data: dict, raw: dict | None = None) -> tuple:
+def _tensors(traced: Traced, out, where, file, training: dict, data: dict, raw: dict | None = None, given=None) -> tuple:
+    """`given`: a step a family computed (models/whisper.measured), priced as a measured one."""
     from memfit.config.build import make_tensor
     from memfit.models.hf import BlockRow, Model, _recipe_arguments, forced_activations, saved_rows
     from memfit.models.hf_activations import peak_saved, saved as saved_by, total as total_of
@@ -480,6 +481,8 @@ def _tensors(traced: Traced, out, where, file, training: dict, data: dict, raw: 
     adapted = "lora" in data or "quantization" in data
     kind = "quantization" if "quantization" in data else ("lora" if adapted else "")
     measured, why = _measure_for(raw, training, recipe, kind, dtypes) if raw is not None else (None, "")
+    if given is not None:
+        measured, why = given, ""
     if measured is not None:   # hf_activations answers with what the step saved (every stack's layers in order)
         cfg.update(traced_measured=measured, num_hidden_layers=measured.layers)
     if adapted:

@@ -53,6 +53,8 @@ def transformer_rows(cfg: dict, data: dict, base_dtype: str, params, linears, he
     from memfit.recipe import quant
 
     head = lora_rules.OUTPUT_HEADS.get(head)
+    if head == "cls.predictions.decoder" and cfg.get("model_type") == "roberta":   # RobertaForMaskedLM's output layer
+        head = "lm_head.decoder"
     section = data.get("lora") or {}
     refused = quant.REFUSED_MODELS.get(cfg.get("model_type"))
     if data.get("quantization") and refused:

@@ -111,6 +111,9 @@ class Family:
     classifier: str = "score"  # the token classifier's module (GPT-2, GPT-NeoX, Falcon, BERT: "classifier")
     classifier_dropout: tuple = ("classifier_dropout", "hidden_dropout")  # the token classifier's dropout: the first of
     # these config keys that is set, else 0.1 (GenericForTokenClassification; BERT: hidden_dropout_prob, always set)
+    # issue 34's encoders (appended)
+    encoder_head: str = "bert"   # a post-norm encoder's heads: "bert" (cls.predictions; the pooler, then `classifier`)
+    # | "roberta" (lm_head with its own bias; classifier.dense, tanh, classifier.out_proj on the first token; no pooler)
 
     @property
     def hidden_key(self) -> str:
@@ -166,6 +169,8 @@ SUPPORTED = (
     'llama4_text',
     'qwen2_vl',
     'qwen2_5_vl',
+    'roberta',
+    'whisper',
 )
 
 

@@ -1,0 +1,124 @@
+"""Issue 34's Whisper family through the front door: WhisperForConditionalGeneration, its encoder over
+max_source_positions positions (two convolutions over 2 x max_source_positions log-mel frames), its decoder over
+training.seq_len tokens. Parameters against the class transformers 5.24 builds on the meta device; saved bytes (the
+peak of live saved bytes under full checkpointing) against a real CPU step's saved_tensors_hooks
+(tests/support/hf_measure.py), fp32, eager and sdpa, checkpointing none and full, through `memfit check --format
+json`; the family against the `[trace]` fallback's fake-tensor step; what the family does not compute goes to the
+fallback; a decoder longer than its positions refused at training.seq_len."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import needs
+import pytest
+import yaml
+
+from memfit.models import hf, hf_config
+
+needs.module("torch")
+transformers = needs.module("transformers")
+
+import hf_measure as hm  # noqa: E402
+
+SETTINGS = [("eager", "none"), ("sdpa", "none"), ("eager", "full"), ("sdpa", "full")]
+
+
+def _whisper(**given) -> dict:
+    base = {"vocab_size": 128, "d_model": 64, "decoder_layers": 2, "encoder_layers": 3, "decoder_attention_heads": 4,
+            "encoder_attention_heads": 2, "decoder_ffn_dim": 112, "encoder_ffn_dim": 96, "max_target_positions": 64,
+            "max_source_positions": 40, "num_mel_bins": 16, "decoder_start_token_id": 1, "pad_token_id": 0,
+            "bos_token_id": 1, "eos_token_id": 2}
+    transformers.logging.set_verbosity_error()
+    return transformers.AutoConfig.for_model("whisper", **{**base, **given}).to_dict()
+
+
+def _check_all(tmp_path: Path, cases: dict) -> dict:
+    """name -> (config.json dict, training section, extra document keys): one `memfit check --format json`."""
+    paths = []
+    for name, (cfg, training, *extra) in cases.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(cfg, indent=2))
+        doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", **(extra[0] if extra else {}),
+               "model": {"hf_config": f"{name}.json"}, "training": training}
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        paths.append(str(tmp_path / f"{name}.yaml"))
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", *paths], capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert "Traceback" not in done.stderr, done.stderr
+    return {Path(f["path"]).stem: f for f in json.loads(done.stdout)["files"]}
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_whisper_parameters_are_named_parameters(tie):
+    import torch
+
+    raw = _whisper(tie_word_embeddings=tie)
+    assert hf_config.validate(raw) == []
+    cfg = hf_config.normalize(raw)
+    with torch.device("meta"):
+        model = transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(**{**raw, "tie_word_embeddings": tie}))
+    assert [(p.name, p.shape) for p in hf.parameters(cfg)] == [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+    assert hf.parameter_count(cfg) == sum(p.numel() for p in model.parameters())
+    assert {n for n, p in model.named_parameters() if not p.requires_grad} == {"model.encoder.embed_positions.weight"}
+
+
+def test_whisper_matches_the_real_model(tmp_path):
+    cases = {}
+    for attention, checkpointing in SETTINGS:
+        cases[f"{attention}-{checkpointing}"] = (_whisper(), {"micro_batch": 2, "seq_len": 16, "attention": attention,
+                                                             "checkpointing": checkpointing})
+    cases["longer-decoder"] = (_whisper(decoder_layers=3, encoder_layers=1), {"micro_batch": 1, "seq_len": 24,
+                                                                            "attention": "sdpa", "checkpointing": "full"})
+    files = _check_all(tmp_path, cases)
+    wrong = {}
+    for name, (cfg, training) in cases.items():
+        entry = files[name]
+        assert entry["diagnostics"] == [], entry["diagnostics"]
+        model = hm.build(cfg, training["attention"])
+        assert entry["footprint"]["parameters"] == 4 * sum(p.numel() for p in model.parameters())
+        # the encoder's sinusoidal positions are frozen: no gradient, no optimizer state
+        assert entry["footprint"]["gradients"] == 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+        full = training["checkpointing"] == "full"
+        measured = hm.measure(cfg, micro_batch=training["micro_batch"], seq_len=training["seq_len"],
+                              attention=training["attention"], checkpointing=training["checkpointing"], model=model)
+        real = measured["peak" if full else "total"]
+        if abs(entry["footprint"]["activations"] - real) > (0.10 if full else 0.05) * real:
+            wrong[name] = (entry["footprint"]["activations"], real)
+    assert wrong == {}
+
+
+def test_whisper_family_and_the_fallback_agree(tmp_path):
+    from memfit.models import traced
+
+    cases = {f"{a}-{c}": (_whisper(encoder_layers=4, decoder_layers=3), {"micro_batch": 2, "seq_len": 32, "attention": a,
+                                                                        "checkpointing": c}) for a, c in SETTINGS}
+    files = _check_all(tmp_path, cases)
+    wrong = {}
+    for name, (cfg, training) in cases.items():
+        assert files[name]["diagnostics"] == []   # the family: no trace
+        family = files[name]["footprint"]["activations"]
+        fallback = traced.measure(cfg, micro_batch=2, seq_len=32, attention=training["attention"],
+                                  checkpointing=training["checkpointing"]).peak
+        if abs(family - fallback) > 0.05 * fallback:
+            wrong[name] = (family, fallback)
+    assert wrong == {}
+
+
+def test_whisper_outside_the_family_goes_to_the_fallback_and_a_long_decoder_is_refused(tmp_path):
+    # and tensor parallelism, as for T5: the two stacks are not split across ranks
+    cases = {"bf16": (_whisper(), {"micro_batch": 2, "seq_len": 16, "attention": "sdpa"}, {"precision": "bf16-true"}),
+             "long": (_whisper(), {"micro_batch": 2, "seq_len": 65}),
+             "tp": (_whisper(), {"micro_batch": 2, "seq_len": 16}, {"parallel": {"tensor": 2}})}
+    files = _check_all(tmp_path, cases)
+    bf16 = files["bf16"]
+    assert [d["code"] for d in bf16["diagnostics"]] == ["measured-activations"], bf16["diagnostics"]
+    assert "bf16-true" in bf16["diagnostics"][0]["message"] and bf16["footprint"]["activations"] > 0
+    long = files["long"]["diagnostics"]
+    assert [d["code"] for d in long] == ["schema"] and "max_target_positions 64" in long[0]["message"]
+    lines = (tmp_path / "long.yaml").read_text().splitlines()
+    assert "seq_len" in lines[long[0]["range"]["start"]["line"]]
+    tp = files["tp"]["diagnostics"]
+    assert [d["code"] for d in tp] == ["bad-parallel"] and "encoder and decoder" in tp[0]["message"]
