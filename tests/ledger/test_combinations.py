@@ -5,9 +5,12 @@ below appears at least once.
 
 Factors: model (the Keras form; each of hf_measure's ten transformers families, MoE included) x
 precision (32-true, bf16-true, bf16-mixed under CPU autocast) x checkpointing (none, full) x adapter
-(none, LoRA, QLoRA on a bf16 base, QLoRA on an fp32 base) x optimizer (adamw, sgd, adamw8bit,
-adafactor) x optimizer_impl (foreach, fused, for_loop). What is not a valid pair (VALID below says
-why) is a run nobody can launch, not one memfit skips.
+(none, LoRA, QLoRA on a bf16 base, QLoRA on an fp32 base: under 32-true or under bf16-mixed, the Trainer's bf16=True
+over a 4-bit model; GPT-2's Conv1D and T5 included) x optimizer (adamw, sgd, adamw8bit, adafactor) x optimizer_impl
+(foreach, fused, for_loop) x the adapters' dtype (peft's, the base layer's) x a technique (none, gradients kept
+between steps, optimizer in backward, torchtune's chunked cross-entropy, every second layer checkpointed). What is
+not a valid pair (`valid` below says why) is a run nobody can launch, not one memfit skips; a run whose gap is
+measured and open is a strict xfail with its numbers (FALCON21_GAPS).
 """
 
 from __future__ import annotations
@@ -328,7 +331,29 @@ def refused(run: dict) -> bool:
 # runs whose measured gap is open, as strict xfails with their numbers (id -> reason). Closed: Falcon bf16-true under
 # full checkpointing (0.937 -> 0.977): the math kernel's temporaries while layer 0's attention is recomputed
 # (ledger/training._math_kernel_moments)
-FALCON21_GAPS: dict = {}
+FALCON21_GAPS: dict = {
+    # measured 2026-12-06 (memfit check / MemTracker), not yet modelled:
+    "phi3-bf16-mixed-full-qlora-fp32-sgd-fused-peft-chunked_loss": "peak 439,968 / 490,568 = 0.897: Phi-3's fused qkv/gate_up "
+    "4-bit linears recomputed under autocast hold more than the ledger's recomputation moment",
+    "llama-bf16-mixed-full-qlora-fp32-sgd-fused-model-checkpoint_every_2": "peak 532,820 / 493,400 = 1.080 (backward vs "
+    "forward): a QLoRA layer left uncheckpointed under autocast keeps less than the ledger's every-layer rows say",
+    "bert-bf16-true-none-qlora-bf16-adamw8bit-foreach-model-none": "peak 565,994 / 536,644 = 1.055: BERT's 4-bit linears "
+    "with bf16 adapters keep less than modelled (high, the safe side)",
+    "gemma2-bf16-true-full-none-sgd-fused-peft-keep_gradients": "peak 679,234 / 728,138 = 0.933: gradients kept between "
+    "steps in bf16 under full checkpointing: the accumulation into the kept gradients holds more than the walk",
+    "gemma3_text-bf16-true-full-none-sgd-fused-peft-keep_gradients": "peak 661,762 / 703,498 = 0.941 (as gemma2's)",
+    "gpt_neox-bf16-true-full-none-sgd-fused-peft-keep_gradients": "peak 450,964 / 476,312 = 0.947 (as gemma2's)",
+    "starcoder2-bf16-true-full-none-sgd-fused-peft-keep_gradients": "peak 405,952 / 433,352 = 0.937 (as gemma2's)",
+    "gpt_neox-bf16-mixed-none-qlora-fp32-adafactor-for_loop-peft-optimizer_in_backward": "peak 549,524 / 606,248 = 0.906 "
+    "(backward vs forward): GPT-NeoX's 4-bit linears under autocast peak in the forward above the ledger's forward",
+    "qwen2_moe-bf16-mixed-none-qlora-fp32-adafactor-for_loop-peft-optimizer_in_backward": "peak 918,458 / 982,368 = 0.935 "
+    "(backward vs forward): Qwen2-MoE's 4-bit experts under autocast peak in the forward",
+    "t5-bf16-true-none-qlora-bf16-adamw8bit-foreach-model-none": "peak 1,223,298 / 1,038,596 = 1.178: T5 under QLoRA "
+    "keeps less than its LoRA rows (some saved storages are freed inside the forward: saved_tensors_hooks' peak is below "
+    "its total); high, the safe side",
+    "t5-bf16-mixed-none-qlora-fp32-adafactor-for_loop-peft-optimizer_in_backward": "peak 1,546,372 / 1,299,136 = 1.190 "
+    "(as the other T5 QLoRA run)",
+}
 
 
 def _marked(run: dict):
@@ -356,10 +381,12 @@ def test_the_gated_peak_of_a_combination_matches_memtracker(run, tmp_path):
         cfg = hf_measure.without_attention_dropout(hf_measure.tiny(run["model"]))
         theirs, saved = measure_transformer(cfg, run)
     peak = ours["peak"]
-    assert abs(peak["bytes"] - theirs["bytes"]) <= BAND * theirs["bytes"], (peak, theirs)
+    assert abs(peak["bytes"] - theirs["bytes"]) <= BAND * theirs["bytes"], \
+        f"peak {peak['bytes']:,} / MemTracker {theirs['bytes']:,} = {peak['bytes'] / theirs['bytes']:.3f} ({peak['phase']} / {theirs['phase']})"
     assert peak["live"]["optimizer_state"] == ours["footprint"]["optimizer_state"]
     if saved is not None and run.get("technique") != "checkpoint_every_2":
         # (under partial checkpointing the footprint's activations stay the every-layer figure, docs/config.md; the
         # peak above has the chosen layers)
         activations = ours["footprint"]["activations"]
-        assert abs(activations - saved) <= BAND * saved, (activations, saved)
+        assert abs(activations - saved) <= BAND * saved, \
+            f"saved {activations:,} / saved_tensors_hooks {saved:,} = {activations / saved:.3f}"
