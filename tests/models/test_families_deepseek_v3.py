@@ -30,6 +30,7 @@ needs.module("torch")
 needs.module("transformers")
 
 import hf_measure as hm  # noqa: E402
+from family_check import buffer_bytes  # noqa: E402
 from family_check import run_check  # noqa: E402
 
 VARIANTS = {  # over hf_measure.TINY["deepseek_v3"] (q/k 16 + 8 wide, v 12; one dense layer, then MoE)
@@ -144,9 +145,10 @@ def test_check_matches_the_real_model(attention, checkpointing, tmp_path):
     the activations figure within 1% of the real step's saved bytes (its peak under full checkpointing)."""
     cfg = hm.tiny("deepseek_v3", num_hidden_layers=3)
     result = run_check(tmp_path, cfg, attention=attention, checkpointing=checkpointing)
-    elements = sum(p.numel() for p in meta_model(cfg).parameters())
+    built = meta_model(cfg)
+    elements = sum(p.numel() for p in built.parameters())
     footprint = result["footprint"]
-    assert footprint["parameters"] == 4 * elements
+    assert footprint["parameters"] == 4 * elements + buffer_bytes(built)  # (the buffers are parameters too)
     assert footprint["gradients"] == 4 * elements and footprint["optimizer_state"] == 8 * elements
     measured = hm.measure(cfg, micro_batch=2, seq_len=16, attention=attention, checkpointing=checkpointing)
     real = measured["peak"] if checkpointing == "full" else measured["total"]
@@ -179,7 +181,7 @@ def test_the_published_config_checks_through_the_cli(tmp_path):
     """Full fine-tuning DeepSeek-V3 in fp32 (no device holds it: a 64 TiB budget), and the bundled LoRA example."""
     raw = json.loads(PUBLISHED.read_text())
     result = run_check(tmp_path, raw, memory="64 TiB", micro_batch=1, seq_len=8)
-    assert result["footprint"]["parameters"] == 4 * DEEPSEEK_V3_PARAMETERS
+    assert result["footprint"]["parameters"] == 4 * DEEPSEEK_V3_PARAMETERS + buffer_bytes(meta_model(raw))
     assert result["footprint"]["gradients"] == 4 * DEEPSEEK_V3_PARAMETERS
     example = ROOT / "examples" / "families" / "deepseek-v3-lora.yaml"
     done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(example)],

@@ -20,7 +20,7 @@ needs.module("torch")
 needs.module("transformers")
 
 import hf_measure as hm  # noqa: E402
-from family_check import run_check, meta_elements  # noqa: E402
+from family_check import meta_buffer_bytes, meta_elements, run_check  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 NEW = [f for f in ("gemma2", "gemma3_text", "olmo2", "granite", "cohere", "starcoder2", "falcon", "smollm3") if f in hm.TINY]
@@ -38,7 +38,7 @@ def test_check_matches_the_real_model(family, attention, checkpointing, tmp_path
     result = run_check(tmp_path, cfg, attention=attention, checkpointing=checkpointing)
     elements = meta_elements(cfg)
     footprint = result["footprint"]
-    assert footprint["parameters"] == 4 * elements
+    assert footprint["parameters"] == 4 * elements + meta_buffer_bytes(cfg)  # (the buffers are parameters too)
     assert footprint["gradients"] == 4 * elements and footprint["optimizer_state"] == 8 * elements
     measured = hm.measure(cfg, micro_batch=2, seq_len=16, attention=attention, checkpointing=checkpointing)
     real = measured["peak"] if checkpointing == "full" else measured["total"]
@@ -57,10 +57,10 @@ def test_examples_fit_and_their_parameters_are_the_real_models(example, tmp_path
     # the example's config.json, fully fine-tuned in fp32: 4 bytes per parameter of the real model
     reference = (example.parent / yaml.safe_load(example.read_text())["model"]["hf_config"]).resolve()
     cfg = json.loads(reference.read_text())
-    # (a vision-language model's sequence holds its image's tokens: LLaVA-1.5's 576)
+    # (a vision-language model's sequence holds its image's tokens: LLaVA-1.5's 576, Qwen-VL's largest image 1,225)
     # (DeepSeek-V3's 671B in fp32 with AdamW needs 10.7 TB: a budget no device has, so that the check passes)
-    result = run_check(tmp_path, cfg, memory="64 TiB", micro_batch=1, seq_len=1024 if cfg["model_type"] == "llava" else 8)
-    assert result["footprint"]["parameters"] == 4 * meta_elements(cfg)
+    result = run_check(tmp_path, cfg, memory="64 TiB", micro_batch=1, seq_len={"llava": 1024, "qwen2_vl": 2048, "qwen2_5_vl": 2048}.get(cfg["model_type"], 8))
+    assert result["footprint"]["parameters"] == 4 * meta_elements(cfg) + meta_buffer_bytes(cfg)
 
 
 def family_table() -> list[list[str]]:
@@ -75,7 +75,9 @@ def test_the_family_table_follows_the_code():
 
     rows = family_table()
     names = [row[0].strip("`") for row in rows]
-    assert sorted(names) == sorted(families.FAMILIES) == sorted(hf_activations.FAMILIES)
+    assert sorted(names) == sorted(families.FAMILIES)
+    # (Whisper's saved tensors are its own module's, models/whisper.py)
+    assert sorted(hf_activations.FAMILIES) == sorted(set(families.FAMILIES) - {"whisper"})
     package = Path(transformers.__file__).parent
     for name, exact, ratio, source in rows:
         family = families.FAMILIES[name.strip("`")]

@@ -21,6 +21,7 @@ needs.module("torch")
 transformers = needs.module("transformers")
 
 import hf_measure as hm  # noqa: E402
+from family_check import buffer_bytes  # noqa: E402
 
 ROBERTA = [("RobertaForMaskedLM", 2), ("RobertaForSequenceClassification", 3), ("RobertaForTokenClassification", 5),
            ("RobertaForSequenceClassification", 1)]   # one label: a regression (MSE on the pooled score)
@@ -80,7 +81,7 @@ def test_roberta_heads_match_the_real_model(tmp_path):
         entry = files[name]
         assert entry["diagnostics"] == [], entry["diagnostics"]
         model = hm.build(cfg, training["attention"])
-        assert entry["footprint"]["parameters"] == 4 * sum(p.numel() for p in model.parameters())
+        assert entry["footprint"]["parameters"] == 4 * sum(p.numel() for p in model.parameters()) + buffer_bytes(model)
         full = training["checkpointing"] == "full"
         measured = hm.measure(cfg, micro_batch=2, seq_len=16, attention=training["attention"],
                               checkpointing=training["checkpointing"], model=model)

@@ -25,7 +25,7 @@ needs.module("torch")
 needs.module("transformers")
 
 import hf_measure as hm  # noqa: E402
-from family_check import run_check, meta_elements  # noqa: E402
+from family_check import meta_buffer_bytes, meta_elements, run_check  # noqa: E402
 import peak_reference as ref  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,7 +145,7 @@ def test_check_matches_the_real_model(attention, checkpointing, tmp_path):
     result = run_check(tmp_path, cfg, attention=attention, checkpointing=checkpointing)
     elements = meta_elements(cfg)
     footprint = result["footprint"]
-    assert footprint["parameters"] == 4 * elements
+    assert footprint["parameters"] == 4 * elements + meta_buffer_bytes(cfg)
     assert footprint["gradients"] == 4 * elements and footprint["optimizer_state"] == 8 * elements
     measured = hm.measure(cfg, micro_batch=2, seq_len=16, attention=attention, checkpointing=checkpointing)
     band(measured["peak"] if checkpointing == "full" else measured["total"], footprint["activations"], "the CLI's activations")
@@ -204,7 +204,7 @@ def test_published_configs_check_through_the_cli(name, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     entry = json.loads(done.stdout)["files"][0]
     assert entry["diagnostics"] == []
-    assert entry["footprint"]["parameters"] == 4 * real and entry["footprint"]["gradients"] == 4 * real
+    assert entry["footprint"]["parameters"] == 4 * real + meta_buffer_bytes(raw) and entry["footprint"]["gradients"] == 4 * real
     assert entry["footprint"]["optimizer_state"] == 8 * real
 
 

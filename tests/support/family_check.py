@@ -28,6 +28,34 @@ def run_check(tmp_path: Path, cfg: dict, memory: str = "1 TiB", precision: str |
     return result
 
 
+def buffer_bytes(model) -> int:
+    """The bytes of a model's registered buffers (model.buffers(), each tensor once): memfit counts them under
+    `parameters` (models/buffers.py), as they sit on the device beside the weights."""
+    seen, total = set(), 0
+    for b in model.buffers():
+        if id(b) not in seen:
+            seen.add(id(b))
+            total += b.numel() * b.element_size()
+    return total
+
+
+def meta_buffer_bytes(cfg: dict) -> int:
+    """buffer_bytes of the class the config names, built on the meta device in fp32 (as meta_elements builds it)."""
+    return buffer_bytes(_meta_model(cfg))
+
+
+def _meta_model(cfg: dict):
+    import torch
+    import transformers
+
+    fields = {k: v for k, v in cfg.items() if k != "model_type"}
+    config = transformers.AutoConfig.for_model(cfg["model_type"], **fields)
+    architectures = cfg.get("architectures") or []
+    with torch.device("meta"):
+        return (getattr(transformers, architectures[0])(config) if architectures
+                else transformers.AutoModelForCausalLM.from_config(config))
+
+
 def meta_elements(cfg: dict) -> int:
     """named_parameters()' element count of the class the config names (AutoModelForCausalLM when it names none)."""
     import torch

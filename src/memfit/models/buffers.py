@@ -30,10 +30,22 @@ def buffers(cfg: dict, rotary: int) -> list[Buffer]:
     fam = FAMILIES[cfg["model_type"]]
     base, mt = fam.base, cfg["model_type"]
     out: list[Buffer] = []
+    if mt == "whisper" or cfg.get("traced_model_type") == "whisper":
+        return out  # its positions are parameters (the encoder's frozen sinusoids): no buffers
     if mt in ("bert", "roberta"):   # (RoBERTa: the same two buffers)
         positions = (1, cfg["max_position_embeddings"])
         return [Buffer(f"{base}.embeddings.position_ids", positions, "int64"),
                 Buffer(f"{base}.embeddings.token_type_ids", positions, "int64")]
+    if mt == "llava":  # the CLIP vision tower's position ids (CLIPVisionEmbeddings: one per patch and the class token)
+        from memfit.models.llava import llava_vision_sizes
+
+        out.append(Buffer("model.vision_tower.vision_model.embeddings.position_ids", (1, llava_vision_sizes(cfg)["P"] + 1), "int64"))
+    if mt in ("qwen2_vl", "qwen2_5_vl"):  # the vision tower's rotary (VisionRotaryEmbedding(head_dim // 2): dim / 2 each)
+        from memfit.models.qwen_vl import vision_sizes
+
+        half = (vision_sizes(cfg)["d"] // 4,)
+        out += [Buffer("model.visual.rotary_pos_emb.inv_freq", half, "float32"),
+                Buffer("model.visual.rotary_pos_emb.original_inv_freq", half, "float32")]
     if mt in ("gemma", "gemma2", "gemma3_text"):  # the scaled word embedding's normalizer: a scalar in the model's dtype
         out.append(Buffer(f"{base}.embed_tokens.embed_scale", (), None))
     if mt == "deepseek_v3":  # each MoE layer's router keeps e_score_correction_bias (n_routed_experts)
