@@ -25,6 +25,7 @@ needs.module("torch")
 needs.module("transformers")
 
 import hf_measure as hm  # noqa: E402
+from family_check import buffer_bytes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -227,7 +228,7 @@ def test_published_configs_check_through_the_cli(name, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     entry = json.loads(done.stdout)["files"][0]
     assert entry["diagnostics"] == []
-    assert entry["footprint"]["parameters"] == 4 * real   # bf16-mixed: fp32 weights, gradients and two AdamW states
+    assert entry["footprint"]["parameters"] == 4 * real + buffer_bytes(model)   # bf16-mixed: fp32 weights, gradients and two AdamW states
     assert entry["footprint"]["gradients"] == 4 * real
     assert entry["footprint"]["optimizer_state"] == 8 * real
 
@@ -303,7 +304,7 @@ def test_the_multimodal_config_is_read_through_its_text_config_or_refused(tmp_pa
 
     entry = check(raw)
     assert entry["diagnostics"] == []
-    assert entry["footprint"]["parameters"] == 4 * real
+    assert entry["footprint"]["parameters"] == 4 * real + buffer_bytes(model)
     entry = check({**raw, "architectures": ["Llama4ForConditionalGeneration"]})
     [problem] = entry["diagnostics"]
     assert problem["code"] == "unsupported-model"
