@@ -255,6 +255,12 @@ def _code_strings(module) -> tuple[set, set]:
     return top, strings
 
 
+def inspect_source(module) -> str:
+    import inspect
+
+    return inspect.getsource(module)
+
+
 def _named(entry: str) -> list:
     """The keys a KEYS entry names: torchtune's entries name several ('model.lora_rank (8) / lora_alpha (16)'),
     with their defaults in parentheses; a dotted key is read by its last part from its section."""
@@ -270,6 +276,10 @@ def test_every_key_a_reader_reads_is_in_its_table_and_every_tabled_key_is_read(r
     fails here: add it to the table, or read it."""
     module = READERS[reader]
     top, strings = _code_strings(module)
+    from memfit.read.native import vision
+
+    if "vision." in inspect_source(module):  # the multimodal keys it hands to read/native/vision.py
+        strings |= _code_strings(vision)[1]
     tabled_keys = tabled(module) | set(getattr(module, "NO_MEMORY", ()))
     sections = {name.split(".")[0] for entry in module.KEYS for name in re.findall(r"[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_]", entry)}
     assert not sorted(top - tabled_keys - sections), f"{reader}: keys read but in no table"

@@ -72,3 +72,8 @@ REFUSED_MODELS = {
               "by a quantized linear returning one tensor, and the MoE block fails (ValueError: too many values to "
               "unpack; transformers 5.24.0, measured)",
 }
+
+
+# a masked LM's output layer where its family names it apart from BERT's `cls.predictions.decoder` (peft's all-linear
+# leaves the output layer alone): RobertaForMaskedLM's lm_head.decoder
+MLM_OUTPUT_LAYER = {"roberta": "lm_head.decoder"}

@@ -16,6 +16,7 @@ def has_transformer(data: dict) -> bool:
 
 def problems(data: dict) -> list[Problem]:
     from memfit.recipe import quant
+    from memfit.models import adapter_tables
 
     out = []
     for key in ("lora", "quantization"):
@@ -53,8 +54,8 @@ def transformer_rows(cfg: dict, data: dict, base_dtype: str, params, linears, he
     from memfit.recipe import quant
 
     head = lora_rules.OUTPUT_HEADS.get(head)
-    if head == "cls.predictions.decoder" and cfg.get("model_type") == "roberta":   # RobertaForMaskedLM's output layer
-        head = "lm_head.decoder"
+    if head == "cls.predictions.decoder":   # a masked LM's output layer by its family's own name
+        head = adapter_tables.MLM_OUTPUT_LAYER.get(cfg.get("model_type"), head)
     section = data.get("lora") or {}
     refused = quant.REFUSED_MODELS.get(cfg.get("model_type"))
     if data.get("quantization") and refused:

@@ -336,9 +336,10 @@ def peak_index(events: list[dict], peak: dict) -> int:
 
 
 def _nice(top: int) -> int:
-    """The y axis' top: four grid steps of a round size in binary units (1, 2 or 5 x 10^j KiB, MiB,
-    GiB...), the smallest that leaves 5% above `top` (exact integers)."""
-    steps = sorted(m * 1024**k for k in range(7) for m in (1, 2, 5, 10, 20, 50, 100, 200, 500))
+    """The y axis' top: four grid steps of a round size in binary units (1, 2, 2.5 or 5 x 10^j KiB, MiB,
+    GiB...), the smallest that leaves 5% above `top` (exact integers; 25 GiB steps keep an 80 GiB card's axis at 100
+    GiB, not 200)."""
+    steps = sorted(m * 1024**k for k in range(7) for m in (1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500))
     return 4 * next((s for s in steps if 4 * s * 20 >= max(top, 1) * 21), steps[-1] * -(-top // steps[-1]))
 
 

@@ -103,6 +103,6 @@ def rewrite(step, config, training: dict):
     if p is not None and (p.tensor > 1 or p.pipeline > 1):
         return step
     own = [t for t in config.tensors if not t.path or t.path[0] != "model"]
-    chosen = layers(training, acts._layers(model.cfg))
+    chosen = layers(training, len(acts.layer_kinds(model.cfg)))
     rebuilt = ledger_training.transformer_step(config, step.optimizer, step.impl, own, checkpointed=chosen)
     return replace(rebuilt, accumulating=step.accumulating)

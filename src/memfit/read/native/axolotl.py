@@ -16,7 +16,6 @@ KEYS = {
     "micro_batch_size": (1, "training.micro_batch", "schemas/training.py HyperparametersConfig.micro_batch_size"),
     "gradient_accumulation_steps": (1, "training.gradient_accumulation", "schemas/training.py gradient_accumulation_steps"),
     "sequence_len": (512, "training.seq_len", "schemas/config.py AxolotlInputConfig.sequence_len"),
-    "sample_packing": (False, "training.seq_len: packing fills every sequence to sequence_len (without it, sequence_len is the longest a batch can be)", "schemas/config.py sample_packing; utils/samplers/multipack.py"),
     "image_size": (None, "training.image_size (Qwen2-VL, Qwen2.5-VL; (width, height) read as [height, width])", "utils/schemas/multimodal.py MultiModalConfig.image_size"),
     "optimizer": ("adamw_torch_fused", "optimizer, training.optimizer_impl (the Trainer's optim names)", "schemas/training.py optimizer"),
     "bf16": ("auto", "precision (resolve_dtype: bf16 -> torch_dtype bfloat16: bf16-true)", "schemas/config.py bf16; utils/config/__init__.py resolve_dtype"),
@@ -46,6 +45,10 @@ KEYS = {
     "fsdp": (None, "parallel.fsdp (deprecated list form: full_shard, shard_grad_op, offload)", "schemas/config.py fsdp"),
     "overrides_of_model_config": (None, "model.transformer: the config.json's keys with these set over them (setattr on the model config)", "schemas/model.py ModelInputConfig.overrides_of_model_config; loaders/model.py ModelLoader._apply_model_config_overrides"),
 }
+
+# keys read for what they mean, not for bytes: packing fills every sequence to sequence_len, the length memfit prices
+# anyway (without it, sequence_len is the longest a batch can be)
+NO_MEMORY = ("sample_packing",)
 
 # keys warned about when their value makes the figures off (which way: the message says)
 CONDITIONAL = {

@@ -99,13 +99,12 @@ def read(r: Reader, ctx) -> dict:
     accum = r.get("gradient_accumulation_steps", (int,), 1)
     r.set(("training", "micro_batch"), micro, r.at("per_device_train_batch_size") if "per_device_train_batch_size" in data else None)
     seq_key = next((k for k in ("block_size", "max_seq_length", "max_length") if r.has(k)), None)
+    positions = cfg.get("max_position_embeddings", cfg.get("n_positions"))  # the model's positions (GPT-2's own name)
     if seq_key is not None:
         seq, seq_at = r.get(seq_key, (int,), 1024), r.at(seq_key)
     elif "max_length" in data and data["max_length"] is None:  # TRL's SFTConfig: None, no truncation
-        positions = cfg.get("max_position_embeddings", cfg.get("n_positions"))
         seq, seq_at = r.seq_left_to_data(r.at("max_length"), ctx.conf, positions if isinstance(positions, int) else 0, "max_length is null: TRL's SFTTrainer does not truncate"), None
     else:  # run_clm: min(tokenizer.model_max_length, 1024); the tokenizer's limit is the model's positions
-        positions = cfg.get("max_position_embeddings", cfg.get("n_positions", 1024))
         seq, seq_at = min(positions if isinstance(positions, int) else 1024, 1024), None
     r.set(("training", "seq_len"), seq, seq_at)
     if accum != 1 or "gradient_accumulation_steps" in data:

@@ -28,7 +28,6 @@ KEYS = {
     "per_device_train_batch_size": (8, "training.micro_batch", "transformers TrainingArguments.per_device_train_batch_size"),
     "gradient_accumulation_steps": (1, "training.gradient_accumulation", "transformers TrainingArguments.gradient_accumulation_steps"),
     "cutoff_len": (2048, "training.seq_len", "hparams/data_args.py DataArguments.cutoff_len"),
-    "packing": (None, "training.seq_len: packing fills every sequence to cutoff_len (without it, cutoff_len is the longest a batch can be)", "hparams/data_args.py DataArguments.packing; data/processor/pretrain.py, supervised.py PackedSupervisedDatasetProcessor"),
     "bf16": (False, "precision (compute dtype bf16)", "hparams/parser.py get_train_args: compute_dtype"),
     "fp16": (False, "precision (compute dtype fp16)", "hparams/parser.py get_train_args"),
     "pure_bf16": (False, "precision bf16-true (no fp32 upcast of trainable parameters)", "hparams/finetuning_args.py pure_bf16; model/adapter.py init_adapter"),
@@ -40,6 +39,10 @@ KEYS = {
     "image_min_pixels": (32 * 32, "training.image_min_pixels (Qwen2-VL, Qwen2.5-VL)", "hparams/model_args.py ProcessorArguments.image_min_pixels"),
     "freeze_vision_tower": (True, "training.freeze_vision_tower (Qwen2-VL, Qwen2.5-VL, LLaVA)", "hparams/finetuning_args.py FinetuningArguments.freeze_vision_tower; model/adapter.py"),
 }
+
+# keys read for what they mean, not for bytes: packing fills every sequence to cutoff_len, the length memfit prices
+# anyway (without it, cutoff_len is the longest a batch can be)
+NO_MEMORY = ("packing",)
 
 UNMODELLED = {
     "enable_liger_kernel": ((False,), "Liger kernels save less for backward and (fused linear cross-entropy) never materialize the logits"),
