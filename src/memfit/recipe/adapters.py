@@ -16,7 +16,6 @@ def has_transformer(data: dict) -> bool:
 
 def problems(data: dict) -> list[Problem]:
     from memfit.recipe import quant
-    from memfit.models import adapter_tables
 
     out = []
     for key in ("lora", "quantization"):
@@ -49,6 +48,7 @@ def transformer_rows(cfg: dict, data: dict, base_dtype: str, params, linears, he
     names, adapters in their own dtype, bitsandbytes' storage as frozen rows), and the
     problems. `cfg` is the normalized transformer config; `params`, `linears` and `head` (the
     head kind) are models.hf's for it, which turns the rows into config tensors."""
+    from memfit.models import adapter_tables
     from memfit.recipe import lora as lora_rules
 
     from memfit.recipe import quant
