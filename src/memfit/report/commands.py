@@ -32,7 +32,11 @@ def fit_line(found) -> str | None:
     return line
 
 
-class FitText:
+class FoundText:
+    """Each result's diagnostics, then its lines (`render`: fit_line's one line, or gpus_table's table)."""
+
+    render = staticmethod(lambda found: [])
+
     def __init__(self, out) -> None:
         self.out = out
 
@@ -40,18 +44,23 @@ class FitText:
         for found in fits:
             for d in found.diagnostics:
                 self.out.write(check_reporters.diagnostic_line(found.path, d) + "\n")
-            line = fit_line(found)
-            if line is not None:
+            for line in self.render(found):
                 self.out.write(line + "\n")
 
 
-class FitJson:
+class FoundJson:
+    """{"files": [each result's to_json()]} (fit, fit --vary gpus)."""
+
     def __init__(self, out) -> None:
         self.out = out
 
     def report(self, fits: list) -> None:
         json.dump({"files": [f.to_json() for f in fits]}, self.out, indent=2)
         self.out.write("\n")
+
+
+class FitText(FoundText):
+    render = staticmethod(lambda found: [line] if (line := fit_line(found)) is not None else [])
 
 
 # --- fit --vary gpus ----------------------------------------------------------------------
@@ -93,25 +102,8 @@ def _why_one_gpu(found) -> list[str]:
     return out
 
 
-class GpusText:
-    def __init__(self, out) -> None:
-        self.out = out
-
-    def report(self, fits: list) -> None:
-        for found in fits:
-            for d in found.diagnostics:
-                self.out.write(check_reporters.diagnostic_line(found.path, d) + "\n")
-            for line in gpus_table(found):
-                self.out.write(line + "\n")
-
-
-class GpusJson:
-    def __init__(self, out) -> None:
-        self.out = out
-
-    def report(self, fits: list) -> None:
-        json.dump({"files": [f.to_json() for f in fits]}, self.out, indent=2)
-        self.out.write("\n")
+class GpusText(FoundText):
+    render = staticmethod(lambda found: gpus_table(found))
 
 
 # --- diff ---------------------------------------------------------------------------------
@@ -235,7 +227,7 @@ class DiffMarkdown:
 
 REPORTERS = {
     "check": check_reporters.REPORTERS,
-    "fit": {"text": FitText, "json": FitJson},
-    "gpus": {"text": GpusText, "json": GpusJson},
+    "fit": {"text": FitText, "json": FoundJson},
+    "gpus": {"text": GpusText, "json": FoundJson},
     "diff": {"text": DiffText, "json": DiffJson, "markdown": DiffMarkdown},
 }
