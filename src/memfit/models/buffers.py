@@ -30,8 +30,10 @@ def buffers(cfg: dict, rotary: int) -> list[Buffer]:
     fam = FAMILIES[cfg["model_type"]]
     base, mt = fam.base, cfg["model_type"]
     out: list[Buffer] = []
-    if mt == "whisper" or cfg.get("traced_model_type") == "whisper":
-        return out  # its positions are parameters (the encoder's frozen sinusoids): no buffers
+    if mt == "whisper" or cfg.get("traced_model_type"):
+        # Whisper's positions are parameters (the encoder's frozen sinusoids): no buffers; a traced architecture is
+        # priced under its nearest family, whose buffers are not its own (the trace counts its parameters only)
+        return out
     if mt in ("bert", "roberta"):   # (RoBERTa: the same two buffers)
         positions = (1, cfg["max_position_embeddings"])
         return [Buffer(f"{base}.embeddings.position_ids", positions, "int64"),
