@@ -118,7 +118,10 @@ def faked(measured):
 @pytest.mark.parametrize("world", (2, 4))
 def test_one_fake_rank_agrees_with_the_gloo_run(world, measured, faked):
     _, figures = measured
-    assert faked[(world, "none")] == figures[(world, "none")]
+    # (the real gloo run is not the same from run to run: at 2 ranks without checkpointing it measured 1,004,104 B in
+    # three runs and 1,053,768 B in a fourth, where the fake rank gives 1,004,104 each time: a band, not equality)
+    plain = figures[(world, "none")]
+    assert abs(faked[(world, "none")] - plain) <= BAND * plain, (faked[(world, "none")], plain)
     theirs = figures[(world, "full")]
     assert abs(faked[(world, "full")] - theirs) <= BAND * theirs, (faked[(world, "full")], theirs)
 
