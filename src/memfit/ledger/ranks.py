@@ -1,4 +1,9 @@
-"""Each rank's own program under tensor, sequence and pipeline parallelism, walked as one device's.
+"""Each rank's own program under data, tensor, sequence and pipeline parallelism, walked as one device's.
+
+Under data parallelism alone (DDP, ZeRO 1/2/3, FSDP, with or without offload) every rank runs the one-device program
+(ledger.training.build's, the techniques of `training` rewritten into it) and holds beside it, at every instant, its
+shares of the parameters, gradients and optimizer state (placement), the unit it gathers and DDP's reducer buckets:
+`ranks_peak` with that one program.
 
 A tensor-parallel rank runs the model with its shares: every parameter at the shape it holds (Megatron's split,
 placement.sharding.tp_shard_shape: column- and row-parallel linears, the vocabulary-parallel embedding and head over
