@@ -160,7 +160,7 @@ def _saved(step: Step) -> int:
     return sum(step.tensors[t] for t in ids - set(step.batch))
 
 
-def _data_shares(step: Step, p, device: dict, gathered: dict, at_loss: dict | None = None, buckets: int = 0):
+class _Shares:
     """Under data parallelism a moment's parameters, gradients and optimizer state are what the rank keeps of its
     program's (placement: `device`, by footprint category), and it gathers a unit for a moment (`gathered`):
     ZeRO's gradient partitions are flat buffers allocated once (held for the whole step), FSDP's and DDP's gradients
@@ -168,33 +168,46 @@ def _data_shares(step: Step, p, device: dict, gathered: dict, at_loss: dict | No
     the state it steps on the GPU); in forward the gathered parameters are live, in backward their gradients too, at
     the loss's backward only what stays gathered from forward (`at_loss`: FSDP's root unit; no unit's backward has
     begun). DDP's reducer buckets (`buckets`), held from construction, are a second copy of the gradients, or the
-    gradients themselves when they are views of them (gradient_as_bucket_view). Plain DDP of one rank: None (the
-    program as it runs on one device)."""
+    gradients themselves when they are views of them (gradient_as_bucket_view)."""
+
+    __slots__ = ("parameters", "state", "gradients", "all_grads", "all_state", "unit", "root", "persistent", "buckets", "views")
+
+    def __init__(self, step: Step, p, device: dict, gathered: dict, at_loss: dict | None, buckets: int) -> None:
+        self.parameters, self.state, self.gradients = device["parameters"], device["optimizer_state"], device["gradients"]
+        self.all_grads = sum(sum(r.grads) for r in step.rows)
+        self.all_state = sum(step.optimizer_state)
+        self.unit = {"forward": gathered.get("gathered parameters", 0), "backward": sum(gathered.values()), "optimizer_step": 0}
+        self.root = sum((at_loss or {}).values()) if gathered else 0
+        self.persistent = p.engine == "zero"
+        self.buckets, self.views = buckets, p.gradient_as_bucket_view
+
+    def _terms(self, phase: str, at, gradients: int, transient: int) -> tuple:
+        """(gradients, transient) the rank holds at an instant whose program has these."""
+        if phase == "optimizer_step":
+            g = self.gradients
+            t = _share(transient, self.state, self.all_state)
+        else:
+            g = self.gradients if self.persistent else _share(self.gradients, gradients, self.all_grads)
+            t = transient + (self.root if phase == "backward" and at == "loss" else self.unit[phase])
+        if self.buckets:
+            g = max(g, self.buckets) if self.views else g + self.buckets
+        return g, t
+
+    def total(self, phase: str, at, live: dict) -> int:
+        g, t = self._terms(phase, at, live["gradients"], live["transient"])
+        return self.parameters + self.state + g + t + live["activations"] + live["overhead"]
+
+    def held(self, phase: str, at, live: dict) -> dict:
+        g, t = self._terms(phase, at, live["gradients"], live["transient"])
+        return {**live, "parameters": self.parameters, "gradients": g, "optimizer_state": self.state, "transient": t}
+
+
+def _data_shares(step: Step, p, device: dict, gathered: dict, at_loss: dict | None = None, buckets: int = 0) -> _Shares | None:
+    """The rank's data-parallel holdings beside its program (_Shares); None where it holds nothing beside it (plain
+    DDP of one rank, tensor or pipeline ranks without ZeRO or FSDP: the program as one device runs it)."""
     if p.engine == "ddp" and not buckets and not gathered:
         return None
-    all_grads = sum(sum(r.grads) for r in step.rows)
-    all_state = sum(step.optimizer_state)
-    unit = {"forward": gathered.get("gathered parameters", 0), "backward": sum(gathered.values())}
-    root = sum((at_loss or {}).values()) if gathered else 0
-    persistent = p.engine == "zero"
-    views = p.gradient_as_bucket_view
-
-    def held(phase: str, at, live: dict) -> dict:
-        out = dict(live)
-        out["parameters"] = device["parameters"]
-        out["optimizer_state"] = device["optimizer_state"]
-        if phase == "optimizer_step":
-            g = device["gradients"]
-            out["transient"] = _share(live["transient"], device["optimizer_state"], all_state)
-        else:
-            g = device["gradients"] if persistent else _share(device["gradients"], live["gradients"], all_grads)
-            out["transient"] = live["transient"] + (root if phase == "backward" and at == "loss" else unit[phase])
-        if buckets:
-            g = max(g, buckets) if views else g + buckets
-        out["gradients"] = g
-        return out
-
-    return held
+    return _Shares(step, p, device, gathered, at_loss, buckets)
 
 
 def _share(amount: int, part: int, whole: int) -> int:
@@ -226,7 +239,7 @@ def _hold(phase: str, at, live: dict, extra: int, shares) -> dict:
     runs (the others in flight, the loader's batch, the receive buffers) and, under data parallelism, its shares,
     the unit it gathers and DDP's buckets (`shares`, _data_shares)."""
     live = {**live, "activations": live["activations"] + extra}
-    return shares(phase, at, live) if shares is not None else live
+    return shares.held(phase, at, live) if shares is not None else live
 
 
 def _held(instants: list, extra: int, shares) -> list:
@@ -234,13 +247,37 @@ def _held(instants: list, extra: int, shares) -> list:
     return [(phase, at, edge, _hold(phase, at, live, extra, shares)) for phase, at, edge, live in instants]
 
 
-def _worst(instants: list, extra: int, shares) -> dict:
+def _candidates(instants: list, persistent: bool) -> list:
+    """The instants that can be a rank's worst: a rank's total grows with an instant's activations and, its shares
+    put in, depends on nothing else but its phase, gradients (not when the rank holds its gradients the whole step),
+    transient, overhead and whether it is the loss's backward; of instants alike in those, the one with the most
+    activations (a moment before a row boundary, the earliest on a tie) is the only candidate (a step of thousands of
+    instants has a few hundred)."""
+    best: dict = {}
+    for n, (phase, at, edge, live) in enumerate(instants):
+        key = (phase, None if persistent else live["gradients"], live["transient"], live["overhead"], phase == "backward" and at == "loss")
+        rank = (live["activations"], edge is None)
+        if key not in best or rank > best[key][0]:
+            best[key] = (rank, n)
+    return [instants[n] for n in sorted(n for _, n in best.values())]
+
+
+def _worst(instants: list, extra: int, shares, cache: dict | None = None) -> dict:
     """A phase's worst instant as the rank holds it (_held's, without building them all) {"bytes", "live", "at"}: a
-    moment before a row boundary as large (the boundary is between two moments), the earliest on a tie."""
+    moment before a row boundary as large (the boundary is between two moments), the earliest on a tie. `cache`:
+    the instants' candidates (_candidates), kept."""
+    if shares is not None:
+        key = ("candidates", id(instants), shares.persistent)
+        if cache is None:
+            instants = _candidates(instants, shares.persistent)
+        else:
+            if key not in cache:
+                cache[key] = (instants, _candidates(instants, shares.persistent))
+            instants = cache[key][1]
     best = None
     for phase, at, edge, live in instants:
         # (without shares only the activations change, by `extra`: the total, without a copy of the instant)
-        total = sum(live.values()) + extra if shares is None else sum(_hold(phase, at, live, extra, shares).values())
+        total = sum(live.values()) + extra if shares is None else shares.total(phase, at, live) + extra
         if best is None or (total, edge is None) > (best[0], best[1]):
             best = (total, edge is None, phase, at, live)
     total, _, phase, at, live = best
@@ -287,7 +324,7 @@ def stage_walk(step: Step, stage: int, p, granule: int | None = None, holding: d
     if p.pipeline == 1:  # one micro-batch at a time, as one device runs it (the program as built: under
         # accumulation a later micro-batch's, every gradient allocated), with the rank's data-parallel shares
         walked = _cached_instants(step, granule, cache)
-        return {ph: (walked[ph], 0, shares, _worst(walked[ph], 0, shares)) for ph in PHASES}
+        return {ph: (walked[ph], 0, shares, _worst(walked[ph], 0, shares, cache)) for ph in PHASES}
     first, last = stage == 0, stage == p.pipeline - 1
     x = 0 if first else step.tensors[step.rows[0].input]
     y = 0 if last else step.tensors[step.rows[-1].output]
@@ -302,7 +339,7 @@ def stage_walk(step: Step, stage: int, p, granule: int | None = None, holding: d
 
     def at(walked, phase, others):
         extra = others * saved + loader + held[phase]
-        return walked[phase], extra, shares, _worst(walked[phase], extra, shares)
+        return walked[phase], extra, shares, _worst(walked[phase], extra, shares, cache)
 
     candidates = {
         "forward": [at(fresh, "forward", k - 1)],
