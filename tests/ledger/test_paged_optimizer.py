@@ -21,14 +21,15 @@ bnb = needs.module("bitsandbytes")
 from test_peak_transformers import hf_run_peak, hf_tiny  # noqa: E402
 
 
-def _paged_reference(cfg: dict) -> tuple[int, int]:
-    """(bytes bitsandbytes would page, bytes of all its state) for the model of `cfg` after one step."""
+def _paged_reference(cfg: dict, cls=None) -> tuple[int, int]:
+    """(bytes bitsandbytes would page, bytes of all its state) for the model of `cfg` after one step of `cls`
+    (PagedAdamW8bit by default)."""
     import torch
     import transformers
 
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
-    optimizer = bnb.optim.PagedAdamW8bit(model.parameters(), lr=1e-3)
+    optimizer = (cls or bnb.optim.PagedAdamW8bit)(model.parameters(), lr=1e-3)
     ids = torch.randint(0, cfg["vocab_size"], (1, 8))
     model(input_ids=ids, labels=ids).loss.backward()
     optimizer.step()
@@ -69,3 +70,33 @@ def test_paged_state_is_off_the_device_peak(tmp_path):
     assert off["peak"] == plain["peak"]
     assert off["peak"]["live"]["optimizer_state"] - on["peak"]["live"]["optimizer_state"] == paged
     assert off["peak"]["bytes"] - on["peak"]["bytes"] == paged
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_a_32bit_paged_optimizer_pages_its_whole_state_when_the_config_says_so(tmp_path):
+    """bitsandbytes' PagedAdamW (32-bit: fp32 state1/state2 through get_state_buffer): memfit reads it as AdamW with fp32
+    state; `paged_optimizer: true` takes the state of each parameter at or over the threshold off the device."""
+    import json
+    import subprocess
+    import sys
+
+    import yaml
+
+    cfg = dict(hf_tiny("llama"), vocab_size=2048)
+    paged, total = _paged_reference(cfg, bnb.optim.PagedAdamW)
+    assert 0 < paged < total
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    peaks = []
+    for stated in (True, False):
+        doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "model": {"hf_config": "config.json"},
+               "dtypes": {"optimizer_state": "float32"},
+               "training": {"micro_batch": 1, "seq_len": 8, "optimizer_impl": "for_loop", "attention": "sdpa",
+                            "paged_optimizer": stated}}
+        (tmp_path / "run.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(tmp_path / "run.yaml")],
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        peaks.append(json.loads(done.stdout)["files"][0])
+    on, off = peaks
+    assert on["footprint"] == off["footprint"] and off["footprint"]["optimizer_state"] == total
+    assert off["peak"]["live"]["optimizer_state"] - on["peak"]["live"]["optimizer_state"] == paged

@@ -39,7 +39,10 @@ KEYS = {
                        "prices the 8-bit state of every parameter of 100,000+ elements in CUDA unified memory "
                        "(cudaMallocManaged), outside PyTorch's allocator, paged to the host when the device is full: "
                        "not gated against the device (the footprint still counts it). false: on the device, as "
-                       "bitsandbytes keeps it on the CPU or where the device has room for it.",
+                       "bitsandbytes keeps it on the CPU or where the device has room for it. With an optimizer of "
+                       "torch's layout, true says it is bitsandbytes' 32-bit paged one (PagedAdamW, PagedAdamW32bit, "
+                       "the Trainer's paged_adamw_32bit; set dtypes.optimizer_state: float32): the whole state of "
+                       "each parameter of 100,000+ elements is paged.",
         "type": "boolean",
         "default": True,
     },
@@ -47,7 +50,8 @@ KEYS = {
 
 
 def applies(training: dict) -> bool:
-    # switched on by the optimizer (its table's `paged`), not by a key: the key can only switch it off
+    # on by the optimizer (its table's `paged`) unless the key is false; `true` also pages bitsandbytes' 32-bit paged
+    # optimizers, which memfit reads as torch's layout with fp32 state (PagedAdamW, PagedAdamW32bit, paged_adamw_32bit)
     return training.get("paged_optimizer", True) is True
 
 
@@ -55,10 +59,15 @@ def problems(config, training: dict) -> list:
     return []
 
 
-def paged_bytes(config, optimizer: str | None) -> dict:
-    """{a trainable parameter's state bytes (one copy): the bytes of it in unified memory}."""
+def paged_bytes(config, optimizer: str | None, stated: bool = False) -> dict:
+    """{a trainable parameter's state bytes (one copy): the bytes of it in unified memory}. `stated`: the config says
+    `paged_optimizer: true` (an optimizer with torch's layout is then bitsandbytes' 32-bit paged one: every state
+    tensor of a parameter at or over the threshold comes from get_state_buffer, Optimizer2State.init_state)."""
     out: dict = {}
-    if not optimizer or not lookup(optimizer).paged:
+    if not optimizer:
+        return out
+    table = lookup(optimizer)
+    if not table.paged and not (stated and table.layout == "elementwise"):
         return out
     for t in getattr(config, "tensors", ()):
         if t.category != "parameters" or not t.trainable or not t.bytes.get("optimizer_state"):
@@ -66,8 +75,11 @@ def paged_bytes(config, optimizer: str | None) -> dict:
         if t.elements < PAGED_MIN_ELEMENTS:
             continue
         copies = max(t.count, 1)
-        paged = sum(dtype_bytes(t.elements, dtype) for _, _, dtype in state_tensors(optimizer, t.shape, "float32")
-                    if dtype == PAGED_DTYPE)
+        if table.paged:
+            paged = sum(dtype_bytes(t.elements, dtype) for _, _, dtype in state_tensors(optimizer, t.shape, "float32")
+                        if dtype == PAGED_DTYPE)
+        else:
+            paged = t.bytes["optimizer_state"] // copies
         if paged:
             out[t.bytes["optimizer_state"] // copies] = paged
     return out
@@ -77,7 +89,7 @@ def rewrite(step, config, training: dict):
     if getattr(config, "parallel", None) is not None or step.optimizer is None:
         return step
     try:
-        paged = paged_bytes(config, step.optimizer)
+        paged = paged_bytes(config, step.optimizer, training.get("paged_optimizer") is True)
     except ValueError:   # an optimizer the table does not know: nothing is paged
         return step
     if not paged:
