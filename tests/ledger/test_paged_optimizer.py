@@ -70,6 +70,10 @@ def test_paged_state_is_off_the_device_peak(tmp_path):
     assert off["peak"] == plain["peak"]
     assert off["peak"]["live"]["optimizer_state"] - on["peak"]["live"]["optimizer_state"] == paged
     assert off["peak"]["bytes"] - on["peak"]["bytes"] == paged
+    # a note at the optimizer says how much is paged; none when it is counted on the device
+    notes = [d for d in on["diagnostics"] if d["code"] == "paged-state"]
+    assert len(notes) == 1 and notes[0]["severity"] == "information" and f"{paged:,} B" in notes[0]["message"]
+    assert not [d for d in off["diagnostics"] + plain["diagnostics"] if d["code"] == "paged-state"]
 
 
 @pytest.mark.filterwarnings("ignore")

@@ -24,6 +24,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from memfit.diagnostics import codes
+from memfit.diagnostics.diagnostic import Problem
+from memfit.diagnostics.units import with_bytes
 from memfit.recipe.costs import dtype_bytes
 from memfit.recipe.optim import lookup, state_tensors
 
@@ -56,7 +59,24 @@ def applies(training: dict) -> bool:
 
 
 def problems(config, training: dict) -> list:
-    return []
+    """A note at the optimizer: how much of its state is paged, off the device's peak."""
+    name = getattr(config, "optimizer", None)
+    if getattr(config, "parallel", None) is not None or not isinstance(name, str):
+        return []
+    try:
+        paged = paged_bytes(config, name.strip().lower(), training.get("paged_optimizer") is True)
+    except ValueError:
+        return []
+    total = sum(paged.get(t.bytes["optimizer_state"] // max(t.count, 1), 0) * max(t.count, 1)
+                for t in getattr(config, "tensors", ())
+                if t.category == "parameters" and t.trainable and t.bytes.get("optimizer_state") and t.elements >= PAGED_MIN_ELEMENTS)
+    if not total:
+        return []
+    return [Problem(("optimizer",), codes.PAGED_STATE,
+                    f"{with_bytes(total)} of {name}'s state is paged (bitsandbytes allocates the state of "
+                    f"parameters of 100,000+ elements in CUDA unified memory): not in the device's peak; the host holds "
+                    f"what the device has no room for (training.paged_optimizer: false counts it on the device)",
+                    severity=codes.INFORMATION)]
 
 
 def paged_bytes(config, optimizer: str | None, stated: bool = False) -> dict:
