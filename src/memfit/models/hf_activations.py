@@ -1,8 +1,8 @@
 """What autograd saves for backward in one training step of a transformers model: closed form per layer kind.
 
 Each block lists the distinct storages autograd keeps (each once, under the first op that keeps it) with its shape
-and dtype; `saved()` evaluates the symbolic tables below for one config. Nothing is per element: a 70B config costs
-the same as a tiny one. The rules were read off transformers 5.24, torch 2.13 and peft 0.21 and are checked against
+and dtype; `saved()` evaluates the symbolic tables (models/hf_act_*.py) for one config. Nothing is per element: a
+70B config costs the same as a tiny one. The rules were read off transformers 5.24, torch 2.13 and peft 0.21 and are checked against
 a real step on CPU (tests/models/test_transformers_activations.py; docs/transformer-activations.md prints the tables).
 
 A table row (`K`) says: this op keeps this tensor, of this symbolic shape, in this dtype *role*, under this static
