@@ -242,6 +242,8 @@ def optimizer(r: Reader, name: str, at) -> None:
         r.set(("training", "optimizer_impl"), impl, at)
     if state is not None:
         r.set(("dtypes", "optimizer_state"), state, at)
+    if state == "float32" and "paged" in name.strip().lower():  # trainer_optimizer.py: is_paged = "paged" in optim
+        r.set(("training", "paged_optimizer"), True, at)  # bitsandbytes' 32-bit paged state (ledger/techniques/paged_optimizer.py)
 
 
 def _fsdp(r: Reader) -> None:

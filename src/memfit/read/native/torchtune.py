@@ -105,6 +105,21 @@ OPTIMIZERS = {
     "torchao.optim.AdamW8bit": ("adamw8bit", None, None),
     "bitsandbytes.optim.PagedAdamW": ("adamw", "for_loop", "float32"),
     "bitsandbytes.optim.PagedAdamW32bit": ("adamw", "for_loop", "float32"),
+    "bitsandbytes.optim.PagedAdam": ("adam", "for_loop", "float32"),
+    "bitsandbytes.optim.PagedAdam32bit": ("adam", "for_loop", "float32"),
+    "bitsandbytes.optim.PagedAdam8bit": ("paged_adam8bit", None, None),
+    "bitsandbytes.optim.PagedLion": ("lion", "for_loop", "float32"),
+    "bitsandbytes.optim.PagedLion32bit": ("lion", "for_loop", "float32"),
+    "bitsandbytes.optim.PagedLion8bit": ("paged_lion8bit", None, None),
+    # bitsandbytes' unpaged ones: optim_bits 32 keeps fp32 state1/state2 whatever the parameter's dtype
+    "bitsandbytes.optim.AdamW": ("adamw", "for_loop", "float32"),
+    "bitsandbytes.optim.AdamW32bit": ("adamw", "for_loop", "float32"),
+    "bitsandbytes.optim.Adam": ("adam", "for_loop", "float32"),
+    "bitsandbytes.optim.Adam32bit": ("adam", "for_loop", "float32"),
+    "bitsandbytes.optim.Adam8bit": ("adam8bit", None, None),
+    "bitsandbytes.optim.Lion": ("lion", "for_loop", "float32"),
+    "bitsandbytes.optim.Lion32bit": ("lion", "for_loop", "float32"),
+    "bitsandbytes.optim.Lion8bit": ("lion8bit", None, None),
 }
 
 KEYS = {
@@ -244,6 +259,8 @@ def read(r: Reader, ctx) -> dict:
             r.set(("training", "optimizer_impl"), impl, r.at("optimizer", "fused") if "fused" in optimizer else opt_at)
         if found[2] is not None:
             r.set(("dtypes", "optimizer_state"), found[2], opt_at)
+        if found[2] == "float32" and name.startswith("bitsandbytes.optim.Paged"):  # bitsandbytes' 32-bit paged state
+            r.set(("training", "paged_optimizer"), True, opt_at)  # (ledger/techniques/paged_optimizer.py)
 
     if lora:
         rank = r.get("lora_rank", (int,), 8, data=model, prefix=("model",))
