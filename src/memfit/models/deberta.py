@@ -104,8 +104,9 @@ def parameters(cfg: dict) -> list[Param]:
     if kind == MASKED_LM and cfg.get("legacy", True):
         out.append(Param("cls.predictions.bias", (cfg["vocab_size"],), "other"))
         out += _linear("cls.predictions.transform.dense", h, h) + _layernorm("cls.predictions.transform.LayerNorm", h)
-        if not tied:
-            out.append(Param("cls.predictions.decoder.weight", (cfg["vocab_size"], h), "other"))
+        if not tied:   # tie_word_embeddings false unties the decoder's bias from cls.predictions.bias as well
+            out += [Param("cls.predictions.decoder.weight", (cfg["vocab_size"], h), "other"),
+                    Param("cls.predictions.decoder.bias", (cfg["vocab_size"],), "other")]
     elif kind == MASKED_LM:
         out.append(Param("lm_predictions.lm_head.bias", (cfg["vocab_size"],), "other"))
         out += _linear("lm_predictions.lm_head.dense", h, h) + _layernorm("lm_predictions.lm_head.LayerNorm", h)
@@ -119,11 +120,13 @@ def parameters(cfg: dict) -> list[Param]:
 
 def linears(cfg: dict) -> list:
     """(module name, in, out, bias) of every nn.Linear, in module order (the masked LM's decoder, tied, last)."""
+    params = parameters(cfg)
+    names = {p.name for p in params}
     out = []
-    for p in parameters(cfg):
-        if p.name.endswith(".weight") and len(p.shape) == 2 and p.kind == "other" and not p.name.endswith("decoder.weight"):
+    for p in params:
+        if p.name.endswith(".weight") and len(p.shape) == 2 and p.kind == "other" and p.name != "cls.predictions.decoder.weight":
             name = p.name[: -len(".weight")]
-            out.append((name, p.shape[1], p.shape[0], any(q.name == name + ".bias" for q in parameters(cfg))))
+            out.append((name, p.shape[1], p.shape[0], name + ".bias" in names))
     if _kind(cfg) == MASKED_LM and cfg.get("legacy", True):
         out.append(("cls.predictions.decoder", cfg["hidden_size"], cfg["vocab_size"], True))
     return out
