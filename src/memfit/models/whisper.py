@@ -62,8 +62,8 @@ def why_not(cfg: dict, training: dict, precision: str, adapted: dict) -> str:
     if "lora" in adapted and (lora_targets(adapted["lora"]) is None or precision != "32-true"):
         return ("LoRA other than target_modules [q_proj, v_proj] without dropout at 32-true (LoRA computed: q_proj and "
                 "v_proj, any rank, no dropout, fp32)")
-    if precision not in ("32-true", "bf16-true"):
-        return f"precision {precision} (32-true and bf16-true computed)"
+    if precision not in ("32-true", "bf16-true", "bf16-mixed"):
+        return f"precision {precision} (32-true, bf16-true and bf16-mixed computed)"
     if training.get("attention", "sdpa") not in ("eager", "sdpa"):
         return f"attention {training.get('attention')} (eager and sdpa measured)"
     if training.get("checkpointing", "none") not in ("none", "full"):
@@ -107,6 +107,35 @@ def _cast(kept: list, precision: str) -> list:
     if precision != "bf16-true":
         return kept
     return [(label, shape, BF16 if dtype == F32 and "log-sum-exp" not in label else dtype) for label, shape, dtype in kept]
+
+
+def _mixed_linear(tag: str, rows: int, n_in: int, n_out: int) -> list:
+    """A linear under CPU autocast (bf16-mixed): its input's bf16 copy and its weight's (each call casts both)."""
+    return [(f"{tag} input (bf16 copy)", (rows, n_in), BF16), (f"{tag} weight (bf16 copy)", (n_out, n_in), BF16)]
+
+
+def _mixed_layer_kept(cfg: dict, b: int, s: int, se: int, attention: str, decoder: bool) -> list:
+    """A layer under bf16-mixed: LayerNorm in fp32 (the residual stream is fp32), every projection its input's and
+    weight's bf16 copies (q, k and v each their own), the attention and GELU in bf16 (SDPA's log-sum-exp fp32)."""
+    h = cfg["d_model"]
+    heads = cfg["decoder_attention_heads" if decoder else "encoder_attention_heads"]
+    ffn = cfg["decoder_ffn_dim" if decoder else "encoder_ffn_dim"]
+    bs = b * s
+    out = _norm("self_attn_layer_norm", b, s, h)
+    for name in ("q_proj", "k_proj", "v_proj"):
+        out += _mixed_linear(f"self_attn.{name}", bs, h, h)
+    out += _cast(_attention_kept("self_attn", b, heads, s, s, h, attention), "bf16-true")
+    if decoder and attention == "eager":   # the fp32 causal mask promotes the scores: fp32 softmax, a bf16 copy for the matmul
+        out += [("self_attn: softmax probabilities (fp32, the causal mask added)", (b, heads, s, s), F32)]
+    out += _mixed_linear("self_attn.out_proj", bs, h, h)
+    if decoder:
+        out += _norm("encoder_attn_layer_norm", b, s, h) + _mixed_linear("encoder_attn.q_proj", bs, h, h)
+        out += _mixed_linear("encoder_attn.k_proj (the encoder's output)", b * se, h, h)
+        out += _mixed_linear("encoder_attn.v_proj (the encoder's output)", b * se, h, h)
+        out += _cast(_attention_kept("encoder_attn", b, heads, s, se, h, attention), "bf16-true")
+        out += _mixed_linear("encoder_attn.out_proj", bs, h, h)
+    out += _norm("final_layer_norm", b, s, h) + _mixed_linear("fc1", bs, h, ffn)
+    return out + [("fc1 output (GELU input)", (b, s, ffn), BF16)] + _mixed_linear("fc2", bs, ffn, h)
 
 
 LORA_TARGETS = ("q_proj", "v_proj")   # the LoRA this module computes: the usual Whisper targets, both (peft 0.21 has no
@@ -185,10 +214,20 @@ def measured(cfg: dict, micro_batch: int, seq_len: int, attention: str, checkpoi
         if "v_proj" not in targets:
             encoder_output = []
         head = _norm("decoder layer_norm", b, s, h)
+    elif precision == "bf16-mixed":   # the convolutions in bf16 (input and weight copies); the encoder's output cast per layer
+        mel = cfg["num_mel_bins"]
+        embeddings = [("conv1 input (bf16 copy of the log-mel features)", (b, mel, 2 * se), BF16), ("conv1 weight (bf16 copy)", (h, mel, 3), BF16),
+                      ("conv1 output (GELU input)", (b, h, 2 * se), BF16), ("conv2 input", (b, h, 2 * se), BF16),
+                      ("conv2 weight (bf16 copy)", (h, h, 3), BF16), ("conv2 output (GELU input)", (b, h, se), BF16)]
+        encoder_first = encoder = _mixed_layer_kept(cfg, b, se, se, attention, False)
+        decoder_first = decoder = _mixed_layer_kept(cfg, b, s, se, attention, True)
+        encoder_output = []
+        head = _norm("decoder layer_norm", b, s, h) + _mixed_linear("proj_out", b * s, h, cfg["vocab_size"])
     else:
         encoder_first, decoder_first = encoder, decoder
-    embeddings, encoder, decoder, bridge, encoder_output, head, loss, encoder_first, decoder_first = (
-        _cast(kept, precision) for kept in (embeddings, encoder, decoder, bridge, encoder_output, head, loss, encoder_first, decoder_first))
+    if precision == "bf16-true":
+        embeddings, encoder, decoder, bridge, encoder_output, head, loss, encoder_first, decoder_first = (
+            _cast(kept, precision) for kept in (embeddings, encoder, decoder, bridge, encoder_output, head, loss, encoder_first, decoder_first))
     from memfit.models.hf_activations import lora_key
 
     adapters = lora_key(lora)
@@ -212,7 +251,9 @@ def measured(cfg: dict, micro_batch: int, seq_len: int, attention: str, checkpoi
     if ne:
         blocks.append(("layer", ne, tuple(enc_in)))
     if nd:
-        blocks.append(("layer", 1, tuple(bridge + encoder_output + dec_in)))
+        # the decoder layers' checkpoint keeps the encoder's output, their argument (fp32 also under bf16-mixed)
+        argument = encoder_output or [("checkpoint: the encoder's output", (b * se, h), F32)]
+        blocks.append(("layer", 1, tuple(bridge + argument + dec_in)))
         if nd > 1:
             blocks.append(("layer", nd - 1, tuple(dec_in)))
     else:
@@ -283,7 +324,7 @@ def derive(cfg: dict, raw: dict, out, where, file, data: dict, at_architecture) 
     if architecture_name(cfg) != "WhisperForConditionalGeneration":
         why = f"{architecture_name(cfg)} (the decoder alone)"
     if why:
-        reason = (f"{architecture_name(cfg)}: memfit's whisper family computes WhisperForConditionalGeneration's step at 32-true and bf16-true, "
+        reason = (f"{architecture_name(cfg)}: memfit's whisper family computes WhisperForConditionalGeneration's step at 32-true, bf16-true and bf16-mixed, "
                   f"eager or sdpa attention, checkpointing none or full, no dropout and no adapters; not {why}")
         if not traced.available():
             return hints + at_architecture(reason + ": install memfit[trace] to measure it on fake tensors")
