@@ -239,6 +239,7 @@ _JSON_TYPES = {
     "ids": ["integer", "array"],
     "ints": ["array"],
     "strs": ["array"],
+    "strs|str": ["array", "string"],
     "dict": ["object"],
 }
 # keys a config.json may carry besides the config class's fields: legacy spellings transformers
