@@ -126,15 +126,26 @@ def test_axolotl_overrides_of_model_config_are_the_model_built(tmp_path):
     assert over["peak"]["bytes"] > over["budget"] > plain["peak"]["bytes"]  # the 32-layer reading "fits"
 
 
-def test_eval_batches_larger_than_the_training_batch_are_warned(tmp_path):
+def test_eval_batches_larger_than_the_training_batch_are_the_evaluation_pass(tmp_path):
+    """On one GPU an evaluation batch larger than the training batch is training.eval_batch (the evaluation pass,
+    measured in tests/ledger/test_passes.py), at the native key; under a layout it stays a warning; Axolotl evaluates
+    only with a validation split."""
     shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
-    (tmp_path / "ax.yml").write_text("base_model: ./llama-3-8b.json\nmicro_batch_size: 2\nsequence_len: 512\neval_batch_size: 32\n")
+    (tmp_path / "ax.yml").write_text("base_model: ./llama-3-8b.json\nmicro_batch_size: 2\nsequence_len: 512\nval_set_size: 0.05\neval_batch_size: 32\n")
     (tmp_path / "args.json").write_text(json.dumps({"model_name_or_path": "./llama-3-8b.json", "output_dir": "o", "per_device_train_batch_size": 2, "do_eval": True, "per_device_eval_batch_size": 64}))
     (tmp_path / "same.yml").write_text("base_model: ./llama-3-8b.json\nmicro_batch_size: 2\nsequence_len: 512\neval_batch_size: 2\n")
-    out = memfit("check", "--device", "H200", "ax.yml", "args.json", "same.yml", cwd=tmp_path)
-    assert "ax.yml:4:1: warning[not-modelled] eval_batch_size 32 is larger than the training micro-batch 2" in out.stdout, out.stdout
+    (tmp_path / "nosplit.yml").write_text("base_model: ./llama-3-8b.json\nmicro_batch_size: 2\nsequence_len: 512\neval_batch_size: 32\n")
+    for name, batch in (("ax.yml", 32), ("args.json", 64)):
+        converted = memfit("convert", name, cwd=tmp_path).stdout
+        assert f"eval_batch: {batch}" in converted, converted
+    for name in ("same.yml", "nosplit.yml"):
+        assert "eval_batch" not in memfit("convert", name, cwd=tmp_path).stdout
+    out = memfit("check", "--format", "json", "--device", "H200", "ax.yml", "args.json", cwd=tmp_path)
+    for file in json.loads(out.stdout)["files"]:
+        assert file["peak"]["phase"] == "evaluation" and not [d for d in file["diagnostics"] if d["code"] == "not-modelled" and "eval" in d["message"]], file
+    out = memfit("check", "--device", "H200", "--gpus", "8", "ax.yml", "args.json", cwd=tmp_path)
+    assert "ax.yml:5:1: warning[not-modelled] eval_batch_size 32 is larger than the training micro-batch 2" in out.stdout, out.stdout
     assert "warning[not-modelled] per_device_eval_batch_size 64 is larger than the training micro-batch 2" in out.stdout
-    assert "same.yml" not in "".join(line for line in out.stdout.splitlines() if "warning" in line)
 
 
 def test_ddp_keeps_a_second_copy_of_the_gradients_and_memfit_says_so(tmp_path):

@@ -515,7 +515,7 @@ def rank_trace(step: Step, placement, granule: int | None = None) -> list:
 
 
 # --- words and bars (explain, hover, the budget's diagnostic) ---------------------------------
-PHASE_WORDS = {"forward": "forward", "backward": "backward", "optimizer_step": "the optimizer step"}
+PHASE_WORDS = {"forward": "forward", "backward": "backward", "optimizer_step": "the optimizer step", "evaluation": "the evaluation pass"}
 LIVE_WORDS = {"parameters": "parameters", "gradients": "gradients", "activations": "activations", "optimizer_state": "optimizer state", "transient": "transient", "overhead": "overhead"}
 
 

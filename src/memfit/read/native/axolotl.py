@@ -55,7 +55,7 @@ CONDITIONAL = {
     "xformers_attention": "training.attention sdpa, with a warning that memfit models eager, sdpa and flash attention (loaders/model.py _set_attention_config)",
     "flex_attention": "training.attention sdpa, with a warning that memfit models eager, sdpa and flash attention (loaders/model.py _set_attention_config)",
     "plugins": "a Liger or Cut Cross-Entropy plugin without its enable keys (liger_*, cut_cross_entropy) is warned about: its kernels save less than memfit counts",
-    "eval_batch_size": "evaluation's batch (default: micro_batch_size); warned when larger than micro_batch_size",
+    "eval_batch_size": "training.eval_batch when larger than the training micro-batch and the run evaluates (default: micro_batch_size): the evaluation pass (no_grad forward at that batch beside the weights and optimizer state); under a parallel layout: warned",
 }
 
 # keys that change memory and are not modelled -> (no-effect values, what they do)
@@ -191,7 +191,8 @@ def read(r: Reader, ctx) -> dict:
         key = "load_in_4bit" if load_in_4bit else "load_in_8bit"
         r.warn(r.at(key), f"{key} without an adapter: memfit counts a full fine-tune of the unquantized model")
 
-    r.eval_batch("eval_batch_size", micro)
+    if data.get("val_set_size") or data.get("test_datasets"):  # Axolotl evaluates only with a validation split (val_set_size default 0)
+        r.eval_batch("eval_batch_size", micro, conf=ctx.conf)
     trainer = {
         "micro_batch": (micro, r.at("micro_batch_size") if "micro_batch_size" in data else None),
         "grad_accum": (accum, r.at("gradient_accumulation_steps") if "gradient_accumulation_steps" in data else None),

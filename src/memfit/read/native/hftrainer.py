@@ -47,7 +47,7 @@ UNMODELLED = {
     "optim_args": ((None, ""), "optimizer arguments are not read: the state layout of optim's default arguments is assumed"),
 }
 CONDITIONAL = {
-    "per_device_eval_batch_size": "evaluation's batch (TrainingArguments default 8); warned when larger than per_device_train_batch_size, where the run evaluates",
+    "per_device_eval_batch_size": "training.eval_batch when larger than the training micro-batch and the run evaluates (TrainingArguments default 8): the evaluation pass (no_grad forward at that batch beside the weights and optimizer state); under a parallel layout: warned",
 }
 # TrainingArguments fields that do not change the training step's GPU memory (schedules, logging, saving, the hub,
 # data loading on the host, evaluation's own bookkeeping, determinism, launch details); tests/read/test_native_keys.py
@@ -135,7 +135,7 @@ def read(r: Reader, ctx) -> dict:
     kwargs_key = "activation_checkpointing_kwargs" if isinstance(data.get("activation_checkpointing_kwargs"), dict) else "gradient_checkpointing_kwargs"
     hf.every_n_layers(r, kwargs_key, checkpointing)
     if r.get("do_eval", (bool,), False) or data.get("eval_strategy", data.get("evaluation_strategy", "no")) not in ("no", None):
-        r.eval_batch("per_device_eval_batch_size", micro, 8)
+        r.eval_batch("per_device_eval_batch_size", micro, 8, conf=ctx.conf)
     trainer = {
         "micro_batch": (micro, r.at("per_device_train_batch_size") if "per_device_train_batch_size" in data else None),
         "grad_accum": (accum, r.at("gradient_accumulation_steps") if "gradient_accumulation_steps" in data else None),

@@ -60,7 +60,7 @@ UNMODELLED = {
 }
 CONDITIONAL = {
     "do_eval": "whether the run evaluates (with eval_strategy, val_size): per_device_eval_batch_size is warned about then",
-    "per_device_eval_batch_size": "evaluation's batch (TrainingArguments default 8); warned when larger than per_device_train_batch_size",
+    "per_device_eval_batch_size": "training.eval_batch when larger than the training micro-batch and the run evaluates (TrainingArguments default 8): the evaluation pass (no_grad forward at that batch beside the weights and optimizer state); under a parallel layout: warned",
 }
 STAGE_EXTRA = {
     "ppo": "PPO holds a reward model and a value head besides the policy",
@@ -176,7 +176,7 @@ def read(r: Reader, ctx) -> dict:
     # lm_head's hook instead; the 16-bit output it replaces is saved by nobody: the step's bytes are the same
     r.get("upcast_lmhead_output", (bool,), False)
     if r.get("do_eval", (bool,), False) or data.get("eval_strategy", data.get("evaluation_strategy", "no")) not in ("no", None) or "val_size" in data:
-        r.eval_batch("per_device_eval_batch_size", micro, 8)
+        r.eval_batch("per_device_eval_batch_size", micro, 8, conf=ctx.conf)
     trainer = {
         "micro_batch": (micro, r.at("per_device_train_batch_size") if "per_device_train_batch_size" in data else None),
         "grad_accum": (accum, r.at("gradient_accumulation_steps") if "gradient_accumulation_steps" in data else None),
