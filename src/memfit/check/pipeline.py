@@ -37,7 +37,7 @@ class Options:
     overhead: object = None
     launch: str | None = None
     model: str | None = None
-    online: bool = False  # --online: fetch a model's config.json alone through huggingface_hub
+    online: bool = False  # --online: fetch a model's config.json alone (read/native/resolve.py fetch: the standard library)
 
 
 @dataclass
