@@ -18,6 +18,11 @@ SPELLING: dict[str, dict[tuple, tuple[str, dict | None]]] = {
         ("training", "checkpointing"): ("disable_gradient_checkpointing", {"full": False, "none": True}),
         ("optimizer",): ("optim", {"adamw8bit": "adamw_bnb_8bit"}),
     },
+    "torchtune": {
+        ("training", "micro_batch"): ("batch_size", None),
+        ("training", "gradient_accumulation"): ("gradient_accumulation_steps", None),
+        ("training", "checkpointing"): ("enable_activation_checkpointing", {"full": True, "none": False}),
+    },
     "hf-trainer": {
         ("training", "micro_batch"): ("per_device_train_batch_size", None),
         ("training", "gradient_accumulation"): ("gradient_accumulation_steps", None),
