@@ -95,6 +95,19 @@ def test_every_unmodelled_key_is_a_positioned_warning(tmp_path, reader):
         assert f"{name}:{line}:1: warning[not-modelled] {key}: " in out.stdout, (key, out.stdout)
 
 
+DIRECTION = re.compile(r"the figures? (is|are|may be) (low|high)|figures? (is|are) (low|high)|the figures? (is|are) the host's|high, on the safe side|(is|are) low by")
+
+
+@pytest.mark.parametrize("reader", sorted(READERS) + ["deepspeed"])
+def test_every_unmodelled_key_says_which_way_the_figure_is_off(reader):
+    """Issue 33: a key memfit does not model is a warning that says whether the figures are low, high (on the safe
+    side) or may be either: a new entry without a direction fails here."""
+    module = READERS.get(reader, deepspeed)
+    tables = [getattr(module, name) for name in ("UNMODELLED", "ZERO_UNMODELLED") if hasattr(module, name)]
+    silent = [key for table in tables for key, (_, why) in table.items() if not DIRECTION.search(why)]
+    assert tables and not silent, f"{reader}: {silent} do not say which way the figures are off"
+
+
 def test_every_unmodelled_deepspeed_key_is_a_positioned_warning_in_the_json(tmp_path):
     shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
     zero = {"stage": 3, **{key: mattering(inert) for key, (inert, _) in deepspeed.ZERO_UNMODELLED.items()}}

@@ -45,18 +45,18 @@ KEYS = {
 NO_MEMORY = ("packing",)
 
 UNMODELLED = {
-    "enable_liger_kernel": ((False,), "Liger kernels save less for backward and (fused linear cross-entropy) never materialize the logits"),
-    "use_unsloth_gc": ((False,), "Unsloth's gradient checkpointing offloads the checkpoints to host memory"),
-    "use_galore": ((False,), "GaLore keeps optimizer state in a low-rank projection"),
-    "use_apollo": ((False,), "APOLLO keeps optimizer state in a low-rank projection"),
-    "use_badam": ((False,), "BAdam trains one block at a time"),
-    "use_unsloth": ((False,), "Unsloth's kernels and checkpointing"),
-    "pissa_init": ((False,), "PiSSA initialization"),
+    "enable_liger_kernel": ((False,), "Liger kernels save less for backward and (fused linear cross-entropy) never materialize the logits: the figures are high, on the safe side"),
+    "use_unsloth_gc": ((False,), "Unsloth's gradient checkpointing offloads the checkpoints to host memory: the figures are high, on the safe side"),
+    "use_galore": ((False,), "GaLore keeps optimizer state in a low-rank projection: the figures are high, on the safe side"),
+    "use_apollo": ((False,), "APOLLO keeps optimizer state in a low-rank projection: the figures are high, on the safe side"),
+    "use_badam": ((False,), "BAdam trains one block at a time: the figures are high, on the safe side (fewer gradients and less optimizer state)"),
+    "use_unsloth": ((False,), "Unsloth's kernels and checkpointing: the figures are high, on the safe side"),
+    "pissa_init": ((False,), "PiSSA initialization: the figures are low while the model loads (the initialisation's SVD temporaries); the step's are the same"),
     "torch_compile": ((False,), "torch.compile: compiled kernels save less for backward, so the figure is high, on the safe side (torchtune's README, Llama 3.2 3B full fine-tune: + compile 51.0 GiB measured vs 60.0 GiB eager, 15% less); the gate keeps the eager figure"),
     "freeze_multi_modal_projector": ((False,), "the multi-modal projector (Qwen2-VL's merger, LLaVA's projector) frozen: memfit trains it beside the text model; the figures are high by its gradients and optimizer state"),
-    "fsdp": ((None, "", False), "FSDP from TrainingArguments (use an accelerate config via --launch)"),
-    "neat_packing": ((False,), "packing without cross-attention: unless the attention is flash_attention_2 the collator builds a (batch, 1, cutoff_len, cutoff_len) attention mask in the compute dtype (data/collator.py prepare_4d_attention_mask), batch x cutoff_len^2 x 2 bytes more than memfit counts"),
-    "upcast_layernorm": ((False,), "the layer norms' weights are upcast to float32 (more bytes per norm weight than memfit counts; the figures are slightly low)"),
+    "fsdp": ((None, "", False), "FSDP from TrainingArguments (use an accelerate config via --launch): the figures are high, on the safe side (counted unsharded)"),
+    "neat_packing": ((False,), "packing without cross-attention: unless the attention is flash_attention_2 the collator builds a (batch, 1, cutoff_len, cutoff_len) attention mask in the compute dtype (data/collator.py prepare_4d_attention_mask), batch x cutoff_len^2 x 2 bytes more than memfit counts: the figures are low"),
+    "upcast_layernorm": ((False,), "the layer norms' weights are upcast to float32 (more bytes per norm weight than memfit counts): the figures are low, slightly"),
 }
 CONDITIONAL = {
     "do_eval": "whether the run evaluates (with eval_strategy, val_size): per_device_eval_batch_size is warned about then",

@@ -127,8 +127,8 @@ KEYS = {
 KD_LOSSES = ("ForwardKLLoss", "ForwardKLWithChunkedOutputLoss")
 UNMODELLED = {
     "compile": ((False,), "torch.compile: compiled kernels save less for backward, so the figure is high, on the safe side (torchtune's README, Llama 3.2 3B full fine-tune: + compile 51.0 GiB measured vs 60.0 GiB eager, 15% less); the gate keeps the eager figure"),
-    "custom_sharded_layers": ((), "extra FSDP units"),
-    "tensor_parallel_dim": ((1,), "tensor parallelism"),
+    "custom_sharded_layers": ((), "extra FSDP units: the figures are high, on the safe side (smaller units gathered at once)"),
+    "tensor_parallel_dim": ((1,), "tensor parallelism: the figures are high, on the safe side (each GPU holds its share)"),
 }
 
 
