@@ -112,9 +112,21 @@ def test_the_evaluation_pass_through_each_reader_matches_memtracker(tmp_path, ev
         assert plain["peak"]["bytes"] < measured["bytes"] * (1 - BAND)
 
 
+def test_the_evaluation_pass_is_the_timelines_last_event_and_its_peak(tmp_path):
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump({"memfit": 1, "device": {"preset": "H100"}, "optimizer": "adamw", "model": {"transformer": TINY},
+                                                       "training": {"micro_batch": 2, "seq_len": 64, "eval_batch": 64}}))
+    file = json.loads(memfit("explain", "--format", "json", "run.yaml", cwd=tmp_path).stdout)["files"][0]
+    last = file["timeline"][-1]
+    assert file["peak"]["phase"] == "evaluation" and last["phase"] == "evaluation"
+    assert last["bytes"] == file["peak"]["bytes"] == max(e["bytes"] for e in file["timeline"])
+    assert file["peak"]["live"]["gradients"] == 0 < file["peak"]["live"]["optimizer_state"]  # freed by zero_grad, kept
+
+
+TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 4096}
+
+
 def test_an_evaluation_batch_under_a_layout_is_still_a_warning(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                                                      "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 4096}))
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
     (tmp_path / "ax.yml").write_text("base_model: ./config.json\nmicro_batch_size: 2\nsequence_len: 64\nval_set_size: 0.05\neval_batch_size: 32\n")
     out = memfit("check", "--device", "H100", "--gpus", "8", "ax.yml", cwd=tmp_path)
     assert "ax.yml:5:1: warning[not-modelled] eval_batch_size 32 is larger than the training micro-batch 2" in out.stdout, out.stdout

@@ -59,5 +59,14 @@ def evaluation(config, data: dict, peak: dict, optimizer, impl: str) -> dict:
     model = config.model._replace(training={**config.model.training, "micro_batch": train["eval_batch"]})
     doc = {**data, "training": {k: v for k, v in train.items() if k not in ("teacher", "eval_batch")}}
     doc["training"]["micro_batch"] = train["eval_batch"]
+    from memfit.ledger.step import rounded
+
     step = training.build(replace(config, model=model), doc, optimizer, impl)
-    return passes.with_evaluation(peak, passes.evaluation_pass(step, train.get("keep_gradients") is True))
+    keep = train.get("keep_gradients") is True
+    found = passes.evaluation_pass(step, keep)
+    if config.granule:  # as step.peak: what rounding each live tensor up to the allocator's granule adds, as overhead
+        extra = passes.evaluation_pass(rounded(step, config.granule), keep)["bytes"] - found["bytes"]
+        found["live"]["overhead"] += extra
+        found["bytes"] += extra
+        found["granularity"] = extra
+    return passes.with_evaluation(peak, found)
