@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -123,6 +124,24 @@ def test_the_evaluation_pass_is_the_timelines_last_event_and_its_peak(tmp_path):
 
 
 TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 4096}
+
+
+def test_suggest_and_fit_lower_the_evaluation_batch_where_it_holds_the_peak(tmp_path):
+    """Where the evaluation pass holds the run's peak, --suggest lowers the evaluation batch (an edit of the native
+    key) and fit --vary eval_batch finds the largest that fits; the edited file passes."""
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    native = tmp_path / "lf.yaml"
+    native.write_text("model_name_or_path: ./config.json\nstage: pt\nfinetuning_type: full\ncutoff_len: 64\nper_device_train_batch_size: 2\n"
+                      "do_eval: true\nper_device_eval_batch_size: 64\ndisable_gradient_checkpointing: true\n")
+    budget = "40MiB"
+    out = memfit("check", "--suggest", "--budget", budget, "lf.yaml", cwd=tmp_path)
+    assert out.returncode == 1 and "during the evaluation pass exceeds the budget" in out.stdout, out.stdout
+    found = re.search(r"eval_batch 64 → (\d+) \(the evaluation pass on fewer sequences; the training step unchanged\)", out.stdout)
+    assert found and f"lf.yaml:7:29: replace with '{found.group(1)}'" in out.stdout, out.stdout
+    fit = memfit("fit", "--vary", "eval_batch", "--budget", budget, "lf.yaml", cwd=tmp_path)
+    assert f"lf.yaml: eval_batch ≤ {found.group(1)} fits" in fit.stdout, fit.stdout
+    native.write_text(native.read_text().replace("per_device_eval_batch_size: 64", f"per_device_eval_batch_size: {found.group(1)}"))
+    assert memfit("check", "--budget", budget, "lf.yaml", cwd=tmp_path).returncode == 0
 
 
 def test_an_evaluation_batch_under_a_layout_is_still_a_warning(tmp_path):

@@ -8,12 +8,14 @@ from __future__ import annotations
 SPELLING: dict[str, dict[tuple, tuple[str, dict | None]]] = {
     "axolotl": {
         ("training", "micro_batch"): ("micro_batch_size", None),
+        ("training", "eval_batch"): ("eval_batch_size", None),
         ("training", "gradient_accumulation"): ("gradient_accumulation_steps", None),
         ("training", "checkpointing"): ("gradient_checkpointing", {"full": True, "none": False}),
         ("optimizer",): ("optimizer", {"adamw8bit": "adamw_bnb_8bit"}),
     },
     "llama-factory": {
         ("training", "micro_batch"): ("per_device_train_batch_size", None),
+        ("training", "eval_batch"): ("per_device_eval_batch_size", None),
         ("training", "gradient_accumulation"): ("gradient_accumulation_steps", None),
         ("training", "checkpointing"): ("disable_gradient_checkpointing", {"full": False, "none": True}),
         ("optimizer",): ("optim", {"adamw8bit": "adamw_bnb_8bit"}),
@@ -25,6 +27,7 @@ SPELLING: dict[str, dict[tuple, tuple[str, dict | None]]] = {
     },
     "hf-trainer": {
         ("training", "micro_batch"): ("per_device_train_batch_size", None),
+        ("training", "eval_batch"): ("per_device_eval_batch_size", None),
         ("training", "gradient_accumulation"): ("gradient_accumulation_steps", None),
         ("training", "checkpointing"): ("gradient_checkpointing", {"full": True, "none": False}),
         ("optimizer",): ("optim", {"adamw8bit": "adamw_bnb_8bit"}),
