@@ -225,3 +225,16 @@ def test_the_upstream_kd_config_counts_the_teacher(tmp_path):
     (tmp_path / "8B_to_1B_KD_lora_distributed.yaml").write_text(distributed)
     out = memfit("check", "--budget", "80GiB", "--gpus", "2", "8B_to_1B_KD_lora_distributed.yaml", cwd=tmp_path)
     assert "warning[not-modelled] teacher_model over 2 GPUs" in out.stdout, out.stdout
+
+
+def test_another_kd_loss_and_a_lora_teacher_are_warned_at_their_keys(tmp_path):
+    config = kd_config("bf16", 8)
+    config["kd_loss"] = {"_component_": "torchtune.modules.loss.ReverseKLWithChunkedOutputLoss"}
+    config["teacher_model"]["_component_"] = "torchtune.models.llama3.lora_llama3"
+    (tmp_path / "kd.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    lines = (tmp_path / "kd.yaml").read_text().splitlines()
+    teacher = next(i for i, row in enumerate(lines, 1) if row.startswith("teacher_model:")) + 1
+    kd = next(i for i, row in enumerate(lines, 1) if row.startswith("kd_loss:")) + 1
+    out = memfit("check", "--budget", "1GiB", "kd.yaml", cwd=tmp_path).stdout
+    assert f"kd.yaml:{kd}:16: warning[not-modelled] kd_loss ReverseKLWithChunkedOutputLoss: memfit models the forward KL" in out, out
+    assert f"kd.yaml:{teacher}:16: warning[not-modelled] teacher_model lora_llama3: memfit counts the teacher as its base model" in out, out
