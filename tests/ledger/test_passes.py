@@ -121,6 +121,8 @@ def test_the_evaluation_pass_is_the_timelines_last_event_and_its_peak(tmp_path):
     assert file["peak"]["phase"] == "evaluation" and last["phase"] == "evaluation"
     assert last["bytes"] == file["peak"]["bytes"] == max(e["bytes"] for e in file["timeline"])
     assert file["peak"]["live"]["gradients"] == 0 < file["peak"]["live"]["optimizer_state"]  # freed by zero_grad, kept
+    text = memfit("explain", "run.yaml", cwd=tmp_path).stdout
+    assert re.search(r"evaluation +\[#+\.*\] +[0-9.]+ [KMG]iB  <- peak", text) and "the peak is in the evaluation pass (the loss):" in text, text
 
 
 TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 4096}
