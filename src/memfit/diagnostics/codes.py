@@ -78,6 +78,7 @@ NO_CONFIGS = "no-configs"
 NOT_TRAINING = "not-training"
 MODEL_SHADOWED = "model-shadowed"
 MEASURED_ACTIVATIONS = "measured-activations"
+PAGED_STATE = "paged-state"
 
 CODES: dict[str, Code] = _register(
     Code(YAML_SYNTAX, ERROR, "The file is not valid YAML", "Fix the YAML syntax at the position shown; memfit reads YAML 1.1 with core tags only."),
@@ -285,6 +286,13 @@ CODES: dict[str, Code] = _register(
         INFORMATION,
         "A transformers model without a memfit family: exact parameters, activations measured on fake tensors",
         "memfit[trace] built the model and ran one forward and backward on torch's fake tensors (no memory, no weights) at the config's batch, length, precision and checkpointing; what autograd saved is the activations figure (layers past the first few extrapolated per layer, as the message says).",
+        keeps_footprint=True,
+    ),
+    Code(
+        PAGED_STATE,
+        INFORMATION,
+        "A paged optimizer keeps part of its state in CUDA unified memory, outside the device's peak",
+        "bitsandbytes' paged optimizers allocate the state of every parameter of 100,000+ elements with cudaMallocManaged: PyTorch's allocator does not count it and the driver pages it to the host when the device is full, so memfit gates the device without it (the footprint counts it). Leave host memory for it; `training.paged_optimizer: false` counts it on the device.",
         keeps_footprint=True,
     ),
 )

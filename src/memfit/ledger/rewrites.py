@@ -17,6 +17,7 @@ TECHNIQUES = (
     "chunked_loss",
     "optimizer_in_backward",
     "activation_offloading",
+    "paged_optimizer",
 )
 
 

@@ -46,7 +46,7 @@ def _torch(name, states, cls, note=""):
 def _bnb(name, states, cls, qmaps, paged=False):
     note = "bitsandbytes 8-bit blockwise state"
     if paged:
-        note += "; paged: state tensors of 100,000+ elements live in CUDA unified memory and may spill to host memory under pressure (same bytes)"
+        note += "; paged: state tensors of 100,000+ elements live in CUDA unified memory and may spill to host memory under pressure (same bytes; not gated against the device: training.paged_optimizer)"
     return Optimizer(name, "blockwise8", states, cls, note, qmaps, paged)
 
 

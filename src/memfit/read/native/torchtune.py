@@ -98,6 +98,11 @@ OPTIMIZERS = {
     "torch.optim.SGD": ("sgd", "foreach", None),
     "bitsandbytes.optim.PagedAdamW8bit": ("paged_adamw8bit", None, None),
     "bitsandbytes.optim.AdamW8bit": ("adamw8bit", None, None),
+    # torchao's AdamW8bit (optim/adam.py _new_buffer, subclass_8bit.py OptimState8bit.zeros): uint8 codes and one fp32
+    # scale per block of 256 for tensors of 4096+ elements, as bitsandbytes' blockwise state (its fallback for smaller
+    # ones is zeros_like(p), not fp32, and each state has its own 256-entry qmap: a few KB apart)
+    "torchao.prototype.low_bit_optim.AdamW8bit": ("adamw8bit", None, None),
+    "torchao.optim.AdamW8bit": ("adamw8bit", None, None),
     "bitsandbytes.optim.PagedAdamW": ("adamw", "for_loop", "float32"),
     "bitsandbytes.optim.PagedAdamW32bit": ("adamw", "for_loop", "float32"),
 }
