@@ -37,7 +37,7 @@ class Options:
     overhead: object = None
     launch: str | None = None
     model: str | None = None
-    online: bool = False  # --online: fetch a model's config.json alone through huggingface_hub
+    online: bool = False  # --online: fetch a model's config.json alone (read/native/resolve.py fetch: the standard library)
 
 
 @dataclass
@@ -415,6 +415,7 @@ def _derived(data: dict, config, path: str, memo: dict | None) -> tuple:
 def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") -> tuple:
     """A config with a training section describes a run: its step (ledger/training.py, every byte
     priced by the recipe, as the footprint's) and the step's peak: a new Config with them, and the problems."""
+    from memfit.check import passes
     from memfit.ledger import ranks, rewrites
     from memfit.ledger import step as ledger
     from memfit.ledger import training
@@ -425,7 +426,7 @@ def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") ->
     zero = config.parallel is not None and config.parallel.engine == "zero"
     impl = training_keys.get("optimizer_impl", "fused" if zero and config.optimizer.strip().lower() in ("adam", "adamw") else "foreach")
     optimizer = config.optimizer.strip().lower()
-    problems = rewrites.problems(config, training_keys)
+    problems = rewrites.problems(config, training_keys) + passes.unplaced(config, training_keys)
     if optimizer not in ledger.OPTIMIZER_TEMPORARIES:
         problems.append(
             Problem(("optimizer",), codes.OPTIMIZER_IMPL, f"the temporaries of {optimizer}'s step are not modelled (recipe/optim.py TEMPORARIES): the peak counts none", severity=codes.INFORMATION)
@@ -455,7 +456,13 @@ def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") ->
                 memo[key] = (built, ledger.walk(built, config.granule))
             step, walk = memo[key]
         if config.parallel is None:
+            if "teacher" in training_keys and config.model is not None and hasattr(config.model, "cfg"):  # check/passes.py
+                step, found = passes.teacher(config, data, step, optimizer, impl, path)
+                problems.extend(found)
+                walk = None
             config = replace(config, step=step, peak=ledger.peak(step, config.granule) if walk is None else ledger.copied(walk[0]))
+            if "eval_batch" in training_keys and config.model is not None and hasattr(config.model, "cfg"):
+                config = replace(config, peak=passes.evaluation(config, data, config.peak, optimizer, impl))
         else:
             # each rank walks the step with its own shares (data parallel: the same rows; tensor and pipeline
             # parallel: its stage's rows, a slice of each)
