@@ -281,6 +281,20 @@ def test_suggest_on_an_axolotl_file_finds_what_its_conversion_finds(project):
     assert memfit("check", "--device", "RTX-4090", native).returncode == 0
 
 
+def test_suggest_on_a_torchtune_file_edits_its_own_keys(tmp_path):
+    """torchtune spells checkpointing enable_activation_checkpointing (and the micro-batch batch_size): --suggest's
+    fix is an edit of that key, not "no key of this file", and the edited file fits."""
+    native = tmp_path / "kd_single_device.yaml"
+    source = ROOT / "tests" / "read" / "torchtune_configs" / "llama3_2_8B_to_1B_KD_lora_single_device.yaml"
+    native.write_text(source.read_text().replace("max_seq_len: null", "max_seq_len: 2048"))
+    out = memfit("check", "--suggest", "--budget", "40GiB", native)
+    assert out.returncode == 1 and "checkpointing: full (recompute each layer in backward)" in out.stdout, out.stdout
+    line = next(i for i, row in enumerate(native.read_text().splitlines(), 1) if row.startswith("enable_activation_checkpointing:"))
+    assert f"{native}:{line}:34: replace with 'true'" in out.stdout, out.stdout
+    native.write_text(native.read_text().replace("enable_activation_checkpointing: False", "enable_activation_checkpointing: true"))
+    assert memfit("check", "--budget", "40GiB", native).returncode == 0
+
+
 def test_output_never_overwrites_a_file_the_check_reads(project):
     config = project / "ax" / "run.yml"
     config.write_text("base_model: ../llama-3-8b.json\nmicro_batch_size: 1\nsequence_len: 512\n")

@@ -90,6 +90,38 @@ def test_whisper_matches_the_real_model(tmp_path):
     assert wrong == {}
 
 
+QV = {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}   # the usual Whisper LoRA (peft 0.21 has no default)
+
+
+def test_whisper_in_bf16_and_with_lora_matches_the_real_model(tmp_path):
+    """bf16-true (the log-mel frames in bf16 too), bf16-mixed (CPU autocast: each projection's and convolution's
+    input and weight copies, LayerNorm in fp32, the decoder's eager softmax promoted to fp32 by its causal mask) and LoRA on q_proj and v_proj with the base frozen (a stack's first
+    layer keeps no LayerNorm input, eager no q there; the convolutions and embeddings nothing), each in eager and sdpa
+    with and without full checkpointing, through memfit check against a real CPU step."""
+    cases = {}
+    for attention, checkpointing in SETTINGS:
+        training = {"micro_batch": 2, "seq_len": 16, "attention": attention, "checkpointing": checkpointing}
+        cases[f"bf16-{attention}-{checkpointing}"] = (_whisper(), training, {"precision": "bf16-true"})
+        cases[f"mixed-{attention}-{checkpointing}"] = (_whisper(), training, {"precision": "bf16-mixed"})
+        cases[f"lora-{attention}-{checkpointing}"] = (_whisper(), training, {"lora": QV})
+    files = _check_all(tmp_path, cases)
+    wrong = {}
+    for name, (cfg, training, extra) in cases.items():
+        entry = files[name]
+        assert entry["diagnostics"] == [], (name, entry["diagnostics"])
+        precision, lora = extra.get("precision", "32-true"), extra.get("lora")
+        model = hm.build(cfg, training["attention"], precision, lora)
+        width = 2 if precision == "bf16-true" else 4
+        assert entry["footprint"]["gradients"] == width * sum(p.numel() for p in model.parameters() if p.requires_grad)
+        full = training["checkpointing"] == "full"
+        measured = hm.measure(cfg, micro_batch=2, seq_len=16, attention=training["attention"], checkpointing=training["checkpointing"],
+                              precision=precision, lora=lora, model=model)
+        real = measured["peak" if full else "total"]
+        if abs(entry["footprint"]["activations"] - real) > (0.10 if full else 0.05) * real:
+            wrong[name] = (entry["footprint"]["activations"], real)
+    assert wrong == {}
+
+
 def test_whisper_family_and_the_fallback_agree(tmp_path):
     from memfit.models import traced
 
@@ -109,13 +141,14 @@ def test_whisper_family_and_the_fallback_agree(tmp_path):
 
 def test_whisper_outside_the_family_goes_to_the_fallback_and_a_long_decoder_is_refused(tmp_path):
     # and tensor parallelism, as for T5: the two stacks are not split across ranks
-    cases = {"bf16": (_whisper(), {"micro_batch": 2, "seq_len": 16, "attention": "sdpa"}, {"precision": "bf16-true"}),
+    cases = {"bf16": (_whisper(), {"micro_batch": 2, "seq_len": 16, "attention": "sdpa"},
+                      {"lora": {"r": 8, "alpha": 16, "target_modules": ["q_proj"]}}),
              "long": (_whisper(), {"micro_batch": 2, "seq_len": 65}),
              "tp": (_whisper(), {"micro_batch": 2, "seq_len": 16}, {"parallel": {"tensor": 2}})}
     files = _check_all(tmp_path, cases)
     bf16 = files["bf16"]
     assert [d["code"] for d in bf16["diagnostics"]] == ["measured-activations"], bf16["diagnostics"]
-    assert "bf16-true" in bf16["diagnostics"][0]["message"] and bf16["footprint"]["activations"] > 0
+    assert "LoRA other than" in bf16["diagnostics"][0]["message"] and bf16["footprint"]["activations"] > 0
     long = files["long"]["diagnostics"]
     assert [d["code"] for d in long] == ["schema"] and "max_target_positions 64" in long[0]["message"]
     lines = (tmp_path / "long.yaml").read_text().splitlines()

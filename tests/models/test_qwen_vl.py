@@ -210,6 +210,27 @@ def test_lora_on_the_vision_tower_is_refused(tmp_path):
     assert [d["code"] for d in diagnostics] == ["unsupported-model"] and "visual.blocks.0.mlp.gate_proj" in diagnostics[0]["message"]
 
 
+@pytest.mark.parametrize("model_type, targets", [("qwen2_vl", ["qkv", "q_proj", "v_proj"]), ("qwen2_5_vl", ["proj", "down_proj"]),
+                                                  ("qwen2_5_vl", "all-linear"), ("qwen2_vl", r".*visual\.merger\.mlp\.[02]")])
+def test_the_refusal_names_the_vision_modules_peft_adapts(model_type, targets):
+    """LoRA on the vision tower is refused, naming its modules: the ones peft itself wraps (a real tiny model),
+    by suffix, whole-name regular expression and all-linear."""
+    import torch
+    import transformers
+
+    peft = __import__("peft")
+    cfg = config(model_type)
+    torch.manual_seed(0)
+    transformers.logging.set_verbosity_error()
+    model = getattr(transformers, cfg["architectures"][0])(transformers.AutoConfig.for_model(
+        model_type, **{k: v for k, v in cfg.items() if k != "model_type"}))
+    adapted = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+    wrapped = [name.split("base_model.model.model.", 1)[1] for name, module in adapted.named_modules()
+               if hasattr(module, "lora_A") and ".visual." in name]
+    mine = qwen_vl.vision_targets(hf_config.model_view(hf_config.normalize(cfg)), {"target_modules": targets})
+    assert mine == wrapped and mine
+
+
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
 def test_lora_on_the_text_model(attention):
     """peft on q_proj/v_proj (the text model's only): the vision tower and merger frozen keep nothing."""

@@ -701,7 +701,6 @@ LONG_FUNCTIONS = {
     ("models/traced.py", "_measure_now"),  # likewise
     ("cli/schemagen.py", "generate"),  # helper G's (issue 33) this session
     ("read/native/axolotl.py", "read"),
-    ("read/native/torchtune.py", "read"),  # likewise: loss, optimizer_in_bwd, ac_mode, offloading, the data's length  # the merges' offloading, partial checkpointing and vision calls landed in it
     ("ledger/training.py", "transformer_step"),  # the final norm's row and the VLM's pixel values landed in it
 }
 

@@ -384,15 +384,16 @@ def test_a_referenced_file_rechecks_the_configs_that_read_it(tmp_path, model):
 
 
 def test_online_fetches_config_json_alone_from_the_endpoint(tmp_path, model):
-    """--online: the model's config.json, and nothing else, through huggingface_hub from
-    HF_ENDPOINT (a local server here) into the cache; without --online nothing is fetched."""
+    """--online: the model's config.json, and nothing else, with the standard library from HF_ENDPOINT (a local
+    server here) into the cache; without --online nothing is fetched. huggingface_hub is not needed: the memfit
+    process runs with it made unimportable."""
     import http.server
     import threading
 
-    from needs import module
-
-    module("huggingface_hub")
     body = model.read_bytes()
+    blocked = tmp_path / "no_hub"
+    blocked.mkdir()
+    (blocked / "huggingface_hub.py").write_text("raise ImportError('huggingface_hub is not installed here')\n")
     asked = []
 
     class Hub(http.server.BaseHTTPRequestHandler):
@@ -421,7 +422,8 @@ def test_online_fetches_config_json_alone_from_the_endpoint(tmp_path, model):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        env = {"HF_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}", "HF_HUB_CACHE": str(tmp_path / "cache"), "HF_HUB_DISABLE_TELEMETRY": "1"}
+        path = os.pathsep.join(p for p in (str(blocked), os.environ.get("PYTHONPATH", "")) if p)
+        env = {"HF_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}", "HF_HUB_CACHE": str(tmp_path / "cache"), "HF_HUB_DISABLE_TELEMETRY": "1", "PYTHONPATH": path}
         native = tmp_path / "ax.yml"
         native.write_text("base_model: acme/remote-llama\nmicro_batch_size: 1\nsequence_len: 1024\n")
         offline = memfit("check", "--device", "H100-80GB", native, env=env)

@@ -95,6 +95,19 @@ def test_every_unmodelled_key_is_a_positioned_warning(tmp_path, reader):
         assert f"{name}:{line}:1: warning[not-modelled] {key}: " in out.stdout, (key, out.stdout)
 
 
+DIRECTION = re.compile(r"the figures? (is|are|may be) (low|high)|figures? (is|are) (low|high)|the figures? (is|are) the host's|high, on the safe side|(is|are) low by")
+
+
+@pytest.mark.parametrize("reader", sorted(READERS) + ["deepspeed"])
+def test_every_unmodelled_key_says_which_way_the_figure_is_off(reader):
+    """Issue 33: a key memfit does not model is a warning that says whether the figures are low, high (on the safe
+    side) or may be either: a new entry without a direction fails here."""
+    module = READERS.get(reader, deepspeed)
+    tables = [getattr(module, name) for name in ("UNMODELLED", "ZERO_UNMODELLED") if hasattr(module, name)]
+    silent = [key for table in tables for key, (_, why) in table.items() if not DIRECTION.search(why)]
+    assert tables and not silent, f"{reader}: {silent} do not say which way the figures are off"
+
+
 def test_every_unmodelled_deepspeed_key_is_a_positioned_warning_in_the_json(tmp_path):
     shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
     zero = {"stage": 3, **{key: mattering(inert) for key, (inert, _) in deepspeed.ZERO_UNMODELLED.items()}}
@@ -126,15 +139,26 @@ def test_axolotl_overrides_of_model_config_are_the_model_built(tmp_path):
     assert over["peak"]["bytes"] > over["budget"] > plain["peak"]["bytes"]  # the 32-layer reading "fits"
 
 
-def test_eval_batches_larger_than_the_training_batch_are_warned(tmp_path):
+def test_eval_batches_larger_than_the_training_batch_are_the_evaluation_pass(tmp_path):
+    """On one GPU an evaluation batch larger than the training batch is training.eval_batch (the evaluation pass,
+    measured in tests/ledger/test_passes.py), at the native key; under a layout it stays a warning; Axolotl evaluates
+    only with a validation split."""
     shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
-    (tmp_path / "ax.yml").write_text("base_model: ./llama-3-8b.json\nmicro_batch_size: 2\nsequence_len: 512\neval_batch_size: 32\n")
+    (tmp_path / "ax.yml").write_text("base_model: ./llama-3-8b.json\nmicro_batch_size: 2\nsequence_len: 512\nval_set_size: 0.05\neval_batch_size: 32\n")
     (tmp_path / "args.json").write_text(json.dumps({"model_name_or_path": "./llama-3-8b.json", "output_dir": "o", "per_device_train_batch_size": 2, "do_eval": True, "per_device_eval_batch_size": 64}))
     (tmp_path / "same.yml").write_text("base_model: ./llama-3-8b.json\nmicro_batch_size: 2\nsequence_len: 512\neval_batch_size: 2\n")
-    out = memfit("check", "--device", "H200", "ax.yml", "args.json", "same.yml", cwd=tmp_path)
-    assert "ax.yml:4:1: warning[not-modelled] eval_batch_size 32 is larger than the training micro-batch 2" in out.stdout, out.stdout
+    (tmp_path / "nosplit.yml").write_text("base_model: ./llama-3-8b.json\nmicro_batch_size: 2\nsequence_len: 512\neval_batch_size: 32\n")
+    for name, batch in (("ax.yml", 32), ("args.json", 64)):
+        converted = memfit("convert", name, cwd=tmp_path).stdout
+        assert f"eval_batch: {batch}" in converted, converted
+    for name in ("same.yml", "nosplit.yml"):
+        assert "eval_batch" not in memfit("convert", name, cwd=tmp_path).stdout
+    out = memfit("check", "--format", "json", "--device", "H200", "ax.yml", "args.json", cwd=tmp_path)
+    for file in json.loads(out.stdout)["files"]:
+        assert file["peak"]["phase"] == "evaluation" and not [d for d in file["diagnostics"] if d["code"] == "not-modelled" and "eval" in d["message"]], file
+    out = memfit("check", "--device", "H200", "--gpus", "8", "ax.yml", "args.json", cwd=tmp_path)
+    assert "ax.yml:5:1: warning[not-modelled] eval_batch_size 32 is larger than the training micro-batch 2" in out.stdout, out.stdout
     assert "warning[not-modelled] per_device_eval_batch_size 64 is larger than the training micro-batch 2" in out.stdout
-    assert "same.yml" not in "".join(line for line in out.stdout.splitlines() if "warning" in line)
 
 
 def test_ddp_keeps_a_second_copy_of_the_gradients_and_memfit_says_so(tmp_path):

@@ -45,6 +45,8 @@ def meta_buffer_bytes(cfg: dict) -> int:
 
 
 def _meta_model(cfg: dict):
+    """The class the config names on the meta device: architectures[0], else AutoModelForCausalLM, else (an encoder
+    without a causal LM: DeBERTa-v2) the class transformers' masked-LM Auto class builds."""
     import torch
     import transformers
 
@@ -52,19 +54,13 @@ def _meta_model(cfg: dict):
     config = transformers.AutoConfig.for_model(cfg["model_type"], **fields)
     architectures = cfg.get("architectures") or []
     with torch.device("meta"):
-        return (getattr(transformers, architectures[0])(config) if architectures
-                else transformers.AutoModelForCausalLM.from_config(config))
+        if architectures:
+            return getattr(transformers, architectures[0])(config)
+        if type(config) not in transformers.AutoModelForCausalLM._model_mapping:
+            return transformers.AutoModelForMaskedLM.from_config(config)
+        return transformers.AutoModelForCausalLM.from_config(config)
 
 
 def meta_elements(cfg: dict) -> int:
     """named_parameters()' element count of the class the config names (AutoModelForCausalLM when it names none)."""
-    import torch
-    import transformers
-
-    fields = {k: v for k, v in cfg.items() if k != "model_type"}
-    config = transformers.AutoConfig.for_model(cfg["model_type"], **fields)
-    architectures = cfg.get("architectures") or []
-    with torch.device("meta"):
-        model = (getattr(transformers, architectures[0])(config) if architectures
-                 else transformers.AutoModelForCausalLM.from_config(config))
-    return sum(p.numel() for p in model.parameters())
+    return sum(p.numel() for p in _meta_model(cfg).parameters())

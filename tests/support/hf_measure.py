@@ -370,6 +370,8 @@ def measure(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa
         return holder.t
 
     batch = inputs(cfg, micro_batch, seq_len, images=images, target_len=target_len)
+    if precision in ("bf16-true", "16-true") and "input_features" in batch:   # Whisper's log-mel frames in the model's dtype
+        batch["input_features"] = batch["input_features"].to(torch.bfloat16 if precision == "bf16-true" else torch.float16)
     autocast = contextlib.nullcontext()
     if precision in ("bf16-mixed", "16-mixed"):
         autocast = torch.autocast("cpu", dtype=torch.bfloat16 if precision == "bf16-mixed" else torch.float16)

@@ -30,7 +30,7 @@ SETTINGS = {
     "model": "a model name or path for a config that names none (--model)",
     "input_format": "read as this format: memfit, axolotl, llama-factory, torchtune, hf-trainer, deepspeed, accelerate (--input-format)",
     "settings": "False: ignore [tool.memfit] in pyproject.toml and memfit.toml (--no-settings)",
-    "online": "True: fetch a model's config.json alone through huggingface_hub (--online)",
+    "online": "True: fetch a model's config.json alone, with the standard library, within a deadline and a size cap (--online)",
     "max_file_size": "bytes: refuse to read a config larger than this (--max-file-size)",
 }
 

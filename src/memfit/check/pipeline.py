@@ -37,7 +37,7 @@ class Options:
     overhead: object = None
     launch: str | None = None
     model: str | None = None
-    online: bool = False  # --online: fetch a model's config.json alone through huggingface_hub
+    online: bool = False  # --online: fetch a model's config.json alone (read/native/resolve.py fetch: the standard library)
 
 
 @dataclass
@@ -415,6 +415,7 @@ def _derived(data: dict, config, path: str, memo: dict | None) -> tuple:
 def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") -> tuple:
     """A config with a training section describes a run: its step (ledger/training.py, every byte
     priced by the recipe, as the footprint's) and the step's peak: a new Config with them, and the problems."""
+    from memfit.check import passes
     from memfit.ledger import ranks, rewrites
     from memfit.ledger import step as ledger
     from memfit.ledger import training
@@ -425,7 +426,7 @@ def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") ->
     zero = config.parallel is not None and config.parallel.engine == "zero"
     impl = training_keys.get("optimizer_impl", "fused" if zero and config.optimizer.strip().lower() in ("adam", "adamw") else "foreach")
     optimizer = config.optimizer.strip().lower()
-    problems = rewrites.problems(config, training_keys)
+    problems = rewrites.problems(config, training_keys) + passes.unplaced(config, training_keys)
     if optimizer not in ledger.OPTIMIZER_TEMPORARIES:
         problems.append(
             Problem(("optimizer",), codes.OPTIMIZER_IMPL, f"the temporaries of {optimizer}'s step are not modelled (recipe/optim.py TEMPORARIES): the peak counts none", severity=codes.INFORMATION)
@@ -453,9 +454,17 @@ def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") ->
                 memo[key] = (training.build(config, data, optimizer, impl), {})
             step, walks = memo[key]  # its walks, made when first asked for
         if config.parallel is None:
-            if walks is not None and "one device" not in walks:
-                walks["one device"] = ledger.peak(step, config.granule)
-            config = replace(config, step=step, peak=ledger.peak(step, config.granule) if walks is None else ledger.copied(walks["one device"]))
+            one = None
+            if "teacher" in training_keys and config.model is not None and hasattr(config.model, "cfg"):  # check/passes.py
+                step, found = passes.teacher(config, data, step, optimizer, impl, path)
+                problems.extend(found)
+            elif walks is not None:
+                if "one device" not in walks:
+                    walks["one device"] = ledger.peak(step, config.granule)
+                one = ledger.copied(walks["one device"])
+            config = replace(config, step=step, peak=ledger.peak(step, config.granule) if one is None else one)
+            if "eval_batch" in training_keys and config.model is not None and hasattr(config.model, "cfg"):
+                config = replace(config, peak=passes.evaluation(config, data, config.peak, optimizer, impl))
         elif ranks.data_only(config):
             # data parallelism alone: every rank runs this program, its shares of the parameters, gradients and
             # optimizer state beside it (ZeRO, FSDP: the unit it gathers; DDP: the reducer's buckets)

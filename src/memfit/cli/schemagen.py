@@ -239,6 +239,7 @@ _JSON_TYPES = {
     "ids": ["integer", "array"],
     "ints": ["array"],
     "strs": ["array"],
+    "strs|str": ["array", "string"],
     "dict": ["object"],
 }
 # keys a config.json may carry besides the config class's fields: legacy spellings transformers
@@ -313,7 +314,7 @@ def _training() -> dict:
     from memfit.models.hf import ATTENTIONS, CHECKPOINTING
     from memfit.ledger.step import IMPLS
     from memfit.recipe.precision import schema_training_properties
-    from memfit.ledger import rewrites
+    from memfit.ledger import passes, rewrites
 
     return {
         "title": "Training",
@@ -350,6 +351,7 @@ def _training() -> dict:
             },
             **schema_training_properties(),
             **rewrites.schema_properties(),
+            **passes.KEYS,
             "moe": _moe(),
         },
         "examples": [{"micro_batch": 4, "seq_len": 4096, "attention": "sdpa", "checkpointing": "none", "optimizer_impl": "foreach"}],

@@ -540,7 +540,7 @@ def rank_trace(step: Step, placement, granule: int | None = None) -> list:
 
 
 # --- words and bars (explain, hover, the budget's diagnostic) ---------------------------------
-PHASE_WORDS = {"forward": "forward", "backward": "backward", "optimizer_step": "the optimizer step"}
+PHASE_WORDS = {"forward": "forward", "backward": "backward", "optimizer_step": "the optimizer step", "evaluation": "the evaluation pass"}
 LIVE_WORDS = {"parameters": "parameters", "gradients": "gradients", "activations": "activations", "optimizer_state": "optimizer state", "transient": "transient", "overhead": "overhead"}
 
 
@@ -570,7 +570,7 @@ def phase_lines(result: dict, budget: int | None = None, width: int = 80) -> lis
     label_w, size_w = 16, 11
     bar_w = max(10, width - label_w - size_w - 16)
     out = []
-    for phase in PHASES:
+    for phase in (*PHASES, *(("evaluation",) if "evaluation" in result["phases"] else ())):  # ledger/passes.py's pass
         info = result["phases"][phase]
         filled = min(bar_w, -(-info["bytes"] * bar_w // scale))
         bar = "#" * filled + "." * (bar_w - filled)

@@ -172,4 +172,8 @@ def timeline(config) -> list[dict]:
         return [dict(e, rank=parallel["rank"]) for e in _events(warm, 2, module_namer(config))]
     if step is None or config.peak is None:
         return []
-    return events(step, config.granule, module_namer(config))
+    out = events(step, config.granule, module_namer(config))
+    evaluation = config.peak.get("phases", {}).get("evaluation")  # the evaluation pass after the step (ledger/passes.py)
+    if evaluation is not None:
+        out.append(_event(2, "evaluation", evaluation["at"], None, evaluation["live"]))
+    return out

@@ -18,6 +18,7 @@ DEFAULT_TARGETS: dict[str, list[str]] = {
     "gpt_neo": ["q_proj", "v_proj"],
     "bert": ["query", "value"],
     "roberta": ["query", "value"],
+    "deberta-v2": ["query_proj", "value_proj"],
     "llama": ["q_proj", "v_proj"],
     "gpt_bigcode": ["c_attn"],
     "falcon": ["query_key_value"],

@@ -41,8 +41,10 @@ def _derive(data: dict, out, path: str) -> list:
         from memfit.models import hf
 
         from memfit.models import whisper  # Whisper's step (models/whisper.py), handed to hf.derive as its tail
+        from memfit.models import deberta, modernbert  # the same for DeBERTa-v2 and ModernBERT (models/encoders.py)
 
-        problems = hf.derive(data, out, path, tails={"whisper": whisper.derive})
+        tails = {"whisper": whisper.derive, "deberta_v2": deberta.derive, "modernbert": modernbert.derive}
+        problems = hf.derive(data, out, path, tails=tails)
         if any(p.code == codes.UNSUPPORTED_MODEL for p in problems):
             from memfit.models import traced  # no family: with memfit[trace], transformers builds it on the meta device
 

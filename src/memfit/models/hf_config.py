@@ -276,6 +276,8 @@ def _type_ok(value, kind: str) -> bool:
         )
     if base == "strs":
         return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if base == "strs|str":   # DeBERTa-v2's pos_att_type: a list, or the string "p2c|c2p" its __post_init__ splits
+        return isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
     if base == "ints":
         return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
     if base == "dict":
@@ -292,6 +294,7 @@ _TYPE_WORDS = {
     "ids": "an integer or a list of integers",
     "ints": "a list of integers",
     "strs": "a list of strings",
+    "strs|str": "a list of strings or a string",
     "dict": "an object",
 }
 
@@ -374,6 +377,8 @@ def validate(raw) -> list[HFProblem]:
             problems.append(HFProblem((given,), BAD_MODEL_CONFIG, f"{given} must be {_expected(kind)}, not {_shown(value)}"))
             continue
         wrong = _range_problem(given if given == key else key, value)
+        if wrong is not None and key == "type_vocab_size" and value == 0 and family.post_init == "deberta_v2":
+            wrong = None  # DeBERTa-v2 (v3's configs: 0) has no token-type embedding then
         if wrong is not None and key == "sliding_window" and value == 0 and family.post_init == "qwen2_moe":
             wrong = None  # Qwen2MoeConfig writes 0 for "no window" (its to_dict without use_sliding_window)
         if wrong is not None:
@@ -732,6 +737,7 @@ def read_fields(family: Family) -> dict:
         kinds[family.layer_pattern_key] = (None, "int?")  # Gemma 3's legacy sliding_window_pattern
     for alias in family.init_aliases:
         kinds[alias] = (None, "int?")  # Falcon's n_embed, popped by the config class's __post_init__
+    kinds.update(family.getattr_keys)  # read by the model with getattr, or by its config's __post_init__
     kinds["num_labels"] = (None, "int?")  # PreTrainedConfig builds id2label from it
     kinds["torch_dtype"] = (None, "str?")  # the legacy spelling of dtype
     if family.rope_theta_default is not None:
@@ -973,8 +979,42 @@ def _llama4_text(out: dict, extra: dict, raw: dict) -> None:
         out["layer_types"] = ["chunked_attention" if rope and chunked else "full_attention" for rope in out["no_rope_layers"]]
 
 
+def _deberta_v2(out: dict, extra: dict, raw: dict) -> None:
+    """DebertaV2Config.__post_init__: pos_att_type "p2c|c2p" split into a list; pooler_hidden_size (hidden_size unless
+    given)."""
+    if isinstance(out["pos_att_type"], str):
+        out["pos_att_type"] = [x.strip() for x in out["pos_att_type"].lower().split("|")]
+    out["pooler_hidden_size"] = extra.pop("pooler_hidden_size", out["hidden_size"])
+
+
+def _modernbert(out: dict, extra: dict, raw: dict) -> None:
+    """ModernBertConfig.__post_init__ and convert_rope_params_to_dict: layer_types from global_attn_every_n_layers (3;
+    layer i global when i is a multiple), one rope_parameters dict per layer type (global_rope_theta 160000,
+    local_rope_theta 10000, rope_scaling applied to both); to_dict drops reference_compile."""
+    if out["layer_types"] is None:
+        every = extra.get("global_attn_every_n_layers", 3)
+        every = every if isinstance(every, int) and not isinstance(every, bool) and every > 0 else 3
+        out["layer_types"] = ["sliding_attention" if i % every else "full_attention" for i in range(out["num_hidden_layers"])]
+    scaling = extra.pop("rope_scaling", None)
+    given = out.get("rope_parameters")
+    parameters = {key: dict(value) if isinstance(value, dict) else value for key, value in given.items()} if given else {
+        "sliding_attention": {"rope_type": "default"}, "full_attention": {"rope_type": "default"}}
+    if isinstance(scaling, dict):
+        for kind in ("full_attention", "sliding_attention"):
+            if isinstance(parameters.get(kind), dict):
+                parameters[kind].update(scaling)
+    for kind, key, default in (("full_attention", "global_rope_theta", 160000.0), ("sliding_attention", "local_rope_theta", 10000.0)):
+        if not isinstance(parameters.get(kind), dict):
+            parameters[kind] = {"rope_type": "default"}
+        theta = extra.pop(key, default)
+        parameters[kind].setdefault("rope_theta", theta)
+        parameters[kind].setdefault("rope_type", parameters[kind].get("type", "default"))
+    out["rope_parameters"] = parameters
+    extra.pop("reference_compile", None)
+
+
 _POST_INIT = {"qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe, "t5": _post_init_t5, "deepseek_v3": _deepseek_v3,
-              "gpt_oss": _gpt_oss, "llama4_text": _llama4_text}
+              "gpt_oss": _gpt_oss, "llama4_text": _llama4_text, "deberta_v2": _deberta_v2, "modernbert": _modernbert}
 
 
 def _ignored(family: Family) -> frozenset:

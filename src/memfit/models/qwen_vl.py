@@ -271,18 +271,33 @@ def vision_modules(cfg: dict) -> list:
                   Module("visual.merger.mlp.2", "linear", (wide, z["O"], True))]
 
 
-def adapted_vision(cfg: dict, lora: dict) -> str:
-    """The vision modules a LoRA config's target_modules would adapt (peft: a name equal to a target or ending in
-    "." + target; all-linear: every linear but the output layer), as "visual.blocks.0.attn.qkv, ..." or ""."""
+def vision_targets(cfg: dict, lora: dict) -> list:
+    """The vision modules (tower and merger) a LoRA config's target_modules would adapt, as peft picks them: a list
+    matches a module whose name equals a target or ends in "." + target (the patch embedding's Conv3d `proj` too), a
+    string is a regular expression the whole name must match, all-linear takes every linear but the output layer."""
+    import re
+
     targets = lora.get("target_modules")
     if targets is None:
-        return ""
-    linear = [path for path, type_, _ in vision_modules(cfg) if type_ == "linear"]
+        return []
+    modules = vision_modules(cfg)
+    linear = [path for path, type_, _ in modules if type_ == "linear"]
     if targets in ("all-linear", ["all-linear"]):
-        hit = linear
-    else:
-        names = [targets] if isinstance(targets, str) else [t for t in targets if isinstance(t, str)]
-        hit = [m for m in linear if any(m == t or m.endswith("." + t) for t in names)]
+        return linear
+    # by name, peft also wraps the patch embedding's Conv3d (its LoRA takes convolutions)
+    named = [path[: -len(".weight")] if type_ == "param" else path for path, type_, _ in modules if type_ in ("linear", "param")]
+    if isinstance(targets, str):
+        try:
+            return [m for m in named if re.fullmatch(targets, "model." + m)]
+        except re.error:
+            return []
+    names = [t for t in targets if isinstance(t, str)]
+    return [m for m in named if any(m == t or m.endswith("." + t) for t in names)]
+
+
+def adapted_vision(cfg: dict, lora: dict) -> str:
+    """vision_targets as "visual.blocks.0.attn.qkv, visual.blocks.1.attn.qkv and 30 more", or ""."""
+    hit = vision_targets(cfg, lora)
     return ", ".join(hit[:2]) + (f" and {len(hit) - 2} more" if len(hit) > 2 else "")
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from memfit.models import hf, hf_encdec
 from memfit.models.hf import Param
 
-F32, I64 = "float32", "int64"
+F32, BF16, I64 = "float32", "bfloat16", "int64"
 
 
 modules = hf_encdec.whisper_modules
@@ -55,12 +55,15 @@ def _elements(shape) -> int:
 # ------------------------------------------------------------------------------------------ what a step saves
 
 
-def why_not(cfg: dict, training: dict, precision: str, adapted: bool) -> str:
+def why_not(cfg: dict, training: dict, precision: str, adapted: dict) -> str:
     """Why these settings are outside what this module was measured at ("" when inside)."""
-    if adapted:
-        return "LoRA or a quantized base"
-    if precision != "32-true":
-        return f"precision {precision} (fp32 measured)"
+    if "quantization" in adapted:
+        return "a quantized base"
+    if "lora" in adapted and (lora_targets(adapted["lora"]) is None or precision != "32-true"):
+        return ("LoRA other than target_modules [q_proj, v_proj] without dropout at 32-true (LoRA computed: q_proj and "
+                "v_proj, any rank, no dropout, fp32)")
+    if precision not in ("32-true", "bf16-true", "bf16-mixed"):
+        return f"precision {precision} (32-true, bf16-true and bf16-mixed computed)"
     if training.get("attention", "sdpa") not in ("eager", "sdpa"):
         return f"attention {training.get('attention')} (eager and sdpa measured)"
     if training.get("checkpointing", "none") not in ("none", "full"):
@@ -98,7 +101,87 @@ def _layer_kept(cfg: dict, b: int, s: int, se: int, attention: str, decoder: boo
                                                        ("fc2 input", (b * s, ffn), F32)]
 
 
-def measured(cfg: dict, micro_batch: int, seq_len: int, attention: str, checkpointing: str):
+def _cast(kept: list, precision: str) -> list:
+    """bf16-true: every floating tensor autograd keeps is bf16 (the model and the log-mel frames in bf16; LayerNorm's
+    statistics too), but SDPA's log-sum-exp, fp32 in every dtype."""
+    if precision != "bf16-true":
+        return kept
+    return [(label, shape, BF16 if dtype == F32 and "log-sum-exp" not in label else dtype) for label, shape, dtype in kept]
+
+
+def _mixed_linear(tag: str, rows: int, n_in: int, n_out: int) -> list:
+    """A linear under CPU autocast (bf16-mixed): its input's bf16 copy and its weight's (each call casts both)."""
+    return [(f"{tag} input (bf16 copy)", (rows, n_in), BF16), (f"{tag} weight (bf16 copy)", (n_out, n_in), BF16)]
+
+
+def _mixed_layer_kept(cfg: dict, b: int, s: int, se: int, attention: str, decoder: bool) -> list:
+    """A layer under bf16-mixed: LayerNorm in fp32 (the residual stream is fp32), every projection its input's and
+    weight's bf16 copies (q, k and v each their own), the attention and GELU in bf16 (SDPA's log-sum-exp fp32)."""
+    h = cfg["d_model"]
+    heads = cfg["decoder_attention_heads" if decoder else "encoder_attention_heads"]
+    ffn = cfg["decoder_ffn_dim" if decoder else "encoder_ffn_dim"]
+    bs = b * s
+    out = _norm("self_attn_layer_norm", b, s, h)
+    for name in ("q_proj", "k_proj", "v_proj"):
+        out += _mixed_linear(f"self_attn.{name}", bs, h, h)
+    out += _cast(_attention_kept("self_attn", b, heads, s, s, h, attention), "bf16-true")
+    if decoder and attention == "eager":   # the fp32 causal mask promotes the scores: fp32 softmax, a bf16 copy for the matmul
+        out += [("self_attn: softmax probabilities (fp32, the causal mask added)", (b, heads, s, s), F32)]
+    out += _mixed_linear("self_attn.out_proj", bs, h, h)
+    if decoder:
+        out += _norm("encoder_attn_layer_norm", b, s, h) + _mixed_linear("encoder_attn.q_proj", bs, h, h)
+        out += _mixed_linear("encoder_attn.k_proj (the encoder's output)", b * se, h, h)
+        out += _mixed_linear("encoder_attn.v_proj (the encoder's output)", b * se, h, h)
+        out += _cast(_attention_kept("encoder_attn", b, heads, s, se, h, attention), "bf16-true")
+        out += _mixed_linear("encoder_attn.out_proj", bs, h, h)
+    out += _norm("final_layer_norm", b, s, h) + _mixed_linear("fc1", bs, h, ffn)
+    return out + [("fc1 output (GELU input)", (b, s, ffn), BF16)] + _mixed_linear("fc2", bs, ffn, h)
+
+
+LORA_TARGETS = ("q_proj", "v_proj")   # the LoRA this module computes: the usual Whisper targets, both (peft 0.21 has no
+# default for whisper: target_modules must be given)
+
+
+def lora_targets(lora) -> tuple | None:
+    """The adapted projections of a LoRA section this module computes (target_modules the list [q_proj, v_proj], which
+    peft matches by name suffix in every attention; no dropout, no DoRA, nothing saved whole), else None."""
+    if not isinstance(lora, dict):
+        return None
+    names = lora.get("target_modules")   # (a string is peft's regular expression over whole names: not computed)
+    if not isinstance(names, list) or set(names) != set(LORA_TARGETS):   # (q or v alone: eager keeps otherwise)
+        return None
+    if lora.get("dropout") or lora.get("use_dora") or lora.get("modules_to_save") or lora.get("layers_to_transform"):
+        return None
+    return tuple(t for t in LORA_TARGETS if t in names)
+
+
+def _lora_layer_kept(cfg: dict, b: int, s: int, se: int, attention: str, decoder: bool, first: bool, targets: tuple, r: int) -> list:
+    """A layer under LoRA on `targets` with the base frozen: a frozen projection keeps nothing (its input's gradient
+    needs only its weight), lora_A keeps the projections' input (once for q and v), lora_B its (.., r) input; a
+    LayerNorm keeps its input once its input carries a gradient (not in a stack's first layer: the frozen embeddings
+    and convolutions carry none); the attention and the GELU as without LoRA."""
+    h = cfg["d_model"]
+    heads = cfg["decoder_attention_heads" if decoder else "encoder_attention_heads"]
+    ffn = cfg["decoder_ffn_dim" if decoder else "encoder_ffn_dim"]
+    out = [] if first else _norm("self_attn_layer_norm", b, s, h)
+    out += [("self_attn: lora_A input (the q/v projections' input)", (b * s, h), F32)]
+    out += [(f"self_attn.{t}: lora_B input", (b * s, r), F32) for t in targets]
+    attention_kept = _attention_kept("self_attn", b, heads, s, s, h, attention)
+    if first and attention == "eager":   # q @ k^T keeps q for k's gradient: k (frozen k_proj, its input without one) has none
+        attention_kept = [k for k in attention_kept if k[0] != "self_attn: q"]
+    out += attention_kept
+    if decoder:
+        out += _norm("encoder_attn_layer_norm", b, s, h)
+        if "q_proj" in targets:
+            out += [("encoder_attn.q_proj: lora_A input", (b * s, h), F32), ("encoder_attn.q_proj: lora_B input", (b * s, r), F32)]
+        if "v_proj" in targets:   # lora_A's input is the encoder's output, kept once (the bridge)
+            out += [("encoder_attn.v_proj: lora_B input", (b * se, r), F32)]
+        out += _attention_kept("encoder_attn", b, heads, s, se, h, attention)
+    return out + _norm("final_layer_norm", b, s, h) + [("fc1 output (GELU input)", (b, s, ffn), F32)]
+
+
+def measured(cfg: dict, micro_batch: int, seq_len: int, attention: str, checkpointing: str, precision: str = "32-true",
+             lora: dict | None = None):
     """The step as models/traced.Measured: blocks (embeddings, each stack's layers in order, head, loss), the peak of
     live saved bytes (full checkpointing; else every saved byte) and each layer's recomputation."""
     from memfit.models.traced import Measured
@@ -121,27 +204,56 @@ def measured(cfg: dict, micro_batch: int, seq_len: int, attention: str, checkpoi
     head = _norm("decoder layer_norm", b, s, h) + [("proj_out input", (b * s, h), F32)]
     loss = [("log-softmax of the logits", (b * s, cfg["vocab_size"]), F32), ("targets (the labels)", (b * s,), I64),
             ("total weight", (), F32)]
+    targets = lora_targets(lora)
+    if targets:   # the frozen embeddings, convolutions and embedding indices keep nothing; proj_out (frozen) nothing
+        r = lora.get("r", 8)
+        embeddings = []
+        encoder_first, encoder = (_lora_layer_kept(cfg, b, se, se, attention, False, first, targets, r) for first in (True, False))
+        decoder_first, decoder = (_lora_layer_kept(cfg, b, s, se, attention, True, first, targets, r) for first in (True, False))
+        bridge = _norm("encoder layer_norm", b, se, h)
+        if "v_proj" not in targets:
+            encoder_output = []
+        head = _norm("decoder layer_norm", b, s, h)
+    elif precision == "bf16-mixed":   # the convolutions in bf16 (input and weight copies); the encoder's output cast per layer
+        mel = cfg["num_mel_bins"]
+        embeddings = [("conv1 input (bf16 copy of the log-mel features)", (b, mel, 2 * se), BF16), ("conv1 weight (bf16 copy)", (h, mel, 3), BF16),
+                      ("conv1 output (GELU input)", (b, h, 2 * se), BF16), ("conv2 input", (b, h, 2 * se), BF16),
+                      ("conv2 weight (bf16 copy)", (h, h, 3), BF16), ("conv2 output (GELU input)", (b, h, se), BF16)]
+        encoder_first = encoder = _mixed_layer_kept(cfg, b, se, se, attention, False)
+        decoder_first = decoder = _mixed_layer_kept(cfg, b, s, se, attention, True)
+        encoder_output = []
+        head = _norm("decoder layer_norm", b, s, h) + _mixed_linear("proj_out", b * s, h, cfg["vocab_size"])
+    else:
+        encoder_first, decoder_first = encoder, decoder
+    if precision == "bf16-true":
+        embeddings, encoder, decoder, bridge, encoder_output, head, loss, encoder_first, decoder_first = (
+            _cast(kept, precision) for kept in (embeddings, encoder, decoder, bridge, encoder_output, head, loss, encoder_first, decoder_first))
+    from memfit.models.hf_activations import lora_key
+
+    adapters = lora_key(lora)
     layers_total = ne + nd
     if checkpointing != "full":
         blocks = [("embeddings", 1, tuple(embeddings))]
-        if ne:
-            blocks.append(("layer", ne, tuple(encoder)))
+        if ne:   # (under LoRA a stack's first layer keeps less: no gradient reaches its input)
+            blocks += [("layer", 1, tuple(encoder_first))] + ([("layer", ne - 1, tuple(encoder))] if ne > 1 else [])
         if nd:
-            blocks.append(("layer", 1, tuple(bridge + encoder_output + decoder)))
+            blocks.append(("layer", 1, tuple(bridge + encoder_output + decoder_first)))
             if nd > 1:
                 blocks.append(("layer", nd - 1, tuple(decoder)))
         else:
             head = bridge + head
         blocks += [("head", 1, tuple(head)), ("loss", 1, tuple(loss))]
-        run = (micro_batch, seq_len, attention, checkpointing, "32-true", "")
+        run = (micro_batch, seq_len, attention, checkpointing, precision, adapters)
         return Measured(run, tuple(blocks), sum(count * size(kept) for _, count, kept in blocks), (), layers_total, layers_total)
-    enc_in = [("checkpoint: the layer's input", (b, se, h), F32)]
-    dec_in = [("checkpoint: the layer's input", (b, s, h), F32)]
+    enc_in = _cast([("checkpoint: the layer's input", (b, se, h), F32)], precision)
+    dec_in = _cast([("checkpoint: the layer's input", (b, s, h), F32)], precision)
     blocks = [("embeddings", 1, tuple(embeddings))]
     if ne:
         blocks.append(("layer", ne, tuple(enc_in)))
     if nd:
-        blocks.append(("layer", 1, tuple(bridge + encoder_output + dec_in)))
+        # the decoder layers' checkpoint keeps the encoder's output, their argument (fp32 also under bf16-mixed)
+        argument = encoder_output or [("checkpoint: the encoder's output", (b * se, h), F32)]
+        blocks.append(("layer", 1, tuple(bridge + argument + dec_in)))
         if nd > 1:
             blocks.append(("layer", nd - 1, tuple(dec_in)))
     else:
@@ -157,7 +269,7 @@ def measured(cfg: dict, micro_batch: int, seq_len: int, attention: str, checkpoi
     if ne:   # an encoder layer's, once the decoder's backward has released all it kept
         moments.append(size(embeddings) + ne * size(enc_in) + encoder_each)
     recomputed = tuple(tuple(encoder) for _ in range(ne)) + tuple(tuple(decoder) for _ in range(nd))
-    run = (micro_batch, seq_len, attention, checkpointing, "32-true", "")
+    run = (micro_batch, seq_len, attention, checkpointing, precision, adapters)
     return Measured(run, tuple(blocks), max(moments), recomputed, layers_total, layers_total)
 
 
@@ -207,12 +319,12 @@ def derive(cfg: dict, raw: dict, out, where, file, data: dict, at_architecture) 
         return [Problem(("training", "seq_len"), codes.SCHEMA, message, on_key=True)]
     base = out.widths["parameters"].name
     recipe = _recipe_arguments(data, base if isinstance(base, str) else "float32")
-    adapted = "lora" in data or "quantization" in data
+    adapted = {key: data[key] for key in ("lora", "quantization") if key in data}
     why = why_not(cfg, training, recipe.get("precision", "32-true"), adapted)
     if architecture_name(cfg) != "WhisperForConditionalGeneration":
         why = f"{architecture_name(cfg)} (the decoder alone)"
     if why:
-        reason = (f"{architecture_name(cfg)}: memfit's whisper family computes WhisperForConditionalGeneration's step at fp32, "
+        reason = (f"{architecture_name(cfg)}: memfit's whisper family computes WhisperForConditionalGeneration's step at 32-true, bf16-true and bf16-mixed, "
                   f"eager or sdpa attention, checkpointing none or full, no dropout and no adapters; not {why}")
         if not traced.available():
             return hints + at_architecture(reason + ": install memfit[trace] to measure it on fake tensors")
@@ -225,7 +337,8 @@ def derive(cfg: dict, raw: dict, out, where, file, data: dict, at_architecture) 
         how = ("activations measured by the [trace] fallback: one forward and backward on fake tensors" if ran is not None
                else "activations from the [trace] fallback's generic rule")
         return hints + problems + [dataclasses.replace(p, code=code) for p in at_architecture(f"{reason}; {how}")]
-    step = measured(cfg, training["micro_batch"], seq_len, training.get("attention", "sdpa"), training.get("checkpointing", "none"))
+    step = measured(cfg, training["micro_batch"], seq_len, training.get("attention", "sdpa"), training.get("checkpointing", "none"),
+                    recipe.get("precision", "32-true"), recipe.get("lora"))
     problems, _, _ = traced._tensors(traced_model(cfg), out, where, file, training, data, None, given=step)
     if out.model is not None:
         out.model = out.model._replace(summary=summary(cfg))

@@ -71,6 +71,7 @@ OPTIMIZERS: dict[str, Optimizer] = {
         _bnb("paged_adam8bit", ("state1", "state2"), "bitsandbytes.optim.PagedAdam8bit", ("qmap1", "qmap2"), paged=True),
         _bnb("paged_adamw8bit", ("state1", "state2"), "bitsandbytes.optim.PagedAdamW8bit", ("qmap1", "qmap2"), paged=True),
         _bnb("lion8bit", ("state1",), "bitsandbytes.optim.Lion8bit", ("qmap1",)),
+        _bnb("paged_lion8bit", ("state1",), "bitsandbytes.optim.PagedLion8bit", ("qmap1",), paged=True),
         Optimizer("adafactor", "factored", ("row_var", "col_var", "variance"), "torch.optim.Adafactor", "factored second moment, no first moment"),
     )
 }
@@ -107,7 +108,7 @@ TEMPORARIES: dict[str, dict[str, tuple | int | None]] = {
     # bitsandbytes' 8-bit optimizers update each parameter in one in-place kernel
     # (optimizer_update_8bit_blockwise) whatever torch.optim implementation is named: none. The
     # combinations measured in tests/ledger/test_combinations.py peak within 5% of MemTracker with none.
-    **{name: {"foreach": 0, "for_loop": ((0, 0),), "fused": 0} for name in ("adam8bit", "adamw8bit", "paged_adam8bit", "paged_adamw8bit", "lion8bit")},
+    **{name: {"foreach": 0, "for_loop": ((0, 0),), "fused": 0} for name in ("adam8bit", "adamw8bit", "paged_adam8bit", "paged_adamw8bit", "lion8bit", "paged_lion8bit")},
 }
 
 

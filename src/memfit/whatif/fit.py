@@ -23,6 +23,7 @@ VARY: dict[str, tuple[tuple[str, ...], ...]] = {
     "micro_batch": (("training", "micro_batch"), ("model", "batch_size")),
     "seq_len": (("training", "seq_len"),),
     "gradient_accumulation": (("training", "gradient_accumulation"),),
+    "eval_batch": (("training", "eval_batch"),),  # the evaluation pass's batch (ledger/passes.py)
 }
 DEFAULT_VARY = "micro_batch"
 

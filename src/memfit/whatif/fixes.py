@@ -131,6 +131,19 @@ def _micro_batch(data: dict, options: Options, refuse, result: Result, floor: bo
     return [(title, changes)]
 
 
+def _eval_batch(data: dict, options: Options, refuse, result: Result) -> list[tuple]:
+    """The evaluation pass's batch (training.eval_batch) down to the largest that fits: the training step is
+    unchanged, evaluation runs on fewer sequences at a time."""
+    path = ("training", "eval_batch")
+    current = _get(data, path)
+    if not isinstance(current, int) or isinstance(current, bool):
+        return []
+    new = largest(Probe(data, (path,), options, refuse, result.path))
+    if new == 0 or new >= current:
+        return []
+    return [(f"eval_batch {current} → {new} (the evaluation pass on fewer sequences; the training step unchanged)", [(path, current, new)])]
+
+
 def _set(path: tuple, value, title: str, *, when=None):
     """A remedy that sets one key to one value, where the schema has that key and value."""
 
@@ -213,6 +226,7 @@ class Remedy:
 # full_shard adds an all-gather per layer; full checkpointing runs the forward twice (~33%);
 # CPU offload moves the state over PCIe every step.
 REMEDIES: tuple[Remedy, ...] = (
+    Remedy("eval_batch", 0, _eval_batch),  # evaluation's batch: no training step time
     Remedy("optimizer_impl", 0, _set(("training", "optimizer_impl"), "fused", "optimizer_impl: fused (one kernel per step: no foreach temporaries)", when=_is_run)),
     Remedy("optimizer_8bit", 0, _eight_bit),
     Remedy("zero", 1, _next_zero),

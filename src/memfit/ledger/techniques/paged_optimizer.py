@@ -38,14 +38,14 @@ PAGED_DTYPE = "uint8"  # init_state: state1/state2 through get_state_buffer; abs
 KEYS = {
     "paged_optimizer": {
         "title": "Paged optimizer state",
-        "description": "For bitsandbytes' paged optimizers (paged_adam8bit, paged_adamw8bit): true (their default) "
+        "description": "For bitsandbytes' paged optimizers (paged_adam8bit, paged_adamw8bit, paged_lion8bit): true (their default) "
                        "prices the 8-bit state of every parameter of 100,000+ elements in CUDA unified memory "
                        "(cudaMallocManaged), outside PyTorch's allocator, paged to the host when the device is full: "
                        "not gated against the device (the footprint still counts it). false: on the device, as "
                        "bitsandbytes keeps it on the CPU or where the device has room for it. With an optimizer of "
                        "torch's layout, true says it is bitsandbytes' 32-bit paged one (PagedAdamW, PagedAdamW32bit, "
-                       "the Trainer's paged_adamw_32bit; set dtypes.optimizer_state: float32): the whole state of "
-                       "each parameter of 100,000+ elements is paged.",
+                       "the Trainer's paged_adamw_32bit; set dtypes.optimizer_state: float32; the native readers set both): the "
+                       "whole state of each parameter of 100,000+ elements is paged.",
         "type": "boolean",
         "default": True,
     },
@@ -72,8 +72,9 @@ def problems(config, training: dict) -> list:
                 if t.category == "parameters" and t.trainable and t.bytes.get("optimizer_state") and t.elements >= PAGED_MIN_ELEMENTS)
     if not total:
         return []
+    whose = f"{name}'s" if lookup(name).paged else f"bitsandbytes' 32-bit paged {name}'s"
     return [Problem(("optimizer",), codes.PAGED_STATE,
-                    f"{with_bytes(total)} of {name}'s state is paged (bitsandbytes allocates the state of "
+                    f"{with_bytes(total)} of {whose} state is paged (bitsandbytes allocates the state of "
                     f"parameters of 100,000+ elements in CUDA unified memory): not in the device's peak; the host holds "
                     f"what the device has no room for (training.paged_optimizer: false counts it on the device)",
                     severity=codes.INFORMATION)]
@@ -106,10 +107,12 @@ def paged_bytes(config, optimizer: str | None, stated: bool = False) -> dict:
 
 
 def rewrite(step, config, training: dict):
-    if getattr(config, "parallel", None) is not None or step.optimizer is None:
+    # the config's optimizer, as problems() reads it: the step names none where its temporaries are not modelled (Lion)
+    name = step.optimizer or getattr(config, "optimizer", None)
+    if getattr(config, "parallel", None) is not None or not isinstance(name, str):
         return step
     try:
-        paged = paged_bytes(config, step.optimizer, training.get("paged_optimizer") is True)
+        paged = paged_bytes(config, name.strip().lower(), training.get("paged_optimizer") is True)
     except ValueError:   # an optimizer the table does not know: nothing is paged
         return step
     if not paged:

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 # Field types as JSON gives them: "?" also accepts null; "number" is int or float;
 # "ids" is an int or a list of ints; "ints" a list of ints; "strs" a list of strings.
-TYPES = ("int", "int?", "float", "number", "number?", "bool", "bool?", "str", "str?", "ids?", "ints?", "strs?", "dict?")
+TYPES = ("int", "int?", "float", "number", "number?", "bool", "bool?", "str", "str?", "ids?", "ints?", "strs?", "dict?",
+         "strs|str?")  # strs|str: a list of strings or one string (DeBERTa-v2's pos_att_type "p2c|c2p")
 
 # PreTrainedConfig's own fields, shared by every family.
 BASE_FIELDS = {
@@ -114,6 +115,10 @@ class Family:
     # issue 34's encoders (appended)
     encoder_head: str = "bert"   # a post-norm encoder's heads: "bert" (cls.predictions; the pooler, then `classifier`)
     # | "roberta" (lm_head with its own bias; classifier.dense, tanh, classifier.out_proj on the first token; no pooler)
+    # issue 34's DeBERTa-v2 and ModernBERT (appended): config.json keys the model reads that are not fields of its config
+    # class (DeBERTa-v2's modeling code reads position_buckets, share_att_key... with getattr; ModernBertConfig's
+    # __post_init__ reads global_attn_every_n_layers): name -> (default, type), validated, kept as given
+    getattr_keys: dict = field(default_factory=dict)
 
     @property
     def hidden_key(self) -> str:
@@ -171,6 +176,8 @@ SUPPORTED = (
     'qwen2_5_vl',
     'roberta',
     'whisper',
+    'deberta-v2',
+    'modernbert',
 )
 
 
@@ -181,7 +188,7 @@ class Families(Mapping):
     def __getitem__(self, model_type: str) -> Family:
         if not self.__contains__(model_type):
             raise KeyError(model_type)
-        return importlib.import_module(f"{__name__}.{model_type}").FAMILY
+        return importlib.import_module(f"{__name__}.{model_type.replace('-', '_')}").FAMILY   # deberta-v2: deberta_v2.py
 
     def __contains__(self, model_type) -> bool:
         return isinstance(model_type, str) and model_type in SUPPORTED

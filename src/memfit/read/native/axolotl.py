@@ -55,31 +55,31 @@ CONDITIONAL = {
     "xformers_attention": "training.attention sdpa, with a warning that memfit models eager, sdpa and flash attention (loaders/model.py _set_attention_config)",
     "flex_attention": "training.attention sdpa, with a warning that memfit models eager, sdpa and flash attention (loaders/model.py _set_attention_config)",
     "plugins": "a Liger or Cut Cross-Entropy plugin without its enable keys (liger_*, cut_cross_entropy) is warned about: its kernels save less than memfit counts",
-    "eval_batch_size": "evaluation's batch (default: micro_batch_size); warned when larger than micro_batch_size",
+    "eval_batch_size": "training.eval_batch when larger than the training micro-batch and the run evaluates (default: micro_batch_size): the evaluation pass (no_grad forward at that batch beside the weights and optimizer state); under a parallel layout: warned",
 }
 
 # keys that change memory and are not modelled -> (no-effect values, what they do)
 UNMODELLED = {
-    "cut_cross_entropy": ((False,), "Cut Cross-Entropy never materializes the logits (memfit counts the full logits)"),
-    "liger_fused_linear_cross_entropy": ((False,), "Liger's fused linear cross-entropy never materializes the logits (memfit counts them)"),
-    "liger_rms_norm": ((False,), "Liger's RMSNorm kernel saves less for backward"),
-    "liger_glu_activation": ((False,), "Liger's SwiGLU kernel recomputes the activation in backward"),
-    "liger_swiglu": ((False,), "Liger's SwiGLU kernel recomputes the activation in backward"),
-    "liger_layer_norm": ((False,), "Liger's LayerNorm kernel saves less for backward"),
-    "liger_cross_entropy": ((False,), "Liger's cross-entropy computes the logits' gradient in place"),
-    "tiled_mlp": ((False,), "tiled MLP computes the MLP in chunks"),
-    "unfrozen_parameters": ((), "only the parameters matching these patterns are trained"),
-    "peft_layers_to_transform": ((), "LoRA on some layers only"),
-    "lora_target_parameters": ((), "LoRA on parameters (MoE experts) rather than modules"),
-    "context_parallel_size": ((1,), "context parallelism splits the sequence across GPUs"),
-    "tensor_parallel_size": ((1,), "tensor parallelism (memfit's parallel.tensor; not read from Axolotl yet)"),
-    "fp8": ((False,), "fp8 training"),
-    "relora": ((False,), "ReLoRA merges and resets adapters"),
-    "rl": ((), "preference and RL training (dpo, ipo, orpo, kto, simpo, grpo) runs chosen and rejected sequences (and, for a full fine-tune, a reference model)"),
-    "lisa_n_layers": ((), "LISA trains a few layers at a time"),
+    "cut_cross_entropy": ((False,), "Cut Cross-Entropy never materializes the logits (memfit counts the full logits): the figures are high, on the safe side"),
+    "liger_fused_linear_cross_entropy": ((False,), "Liger's fused linear cross-entropy never materializes the logits (memfit counts them): the figures are high, on the safe side"),
+    "liger_rms_norm": ((False,), "Liger's RMSNorm kernel saves less for backward: the figures are high, on the safe side"),
+    "liger_glu_activation": ((False,), "Liger's SwiGLU kernel recomputes the activation in backward: the figures are high, on the safe side"),
+    "liger_swiglu": ((False,), "Liger's SwiGLU kernel recomputes the activation in backward: the figures are high, on the safe side"),
+    "liger_layer_norm": ((False,), "Liger's LayerNorm kernel saves less for backward: the figures are high, on the safe side"),
+    "liger_cross_entropy": ((False,), "Liger's cross-entropy computes the logits' gradient in place: the figures are high, on the safe side"),
+    "tiled_mlp": ((False,), "tiled MLP computes the MLP in chunks: the figures are high, on the safe side"),
+    "unfrozen_parameters": ((), "only the parameters matching these patterns are trained: the figures are high, on the safe side (fewer gradients and less optimizer state)"),
+    "peft_layers_to_transform": ((), "LoRA on some layers only: the figures are high, on the safe side (fewer adapters)"),
+    "lora_target_parameters": ((), "LoRA on parameters (MoE experts) rather than modules: the figures are low by those adapters"),
+    "context_parallel_size": ((1,), "context parallelism splits the sequence across GPUs: the figures are high, on the safe side (each GPU holds its share of the sequence's activations)"),
+    "tensor_parallel_size": ((1,), "tensor parallelism (memfit's parallel.tensor; not read from Axolotl yet): the figures are high, on the safe side (each GPU holds its share)"),
+    "fp8": ((False,), "fp8 training: the figures may be low or high (fp8 copies of the weights are added, the saved activations are smaller)"),
+    "relora": ((False,), "ReLoRA merges and resets adapters: the figures are low by the merges' temporaries"),
+    "rl": ((), "preference and RL training (dpo, ipo, orpo, kto, simpo, grpo) runs chosen and rejected sequences (and, for a full fine-tune, a reference model): the figures are low (two sequences per sample, and a reference model where one is loaded)"),
+    "lisa_n_layers": ((), "LISA trains a few layers at a time: the figures are high, on the safe side (fewer gradients and less optimizer state)"),
     "torch_compile": ((False,), "torch.compile: compiled kernels save less for backward, so the figure is high, on the safe side (torchtune's README, Llama 3.2 3B full fine-tune: + compile 51.0 GiB measured vs 60.0 GiB eager, 15% less); the gate keeps the eager figure"),
-    "lora_rank_pattern": ((), "per-module LoRA ranks"),
-    "bnb_config_kwargs": ((), "bitsandbytes quantization overrides"),
+    "lora_rank_pattern": ((), "per-module LoRA ranks: the figures may be low or high (low where a pattern's rank is above lora_r, high where below)"),
+    "bnb_config_kwargs": ((), "bitsandbytes quantization overrides: the figures may be low or high"),
 }
 
 PRECISION = {"bfloat16": "bf16-true", "float16": "16-true", "float32": "32-true"}
@@ -191,7 +191,8 @@ def read(r: Reader, ctx) -> dict:
         key = "load_in_4bit" if load_in_4bit else "load_in_8bit"
         r.warn(r.at(key), f"{key} without an adapter: memfit counts a full fine-tune of the unquantized model")
 
-    r.eval_batch("eval_batch_size", micro)
+    if data.get("val_set_size") or data.get("test_datasets"):  # Axolotl evaluates only with a validation split (val_set_size default 0)
+        r.eval_batch("eval_batch_size", micro, conf=ctx.conf)
     trainer = {
         "micro_batch": (micro, r.at("micro_batch_size") if "micro_batch_size" in data else None),
         "grad_accum": (accum, r.at("gradient_accumulation_steps") if "gradient_accumulation_steps" in data else None),
@@ -242,6 +243,8 @@ def optimizer(r: Reader, name: str, at) -> None:
         r.set(("training", "optimizer_impl"), impl, at)
     if state is not None:
         r.set(("dtypes", "optimizer_state"), state, at)
+    if state == "float32" and "paged" in name.strip().lower():  # trainer_optimizer.py: is_paged = "paged" in optim
+        r.set(("training", "paged_optimizer"), True, at)  # bitsandbytes' 32-bit paged state (ledger/techniques/paged_optimizer.py)
 
 
 def _fsdp(r: Reader) -> None:

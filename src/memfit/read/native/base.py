@@ -154,16 +154,21 @@ class Reader:
         self.native.seq_from_data = (self.native.found[-1], most)
         return seq
 
-    def eval_batch(self, key: str, micro: int, default: int | None = None) -> None:
-        """An evaluation batch larger than the training micro-batch: evaluation's forward (no graph kept, but the
-        logits of the whole eval batch, upcast to float32 for the loss) is not the step memfit checks."""
+    def eval_batch(self, key: str, micro: int, default: int | None = None, conf=None) -> None:
+        """An evaluation batch larger than the training micro-batch: on one GPU, training.eval_batch (the evaluation
+        pass, ledger/passes.py: the run's peak is the larger of the step's and the pass's); under a layout (--gpus
+        above 1, a DeepSpeed or FSDP config) the pass is not modelled: a warning says the figure may be low."""
         value = self.get(key, (int,), default) if key in self.data else default
-        if isinstance(value, int) and not isinstance(value, bool) and value > micro:
-            self.warn(
-                self.at(key, on_key=True) if key in self.data else self.native.root,
-                f"{key} {value} is larger than the training micro-batch {micro}: evaluation runs its forward on {value} sequences "
-                "(the logits of all of them at once); memfit checks the training step, so the figures may be low for evaluation",
-            )
+        if not (isinstance(value, int) and not isinstance(value, bool) and value > micro):
+            return
+        at = self.at(key, on_key=True) if key in self.data else self.native.root
+        gpus = conf.get("gpus") if conf is not None else None
+        layout = (isinstance(gpus, int) and gpus > 1) or any(self.data.get(k) for k in ("deepspeed", "fsdp", "fsdp_config"))
+        if layout:
+            self.warn(at, f"{key} {value} is larger than the training micro-batch {micro}: evaluation runs its forward on {value} sequences "
+                          "(the logits of all of them at once); under a parallel layout memfit checks the training step only, so the figures may be low for evaluation")
+            return
+        self.set(("training", "eval_batch"), value, at if key in self.data else None)
 
 
 def _name(prefix: tuple, key) -> str:

@@ -8,18 +8,26 @@ from __future__ import annotations
 SPELLING: dict[str, dict[tuple, tuple[str, dict | None]]] = {
     "axolotl": {
         ("training", "micro_batch"): ("micro_batch_size", None),
+        ("training", "eval_batch"): ("eval_batch_size", None),
         ("training", "gradient_accumulation"): ("gradient_accumulation_steps", None),
         ("training", "checkpointing"): ("gradient_checkpointing", {"full": True, "none": False}),
         ("optimizer",): ("optimizer", {"adamw8bit": "adamw_bnb_8bit"}),
     },
     "llama-factory": {
         ("training", "micro_batch"): ("per_device_train_batch_size", None),
+        ("training", "eval_batch"): ("per_device_eval_batch_size", None),
         ("training", "gradient_accumulation"): ("gradient_accumulation_steps", None),
         ("training", "checkpointing"): ("disable_gradient_checkpointing", {"full": False, "none": True}),
         ("optimizer",): ("optim", {"adamw8bit": "adamw_bnb_8bit"}),
     },
+    "torchtune": {
+        ("training", "micro_batch"): ("batch_size", None),
+        ("training", "gradient_accumulation"): ("gradient_accumulation_steps", None),
+        ("training", "checkpointing"): ("enable_activation_checkpointing", {"full": True, "none": False}),
+    },
     "hf-trainer": {
         ("training", "micro_batch"): ("per_device_train_batch_size", None),
+        ("training", "eval_batch"): ("per_device_eval_batch_size", None),
         ("training", "gradient_accumulation"): ("gradient_accumulation_steps", None),
         ("training", "checkpointing"): ("gradient_checkpointing", {"full": True, "none": False}),
         ("optimizer",): ("optim", {"adamw8bit": "adamw_bnb_8bit"}),

@@ -27,7 +27,7 @@ OPTIM: dict[str, tuple[str, str | None, str | None]] = {
     "paged_adamw_32bit": ("adamw", "for_loop", "float32"),  # bitsandbytes AdamW, optim_bits=32: fp32 state
     "paged_adamw": ("adamw", "for_loop", "float32"),
     "lion_8bit": ("lion8bit", None, None),
-    "paged_lion_8bit": ("lion8bit", None, None),
+    "paged_lion_8bit": ("paged_lion8bit", None, None),
     "lion_32bit": ("lion", "for_loop", "float32"),
     "paged_lion_32bit": ("lion", "for_loop", "float32"),
     # Axolotl's own names (axolotl/utils/schemas/enums.py CustomSupportedOptimizers) with a torch.optim layout

@@ -35,19 +35,19 @@ KEYS = {
 }
 UNMODELLED = {
     "torch_compile": ((False,), "torch.compile: compiled kernels save less for backward, so the figure is high, on the safe side (torchtune's README, Llama 3.2 3B full fine-tune: + compile 51.0 GiB measured vs 60.0 GiB eager, 15% less); the gate keeps the eager figure"),
-    "use_liger_kernel": ((False,), "Liger kernels save less for backward and never materialize the logits"),
-    "optim_target_modules": ((), "GaLore/APOLLO target modules"),
+    "use_liger_kernel": ((False,), "Liger kernels save less for backward and never materialize the logits: the figures are high, on the safe side"),
+    "optim_target_modules": ((), "GaLore/APOLLO target modules: the figures are high, on the safe side (GaLore/APOLLO keep a projected optimizer state)"),
     "torch_compile_mode": ((None,), "a torch.compile mode turns torch_compile on (TrainingArguments.__post_init__): torch.compile: compiled kernels save less for backward, so the figure is high, on the safe side (torchtune's README, Llama 3.2 3B full fine-tune: + compile 51.0 GiB measured vs 60.0 GiB eager, 15% less); the gate keeps the eager figure"),
     "torch_compile_backend": ((None,), "a torch.compile backend turns torch_compile on (TrainingArguments.__post_init__): torch.compile: compiled kernels save less for backward, so the figure is high, on the safe side (torchtune's README, Llama 3.2 3B full fine-tune: + compile 51.0 GiB measured vs 60.0 GiB eager, 15% less); the gate keeps the eager figure"),
-    "auto_find_batch_size": ((False,), "the Trainer halves the batch after an out-of-memory error: the batch that runs may be smaller than written (the figures are for the written one)"),
+    "auto_find_batch_size": ((False,), "the Trainer halves the batch after an out-of-memory error: the batch that runs may be smaller than written (the figures are for the written one): the figures are high, on the safe side if it halves the batch"),
     "label_smoothing_factor": ((0, 0.0), "the Trainer's LabelSmoother takes a log-softmax over the logits besides the model's loss: the figures may be low by a logits-sized tensor"),
     "use_cache": ((False, None), "the forward returns a key/value cache during training: the figures may be low by the cache's bytes"),
     "use_cpu": ((False,), "the run trains on the CPU: no GPU memory is used, and the figures are the host's"),
-    "parallelism_config": ((None,), "accelerate's ParallelismConfig (tensor, context and data shard sizes) is not read: the figures assume a data-parallel world of --gpus"),
-    "optim_args": ((None, ""), "optimizer arguments are not read: the state layout of optim's default arguments is assumed"),
+    "parallelism_config": ((None,), "accelerate's ParallelismConfig (tensor, context and data shard sizes) is not read: the figures assume a data-parallel world of --gpus: the figures may be low or high"),
+    "optim_args": ((None, ""), "optimizer arguments are not read: the state layout of optim's default arguments is assumed: the figures may be low or high"),
 }
 CONDITIONAL = {
-    "per_device_eval_batch_size": "evaluation's batch (TrainingArguments default 8); warned when larger than per_device_train_batch_size, where the run evaluates",
+    "per_device_eval_batch_size": "training.eval_batch when larger than the training micro-batch and the run evaluates (TrainingArguments default 8): the evaluation pass (no_grad forward at that batch beside the weights and optimizer state); under a parallel layout: warned",
 }
 # TrainingArguments fields that do not change the training step's GPU memory (schedules, logging, saving, the hub,
 # data loading on the host, evaluation's own bookkeeping, determinism, launch details); tests/read/test_native_keys.py
@@ -135,7 +135,7 @@ def read(r: Reader, ctx) -> dict:
     kwargs_key = "activation_checkpointing_kwargs" if isinstance(data.get("activation_checkpointing_kwargs"), dict) else "gradient_checkpointing_kwargs"
     hf.every_n_layers(r, kwargs_key, checkpointing)
     if r.get("do_eval", (bool,), False) or data.get("eval_strategy", data.get("evaluation_strategy", "no")) not in ("no", None):
-        r.eval_batch("per_device_eval_batch_size", micro, 8)
+        r.eval_batch("per_device_eval_batch_size", micro, 8, conf=ctx.conf)
     trainer = {
         "micro_batch": (micro, r.at("per_device_train_batch_size") if "per_device_train_batch_size" in data else None),
         "grad_accum": (accum, r.at("gradient_accumulation_steps") if "gradient_accumulation_steps" in data else None),

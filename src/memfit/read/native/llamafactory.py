@@ -45,22 +45,22 @@ KEYS = {
 NO_MEMORY = ("packing",)
 
 UNMODELLED = {
-    "enable_liger_kernel": ((False,), "Liger kernels save less for backward and (fused linear cross-entropy) never materialize the logits"),
-    "use_unsloth_gc": ((False,), "Unsloth's gradient checkpointing offloads the checkpoints to host memory"),
-    "use_galore": ((False,), "GaLore keeps optimizer state in a low-rank projection"),
-    "use_apollo": ((False,), "APOLLO keeps optimizer state in a low-rank projection"),
-    "use_badam": ((False,), "BAdam trains one block at a time"),
-    "use_unsloth": ((False,), "Unsloth's kernels and checkpointing"),
-    "pissa_init": ((False,), "PiSSA initialization"),
+    "enable_liger_kernel": ((False,), "Liger kernels save less for backward and (fused linear cross-entropy) never materialize the logits: the figures are high, on the safe side"),
+    "use_unsloth_gc": ((False,), "Unsloth's gradient checkpointing offloads the checkpoints to host memory: the figures are high, on the safe side"),
+    "use_galore": ((False,), "GaLore keeps optimizer state in a low-rank projection: the figures are high, on the safe side"),
+    "use_apollo": ((False,), "APOLLO keeps optimizer state in a low-rank projection: the figures are high, on the safe side"),
+    "use_badam": ((False,), "BAdam trains one block at a time: the figures are high, on the safe side (fewer gradients and less optimizer state)"),
+    "use_unsloth": ((False,), "Unsloth's kernels and checkpointing: the figures are high, on the safe side"),
+    "pissa_init": ((False,), "PiSSA initialization: the figures are low while the model loads (the initialisation's SVD temporaries); the step's are the same"),
     "torch_compile": ((False,), "torch.compile: compiled kernels save less for backward, so the figure is high, on the safe side (torchtune's README, Llama 3.2 3B full fine-tune: + compile 51.0 GiB measured vs 60.0 GiB eager, 15% less); the gate keeps the eager figure"),
     "freeze_multi_modal_projector": ((False,), "the multi-modal projector (Qwen2-VL's merger, LLaVA's projector) frozen: memfit trains it beside the text model; the figures are high by its gradients and optimizer state"),
-    "fsdp": ((None, "", False), "FSDP from TrainingArguments (use an accelerate config via --launch)"),
-    "neat_packing": ((False,), "packing without cross-attention: unless the attention is flash_attention_2 the collator builds a (batch, 1, cutoff_len, cutoff_len) attention mask in the compute dtype (data/collator.py prepare_4d_attention_mask), batch x cutoff_len^2 x 2 bytes more than memfit counts"),
-    "upcast_layernorm": ((False,), "the layer norms' weights are upcast to float32 (more bytes per norm weight than memfit counts; the figures are slightly low)"),
+    "fsdp": ((None, "", False), "FSDP from TrainingArguments (use an accelerate config via --launch): the figures are high, on the safe side (counted unsharded)"),
+    "neat_packing": ((False,), "packing without cross-attention: unless the attention is flash_attention_2 the collator builds a (batch, 1, cutoff_len, cutoff_len) attention mask in the compute dtype (data/collator.py prepare_4d_attention_mask), batch x cutoff_len^2 x 2 bytes more than memfit counts: the figures are low"),
+    "upcast_layernorm": ((False,), "the layer norms' weights are upcast to float32 (more bytes per norm weight than memfit counts): the figures are low, slightly"),
 }
 CONDITIONAL = {
     "do_eval": "whether the run evaluates (with eval_strategy, val_size): per_device_eval_batch_size is warned about then",
-    "per_device_eval_batch_size": "evaluation's batch (TrainingArguments default 8); warned when larger than per_device_train_batch_size",
+    "per_device_eval_batch_size": "training.eval_batch when larger than the training micro-batch and the run evaluates (TrainingArguments default 8): the evaluation pass (no_grad forward at that batch beside the weights and optimizer state); under a parallel layout: warned",
 }
 STAGE_EXTRA = {
     "ppo": "PPO holds a reward model and a value head besides the policy",
@@ -176,7 +176,7 @@ def read(r: Reader, ctx) -> dict:
     # lm_head's hook instead; the 16-bit output it replaces is saved by nobody: the step's bytes are the same
     r.get("upcast_lmhead_output", (bool,), False)
     if r.get("do_eval", (bool,), False) or data.get("eval_strategy", data.get("evaluation_strategy", "no")) not in ("no", None) or "val_size" in data:
-        r.eval_batch("per_device_eval_batch_size", micro, 8)
+        r.eval_batch("per_device_eval_batch_size", micro, 8, conf=ctx.conf)
     trainer = {
         "micro_batch": (micro, r.at("per_device_train_batch_size") if "per_device_train_batch_size" in data else None),
         "grad_accum": (accum, r.at("gradient_accumulation_steps") if "gradient_accumulation_steps" in data else None),

@@ -105,6 +105,21 @@ OPTIMIZERS = {
     "torchao.optim.AdamW8bit": ("adamw8bit", None, None),
     "bitsandbytes.optim.PagedAdamW": ("adamw", "for_loop", "float32"),
     "bitsandbytes.optim.PagedAdamW32bit": ("adamw", "for_loop", "float32"),
+    "bitsandbytes.optim.PagedAdam": ("adam", "for_loop", "float32"),
+    "bitsandbytes.optim.PagedAdam32bit": ("adam", "for_loop", "float32"),
+    "bitsandbytes.optim.PagedAdam8bit": ("paged_adam8bit", None, None),
+    "bitsandbytes.optim.PagedLion": ("lion", "for_loop", "float32"),
+    "bitsandbytes.optim.PagedLion32bit": ("lion", "for_loop", "float32"),
+    "bitsandbytes.optim.PagedLion8bit": ("paged_lion8bit", None, None),
+    # bitsandbytes' unpaged ones: optim_bits 32 keeps fp32 state1/state2 whatever the parameter's dtype
+    "bitsandbytes.optim.AdamW": ("adamw", "for_loop", "float32"),
+    "bitsandbytes.optim.AdamW32bit": ("adamw", "for_loop", "float32"),
+    "bitsandbytes.optim.Adam": ("adam", "for_loop", "float32"),
+    "bitsandbytes.optim.Adam32bit": ("adam", "for_loop", "float32"),
+    "bitsandbytes.optim.Adam8bit": ("adam8bit", None, None),
+    "bitsandbytes.optim.Lion": ("lion", "for_loop", "float32"),
+    "bitsandbytes.optim.Lion32bit": ("lion", "for_loop", "float32"),
+    "bitsandbytes.optim.Lion8bit": ("lion8bit", None, None),
 }
 
 KEYS = {
@@ -126,13 +141,41 @@ KEYS = {
     "loss._component_, loss.num_output_chunks (8)": "training.loss {kind: chunked, chunks} for CEWithChunkedOutputLoss",
     "optimizer_in_bwd (false)": "training.optimizer_in_backward",
     "fsdp_reshard_after_forward (true)": "parallel.fsdp full_shard, or shard_grad_op when false",
+    "teacher_model (knowledge distillation: its _component_)": "training.teacher {transformer} (its weights in dtype, its no_grad forward and logits beside the student's)",
+    "kd_loss._component_": "the KD loss: ForwardKLLoss / ForwardKLWithChunkedOutputLoss (chunked as loss is); another: warned",
 }
+KD_LOSSES = ("ForwardKLLoss", "ForwardKLWithChunkedOutputLoss")
 UNMODELLED = {
     "compile": ((False,), "torch.compile: compiled kernels save less for backward, so the figure is high, on the safe side (torchtune's README, Llama 3.2 3B full fine-tune: + compile 51.0 GiB measured vs 60.0 GiB eager, 15% less); the gate keeps the eager figure"),
-    "custom_sharded_layers": ((), "extra FSDP units"),
-    "tensor_parallel_dim": ((1,), "tensor parallelism"),
-    "teacher_model": ((), "knowledge distillation holds the teacher model's weights (and its logits) beside the student's: the figures are low by the teacher's weights"),
+    "custom_sharded_layers": ((), "extra FSDP units: the figures are high, on the safe side (smaller units gathered at once)"),
+    "tensor_parallel_dim": ((1,), "tensor parallelism: the figures are high, on the safe side (each GPU holds its share)"),
 }
+
+
+def _teacher(r: Reader, ctx) -> None:
+    """Knowledge distillation (recipes/knowledge_distillation_*.py): `teacher_model` built as the student is, its
+    forward-KL loss (kd_loss) chunked as the class loss is; training.teacher (ledger/passes.py)."""
+    teacher = r.get("teacher_model", (dict,), None)
+    if teacher is None:
+        return
+    component = r.get("_component_", (str,), "", data=teacher, prefix=("teacher_model",))
+    at = r.at("teacher_model", "_component_") if "_component_" in teacher else r.at("teacher_model", on_key=True)
+    builder = component.rsplit(".", 1)[-1]
+    if builder.startswith(("lora_", "qlora_")):
+        r.warn(at, f"teacher_model {builder}: memfit counts the teacher as its base model, without its adapters: the figure is low by them")
+    base = builder.removeprefix("qlora_").removeprefix("lora_")
+    transformer = _transformer(r, teacher, ALIASES.get(base, base), component, at, ("teacher_model",))
+    if transformer is None:
+        return
+    gpus = ctx.conf.get("gpus")
+    if isinstance(gpus, int) and gpus > 1:  # knowledge_distillation_distributed: the teacher sharded as the student is
+        r.warn(at, f"teacher_model over {gpus} GPUs: the distributed recipe shards the teacher with FSDP as it shards the student; memfit models the teacher on one GPU only, so the figures are low by each rank's share of its weights and its forward")
+        return
+    r.set(("training", "teacher"), {"transformer": transformer}, at)
+    kd = r.get("kd_loss", (dict,), {})
+    name = str(kd.get("_component_", "")).rsplit(".", 1)[-1]
+    if name and name not in KD_LOSSES:
+        r.warn(r.at("kd_loss", "_component_"), f"kd_loss {name}: memfit models the forward KL (ForwardKLLoss, ForwardKLWithChunkedOutputLoss); {name} keeps other fp32 tensors of the logits' size for backward, so the figure may be low")
 
 
 def _packed(r: Reader):
@@ -143,6 +186,39 @@ def _packed(r: Reader):
         if isinstance(entry, dict) and entry.get("packed") is True:
             return r.at("dataset", i, "packed") if isinstance(dataset, list) else r.at("dataset", "packed")
     return None
+
+
+def _transformer(r: Reader, model: dict, base: str, component: str, at, prefix: tuple) -> dict | None:
+    """The config.json keys of a builder (BUILDERS) or a component builder called with its arguments (COMPONENTS);
+    None after a positioned error."""
+    if base in COMPONENTS and "num_layers" in model:  # a component builder called with its arguments in the config
+        args = {k: r.get(k, (int, float, bool), None, data=model, prefix=prefix) for k in ("embed_dim", "intermediate_dim", "num_layers", "num_heads", "num_kv_heads", "vocab_size", "max_seq_len", "tie_word_embeddings", "head_dim")}
+        if None in [args[k] for k in ("embed_dim", "num_layers", "num_heads", "vocab_size", "max_seq_len")]:
+            r.error(at, codes.NATIVE_CONFIG, f"{component} with its arguments: memfit needs embed_dim, num_layers, num_heads, vocab_size and max_seq_len")
+            return None
+        shape = (
+            COMPONENTS[base], args["embed_dim"], args["intermediate_dim"] or _scale_hidden_dim(args["embed_dim"]), args["num_layers"], args["num_heads"],
+            args["num_kv_heads"] or args["num_heads"], args["vocab_size"], args["max_seq_len"], bool(args["tie_word_embeddings"]), args["head_dim"],
+        )
+    else:
+        shape = BUILDERS.get(base)
+    refused = next((why for start, why in REFUSED.items() if base.startswith(start)), None)
+    if shape is None and refused is not None:
+        r.error(at, codes.UNSUPPORTED_MODEL, f"torchtune builder {component!r}: {refused}")
+        return None
+    if shape is None:
+        r.error(at, codes.UNSUPPORTED_MODEL, f"torchtune builder {component!r}: memfit knows the builders of {', '.join(sorted({'code_llama2' if k.startswith('code_llama2') else k.split('_')[0] for k in BUILDERS}))} ({len(BUILDERS)} in all); write a memfit config for this model")
+        return None
+    family, hidden, inter, layers, heads, kv, vocab, max_seq, tied, head_dim = shape
+    tied = r.get("tie_word_embeddings", (bool,), tied, data=model, prefix=prefix)
+    transformer = {
+        "model_type": family, "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv, "vocab_size": vocab, "max_position_embeddings": max_seq,
+        "tie_word_embeddings": tied,
+    }
+    if head_dim is not None:
+        transformer["head_dim"] = head_dim
+    return transformer
 
 
 def read(r: Reader, ctx) -> dict:
@@ -160,33 +236,10 @@ def read(r: Reader, ctx) -> dict:
         r.native.root = r.at(next(iter(data)), on_key=True)
         r.error(r.native.root, codes.MODEL_NOT_FOUND, "no model._component_: memfit reads the model of a torchtune recipe config from it (PPO's policy and reward models are not read)")
         return {}
-    if base in COMPONENTS and "num_layers" in model:  # a component builder called with its arguments in the config
-        args = {k: r.get(k, (int, float, bool), None, data=model, prefix=("model",)) for k in ("embed_dim", "intermediate_dim", "num_layers", "num_heads", "num_kv_heads", "vocab_size", "max_seq_len", "tie_word_embeddings", "head_dim")}
-        if None in [args[k] for k in ("embed_dim", "num_layers", "num_heads", "vocab_size", "max_seq_len")]:
-            r.error(at, codes.NATIVE_CONFIG, f"{component} with its arguments: memfit needs embed_dim, num_layers, num_heads, vocab_size and max_seq_len")
-            return {}
-        shape = (
-            COMPONENTS[base], args["embed_dim"], args["intermediate_dim"] or _scale_hidden_dim(args["embed_dim"]), args["num_layers"], args["num_heads"],
-            args["num_kv_heads"] or args["num_heads"], args["vocab_size"], args["max_seq_len"], bool(args["tie_word_embeddings"]), args["head_dim"],
-        )
-    else:
-        shape = BUILDERS.get(base)
-    refused = next((why for prefix, why in REFUSED.items() if base.startswith(prefix)), None)
-    if shape is None and refused is not None:
-        r.error(at, codes.UNSUPPORTED_MODEL, f"torchtune builder {component!r}: {refused}")
+    transformer = _transformer(r, model, base, component, at, ("model",))
+    if transformer is None:
         return {}
-    if shape is None:
-        r.error(at, codes.UNSUPPORTED_MODEL, f"torchtune builder {component!r}: memfit knows the builders of {', '.join(sorted({'code_llama2' if k.startswith('code_llama2') else k.split('_')[0] for k in BUILDERS}))} ({len(BUILDERS)} in all); write a memfit config for this model")
-        return {}
-    family, hidden, inter, layers, heads, kv, vocab, max_seq, tied, head_dim = shape
-    tied = r.get("tie_word_embeddings", (bool,), tied, data=model, prefix=("model",))
-    transformer = {
-        "model_type": family, "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
-        "num_attention_heads": heads, "num_key_value_heads": kv, "vocab_size": vocab, "max_position_embeddings": max_seq,
-        "tie_word_embeddings": tied,
-    }
-    if head_dim is not None:
-        transformer["head_dim"] = head_dim
+    family = transformer["model_type"]
     r.set(("model", "transformer"), transformer, at)
 
     dtype = r.get("dtype", (str,), "fp32", choices=tuple(DTYPES))
@@ -201,7 +254,7 @@ def read(r: Reader, ctx) -> dict:
         if packed is not None:  # datasets/_alpaca.py, _sft.py ...: "PackedDataset requires a max_seq_len to be set on the tokenizer."
             r.error(packed, codes.NATIVE_CONFIG, "dataset packed: true needs tokenizer.max_seq_len: torchtune raises 'PackedDataset requires a max_seq_len to be set on the tokenizer'")
         else:
-            seq = r.seq_left_to_data(where, ctx.conf, max_seq, "tokenizer.max_seq_len is not set: torchtune does not truncate")
+            seq = r.seq_left_to_data(where, ctx.conf, transformer["max_position_embeddings"], "tokenizer.max_seq_len is not set: torchtune does not truncate")
             r.set(("training", "seq_len"), seq)
     else:
         r.set(("training", "seq_len"), seq, r.at("tokenizer", "max_seq_len"))
@@ -244,6 +297,8 @@ def read(r: Reader, ctx) -> dict:
             r.set(("training", "optimizer_impl"), impl, r.at("optimizer", "fused") if "fused" in optimizer else opt_at)
         if found[2] is not None:
             r.set(("dtypes", "optimizer_state"), found[2], opt_at)
+        if found[2] == "float32" and name.startswith("bitsandbytes.optim.Paged"):  # bitsandbytes' 32-bit paged state
+            r.set(("training", "paged_optimizer"), True, opt_at)  # (ledger/techniques/paged_optimizer.py)
 
     if lora:
         rank = r.get("lora_rank", (int,), 8, data=model, prefix=("model",))
@@ -284,5 +339,6 @@ def read(r: Reader, ctx) -> dict:
         r.warn(r.at("loss", "_component_"), f"loss {loss['_component_'].rsplit('.', 1)[-1]}: the logits are computed in chunks, never whole; memfit counts the full logits")
     if r.get("optimizer_in_bwd", (bool,), False):
         r.set(("training", "optimizer_in_backward"), True, r.at("optimizer_in_bwd"))
+    _teacher(r, ctx)
     r.unmodelled(UNMODELLED)
     return {}

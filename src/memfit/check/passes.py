@@ -1,0 +1,72 @@
+"""The passes beside a run's training step (ledger/passes.py) wired into the check: the distillation teacher's
+step built from its own model section (`training.teacher`), the evaluation pass's step at `training.eval_batch`.
+Both for a transformer on one device; elsewhere a note at the key says the figure leaves the pass out."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from memfit.diagnostics import codes
+from memfit.diagnostics.diagnostic import Problem
+
+
+def _transformer(config) -> bool:
+    model = getattr(config, "model", None)
+    return model is not None and hasattr(model, "cfg")
+
+
+def unplaced(config, training: dict) -> list:
+    """The notes for the passes a layout (or a model that is not a transformer) leaves out of the figure."""
+    out = []
+    why = "under a parallel layout" if config.parallel is not None else "for a model that is not a transformer"
+    if "teacher" in training and (config.parallel is not None or not _transformer(config)):
+        out.append(Problem(("training", "teacher"), codes.NOT_MODELLED, f"training.teacher {why}: the teacher's weights and forward are not modelled, the figure is low by them", severity=codes.INFORMATION, on_key=True))
+    if "eval_batch" in training and (config.parallel is not None or not _transformer(config)):
+        out.append(Problem(("training", "eval_batch"), codes.NOT_MODELLED, f"training.eval_batch {why}: the evaluation pass is not modelled, the figure may be low for it", severity=codes.INFORMATION, on_key=True))
+    return out
+
+
+def teacher(config, data: dict, step, optimizer, impl: str, path: str) -> tuple:
+    """The step with the teacher's weights, forward and KD loss (ledger.passes.with_teacher), and the problems of the
+    teacher's model section (positioned under training.teacher)."""
+    from memfit.ledger import passes, training
+    from memfit.models.dispatch import derive
+
+    section = data["training"]["teacher"]
+    doc = {k: v for k, v in data.items() if k not in ("lora", "quantization", "model")}
+    doc["model"] = dict(section)
+    doc["training"] = {k: v for k, v in data["training"].items() if k not in ("teacher", "eval_batch")}
+    emitted, found = derive(doc, config, path)
+    problems = [replace(p, path=("training", "teacher", *p.path[1:])) if p.path[:1] == ("model",) else p for p in found]
+    if any(p.level == codes.ERROR for p in problems) or emitted.model is None or not hasattr(emitted.model, "cfg"):
+        if not problems:
+            problems.append(Problem(("training", "teacher"), codes.NEEDS_TRANSFORMER, "training.teacher: the teacher is a transformer (hf_config or transformer)", on_key=True))
+        return step, problems
+    own = replace(config, model=emitted.model, tensors=tuple(t for t in config.tensors if not t.path or t.path[0] != "model") + tuple(emitted.tensors))
+    taught = training.build(own, doc, optimizer, impl)
+    run, cfg = config.model.training, config.model.cfg
+    loss = data["training"].get("loss")
+    chunks = int(loss.get("chunks") or 8) if isinstance(loss, dict) and loss.get("kind") == "chunked" else 1
+    problems = [p for p in problems if p.level == codes.INFORMATION]
+    return passes.with_teacher(step, taught, run["micro_batch"], run["seq_len"], cfg.get("vocab_size") or 0, chunks), problems
+
+
+def evaluation(config, data: dict, peak: dict, optimizer, impl: str) -> dict:
+    """The run's peak with the evaluation pass at training.eval_batch (ledger.passes.with_evaluation)."""
+    from memfit.ledger import passes, training
+
+    train = data["training"]
+    model = config.model._replace(training={**config.model.training, "micro_batch": train["eval_batch"]})
+    doc = {**data, "training": {k: v for k, v in train.items() if k not in ("teacher", "eval_batch")}}
+    doc["training"]["micro_batch"] = train["eval_batch"]
+    from memfit.ledger.step import rounded
+
+    step = training.build(replace(config, model=model), doc, optimizer, impl)
+    keep = train.get("keep_gradients") is True
+    found = passes.evaluation_pass(step, keep)
+    if config.granule:  # as step.peak: what rounding each live tensor up to the allocator's granule adds, as overhead
+        extra = passes.evaluation_pass(rounded(step, config.granule), keep)["bytes"] - found["bytes"]
+        found["live"]["overhead"] += extra
+        found["bytes"] += extra
+        found["granularity"] = extra
+    return passes.with_evaluation(peak, found)

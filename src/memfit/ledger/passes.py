@@ -1,0 +1,149 @@
+"""Forward passes a run makes beside its training step: the evaluation pass and a distillation teacher's forward.
+
+- `training.eval_batch`: the run evaluates (transformers' Trainer `evaluate()` in its training loop, as Axolotl and
+  LLaMA-Factory run it) with that many sequences per device: `prediction_step` runs the model with the labels under
+  `torch.no_grad()` (nothing is kept for a backward), between two optimizer steps: the weights and the optimizer
+  state are resident, the gradients only where the loop keeps them (`training.keep_gradients`; the Trainer's
+  `model.zero_grad()` frees them otherwise). Its worst moment (`forward_only`) is the larger of each row's own tensors
+  at once (its input, its output, what it would keep for backward, an intermediate) and the loss (the logits, the
+  loss's copies of them, the hidden states the model's forward still holds). The run's peak is the larger of the
+  training step's and this pass's.
+- `training.teacher`: knowledge distillation (torchtune's recipes/knowledge_distillation_single_device.py, 0.6.1:
+  `_setup_teacher_model` builds the teacher under `set_default_dtype(dtype)` and `eval()`s it; the optimizer never
+  sees its parameters). The teacher's weights, in the recipe's dtype, are resident through the whole step, without
+  gradients or optimizer state. `_loss_step` runs the student's forward, then `with torch.no_grad(): teacher_logits
+  = self._teacher_model(...)` (the student's saved activations and logits alive beside the teacher's forward, its
+  own transients as `forward_only` counts them), then the KD loss (ForwardKLLoss / ForwardKLWithChunkedOutputLoss,
+  modules/loss/kd_losses.py: per chunk `F.softmax(teacher, dtype=float32)`, `torch.isinf(student)`,
+  `F.log_softmax(student, dtype=float32)`, `masked_fill(teacher_prob * student_logprob, inf_mask, 0)`: the fp32
+  probabilities, the fp32 log-probabilities and the bool mask are kept for backward, the product and its masked
+  copy are in flight), then the class loss; `del teacher_logits` after both. With a chunked loss
+  (`training.loss: {kind: chunked}`) the teacher's output is chunked too (`set_num_output_chunks`), so its KD
+  loss runs a chunk at a time as the class loss does.
+
+Measured: tests/ledger/test_passes.py (MemTracker around torchtune 0.6.1's KD step and around a transformers
+model's training step then its evaluation pass).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from memfit.ledger.step import LIVE, Loss, Row, Step
+from memfit.recipe.costs import dtype_bytes
+
+KEYS = {
+    "eval_batch": {
+        "title": "Evaluation batch",
+        "description": "The run evaluates between optimizer steps with this many sequences per device (the Trainer's "
+                       "per_device_eval_batch_size, Axolotl's eval_batch_size): a forward with the labels under "
+                       "no_grad beside the weights, the optimizer state (and the gradients where keep_gradients). "
+                       "The run's peak is the larger of the training step's and this pass's. A transformer on one "
+                       "device; absent: the run does not evaluate, or not with more sequences than it trains on.",
+        "type": "integer",
+        "minimum": 1,
+        "examples": [16],
+    },
+    "teacher": {
+        "title": "Distillation teacher",
+        "description": "Knowledge distillation (torchtune's knowledge_distillation recipes): a frozen teacher model "
+                       "whose weights (in the precision's dtype, no gradients, no optimizer state) are resident "
+                       "beside the student's, and whose forward runs under no_grad after the student's, making its "
+                       "logits for the forward-KL loss (chunked as training.loss chunks). The teacher as the model "
+                       "section writes a transformer: hf_config or transformer. A transformer student on one device.",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "hf_config": {"title": "Teacher's config.json", "description": "Path of the teacher's config.json, relative to this file (as model.hf_config).",
+                          "$ref": "#/properties/model/properties/hf_config"},
+            "transformer": {"title": "Teacher's transformer config", "description": "The keys of the teacher's config.json, inline (as model.transformer).",
+                            "$ref": "#/properties/model/properties/transformer"},
+        },
+        "minProperties": 1,
+        "maxProperties": 1,
+    },
+}
+
+
+def _weights(step: Step) -> int:
+    return sum(sum(r.params) + sum(r.frozen) for r in step.rows)
+
+
+def _row_transient(row: Row, size: dict, batch: set) -> int:
+    """The bytes of a row's own tensors at once when nothing is kept for backward: what it would keep, its input and
+    output, and its intermediate (or its own worst transient, where the row knows it)."""
+    own = {t for t in row.kept if t not in batch}
+    moving = {t for t in (row.input, row.output if not row.view else None) if t is not None and t not in batch and t not in own}
+    kept = sum(size[t] for t in own)
+    if row.forward_flight is not None:
+        return kept + row.forward_flight
+    return kept + sum(size[t] for t in moving) + (0 if row.inner_kept else row.inner)
+
+
+def forward_worst(step: Step, loss: bool = True) -> tuple[int, str]:
+    """The largest transient bytes of the step's forward run under no_grad, and where: a row's own tensors at once
+    (`_row_transient`), or the loss: the logits, the loss's copies and what it makes (its kept tensors, here only in
+    flight), the hidden states the model's forward holds while its loss runs."""
+    size, batch = step.tensors, set(step.batch)
+    best, at = 0, ""
+    for row in step.rows:
+        if not row.name:
+            continue
+        here = _row_transient(row, size, batch)
+        if here > best:
+            best, at = here, row.name
+    if loss and step.rows:
+        head = step.rows[-1]
+        hidden = size.get(head.input, 0) if head.input is not None and head.input not in batch else 0
+        here = sum(step.loss.forward) + sum(size[t] for t in step.loss_kept) + hidden
+        if here > best:
+            best, at = here, "loss"
+    return best, at
+
+
+def evaluation_pass(step: Step, keep_gradients: bool) -> dict:
+    """{"bytes", "live", "at"}: the evaluation pass's worst moment, `step` built at the evaluation batch (its rows'
+    tensors; its weights and optimizer state are the training step's)."""
+    transient, at = forward_worst(step)
+    batch = sum(step.tensors[t] for t in step.batch)
+    grads = sum(sum(r.grads) for r in step.rows) if keep_gradients else 0
+    live = dict(zip(LIVE, (_weights(step), grads, batch, sum(step.optimizer_state), transient, step.overhead)))
+    return {"bytes": sum(live.values()), "live": live, "at": at}
+
+
+def with_evaluation(peak: dict, evaluation: dict) -> dict:
+    """The run's peak: the training step's, or the evaluation pass's where it is larger (phase "evaluation")."""
+    phases = {**peak["phases"], "evaluation": evaluation}
+    if evaluation["bytes"] <= peak["bytes"]:
+        return {**peak, "phases": phases}
+    return {"bytes": evaluation["bytes"], "phase": "evaluation", "live": dict(evaluation["live"]), "phases": phases}
+
+
+def with_teacher(step: Step, teacher: Step, b: int, s: int, vocab: int, chunks: int) -> Step:
+    """The student's step with the teacher's: its weights resident (a row of frozen weights after the student's
+    head, whose forward is the teacher's no_grad forward beside the student's logits), its logits and the KD loss's
+    tensors beside the class loss. `teacher` is the teacher's own step at the same batch (its rows' weights and
+    tensors); b, s, vocab the logits' shape; `chunks` the loss's chunks (1: the whole logits)."""
+    if not step.rows or not teacher.rows:
+        return step
+    size = dict(step.tensors)
+    student_logits = size.get(step.rows[-1].output, 0)
+    teacher_forward, _ = forward_worst(teacher, loss=False)
+    teacher_logits = teacher.tensors.get(teacher.rows[-1].output, 0)
+    # the teacher's rows (weights) and its forward: at its worst row the student's logits are alive beside it
+    row = Row("teacher", frozen=[_weights(teacher)], output_grad=False, grad_input=False, forward_flight=student_logits + teacher_forward)
+    # the KD loss a chunk at a time (torch.chunk: ceil(s / chunks) tokens of each sequence per chunk); what it keeps
+    # for backward over all the chunks: softmax(teacher) and log_softmax(student) in fp32, isinf(student) as bool
+    chunk32 = dtype_bytes(b * -(-s // chunks) * vocab, "float32")
+    kd_kept = [dtype_bytes(b * s * vocab, "float32"), dtype_bytes(b * s * vocab, "float32"), dtype_bytes(b * s * vocab, "bool")]
+    ids = []
+    for nbytes in kd_kept:
+        ids.append(max(size, default=0) + 1)
+        size[ids[-1]] = nbytes
+    # in forward: the teacher's logits until both losses ran; the KD loss's product and its masked copy in flight
+    # (a chunk each) where the class loss's own transients are smaller; in backward a third fp32 chunk (the product's
+    # gradient through teacher_prob) beside the class loss's two
+    rest = step.loss.forward[1:]
+    loss = Loss(forward=(*step.loss.forward[:1], teacher_logits, max(sum(rest), 2 * chunk32)),
+                backward=(*step.loss.backward, chunk32))
+    return replace(step, rows=[*step.rows, row], tensors=size, loss=loss, loss_kept=[*step.loss_kept, *ids])

@@ -1,0 +1,121 @@
+"""CPU and CUDA autocast keep different tensors for backward (docs/accuracy.md, "CPU and CUDA autocast"): memfit's
+`*-mixed` activation rules are measured under CPU autocast, and torch 2.13 runs more ops in fp32 under CUDA's.
+
+Two checks, both without a GPU:
+- the policies themselves: torch's AutocastCUDA kernels are registered in the CPU build (ATen/autocast_mode.cpp
+  `TORCH_LIBRARY_IMPL(aten, Autocast, m)` over autocast_mode.h's `AT_FORALL_*` lists) and run on FakeTensorMode
+  tensors placed on "cuda" (a forward only: autograd on them needs CUDA's device guard). Each op's output dtype
+  under CPU autocast (real tensors) and CUDA autocast (fake ones) is compared: the ops of memfit's transformer
+  rules that differ are softmax without a dtype, pow and layer_norm;
+- what that changes in the saved bytes of transformers' own BERT and GPT-2: one forward under CPU autocast with
+  CUDA's extra fp32 casts applied where the lists differ (above autograd, as autocast casts) and dropout through
+  torch.native_dropout (CUDA's kernel, tests/support/hf_measure.py), under saved_tensors_hooks: BERT's eager
+  attention keeps its probabilities in fp32 (+2 bytes a score with attention dropout), GPT-2's gelu_new keeps an
+  fp32 copy of its input for pow and its tanh terms in fp32 (+6 bytes an MLP element)."""
+
+from __future__ import annotations
+
+import needs
+
+torch = needs.module("torch")
+transformers = needs.module("transformers")
+
+import torch.nn.functional as F  # noqa: E402
+from torch.overrides import TorchFunctionMode  # noqa: E402
+
+import hf_measure  # noqa: E402
+
+# op -> how a transformer calls it (memfit's rules price each of these)
+OPS = {
+    "softmax": lambda x: torch.softmax(x, -1),
+    "softmax(dtype=x.dtype)": lambda x: torch.softmax(x, -1, dtype=x.dtype),
+    "layer_norm": lambda x: F.layer_norm(x, (x.shape[-1],)),
+    "pow": lambda x: torch.pow(x, 3.0),
+    "linear": lambda x: F.linear(x, x.new_ones(8, 8)),
+    "matmul": lambda x: x @ x.transpose(-1, -2),
+    "gelu": F.gelu, "silu": F.silu, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "mean": lambda x: x.mean(-1),
+    "cross_entropy": lambda x: F.cross_entropy(x.reshape(-1, x.shape[-1]), torch.zeros(x.shape[0] * x.shape[1], dtype=torch.long, device=x.device)),
+}
+CUDA_ONLY_FP32 = {"softmax", "layer_norm", "pow"}
+
+
+def _dtypes(device: str, low) -> dict:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if device == "cpu":
+        with torch.autocast("cpu", dtype=low):
+            x = torch.randn(2, 4, 8, dtype=low)
+            return {n: f(x).dtype for n, f in OPS.items()}
+    mode = FakeTensorMode()
+    with mode:
+        x = torch.empty(2, 4, 8, device="cuda", dtype=low)
+    assert "AutocastCUDA" in str(torch._C._dispatch_keys(x))
+    was = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
+    torch.set_autocast_enabled("cuda", True)
+    torch.set_autocast_dtype("cuda", low)
+    try:
+        with mode:
+            return {n: f(x).dtype for n, f in OPS.items()}
+    finally:
+        torch.set_autocast_enabled("cuda", was[0])
+        torch.set_autocast_dtype("cuda", was[1])
+
+
+def test_cuda_autocast_runs_softmax_pow_and_layer_norm_in_fp32_where_cpu_autocast_does_not():
+    for low in (torch.bfloat16, torch.float16):
+        cpu, cuda = _dtypes("cpu", low), _dtypes("cuda", low)
+        differ = {n for n in OPS if cpu[n] != cuda[n]}
+        assert differ == CUDA_ONLY_FP32, (low, cpu, cuda)
+        assert all(cuda[n] == torch.float32 and cpu[n] == low for n in differ)
+        assert cpu["cross_entropy"] == cuda["cross_entropy"] == torch.float32   # both lists: the loss in fp32
+        assert cpu["softmax(dtype=x.dtype)"] == cuda["softmax(dtype=x.dtype)"] == low   # a stated dtype is kept
+
+
+class _CudaPolicy(TorchFunctionMode):
+    """CUDA's fp32 casts where its lists differ from CPU's: softmax without a dtype gets float32
+    (fp32_set_opt_dtype), pow and layer_norm get their floating inputs cast to float32 (fp32)."""
+
+    SET_OPT = {torch.softmax, F.softmax, torch.Tensor.softmax}
+    FP32 = {torch.pow, torch.Tensor.pow, torch.Tensor.__pow__, F.layer_norm}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func in self.SET_OPT and kwargs.get("dtype") is None and args[0].dtype in (torch.bfloat16, torch.float16):
+            kwargs["dtype"] = torch.float32
+        elif func in self.FP32:
+            args = tuple(a.float() if isinstance(a, torch.Tensor) and a.dtype in (torch.bfloat16, torch.float16) else a for a in args)
+        return func(*args, **kwargs)
+
+
+def _saved(model, ids, cuda: bool) -> int:
+    seen = {}
+
+    def pack(t):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with hf_measure.cuda_dropout(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+        if cuda:
+            with _CudaPolicy():
+                model(input_ids=ids)
+        else:
+            model(input_ids=ids)
+    return sum(seen.values())
+
+
+def test_what_cuda_autocast_keeps_more_in_bert_and_gpt2():
+    torch.manual_seed(0)
+    b, s, h, heads, inner, layers = 2, 32, 64, 4, 256, 2
+    ids = torch.randint(0, 256, (b, s))
+    bert = transformers.BertModel(transformers.BertConfig(
+        hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=inner, vocab_size=256,
+        attention_probs_dropout_prob=0.1, attn_implementation="eager"), add_pooling_layer=False).train()
+    # eager attention's softmax of the (b, H, s, s) scores: fp32 instead of bf16 (dropout keeps its 1-byte mask and
+    # p @ v a bf16 copy either way)
+    assert _saved(bert, ids, True) - _saved(bert, ids, False) == 2 * b * heads * s * s * layers
+    gpt2 = transformers.GPT2Model(transformers.GPT2Config(n_embd=h, n_layer=layers, n_head=heads, n_inner=inner,
+                                                          vocab_size=256, attn_implementation="sdpa")).train()
+    assert gpt2.config.activation_function == "gelu_new"
+    # NewGELUActivation: pow keeps an fp32 copy of its (b, s, i) input (4 bytes, where CPU kept the bf16 input: 2),
+    # tanh's result and 1 + tanh(...) are fp32 (4 + 4, where CPU kept 2 + 2): 6 bytes more an element
+    assert _saved(gpt2, ids, True) - _saved(gpt2, ids, False) == 6 * b * s * inner * layers
