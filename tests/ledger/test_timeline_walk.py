@@ -1,8 +1,9 @@
 """The timeline is the walk (issue 31), as properties over generated configs (declared tensors, the Keras form,
 transformers; gradient accumulation, checkpointing, LoRA, precision recipes, optimizers, ZeRO/FSDP, tensor, sequence and
 pipeline layouts): `explain --format json`'s timeline's largest event is `peak.bytes`; every event of the warm step is
-an instant of the walk that gives the peak (step.phases' trace; under tensor or pipeline parallelism the binding
-stage's own program as ledger.ranks walks it), in the walk's order, with the walk's live bytes; a module that runs in
+an instant of the walk that gives the peak (step.phases' trace; under a parallel layout the binding stage's own
+program as ledger.ranks walks it: data parallelism's one program with the rank's shares, tensor and pipeline ranks'
+own), in the walk's order, with the walk's live bytes; a module that runs in
 a pass has its pre- and post- event there, once each."""
 
 from __future__ import annotations
@@ -120,8 +121,8 @@ def _the_timeline_is_the_walk(doc):
     # binding rank's: the same instants as that rank holds them)
     if "parallel" in doc:
         assert all(e["rank"] == peak["rank"] for e in events)
-        if "per_rank" in peak:  # tensor or pipeline parallelism: the binding stage's own program
-            assert ranks.applies(config)
+        if "per_rank" in peak:  # every layout but expert parallelism: the binding stage's own program
+            assert ranks.walked(config)
             instants = ranks.binding_trace(config)
             _beside_the_programs_walk(config, instants)
         else:
@@ -173,6 +174,10 @@ def _beside_the_programs_walk(config, instants: list) -> None:
             if [i[:3] for i in mine] != [i[:3] for i in theirs]:
                 continue
             if sharded:
+                if ranks.data_only(config):
+                    # one program on every data rank: its saved activations and overhead at each instant are the
+                    # walk's own (the techniques' rewrites reach the rank), nothing beside them
+                    assert all(a[3][k] == b[3][k] for a, b in zip(mine, theirs) for k in ("activations", "overhead")), phase
                 fits.append(accumulating)
                 continue
             keep = ("parameters", "gradients", "optimizer_state", "transient")

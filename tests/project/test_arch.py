@@ -702,7 +702,6 @@ LONG_FUNCTIONS = {
     ("cli/schemagen.py", "generate"),  # helper G's (issue 33) this session
     ("read/native/axolotl.py", "read"),
     ("ledger/training.py", "transformer_step"),  # the final norm's row and the VLM's pixel values landed in it
-    ("ledger/step.py", "phases"),  # the optimizer-in-backward and offloading branches landed in it: to split into the walk's passes
 }
 
 

@@ -447,25 +447,35 @@ def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") ->
             result, program = ranks.ranks_peak(config, programs, config.granule)
             return replace(config, step=program, placement=config.placement.with_step_peak(result)), problems
         if memo is None:
-            step = training.build(config, data, optimizer, impl)
-            walk = None
+            step, walks = training.build(config, data, optimizer, impl), None
         else:  # the step is a function of the model's tensors (_derived), the optimizer and the step's kernels
             key = ("step", path, _memo_key(data, memo), optimizer, impl, config.granule)
             if key not in memo:
-                built = training.build(config, data, optimizer, impl)
-                memo[key] = (built, ledger.walk(built, config.granule))
-            step, walk = memo[key]
+                memo[key] = (training.build(config, data, optimizer, impl), {})
+            step, walks = memo[key]  # its walks, made when first asked for
         if config.parallel is None:
+            one = None
             if "teacher" in training_keys and config.model is not None and hasattr(config.model, "cfg"):  # check/passes.py
                 step, found = passes.teacher(config, data, step, optimizer, impl, path)
                 problems.extend(found)
-                walk = None
-            config = replace(config, step=step, peak=ledger.peak(step, config.granule) if walk is None else ledger.copied(walk[0]))
+            elif walks is not None:
+                if "one device" not in walks:
+                    walks["one device"] = ledger.peak(step, config.granule)
+                one = ledger.copied(walks["one device"])
+            config = replace(config, step=step, peak=ledger.peak(step, config.granule) if one is None else one)
             if "eval_batch" in training_keys and config.model is not None and hasattr(config.model, "cfg"):
                 config = replace(config, peak=passes.evaluation(config, data, config.peak, optimizer, impl))
+        elif ranks.data_only(config):
+            # data parallelism alone: every rank runs this program, its shares of the parameters, gradients and
+            # optimizer state beside it (ZeRO, FSDP: the unit it gathers; DDP: the reducer's buckets)
+            result, step = ranks.ranks_peak(config, [step], config.granule, walks)
+            config = replace(config, step=step, placement=config.placement.with_step_peak(result))
         else:
-            # each rank walks the step with its own shares (data parallel: the same rows; tensor and pipeline
-            # parallel: its stage's rows, a slice of each)
+            # expert parallelism, or a model ledger.ranks builds no rank's program of: each rank walks the step with
+            # its own shares (ledger.step.rank_peak)
+            if walks is not None and "walk" not in walks:
+                walks["walk"] = ledger.walk(step, config.granule)
+            walk = walks["walk"] if walks is not None else None
             config = replace(config, step=step, placement=config.placement.with_step_peak(ledger.rank_peak(step, config.placement, config.granule, walk)))
     except ledger.PeakError as error:
         where = ("training", "optimizer_impl") if "optimizer_impl" in training_keys else ("optimizer",)

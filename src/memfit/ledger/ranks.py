@@ -1,4 +1,9 @@
-"""Each rank's own program under tensor, sequence and pipeline parallelism, walked as one device's.
+"""Each rank's own program under data, tensor, sequence and pipeline parallelism, walked as one device's.
+
+Under data parallelism alone (DDP, ZeRO 1/2/3, FSDP, with or without offload) every rank runs the one-device program
+(ledger.training.build's, the techniques of `training` rewritten into it) and holds beside it, at every instant, its
+shares of the parameters, gradients and optimizer state (placement), the unit it gathers and DDP's reducer buckets:
+`ranks_peak` with that one program.
 
 A tensor-parallel rank runs the model with its shares: every parameter at the shape it holds (Megatron's split,
 placement.sharding.tp_shard_shape: column- and row-parallel linears, the vocabulary-parallel embedding and head over
@@ -38,12 +43,26 @@ DECLARED = "declared tensors"
 
 
 def applies(config) -> bool:
-    """A transformer under tensor or pipeline parallelism: its ranks' programs are walked here (expert parallelism
-    and data parallelism alone keep ledger.step.rank_peak)."""
+    """A transformer under tensor or pipeline parallelism: its ranks' programs are built here, its shares and its
+    stage's slice (expert parallelism keeps ledger.step.rank_peak)."""
     p = config.parallel
     model = getattr(config, "model", None)
     return (p is not None and (p.tensor > 1 or p.pipeline > 1) and p.expert == 1
             and model is not None and hasattr(model, "cfg") and not hf_encdec.is_stacked(model.cfg))
+
+
+def data_only(config) -> bool:
+    """Data parallelism alone (DDP, ZeRO 1/2/3, FSDP, with or without offload): every rank runs the one-device
+    program (ledger.training.build's, the techniques applied) and holds its data-parallel shares beside it; its walk
+    is that program's, here (ranks_peak with the one program)."""
+    p = config.parallel
+    return p is not None and p.tensor == 1 and p.pipeline == 1 and p.expert == 1
+
+
+def walked(config) -> bool:
+    """Whether the ranks of a config's layout walk their own programs here (the timeline is then the binding rank's
+    program, binding_trace)."""
+    return applies(config) or data_only(config)
 
 
 def rank_config(config, tensor_rank: int = 0):
@@ -141,32 +160,54 @@ def _saved(step: Step) -> int:
     return sum(step.tensors[t] for t in ids - set(step.batch))
 
 
-def _data_shares(step: Step, p, device: dict, gathered: dict):
-    """Under ZeRO or FSDP a moment's parameters, gradients and optimizer state are what the rank keeps of its
+class _Shares:
+    """Under data parallelism a moment's parameters, gradients and optimizer state are what the rank keeps of its
     program's (placement: `device`, by footprint category), and it gathers a unit for a moment (`gathered`):
-    ZeRO's gradient partitions are flat buffers allocated once (held for the whole step), FSDP's gradients grow as
-    the program's do, in proportion; the optimizer steps the rank's shard (its temporaries in proportion to the
-    state it steps on the GPU); in forward the gathered parameters are live, in backward their gradients too."""
-    if p.engine == "ddp":
-        return None
-    all_grads = sum(sum(r.grads) for r in step.rows)
-    all_state = sum(step.optimizer_state)
-    unit_params = gathered.get("gathered parameters", 0)
-    unit_all = sum(gathered.values())
+    ZeRO's gradient partitions are flat buffers allocated once (held for the whole step), FSDP's and DDP's gradients
+    grow as the program's do, in proportion; the optimizer steps the rank's shard (its temporaries in proportion to
+    the state it steps on the GPU); in forward the gathered parameters are live, in backward their gradients too, at
+    the loss's backward only what stays gathered from forward (`at_loss`: FSDP's root unit; no unit's backward has
+    begun). DDP's reducer buckets (`buckets`), held from construction, are a second copy of the gradients, or the
+    gradients themselves when they are views of them (gradient_as_bucket_view)."""
 
-    def held(phase: str, live: dict) -> dict:
-        out = dict(live)
-        out["parameters"] = device["parameters"]
-        out["optimizer_state"] = device["optimizer_state"]
+    __slots__ = ("parameters", "state", "gradients", "all_grads", "all_state", "unit", "root", "persistent", "buckets", "views")
+
+    def __init__(self, step: Step, p, device: dict, gathered: dict, at_loss: dict | None, buckets: int) -> None:
+        self.parameters, self.state, self.gradients = device["parameters"], device["optimizer_state"], device["gradients"]
+        self.all_grads = sum(sum(r.grads) for r in step.rows)
+        self.all_state = sum(step.optimizer_state)
+        self.unit = {"forward": gathered.get("gathered parameters", 0), "backward": sum(gathered.values()), "optimizer_step": 0}
+        self.root = sum((at_loss or {}).values()) if gathered else 0
+        self.persistent = p.engine == "zero"
+        self.buckets, self.views = buckets, p.gradient_as_bucket_view
+
+    def _terms(self, phase: str, at, gradients: int, transient: int) -> tuple:
+        """(gradients, transient) the rank holds at an instant whose program has these."""
         if phase == "optimizer_step":
-            out["gradients"] = device["gradients"]
-            out["transient"] = _share(live["transient"], device["optimizer_state"], all_state)
-            return out
-        out["gradients"] = device["gradients"] if p.engine == "zero" else _share(device["gradients"], live["gradients"], all_grads)
-        out["transient"] = live["transient"] + (unit_params if phase == "forward" else unit_all)
-        return out
+            g = self.gradients
+            t = _share(transient, self.state, self.all_state)
+        else:
+            g = self.gradients if self.persistent else _share(self.gradients, gradients, self.all_grads)
+            t = transient + (self.root if phase == "backward" and at == "loss" else self.unit[phase])
+        if self.buckets:
+            g = max(g, self.buckets) if self.views else g + self.buckets
+        return g, t
 
-    return held
+    def total(self, phase: str, at, live: dict) -> int:
+        g, t = self._terms(phase, at, live["gradients"], live["transient"])
+        return self.parameters + self.state + g + t + live["activations"] + live["overhead"]
+
+    def held(self, phase: str, at, live: dict) -> dict:
+        g, t = self._terms(phase, at, live["gradients"], live["transient"])
+        return {**live, "parameters": self.parameters, "gradients": g, "optimizer_state": self.state, "transient": t}
+
+
+def _data_shares(step: Step, p, device: dict, gathered: dict, at_loss: dict | None = None, buckets: int = 0) -> _Shares | None:
+    """The rank's data-parallel holdings beside its program (_Shares); None where it holds nothing beside it (plain
+    DDP of one rank, tensor or pipeline ranks without ZeRO or FSDP: the program as one device runs it)."""
+    if p.engine == "ddp" and not buckets and not gathered:
+        return None
+    return _Shares(step, p, device, gathered, at_loss, buckets)
 
 
 def _share(amount: int, part: int, whole: int) -> int:
@@ -193,37 +234,79 @@ def _instants(step: Step, granule: int | None) -> dict:
     return out
 
 
-def _hold(phase: str, live: dict, extra: int, shares) -> dict:
+def _hold(phase: str, at, live: dict, extra: int, shares) -> dict:
     """An instant of the program's walk as the stage's rank holds it: `extra` saved bytes beside the micro-batch it
-    runs (the others in flight, the loader's batch, the receive buffers) and, under ZeRO or FSDP, its data-parallel
-    shares and the unit it gathers (`shares`, _data_shares)."""
+    runs (the others in flight, the loader's batch, the receive buffers) and, under data parallelism, its shares,
+    the unit it gathers and DDP's buckets (`shares`, _data_shares)."""
     live = {**live, "activations": live["activations"] + extra}
-    return shares(phase, live) if shares is not None else live
+    return shares.held(phase, at, live) if shares is not None else live
 
 
 def _held(instants: list, extra: int, shares) -> list:
     """A phase's instants as the stage's rank holds them (_hold)."""
-    return [(phase, at, edge, _hold(phase, live, extra, shares)) for phase, at, edge, live in instants]
+    return [(phase, at, edge, _hold(phase, at, live, extra, shares)) for phase, at, edge, live in instants]
 
 
-def _worst(instants: list, extra: int, shares) -> dict:
+def _candidates(instants: list, persistent: bool) -> list:
+    """The instants that can be a rank's worst: a rank's total grows with an instant's activations and, its shares
+    put in, depends on nothing else but its phase, gradients (not when the rank holds its gradients the whole step),
+    transient, overhead and whether it is the loss's backward; of instants alike in those, the one with the most
+    activations (a moment before a row boundary, the earliest on a tie) is the only candidate (a step of thousands of
+    instants has a few hundred)."""
+    best: dict = {}
+    for n, (phase, at, edge, live) in enumerate(instants):
+        key = (phase, None if persistent else live["gradients"], live["transient"], live["overhead"], phase == "backward" and at == "loss")
+        rank = (live["activations"], edge is None)
+        if key not in best or rank > best[key][0]:
+            best[key] = (rank, n)
+    return [instants[n] for n in sorted(n for _, n in best.values())]
+
+
+def _worst(instants: list, extra: int, shares, cache: dict | None = None) -> dict:
     """A phase's worst instant as the rank holds it (_held's, without building them all) {"bytes", "live", "at"}: a
-    moment before a row boundary as large (the boundary is between two moments), the earliest on a tie."""
+    moment before a row boundary as large (the boundary is between two moments), the earliest on a tie. `cache`:
+    the instants' candidates (_candidates), kept."""
+    if shares is not None:
+        key = ("candidates", id(instants), shares.persistent)
+        if cache is None:
+            instants = _candidates(instants, shares.persistent)
+        else:
+            if key not in cache:
+                cache[key] = (instants, _candidates(instants, shares.persistent))
+            instants = cache[key][1]
     best = None
     for phase, at, edge, live in instants:
         # (without shares only the activations change, by `extra`: the total, without a copy of the instant)
-        total = sum(live.values()) + extra if shares is None else sum(_hold(phase, live, extra, shares).values())
+        total = sum(live.values()) + extra if shares is None else shares.total(phase, at, live) + extra
         if best is None or (total, edge is None) > (best[0], best[1]):
             best = (total, edge is None, phase, at, live)
     total, _, phase, at, live = best
-    return {"bytes": total, "live": _hold(phase, live, extra, shares), "at": at}
+    return {"bytes": total, "live": _hold(phase, at, live, extra, shares), "at": at}
 
 
-def stage_walk(step: Step, stage: int, p, granule: int | None = None, device: dict | None = None, gathered: dict | None = None) -> dict:
+def holding(placement, i: int) -> dict:
+    """What rank i of a placement holds beside its program (stage_walk's `holding`): its bytes by category
+    (`device`), the unit it gathers (`gathered`), what stays gathered at the loss's backward (`at_loss`) and DDP's
+    reducer buckets (`buckets`)."""
+    rank = placement.sharded.stages[i]
+    return {"device": placement.devices[i], "gathered": placement.transients[i], "at_loss": rank.at_loss, "buckets": rank.buckets}
+
+
+def _cached_instants(step: Step, granule: int | None, cache: dict | None) -> dict:
+    """_instants, kept in `cache` (a search over data-parallel sizes walks the same program for each)."""
+    if cache is None:
+        return _instants(step, granule)
+    key = (id(step.rows), step.accumulating, granule)
+    if key not in cache:
+        cache[key] = (step.rows, _instants(step, granule))  # the rows too: their id stays theirs while kept
+    return cache[key][1]
+
+
+def stage_walk(step: Step, stage: int, p, granule: int | None = None, holding: dict | None = None, cache: dict | None = None) -> dict:
     """A stage's rank over the schedule, phase by phase: {phase: (instants, extra, shares, worst)}: the instants
     (phase, at, edge, live) of the walk of the program it runs then (step.phases' trace, row boundaries included),
-    and what the rank holds beside them (_held: `extra` saved bytes, its data-parallel `shares`); `worst` the
-    phase's worst instant so held (_worst).
+    and what the rank holds beside them (_held: `extra` saved bytes, its data-parallel `shares` from `holding`);
+    `worst` the phase's worst instant so held (_worst). `cache`: the program's walks, kept (_cached_instants).
 
     Beside the micro-batch it runs, a stage holds the saved tensors of the others in flight, the loader's batch
     (every micro-batch's ids or labels) and its receive buffers, one per micro-batch for the whole step
@@ -231,13 +314,17 @@ def stage_walk(step: Step, stage: int, p, granule: int | None = None, device: di
     output gradients. The micro-batch it runs has its own input among them; its output gradient is the walk's.
     Each phase is the worst of the moments the schedule runs it: the forward of the last micro-batch in flight
     (before any gradient exists, or with every gradient when more micro-batches follow), the backward of the first
-    (before any gradient) and of the second (with every gradient), the optimizer step after the last."""
+    (before any gradient) and of the second (with every gradient), the optimizer step after the last. A program
+    whose gradients are kept between steps (training.keep_gradients) has every gradient from its first instant."""
     m = max(1, p.gradient_accumulation)
     k = sharding.in_flight(stage, p.pipeline, m, p.schedule)
-    shares = _data_shares(step, p, device, gathered or {}) if device is not None else None
-    if p.pipeline == 1 and shares is None:  # one micro-batch at a time, as one device runs it
-        walked = _instants(step, granule)
-        return {ph: (walked[ph], 0, None, _worst(walked[ph], 0, None)) for ph in PHASES}
+    shares = None
+    if holding is not None:
+        shares = _data_shares(step, p, holding["device"], holding["gathered"] or {}, holding.get("at_loss"), holding.get("buckets", 0))
+    if p.pipeline == 1:  # one micro-batch at a time, as one device runs it (the program as built: under
+        # accumulation a later micro-batch's, every gradient allocated), with the rank's data-parallel shares
+        walked = _cached_instants(step, granule, cache)
+        return {ph: (walked[ph], 0, shares, _worst(walked[ph], 0, shares, cache)) for ph in PHASES}
     first, last = stage == 0, stage == p.pipeline - 1
     x = 0 if first else step.tensors[step.rows[0].input]
     y = 0 if last else step.tensors[step.rows[-1].output]
@@ -245,12 +332,14 @@ def stage_walk(step: Step, stage: int, p, granule: int | None = None, device: di
     # (one device loads each micro-batch in turn; a pipeline's schedule is handed the whole batch)
     loader = (m - 1) * sum(step.tensors[t] for t in step.batch) if p.pipeline > 1 else 0
     held = {"forward": (m - 1) * x + m * y, "backward": (m - 1) * x + (m - 1) * y, "optimizer_step": m * x + m * y}
-    fresh = _instants(replace(step, accumulating=False), granule)
-    warm = _instants(replace(step, accumulating=True), granule) if m > 1 else None
+    # the first micro-batch of a step has no gradient yet (under accumulation the program is built `accumulating`:
+    # its later micro-batches'); one micro-batch is the program as built (kept gradients stay)
+    fresh = _cached_instants(step if m == 1 else replace(step, accumulating=False), granule, cache)
+    warm = _cached_instants(replace(step, accumulating=True), granule, cache) if m > 1 else None
 
     def at(walked, phase, others):
         extra = others * saved + loader + held[phase]
-        return walked[phase], extra, shares, _worst(walked[phase], extra, shares)
+        return walked[phase], extra, shares, _worst(walked[phase], extra, shares, cache)
 
     candidates = {
         "forward": [at(fresh, "forward", k - 1)],
@@ -264,26 +353,26 @@ def stage_walk(step: Step, stage: int, p, granule: int | None = None, device: di
     return {phase: max(candidates[phase], key=lambda c: c[3]["bytes"]) for phase in PHASES}
 
 
-def stage_trace(step: Step, stage: int, p, granule: int | None = None, device: dict | None = None, gathered: dict | None = None) -> list:
+def stage_trace(step: Step, stage: int, p, granule: int | None = None, holding: dict | None = None) -> list:
     """The stage's rank's program, instant by instant, as stage_peak walks it: [(phase, at, edge, live)], each
     phase's from the program that phase runs (stage_walk). Its largest instant is stage_peak's bytes."""
-    walked = stage_walk(step, stage, p, granule, device, gathered)
+    walked = stage_walk(step, stage, p, granule, holding)
     return [instant for phase in PHASES for instant in _held(*walked[phase][:3])]
 
 
-def stage_peak(step: Step, stage: int, p, granule: int | None = None, device: dict | None = None, gathered: dict | None = None) -> dict:
-    """The worst instant of a stage's rank over the schedule (stage_walk): {"bytes", "phase", "live", "phases"}."""
-    walked = stage_walk(step, stage, p, granule, device, gathered)
+def stage_peak(step: Step, stage: int, p, granule: int | None = None, holding: dict | None = None, cache: dict | None = None) -> dict:
+    """The worst instant of a stage's rank over the schedule (stage_walk): {"bytes", "phase", "live", "at", "phases"}."""
+    walked = stage_walk(step, stage, p, granule, holding, cache)
     phases_ = {phase: walked[phase][3] for phase in PHASES}
     worst = max(PHASES, key=lambda ph: (phases_[ph]["bytes"], -PHASES.index(ph)))
-    return {"bytes": phases_[worst]["bytes"], "phase": worst, "live": dict(phases_[worst]["live"]), "phases": phases_}
+    return {"bytes": phases_[worst]["bytes"], "phase": worst, "live": dict(phases_[worst]["live"]), "at": phases_[worst]["at"], "phases": phases_}
 
 
 def binding_trace(config) -> list:
     """The binding stage's rank's program, instant by instant (stage_trace), for a config whose ranks were walked
     here (`config.step` is that stage's program, placement.binding that stage)."""
     placement, i = config.placement, config.placement.binding
-    return stage_trace(config.step, i, config.parallel, config.granule, placement.devices[i], placement.transients[i])
+    return stage_trace(config.step, i, config.parallel, config.granule, holding(placement, i))
 
 
 def _signature(step: Step) -> tuple:
@@ -303,26 +392,37 @@ def programs(config, data: dict, optimizer, impl: str) -> list:
     return stage_steps(rank_step(config, data, optimizer, impl), config.parallel.pipeline)
 
 
-def ranks_peak(config, programs: list, granule: int | None = None) -> tuple[dict, Step]:
-    """Every pipeline stage's most-loaded rank walked on its own program (`programs`): the worst, as
-    ledger.step.rank_peak reports it ({"bytes", "phase", "live", "gathered", "rank", "ranks"}) with `per_rank`: each
-    stage's rank {"rank", "stage", "bytes", "phase", "live"}; and the binding rank's program (explain's rows)."""
+def ranks_peak(config, programs: list, granule: int | None = None, cache: dict | None = None) -> tuple[dict, Step]:
+    """Every pipeline stage's most-loaded rank walked on its own program (`programs`; one under data parallelism
+    alone, ledger.training.build's): the worst, as ledger.step.rank_peak reports it ({"bytes", "phase", "live",
+    "gathered", "rank", "ranks"}) with `per_rank`: each stage's rank {"rank", "stage", "bytes", "phase", "live"}; and
+    the binding rank's program (explain's rows). `cache`: the programs' walks, kept (a search over data sizes)."""
     p = config.parallel
-    per_rank = []
+    per_rank, where = [], []
     walked: dict = {}  # stages whose programs and holdings are alike (a pipeline's middle stages) walk once
     m = max(1, p.gradient_accumulation)
     for stage, program in enumerate(programs):
-        device, gathered = config.placement.devices[stage], config.placement.transients[stage]
-        key = (stage == 0, stage == p.pipeline - 1, sharding.in_flight(stage, p.pipeline, m, p.schedule),
-               tuple(sorted(device.items())), tuple(sorted(gathered.items())), _signature(program))
-        result = walked.get(key)
+        held = holding(config.placement, stage)
+        result = None
+        if len(programs) > 1:
+            key = (stage == 0, stage == p.pipeline - 1, sharding.in_flight(stage, p.pipeline, m, p.schedule),
+                   tuple(sorted(held["device"].items())), tuple(sorted(held["gathered"].items())),
+                   tuple(sorted(held["at_loss"].items())), held["buckets"], _signature(program))
+            result = walked.get(key)
         if result is None:
-            result = walked[key] = stage_peak(program, stage, p, granule, device, gathered)
+            result = stage_peak(program, stage, p, granule, held, cache)
+            if len(programs) > 1:
+                walked[key] = result
         per_rank.append({"rank": p.rank(stage), "stage": stage, "bytes": result["bytes"], "phase": result["phase"], "live": result["live"]})
+        where.append(result["at"])
     best = max(per_rank, key=lambda r: (r["bytes"], -r["stage"]))
     # what the binding rank gathers at that moment (ZeRO-3, FSDP): a unit's parameters in forward, its gradients too
-    # in backward, nothing in the optimizer step
-    units = config.placement.transients[best["stage"]]
-    gathered = {k: v for k, v in units.items() if best["phase"] == "backward" or (best["phase"] == "forward" and k == "gathered parameters")}
-    return ({"bytes": best["bytes"], "phase": best["phase"], "live": dict(best["live"]), "gathered": gathered, "rank": best["rank"],
-             "ranks": p.world, "per_rank": per_rank}, programs[best["stage"]])
+    # in backward (at the loss's backward only what stays from forward), nothing in the optimizer step
+    s = best["stage"]
+    units, phase = config.placement.transients[s], best["phase"]
+    if phase == "backward" and where[s] == "loss":
+        gathered = dict(config.placement.sharded.stages[s].at_loss) if units else {}
+    else:
+        gathered = {k: v for k, v in units.items() if phase == "backward" or (phase == "forward" and k == "gathered parameters")}
+    return ({"bytes": best["bytes"], "phase": phase, "live": dict(best["live"]), "gathered": gathered, "rank": best["rank"],
+             "ranks": p.world, "per_rank": per_rank}, programs[s])

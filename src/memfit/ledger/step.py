@@ -29,6 +29,7 @@ config (the Keras-form layer stack, a transformer, declared tensors), every byte
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from itertools import accumulate
 
 PHASES = ("forward", "backward", "optimizer_step")
 LIVE = ("parameters", "gradients", "activations", "optimizer_state", "transient", "overhead")
@@ -177,6 +178,66 @@ def _live(parameters, gradients, activations, optimizer_state, transient, overhe
     return dict(zip(LIVE, (parameters, gradients, activations, optimizer_state, transient, overhead)))
 
 
+def _keepers(rows: list) -> dict:
+    """Each kept id -> the earliest row keeping it (its backward frees it)."""
+    keepers: dict[int, int] = {}
+    for i, row in enumerate(rows):
+        for t in row.kept:
+            keepers.setdefault(t, i)
+    return keepers
+
+
+def _released(keepers: dict, batch: set) -> dict:
+    """Row -> the kept tensors its backward frees: those it is the earliest keeper of (the batch stays)."""
+    out: dict[int, list] = {}
+    for t, k in keepers.items():
+        if t not in batch:
+            out.setdefault(k, []).append(t)
+    return out
+
+
+def _layer_start(rows: list, i: int) -> int:
+    """The first row of the checkpointed layer whose last row is i (its rows recompute; a row keeping a tensor, the
+    layer's input, opens it)."""
+    first = i
+    while first > 0 and rows[first - 1].recompute and not rows[first].kept:
+        first -= 1
+    return first
+
+
+def _offload_windows(step: Step) -> tuple[list, list]:
+    """Bytes of offloaded tensors on the device while each row runs forward (its own) and backward: in backward a
+    node brings back what its op saved, and the node before it (the op after it in forward) still holds its own, so
+    the most two adjacent ops of the row hold (the whole row where its ops are not known); a checkpointed layer's
+    rows hold the whole layer's, brought back for its recomputation."""
+    rows, size, off = step.rows, step.tensors, step.offloaded
+    if not off:
+        zeros = [0] * len(rows)
+        return zeros, zeros
+    own = [sum(size[t] for t in set(row.kept) if t in off) for row in rows]
+    back = [_adjacent_ops(row, off, size) if row.kept_ops else own[i] for i, row in enumerate(rows)]
+    i = len(rows) - 1
+    while i >= 0:
+        first = _layer_start(rows, i) if rows[i].recompute else i
+        if rows[i].recompute:
+            span = sum(own[first:i + 1])
+            for j in range(first, i + 1):
+                back[j] = span
+        i = first - 1
+    return own, back
+
+
+def _stepped_in_backward(step: Step, row: Row, stepped: list, offset: int) -> Row:
+    """A row whose parameters are each stepped as soon as its gradient is made (Step.step_in_backward), as its
+    worst parameter: its gradient, then its own optimizer step's temporaries beside it (`offset`: the row's first
+    parameter in `stepped`)."""
+    own = [(g, optimizer_temporaries(step.optimizer, step.impl, [stepped[offset + n]]) if offset + n < len(stepped) else 0)
+           for n, g in enumerate(row.grads)]
+    grad, extra = max(own, key=sum, default=(0, 0))
+    return replace(row, grads=[grad], backward_extra=row.backward_extra + extra,
+                   backward_flight=None if row.backward_flight is None else row.backward_flight + extra)
+
+
 def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[str, dict]:
     """Each phase's worst moment: {"forward"|"backward"|"optimizer_step": {"bytes", "live", "at"}}.
     `trace` (a list) receives every moment considered, in order: (phase, at, live, edge), edge None; and, between
@@ -185,7 +246,8 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
     its output's gradient) and post-backward (its own gradients too, what it was the last to need freed, the
     gradient it made for its input), when `edges` (the timeline's). A boundary is an instant between two moments,
     never above the larger."""
-    rows, size = step.rows, step.tensors
+    rows, size, overhead = step.rows, step.tensors, step.overhead
+    edges = edges and trace is not None
     params = sum(sum(r.params) + sum(r.frozen) for r in rows)
     state = sum(step.optimizer_state)
     stepped = step.stepped if step.stepped is not None else [b for r in rows for b in r.params]
@@ -194,10 +256,7 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
     # under gradient accumulation the worst micro-batch is a later one: every gradient exists already
     held = all_grads if step.accumulating else 0
     in_backward = step.step_in_backward and not step.accumulating
-    keepers: dict[int, int] = {}  # kept id -> earliest row keeping it
-    for i, row in enumerate(rows):
-        for t in row.kept:
-            keepers.setdefault(t, i)
+    keepers = _keepers(rows)
     batch = set(step.batch)
     out: dict[str, dict] = {}
     # a batch tensor no row keeps (the labels of a Keras-form stack) is held by the training loop
@@ -206,15 +265,18 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
     loose = sum(size[t] for t in batch if t not in keepers)
     batch = {t for t in batch if t in keepers}
 
-    def consider(phase, at, parameters, gradients, activations, optimizer_state, transient, overhead):
+    def consider(phase, at, gradients, activations, transient, where=None):
         # (the live bytes by category, as numbers: a 70B's step has a thousand moments and one worst per phase)
         transient += loose
-        total = parameters + gradients + activations + optimizer_state + transient + overhead
+        if where is not None:  # a row's boundary, for the trace only (the timeline's)
+            trace.append((phase, at, _live(params, gradients, activations, state, transient, overhead), where))
+            return
+        total = params + gradients + activations + state + transient + overhead
         if trace is not None:
-            trace.append((phase, at, _live(parameters, gradients, activations, optimizer_state, transient, overhead), None))
+            trace.append((phase, at, _live(params, gradients, activations, state, transient, overhead), None))
         best = out.get(phase)
         if best is None or total > best["bytes"]:  # the first moment wins a tie, as MemTracker records it
-            out[phase] = {"bytes": total, "live": _live(parameters, gradients, activations, optimizer_state, transient, overhead), "at": at}
+            out[phase] = {"bytes": total, "live": _live(params, gradients, activations, state, transient, overhead), "at": at}
 
     # forward: what exists after each row = created so far, minus what nobody keeps
     # (kept so far: a running set and its bytes, so a step of many rows stays linear)
@@ -222,28 +284,8 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
     saved_all: set[int] = set(batch)
     saved_bytes = sum(size[t] for t in saved_all)
 
-    def edge(phase, at, where, gradients, activations, transient):
-        if edges and trace is not None:
-            trace.append((phase, at, _live(params, gradients, activations, state, transient + loose, step.overhead), where))
-
     off = step.offloaded
-    # bytes of offloaded tensors on the device while each row runs forward (its own) and backward (its own; a
-    # checkpointed layer's rows: the whole layer's, brought back for its recomputation)
-    own_off = [sum(size[t] for t in set(row.kept) if t in off) for row in rows] if off else [0] * len(rows)
-    # in backward a node brings back what its op saved, and the node before it (the op after it in forward) still
-    # holds its own: the most two adjacent ops of the row hold (the whole row where its ops are not known)
-    back_off = [_adjacent_ops(row, off, size) if row.kept_ops else own_off[i] for i, row in enumerate(rows)] if off else own_off
-    if off:
-        i = len(rows) - 1
-        while i >= 0:
-            first = i
-            if rows[i].recompute:
-                while first > 0 and rows[first - 1].recompute and not rows[first].kept:
-                    first -= 1
-                span = sum(own_off[first:i + 1])
-                for j in range(first, i + 1):
-                    back_off[j] = span
-            i = first - 1
+    own_off, back_off = _offload_windows(step)
 
     def create(t):
         nonlocal saved_bytes
@@ -253,8 +295,7 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
 
     for i, row in enumerate(rows):
         if edges:
-            edge("forward", row.name, "pre-forward", held, saved_bytes,
-                 size[row.input] if row.input is not None and row.input not in saved_all else 0)
+            consider("forward", row.name, held, saved_bytes, size[row.input] if row.input is not None and row.input not in saved_all else 0, "pre-forward")
         if row.output is not None and not row.view:
             create(row.output)
         for t in row.kept:
@@ -264,73 +305,57 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
         transient = sum(size[t] for t in moving) + inner if row.forward_flight is None else row.forward_flight
         if off:  # its own offloaded tensors exist while it runs (an input or output among them is a transient already)
             transient += sum(size[t] for t in set(row.kept) if t in off and (row.forward_flight is not None or t not in moving))
-        consider("forward", row.name, params, held, saved_bytes, state, transient, step.overhead)
+        consider("forward", row.name, held, saved_bytes, transient)
     by_loss = sum(size[t] for t in step.loss_kept)
-    consider("forward", "loss", params, held, saved_bytes + by_loss, state, sum(step.loss.forward), step.overhead)
+    consider("forward", "loss", held, saved_bytes + by_loss, sum(step.loss.forward))
 
     # backward: the loss (which then frees what it kept), then rows in reverse
-    consider("backward", "loss", params, held, saved_bytes + by_loss, state, sum(step.loss.backward), step.overhead)
+    consider("backward", "loss", held, saved_bytes + by_loss, sum(step.loss.backward))
     done = 0  # gradients accumulated by rows after the current one
-    released: dict[int, list] = {}  # row -> the kept tensors its backward frees (it is their earliest keeper)
-    for t, k in keepers.items():
-        if t not in batch:
-            released.setdefault(k, []).append(t)
+    released = _released(keepers, batch)  # row -> the kept tensors its backward frees
     left = saved_bytes
     # under step_in_backward, each row's parameters in `stepped` order (their own optimizer's temporaries)
-    offsets, at = [], 0
-    for row in rows:
-        offsets.append(at)
-        at += len(row.params)
+    offsets = list(accumulate(len(r.params) for r in rows)) if in_backward else None  # (each row's end)
     for i in range(len(rows) - 1, -1, -1):
         row = rows[i]
         if not row.output_grad:
             continue
         if in_backward:
-            # the row's worst parameter: its gradient, then its own optimizer step's temporaries beside it
-            own = [(g, optimizer_temporaries(step.optimizer, step.impl, [stepped[offsets[i] + n]]) if offsets[i] + n < len(stepped) else 0)
-                   for n, g in enumerate(row.grads)]
-            worst = max(own, key=sum, default=(0, 0))
-            done = 0
-            row = replace(row, grads=[worst[0]], backward_extra=row.backward_extra + worst[1],
-                          backward_flight=None if row.backward_flight is None else row.backward_flight + worst[1])
+            row, done = _stepped_in_backward(step, row, stepped, offsets[i] - len(row.params)), 0
         alive = left + row.recompute + back_off[i]
         g_out = size.get(row.output, 0) if row.output is not None else 0
         if edges:
-            edge("backward", row.name, "pre-backward", max(held, done), left, g_out)
+            consider("backward", row.name, max(held, done), left, g_out, "pre-backward")
         if row.recompute and (i + 1 == len(rows) or not rows[i + 1].recompute or rows[i + 1].kept):
             # the last row of a checkpointed layer: backward first recomputes the layer, row by row in forward
             # order, each at its worst moment (recompute_moment), beside the layer output's gradient: moments of
             # this row, whose backward runs the recomputation
-            first = i
-            while first > 0 and rows[first - 1].recompute and not rows[first].kept:
-                first -= 1
-            for j in range(first, i + 1):
+            for j in range(_layer_start(rows, i), i + 1):
                 if rows[j].recompute_moment is not None:
                     redone, flight = rows[j].recompute_moment
-                    consider("backward", row.name, params, max(held, done), left + redone + back_off[i], state, g_out + flight, step.overhead)
+                    consider("backward", row.name, max(held, done), left + redone + back_off[i], g_out + flight)
         g_in = size.get(row.input, 0) if row.grad_input and not row.view and row.input is not None else 0
         if row.early_flight is not None:
-            consider("backward", row.name, params, max(held, done), alive, state, row.early_flight, step.overhead)
+            consider("backward", row.name, max(held, done), alive, row.early_flight)
         if row.backward_flight is not None:
             made = done if row.flight_first else done + sum(row.grads)
-            consider("backward", row.name, params, max(held, made), alive - row.flight_freed, state, row.backward_flight,
-                     step.overhead)
+            consider("backward", row.name, max(held, made), alive - row.flight_freed, row.backward_flight)
         elif row.inner:  # the activation's backward, then the row's own
-            consider("backward", row.name, params, max(held, done), alive, state, g_out + row.inner, step.overhead)
+            consider("backward", row.name, max(held, done), alive, g_out + row.inner)
             flowing = row.inner + g_in
         else:
             flowing = g_out + g_in
         if row.backward_flight is None:
-            consider("backward", row.name, params, max(held, done + sum(row.grads)), alive, state, flowing + row.backward_extra, step.overhead)
+            consider("backward", row.name, max(held, done + sum(row.grads)), alive, flowing + row.backward_extra)
         done += sum(row.grads)
         left -= sum(size[t] for t in released.get(i, ()) if t in saved_all)
         if edges:
-            edge("backward", row.name, "post-backward", max(held, done), left, g_in)
+            consider("backward", row.name, max(held, done), left, g_in, "post-backward")
 
     batch_bytes = sum(size[t] for t in batch)
     if in_backward:  # every parameter was stepped in backward: no gradient left, no step to run
         all_grads, temporaries = 0, 0
-    consider("optimizer_step", "step", params, all_grads, batch_bytes, state, temporaries, step.overhead)
+    consider("optimizer_step", "step", all_grads, batch_bytes, temporaries)
     return {p: out[p] for p in PHASES}
 
 

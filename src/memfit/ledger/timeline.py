@@ -167,7 +167,7 @@ def timeline(config) -> list[dict]:
             live = {k: parallel["live"][k] for k in LIVE if k in parallel["live"]}
             return [{"step": 2, "phase": PHASE.get(parallel["phase"], parallel["phase"]), "module": None, "at": None,
                      "bytes": parallel["bytes"], "live": live, "rank": parallel["rank"]}]
-        walked = parallel.get("per_rank") is not None and ranks.applies(config)
+        walked = parallel.get("per_rank") is not None and ranks.walked(config)
         warm = ranks.binding_trace(config) if walked else rank_trace(step, placement, config.granule)
         return [dict(e, rank=parallel["rank"]) for e in _events(warm, 2, module_namer(config))]
     if step is None or config.peak is None:

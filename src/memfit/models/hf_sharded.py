@@ -115,6 +115,14 @@ def activations_per_stage(cfg: dict, layout: Parallel, *, micro_batch: int, seq_
     split, seq = _rank_sizes(sizes, t, sp, micro_batch)
     cond = A.layer_conditions(cfg, fam, attention, checkpointing, micro_batch, precision)
     embeddings = A.nbytes(_resolve_per_rank(A._embedding_rows(fam), cond, roles, split, seq))
+    if fam.llava or fam.qwen_vl:
+        # a vision-language model: what runs before the language model's first layer (its vision tower and
+        # projector or merger, the embedding, the image features scattered into it) as the rank's program keeps it
+        # (models.hf_activations.saved's embeddings at the rank's shapes: LLaVA's CLIP tower split as the text
+        # layers are, Qwen2-VL's tower whole on every rank), on the first stage
+        blocks = A.saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing,
+                         precision=precision, dtypes=dtypes, shape=rank_shape(t, sp), moe=moe)
+        embeddings = A.nbytes(blocks[0].kept)
     ends = A.nbytes(_resolve_per_rank(A._head_rows(fam), cond, roles, split, seq) + _resolve_per_rank(A.LOSS_ROWS, cond, roles, split, seq))
     common = dict(micro_batch=micro_batch, seq_len=seq_len, tensor=t, sequence_parallel=sp, attention=attention, precision=precision,
                   dtypes=dtypes, moe=moe)
