@@ -21,7 +21,7 @@ Under full checkpointing each layer keeps its input.
 from __future__ import annotations
 
 from memfit.models.encoders import BOOL, F32, I64, cross_entropy, norm
-from memfit.models.families import MASKED_LM, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, FAMILIES
+from memfit.models.families import MASKED_LM, SEQUENCE_CLASSIFICATION, FAMILIES
 from memfit.models.hf import Param
 
 FAMILY = "modernbert"

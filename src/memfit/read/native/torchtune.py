@@ -221,6 +221,26 @@ def _transformer(r: Reader, model: dict, base: str, component: str, at, prefix: 
     return transformer
 
 
+def _optimizer(r: Reader, at) -> None:
+    """The optimizer component: its state's kind, dtype and step implementation (OPTIMIZERS)."""
+    optimizer = r.get("optimizer", (dict,), {})
+    name = r.get("_component_", (str,), "torch.optim.AdamW", data=optimizer, prefix=("optimizer",))
+    found = OPTIMIZERS.get(name)
+    opt_at = r.at("optimizer", "_component_") if "_component_" in optimizer else None
+    if found is None:
+        r.set(("optimizer",), "adamw", opt_at)
+        r.warn(opt_at or at, f"optimizer {name}: memfit does not model its state; counted as AdamW")
+    else:
+        r.set(("optimizer",), found[0], opt_at)
+        impl = "fused" if optimizer.get("fused") is True else found[1]
+        if impl is not None:
+            r.set(("training", "optimizer_impl"), impl, r.at("optimizer", "fused") if "fused" in optimizer else opt_at)
+        if found[2] is not None:
+            r.set(("dtypes", "optimizer_state"), found[2], opt_at)
+        if found[2] == "float32" and name.startswith("bitsandbytes.optim.Paged"):  # bitsandbytes' 32-bit paged state
+            r.set(("training", "paged_optimizer"), True, opt_at)  # (ledger/techniques/paged_optimizer.py)
+
+
 def read(r: Reader, ctx) -> dict:
     data = r.data
     model = r.get("model", (dict,), {})
@@ -283,22 +303,7 @@ def read(r: Reader, ctx) -> dict:
         r.set(("training", "activation_offloading"), True, r.at("enable_activation_offloading"))
     r.set(("training", "attention"), "sdpa")  # torchtune's MultiHeadAttention: F.scaled_dot_product_attention (modules/attention_utils.py)
 
-    optimizer = r.get("optimizer", (dict,), {})
-    name = r.get("_component_", (str,), "torch.optim.AdamW", data=optimizer, prefix=("optimizer",))
-    found = OPTIMIZERS.get(name)
-    opt_at = r.at("optimizer", "_component_") if "_component_" in optimizer else None
-    if found is None:
-        r.set(("optimizer",), "adamw", opt_at)
-        r.warn(opt_at or at, f"optimizer {name}: memfit does not model its state; counted as AdamW")
-    else:
-        r.set(("optimizer",), found[0], opt_at)
-        impl = "fused" if optimizer.get("fused") is True else found[1]
-        if impl is not None:
-            r.set(("training", "optimizer_impl"), impl, r.at("optimizer", "fused") if "fused" in optimizer else opt_at)
-        if found[2] is not None:
-            r.set(("dtypes", "optimizer_state"), found[2], opt_at)
-        if found[2] == "float32" and name.startswith("bitsandbytes.optim.Paged"):  # bitsandbytes' 32-bit paged state
-            r.set(("training", "paged_optimizer"), True, opt_at)  # (ledger/techniques/paged_optimizer.py)
+    _optimizer(r, at)
 
     if lora:
         rank = r.get("lora_rank", (int,), 8, data=model, prefix=("model",))
