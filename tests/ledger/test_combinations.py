@@ -369,6 +369,19 @@ FALCON21_GAPS: dict = {
     "its total); high, the safe side",
     "t5-bf16-mixed-none-qlora-fp32-adafactor-for_loop-peft-optimizer_in_backward": "peak 1,546,372 / 1,299,136 = 1.190 "
     "(as the other T5 QLoRA run)",
+    # activation offloading with adapters, measured 2026-12-06 when the level was added (full fine-tunes: 1.000-1.014):
+    "cohere-bf16-mixed-none-qlora-fp32-adafactor-for_loop-peft-activation_offloading": "peak 387,152 / 415,408 = 0.932 "
+    "(forward / forward): Cohere's parallel attention and MLP under QLoRA and autocast hold more in the forward than the "
+    "ledger's rows with the offloaded tensors gone (was 0.861 before the LoRA linears' forward flights)",
+    "gemma-32-true-none-lora-sgd-fused-model-activation_offloading": "peak 662,340 / 593,740 = 1.116 (backward / "
+    "backward): high, the safe side; not yet traced",
+    "qwen2-bf16-true-none-qlora-bf16-adamw8bit-foreach-model-activation_offloading": "peak 401,620 / 371,912 = 1.080 "
+    "(backward / backward): high, the safe side; the rewrite brings back each row's two largest weights, which a 4-bit "
+    "base never packs (MatMul4Bit keeps its weight on ctx, not as a saved tensor)",
+    # the framework's own code refuses it: PhiMoE's step leaves saved tensors its backward never unpacks, and
+    # OffloadActivations asserts at the next forward (`backward pass should have cleared tracker of all tensors`)
+    "phimoe-32-true-none-none-adamw-foreach-peft-activation_offloading": "torchtune's OffloadActivations cannot run "
+    "PhiMoE's step (AssertionError at the second step's forward); memfit gives a figure",
 }
 
 

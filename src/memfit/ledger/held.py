@@ -72,3 +72,12 @@ def lora_linear_flight(elements: int, roles: dict, quantized: bool, mixed: bool)
     if quantized and mixed:
         return 3 * dtype_bytes(elements, roles["act"])
     return dtype_bytes(elements, roles["lin"]) + 2 * dtype_bytes(elements, roles["ada_low"])
+
+
+def forward_flights(recompute: dict, arrived: int, adapted: bool) -> dict:
+    """{part: bytes}: what a part's widest LoRA linear holds at its worst op in the forward, beyond the tensors it
+    keeps (the recomputation's flight without the gradients that arrived for the layer's output). Measured: Qwen3 QLoRA
+    under bf16-mixed with activation offloading peaks in the forward at up_proj's sum (three fp32 (T, i) tensors)."""
+    if not adapted:
+        return {}
+    return {part: flight - arrived for part, flight in recompute.items() if flight > arrived}

@@ -665,7 +665,9 @@ def _layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_siz
     arrived = _arrived(cfg, sizes, roles)
     return SimpleNamespace(fam=fam, flights=flights, enc_flights=enc_flights, dense_flights=dense_flights, early=early, a2a=a2a,
                            self_math=self_math, first_decoder=first_decoder, decoder_flight=decoder_flight, redone=redone,
-                           enc_redone=enc_redone, kernel=kernel, arrived=arrived, dora=dora)
+                           enc_redone=enc_redone, kernel=kernel, arrived=arrived, dora=dora,
+                           lora_forward=held.forward_flights(_recompute_flights(cfg, sizes, recipe_args.get("lora"), roles, quantized, mixed),
+                                                             arrived, bool(recipe_args.get("lora"))))
 
 
 def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fresh, weights, kept_ids, cfg: dict, sizes: dict,
@@ -724,6 +726,8 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
                 row.kept_ops = [k.label.split(":")[0] for k in kept] + ["later"] * (len(row.kept) - len(kept))
             routed = a2a if part == "mlp" and routers[n] else 0
             row.forward_flight = layer_hidden + routed  # its output while it is written; its inner tensors are kept
+            if k.lora_forward.get(part) and not encoder:   # a LoRA linear's output, adapter output and sum (ledger/held.py)
+                row.forward_flight = max(row.forward_flight, k.lora_forward[part])
             if k.dora.get(part) and not encoder:
                 row.forward_flight = max(row.forward_flight, k.dora[part])
             row.backward_flight = ((enc_flights if encoder else (flights if sparse else dense_flights))[part] + routed
