@@ -376,8 +376,8 @@ FALCON21_GAPS: dict = {
     "gemma-32-true-none-lora-sgd-fused-model-activation_offloading": "peak 662,340 / 593,740 = 1.116 (backward / "
     "backward): high, the safe side; not yet traced",
     "qwen2-bf16-true-none-qlora-bf16-adamw8bit-foreach-model-activation_offloading": "peak 401,620 / 371,912 = 1.080 "
-    "(backward / backward): high, the safe side; the rewrite brings back each row's two largest weights, which a 4-bit "
-    "base never packs (MatMul4Bit keeps its weight on ctx, not as a saved tensor)",
+    "(backward / backward): high, the safe side; memfit's worst moment is the loss, MemTracker's layer 0's RMSNorm "
+    "backward (fp32 temporaries of a bf16 model): not yet explained",
     # the framework's own code refuses it: PhiMoE's step leaves saved tensors its backward never unpacks, and
     # OffloadActivations asserts at the next forward (`backward pass should have cleared tracker of all tensors`)
     "phimoe-32-true-none-none-adamw-foreach-peft-activation_offloading": "torchtune's OffloadActivations cannot run "
