@@ -110,10 +110,13 @@ def quantize_4bit(model, quantization: dict):
 
     compute = getattr(torch, quantization.get("compute_dtype", "bfloat16"))
     skip = set(quantization.get("skip_modules") or ["lm_head"])
+    # (transformers' default skips the output layer whatever its name: BERT's cls.predictions.decoder, tied to the
+    # input embeddings; get_keys_to_not_convert)
+    output = model.get_output_embeddings() if not quantization.get("skip_modules") else None
 
     def swap(module):
         for name, child in module.named_children():
-            if isinstance(child, (torch.nn.Linear, Conv1D)) and name not in skip:
+            if isinstance(child, (torch.nn.Linear, Conv1D)) and name not in skip and child is not output:
                 conv = isinstance(child, Conv1D)
                 in_features, out_features = child.weight.shape if conv else (child.in_features, child.out_features)
                 weight = child.weight.data.T.contiguous() if conv else child.weight.data

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from memfit.ledger import rewrites
+from memfit.ledger import held, rewrites
 from memfit.ledger.step import Loss, Row, Step
 from memfit.recipe.costs import dtype_bytes
 
@@ -432,8 +432,19 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
     by_loss = [fresh(kept_bytes(k)) for k in loss.kept]
     rows.append(row)
     logits32 = dtype_bytes(T * sizes["V"], "float32")
-    upcast = logits32 if lin_w != FP32 else 0
-    loss = Loss(forward=(tensors[logits], *([upcast] if upcast else [])), backward=(logits32, logits32))
+    # the loss computes in its log-softmax's dtype: a causal LM's logits.float() copy (fp32), autocast's fp32 cross-
+    # entropy, or BERT's masked-LM loss on the 16-bit logits as they are (no copy; its gradients in that dtype)
+    in_loss = next((q.dtype for q in loss.kept if "log-softmax" in q.label), "float32")
+    if not stacked and in_loss != roles["lin"]:
+        upcast = logits32
+    elif not stacked:
+        upcast, logits32 = 0, dtype_bytes(T * sizes["V"], in_loss)
+    else:
+        upcast = logits32 if lin_w != FP32 else 0
+    # what the causal LM's forward holds unsaved through the loss: the cache's copies of k and v, the head's input
+    kept_unsaved = _held_through_forward(rows, every, x, hidden, roles, model.dtypes, precision, checkpointing, stacked, k.fam)
+    loss = Loss(forward=(tensors[logits], *([upcast] if upcast else []), *([kept_unsaved] if kept_unsaved else [])),
+                backward=(logits32, logits32))
     if stacked:
         # T5's nn.CrossEntropyLoss on the logits as they are (no fp32 copy); measured at the loss in forward: the
         # logits, a second logits-sized temporary and the decoder's unscaled output (a local of the forward)
@@ -448,6 +459,24 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
 
 
 FINAL_NORM = "final norm"  # the row of a decoder's final norm (and the label prefix of what it keeps)
+
+
+def _held_through_forward(rows: list, every: list, x: int, hidden: int, roles: dict, dtypes: dict | None, precision: str,
+                          checkpointing: str, stacked: bool, fam) -> int:
+    """The bytes the forward holds unsaved at the loss (ledger/held.py); each layer row's forward moment gets the
+    cache copies made so far."""
+    if stacked:
+        return 0   # (T5's loss already holds its decoder output: transformer_step)
+    cache = [0] * len(every)
+    if checkpointing == "none":
+        quantized, mixed = bool((dtypes or {}).get("quantized")), precision.endswith("-mixed")
+        cache = [held.cache_copies(kept, roles, bool(fam.rope), quantized, mixed) for kept in every]
+    if any(cache):
+        for row in rows:
+            if row.name.startswith("layer ") and row.forward_flight is not None:
+                row.forward_flight += sum(cache[: int(row.name.split()[1]) + 1])
+    head = rows[-1]
+    return sum(cache) + (hidden if x not in head.kept else 0)
 
 
 def final_norm(cfg: dict) -> str | None:
@@ -559,7 +588,10 @@ def _every_layer(cfg: dict, common: dict, checkpointing: str, stacked: bool, per
         if stacked:  # T5's checkpointed layers run other kernels (the cross-attention's zero bias then needs a
             every = again  # gradient: SDPA's math path), so the parts are those of the recomputation itself
         else:
-            full = acts.saved(cfg, checkpointing="none", **common)
+            # (without the key/value cache: transformers turns use_cache off under gradient checkpointing, so a
+            # fused qkv model's recomputed v is a view of the whole qkv output, not the cache's copy; measured: GPT-NeoX
+            # bf16-true, a dispatch-mode trace of layer 1's recomputation at MemTracker's peak)
+            full = acts.saved(dict(cfg, use_cache=False), checkpointing="none", **common)
             every = [blk.kept for blk in full[1:-2] for _ in range(blk.count)]
         layer_bytes: dict = {}  # by list: most layers share one (a fit search walks every layer of a 70B many times)
         for kept in again:
@@ -622,17 +654,20 @@ def _layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_siz
         first_decoder = hf_encdec.stacks(cfg)[0][2]
         se = sizes["se"]
         decoder_flight = (b * se * h + sizes["H"] * s * s + sizes["H"] * s * se) * act_w
-    redone = _recompute_flights(cfg, sizes, recipe_args.get("lora"), roles) if checkpointing == "full" else {}
+    quantized, mixed = bool((model_dtypes or {}).get("quantized")), precision.endswith("-mixed")
+    redone = _recompute_flights(cfg, sizes, recipe_args.get("lora"), roles, quantized, mixed) if checkpointing == "full" else {}
     dora = _dora_flights(cfg, sizes, recipe_args.get("lora"), roles, precision, (model_dtypes or {}).get("dequantized"))
     if dora and redone:  # the recomputed forward computes DoRA's weight norm again
         redone = {part: max(flight, _arrived(cfg, sizes, roles) + dora.get(part, 0)) for part, flight in redone.items()}
-    enc_redone = _recompute_flights(cfg, enc_sizes, recipe_args.get("lora"), roles) if checkpointing == "full" else {}
+    enc_redone = _recompute_flights(cfg, enc_sizes, recipe_args.get("lora"), roles, quantized, mixed) if checkpointing == "full" else {}
     # torch's math kernel, where an attention part runs it, holds its temporaries while the part is recomputed
     kernel = _math_kernel_moments(cfg, sizes, roles, run["attention"], precision) if checkpointing == "full" else []
     arrived = _arrived(cfg, sizes, roles)
     return SimpleNamespace(fam=fam, flights=flights, enc_flights=enc_flights, dense_flights=dense_flights, early=early, a2a=a2a,
                            self_math=self_math, first_decoder=first_decoder, decoder_flight=decoder_flight, redone=redone,
-                           enc_redone=enc_redone, kernel=kernel, arrived=arrived, dora=dora)
+                           enc_redone=enc_redone, kernel=kernel, arrived=arrived, dora=dora,
+                           lora_forward=held.forward_flights(_recompute_flights(cfg, sizes, recipe_args.get("lora"), roles, quantized, mixed),
+                                                             arrived, bool(recipe_args.get("lora"))))
 
 
 def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fresh, weights, kept_ids, cfg: dict, sizes: dict,
@@ -691,6 +726,8 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
                 row.kept_ops = [k.label.split(":")[0] for k in kept] + ["later"] * (len(row.kept) - len(kept))
             routed = a2a if part == "mlp" and routers[n] else 0
             row.forward_flight = layer_hidden + routed  # its output while it is written; its inner tensors are kept
+            if k.lora_forward.get(part) and not encoder:   # a LoRA linear's output, adapter output and sum (ledger/held.py)
+                row.forward_flight = max(row.forward_flight, k.lora_forward[part])
             if k.dora.get(part) and not encoder:
                 row.forward_flight = max(row.forward_flight, k.dora[part])
             row.backward_flight = ((enc_flights if encoder else (flights if sparse else dense_flights))[part] + routed
@@ -823,7 +860,7 @@ def _math_kernel_moments(cfg: dict, sizes: dict, roles: dict, attention: str, pr
     return [scores, output]
 
 
-def _recompute_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict) -> dict:
+def _recompute_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict, quantized: bool = False, mixed: bool = False) -> dict:
     """What each part of a layer holds, beyond the tensors it keeps, at its worst op while full checkpointing
     recomputes it: a LoRA linear (peft's Linear.forward) holds its base output, the adapter's output and its
     scaled copy at once (`result + lora_B(lora_A(x)) * scaling`; the adapter in fp32 on a 16-bit base, in the
@@ -836,7 +873,7 @@ def _recompute_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict) -
         worst = 0
         for _, width in linears:
             elements = T * sizes[width]
-            worst = max(worst, dtype_bytes(elements, roles["lin"]) + 2 * dtype_bytes(elements, roles["ada_low"]))
+            worst = max(worst, held.lora_linear_flight(elements, roles, quantized, mixed))
         out[part] = arrived + worst
     return out
 

@@ -158,6 +158,7 @@ def layer_conditions(cfg: dict, fam: Family, attention: str, checkpointing: str,
         "mlm": fam.head == "mlm",
         "mixed": mixed,
         "mixed_base": mixed,   # a base linear's autocast casts (off on a 4-bit base: _quantized_base)
+        "ada_cast": mixed,     # autocast's casts of the adapters' weights (none where they are in the low dtype: _quantized_base)
         "true16": precision in ("bf16-true", "16-true"),
         "not_mixed": not mixed,
         "lora": bool(lora),
@@ -267,9 +268,16 @@ def _quantized_base(cond: dict, roles: dict, dtypes: dict | None) -> None:
     reads a projection's output in fp32 (the feed-forward's activation and product) keeps fp32 where a dense base's
     autocast matmul would have handed it the low dtype. Measured (saved_tensors_hooks, tiny Llama, QLoRA nf4 under
     bf16-mixed): the MLP's three (b, s, i) tensors per layer kept in fp32, no weight copies."""
+    # (adapters already in the low dtype, as peft builds them on a 4-bit base computing in it with
+    # autocast_adapter_dtype=False, are no autocast cast: their weights are saved as they are, parameters)
+    cond["ada_cast"] = cond["mixed"] and roles["ada"] != roles["low"]
     if (dtypes or {}).get("quantized") and cond["mixed"]:
         cond["mixed_base"] = False
         roles["out"] = roles["act"]
+        # a fused qkv output in fp32: SDPA under autocast saves its low copy of v, not the output's view (measured:
+        # Phi-3 QLoRA under bf16-mixed, a dispatch-mode trace of the recomputation: q, k and v cast, (b, KV, s, d) v)
+        if cond.get("fused_v_view"):
+            cond["fused_v_view"], cond["fused_v_nocache"] = False, True
 
 
 def _shape(symbols: tuple, sizes: dict) -> tuple:

@@ -285,14 +285,16 @@ def _mlp(fam: Family, n: dict, act: str) -> list:
                 K("mlp output dropout", "mask", X, "bool", "resid_dropout", ("d",))]
     rows = []
     if fam.mlp == "moe_shared":
-        # Qwen2-MoE's shared expert over every token, then sigmoid(shared_expert_gate(x)) * its output
+        # Qwen2-MoE's shared expert over every token, then sigmoid(shared_expert_gate(x)) * its output (its linears'
+        # outputs in `out`: fp32 from a 4-bit base under autocast, as the dense MLP's; measured: saved_tensors_hooks
+        # and a dispatch-mode trace, QLoRA under bf16-mixed)
         rows = _linear([("sgate", n["sgate"], "is"), ("sup", n["sup"], "is"), ("sg", n["sg"], 1)], T, "n2") + \
-            _activation(act, "act_fn(gate) (shared expert)", ("b", "s", "is"), "sh") + [
-                K("act * up", "act_fn(gate) (shared expert)", ("b", "s", "is"), "lin", None, ("sh",)),
-                K("act * up", "up (shared expert)", ("b", "s", "is"), "lin", None, ("sh",)),
+            _activation(act, "act_fn(gate) (shared expert)", ("b", "s", "is"), "sh", "out") + [
+                K("act * up", "act_fn(gate) (shared expert)", ("b", "s", "is"), "out", None, ("sh",)),
+                K("act * up", "up (shared expert)", ("b", "s", "is"), "out", None, ("sh",)),
             ] + _linear([("sdown", n["sdown"], "h")], ("T", "is"), "sh", low_input=True) + [
-                K("sigmoid", "output (the shared expert's gate)", ("T", 1), "lin", None, ("sgw", "sd")),
-                K("gate * shared expert", "shared expert output", ("T", "h"), "lin", None, ("sgw",)),
+                K("sigmoid", "output (the shared expert's gate)", ("T", 1), "out", None, ("sgw", "sd")),
+                K("gate * shared expert", "shared expert output", ("T", "h"), "out", None, ("sgw",)),
             ]
         # the router reads the same normalized input as the shared expert: one storage when no cast copies it
         return rows + [r._replace(source=rows[0].label) if r.label == "router: input" else r for r in _experts(fam)]

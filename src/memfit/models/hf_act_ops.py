@@ -159,10 +159,10 @@ def _linear(group: list, x: tuple, f: str, low_input: bool = False, source: str 
             K(f"{short}.lora_A", "dropped-out input", x, "ada_low", "lora_dropout", lora),
             K(f"{short}.lora_A", "input (cast to the adapter dtype when it differs)", x, "ada", "lora_plain", lora, key),
             K(f"{short}.lora_A", "input, cast to the low dtype by autocast", x, "low", "lora_plain_mixed", lora),
-            K(f"{short}.lora_A", "weight, cast to the low dtype by autocast", ("R", x[-1]), "low", "lora&mixed",
+            K(f"{short}.lora_A", "weight, cast to the low dtype by autocast", ("R", x[-1]), "low", "lora&ada_cast",
               ((f"L:{m}", f),)),
             K(f"{short}.lora_B", "input (lora_A's output)", x[:-1] + ("R",), "ada_low", "lora", lora),
-            K(f"{short}.lora_B", "weight, cast to the low dtype by autocast", (width, "R"), "low", "lora&mixed", lora),
+            K(f"{short}.lora_B", "weight, cast to the low dtype by autocast", (width, "R"), "low", "lora&ada_cast", lora),
             # DoRA (peft tuners/lora/dora.py DoraLinearLayer.forward): result_dora = (m/|W+BA| - 1) * base_result +
             # m/|W+BA| * lora_B(lora_A(x)) * scaling. The magnitude's gradient keeps both products' other factor (the
             # base layer's output, lora_B's output); magnitude / weight_norm keeps the (detached) norm; the base

@@ -1,0 +1,83 @@
+"""What a transformers training step holds beyond what autograd saves, where the frameworks' own code holds it
+(issue 32): tensors referenced by a Python local or a cache object, not by a saved-tensor slot, so
+saved_tensors_hooks never sees them while MemTracker does.
+
+- The key/value cache (transformers' DynamicCache, built in a training step when `use_cache` is on and the layers
+  are not checkpointed): DynamicLayer.update concatenates each layer's k and v into the cache (`torch.cat`: a
+  copy), and the attention reads the cache's copies. Where the attention kernel saves those copies themselves they
+  are among the saved activations (models.hf_activations' "(the cache's copy)" rows); under autocast SDPA saves its
+  own low-dtype casts instead, and a cache copy not already in the low dtype stays referenced by the cache, unsaved,
+  until the model's output (which holds the cache) is dropped after the loss: k after the rotary embedding is in
+  the residual stream's dtype (apply_rotary_pos_emb multiplies by cos and sin cast to the hidden states' dtype, fp32
+  under *-mixed); v, and k without a rotary embedding, in the projection's output dtype (the low dtype from an
+  autocast matmul; the input's dtype from a bitsandbytes 4-bit linear, whose forward casts its output back with
+  `.to(inp_dtype)`).
+- The head's input: the causal LM's forward holds `hidden_states` (the final norm's output) while its head and the
+  loss run; where the head does not save it (a frozen head, or autocast's low copy saved instead), it is alive
+  through the loss unsaved.
+- A LoRA linear on a bitsandbytes 4-bit base under autocast (peft tuners/lora/bnb.py Linear4bit.forward):
+  bitsandbytes returns its output cast back to the input's dtype (fp32 from an fp32 residual stream), peft clones
+  it (`result = result.clone()`), then the adapter's output (autocast's low dtype) times the scaling is converted to
+  the result's dtype (`requires_conversion = not torch.is_autocast_enabled()`: True under CPU autocast, which that
+  call does not see) and summed out of place: the base output's clone, the converted adapter output and the sum are
+  alive at once, three (T, out) tensors in the input's dtype. (Under CUDA autocast the conversion is skipped and the
+  adapter output stays in the low dtype: this figure is then above the device's by one (T, out) in the low dtype
+  less one in the input's dtype: the safe side.)
+
+Measured with a dispatch-mode allocation trace at MemTracker's peak on the real tiny models
+(tests/ledger/test_combinations.py): GPT-NeoX and Qwen2-MoE QLoRA under bf16-mixed peak at the loss in the forward
+with both layers' fp32 cache copies of k and v and the final norm's fp32 output alive and unsaved; Phi-3 QLoRA
+under bf16-mixed with full checkpointing peaks at gate_up_proj's sum in layer 0's recomputation, three fp32
+(T, 2i) tensors.
+"""
+
+from __future__ import annotations
+
+from memfit.recipe.costs import dtype_bytes
+
+CACHE_COPY = "(the cache's copy)"   # models.hf_activations' label of a k or v the attention reads from the cache
+
+
+def projection_dtype(roles: dict, quantized: bool, mixed: bool) -> str:
+    """The dtype a (LoRA-adapted) projection outputs: the input's (the residual stream's) from a 4-bit base under
+    autocast, else what a matmul produces."""
+    return roles["act"] if quantized and mixed else roles["lin"]
+
+
+def cache_copies(kept: list, roles: dict, rotary: bool, quantized: bool, mixed: bool) -> int:
+    """Bytes of one layer's cache copies of k and v that the cache holds and the attention does not save (its
+    autocast casts are saved instead); 0 outside autocast, where the saved ones are the cache's own."""
+    if not mixed:
+        return 0
+    out = projection_dtype(roles, quantized, mixed)
+    total = 0
+    for k in kept:
+        if CACHE_COPY not in k.label:
+            continue
+        dtype = roles["act"] if (rotary and ": k " in f"{k.label} ") else out
+        if dtype != roles["low"]:
+            elements = 1
+            for n in k.shape:
+                elements *= n
+            total += dtype_bytes(elements, dtype)
+    return total
+
+
+def lora_linear_flight(elements: int, roles: dict, quantized: bool, mixed: bool) -> int:
+    """What a LoRA linear holds at its worst op while it is recomputed, beyond what it keeps: `elements` = T x its
+    output width. peft's Linear.forward: its base output, the adapter's output and the scaled copy at once
+    (`result + lora_B(lora_A(x)) * scaling`; the adapter in its own dtype on a 16-bit base, in the low dtype under
+    autocast). On a 4-bit base under autocast: the three (T, out) tensors in the input's dtype of the module
+    docstring."""
+    if quantized and mixed:
+        return 3 * dtype_bytes(elements, roles["act"])
+    return dtype_bytes(elements, roles["lin"]) + 2 * dtype_bytes(elements, roles["ada_low"])
+
+
+def forward_flights(recompute: dict, arrived: int, adapted: bool) -> dict:
+    """{part: bytes}: what a part's widest LoRA linear holds at its worst op in the forward, beyond the tensors it
+    keeps (the recomputation's flight without the gradients that arrived for the layer's output). Measured: Qwen3 QLoRA
+    under bf16-mixed with activation offloading peaks in the forward at up_proj's sum (three fp32 (T, i) tensors)."""
+    if not adapted:
+        return {}
+    return {part: flight - arrived for part, flight in recompute.items() if flight > arrived}
