@@ -211,17 +211,15 @@ def read(r: Reader, ctx) -> dict:
     return trainer
 
 
-# the fused losses and the plugin that applies each (integrations/<name>/__init__.py)
-FUSED_LOSS = {"liger_fused_linear_cross_entropy": ("liger", "liger"), "cut_cross_entropy": ("cut_cross_entropy", "cut_cross_entropy")}
-
-
 def _fused_loss(r: Reader, plugins: list) -> None:
-    on = [k for k in FUSED_LOSS if r.get(k, (bool,), None)]
+    """training.fused_loss from the key that switches it on, when the plugin that applies it is listed
+    (integrations/liger, integrations/cut_cross_entropy: the key is that plugin's argument)."""
+    on = [k for k in ("liger_fused_linear_cross_entropy", "cut_cross_entropy") if r.get(k, (bool,), None)]
     if len(on) > 1:
         r.error(r.at(on[1]), codes.NATIVE_CONFIG, f"{on[0]} and {on[1]} both replace the loss over the logits: keep one")
         return
     for key in on:
-        kind, plugin = FUSED_LOSS[key]
+        kind, plugin = ("liger", "liger") if key == "liger_fused_linear_cross_entropy" else ("cut_cross_entropy", "cut_cross_entropy")
         if not any(isinstance(p, str) and plugin in p.lower() for p in plugins):
             r.warn(r.at(key), f"{key}: Axolotl applies it through its plugin (plugins: axolotl.integrations.{plugin}...), "
                               f"which is not listed; memfit counts the whole logits")
