@@ -98,21 +98,19 @@ def rewrite(step, config, training: dict):
     model = getattr(config, "model", None)
     if model is None or not hasattr(model, "cfg") or not step.rows or step.rows[-1].name != "head":
         return step
-    from memfit.models import hf_activations as acts
-
-    run = model.training
-    roles = acts._dtypes(_precision(config), model.dtypes)
+    run, cfg = model.training, model.cfg
     b, s = run["micro_batch"], run["seq_len"]
     head = step.rows[-1]
     tensors = dict(step.tensors)
     rows_n = b * s
     hidden = tensors.get(head.input, 0)
     logits = tensors.get(head.output, 0)
-    if not rows_n or not hidden or not logits:
-        return step
-    # the hidden width and the vocabulary of this program (a tensor-parallel rank's share of the vocabulary)
-    h, vocab = hidden // dtype_bytes(rows_n, roles["act"]), logits // dtype_bytes(rows_n, roles["lin"])
-    if not h or not vocab:
+    from memfit.models.families import FAMILIES as SPECS
+
+    spec = SPECS.get(cfg.get("model_type"))
+    h = cfg.get(spec.hidden_key if spec is not None else "hidden_size")
+    vocab = cfg.get("vocab_size")
+    if not rows_n or not hidden or not logits or not h or not vocab:
         return step
     weight_grad = sum(head.grads)
     tensors[head.output] = 0   # the whole logits never exist
@@ -126,7 +124,7 @@ def rewrite(step, config, training: dict):
             tensors[fresh + 1] = weight_grad           # grad_weight: the output weight's, in its dtype
             kept.append(fresh + 1)
         forward = (hidden,                               # the hidden states, an input (not saved)
-                   dtype_bytes(chunk * vocab, roles["lin"]),  # logits_storage: one chunk's logits, then its gradient
+                   logits * chunk // rows_n,                  # logits_storage: one chunk's logits, then its gradient
                    dtype_bytes(rows_n, "float32"),            # loss_1d
                    dtype_bytes(rows_n, "bool"),               # target_mask
                    dtype_bytes(b * (s + 1), "int64"), labels64)  # the padded labels and the shifted copy

@@ -76,6 +76,28 @@ def _targeted(lora: dict | None, name: str) -> bool:
     return any(name == t or name.endswith("." + t) for t in targets or ())
 
 
+# precision -> (the activations' dtype, the matmuls' dtype: bnb_4bit_compute_dtype as QLoRA launchers set it)
+DTYPES = {"32-true": ("float32", "float32"), "bf16-true": ("bfloat16", "bfloat16"), "16-true": ("float16", "float16"),
+          "bf16-mixed": ("float32", "bfloat16"), "16-mixed": ("float32", "float16")}
+
+
+def _dims(cfg: dict, tokens: int) -> dict:
+    """A dense decoder's widths per token (hidden, attention output, MLP), and the tokens; {} for a mixture of experts
+    (its grouped experts are no Linear4bit)."""
+    from memfit.models.families import FAMILIES as SPECS
+
+    spec = SPECS.get(cfg.get("model_type"))
+    if spec is None:
+        return {}
+    h, heads = cfg.get(spec.hidden_key), cfg.get(spec.heads_key)
+    if not h or not heads or cfg.get("num_experts_per_tok"):
+        return {}
+    # the MLP's width: intermediate_size, or the family's own key (Falcon's ffn_hidden_size), else 4 x hidden
+    # (GPT-2 without n_inner)
+    inter = cfg.get("intermediate_size") or (cfg.get(spec.ffn_default) if spec.ffn_default else None) or 4 * h
+    return {"T": tokens, "h": h, "q": heads * (cfg.get("head_dim") or h // heads), "i": inter}
+
+
 def extra_inputs(config) -> dict:
     """{part: bytes} that each part of a layer keeps more (its 4-bit linears' input), from the model's own dims."""
     from memfit.models import hf_activations as acts
@@ -87,10 +109,9 @@ def extra_inputs(config) -> dict:
         return {}
     recipe = dict(getattr(model, "recipe", None) or {})
     precision = recipe.get("precision", "32-true")
-    roles = acts._dtypes(precision, model.dtypes)
-    sizes = acts._sizes(cfg, run["micro_batch"], run["seq_len"])
+    act, compute = DTYPES.get(precision, DTYPES["32-true"])
+    sizes = _dims(cfg, run["micro_batch"] * run["seq_len"])
     lora = recipe.get("lora") or {}
-    compute = roles["lin"]
     adapter = (model.dtypes or {}).get("adapter") or "float32"
     dropout = float(lora.get("dropout") or 0)
     out = {}
@@ -98,7 +119,7 @@ def extra_inputs(config) -> dict:
         names = [fam.names[r] for r in part_roles if r in fam.names]
         if not names or not sizes.get(PART_INPUT[part]):
             continue
-        given = roles["act"]   # the dtype the part's input is in (under autocast the 4-bit base's outputs are cast back)
+        given = act   # the dtype the part's input is in (under autocast the 4-bit base's outputs are cast back)
         copies = 1   # the part's linears read one storage
         if given != compute:
             copies = len(names)   # Linear4bit.forward casts its input itself: one copy per linear (measured)
