@@ -17,8 +17,9 @@ import yaml
 BAND = 0.05
 SHAPE = (4, 128)   # micro-batch, sequence: the loss is the peak (the whole logits, or the fused function)
 # the logits dominate (vocab 4096 over a 64-wide model): what the loss does with them is what the peak measures
+# (docs/peak.md also prints Cut Cross-Entropy under LoRA, measured once: 1.016; left out here to keep the suite short)
 RUNS = [("liger", "32-true", None), ("liger", "bf16-true", None), ("liger", "bf16-true", {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}),
-        ("cut_cross_entropy", "bf16-true", None), ("cut_cross_entropy", "bf16-true", {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]})]
+        ("cut_cross_entropy", "bf16-true", None)]
 
 
 def measured(cfg: dict, kind: str, precision: str, lora: dict | None, batch: int, seq: int) -> dict:
