@@ -68,8 +68,10 @@ class Result:
 
     @property
     def host(self) -> dict | None:
-        """Under offload: the host memory of the most-loaded node."""
-        return self.config.placement.host if self.config is not None and self.config.placement is not None else None
+        """Under offload: the host memory of the most-loaded node (with the saved activations offloaded there)."""
+        from memfit.ledger.techniques import activation_offloading
+
+        return activation_offloading.host(self.config) if self.config is not None and self.config.placement is not None else None
 
     @property
     def peak(self) -> dict | None:
@@ -551,7 +553,9 @@ def _layout_problems(config, model: dict) -> list[Problem]:
 
 
 def _host_budget(config) -> list[Problem]:
-    host = config.placement.host
+    from memfit.ledger.techniques import activation_offloading
+
+    host = activation_offloading.host(config)
     if host is None or config.host_memory is None or host["total"] <= config.host_memory:
         return []
     gpus = host["gpus"]

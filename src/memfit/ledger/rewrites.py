@@ -14,7 +14,9 @@ from importlib import import_module
 TECHNIQUES = (
     "partial_checkpointing",  # first: it builds the transformer's program again, layer by layer
     "keep_gradients",
+    "quantized_saves_input",
     "chunked_loss",
+    "fused_loss",
     "optimizer_in_backward",
     "activation_offloading",
     "paged_optimizer",

@@ -424,6 +424,11 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
         normed = fresh(hidden)
         row = weights(Row(FINAL_NORM, input=x, output=normed), FINAL_NORM)
         row.kept = kept_ids(norm_kept, x, hidden)
+        if acts.FAMILIES[cfg["model_type"]].norm == "rms":
+            # (issue 32) LlamaRMSNorm's backward runs in fp32: at pow's backward its output gradient, x * rsqrt's and
+            # mean's gradients, x.pow(1) and 2 * x.pow(1), five (T, h) fp32 (measured: MemTracker's peak at that mul
+            # once a fused loss no longer makes the loss the peak, tests/ledger/test_fused_loss.py)
+            row.backward_flight = hidden + dtype_bytes(5 * T * h, "float32")
         rows.append(row)
         x = normed
     logits = fresh(T * sizes["V"] * lin_w)

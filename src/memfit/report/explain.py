@@ -115,11 +115,13 @@ def _render(result, colour: bool, lines: list[str]) -> int | None:
         out(f"{'peak':<16} {peak['bytes']:>24,} {human(peak['bytes']):>13}")
         out("")
         total = peak["bytes"]
-    host = config.placement.host
+    from memfit.ledger.techniques import activation_offloading
+
+    host = activation_offloading.host(config)
     if host is not None:
         limit = f" of host.memory {with_bytes(config.host_memory)}" if config.host_memory is not None else " (no host.memory to check against)"
         out(f"host memory per node ({host['gpus']} GPUs offloading): {with_bytes(host['total'])}{limit}")
-        for category in ("parameters", "gradients", "optimizer_state"):
+        for category in ("parameters", "gradients", "optimizer_state", "activations"):
             if host.get(category):
                 out(f"  {category:<14} {host[category]:>24,} {human(host[category]):>13}")
         out("")

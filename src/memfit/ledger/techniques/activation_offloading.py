@@ -67,7 +67,42 @@ def offloaded(step) -> list:
 
 
 def host_bytes(step) -> int:
-    return sum(step.tensors[t] for t in step.offloaded)
+    """What the host holds at the end of the forward: pack_tensor copies every tensor of at least min_offload_size
+    the model's body saves (`torch.empty_like(activation, pin_memory=..., device="cpu")`), the ones the forward
+    stash still holds on the device and the batch's included; each storage once (the class copies a storage once per
+    op that saves it: a tensor saved by several ops, q, k and v's input, is on the host several times, which the
+    program's rows, one id per storage, do not say: this is the least the host holds)."""
+    if not step.offloaded:
+        return 0
+    size, seen, total = step.tensors, set(), 0
+    for row in step.rows[:-1]:
+        for t in row.kept:
+            if t not in seen and size[t] >= MIN_OFFLOAD_SIZE:
+                seen.add(t)
+                total += size[t]
+    return total
+
+
+def host(config) -> dict | None:
+    """The host memory of the most-loaded node: what the layout offloads (placement: parameters, gradients, optimizer
+    state) and the saved activations this technique moved there, each GPU's process its own (the binding rank's
+    program, times the GPUs of a node). None when nothing is on the host."""
+    placement = getattr(config, "placement", None)
+    base = placement.host if placement is not None else None
+    step = getattr(config, "step", None)
+    moved = host_bytes(step) if step is not None and getattr(step, "offloaded", None) else 0
+    if not moved:
+        return base
+    if base is not None:
+        gpus = base["gpus"]
+    elif getattr(config, "parallel", None) is not None and placement is not None and placement.sharded is not None:
+        gpus = min(config.parallel.gpus_per_node, placement.sharded.ranks)
+    else:
+        gpus = 1
+    held = dict(base) if base is not None else {"parameters": 0, "gradients": 0, "optimizer_state": 0, "gpus": gpus}
+    held["activations"] = moved * gpus
+    held["total"] = sum(v for k, v in held.items() if k not in ("total", "gpus"))
+    return held
 
 
 def rewrite(step, config, training: dict):

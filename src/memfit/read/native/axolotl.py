@@ -43,6 +43,8 @@ KEYS = {
     "deepspeed": (None, "parallel.zero, offload, buckets, precision (a DeepSpeed JSON)", "schemas/config.py deepspeed"),
     "fsdp_config": (None, "parallel.fsdp, parallel.offload, training.checkpointing", "schemas/fsdp.py FSDPConfig"),
     "fsdp": (None, "parallel.fsdp (deprecated list form: full_shard, shard_grad_op, offload)", "schemas/config.py fsdp"),
+    "liger_fused_linear_cross_entropy": (None, "training.fused_loss liger, with the Liger plugin listed (axolotl.integrations.liger.LigerPlugin)", "integrations/liger/args.py LigerArgs.liger_fused_linear_cross_entropy"),
+    "cut_cross_entropy": (None, "training.fused_loss cut_cross_entropy, with the Cut Cross-Entropy plugin listed (axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin)", "integrations/cut_cross_entropy/args.py CutCrossEntropyArgs.cut_cross_entropy"),
     "overrides_of_model_config": (None, "model.transformer: the config.json's keys with these set over them (setattr on the model config)", "schemas/model.py ModelInputConfig.overrides_of_model_config; loaders/model.py ModelLoader._apply_model_config_overrides"),
 }
 
@@ -60,8 +62,6 @@ CONDITIONAL = {
 
 # keys that change memory and are not modelled -> (no-effect values, what they do)
 UNMODELLED = {
-    "cut_cross_entropy": ((False,), "Cut Cross-Entropy never materializes the logits (memfit counts the full logits): the figures are high, on the safe side"),
-    "liger_fused_linear_cross_entropy": ((False,), "Liger's fused linear cross-entropy never materializes the logits (memfit counts them): the figures are high, on the safe side"),
     "liger_rms_norm": ((False,), "Liger's RMSNorm kernel saves less for backward: the figures are high, on the safe side"),
     "liger_glu_activation": ((False,), "Liger's SwiGLU kernel recomputes the activation in backward: the figures are high, on the safe side"),
     "liger_swiglu": ((False,), "Liger's SwiGLU kernel recomputes the activation in backward: the figures are high, on the safe side"),
@@ -204,11 +204,28 @@ def read(r: Reader, ctx) -> dict:
     _fsdp(r)
     r.unmodelled(UNMODELLED)
     plugins = r.get("plugins", (list,), []) or []
+    _fused_loss(r, plugins)
     for i, plugin in enumerate(plugins):
         if isinstance(plugin, str) and ("liger" in plugin.lower() or "cut_cross_entropy" in plugin.lower()):
             if not any(k.startswith("liger_") or k == "cut_cross_entropy" for k in data):
                 r.warn(r.at("plugins", i), f"plugin {plugin.rsplit('.', 1)[-1]}: its kernels save less memory than memfit counts (enable keys: liger_*, cut_cross_entropy)")
     return trainer
+
+
+def _fused_loss(r: Reader, plugins: list) -> None:
+    """training.fused_loss from the key that switches it on, when the plugin that applies it is listed
+    (integrations/liger, integrations/cut_cross_entropy: the key is that plugin's argument)."""
+    on = [k for k in ("liger_fused_linear_cross_entropy", "cut_cross_entropy") if r.get(k, (bool,), None)]
+    if len(on) > 1:
+        r.error(r.at(on[1]), codes.NATIVE_CONFIG, f"{on[0]} and {on[1]} both replace the loss over the logits: keep one")
+        return
+    for key in on:
+        kind, plugin = ("liger", "liger") if key == "liger_fused_linear_cross_entropy" else ("cut_cross_entropy", "cut_cross_entropy")
+        if not any(isinstance(p, str) and plugin in p.lower() for p in plugins):
+            r.warn(r.at(key), f"{key}: Axolotl applies it through its plugin (plugins: axolotl.integrations.{plugin}...), "
+                              f"which is not listed; memfit counts the whole logits")
+            continue
+        r.set(("training", "fused_loss"), kind, r.at(key))
 
 
 def _attention(r: Reader):

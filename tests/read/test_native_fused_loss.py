@@ -1,0 +1,69 @@
+"""The fused linear cross-entropies read from the native formats that switch them on: Axolotl's
+`liger_fused_linear_cross_entropy` and `cut_cross_entropy` (with their plugins listed), LLaMA-Factory's
+`enable_liger_kernel` (pt and sft stages): training.fused_loss, the same figures as the conversion, and a peak below
+the same run without it (a LoRA Llama 3 8B, its 128,256-token vocabulary at 4,096 tokens: the whole logits are the peak)."""
+
+from __future__ import annotations
+
+import shutil
+
+from test_native import MODELS, figures, same_figures_as_converted
+
+AXOLOTL = ("base_model: ./llama-3-8b.json\nsequence_len: 4096\nmicro_batch_size: 1\nbf16: true\ngradient_checkpointing: true\n"
+           "adapter: lora\nlora_r: 16\nlora_target_linear: true\n")
+LIGER = "plugins:\n  - axolotl.integrations.liger.LigerPlugin\nliger_fused_linear_cross_entropy: true\n"
+CCE = "plugins:\n  - axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin\ncut_cross_entropy: true\n"
+FACTORY = ("model_name_or_path: ./llama-3-8b.json\nstage: sft\nfinetuning_type: lora\ncutoff_len: 4096\n"
+           "per_device_train_batch_size: 1\nbf16: true\npure_bf16: true\n")
+
+
+def test_axolotl_liger_and_cut_cross_entropy(tmp_path):
+    shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
+    plain = tmp_path / "plain.yml"
+    plain.write_text(AXOLOTL)
+    whole, _ = figures(plain, "--device", "H100-80GB")
+    peaks = {}
+    for kind, text in (("liger", LIGER), ("cut_cross_entropy", CCE)):
+        native = tmp_path / f"{kind}.yml"
+        native.write_text(AXOLOTL + text)
+        out = same_figures_as_converted(native, "--device", "H100-80GB")
+        assert out["doc"]["training"]["fused_loss"] == kind
+        assert not [d for d in out["native"]["diagnostics"] if d["code"] == "not-modelled" and "cross" in d["message"].lower()]
+        peaks[kind] = out["native"]["peak"]["bytes"]
+        assert peaks[kind] < whole["peak"]["bytes"], (kind, peaks[kind], whole["peak"]["bytes"])
+    # Liger keeps the output weight's gradient from the forward on; Cut Cross-Entropy makes it in the backward
+    assert peaks["cut_cross_entropy"] <= peaks["liger"]
+
+
+def test_axolotl_fused_loss_without_its_plugin_counts_the_logits(tmp_path):
+    shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
+    plain = tmp_path / "plain.yml"
+    plain.write_text(AXOLOTL)
+    whole, _ = figures(plain, "--device", "H100-80GB")
+    bare = tmp_path / "bare.yml"
+    bare.write_text(AXOLOTL + "liger_fused_linear_cross_entropy: true\n")
+    entry, _ = figures(bare, "--device", "H100-80GB")
+    assert entry["peak"]["bytes"] == whole["peak"]["bytes"]
+    warned = [d for d in entry["diagnostics"] if "plugin" in d["message"]]   # (lines count from 0: the key's own line)
+    assert warned and warned[0]["range"]["start"]["line"] == 8, entry["diagnostics"]
+    both = tmp_path / "both.yml"
+    both.write_text(AXOLOTL + LIGER + "cut_cross_entropy: true\n")
+    entry, _ = figures(both, "--device", "H100-80GB")
+    assert [d for d in entry["diagnostics"] if d["severity"] == "error" and "cut_cross_entropy" in d["message"]], entry["diagnostics"]
+
+
+def test_llama_factory_enable_liger_kernel(tmp_path):
+    shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(FACTORY)
+    whole, _ = figures(plain, "--device", "H100-80GB")
+    native = tmp_path / "liger.yaml"
+    native.write_text(FACTORY + "enable_liger_kernel: true\n")
+    out = same_figures_as_converted(native, "--device", "H100-80GB")
+    assert out["doc"]["training"]["fused_loss"] == "liger"
+    assert out["native"]["peak"]["bytes"] < whole["peak"]["bytes"]
+    assert [d for d in out["native"]["diagnostics"] if "RMSNorm" in d["message"]]
+    dpo = tmp_path / "dpo.yaml"
+    dpo.write_text(FACTORY.replace("stage: sft", "stage: dpo") + "enable_liger_kernel: true\n")
+    entry, _ = figures(dpo, "--device", "H100-80GB")
+    assert [d for d in entry["diagnostics"] if "keeps the logits" in d["message"]]
