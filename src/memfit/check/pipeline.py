@@ -38,6 +38,7 @@ class Options:
     launch: str | None = None
     model: str | None = None
     online: bool = False  # --online: fetch a model's config.json alone through huggingface_hub
+    keep_events: bool = False  # the language server: Result.events keeps the parser's events (source.spans reads them)
 
 
 @dataclass
@@ -56,6 +57,7 @@ class Result:
     origins: dict | None = None  # a native config: memfit key path -> the native node it came from
     references: list = field(default_factory=list)  # the other files the check read (absolute): config.json, DeepSpeed JSON, ...
     provenance: dict | None = None  # where the model, the device and the settings came from (read/native/settings.provenance)
+    events: list | None = None  # with Options.keep_events: the text's parser events, for source.spans (the editor's index)
 
     @property
     def footprint(self) -> dict | None:
@@ -120,7 +122,11 @@ def _check(text: str, path: str, options: Options) -> Result:
         return result
     from memfit.read import source  # after the marker test: a skipped file costs no YAML import
 
-    loaded = source.load(text)
+    if options.keep_events:
+        result.events = []
+        loaded = source.load(text, result.events)
+    else:
+        loaded = source.load(text)
     result.diagnostics.extend(loaded.diagnostics)
     data = loaded.data
     if data is None and loaded.diagnostics:

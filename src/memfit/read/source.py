@@ -207,15 +207,31 @@ def _syntax(error: yaml.YAMLError, text: str) -> Diagnostic:
     return Diagnostic(where, ERROR, codes.YAML_SYNTAX, f"invalid YAML: {message}")
 
 
-def load(text: str) -> Loaded:
+def load(text: str, keep: list | None = None) -> Loaded:
     """Build the data in one pass over the parser's events (check() pauses the cyclic GC
-    around it: the build allocates many containers and none can form a cycle)."""
+    around it: the build allocates many containers and none can form a cycle).
+
+    With `keep` (an empty list), the events the build read are appended to it when the build
+    reads the document through (to its end, or to a second document, where `spans` stops too):
+    `spans(text, keep)` then indexes the text without parsing it again. After a problem that
+    stopped the build, `keep` is left empty."""
     try:
-        return _build(text)
+        if keep is None:
+            return _build(text, _events(text))
+        read: list = []
+        loaded = _build(text, _kept(_events(text), read))
+        keep.extend(read)
+        return loaded
     except LoadError as error:
         return Loaded(None, [error.diagnostic])
     except yaml.YAMLError as error:
         return Loaded(None, [_syntax(error, text)])
+
+
+def _kept(events, into: list):
+    for event in events:
+        into.append(event)
+        yield event
 
 
 def _tag_error(event, what: str) -> LoadError:
@@ -237,7 +253,7 @@ def _alias(event, anchors: dict, open_anchors: set) -> tuple[object, int]:
     return anchors[event.anchor]
 
 
-def _build(text: str) -> Loaded:
+def _build(text: str, parsed) -> Loaded:
     scalars = _Scalars()
     diagnostics: list[Diagnostic] = []
     anchors: dict[str, tuple[object, int]] = {}
@@ -292,7 +308,7 @@ def _build(text: str) -> Loaded:
             )
         mapping[key] = value
 
-    for events, event in enumerate(_events(text), 1):
+    for events, event in enumerate(parsed, 1):
         kind = event.__class__
         if kind is ScalarEvent:
             value = _scalar(event, scalars)
@@ -418,10 +434,9 @@ class _Found(Exception):
     """Every request of an early-stopping walk has its node."""
 
 
-def _walk(text: str, wanted, values: dict, keys: dict, outstanding: set | None = None, span=_range) -> None:
+def _walk(text: str, wanted, values: dict, keys: dict, outstanding: set | None = None) -> None:
     """Record value and key ranges of the wanted paths (all paths when wanted is None); stop
-    once `outstanding` (path, KEY|VALUE) requests, if given, all have their exact node.
-    `span(start_mark, end_mark)` makes what is recorded (a Range; `spans` records plain tuples)."""
+    once `outstanding` (path, KEY|VALUE) requests, if given, all have their exact node."""
     scalars = _Scalars()
     # frame: [path, is_map, next_index_or_pending_key, start_mark, last_end_mark]
     stack: list[list] = []
@@ -433,7 +448,7 @@ def _walk(text: str, wanted, values: dict, keys: dict, outstanding: set | None =
 
     def finish(path, start, end):
         if everything or path in wanted:
-            values[path] = span(start, end)
+            values[path] = _range(start, end)
             if outstanding is not None:
                 outstanding.discard((path, KEY))  # a list item has no key: its value stands for it
                 outstanding.discard((path, VALUE))
@@ -464,7 +479,7 @@ def _walk(text: str, wanted, values: dict, keys: dict, outstanding: set | None =
                     frame[2] = key
                     path = frame[0] + (key,)
                     if everything or path in wanted:
-                        keys[path] = span(event.start_mark, event.end_mark)
+                        keys[path] = _range(event.start_mark, event.end_mark)
                         if outstanding is not None:
                             outstanding.discard((path, KEY))
                             if not outstanding:
@@ -538,15 +553,72 @@ def index(text: str) -> tuple[dict[tuple, Range], dict[tuple, Range]]:
     return values, keys
 
 
-def _span(start, end) -> tuple[int, int, int, int]:
-    return (start.line, start.column, end.line, end.column)
-
-
-def spans(text: str) -> tuple[dict[tuple, tuple], dict[tuple, tuple]]:
+def spans(text: str, parsed: list | None = None) -> tuple[dict[tuple, tuple], dict[tuple, tuple]]:
     """`index` with each range as a plain (start_line, start_character, end_line, end_character)
     tuple: what the editor indexes a whole document with (`Range(*span)` where one is needed). A
-    5,000-tensor config has 32,000 nodes and keys: building a Range for each was a third of the walk."""
+    5,000-tensor config has 32,000 nodes and keys: building a Range for each was a third of the walk.
+    `parsed`: the events `load(text, keep)` kept (when it kept any), so the text is not parsed twice."""
     values: dict[tuple, tuple] = {}
     keys: dict[tuple, tuple] = {}
-    _walk(text, None, values, keys, span=_span)
+    _walk_all(_events(text) if not parsed else iter(parsed), values, keys)
     return values, keys
+
+
+def _walk_all(events, values: dict, keys: dict) -> None:
+    """_walk with every path wanted, spans as tuples, its helpers inlined (the language server runs it
+    on a whole document for the first inlay hint or hover). The same frames and the same rules:
+    tests/project/test_speed_equivalence.py holds it to _walk's ranges."""
+    scalars = _Scalars()
+    # frame: [path, is_map, next_index_or_pending_key, start_mark, last_end_mark]
+    stack: list[list] = []
+    documents = 0
+    no_key = _NO_KEY
+    try:
+        for event in events:
+            kind = event.__class__
+            if kind is ScalarEvent or kind is AliasEvent or kind is SequenceStartEvent or kind is MappingStartEvent:
+                start, end = event.start_mark, event.end_mark
+                frame = stack[-1] if stack else None
+                if frame is not None and frame[1] and frame[2] is no_key:
+                    # a mapping key: remember it; its value's path follows
+                    key = _key_of(event, scalars)
+                    frame[2] = key
+                    path = frame[0] + (key,)
+                    keys[path] = (start.line, start.column, end.line, end.column)
+                    if kind is MappingStartEvent:
+                        stack.append([path + ("?",), True, no_key, start, end])
+                    elif kind is SequenceStartEvent:
+                        stack.append([path + ("?",), False, 0, start, end])
+                    continue
+                path = frame[0] + (frame[2],) if frame is not None else ()
+                if kind is MappingStartEvent:
+                    stack.append([path, True, no_key, start, end])
+                    continue
+                if kind is SequenceStartEvent:
+                    stack.append([path, False, 0, start, end])
+                    continue
+            elif kind is SequenceEndEvent or kind is MappingEndEvent:
+                path, _, _, start, last_end = stack.pop()
+                # block containers end where the next token starts; stop at their last child
+                end = event.end_mark if event.start_mark.index != event.end_mark.index else last_end
+                frame = stack[-1] if stack else None
+                if frame is not None and frame[1] and frame[2] is not no_key and path[-1:] == ("?",):
+                    frame[2] = object()  # a complex key: its value gets a path nothing asks for
+                    continue
+            elif kind is DocumentStartEvent:
+                documents += 1
+                if documents > 1:
+                    break
+                continue
+            else:
+                continue
+            # a node is finished (a scalar, an alias, a container's end): its span, and its parent moves on
+            values[path] = (start.line, start.column, end.line, end.column)
+            if frame is not None:
+                frame[4] = end
+                if frame[1]:
+                    frame[2] = no_key
+                else:
+                    frame[2] += 1
+    except yaml.YAMLError:
+        pass  # positions up to the error are still good
