@@ -79,9 +79,9 @@ def test_peft_all_linear_adapts_the_attention_only():
     model = hm.build(hm.tiny("gpt_oss"), lora={"r": 4, "target_modules": "all-linear"})
     adapted = {name.split(".lora_")[0].rsplit(".", 1)[-1] for name, p in model.named_parameters() if p.requires_grad}
     assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj"}
-    assert not ha._trainable(ha.FAMILIES["gpt_oss"], {"target_modules": "all-linear"})["W:experts"]
+    assert not ha.trainable_flags(ha.FAMILIES["gpt_oss"], {"target_modules": "all-linear"})["W:experts"]
     with pytest.raises(ValueError):
-        ha._trainable(ha.FAMILIES["gpt_oss"], {"r": 8})
+        ha.trainable_flags(ha.FAMILIES["gpt_oss"], {"r": 8})
 
 
 def test_transformers_refuses_sdpa_and_memfit_prices_eager():

@@ -65,14 +65,14 @@ def hf_namer(cfg: dict, own_norm: bool = True):
     `own_norm`: the final norm is a row of its own (training.FINAL_NORM); otherwise the head row is the final norm
     (an encoder-decoder's), then the output layer."""
     from memfit.models import hf_encdec
-    from memfit.models.hf import _tree  # the transformers module tree: embeddings first, the head last
+    from memfit.models.hf import module_tree  # the transformers module tree: embeddings first, the head last
 
     stacked = hf_encdec.is_stacked(cfg)
     if stacked:  # an encoder-decoder: the step's layers are both stacks' (encoder.block.i, then decoder.block.j)
         first, norm, last = hf_encdec.outer_modules(cfg)
         own_norm = False
     else:
-        before, layers, _, after, _ = _tree(cfg)
+        before, layers, _, after, _ = module_tree(cfg)
         first, last = before[0].path, after[-1].path
         norm = final_norm(cfg) or last
 

@@ -338,13 +338,13 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
         common["shape"] = shape
     checkpointing = run["checkpointing"]
     blocks = acts.saved(cfg, checkpointing=checkpointing, **common)
-    roles = acts._dtypes(precision, model.dtypes)
-    sizes = acts._sizes(cfg, run["micro_batch"], run["seq_len"], target_len=recipe_args.get("target_len"), moe=recipe_args.get("moe"))
+    roles = acts.role_dtypes(precision, model.dtypes)
+    sizes = acts.layer_sizes(cfg, run["micro_batch"], run["seq_len"], target_len=recipe_args.get("target_len"), moe=recipe_args.get("moe"))
     if rank_sizes is not None:
         sizes = rank_sizes(sizes)
     b, s, h, T = sizes["b"], sizes["s"], sizes["h"], sizes["T"]
     act_w, lin_w = dtype_bytes(1, roles["act"]), dtype_bytes(1, roles["lin"])
-    n_layers = acts._layers(cfg)
+    n_layers = acts.count_layers(cfg)
     stacked = hf_encdec.is_stacked(cfg)  # an encoder-decoder: its layers are those of its stacks in forward order
 
     tensors: dict[int, int] = {}
@@ -457,7 +457,7 @@ def final_norm(cfg: dict) -> str | None:
 
     if hf_encdec.is_stacked(cfg):
         return None
-    after = hf._tree(cfg)[3]
+    after = hf.module_tree(cfg)[3]
     return next((m.path for m in after[:-1] if "norm" in m.type), None)
 
 
@@ -581,7 +581,7 @@ def _layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_siz
 
     b, s, h, T = sizes["b"], sizes["s"], sizes["h"], sizes["T"]
     act_w, lin_w = dtype_bytes(1, roles["act"]), dtype_bytes(1, roles["lin"])
-    n_layers = acts._layers(cfg)
+    n_layers = acts.count_layers(cfg)
     precision = recipe_args.get("precision", "32-true")
     self_math = False
     fam = acts.FAMILIES[cfg["model_type"]]
@@ -607,7 +607,7 @@ def _layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_siz
             # beside the two score-sized gradients are the residual stream's, v's and one more (T, h) gradient and
             # the relative bias's gradient (1, H, q, k), accumulating over the stack's layers when the bias trains
             # (the decoder's is in decoder_flight under full checkpointing); q's and k's come after the softmax's
-            bias = acts._trainable(acts.FAMILIES["t5"], recipe_args.get("lora"))["W:embed"]
+            bias = acts.trainable_flags(acts.FAMILIES["t5"], recipe_args.get("lora"))["W:embed"]
             for flight, q_len, own_bias in ((enc_flights, se, bias), (flights, s, bias and checkpointing != "full")):
                 tokens = b * q_len
                 at_softmax = (tokens * h * act_w + 2 * tokens * sizes["kv"] * lin_w + 2 * dtype_bytes(b * H * q_len * q_len, score_dtype)
@@ -805,7 +805,7 @@ def _math_kernel_moments(cfg: dict, sizes: dict, roles: dict, attention: str, pr
     if not fam.falcon or precision.endswith("-mixed"):
         return []
     b, s, d, H, KV, T = sizes["b"], sizes["s"], sizes["d"], sizes["H"], sizes["KV"], sizes["T"]
-    cond = acts._conditions(cfg, fam, attention, "full", b, precision)
+    cond = acts.layer_conditions(cfg, fam, attention, "full", b, precision)
     if not cond["fa_math"] or cond["fa_alibi"]:
         return []
     act = roles["act"]
@@ -848,7 +848,7 @@ def _adapted_linears(cfg: dict, lora: dict | None) -> dict | None:
 
     fam = acts.FAMILIES[cfg["model_type"]]
     try:
-        adapted = acts._trainable(fam, lora) if lora else {}
+        adapted = acts.trainable_flags(fam, lora) if lora else {}
     except ValueError:
         return None
     return {part: [(role, width) for role, width in linears
@@ -905,7 +905,7 @@ def _early_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int, attention: st
     fam = acts.FAMILIES[cfg["model_type"]]
     if not fam.falcon:
         return {}
-    cond = acts._conditions(cfg, fam, attention, "none", sizes["b"])
+    cond = acts.layer_conditions(cfg, fam, attention, "none", sizes["b"])
     if not cond["fa_math"]:
         return {}
     T, b, H, s = sizes["T"], sizes["b"], sizes["H"], sizes["s"]
@@ -929,12 +929,12 @@ def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int, routed: bool 
     fam = acts.FAMILIES[cfg["model_type"]]
     k = 2 if fam.mlp == "plain" else 3
     res = T * h * act_w
-    dropout = res if acts._drop(cfg, fam, "resid") else 0
+    dropout = res if acts.dropout_on(cfg, fam, "resid") else 0
     scores = 0
     if fam.falcon:
         # Falcon's batched-matmul attention (eager, and torch's math kernel for multi_query under sdpa, in fp32 from a
         # 16-bit input): the probabilities' gradient, (b, H, s, s), is in flight through the softmax's backward
-        cond = acts._conditions(cfg, fam, attention, "none", sizes["b"])
+        cond = acts.layer_conditions(cfg, fam, attention, "none", sizes["b"])
         if cond["fa_bmm"]:
             scores = sizes["b"] * sizes["H"] * sizes["s"] ** 2 * (FP32 if cond["fa_math"] else act_w)
     out = {

@@ -81,8 +81,8 @@ def _add_buffers(out, where: tuple) -> None:
     from memfit.recipe.costs import width
 
     model = out.model
-    sizes = acts._sizes(model.cfg, model.training["micro_batch"], model.training["seq_len"])
-    cast = acts._dtypes(model.recipe.get("precision", "32-true"), model.dtypes)["act"]
+    sizes = acts.layer_sizes(model.cfg, model.training["micro_batch"], model.training["seq_len"])
+    cast = acts.role_dtypes(model.recipe.get("precision", "32-true"), model.dtypes)["act"]
     made = [make_tensor("parameters", where, b.name, list(b.shape), 1, False, width(b.dtype or cast), out)
             for b in buffers(model.cfg, sizes["rot"])]
     for t in made:

@@ -91,13 +91,13 @@ def layer_saved_per_rank(cfg: dict, *, micro_batch: int, seq_len: int, tensor: i
     (training.moe's routing and capacity factor, parallel.expert), as on one device."""
     A.check(cfg, attention, checkpointing, precision)
     fam = A.FAMILIES[cfg["model_type"]]
-    sizes = A._sizes(cfg, micro_batch, seq_len, moe=moe)
-    roles = A._dtypes(precision, dtypes)
+    sizes = A.layer_sizes(cfg, micro_batch, seq_len, moe=moe)
+    roles = A.role_dtypes(precision, dtypes)
     split, seq = _rank_sizes(sizes, tensor, sequence_parallel, micro_batch)
     if checkpointing == "full":
         b = A._boundary(fam, roles, sizes)
         return [A.Kept(b.label, (seq["b"], seq["s"], seq["h"]), b.dtype)]
-    cond = A._conditions(cfg, fam, attention, checkpointing, micro_batch, precision)
+    cond = A.layer_conditions(cfg, fam, attention, checkpointing, micro_batch, precision)
     return _resolve_per_rank(A.layer_rows(cfg["model_type"], A._act(cfg), A._parallel(cfg)), cond, roles, split, seq)
 
 
@@ -110,10 +110,10 @@ def activations_per_stage(cfg: dict, layout: Parallel, *, micro_batch: int, seq_
     layer's recomputation."""
     t, sp = layout.tensor, layout.sequence_parallel
     fam = A.FAMILIES[cfg["model_type"]]
-    sizes = A._sizes(cfg, micro_batch, seq_len, moe=moe)
-    roles = A._dtypes(precision, dtypes)
+    sizes = A.layer_sizes(cfg, micro_batch, seq_len, moe=moe)
+    roles = A.role_dtypes(precision, dtypes)
     split, seq = _rank_sizes(sizes, t, sp, micro_batch)
-    cond = A._conditions(cfg, fam, attention, checkpointing, micro_batch, precision)
+    cond = A.layer_conditions(cfg, fam, attention, checkpointing, micro_batch, precision)
     embeddings = A.nbytes(_resolve_per_rank(A._embedding_rows(fam), cond, roles, split, seq))
     ends = A.nbytes(_resolve_per_rank(A._head_rows(fam), cond, roles, split, seq) + _resolve_per_rank(A.LOSS_ROWS, cond, roles, split, seq))
     common = dict(micro_batch=micro_batch, seq_len=seq_len, tensor=t, sequence_parallel=sp, attention=attention, precision=precision,

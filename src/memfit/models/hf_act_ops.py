@@ -1,0 +1,214 @@
+"""What autograd saves, the op rules (models/hf_activations.py tells the whole story): a kept tensor (`Kept`), a
+block of them (`Block`), a table row (`K`), the precisions and kernels, the norm, activation and linear rules
+(LoRA/DoRA adapters and quantized bases included), and `Family`, a family's activation rules."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+
+class Kept(NamedTuple):
+    label: str
+    shape: tuple
+    dtype: str
+
+
+class Block(NamedTuple):
+    name: str
+    count: int
+    kept: list
+
+
+class K(NamedTuple):
+    op: str
+    what: str
+    shape: tuple
+    role: str
+    when: str | None = None
+    needs: tuple = ()
+    source: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.op}: {self.what}"
+
+    @property
+    def alias(self) -> str | None:
+        """The `what` of the source row (sources are named by label; a row's label is "op: what")."""
+        return None if self.source is None else self.source.split(": ", 1)[1]
+
+
+def _and(*names) -> str | None:
+    """Conditions combine as "a&b" (a string, so a row's `when` indexes the conditions table directly)."""
+    names = [n for n in names if n]
+    return "&".join(names) or None
+
+
+class Conditions(dict):
+    """Named static conditions; "a&b" holds when both do."""
+
+    def __missing__(self, key):
+        if isinstance(key, str) and "&" in key:
+            return all(self[k] for k in key.split("&"))
+        raise KeyError(key)
+
+
+PRECISIONS = ("32-true", "bf16-true", "16-true", "bf16-mixed", "16-mixed")
+ATTENTIONS = ("eager", "sdpa", "flash")
+CHECKPOINTING = ("none", "full", "selective")
+LOW = {"bf16-true": "bfloat16", "16-true": "float16", "bf16-mixed": "bfloat16", "16-mixed": "float16"}
+TRUE_DTYPE = {"32-true": "float32", "bf16-true": "bfloat16", "16-true": "float16"}   # what every activation is in
+
+# Shape symbols (see `layer_sizes`): b batch, s sequence, h hidden, i intermediate, i2 = 2i, H / KV query / key-value
+# heads, d head dim, q = H*d, kv = KV*d, qkv = q + 2kv, rot rotary dims, V vocab, T = b*s tokens, Tl the stored
+# targets, E experts, k experts per token, S = T*k routed tokens, R LoRA rank; s1 = s + 1 (gpt-oss's sink column),
+# rh = rot / 2 (gpt-oss's cos/sin).
+
+# ------------------------------------------------------------------------------------------------- op rules
+
+# Norms, given their input's flag `f` and role. HF RMSNorm upcasts to fp32, multiplies by 1/rms, casts back, then
+# weight * that: pow and mul keep the fp32 input (the input itself when already fp32) and 1/rms (if the input needs
+# a gradient); weight * keeps the cast-back tensor only when the weight trains. Gemma keeps fp32 normalized and
+# (1 + weight) instead. nn.LayerNorm (one op) keeps input, mean and 1/std when anything needs a gradient.
+def _norm(kind: str, n: str, x: tuple, f: str, role: str = "act") -> list:
+    stat = x[:-1] + (1,)
+    if kind == "rms":
+        return [K(n, "input, upcast to fp32 (in fp32 the input itself)", x, "f32", needs=(f,)),
+                K(n, "1/rms", stat, "f32", needs=(f,)),
+                K(n, "normalized, cast back to the input dtype (weight * it)", x, role, needs=("W:norm",))]
+    if kind == "gemma_rms":
+        return [K(n, "input, upcast to fp32", x, "f32", needs=(f,)),
+                K(n, "1/rms", stat, "f32", needs=(f,)),
+                K(n, "normalized (fp32; (1 + weight) * it)", x, "f32", needs=("W:norm",)),
+                K(n, "1 + weight (fp32)", (x[-1],), "f32", needs=(f,))]
+    if kind == "l2":   # Llama 4's qk_norm: RMSNorm without a weight (x.float() * rsqrt(...), cast back)
+        return [K(n, "input, upcast to fp32 (in fp32 the input itself)", x, "f32", needs=(f,)),
+                K(n, "1/rms", stat, "f32", needs=(f,))]
+    if kind == "cohere_ln":   # CohereLayerNorm, written out: (x - mean).pow(2) and (x - mean) * rsqrt(...) each
+        # compute x - mean (two storages), rsqrt keeps its result, weight * keeps the normalized tensor (all fp32)
+        return [K(n, "x - mean for the variance (fp32; pow keeps it)", x, "f32", needs=(f, "W:norm")),
+                K(n, "rsqrt(variance + eps) (fp32)", stat, "f32", needs=(f, "W:norm")),
+                K(n, "x - mean again (fp32; * rsqrt keeps it)", x, "f32", needs=(f,)),
+                K(n, "normalized (fp32; weight * it)", x, "f32", needs=("W:norm",))]
+    if kind == "olmo_rms":   # OLMo 2: (weight * fp32 normalized).to(input dtype): the product is taken in fp32
+        return [K(n, "input, upcast to fp32 (in fp32 the input itself)", x, "f32", needs=(f,)),
+                K(n, "1/rms", stat, "f32", needs=(f,)),
+                K(n, "normalized (fp32; weight * it, then cast back)", x, "f32", needs=("W:norm",))]
+    return [K(n, "input", x, role, needs=(f, "W:norm")),
+            K(n, "mean (fp32)", stat, "f32", needs=(f, "W:norm")),
+            K(n, "1/std (fp32)", stat, "f32", needs=(f, "W:norm"))]
+
+
+# Activation functions: what each keeps beyond its input, all on its input's flag (None: not even the input; relu
+# keeps its result, which the next op keeps anyway). gelu_new is a Python expression whose pow and tanh keep x,
+# tanh's result, 0.5*x and 1+tanh.
+ACTIVATIONS = {
+    "silu": [], "swish": [], "gelu": [], "gelu_pytorch_tanh": [], "relu": None,
+    "gelu_new": ["tanh(...) result", "0.5 * x", "1 + tanh(...)"],
+}
+ACTIVATIONS["gelu_fast"] = ACTIVATIONS["gelu_new"]
+ACTIVATIONS["quick_gelu"] = ["sigmoid(1.702 * x) result"]   # CLIP: x * sigmoid(1.702 * x)
+
+
+def _activation(name: str, op: str, shape: tuple, f: str, role: str = "lin") -> list:
+    rule = ACTIVATIONS[name]
+    if rule is None:
+        return []
+    return [K(op, "input (the projection's output)", shape, role, needs=(f,))] + [K(op, w, shape, role, needs=(f,)) for w in rule]
+
+
+ROLE = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "qkv": "qkv_proj", "o": "o_proj", "gate": "gate_proj",
+        "up": "up_proj", "gate_up": "gate_up_proj", "down": "down_proj", "fc_in": "fc_in", "fc_out": "fc_out",
+        "lm_head": "lm_head", "transform": "transform", "norm1": "input_layernorm", "norm2": "post_attention_layernorm",
+        "final": "final norm", "sgate": "shared_expert.gate_proj", "sup": "shared_expert.up_proj",
+        "sdown": "shared_expert.down_proj", "sg": "shared_expert_gate", "router": "router",
+        "qa": "q_a_proj", "qb": "q_b_proj", "kva": "kv_a_proj_with_mqa", "kvb": "kv_b_proj", "score": "classifier"}
+
+
+def _op(role: str, module: str) -> str:
+    """A row's op: the role (stable across families: o_proj, down_proj, fc_in...), with the module path when the
+    family spells it differently."""
+    return role if module == role or module.endswith("." + role) else f"{role} ({module})"
+
+
+def _linear(group: list, x: tuple, f: str, low_input: bool = False, source: str | None = None, quantizable: bool = True) -> list:
+    """Linears reading one input `x` whose gradient flag is `f`; `group` lists (role, module path, output width).
+    The input is kept once if any of their weights trains (`source`: it is that row's storage). Under autocast each
+    linear keeps its own low-precision copy of an fp32 input (`low_input`: the input already comes out of a matmul,
+    low) and of its weight, the latter whenever the input needs a gradient, frozen or not. A LoRA adapter keeps its
+    input (peft casts it to the adapter's fp32 first: a copy per adapter on a 16-bit model), or a dropout mask and
+    the dropped copy, and its rank-R output. A `quantizable` linear is a bitsandbytes 4-bit one on a quantized base
+    (every linear but the output head and a classifier: transformers' replace_with_bnb_linear): no autocast op, so
+    none of its casts are kept (`mixed_base` off, _quantized_base)."""
+    base_mixed = "mixed_base" if quantizable else "mixed"
+    roles = "/".join(ROLE[r] for r, _, _ in group)
+    modules = "/".join([group[0][1]] + [m.rsplit(".", 1)[-1] for _, m, _ in group[1:]])
+    names = roles if all(m.endswith(ROLE[r]) for r, m, _ in group) else f"{roles} ({modules})"
+    group = [(_op(ROLE[r], m), m, width) for r, m, width in group]
+    base = K(names, "input", x, "lin" if low_input else "act", None if low_input else "not_mixed",
+             tuple(f"W:{m}" for _, m, _ in group), source)
+    rows, key = [base], source or base.label
+    for short, m, width in group:
+        lora = (f"L:{m}",)
+        if not low_input:
+            rows.append(K(short, "input, cast to the low dtype by autocast", x, "low", base_mixed, (f"W:{m}",)))
+        rows += [
+            K(short, "weight, cast to the low dtype by autocast", (width, x[-1]), "low", base_mixed, (f,)),
+            K(f"{short}.lora_dropout", "mask", x, "bool", "lora_dropout", ((f"L:{m}", f),)),
+            K(f"{short}.lora_A", "dropped-out input", x, "ada_low", "lora_dropout", lora),
+            K(f"{short}.lora_A", "input (cast to the adapter dtype when it differs)", x, "ada", "lora_plain", lora, key),
+            K(f"{short}.lora_A", "input, cast to the low dtype by autocast", x, "low", "lora_plain_mixed", lora),
+            K(f"{short}.lora_A", "weight, cast to the low dtype by autocast", ("R", x[-1]), "low", "lora&mixed",
+              ((f"L:{m}", f),)),
+            K(f"{short}.lora_B", "input (lora_A's output)", x[:-1] + ("R",), "ada_low", "lora", lora),
+            K(f"{short}.lora_B", "weight, cast to the low dtype by autocast", (width, "R"), "low", "lora&mixed", lora),
+            # DoRA (peft tuners/lora/dora.py DoraLinearLayer.forward): result_dora = (m/|W+BA| - 1) * base_result +
+            # m/|W+BA| * lora_B(lora_A(x)) * scaling. The magnitude's gradient keeps both products' other factor (the
+            # base layer's output, lora_B's output); magnitude / weight_norm keeps the (detached) norm; the base
+            # output's gradient keeps the (1, out) scale. The norm's eye-matrix graph is freed inside the forward.
+            K(f"{short}.dora", "base layer's output (the magnitude's gradient)", x[:-1] + (width,), "lin", "dora", lora),
+            K(f"{short}.dora", "lora_B's output (the magnitude's gradient)", x[:-1] + (width,), "ada_low", "dora", lora),
+            K(f"{short}.dora", "weight norm (magnitude / norm)", (width,), "ada", "dora", lora),
+            K(f"{short}.dora", "magnitude / norm (lora_B's output's gradient)", (width,), "ada", "dora", lora),
+            K(f"{short}.dora", "magnitude / norm - 1 (the base output's gradient)", (width,), "ada", "dora", ((f"L:{m}", f),)),
+        ]
+    return rows
+
+
+class Family(NamedTuple):
+    norm: str                 # "rms" | "gemma_rms" | "layer"
+    names: dict               # role -> module path inside a layer (or of the head)
+    qkv: str                  # "separate" | "fused" (q, k, v are slices of one projection)
+    rope: str | None          # "full" (elementwise: q keeps its (b,s,H,d) layout) | "partial" (a cat copy) | None
+    mlp: str                  # "gated" | "gated_fused" | "plain" | "moe" | "moe_shared" (Qwen2-MoE: + a shared expert)
+    act_key: str              # config key naming the activation function
+    cache: bool               # the model builds a DynamicCache in a training step (decoders, use_cache)
+    qk_norm: bool = False
+    embed_extra: tuple = ()   # extra index tensors in the embeddings ("positions", "token_types")
+    post_norm: bool = False   # BERT: norm after each residual add, and a norm after the embeddings
+    parallel_key: str | None = None   # GPT-NeoX: attention and MLP read the same input
+    dropout_keys: tuple = ()  # (dropout, config key): which key sets the embd, attn and resid dropouts
+    head: str = "causal"      # "causal" | "mlm"
+    softmax_fp32: bool = True  # eager softmax upcast to fp32 (dtype=torch.float32) then cast to q's dtype
+    softmax_role: str = "soft"  # without the upcast: "soft" where an fp32 causal mask promotes the scores (GPT-2), "lin"
+    # where nothing does (BERT: CPU autocast leaves softmax in the low dtype; CUDA autocast would upcast it)
+    lora_default: tuple = ("q_proj", "v_proj")   # peft 0.21's default target_modules (none for phi3)
+    # issue 21's dense decoders (appended; the defaults keep the ten families as they were)
+    sandwich: str | None = None   # "pre_post": Gemma 2/3's norm before and after attention and MLP; "post": OLMo 2's
+    # norm after each (on the sublayer's output, before the residual add) and none before
+    sdpa: bool = True   # False: transformers refuses sdpa (Gemma 2: softcapping); its default there is eager
+    qk_norm_full: bool = False   # OLMo 2: q_norm / k_norm over the whole (b, s, H*d) projection, before the head split
+    window_layers: bool = False   # layer_types' sliding layers: under sdpa a window shorter than the sequence is a mask
+    shared_input: bool = False   # Cohere: one norm, attention and MLP both read its output (out = x + attn + mlp)
+    qk_norm_key: str | None = None   # Cohere: q_norm / k_norm only when this config key is true
+    lora_experts: bool = True  # peft's all-linear adapts the router and the stacked experts (its v4->v5 MoE mapping)
+    routing_dtype: str = "f32"  # the role of the routing weights the experts multiply by (Qwen-MoE: cast to the logits')
+    llava: bool = False   # LLaVA: a Llama text model; the CLIP vision tower and the projector kept with the embeddings
+    falcon: bool = False   # Falcon: its own attention (_falcon_attention) and three layer layouts (models/falcon.py)
+    mla: bool = False   # DeepSeek-V3: multi-head latent attention (_mla_attention)
+    sinks: bool = False   # gpt-oss: eager attention concatenates a per-head sink logit to the scores (softmax over s + 1
+    # columns, in the scores' dtype, after subtracting the row max: its int64 indices kept) and drops it after
+    rope_half: bool = False   # gpt-oss: cos and sin are (1, s, d/2) (its _apply_rotary_emb rotates the halves; no cat)
+    qwen_vl: bool = False   # Qwen2-VL / Qwen2.5-VL: a Qwen2 text model rotated per sequence (mrope: cos and sin (b, s, d));
+    # the vision tower and merger (_qwen_vl_kept) kept with the embeddings

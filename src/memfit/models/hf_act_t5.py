@@ -1,0 +1,231 @@
+"""Encoder-decoder families (T5): the rows autograd keeps per stack, their conditions and score kernels
+(models/hf_activations.py; models/hf_encdec.py has the structure)."""
+
+from __future__ import annotations
+
+from memfit.models import hf_encdec
+from memfit.models.hf_act_ops import _activation, K, _linear
+from memfit.models.hf_act_families import FAMILIES
+from memfit.models.hf_act_eval import layer_conditions, role_dtypes, trainable_flags
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Encoder-decoder families (T5): what autograd keeps per stack. models/hf_encdec.py has the structure (the stacks,
+# their layer counts, the module names); the facts these rows follow are in its docstring and in
+# docs/transformers.md#encoder-decoder-families (transformers 5.24's models/t5/modeling_t5.py, measured on CPU).
+
+T5_NAMES = hf_encdec.NAMES
+T5_ROLES = {"cq": "q", "ck": "k", "cv": "v", "co": "o"}  # a cross-attention projection's role (hf_activations.ROLE)
+
+
+def _t5_norm(n: str, x: tuple, f: str) -> list:
+    """T5LayerNorm: x.to(fp32).pow(2) keeps the fp32 upcast, x * rsqrt(var) keeps x (its own dtype) and 1/rms,
+    weight * (that, cast to a 16-bit weight's dtype) keeps the normalized tensor."""
+    up = K(n, "input, upcast to fp32 (in fp32 the input itself)", x, "f32", needs=(f,))
+    return [up,
+            K(n, "input (x * rsqrt(...); in fp32 the upcast's storage)", x, "act", needs=(f,), source=up.label),
+            K(n, "1/rms", x[:-1] + (1,), "f32", needs=(f,)),
+            K(n, "normalized, in the weight dtype (weight * it)", x, "act", needs=("W:norm",))]
+
+
+def _t5_core(sk: str, g: dict, fused: str, op: str = "") -> list:
+    """Attention core over keys of length `sk`; `g` names the gradient flags (q, k, qk, v, attn); `fused` is the
+    condition under which SDPA's fused kernel runs (else the eager / math rows)."""
+
+    math_path = f"not_{fused}&not_math_upcast"
+    probs = ("b", "H", "s", sk)
+    rows = [
+        # SDPA's math path on 16-bit inputs (measured, torch 2.13 on CPU): q, k, probabilities, v upcast to fp32
+        K("q @ k^T", "q (fp32, SDPA's math path on 16-bit inputs)", ("b", "H", "s", "d"), "f32", f"not_{fused}&math_upcast", (g["k"],)),
+        K("q @ k^T", "k (fp32)", ("b", "H", sk, "d"), "f32", f"not_{fused}&math_upcast", (g["q"],)),
+        K("softmax", "probabilities (fp32)", probs, "f32", f"not_{fused}&math_upcast", (g["qk"],)),
+        K("p @ v", "v (fp32)", ("b", "H", sk, "d"), "f32", f"not_{fused}&math_upcast", (g["qk"],)),
+        K("q @ k^T", "q (a copy: matmul folds the heads)", ("b", "H", "s", "d"), "lin", math_path, (g["k"],)),
+        K("q @ k^T", "k (a copy)", ("b", "H", sk, "d"), "lin", math_path, (g["q"],)),
+        K("softmax", "probabilities", probs, "soft", math_path, (g["qk"],)),
+        K("attention dropout", "mask", probs, "bool", f"{math_path}&attn_drop", (g["qk"],)),
+        K("p @ v", "dropped-out probabilities", probs, "low", f"{math_path}&attn_drop", (g["v"],)),
+        K("p @ v", "probabilities, cast to the value dtype", probs, "low", f"{math_path}&no_attn_drop", (g["v"],),
+          "softmax: probabilities"),
+        K("p @ v", "v (a copy)", ("b", "H", sk, "d"), "lin", math_path, (g["qk"],)),
+        K("attention", "q", ("b", "H", "s", "d"), "lin", fused, (g["attn"],)),
+        K("attention", "k", ("b", "H", sk, "d"), "lin", fused, (g["attn"],)),
+        K("attention", "v", ("b", "H", sk, "d"), "lin", fused, (g["attn"],)),
+        K("attention", "output", ("b", "s", "H", "d"), "lin", fused, (g["attn"],)),
+        K("attention", "log-sum-exp (fp32)", ("b", "H", "s"), "f32", fused, (g["attn"],)),
+    ]
+    if fused in ("enc_fused", "dec_fused"):
+        # each layer's float mask: the encoder's bias made contiguous (a copy of the permuted lookup), the decoder's
+        # where(causal, bias, min); the cross-attention's zeros are one storage for every layer (saved())
+        rows.append(K("attention", "float mask (the position bias)", (1, "H", "s", sk), "low", fused, (g["attn"],)))
+    if fused == "dec_fused":  # where(causal, bias, min) keeps its condition when the bias trains (every layer's)
+        rows.append(K("attention", "causal mask (where(causal, bias, min))", (1, 1, "s", "s"), "bool", "dec_sdpa",
+                      ("W:embed",)))
+    return [r._replace(op=op + r.op) for r in rows]
+
+
+def _t5_attention(keys: tuple, x_flag: str, kv_input: tuple, kv_flag: str, sk: str, g: dict, fused: str) -> list:
+
+    q, k, v, o = (T5_NAMES[key] for key in keys)
+    role = lambda key: T5_ROLES.get(key, key)  # noqa: E731
+    T = ("T", "h")
+    if kv_input == T:
+        rows = _linear([(role(keys[0]), q, "q"), (role(keys[1]), k, "q"), (role(keys[2]), v, "q")], T, x_flag)
+    else:
+        rows = _linear([(role(keys[0]), q, "q")], T, x_flag) + _linear([(role(keys[1]), k, "q"), (role(keys[2]), v, "q")], kv_input, kv_flag)
+    rows += _t5_core(sk, g, fused, "cross-attention " if keys[0] == "cq" else "")
+    out = [(role(keys[3]), o, "h")]
+    rows += [r._replace(when=_t5_join(f"not_{fused}", r.when)) for r in _linear(out, ("T", "q"), g["attn"], low_input=True)]
+    rows += [r._replace(when=_t5_join(fused, r.when)) for r in _linear(out, ("T", "q"), g["attn"], low_input=True, source="attention: output")]
+    if keys[0] == "cq":
+        rows = [r._replace(source="cross-attention " + r.source) if r.source and r.source.startswith(("attention:", "softmax:")) else r for r in rows]
+    return rows
+
+
+def _t5_join(a: str, b: str | None) -> str:
+    return a if not b else f"{a}&{b}"
+
+
+def _t5_feed_forward(cfg: dict, f: str, g: dict) -> list:
+
+    T, I = ("T", "h"), ("b", "s", "i")
+    act = cfg["dense_act_fn"]
+    if cfg["is_gated_act"]:
+        rows = _linear([("gate", T5_NAMES["gate"], "i"), ("up", T5_NAMES["up"], "i")], T, f) + _activation(act, "act_fn(wi_0)", I, g["g"])
+        rows += [K("act * wi_1", "act_fn(wi_0)", I, "lin", None, (g["u"],)), K("act * wi_1", "wi_1 output", I, "lin", None, (g["g"],))]
+        inner = g["p"]
+    else:
+        rows = _linear([("fc_in", T5_NAMES["fc_in"], "i")], T, f) + _activation(act, "act", I, g["g"])
+        inner = g["g"]
+        if act == "relu":  # relu keeps its result (wo's input too, without dropout: one storage)
+            relu = K("fc_out (DenseReluDense.wo)", "relu output (relu keeps it; wo's input without dropout)", I, "lin", None, (g["g"],))
+            rows.append(relu)
+            rows.append(K("feed-forward dropout", "mask", I, "bool", "drop", (inner,)))
+            down = ("fc_out", T5_NAMES["fc_out"], "h")
+            # T5DenseActDense casts wo's input to wo's weight dtype (fp32 under autocast), which autocast casts back:
+            # wo keeps a copy of its own under bf16-mixed, relu's output otherwise (without dropout)
+            return (rows + [r._replace(when=_t5_join("wo_copy", r.when)) for r in _linear([down], ("T", "i"), inner, low_input=True)]
+                    + [r._replace(when=_t5_join("wo_shared", r.when)) for r in _linear([down], ("T", "i"), inner, low_input=True, source=relu.label)])
+    rows.append(K("feed-forward dropout", "mask", I, "bool", "drop", (inner,)))
+    down = ("down", T5_NAMES["fc_out"], "h") if cfg["is_gated_act"] else ("fc_out", T5_NAMES["fc_out"], "h")
+    return rows + _linear([down], ("T", "i"), inner, low_input=True)
+
+
+def _t5_encoder_output_label() -> str:
+    """The label of the cross-attention k / v projections' shared input (the encoder's output)."""
+
+    return _linear([("k", T5_NAMES["ck"], "q"), ("v", T5_NAMES["cv"], "q")], ("Te", "h"), "enc")[0].label
+
+
+def t5_layer_rows(cfg: dict, decoder: bool) -> list:
+    """One T5Block's rows (symbolic; the encoder's evaluate with s = the source length)."""
+
+    X = ("b", "s", "h")
+    g = {"q": "q", "k": "k", "qk": "qk", "v": "v", "attn": "attn"}
+    rows = _t5_norm("layer_norm (self-attention)", X, "x")
+    rows += _t5_attention(("q", "k", "v", "o"), "n1", ("T", "h"), "n1", "s", g, "enc_fused" if not decoder else "dec_fused")
+    rows.append(K("self-attention output dropout", "mask", X, "bool", "drop", ("o",)))
+    if decoder:
+        c = {"q": "cq", "k": "ck", "qk": "cqk", "v": "cv", "attn": "cattn"}
+        rows += _t5_norm("layer_norm (cross-attention)", X, "h1")
+        # the k / v projections' input is the encoder's output: one storage, kept with the embeddings (saved())
+        rows += _t5_attention(("cq", "ck", "cv", "co"), "n2", ("Te", "h"), "enc", "se", c, "cross_fused")
+        rows.append(K("cross-attention output dropout", "mask", X, "bool", "drop", ("co",)))
+    rows += _t5_norm("layer_norm (feed-forward)", X, "h")
+    rows += _t5_feed_forward(cfg, "nf", {"g": "g", "u": "u", "p": "p"})
+    rows.append(K("feed-forward output dropout", "mask", X, "bool", "drop", ("d",)))
+    return rows
+
+
+def _t5_flags(w: dict, x: bool, enc: bool, decoder: bool) -> dict:
+    """Which tensors of one block need a gradient, given its input's flag and the encoder output's."""
+
+    def t(key):
+        m = T5_NAMES[key]
+        return w.get(f"W:{m}", False) or w.get(f"L:{m}", False)
+
+    bias = w["W:embed"]
+    g = {"x": x, "enc": enc}
+    g["n1"] = x or w["W:norm"]
+    g["q"], g["k"], g["v"] = g["n1"] or t("q"), g["n1"] or t("k"), g["n1"] or t("v")
+    g["qk"] = g["q"] or g["k"] or bias
+    g["attn"] = g["qk"] or g["v"]
+    g["o"] = g["attn"] or t("o")
+    h = x or g["o"]
+    g["h1"] = h
+    if decoder:
+        g["n2"] = h or w["W:norm"]
+        g["cq"], g["ck"], g["cv"] = g["n2"] or t("cq"), enc or t("ck"), enc or t("cv")
+        g["cqk"] = g["cq"] or g["ck"]
+        g["cattn"] = g["cqk"] or g["cv"]
+        g["co"] = g["cattn"] or t("co")
+        h = h or g["co"]
+    g["h"] = h
+    g["nf"] = h or w["W:norm"]
+    g["g"] = g["nf"] or t("gate") or t("fc_in")
+    g["u"] = g["nf"] or t("up")
+    g["p"] = g["g"] or g["u"]
+    g["d"] = g["p"] or t("fc_out")
+    g["out"] = h or g["d"]
+    return g
+
+
+def _t5_embedding_rows(cfg: dict) -> list:
+
+    return [
+        K("encoder embed_tokens", "input ids", ("b", "se"), "i64", None, ("W:embed",)),
+        K("encoder embedding dropout", "mask", ("b", "se", "h"), "bool", "drop", ("W:embed",)),
+        K("encoder relative bias", "bucket indices", ("se", "se"), "i64", None, ("W:embed",)),
+        *_t5_norm("encoder.final_layer_norm", ("b", "se", "h"), "xe"),
+        K("encoder final dropout", "mask", ("b", "se", "h"), "bool", "drop", ("xe",)),
+        K("decoder embed_tokens", "input ids (the labels shifted right)", ("b", "s"), "i64", None, ("W:embed",)),
+        K("decoder embedding dropout", "mask", ("b", "s", "h"), "bool", "drop", ("W:embed",)),
+        K("decoder relative bias", "bucket indices", ("s", "s"), "i64", None, ("W:embed",)),
+        K("decoder cross-attention", "zero position bias as SDPA's float mask (every layer's)", (1, "H", "s", "se"),
+          "lin", "cross_fused", ("attn_c",)),
+    ]
+
+
+def _t5_head_rows(cfg: dict) -> list:
+
+    X = ("b", "s", "h")
+    rows = _t5_norm("decoder.final_layer_norm", X, "x")
+    rows.append(K("decoder final dropout", "mask", X, "bool", "drop", ("x",)))
+    return rows + _linear([("lm_head", "lm_head", "V")], ("T", "h"), "fn")
+
+
+LOSS_ROWS_T5_NAMES = ("log-softmax of the logits", "targets (the labels)", "total weight")
+
+
+def _t5_conditions(cfg, attention, checkpointing, micro_batch, precision, lora, bias_trains: bool = True):
+    """hf_activations' conditions plus T5's. Measured (torch 2.13, CPU): SDPA takes its fused kernel only when its
+    float mask needs no gradient, else its math path (which upcasts 16-bit inputs to fp32). The self-attentions'
+    mask is the relative bias: the math path when the bias trains (full fine-tuning), the fused kernel when it is
+    frozen (LoRA). The cross-attention's mask is a zero bias, which T5Attention marks as needing a gradient under
+    gradient checkpointing: the fused kernel without checkpointing, the math path with it."""
+
+    cond = layer_conditions(cfg, FAMILIES["t5"], attention, checkpointing, micro_batch, precision, lora)
+    drop = (cfg.get("dropout_rate") or 0) > 0
+    low = precision not in (None, "32-true")
+    sdpa = attention != "eager"
+    self_fused = sdpa and not bias_trains
+    cross_fused = sdpa and checkpointing != "full"
+    cond.update({"drop": drop, "attn_drop": drop and checkpointing != "selective", "no_attn_drop": not drop,
+                 "enc_fused": self_fused, "not_enc_fused": not self_fused, "dec_fused": self_fused,
+                 "not_dec_fused": not self_fused, "cross_fused": cross_fused, "not_cross_fused": not cross_fused,
+                 "dec_sdpa": sdpa, "causal": False, "mlm": True,
+                 "math_upcast": sdpa and low, "not_math_upcast": not (sdpa and low),
+                 "wo_copy": drop or cond["mixed"], "wo_shared": not (drop or cond["mixed"])})
+    return cond
+
+
+def t5_score_kernels(cfg: dict, attention: str, checkpointing: str, precision: str, lora: dict | None) -> tuple:
+    """(self-attention materializes its scores, cross-attention does, their dtype): eager always, SDPA on its math
+    path (see _t5_conditions), where the softmax's backward holds two (b, H, q, k) gradients at once."""
+    if attention == "flash":
+        attention = "sdpa"
+    w = trainable_flags(FAMILIES["t5"], lora)
+    cond = _t5_conditions(cfg, attention, checkpointing, 1, precision, lora, bias_trains=w["W:embed"])
+    sdpa = attention != "eager"
+    dtype = "float32" if cond["math_upcast"] else role_dtypes(precision, None)["soft" if not sdpa else "lin"]
+    return not cond["enc_fused"], not cond["cross_fused"], dtype
