@@ -38,7 +38,6 @@ class Options:
     launch: str | None = None
     model: str | None = None
     online: bool = False  # --online: fetch a model's config.json alone through huggingface_hub
-    keep_events: bool = False  # the language server: Result.events keeps the parser's events (source.spans reads them)
 
 
 @dataclass
@@ -57,7 +56,6 @@ class Result:
     origins: dict | None = None  # a native config: memfit key path -> the native node it came from
     references: list = field(default_factory=list)  # the other files the check read (absolute): config.json, DeepSpeed JSON, ...
     provenance: dict | None = None  # where the model, the device and the settings came from (read/native/settings.provenance)
-    events: list | None = None  # with Options.keep_events: the text's parser events, for source.spans (the editor's index)
 
     @property
     def footprint(self) -> dict | None:
@@ -122,11 +120,7 @@ def _check(text: str, path: str, options: Options) -> Result:
         return result
     from memfit.read import source  # after the marker test: a skipped file costs no YAML import
 
-    if options.keep_events:
-        result.events = []
-        loaded = source.load(text, result.events)
-    else:
-        loaded = source.load(text)
+    loaded = source.load(text)
     result.diagnostics.extend(loaded.diagnostics)
     data = loaded.data
     if data is None and loaded.diagnostics:

@@ -98,8 +98,7 @@ class Analysis:
     def index(self) -> tuple[dict, dict]:
         """Every node's value span and mapping key's span (source.spans: (start_line, start_character,
         end_line, end_character) tuples; `Range(*span)` where a Range is handed out)."""
-        events, self.result.events = getattr(self.result, "events", None), None  # read once, then let go
-        return source.spans(self.text, events)
+        return source.spans(self.text)
 
     @cached_property
     @_collector_paused

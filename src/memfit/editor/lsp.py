@@ -52,8 +52,7 @@ SERVER_NOT_INITIALIZED = -32002
 
 DEFAULT_DEBOUNCE_MS = 50  # edits closer together than this coalesce into one analysis
 ANALYSIS_THREADS = 2  # analyses run off the event loop: one slow document never holds another's requests
-OPTIONS = Options(skip_unrecognized=True, keep_events=True)  # serve memfit configs only, silent on other YAML; the
-# parser's events kept for the document index (editor.Analysis.index: the text is not parsed a second time)
+OPTIONS = Options(skip_unrecognized=True)  # serve memfit configs only, silent on other YAML
 SUMMARY_COMMAND = "memfit.footprint"
 
 SEVERITY = {

@@ -207,31 +207,15 @@ def _syntax(error: yaml.YAMLError, text: str) -> Diagnostic:
     return Diagnostic(where, ERROR, codes.YAML_SYNTAX, f"invalid YAML: {message}")
 
 
-def load(text: str, keep: list | None = None) -> Loaded:
+def load(text: str) -> Loaded:
     """Build the data in one pass over the parser's events (check() pauses the cyclic GC
-    around it: the build allocates many containers and none can form a cycle).
-
-    With `keep` (an empty list), the events the build read are appended to it when the build
-    reads the document through (to its end, or to a second document, where `spans` stops too):
-    `spans(text, keep)` then indexes the text without parsing it again. After a problem that
-    stopped the build, `keep` is left empty."""
+    around it: the build allocates many containers and none can form a cycle)."""
     try:
-        if keep is None:
-            return _build(text, _events(text))
-        read: list = []
-        loaded = _build(text, _kept(_events(text), read))
-        keep.extend(read)
-        return loaded
+        return _build(text)
     except LoadError as error:
         return Loaded(None, [error.diagnostic])
     except yaml.YAMLError as error:
         return Loaded(None, [_syntax(error, text)])
-
-
-def _kept(events, into: list):
-    for event in events:
-        into.append(event)
-        yield event
 
 
 def _tag_error(event, what: str) -> LoadError:
@@ -253,7 +237,7 @@ def _alias(event, anchors: dict, open_anchors: set) -> tuple[object, int]:
     return anchors[event.anchor]
 
 
-def _build(text: str, parsed) -> Loaded:
+def _build(text: str) -> Loaded:
     scalars = _Scalars()
     diagnostics: list[Diagnostic] = []
     anchors: dict[str, tuple[object, int]] = {}
@@ -308,7 +292,7 @@ def _build(text: str, parsed) -> Loaded:
             )
         mapping[key] = value
 
-    for events, event in enumerate(parsed, 1):
+    for events, event in enumerate(_events(text), 1):
         kind = event.__class__
         if kind is ScalarEvent:
             value = _scalar(event, scalars)
@@ -553,14 +537,13 @@ def index(text: str) -> tuple[dict[tuple, Range], dict[tuple, Range]]:
     return values, keys
 
 
-def spans(text: str, parsed: list | None = None) -> tuple[dict[tuple, tuple], dict[tuple, tuple]]:
+def spans(text: str) -> tuple[dict[tuple, tuple], dict[tuple, tuple]]:
     """`index` with each range as a plain (start_line, start_character, end_line, end_character)
     tuple: what the editor indexes a whole document with (`Range(*span)` where one is needed). A
-    5,000-tensor config has 32,000 nodes and keys: building a Range for each was a third of the walk.
-    `parsed`: the events `load(text, keep)` kept (when it kept any), so the text is not parsed twice."""
+    5,000-tensor config has 32,000 nodes and keys: building a Range for each was a third of the walk."""
     values: dict[tuple, tuple] = {}
     keys: dict[tuple, tuple] = {}
-    _walk_all(_events(text) if not parsed else iter(parsed), values, keys)
+    _walk_all(_events(text), values, keys)
     return values, keys
 
 
