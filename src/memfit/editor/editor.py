@@ -7,11 +7,10 @@ a second time here.
 
 from __future__ import annotations
 
-import gc
 import re
 from bisect import bisect_left
 from dataclasses import dataclass
-from functools import cached_property, wraps
+from functools import cached_property
 
 from memfit.read import source
 from memfit.check.pipeline import Result
@@ -58,24 +57,6 @@ class Hover:
     markdown: str
 
 
-def _collector_paused(build):
-    """An index build that allocates tens of thousands of small acyclic objects (a 5,000-tensor document
-    has 32,000 nodes and keys), run with the cyclic collector paused as check() runs: each collection
-    it would trigger walks every analysis the server holds, for nothing."""
-
-    @wraps(build)
-    def run(self):
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
-            return build(self)
-        finally:
-            if enabled:
-                gc.enable()
-
-    return run
-
-
 class Analysis:
     """check()'s result for one version of a document, plus lazily built editor indexes
     (built at most once per analysis, i.e. per document version, and only if asked for)."""
@@ -94,14 +75,12 @@ class Analysis:
         return split_lines(self.text)
 
     @cached_property
-    @_collector_paused
     def index(self) -> tuple[dict, dict]:
         """Every node's value span and mapping key's span (source.spans: (start_line, start_character,
         end_line, end_character) tuples; `Range(*span)` where a Range is handed out)."""
         return source.spans(self.text)
 
     @cached_property
-    @_collector_paused
     def _by_line(self) -> tuple[dict, list]:
         """Nodes by the line they sit on; multi-line nodes (block containers) apart."""
         single: dict[int, list] = {}
@@ -117,7 +96,6 @@ class Analysis:
         return single, multi
 
     @cached_property
-    @_collector_paused
     def tensors(self) -> dict[tuple, list]:
         rows: dict[tuple, list] = {}
         for tensor in self.config.tensors if self.config is not None else ():
@@ -303,7 +281,6 @@ class Analysis:
         return out
 
     @cached_property
-    @_collector_paused
     def _tensor_spots(self) -> list[tuple[int, int, tuple]]:
         """Where each declared tensor's hint goes (the end of its shape, else of its item), sorted: a
         viewport's hints are a slice of it, not a pass over every tensor of the document."""
