@@ -336,3 +336,29 @@ def test_positions_asked_for_a_few_nodes_equal_those_of_the_whole_index(text):
     for requests in singles + groups + missing:
         for unique in (False, True):
             assert source.locate(text, requests, unique) == {r: expected(*r) for r in requests}, requests
+
+
+_SECOND_DOCUMENT = "memfit: 1\nparameters:\n  - [1, 2]\n---\nmemfit: 1\nparameters:\n  - [3, 4]\n"
+_EXOTIC_BREAK = "memfit: 1\nname: 'a\u2028b'\nparameters:\n  - {name: w, shape: [4, 8]}\n"
+_BROKEN = "memfit: 1\nparameters:\n  - [1, 2\nlast: 5\n"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [TRICKY, bench.config_text(60, seed=7), _SECOND_DOCUMENT, _EXOTIC_BREAK, _BROKEN],
+    ids=["tricky", "benchmark", "second-document", "exotic-break", "syntax-error"],
+)
+def test_the_editors_index_equals_the_walk_of_every_node(text):
+    # the language server indexes a document with source.spans (plain tuples, a walk with its helpers inlined):
+    # every span the one index's general walk gives, in the same order
+    from memfit.diagnostics.diagnostic import Range
+    from memfit.read import source
+
+    def named(tables):
+        """A complex key's or an alias key's inside has a placeholder part (a fresh object each walk): as the path of
+        its parent, in order, so two walks compare."""
+        return [[(tuple(part if isinstance(part, (str, int)) else "?" for part in path), span) for path, span in table.items()] for table in tables]
+
+    values, keys = source.spans(text)
+    assert named(({p: Range(*s) for p, s in values.items()}, {p: Range(*s) for p, s in keys.items()})) == named(source.index(text))
+    assert len(values) > (1 if text is _BROKEN else 5)

@@ -418,7 +418,7 @@ def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") ->
     """A config with a training section describes a run: its step (ledger/training.py, every byte
     priced by the recipe, as the footprint's) and the step's peak: a new Config with them, and the problems."""
     from memfit.check import passes
-    from memfit.ledger import ranks, rewrites
+    from memfit.ledger import rewrites
     from memfit.ledger import step as ledger
     from memfit.ledger import training
 
@@ -435,6 +435,10 @@ def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") ->
         )
         optimizer = None
     try:
+        if config.parallel is not None:
+            # only a parallel layout needs the ranks' programs (ledger/ranks.py and the sharding tables it
+            # brings: 4-5 ms of a 90 ms cold check of a config without `parallel`)
+            from memfit.ledger import ranks
         if config.parallel is not None and ranks.applies(config):
             # tensor and pipeline parallelism: each stage's rank walks its own program (its shares, its slice, the
             # schedule's micro-batches in flight); the config's step is the binding rank's

@@ -8,6 +8,7 @@ a second time here.
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -75,7 +76,9 @@ class Analysis:
 
     @cached_property
     def index(self) -> tuple[dict, dict]:
-        return source.index(self.text)
+        """Every node's value span and mapping key's span (source.spans: (start_line, start_character,
+        end_line, end_character) tuples; `Range(*span)` where a Range is handed out)."""
+        return source.spans(self.text)
 
     @cached_property
     def _by_line(self) -> tuple[dict, list]:
@@ -86,8 +89,8 @@ class Analysis:
         for kind, table in (("value", values), ("key", keys)):
             for path, where in table.items():
                 entry = (path, kind, where)
-                if where.start_line == where.end_line:
-                    single.setdefault(where.start_line, []).append(entry)
+                if where[0] == where[2]:
+                    single.setdefault(where[0], []).append(entry)
                 else:
                     multi.append(entry)
         return single, multi
@@ -127,11 +130,11 @@ class Analysis:
         best = None
         for entry in single.get(line, []) + multi:
             path, kind, where = entry
-            if where.contains(line, character):
+            if (where[0], where[1]) <= (line, character) <= (where[2], where[3]):  # Range.contains
                 rank = (len(path), kind == "value")
                 if best is None or rank > best[0]:
                     best = (rank, entry)
-        return best[1] if best else None
+        return (best[1][0], best[1][1], Range(*best[1][2])) if best else None
 
     @cached_property
     def fixes(self) -> list:
@@ -169,7 +172,8 @@ class Analysis:
         if not text:
             return None
         # the range of what the hover is about (a whole tensor item, a layer), not of the token
-        return Hover(self.index[0].get(subject, where) if subject != path else where, text)
+        span = self.index[0].get(subject) if subject != path else None
+        return Hover(Range(*span) if span is not None else where, text)
 
     def _hover_text(self, path: tuple, kind: str) -> tuple[str | None, tuple]:
         head = path[:1]
@@ -254,31 +258,42 @@ class Analysis:
         memfit_key = keys.get(marker)
         if summary and memfit_key is not None:
             at = values.get(marker, memfit_key)
-            if first_line <= at.end_line <= last_line:
-                out.append(Hint(at.end_line, at.end_character, summary))
-        for path, rows in self.tensors.items():
-            if path[:1] not in (("parameters",), ("activations",)) or len(path) != 2:
-                continue  # layer-derived rows are hinted on their layer
-            where = values.get(path + ("shape",)) or values.get(path)
-            if where is None or not first_line <= where.end_line <= last_line:
-                continue
-            tensor = rows[0]
+            if first_line <= at[2] <= last_line:
+                out.append(Hint(at[2], at[3], summary))
+        spots = self._tensor_spots
+        for line, character, path in spots[bisect_left(spots, (first_line,)) : bisect_left(spots, (last_line + 1,))]:
+            tensor = self.tensors[path][0]
             sizes = self.config.placement.of(tensor)
-            out.append(Hint(where.end_line, where.end_character, tensor_hint(tensor, sizes), tensor_breakdown(sizes)))
+            out.append(Hint(line, character, tensor_hint(tensor, sizes), tensor_breakdown(sizes)))
         model = self.config.model
         if model is not None:
             for key in model.training:
                 where = values.get(self.written(("training", key)))
-                if where is None or not first_line <= where.end_line <= last_line:
+                if where is None or not first_line <= where[2] <= last_line:
                     continue
-                out.append(Hint(where.end_line, where.end_character, training_hint(key, model)))
+                out.append(Hint(where[2], where[3], training_hint(key, model)))
         for path, row in self.layers.items():
             where = values.get(path)
-            if where is None or not first_line <= where.end_line <= last_line:
+            if where is None or not first_line <= where[2] <= last_line:
                 continue
-            out.append(Hint(where.end_line, where.end_character, layer_hint(row)))
+            out.append(Hint(where[2], where[3], layer_hint(row)))
         out.sort(key=lambda h: (h.line, h.character))
         return out
+
+    @cached_property
+    def _tensor_spots(self) -> list[tuple[int, int, tuple]]:
+        """Where each declared tensor's hint goes (the end of its shape, else of its item), sorted: a
+        viewport's hints are a slice of it, not a pass over every tensor of the document."""
+        values = self.index[0]
+        spots = []
+        for path in self.tensors:
+            if path[:1] not in (("parameters",), ("activations",)) or len(path) != 2:
+                continue  # layer-derived rows are hinted on their layer
+            where = values.get(path + ("shape",)) or values.get(path)
+            if where is not None:
+                spots.append((where[2], where[3], path))
+        spots.sort(key=lambda spot: spot[:2])
+        return spots
 
     def summary(self) -> str | None:
         """One line: the total (a run's peak) and its share of the budget (a lens or hint on `memfit:`)."""
@@ -295,7 +310,8 @@ class Analysis:
         return f"memfit: {what} = {_pct(used, budget)} of {human(budget)}, {state}"
 
     def summary_range(self) -> Range | None:
-        return self.index[1].get(self.written(("memfit",)))
+        span = self.index[1].get(self.written(("memfit",)))
+        return None if span is None else Range(*span)
 
 
 # --- hover texts (tables of data -> words) -----------------------------------------------

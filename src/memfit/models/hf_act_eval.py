@@ -287,13 +287,19 @@ def _shape(symbols: tuple, sizes: dict) -> tuple:
 def _resolve(rows: list, cond: dict, roles: dict, sizes: dict, flags: dict, shape=_shape) -> list:
     """Rows -> Kept, each storage once: a row with a `source` of the same dtype is that source's storage.
     `shape(symbols, sizes)` evaluates a row's symbolic shape (a parallel layout passes a rank's share)."""
-    def on(r):
-        return cond[r.when]
+    holds: dict = {}  # each condition looked up once per call (a compound "a&b" is worked out on every lookup)
 
-    dtype_of = {r.label: roles[r.role] for r in rows if on(r)}
+    def on(r):
+        when = r.when
+        if when not in holds:
+            holds[when] = cond[when]
+        return holds[when]
+
+    live = [r for r in rows if on(r)]
+    dtype_of = {r.label: roles[r.role] for r in live}
     kept, seen = [], set()
-    for r in rows:
-        if not on(r) or (r.needs and not any(_flag(flags, x) for x in r.needs)):
+    for r in live:
+        if r.needs and not any(_flag(flags, x) for x in r.needs):
             continue
         dtype = roles[r.role]
         key = r.label

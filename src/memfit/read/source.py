@@ -530,8 +530,78 @@ def keys_at(text: str, wanted: set) -> dict[tuple, Range]:
 
 
 def index(text: str) -> tuple[dict[tuple, Range], dict[tuple, Range]]:
-    """Every node's value range and every mapping key's range (for the editor)."""
+    """Every node's value range and every mapping key's range."""
     values: dict[tuple, Range] = {}
     keys: dict[tuple, Range] = {}
     _walk(text, None, values, keys)
     return values, keys
+
+
+def spans(text: str) -> tuple[dict[tuple, tuple], dict[tuple, tuple]]:
+    """`index` with each range as a plain (start_line, start_character, end_line, end_character)
+    tuple: what the editor indexes a whole document with (`Range(*span)` where one is needed). A
+    5,000-tensor config has 32,000 nodes and keys: building a Range for each was a third of the walk."""
+    values: dict[tuple, tuple] = {}
+    keys: dict[tuple, tuple] = {}
+    _walk_all(_events(text), values, keys)
+    return values, keys
+
+
+def _walk_all(events, values: dict, keys: dict) -> None:
+    """_walk with every path wanted, spans as tuples, its helpers inlined (the language server runs it
+    on a whole document for the first inlay hint or hover). The same frames and the same rules:
+    tests/project/test_speed_equivalence.py holds it to _walk's ranges."""
+    scalars = _Scalars()
+    # frame: [path, is_map, next_index_or_pending_key, start_mark, last_end_mark]
+    stack: list[list] = []
+    documents = 0
+    no_key = _NO_KEY
+    try:
+        for event in events:
+            kind = event.__class__
+            if kind is ScalarEvent or kind is AliasEvent or kind is SequenceStartEvent or kind is MappingStartEvent:
+                start, end = event.start_mark, event.end_mark
+                frame = stack[-1] if stack else None
+                if frame is not None and frame[1] and frame[2] is no_key:
+                    # a mapping key: remember it; its value's path follows
+                    key = _key_of(event, scalars)
+                    frame[2] = key
+                    path = frame[0] + (key,)
+                    keys[path] = (start.line, start.column, end.line, end.column)
+                    if kind is MappingStartEvent:
+                        stack.append([path + ("?",), True, no_key, start, end])
+                    elif kind is SequenceStartEvent:
+                        stack.append([path + ("?",), False, 0, start, end])
+                    continue
+                path = frame[0] + (frame[2],) if frame is not None else ()
+                if kind is MappingStartEvent:
+                    stack.append([path, True, no_key, start, end])
+                    continue
+                if kind is SequenceStartEvent:
+                    stack.append([path, False, 0, start, end])
+                    continue
+            elif kind is SequenceEndEvent or kind is MappingEndEvent:
+                path, _, _, start, last_end = stack.pop()
+                # block containers end where the next token starts; stop at their last child
+                end = event.end_mark if event.start_mark.index != event.end_mark.index else last_end
+                frame = stack[-1] if stack else None
+                if frame is not None and frame[1] and frame[2] is not no_key and path[-1:] == ("?",):
+                    frame[2] = object()  # a complex key: its value gets a path nothing asks for
+                    continue
+            elif kind is DocumentStartEvent:
+                documents += 1
+                if documents > 1:
+                    break
+                continue
+            else:
+                continue
+            # a node is finished (a scalar, an alias, a container's end): its span, and its parent moves on
+            values[path] = (start.line, start.column, end.line, end.column)
+            if frame is not None:
+                frame[4] = end
+                if frame[1]:
+                    frame[2] = no_key
+                else:
+                    frame[2] += 1
+    except yaml.YAMLError:
+        pass  # positions up to the error are still good

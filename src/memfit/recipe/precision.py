@@ -391,7 +391,7 @@ class TrainingRecipe(Recipe):
     """The cost model under a precision recipe: every parameter's tensors from
     parameter_tensors (master copy, gradient buffers, the optimizer's own layout)."""
 
-    __slots__ = ("resolved", "spec", "any_8bit")
+    __slots__ = ("resolved", "spec", "any_8bit", "_seen")
     shaped = True  # cost() takes the tensor's shape
 
     def __init__(self, optimizer: str, resolved: Resolved) -> None:
@@ -401,6 +401,10 @@ class TrainingRecipe(Recipe):
         self.resolved = resolved
         self.spec = spec
         self.any_8bit = False
+        # (shape, trainable, own dtype) -> parameter_tensors' items, and (that, count) -> role_cost's sizes:
+        # a config repeats a few shapes many times (a transformer's layers, a 5,000-tensor file's 97 shapes),
+        # and parameter_tensors is a function of those and of this recipe's (fixed) resolution and optimizer
+        self._seen: dict = {}
 
     def cost(self, category, elements, count=1, trainable=True, own=None, shape=None) -> dict:
         return fold_roles(self.role_cost(category, elements, count, trainable, own, shape))
@@ -411,18 +415,30 @@ class TrainingRecipe(Recipe):
         if category != "parameters":
             return {category: count * tensor_bytes(elements, (own or self.widths[category]).bytes)}
         param_dtype = None if own is None else (own.name if own.name in DTYPES else own.bytes)
-        items = parameter_tensors(self.resolved, self.optimizer, tuple(shape) if shape is not None else (elements,), trainable=trainable, param_dtype=param_dtype)
+        key = (tuple(shape) if shape is not None else (elements,), trainable, param_dtype)
+        seen = self._seen.get((key, count))
+        if seen is not None:
+            return dict(seen)
         sizes: dict = {}
-        for item in items:
+        for item in self._items(key):
             role = ROLE_OF_LABEL.get(item.label, item.category)
             sizes[role] = sizes.get(role, 0) + count * item.bytes
             if item.dtype == "uint8" and item.category == "optimizer_state":
                 self.any_8bit = True
-        return sizes
+        self._seen[(key, count)] = sizes
+        return dict(sizes)
 
     def items(self, shape, trainable=True, own=None) -> list[Item]:
         param_dtype = None if own is None else (own.name if own.name in DTYPES else own.bytes)
-        return parameter_tensors(self.resolved, self.optimizer, tuple(shape), trainable=trainable, param_dtype=param_dtype)
+        return list(self._items((tuple(shape), trainable, param_dtype)))
+
+    def _items(self, key: tuple) -> list[Item]:
+        """parameter_tensors for (shape, trainable, param_dtype), each key computed once per recipe."""
+        items = self._seen.get(key)
+        if items is None:
+            shape, trainable, param_dtype = key
+            items = self._seen[key] = parameter_tensors(self.resolved, self.optimizer, shape, trainable=trainable, param_dtype=param_dtype)
+        return items
 
     def shared(self) -> list[Item]:
         """Once-per-optimizer tensors, given what cost() has seen (bitsandbytes' maps);
