@@ -702,7 +702,6 @@ LONG_FUNCTIONS = {
     ("cli/schemagen.py", "generate"),  # helper G's (issue 33) this session
     ("read/native/axolotl.py", "read"),
     ("read/native/torchtune.py", "read"),  # likewise: loss, optimizer_in_bwd, ac_mode, offloading, the data's length  # the merges' offloading, partial checkpointing and vision calls landed in it
-    ("ledger/training.py", "transformer_step"),  # the final norm's row and the VLM's pixel values landed in it
     ("ledger/step.py", "phases"),  # the optimizer-in-backward and offloading branches landed in it: to split into the walk's passes
 }
 
@@ -746,9 +745,6 @@ def _model_types() -> set:
 
 # Branches on a model type outside models/ that wait for their file's split; the list only shrinks.
 MODEL_TYPE_EXCEPTIONS = {
-    # ledger/training.py (technique helpers' additive edits only this session): T5's relative-position
-    # bias, the families' registered buffers; they move to the family's module with hf_activations' split
-    "ledger/training.py",
     # helper G's reader (issue 33): torchtune's Phi-3 adapts q, k and v where transformers' Phi-3 has qkv_proj
     "read/native/torchtune.py",
 }
@@ -878,9 +874,6 @@ def test_gpt2s_own_key_names_stay_in_its_family():
 # Per-element widths multiplied outside recipe/ wait for their file's split; the list only shrinks.
 WIDTH_PRODUCT_EXCEPTIONS = {
     "models/traced.py",  # a traced storage's bytes from its dtype's width (issue 34's helpers edit it this session)
-    # transformer_step asks for one element's width (dtype_bytes(1, ...)) and multiplies it by its own element
-    # counts: the family's program with the recipe pricing it replaces that (technique helpers edit it this session)
-    "ledger/training.py",
 }
 
 
