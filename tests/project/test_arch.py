@@ -729,11 +729,22 @@ def test_no_module_or_function_is_too_long():
 
 
 def test_one_family_class():
-    """One `Family`: the family's facts in models/families/ (hf_activations' own Family, a NamedTuple of
-    its activation rules, now in models/hf_act_ops.py, merges into it with the family's program: the one entry below)."""
+    """One `Family`: the family's facts in models/families/. Its activation rules (what its blocks save, an
+    `ActivationRules` in models/hf_act_ops.py) are one facet of it, `Family.activations`, not a second family class:
+    the same rules object for every family that has them."""
     found = sorted(f"{path.relative_to(PACKAGE).as_posix()}" for path, tree in _module_sources()
                    for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and node.name == "Family")
-    assert found == ["models/families/__init__.py", "models/hf_act_ops.py"], found
+    assert found == ["models/families/__init__.py"], found
+    from memfit.models.families import FAMILIES
+    from memfit.models.hf_act_families import FAMILIES as RULES
+    from memfit.models.hf_act_ops import ActivationRules
+
+    assert set(RULES) <= set(FAMILIES), set(RULES) - set(FAMILIES)
+    for model_type, family in FAMILIES.items():
+        rules = family.activations
+        assert rules is RULES.get(model_type), model_type
+        assert rules is None or isinstance(rules, ActivationRules), model_type
+    assert FAMILIES["llama"].activations.norm == "rms" and FAMILIES["gpt2"].activations.norm == "layer"
 
 
 def _model_types() -> set:

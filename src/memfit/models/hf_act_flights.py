@@ -57,7 +57,7 @@ def layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_size
                            enc_redone=enc_redone, kernel=kernel, arrived=arrived, dora=dora)
 
 
-# the linears of each part of a layer: (role in Family.names, the size of its output in _sizes)
+# the linears of each part of a layer: (role in ActivationRules.names, the size of its output in _sizes)
 _PART_LINEARS = {
     "attention": (("q", "q"), ("k", "kv"), ("v", "kv"), ("qkv", "qkv")),
     "o_proj": (("o", "h"),),

@@ -8,7 +8,7 @@ from functools import lru_cache
 from math import prod
 
 from memfit.models import hf_encdec
-from memfit.models.hf_act_ops import _activation, ACTIVATIONS, Block, Conditions, Family, K, Kept, _norm, TRUE_DTYPE
+from memfit.models.hf_act_ops import _activation, ACTIVATIONS, Block, Conditions, ActivationRules, K, Kept, _norm, TRUE_DTYPE
 from memfit.models.hf_act_families import FAMILIES
 from memfit.models.hf_act_layers import (
     _attention, BLOCK_NAMES, classifier, CLASSIFIER_LOSS_ROWS, _classifier_rows, _embedding_rows, _head_rows,
@@ -23,7 +23,7 @@ from memfit.models.hf_act_t5 import (
 )
 
 
-CLIP_VISION = Family("layer", {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
+CLIP_VISION = ActivationRules("layer", {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
                                "o": "self_attn.out_proj", "fc_in": "mlp.fc1", "fc_out": "mlp.fc2", "lm_head": "-"},
                      "separate", None, "plain", "hidden_act", False, dropout_keys=(("attn", "attention_dropout"),))
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from memfit.models import hf_encdec
 from memfit.models.hf_act_ops import (
-    ACTIVATIONS, ATTENTIONS, Block, CHECKPOINTING, Conditions, Family, K, Kept, LOW, PRECISIONS, ROLE, TRUE_DTYPE,
+    ACTIVATIONS, ATTENTIONS, Block, CHECKPOINTING, Conditions, ActivationRules, K, Kept, LOW, PRECISIONS, ROLE, TRUE_DTYPE,
 )
 from memfit.models.hf_act_families import (
     DEEPSEEK_NAMES, DEFAULT_ACT, FAMILIES, LLAMA, LLAMA4_NAMES, LLAMA_NAMES, MOE, QWEN2_MOE_NAMES, SUPPORTED,
@@ -48,10 +48,10 @@ from memfit.models.hf_act_saved import (
 
 
 # What the rest of memfit imports from here. The rules live in the modules above: hf_act_ops (the op rules and
-# `Family`), hf_act_families (FAMILIES), hf_act_layers (a layer's rows per family), hf_act_eval (sizes, conditions,
+# `ActivationRules`), hf_act_families (FAMILIES), hf_act_layers (a layer's rows per family), hf_act_eval (sizes, conditions,
 # dtype roles, resolving rows), hf_act_t5 (encoder-decoder stacks), hf_act_saved (saved, peak_saved, recomputed).
 __all__ = [
-    "ACTIVATIONS", "ATTENTIONS", "Block", "CHECKPOINTING", "Conditions", "Family", "K", "Kept", "LOW", "PRECISIONS",
+    "ACTIVATIONS", "ATTENTIONS", "Block", "CHECKPOINTING", "Conditions", "ActivationRules", "K", "Kept", "LOW", "PRECISIONS",
     "ROLE", "TRUE_DTYPE", "DEEPSEEK_NAMES", "DEFAULT_ACT", "FAMILIES", "LLAMA", "LLAMA4_NAMES", "LLAMA_NAMES",
     "MOE", "QWEN2_MOE_NAMES", "SUPPORTED", "BLOCK_NAMES", "classifier", "CLASSIFIER_LOSS_ROWS", "count_layers",
     "_embedding_rows", "_head_rows", "layer_kinds", "layer_rows", "LOSS_ROWS", "_act", "_boundary", "check",
