@@ -1,5 +1,5 @@
 """Each transformers family's activation rules (models/hf_activations.py): `FAMILIES`, model_type -> `ActivationRules`
-(its norm, module names, attention and MLP layouts; models/families' `Family.activations`), the mixture-of-experts
+(its norm, module names, attention and MLP layouts; each key a models/families `Family`'s), the mixture-of-experts
 kinds and default activations."""
 
 from __future__ import annotations

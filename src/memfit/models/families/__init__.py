@@ -128,14 +128,6 @@ class Family:
         """An encoder-decoder: more than one stack of layers (models/hf_encdec.py)."""
         return self.block in STACKED
 
-    @property
-    def activations(self):
-        """The family's activation rules (models/hf_act_families.py, an `ActivationRules`: what its blocks save),
-        None where memfit has none. The rules' module reads these facts, so it is imported when first asked for."""
-        from memfit.models.hf_act_families import FAMILIES as RULES
-
-        return RULES.get(self.model_type)
-
 
 # Blocks of encoder-decoder families: their structure is in models/hf_encdec.py.
 STACKED = ("t5",)
