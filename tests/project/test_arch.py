@@ -515,16 +515,9 @@ FORBIDDEN = {"report": {"models", "check"}}
 # models/hf_sharded.py are being edited by other helpers this session: nobody moves code in them
 # now). Each entry is (importer, imported): remove it with the move it names; this list only shrinks.
 STAGE_EXCEPTIONS = {
-    # explain's transformer table (hf.summary_lines) still renders inside models/hf_explain.py: it moves to
-    # report/ (beside the Keras table, report/model_tables.py) once it reads a scan, and both edges go
-    ("memfit.models.hf_explain", "memfit.report.present"),
-    ("memfit.report.explain", "memfit.models.hf"),
     # a rank's share of the activations asks placement for the layout's arithmetic (Parallel,
     # in_flight, padded_vocab, stage_layers): hf_sharded is helper P's file this session
     ("memfit.models.hf_sharded", "memfit.placement.sharding"),
-    # partial checkpointing rebuilds the transformer's program with its chosen layers checkpointed: the builder should
-    # hand a technique its rebuild (ledger/rewrites.py) instead
-    ("memfit.ledger.techniques.partial_checkpointing", "memfit.ledger.training"),
 }
 
 

@@ -26,7 +26,17 @@ def build(config, data: dict, optimizer: str | None, impl: str) -> Step:
     step = _build(config, data, optimizer, impl)
     training = data.get("training") or {}
     step.accumulating = isinstance(training.get("gradient_accumulation"), int) and training["gradient_accumulation"] > 1
-    return rewrites.rewrite(step, config, training)
+    return rewrites.rewrite(step, config, training, rebuild=_rebuild(config, optimizer, impl))
+
+
+def _rebuild(config, optimizer: str | None, impl: str):
+    """A transformer's program built again with only some layers checkpointed (a technique's rewrite asks for it,
+    ledger.rewrites); None for the other builders."""
+    model = getattr(config, "model", None)
+    if model is None or not hasattr(model, "cfg"):
+        return None
+    own = [t for t in config.tensors if not t.path or t.path[0] != "model"]
+    return lambda checkpointed: transformer_step(config, optimizer, impl, own, checkpointed=checkpointed)
 
 
 def _build(config, data: dict, optimizer: str | None, impl: str) -> Step:
