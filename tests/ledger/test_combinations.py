@@ -352,9 +352,9 @@ def refused(run: dict) -> bool:
 # full checkpointing (0.937 -> 0.977): the math kernel's temporaries while layer 0's attention is recomputed
 # (ledger/training._math_kernel_moments). Closed (issue 32, a dispatch-mode allocation trace at MemTracker's peak):
 # - QLoRA under autocast: Phi-3 full checkpointing 0.897 -> 0.985 (peft's 4-bit LoRA linear holds three (T, out) fp32
-#   tensors while recomputed, ledger/held.lora_linear_flight; SDPA saves autocast's copy of v, not the fp32 qkv view);
+#   tensors while recomputed, models/held.lora_linear_flight; SDPA saves autocast's copy of v, not the fp32 qkv view);
 #   GPT-NeoX 0.906 -> 1.015 and Qwen2-MoE 0.935 -> 0.967 (the forward holds the cache's fp32 copies of k and v and the
-#   final norm's output, unsaved, through the loss: ledger/held.py)
+#   final norm's output, unsaved, through the loss: models/held.py)
 # - gradients kept in bf16 under full checkpointing, Gemma 2, Gemma 3, GPT-NeoX 0.947 -> 1.001, StarCoder2: the new
 #   weight gradient beside the kept one (techniques/keep_gradients.fresh_gradient) and the recomputation without the
 #   cache (a fused qkv's v is a view of the whole output)

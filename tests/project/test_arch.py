@@ -515,16 +515,9 @@ FORBIDDEN = {"report": {"models", "check"}}
 # models/hf_sharded.py are being edited by other helpers this session: nobody moves code in them
 # now). Each entry is (importer, imported): remove it with the move it names; this list only shrinks.
 STAGE_EXCEPTIONS = {
-    # explain's transformer table (hf.summary_lines) still renders inside models/hf_explain.py: it moves to
-    # report/ (beside the Keras table, report/model_tables.py) once it reads a scan, and both edges go
-    ("memfit.models.hf_explain", "memfit.report.present"),
-    ("memfit.report.explain", "memfit.models.hf"),
     # a rank's share of the activations asks placement for the layout's arithmetic (Parallel,
     # in_flight, padded_vocab, stage_layers): hf_sharded is helper P's file this session
     ("memfit.models.hf_sharded", "memfit.placement.sharding"),
-    # partial checkpointing rebuilds the transformer's program with its chosen layers checkpointed: the builder should
-    # hand a technique its rebuild (ledger/rewrites.py) instead
-    ("memfit.ledger.techniques.partial_checkpointing", "memfit.ledger.training"),
 }
 
 
@@ -701,7 +694,6 @@ LONG_FUNCTIONS = {
     ("models/traced.py", "_measure_now"),  # likewise
     ("cli/schemagen.py", "generate"),  # helper G's (issue 33) this session
     ("read/native/axolotl.py", "read"),
-    ("ledger/training.py", "transformer_step"),  # the final norm's row and the VLM's pixel values landed in it
 }
 
 
@@ -728,11 +720,17 @@ def test_no_module_or_function_is_too_long():
 
 
 def test_one_family_class():
-    """One `Family`: the family's facts in models/families/ (hf_activations' own Family, a NamedTuple of
-    its activation rules, now in models/hf_act_ops.py, merges into it with the family's program: the one entry below)."""
+    """One `Family`: the family's facts in models/families/. What its blocks save is a facet of it, an
+    `ActivationRules` (models/hf_act_ops.py) kept by the family's model_type, not a second family class."""
     found = sorted(f"{path.relative_to(PACKAGE).as_posix()}" for path, tree in _module_sources()
                    for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and node.name == "Family")
-    assert found == ["models/families/__init__.py", "models/hf_act_ops.py"], found
+    assert found == ["models/families/__init__.py"], found
+    from memfit.models.families import SUPPORTED
+    from memfit.models.hf_act_families import FAMILIES as RULES
+    from memfit.models.hf_act_ops import ActivationRules
+
+    assert set(RULES) <= set(SUPPORTED), f"activation rules of no family: {set(RULES) - set(SUPPORTED)}"
+    assert all(isinstance(rules, ActivationRules) for rules in RULES.values())
 
 
 def _model_types() -> set:
@@ -744,9 +742,6 @@ def _model_types() -> set:
 
 # Branches on a model type outside models/ that wait for their file's split; the list only shrinks.
 MODEL_TYPE_EXCEPTIONS = {
-    # ledger/training.py (technique helpers' additive edits only this session): T5's relative-position
-    # bias, the families' registered buffers; they move to the family's module with hf_activations' split
-    "ledger/training.py",
     # helper G's reader (issue 33): torchtune's Phi-3 adapts q, k and v where transformers' Phi-3 has qkv_proj
     "read/native/torchtune.py",
 }
@@ -876,9 +871,6 @@ def test_gpt2s_own_key_names_stay_in_its_family():
 # Per-element widths multiplied outside recipe/ wait for their file's split; the list only shrinks.
 WIDTH_PRODUCT_EXCEPTIONS = {
     "models/traced.py",  # a traced storage's bytes from its dtype's width (issue 34's helpers edit it this session)
-    # transformer_step asks for one element's width (dtype_bytes(1, ...)) and multiplies it by its own element
-    # counts: the family's program with the recipe pricing it replaces that (technique helpers edit it this session)
-    "ledger/training.py",
 }
 
 

@@ -43,8 +43,13 @@ def problems(config, training: dict) -> list:
     return out
 
 
-def rewrite(step, config, training: dict):
+def rewrite(step, config, training: dict, rebuild=None):
+    """`rebuild(checkpointed=...)`: the builder's program built again (a technique's module with REBUILDS gets it:
+    partial checkpointing's chosen layers), so no technique imports the builder."""
     for module in modules():
         if module.applies(training):
-            step = module.rewrite(step, config, training)
+            if getattr(module, "REBUILDS", False):
+                step = module.rewrite(step, config, training, rebuild)
+            else:
+                step = module.rewrite(step, config, training)
     return step

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import re
 
-from memfit.ledger import held, rewrites
+from memfit.ledger import rewrites
 from memfit.ledger.step import Loss, Row, Step
+from memfit.models import held
 from memfit.recipe.costs import dtype_bytes
 
-FP32 = dtype_bytes(1, "float32")  # the recipe's width of an fp32 element (the kernels' upcasts)
 
 
 def build(config, data: dict, optimizer: str | None, impl: str) -> Step:
@@ -27,7 +27,17 @@ def build(config, data: dict, optimizer: str | None, impl: str) -> Step:
     step = _build(config, data, optimizer, impl)
     training = data.get("training") or {}
     step.accumulating = isinstance(training.get("gradient_accumulation"), int) and training["gradient_accumulation"] > 1
-    return rewrites.rewrite(step, config, training)
+    return rewrites.rewrite(step, config, training, rebuild=_rebuild(config, optimizer, impl))
+
+
+def _rebuild(config, optimizer: str | None, impl: str):
+    """A transformer's program built again with only some layers checkpointed (a technique's rewrite asks for it,
+    ledger.rewrites); None for the other builders."""
+    model = getattr(config, "model", None)
+    if model is None or not hasattr(model, "cfg"):
+        return None
+    own = [t for t in config.tensors if not t.path or t.path[0] != "model"]
+    return lambda checkpointed: transformer_step(config, optimizer, impl, own, checkpointed=checkpointed)
 
 
 def _build(config, data: dict, optimizer: str | None, impl: str) -> Step:
@@ -327,7 +337,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
     share (models.hf_sharded.rank_shape), `rank_sizes` gives the rank's sizes for the in-flight tensors.
     `checkpointed`: under full checkpointing, the indices of the layers that are checkpointed (None: every layer);
     the others keep what they keep without checkpointing (partial checkpointing, ledger/techniques)."""
-    from memfit.models import hf_activations as acts, hf_encdec
+    from memfit.models import hf_act_flights, hf_activations as acts, hf_encdec
 
     model = config.model
     cfg, run = model.cfg, model.training
@@ -343,7 +353,6 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
     if rank_sizes is not None:
         sizes = rank_sizes(sizes)
     b, s, h, T = sizes["b"], sizes["s"], sizes["h"], sizes["T"]
-    act_w, lin_w = dtype_bytes(1, roles["act"]), dtype_bytes(1, roles["lin"])
     n_layers = acts.count_layers(cfg)
     stacked = hf_encdec.is_stacked(cfg)  # an encoder-decoder: its layers are those of its stacks in forward order
 
@@ -375,11 +384,11 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
     emb, layer_blocks, head, loss = blocks[0], blocks[1:-2], blocks[-2], blocks[-1]
     per_layer = [blk.kept for blk in layer_blocks for _ in range(blk.count)]
     ids, labels = fresh(dtype_bytes(b * s, "int64")), fresh(dtype_bytes(b * s, "int64"))
-    hidden = b * sizes.get("stream", s) * h * act_w  # the residual stream (a sequence-parallel rank's: its slice)
+    hidden = dtype_bytes(b * sizes.get("stream", s) * h, roles["act"])  # the residual stream (a sequence-parallel rank's: its slice)
     # an encoder-decoder's encoder layers run over seq_len source tokens, its decoder's over target_len (`s`)
     encoder_layers = hf_encdec.stacks(cfg)[0][2] if stacked else 0
     enc_sizes = {**sizes, "s": sizes["se"], "T": sizes["Te"]} if stacked else sizes
-    enc_hidden = b * enc_sizes["s"] * h * act_w
+    enc_hidden = dtype_bytes(b * enc_sizes["s"] * h, roles["act"])
     rows = []
     extra, declared_states = declared_row(declared, tensors)
     if extra is not None:
@@ -388,26 +397,17 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
     row = weights(Row("embeddings", input=ids, output=x, grad_input=False), "embeddings")
     row.kept = [ids if k.label.endswith("input ids") else fresh(kept_bytes(k)) for k in emb.kept]
     later_kept: dict = {}   # layer -> ids of the embeddings block's tensors that layer's first row keeps instead
-    if stacked:
-        # measured (T5, MemTracker with a dispatch-mode tracer at the encoder's backward): what the embeddings block
-        # keeps for the decoder (its inputs, the encoder's final norm and output, the decoder's position biases) is
-        # freed once the decoder's backward is done, and under full checkpointing the encoder's shared position bias
-        # once the second encoder layer's is; the cross-attention's zero bias (a leaf with its gradient) stays
-        for k, t in zip(emb.kept, list(row.kept)):
-            shared = k.label == f"{acts.SHARED_BIAS} (encoder)" and encoder_layers > 1
-            if t == ids or (k.label.startswith(acts.ENCODER_INPUTS) and not shared) or k.label.endswith("(cross-attention zeros)"):
-                continue
-            later_kept.setdefault(1 if shared else encoder_layers, []).append(t)
-            row.kept.remove(t)
+    if stacked:  # what the embeddings block keeps for the decoder goes with a later layer (hf_act_t5)
+        later = acts.t5_later_kept(emb.kept, encoder_layers)
+        for n, layer in later.items():
+            later_kept.setdefault(layer, []).append(row.kept[n])
+        row.kept = [t for n, t in enumerate(row.kept) if n not in later]
     # (the model's buffers are config tensors, models/buffers.py: with the embeddings' frozen parameters)
     batch = [ids, labels]
-    if cfg.get("qwen_vl"):   # (issue 34) Qwen2-VL's batch also holds the processor's fp32 pixel values all step
-        from memfit.models import qwen_vl
-
-        pixels = fresh(qwen_vl.pixel_bytes(cfg, run["micro_batch"]))
-        batch.append(pixels)
-        # an fp32 patch embedding keeps the batch's own pixel values (a view), not a copy
-        row.kept = [pixels if k.label.startswith("patch_embed") and k.dtype == "float32" else t for k, t in zip(emb.kept, row.kept)]
+    pixel_bytes = acts.batch_pixel_bytes(cfg, run["micro_batch"])
+    if pixel_bytes:   # a vision-language batch's pixel values, held all step; a kept view of them is no copy
+        batch.append(fresh(pixel_bytes))
+        row.kept = [batch[-1] if acts.views_the_pixels(k) else t for k, t in zip(emb.kept, row.kept)]
     if not row.grads and not tied_grad and checkpointing != "full":
         # a frozen embedding (LoRA): autograd records no backward for it (under full checkpointing transformers
         # makes its output require a gradient, hf_activations._evaluate: that gradient is computed)
@@ -417,7 +417,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
     row.backward_extra += tied_grad
     rows.append(row)
     every, bound = _every_layer(cfg, common, checkpointing, stacked, per_layer, encoder_layers, enc_hidden, hidden)
-    k = _layer_kernels(cfg, run, recipe_args, sizes, enc_sizes, roles, checkpointing, stacked, model.dtypes)
+    k = hf_act_flights.layer_kernels(cfg, run, recipe_args, sizes, enc_sizes, roles, checkpointing, stacked, model.dtypes)
     x = _layer_rows(k, rows, x, every, bound, later_kept, fresh, weights, kept_ids, cfg, sizes, enc_sizes, checkpointing, stacked,
                     encoder_layers, enc_hidden, hidden, n_layers, checkpointed)
     if norm_kept:
@@ -431,7 +431,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
             row.backward_flight = hidden + dtype_bytes(5 * T * h, "float32")
         rows.append(row)
         x = normed
-    logits = fresh(T * sizes["V"] * lin_w)
+    logits = fresh(dtype_bytes(T * sizes["V"], roles["lin"]))
     row = weights(Row("head", input=x, output=logits), "head")
     row.kept = kept_ids([k for k in head.kept if k not in norm_kept], x, hidden)
     by_loss = [fresh(kept_bytes(k)) for k in loss.kept]
@@ -445,18 +445,13 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
     elif not stacked:
         upcast, logits32 = 0, dtype_bytes(T * sizes["V"], in_loss)
     else:
-        upcast = logits32 if lin_w != FP32 else 0
+        upcast = logits32 if tensors[logits] != logits32 else 0
     # what the causal LM's forward holds unsaved through the loss: the cache's copies of k and v, the head's input
     kept_unsaved = _held_through_forward(rows, every, x, hidden, roles, model.dtypes, precision, checkpointing, stacked, k.fam)
     loss = Loss(forward=(tensors[logits], *([upcast] if upcast else []), *([kept_unsaved] if kept_unsaved else [])),
                 backward=(logits32, logits32))
-    if stacked:
-        # T5's nn.CrossEntropyLoss on the logits as they are (no fp32 copy); measured at the loss in forward: the
-        # logits, a second logits-sized temporary and the decoder's unscaled output (a local of the forward)
-        # (under autocast cross_entropy runs in fp32: that temporary is the fp32 copy of the 16-bit logits, measured
-        # with a dispatch-mode tracer at MemTracker's bf16-mixed forward peak: _to_copy (T, V) float32)
-        second = logits32 if precision.endswith("-mixed") else tensors[logits]
-        loss = Loss(forward=(tensors[logits], second, hidden), backward=(tensors[logits], tensors[logits]))
+    if stacked:  # T5's nn.CrossEntropyLoss (hf_act_t5)
+        loss = Loss(*acts.t5_loss(tensors[logits], logits32, hidden, precision))
     declared_stepped = list(extra.params) if extra is not None else []
     return Step(rows, tensors, batch, loss,
                 declared_states + weights.states, optimizer, impl, config.overhead,
@@ -468,7 +463,7 @@ FINAL_NORM = "final norm"  # the row of a decoder's final norm (and the label pr
 
 def _held_through_forward(rows: list, every: list, x: int, hidden: int, roles: dict, dtypes: dict | None, precision: str,
                           checkpointing: str, stacked: bool, fam) -> int:
-    """The bytes the forward holds unsaved at the loss (ledger/held.py); each layer row's forward moment gets the
+    """The bytes the forward holds unsaved at the loss (models/held.py); each layer row's forward moment gets the
     cache copies made so far."""
     if stacked:
         return 0   # (T5's loss already holds its decoder output: transformer_step)
@@ -608,73 +603,6 @@ def _every_layer(cfg: dict, common: dict, checkpointing: str, stacked: bool, per
     return every, bound
 
 
-def _layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_sizes: dict, roles: dict, checkpointing: str,
-                   stacked: bool, model_dtypes: dict | None = None):
-    """What a layer's rows hold besides their kept tensors (the family's kernels, measured): the gradients in flight
-    at each part's worst backward moment, the recomputation's moments, expert parallelism's all-to-all buffers."""
-    from types import SimpleNamespace
-
-    from memfit.models import hf_activations as acts, hf_encdec
-
-    b, s, h, T = sizes["b"], sizes["s"], sizes["h"], sizes["T"]
-    act_w, lin_w = dtype_bytes(1, roles["act"]), dtype_bytes(1, roles["lin"])
-    n_layers = acts.count_layers(cfg)
-    precision = recipe_args.get("precision", "32-true")
-    self_math = False
-    fam = acts.FAMILIES[cfg["model_type"]]
-    flights = _layer_flights(cfg, sizes, act_w, lin_w, attention=run["attention"])
-    enc_flights = _layer_flights(cfg, enc_sizes, act_w, lin_w, attention=run["attention"])
-    dense_flights = _layer_flights(cfg, sizes, act_w, lin_w, routed=False, attention=run["attention"])
-    early = _early_flights(cfg, sizes, act_w, lin_w, run["attention"])
-    # expert parallelism (parallel.expert): a MoE layer sends its routed rows (T·k) to the ranks holding their experts
-    # and receives its own experts' rows (S) by all-to-all, and back; the buffers live while the layer runs, in each
-    # direction (the gradients take the same way back)
-    moe = recipe_args.get("moe") or {}
-    a2a = (T * sizes["k"] + sizes["S"]) * h * act_w if (moe.get("expert") or 1) > 1 and sizes.get("k") else 0
-    if stacked:
-        # where T5's attention materializes its scores (eager; SDPA's math path), its softmax's backward holds the
-        # gradients of the probabilities and of the scores, (b, H, q, k) each: the self-attention's in the layer's
-        # attention part, the cross-attention's in its o_proj part (which runs from the self-attention's output
-        # projection through the cross-attention)
-        self_math, cross_math, score_dtype = acts.t5_score_kernels(cfg, run["attention"], checkpointing, precision,
-                                                                   recipe_args.get("lora"))
-        H, se = sizes["H"], sizes["se"]
-        if self_math:
-            # measured (MemTracker with a dispatch-mode tracer, T5's encoder at its first layer's softmax backward):
-            # beside the two score-sized gradients are the residual stream's, v's and one more (T, h) gradient and
-            # the relative bias's gradient (1, H, q, k), accumulating over the stack's layers when the bias trains
-            # (the decoder's is in decoder_flight under full checkpointing); q's and k's come after the softmax's
-            bias = acts.trainable_flags(acts.FAMILIES["t5"], recipe_args.get("lora"))["W:embed"]
-            for flight, q_len, own_bias in ((enc_flights, se, bias), (flights, s, bias and checkpointing != "full")):
-                tokens = b * q_len
-                at_softmax = (tokens * h * act_w + 2 * tokens * sizes["kv"] * lin_w + 2 * dtype_bytes(b * H * q_len * q_len, score_dtype)
-                              + (dtype_bytes(H * q_len * q_len, roles["act"]) if own_bias else 0))
-                flight["attention"] = max(flight["attention"], at_softmax)
-        if cross_math:
-            flights["o_proj"] += 2 * dtype_bytes(b * H * s * se, score_dtype)
-    first_decoder, decoder_flight = n_layers, 0
-    if stacked and checkpointing == "full":
-        # measured (T5, non-reentrant checkpointing): through the decoder's backward the gradients of the encoder's
-        # output and of the decoder's self- and cross-attention biases accumulate beside the residual stream's
-        first_decoder = hf_encdec.stacks(cfg)[0][2]
-        se = sizes["se"]
-        decoder_flight = (b * se * h + sizes["H"] * s * s + sizes["H"] * s * se) * act_w
-    quantized, mixed = bool((model_dtypes or {}).get("quantized")), precision.endswith("-mixed")
-    redone = _recompute_flights(cfg, sizes, recipe_args.get("lora"), roles, quantized, mixed) if checkpointing == "full" else {}
-    dora = _dora_flights(cfg, sizes, recipe_args.get("lora"), roles, precision, (model_dtypes or {}).get("dequantized"))
-    if dora and redone:  # the recomputed forward computes DoRA's weight norm again
-        redone = {part: max(flight, _arrived(cfg, sizes, roles) + dora.get(part, 0)) for part, flight in redone.items()}
-    enc_redone = _recompute_flights(cfg, enc_sizes, recipe_args.get("lora"), roles, quantized, mixed) if checkpointing == "full" else {}
-    # torch's math kernel, where an attention part runs it, holds its temporaries while the part is recomputed
-    kernel = _math_kernel_moments(cfg, sizes, roles, run["attention"], precision) if checkpointing == "full" else []
-    arrived = _arrived(cfg, sizes, roles)
-    return SimpleNamespace(fam=fam, flights=flights, enc_flights=enc_flights, dense_flights=dense_flights, early=early, a2a=a2a,
-                           self_math=self_math, first_decoder=first_decoder, decoder_flight=decoder_flight, redone=redone,
-                           enc_redone=enc_redone, kernel=kernel, arrived=arrived, dora=dora,
-                           lora_forward=held.forward_flights(_recompute_flights(cfg, sizes, recipe_args.get("lora"), roles, quantized, mixed),
-                                                             arrived, bool(recipe_args.get("lora"))))
-
-
 def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fresh, weights, kept_ids, cfg: dict, sizes: dict,
                 enc_sizes: dict, checkpointing: str, stacked: bool, encoder_layers: int, enc_hidden: int, hidden: int,
                 n_layers: int, checkpointed=None) -> int:
@@ -682,7 +610,7 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
     the layers full checkpointing recomputes (None: all of them); the others run as without checkpointing."""
     kept_bytes = _kept_bytes
     fam, flights, enc_flights, dense_flights, early, a2a = k.fam, k.flights, k.enc_flights, k.dense_flights, k.early, k.a2a
-    self_math, first_decoder, decoder_flight, redone, enc_redone = k.self_math, k.first_decoder, k.decoder_flight, k.redone, k.enc_redone
+    first_decoder, decoder_flight, redone, enc_redone = k.first_decoder, k.decoder_flight, k.redone, k.enc_redone
     kernel, arrived = k.kernel, k.arrived
     b = sizes["b"]
     split_cache: dict = {}
@@ -731,17 +659,17 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
                 row.kept_ops = [k.label.split(":")[0] for k in kept] + ["later"] * (len(row.kept) - len(kept))
             routed = a2a if part == "mlp" and routers[n] else 0
             row.forward_flight = layer_hidden + routed  # its output while it is written; its inner tensors are kept
-            if k.lora_forward.get(part) and not encoder:   # a LoRA linear's output, adapter output and sum (ledger/held.py)
+            if k.lora_forward.get(part) and not encoder:   # a LoRA linear's output, adapter output and sum (models/held.py)
                 row.forward_flight = max(row.forward_flight, k.lora_forward[part])
             if k.dora.get(part) and not encoder:
                 row.forward_flight = max(row.forward_flight, k.dora[part])
             row.backward_flight = ((enc_flights if encoder else (flights if sparse else dense_flights))[part] + routed
                                    + (decoder_flight if i >= first_decoder else 0))
             row.early_flight = early.get(part) if not encoder else None
-            if stacked and self_math and part == "attention":
+            if k.freed and part == "attention":
                 # measured (MemTracker with a dispatch-mode tracer, T5 at its encoder's self-attention backward): by
                 # the softmax's backward, p @ v's backward has freed what only it kept (its copy of v)
-                row.flight_freed = sum(kept_bytes(k) for k in kept if k.label.startswith("p @ v:"))
+                row.flight_freed = sum(kept_bytes(t) for t in kept if t.label.startswith(k.freed))
             # a MoE layer's backward peaks at its unsort, before the experts' weight gradients exist
             row.flight_first = bool(sizes.get("k")) and sparse and part == "down_proj"
             rows.append(row)
@@ -794,15 +722,6 @@ def _split(kept: list, fam) -> list:
     return [(part, kept[starts[i] : starts[i + 1]]) for i, part in enumerate(order)]
 
 
-# the linears of each part of a layer: (role in Family.names, the size of its output in _sizes)
-_PART_LINEARS = {
-    "attention": (("q", "q"), ("k", "kv"), ("v", "kv"), ("qkv", "qkv")),
-    "o_proj": (("o", "h"),),
-    "mlp": (("gate", "i"), ("up", "i"), ("gate_up", "i2"), ("fc_in", "i")),
-    "down_proj": (("down", "h"), ("fc_out", "h")),
-}
-
-
 def _through_last_adapter(kept: list) -> int:
     """How many of a part's kept tensors exist when its last LoRA linear runs: through its lora_B's input
     (all of them where the part has no adapter)."""
@@ -810,195 +729,3 @@ def _through_last_adapter(kept: list) -> int:
     return last[-1] + 1 if last else len(kept)
 
 
-def _arrived(cfg: dict, sizes: dict, roles: dict) -> int:
-    """The gradients beside a layer's own output gradient while full checkpointing recomputes the layer: the
-    gradient reaching the layer's output comes as two, the residual's and the next layer's norm's (summed into the
-    first in place); a 16-bit model's RMSNorm computes it in fp32 and casts it back (measured: Mistral, OLMo 2; both
-    held while the layer is recomputed)."""
-    from memfit.models import hf_activations as acts
-
-    fam = acts.FAMILIES[cfg["model_type"]]
-    T = sizes["T"]
-    arrived = dtype_bytes(T * sizes["h"], roles["act"])
-    if fam.norm != "layer" and dtype_bytes(1, roles["act"]) < FP32:
-        arrived += dtype_bytes(T * sizes["h"], "float32") + dtype_bytes(T * sizes["h"], roles["act"])
-    return arrived
-
-
-def _math_kernel_moments(cfg: dict, sizes: dict, roles: dict, attention: str, precision: str) -> list:
-    """The worst moments of an attention part that runs torch's math kernel, while full checkpointing recomputes it:
-    [(the labels of the part's kept tensors not made yet, the bytes in flight beyond the kept ones)], [] where the
-    part runs no math kernel (or one not measured: Falcon's ALiBi, a *-mixed recipe).
-
-    Falcon's multi_query under SDPA (models.hf_activations' `fa_math`: the one key/value head does not match the
-    query heads), rotary. FalconAttention.forward holds query_key_value's output, v (its `[-1]` index copy), and q and
-    k after the rotary (k's index copy is dropped); SDPA's math kernel turns the bool causal mask into a float bias
-    (b, 1, s, s) in q's dtype; from a 16-bit input it computes in fp32: copies of q, k and v at their own heads, q
-    scaled by 1/sqrt(d) (which matmul's fold then copies where b > 1: the copy is what `attention: q` keeps; with one
-    sequence the scaled q is kept itself), and at the end the output in fp32, its cast back and the probabilities'
-    cast back (the kernel returns them). Two moments: q @ k^T's scores (fp32, (b, H, s, s)) and the mask added to
-    them, both alive, before the probabilities and v are kept; and the output's cast, with every tensor of the part
-    kept (measured: Falcon-7B's switches, bf16-true, MemTracker peaks at that cast in layer 0's recomputation,
-    tests/ledger/test_combinations.py; the scores' moment binds at long sequences, s >> d). The forward's same
-    moments are not priced: no measured step peaks there."""
-    from memfit.models import hf_activations as acts
-
-    fam = acts.FAMILIES[cfg["model_type"]]
-    if not fam.falcon or precision.endswith("-mixed"):
-        return []
-    b, s, d, H, KV, T = sizes["b"], sizes["s"], sizes["d"], sizes["H"], sizes["KV"], sizes["T"]
-    cond = acts.layer_conditions(cfg, fam, attention, "full", b, precision)
-    if not cond["fa_math"] or cond["fa_alibi"]:
-        return []
-    act = roles["act"]
-    up = dtype_bytes(1, act) < FP32   # 16-bit: the kernel's fp32 copies (a .to() of an fp32 tensor copies nothing)
-    Q, K, P = b * H * s * d, b * KV * s * d, b * H * s * s
-    held = (dtype_bytes(T * sizes["qkv"], roles["lin"]) + dtype_bytes(K, act)     # query_key_value's output, v
-            + dtype_bytes(Q, act) + dtype_bytes(K, act)                           # q and k after the rotary
-            + dtype_bytes(b * s * s, act))                                        # the float mask
-    # (v's fp32 copy is what `attention: v (its one head)` keeps where one sequence folds it without a copy)
-    upcast = dtype_bytes(Q + K + (0 if cond["fa_v_own"] else K), "float32") if up else 0
-    scaled = dtype_bytes(Q, "float32") if b > 1 else 0
-    scores = (("attention: v", "softmax:"), held + upcast + scaled + 2 * dtype_bytes(P, "float32"))
-    output = ((), held + upcast + scaled + dtype_bytes(Q, "float32")
-              + (dtype_bytes(Q, act) + dtype_bytes(P, act) if up else 0))
-    return [scores, output]
-
-
-def _recompute_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict, quantized: bool = False, mixed: bool = False) -> dict:
-    """What each part of a layer holds, beyond the tensors it keeps, at its worst op while full checkpointing
-    recomputes it: a LoRA linear (peft's Linear.forward) holds its base output, the adapter's output and its
-    scaled copy at once (`result + lora_B(lora_A(x)) * scaling`; the adapter in fp32 on a 16-bit base, in the
-    low dtype under autocast). Measured: Mistral, bf16-true, all-linear LoRA: the step's peak is the up
-    projection's recomputation in layer 0 (MemTracker, tests/ledger/test_combinations.py)."""
-    T = sizes["T"]
-    arrived = _arrived(cfg, sizes, roles)
-    out = {}
-    for part, linears in (_adapted_linears(cfg, lora) or dict.fromkeys(_PART_LINEARS, [])).items():
-        worst = 0
-        for _, width in linears:
-            elements = T * sizes[width]
-            worst = max(worst, held.lora_linear_flight(elements, roles, quantized, mixed))
-        out[part] = arrived + worst
-    return out
-
-
-def _adapted_linears(cfg: dict, lora: dict | None) -> dict | None:
-    """{part: [(role, output width symbol)]}: each part's linears (_PART_LINEARS) that the LoRA config adapts in this
-    family (none without LoRA); None where the family cannot say which."""
-    from memfit.models import hf_activations as acts
-
-    fam = acts.FAMILIES[cfg["model_type"]]
-    try:
-        adapted = acts.trainable_flags(fam, lora) if lora else {}
-    except ValueError:
-        return None
-    return {part: [(role, width) for role, width in linears
-                   if fam.names.get(role) is not None and adapted.get(f"L:{fam.names[role]}")]
-            for part, linears in _PART_LINEARS.items()}
-
-
-# the input width of each linear of _PART_LINEARS (its symbol in _sizes)
-_LINEAR_INPUTS = {"q": "h", "k": "h", "v": "h", "qkv": "h", "o": "q", "gate": "h", "up": "h", "gate_up": "h", "fc_in": "h",
-                  "down": "i", "fc_out": "i"}
-
-
-def _dora_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict, precision: str, dequantized: str | None = None) -> dict:
-    """DoRA's weight norm, computed in every forward of an adapted linear (peft tuners/lora/dora.py
-    DoraLinearLayer.forward, after the base layer's output exists): get_lora_weight runs an (in, in) identity through
-    lora_A and lora_B ((in, r) and the (in, out) product, kept by that graph until the forward returns); the base weight
-    cast to the input's (the adapters') dtype where it differs; `weight + scaling * lora_weight` (the scaled copy and
-    the sum), all (out, in) in the adapters' dtype (a quantized base is first dequantized: one more (out, in) copy in
-    `dequantized`, its layer's dtype); then the output's three (T, out) temporaries. Per part, the worst
-    linear's: base output + the larger of those.
-    Measured (MemTracker, tiny and wide Llama, 32-true and bf16-true): the step's peak is this moment in the forward."""
-    if not (isinstance(lora, dict) and lora.get("use_dora") is True):
-        return {}
-    parts = _adapted_linears(cfg, lora)
-    if parts is None:
-        return {}
-    ada, rank, T = roles["ada"], int(lora.get("r") or 8), sizes["T"]
-    weight = dequantized or ("float32" if precision.endswith("-mixed") else roles["lin"])
-    out = {}
-    for part, linears in parts.items():
-        worst = 0
-        for role, width in linears:
-            n_in, n_out = sizes[_LINEAR_INPUTS[role]], sizes[width]
-            norm = (dtype_bytes(n_in * n_in, ada) + dtype_bytes(n_in * rank, ada) + 3 * dtype_bytes(n_out * n_in, ada)
-                    + (dtype_bytes(n_out * n_in, ada) if weight != ada else 0)
-                    + (dtype_bytes(n_out * n_in, dequantized) if dequantized else 0))
-            # then `(scale - 1) * base_result + scale * lora_result * scaling`: two products and their sum, (T, out)
-            # each in the adapters' dtype, beside the base output
-            combine = 3 * dtype_bytes(T * n_out, ada)
-            worst = max(worst, dtype_bytes(T * n_out, roles["lin"]) + max(norm, combine))
-        out[part] = worst
-    return out
-
-
-def _early_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int, attention: str) -> dict:
-    """A part's worst backward moment before its parameters' gradients are made, where one is known beyond
-    _layer_flights' (after them): torch's math kernel's softmax backward (Falcon's multi_query under SDPA) holds the
-    probabilities' gradient and the scores', (b, H, s, s) fp32 each, beside the residual stream's gradient, o_proj's
-    input's and v's (fp32, summed back to its own heads), ahead of query_key_value's weight gradient (measured:
-    Falcon-7B's switches, bf16-true, full checkpointing, s >> d: MemTracker peaks at _softmax_backward_data in
-    layer 0's attention; with ALiBi too: 0.852 -> 0.949 of MemTracker at (2, 64))."""
-    from memfit.models import hf_activations as acts
-
-    fam = acts.FAMILIES[cfg["model_type"]]
-    if not fam.falcon:
-        return {}
-    cond = acts.layer_conditions(cfg, fam, attention, "none", sizes["b"])
-    if not cond["fa_math"]:
-        return {}
-    T, b, H, s = sizes["T"], sizes["b"], sizes["H"], sizes["s"]
-    return {"attention": T * sizes["h"] * act_w + T * sizes["q"] * lin_w + dtype_bytes(T * sizes["kv"] + 2 * b * H * s * s, "float32")}
-
-
-def _layer_flights(cfg: dict, sizes: dict, act_w: int, lin_w: int, routed: bool = True, attention: str = "sdpa") -> dict:
-    """Gradients in flight at the worst backward moment of each part of a layer; the residual
-    stream's gradient is alive through all of them, a residual dropout's gradient beside it. The
-    down projection: its input's gradient; the MLP: the gradients of the down projection's input
-    and of the gate and up outputs (a plain MLP: of the activation's input); o_proj: its input's;
-    attention: o_proj's input's and those of q, k and v. A mixture of experts' layer (`routed`, when
-    the model has experts) begins its backward at the unsort (transformers' grouped_mm experts): the
-    MoE output's gradient (T, h), expanded to every routed row and materialized (S, h), the index
-    backward's zeros (S, h) and its out-of-place index_put (S, h), in the routing-weighted output's dtype (measured:
-    tests/ledger/test_peak.py, MemTracker at aten.index_put in the experts' backward); its MLP part is the gate_up
-    grouped_mm's backward (the activation's kept tensors already freed)."""
-    from memfit.models import hf_activations as acts
-
-    T, h, i, q, kv = sizes["T"], sizes["h"], sizes["i"], sizes["q"], sizes["kv"]
-    fam = acts.FAMILIES[cfg["model_type"]]
-    k = 2 if fam.mlp == "plain" else 3
-    res = T * h * act_w
-    dropout = res if acts.dropout_on(cfg, fam, "resid") else 0
-    scores = 0
-    if fam.falcon:
-        # Falcon's batched-matmul attention (eager, and torch's math kernel for multi_query under sdpa, in fp32 from a
-        # 16-bit input): the probabilities' gradient, (b, H, s, s), is in flight through the softmax's backward
-        cond = acts.layer_conditions(cfg, fam, attention, "none", sizes["b"])
-        if cond["fa_bmm"]:
-            scores = sizes["b"] * sizes["H"] * sizes["s"] ** 2 * (FP32 if cond["fa_math"] else act_w)
-    out = {
-        "down_proj": res + dropout + T * i * lin_w,
-        "mlp": res + dropout + T * k * i * lin_w,
-        "o_proj": res + dropout + T * q * lin_w,
-        "attention": res + T * (2 * q + 2 * kv) * lin_w + scores,
-    }
-    if fam.sandwich:
-        # Gemma 2/3, OLMo 2: a norm on o_proj's and on down_proj's output is the first op their backward meets; it
-        # runs in fp32 (the norm upcasts its input) and holds three (T, h) fp32 tensors beside the arriving
-        # gradient (measured, bf16-true and 32-true, full checkpointing: MemTracker peaks at that norm's backward
-        # in layer 0, after the layer is recomputed)
-        norm = res + dropout + dtype_bytes(3 * T * h, "float32")
-        out["down_proj"] = max(out["down_proj"], norm)
-        out["o_proj"] = max(out["o_proj"], norm)
-    if routed and sizes.get("k"):
-        # the experts run their MLP once per routed row (S = T·k, or as training.moe sets it), at the experts' width
-        S, ie = sizes["S"], sizes["ie"]
-        # the routed rows' gradients take the routing-weighted output's dtype: fp32 where the weights stay fp32 (Mixtral)
-        weighted_w = max(act_w, FP32) if fam.routing_dtype == "f32" else act_w
-        out["down_proj"] = res + dropout + T * h * act_w + 3 * S * h * weighted_w
-        # the gate_up grouped_mm's backward: its output's gradient (S, 2·ie) and its input's (S, h)
-        out["mlp"] = res + dropout + S * (2 * ie + h) * act_w
-    return out

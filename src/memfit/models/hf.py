@@ -28,16 +28,16 @@ from memfit.models.hf_derive import (
     activation_bytes, BlockRow, derive, forced_activations, is_transformer, Model, _recipe_arguments, saved_rows,
     _tensors,
 )
-from memfit.models.hf_explain import attention_lines, routing_lines, summary_lines
+from memfit.models.hf_explain import attention_lines, routing_lines
 
 # What the rest of memfit imports from here. The jobs live in the modules above: hf_layers (the module tree, layer
 # by layer), hf_params (parameters, linear modules, blocks, summary), hf_derive (reading the model in a config:
-# config.json, the recipe's arguments, the tensors), hf_explain (explain's transformer table).
+# config.json, the recipe's arguments, the tensors), hf_explain (what explain states beside the transformer's table, report/model_tables).
 __all__ = [
     "falcon_layout", "architecture", "ATTENTIONS", "block_layers", "CHECKPOINTING", "CONV1D", "EMBEDDING", "family",
     "head", "head_dim", "layer_kinds", "LINEAR", "LINEAR_BIAS", "Module", "MOE_LAYERS", "NORM", "num_layers",
     "OTHER", "Param", "blocks", "layer_parameters", "layer_prefix", "linear_modules", "module_tree",
     "parameter_count", "parameters", "summary", "tied_embedding", "activation_bytes", "BlockRow", "derive",
     "forced_activations", "is_transformer", "Model", "_recipe_arguments", "saved_rows", "_tensors",
-    "attention_lines", "routing_lines", "summary_lines",
+    "attention_lines", "routing_lines",
 ]

@@ -5,7 +5,7 @@ included), which weights train (`trainable_flags`), the gradient flags, and reso
 from __future__ import annotations
 
 from memfit.models import hf_encdec
-from memfit.models.hf_act_ops import ATTENTIONS, Block, CHECKPOINTING, Conditions, Family, Kept, LOW, PRECISIONS
+from memfit.models.hf_act_ops import ATTENTIONS, Block, CHECKPOINTING, Conditions, ActivationRules, Kept, LOW, PRECISIONS
 from memfit.models.hf_act_families import FAMILIES, MOE, SUPPORTED
 from memfit.models.hf_act_layers import layer_rows, count_layers
 
@@ -86,12 +86,12 @@ def _mla_sizes(cfg: dict) -> dict:
             "is": cfg["moe_intermediate_size"] * cfg["n_shared_experts"]}
 
 
-def dropout_on(cfg: dict, fam: Family, which: str) -> bool:
+def dropout_on(cfg: dict, fam: ActivationRules, which: str) -> bool:
     key = dict(fam.dropout_keys).get(which)
     return bool(key and (cfg.get(key) or 0) > 0)
 
 
-def layer_conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micro_batch: int,
+def layer_conditions(cfg: dict, fam: ActivationRules, attention: str, checkpointing: str, micro_batch: int,
                 precision: str | None = None, lora: dict | None = None) -> dict:
     if precision is None:
         precision = "32-true"
@@ -173,7 +173,7 @@ def layer_conditions(cfg: dict, fam: Family, attention: str, checkpointing: str,
     })
 
 
-def _mla_conditions(cfg: dict, fam: Family, attention: str, precision: str, micro_batch: int) -> dict:
+def _mla_conditions(cfg: dict, fam: ActivationRules, attention: str, precision: str, micro_batch: int) -> dict:
     """Which of _mla_attention's rows apply: q through q_lora_rank or q_proj; the kernel (eager's and the math
     kernel's batched matmuls, or SDPA's fused kernel where q, k and v share one head dim)."""
     if not fam.mla:
@@ -191,7 +191,7 @@ def _mla_conditions(cfg: dict, fam: Family, attention: str, precision: str, micr
             "not_lin32": not lin32}
 
 
-def _falcon_conditions(cfg: dict, fam: Family, attention: str, checkpointing: str, micro_batch: int, cache: bool,
+def _falcon_conditions(cfg: dict, fam: ActivationRules, attention: str, checkpointing: str, micro_batch: int, cache: bool,
                        mixed: bool) -> dict:
     """Which of _falcon_attention's rows apply (all off for the other families)."""
     names = ("fa_rope", "fa_alibi", "fa_index", "fa_bmm", "fa_fused", "fa_math", "fa_not_math", "fa_eager", "fa_bias_mixed",
@@ -323,7 +323,7 @@ def _match(name: str, targets) -> bool:
     return any(name == t or name.endswith("." + t) for t in targets)
 
 
-def trainable_flags(fam: Family, lora: dict | None) -> dict:
+def trainable_flags(fam: ActivationRules, lora: dict | None) -> dict:
     """Weight flags: W:<module> (the weight trains), L:<module> (a LoRA adapter on it)."""
     modules = [m for k, m in fam.names.items() if k not in ("norm1", "norm2", "final")]
     if not lora:
@@ -351,7 +351,7 @@ def trainable_flags(fam: Family, lora: dict | None) -> dict:
     return flags
 
 
-def _grads(fam: Family, w: dict, x: bool, parallel: bool) -> dict:
+def _grads(fam: ActivationRules, w: dict, x: bool, parallel: bool) -> dict:
     """Which tensors of one layer need a gradient, given whether its input does and which weights train."""
     n = fam.names
 
@@ -427,7 +427,7 @@ def _parallel(cfg: dict) -> bool:
     return bool(cfg.get(key, True)) if key else False
 
 
-def _boundary(fam: Family, roles: dict, sizes: dict, shape=_shape) -> Kept:
+def _boundary(fam: ActivationRules, roles: dict, sizes: dict, shape=_shape) -> Kept:
     return Kept("checkpoint: the layer's input (kept for the recomputation)", shape(("b", "s", "h"), sizes),
                 roles["act"])
 
@@ -441,7 +441,7 @@ def _layer_types(cfg: dict) -> tuple:
     return (kind,) * count_layers(cfg)
 
 
-def _windowed(cfg: dict, fam: Family, attention: str, seq_len: int) -> bool:
+def _windowed(cfg: dict, fam: ActivationRules, attention: str, seq_len: int) -> bool:
     """A sliding layer's window is a mask sdpa must take (the sequence is longer than the window)."""
     window = cfg.get("sliding_window")
     return (fam.window_layers and attention == "sdpa" and fam.sdpa and window is not None and seq_len > window

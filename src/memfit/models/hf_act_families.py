@@ -1,15 +1,16 @@
-"""Each transformers family's activation rules (models/hf_activations.py): `FAMILIES`, model_type -> `Family`
-(its norm, module names, attention and MLP layouts), the mixture-of-experts kinds and default activations."""
+"""Each transformers family's activation rules (models/hf_activations.py): `FAMILIES`, model_type -> `ActivationRules`
+(its norm, module names, attention and MLP layouts; each key a models/families `Family`'s), the mixture-of-experts
+kinds and default activations."""
 
 from __future__ import annotations
 
 from memfit.models import hf_encdec
-from memfit.models.hf_act_ops import Family
+from memfit.models.hf_act_ops import ActivationRules
 
 
 LLAMA_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
                "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj", "lm_head": "lm_head"}
-LLAMA = Family("rms", LLAMA_NAMES, "separate", "full", "gated", "hidden_act", True,
+LLAMA = ActivationRules("rms", LLAMA_NAMES, "separate", "full", "gated", "hidden_act", True,
                dropout_keys=(("attn", "attention_dropout"),))
 FAMILIES = {
     "llama": LLAMA,
@@ -22,18 +23,18 @@ FAMILIES = {
                            names={"qkv": "self_attn.qkv_proj", "o": "self_attn.o_proj", "gate_up": "mlp.gate_up_proj",
                                   "down": "mlp.down_proj", "lm_head": "lm_head"},
                            dropout_keys=(("attn", "attention_dropout"), ("resid", "resid_pdrop"), ("embd", "embd_pdrop"))),
-    "gpt2": Family("layer", {"qkv": "attn.c_attn", "o": "attn.c_proj", "fc_in": "mlp.c_fc", "fc_out": "mlp.c_proj",
+    "gpt2": ActivationRules("layer", {"qkv": "attn.c_attn", "o": "attn.c_proj", "fc_in": "mlp.c_fc", "fc_out": "mlp.c_proj",
                              "lm_head": "lm_head", "norm1": "ln_1", "norm2": "ln_2", "final": "transformer.ln_f"},
                    "fused", None, "plain", "activation_function", True, embed_extra=("positions",),
                    dropout_keys=(("embd", "embd_pdrop"), ("attn", "attn_pdrop"), ("resid", "resid_pdrop")),
                    softmax_fp32=False, lora_default=("c_attn",)),
-    "gpt_neox": Family("layer", {"qkv": "attention.query_key_value", "o": "attention.dense",
+    "gpt_neox": ActivationRules("layer", {"qkv": "attention.query_key_value", "o": "attention.dense",
                                  "fc_in": "mlp.dense_h_to_4h", "fc_out": "mlp.dense_4h_to_h", "lm_head": "embed_out",
                                  "final": "gpt_neox.final_layer_norm"},
                        "fused", "partial", "plain", "hidden_act", True, parallel_key="use_parallel_residual",
                        dropout_keys=(("attn", "attention_dropout"), ("resid", "hidden_dropout"), ("embd", "hidden_dropout")),
                        lora_default=("query_key_value",)),
-    "bert": Family("layer", {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",
+    "bert": ActivationRules("layer", {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",
                              "o": "attention.output.dense", "fc_in": "intermediate.dense", "fc_out": "output.dense",
                              "transform": "cls.predictions.transform.dense", "lm_head": "cls.predictions.decoder"},
                    "separate", None, "plain", "hidden_act", False, embed_extra=("token_types",), post_norm=True,
@@ -44,7 +45,7 @@ FAMILIES = {
     # types gathered by them, so both are (b, s) int64 the embeddings keep; the masked-LM head is BERT's (lm_head
     # .dense, gelu, lm_head.layer_norm, the decoder); the sequence classifier drops out the first token, then
     # classifier.dense, tanh, dropout, classifier.out_proj (no pooler)
-    "roberta": Family("layer", {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",
+    "roberta": ActivationRules("layer", {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",
                                 "o": "attention.output.dense", "fc_in": "intermediate.dense", "fc_out": "output.dense",
                                 "transform": "lm_head.dense", "lm_head": "lm_head.decoder"},
                       "separate", None, "plain", "hidden_act", False, embed_extra=("batch_positions",), post_norm=True,
@@ -53,7 +54,7 @@ FAMILIES = {
                                     ("embd", "hidden_dropout_prob"))),
     # encoder-decoder families: their rows are in models/hf_encdec.py; this entry names their modules (LoRA flags,
     # the ledger's layer parts) and their dropout key
-    "t5": Family("rms", dict(hf_encdec.NAMES), "separate", None, "plain", "dense_act_fn", False,
+    "t5": ActivationRules("rms", dict(hf_encdec.NAMES), "separate", None, "plain", "dense_act_fn", False,
                  dropout_keys=(("attn", "dropout_rate"), ("resid", "dropout_rate"), ("embd", "dropout_rate")),
                  head="seq2seq", softmax_fp32=False, lora_default=("q", "v")),
 }
@@ -90,7 +91,7 @@ FAMILIES.update({
     # modeling_llava.py: the text model is a Llama (LlavaModel.language_model); the vision tower (CLIP) and the
     # projector run first and are kept with the embeddings (_llava_kept)
     "llava": LLAMA._replace(llava=True, lora_default=()),   # (peft has no default target_modules for llava)
-    "falcon": Family("layer", {"qkv": "self_attention.query_key_value", "o": "self_attention.dense",
+    "falcon": ActivationRules("layer", {"qkv": "self_attention.query_key_value", "o": "self_attention.dense",
                                "fc_in": "mlp.dense_h_to_4h", "fc_out": "mlp.dense_4h_to_h", "lm_head": "lm_head",
                                "final": "transformer.ln_f"},
                      "fused", "full", "plain", "activation", True, parallel_key="parallel_attn",

@@ -5,11 +5,11 @@ the head, the classifier and the loss rows."""
 from __future__ import annotations
 
 from memfit.models import hf_encdec
-from memfit.models.hf_act_ops import _activation, _and, Family, K, _linear, _norm, _op, ROLE
+from memfit.models.hf_act_ops import _activation, _and, ActivationRules, K, _linear, _norm, _op, ROLE
 from memfit.models.hf_act_families import DEFAULT_ACT, FAMILIES
 
 
-def _falcon_attention(fam: Family, n: dict) -> list:
+def _falcon_attention(fam: ActivationRules, n: dict) -> list:
     """FalconAttention.forward (modeling_falcon.py), every path; `layer_conditions` picks the rows that apply.
 
     query_key_value's output is split by views (every head its own k and v), by `[..., [-2], :]` indexing (multi_query:
@@ -69,7 +69,7 @@ def _falcon_attention(fam: Family, n: dict) -> list:
     return rows
 
 
-def _falcon_rows(fam: Family, n: dict, act: str, layout) -> list:
+def _falcon_rows(fam: ActivationRules, n: dict, act: str, layout) -> list:
     """FalconDecoderLayer.forward in its three layouts (models/falcon.py)."""
     X = ("b", "s", "h")
     attention, mlp = _falcon_attention(fam, n), _mlp(fam, n, act)
@@ -88,7 +88,7 @@ def _falcon_rows(fam: Family, n: dict, act: str, layout) -> list:
             + mlp)
 
 
-def _mla_attention(fam: Family, n: dict) -> list:
+def _mla_attention(fam: ActivationRules, n: dict) -> list:
     """DeepseekV3Attention.forward (modeling_deepseek_v3.py), multi-head latent attention.
 
     q: q_b_proj(q_a_layernorm(q_a_proj(x))) (or q_proj(x) when q_lora_rank is null), viewed per head and split into
@@ -149,7 +149,7 @@ def _mla_attention(fam: Family, n: dict) -> list:
     return rows + _linear(o, ("T", "ov"), "attn", low_input=True)
 
 
-def _deepseek_moe(fam: Family, n: dict, act: str) -> list:
+def _deepseek_moe(fam: ActivationRules, n: dict, act: str) -> list:
     """DeepseekV3MoE.forward: the router (DeepseekV3TopkRouter: F.linear of the fp32 input and weight, sigmoid, the
     bias-corrected scores' group-limited top-k, the chosen scores gathered, renormalized with norm_topk_prob, times
     routed_scaling_factor: a Python number, nothing kept), the grouped experts (Mixtral's rows), then the shared
@@ -187,7 +187,7 @@ def _deepseek_moe(fam: Family, n: dict, act: str) -> list:
     return router + experts + shared
 
 
-def _attention(fam: Family, n: dict) -> list:
+def _attention(fam: ActivationRules, n: dict) -> list:
     """Projections, attention (every kernel: `layer_conditions` picks the rows that apply), output projection."""
     if fam.mla:
         return _mla_attention(fam, n)
@@ -266,7 +266,7 @@ def _attention(fam: Family, n: dict) -> list:
     return rows
 
 
-def _mlp(fam: Family, n: dict, act: str) -> list:
+def _mlp(fam: ActivationRules, n: dict, act: str) -> list:
     T, X = ("T", "h"), ("b", "s", "h")
     if fam.mlp == "gated":
         return _linear([("gate", n["gate"], "i"), ("up", n["up"], "i")], T, "n2") + _activation(act, "act_fn(gate)", ("b", "s", "i"), "g", "out") + [
@@ -375,7 +375,7 @@ def _llama4_moe(n: dict, act: str) -> list:
     return rows
 
 
-def _llama4_attention(fam: Family, n: dict, rope: bool, cfg_flags: tuple) -> list:
+def _llama4_attention(fam: ActivationRules, n: dict, rope: bool, cfg_flags: tuple) -> list:
     """Llama4TextAttention: Llama's projections and kernels; a rope layer's apply_rotary_emb multiplies by freqs_cis
     (complex; it keeps only freqs_cis, shared by every layer), then qk_norm (use_qk_norm) keeps each of q and k upcast
     to fp32 and its 1/rms; a NoPE layer with attn_temperature_tuning multiplies q by attn_scales (fp32, one per
@@ -413,7 +413,7 @@ def _sparsemixer(n: dict) -> list:
     return rows
 
 
-def _experts(fam: Family) -> list:
+def _experts(fam: ActivationRules) -> list:
     T = ("T", "h")
     # Mixtral: a router, then every routed (token, expert) pair through one grouped matmul (transformers 5.24's
     # `grouped_mm` experts: F.grouped_mm is not autocast, so the experts run in the model's dtype): sorted by expert,
@@ -483,7 +483,7 @@ class _BlockNames(dict):
 BLOCK_NAMES = _BlockNames({"": "layer", "moe": "layer", "dense": "dense layer"})  # a layer kind's block name (models.hf's too)
 
 
-def _kind_family(fam: Family, kind: str) -> Family:
+def _kind_family(fam: ActivationRules, kind: str) -> ActivationRules:
     return fam._replace(mlp="gated") if kind.split(" ")[0] == "dense" else fam
 
 
@@ -514,7 +514,7 @@ def layer_rows(model_type: str, act: str | None = None, parallel: bool = True, k
     return _norm(fam.norm, _op(ROLE["norm1"], n.get("norm1", "input_layernorm")), X, "x") + attention + second + mlp
 
 
-def _sandwich_rows(fam: Family, n: dict, attention: list, mlp: list) -> list:
+def _sandwich_rows(fam: ActivationRules, n: dict, attention: list, mlp: list) -> list:
     """Gemma 2/3 (pre_post): input_layernorm, attention, post_attention_layernorm (on o_proj's output), residual
     add, pre_feedforward_layernorm, MLP, post_feedforward_layernorm (on down_proj's output), residual add.
     OLMo 2 (post): attention, post_attention_layernorm, add; MLP, post_feedforward_layernorm, add: q/k/v and
@@ -530,7 +530,7 @@ def _sandwich_rows(fam: Family, n: dict, attention: list, mlp: list) -> list:
             + _norm(fam.norm, "pre_feedforward_layernorm", X, "h1") + mlp + post_mlp)
 
 
-def _shared_input_rows(fam: Family, n: dict, attention: list, mlp: list) -> list:
+def _shared_input_rows(fam: ActivationRules, n: dict, attention: list, mlp: list) -> list:
     """Cohere: input_layernorm, then attention and the MLP both on its output; gate/up's input is q/k/v's storage.
     use_qk_norm adds a per-head CohereLayerNorm on q and k before the rotary."""
     X = ("b", "s", "h")
@@ -544,7 +544,7 @@ def _shared_input_rows(fam: Family, n: dict, attention: list, mlp: list) -> list
     return _norm(fam.norm, "input_layernorm", X, "x") + attention + qk + mlp
 
 
-def _embedding_rows(fam: Family) -> list:
+def _embedding_rows(fam: ActivationRules) -> list:
     X = ("b", "s", "h")
     rows = [K("embed_tokens", "input ids", ("b", "s"), "i64", None, ("W:embed",))]
     if "positions" in fam.embed_extra:
@@ -576,7 +576,7 @@ def _embedding_rows(fam: Family) -> list:
     return rows
 
 
-def _head_rows(fam: Family) -> list:
+def _head_rows(fam: ActivationRules) -> list:
     X, n = ("b", "s", "h"), fam.names
     if fam.head == "mlm":   # BertForMaskedLM: dense, activation, LayerNorm, decoder
         return (_linear([("transform", n["transform"], "h")], ("T", "h"), "x")
@@ -589,7 +589,7 @@ def _head_rows(fam: Family) -> list:
         K("final softcap tanh", "tanh(logits / cap)", ("T", "V"), "lin", "final_softcap", ("x", f"W:{n['lm_head']}"))]
 
 
-def _classifier_rows(fam: Family, dropout: bool) -> list:
+def _classifier_rows(fam: ActivationRules, dropout: bool) -> list:
     """A classification head (issue 34; families' docstring): a decoder's final norm then `score` over every position,
     the last non-padding token's row picked by advanced indexing (its two index tensors kept); BERT's pooler (a view
     of the first token: the linear keeps the last hidden state's storage; tanh keeps its result), dropout and

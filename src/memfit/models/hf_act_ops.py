@@ -1,6 +1,7 @@
 """What autograd saves, the op rules (models/hf_activations.py tells the whole story): a kept tensor (`Kept`), a
 block of them (`Block`), a table row (`K`), the precisions and kernels, the norm, activation and linear rules
-(LoRA/DoRA adapters and quantized bases included), and `Family`, a family's activation rules."""
+(LoRA/DoRA adapters and quantized bases included), and `ActivationRules`, a family's activation rules (by the
+family's model_type in hf_act_families.FAMILIES; the family itself is models/families' `Family`)."""
 
 from __future__ import annotations
 
@@ -176,7 +177,13 @@ def _linear(group: list, x: tuple, f: str, low_input: bool = False, source: str 
     return rows
 
 
-class Family(NamedTuple):
+class ActivationRules(NamedTuple):
+    """What a family's blocks save, as rules over its layout (its norm, module names, attention and MLP kinds): one
+    facet of the family (the one `Family` is models/families'), kept by its model_type in hf_act_families.FAMILIES.
+    Not a family itself: a vision tower (CLIP_VISION) and a MoE family's dense layers (hf_act_layers._kind_family)
+    have rules of their own and no config.json of their own. (Not a field of `Family` either: the rules read the
+    family's facts, models/hf_encdec reads models/families, so the family's module cannot reach them.)"""
+
     norm: str                 # "rms" | "gemma_rms" | "layer"
     names: dict               # role -> module path inside a layer (or of the head)
     qkv: str                  # "separate" | "fused" (q, k, v are slices of one projection)

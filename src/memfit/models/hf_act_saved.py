@@ -8,7 +8,7 @@ from functools import lru_cache
 from math import prod
 
 from memfit.models import hf_encdec
-from memfit.models.hf_act_ops import _activation, ACTIVATIONS, Block, Conditions, Family, K, Kept, _norm, TRUE_DTYPE
+from memfit.models.hf_act_ops import _activation, ACTIVATIONS, Block, Conditions, ActivationRules, K, Kept, _norm, TRUE_DTYPE
 from memfit.models.hf_act_families import FAMILIES
 from memfit.models.hf_act_layers import (
     _attention, BLOCK_NAMES, classifier, CLASSIFIER_LOSS_ROWS, _classifier_rows, _embedding_rows, _head_rows,
@@ -23,7 +23,7 @@ from memfit.models.hf_act_t5 import (
 )
 
 
-CLIP_VISION = Family("layer", {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
+CLIP_VISION = ActivationRules("layer", {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
                                "o": "self_attn.out_proj", "fc_in": "mlp.fc1", "fc_out": "mlp.fc2", "lm_head": "-"},
                      "separate", None, "plain", "hidden_act", False, dropout_keys=(("attn", "attention_dropout"),))
 
@@ -699,3 +699,32 @@ def stacked_peak_saved(cfg: dict, *, micro_batch: int, seq_len: int, target_len:
 
 # what the embeddings block keeps for the encoder's layers (the rest goes once the decoder's backward is done)
 ENCODER_INPUTS = ("encoder embed_tokens", "encoder embedding dropout", "encoder relative bias", f"{SHARED_BIAS} (encoder)")
+
+
+def t5_later_kept(embeddings_kept: list, encoder_layers: int) -> dict:
+    """{index in the embeddings block's kept tensors: the layer whose first row keeps it instead}. Measured (T5,
+    MemTracker with a dispatch-mode tracer at the encoder's backward): what the embeddings block keeps for the decoder
+    (its inputs, the encoder's final norm and output, the decoder's position biases) is freed once the decoder's
+    backward is done, and under full checkpointing the encoder's shared position bias once the second encoder
+    layer's is; the input ids (the batch's), the encoder's inputs and the cross-attention's zero bias (a leaf with its
+    gradient) stay."""
+    out = {}
+    for n, k in enumerate(embeddings_kept):
+        shared = k.label == f"{SHARED_BIAS} (encoder)" and encoder_layers > 1
+        if k.label.endswith("input ids") or (k.label.startswith(ENCODER_INPUTS) and not shared) or k.label.endswith("(cross-attention zeros)"):
+            continue
+        out[n] = 1 if shared else encoder_layers
+    return out
+
+
+
+def batch_pixel_bytes(cfg: dict, micro_batch: int) -> int:
+    """The pixel values a vision-language batch holds all step (0: none): Qwen2-VL's processor's, fp32 (issue 34)."""
+    from memfit.models import qwen_vl
+
+    return qwen_vl.pixel_bytes(cfg, micro_batch) if cfg.get("qwen_vl") else 0
+
+
+def views_the_pixels(kept: Kept) -> bool:
+    """A kept tensor that is the batch's own pixel values (a view, not a copy): an fp32 patch embedding's input."""
+    return kept.label.startswith("patch_embed") and kept.dtype == "float32"

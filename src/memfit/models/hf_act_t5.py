@@ -7,6 +7,8 @@ from memfit.models import hf_encdec
 from memfit.models.hf_act_ops import _activation, K, _linear
 from memfit.models.hf_act_families import FAMILIES
 from memfit.models.hf_act_eval import layer_conditions, role_dtypes, trainable_flags
+from memfit.models.hf_act_layers import count_layers
+from memfit.recipe.costs import dtype_bytes
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -229,3 +231,47 @@ def t5_score_kernels(cfg: dict, attention: str, checkpointing: str, precision: s
     sdpa = attention != "eager"
     dtype = "float32" if cond["math_upcast"] else role_dtypes(precision, None)["soft" if not sdpa else "lin"]
     return not cond["enc_fused"], not cond["cross_fused"], dtype
+
+
+def t5_flights(cfg: dict, sizes: dict, roles: dict, attention: str, checkpointing: str, precision: str, lora: dict | None,
+               flights: dict, enc_flights: dict) -> tuple:
+    """T5's kernels in a layer's backward, added to the parts' gradients in flight (`flights`: the decoder's,
+    `enc_flights`: the encoder's, updated in place): (the self-attention materializes its scores, the first decoder
+    layer, the gradients through the decoder's backward under full checkpointing)."""
+    b, s, h = sizes["b"], sizes["s"], sizes["h"]
+    # where T5's attention materializes its scores (eager; SDPA's math path), its softmax's backward holds the
+    # gradients of the probabilities and of the scores, (b, H, q, k) each: the self-attention's in the layer's
+    # attention part, the cross-attention's in its o_proj part (which runs from the self-attention's output
+    # projection through the cross-attention)
+    self_math, cross_math, score_dtype = t5_score_kernels(cfg, attention, checkpointing, precision, lora)
+    H, se = sizes["H"], sizes["se"]
+    if self_math:
+        # measured (MemTracker with a dispatch-mode tracer, T5's encoder at its first layer's softmax backward):
+        # beside the two score-sized gradients are the residual stream's, v's and one more (T, h) gradient and
+        # the relative bias's gradient (1, H, q, k), accumulating over the stack's layers when the bias trains
+        # (the decoder's is in decoder_flight under full checkpointing); q's and k's come after the softmax's
+        bias = trainable_flags(FAMILIES["t5"], lora)["W:embed"]
+        for flight, q_len, own_bias in ((enc_flights, se, bias), (flights, s, bias and checkpointing != "full")):
+            tokens = b * q_len
+            at_softmax = (dtype_bytes(tokens * h, roles["act"]) + dtype_bytes(2 * tokens * sizes["kv"], roles["lin"])
+                          + 2 * dtype_bytes(b * H * q_len * q_len, score_dtype)
+                          + (dtype_bytes(H * q_len * q_len, roles["act"]) if own_bias else 0))
+            flight["attention"] = max(flight["attention"], at_softmax)
+    if cross_math:
+        flights["o_proj"] += 2 * dtype_bytes(b * H * s * se, score_dtype)
+    first_decoder, decoder_flight = count_layers(cfg), 0
+    if checkpointing == "full":
+        # measured (T5, non-reentrant checkpointing): through the decoder's backward the gradients of the encoder's
+        # output and of the decoder's self- and cross-attention biases accumulate beside the residual stream's
+        first_decoder = hf_encdec.stacks(cfg)[0][2]
+        decoder_flight = dtype_bytes(b * se * h + H * s * s + H * s * se, roles["act"])
+    return self_math, first_decoder, decoder_flight
+
+
+def t5_loss(logits: int, logits32: int, hidden: int, precision: str) -> tuple:
+    """(forward, backward) bytes in flight at T5's loss: nn.CrossEntropyLoss on the logits as they are (no fp32 copy);
+    measured at the loss in forward: the logits, a second logits-sized temporary and the decoder's unscaled output (a
+    local of the forward) (under autocast cross_entropy runs in fp32: that temporary is the fp32 copy of the 16-bit
+    logits, measured with a dispatch-mode tracer at MemTracker's bf16-mixed forward peak: _to_copy (T, V) float32)."""
+    second = logits32 if precision.endswith("-mixed") else logits
+    return (logits, second, hidden), (logits, logits)

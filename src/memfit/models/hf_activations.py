@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from memfit.models import hf_encdec
 from memfit.models.hf_act_ops import (
-    ACTIVATIONS, ATTENTIONS, Block, CHECKPOINTING, Conditions, Family, K, Kept, LOW, PRECISIONS, ROLE, TRUE_DTYPE,
+    ACTIVATIONS, ATTENTIONS, Block, CHECKPOINTING, Conditions, ActivationRules, K, Kept, LOW, PRECISIONS, ROLE, TRUE_DTYPE,
 )
 from memfit.models.hf_act_families import (
     DEEPSEEK_NAMES, DEFAULT_ACT, FAMILIES, LLAMA, LLAMA4_NAMES, LLAMA_NAMES, MOE, QWEN2_MOE_NAMES, SUPPORTED,
@@ -39,25 +39,25 @@ from memfit.models.hf_act_eval import (
     role_dtypes, _roles, routed_rows, ROUTINGS, _shape, _t5_sizes, trainable_flags,
 )
 from memfit.models.hf_act_t5 import (
-    LOSS_ROWS_T5_NAMES, _t5_conditions, _t5_flags, t5_layer_rows, T5_NAMES, T5_ROLES, t5_score_kernels,
+    LOSS_ROWS_T5_NAMES, _t5_conditions, _t5_flags, t5_layer_rows, t5_loss, T5_NAMES, T5_ROLES, t5_score_kernels,
 )
 from memfit.models.hf_act_saved import (
     BUCKETS, CLIP_VISION, ENCODER_INPUTS, _evaluate, lora_key, nbytes, peak_saved, qlora_precision, recomputed,
-    saved, SHARED_BIAS, stacked_peak_saved, stacked_saved, total,
+    saved, SHARED_BIAS, stacked_peak_saved, stacked_saved, total, batch_pixel_bytes, t5_later_kept, views_the_pixels,
 )
 
 
 # What the rest of memfit imports from here. The rules live in the modules above: hf_act_ops (the op rules and
-# `Family`), hf_act_families (FAMILIES), hf_act_layers (a layer's rows per family), hf_act_eval (sizes, conditions,
+# `ActivationRules`), hf_act_families (FAMILIES), hf_act_layers (a layer's rows per family), hf_act_eval (sizes, conditions,
 # dtype roles, resolving rows), hf_act_t5 (encoder-decoder stacks), hf_act_saved (saved, peak_saved, recomputed).
 __all__ = [
-    "ACTIVATIONS", "ATTENTIONS", "Block", "CHECKPOINTING", "Conditions", "Family", "K", "Kept", "LOW", "PRECISIONS",
+    "ACTIVATIONS", "ATTENTIONS", "Block", "CHECKPOINTING", "Conditions", "ActivationRules", "K", "Kept", "LOW", "PRECISIONS",
     "ROLE", "TRUE_DTYPE", "DEEPSEEK_NAMES", "DEFAULT_ACT", "FAMILIES", "LLAMA", "LLAMA4_NAMES", "LLAMA_NAMES",
     "MOE", "QWEN2_MOE_NAMES", "SUPPORTED", "BLOCK_NAMES", "classifier", "CLASSIFIER_LOSS_ROWS", "count_layers",
     "_embedding_rows", "_head_rows", "layer_kinds", "layer_rows", "LOSS_ROWS", "_act", "_boundary", "check",
     "dropout_on", "layer_conditions", "layer_sizes", "_parallel", "_quantized_base", "_resolve", "role_dtypes",
     "routed_rows", "ROUTINGS", "_shape", "trainable_flags", "LOSS_ROWS_T5_NAMES", "t5_layer_rows", "T5_NAMES",
-    "T5_ROLES", "t5_score_kernels", "BUCKETS", "CLIP_VISION", "ENCODER_INPUTS", "_evaluate", "lora_key", "nbytes",
+    "T5_ROLES", "t5_score_kernels", "t5_loss", "t5_later_kept", "batch_pixel_bytes", "views_the_pixels", "BUCKETS", "CLIP_VISION", "ENCODER_INPUTS", "_evaluate", "lora_key", "nbytes",
     "peak_saved", "qlora_precision", "recomputed", "saved", "SHARED_BIAS", "stacked_peak_saved", "stacked_saved",
     "total", "SHORT", "TABLE_PRECISIONS", "layer_table", "markdown_table",
 ]

@@ -14,6 +14,7 @@ from memfit.models.families import QWEN_VL_BLOCKS, SEQUENCE_CLASSIFICATION, TOKE
 from memfit.models.llava import llava_vision_sizes
 from memfit.models.hf_layers import architecture, block_layers, family, head, num_layers
 from memfit.models.hf_params import blocks, layer_prefix, linear_modules, parameters, summary
+from memfit.models.hf_explain import attention_lines, routing_lines
 
 
 # ---------------------------------------------------------------------------------------------
@@ -42,6 +43,11 @@ class Model(NamedTuple):
     training: dict  # micro_batch, seq_len, attention, checkpointing in force
     dtypes: dict | None  # the activation dtype the config forces, as hf_activations takes it
     recipe: dict = {}  # precision and lora as hf_activations takes them (the footprint's and the peak's)
+
+    def explain_notes(self) -> list[str]:
+        """What explain states about the model beside its table: a mixture of experts' routing, the attention kernel
+        priced where transformers refuses the one asked for (models/hf_explain.py)."""
+        return routing_lines(self) + attention_lines(self)
 
     def activations_with(self, **change) -> int:
         """The activations figure with some training keys changed (what-if, for hints)."""

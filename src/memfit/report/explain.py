@@ -6,7 +6,7 @@ from memfit.ledger.step import LIVE_WORDS, PHASE_WORDS, phase_lines, rows_table,
 from memfit.ledger.timeline import timeline
 from memfit.recipe.costs import CATEGORIES
 from memfit.recipe.precision import explain_lines
-from memfit.report.model_tables import keras_lines
+from memfit.report.model_tables import keras_lines, transformer_lines
 from memfit.recipe.dtypes import describe
 from memfit.report.present import bar, cut, pct, shape_text
 from memfit.report.reporters import _entry, diagnostic_line
@@ -77,9 +77,7 @@ def _render(result, colour: bool, lines: list[str]) -> int | None:
         out("")
 
     if config.model is not None:
-        from memfit.models.hf import summary_lines as model_lines
-
-        lines.extend(model_lines(config.model, WIDTH, config.widths["parameters"].name))
+        lines.extend(transformer_lines(config.model, WIDTH, config.widths["parameters"].name))
         out("")
 
     if config.layers:

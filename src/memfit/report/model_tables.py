@@ -1,5 +1,5 @@
 """explain's tables of a model: a Keras-style stack's layers (models.keras.LayerRow rows) with the bytes
-each keeps for backward. (The transformer's table, models.hf.summary_lines, joins it when hf.py is split.)"""
+each keeps for backward, and a transformer's blocks (models.hf_derive.Model's rows)."""
 
 from __future__ import annotations
 
@@ -35,4 +35,36 @@ def keras_lines(rows: list, width: int = 80) -> list[str]:
             what = ", ".join(f"{label} {shape_text(shape, '()')}" + (f" {dtype}" if dtype else "") for label, shape, dtype in r.saved)
             line = f"  {r.name}: {what}"
             out.append(cut(line, width))
+    return out
+
+
+def transformer_lines(model, width: int = 80, parameter_dtype: str | None = None) -> list[str]:
+    """explain's transformer section: the class, then one row per block (embeddings, one layer x N,
+    head, loss) with its parameters and the bytes it keeps for backward, then what each keeps. `model`: the check's
+    models.hf_derive.Model (its rows, and the lines it states about itself: `explain_notes`)."""
+    head_text, _, rest = model.summary.partition("; ")
+    out = [cut(f"model  {head_text}", width)]
+    if rest:
+        out.append(cut(f"       {rest}", width))
+    if model.file is not None:
+        out.append(cut(f"       from {model.file}", width))
+    given = model.cfg.get("dtype")
+    if parameter_dtype is not None and given and given != parameter_dtype:
+        out.append(cut(f"       config.json says dtype {given}; training uses dtypes.parameters {parameter_dtype}", width))
+    out += [cut(line, width) for line in model.explain_notes()]
+    out.append("")
+    out.append(f"{'block':<18} {'count':>6} {'params (each)':>16} {'saved (each)':>14} {'saved (all)':>14}")
+    out.append("=" * min(width, 72))
+    for row in model.blocks:
+        out.append(f"{cut(row.name, 18):<18} {row.count:>6,} {row.params:>16,} {human(row.saved_bytes):>14} {human(row.saved_bytes * row.count):>14}")
+    out.append("-" * min(width, 72))
+    out.append(f"activations, each kept storage once: {human(model.activations)}")
+    out.append("")
+    out.append("kept for backward, per block (what autograd saves in one training step):")
+    for row in model.blocks:
+        if not row.kept:
+            continue
+        out.append(cut(f"  {row.name}{' (x' + format(row.count, ',') + ')' if row.count > 1 else ''}:", width))
+        for label, shape, dtype in row.kept:
+            out.append(cut(f"    {shape_text(shape) + ' ' + dtype:<26} {label}", width))
     return out

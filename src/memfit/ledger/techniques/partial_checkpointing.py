@@ -10,8 +10,8 @@ The frameworks' spellings count the layers from different ends:
   training/_activation_checkpointing.py checkpoint_wrapper): layers N-1, 2N-1... -> `checkpoint_every: N`,
   `checkpoint_offset: N - 1`.
 
-The rewrite builds the transformer's program again with the chosen layers checkpointed
-(ledger.training.transformer_step's `checkpointed`). Measured: tests/ledger/test_partial_checkpointing.py.
+The rewrite builds the transformer's program again with the chosen layers checkpointed (the builder hands it
+`rebuild` through ledger.rewrites: ledger.training.transformer_step's `checkpointed`). Measured: tests/ledger/test_partial_checkpointing.py.
 """
 
 from __future__ import annotations
@@ -92,17 +92,21 @@ def problems(config, training: dict) -> list:
     return out
 
 
-def rewrite(step, config, training: dict):
-    from memfit.ledger import training as ledger_training
+REBUILDS = True  # ledger.rewrites hands the rewrite the builder's `rebuild`
+
+
+def rewrite(step, config, training: dict, rebuild=None):
+    """`rebuild(checkpointed=...)`: the builder's transformer program again, with those layers checkpointed (None:
+    the builder has none to hand, and the step stays)."""
     from memfit.models import hf_activations as acts, hf_encdec
 
     model = getattr(config, "model", None)
-    if training.get("checkpointing") != "full" or model is None or not hasattr(model, "cfg") or hf_encdec.is_stacked(model.cfg) or _offset(training) >= _every(training):
+    if (rebuild is None or training.get("checkpointing") != "full" or model is None or not hasattr(model, "cfg")
+            or hf_encdec.is_stacked(model.cfg) or _offset(training) >= _every(training)):
         return step
     p = config.parallel
     if p is not None and (p.tensor > 1 or p.pipeline > 1):
         return step
-    own = [t for t in config.tensors if not t.path or t.path[0] != "model"]
     chosen = layers(training, len(acts.layer_kinds(model.cfg)))
-    rebuilt = ledger_training.transformer_step(config, step.optimizer, step.impl, own, checkpointed=chosen)
+    rebuilt = rebuild(checkpointed=chosen)
     return replace(rebuilt, accumulating=step.accumulating)

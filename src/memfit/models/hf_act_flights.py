@@ -1,0 +1,256 @@
+"""What a transformer layer's rows hold besides the tensors autograd keeps: the family's kernels, measured.
+
+The gradients in flight at each part's worst backward moment, the recomputation's moments under full
+checkpointing (a LoRA linear's, DoRA's weight norm, torch's math kernel), expert parallelism's all-to-all
+buffers; ledger/training.py puts them on the step's rows. Every figure is a whole tensor priced by the recipe
+(`dtype_bytes(elements, dtype)`); the dtypes are the recipe's roles (hf_act_eval.role_dtypes)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from memfit.models import held
+from memfit.models.hf_act_eval import dropout_on, layer_conditions, trainable_flags
+from memfit.models.hf_act_families import FAMILIES
+from memfit.models.hf_act_layers import count_layers
+from memfit.models.hf_act_t5 import t5_flights
+from memfit.recipe.costs import dtype_bytes
+
+
+def _below_fp32(elements: int, dtype: str) -> bool:
+    """A dtype narrower than fp32 (a 16-bit activation's kernels compute in fp32), compared on whole tensors."""
+    return dtype_bytes(elements, dtype) < dtype_bytes(elements, "float32")
+
+
+def layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_sizes: dict, roles: dict, checkpointing: str,
+                  stacked: bool, model_dtypes: dict | None = None):
+    """What a layer's rows hold besides their kept tensors (the family's kernels, measured): the gradients in flight
+    at each part's worst backward moment, the recomputation's moments, expert parallelism's all-to-all buffers."""
+    h, T = sizes["h"], sizes["T"]
+    n_layers = count_layers(cfg)
+    precision = recipe_args.get("precision", "32-true")
+    fam = FAMILIES[cfg["model_type"]]
+    flights = _layer_flights(cfg, sizes, roles, attention=run["attention"])
+    enc_flights = _layer_flights(cfg, enc_sizes, roles, attention=run["attention"])
+    dense_flights = _layer_flights(cfg, sizes, roles, routed=False, attention=run["attention"])
+    early = _early_flights(cfg, sizes, roles, run["attention"])
+    # expert parallelism (parallel.expert): a MoE layer sends its routed rows (T·k) to the ranks holding their experts
+    # and receives its own experts' rows (S) by all-to-all, and back; the buffers live while the layer runs, in each
+    # direction (the gradients take the same way back)
+    moe = recipe_args.get("moe") or {}
+    a2a = dtype_bytes((T * sizes["k"] + sizes["S"]) * h, roles["act"]) if (moe.get("expert") or 1) > 1 and sizes.get("k") else 0
+    self_math, first_decoder, decoder_flight = False, n_layers, 0
+    if stacked:
+        self_math, first_decoder, decoder_flight = t5_flights(cfg, sizes, roles, run["attention"], checkpointing, precision,
+                                                              recipe_args.get("lora"), flights, enc_flights)
+    quantized, mixed = bool((model_dtypes or {}).get("quantized")), precision.endswith("-mixed")
+    redone = _recompute_flights(cfg, sizes, recipe_args.get("lora"), roles, quantized, mixed) if checkpointing == "full" else {}
+    dora = _dora_flights(cfg, sizes, recipe_args.get("lora"), roles, precision, (model_dtypes or {}).get("dequantized"))
+    if dora and redone:  # the recomputed forward computes DoRA's weight norm again
+        redone = {part: max(flight, _arrived(cfg, sizes, roles) + dora.get(part, 0)) for part, flight in redone.items()}
+    enc_redone = _recompute_flights(cfg, enc_sizes, recipe_args.get("lora"), roles, quantized, mixed) if checkpointing == "full" else {}
+    # torch's math kernel, where an attention part runs it, holds its temporaries while the part is recomputed
+    kernel = _math_kernel_moments(cfg, sizes, roles, run["attention"], precision) if checkpointing == "full" else []
+    arrived = _arrived(cfg, sizes, roles)
+    # (T5's softmax backward, where its attention materializes the scores: p @ v's backward has freed what only it kept)
+    freed = ("p @ v:",) if stacked and self_math else ()
+    return SimpleNamespace(fam=fam, flights=flights, enc_flights=enc_flights, dense_flights=dense_flights, early=early, a2a=a2a,
+                           freed=freed, first_decoder=first_decoder, decoder_flight=decoder_flight, redone=redone,
+                           enc_redone=enc_redone, kernel=kernel, arrived=arrived, dora=dora,
+                           lora_forward=held.forward_flights(_recompute_flights(cfg, sizes, recipe_args.get("lora"), roles, quantized, mixed),
+                                                             arrived, bool(recipe_args.get("lora"))))
+
+
+# the linears of each part of a layer: (role in ActivationRules.names, the size of its output in _sizes)
+_PART_LINEARS = {
+    "attention": (("q", "q"), ("k", "kv"), ("v", "kv"), ("qkv", "qkv")),
+    "o_proj": (("o", "h"),),
+    "mlp": (("gate", "i"), ("up", "i"), ("gate_up", "i2"), ("fc_in", "i")),
+    "down_proj": (("down", "h"), ("fc_out", "h")),
+}
+
+
+def _arrived(cfg: dict, sizes: dict, roles: dict) -> int:
+    """The gradients beside a layer's own output gradient while full checkpointing recomputes the layer: the
+    gradient reaching the layer's output comes as two, the residual's and the next layer's norm's (summed into the
+    first in place); a 16-bit model's RMSNorm computes it in fp32 and casts it back (measured: Mistral, OLMo 2; both
+    held while the layer is recomputed)."""
+    fam = FAMILIES[cfg["model_type"]]
+    T = sizes["T"]
+    arrived = dtype_bytes(T * sizes["h"], roles["act"])
+    if fam.norm != "layer" and _below_fp32(T * sizes["h"], roles["act"]):
+        arrived += dtype_bytes(T * sizes["h"], "float32") + dtype_bytes(T * sizes["h"], roles["act"])
+    return arrived
+
+
+def _math_kernel_moments(cfg: dict, sizes: dict, roles: dict, attention: str, precision: str) -> list:
+    """The worst moments of an attention part that runs torch's math kernel, while full checkpointing recomputes it:
+    [(the labels of the part's kept tensors not made yet, the bytes in flight beyond the kept ones)], [] where the
+    part runs no math kernel (or one not measured: Falcon's ALiBi, a *-mixed recipe).
+
+    Falcon's multi_query under SDPA (models.hf_activations' `fa_math`: the one key/value head does not match the
+    query heads), rotary. FalconAttention.forward holds query_key_value's output, v (its `[-1]` index copy), and q and
+    k after the rotary (k's index copy is dropped); SDPA's math kernel turns the bool causal mask into a float bias
+    (b, 1, s, s) in q's dtype; from a 16-bit input it computes in fp32: copies of q, k and v at their own heads, q
+    scaled by 1/sqrt(d) (which matmul's fold then copies where b > 1: the copy is what `attention: q` keeps; with one
+    sequence the scaled q is kept itself), and at the end the output in fp32, its cast back and the probabilities'
+    cast back (the kernel returns them). Two moments: q @ k^T's scores (fp32, (b, H, s, s)) and the mask added to
+    them, both alive, before the probabilities and v are kept; and the output's cast, with every tensor of the part
+    kept (measured: Falcon-7B's switches, bf16-true, MemTracker peaks at that cast in layer 0's recomputation,
+    tests/ledger/test_combinations.py; the scores' moment binds at long sequences, s >> d). The forward's same
+    moments are not priced: no measured step peaks there."""
+    fam = FAMILIES[cfg["model_type"]]
+    if not fam.falcon or precision.endswith("-mixed"):
+        return []
+    b, s, d, H, KV, T = sizes["b"], sizes["s"], sizes["d"], sizes["H"], sizes["KV"], sizes["T"]
+    cond = layer_conditions(cfg, fam, attention, "full", b, precision)
+    if not cond["fa_math"] or cond["fa_alibi"]:
+        return []
+    act = roles["act"]
+    Q, K, P = b * H * s * d, b * KV * s * d, b * H * s * s
+    up = _below_fp32(Q, act)   # 16-bit: the kernel's fp32 copies (a .to() of an fp32 tensor copies nothing)
+    held = (dtype_bytes(T * sizes["qkv"], roles["lin"]) + dtype_bytes(K, act)     # query_key_value's output, v
+            + dtype_bytes(Q, act) + dtype_bytes(K, act)                           # q and k after the rotary
+            + dtype_bytes(b * s * s, act))                                        # the float mask
+    # (v's fp32 copy is what `attention: v (its one head)` keeps where one sequence folds it without a copy)
+    upcast = dtype_bytes(Q + K + (0 if cond["fa_v_own"] else K), "float32") if up else 0
+    scaled = dtype_bytes(Q, "float32") if b > 1 else 0
+    scores = (("attention: v", "softmax:"), held + upcast + scaled + 2 * dtype_bytes(P, "float32"))
+    output = ((), held + upcast + scaled + dtype_bytes(Q, "float32")
+              + (dtype_bytes(Q, act) + dtype_bytes(P, act) if up else 0))
+    return [scores, output]
+
+
+def _recompute_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict, quantized: bool = False, mixed: bool = False) -> dict:
+    """What each part of a layer holds, beyond the tensors it keeps, at its worst op while full checkpointing
+    recomputes it: a LoRA linear (peft's Linear.forward) holds its base output, the adapter's output and its
+    scaled copy at once (`result + lora_B(lora_A(x)) * scaling`; the adapter in fp32 on a 16-bit base, in the
+    low dtype under autocast). Measured: Mistral, bf16-true, all-linear LoRA: the step's peak is the up
+    projection's recomputation in layer 0 (MemTracker, tests/ledger/test_combinations.py)."""
+    T = sizes["T"]
+    arrived = _arrived(cfg, sizes, roles)
+    out = {}
+    for part, linears in (_adapted_linears(cfg, lora) or dict.fromkeys(_PART_LINEARS, [])).items():
+        worst = 0
+        for _, width in linears:
+            elements = T * sizes[width]
+            worst = max(worst, held.lora_linear_flight(elements, roles, quantized, mixed))
+        out[part] = arrived + worst
+    return out
+
+
+def _adapted_linears(cfg: dict, lora: dict | None) -> dict | None:
+    """{part: [(role, output width symbol)]}: each part's linears (_PART_LINEARS) that the LoRA config adapts in this
+    family (none without LoRA); None where the family cannot say which."""
+    fam = FAMILIES[cfg["model_type"]]
+    try:
+        adapted = trainable_flags(fam, lora) if lora else {}
+    except ValueError:
+        return None
+    return {part: [(role, width) for role, width in linears
+                   if fam.names.get(role) is not None and adapted.get(f"L:{fam.names[role]}")]
+            for part, linears in _PART_LINEARS.items()}
+
+
+# the input width of each linear of _PART_LINEARS (its symbol in _sizes)
+_LINEAR_INPUTS = {"q": "h", "k": "h", "v": "h", "qkv": "h", "o": "q", "gate": "h", "up": "h", "gate_up": "h", "fc_in": "h",
+                  "down": "i", "fc_out": "i"}
+
+
+def _dora_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict, precision: str, dequantized: str | None = None) -> dict:
+    """DoRA's weight norm, computed in every forward of an adapted linear (peft tuners/lora/dora.py
+    DoraLinearLayer.forward, after the base layer's output exists): get_lora_weight runs an (in, in) identity through
+    lora_A and lora_B ((in, r) and the (in, out) product, kept by that graph until the forward returns); the base weight
+    cast to the input's (the adapters') dtype where it differs; `weight + scaling * lora_weight` (the scaled copy and
+    the sum), all (out, in) in the adapters' dtype (a quantized base is first dequantized: one more (out, in) copy in
+    `dequantized`, its layer's dtype); then the output's three (T, out) temporaries. Per part, the worst
+    linear's: base output + the larger of those.
+    Measured (MemTracker, tiny and wide Llama, 32-true and bf16-true): the step's peak is this moment in the forward."""
+    if not (isinstance(lora, dict) and lora.get("use_dora") is True):
+        return {}
+    parts = _adapted_linears(cfg, lora)
+    if parts is None:
+        return {}
+    ada, rank, T = roles["ada"], int(lora.get("r") or 8), sizes["T"]
+    weight = dequantized or ("float32" if precision.endswith("-mixed") else roles["lin"])
+    out = {}
+    for part, linears in parts.items():
+        worst = 0
+        for role, width in linears:
+            n_in, n_out = sizes[_LINEAR_INPUTS[role]], sizes[width]
+            norm = (dtype_bytes(n_in * n_in, ada) + dtype_bytes(n_in * rank, ada) + 3 * dtype_bytes(n_out * n_in, ada)
+                    + (dtype_bytes(n_out * n_in, ada) if weight != ada else 0)
+                    + (dtype_bytes(n_out * n_in, dequantized) if dequantized else 0))
+            # then `(scale - 1) * base_result + scale * lora_result * scaling`: two products and their sum, (T, out)
+            # each in the adapters' dtype, beside the base output
+            combine = 3 * dtype_bytes(T * n_out, ada)
+            worst = max(worst, dtype_bytes(T * n_out, roles["lin"]) + max(norm, combine))
+        out[part] = worst
+    return out
+
+
+def _early_flights(cfg: dict, sizes: dict, roles: dict, attention: str) -> dict:
+    """A part's worst backward moment before its parameters' gradients are made, where one is known beyond
+    _layer_flights' (after them): torch's math kernel's softmax backward (Falcon's multi_query under SDPA) holds the
+    probabilities' gradient and the scores', (b, H, s, s) fp32 each, beside the residual stream's gradient, o_proj's
+    input's and v's (fp32, summed back to its own heads), ahead of query_key_value's weight gradient (measured:
+    Falcon-7B's switches, bf16-true, full checkpointing, s >> d: MemTracker peaks at _softmax_backward_data in
+    layer 0's attention; with ALiBi too: 0.852 -> 0.949 of MemTracker at (2, 64))."""
+    fam = FAMILIES[cfg["model_type"]]
+    if not fam.falcon:
+        return {}
+    cond = layer_conditions(cfg, fam, attention, "none", sizes["b"])
+    if not cond["fa_math"]:
+        return {}
+    T, b, H, s = sizes["T"], sizes["b"], sizes["H"], sizes["s"]
+    return {"attention": (dtype_bytes(T * sizes["h"], roles["act"]) + dtype_bytes(T * sizes["q"], roles["lin"])
+                          + dtype_bytes(T * sizes["kv"] + 2 * b * H * s * s, "float32"))}
+
+
+def _layer_flights(cfg: dict, sizes: dict, roles: dict, routed: bool = True, attention: str = "sdpa") -> dict:
+    """Gradients in flight at the worst backward moment of each part of a layer; the residual
+    stream's gradient is alive through all of them, a residual dropout's gradient beside it. The
+    down projection: its input's gradient; the MLP: the gradients of the down projection's input
+    and of the gate and up outputs (a plain MLP: of the activation's input); o_proj: its input's;
+    attention: o_proj's input's and those of q, k and v. A mixture of experts' layer (`routed`, when
+    the model has experts) begins its backward at the unsort (transformers' grouped_mm experts): the
+    MoE output's gradient (T, h), expanded to every routed row and materialized (S, h), the index
+    backward's zeros (S, h) and its out-of-place index_put (S, h), in the routing-weighted output's dtype (measured:
+    tests/ledger/test_peak.py, MemTracker at aten.index_put in the experts' backward); its MLP part is the gate_up
+    grouped_mm's backward (the activation's kept tensors already freed)."""
+    T, h, i, q, kv = sizes["T"], sizes["h"], sizes["i"], sizes["q"], sizes["kv"]
+    fam = FAMILIES[cfg["model_type"]]
+    k = 2 if fam.mlp == "plain" else 3
+    act, lin = roles["act"], roles["lin"]
+    res = dtype_bytes(T * h, act)
+    dropout = res if dropout_on(cfg, fam, "resid") else 0
+    scores = 0
+    if fam.falcon:
+        # Falcon's batched-matmul attention (eager, and torch's math kernel for multi_query under sdpa, in fp32 from a
+        # 16-bit input): the probabilities' gradient, (b, H, s, s), is in flight through the softmax's backward
+        cond = layer_conditions(cfg, fam, attention, "none", sizes["b"])
+        if cond["fa_bmm"]:
+            scores = dtype_bytes(sizes["b"] * sizes["H"] * sizes["s"] ** 2, "float32" if cond["fa_math"] else act)
+    out = {
+        "down_proj": res + dropout + dtype_bytes(T * i, lin),
+        "mlp": res + dropout + dtype_bytes(T * k * i, lin),
+        "o_proj": res + dropout + dtype_bytes(T * q, lin),
+        "attention": res + dtype_bytes(T * (2 * q + 2 * kv), lin) + scores,
+    }
+    if fam.sandwich:
+        # Gemma 2/3, OLMo 2: a norm on o_proj's and on down_proj's output is the first op their backward meets; it
+        # runs in fp32 (the norm upcasts its input) and holds three (T, h) fp32 tensors beside the arriving
+        # gradient (measured, bf16-true and 32-true, full checkpointing: MemTracker peaks at that norm's backward
+        # in layer 0, after the layer is recomputed)
+        norm = res + dropout + dtype_bytes(3 * T * h, "float32")
+        out["down_proj"] = max(out["down_proj"], norm)
+        out["o_proj"] = max(out["o_proj"], norm)
+    if routed and sizes.get("k"):
+        # the experts run their MLP once per routed row (S = T·k, or as training.moe sets it), at the experts' width
+        S, ie = sizes["S"], sizes["ie"]
+        # the routed rows' gradients take the routing-weighted output's dtype: fp32 where the weights stay fp32 (Mixtral)
+        weighted = "float32" if fam.routing_dtype == "f32" and _below_fp32(S * h, act) else act
+        out["down_proj"] = res + dropout + dtype_bytes(T * h, act) + dtype_bytes(3 * S * h, weighted)
+        # the gate_up grouped_mm's backward: its output's gradient (S, 2·ie) and its input's (S, h)
+        out["mlp"] = res + dropout + dtype_bytes(S * (2 * ie + h), act)
+    return out
