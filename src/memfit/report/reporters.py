@@ -110,7 +110,7 @@ def fix_lines(result) -> list[str]:
         if not fix.edits and getattr(result, "origins", None) is not None:  # a native config: its format's keys
             lines.append(f"     no text edit: {result.input_format} has no key of this file for this change (ZeRO, FSDP and offload are the DeepSpeed JSON's or the launch config's); make it there")
         elif not fix.edits:
-            lines.append("     no text edit: the key is reached through an alias or merge key here; change it where it is defined")
+            lines.append("     no text edit: memfit finds no edit of this file that makes exactly this change (a key reached through an alias or merge key, or a layout its edits do not write); make it by hand")
         for edit in fix.edits:
             r = edit.range
             where = f"{result.path}:{r.start_line + 1}:{r.start_character + 1}"

@@ -435,10 +435,24 @@ def safe_edits(text: str, changes, data) -> list[Edit]:
         found = edits(text, changes, data)
     except Exception:  # noqa: BLE001 -- a layout the edit builder does not know: no edit, never a crash
         return []
-    loaded = source.load(apply_edits(text, found))
+    edited = apply_edits(text, found)
+    loaded = source.load(edited)
     if loaded.data is None or loaded.diagnostics or loaded.data != apply(data, changes):
         return []
+    if _is_json(text) and not _is_json(edited):  # a JSON file stays JSON (YAML would read more than JSON allows)
+        return []
     return found
+
+
+def _is_json(text: str) -> bool:
+    """Whether the text is a JSON document (YAML reads a superset: an edit must keep a JSON file JSON)."""
+    if not text.lstrip().startswith(("{", "[")):
+        return False
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _written(text: str, path: tuple) -> bool:
@@ -491,7 +505,7 @@ def edits(text: str, changes, data=None) -> list[Edit]:
     for path, before, value in changes:
         if before is not None and _written(text, path):
             where = source.locate(text, [(path, source.VALUE)])[(path, source.VALUE)]
-            out.append(Edit(where, scalar(value)))
+            out.append(Edit(where, json.dumps(value) if _is_json(text) else scalar(value)))
             continue
         if data is None:
             data = source.load(text).data
@@ -516,18 +530,29 @@ def _insert(text: str, data, path: tuple, value) -> Edit:
         line = lines[where.start_line]
         opening = _PROPERTIES.match(line, where.start_character).end()  # past an anchor (&name) or a tag (!tag)
         if line[opening : opening + 1] == "{":
-            # flow mapping: before its closing brace, nested levels as flow mappings
-            inner = scalar(value)
+            # flow mapping: before its closing brace, nested levels as flow mappings (in a JSON document, as JSON:
+            # quoted keys, so the file stays JSON)
+            spell = json.dumps if _is_json(text) else (lambda key: key)
+            inner = json.dumps(value) if _is_json(text) else scalar(value)
             for part in reversed(rest[1:]):
-                inner = f"{{{part}: {inner}}}"
+                inner = f"{{{spell(part)}: {inner}}}"
             at = Range(where.end_line, where.end_character - 1, where.end_line, where.end_character - 1)
             last = _last_token(lines, where.start_line, where.end_line, where.end_character - 1)
             separator = "" if last in ("{", ",") else ", "  # `{a: 1, }`: its trailing comma separates already
-            return Edit(at, f"{separator}{' ' if last == ',' else ''}{rest[0]}: {inner}")
+            return Edit(at, f"{separator}{' ' if last == ',' else ''}{spell(rest[0])}: {inner}")
         first = next(iter(_get(data, parent)))
         key = source.locate(text, [(parent + (first,), source.KEY)])[(parent + (first,), source.KEY)]
         indent = key.start_character
         after = where.end_line + 1
+    elif _is_json(text):
+        # a JSON document's root mapping: the key before its closing brace, as JSON
+        inner = json.dumps(value)
+        for part in reversed(rest[1:]):
+            inner = f"{{{json.dumps(part)}: {inner}}}"
+        line = max(i for i, text_line in enumerate(lines) if "}" in text_line)
+        character = lines[line].rindex("}")
+        last = _last_token(lines, 0, line, character)
+        return Edit(Range(line, character, line, character), f"{'' if last == '{' else ', '}{json.dumps(rest[0])}: {inner}")
     else:
         indent, after = 0, len(lines)
         if lines and lines[-1] == "":
