@@ -693,7 +693,6 @@ LONG_FUNCTIONS = {
     ("models/hf_config.py", "validate"),  # issue 34's helpers are adding to it
     ("models/traced.py", "_measure_now"),  # likewise
     ("cli/schemagen.py", "generate"),  # helper G's (issue 33) this session
-    ("read/native/axolotl.py", "read"),
 }
 
 

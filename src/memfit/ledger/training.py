@@ -424,11 +424,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
         normed = fresh(hidden)
         row = weights(Row(FINAL_NORM, input=x, output=normed), FINAL_NORM)
         row.kept = kept_ids(norm_kept, x, hidden)
-        if acts.FAMILIES[cfg["model_type"]].norm == "rms":
-            # (issue 32) LlamaRMSNorm's backward runs in fp32: at pow's backward its output gradient, x * rsqrt's and
-            # mean's gradients, x.pow(1) and 2 * x.pow(1), five (T, h) fp32 (measured: MemTracker's peak at that mul
-            # once a fused loss no longer makes the loss the peak, tests/ledger/test_fused_loss.py)
-            row.backward_flight = hidden + dtype_bytes(5 * T * h, "float32")
+        row.backward_flight = hf_act_flights.final_norm_flight(cfg, sizes, hidden)
         rows.append(row)
         x = normed
     logits = fresh(dtype_bytes(T * sizes["V"], roles["lin"]))
@@ -436,22 +432,9 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
     row.kept = kept_ids([k for k in head.kept if k not in norm_kept], x, hidden)
     by_loss = [fresh(kept_bytes(k)) for k in loss.kept]
     rows.append(row)
-    logits32 = dtype_bytes(T * sizes["V"], "float32")
-    # the loss computes in its log-softmax's dtype: a causal LM's logits.float() copy (fp32), autocast's fp32 cross-
-    # entropy, or BERT's masked-LM loss on the 16-bit logits as they are (no copy; its gradients in that dtype)
-    in_loss = next((q.dtype for q in loss.kept if "log-softmax" in q.label), "float32")
-    if not stacked and in_loss != roles["lin"]:
-        upcast = logits32
-    elif not stacked:
-        upcast, logits32 = 0, dtype_bytes(T * sizes["V"], in_loss)
-    else:
-        upcast = logits32 if tensors[logits] != logits32 else 0
     # what the causal LM's forward holds unsaved through the loss: the cache's copies of k and v, the head's input
     kept_unsaved = _held_through_forward(rows, every, x, hidden, roles, model.dtypes, precision, checkpointing, stacked, k.fam)
-    loss = Loss(forward=(tensors[logits], *([upcast] if upcast else []), *([kept_unsaved] if kept_unsaved else [])),
-                backward=(logits32, logits32))
-    if stacked:  # T5's nn.CrossEntropyLoss (hf_act_t5)
-        loss = Loss(*acts.t5_loss(tensors[logits], logits32, hidden, precision))
+    loss = _loss(loss, tensors[logits], T * sizes["V"], roles, kept_unsaved, hidden, precision, stacked)
     declared_stepped = list(extra.params) if extra is not None else []
     return Step(rows, tensors, batch, loss,
                 declared_states + weights.states, optimizer, impl, config.overhead,
@@ -459,6 +442,24 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
 
 
 FINAL_NORM = "final norm"  # the row of a decoder's final norm (and the label prefix of what it keeps)
+
+
+def _loss(rules, logits_bytes: int, logits: int, roles: dict, kept_unsaved: int, hidden: int, precision: str, stacked: bool) -> Loss:
+    """The loss's moments: the logits (and their fp32 copy where the loss computes in fp32) with what the forward
+    holds unsaved, then the logits' gradients. The loss computes in its log-softmax's dtype: a causal LM's
+    logits.float() copy (fp32), autocast's fp32 cross-entropy, or BERT's masked-LM loss on the 16-bit logits as they
+    are (no copy; its gradients in that dtype)."""
+    from memfit.models import hf_activations as acts
+
+    logits32 = dtype_bytes(logits, "float32")
+    if stacked:  # T5's nn.CrossEntropyLoss (hf_act_t5)
+        return Loss(*acts.t5_loss(logits_bytes, logits32, hidden, precision))
+    in_loss = next((q.dtype for q in rules.kept if "log-softmax" in q.label), "float32")
+    upcast = logits32 if in_loss != roles["lin"] else 0
+    if not upcast:
+        logits32 = dtype_bytes(logits, in_loss)
+    return Loss(forward=(logits_bytes, *([upcast] if upcast else []), *([kept_unsaved] if kept_unsaved else [])),
+                backward=(logits32, logits32))
 
 
 def _held_through_forward(rows: list, every: list, x: int, hidden: int, roles: dict, dtypes: dict | None, precision: str,

@@ -61,6 +61,16 @@ def layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_size
                                                              arrived, bool(recipe_args.get("lora"))))
 
 
+def final_norm_flight(cfg: dict, sizes: dict, output: int) -> int | None:
+    """The final norm's backward moment beyond what it keeps: LlamaRMSNorm's backward runs in fp32: at pow's backward
+    its output gradient, x * rsqrt's and mean's gradients, x.pow(1) and 2 * x.pow(1), five (T, h) fp32 (measured:
+    MemTracker's peak at that mul once a fused loss no longer makes the loss the peak, tests/ledger/test_fused_loss.py);
+    None for a LayerNorm (its rows' default)."""
+    if FAMILIES[cfg["model_type"]].norm != "rms":
+        return None
+    return output + dtype_bytes(5 * sizes["T"] * sizes["h"], "float32")
+
+
 # the linears of each part of a layer: (role in ActivationRules.names, the size of its output in _sizes)
 _PART_LINEARS = {
     "attention": (("q", "q"), ("k", "kv"), ("v", "kv"), ("qkv", "qkv")),

@@ -85,6 +85,55 @@ UNMODELLED = {
 PRECISION = {"bfloat16": "bf16-true", "float16": "16-true", "float32": "32-true"}
 
 
+def _adapter(r: Reader, torch_dtype: str, load_in_4bit: bool, load_in_8bit: bool) -> None:
+    """adapter: lora / qlora with their keys, and the quantization Axolotl's _set_quantization_config applies."""
+    data = r.data
+    adapter = r.get("adapter", (str,), None)
+    if adapter in ("lora", "qlora"):
+        lora = {}
+        if r.has("lora_r"):
+            lora["r"] = r.get("lora_r", (int,), 8)
+        else:
+            lora["r"] = 8  # peft LoraConfig.r default
+        if r.has("lora_alpha"):
+            lora["alpha"] = r.get("lora_alpha", (int, float), 8)
+        lora["dropout"] = r.get("lora_dropout", (int, float), 0.0)
+        targets = r.get("lora_target_modules", (list, str), None)
+        if r.get("lora_target_linear", (bool,), None):
+            lora["target_modules"] = "all-linear"
+            target_at = r.at("lora_target_linear")
+        elif targets is not None:
+            lora["target_modules"] = targets
+            target_at = r.at("lora_target_modules")
+        else:
+            target_at = None
+        save = r.get("lora_modules_to_save", (list,), None)
+        if save:
+            lora["modules_to_save"] = save
+        if r.get("peft_use_dora", (bool,), None):
+            lora["use_dora"] = True
+        if r.get("peft_autocast_adapter_dtype", (bool,), None) is not None:  # passed to get_peft_model when set
+            lora["autocast_adapter_dtype"] = r.get("peft_autocast_adapter_dtype", (bool,), None)
+        r.set(("lora",), lora, r.at("adapter"))
+        for key, memfit in (("lora_r", "r"), ("lora_alpha", "alpha"), ("lora_dropout", "dropout"), ("lora_modules_to_save", "modules_to_save"), ("peft_use_dora", "use_dora"), ("peft_autocast_adapter_dtype", "autocast_adapter_dtype")):
+            if key in data and memfit in lora:
+                r.origin(("lora", memfit), r.at(key))
+        if target_at is not None:
+            r.origin(("lora", "target_modules"), target_at)
+        if adapter == "qlora" and load_in_4bit:
+            r.set(("quantization",), {"method": "nf4", "double_quant": True, "compute_dtype": torch_dtype}, r.at("load_in_4bit"))
+        elif adapter == "lora" and load_in_8bit:
+            r.set(("quantization",), {"method": "int8"}, r.at("load_in_8bit"))
+        elif load_in_4bit or load_in_8bit:
+            key = "load_in_4bit" if load_in_4bit else "load_in_8bit"
+            r.warn(r.at(key), f"{key} with adapter {adapter}: Axolotl's _set_quantization_config quantizes only qlora + load_in_4bit or lora + load_in_8bit; memfit counts the base unquantized")
+    elif adapter is not None:
+        r.warn(r.at("adapter"), f"adapter {adapter}: memfit models lora and qlora; counted as a full fine-tune")
+    elif load_in_4bit or load_in_8bit:
+        key = "load_in_4bit" if load_in_4bit else "load_in_8bit"
+        r.warn(r.at(key), f"{key} without an adapter: memfit counts a full fine-tune of the unquantized model")
+
+
 def read(r: Reader, ctx) -> dict:
     data = r.data
     r.native.root = r.at("base_model", on_key=True) if "base_model" in data else r.at()
@@ -146,50 +195,7 @@ def read(r: Reader, ctx) -> dict:
 
     optimizer(r, r.get("optimizer", (str,), "adamw_torch_fused"), r.at("optimizer") if "optimizer" in data else None)
 
-    adapter = r.get("adapter", (str,), None)
-    if adapter in ("lora", "qlora"):
-        lora = {}
-        if r.has("lora_r"):
-            lora["r"] = r.get("lora_r", (int,), 8)
-        else:
-            lora["r"] = 8  # peft LoraConfig.r default
-        if r.has("lora_alpha"):
-            lora["alpha"] = r.get("lora_alpha", (int, float), 8)
-        lora["dropout"] = r.get("lora_dropout", (int, float), 0.0)
-        targets = r.get("lora_target_modules", (list, str), None)
-        if r.get("lora_target_linear", (bool,), None):
-            lora["target_modules"] = "all-linear"
-            target_at = r.at("lora_target_linear")
-        elif targets is not None:
-            lora["target_modules"] = targets
-            target_at = r.at("lora_target_modules")
-        else:
-            target_at = None
-        save = r.get("lora_modules_to_save", (list,), None)
-        if save:
-            lora["modules_to_save"] = save
-        if r.get("peft_use_dora", (bool,), None):
-            lora["use_dora"] = True
-        if r.get("peft_autocast_adapter_dtype", (bool,), None) is not None:  # passed to get_peft_model when set
-            lora["autocast_adapter_dtype"] = r.get("peft_autocast_adapter_dtype", (bool,), None)
-        r.set(("lora",), lora, r.at("adapter"))
-        for key, memfit in (("lora_r", "r"), ("lora_alpha", "alpha"), ("lora_dropout", "dropout"), ("lora_modules_to_save", "modules_to_save"), ("peft_use_dora", "use_dora"), ("peft_autocast_adapter_dtype", "autocast_adapter_dtype")):
-            if key in data and memfit in lora:
-                r.origin(("lora", memfit), r.at(key))
-        if target_at is not None:
-            r.origin(("lora", "target_modules"), target_at)
-        if adapter == "qlora" and load_in_4bit:
-            r.set(("quantization",), {"method": "nf4", "double_quant": True, "compute_dtype": torch_dtype}, r.at("load_in_4bit"))
-        elif adapter == "lora" and load_in_8bit:
-            r.set(("quantization",), {"method": "int8"}, r.at("load_in_8bit"))
-        elif load_in_4bit or load_in_8bit:
-            key = "load_in_4bit" if load_in_4bit else "load_in_8bit"
-            r.warn(r.at(key), f"{key} with adapter {adapter}: Axolotl's _set_quantization_config quantizes only qlora + load_in_4bit or lora + load_in_8bit; memfit counts the base unquantized")
-    elif adapter is not None:
-        r.warn(r.at("adapter"), f"adapter {adapter}: memfit models lora and qlora; counted as a full fine-tune")
-    elif load_in_4bit or load_in_8bit:
-        key = "load_in_4bit" if load_in_4bit else "load_in_8bit"
-        r.warn(r.at(key), f"{key} without an adapter: memfit counts a full fine-tune of the unquantized model")
+    _adapter(r, torch_dtype, load_in_4bit, load_in_8bit)
 
     if data.get("val_set_size") or data.get("test_datasets"):  # Axolotl evaluates only with a validation split (val_set_size default 0)
         r.eval_batch("eval_batch_size", micro, conf=ctx.conf)
