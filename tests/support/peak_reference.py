@@ -203,7 +203,8 @@ def _bnb(cls_name: str):
 
 
 OPTIMIZERS.update({name: _bnb(cls) for name, cls in (("adam8bit", "Adam8bit"), ("adamw8bit", "AdamW8bit"), ("paged_adam8bit", "PagedAdam8bit"),
-                                                     ("paged_adamw8bit", "PagedAdamW8bit"), ("lion8bit", "Lion8bit"))})
+                                                     ("paged_adamw8bit", "PagedAdamW8bit"), ("lion8bit", "Lion8bit"),
+                                                     ("paged_lion8bit", "PagedLion8bit"))})
 
 
 def optimizer_step_temporaries(optimizer, impl, sizes, warmup: int = 8) -> int:

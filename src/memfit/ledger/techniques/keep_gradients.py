@@ -39,7 +39,16 @@ def problems(config, training: dict) -> list:
 
 
 def rewrite(step, config, training: dict):
+    if _sharded_gradients(config):
+        # ZeRO and FSDP reduce each new gradient into the rank's own shard (placement holds the shards); no
+        # unsharded .grad is kept for the new one to be added into
+        return replace(step, accumulating=True)
     return replace(step, rows=[fresh_gradient(row) for row in step.rows], accumulating=True)
+
+
+def _sharded_gradients(config) -> bool:
+    p = getattr(config, "parallel", None)
+    return p is not None and (bool(p.zero) or p.fsdp is not None)
 
 
 def fresh_gradient(row):
