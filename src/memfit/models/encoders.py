@@ -110,7 +110,6 @@ def derive(module, cfg: dict, raw: dict, out, where, file, data: dict, at_archit
     """models/hf.derive's tail for a computed family: the step `module` computes, priced by the fallback's machinery
     (models/traced._tensors); settings it does not compute run the `[trace]` fallback's fake-tensor step where
     memfit[trace] is installed, else are refused with the reason."""
-    import dataclasses
 
     from memfit.diagnostics import codes
     from memfit.diagnostics.diagnostic import Problem
@@ -147,17 +146,7 @@ def derive(module, cfg: dict, raw: dict, out, where, file, data: dict, at_archit
     if why:
         reason = (f"{name}: memfit's {cfg['model_type']} family computes the step at fp32, eager or sdpa attention, "
                   f"checkpointing none or full, no adapters; not {why}")
-        if not traced.available():
-            return hints + at_architecture(reason + ": install memfit[trace] to measure it on fake tensors")
-        try:
-            model = traced.trace(raw)
-        except traced.TraceError as error:
-            return hints + at_architecture(f"{reason}; the fallback: {error.message}")
-        problems, ran, _ = traced._tensors(model, out, where, file, training, data, raw)
-        code = codes.MEASURED_ACTIVATIONS if ran is not None else codes.APPROXIMATE_ACTIVATIONS
-        how = ("activations measured by the [trace] fallback: one forward and backward on fake tensors" if ran is not None
-               else "activations from the [trace] fallback's generic rule")
-        return hints + problems + [dataclasses.replace(p, code=code) for p in at_architecture(f"{reason}; {how}")]
+        return hints + traced.fallback(reason, raw, out, where, file, training, data, at_architecture)
     hints += module.notes(cfg, training)
     step = measured(module, cfg, training["micro_batch"], seq_len, training.get("attention", "sdpa"), training.get("checkpointing", "none"))
     problems, _, _ = traced._tensors(traced_model(module, cfg), out, where, file, training, data, None, given=step)

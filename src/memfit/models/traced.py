@@ -462,6 +462,26 @@ def _measure_for(raw: dict, training: dict, recipe: dict, adapted: bool, dtypes)
         return None, str(error)
 
 
+def fallback(reason: str, raw: dict, out, where, file, training: dict, data: dict, at_architecture) -> list:
+    """A family that computes its own step without torch hands a step it does not compute to this fallback: the
+    step measured on fake tensors (or the generic rule where it cannot run), `reason` said at the architecture."""
+    import dataclasses
+
+    from memfit.diagnostics import codes
+
+    if not available():
+        return at_architecture(reason + ": install memfit[trace] to measure it on fake tensors")
+    try:
+        model = trace(raw)
+    except TraceError as error:
+        return at_architecture(f"{reason}; the fallback: {error.message}")
+    problems, ran, _ = _tensors(model, out, where, file, training, data, raw)
+    code = codes.MEASURED_ACTIVATIONS if ran is not None else codes.APPROXIMATE_ACTIVATIONS
+    how = ("activations measured by the [trace] fallback: one forward and backward on fake tensors" if ran is not None
+           else "activations from the [trace] fallback's generic rule")
+    return problems + [dataclasses.replace(p, code=code) for p in at_architecture(f"{reason}; {how}")]
+
+
 def _tensors(traced: Traced, out, where, file, training: dict, data: dict, raw: dict | None = None, given=None) -> tuple:
     """`given`: a step a family computed (models/whisper.measured), priced as a measured one."""
     from memfit.config.build import make_tensor

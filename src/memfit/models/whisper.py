@@ -288,7 +288,6 @@ def derive(cfg: dict, raw: dict, out, where, file, data: dict, at_architecture) 
     """models/hf.derive's tail for Whisper: the step this module computes, priced by the fallback's machinery
     (models/traced._tensors); settings it was not measured at run the `[trace]` fallback's fake-tensor step where
     memfit[trace] is installed, else are refused with the reason."""
-    import dataclasses
 
     from memfit.diagnostics import codes
     from memfit.diagnostics.diagnostic import Problem
@@ -326,17 +325,7 @@ def derive(cfg: dict, raw: dict, out, where, file, data: dict, at_architecture) 
     if why:
         reason = (f"{architecture_name(cfg)}: memfit's whisper family computes WhisperForConditionalGeneration's step at 32-true, bf16-true and bf16-mixed, "
                   f"eager or sdpa attention, checkpointing none or full, no dropout and no adapters; not {why}")
-        if not traced.available():
-            return hints + at_architecture(reason + ": install memfit[trace] to measure it on fake tensors")
-        try:
-            model = traced.trace(raw)
-        except traced.TraceError as error:
-            return hints + at_architecture(f"{reason}; the fallback: {error.message}")
-        problems, ran, _ = traced._tensors(model, out, where, file, training, data, raw)
-        code = codes.MEASURED_ACTIVATIONS if ran is not None else codes.APPROXIMATE_ACTIVATIONS
-        how = ("activations measured by the [trace] fallback: one forward and backward on fake tensors" if ran is not None
-               else "activations from the [trace] fallback's generic rule")
-        return hints + problems + [dataclasses.replace(p, code=code) for p in at_architecture(f"{reason}; {how}")]
+        return hints + traced.fallback(reason, raw, out, where, file, training, data, at_architecture)
     step = measured(cfg, training["micro_batch"], seq_len, training.get("attention", "sdpa"), training.get("checkpointing", "none"),
                     recipe.get("precision", "32-true"), recipe.get("lora"))
     problems, _, _ = traced._tensors(traced_model(cfg), out, where, file, training, data, None, given=step)
