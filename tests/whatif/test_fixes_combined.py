@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from lsp_edits import apply_edits
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -18,22 +19,6 @@ EXAMPLES = ROOT / "examples"
 
 def memfit(*args):
     return subprocess.run([sys.executable, "-m", "memfit", *args], cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
-
-
-def apply_edits(text: str, edits: list[dict]) -> str:
-    """LSP-style edits (0-based lines and code-point columns of the original text), applied last first."""
-    lines = text.split("\n")
-    starts = [0]
-    for line in lines[:-1]:
-        starts.append(starts[-1] + len(line) + 1)
-
-    def offset(position):
-        return starts[position["line"]] + position["character"]
-
-    for edit in sorted(edits, key=lambda e: (e["range"]["start"]["line"], e["range"]["start"]["character"]), reverse=True):
-        r = edit["range"]
-        text = text[: offset(r["start"])] + edit["new_text"] + text[offset(r["end"]) :]
-    return text
 
 
 def _variant(tmp_path, example: str, replacements: list[tuple[str, str]]) -> Path:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from lsp_edits import apply_edits
+
 ROOT = Path(__file__).resolve().parents[2]
 
 CONFIG = {
@@ -23,21 +25,6 @@ CONFIG = {
 
 def memfit(*args):
     return subprocess.run([sys.executable, "-m", "memfit", *args], cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
-
-
-def apply_edits(text: str, edits: list[dict]) -> str:
-    """LSP-style edits (0-based lines and code-point columns of the original text), applied last first."""
-    lines = text.split("\n")
-    starts = [0]
-    for line in lines[:-1]:
-        starts.append(starts[-1] + len(line) + 1)
-
-    def offset(position: dict) -> int:
-        return starts[position["line"]] + position["character"]
-
-    for edit in sorted(edits, key=lambda e: offset(e["range"]["start"]), reverse=True):
-        text = text[: offset(edit["range"]["start"])] + edit["new_text"] + text[offset(edit["range"]["end"]):]
-    return text
 
 
 def test_every_edit_of_a_json_config_keeps_it_json(tmp_path):
