@@ -406,9 +406,9 @@ def _sparsemixer(n: dict) -> list:
         rows += [
             K(f"sparsemixer ({which})", "masked_fill mask", ("T", "E"), "bool", None, ("r",)),
             K(f"sparsemixer ({which})", "chosen expert (Gumbel max's indices)", ("T", 1), "i64", None, ("r",)),
-            K(f"sparsemixer ({which})", "softmax of the masked gates", ("T", "E"), "lin", None, ("r",)),
+            K(f"sparsemixer ({which})", "softmax of the masked gates", ("T", "E"), "softmax:lin", None, ("r",)),
             K(f"sparsemixer ({which})", "softmax max's indices", ("T", 1), "i64", None, ("r",)),
-            K(f"sparsemixer ({which})", "chosen probability (PhimoeMultiplier)", ("T", 1), "lin", None, ("r",)),
+            K(f"sparsemixer ({which})", "chosen probability (PhimoeMultiplier)", ("T", 1), "softmax:lin", None, ("r",)),
         ]
     return rows
 
@@ -581,7 +581,7 @@ def _head_rows(fam: ActivationRules) -> list:
     if fam.head == "mlm":   # BertForMaskedLM: dense, activation, LayerNorm, decoder
         return (_linear([("transform", n["transform"], "h")], ("T", "h"), "x")
                 + _activation("gelu", "transform act", X, "t")
-                + [r._replace(what="input (the activation's output)", role="lin") if i == 0 else r
+                + [r._replace(what="input (the activation's output)", role="layer_norm:lin") if i == 0 else r
                    for i, r in enumerate(_norm(fam.norm, "transform.LayerNorm", X, "t"))]
                 + _linear([("lm_head", n["lm_head"], "V")], ("T", "h"), "tn", quantizable=False))
     return _norm(fam.norm, _op(ROLE["final"], n.get("final", "model.norm")), X, "x") + _linear([("lm_head", n["lm_head"], "V")], ("T", "h"), "fn", quantizable=False) + [
@@ -691,7 +691,7 @@ LOSS_ROWS = [
     # gpt-oss with output_router_logits: load_balancing_loss_func (GptOssForCausalLM.forward adds router_aux_loss_coef x
     # it) takes a softmax of every layer's (T, E) router logits and their top-k after the last layer; they go with the
     # loss, before the backward's first recomputation
-    K("router aux loss", "softmax of every layer's router logits (the logits' dtype)", ("nl", "T", "E"), "lin", "aux_loss",
+    K("router aux loss", "softmax of every layer's router logits (the logits' dtype)", ("nl", "T", "E"), "softmax:lin", "aux_loss",
       ("x", "W:router")),
     K("router aux loss", "top-k indices of every layer", ("nl", "T", "k"), "i64", "aux_loss", ("x", "W:router")),
     K("router aux loss", "tokens per expert (fp32; * the mean router probability keeps it)", ("E",), "f32", "aux_loss",
