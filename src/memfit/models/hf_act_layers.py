@@ -299,7 +299,10 @@ def _mlp(fam: ActivationRules, n: dict, act: str) -> list:
         # the router reads the same normalized input as the shared expert: one storage when no cast copies it
         return rows + [r._replace(source=rows[0].label) if r.label == "router: input" else r for r in _experts(fam)]
     if fam.mlp == "moe_phi":
-        return _sparsemixer(n) + [r for r in _experts(fam) if not r.op.startswith(("router", "routing weights"))]
+        # the routing weights are the sparsemixer's multipliers (multiplier * mask_for_one, type_as the softmax's
+        # output): the softmax's dtype, fp32 under CUDA autocast
+        return _sparsemixer(n) + [r._replace(role="softmax:lin") if r.label == "* routing weight: routing weight column" else r
+                                  for r in _experts(fam) if not r.op.startswith(("router", "routing weights"))]
     if fam.mlp == "moe_deepseek":
         return _deepseek_moe(fam, n, act)
     if fam.mlp == "moe_oss":
