@@ -5,7 +5,7 @@ the head, the classifier and the loss rows."""
 from __future__ import annotations
 
 from memfit.models import hf_encdec
-from memfit.models.hf_act_ops import _activation, _and, ActivationRules, K, _linear, _norm, _op, ROLE
+from memfit.models.hf_act_ops import _activation, activation_output, _and, ActivationRules, K, _linear, _norm, _op, ROLE
 from memfit.models.hf_act_families import DEFAULT_ACT, FAMILIES
 
 
@@ -270,7 +270,7 @@ def _mlp(fam: ActivationRules, n: dict, act: str) -> list:
     T, X = ("T", "h"), ("b", "s", "h")
     if fam.mlp == "gated":
         return _linear([("gate", n["gate"], "i"), ("up", n["up"], "i")], T, "n2") + _activation(act, "act_fn(gate)", ("b", "s", "i"), "g", "out") + [
-            K("act * up", "act_fn(gate)", ("b", "s", "i"), "out", None, ("u",)),
+            K("act * up", "act_fn(gate)", ("b", "s", "i"), activation_output(act, "out"), None, ("u",)),
             K("act * up", "up", ("b", "s", "i"), "out", None, ("g",)),
         ] + _linear([("down", n["down"], "h")], ("T", "i"), "p", low_input=True)
     if fam.mlp == "gated_fused":
@@ -290,7 +290,7 @@ def _mlp(fam: ActivationRules, n: dict, act: str) -> list:
         # and a dispatch-mode trace, QLoRA under bf16-mixed)
         rows = _linear([("sgate", n["sgate"], "is"), ("sup", n["sup"], "is"), ("sg", n["sg"], 1)], T, "n2") + \
             _activation(act, "act_fn(gate) (shared expert)", ("b", "s", "is"), "sh", "out") + [
-                K("act * up", "act_fn(gate) (shared expert)", ("b", "s", "is"), "out", None, ("sh",)),
+                K("act * up", "act_fn(gate) (shared expert)", ("b", "s", "is"), activation_output(act, "out"), None, ("sh",)),
                 K("act * up", "up (shared expert)", ("b", "s", "is"), "out", None, ("sh",)),
             ] + _linear([("sdown", n["sdown"], "h")], ("T", "is"), "sh", low_input=True) + [
                 K("sigmoid", "output (the shared expert's gate)", ("T", 1), "out", None, ("sgw", "sd")),

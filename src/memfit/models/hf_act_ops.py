@@ -117,6 +117,13 @@ ACTIVATIONS["quick_gelu"] = ["sigmoid(1.702 * x) result"]   # CLIP: x * sigmoid(
 DEVICE_ROWS = {"gelu_new": ("pow", ("input (the projection's output)", "tanh(...) result", "1 + tanh(...)"))}
 
 
+def activation_output(name: str, role: str) -> str:
+    """The role of an activation's output on an input of `role`: gelu_new's is 0.5 * x times 1 + tanh(...), which
+    takes pow's dtype (fp32 under CUDA autocast; what a gated MLP's product then keeps)."""
+    device_op, _ = DEVICE_ROWS.get(name, (None, ()))
+    return f"{device_op}:{role}" if device_op else role
+
+
 def _activation(name: str, op: str, shape: tuple, f: str, role: str = "lin") -> list:
     rule = ACTIVATIONS[name]
     if rule is None:
