@@ -299,7 +299,7 @@ def measure_keras(run: dict) -> dict:
 # --- memfit, through the front door -------------------------------------------------------------
 def config_for(run: dict, tmp_path) -> dict:
     """The run as a user writes it: a memfit config (and the model's config.json beside it)."""
-    doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": run["optimizer"]}
+    doc = {"memfit": 1, "device": {"memory": "1 TiB", "type": "cpu"}, "optimizer": run["optimizer"]}   # measured under CPU autocast
     adapter = run["adapter"]
     doc["precision"] = "bf16-true" if adapter == "qlora-bf16" else run["precision"]
     training = {"optimizer_impl": run["impl"]} if run["optimizer"] in ("adamw", "sgd", "adafactor") else {}

@@ -66,7 +66,7 @@ def ours(tmp_path, cfg: dict, precision: str, old: bool) -> dict:
     training = {"micro_batch": SHAPE[0], "seq_len": SHAPE[1], "checkpointing": "none", "optimizer_impl": "foreach", "attention": "sdpa"}
     if old:
         training["quantized_saves_input"] = True
-    doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "model": {"hf_config": "config.json"},
+    doc = {"memfit": 1, "device": {"memory": "1 TiB", "type": "cpu"}, "optimizer": "adamw", "model": {"hf_config": "config.json"},
            "precision": precision, "quantization": QUANT, "lora": LORA, "training": training}
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))

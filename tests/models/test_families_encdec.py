@@ -95,7 +95,7 @@ def test_full_checkpointing_peak(attention, stacks, precision):
 
 def check_json(tmp_path, config: dict, training: dict, **top) -> dict:
     (tmp_path / "config.json").write_text(json.dumps(config, indent=2))
-    doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", **top, "model": {"hf_config": "config.json"}, "training": training}
+    doc = {"memfit": 1, "device": {"memory": "1 TiB", "type": "cpu"}, "optimizer": "adamw", **top, "model": {"hf_config": "config.json"}, "training": training}
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)], capture_output=True, text=True, timeout=120, check=False)

@@ -95,7 +95,7 @@ def test_lora_on_a_classifier_matches_the_real_model(architecture, model_type, l
     lora = {"r": 8, "alpha": 16, "target_modules": "all-linear"}
     cfg = hm.tiny(model_type, architectures=[architecture], num_labels=labels, pad_token_id=0)
     (tmp_path / "config.json").write_text(json.dumps(cfg, indent=2))
-    doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "lora": lora,
+    doc = {"memfit": 1, "device": {"memory": "1 TiB", "type": "cpu"}, "optimizer": "adamw", "lora": lora,
            "model": {"hf_config": "config.json"}, "training": {"micro_batch": 2, "seq_len": 16, "attention": "eager"}}
     (tmp_path / "train.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(tmp_path / "train.yaml")],

@@ -39,7 +39,7 @@ def check(doc: dict, tmp_path) -> dict:
 
 def config(tmp_path, cfg: dict, precision: str, lora: dict, checkpointing: str = "none") -> dict:
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    return {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "precision": precision,
+    return {"memfit": 1, "device": {"memory": "1 TiB", "type": "cpu"}, "optimizer": "adamw", "precision": precision,
             "model": {"hf_config": "config.json"},
             "training": {"micro_batch": MICRO_BATCH, "seq_len": SEQ_LEN, "attention": "sdpa", "checkpointing": checkpointing,
                          "optimizer_impl": "foreach"},

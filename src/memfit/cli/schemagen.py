@@ -463,6 +463,12 @@ def generate() -> dict:
                         "description": "Warn when the total is above this share of the budget (default 90%).",
                     },
                     **_device_peak(),
+                    "type": {
+                        "title": "Device type",
+                        "description": "The torch device the step runs on, whose autocast decides what *-mixed keeps for backward: cuda (the default: every preset is a CUDA or ROCm card) runs softmax without a stated dtype, pow and layer_norm in float32; cpu keeps them in the low dtype (docs/recipes.md, 'Which autocast').",
+                        "enum": ["cuda", "cpu"],
+                        "default": "cuda",
+                    },
                 },
                 "examples": [{"name": "RTX 4090", "memory": "24 GiB", "reserve": "1 GiB"}, {"preset": "A100-80GB", "overhead": "auto"}],
             },

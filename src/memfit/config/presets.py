@@ -126,3 +126,17 @@ def overhead_lines(preset: Preset) -> list[Line]:
 
 ALLOCATOR_GRANULE = 512  # c10/cuda/CUDACachingAllocator.cpp kMinBlockSize: every block is a multiple of 512 bytes
 ALLOCATOR_SOURCE = "c10/cuda/CUDACachingAllocator.cpp kMinBlockSize = 512 (MemTracker rounds the same way on CUDA)"
+
+
+# --- which torch device runs the step (device.type) ----------------------------------------
+# Every preset is a CUDA or ROCm card, and memfit's budget is a GPU's memory, so a config that names no type runs on
+# "cuda" (ROCm's torch is "cuda" too): its `*-mixed` activations are priced with CUDA autocast's policy
+# (recipe/autocast.py), the one a GPU run gets. `device.type: cpu` prices CPU autocast's instead (what a step run on
+# the CPU keeps: the policy memfit's CPU measurements run under).
+DEFAULT_DEVICE_TYPE = "cuda"
+
+
+def device_type(device) -> str:
+    """The torch device type a config's `device` section says the step runs on (default DEFAULT_DEVICE_TYPE)."""
+    stated = device.get("type") if isinstance(device, dict) else None
+    return stated if stated in ("cuda", "cpu") else DEFAULT_DEVICE_TYPE

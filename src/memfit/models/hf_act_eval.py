@@ -8,6 +8,7 @@ from memfit.models import hf_encdec
 from memfit.models.hf_act_ops import ATTENTIONS, Block, CHECKPOINTING, Conditions, ActivationRules, Kept, LOW, PRECISIONS
 from memfit.models.hf_act_families import FAMILIES, MOE, SUPPORTED
 from memfit.models.hf_act_layers import layer_rows, count_layers
+from memfit.recipe.autocast import DEVICE_OPS, op_dtype
 
 
 # --------------------------------------------------------------------------------------------- evaluation
@@ -251,9 +252,21 @@ def _roles(precision: str, dtypes: dict | None, adapter: str) -> dict:
     if forced:
         act = lin = soft = copy = forced
     ada_low = copy if precision.endswith("-mixed") else adapter
-    return {"act": act, "lin": lin, "out": lin, "soft": soft, "low": copy, "ada": adapter, "ada_low": ada_low, "f32": "float32",
+    roles = {"act": act, "lin": lin, "out": lin, "soft": soft, "low": copy, "ada": adapter, "ada_low": ada_low, "f32": "float32",
+             "i64": "int64", "i32": "int32", "bool": "bool"}
+    _device_roles(roles, precision.endswith("-mixed"), dtypes)
+    return roles
 
-            "i64": "int64", "i32": "int32", "bool": "bool"}
+
+def _device_roles(roles: dict, mixed: bool, dtypes: dict | None) -> None:
+    """"<op>:<role>": what an op whose dtype depends on the autocast in force (recipe/autocast.py's table: softmax
+    without a stated dtype, pow, layer_norm) keeps on an input of that role. `dtypes["autocast"]` names the device
+    (hf_derive from the config's device.type); without it, CPU autocast, under which the rules were measured."""
+    device = (dtypes or {}).get("autocast") or "cpu"
+    mixed = mixed and not (dtypes or {}).get("activations")
+    for op in DEVICE_OPS:
+        for base in ("lin", "out"):
+            roles[f"{op}:{base}"] = op_dtype(op, device, roles[base], mixed)
 
 
 def role_dtypes(precision: str, dtypes: dict | None) -> dict:
@@ -274,6 +287,7 @@ def _quantized_base(cond: dict, roles: dict, dtypes: dict | None) -> None:
     if (dtypes or {}).get("quantized") and cond["mixed"]:
         cond["mixed_base"] = False
         roles["out"] = roles["act"]
+        _device_roles(roles, True, dtypes)
         # a fused qkv output in fp32: SDPA under autocast saves its low copy of v, not the output's view (measured:
         # Phi-3 QLoRA under bf16-mixed, a dispatch-mode trace of the recomputation: q, k and v cast, (b, KV, s, d) v)
         if cond.get("fused_v_view"):

@@ -38,7 +38,7 @@ FAMILIES = {
                              "o": "attention.output.dense", "fc_in": "intermediate.dense", "fc_out": "output.dense",
                              "transform": "cls.predictions.transform.dense", "lm_head": "cls.predictions.decoder"},
                    "separate", None, "plain", "hidden_act", False, embed_extra=("token_types",), post_norm=True,
-                   head="mlm", softmax_fp32=False, softmax_role="lin", lora_default=("query", "value"),
+                   head="mlm", softmax_fp32=False, softmax_role="softmax:lin", lora_default=("query", "value"),
                    dropout_keys=(("attn", "attention_probs_dropout_prob"), ("resid", "hidden_dropout_prob"),
                                  ("embd", "hidden_dropout_prob"))),
     # modeling_roberta.py: BERT's layer; position ids counted from the padding token per sequence and the token
@@ -49,7 +49,7 @@ FAMILIES = {
                                 "o": "attention.output.dense", "fc_in": "intermediate.dense", "fc_out": "output.dense",
                                 "transform": "lm_head.dense", "lm_head": "lm_head.decoder"},
                       "separate", None, "plain", "hidden_act", False, embed_extra=("batch_positions",), post_norm=True,
-                      head="mlm", softmax_fp32=False, softmax_role="lin", lora_default=("query", "value"),
+                      head="mlm", softmax_fp32=False, softmax_role="softmax:lin", lora_default=("query", "value"),
                       dropout_keys=(("attn", "attention_probs_dropout_prob"), ("resid", "hidden_dropout_prob"),
                                     ("embd", "hidden_dropout_prob"))),
     # encoder-decoder families: their rows are in models/hf_encdec.py; this entry names their modules (LoRA flags,

@@ -5,7 +5,7 @@ the head, the classifier and the loss rows."""
 from __future__ import annotations
 
 from memfit.models import hf_encdec
-from memfit.models.hf_act_ops import _activation, _and, ActivationRules, K, _linear, _norm, _op, ROLE
+from memfit.models.hf_act_ops import _activation, activation_output, _and, ActivationRules, K, _linear, _norm, _op, ROLE
 from memfit.models.hf_act_families import DEFAULT_ACT, FAMILIES
 
 
@@ -270,7 +270,7 @@ def _mlp(fam: ActivationRules, n: dict, act: str) -> list:
     T, X = ("T", "h"), ("b", "s", "h")
     if fam.mlp == "gated":
         return _linear([("gate", n["gate"], "i"), ("up", n["up"], "i")], T, "n2") + _activation(act, "act_fn(gate)", ("b", "s", "i"), "g", "out") + [
-            K("act * up", "act_fn(gate)", ("b", "s", "i"), "out", None, ("u",)),
+            K("act * up", "act_fn(gate)", ("b", "s", "i"), activation_output(act, "out"), None, ("u",)),
             K("act * up", "up", ("b", "s", "i"), "out", None, ("g",)),
         ] + _linear([("down", n["down"], "h")], ("T", "i"), "p", low_input=True)
     if fam.mlp == "gated_fused":
@@ -290,7 +290,7 @@ def _mlp(fam: ActivationRules, n: dict, act: str) -> list:
         # and a dispatch-mode trace, QLoRA under bf16-mixed)
         rows = _linear([("sgate", n["sgate"], "is"), ("sup", n["sup"], "is"), ("sg", n["sg"], 1)], T, "n2") + \
             _activation(act, "act_fn(gate) (shared expert)", ("b", "s", "is"), "sh", "out") + [
-                K("act * up", "act_fn(gate) (shared expert)", ("b", "s", "is"), "out", None, ("sh",)),
+                K("act * up", "act_fn(gate) (shared expert)", ("b", "s", "is"), activation_output(act, "out"), None, ("sh",)),
                 K("act * up", "up (shared expert)", ("b", "s", "is"), "out", None, ("sh",)),
             ] + _linear([("sdown", n["sdown"], "h")], ("T", "is"), "sh", low_input=True) + [
                 K("sigmoid", "output (the shared expert's gate)", ("T", 1), "out", None, ("sgw", "sd")),
@@ -299,7 +299,10 @@ def _mlp(fam: ActivationRules, n: dict, act: str) -> list:
         # the router reads the same normalized input as the shared expert: one storage when no cast copies it
         return rows + [r._replace(source=rows[0].label) if r.label == "router: input" else r for r in _experts(fam)]
     if fam.mlp == "moe_phi":
-        return _sparsemixer(n) + [r for r in _experts(fam) if not r.op.startswith(("router", "routing weights"))]
+        # the routing weights are the sparsemixer's multipliers (multiplier * mask_for_one, type_as the softmax's
+        # output): the softmax's dtype, fp32 under CUDA autocast
+        return _sparsemixer(n) + [r._replace(role="softmax:lin") if r.label == "* routing weight: routing weight column" else r
+                                  for r in _experts(fam) if not r.op.startswith(("router", "routing weights"))]
     if fam.mlp == "moe_deepseek":
         return _deepseek_moe(fam, n, act)
     if fam.mlp == "moe_oss":
@@ -406,9 +409,9 @@ def _sparsemixer(n: dict) -> list:
         rows += [
             K(f"sparsemixer ({which})", "masked_fill mask", ("T", "E"), "bool", None, ("r",)),
             K(f"sparsemixer ({which})", "chosen expert (Gumbel max's indices)", ("T", 1), "i64", None, ("r",)),
-            K(f"sparsemixer ({which})", "softmax of the masked gates", ("T", "E"), "lin", None, ("r",)),
+            K(f"sparsemixer ({which})", "softmax of the masked gates", ("T", "E"), "softmax:lin", None, ("r",)),
             K(f"sparsemixer ({which})", "softmax max's indices", ("T", 1), "i64", None, ("r",)),
-            K(f"sparsemixer ({which})", "chosen probability (PhimoeMultiplier)", ("T", 1), "lin", None, ("r",)),
+            K(f"sparsemixer ({which})", "chosen probability (PhimoeMultiplier)", ("T", 1), "softmax:lin", None, ("r",)),
         ]
     return rows
 
@@ -581,7 +584,7 @@ def _head_rows(fam: ActivationRules) -> list:
     if fam.head == "mlm":   # BertForMaskedLM: dense, activation, LayerNorm, decoder
         return (_linear([("transform", n["transform"], "h")], ("T", "h"), "x")
                 + _activation("gelu", "transform act", X, "t")
-                + [r._replace(what="input (the activation's output)", role="lin") if i == 0 else r
+                + [r._replace(what="input (the activation's output)", role="layer_norm:lin") if i == 0 else r
                    for i, r in enumerate(_norm(fam.norm, "transform.LayerNorm", X, "t"))]
                 + _linear([("lm_head", n["lm_head"], "V")], ("T", "h"), "tn", quantizable=False))
     return _norm(fam.norm, _op(ROLE["final"], n.get("final", "model.norm")), X, "x") + _linear([("lm_head", n["lm_head"], "V")], ("T", "h"), "fn", quantizable=False) + [
@@ -691,7 +694,7 @@ LOSS_ROWS = [
     # gpt-oss with output_router_logits: load_balancing_loss_func (GptOssForCausalLM.forward adds router_aux_loss_coef x
     # it) takes a softmax of every layer's (T, E) router logits and their top-k after the last layer; they go with the
     # loss, before the backward's first recomputation
-    K("router aux loss", "softmax of every layer's router logits (the logits' dtype)", ("nl", "T", "E"), "lin", "aux_loss",
+    K("router aux loss", "softmax of every layer's router logits (the logits' dtype)", ("nl", "T", "E"), "softmax:lin", "aux_loss",
       ("x", "W:router")),
     K("router aux loss", "top-k indices of every layer", ("nl", "T", "k"), "i64", "aux_loss", ("x", "W:router")),
     K("router aux loss", "tokens per expert (fp32; * the mean router probability keeps it)", ("E",), "f32", "aux_loss",

@@ -110,13 +110,27 @@ ACTIVATIONS = {
 }
 ACTIVATIONS["gelu_fast"] = ACTIVATIONS["gelu_new"]
 ACTIVATIONS["quick_gelu"] = ["sigmoid(1.702 * x) result"]   # CLIP: x * sigmoid(1.702 * x)
+# What the autocast in force decides (recipe/autocast.py): NewGELUActivation's `torch.pow(input, 3.0)` keeps its input
+# as pow computes it (under CUDA autocast a float32 copy: the input itself is then kept by nothing), and the tanh terms
+# follow pow's dtype (its result promotes the sum tanh takes); 0.5 * x stays in the input's dtype. FastGELUActivation
+# (`gelu_fast`) multiplies instead (`input * input`): the same on both devices.
+DEVICE_ROWS = {"gelu_new": ("pow", ("input (the projection's output)", "tanh(...) result", "1 + tanh(...)"))}
+
+
+def activation_output(name: str, role: str) -> str:
+    """The role of an activation's output on an input of `role`: gelu_new's is 0.5 * x times 1 + tanh(...), which
+    takes pow's dtype (fp32 under CUDA autocast; what a gated MLP's product then keeps)."""
+    device_op, _ = DEVICE_ROWS.get(name, (None, ()))
+    return f"{device_op}:{role}" if device_op else role
 
 
 def _activation(name: str, op: str, shape: tuple, f: str, role: str = "lin") -> list:
     rule = ACTIVATIONS[name]
     if rule is None:
         return []
-    return [K(op, "input (the projection's output)", shape, role, needs=(f,))] + [K(op, w, shape, role, needs=(f,)) for w in rule]
+    device_op, follow = DEVICE_ROWS.get(name, (None, ()))
+    return [K(op, w, shape, f"{device_op}:{role}" if w in follow else role, needs=(f,))
+            for w in ["input (the projection's output)", *rule]]
 
 
 ROLE = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "qkv": "qkv_proj", "o": "o_proj", "gate": "gate_proj",
@@ -198,8 +212,9 @@ class ActivationRules(NamedTuple):
     dropout_keys: tuple = ()  # (dropout, config key): which key sets the embd, attn and resid dropouts
     head: str = "causal"      # "causal" | "mlm"
     softmax_fp32: bool = True  # eager softmax upcast to fp32 (dtype=torch.float32) then cast to q's dtype
-    softmax_role: str = "soft"  # without the upcast: "soft" where an fp32 causal mask promotes the scores (GPT-2), "lin"
-    # where nothing does (BERT: CPU autocast leaves softmax in the low dtype; CUDA autocast would upcast it)
+    softmax_role: str = "soft"  # without the upcast: "soft" where an fp32 causal mask promotes the scores (GPT-2),
+    # "softmax:lin" where nothing does (BERT: the autocast in force decides, recipe/autocast.py: CPU's keeps the low
+    # dtype, CUDA's runs softmax without a stated dtype in fp32)
     lora_default: tuple = ("q_proj", "v_proj")   # peft 0.21's default target_modules (none for phi3)
     # issue 21's dense decoders (appended; the defaults keep the ten families as they were)
     sandwich: str | None = None   # "pre_post": Gemma 2/3's norm before and after attention and MLP; "post": OLMo 2's

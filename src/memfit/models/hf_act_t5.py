@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from memfit.models import hf_encdec
-from memfit.models.hf_act_ops import _activation, K, _linear
+from memfit.models.hf_act_ops import _activation, activation_output, K, _linear
 from memfit.models.hf_act_families import FAMILIES
 from memfit.models.hf_act_eval import layer_conditions, role_dtypes, trainable_flags
 from memfit.models.hf_act_layers import count_layers
@@ -94,7 +94,7 @@ def _t5_feed_forward(cfg: dict, f: str, g: dict) -> list:
     act = cfg["dense_act_fn"]
     if cfg["is_gated_act"]:
         rows = _linear([("gate", T5_NAMES["gate"], "i"), ("up", T5_NAMES["up"], "i")], T, f) + _activation(act, "act_fn(wi_0)", I, g["g"])
-        rows += [K("act * wi_1", "act_fn(wi_0)", I, "lin", None, (g["u"],)), K("act * wi_1", "wi_1 output", I, "lin", None, (g["g"],))]
+        rows += [K("act * wi_1", "act_fn(wi_0)", I, activation_output(act, "lin"), None, (g["u"],)), K("act * wi_1", "wi_1 output", I, "lin", None, (g["g"],))]
         inner = g["p"]
     else:
         rows = _linear([("fc_in", T5_NAMES["fc_in"], "i")], T, f) + _activation(act, "act", I, g["g"])

@@ -382,6 +382,11 @@ def _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointi
                 # DoRA dequantizes a quantized base weight in every forward (peft dequantize_module_weight): the
                 # dtype it comes out in is the 4-bit layer's (the adapters' dtype on the base layer, without autocast)
                 dtypes["dequantized"] = adapter_dtype({"dtype": "model"}, base, data["quantization"])
+    if str(recipe.get("precision", "")).endswith("-mixed"):
+        # which autocast runs, from the device (config/presets.device_type): what softmax, pow and layer_norm keep
+        from memfit.config.presets import device_type
+
+        dtypes = {**(dtypes or {}), "autocast": device_type(data.get("device"))}
     stacked = hf_encdec.is_stacked(cfg)
     if stacked:  # the decoder's tokens: training.target_len, seq_len when not given
         recipe = {**recipe, "target_len": (data.get("training") or {}).get("target_len", seq_len)}
