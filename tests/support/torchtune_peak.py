@@ -2,7 +2,7 @@
 modules as recipes/lora_finetune_single_device.py sets it up, its peak under MemTracker (peak_reference.measure: the
 third step, after two warm ones), printed as JSON.
 
-    python torchtune_peak.py '{"quantize_base": false, "ac": true, "batch": 2, "seq": 128, "builder": {...lora_llama3...}}'
+    python torchtune_peak.py '{"quantize_base": false, "ac": true, "batch": 2, "seq": 128, "builder": {...}}'
 
 _setup_model: the model built under `training.set_default_dtype(bf16)` (quantize_base: its base weights torchao NF4,
 as qlora_llama3 builds them), `set_trainable_params(model, get_adapter_params(model))`, with checkpointing
