@@ -8,6 +8,9 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+import yaml
+
 ROOT = Path(__file__).resolve().parents[2]
 PUBLISHED = ROOT / "tests" / "support" / "published"
 
@@ -32,3 +35,40 @@ def test_each_published_row_is_its_config_files_measurement():
         assert f"# measured: {row[2]}\n" in header + "\n", (name, row[2])
         named.add(name)
     assert named == {p.name for p in PUBLISHED.glob("*.yaml")}  # every config is a row of the page
+
+
+# The rows outside their band, each with why (docs/accuracy.md says more); the transformers BERT-large rows are held by
+# their own section (a V100's NVML reading: the allocator's reserve), not here.
+OPEN = {
+    "torchtune-3b-1-baseline.yaml": "unpacked: alpaca's samples set the length, memfit gates the 4,096-token cap",
+    "litgpt-lora-stablelm-3b-nf4-b1.yaml": "4-bit rows hold more than bitsandbytes' kept inputs (0.884)",
+    "litgpt-lora-stablelm-3b-nf4-dq-b1.yaml": "4-bit rows hold more than bitsandbytes' kept inputs (0.883)",
+    "litgpt-lora-stablelm-3b-none-b4.yaml": "LitGPT's GPT-NeoX block keeps more than transformers' (0.937)",
+    "litgpt-hub-gemma-2b-lora.yaml": "not explained (0.906)",
+    "litgpt-hub-gemma-2b-qlora.yaml": "4-bit rows hold more (0.807)",
+    "litgpt-hub-tiny-llama-qlora.yaml": "4-bit rows hold more (0.874)",
+    "litgpt-hub-llama-2-7b-qlora.yaml": "4-bit rows hold more (0.864)",
+    "litgpt-hub-mistral-7b-qlora.yaml": "4-bit rows hold more (0.856)",
+}
+
+
+def banded() -> list:
+    out = []
+    for row in rows():
+        name = re.fullmatch(r"\[`([\w.-]+)`\]\(\.\./tests/support/published/\1\)", row[1])[1]
+        if name.startswith("hf-bert-large-"):
+            continue
+        marks = [pytest.mark.xfail(strict=True, reason=OPEN[name])] if name in OPEN else []
+        out.append(pytest.param(name, float(row[5]), id=name, marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("name, ratio", banded())
+def test_published_row_is_within_its_band(name, ratio):
+    """Issue 32: a row without `compile` within 5% of its measurement; a row with it (memfit gates the eager figure)
+    never more than 5% below."""
+    config = yaml.safe_load((PUBLISHED / name).read_text(encoding="utf-8"))
+    if config.get("compile") is True:
+        assert ratio >= 0.95, ratio
+    else:
+        assert abs(ratio - 1) <= 0.05, ratio

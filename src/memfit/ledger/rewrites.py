@@ -15,6 +15,7 @@ TECHNIQUES = (
     "partial_checkpointing",  # first: it builds the transformer's program again, layer by layer
     "keep_gradients",
     "quantized_saves_input",
+    "litgpt_qkv",
     "chunked_loss",
     "fused_loss",
     "optimizer_in_backward",

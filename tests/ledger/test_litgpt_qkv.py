@@ -1,0 +1,101 @@
+"""training.litgpt_qkv (issue 32): LitGPT's attention (one fused qkv: with as many query groups as heads the kernel
+keeps the whole qkv, with fewer k and v expanded to every head) and LoRAQKVLinear's zero_pad (its index_copy keeps
+the adapter's output and an int64 index where LoRA adapts some but not all of q, k, v), measured through
+`memfit check` on a config against LitGPT's own step (tests/support/litgpt_port.py: litgpt 3ba6da40's code for a
+Llama, byte for byte the same saved tensors as LitGPT's source at 3ba6da40 and 8641822 gave for these setups) under
+saved_tensors_hooks: the peak of the distinct storages autograd keeps (parameters and buffers left out), against
+memfit's activations live at its peak (the start of the backward: every kept tensor and the loss's)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import weakref
+
+import needs
+import pytest
+import yaml
+
+torch = needs.module("torch")
+
+import litgpt_port  # noqa: E402
+
+BAND = 0.05
+WIDTH, HEADS, LAYERS, VOCAB = 256, 4, 2, 128
+INTERMEDIATE = WIDTH * 172 // 64
+
+
+def saved_peak(model, micro_batch: int, seq_len: int) -> int:
+    excluded = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    live, peak, refs = [0], [0], {}
+
+    class Holder:
+        __slots__ = ("__weakref__", "t")
+
+        def __init__(self, t):
+            self.t = t
+
+    def drop(key):
+        refs[key] -= 1
+        if refs[key] == 0:
+            live[0] -= key[1]
+
+    def pack(t):
+        holder = Holder(t)
+        storage = t.untyped_storage()
+        key = (storage.data_ptr(), storage.nbytes())
+        if key[0] in excluded or key[1] == 0:
+            return holder
+        refs[key] = refs.get(key, 0) + 1
+        if refs[key] == 1:
+            live[0] += key[1]
+            peak[0] = max(peak[0], live[0])
+        weakref.finalize(holder, drop, key)
+        return holder
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda holder: holder.t):
+        litgpt_port.step(model, micro_batch, seq_len, VOCAB)
+    return peak[0]
+
+
+def memfit_live_activations(tmp_path, kv_heads: int, parts: str, micro_batch: int, seq_len: int, litgpt: bool) -> int:
+    cfg = {"model_type": "llama", "hidden_size": WIDTH, "num_attention_heads": HEADS, "num_key_value_heads": kv_heads,
+           "num_hidden_layers": LAYERS, "vocab_size": VOCAB, "intermediate_size": INTERMEDIATE,
+           "tie_word_embeddings": False, "max_position_embeddings": 256, "hidden_act": "silu", "rms_norm_eps": 1e-5}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    training = {"micro_batch": micro_batch, "seq_len": seq_len, "attention": "sdpa", "checkpointing": "none",
+                "optimizer_impl": "foreach", "loss": {"kind": "chunked_head", "chunk_size": 128}}
+    if litgpt:
+        training["litgpt_qkv"] = True
+    doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "precision": "bf16-true",
+           "model": {"hf_config": "config.json"}, "training": training,
+           "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "dtype": "model",
+                    "target_modules": [f"{p}_proj" for p in parts]}}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    entry = json.loads(done.stdout)["files"][0]
+    assert not [d for d in entry["diagnostics"] if d["severity"] == "error"], entry["diagnostics"]
+    return entry["peak"]["live"]["activations"]
+
+
+@pytest.mark.parametrize("micro_batch, seq_len", [(1, 64), (2, 32)])
+@pytest.mark.parametrize("kv_heads, parts", [
+    (HEADS, "qv"),   # multi-head: the whole qkv kept, zero_pad's source and index
+    (2, "qv"),       # grouped-query: k and v expanded to every head, zero_pad's
+    (HEADS, "qkv"),  # every part adapted: zero_pad returns its input
+])
+def test_litgpt_attention_as_its_code_keeps_it(tmp_path, kv_heads, parts, micro_batch, seq_len):
+    model = litgpt_port.build(n_embd=WIDTH, n_head=HEADS, n_query_groups=kv_heads, n_layer=LAYERS, vocab_size=VOCAB,
+                              intermediate_size=INTERMEDIATE, r=8, alpha=16,
+                              enable_lora=tuple(p in parts for p in "qkv"))
+    measured = saved_peak(model, micro_batch, seq_len)
+    ours = memfit_live_activations(tmp_path, kv_heads, parts, micro_batch, seq_len, litgpt=True)
+    transformers_attention = memfit_live_activations(tmp_path, kv_heads, parts, micro_batch, seq_len, litgpt=False)
+    assert abs(ours - measured) <= BAND * measured, (ours, measured, ours / measured)
+    # the key is what closes it: transformers' attention keeps less than LitGPT's
+    assert transformers_attention < ours
+    assert measured - transformers_attention > BAND * measured, (transformers_attention, measured)
