@@ -135,6 +135,34 @@ def test_search_is_exact_for_any_monotone_curve(base, linear, square, step, budg
     assert curve.runs <= 3 * max(expected, 2).bit_length() + 8  # O(log n) pipeline runs
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    flat=st.integers(0, 10**8),
+    base=st.integers(0, 10**6),
+    linear=st.integers(1, 5000),
+    square=st.integers(0, 50),
+    budget=st.integers(1, 10**8),
+)
+def test_search_is_exact_where_the_peak_changes_phase(flat, base, linear, square, budget):
+    # a step's peak is the worse of its phases: at small values the optimizer step's (flat in the batch), further
+    # out the backward's (growing): the first two points' line misses by far, and the answer stays exact
+    curve = Curve(lambda v: max(flat + v, base + linear * v + square * v * v), budget)
+    low, high = 0, 1
+    while curve.at(high) <= budget:
+        low, high = high, high * 2
+    expected = max([v for v in range(max(low, 1), high) if curve.at(v) <= budget], default=0)
+    assert fitmod.largest(curve) == expected
+
+
+def test_a_far_first_guess_is_followed_by_the_line_through_it():
+    # the 70B-size transformer's shape in micro_batch: the optimizer step's peak (almost flat) binds at 1 and 2, the
+    # backward's (3,000 a step) from 334: the line through 2 and the failed first guess lands near the answer,
+    # where doubling from 2 took 11 more runs
+    curve = Curve(lambda v: max(10**6 + v, 3000 * v), 10**7)
+    assert fitmod.largest(curve) == 3333
+    assert curve.runs <= 8, sorted(curve.seen)
+
+
 def test_fit_reuses_the_parsed_data_and_runs_a_few_times(keras):
     text = keras.read_text(encoding="utf-8")
     result = check(text, str(keras))

@@ -7,10 +7,11 @@ a second time here.
 
 from __future__ import annotations
 
+import gc
 import re
 from bisect import bisect_left
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, wraps
 
 from memfit.read import source
 from memfit.check.pipeline import Result
@@ -41,6 +42,26 @@ _ROLE = {  # a tensor's byte categories, in the order they are shown, and what t
 
 def split_lines(text: str) -> list[str]:
     return _LINE_BREAK.split(text)
+
+
+def _collector_paused(build):
+    """`build` with Python's cyclic garbage collector held off: the editor's whole-document indexes are
+    tens of thousands of acyclic tuples and lists (a 5,000-tensor config: 32,000 paths and as many spans),
+    whose allocations set off a young collection every 700 and, every tenth of those, a full one that walked
+    every live object (20-70 ms on the shared machine, inside the first inlay hint's answer). One young
+    collection after it sees them once (and untracks the tuples of strings and numbers)."""
+
+    @wraps(build)
+    def paused(*args):
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return build(*args)
+        finally:
+            if enabled:
+                gc.enable()
+
+    return paused
 
 
 @dataclass(frozen=True)
@@ -75,12 +96,14 @@ class Analysis:
         return split_lines(self.text)
 
     @cached_property
+    @_collector_paused
     def index(self) -> tuple[dict, dict]:
         """Every node's value span and mapping key's span (source.spans: (start_line, start_character,
         end_line, end_character) tuples; `Range(*span)` where a Range is handed out)."""
         return source.spans(self.text)
 
     @cached_property
+    @_collector_paused
     def _by_line(self) -> tuple[dict, list]:
         """Nodes by the line they sit on; multi-line nodes (block containers) apart."""
         single: dict[int, list] = {}
@@ -96,6 +119,7 @@ class Analysis:
         return single, multi
 
     @cached_property
+    @_collector_paused
     def tensors(self) -> dict[tuple, list]:
         rows: dict[tuple, list] = {}
         for tensor in self.config.tensors if self.config is not None else ():
@@ -281,6 +305,7 @@ class Analysis:
         return out
 
     @cached_property
+    @_collector_paused
     def _tensor_spots(self) -> list[tuple[int, int, tuple]]:
         """Where each declared tensor's hint goes (the end of its shape, else of its item), sorted: a
         viewport's hints are a slice of it, not a pass over every tensor of the document."""

@@ -9,6 +9,7 @@ Imported only by `memfit lsp` (lsp_entry), never on the CLI/hook path.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -770,6 +771,10 @@ def _announce_address() -> None:
 
 def serve(args) -> int:
     server = make_server()
+    # What is alive now -- the modules, classes and functions of pygls, lsprotocol, cattrs and memfit, about 50,000
+    # objects the collector tracks -- lives as long as the server: out of every later collection's walk (a full one
+    # spent two thirds of its time on them, and full collections fall inside requests: docs/speed.md).
+    gc.freeze()
     tcp = getattr(args, "tcp", None)
     if tcp:
         host, _, port = tcp.rpartition(":")

@@ -543,48 +543,67 @@ def spans(text: str) -> tuple[dict[tuple, tuple], dict[tuple, tuple]]:
     5,000-tensor config has 32,000 nodes and keys: building a Range for each was a third of the walk."""
     values: dict[tuple, tuple] = {}
     keys: dict[tuple, tuple] = {}
-    _walk_all(_events(text), values, keys)
+    if _lines_if_needed(text) is not None:
+        _walk_all(_events(text), values, keys)
+        return values, keys
+    # the parser's own events, without _events' generator around each one (its marks need no fixing here)
+    loader = _Loader(text)
+    try:
+        _walk_all(iter(loader.get_event, None), values, keys)
+    finally:
+        loader.dispose()
     return values, keys
 
 
 def _walk_all(events, values: dict, keys: dict) -> None:
     """_walk with every path wanted, spans as tuples, its helpers inlined (the language server runs it
     on a whole document for the first inlay hint or hover). The same frames and the same rules:
-    tests/project/test_speed_equivalence.py holds it to _walk's ranges."""
+    tests/project/test_speed_equivalence.py holds it to _walk's ranges. The open frame is a local (the
+    stack holds its parents) and a plain key is resolved from the scalar cache without a call."""
     scalars = _Scalars()
-    # frame: [path, is_map, next_index_or_pending_key, start_mark, last_end_mark]
-    stack: list[list] = []
+    resolved = scalars._cache
+    # frame: [path, is_map, next_index_or_pending_key, start_mark, last_end_mark]; None outside the root
+    frame: list | None = None
+    stack: list = []
     documents = 0
     no_key = _NO_KEY
+    scalar_event, alias_event, map_start, seq_start = ScalarEvent, AliasEvent, MappingStartEvent, SequenceStartEvent
     try:
         for event in events:
             kind = event.__class__
-            if kind is ScalarEvent or kind is AliasEvent or kind is SequenceStartEvent or kind is MappingStartEvent:
+            if kind is scalar_event or kind is map_start or kind is seq_start or kind is alias_event:
                 start, end = event.start_mark, event.end_mark
-                frame = stack[-1] if stack else None
                 if frame is not None and frame[1] and frame[2] is no_key:
                     # a mapping key: remember it; its value's path follows
-                    key = _key_of(event, scalars)
+                    if kind is scalar_event and event.implicit[0] and (event.tag is None or event.tag == "!"):
+                        key = event.value
+                        key = resolved[key] if key in resolved else scalars.plain(key)
+                    else:
+                        key = _key_of(event, scalars)
                     frame[2] = key
                     path = frame[0] + (key,)
                     keys[path] = (start.line, start.column, end.line, end.column)
-                    if kind is MappingStartEvent:
-                        stack.append([path + ("?",), True, no_key, start, end])
-                    elif kind is SequenceStartEvent:
-                        stack.append([path + ("?",), False, 0, start, end])
+                    if kind is map_start:
+                        stack.append(frame)
+                        frame = [path + ("?",), True, no_key, start, end]
+                    elif kind is seq_start:
+                        stack.append(frame)
+                        frame = [path + ("?",), False, 0, start, end]
                     continue
                 path = frame[0] + (frame[2],) if frame is not None else ()
-                if kind is MappingStartEvent:
-                    stack.append([path, True, no_key, start, end])
+                if kind is map_start:
+                    stack.append(frame)
+                    frame = [path, True, no_key, start, end]
                     continue
-                if kind is SequenceStartEvent:
-                    stack.append([path, False, 0, start, end])
+                if kind is seq_start:
+                    stack.append(frame)
+                    frame = [path, False, 0, start, end]
                     continue
             elif kind is SequenceEndEvent or kind is MappingEndEvent:
-                path, _, _, start, last_end = stack.pop()
+                path, _, _, start, last_end = frame
+                frame = stack.pop()
                 # block containers end where the next token starts; stop at their last child
                 end = event.end_mark if event.start_mark.index != event.end_mark.index else last_end
-                frame = stack[-1] if stack else None
                 if frame is not None and frame[1] and frame[2] is not no_key and path[-1:] == ("?",):
                     frame[2] = object()  # a complex key: its value gets a path nothing asks for
                     continue
