@@ -3,11 +3,11 @@
 Run as a script by tests/placement/test_zero12_gradients.py under a hard timeout:
     python tests/support/deepspeed_worker.py WORLD OUT.json CASE.json
 CASE.json: {"model": a Llama config.json (dict), "reduce_bucket": elements, "runs": [{"micro_batch", "seq_len",
-"stage": 1 | 2}, ...]}: each run a model and engine of its own, in the same process group.
+"stage": 1 | 2, "impl": "foreach" | "fused"}, ...]}: each run a model and engine of its own, in the same process group.
 
 transformers' LlamaForCausalLM under `deepspeed.initialize` on DeepSpeed's CPU accelerator (DS_ACCELERATOR=cpu: its
 communication backend is gloo where oneCCL is not installed), bf16 (16-bit parameters and gradients, the fp32
-master partition), torch's AdamW (foreach) as the basic optimizer, `reduce_bucket_size` as given, the rest of
+master partition), torch's AdamW (foreach or fused) as the basic optimizer, `reduce_bucket_size` as given, the rest of
 zero_optimization at DeepSpeed's defaults (contiguous_gradients true, overlap_comm false). MemTracker's dispatch mode
 sees every tensor DeepSpeed allocates during the step (the reduce buckets, the gradient partitions, the fp32
 gradient partition of the step); the model's 16-bit parameters, the fp32 master partitions and the optimizer state
@@ -42,7 +42,8 @@ def one(rank, case):
     import deepspeed
 
     model = build(case)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    fused = case.get("impl") == "fused"
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=not fused, fused=fused)
     ds = {"train_micro_batch_size_per_gpu": case["micro_batch"], "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
           "zero_allow_untested_optimizer": True,
           "zero_optimization": {"stage": case["stage"], "reduce_bucket_size": case["reduce_bucket"]}}
@@ -68,7 +69,7 @@ def one(rank, case):
         step()
     snap = tracker.get_tracker_snapshot("peak")[CPU]
     cats = {(k.value if hasattr(k, "value") else str(k)): v for k, v in snap.items()}
-    return {"rank": rank, "stage": case["stage"], "micro_batch": case["micro_batch"], "seq_len": case["seq_len"],
+    return {"rank": rank, "stage": case["stage"], "impl": case.get("impl", "foreach"), "micro_batch": case["micro_batch"], "seq_len": case["seq_len"],
             "bytes": snap["Total"], "categories": cats, "optimizer": type(zero).__name__}
 
 
