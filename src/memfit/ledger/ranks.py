@@ -146,6 +146,8 @@ def stage_steps(step: Step, pipeline: int) -> list:
         mine = rows[s]
         tail = mine[-1]
         mine[-1] = replace(tail, kept=[*tail.kept, tail.output])  # its output, held until its backward
+        # (activation offloading's saved-tensor hooks move what the stage's layers save; its output, which the schedule
+        # holds for the backward, stays)
         kept = {t for r in mine for t in r.kept}
         batch = [t for t in step.batch if t in kept]
         if s == pipeline - 1:
@@ -154,15 +156,16 @@ def stage_steps(step: Step, pipeline: int) -> list:
         else:
             loss, loss_kept = Loss((), ()), []
         out.append(Step(mine, step.tensors, batch, loss, states[s], step.optimizer, step.impl, step.overhead,
-                        None if stepped is None else stepped[s], step.accumulating, loss_kept, kept_gradients=step.kept_gradients))
+                        None if stepped is None else stepped[s], step.accumulating, loss_kept, step_in_backward=step.step_in_backward,
+                        offloaded={t for t in step.offloaded if t in kept and t != tail.output}, kept_gradients=step.kept_gradients))
     return out
 
 
 def _saved(step: Step) -> int:
     """Bytes one micro-batch leaves saved on the stage at the end of its forward (its batch slices are views of the
-    loader's batch: not counted)."""
+    loader's batch: not counted; what activation offloading moved to the host neither)."""
     ids = {t for r in step.rows for t in r.kept} | set(step.loss_kept)
-    return sum(step.tensors[t] for t in ids - set(step.batch))
+    return sum(step.tensors[t] for t in ids - set(step.batch) - step.offloaded)
 
 
 class _Shares:
