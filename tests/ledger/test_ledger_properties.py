@@ -160,3 +160,29 @@ def test_inline_transformer_accepts_every_key_hf_config_accepts(tmp_path):
     from_file = check(yaml.safe_dump({**base, "model": {"hf_config": "config.json"}}), path=str(tmp_path / "run.yaml"))
     assert not [d for d in inline.diagnostics if d.severity == "error"], [(d.code, d.message) for d in inline.diagnostics]
     assert inline.footprint == from_file.footprint and inline.peak == from_file.peak
+
+
+@st.composite
+def distilled(draw) -> dict:
+    """A transformer student on one device with a distillation teacher (training.teacher): a tiny Llama, wider or
+    deeper than the student as a teacher is."""
+    doc = draw(run().filter(lambda d: "transformer" in (d.get("model") or {}) and "lora" not in d))
+    teacher = hf_measure.tiny("llama", hidden_size=draw(st.sampled_from([64, 128])), num_hidden_layers=draw(st.integers(1, 3)),
+                              vocab_size=doc["model"]["transformer"]["vocab_size"])
+    doc["training"]["teacher"] = {"transformer": teacher}
+    return doc
+
+
+@SETTINGS
+@given(distilled())
+def test_the_teachers_weights_are_the_footprints_and_the_peaks(doc):
+    """On one device the footprint's parameters are every parameter the device holds, the teacher's too: the peak's
+    live parameters (the teacher's weights resident the whole step) are the footprint's."""
+    result = evaluate(doc)
+    footprint, live = result.footprint, result.peak["live"]
+    from memfit.ledger.passes import teacher_weights
+
+    weights = teacher_weights(result.config.step)
+    assert weights > 0
+    assert live["parameters"] == footprint["parameters"]
+    assert footprint["total"] == sum(footprint[c] for c in ("parameters", "gradients", "activations", "optimizer_state"))

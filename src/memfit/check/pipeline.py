@@ -418,6 +418,7 @@ def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") ->
     """A config with a training section describes a run: its step (ledger/training.py, every byte
     priced by the recipe, as the footprint's) and the step's peak: a new Config with them, and the problems."""
     from memfit.check import passes
+    from memfit.ledger import passes as ledger_passes
     from memfit.ledger import rewrites
     from memfit.ledger import step as ledger
     from memfit.ledger import training
@@ -469,6 +470,8 @@ def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") ->
                     walks["one device"] = ledger.peak(step, config.granule)
                 one = ledger.copied(walks["one device"])
             config = replace(config, step=step, peak=ledger.peak(step, config.granule) if one is None else one)
+            if step is not None and "teacher" in training_keys:  # its weights are resident: the footprint's too
+                config = replace(config, placement=config.placement.with_resident({"parameters": ledger_passes.teacher_weights(step)}))
             if "eval_batch" in training_keys and config.model is not None and hasattr(config.model, "cfg"):
                 config = replace(config, peak=passes.evaluation(config, data, config.peak, optimizer, impl))
         elif ranks.data_only(config):

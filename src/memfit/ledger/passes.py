@@ -32,6 +32,8 @@ from dataclasses import replace
 from memfit.ledger.step import LIVE, Loss, Row, Step
 from memfit.recipe.costs import dtype_bytes
 
+TEACHER = "teacher"  # the row of the teacher's weights and forward (with_teacher)
+
 KEYS = {
     "eval_batch": {
         "title": "Evaluation batch",
@@ -119,6 +121,12 @@ def with_evaluation(peak: dict, evaluation: dict) -> dict:
     return {"bytes": evaluation["bytes"], "phase": "evaluation", "live": dict(evaluation["live"]), "phases": phases}
 
 
+def teacher_weights(step: Step) -> int:
+    """The teacher's resident weights in a step with_teacher made (its row's frozen bytes; 0 without a teacher): the
+    footprint counts them under `parameters`, as the peak does, every instant."""
+    return sum(sum(r.frozen) for r in step.rows if r.name == TEACHER)
+
+
 def with_teacher(step: Step, teacher: Step, b: int, s: int, vocab: int, chunks: int) -> Step:
     """The student's step with the teacher's: its weights resident (a row of frozen weights after the student's
     head, whose forward is the teacher's no_grad forward beside the student's logits), its logits and the KD loss's
@@ -131,7 +139,7 @@ def with_teacher(step: Step, teacher: Step, b: int, s: int, vocab: int, chunks: 
     teacher_forward, _ = forward_worst(teacher, loss=False)
     teacher_logits = teacher.tensors.get(teacher.rows[-1].output, 0)
     # the teacher's rows (weights) and its forward: at its worst row the student's logits are alive beside it
-    row = Row("teacher", frozen=[_weights(teacher)], output_grad=False, grad_input=False, forward_flight=student_logits + teacher_forward)
+    row = Row(TEACHER, frozen=[_weights(teacher)], output_grad=False, grad_input=False, forward_flight=student_logits + teacher_forward)
     # the KD loss a chunk at a time (torch.chunk: ceil(s / chunks) tokens of each sequence per chunk); what it keeps
     # for backward over all the chunks: softmax(teacher) and log_softmax(student) in fp32, isinf(student) as bool
     chunk32 = dtype_bytes(b * -(-s // chunks) * vocab, "float32")

@@ -138,6 +138,9 @@ class Step:
     # out): on the device only while a row keeping one runs its forward, and again while it runs its backward (a
     # checkpointed layer's: from its recomputation through its first row); never among the saved activations
     offloaded: set = field(default_factory=set)
+    # the gradients are kept between steps (training.keep_gradients: zero_grad(set_to_none=False)): every micro-batch
+    # of the step, its first too, runs with every gradient allocated (`accumulating` from its first instant)
+    kept_gradients: bool = False
 
 
 def _up(n: int, granule: int) -> int:
@@ -159,7 +162,7 @@ def rounded(step: Step, granule: int) -> Step:
     return Step(rows, {t: _up(b, granule) for t, b in step.tensors.items()}, list(step.batch),
                 Loss(tuple(each(step.loss.forward)), tuple(each(step.loss.backward))),
                 each(step.optimizer_state), step.optimizer, step.impl, step.overhead, None if step.stepped is None else each(step.stepped), step.accumulating,
-                list(step.loss_kept), step.step_in_backward, set(step.offloaded))
+                list(step.loss_kept), step.step_in_backward, set(step.offloaded), step.kept_gradients)
 
 
 def _adjacent_ops(row: Row, off: set, size: dict) -> int:

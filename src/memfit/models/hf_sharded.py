@@ -106,8 +106,8 @@ def activations_per_stage(cfg: dict, layout: Parallel, *, micro_batch: int, seq_
                           moe: dict | None = None) -> list:
     """Saved-activation bytes on the most-loaded rank of every pipeline stage: the stage's layers
     (and the embeddings on the first stage, the head and loss on the last), per tensor-parallel
-    rank, times the micro-batches 1F1B keeps in flight there; under full checkpointing plus one
-    layer's recomputation."""
+    rank, times the micro-batches 1F1B keeps in flight there; under full checkpointing plus what one
+    layer's recomputation keeps beyond them."""
     t, sp = layout.tensor, layout.sequence_parallel
     fam = A.FAMILIES[cfg["model_type"]]
     sizes = A.layer_sizes(cfg, micro_batch, seq_len, moe=moe)
@@ -131,6 +131,11 @@ def activations_per_stage(cfg: dict, layout: Parallel, *, micro_batch: int, seq_
     layers = cfg["n_layer"] if cfg["model_type"] == "gpt2" else cfg["num_hidden_layers"]
     out = []
     for s, (a, b) in enumerate(stage_layers(layers, layout.pipeline)):
-        kept = (b - a) * layer + (embeddings if s == 0 else 0) + (ends if s == layout.pipeline - 1 else 0)
-        out.append(in_flight(s, layout.pipeline, layout.gradient_accumulation, layout.schedule) * kept + recompute)
+        last = s == layout.pipeline - 1
+        kept = (b - a) * layer + (embeddings if s == 0 else 0) + (ends if last else 0)
+        # the backward recomputes one layer at a time, as on one device (hf_act_saved.peak_saved): beside the
+        # boundaries already counted (its own input among them) and, on the last stage, once its micro-batch's head
+        # and loss are released; so what it adds is what it keeps beyond those (at tensor 1 one device's figure)
+        beyond = max(0, recompute - layer - (ends if last else 0)) if recompute else 0
+        out.append(in_flight(s, layout.pipeline, layout.gradient_accumulation, layout.schedule) * kept + beyond)
     return out

@@ -52,6 +52,17 @@ class Placement:
         """The same placement with the step's per-rank walk (a new object: a built placement is not changed)."""
         return Placement(self.layout, self.devices, self.sharded, self.transients, step_peak)
 
+    def with_resident(self, held: dict) -> "Placement":
+        """The same placement with more bytes resident on the one device (category -> bytes): tensors a pass beside
+        the training step keeps for the whole run (a distillation teacher's weights, ledger.passes.with_teacher)."""
+        if self.sharded is not None or len(self.devices) != 1:
+            raise ValueError("resident bytes beside the step are placed on one device only")
+        device = dict(self.devices[0])
+        for category, size in held.items():
+            device[category] += size
+        device["total"] = sum(device[c] for c in CATEGORIES)
+        return Placement(self.layout, [device], self.sharded, self.transients, self.step_peak)
+
     @property
     def binding(self) -> int:
         """The device that must fit: the one holding the most at its worst moment (each rank's walked peak where

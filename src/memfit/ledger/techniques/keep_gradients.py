@@ -39,16 +39,17 @@ def problems(config, training: dict) -> list:
 
 
 def rewrite(step, config, training: dict):
-    if _sharded_gradients(config):
-        # ZeRO and FSDP reduce each new gradient into the rank's own shard (placement holds the shards); no
-        # unsharded .grad is kept for the new one to be added into
-        return replace(step, accumulating=True)
-    return replace(step, rows=[fresh_gradient(row) for row in step.rows], accumulating=True)
-
-
-def _sharded_gradients(config) -> bool:
     p = getattr(config, "parallel", None)
-    return p is not None and (bool(p.zero) or p.fsdp is not None)
+    if p is not None and p.zero:
+        # DeepSpeed frees every gradient itself, whatever zero_grad does: ZeRO-1/2 in its optimizer step
+        # (runtime/zero/stage_1_and_2.py step: `free_grad_in_param_list`), ZeRO-3 each 16-bit .grad once reduced
+        # into its partition (stage3.py `partition_grads`: `param.grad = None`): nothing is kept into the next step
+        return step
+    if p is not None and p.fsdp is not None:
+        # FSDP reduces each new gradient into the rank's own shard (placement holds the shards), the parameters'
+        # .grad, which zero_grad(set_to_none=False) keeps; no unsharded .grad is kept for the new one to be added into
+        return replace(step, accumulating=True, kept_gradients=True)
+    return replace(step, rows=[fresh_gradient(row) for row in step.rows], accumulating=True, kept_gradients=True)
 
 
 def fresh_gradient(row):
