@@ -243,3 +243,95 @@ def test_the_step_peak_with_the_lengths_apart_is_memtrackers(tmp_path, case):
     precision, checkpointing, b, source, target = case
     ours, theirs = step_peak(tmp_path, precision, checkpointing, b, source, target)
     assert abs(ours - theirs) <= 0.05 * theirs, (ours, theirs, ours / theirs)
+
+
+QLORA = [("relu", "bf16-true"), ("relu", "bf16-mixed"), ("gated-gelu", "bf16-mixed")]
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize(("ff", "precision"), QLORA)
+def test_qlora_leaves_wo_unquantized_and_saves_autograds_bytes(tmp_path, ff, precision):
+    """QLoRA as transformers builds it: its bitsandbytes quantizer skips T5's _keep_in_fp32_modules (["wo"]) besides
+    the output head (Bnb4BitHfQuantizer -> get_modules_to_not_convert), so memfit quantizes the same linears; the
+    parameters `memfit check` reports are the real model's distinct storages (4-bit weights, QuantState tensors,
+    wo in the model's dtype, fp32 adapters) and its saved bytes are saved_tensors_hooks' to the byte: bf16-true on
+    a bf16 base, and under bf16-mixed on an fp32 base (a 4-bit linear's fp32 output: relu's fp32 output, no weight
+    copies of the 4-bit linears, the cross-attention's zero bias cast by SDPA in every decoder layer)."""
+    needs.module("peft")
+    bnb = needs.module("bitsandbytes")
+    from transformers.quantizers.base import get_keys_to_not_convert
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    from memfit.models import adapter_tables
+    from memfit.recipe import quant
+
+    cfg = hm.without_attention_dropout(hm.tiny("t5", feed_forward_proj=ff))
+    lora = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"}
+    quantization = {"method": "nf4", "double_quant": True, "compute_dtype": "bfloat16"}
+    base = "bf16-true" if precision == "bf16-true" else "32-true"
+    model = hm.build(cfg, "sdpa", base, lora, quantization=quantization)
+    plain = hm.build(cfg, "sdpa")
+    skipped = get_keys_to_not_convert(plain) + sorted(plain._keep_in_fp32_modules)
+    linears = hf.linear_modules(hf_config.normalize(cfg))
+    assert quant.quantized_modules(linears, output_head="lm_head", params=hf.parameters(hf_config.normalize(cfg)),
+                                   tied=["lm_head.weight", "shared.weight"], keep_in_fp32=adapter_tables.KEEP_IN_FP32["t5"]) \
+        == [n for n, *_ in linears if should_convert_module(n, skipped)] \
+        == [n.removeprefix("base_model.model.").removesuffix(".base_layer") for n, m in model.named_modules()
+            if isinstance(m, bnb.nn.Linear4bit)]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in model.parameters()}
+    for m in model.modules():
+        if isinstance(m, bnb.nn.Linear4bit):
+            q = m.weight.quant_state
+            for t in (q.absmax, q.code, q.offset, q.state2.absmax, q.state2.code):
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    result = check_json(tmp_path, cfg, {"micro_batch": 2, "seq_len": 24, "target_len": 8, "attention": "sdpa"},
+                        precision=precision, lora=lora, quantization=quantization)
+    assert result["footprint"]["parameters"] == sum(storages.values())
+    measured = hm.measure(cfg, micro_batch=2, seq_len=24, target_len=8, precision=base if precision == "bf16-true" else precision,
+                          model=model)["total"]
+    assert result["footprint"]["activations"] == measured
+
+
+# T5 QLoRA under full checkpointing with bf16-mixed: measured 2026-12-06 (relu, 2 x 32 -> 32, AdamW foreach), the
+# peak in the backward at decoder layer 0's recomputed cross-attention (a dispatch-mode trace at MemTracker's peak):
+# SDPA's math path (the zero bias needs a gradient under checkpointing) over the 4-bit projections' fp32 outputs holds
+# them, their bf16 casts and the math path's fp32 upcasts, clones and scores at once; the ledger's rows have the
+# 16-bit projection outputs a dense base gives
+QLORA_PEAK_GAPS = {("bf16-mixed", "full"): "peak 1,240,736 / MemTracker 1,319,944 = 0.940 (backward / backward): not "
+                                           "yet modelled"}
+QLORA_STEPS = [("bf16-true", "none"), ("bf16-mixed", "none"), ("bf16-true", "full"), ("bf16-mixed", "full")]
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=QLORA_PEAK_GAPS[c]))
+                                  if c in QLORA_PEAK_GAPS else c for c in QLORA_STEPS], ids=lambda c: "-".join(c))
+def test_the_qlora_step_peak_is_memtrackers(tmp_path, case):
+    """memfit check's gated peak of a QLoRA T5 (all-linear adapters, nf4 with double quantization; a bf16 base under
+    bf16-true, an fp32 one under bf16-mixed) against MemTracker around a real warm AdamW step."""
+    needs.module("peft")
+    needs.module("bitsandbytes")
+    import contextlib
+
+    import peak_reference as ref
+    import torch
+
+    precision, checkpointing = case
+    cfg = hm.without_attention_dropout(hm.tiny("t5"))
+    lora = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"}
+    quantization = {"method": "nf4", "double_quant": True, "compute_dtype": "bfloat16"}
+    training = {"micro_batch": 2, "seq_len": 32, "attention": "sdpa", "checkpointing": checkpointing, "optimizer_impl": "foreach"}
+    ours = check_json(tmp_path, cfg, training, precision=precision, lora=lora, quantization=quantization)["peak"]["bytes"]
+    model = hm.build(cfg, "sdpa", "bf16-true" if precision == "bf16-true" else "32-true", lora, quantization=quantization)
+    if checkpointing == "full":
+        model.get_base_model().activation_checkpointing_enable()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=True)
+    batch = hm.inputs(cfg, 2, 32)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16-mixed" else contextlib.nullcontext()
+
+    def loss(m, x, y):
+        with autocast:
+            return m(input_ids=x, labels=y).loss
+
+    with hm.cuda_dropout():
+        theirs = ref.measure(model, (batch["input_ids"], batch["labels"]), loss, opt)["bytes"]
+    assert abs(ours - theirs) <= 0.05 * theirs, f"peak {ours:,} / MemTracker {theirs:,} = {ours / theirs:.3f}"

@@ -512,16 +512,19 @@ def test_families_lora_and_quantized_modules(model_type, given, arch):
     from transformers.quantizers.base import get_keys_to_not_convert
     from transformers.quantizers.quantizers_utils import should_convert_module
 
-    from memfit.models import hf, hf_config
+    from memfit.models import adapter_tables, hf, hf_config
 
     cfg = dict(hf_config.normalize({"model_type": model_type, **given}), architectures=[arch])
     params, linears = hf.parameters(cfg), hf.linear_modules(cfg)
     head = lora.OUTPUT_HEADS[hf.head(cfg)]
     model = build(transformers, model_type, given, arch)
-    # quantization: transformers' default skips, over memfit's linear modules
+    # quantization: transformers' default skips and the class's _keep_in_fp32_modules (Bnb4BitHfQuantizer passes them
+    # to get_modules_to_not_convert), over memfit's linear modules
     tied = [k for pair in model.all_tied_weights_keys.items() for k in pair]
-    theirs = [n for n, *_ in linears if should_convert_module(n, get_keys_to_not_convert(model))]
-    assert quant.quantized_modules(linears, output_head=head, params=params, tied=tied) == theirs
+    skipped = get_keys_to_not_convert(model) + sorted(model._keep_in_fp32_modules or ())
+    theirs = [n for n, *_ in linears if should_convert_module(n, skipped)]
+    assert quant.quantized_modules(linears, output_head=head, params=params, tied=tied,
+                                   keep_in_fp32=adapter_tables.KEEP_IN_FP32.get(model_type, ())) == theirs
     # LoRA: the whole named_parameters() list
     # (the attention's projections by name where peft retargets the experts or cannot wrap the router; DeepSeek-V3's
     # latent attention names its own, q_proj only when q_lora_rank is null)

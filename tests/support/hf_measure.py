@@ -102,21 +102,28 @@ def without_attention_dropout(cfg: dict) -> dict:
 
 def quantize_4bit(model, quantization: dict):
     """QLoRA's base as transformers' BitsAndBytesConfig(load_in_4bit) makes it, on CPU: every Linear but the output
-    layer becomes a bitsandbytes Linear4bit (NF4/FP4, blocksize 64) computing in `compute_dtype`; so does a GPT-2
+    layer and the class's _keep_in_fp32_modules becomes a bitsandbytes Linear4bit (NF4/FP4, blocksize 64) computing in `compute_dtype`; so does a GPT-2
     Conv1D, its (in, out) weight transposed (transformers/integrations/bitsandbytes.py, replace_with_bnb_linear:
     `isinstance(module, Conv1D)`, `in_features, out_features = module.weight.shape`, and the weight `value.T`)."""
     bnb = __import__("bitsandbytes")
     from transformers.pytorch_utils import Conv1D
+    from transformers.quantizers.quantizers_utils import should_convert_module
 
     compute = getattr(torch, quantization.get("compute_dtype", "bfloat16"))
     skip = set(quantization.get("skip_modules") or ["lm_head"])
     # (transformers' default skips the output layer whatever its name: BERT's cls.predictions.decoder, tied to the
     # input embeddings; get_keys_to_not_convert)
     output = model.get_output_embeddings() if not quantization.get("skip_modules") else None
+    # and, whatever the skip list, the class's _keep_in_fp32_modules (T5's "wo"): quantizers/quantizer_bnb_4bit.py
+    # _process_model_before_weight_loading passes model._keep_in_fp32_modules to get_modules_to_not_convert
+    # (quantizers/base.py: `modules_to_not_convert.extend(keep_in_fp32_modules)`), matched by should_convert_module
+    kept = sorted(getattr(model, "_keep_in_fp32_modules", None) or [])
 
-    def swap(module):
+    def swap(module, prefix=""):
         for name, child in module.named_children():
-            if isinstance(child, (torch.nn.Linear, Conv1D)) and name not in skip and child is not output:
+            full = f"{prefix}{name}"
+            if (isinstance(child, (torch.nn.Linear, Conv1D)) and name not in skip and child is not output
+                    and should_convert_module(full, kept)):
                 conv = isinstance(child, Conv1D)
                 in_features, out_features = child.weight.shape if conv else (child.in_features, child.out_features)
                 weight = child.weight.data.T.contiguous() if conv else child.weight.data
@@ -130,7 +137,7 @@ def quantize_4bit(model, quantization: dict):
                     new.bias = torch.nn.Parameter(child.bias.data, requires_grad=False)
                 setattr(module, name, new.to("cpu"))
             else:
-                swap(child)
+                swap(child, f"{full}.")
 
     swap(model)
     model.is_loaded_in_4bit = True   # what from_pretrained sets: peft then wraps with its bnb LoRA layer

@@ -433,7 +433,9 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
     by_loss = [fresh(kept_bytes(k)) for k in loss.kept]
     rows.append(row)
     # what the causal LM's forward holds unsaved through the loss: the cache's copies of k and v, the head's input
-    kept_unsaved = _held_through_forward(rows, every, x, hidden, roles, model.dtypes, precision, checkpointing, stacked, k.fam)
+    stacked_cache = acts.t5_cache_copies(cfg, sizes, roles, model.dtypes, precision, checkpointing) if stacked else None
+    kept_unsaved = _held_through_forward(rows, every, x, hidden, roles, model.dtypes, precision, checkpointing, stacked, k.fam,
+                                         stacked_cache)
     loss = _loss(loss, tensors[logits], T * sizes["V"], roles, kept_unsaved, hidden, precision, stacked)
     declared_stepped = list(extra.params) if extra is not None else []
     return Step(rows, tensors, batch, loss,
@@ -453,7 +455,7 @@ def _loss(rules, logits_bytes: int, logits: int, roles: dict, kept_unsaved: int,
 
     logits32 = dtype_bytes(logits, "float32")
     if stacked:  # T5's nn.CrossEntropyLoss (hf_act_t5)
-        return Loss(*acts.t5_loss(logits_bytes, logits32, hidden, precision))
+        return Loss(*acts.t5_loss(logits_bytes, logits32, hidden, precision, kept_unsaved))
     in_loss = next((q.dtype for q in rules.kept if "log-softmax" in q.label), "float32")
     upcast = logits32 if in_loss != roles["lin"] else 0
     if not upcast:
@@ -463,19 +465,19 @@ def _loss(rules, logits_bytes: int, logits: int, roles: dict, kept_unsaved: int,
 
 
 def _held_through_forward(rows: list, every: list, x: int, hidden: int, roles: dict, dtypes: dict | None, precision: str,
-                          checkpointing: str, stacked: bool, fam) -> int:
-    """The bytes the forward holds unsaved at the loss (models/held.py); each layer row's forward moment gets the
-    cache copies made so far."""
-    if stacked:
-        return 0   # (T5's loss already holds its decoder output: transformer_step)
-    cache = [0] * len(every)
-    if checkpointing == "none":
+                          checkpointing: str, stacked: bool, fam, stacked_cache: list | None = None) -> int:
+    """The bytes the forward holds unsaved at the loss (models/held.py; an encoder-decoder's cache copies:
+    `stacked_cache`, hf_act_t5.t5_cache_copies); each layer row's forward moment gets the cache copies made so far."""
+    cache = stacked_cache if stacked else [0] * len(every)
+    if checkpointing == "none" and not stacked:
         quantized, mixed = bool((dtypes or {}).get("quantized")), precision.endswith("-mixed")
         cache = [held.cache_copies(kept, roles, bool(fam.rope), quantized, mixed) for kept in every]
     if any(cache):
         for row in rows:
             if row.name.startswith("layer ") and row.forward_flight is not None:
                 row.forward_flight += sum(cache[: int(row.name.split()[1]) + 1])
+    if stacked:
+        return sum(cache)   # (T5's loss already holds its decoder output: transformer_step)
     head = rows[-1]
     return sum(cache) + (hidden if x not in head.kept else 0)
 

@@ -75,6 +75,14 @@ REFUSED_MODELS = {
 }
 
 
+# A class's _keep_in_fp32_modules: transformers' bitsandbytes quantizer leaves them unquantized whatever the skip list
+# (quantizers/quantizer_bnb_4bit.py _process_model_before_weight_loading passes model._keep_in_fp32_modules to
+# get_modules_to_not_convert, quantizers/base.py `modules_to_not_convert.extend(keep_in_fp32_modules)`); they stay
+# nn.Linear in the model's dtype (fp32 only when it loads in fp16: modeling_utils._get_dtype_plan).
+# T5PreTrainedModel, MT5PreTrainedModel, UMT5PreTrainedModel: ["wo"] (models/t5/modeling_t5.py:542)
+KEEP_IN_FP32 = {"t5": ("wo",), "mt5": ("wo",), "umt5": ("wo",)}
+
+
 # a masked LM's output layer where its family names it apart from BERT's `cls.predictions.decoder` (peft's all-linear
 # leaves the output layer alone): RobertaForMaskedLM's lm_head.decoder
 MLM_OUTPUT_LAYER = {"roberta": "lm_head.decoder"}

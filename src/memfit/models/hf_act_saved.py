@@ -19,7 +19,7 @@ from memfit.models.hf_act_eval import (
     _quantized_base, _resolve, _shape, layer_sizes, _t5_sizes, trainable_flags, _window_conditions, _window_layers,
 )
 from memfit.models.hf_act_t5 import (
-    _t5_conditions, _t5_embedding_rows, _t5_encoder_output_label, _t5_flags, _t5_head_rows, t5_layer_rows,
+    _t5_conditions, _t5_embedding_rows, _t5_encoder_output_label, _t5_flags, _t5_head_rows, t5_layer_rows, t5_quantized_base,
 )
 
 
@@ -552,6 +552,7 @@ def _t5_evaluate(cfg, micro_batch, seq_len, target_len, attention, checkpointing
     w = trainable_flags(fam, lora)
     cond = _t5_conditions(cfg, attention, checkpointing, micro_batch, precision, lora, bias_trains=w["W:embed"])
     roles = role_dtypes(precision, dtypes)
+    t5_quantized_base(cond, roles, dtypes)
     n = hf_encdec.dims(cfg)
     enc_rows, dec_rows = t5_layer_rows(cfg, False), t5_layer_rows(cfg, True)
     # the encoder's first layer input needs a gradient when the embedding trains; later ones once any weight below does
@@ -605,7 +606,7 @@ def _t5_checkpoint_inputs(embeddings: list, n: dict, attention: str, roles: dict
         out.append(Kept(f"{SHARED_BIAS} (encoder)", shape((1, "H", "se", "se"), sizes), roles["act"]))
     if n["Nd"] > 1:
         out.append(Kept(f"{SHARED_BIAS} (decoder)", shape((1, "H", "s", "s"), sizes), roles["act"]))
-        out.append(Kept(f"{SHARED_BIAS} (cross-attention zeros)", shape((1, "H", "s", "se"), sizes), roles["lin"]))
+        out.append(Kept(f"{SHARED_BIAS} (cross-attention zeros)", shape((1, "H", "s", "se"), sizes), roles["out"]))
     if n["Nd"] and attention == "eager":
         out.append(Kept("checkpoint: the decoder's float causal mask", shape((1, 1, "s", "s"), sizes), roles["act"]))
     if n["Nd"] and not any(k.label == _t5_encoder_output_label() for k in out):

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from memfit.models import hf_encdec
+from memfit.models import held, hf_encdec
 from memfit.models.hf_act_ops import _activation, activation_output, K, _linear
 from memfit.models.hf_act_families import FAMILIES
-from memfit.models.hf_act_eval import layer_conditions, role_dtypes, trainable_flags
+from memfit.models.hf_act_eval import layer_conditions, _quantized_base, role_dtypes, trainable_flags
 from memfit.models.hf_act_layers import count_layers
 from memfit.recipe.costs import dtype_bytes
 
@@ -60,6 +60,11 @@ def _t5_core(sk: str, g: dict, fused: str, op: str = "") -> list:
         # each layer's float mask: the encoder's bias made contiguous (a copy of the permuted lookup), the decoder's
         # where(causal, bias, min); the cross-attention's zeros are one storage for every layer (saved())
         rows.append(K("attention", "float mask (the position bias)", (1, "H", "s", sk), "low", fused, (g["attn"],)))
+    else:
+        # unless they are made in a dtype SDPA casts under autocast (T5Attention builds them in the query's dtype: fp32
+        # from a 4-bit q, t5_quantized_base): then each layer keeps its own low copy
+        rows.append(K("attention", "float mask (the zero bias, cast to the low dtype by autocast)", (1, "H", "s", sk),
+                      "low", "cross_zeros_cast", (g["attn"],)))
     if fused == "dec_fused":  # where(causal, bias, min) keeps its condition when the bias trains (every layer's)
         rows.append(K("attention", "causal mask (where(causal, bias, min))", (1, 1, "s", "s"), "bool", "dec_sdpa",
                       ("W:embed",)))
@@ -93,24 +98,26 @@ def _t5_feed_forward(cfg: dict, f: str, g: dict) -> list:
     T, I = ("T", "h"), ("b", "s", "i")
     act = cfg["dense_act_fn"]
     if cfg["is_gated_act"]:
-        rows = _linear([("gate", T5_NAMES["gate"], "i"), ("up", T5_NAMES["up"], "i")], T, f) + _activation(act, "act_fn(wi_0)", I, g["g"])
-        rows += [K("act * wi_1", "act_fn(wi_0)", I, activation_output(act, "lin"), None, (g["u"],)), K("act * wi_1", "wi_1 output", I, "lin", None, (g["g"],))]
+        rows = _linear([("gate", T5_NAMES["gate"], "i"), ("up", T5_NAMES["up"], "i")], T, f) + _activation(act, "act_fn(wi_0)", I, g["g"], "out")
+        rows += [K("act * wi_1", "act_fn(wi_0)", I, activation_output(act, "out"), None, (g["u"],)), K("act * wi_1", "wi_1 output", I, "out", None, (g["g"],))]
         inner = g["p"]
     else:
-        rows = _linear([("fc_in", T5_NAMES["fc_in"], "i")], T, f) + _activation(act, "act", I, g["g"])
+        rows = _linear([("fc_in", T5_NAMES["fc_in"], "i")], T, f) + _activation(act, "act", I, g["g"], "out")
         inner = g["g"]
         if act == "relu":  # relu keeps its result (wo's input too, without dropout: one storage)
-            relu = K("fc_out (DenseReluDense.wo)", "relu output (relu keeps it; wo's input without dropout)", I, "lin", None, (g["g"],))
+            relu = K("fc_out (DenseReluDense.wo)", "relu output (relu keeps it; wo's input without dropout)", I, "out", None, (g["g"],))
             rows.append(relu)
             rows.append(K("feed-forward dropout", "mask", I, "bool", "drop", (inner,)))
             down = ("fc_out", T5_NAMES["fc_out"], "h")
             # T5DenseActDense casts wo's input to wo's weight dtype (fp32 under autocast), which autocast casts back:
             # wo keeps a copy of its own under bf16-mixed, relu's output otherwise (without dropout)
-            return (rows + [r._replace(when=_t5_join("wo_copy", r.when)) for r in _linear([down], ("T", "i"), inner, low_input=True)]
-                    + [r._replace(when=_t5_join("wo_shared", r.when)) for r in _linear([down], ("T", "i"), inner, low_input=True, source=relu.label)])
+            return (rows + [r._replace(when=_t5_join("wo_copy", r.when)) for r in _linear([down], ("T", "i"), inner, low_input=True, quantizable=False)]
+                    + [r._replace(when=_t5_join("wo_shared", r.when))
+                       for r in _linear([down], ("T", "i"), inner, low_input=True, source=relu.label, quantizable=False)])
     rows.append(K("feed-forward dropout", "mask", I, "bool", "drop", (inner,)))
     down = ("down", T5_NAMES["fc_out"], "h") if cfg["is_gated_act"] else ("fc_out", T5_NAMES["fc_out"], "h")
-    return rows + _linear([down], ("T", "i"), inner, low_input=True)
+    # wo is never 4-bit: transformers leaves T5's _keep_in_fp32_modules unquantized (models/adapter_tables.KEEP_IN_FP32)
+    return rows + _linear([down], ("T", "i"), inner, low_input=True, quantizable=False)
 
 
 def _t5_encoder_output_label() -> str:
@@ -184,7 +191,7 @@ def _t5_embedding_rows(cfg: dict) -> list:
         K("decoder embedding dropout", "mask", ("b", "s", "h"), "bool", "drop", ("W:embed",)),
         K("decoder relative bias", "bucket indices", ("s", "s"), "i64", None, ("W:embed",)),
         K("decoder cross-attention", "zero position bias as SDPA's float mask (every layer's)", (1, "H", "s", "se"),
-          "lin", "cross_fused", ("attn_c",)),
+          "out", "cross_zeros_shared", ("attn_c",)),
     ]
 
 
@@ -193,7 +200,8 @@ def _t5_head_rows(cfg: dict) -> list:
     X = ("b", "s", "h")
     rows = _t5_norm("decoder.final_layer_norm", X, "x")
     rows.append(K("decoder final dropout", "mask", X, "bool", "drop", ("x",)))
-    return rows + _linear([("lm_head", "lm_head", "V")], ("T", "h"), "fn")
+    # (the output head is never 4-bit: transformers' get_keys_to_not_convert skips it)
+    return rows + _linear([("lm_head", "lm_head", "V")], ("T", "h"), "fn", quantizable=False)
 
 
 LOSS_ROWS_T5_NAMES = ("log-softmax of the logits", "targets (the labels)", "total weight")
@@ -215,10 +223,23 @@ def _t5_conditions(cfg, attention, checkpointing, micro_batch, precision, lora, 
     cond.update({"drop": drop, "attn_drop": drop and checkpointing != "selective", "no_attn_drop": not drop,
                  "enc_fused": self_fused, "not_enc_fused": not self_fused, "dec_fused": self_fused,
                  "not_dec_fused": not self_fused, "cross_fused": cross_fused, "not_cross_fused": not cross_fused,
+                 "cross_zeros_shared": cross_fused, "cross_zeros_cast": False,
                  "dec_sdpa": sdpa, "causal": False, "mlm": True,
                  "math_upcast": sdpa and low, "not_math_upcast": not (sdpa and low),
                  "wo_copy": drop or cond["mixed"], "wo_shared": not (drop or cond["mixed"])})
     return cond
+
+
+def t5_quantized_base(cond: dict, roles: dict, dtypes: dict | None) -> None:
+    """A 4-bit base under autocast (hf_act_eval._quantized_base: its linears output the input's dtype, fp32): besides,
+    the cross-attention's zero bias, which T5Attention makes in the query's dtype (`torch.zeros(..., dtype=
+    query_states.dtype)`, modeling_t5.py T5Attention.forward), is fp32, and SDPA under autocast casts it to the low
+    dtype in every layer: each layer keeps its own low copy instead of the one shared storage (measured,
+    saved_tensors_hooks, tiny T5 QLoRA on an fp32 base under bf16-mixed: one (1, H, s, se) bf16 mask per decoder
+    layer)."""
+    _quantized_base(cond, roles, dtypes)
+    if cond["cross_fused"] and cond["mixed"] and roles["out"] != roles["low"]:
+        cond["cross_zeros_shared"], cond["cross_zeros_cast"] = False, True
 
 
 def t5_score_kernels(cfg: dict, attention: str, checkpointing: str, precision: str, lora: dict | None) -> tuple:
@@ -268,10 +289,30 @@ def t5_flights(cfg: dict, sizes: dict, roles: dict, attention: str, checkpointin
     return self_math, first_decoder, decoder_flight
 
 
-def t5_loss(logits: int, logits32: int, hidden: int, precision: str) -> tuple:
+def t5_cache_copies(cfg: dict, sizes: dict, roles: dict, dtypes: dict | None, precision: str, checkpointing: str) -> list:
+    """Per layer over both stacks: the bytes of the key/value cache's copies a decoder layer adds that nothing saves,
+    held through the loss. T5Stack builds an EncoderDecoderCache of two DynamicCaches in a training step (use_cache
+    from the config; GradientCheckpointingLayer drops it under checkpointing) and each decoder layer's self- and
+    cross-attention put their k and v in it (DynamicLayer.update: `torch.cat`, a copy in the projection's output
+    dtype). Where SDPA reads them in its own dtype the saved ones are these copies (the kept rows); a 4-bit base under
+    autocast outputs fp32 (hf_act_eval._quantized_base) and SDPA saves its bf16 casts, so the fp32 copies stay
+    referenced by the cache alone. Measured (tiny T5, QLoRA on an fp32 base under bf16-mixed, the model output's
+    cache): four fp32 (b, H, s, d) / (b, H, se, d) tensors per decoder layer, live at MemTracker's forward peak."""
+    layers = hf_encdec.dims(cfg)
+    mixed = precision.endswith("-mixed")
+    out = held.projection_dtype(roles, bool((dtypes or {}).get("quantized")), mixed)
+    if not (mixed and checkpointing == "none" and cfg.get("use_cache", True) and out != roles["low"]):
+        return [0] * (layers["Ne"] + layers["Nd"])
+    b, H, d = sizes["b"], sizes["H"], sizes["d"]
+    per_decoder = 2 * dtype_bytes(b * H * sizes["s"] * d, out) + 2 * dtype_bytes(b * H * sizes["se"] * d, out)
+    return [0] * layers["Ne"] + [per_decoder] * layers["Nd"]
+
+
+def t5_loss(logits: int, logits32: int, hidden: int, precision: str, cache: int = 0) -> tuple:
     """(forward, backward) bytes in flight at T5's loss: nn.CrossEntropyLoss on the logits as they are (no fp32 copy);
     measured at the loss in forward: the logits, a second logits-sized temporary and the decoder's unscaled output (a
     local of the forward) (under autocast cross_entropy runs in fp32: that temporary is the fp32 copy of the 16-bit
-    logits, measured with a dispatch-mode tracer at MemTracker's bf16-mixed forward peak: _to_copy (T, V) float32)."""
+    logits, measured with a dispatch-mode tracer at MemTracker's bf16-mixed forward peak: _to_copy (T, V) float32),
+    and the cache's copies nothing saves (t5_cache_copies)."""
     second = logits32 if precision.endswith("-mixed") else logits
-    return (logits, second, hidden), (logits, logits)
+    return (logits, second, hidden, *([cache] if cache else [])), (logits, logits)

@@ -39,7 +39,8 @@ from memfit.models.hf_act_eval import (
     role_dtypes, _roles, routed_rows, ROUTINGS, _shape, _t5_sizes, trainable_flags,
 )
 from memfit.models.hf_act_t5 import (
-    LOSS_ROWS_T5_NAMES, _t5_conditions, _t5_flags, t5_layer_rows, t5_loss, T5_NAMES, T5_ROLES, t5_score_kernels,
+    LOSS_ROWS_T5_NAMES, _t5_conditions, _t5_flags, t5_cache_copies, t5_layer_rows, t5_loss, T5_NAMES, T5_ROLES,
+    t5_score_kernels,
 )
 from memfit.models.hf_act_saved import (
     BUCKETS, CLIP_VISION, ENCODER_INPUTS, _evaluate, lora_key, nbytes, peak_saved, qlora_precision, recomputed,
@@ -57,7 +58,7 @@ __all__ = [
     "_embedding_rows", "_head_rows", "layer_kinds", "layer_rows", "LOSS_ROWS", "_act", "_boundary", "check",
     "dropout_on", "layer_conditions", "layer_sizes", "_parallel", "_quantized_base", "_resolve", "role_dtypes",
     "routed_rows", "ROUTINGS", "_shape", "trainable_flags", "LOSS_ROWS_T5_NAMES", "t5_layer_rows", "T5_NAMES",
-    "T5_ROLES", "t5_score_kernels", "t5_loss", "t5_later_kept", "batch_pixel_bytes", "views_the_pixels", "BUCKETS", "CLIP_VISION", "ENCODER_INPUTS", "_evaluate", "lora_key", "nbytes",
+    "T5_ROLES", "t5_score_kernels", "t5_cache_copies", "t5_loss", "t5_later_kept", "batch_pixel_bytes", "views_the_pixels", "BUCKETS", "CLIP_VISION", "ENCODER_INPUTS", "_evaluate", "lora_key", "nbytes",
     "peak_saved", "qlora_precision", "recomputed", "saved", "SHARED_BIAS", "stacked_peak_saved", "stacked_saved",
     "total", "SHORT", "TABLE_PRECISIONS", "layer_table", "markdown_table",
 ]

@@ -69,6 +69,7 @@ def transformer_rows(cfg: dict, data: dict, base_dtype: str, params, linears, he
             quantization=data.get("quantization"),
             output_head=head,
             model_type=cfg.get("model_type"),
+            keep_in_fp32=adapter_tables.KEEP_IN_FP32.get(cfg.get("model_type"), ()),
         )
     except lora_rules.LoraError as error:
         code = codes.LORA_NO_MATCH if "match no" in str(error) else codes.BAD_LORA

@@ -318,11 +318,12 @@ class Row:
     role: str  # "adapter" | "base" | "saved_copy" | "original" | "frozen" | "weight" | "quant_state"
 
 
-def training_parameters(params, linears, *, base_dtype: str, lora_config=None, quantization=None, output_head: str | None = "lm_head", tied=(), model_type: str | None = None) -> list[Row]:
+def training_parameters(params, linears, *, base_dtype: str, lora_config=None, quantization=None, output_head: str | None = "lm_head", tied=(), model_type: str | None = None, keep_in_fp32=()) -> list[Row]:
     """Every parameter (and bitsandbytes quantization constant) of a transformers model
     loaded in `base_dtype`, quantized as `quantization` says ({method, double_quant,
     skip_modules}) and wrapped by peft as `lora_config` says, in named_parameters() order,
-    each quantized weight followed by its QuantState tensors."""
+    each quantized weight followed by its QuantState tensors; `keep_in_fp32` (the class's
+    _keep_in_fp32_modules) stay unquantized."""
     from memfit.recipe import quant
 
     rows_by_module = {row[0]: row for row in linears}
@@ -331,7 +332,8 @@ def training_parameters(params, linears, *, base_dtype: str, lora_config=None, q
     if quantization is not None:
         method = quant.method(quantization.get("method", "nf4")).name
         double = bool(quantization.get("double_quant", False))
-        quantized = set(quant.quantized_modules(linears, skip_modules=quantization.get("skip_modules"), output_head=output_head, params=params, tied=tied))
+        quantized = set(quant.quantized_modules(linears, skip_modules=quantization.get("skip_modules"), output_head=output_head, params=params, tied=tied,
+                                                    keep_in_fp32=keep_in_fp32))
     if lora_config is not None:
         adapters = adapter_dtype(lora_config if isinstance(lora_config, dict) else None, base_dtype, quantization)
         wrapped = peft_parameters(params, linears, lora_config, output_head=output_head, adapter_dtype=adapters, model_type=model_type)
