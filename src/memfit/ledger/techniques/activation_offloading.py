@@ -105,13 +105,46 @@ def host(config) -> dict | None:
     return held
 
 
+def referenced(step, moved: set) -> list:
+    """Bytes each row's forward moment holds beyond what the walk counts once saved tensors leave: tensors the
+    forward references by a Python local, not only by a saved slot, stay on the device whether or not the hooks
+    copied them out (issue 32: a dispatch-mode trace of Cohere QLoRA under bf16-mixed at MemTracker's forward
+    peak). transformers' decoder models (modeling_llama.py LlamaModel.forward, modeling_cohere.py 396-415 alike):
+    `inputs_embeds` (the embeddings' output) and `position_embeddings` (the rotary cos and sin) are locals of the
+    model's forward while every layer runs; a decoder layer holds `residual = hidden_states` (its input,
+    modeling_cohere.py 324 and 338; modeling_llama.py 296 and 311: the input, then the attention's sum) while its
+    parts run. A row that keeps the layer's input itself counts it among its own offloaded tensors already."""
+    size, rows = step.tensors, step.rows
+    out = [0] * len(rows)
+    first = next((n for n, row in enumerate(rows) if row.name == "embeddings"), None)
+    if first is None:
+        return out
+    emb, kept = rows[first], {t for row in rows for t in row.kept}
+    # the embeddings' output and its offloaded tensors (cos, sin): kept on the device by the model's forward
+    model_locals = [t for t in {emb.output, *emb.kept} if t is not None and (t in moved or t not in kept)]
+    layer_input: dict = {}
+    for n, row in enumerate(rows[first + 1:], first + 1):
+        if not row.name.startswith("layer "):
+            continue
+        layer = row.name.split()[1]
+        residual = layer_input.setdefault(layer, row.input)
+        held = sum(size[t] for t in model_locals if t not in row.kept)
+        if residual is not None and residual not in row.kept and (residual in moved or residual not in kept):
+            held += size[residual]
+        out[n] = held
+    return out
+
+
 def rewrite(step, config, training: dict):
     moved = offloaded(step)
     if not moved:
         return step
     rows = []
     moved_set = set(moved)
-    for row in step.rows[:-1]:
+    held = referenced(step, moved_set)
+    for n, row in enumerate(step.rows[:-1]):
+        if held[n] and row.forward_flight is not None:
+            row = replace(row, forward_flight=row.forward_flight + held[n])
         weights = sorted(row.params + row.frozen, reverse=True)[:2]
         # (a checkpointed row's ops save under the checkpoint's own hooks, the innermost: no weight is packed)
         # (a matmul saves its weight only for its input's gradient: none where the row makes none, as an embedding)
