@@ -365,6 +365,11 @@ def refused(run: dict) -> bool:
 # - Cohere QLoRA under bf16-mixed with activation offloading 0.932 -> 1.021: what the forward references by a local
 #   stays on the device when its saved copy is offloaded (the model's inputs_embeds and rotary cos/sin, each layer's
 #   residual: techniques/activation_offloading.referenced)
+# - activation offloading's forward stash: the offloaded among the last 5 saved tensors (every saved tensor takes an id),
+#   on the device until the body's first backward node empties it (its hook), then brought back like the others; a
+#   row's backward window two consecutive nodes, an op's or a weight copy's (was: two ops and two weights): Gemma LoRA
+#   1.116 -> 1.036 (its layer's MLP backward held one weight copy and two ops' tensors), Qwen2 QLoRA bf16 1.080 ->
+#   1.041 (the loss's backward held the final norm's input and one lora_B input, not five tensors)
 FALCON21_GAPS: dict = {
     # measured 2026-12-06 (memfit check / MemTracker), not yet modelled:
     "t5-bf16-true-none-qlora-bf16-adamw8bit-foreach-model-none": "peak 1,223,298 / 1,038,596 = 1.178: T5 under QLoRA "
@@ -373,11 +378,6 @@ FALCON21_GAPS: dict = {
     "t5-bf16-mixed-none-qlora-fp32-adafactor-for_loop-peft-optimizer_in_backward": "peak 1,546,372 / 1,299,136 = 1.190 "
     "(as the other T5 QLoRA run)",
     # activation offloading with adapters, measured 2026-12-06 when the level was added (full fine-tunes: 1.000-1.014):
-    "gemma-32-true-none-lora-sgd-fused-model-activation_offloading": "peak 662,340 / 593,740 = 1.116 (backward / "
-    "backward): high, the safe side; not yet traced",
-    "qwen2-bf16-true-none-qlora-bf16-adamw8bit-foreach-model-activation_offloading": "peak 401,620 / 371,912 = 1.080 "
-    "(backward / backward): high, the safe side; memfit's worst moment is the loss, MemTracker's layer 0's RMSNorm "
-    "backward (fp32 temporaries of a bf16 model): not yet explained",
     # the framework's own code refuses it: PhiMoE's step leaves saved tensors its backward never unpacks, and
     # OffloadActivations asserts at the next forward (`backward pass should have cleared tracker of all tensors`)
     "phimoe-32-true-none-none-adamw-foreach-peft-activation_offloading": "torchtune's OffloadActivations cannot run "
