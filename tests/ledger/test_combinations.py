@@ -389,7 +389,9 @@ FALCON21_GAPS: dict = {
     # runs the design took in when activation offloading became a factor (116 -> 135 runs), measured by the lead after
     # the merge, not yet traced; the two below the measurement are false-pass risks
     "qwen2-32-true-full-none-sgd-foreach-peft-checkpoint_every_2": "peak 936,000 / 878,920 = 1.065 (backward / "
-    "backward): high, the safe side; not yet traced",
+    "backward): high, the safe side; traced: both peak in layer 0's MLP backward once the layer is recomputed, "
+    "MemTracker's at act * up's backward, before gate_proj's and up_proj's weight gradients exist (197,888 B of "
+    "gradients), memfit's with them made (255,232 B: the row's flight comes after its parameters' gradients)",
     "gpt2-bf16-true-full-qlora-bf16-adamw-fused-model-optimizer_in_backward": "peak 504,384 / 558,408 = 0.903 "
     "(backward / backward): GPT-2's Linear4bit layers (Conv1D turned Linear) recomputed under optimizer-in-backward "
     "hold more than the ledger's rows; not yet traced",
