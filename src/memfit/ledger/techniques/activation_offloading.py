@@ -38,7 +38,7 @@ KEYS = {
         "title": "Activation offloading",
         "description": "true: what the forward saves for backward is copied to host memory and brought back when the "
                        "backward needs it (torchtune's enable_activation_offloading, Axolotl's activation_offloading), "
-                       "with OffloadActivations' window on the device: tensors under 1,024 bytes, the last 5 offloaded, "
+                       "with OffloadActivations' window on the device: tensors under 1,024 bytes, the offloaded ones among the last 5 saved (until the first backward node), what the forward references by a local, "
                        "the output layer's and the loss's, and each row's own while it runs. Default false.",
         "type": "boolean",
         "default": False,
