@@ -15,6 +15,11 @@ saved_tensors_hooks never sees them while MemTracker does.
 - The head's input: the causal LM's forward holds `hidden_states` (the final norm's output) while its head and the
   loss run; where the head does not save it (a frozen head, or autocast's low copy saved instead), it is alive
   through the loss unsaved.
+- A chunked output projection under autocast (torchtune's `chunked_output`, LitGPT's `lm_head_chunk_size`: the head
+  called once per chunk): autocast caches its cast of a weight only for a leaf that requires a gradient
+  (aten/src/ATen/autocast_mode.cpp `cached_cast`: `can_try_cache = ... arg.requires_grad() && arg.is_leaf() ...`),
+  so a frozen head's fp32 weight is cast again by every chunk's linear, and each chunk's matmul saves its own copy
+  for the input's gradient (a trained head's cast is cached: one copy, as unchunked).
 - A LoRA linear on a bitsandbytes 4-bit base under autocast (peft tuners/lora/bnb.py Linear4bit.forward):
   bitsandbytes returns its output cast back to the input's dtype (fp32 from an fp32 residual stream), peft clones
   it (`result = result.clone()`), then the adapter's output (autocast's low dtype) times the scaling is converted to
@@ -28,7 +33,8 @@ Measured with a dispatch-mode allocation trace at MemTracker's peak on the real 
 (tests/ledger/test_combinations.py): GPT-NeoX and Qwen2-MoE QLoRA under bf16-mixed peak at the loss in the forward
 with both layers' fp32 cache copies of k and v and the final norm's fp32 output alive and unsaved; Phi-3 QLoRA
 under bf16-mixed with full checkpointing peaks at gate_up_proj's sum in layer 0's recomputation, three fp32
-(T, 2i) tensors.
+(T, 2i) tensors; Qwen2 QLoRA under bf16-mixed with torchtune's chunked loss (8 chunks) peaks at the last chunk's
+cross-entropy with eight bf16 copies of the frozen head's weight and the final norm's fp32 output alive.
 """
 
 from __future__ import annotations
@@ -81,3 +87,11 @@ def forward_flights(recompute: dict, arrived: int, adapted: bool) -> dict:
     if not adapted:
         return {}
     return {part: flight - arrived for part, flight in recompute.items() if flight > arrived}
+
+
+def chunk_weight_casts(elements: int, roles: dict, mixed: bool, head_trains: bool) -> int:
+    """Bytes of the autocast copy of the output projection's weight (`elements` = vocab x hidden) that each chunk
+    of a chunked head makes and keeps anew (the module docstring): 0 outside autocast and for a trained head."""
+    if not mixed or head_trains:
+        return 0
+    return dtype_bytes(elements, roles["low"])
