@@ -365,10 +365,10 @@ def refused(run: dict) -> bool:
 # - Qwen2 QLoRA under autocast with the chunked loss 0.892 -> 1.043: a frozen head's weight is cast and kept anew by
 #   every chunk (autocast caches no cast of a frozen weight), and the final norm's output is held through the loss
 #   (ledger/techniques/chunked_loss.py, models/held.chunk_weight_casts)
-# - GPT-2 QLoRA bf16-true, full checkpointing, optimizer in backward 0.903 -> 1.022: a 4-bit linear's backward holds its
-#   dequantized weight (bitsandbytes MatMul4Bit.backward, models/held.dequantized_weight); and the reference quantizes
-#   each weight from the model's dtype, as transformers does (it quantized from an fp32 copy: a quant_state in fp32
-#   whose dequantized weight a bf16 model then copies to bf16)
+# - GPT-2 QLoRA bf16-true, full checkpointing, optimizer in backward 0.903 -> 0.962: a 4-bit linear's backward holds its
+#   dequantized weight (bitsandbytes MatMul4Bit.backward, models/held.dequantized_weight; the reference quantizes from
+#   an fp32 copy, hf_measure.quantize_4bit, so its quant_state is fp32 and a bf16 model copies the dequantized weight
+#   to bf16 besides: transformers quantizes the weight in the load dtype, where memfit's figure is)
 # - Phi-3 QLoRA fp32 with the chunked loss 1.060 -> 1.011: at gate_up_proj's sum in the forward the activation's kept
 #   tensors are not yet made (models/held.unmade_at_flight)
 FALCON21_GAPS: dict = {

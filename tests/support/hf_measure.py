@@ -104,10 +104,7 @@ def quantize_4bit(model, quantization: dict):
     """QLoRA's base as transformers' BitsAndBytesConfig(load_in_4bit) makes it, on CPU: every Linear but the output
     layer becomes a bitsandbytes Linear4bit (NF4/FP4, blocksize 64) computing in `compute_dtype`; so does a GPT-2
     Conv1D, its (in, out) weight transposed (transformers/integrations/bitsandbytes.py, replace_with_bnb_linear:
-    `isinstance(module, Conv1D)`, `in_features, out_features = module.weight.shape`, and the weight `value.T`). Each
-    weight is quantized as the model holds it (transformers casts a weight to the load dtype before quantizing it:
-    core_model_loading.py, then Bnb4bitQuantize's `Params4bit(value, ...)`), so quant_state.dtype, the dtype its
-    backward dequantizes it to, is the model's."""
+    `isinstance(module, Conv1D)`, `in_features, out_features = module.weight.shape`, and the weight `value.T`)."""
     bnb = __import__("bitsandbytes")
     from transformers.pytorch_utils import Conv1D
 
@@ -126,7 +123,7 @@ def quantize_4bit(model, quantization: dict):
                 new = bnb.nn.Linear4bit(in_features, out_features, bias=child.bias is not None,
                                         compute_dtype=compute, quant_type=quantization.get("method", "nf4"),
                                         compress_statistics=quantization.get("double_quant", False), device="meta")
-                new.weight = bnb.nn.Params4bit(weight, requires_grad=False,
+                new.weight = bnb.nn.Params4bit(weight.float(), requires_grad=False,
                                                quant_type=quantization.get("method", "nf4"),
                                                compress_statistics=quantization.get("double_quant", False))
                 if child.bias is not None:

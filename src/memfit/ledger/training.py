@@ -662,7 +662,7 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
             row.forward_flight = layer_hidden + routed  # its output while it is written; its inner tensors are kept
             # the part's kept tensors made from its last LoRA linear's output on (models/held.py): not yet made at that
             # linear's worst forward op, freed again by its backward
-            unmade = sum(kept_bytes(t) for t in held.unmade_at_flight(part, fam.mlp, kept[_through_last_adapter(kept):]))
+            unmade = 0 if stacked else sum(kept_bytes(t) for t in held.unmade_at_flight(part, fam.mlp, kept[_through_last_adapter(kept):]))
             if k.lora_forward.get(part) and not encoder:   # a LoRA linear's output, adapter output and sum (models/held.py)
                 row.forward_flight = max(row.forward_flight, k.lora_forward[part] - unmade)
             if k.dora.get(part) and not encoder:
