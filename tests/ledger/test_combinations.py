@@ -375,6 +375,15 @@ def refused(run: dict) -> bool:
 #   row's backward window two consecutive nodes, an op's or a weight copy's (was: two ops and two weights): Gemma LoRA
 #   1.116 -> 1.036 (its layer's MLP backward held one weight copy and two ops' tensors), Qwen2 QLoRA bf16 1.080 ->
 #   1.041 (the loss's backward held the final norm's input and one lora_B input, not five tensors)
+# - Qwen2 QLoRA under autocast with the chunked loss 0.892 -> 1.043: a frozen head's weight is cast and kept anew by
+#   every chunk (autocast caches no cast of a frozen weight), and the final norm's output is held through the loss
+#   (ledger/techniques/chunked_loss.py, models/held.chunk_weight_casts)
+# - GPT-2 QLoRA bf16-true, full checkpointing, optimizer in backward 0.903 -> 0.962: a 4-bit linear's backward holds its
+#   dequantized weight (bitsandbytes MatMul4Bit.backward, models/held.dequantized_weight; the reference quantizes from
+#   an fp32 copy, hf_measure.quantize_4bit, so its quant_state is fp32 and a bf16 model copies the dequantized weight
+#   to bf16 besides: transformers quantizes the weight in the load dtype, where memfit's figure is)
+# - Phi-3 QLoRA fp32 with the chunked loss 1.060 -> 1.011: at gate_up_proj's sum in the forward the activation's kept
+#   tensors are not yet made (models/held.unmade_at_flight)
 FALCON21_GAPS: dict = {
     # measured 2026-12-06 (memfit check / MemTracker), not yet modelled:
     # activation offloading with adapters, measured 2026-12-06 when the level was added (full fine-tunes: 1.000-1.014):
@@ -387,19 +396,11 @@ FALCON21_GAPS: dict = {
     "phimoe-32-true-none-none-adamw-foreach-peft-activation_offloading": "torchtune's OffloadActivations cannot run "
     "PhiMoE's step (AssertionError at the second step's forward): no reference figure; memfit gives one",
     # runs the design took in when activation offloading became a factor (116 -> 135 runs), measured by the lead after
-    # the merge, not yet traced; the two below the measurement are false-pass risks
+    # the merge
     "qwen2-32-true-full-none-sgd-foreach-peft-checkpoint_every_2": "peak 936,000 / 878,920 = 1.065 (backward / "
     "backward): high, the safe side; traced: both peak in layer 0's MLP backward once the layer is recomputed, "
     "MemTracker's at act * up's backward, before gate_proj's and up_proj's weight gradients exist (197,888 B of "
     "gradients), memfit's with them made (255,232 B: the row's flight comes after its parameters' gradients)",
-    "gpt2-bf16-true-full-qlora-bf16-adamw-fused-model-optimizer_in_backward": "peak 504,384 / 558,408 = 0.903 "
-    "(backward / backward): GPT-2's Linear4bit layers (Conv1D turned Linear) recomputed under optimizer-in-backward "
-    "hold more than the ledger's rows; not yet traced",
-    "qwen2-bf16-mixed-none-qlora-fp32-sgd-fused-model-chunked_loss": "peak 672,336 / 754,040 = 0.892 (forward / "
-    "forward): QLoRA under autocast with the chunked loss: the chunked loss's rewrite replaces the loss's forward "
-    "moment and drops the held cache copies and head input (models/held.py), as noted when they were modelled",
-    "phi3-32-true-none-qlora-fp32-adamw8bit-foreach-peft-chunked_loss": "peak 901,792 / 850,364 = 1.060 (forward / "
-    "forward): high, the safe side; not yet traced",
 }
 
 

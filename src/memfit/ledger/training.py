@@ -662,12 +662,18 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
                 row.kept_ops = [k.label.split(":")[0] for k in kept] + ["later"] * (len(row.kept) - len(kept))
             routed = a2a if part == "mlp" and routers[n] else 0
             row.forward_flight = layer_hidden + routed  # its output while it is written; its inner tensors are kept
+            # the part's kept tensors made from its last LoRA linear's output on (models/held.py): not yet made at that
+            # linear's worst forward op, freed again by its backward
+            unmade = 0 if stacked else sum(kept_bytes(t) for t in held.unmade_at_flight(part, fam.mlp, kept[_through_last_adapter(kept):]))
             if k.lora_forward.get(part) and not encoder:   # a LoRA linear's output, adapter output and sum (models/held.py)
-                row.forward_flight = max(row.forward_flight, k.lora_forward[part])
+                row.forward_flight = max(row.forward_flight, k.lora_forward[part] - unmade)
             if k.dora.get(part) and not encoder:
                 row.forward_flight = max(row.forward_flight, k.dora[part])
             row.backward_flight = ((enc_flights if encoder else (flights if sparse else dense_flights))[part] + routed
                                    + (decoder_flight if i >= first_decoder else 0))
+            dequantized = (k.dequantized if sparse else k.dense_dequantized).get(part, 0) if not encoder else 0
+            if dequantized:   # a 4-bit linear's dequantized weight beside the part's gradients (models/held.py)
+                row.backward_flight = max(row.backward_flight, row.backward_flight + dequantized - unmade)
             row.early_flight = early.get(part) if not encoder else None
             if k.freed and part == "attention":
                 # measured (MemTracker with a dispatch-mode tracer, T5 at its encoder's self-attention backward): by

@@ -15,6 +15,17 @@ saved_tensors_hooks never sees them while MemTracker does.
 - The head's input: the causal LM's forward holds `hidden_states` (the final norm's output) while its head and the
   loss run; where the head does not save it (a frozen head, or autocast's low copy saved instead), it is alive
   through the loss unsaved.
+- A chunked output projection under autocast (torchtune's `chunked_output`, LitGPT's `lm_head_chunk_size`: the head
+  called once per chunk): autocast caches its cast of a weight only for a leaf that requires a gradient
+  (aten/src/ATen/autocast_mode.cpp `cached_cast`: `can_try_cache = ... arg.requires_grad() && arg.is_leaf() ...`),
+  so a frozen head's fp32 weight is cast again by every chunk's linear, and each chunk's matmul saves its own copy
+  for the input's gradient (a trained head's cast is cached: one copy, as unchunked).
+- A bitsandbytes 4-bit linear's backward (bitsandbytes/autograd/_functions.py, 0.50.2, MatMul4Bit.backward:
+  `grad_A = torch.matmul(grad_output, F.dequantize_4bit(B, ctx.state).to(grad_output.dtype))`): the whole (out, in)
+  weight dequantized in the dtype it was quantized from (quant_state.dtype: transformers quantizes a checkpoint's
+  tensor after casting it to the load dtype, core_model_loading.py `_dtype = dtype` for a param that needs
+  quantization, then integrations/bitsandbytes.py Bnb4bitQuantize `Params4bit(value, ...)`), and its copy in the
+  gradient's dtype where the two differ, alive while the input's gradient is made.
 - A LoRA linear on a bitsandbytes 4-bit base under autocast (peft tuners/lora/bnb.py Linear4bit.forward):
   bitsandbytes returns its output cast back to the input's dtype (fp32 from an fp32 residual stream), peft clones
   it (`result = result.clone()`), then the adapter's output (autocast's low dtype) times the scaling is converted to
@@ -28,7 +39,9 @@ Measured with a dispatch-mode allocation trace at MemTracker's peak on the real 
 (tests/ledger/test_combinations.py): GPT-NeoX and Qwen2-MoE QLoRA under bf16-mixed peak at the loss in the forward
 with both layers' fp32 cache copies of k and v and the final norm's fp32 output alive and unsaved; Phi-3 QLoRA
 under bf16-mixed with full checkpointing peaks at gate_up_proj's sum in layer 0's recomputation, three fp32
-(T, 2i) tensors.
+(T, 2i) tensors; Qwen2 QLoRA under bf16-mixed with torchtune's chunked loss (8 chunks) peaks at the last chunk's
+cross-entropy with eight bf16 copies of the frozen head's weight and the final norm's fp32 output alive; GPT-2
+QLoRA bf16-true under full checkpointing peaks at layer 1's c_proj backward with its dequantized (256, 64) weight.
 """
 
 from __future__ import annotations
@@ -81,3 +94,32 @@ def forward_flights(recompute: dict, arrived: int, adapted: bool) -> dict:
     if not adapted:
         return {}
     return {part: flight - arrived for part, flight in recompute.items() if flight > arrived}
+
+
+def chunk_weight_casts(elements: int, roles: dict, mixed: bool, head_trains: bool) -> int:
+    """Bytes of the autocast copy of the output projection's weight (`elements` = vocab x hidden) that each chunk
+    of a chunked head makes and keeps anew (the module docstring): 0 outside autocast and for a trained head."""
+    if not mixed or head_trains:
+        return 0
+    return dtype_bytes(elements, roles["low"])
+
+
+def dequantized_weight(elements: int, quantized_from: str, grad_dtype: str) -> int:
+    """Bytes a 4-bit linear of `elements` (out x in) weights holds in its backward besides the gradients: its
+    dequantized weight, and that weight's copy in the gradient's dtype where it differs (the module docstring)."""
+    total = dtype_bytes(elements, quantized_from)
+    return total + (dtype_bytes(elements, grad_dtype) if grad_dtype != quantized_from else 0)
+
+
+def unmade_at_flight(part: str, mlp: str, kept_after: list) -> list:
+    """Of the kept tensors a part makes after its last LoRA linear's adapter (`kept_after`, in the order the part
+    lists them), those not alive at that linear's worst forward op: its output (the sum, which the flight counts
+    already) and what is computed from it. In the MLP of a plain (fc_in -> act) or fused gated (gate_up_proj, Phi-3)
+    family that is all of them. A gated MLP with separate projections (transformers' LlamaMLP:
+    `down_proj(act_fn(gate_proj(x)) * up_proj(x))`: the gate's activation exists before the up projection runs) and
+    every other part (attention: the q/k norms run between the projections; a mixture of experts) count none out:
+    the safe side (under activation offloading, Qwen3 QLoRA under bf16-mixed measured 0.915 with the up projection's
+    output counted out). Measured: Phi-3 QLoRA at gate_up_proj's sum in the forward (MemTracker)."""
+    if part != "mlp" or mlp not in ("plain", "gated_fused"):
+        return []
+    return list(kept_after)

@@ -44,6 +44,12 @@ def layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_size
         self_math, first_decoder, decoder_flight = t5_flights(cfg, sizes, roles, run["attention"], checkpointing, precision,
                                                               recipe_args.get("lora"), flights, enc_flights)
     quantized, mixed = bool((model_dtypes or {}).get("quantized")), precision.endswith("-mixed")
+    dequantized, dense_dequantized = {}, {}
+    if quantized and (model_dtypes or {}).get("quantized_from") and not stacked:
+        # each 4-bit linear's dequantized weight in its backward (models/held.py; T5's stacks: not yet measured with it)
+        grad = held.projection_dtype(roles, quantized, mixed)
+        dequantized = _dequantized(cfg, sizes, model_dtypes["quantized_from"], grad, routed=True)
+        dense_dequantized = _dequantized(cfg, sizes, model_dtypes["quantized_from"], grad, routed=False)
     redone = _recompute_flights(cfg, sizes, recipe_args.get("lora"), roles, quantized, mixed) if checkpointing == "full" else {}
     dora = _dora_flights(cfg, sizes, recipe_args.get("lora"), roles, precision, (model_dtypes or {}).get("dequantized"))
     if dora and redone:  # the recomputed forward computes DoRA's weight norm again
@@ -56,7 +62,8 @@ def layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_size
     freed = ("p @ v:",) if stacked and self_math else ()
     return SimpleNamespace(fam=fam, flights=flights, enc_flights=enc_flights, dense_flights=dense_flights, early=early, a2a=a2a,
                            freed=freed, first_decoder=first_decoder, decoder_flight=decoder_flight, redone=redone,
-                           enc_redone=enc_redone, kernel=kernel, arrived=arrived, dora=dora,
+                           enc_redone=enc_redone, kernel=kernel, arrived=arrived, dora=dora, dequantized=dequantized,
+                           dense_dequantized=dense_dequantized,
                            lora_forward=held.forward_flights(_recompute_flights(cfg, sizes, recipe_args.get("lora"), roles, quantized, mixed),
                                                              arrived, bool(recipe_args.get("lora"))))
 
@@ -167,6 +174,21 @@ def _adapted_linears(cfg: dict, lora: dict | None) -> dict | None:
 # the input width of each linear of _PART_LINEARS (its symbol in _sizes)
 _LINEAR_INPUTS = {"q": "h", "k": "h", "v": "h", "qkv": "h", "o": "q", "gate": "h", "up": "h", "gate_up": "h", "fc_in": "h",
                   "down": "i", "fc_out": "i"}
+
+
+def _dequantized(cfg: dict, sizes: dict, quantized_from: str, grad: str, routed: bool) -> dict:
+    """{part: bytes}: the dequantized weight of each part's largest bitsandbytes 4-bit linear, alive in its backward
+    (models/held.dequantized_weight); a mixture of experts' routed MLP has no Linear4bit (transformers' experts are
+    fused parameters)."""
+    fam = FAMILIES[cfg["model_type"]]
+    out = {}
+    for part, linears in _PART_LINEARS.items():
+        if routed and sizes.get("k") and part in ("mlp", "down_proj"):
+            continue
+        weights = [sizes[width] * sizes[_LINEAR_INPUTS[role]] for role, width in linears if fam.names.get(role) is not None]
+        if weights:
+            out[part] = held.dequantized_weight(max(weights), quantized_from, grad)
+    return out
 
 
 def _dora_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict, precision: str, dequantized: str | None = None) -> dict:

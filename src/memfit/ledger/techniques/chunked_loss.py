@@ -22,6 +22,7 @@ from dataclasses import replace
 
 from memfit.diagnostics import codes
 from memfit.diagnostics.diagnostic import Problem
+from memfit.models import held, hf_activations as acts
 from memfit.recipe.costs import dtype_bytes
 
 NAME = "chunked_loss"
@@ -92,11 +93,22 @@ def rewrite(step, config, training: dict):
         tensors = {t: (n * logits // whole32 if t in step.loss_kept and n == whole32 else n) for t, n in step.tensors.items()}
         loss = replace(step.loss, forward=(logits, *([last] if last else [])), backward=(chunk, chunk))
     else:
-        chunks = int(training["loss"].get("chunks") or 8)
-        per_chunk = b * -(-s // chunks) * vocab  # torch.chunk: ceil(s / chunks) tokens of each sequence per chunk
+        asked = int(training["loss"].get("chunks") or 8)
+        per_chunk = b * -(-s // asked) * vocab  # torch.chunk: ceil(s / chunks) tokens of each sequence per chunk
+        chunks = -(-s // -(-s // asked))  # (and as many chunks as those fill)
         chunk32 = dtype_bytes(per_chunk, "float32")
         upcast = chunk32 if logits < whole32 else 0  # an fp32 model's .float() copies nothing
         loss = replace(step.loss, forward=(logits, *([upcast] if upcast else [])), backward=(chunk32, chunk32))
+    # the head's input (the final norm's output) stays referenced through the loss where the head keeps no copy of it
+    # (models/held.py; the transformers model's cache is dropped with its output before the chunks' loss runs)
+    unsaved = step.tensors.get(head.input, 0) if head.input is not None and head.input not in head.kept else 0
+    if unsaved:
+        loss = replace(loss, forward=(*loss.forward, unsaved))
+    kept, tensors = list(head.kept), dict(tensors)
+    cast = _weight_cast(model, b, s, bool(head.grads))
+    for _ in range(chunks - 1 if cast else 0):   # every further chunk's own copy of the frozen head's weight
+        tensors[max(tensors) + 1] = cast
+        kept.append(max(tensors))
     flight = head.backward_flight
     if chunks > 1 and head.grads:
         # the output projection's weight gradient summed out of place over the chunks, first at the second chunk's
@@ -107,5 +119,13 @@ def rewrite(step, config, training: dict):
         hidden = step.tensors.get(head.input, 0)
         left = logits if training["loss"]["kind"] == "chunked" else max(logits - 2 * chunk, 0)
         flight = left + hidden + 2 * max(head.grads)
-    rows = step.rows[:-1] + [replace(head, backward_flight=flight)]
+    rows = step.rows[:-1] + [replace(head, backward_flight=flight, kept=kept)]
     return replace(step, rows=rows, loss=loss, tensors=tensors)
+
+
+def _weight_cast(model, micro_batch: int, seq_len: int, head_trains: bool) -> int:
+    """Bytes of the autocast copy of the head's weight each chunk keeps anew (models/held.chunk_weight_casts)."""
+    precision = (getattr(model, "recipe", None) or {}).get("precision", "32-true")
+    sizes = acts.layer_sizes(model.cfg, micro_batch, seq_len)
+    return held.chunk_weight_casts(sizes["V"] * sizes["h"], acts.role_dtypes(precision, model.dtypes),
+                                   precision.endswith("-mixed"), head_trains)
