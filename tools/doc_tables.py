@@ -295,7 +295,7 @@ def model_shapes(kind: str) -> tuple[list[tuple[str, list[int]]], int, int]:
 
 
 class DeepSpeedTable:
-    """Columns: model (P, largest layer) and nodes x GPUs, ZeRO, offload, DeepSpeed GPU bytes, memfit peak bytes,
+    """Columns: model (P, largest layer) and nodes x GPUs, ZeRO, offload, DeepSpeed GPU bytes, memfit's model states,
     difference. "same" repeats the model (and the cluster unless the cell gives one)."""
 
     def runs(self, rows):
@@ -347,7 +347,9 @@ class DeepSpeedTable:
         out = []
         for row, run, entry in zip(rows, runs, entries):
             theirs = self.measure(run) if measure else n(row[3])
-            ours = entry["peak"]["bytes"]
+            # the estimators count model states: ZeRO-2's are the footprint (its peak adds the step's flattened
+            # gradient copy, tests/placement/test_zero12_gradients.py), ZeRO-3's the peak (the gathered module)
+            ours = entry["peak"]["bytes"] if run["zero"] == 3 else entry["footprint"]["total"]
             note = re.search(r" \(.*\)$", row[5])
             diff = "0" if ours == theirs else f"{ours - theirs:+,} B" + (note.group(0) if note else "")
             out.append([*row[:3], commas(theirs), commas(ours), diff])

@@ -1,5 +1,6 @@
-"""DeepSpeed's ZeRO estimators through configs a user writes (issue 19): the per-GPU figure
-`memfit check --format json` prints for a model's parameters under `parallel.zero`, against
+"""DeepSpeed's ZeRO estimators through configs a user writes (issue 19): the per-GPU model states
+`memfit check --format json` prints for a model's parameters under `parallel.zero` (ZeRO-2: the footprint's total,
+its peak adds the step's flattened gradient copy; ZeRO-3: the peak, with the gathered module), against
 deepspeed 0.19.8's own estimate_zero2/3_model_states_mem_needs, to the byte, for stages 2 and 3,
 every offload combination, t5-3b and two more models; written both with the explicit recipe (the
 ZeRO paper's 16-bit weights, fp32 master and gradient partition) and as users write it for
@@ -73,9 +74,12 @@ def _docs_t5_3b():
     return shapes, 2_851_000_000, 32_000_000
 
 
-def memfit_gpu(tmp_path, shapes, recipe: str, stage: int, gpus: int, nodes: int, offload_optimizer: bool, offload_parameters: bool) -> dict:
+def memfit_gpu(tmp_path, shapes, recipe: str, stage: int, gpus: int, nodes: int, offload_optimizer: bool, offload_parameters: bool,
+               training: dict | None = None) -> dict:
     doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "host": {"memory": "100 TiB"}, "optimizer": "adamw"}
     doc.update(json.loads(json.dumps(RECIPES[recipe])))
+    if training:  # a step to walk (without one, the figures are the model states)
+        doc["training"] = {**doc.get("training", {}), **training}
     doc["parameters"] = [{"name": name, "shape": shape} for name, shape in shapes]
     parallel = {"data": gpus * nodes, "zero": stage, "gpus_per_node": gpus}
     offload = {k: "cpu" for k, on in (("optimizer", offload_optimizer), ("parameters", offload_parameters)) if on}
@@ -103,16 +107,19 @@ def test_deepspeed_estimators_through_a_config(kind, recipe, gpus, nodes, tmp_pa
         assert ours == gpu3, ("zero 3", offload_optimizer, offload_parameters, ours, gpu3)  # on 8 ranks nothing is padded
         if not offload_parameters:
             _, gpu2 = stage12.estimate_zero2_model_states_mem_needs(total, gpus, nodes, cpu_offload=offload_optimizer)
-            ours = memfit_gpu(tmp_path, shapes, recipe, 2, gpus, nodes, offload_optimizer, False)["peak"]["bytes"]
+            entry = memfit_gpu(tmp_path, shapes, recipe, 2, gpus, nodes, offload_optimizer, False)
+            ours = entry["footprint"]["total"]
             assert ours == gpu2, ("zero 2", offload_optimizer, ours, gpu2)
+            # the step's flattened copy of the rank's 16-bit gradients (2 B a parameter / N) is a moment, not a state
+            assert entry["peak"]["bytes"] >= ours
 
 
 def test_bf16_mixed_under_zero_is_deepspeeds_16_bit_mode_and_the_explicit_recipe_keeps_its_meaning(tmp_path):
     """The same run written both ways gives the same figures under ZeRO; without ZeRO, bf16-mixed
     keeps Lightning's meaning (an fp32 model under autocast: 16 bytes per parameter with AdamW)."""
     shapes, _, _ = model("gpt2-xl")
-    mixed = memfit_gpu(tmp_path, shapes, "bf16-mixed", 2, 8, 1, False, False)
-    explicit = memfit_gpu(tmp_path, shapes, "explicit", 2, 8, 1, False, False)
+    mixed = memfit_gpu(tmp_path, shapes, "bf16-mixed", 2, 8, 1, False, False, {"micro_batch": 1})
+    explicit = memfit_gpu(tmp_path, shapes, "explicit", 2, 8, 1, False, False, {"micro_batch": 1})
     assert mixed["footprint"] == explicit["footprint"] and mixed["peak"]["bytes"] == explicit["peak"]["bytes"]
     doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "precision": "bf16-mixed", "parameters": [{"name": "w", "shape": [1000, 1000]}]}
     path = tmp_path / "single.yaml"
@@ -140,7 +147,8 @@ def test_the_pages_table_is_deepspeeds_estimate_and_memfits_figure_to_the_byte(t
                                                                  cpu_offload_params=run["parameters"])[1]
         else:
             theirs = stage12.estimate_zero2_model_states_mem_needs(total, gpus, nodes, cpu_offload=run["optimizer"])[1]
-        ours = memfit_gpu(tmp_path, shapes, "explicit", run["zero"], gpus, nodes, run["optimizer"], run["parameters"])["peak"]["bytes"]
+        entry = memfit_gpu(tmp_path, shapes, "explicit", run["zero"], gpus, nodes, run["optimizer"], run["parameters"])
+        ours = entry["peak"]["bytes"] if run["zero"] == 3 else entry["footprint"]["total"]
         assert theirs == int(row[3].replace(",", "")), row
         assert ours == int(row[4].replace(",", "")), row
         assert ours - theirs == (0 if row[5] == "0" else int(row[5].split(" B")[0].replace(",", ""))), row

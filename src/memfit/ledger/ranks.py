@@ -40,11 +40,6 @@ from memfit.models import hf_encdec, hf_sharded
 from memfit.placement import sharding
 
 DECLARED = "declared tensors"
-# whether ZeRO-1/2's step counts the flattened 16-bit copy of the rank's gradients beside its 16-bit and fp32 gradient
-# partitions (stage_1_and_2.py step: `flatten(self.averaged_gradients[i])`, then `.to(fp32)`): measured there, but
-# DeepSpeed's estimate_zero2_model_states_mem_needs leaves it out and docs/parallel.md's table matches that estimator
-# to the byte; off until that table says it (tests/placement/test_zero12_gradients.py: a strict xfail, its numbers)
-FLAT_COPY = False
 
 
 def applies(config) -> bool:
@@ -217,11 +212,10 @@ class _Shares:
         (`free_grad_in_param_list(params_not_in_partition)`), the rank's made the fp32 gradient partition
         (`.to(fp32)`); then the 16-bit ones freed, the optimizer steps beside the fp32 partition (its temporaries, in
         proportion to the state it steps). DeepSpeed flattens the rank's 16-bit gradients into a copy first
-        (`flatten(self.averaged_gradients[i])`), alive beside both at the conversion: not counted (FLAT_COPY; a
-        strict xfail in tests/placement/test_zero12_gradients.py with its numbers)."""
+        (`flatten(self.averaged_gradients[i])`), alive beside both at the conversion (measured:
+        tests/placement/test_zero12_gradients.py; DeepSpeed's estimator, which counts model states, leaves it out)."""
         other = self.gradients - self.growing - self.partition - self.step_only
-        copy = self.flat if FLAT_COPY else 0
-        converting = (other + self.flat + self.step_only, copy) if self.step_only else (other + self.flat, copy)
+        converting = (other + self.flat + self.step_only, self.flat) if self.step_only else (other + self.flat, self.flat)
         stepping = (other + (self.step_only or self.flat), _share(transient, self.state, self.all_state))
         return max(converting, stepping, key=sum)
 
