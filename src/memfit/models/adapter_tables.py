@@ -1,5 +1,6 @@
 """What peft and bitsandbytes do to each model family, as data: the name tables recipe/lora.py and
-recipe/quant.py read (the only place outside models/families/ that names a model type for them).
+recipe/quant.py read (the only place outside models/families/ that names a model type for them); and which
+family a torchtune model is, with the modules its LoRA adapts there (read/native/torchtune.py).
 A data module: it imports nothing, so every stage may read it (tests/project/test_arch.py BOTTOM)."""
 
 from __future__ import annotations
@@ -78,3 +79,16 @@ REFUSED_MODELS = {
 # a masked LM's output layer where its family names it apart from BERT's `cls.predictions.decoder` (peft's all-linear
 # leaves the output layer alone): RobertaForMaskedLM's lm_head.decoder
 MLM_OUTPUT_LAYER = {"roberta": "lm_head.decoder"}
+
+
+# torchtune's component builders (torchtune/models/<name>/_component_builders.py) -> the transformers family
+# (model_type) memfit derives the model as
+TORCHTUNE_FAMILIES = {"llama2": "llama", "llama3": "llama", "llama3_1": "llama", "llama3_2": "llama", "mistral": "mistral",
+                      "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma", "gemma2": "gemma2", "phi3": "phi3"}
+
+# Families whose transformers modules fuse projections torchtune's model keeps apart, each with its own lora_a
+# (torchtune/models/phi3/_component_builders.py: q_proj, k_proj, v_proj; w1, w3): torchtune's attention module
+# names -> the fused module memfit's LoRA targets, and the MLP's modules apply_lora_to_mlp adapts.
+FUSED_PROJECTIONS: dict[str, dict] = {
+    "phi3": {"attention": {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj"}, "mlp": ("gate_up_proj", "down_proj")},
+}
