@@ -174,13 +174,19 @@ class Reader:
 
 def model_value(cfg: dict, key: str):
     """A general key of a model's config.json (hidden_size, max_position_embeddings), under the name its family's
-    config class stores it when that is another (GPT-2's n_embd, n_positions: the class's attribute_map); None when
-    the config has neither."""
+    config class stores it when that is another (GPT-2's n_embd, n_positions: the class's attribute_map). A config
+    whose family gives the key no name of its own (or that no family describes) may still carry it under a name
+    another family gives it (T5's config.json keeps n_positions): the first of those it has. None when it has none."""
     if key in cfg:
         return cfg[key]
     model_type = cfg.get("model_type")
-    names = ATTRIBUTE_MAPS.get(model_type, {}) if isinstance(model_type, str) else {}
-    return cfg.get(names[key]) if key in names else None
+    own = ATTRIBUTE_MAPS.get(model_type, {}) if isinstance(model_type, str) else {}
+    if key in own:
+        return cfg.get(own[key])
+    for names in ATTRIBUTE_MAPS.values():
+        if key in names and names[key] in cfg:
+            return cfg[names[key]]
+    return None
 
 
 def _name(prefix: tuple, key) -> str:
