@@ -88,7 +88,15 @@ TORCHTUNE_FAMILIES = {"llama2": "llama", "llama3": "llama", "llama3_1": "llama",
 
 # Families whose transformers modules fuse projections torchtune's model keeps apart, each with its own lora_a
 # (torchtune/models/phi3/_component_builders.py: q_proj, k_proj, v_proj; w1, w3): torchtune's attention module
-# names -> the fused module memfit's LoRA targets, and the MLP's modules apply_lora_to_mlp adapts.
+# names -> the fused module memfit's LoRA targets, the MLP's modules apply_lora_to_mlp adapts, and the warning
+# the reader gives (the adapters counted on the fused modules have fewer elements than torchtune builds).
 FUSED_PROJECTIONS: dict[str, dict] = {
-    "phi3": {"attention": {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj"}, "mlp": ("gate_up_proj", "down_proj")},
+    "phi3": {
+        "attention": {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj"},
+        "mlp": ("gate_up_proj", "down_proj"),
+        "note": "phi3 (Phi-3, Phi-4): torchtune adapts q, k and v (and gate, up) separately, each with its own lora_a; "
+                "memfit's Phi-3 has the fused qkv_proj (and gate_up_proj), so the adapters are counted on them, one lora_a "
+                "each: fewer adapter elements than torchtune builds (lora_phi4_14b, q, v, output and MLP at rank 8: "
+                "27,852,800 against 30,720,000)",
+    },
 }

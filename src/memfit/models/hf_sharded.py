@@ -2,8 +2,8 @@
 
 models.hf_activations lists what autograd keeps per layer as symbolic rows; here each row is
 evaluated with one rank's share of its dims, as Megatron-LM splits them (placement/sharding.py has the
-layout and the parameter side; models/layout.py the arithmetic both use). Checked against Korthikanti et al. 2022, Table 2, in
-tests/placement/test_sharding.py.
+layout and the parameter side; models/layout.py the arithmetic both use). Checked against Korthikanti
+et al. 2022, Table 2, in tests/placement/test_sharding.py.
 """
 
 from __future__ import annotations

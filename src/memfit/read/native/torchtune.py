@@ -309,7 +309,7 @@ def read(r: Reader, ctx) -> dict:
         targets = [LORA_ATTN.get(m, m) for m in (r.get("lora_attn_modules", (list,), [], data=model, prefix=("model",)) or [])]
         fused = FUSED_PROJECTIONS.get(family)
         if fused is not None and targets:
-            r.warn(r.at("model", "lora_attn_modules"), "phi3 (Phi-3, Phi-4): torchtune adapts q, k and v (and gate, up) separately, each with its own lora_a; memfit's Phi-3 has the fused qkv_proj (and gate_up_proj), so the adapters are counted on them, one lora_a each: fewer adapter elements than torchtune builds (lora_phi4_14b, q, v, output and MLP at rank 8: 27,852,800 against 30,720,000)")
+            r.warn(r.at("model", "lora_attn_modules"), fused["note"])
             targets = [fused["attention"].get(t, t) for t in targets]
             targets = list(dict.fromkeys(targets))
         if r.get("apply_lora_to_mlp", (bool,), False, data=model, prefix=("model",)):
