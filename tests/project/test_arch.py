@@ -511,14 +511,10 @@ BOTTOM = ("memfit.diagnostics", "memfit.recipe.dtypes", "memfit.recipe.optim", "
 # scans it is handed, never a model's internals or the pipeline.
 FORBIDDEN = {"report": {"models", "check"}}
 
-# Imports against the order that stay until the files that make them are split (models/hf.py and
-# models/hf_sharded.py are being edited by other helpers this session: nobody moves code in them
-# now). Each entry is (importer, imported): remove it with the move it names; this list only shrinks.
-STAGE_EXCEPTIONS = {
-    # a rank's share of the activations asks placement for the layout's arithmetic (Parallel,
-    # in_flight, padded_vocab, stage_layers): hf_sharded is helper P's file this session
-    ("memfit.models.hf_sharded", "memfit.placement.sharding"),
-}
+# Imports against the order that stay until the files that make them are split. Each entry is
+# (importer, imported): remove it with the move it names; this list only shrinks. (The layout's
+# arithmetic a rank's share of the activations needs lives in models/layout.py, which placement reuses.)
+STAGE_EXCEPTIONS: set = set()
 
 
 def stage_of(module: str) -> str | None:
@@ -689,11 +685,7 @@ def test_no_private_name_crosses_a_stage():
 MODULE_LINES, FUNCTION_LINES = 1200, 120
 # hf_activations.py and hf.py are split by family and job (models/hf_act_*.py, models/hf_*.py)
 LONG_MODULES: set = set()
-LONG_FUNCTIONS = {
-    ("models/hf_config.py", "validate"),  # issue 34's helpers are adding to it
-    ("models/traced.py", "_measure_now"),  # likewise
-    ("cli/schemagen.py", "generate"),  # helper G's (issue 33) this session
-}
+LONG_FUNCTIONS: set = set()
 
 
 def test_no_module_or_function_is_too_long():
@@ -740,10 +732,8 @@ def _model_types() -> set:
 
 
 # Branches on a model type outside models/ that wait for their file's split; the list only shrinks.
-MODEL_TYPE_EXCEPTIONS = {
-    # helper G's reader (issue 33): torchtune's Phi-3 adapts q, k and v where transformers' Phi-3 has qkv_proj
-    "read/native/torchtune.py",
-}
+# (torchtune's builders and Phi-3's fused projections are data in models/adapter_tables.py.)
+MODEL_TYPE_EXCEPTIONS: set = set()
 
 
 def _model_type_uses(tree, types: set):
@@ -833,19 +823,16 @@ def test_one_registry_of_reporters():
 
 # GPT-2's own names for the general keys (GPT2Config.attribute_map: n_layer for num_hidden_layers, ...) are the
 # family's: code reads the general key through the family's attribute_map (models/dispatch.layout_dims), not
-# `cfg["n_layer"] if gpt2 else cfg["num_hidden_layers"]` again. Where they are still named, by file and count;
-# this list only shrinks (the models/ files are split at the merge; the readers are helper G's this session).
+# `cfg["n_layer"] if gpt2 else cfg["num_hidden_layers"]` again (a reader, below models/, through
+# read/native/base.model_value and the generated models/family_keys.ATTRIBUTE_MAPS). Where they are still named,
+# by file and count; this list only shrinks.
 FAMILY_NAME_USES = {
     "models/hf_layers.py": 3,  # head_dim and num_layers: the rule itself (hf.py before its split)
     "models/hf_params.py": 1,  # and again, in the summary line
     "models/hf_act_eval.py": 4,  # hf_activations' sizes (hf_activations.py before its split)
     "models/hf_act_layers.py": 1,  # and its layer count
-    "models/hf_sharded.py": 1,  # a stage's layer count
     "models/hf_config.py": 6,  # config.json's key table and bounds: every name a config.json may carry
     "models/traced.py": 3,  # an unknown model's attributes: every name a config class may use
-    "read/native/deepspeed.py": 1,  # the reader peeks at config.json's positions
-    "read/native/hftrainer.py": 1,  # likewise
-    "read/native/run.py": 1,  # and its hidden size
 }
 
 
@@ -868,9 +855,7 @@ def test_gpt2s_own_key_names_stay_in_its_family():
 
 
 # Per-element widths multiplied outside recipe/ wait for their file's split; the list only shrinks.
-WIDTH_PRODUCT_EXCEPTIONS = {
-    "models/traced.py",  # a traced storage's bytes from its dtype's width (issue 34's helpers edit it this session)
-}
+WIDTH_PRODUCT_EXCEPTIONS: set = set()
 
 
 def _width_products(tree):

@@ -422,6 +422,115 @@ def _tensor_def(kind: str, optional: str, dtype_text: str, trainable: bool = Fal
     }
 
 
+def _device() -> dict:
+    """The device whose memory is the budget."""
+    return {
+        "title": "Device",
+        "description": "The device whose memory is the budget.",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "name": {"title": "Device name", "description": "A label, e.g. 'RTX 4090' or 'A100 80GB'.", "type": "string"},
+            "memory": {
+                "$ref": "#/$defs/bytes",
+                "title": "Memory",
+                "description": "Device memory: an integer byte count or '<number> <unit>' such as '24 GiB' or '80GB'. The budget is memory minus reserve.",
+            },
+            "reserve": {
+                "title": "Reserve",
+                "description": "Headroom kept free (CUDA context, allocator, fragmentation): bytes, a unit string, or a percentage of memory such as '10%'.",
+                "anyOf": [{"$ref": "#/$defs/bytes"}, {"$ref": "#/$defs/percent"}],
+                "examples": ["1 GiB", "10%"],
+            },
+            "warn_at": {
+                "$ref": "#/$defs/percent",
+                "title": "Warn at",
+                "description": "Warn when the total is above this share of the budget (default 90%).",
+            },
+            **_device_peak(),
+            "type": {
+                "title": "Device type",
+                "description": "The torch device the step runs on, whose autocast decides what *-mixed keeps for backward: cuda (the default: every preset is a CUDA or ROCm card) runs softmax without a stated dtype, pow and layer_norm in float32; cpu keeps them in the low dtype (docs/recipes.md, 'Which autocast').",
+                "enum": ["cuda", "cpu"],
+                "default": "cuda",
+            },
+        },
+        "examples": [{"name": "RTX 4090", "memory": "24 GiB", "reserve": "1 GiB"}, {"preset": "A100-80GB", "overhead": "auto"}],
+    }
+
+
+def _dtypes() -> dict:
+    """Each category's storage dtype."""
+    return {
+        "title": "dtypes",
+        "description": "Storage dtype per category: a dtype name or a positive byte width (a multiple of 1/8). Each defaults to float32.",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "parameters": {"$ref": "#/$defs/dtype", "description": "Storage of the weights (default float32).", "title": "dtype"},
+            "gradients": {"$ref": "#/$defs/dtype", "description": "Storage of the gradients (default float32).", "title": "dtype"},
+            "activations": {
+                "$ref": "#/$defs/dtype",
+                "description": "Storage of the activations saved for backward (default float32).",
+                "title": "dtype",
+            },
+            "optimizer_state": {"$ref": "#/$defs/dtype", "description": "Storage of each optimizer state tensor (default float32).", "title": "dtype"},
+        },
+        "examples": [{"parameters": "bfloat16", "gradients": "float32", "activations": "bfloat16", "optimizer_state": "float32"}],
+    }
+
+
+def _model() -> dict:
+    """The model section: a transformer's config.json or a Keras-style layer graph."""
+    return {
+        "title": "Model",
+        "description": "The model memfit derives tensors from, added to any explicit parameters/activations: a transformer from a Hugging Face config.json (hf_config, or its keys inline as transformer), or a Keras-style layer graph (input_shape, layers: each layer takes the previous one's output or the layers its `inputs` name, so residual and multi-branch networks are written as Keras's functional API writes them). One form, not both.",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            **_transformer_properties(),
+            "input_shape": {
+                "title": "Input shape",
+                "description": "One sample's shape, no batch axis, channels last (Keras convention); integer ids' shape when the first layer is an Embedding.",
+                "type": "array",
+                "minItems": 1,
+                "items": {"type": "integer", "minimum": 1, "description": "A dimension's size: a positive integer."},
+                "examples": [[80, 80, 4], [128]],
+            },
+            "batch_size": {
+                "title": "Batch size",
+                "description": "Samples per training step: the batch axis of every activation (the Keras form; training.micro_batch says the same, and the two must agree).",
+                "type": "integer",
+                "minimum": 1,
+            },
+            "input_name": {
+                "title": "Input name",
+                "description": "The name `inputs` use for the model's input tensor (default 'input_layer', Keras's name for keras.Input).",
+                "type": "string",
+                "default": "input_layer",
+            },
+            "layers": {
+                "title": "Layers",
+                "description": "The layers in order, each applied to the previous one's output, or to the outputs its `inputs` name (earlier layers only).",
+                "type": "array",
+                "items": {"$ref": "#/$defs/layer"},
+            },
+        },
+        "examples": [
+            {
+                "input_shape": [80, 80, 4],
+                "batch_size": 32,
+                "layers": [
+                    {"type": "Conv2D", "filters": 32, "kernel_size": 8, "strides": 4, "padding": "same"},
+                    {"type": "ReLU"},
+                    {"type": "Flatten"},
+                    {"type": "Dense", "units": 2},
+                ],
+            },
+        ],
+    }
+
+
 def generate() -> dict:
     """The schema as data (key order is the file's)."""
     return {
@@ -439,56 +548,8 @@ def generate() -> dict:
                 "const": 1,
             },
             "name": {"title": "Name", "description": "A name for this config, shown in reports.", "type": "string"},
-            "device": {
-                "title": "Device",
-                "description": "The device whose memory is the budget.",
-                "type": "object",
-                "additionalProperties": False,
-                "properties": {
-                    "name": {"title": "Device name", "description": "A label, e.g. 'RTX 4090' or 'A100 80GB'.", "type": "string"},
-                    "memory": {
-                        "$ref": "#/$defs/bytes",
-                        "title": "Memory",
-                        "description": "Device memory: an integer byte count or '<number> <unit>' such as '24 GiB' or '80GB'. The budget is memory minus reserve.",
-                    },
-                    "reserve": {
-                        "title": "Reserve",
-                        "description": "Headroom kept free (CUDA context, allocator, fragmentation): bytes, a unit string, or a percentage of memory such as '10%'.",
-                        "anyOf": [{"$ref": "#/$defs/bytes"}, {"$ref": "#/$defs/percent"}],
-                        "examples": ["1 GiB", "10%"],
-                    },
-                    "warn_at": {
-                        "$ref": "#/$defs/percent",
-                        "title": "Warn at",
-                        "description": "Warn when the total is above this share of the budget (default 90%).",
-                    },
-                    **_device_peak(),
-                    "type": {
-                        "title": "Device type",
-                        "description": "The torch device the step runs on, whose autocast decides what *-mixed keeps for backward: cuda (the default: every preset is a CUDA or ROCm card) runs softmax without a stated dtype, pow and layer_norm in float32; cpu keeps them in the low dtype (docs/recipes.md, 'Which autocast').",
-                        "enum": ["cuda", "cpu"],
-                        "default": "cuda",
-                    },
-                },
-                "examples": [{"name": "RTX 4090", "memory": "24 GiB", "reserve": "1 GiB"}, {"preset": "A100-80GB", "overhead": "auto"}],
-            },
-            "dtypes": {
-                "title": "dtypes",
-                "description": "Storage dtype per category: a dtype name or a positive byte width (a multiple of 1/8). Each defaults to float32.",
-                "type": "object",
-                "additionalProperties": False,
-                "properties": {
-                    "parameters": {"$ref": "#/$defs/dtype", "description": "Storage of the weights (default float32).", "title": "dtype"},
-                    "gradients": {"$ref": "#/$defs/dtype", "description": "Storage of the gradients (default float32).", "title": "dtype"},
-                    "activations": {
-                        "$ref": "#/$defs/dtype",
-                        "description": "Storage of the activations saved for backward (default float32).",
-                        "title": "dtype",
-                    },
-                    "optimizer_state": {"$ref": "#/$defs/dtype", "description": "Storage of each optimizer state tensor (default float32).", "title": "dtype"},
-                },
-                "examples": [{"parameters": "bfloat16", "gradients": "float32", "activations": "bfloat16", "optimizer_state": "float32"}],
-            },
+            "device": _device(),
+            "dtypes": _dtypes(),
             "optimizer": _optimizer(),
             "parameters": {
                 "title": "Parameters",
@@ -503,53 +564,7 @@ def generate() -> dict:
                 "items": {"$ref": "#/$defs/activation"},
             },
             "training": _training(),
-            "model": {
-                "title": "Model",
-                "description": "The model memfit derives tensors from, added to any explicit parameters/activations: a transformer from a Hugging Face config.json (hf_config, or its keys inline as transformer), or a Keras-style layer graph (input_shape, layers: each layer takes the previous one's output or the layers its `inputs` name, so residual and multi-branch networks are written as Keras's functional API writes them). One form, not both.",
-                "type": "object",
-                "additionalProperties": False,
-                "properties": {
-                    **_transformer_properties(),
-                    "input_shape": {
-                        "title": "Input shape",
-                        "description": "One sample's shape, no batch axis, channels last (Keras convention); integer ids' shape when the first layer is an Embedding.",
-                        "type": "array",
-                        "minItems": 1,
-                        "items": {"type": "integer", "minimum": 1, "description": "A dimension's size: a positive integer."},
-                        "examples": [[80, 80, 4], [128]],
-                    },
-                    "batch_size": {
-                        "title": "Batch size",
-                        "description": "Samples per training step: the batch axis of every activation (the Keras form; training.micro_batch says the same, and the two must agree).",
-                        "type": "integer",
-                        "minimum": 1,
-                    },
-                    "input_name": {
-                        "title": "Input name",
-                        "description": "The name `inputs` use for the model's input tensor (default 'input_layer', Keras's name for keras.Input).",
-                        "type": "string",
-                        "default": "input_layer",
-                    },
-                    "layers": {
-                        "title": "Layers",
-                        "description": "The layers in order, each applied to the previous one's output, or to the outputs its `inputs` name (earlier layers only).",
-                        "type": "array",
-                        "items": {"$ref": "#/$defs/layer"},
-                    },
-                },
-                "examples": [
-                    {
-                        "input_shape": [80, 80, 4],
-                        "batch_size": 32,
-                        "layers": [
-                            {"type": "Conv2D", "filters": 32, "kernel_size": 8, "strides": 4, "padding": "same"},
-                            {"type": "ReLU"},
-                            {"type": "Flatten"},
-                            {"type": "Dense", "units": 2},
-                        ],
-                    },
-                ],
-            },
+            "model": _model(),
             **_parallel_sections(),
             **_recipes(),
         },

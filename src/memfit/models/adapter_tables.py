@@ -1,5 +1,6 @@
 """What peft and bitsandbytes do to each model family, as data: the name tables recipe/lora.py and
-recipe/quant.py read (the only place outside models/families/ that names a model type for them).
+recipe/quant.py read (the only place outside models/families/ that names a model type for them); and which
+family a torchtune model is, with the modules its LoRA adapts there (read/native/torchtune.py).
 A data module: it imports nothing, so every stage may read it (tests/project/test_arch.py BOTTOM)."""
 
 from __future__ import annotations
@@ -86,3 +87,24 @@ KEEP_IN_FP32 = {"t5": ("wo",), "mt5": ("wo",), "umt5": ("wo",)}
 # a masked LM's output layer where its family names it apart from BERT's `cls.predictions.decoder` (peft's all-linear
 # leaves the output layer alone): RobertaForMaskedLM's lm_head.decoder
 MLM_OUTPUT_LAYER = {"roberta": "lm_head.decoder"}
+
+
+# torchtune's component builders (torchtune/models/<name>/_component_builders.py) -> the transformers family
+# (model_type) memfit derives the model as
+TORCHTUNE_FAMILIES = {"llama2": "llama", "llama3": "llama", "llama3_1": "llama", "llama3_2": "llama", "mistral": "mistral",
+                      "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma", "gemma2": "gemma2", "phi3": "phi3"}
+
+# Families whose transformers modules fuse projections torchtune's model keeps apart, each with its own lora_a
+# (torchtune/models/phi3/_component_builders.py: q_proj, k_proj, v_proj; w1, w3): torchtune's attention module
+# names -> the fused module memfit's LoRA targets, the MLP's modules apply_lora_to_mlp adapts, and the warning
+# the reader gives (the adapters counted on the fused modules have fewer elements than torchtune builds).
+FUSED_PROJECTIONS: dict[str, dict] = {
+    "phi3": {
+        "attention": {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj"},
+        "mlp": ("gate_up_proj", "down_proj"),
+        "note": "phi3 (Phi-3, Phi-4): torchtune adapts q, k and v (and gate, up) separately, each with its own lora_a; "
+                "memfit's Phi-3 has the fused qkv_proj (and gate_up_proj), so the adapters are counted on them, one lora_a "
+                "each: fewer adapter elements than torchtune builds (lora_phi4_14b, q, v, output and MLP at rank 8: "
+                "27,852,800 against 30,720,000)",
+    },
+}

@@ -148,15 +148,10 @@ def layout_dims(cfg: dict | None) -> dict:
     """Heads, KV heads, layers and routed experts, for the layout checks."""
     if cfg is None:
         return {}
-    from memfit.models.families import EXPERTS_KEY, FAMILIES, STACKED
+    from memfit.models.families import EXPERTS_KEY, own_name
 
-    # the family's own names for the keys (GPT-2's n_head, n_layer); an encoder-decoder's layers and heads are
-    # its stacks' (hf_encdec), which have no one count for the layout check
-    family = FAMILIES.get(cfg.get("model_type")) if cfg.get("model_type") not in STACKED else None
-    names = family.attribute_map if family is not None else {}
-
-    def value(key: str):
-        return cfg.get(names.get(key, key))
+    def value(key: str):   # under the family's own name (GPT-2's n_head, n_layer)
+        return cfg.get(own_name(cfg.get("model_type"), key))
 
     heads = value("num_attention_heads")
     out = {"heads": heads, "kv_heads": value("num_key_value_heads") or heads, "layers": value("num_hidden_layers")}

@@ -363,6 +363,19 @@ def validate(raw) -> list[HFProblem]:
 
         return [HFProblem(("model_type",), UNSUPPORTED_MODEL, unknown_message(raw, excerpt(model_type)))]
 
+    problems = _field_problems(raw, family)
+    if problems:
+        return problems
+    if family.block == "llava":
+        return _llava_problems(raw)
+    if family.block in QWEN_VL_BLOCKS:   # Qwen2-VL, Qwen2.5-VL (issue 34): models/qwen_vl.py
+        return _qwen_vl_problems(raw)
+    problems = _architecture_problems(raw, family)
+    return problems + _shape_problems(raw, family, normalize(raw))
+
+
+def _field_problems(raw: dict, family: Family) -> list[HFProblem]:
+    """Each key's type and range, where config.json spells it, and the activation's name."""
     problems: list[HFProblem] = []
     kinds = read_fields(family)
     for given, value in raw.items():
@@ -409,13 +422,12 @@ def validate(raw) -> list[HFProblem]:
                     "give one of these names (transformers' ACT2FN spelling) if the model uses one of them",
                 )
             )
-    if problems:
-        return problems
-    if family.block == "llava":
-        return _llava_problems(raw)
-    if family.block in QWEN_VL_BLOCKS:   # Qwen2-VL, Qwen2.5-VL (issue 34): models/qwen_vl.py
-        return _qwen_vl_problems(raw)
+    return problems
 
+
+def _architecture_problems(raw: dict, family: Family) -> list[HFProblem]:
+    """An architecture the family does not build, and a setup (cross-attention) memfit does not model."""
+    problems: list[HFProblem] = []
     architectures = raw.get("architectures")
     if architectures:
         name = architectures[0]
@@ -432,8 +444,13 @@ def validate(raw) -> list[HFProblem]:
         if raw.get(key) is True:
             problems.append(HFProblem((key,), UNSUPPORTED_MODEL, "cross-attention (an encoder-decoder setup) is not modeled: set "
                                       f"{key} to false to check the model without it (an encoder-decoder family, t5, models its own)"))
+    return problems
 
-    cfg = normalize(raw)
+
+def _shape_problems(raw: dict, family: Family, cfg: dict) -> list[HFProblem]:
+    """Sizes that do not fit together (heads, key/value groups, the padding row, experts), read from the
+    normalized config `cfg` and placed where `raw` spells them."""
+    problems: list[HFProblem] = []
     hidden, heads = cfg[family.hidden_key], cfg[family.heads_key]
     heads_key = family.heads_key
     # T5's d_kv (its head_dim) is always explicit: its heads need not divide d_model

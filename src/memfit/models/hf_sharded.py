@@ -1,15 +1,16 @@
 """A transformer's saved activations on one rank under tensor, sequence and pipeline parallelism.
 
 models.hf_activations lists what autograd keeps per layer as symbolic rows; here each row is
-evaluated with one rank's share of its dims, as Megatron-LM splits them (sharding.py has the
-layout and the parameter side). Checked against Korthikanti et al. 2022, Table 2, in
-tests/placement/test_sharding.py.
+evaluated with one rank's share of its dims, as Megatron-LM splits them (placement/sharding.py has the
+layout and the parameter side; models/layout.py the arithmetic both use). Checked against Korthikanti
+et al. 2022, Table 2, in tests/placement/test_sharding.py.
 """
 
 from __future__ import annotations
 
-from memfit.placement.sharding import Parallel, in_flight, padded_vocab, stage_layers
 from memfit.models import hf_activations as A
+from memfit.models.families import own_name
+from memfit.models.layout import in_flight, padded_vocab, stage_layers
 
 # Symbolic dims (models.hf_activations) a tensor-parallel rank holds 1/t of: heads and the
 # intermediate width live between a column- and a row-parallel linear. Sequence parallelism splits
@@ -101,10 +102,11 @@ def layer_saved_per_rank(cfg: dict, *, micro_batch: int, seq_len: int, tensor: i
     return _resolve_per_rank(A.layer_rows(cfg["model_type"], A._act(cfg), A._parallel(cfg)), cond, roles, split, seq)
 
 
-def activations_per_stage(cfg: dict, layout: Parallel, *, micro_batch: int, seq_len: int, attention: str = "sdpa",
+def activations_per_stage(cfg: dict, layout, *, micro_batch: int, seq_len: int, attention: str = "sdpa",
                           checkpointing: str = "none", precision: str = "32-true", dtypes: dict | None = None,
                           moe: dict | None = None) -> list:
-    """Saved-activation bytes on the most-loaded rank of every pipeline stage: the stage's layers
+    """Saved-activation bytes on the most-loaded rank of every pipeline stage (`layout`: placement.sharding.Parallel,
+    its tensor, sequence_parallel, pipeline, gradient_accumulation and schedule): the stage's layers
     (and the embeddings on the first stage, the head and loss on the last), per tensor-parallel
     rank, times the micro-batches 1F1B keeps in flight there; under full checkpointing plus what one
     layer's recomputation keeps beyond them."""
@@ -128,7 +130,7 @@ def activations_per_stage(cfg: dict, layout: Parallel, *, micro_batch: int, seq_
                   dtypes=dtypes, moe=moe)
     layer = A.nbytes(layer_saved_per_rank(cfg, checkpointing=checkpointing, **common))
     recompute = A.nbytes(layer_saved_per_rank(cfg, checkpointing="none" if checkpointing == "full" else checkpointing, **common)) if checkpointing == "full" else 0
-    layers = cfg["n_layer"] if cfg["model_type"] == "gpt2" else cfg["num_hidden_layers"]
+    layers = cfg[own_name(cfg["model_type"], "num_hidden_layers")]
     out = []
     for s, (a, b) in enumerate(stage_layers(layers, layout.pipeline)):
         last = s == layout.pipeline - 1

@@ -26,9 +26,12 @@ family describes (tests/models/test_traced_cli.py checks that a known family's c
 from __future__ import annotations
 
 import re
+import weakref
 from typing import NamedTuple
 
 from memfit.models.unknown import available
+from memfit.recipe.costs import dtype_bytes, dtype_elements
+from memfit.recipe.dtypes import DTYPES
 
 # The generic rule's measured ratio to autograd's saved bytes (rule / measured, lowest and highest): eager and
 # sdpa, with and without full checkpointing, fp32, batch 2 x 32 tokens, tiny configs; the ten families (treated
@@ -507,7 +510,6 @@ def _tensors(traced: Traced, out, where, file, training: dict, data: dict, raw: 
         cfg.update(traced_measured=measured, num_hidden_layers=measured.layers)
     if adapted:
         from memfit.recipe import adapters
-        from memfit.recipe.dtypes import DTYPES
 
         if adapters.problems(data):
             return [], None, why
@@ -785,12 +787,158 @@ def measure(raw: dict, **settings) -> Measured:
     return value
 
 
+class _Holder:
+    """What a saved-tensor hook hands autograd: the tensor, and a weak reference's target for its release."""
+
+    __slots__ = ("__weakref__", "t")
+
+    def __init__(self, t):
+        self.t = t
+
+
+class _Recorder:
+    """Every storage autograd saves in one step: its bytes, shape and dtype, the block that first saved it, what the
+    backward saves again while it recomputes a block, and the peak of the saved bytes alive at once (a storage is
+    alive while a holder autograd keeps refers to it)."""
+
+    def __init__(self, torch):
+        self.torch = torch
+        self.state = {"block": "embeddings", "seen_layer": False}
+        self.first: dict = {}  # storage -> block that first saved it
+        self.sizes: dict = {}
+        self.shapes: dict = {}
+        self.refs: dict = {}
+        self.live = [0, 0]  # live, peak
+        self.keep: list = []  # every storage packed, alive to the end (ids are never reused)
+        self.excluded: set = set()
+        # the last stack's layers, cut ones included, held to the end: their parameters' storages are in `excluded`,
+        # and a freed one's id can come back as a storage the step saves. (An earlier stack's cut layers are freed
+        # when the next stack is cut: on an encoder-decoder past layers_cap a saved tensor can then be missed; kept
+        # as it was measured for the band, tests/models/test_traced_band.py, until that is measured again.)
+        self.last_stack: list = []
+        self.recomputing: dict = {}  # block -> storages saved while the backward recomputes it
+        self.forward_order: list = []   # the layers as the forward ran them; the backward recomputes them in reverse
+        self.frames: dict = {}
+
+    def note(self, t, owner=None, recomputed=False):
+        if not isinstance(t, self.torch.Tensor):
+            return
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if key in self.excluded or storage.nbytes() == 0:
+            return
+        self.keep.append(storage)
+        if key not in self.sizes:
+            self.sizes[key] = storage.nbytes()
+            self.shapes[key] = (tuple(int(d) for d in t.shape), str(t.dtype).replace("torch.", ""))
+            if not recomputed:
+                self.first[key] = self.state["block"]
+        if recomputed:
+            self.recomputing.setdefault(self.state["block"], {})[key] = storage.nbytes()
+        if owner is not None:
+            count = self.refs.get(key, 0)
+            self.refs[key] = count + 1
+            if count == 0:
+                self.live[0] += self.sizes[key]
+                self.live[1] = max(self.live[1], self.live[0])
+            weakref.finalize(owner, self.drop, key)
+
+    def drop(self, key):
+        self.refs[key] -= 1
+        if self.refs[key] == 0:
+            self.live[0] -= self.sizes[key]
+
+    def pack(self, t):
+        holder = _Holder(t)
+        self.note(t, holder)
+        return holder
+
+    @staticmethod
+    def unpack(holder):
+        return holder.t
+
+    def counting(self, original_hook):
+        """torch.utils.checkpoint's recomputation hook, noting what the backward saves while it recomputes a layer."""
+        recorder = self
+
+        class Counting(original_hook):
+            def __init__(self, target_frame_ref, gid):
+                super().__init__(target_frame_ref, gid)
+                inner = self.pack_hook
+                frame = target_frame_ref()
+                frames, forward_order = recorder.frames, recorder.forward_order
+                if id(frame) not in frames:
+                    index = len(frames) + 1
+                    frames[id(frame)] = forward_order[-index] if index <= len(forward_order) else "backward"
+                name = frames[id(frame)]
+
+                def pack_hook(x):
+                    frame = target_frame_ref()
+                    index = frame.recomp_counter[gid]
+                    try:
+                        return inner(x)
+                    finally:
+                        holder = frame.weak_holders[index]() if index < len(frame.weak_holders) else None
+                        handle = holder.handles.get(gid) if holder is not None else None
+                        recorder.state["block"], was = name, recorder.state["block"]
+                        recorder.note(x, handle, recomputed=True)
+                        recorder.state["block"] = was
+
+                self.pack_hook = pack_hook
+
+        return Counting
+
+
+def _step_model(cls, config, *, attention: str, low, lora: dict | None, layers_cap: int, checkpointing: str, torch,
+                recorder: _Recorder, check_time, no_init_weights):
+    """The model built on fake tensors for one training step, its layer lists cut to `layers_cap` and hooked so the
+    recorder knows which block runs; with the stacks as (path, layers, layers run)."""
+    state = recorder.state
+    stacks_info = []
+    concrete = cls._model_mapping[type(config)] if cls.__name__.startswith("Auto") else cls
+    impl = attention
+    if attention == "sdpa" and not getattr(concrete, "_supports_sdpa", False):
+        impl = None   # transformers refuses sdpa for it (state-space models...): its default, what runs
+    with no_init_weights():   # (a fake parameter refuses .to(): a 16-bit model is built in its dtype)
+        model = _build(cls, config, attn_implementation=impl, **({"dtype": low} if low is not None else {}))
+    if lora:
+        model = _with_lora(model, lora)
+    recorder.excluded |= {p.untyped_storage()._cdata for p in model.parameters()}
+    recorder.excluded |= {b.untyped_storage()._cdata for b in model.buffers()}
+    for parent, attr, path in _stacks(model, torch):
+        items = list(getattr(parent, attr))
+        total = len(items)
+        if total > layers_cap:
+            setattr(parent, attr, torch.nn.ModuleList(items[:layers_cap]))
+        recorder.last_stack = items
+        ran = min(total, layers_cap)
+        stacks_info.append((path, total, ran))
+        for i, layer in enumerate(items[:ran]):
+            def pre(module, args, kwargs=None, _name=f"{path}.{i}"):
+                check_time()
+                if state["block"] != "backward":
+                    recorder.forward_order.append(_name)
+                state["block"] = _name
+            def post(module, args, output, _next=f"{path}.{i + 1}" if i + 1 < ran else "head"):
+                state["block"] = _next   # (the next layer's checkpoint keeps its input before its hooks run)
+            layer.register_forward_pre_hook(pre)
+            layer.register_forward_hook(post)
+    if not stacks_info:
+        raise MeasureError(f"{type(model).__name__} has no repeated layer list to measure")
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if isinstance(output, torch.nn.Module):
+        output.register_forward_hook(lambda *a: state.update(block="loss"))
+    model.train()
+    if checkpointing == "full":
+        model.activation_checkpointing_enable()
+    return model, stacks_info
+
+
 def _measure_now(raw: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
                  precision: str = "32-true", target_len: int | None = None, layers_cap: int = MEASURED_LAYERS,
                  time_limit: float = TIME_LIMIT_S, lora: dict | None = None, _no_cache: bool = False) -> Measured:
     import contextlib
     import time
-    import weakref
 
     import torch
     import torch.nn.functional as F
@@ -811,86 +959,8 @@ def _measure_now(raw: dict, *, micro_batch: int, seq_len: int, attention: str = 
     mixed = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
     from transformers.initialization import no_init_weights
 
-    state = {"block": "embeddings", "seen_layer": False}
-    first: dict = {}  # storage -> block that first saved it
-    sizes: dict = {}
-    shapes: dict = {}
-    refs: dict = {}
-    live = [0, 0]  # live, peak
-    keep: list = []  # every storage packed, alive to the end (ids are never reused)
-    excluded: set = set()
-    recomputing: dict = {}  # block -> storages saved while the backward recomputes it
-
-    def note(t, owner=None, recomputed=False):
-        if not isinstance(t, torch.Tensor):
-            return
-        storage = t.untyped_storage()
-        key = storage._cdata
-        if key in excluded or storage.nbytes() == 0:
-            return
-        keep.append(storage)
-        if key not in sizes:
-            sizes[key] = storage.nbytes()
-            shapes[key] = (tuple(int(d) for d in t.shape), str(t.dtype).replace("torch.", ""))
-            if not recomputed:
-                first[key] = state["block"]
-        if recomputed:
-            recomputing.setdefault(state["block"], {})[key] = storage.nbytes()
-        if owner is not None:
-            count = refs.get(key, 0)
-            refs[key] = count + 1
-            if count == 0:
-                live[0] += sizes[key]
-                live[1] = max(live[1], live[0])
-            weakref.finalize(owner, drop, key)
-
-    def drop(key):
-        refs[key] -= 1
-        if refs[key] == 0:
-            live[0] -= sizes[key]
-
-    class Holder:
-        __slots__ = ("__weakref__", "t")
-
-        def __init__(self, t):
-            self.t = t
-
-    def pack(t):
-        holder = Holder(t)
-        note(t, holder)
-        return holder
-
-    def unpack(holder):
-        return holder.t
-
+    recorder = _Recorder(torch)
     original_hook = checkpoint_module._recomputation_hook
-
-    forward_order: list = []   # the layers as the forward ran them; the backward recomputes them in reverse
-    frames: dict = {}
-
-    class Counting(original_hook):
-        def __init__(self, target_frame_ref, gid):
-            super().__init__(target_frame_ref, gid)
-            inner = self.pack_hook
-            frame = target_frame_ref()
-            if id(frame) not in frames:
-                index = len(frames) + 1
-                frames[id(frame)] = forward_order[-index] if index <= len(forward_order) else "backward"
-            name = frames[id(frame)]
-
-            def pack_hook(x):
-                frame = target_frame_ref()
-                index = frame.recomp_counter[gid]
-                try:
-                    return inner(x)
-                finally:
-                    holder = frame.weak_holders[index]() if index < len(frame.weak_holders) else None
-                    handle = holder.handles.get(gid) if holder is not None else None
-                    state["block"], was = name, state["block"]
-                    note(x, handle, recomputed=True)
-                    state["block"] = was
-
-            self.pack_hook = pack_hook
 
     def native_dropout(input, p=0.5, training=True, inplace=False):
         if not training or p == 0.0:
@@ -902,7 +972,6 @@ def _measure_now(raw: dict, *, micro_batch: int, seq_len: int, attention: str = 
         if time.monotonic() - started > time_limit:
             raise MeasureError(f"the fake-tensor step ran past memfit's {time_limit:.0f} s limit")
 
-    stacks_info = []
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     mode.cache_enabled = False   # one step: hashing each op for the cache costs more than it saves (a third of the time)
     # transformers treats a fake tensor as a traced graph: it would not look whether the position ids pack several
@@ -914,41 +983,9 @@ def _measure_now(raw: dict, *, micro_batch: int, seq_len: int, attention: str = 
     original_dropout, original_grouped = F.dropout, getattr(F, "grouped_mm", None)
     try:
         with mode:
-            concrete = cls._model_mapping[type(config)] if cls.__name__.startswith("Auto") else cls
-            impl = attention
-            if attention == "sdpa" and not getattr(concrete, "_supports_sdpa", False):
-                impl = None   # transformers refuses sdpa for it (state-space models...): its default, what runs
-            with no_init_weights():   # (a fake parameter refuses .to(): a 16-bit model is built in its dtype)
-                model = _build(cls, config, attn_implementation=impl, **({"dtype": low} if low is not None else {}))
-            if lora:
-                model = _with_lora(model, lora)
-            excluded |= {p.untyped_storage()._cdata for p in model.parameters()}
-            excluded |= {b.untyped_storage()._cdata for b in model.buffers()}
-            for parent, attr, path in _stacks(model, torch):
-                items = list(getattr(parent, attr))
-                total = len(items)
-                if total > layers_cap:
-                    setattr(parent, attr, torch.nn.ModuleList(items[:layers_cap]))
-                ran = min(total, layers_cap)
-                stacks_info.append((path, total, ran))
-                for i, layer in enumerate(items[:ran]):
-                    def pre(module, args, kwargs=None, _name=f"{path}.{i}"):
-                        check_time()
-                        if state["block"] != "backward":
-                            forward_order.append(_name)
-                        state["block"] = _name
-                    def post(module, args, output, _next=f"{path}.{i + 1}" if i + 1 < ran else "head"):
-                        state["block"] = _next   # (the next layer's checkpoint keeps its input before its hooks run)
-                    layer.register_forward_pre_hook(pre)
-                    layer.register_forward_hook(post)
-            if not stacks_info:
-                raise MeasureError(f"{type(model).__name__} has no repeated layer list to measure")
-            output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-            if isinstance(output, torch.nn.Module):
-                output.register_forward_hook(lambda *a: state.update(block="loss"))
-            model.train()
-            if checkpointing == "full":
-                model.activation_checkpointing_enable()
+            model, stacks_info = _step_model(cls, config, attention=attention, low=low, lora=lora, layers_cap=layers_cap,
+                                             checkpointing=checkpointing, torch=torch, recorder=recorder, check_time=check_time,
+                                             no_init_weights=no_init_weights)
             batch = _inputs(model, config, micro_batch, seq_len, torch, target_len)
             if _no_cache:
                 batch["use_cache"] = False
@@ -956,13 +993,13 @@ def _measure_now(raw: dict, *, micro_batch: int, seq_len: int, attention: str = 
             F.dropout = native_dropout
             if original_grouped is not None:
                 F.grouped_mm = _FakeGroupedMm.make(torch)
-            checkpoint_module._recomputation_hook = Counting
+            checkpoint_module._recomputation_hook = recorder.counting(original_hook)
             if original_packed is not None:
                 masking.find_packed_sequence_indices = lambda position_ids: None
-            with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            with torch.autograd.graph.saved_tensors_hooks(recorder.pack, recorder.unpack):
                 with autocast:
                     loss = model(**batch).loss
-                state["block"] = "backward"
+                recorder.state["block"] = "backward"
                 loss.backward()
     except MeasureError:
         raise
@@ -987,8 +1024,9 @@ def _measure_now(raw: dict, *, micro_batch: int, seq_len: int, attention: str = 
         return again._replace(note=f"run with use_cache false: with the cache transformers stops ({failure})")
     from memfit.models.hf_activations import lora_key
 
-    return _measured((micro_batch, seq_len, attention, checkpointing, precision, lora_key(lora)), stacks_info, first, sizes, shapes,
-                     recomputing, live[1] if checkpointing == "full" else sum(sizes.values()))
+    return _measured((micro_batch, seq_len, attention, checkpointing, precision, lora_key(lora)), stacks_info, recorder.first,
+                     recorder.sizes, recorder.shapes, recorder.recomputing,
+                     recorder.live[1] if checkpointing == "full" else sum(recorder.sizes.values()))
 
 
 def _with_lora(model, lora: dict):
@@ -1022,8 +1060,6 @@ def _with_lora(model, lora: dict):
 
 def _measured(run, stacks_info, first, sizes, shapes, recomputing, peak) -> Measured:
     """The blocks of a measurement, unmeasured layers extrapolated from the measured ones."""
-    from memfit.recipe.dtypes import DTYPES
-
     def kept(keys) -> tuple:
         out = []
         for key in keys:
@@ -1033,8 +1069,8 @@ def _measured(run, stacks_info, first, sizes, shapes, recomputing, peak) -> Meas
             elements = 1
             for d in shape:
                 elements *= d
-            if elements * _width(dtype) != sizes[key]:   # a view: its storage, as a flat run of its dtype
-                shape = (sizes[key] // _width(dtype),)
+            if dtype_bytes(elements, dtype) != sizes[key]:   # a view: its storage, as a flat run of its dtype
+                shape = (dtype_elements(sizes[key], dtype),)
             out.append((f"saved storage {len(out) + 1}", shape, dtype))
         return tuple(out)
 
@@ -1067,10 +1103,4 @@ def _measured(run, stacks_info, first, sizes, shapes, recomputing, peak) -> Meas
 
 
 def sizes_of(kept) -> list:
-    return [_elements(shape) * _width(dtype) for _, shape, dtype in kept]
-
-
-def _width(dtype: str) -> int:
-    from memfit.recipe.costs import dtype_bytes
-
-    return dtype_bytes(1, dtype)
+    return [dtype_bytes(_elements(shape), dtype) for _, shape, dtype in kept]

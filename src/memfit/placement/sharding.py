@@ -31,6 +31,8 @@ equal runs of layers; the embedding is on the first stage, what follows the last
 
 from __future__ import annotations
 
+# the layout's arithmetic lives in models/ (hf_sharded reads it too); placement's callers keep these names
+from memfit.models.layout import in_flight, padded_vocab, stage_layers  # noqa: F401
 from memfit.recipe.costs import dtype_bytes
 
 import math
@@ -54,9 +56,6 @@ SHARD_CLASS: dict[str, str] = {
     "master": "optimizer",
     "optimizer_state": "optimizer",
 }
-
-# Megatron's make-vocab-size-divisible-by default.
-VOCAB_DIVISIBLE_BY = 128
 
 # Tensor-parallel role of a parameter, by its (transformers) name: the first matching rule wins.
 # "column": the output features are split; "row": the input features (bias replicated);
@@ -255,12 +254,6 @@ def tp_role(t: Tensor) -> str:
     return _role_by_name(_INDEX.sub(".#.", t.name), len(t.shape) == 1)
 
 
-def padded_vocab(vocab: int, tensor: int, divisible_by: int = VOCAB_DIVISIBLE_BY) -> int:
-    """Megatron's _vocab_size_with_padding: up to a multiple of divisible_by * tensor."""
-    multiple = divisible_by * tensor
-    return -(-vocab // multiple) * multiple
-
-
 def tp_shard_shape(t: Tensor, tensor: int, tensor_rank: int = 0) -> tuple[int, ...]:
     """The shape of `t` on one tensor-parallel rank (Megatron's equal split; rank 0 when uneven)."""
     if tensor == 1 or not t.shape:
@@ -321,17 +314,6 @@ def layer_of(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def stage_layers(layers: int, pipeline: int) -> list:
-    """[first, last) layers of every stage: contiguous, equal runs; a remainder goes to the first stages."""
-    base, extra = divmod(layers, pipeline)
-    out, start = [], 0
-    for s in range(pipeline):
-        n = base + (1 if s < extra else 0)
-        out.append((start, start + n))
-        start += n
-    return out
-
-
 def stage_of_tensors(tensors: list, pipeline: int) -> tuple[list, list]:
     """The stage of every tensor, and every stage's layer range. What precedes the first layer
     (embeddings) sits on the first stage, what follows the last (final norm, head) on the last."""
@@ -351,14 +333,6 @@ def stage_of_tensors(tensors: list, pipeline: int) -> tuple[list, list]:
         else:
             stages.append(pipeline - 1 if seen_layer else 0)
     return stages, ranges
-
-
-def in_flight(stage: int, pipeline: int, gradient_accumulation: int, schedule: str = "1f1b") -> int:
-    """Micro-batches whose activations stage `stage` holds at once: under 1F1B the first stage
-    runs `pipeline` forwards before its first backward; under GPipe every stage runs all of them."""
-    if schedule == "gpipe" and pipeline > 1:
-        return max(1, gradient_accumulation)
-    return max(1, min(pipeline - stage, gradient_accumulation))
 
 
 # ---------------------------------------------------------------- data-parallel sharding

@@ -70,6 +70,13 @@ def dtype_bytes(elements: int, dtype) -> int:
     return tensor_bytes(elements, w)
 
 
+def dtype_elements(nbytes: int, dtype) -> int:
+    """Whole elements of a dtype (a name in recipe/dtypes.py, or a byte width) that `nbytes` bytes of
+    storage hold: dtype_bytes' inverse (a flat run of a storage's dtype)."""
+    w = Fraction(DTYPES[dtype][0] if isinstance(dtype, str) else dtype)
+    return nbytes * w.denominator // w.numerator
+
+
 class Width:
     """A storage width: its name as written and bytes per element (an int when whole, so the
     common case stays integer arithmetic). Plain classes here: they are built on every start."""

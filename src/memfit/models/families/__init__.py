@@ -203,6 +203,14 @@ class Families(Mapping):
 FAMILIES = Families()
 
 
+def own_name(model_type, key: str) -> str:
+    """The name a family's config (and memfit's normalized view of it) gives a general key: GPT-2's n_layer for
+    num_hidden_layers (its class's attribute_map). An encoder-decoder's layers and heads are its stacks' (hf_encdec),
+    which have no one count: the general name, as for a type no family describes."""
+    family = FAMILIES.get(model_type) if model_type not in STACKED else None
+    return family.attribute_map.get(key, key) if family is not None else key
+
+
 
 
 # ---------------------------------------------------------------------------------------------

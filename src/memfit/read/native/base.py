@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from memfit.diagnostics import codes
+from memfit.models.family_keys import ATTRIBUTE_MAPS
 
 from memfit.read.native import FORMATS  # noqa: F401 (the readers name them from here too)
 
@@ -169,6 +170,23 @@ class Reader:
                           "(the logits of all of them at once); under a parallel layout memfit checks the training step only, so the figures may be low for evaluation")
             return
         self.set(("training", "eval_batch"), value, at if key in self.data else None)
+
+
+def model_value(cfg: dict, key: str):
+    """A general key of a model's config.json (hidden_size, max_position_embeddings), under the name its family's
+    config class stores it when that is another (GPT-2's n_embd, n_positions: the class's attribute_map). A config
+    whose family gives the key no name of its own (or that no family describes) may still carry it under a name
+    another family gives it (T5's config.json keeps n_positions): the first of those it has. None when it has none."""
+    if key in cfg:
+        return cfg[key]
+    model_type = cfg.get("model_type")
+    own = ATTRIBUTE_MAPS.get(model_type, {}) if isinstance(model_type, str) else {}
+    if key in own:
+        return cfg.get(own[key])
+    for names in ATTRIBUTE_MAPS.values():
+        if key in names and names[key] in cfg:
+            return cfg[names[key]]
+    return None
 
 
 def _name(prefix: tuple, key) -> str:

@@ -20,7 +20,7 @@ runtime/bf16_optimizer.py): memfit's `precision: *-true`, `master_weights: float
 from __future__ import annotations
 
 from memfit.diagnostics import codes
-from memfit.read.native.base import At, Reader
+from memfit.read.native.base import At, Reader, model_value
 
 # keys of zero_optimization that change memory and are not modelled -> (no-effect values, why)
 ZERO_UNMODELLED = {
@@ -209,7 +209,7 @@ def read(r: Reader, ctx) -> dict:
             r.error(r.at("train_batch_size"), codes.NATIVE_CONFIG, f"train_batch_size {total} is not gradient_accumulation_steps {accum} x {world} GPU(s) x a micro-batch: DeepSpeed refuses it")
         else:
             r.set(("training", "micro_batch"), 1)
-    positions = (ctx.model_config or {}).get("max_position_embeddings", (ctx.model_config or {}).get("n_positions"))
+    positions = model_value(ctx.model_config or {}, "max_position_embeddings")
     if isinstance(positions, int) and not isinstance(positions, bool):
         r.set(("training", "seq_len"), positions)
         r.warn(r.native.root, f"a DeepSpeed config has no sequence length: memfit assumes the model's max_position_embeddings, {positions:,} tokens (check the training config that uses this file for the real one)")

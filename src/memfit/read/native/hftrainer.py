@@ -9,7 +9,7 @@ from __future__ import annotations
 from memfit.diagnostics import codes
 from memfit.read.native import hf
 from memfit.read.native.axolotl import optimizer
-from memfit.read.native.base import Reader
+from memfit.read.native.base import Reader, model_value
 
 KEYS = {
     "model_name_or_path": (None, "model.hf_config", "run_clm.py ModelArguments.model_name_or_path"),
@@ -99,7 +99,7 @@ def read(r: Reader, ctx) -> dict:
     accum = r.get("gradient_accumulation_steps", (int,), 1)
     r.set(("training", "micro_batch"), micro, r.at("per_device_train_batch_size") if "per_device_train_batch_size" in data else None)
     seq_key = next((k for k in ("block_size", "max_seq_length", "max_length") if r.has(k)), None)
-    positions = cfg.get("max_position_embeddings", cfg.get("n_positions"))  # the model's positions (GPT-2's own name)
+    positions = model_value(cfg, "max_position_embeddings")  # the model's positions (under its family's name)
     if seq_key is not None:
         seq, seq_at = r.get(seq_key, (int,), 1024), r.at(seq_key)
     elif "max_length" in data and data["max_length"] is None:  # TRL's SFTConfig: None, no truncation

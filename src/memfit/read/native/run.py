@@ -8,7 +8,7 @@ import os
 from memfit.diagnostics import codes
 from memfit.read.inputs import read as read_file
 from memfit.read.native import resolve
-from memfit.read.native.base import At, Found, Native, Reader
+from memfit.read.native.base import At, Found, Native, Reader, model_value
 from memfit.read.native.settings import Settings
 from memfit.read.native.settings import shown as settings_shown
 
@@ -79,7 +79,7 @@ class Context:
     @property
     def hidden_size(self) -> int | None:
         cfg = self.model_config or {}
-        value = cfg.get("hidden_size", cfg.get("n_embd"))
+        value = model_value(cfg, "hidden_size")
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     # --- referenced files -----------------------------------------------------------------

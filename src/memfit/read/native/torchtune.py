@@ -15,6 +15,7 @@ memfit's quantization method nf4-torchao counts it as torchao stores it.
 from __future__ import annotations
 
 from memfit.diagnostics import codes
+from memfit.models.adapter_tables import FUSED_PROJECTIONS, TORCHTUNE_FAMILIES
 from memfit.read.native.base import Reader
 
 # builder -> (model_type, hidden_size, intermediate_size, layers, heads, kv_heads, vocab, max_seq_len, tied, head_dim)
@@ -67,8 +68,6 @@ BUILDERS = {
     "qwen3_14b_instruct": ("qwen3", 5120, 17408, 40, 40, 8, 151936, 40960, False, 128),
     "qwen3_32b": ("qwen3", 5120, 25600, 64, 64, 8, 151936, 40960, False, 128),
 }
-# component builders (torchtune/models/<family>/_component_builders.py) -> model_type
-COMPONENTS = {"llama2": "llama", "llama3": "llama", "llama3_1": "llama", "llama3_2": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma", "gemma2": "gemma2", "phi3": "phi3"}
 
 
 def _scale_hidden_dim(dim: int, multiple_of: int = 256) -> int:
@@ -189,15 +188,15 @@ def _packed(r: Reader):
 
 
 def _transformer(r: Reader, model: dict, base: str, component: str, at, prefix: tuple) -> dict | None:
-    """The config.json keys of a builder (BUILDERS) or a component builder called with its arguments (COMPONENTS);
+    """The config.json keys of a builder (BUILDERS) or a component builder called with its arguments (TORCHTUNE_FAMILIES);
     None after a positioned error."""
-    if base in COMPONENTS and "num_layers" in model:  # a component builder called with its arguments in the config
+    if base in TORCHTUNE_FAMILIES and "num_layers" in model:  # a component builder called with its arguments in the config
         args = {k: r.get(k, (int, float, bool), None, data=model, prefix=prefix) for k in ("embed_dim", "intermediate_dim", "num_layers", "num_heads", "num_kv_heads", "vocab_size", "max_seq_len", "tie_word_embeddings", "head_dim")}
         if None in [args[k] for k in ("embed_dim", "num_layers", "num_heads", "vocab_size", "max_seq_len")]:
             r.error(at, codes.NATIVE_CONFIG, f"{component} with its arguments: memfit needs embed_dim, num_layers, num_heads, vocab_size and max_seq_len")
             return None
         shape = (
-            COMPONENTS[base], args["embed_dim"], args["intermediate_dim"] or _scale_hidden_dim(args["embed_dim"]), args["num_layers"], args["num_heads"],
+            TORCHTUNE_FAMILIES[base], args["embed_dim"], args["intermediate_dim"] or _scale_hidden_dim(args["embed_dim"]), args["num_layers"], args["num_heads"],
             args["num_kv_heads"] or args["num_heads"], args["vocab_size"], args["max_seq_len"], bool(args["tie_word_embeddings"]), args["head_dim"],
         )
     else:
@@ -308,12 +307,13 @@ def read(r: Reader, ctx) -> dict:
     if lora:
         rank = r.get("lora_rank", (int,), 8, data=model, prefix=("model",))
         targets = [LORA_ATTN.get(m, m) for m in (r.get("lora_attn_modules", (list,), [], data=model, prefix=("model",)) or [])]
-        if family == "phi3" and targets:
-            r.warn(r.at("model", "lora_attn_modules"), "phi3 (Phi-3, Phi-4): torchtune adapts q, k and v (and gate, up) separately, each with its own lora_a; memfit's Phi-3 has the fused qkv_proj (and gate_up_proj), so the adapters are counted on them, one lora_a each: fewer adapter elements than torchtune builds (lora_phi4_14b, q, v, output and MLP at rank 8: 27,852,800 against 30,720,000)")
-            targets = ["qkv_proj" if t in ("q_proj", "k_proj", "v_proj") else t for t in targets]
+        fused = FUSED_PROJECTIONS.get(family)
+        if fused is not None and targets:
+            r.warn(r.at("model", "lora_attn_modules"), fused["note"])
+            targets = [fused["attention"].get(t, t) for t in targets]
             targets = list(dict.fromkeys(targets))
         if r.get("apply_lora_to_mlp", (bool,), False, data=model, prefix=("model",)):
-            targets += ["gate_up_proj", "down_proj"] if family == "phi3" else list(LORA_MLP)
+            targets += list(fused["mlp"]) if fused is not None else list(LORA_MLP)
         if r.get("apply_lora_to_output", (bool,), False, data=model, prefix=("model",)):
             targets.append("lm_head")
         spec = {"r": rank, "alpha": r.get("lora_alpha", (int, float), 16, data=model, prefix=("model",)), "dropout": r.get("lora_dropout", (int, float), 0.0, data=model, prefix=("model",)), "target_modules": targets}
