@@ -25,7 +25,9 @@ from dataclasses import replace
 
 from memfit.diagnostics import codes
 from memfit.diagnostics.diagnostic import Problem
+from memfit.models.families import FAMILIES as SPECS
 from memfit.recipe.costs import dtype_bytes
+from memfit.recipe.precision import RECIPES
 
 NAME = "litgpt_qkv"
 
@@ -69,10 +71,6 @@ def problems(config, training: dict) -> list:
     return []
 
 
-# the compute dtype of the qkv projection's output by precision (LitGPT runs bf16-true, 16-true or 32-true; under
-# autocast the projection's output is in the low dtype)
-COMPUTE = {"32-true": "float32", "bf16-true": "bfloat16", "16-true": "float16", "bf16-mixed": "bfloat16",
-           "16-mixed": "float16"}
 
 
 def _adapted(config, value) -> tuple:
@@ -110,15 +108,14 @@ def extra_kept(config, value) -> list:
     dims = _dims(cfg, tokens)
     if not dims:
         return []
-    from memfit.models.families import FAMILIES as SPECS
-
     spec = SPECS.get(cfg.get("model_type"))
     n_head = cfg.get(spec.heads_key)
     n_groups = cfg.get(spec.kv_heads_key) or n_head
     q_width = dims["q"]
     kv_width = q_width // n_head * n_groups
     recipe = dict(getattr(model, "recipe", None) or {})
-    act = COMPUTE.get(recipe.get("precision", "32-true"), "float32")
+    # the qkv projection's output: the compute dtype (under autocast, its low dtype)
+    act = RECIPES[recipe.get("precision", "32-true")].activations
     out = []
     if n_groups == n_head:
         out.append(dtype_bytes(tokens * (q_width + kv_width), act))   # the whole qkv beside transformers' v
