@@ -25,6 +25,8 @@ from dataclasses import replace
 
 from memfit.diagnostics import codes
 from memfit.diagnostics.diagnostic import Problem
+from memfit.ledger.techniques.quantized_saves_input import _dims
+from memfit.models import hf_activations as acts
 from memfit.models.families import FAMILIES as SPECS
 from memfit.recipe.costs import dtype_bytes
 from memfit.recipe.precision import RECIPES
@@ -47,7 +49,10 @@ KEYS = {
         "anyOf": [
             {"type": "boolean"},
             {"type": "object", "additionalProperties": False,
-             "properties": {"lora": {"type": "array", "items": {"enum": list(PARTS)}, "uniqueItems": True}}},
+             "properties": {"lora": {"title": "LoRA's parts of the fused qkv",
+                                     "description": "The parts LoRAQKVLinear adapts (LitGPT's lora_query, lora_key, "
+                                                    "lora_value that are true).",
+                                     "type": "array", "items": {"enum": list(PARTS)}}}},
         ],
     },
 }
@@ -81,8 +86,6 @@ def _adapted(config, value) -> tuple:
         return ()
     if isinstance(value, dict) and "lora" in value:
         return tuple(p for p in PARTS if p in value["lora"])
-    from memfit.models import hf_activations as acts
-
     fam = acts.FAMILIES.get(config.model.cfg.get("model_type"))
     targets = lora.get("target_modules")
     if fam is None:
@@ -100,8 +103,6 @@ def _adapted(config, value) -> tuple:
 
 def extra_kept(config, value) -> list:
     """The bytes each layer's attention keeps beyond transformers' (a list of tensors' bytes), from the model's dims."""
-    from memfit.ledger.techniques.quantized_saves_input import _dims
-
     model = config.model
     cfg, run = model.cfg, model.training
     tokens = run["micro_batch"] * run["seq_len"]
