@@ -40,8 +40,8 @@ _TINY: dict = {}
 def tiny(family: str) -> dict:
     if family not in _TINY:
         # 8 experts: a stacked experts tensor's dim 0 is the experts, which FSDP chunks (4 experts on 8 GPUs are
-        # gathered padded to 8 rows)
-        _TINY[family] = hf_measure.tiny(family, **({"num_local_experts": 8} if family == "mixtral" else {}))
+        # gathered padded to 8 rows); BERT's token-type embedding likewise (2 rows are gathered as 8 on 8 GPUs)
+        _TINY[family] = hf_measure.tiny(family, **{"mixtral": {"num_local_experts": 8}, "bert": {"type_vocab_size": 8}}.get(family, {}))
     return _TINY[family]
 
 

@@ -257,7 +257,9 @@ def _zero_gradients(p, rank) -> dict | None:
     if p.engine != "zero" or p.zero not in (1, 2):
         return None
     sixteen = rank.device.get("gradients", 0)
-    replicated = rank.sharded.get("gradients") == "replicated"
+    # ZeRO-1's gradients are the parameters' whole .grad; ZeRO-2 copies them into its partition buffer, a group of one
+    # rank included (stage_1_and_2.py runs the same step at any world size)
+    replicated = p.zero == 1
     # the rank's 16-bit partition of them (ZeRO-1: its share of the whole gradients, flattened in the step)
     flat = -(-sixteen // sharding.shard_group(p)) if replicated else sixteen
     return {"growing": sixteen if replicated else 0, "partition": 0 if replicated else sixteen, "step_only": rank.device.get("grad_accum", 0), "flat": flat}
