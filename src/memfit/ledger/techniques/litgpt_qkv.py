@@ -29,7 +29,6 @@ from memfit.ledger.techniques.quantized_saves_input import _dims
 from memfit.models import hf_activations as acts
 from memfit.models.families import FAMILIES as SPECS
 from memfit.recipe.costs import dtype_bytes
-from memfit.recipe.precision import RECIPES
 
 NAME = "litgpt_qkv"
 
@@ -115,8 +114,8 @@ def extra_kept(config, value) -> list:
     q_width = dims["q"]
     kv_width = q_width // n_head * n_groups
     recipe = dict(getattr(model, "recipe", None) or {})
-    # the qkv projection's output: the compute dtype (under autocast, its low dtype)
-    act = RECIPES[recipe.get("precision", "32-true")].activations
+    # the qkv projection's output: a linear's output role (under autocast, its low dtype)
+    act = acts.role_dtypes(recipe.get("precision", "32-true"), model.dtypes)["lin"]
     out = []
     if n_groups == n_head:
         out.append(dtype_bytes(tokens * (q_width + kv_width), act))   # the whole qkv beside transformers' v
