@@ -17,6 +17,8 @@ full_shard over `devices` GPUs with every block checkpointed.
 
 from __future__ import annotations
 
+import os
+
 from memfit.diagnostics import codes
 from memfit.models import litgpt_configs
 from memfit.read.native.base import Reader
@@ -36,15 +38,13 @@ KEYS = {
     "train.micro_batch_size": ("4 (lora.py), 1 (full.py)", "training.micro_batch", "args.py TrainArgs; the scripts' setup defaults"),
     "train.global_batch_size": ("128 (lora.py), 64 (full.py)", "training.gradient_accumulation: global_batch_size // devices // micro_batch_size", "args.py TrainArgs.gradient_accumulation_iters"),
     "train.max_seq_length": (None, "training.seq_len (null: left to the data: memfit gates the setting data_seq_len, default 2,048, says so at the key with the longest length that fits)", "finetune/lora.py fit: model.max_seq_length = min(longest, max_seq_length)"),
+    "train.tie_embeddings": (None, "(an error when set: the finetune scripts' validate_args refuses it)", "finetune/lora.py, full.py validate_args"),
     "optimizer": ("AdamW", "optimizer, training.optimizer_impl (a name or class_path + init_args; later LitGPT releases)", "finetune/lora.py main: torch.optim.AdamW, bnb.optim.PagedAdamW under quantize"),
 }
 
 # keys that change memory and are not modelled -> (no-effect values, what they do)
 UNMODELLED = {
     "resume": ((False,), "resuming loads the optimizer state and the model from a checkpoint on the GPU: the figures may be low by the loaded copy while it is read"),
-}
-TRAIN_UNMODELLED = {
-    "tie_embeddings": ((), "LitGPT's finetune scripts refuse it (validate_args: 'doesn't support the tie_embeddings argument')"),
 }
 
 # the scripts' defaults that differ (finetune/lora.py and full.py setup's TrainArgs)
@@ -59,8 +59,6 @@ LORA_FLAGS = (("lora_query", True), ("lora_key", False), ("lora_value", True), (
 def _model(r: Reader, ctx) -> dict | None:
     """The transformer of checkpoint_dir: the settings' models table or a local directory with a config.json (LitGPT's
     download keeps it there), else LitGPT's table by the directory's name; None after a positioned error."""
-    import os
-
     value = r.data.get("checkpoint_dir")
     at = r.at("checkpoint_dir") if "checkpoint_dir" in r.data else r.native.root
     if not isinstance(value, str) or not value.strip():
@@ -70,9 +68,12 @@ def _model(r: Reader, ctx) -> dict | None:
     name = value.rstrip("/\\").replace("\\", "/").rsplit("/", 1)[-1]
     local = os.path.join(ctx.base, value, "config.json")
     if value in (ctx.conf.get("models") or {}) or os.path.isfile(local):
-        raw = ctx.model(value if value in (ctx.conf.get("models") or {}) else os.path.join(value, "config.json"), at)
+        # a directory LitGPT opens where it runs, never a Hub name: './' so that it is read as the folder it is
+        raw = ctx.model(value if value in (ctx.conf.get("models") or {}) or os.path.isabs(value) else os.path.join(os.curdir, value), at)
         if raw is None:
             return None
+        r.native.doc.get("model", {}).pop("hf_config", None)  # the keys go inline (model.transformer), the file stays a reference
+        r.native.origins.pop(("model", "hf_config"), None)
         # LitGPT's GPT keeps lm_head apart from the embedding whatever the config.json says
         return {**raw, "tie_word_embeddings": False}
     if name in litgpt_configs.REFUSED:
@@ -161,7 +162,9 @@ def _batch(r: Reader, ctx, script: str, devices: int) -> None:
                 "TrainArgs.gradient_accumulation_iters asserts at least one")
     else:
         r.set(("training", "gradient_accumulation"), total // max(devices, 1) // micro, at)
-    r.unmodelled(TRAIN_UNMODELLED, data=train, prefix=("train",))
+    if train.get("tie_embeddings") is not None:  # finetune/lora.py, full.py validate_args
+        r.error(r.at("train", "tie_embeddings"), codes.NATIVE_CONFIG, "train.tie_embeddings: LitGPT's finetune scripts refuse it "
+                "(validate_args: \"doesn't support the 'tie_embeddings' argument\"); leave it null")
 
 
 def _seq_len(r: Reader, ctx, block: int) -> None:
@@ -170,7 +173,7 @@ def _seq_len(r: Reader, ctx, block: int) -> None:
     if seq is None:
         where = r.at("train", "max_seq_length") if "max_seq_length" in train else r.at("train", on_key=True) if "train" in r.data else r.native.root
         seq = r.seq_left_to_data(where, ctx.conf, block, "train.max_seq_length is not set: LitGPT does not truncate")
-        r.set(("training", "seq_len"), min(seq, block))
+        r.set(("training", "seq_len"), seq)
         return
     at = r.at("train", "max_seq_length")
     if seq > block:
