@@ -134,3 +134,14 @@ def test_a_later_releases_optimizer_key(tmp_path, optimizer, expected):
     native.write_text(f"checkpoint_dir: checkpoints/google/gemma-2b\nprecision: bf16-true\n{optimizer}")
     doc = yaml.safe_load(memfit("convert", native).stdout)
     assert (doc["optimizer"], doc["training"].get("optimizer_impl"), doc.get("dtypes", {}).get("optimizer_state")) == expected
+
+
+def test_a_fix_edits_the_micro_batch_and_keeps_the_global_batch():
+    """--suggest's micro-batch fix in LitGPT's own keys: train.micro_batch_size changes; the accumulation is derived
+    (global_batch_size // devices // micro_batch_size), so global_batch_size is left as the run's."""
+    path = HUB / "llama-2-7b-lora.yaml"
+    (entry,) = check(path, flags=("--suggest", "--budget", "16 GiB")).values()
+    fix = next(f for f in entry["fixes"] if f["kind"] == "micro_batch")
+    assert [c["key"] for c in fix["changes"]] == ["training.micro_batch", "training.gradient_accumulation"]
+    line = path.read_text(encoding="utf-8").splitlines().index("  micro_batch_size: 2")
+    assert fix["edits"] == [{"range": {"start": {"line": line, "character": 20}, "end": {"line": line, "character": 21}}, "new_text": "1"}]

@@ -161,7 +161,9 @@ def _batch(r: Reader, ctx, script: str, devices: int) -> None:
                 f"global_batch_size {total} over {devices} device(s) is less than micro_batch_size {micro}: LitGPT's "
                 "TrainArgs.gradient_accumulation_iters asserts at least one")
     else:
-        r.set(("training", "gradient_accumulation"), total // max(devices, 1) // micro, at)
+        # no origin: the accumulation is derived (TrainArgs.gradient_accumulation_iters), so a fix that changes the
+        # micro-batch edits micro_batch_size alone and global_batch_size stays the run's (whatif/fixes.py native_edits)
+        r.set(("training", "gradient_accumulation"), total // max(devices, 1) // micro)
     if train.get("tie_embeddings") is not None:  # finetune/lora.py, full.py validate_args
         r.error(r.at("train", "tie_embeddings"), codes.NATIVE_CONFIG, "train.tie_embeddings: LitGPT's finetune scripts refuse it "
                 "(validate_args: \"doesn't support the 'tie_embeddings' argument\"); leave it null")
