@@ -145,3 +145,18 @@ def test_a_fix_edits_the_micro_batch_and_keeps_the_global_batch():
     assert [c["key"] for c in fix["changes"]] == ["training.micro_batch", "training.gradient_accumulation"]
     line = path.read_text(encoding="utf-8").splitlines().index("  micro_batch_size: 2")
     assert fix["edits"] == [{"range": {"start": {"line": line, "character": 20}, "end": {"line": line, "character": 21}}, "new_text": "1"}]
+
+
+def test_precision_as_lightning_names_it(tmp_path):
+    """Lightning's short names (bf16: bf16-mixed) and LitGPT's default (null: bf16-mixed on a bfloat16 GPU); another
+    value is an error at the key, and quantize under a mixed precision is LitGPT's ValueError, at quantize."""
+    names = {"bf16": "bf16-mixed", "32": "32-true", "16-true": "16-true"}
+    for given, expected in names.items():
+        native = tmp_path / f"p{given}.yaml"
+        native.write_text(f"checkpoint_dir: checkpoints/google/gemma-2b\nprecision: '{given}'\ntrain:\n  max_seq_length: 256\n")
+        assert yaml.safe_load(memfit("convert", native).stdout)["precision"] == expected, given
+    native = tmp_path / "bad.yaml"
+    native.write_text("checkpoint_dir: checkpoints/google/gemma-2b\nprecision: fp8\n")
+    assert f"{native}:2:12: error[native-config] precision is 'fp8'" in memfit("check", "--budget", "80 GiB", native).stdout
+    native.write_text("checkpoint_dir: checkpoints/google/gemma-2b\nquantize: bnb.nf4\n")
+    assert f"{native}:2:11: error[native-config] quantize bnb.nf4 with precision bf16-mixed" in memfit("check", "--budget", "80 GiB", native).stdout

@@ -27,7 +27,7 @@ from memfit.read.native.torchtune import OPTIMIZERS
 # native key -> (default, memfit key, source in litgpt at 3ba6da40)
 KEYS = {
     "checkpoint_dir": (None, "model.transformer (models/litgpt_configs.py by the directory's name; or its config.json)", "finetune/lora.py setup; config.py Config.from_checkpoint"),
-    "precision": ("bf16-mixed", "precision (null: utils.get_default_supported_precision(training=True), bf16-mixed on a GPU with bfloat16)", "finetune/lora.py setup"),
+    "precision": ("bf16-mixed", "precision (null: utils.get_default_supported_precision(training=True), bf16-mixed on a GPU with bfloat16; Lightning's short names bf16, 16, 32, 64)", "finetune/lora.py setup"),
     "quantize": (None, "quantization nf4 / fp4 / int8 (bnb.nf4-dq, bnb.fp4-dq: double_quant), training.quantized_saves_input, optimizer PagedAdamW (paged fp32 state)", "finetune/lora.py setup BitsandbytesPrecision, main optimizer_cls"),
     "devices": (1, "parallel.fsdp full_shard, parallel.data, training.checkpointing full (above 1: FSDPStrategy with activation_checkpointing_policy={Block})", "finetune/lora.py, full.py setup"),
     "lora_r": (8, "lora.r", "finetune/lora.py setup"),
@@ -49,6 +49,8 @@ UNMODELLED = {
 
 # the scripts' defaults that differ (finetune/lora.py and full.py setup's TrainArgs)
 SCRIPT_DEFAULTS = {"lora": {"micro_batch_size": 4, "global_batch_size": 128}, "full": {"micro_batch_size": 1, "global_batch_size": 64}}
+# Lightning's short names (fabric/connector.py _PRECISION_INPUT_STR_ALIAS_CONVERSION)
+ALIASES = {"64": "64-true", "32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}
 PRECISIONS = ("32-true", "bf16-true", "16-true", "bf16-mixed", "16-mixed", "64-true")
 # BitsandbytesPrecision's modes (quantize[4:]) -> (quantization method, double_quant)
 QUANTIZE = {"bnb.nf4": ("nf4", False), "bnb.nf4-dq": ("nf4", True), "bnb.fp4": ("fp4", False), "bnb.fp4-dq": ("fp4", True), "bnb.int8-training": ("int8", False)}
@@ -196,7 +198,11 @@ def read(r: Reader, ctx) -> dict:
     r.set(("model", "transformer"), transformer, r.at("checkpoint_dir"))
     family = transformer.get("model_type")
 
-    precision = r.get("precision", (str,), None, choices=PRECISIONS)
+    precision = r.get("precision", (str, int), None)
+    precision = ALIASES.get(str(precision), precision) if precision is not None else None
+    if precision is not None and precision not in PRECISIONS:
+        r.error(r.at("precision"), codes.NATIVE_CONFIG, f"precision is {precision!r}: one of {', '.join(map(repr, PRECISIONS))}")
+        precision = None
     r.set(("precision",), precision or "bf16-mixed", r.at("precision") if precision else None)
     precision = precision or "bf16-mixed"
     quantize = r.get("quantize", (str,), None, choices=tuple(QUANTIZE))
