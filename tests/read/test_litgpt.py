@@ -160,3 +160,18 @@ def test_precision_as_lightning_names_it(tmp_path):
     assert f"{native}:2:12: error[native-config] precision is 'fp8'" in memfit("check", "--budget", "80 GiB", native).stdout
     native.write_text("checkpoint_dir: checkpoints/google/gemma-2b\nquantize: bnb.nf4\n")
     assert f"{native}:2:11: error[native-config] quantize bnb.nf4 with precision bf16-mixed" in memfit("check", "--budget", "80 GiB", native).stdout
+
+
+def test_a_model_mapped_in_the_settings_wins_and_keeps_litgpts_untied_head(tmp_path):
+    """The settings' models table maps a checkpoint directory LitGPT's table does not know to its config.json; the
+    model is read with LitGPT's head apart from the embedding, whatever the config.json says."""
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "x.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 2,
+                                                 "num_attention_heads": 8, "vocab_size": 1000, "tie_word_embeddings": True}))
+    (tmp_path / "memfit.toml").write_text('[models]\n"checkpoints/acme/x" = "x.json"\n')
+    native = tmp_path / "lora.yaml"
+    native.write_text("checkpoint_dir: checkpoints/acme/x\nprecision: bf16-true\ntrain:\n  micro_batch_size: 1\n  global_batch_size: 1\n  max_seq_length: 128\n")
+    (entry,) = check(native).values()
+    assert entry["input_format"] == "litgpt" and entry["diagnostics"] == [], entry["diagnostics"]
+    doc = yaml.safe_load(memfit("convert", native).stdout)
+    assert doc["model"]["transformer"]["hidden_size"] == 512 and doc["model"]["transformer"]["tie_word_embeddings"] is False
