@@ -99,3 +99,43 @@ def test_litgpt_attention_as_its_code_keeps_it(tmp_path, kv_heads, parts, micro_
     # the key is what closes it: transformers' attention keeps less than LitGPT's
     assert transformers_attention < ours
     assert measured - transformers_attention > BAND * measured, (transformers_attention, measured)
+
+
+def litgpt_yaml_live_activations(tmp_path, kv_heads: int, parts: str, micro_batch: int, seq_len: int) -> tuple[int, dict]:
+    """`memfit check` on a LitGPT finetune config (config_hub/finetune's keys, read by read/native/litgpt.py) whose
+    checkpoint directory holds the tiny Llama's config.json (as `litgpt download` leaves it there)."""
+    cfg = {"model_type": "llama", "hidden_size": WIDTH, "num_attention_heads": HEADS, "num_key_value_heads": kv_heads,
+           "num_hidden_layers": LAYERS, "vocab_size": VOCAB, "intermediate_size": INTERMEDIATE,
+           "max_position_embeddings": 256, "hidden_act": "silu", "rms_norm_eps": 1e-5}
+    (tmp_path / "checkpoints" / "tiny").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "checkpoints" / "tiny" / "config.json").write_text(json.dumps(cfg))
+    flags = "\n".join(f"lora_{name}: {'true' if p in parts else 'false'}" for p, name in zip("qkv", ("query", "key", "value")))
+    path = tmp_path / "lora.yaml"
+    path.write_text(f"checkpoint_dir: checkpoints/tiny\nprecision: bf16-true\ndevices: 1\nlora_r: 8\nlora_alpha: 16\n"
+                    f"lora_dropout: 0.0\n{flags}\nlora_projection: false\nlora_mlp: false\nlora_head: false\n"
+                    f"train:\n  global_batch_size: {micro_batch}\n  micro_batch_size: {micro_batch}\n  max_seq_length: {seq_len}\n")
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--budget", "1 TiB", "--format", "json", str(path)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    entry = json.loads(done.stdout)["files"][0]
+    assert entry["input_format"] == "litgpt"
+    assert not entry["diagnostics"], entry["diagnostics"]
+    return entry["peak"]["live"]["activations"], entry
+
+
+@pytest.mark.parametrize("kv_heads, parts, micro_batch, seq_len", [
+    (HEADS, "qv", 1, 256),   # LitGPT's lora.yaml defaults: query and value; the head over two 128-token chunks
+    (2, "qv", 2, 160),       # grouped-query, a last chunk of 31 logits' rows
+    (HEADS, "qkv", 2, 64),   # every part adapted: zero_pad returns its input
+])
+def test_a_litgpt_config_checked_as_its_step_keeps(tmp_path, kv_heads, parts, micro_batch, seq_len):
+    """issue 32, LitGPT's chunked loss through the front door: a LitGPT finetune config (checkpoint_dir, lora_*, train.*)
+    checked by `memfit check` (its reader switches on lora.py's chunked head and loss, training.loss chunked_head 128,
+    and LitGPT's attention, training.litgpt_qkv) against the ported lora.py step (model(input_ids,
+    lm_head_chunk_size=128), chunked_cross_entropy) under saved_tensors_hooks, within the band."""
+    model = litgpt_port.build(n_embd=WIDTH, n_head=HEADS, n_query_groups=kv_heads, n_layer=LAYERS, vocab_size=VOCAB,
+                              intermediate_size=INTERMEDIATE, r=8, alpha=16,
+                              enable_lora=tuple(p in parts for p in "qkv"))
+    measured = saved_peak(model, micro_batch, seq_len)
+    ours, _ = litgpt_yaml_live_activations(tmp_path, kv_heads, parts, micro_batch, seq_len)
+    assert abs(ours - measured) <= BAND * measured, (ours, measured, ours / measured)

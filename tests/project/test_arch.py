@@ -506,7 +506,7 @@ STAGES = (
 # mapped to what peft and bitsandbytes do with them; the generated config keys). A bottom module
 # imports nothing but the bottom.
 BOTTOM = ("memfit.diagnostics", "memfit.recipe.dtypes", "memfit.recipe.optim", "memfit.recipe.costs",
-          "memfit.models.family_keys", "memfit.models.adapter_tables")
+          "memfit.models.family_keys", "memfit.models.adapter_tables", "memfit.models.litgpt_configs")
 # Stages that may not import a stage below them all the same: rendering reads the results and the
 # scans it is handed, never a model's internals or the pipeline.
 FORBIDDEN = {"report": {"models", "check"}}

@@ -1,5 +1,5 @@
 """Native configs: the files that launch the runs (Axolotl, LLaMA-Factory, torchtune, the Hugging
-Face Trainer's argument files, DeepSpeed JSON, accelerate launch configs), read in place.
+Face Trainer's argument files, DeepSpeed JSON, accelerate launch configs, LitGPT's finetune configs), read in place.
 
 Each format's module turns the native file into the memfit config it means (the same document a
 memfit YAML would load to) and a map from each memfit key path back to the native node it comes
@@ -10,4 +10,4 @@ with `--input-format`.
 
 # the formats memfit reads (the choices of --input-format); here, not in base, so that the CLI's
 # parser names them without importing the readers
-FORMATS = ("memfit", "axolotl", "llama-factory", "torchtune", "hf-trainer", "deepspeed", "accelerate")
+FORMATS = ("memfit", "axolotl", "llama-factory", "torchtune", "hf-trainer", "deepspeed", "accelerate", "litgpt")

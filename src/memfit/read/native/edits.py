@@ -25,6 +25,9 @@ SPELLING: dict[str, dict[tuple, tuple[str, dict | None]]] = {
         ("training", "gradient_accumulation"): ("gradient_accumulation_steps", None),
         ("training", "checkpointing"): ("enable_activation_checkpointing", {"full": True, "none": False}),
     },
+    # LitGPT: train.micro_batch_size is nested (edited in place through its origin, native_edits); the accumulation is
+    # derived from train.global_batch_size, which a micro-batch fix leaves as it is; no key checkpoints one device
+    "litgpt": {},
     "hf-trainer": {
         ("training", "micro_batch"): ("per_device_train_batch_size", None),
         ("training", "eval_batch"): ("per_device_eval_batch_size", None),

@@ -15,13 +15,14 @@ DETECT: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("torchtune", ("model",), ("tokenizer", "optimizer", "batch_size", "epochs", "checkpointer", "dtype")),
     ("deepspeed", (), ("zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size", "zero_allow_untested_optimizer")),
     ("accelerate", ("distributed_type",), ("num_processes", "compute_environment", "mixed_precision", "num_machines")),
+    ("litgpt", ("checkpoint_dir",), ("train", "precision", "devices", "quantize", "lora_r", "out_dir", "eval")),
 )
 
 # A cheap test before parsing (the hook, --skip-unrecognized): could the text spell any key DETECT
 # reads, however YAML or JSON lets it be written (flow mapping, indented, quoted, an escape)? A
 # text with none of these substrings cannot; anything else is parsed and DETECT decides on the
 # parsed document, never on the text's layout.
-_MAY_SPELL = ("model", "zero_", "train_", "distributed_type", "_component_", "\\")
+_MAY_SPELL = ("model", "zero_", "train_", "distributed_type", "_component_", "checkpoint_dir", "\\")
 
 
 def detect(data) -> str | None:

@@ -267,7 +267,7 @@ def memfit_defaults(data: dict, conf: Settings) -> tuple[dict, set]:
 
 # the formats whose data-parallel runs without ZeRO or FSDP are torch DDP (the Trainer, through accelerate)
 
-MODULES = {"axolotl": "axolotl", "llama-factory": "llamafactory", "hf-trainer": "hftrainer", "torchtune": "torchtune", "deepspeed": "deepspeed", "accelerate": "accelerate"}
+MODULES = {"axolotl": "axolotl", "llama-factory": "llamafactory", "hf-trainer": "hftrainer", "torchtune": "torchtune", "deepspeed": "deepspeed", "accelerate": "accelerate", "litgpt": "litgpt"}
 
 
 # configs of a training framework that train nothing: format -> (keys any of which says so, unless a training key is

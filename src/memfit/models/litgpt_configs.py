@@ -1,0 +1,106 @@
+"""LitGPT's models as data: the shapes `litgpt/config.py` gives each model a finetune config names by its
+`checkpoint_dir` (Lightning-AI/litgpt at 3ba6da4012fa880294ae4557cc16e5182591a73d, the commit of the config hub's
+measured rows), written as the transformers config.json keys memfit derives a model from, and what LitGPT's LoRA
+flags adapt in each family. A data module: it imports nothing, so every stage may read it (tests/project/test_arch.py
+BOTTOM); read/native/litgpt.py reads it.
+
+LitGPT finds a model's config by the checkpoint directory's name (`Config.from_checkpoint`: `model_config.yaml`, else
+`path.name` in `name_to_config`; `Config.from_name` also matches `hf_config["name"]`): the keys here are the Hugging
+Face names the directories are downloaded as (`checkpoints/<org>/<name>`), with LitGPT's own names beside them.
+Where LitGPT's model is not transformers' the entry says LitGPT's: the padded vocabulary (`padded_vocab_size`,
+`find_multiple(vocab_size, padding_multiple)`), `block_size` as the context, and an output head apart from the
+embedding (litgpt/model.py GPT.__init__: `lm_head` and `wte` are two modules; finetune/*.py reject
+`train.tie_embeddings`), so every entry says tie_word_embeddings false.
+"""
+
+from __future__ import annotations
+
+# falcon-7b's own keys: FalconConfig's MLP width is ffn_hidden_size (4 x hidden_size, LitGPT's GptNeoxMLP default)
+_FALCON_7B = {"multi_query": True, "parallel_attn": True, "new_decoder_architecture": False, "bias": False,
+              "ffn_hidden_size": 18176}
+
+# the checkpoint directory's name -> (LitGPT's config name, model_type, hidden_size, intermediate_size, layers, heads,
+# key/value heads (n_query_groups), padded vocabulary, block_size, head_dim or None, the family's own keys;
+# intermediate_size None: the family names the MLP's width in its own keys);
+# each from litgpt/config.py at 3ba6da40 (line of its dict there)
+CONFIGS: dict[str, tuple] = {
+    # config.py 149: stablelm-base-alpha-3b takes Config's defaults: n_embd 4096, n_layer 16, n_head 32, vocab_size
+    # 50254 padded to a multiple of 512 (50688), rotary_percentage 0.25, parallel_residual, bias, LayerNorm,
+    # GptNeoxMLP of 4 x n_embd, block_size 4096
+    "stablelm-base-alpha-3b": ("stablelm-base-alpha-3b", "gpt_neox", 4096, 16384, 16, 32, 32, 50688, 4096, None,
+                               {"rotary_pct": 0.25, "use_parallel_residual": True, "hidden_act": "gelu"}),
+    # config.py 437-449: falcon-7b: n_embd 4544, n_layer 32, n_head 71, one query group, vocab 65024, block_size
+    # 2048, parallel residual with a shared attention norm, no bias, GptNeoxMLP (4 x n_embd)
+    "falcon-7b": ("falcon-7b", "falcon", 4544, None, 32, 71, 1, 65024, 2048, None, _FALCON_7B),
+    "falcon-7b-instruct": ("falcon-7b-instruct", "falcon", 4544, None, 32, 71, 1, 65024, 2048, None, _FALCON_7B),
+    # config.py 786-798: Llama-2-7b{,-chat}-hf: n_layer 32, n_head 32, n_embd 4096 (Config's defaults), vocab 32000
+    # (padding_multiple 64), LLaMAMLP 11008, block_size 4096
+    "Llama-2-7b-hf": ("Llama-2-7b-hf", "llama", 4096, 11008, 32, 32, 32, 32000, 4096, None, {}),
+    "Llama-2-7b-chat-hf": ("Llama-2-7b-chat-hf", "llama", 4096, 11008, 32, 32, 32, 32000, 4096, None, {}),
+    # config.py 800-814: Llama-2-13b{,-chat}-hf
+    "Llama-2-13b-hf": ("Llama-2-13b-hf", "llama", 5120, 13824, 40, 40, 40, 32000, 4096, None, {}),
+    "Llama-2-13b-chat-hf": ("Llama-2-13b-chat-hf", "llama", 5120, 13824, 40, 40, 40, 32000, 4096, None, {}),
+    # config.py 846-862: Gemma-2b: n_embd 2048, n_layer 18, n_head 8, one query group, vocab 256000, GemmaMLP
+    # (gelu tanh) 16384, block_size 4096 (Config's default)
+    "gemma-2b": ("Gemma-2b", "gemma", 2048, 16384, 18, 8, 1, 256000, 4096, 256, {"hidden_activation": "gelu_pytorch_tanh"}),
+    # config.py 864-882: Gemma-7b: n_embd 3072, n_layer 28, n_head 16, head_size 256, GemmaMLP 24576
+    "gemma-7b": ("Gemma-7b", "gemma", 3072, 24576, 28, 16, 16, 256000, 4096, 256, {"hidden_activation": "gelu_pytorch_tanh"}),
+    # config.py 1349-1362: Mistral-7B-{,Instruct-}v0.1: n_layer 32, 8 query groups, vocab 32000, LLaMAMLP 14336,
+    # block_size 4096 ("should be 32768 but sliding window attention is not implemented": no sliding window)
+    "Mistral-7B-v0.1": ("Mistral-7B-v0.1", "mistral", 4096, 14336, 32, 32, 8, 32000, 4096, None, {"sliding_window": None}),
+    "Mistral-7B-Instruct-v0.1": ("Mistral-7B-Instruct-v0.1", "mistral", 4096, 14336, 32, 32, 8, 32000, 4096, None, {"sliding_window": None}),
+    # config.py 1413-1428: tiny-llama-1.1b{,-chat}: n_embd 2048, n_layer 22, n_head 32, 4 query groups, vocab 32000,
+    # LLaMAMLP 5632, block_size 2048
+    "TinyLlama-1.1B-intermediate-step-1431k-3T": ("tiny-llama-1.1b", "llama", 2048, 5632, 22, 32, 4, 32000, 2048, None, {}),
+    "TinyLlama-1.1B-Chat-v1.0": ("tiny-llama-1.1b-chat", "llama", 2048, 5632, 22, 32, 4, 32000, 2048, None, {}),
+}
+
+# models of the config hub whose family memfit does not derive, and why
+REFUSED: dict[str, str] = {
+    "phi-2": "LitGPT's phi-2 (config.py 1327-1340) is transformers' Phi (model_type phi: a partial rotary, a shared "
+             "attention norm, a biased head), a family memfit does not derive (it knows Phi-3's); write a memfit config",
+}
+
+# what LitGPT's lora_* flags adapt (litgpt/lora.py: the attention's fused qkv `attn` by LoRAQKVLinear's enable_lora
+# (lora_query, lora_key, lora_value), `proj` by lora_projection, the MLP's linears by lora_mlp, `lm_head` by lora_head)
+# in each family, as the transformers module names memfit's LoRA targets: per family, the module each of query, key and
+# value is in (one fused module: the same name), the projection, the MLP's modules, the head
+LORA_MODULES: dict[str, dict] = {
+    "llama": {"query": "q_proj", "key": "k_proj", "value": "v_proj", "projection": "o_proj",
+              "mlp": ("gate_proj", "up_proj", "down_proj"), "head": "lm_head"},
+    "mistral": {"query": "q_proj", "key": "k_proj", "value": "v_proj", "projection": "o_proj",
+                "mlp": ("gate_proj", "up_proj", "down_proj"), "head": "lm_head"},
+    "gemma": {"query": "q_proj", "key": "k_proj", "value": "v_proj", "projection": "o_proj",
+              "mlp": ("gate_proj", "up_proj", "down_proj"), "head": "lm_head"},
+    "gpt_neox": {"query": "query_key_value", "key": "query_key_value", "value": "query_key_value", "projection": "dense",
+                 "mlp": ("dense_h_to_4h", "dense_4h_to_h"), "head": "embed_out"},
+    "falcon": {"query": "query_key_value", "key": "query_key_value", "value": "query_key_value", "projection": "dense",
+               "mlp": ("dense_h_to_4h", "dense_4h_to_h"), "head": "lm_head"},
+}
+
+
+# the families whose config.json counts key/value heads in num_key_value_heads (GPT-NeoX has as many as queries;
+# Falcon says multi_query)
+KV_HEADS = ("llama", "mistral", "gemma")
+
+
+def lookup(name: str) -> str | None:
+    """The CONFIGS key of a checkpoint directory's name or LitGPT's config name, else None."""
+    if name in CONFIGS:
+        return name
+    return next((key for key, entry in CONFIGS.items() if entry[0] == name), None)
+
+
+def transformer(key: str) -> dict:
+    """The config.json keys (model.transformer) of a CONFIGS entry."""
+    _, family, hidden, inter, layers, heads, groups, vocab, block, head_dim, own = CONFIGS[key]
+    cfg = {"model_type": family, "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+           "vocab_size": vocab, "max_position_embeddings": block, "tie_word_embeddings": False}
+    if inter is not None:
+        cfg["intermediate_size"] = inter
+    if family in KV_HEADS:
+        cfg["num_key_value_heads"] = groups
+    if head_dim is not None:
+        cfg["head_dim"] = head_dim
+    cfg.update(own)
+    return cfg

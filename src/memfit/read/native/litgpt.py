@@ -1,0 +1,247 @@
+"""LitGPT finetune configs (Lightning-AI/litgpt `config_hub/finetune/<model>/{lora,qlora,full}.yaml`, the arguments of
+`litgpt finetune lora|full --config FILE`), read as `litgpt/finetune/lora.py` and `full.py` run them at
+3ba6da4012fa880294ae4557cc16e5182591a73d (the commit of the config hub's measured rows; `litgpt/args.py` TrainArgs).
+The model is the checkpoint directory's: its name is looked up in LitGPT's model table (models/litgpt_configs.py,
+from litgpt/config.py), or mapped in the settings' models table / a local directory with its config.json.
+
+A file with LoRA keys (lora_*) or `quantize` is `finetune/lora.py`'s; without them, `finetune/full.py`'s. What
+lora.py switches on that memfit models: its step `model(input_ids, lm_head_chunk_size=128)` and
+`chunked_cross_entropy` (training.loss chunked_head, 128), LitGPT's own attention and LoRAQKVLinear
+(training.litgpt_qkv), under `quantize: bnb.*` Lightning's BitsandbytesPrecision (quantization; the pinned
+bitsandbytes 0.42.0 keeps each 4-bit matmul's input: training.quantized_saves_input) and bitsandbytes' PagedAdamW
+(32-bit paged state). full.py computes the whole logits (`model(input_ids)`) and a chunked cross-entropy over them
+in their dtype: memfit's default loss is written (its fp32 upcast: an upper bound). Over more than one device both
+scripts run FSDPStrategy(auto_wrap_policy={Block}, activation_checkpointing_policy={Block}): parallel.fsdp
+full_shard over `devices` GPUs with every block checkpointed.
+"""
+
+from __future__ import annotations
+
+import os
+
+from memfit.diagnostics import codes
+from memfit.models import litgpt_configs
+from memfit.read.native.base import Reader
+from memfit.read.native.torchtune import OPTIMIZERS
+
+# native key -> (default, memfit key, source in litgpt at 3ba6da40)
+KEYS = {
+    "checkpoint_dir": (None, "model.transformer (models/litgpt_configs.py by the directory's name; or its config.json)", "finetune/lora.py setup; config.py Config.from_checkpoint"),
+    "precision": ("bf16-mixed", "precision (null: utils.get_default_supported_precision(training=True), bf16-mixed on a GPU with bfloat16; Lightning's short names bf16, 16, 32, 64)", "finetune/lora.py setup"),
+    "quantize": (None, "quantization nf4 / fp4 / int8 (bnb.nf4-dq, bnb.fp4-dq: double_quant), training.quantized_saves_input, optimizer PagedAdamW (paged fp32 state)", "finetune/lora.py setup BitsandbytesPrecision, main optimizer_cls"),
+    "devices": (1, "parallel.fsdp full_shard, parallel.data, training.checkpointing full (above 1: FSDPStrategy with activation_checkpointing_policy={Block})", "finetune/lora.py, full.py setup"),
+    "lora_r": (8, "lora.r", "finetune/lora.py setup"),
+    "lora_alpha": (16, "lora.alpha", "finetune/lora.py setup"),
+    "lora_dropout": (0.05, "lora.dropout", "finetune/lora.py setup"),
+    "lora_query / lora_key / lora_value": ("true / false / true", "lora.target_modules (the family's q, k, v modules), training.litgpt_qkv's parts", "finetune/lora.py setup; lora.py LoRAQKVLinear"),
+    "lora_projection / lora_mlp / lora_head": (False, "lora.target_modules (the attention's output, the MLP's linears, the head)", "finetune/lora.py setup"),
+    "train.micro_batch_size": ("4 (lora.py), 1 (full.py)", "training.micro_batch", "args.py TrainArgs; the scripts' setup defaults"),
+    "train.global_batch_size": ("128 (lora.py), 64 (full.py)", "training.gradient_accumulation: global_batch_size // devices // micro_batch_size", "args.py TrainArgs.gradient_accumulation_iters"),
+    "train.max_seq_length": (None, "training.seq_len (null: left to the data: memfit gates the setting data_seq_len, default 2,048, says so at the key with the longest length that fits)", "finetune/lora.py fit: model.max_seq_length = min(longest, max_seq_length)"),
+    "train.tie_embeddings": (None, "(an error when set: the finetune scripts' validate_args refuses it)", "finetune/lora.py, full.py validate_args"),
+    "optimizer": ("AdamW", "optimizer, training.optimizer_impl (a name or class_path + init_args; later LitGPT releases)", "finetune/lora.py main: torch.optim.AdamW, bnb.optim.PagedAdamW under quantize"),
+}
+
+# keys that change memory and are not modelled -> (no-effect values, what they do)
+UNMODELLED = {
+    "resume": ((False,), "resuming loads the optimizer state and the model from a checkpoint on the GPU: the figures may be low by the loaded copy while it is read"),
+}
+
+# the scripts' defaults that differ (finetune/lora.py and full.py setup's TrainArgs)
+SCRIPT_DEFAULTS = {"lora": {"micro_batch_size": 4, "global_batch_size": 128}, "full": {"micro_batch_size": 1, "global_batch_size": 64}}
+# Lightning's short names (fabric/connector.py _PRECISION_INPUT_STR_ALIAS_CONVERSION)
+ALIASES = {"64": "64-true", "32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}
+PRECISIONS = ("32-true", "bf16-true", "16-true", "bf16-mixed", "16-mixed", "64-true")
+# BitsandbytesPrecision's modes (quantize[4:]) -> (quantization method, double_quant)
+QUANTIZE = {"bnb.nf4": ("nf4", False), "bnb.nf4-dq": ("nf4", True), "bnb.fp4": ("fp4", False), "bnb.fp4-dq": ("fp4", True), "bnb.int8-training": ("int8", False)}
+COMPUTE = {"bf16-true": "bfloat16", "16-true": "float16", "32-true": "float32"}  # finetune/lora.py setup's dtype map
+LORA_FLAGS = (("lora_query", True), ("lora_key", False), ("lora_value", True), ("lora_projection", False), ("lora_mlp", False), ("lora_head", False))
+
+
+def _model(r: Reader, ctx) -> dict | None:
+    """The transformer of checkpoint_dir: the settings' models table or a local directory with a config.json (LitGPT's
+    download keeps it there), else LitGPT's table by the directory's name; None after a positioned error."""
+    value = r.data.get("checkpoint_dir")
+    at = r.at("checkpoint_dir") if "checkpoint_dir" in r.data else r.native.root
+    if not isinstance(value, str) or not value.strip():
+        r.error(at, codes.MODEL_NOT_FOUND, "checkpoint_dir names no model: LitGPT reads the model from the checkpoint directory "
+                f"(litgpt's default is checkpoints/stabilityai/stablelm-base-alpha-3b); name one of {_known()}")
+        return None
+    name = value.rstrip("/\\").replace("\\", "/").rsplit("/", 1)[-1]
+    local = os.path.join(ctx.base, value, "config.json")
+    if value in (ctx.conf.get("models") or {}) or os.path.isfile(local):
+        # a directory LitGPT opens where it runs, never a Hub name: './' so that it is read as the folder it is
+        raw = ctx.model(value if value in (ctx.conf.get("models") or {}) or os.path.isabs(value) else os.path.join(os.curdir, value), at)
+        if raw is None:
+            return None
+        r.native.doc.get("model", {}).pop("hf_config", None)  # the keys go inline (model.transformer), the file stays a reference
+        r.native.origins.pop(("model", "hf_config"), None)
+        # LitGPT's GPT keeps lm_head apart from the embedding whatever the config.json says
+        return {**raw, "tie_word_embeddings": False}
+    if name in litgpt_configs.REFUSED:
+        r.error(at, codes.UNSUPPORTED_MODEL, f"checkpoint_dir {name}: {litgpt_configs.REFUSED[name]}")
+        return None
+    key = litgpt_configs.lookup(name)
+    if key is None:
+        r.error(at, codes.MODEL_NOT_FOUND, f"checkpoint_dir {value!r}: memfit knows LitGPT's {_known()}; map this one to its config.json in "
+                f"the settings' models table ([tool.memfit.models] \"{value}\" = \"path/to/config.json\"), or put its config.json in that directory")
+        return None
+    return litgpt_configs.transformer(key)
+
+
+def _known() -> str:
+    return ", ".join(litgpt_configs.CONFIGS)
+
+
+def _lora(r: Reader, family: str) -> tuple[dict, list]:
+    """lora's spec from lora_r, lora_alpha, lora_dropout and the lora_* flags, and the qkv parts LoRAQKVLinear adapts."""
+    modules = litgpt_configs.LORA_MODULES.get(family)
+    flags = {key: r.get(key, (bool,), default) for key, default in LORA_FLAGS}
+    parts = [p for p in ("query", "key", "value") if flags[f"lora_{p}"]]
+    targets = []
+    if modules is None:
+        at = r.at("lora_r") if "lora_r" in r.data else r.native.root
+        r.warn(at, f"LoRA on a {family} model: memfit has no map of LitGPT's lora_* flags onto its modules; counted on its q, k, v projections")
+        targets = ["q_proj", "k_proj", "v_proj"]
+    else:
+        for part in parts:
+            targets.append(modules[part])
+        if flags["lora_projection"]:
+            targets.append(modules["projection"])
+        if flags["lora_mlp"]:
+            targets.extend(modules["mlp"])
+        if flags["lora_head"]:
+            targets.append(modules["head"])
+    spec = {"r": r.get("lora_r", (int,), 8), "alpha": r.get("lora_alpha", (int, float), 16), "dropout": r.get("lora_dropout", (int, float), 0.05),
+            "target_modules": list(dict.fromkeys(targets)), "dtype": "model"}  # built under fabric.init_module: the precision's dtype
+    return spec, parts
+
+
+def _optimizer(r: Reader, quantized: bool) -> None:
+    """AdamW (torch's, foreach on CUDA) or, under BitsandbytesPrecision, bitsandbytes' PagedAdamW (32-bit paged state:
+    fp32 state1/state2, one in-place kernel per parameter); a later release's `optimizer` key by name or class_path."""
+    value = r.data.get("optimizer")
+    at = r.at("optimizer") if "optimizer" in r.data else None
+    name = "AdamW"
+    if isinstance(value, str):
+        name = value
+    elif isinstance(value, dict):
+        name = r.get("class_path", (str,), "AdamW", data=value, prefix=("optimizer",))
+        at = r.at("optimizer", "class_path") if "class_path" in value else at
+    elif value is not None:
+        r.error(r.at("optimizer"), codes.NATIVE_CONFIG, "optimizer takes a name (AdamW) or class_path and init_args")
+    short = name.rsplit(".", 1)[-1]
+    if quantized and short in ("AdamW", "Adam"):
+        name = f"bitsandbytes.optim.Paged{short}"  # finetune/lora.py main: optimizer_cls = bnb.optim.PagedAdamW
+    elif "." not in name:
+        name = f"torch.optim.{name}"
+    found = OPTIMIZERS.get(name)
+    if found is None:
+        r.set(("optimizer",), "adamw", at)
+        r.warn(at or r.native.root, f"optimizer {name}: memfit does not model its state; counted as AdamW")
+        return
+    kind, impl, state = found
+    r.set(("optimizer",), kind, at)
+    if state is not None:
+        r.set(("dtypes", "optimizer_state"), state, at)
+    if name.startswith("bitsandbytes.optim.Paged") and state == "float32":
+        r.set(("training", "optimizer_impl"), "fused", at)  # one in-place kernel per parameter: no temporaries
+        r.set(("training", "paged_optimizer"), True, at)
+    elif impl is not None:
+        r.set(("training", "optimizer_impl"), impl, at)
+
+
+def _batch(r: Reader, ctx, script: str, devices: int) -> None:
+    train = r.get("train", (dict,), {})
+    defaults = SCRIPT_DEFAULTS[script]
+    micro = r.get("micro_batch_size", (int,), defaults["micro_batch_size"], data=train, prefix=("train",))
+    r.set(("training", "micro_batch"), micro, r.at("train", "micro_batch_size") if "micro_batch_size" in train else None)
+    total = r.get("global_batch_size", (int,), defaults["global_batch_size"], data=train, prefix=("train",))
+    at = r.at("train", "global_batch_size") if "global_batch_size" in train else None
+    if micro < 1 or total // max(devices, 1) // micro < 1:
+        r.error(at or r.at("train", "micro_batch_size") if "train" in r.data else r.native.root, codes.NATIVE_CONFIG,
+                f"global_batch_size {total} over {devices} device(s) is less than micro_batch_size {micro}: LitGPT's "
+                "TrainArgs.gradient_accumulation_iters asserts at least one")
+    else:
+        # no origin: the accumulation is derived (TrainArgs.gradient_accumulation_iters), so a fix that changes the
+        # micro-batch edits micro_batch_size alone and global_batch_size stays the run's (whatif/fixes.py native_edits)
+        r.set(("training", "gradient_accumulation"), total // max(devices, 1) // micro)
+    if train.get("tie_embeddings") is not None:  # finetune/lora.py, full.py validate_args
+        r.error(r.at("train", "tie_embeddings"), codes.NATIVE_CONFIG, "train.tie_embeddings: LitGPT's finetune scripts refuse it "
+                "(validate_args: \"doesn't support the 'tie_embeddings' argument\"); leave it null")
+
+
+def _seq_len(r: Reader, ctx, block: int) -> None:
+    train = r.get("train", (dict,), {})
+    seq = r.get("max_seq_length", (int,), None, data=train, prefix=("train",))
+    if seq is None:
+        where = r.at("train", "max_seq_length") if "max_seq_length" in train else r.at("train", on_key=True) if "train" in r.data else r.native.root
+        seq = r.seq_left_to_data(where, ctx.conf, block, "train.max_seq_length is not set: LitGPT does not truncate")
+        r.set(("training", "seq_len"), seq)
+        return
+    at = r.at("train", "max_seq_length")
+    if seq > block:
+        r.warn(at, f"train.max_seq_length {seq:,} is above the model's block_size {block:,}: LitGPT raises 'Cannot attend to ...' "
+                   f"on a longer sample (model.max_seq_length = min(longest, max_seq_length)); memfit gates {block:,} tokens")
+        seq = block
+    r.set(("training", "seq_len"), seq, at)
+
+
+def read(r: Reader, ctx) -> dict:
+    data = r.data
+    r.native.root = r.at("checkpoint_dir", on_key=True) if "checkpoint_dir" in data else r.at(next(iter(data)), on_key=True)
+    lora = "quantize" in data or any(key in data for key, _ in LORA_FLAGS) or any(k in data for k in ("lora_r", "lora_alpha", "lora_dropout"))
+    script = "lora" if lora else "full"
+    transformer = _model(r, ctx)
+    if transformer is None:
+        return {}
+    r.set(("model", "transformer"), transformer, r.at("checkpoint_dir"))
+    family = transformer.get("model_type")
+
+    precision = r.get("precision", (str, int), None)
+    precision = ALIASES.get(str(precision), precision) if precision is not None else None
+    if precision is not None and precision not in PRECISIONS:
+        r.error(r.at("precision"), codes.NATIVE_CONFIG, f"precision is {precision!r}: one of {', '.join(map(repr, PRECISIONS))}")
+        precision = None
+    r.set(("precision",), precision or "bf16-mixed", r.at("precision") if precision else None)
+    precision = precision or "bf16-mixed"
+    quantize = r.get("quantize", (str,), None, choices=tuple(QUANTIZE))
+    if quantize is not None:
+        if precision not in COMPUTE:
+            r.error(r.at("quantize"), codes.NATIVE_CONFIG, f"quantize {quantize} with precision {precision}: LitGPT raises "
+                    "'Quantization and mixed precision is not supported' (finetune/lora.py setup); use bf16-true")
+        method, double = QUANTIZE[quantize]
+        r.set(("quantization",), {"method": method, "double_quant": double, "compute_dtype": COMPUTE.get(precision, "bfloat16")}, r.at("quantize"))
+        r.set(("training", "quantized_saves_input"), True)  # bitsandbytes 0.42.0 (pinned then): MatMul4Bit keeps its input
+
+    devices = r.get("devices", (int, "auto"), 1)
+    if devices == "auto" or not isinstance(devices, int):
+        devices = ctx.conf.get("gpus") or 1
+    if devices > 1:
+        if quantize is not None:
+            r.error(r.at("devices"), codes.NATIVE_CONFIG, "quantize over more than one device: LitGPT raises 'Quantization is currently "
+                    "not supported for multi-GPU training' (finetune/lora.py setup)")
+        r.set(("parallel", "fsdp"), "full_shard", r.at("devices"))
+        r.set(("training", "checkpointing"), "full", r.at("devices"))
+        if "gpus" not in ctx.conf.cli:
+            ctx.launch = {**ctx.launch, "gpus": (devices, r.at("devices"))}
+    else:
+        r.set(("training", "checkpointing"), "none")
+    _batch(r, ctx, script, devices)
+    _seq_len(r, ctx, transformer.get("max_position_embeddings") or 2048)
+    r.set(("training", "attention"), "sdpa")  # model.py CausalSelfAttention.scaled_dot_product_attention: F.scaled_dot_product_attention
+    _optimizer(r, quantize is not None)
+    if lora:
+        spec, parts = _lora(r, family)
+        r.set(("lora",), spec, r.at("lora_r") if "lora_r" in data else None)
+        for key, memfit in (("lora_r", "r"), ("lora_alpha", "alpha"), ("lora_dropout", "dropout")):
+            if key in data:
+                r.origin(("lora", memfit), r.at(key))
+        r.set(("training", "loss"), {"kind": "chunked_head", "chunk_size": 128})  # model(input_ids, lm_head_chunk_size=128)
+        modules = litgpt_configs.LORA_MODULES.get(family) or {}
+        fused = modules.get("query") is not None and modules.get("query") == modules.get("key")
+        r.set(("training", "litgpt_qkv"), {"lora": parts} if fused else True)
+    else:
+        r.set(("training", "litgpt_qkv"), True)
+    r.unmodelled(UNMODELLED)
+    return {}
