@@ -156,6 +156,9 @@ def trainer_checked(tmp_path: Path, stage: int, micro_batch: int, seq_len: int, 
     assert done.returncode == 0, done.stdout + done.stderr
     entry = json.loads(done.stdout)["files"][0]
     assert entry["input_format"] == "hf-trainer"
+    # the BF16_Optimizer that ZeRO-1 with an fp32 grad_accum_dtype is, said where the DeepSpeed config sets it
+    said = [d for d in entry["diagnostics"] if d["code"] == "not-modelled" and "BF16_Optimizer" in d["message"]]
+    assert len(said) == (1 if grad_accum_dtype == "fp32" and stage == 1 else 0), entry["diagnostics"]
     return entry["peak"]
 
 
