@@ -33,7 +33,7 @@ from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gloo_ranks import fork_ranks, storage_bytes  # noqa: E402,F401  (storage_bytes: the other workers take it from here)
+from gloo_ranks import fork_ranks, storage_bytes  # noqa: E402
 
 CPU = torch.device("cpu")
 
