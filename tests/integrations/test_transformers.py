@@ -104,7 +104,7 @@ def test_lora_with_checkpointing_in_bf16_is_what_memfit_check_gives_for_the_hand
     hand = tmp_path / "lora.yaml"
     hand.write_text(textwrap.dedent(f"""\
         memfit: 1
-        device: {{memory: 1 GiB}}
+        device: {{memory: 1 GiB, type: cpu}}
         model: {{hf_config: model/config.json}}
         precision: {precision}
         optimizer: adamw
@@ -124,6 +124,50 @@ def test_lora_with_checkpointing_in_bf16_is_what_memfit_check_gives_for_the_hand
     assert converted.returncode == 0, converted.stderr
     (tmp_path / "converted.yaml").write_text(converted.stdout)
     assert checked(tmp_path / "converted.yaml")["peak"]["bytes"] == callback.result.peak
+
+
+def test_a_run_on_the_cpu_is_checked_with_cpu_autocast(tmp_path):
+    """use_cpu=True: the Trainer's device is the CPU, so the config the callback checks says `device.type: cpu`, and a
+    bf16-mixed GPT-2 (gelu_new's pow, which CUDA autocast runs in float32 and CPU autocast in bf16) is priced with CPU
+    autocast's dtypes: the callback's figure is `memfit check`'s of the hand-written config with `type: cpu`, and below
+    the same config on `cuda`."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    # use_cache off, as the Trainer turns it off for training (the config.json the hand-written config names says so too)
+    model = GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=TINY["vocab_size"], n_positions=128, use_cache=False))
+    (tmp_path / "model").mkdir()
+    model.config.to_json_file(str(tmp_path / "model" / "config.json"))
+    callback = MemfitCallback(budget="1 GiB")
+    trainer = Trainer(model=model, args=arguments(tmp_path, max_steps=1, bf16=True), train_dataset=dataset(), callbacks=[callback])
+    trainer.train()
+    assert trainer.state.global_step == 1 and trainer.args.device.type == "cpu"
+    assert callback.config["device"] == {"memory": "1 GiB", "type": "cpu"} and callback.config["precision"] == "bf16-mixed"
+    figures = {}
+    for kind in ("cpu", "cuda"):
+        hand = tmp_path / f"{kind}.yaml"
+        hand.write_text(textwrap.dedent(f"""\
+            memfit: 1
+            device: {{memory: 1 GiB, type: {kind}}}
+            model: {{hf_config: model/config.json}}
+            precision: bf16-mixed
+            optimizer: adamw
+            training: {{micro_batch: 2, seq_len: {SEQ}, optimizer_impl: fused}}
+            """))
+        entry = checked(hand)
+        assert entry["diagnostics"] == []
+        figures[kind] = entry["peak"]["bytes"]
+    assert callback.result.peak == figures["cpu"] < figures["cuda"], (callback.result.peak, figures)
+
+
+def test_the_device_type_is_where_the_trainer_runs():
+    from types import SimpleNamespace
+
+    from memfit.integrations import live
+
+    assert live.device_type(SimpleNamespace(device=torch.device("cpu"))) == "cpu"
+    assert live.device_type(SimpleNamespace(device=torch.device("cuda", 0))) == "cuda"
+    assert live.device_type(SimpleNamespace(use_cpu=True)) == "cpu" and live.device_type(SimpleNamespace(use_cpu=False)) == "cuda"
 
 
 def test_a_run_that_cannot_fit_stops_before_its_first_step_with_the_diagnostics_memfit_check_prints(tmp_path):
@@ -264,7 +308,8 @@ def test_the_readme_s_three_lines_run(tmp_path, monkeypatch):
     from memfit.config.presets import PRESETS
 
     assert run["status"] == "completed" and run["predicted"]["fits"] is True
-    assert run["config"]["device"] == {"preset": "H100-80GB"} and run["predicted"]["budget"] <= PRESETS["H100-80GB"].memory
+    # the run trains on the CPU (use_cpu): checked against the preset with CPU autocast's dtypes
+    assert run["config"]["device"] == {"preset": "H100-80GB", "type": "cpu"} and run["predicted"]["budget"] <= PRESETS["H100-80GB"].memory
 
 
 def test_qlora_is_what_memfit_check_gives_for_the_hand_written_config(tmp_path):
@@ -285,7 +330,7 @@ def test_qlora_is_what_memfit_check_gives_for_the_hand_written_config(tmp_path):
     hand = tmp_path / "qlora.yaml"
     hand.write_text(textwrap.dedent(f"""\
         memfit: 1
-        device: {{memory: 1 GiB}}
+        device: {{memory: 1 GiB, type: cpu}}
         model: {{hf_config: model/config.json}}
         precision: bf16-true
         optimizer: adamw

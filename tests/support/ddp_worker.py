@@ -15,21 +15,18 @@ Every rank reports MemTracker's peak (bytes), its categories, the buckets' bytes
 import json
 import os
 import sys
-import tempfile
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from rank_worker import CPU, Tracker, build, storage_bytes  # noqa: E402
+from gloo_ranks import fork_ranks, storage_bytes  # noqa: E402
+from rank_worker import CPU, Tracker, build  # noqa: E402
 
 
-def run(rank, world, case, store, out):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+def run(rank, world, case):
     model = build(case)
     ddp = DistributedDataParallel(model, gradient_as_bucket_view=case["gradient_as_bucket_view"])
     buckets = {}
@@ -63,29 +60,15 @@ def run(rank, world, case, store, out):
     with tracker:
         step()
     snap = tracker.get_tracker_snapshot("peak")[CPU]
-    report = {"rank": rank, "bytes": snap["Total"], "categories": {(k.value if hasattr(k, "value") else str(k)): v for k, v in snap.items()},
-              "buckets": storage_bytes(held), "gradients": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)}
-    with open(f"{out}.{rank}", "w") as f:
-        json.dump(report, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    return {"rank": rank, "bytes": snap["Total"], "categories": {(k.value if hasattr(k, "value") else str(k)): v for k, v in snap.items()},
+            "buckets": storage_bytes(held), "gradients": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)}
 
 
 def main():
     world, out = int(sys.argv[1]), sys.argv[2]
     with open(sys.argv[3]) as f:
         case = json.load(f)
-    import transformers.models.llama.modeling_llama  # noqa: F401  (imported once, inherited by the forked ranks)
-
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(run, args=(world, case, os.path.join(tmp, "store"), out), nprocs=world, start_method="fork")
-    reports = []
-    for rank in range(world):
-        with open(f"{out}.{rank}") as f:
-            reports.append(json.load(f))
-        os.remove(f"{out}.{rank}")
-    with open(out, "w") as f:
-        json.dump(reports, f)
+    fork_ranks(world, out, run, case, preload=("transformers.models.llama.modeling_llama",))
 
 
 if __name__ == "__main__":

@@ -16,22 +16,17 @@ allocation the tracker sees (not only at the total's peak).
 import json
 import os
 import sys
-import tempfile
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gloo_ranks import fork_ranks  # noqa: E402
 
 HOST = ("Sharded Param", "Sharded Grad", "OptState")
 
 
-def run(rank, world, config, cases, store, out):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    reports = [step(rank, world, config, case) for case in cases]
-    with open(f"{out}.{rank}", "w") as f:
-        json.dump(reports, f)
-    dist.destroy_process_group()
+def run(rank, world, config, cases):
+    return [step(rank, world, config, case) for case in cases]
 
 
 def step(rank, world, config, checkpointing, fake=None):
@@ -115,20 +110,9 @@ def _warm_step(rank, world, config, checkpointing, model, fake, FSDPMemTracker):
 
 def main():
     world, out, config_path, cases = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
-    import torch.distributed.fsdp  # noqa: F401  (imported once here, inherited by the forked ranks)
-    import transformers.models.llama.modeling_llama  # noqa: F401
-
     with open(config_path) as f:
         config = json.load(f)
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(run, args=(world, config, cases, os.path.join(tmp, "store"), out), nprocs=world, start_method="fork")
-    reports = []
-    for rank in range(world):
-        with open(f"{out}.{rank}") as f:
-            reports.append(json.load(f))
-        os.remove(f"{out}.{rank}")
-    with open(out, "w") as f:
-        json.dump(reports, f)
+    fork_ranks(world, out, run, config, cases, preload=("torch.distributed.fsdp", "transformers.models.llama.modeling_llama"))
 
 
 if __name__ == "__main__":

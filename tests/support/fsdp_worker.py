@@ -8,15 +8,14 @@ PRECISION is "fp32" or "bf16" (MixedPrecisionPolicy(param_dtype=bfloat16): the s
 stay fp32, the all-gathered ones are bf16).
 """
 
-import json
 import os
 import sys
-import tempfile
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gloo_ranks import fork_ranks, storage_bytes  # noqa: E402
 
 
 class Block(nn.Module):
@@ -60,24 +59,11 @@ def build(name):
     return LlamaForCausalLM(config), lambda m: list(m.model.layers)
 
 
-def storage_bytes(tensors):
-    seen = {}
-    for t in tensors:
-        s = t.untyped_storage()
-        seen[s.data_ptr()] = s.nbytes()
-    return sum(seen.values())
-
-
-def run(rank, world, cases, store, out):
+def run(rank, world, cases):
     from torch.distributed.device_mesh import init_device_mesh
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     mesh = init_device_mesh("cpu", (world,))
-    reports = [(tensor_parallel if case == "llama:tp" else step)(rank, mesh, *case.split(":")) for case in cases]
-    with open(f"{out}.{rank}", "w") as f:
-        json.dump(reports, f)
-    dist.destroy_process_group()
+    return [(tensor_parallel if case == "llama:tp" else step)(rank, mesh, *case.split(":")) for case in cases]
 
 
 def tensor_parallel(rank, mesh, model_name, _):
@@ -148,22 +134,8 @@ def step(rank, mesh, model_name, precision):
 
 def main():
     world, out, cases = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
-    # imported once here, inherited by the forked ranks
-    import torch.distributed.fsdp  # noqa: F401
-    import torch.distributed.tensor  # noqa: F401
-
-    if any(case.startswith("llama") for case in cases):
-        import transformers.models.llama.modeling_llama  # noqa: F401
-    with tempfile.TemporaryDirectory() as tmp:
-        # fork: the children inherit the imported torch instead of importing it again
-        mp.start_processes(run, args=(world, cases, os.path.join(tmp, "store"), out), nprocs=world, start_method="fork")
-    reports = []
-    for rank in range(world):
-        with open(f"{out}.{rank}") as f:
-            reports.append(json.load(f))  # per rank: one report per case
-        os.remove(f"{out}.{rank}")
-    with open(out, "w") as f:
-        json.dump(reports, f)
+    llama = ("transformers.models.llama.modeling_llama",) if any(case.startswith("llama") for case in cases) else ()
+    fork_ranks(world, out, run, cases, preload=("torch.distributed.fsdp", "torch.distributed.tensor", *llama))
 
 
 if __name__ == "__main__":

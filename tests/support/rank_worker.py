@@ -26,14 +26,14 @@ optimizer state (storage bytes).
 import json
 import os
 import sys
-import tempfile
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gloo_ranks import fork_ranks, storage_bytes  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -48,14 +48,6 @@ def build(case):
     model = LlamaForCausalLM._from_config(LlamaConfig(**fields), attn_implementation="sdpa")
     model.train()
     return model
-
-
-def storage_bytes(tensors):
-    seen = {}
-    for t in tensors:
-        s = t.untyped_storage()
-        seen[s.data_ptr()] = s.nbytes()
-    return sum(seen.values())
 
 
 def local(t):
@@ -223,34 +215,17 @@ def run_pp(rank, world, case):
     return out
 
 
-def run(rank, world, case, store, out):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+def run(rank, world, case):
     report = (run_tp if case["mode"] in ("tp", "sp", "fsdp_tp") else run_pp)(rank, world, case)
     report["rank"] = rank
-    with open(f"{out}.{rank}", "w") as f:
-        json.dump(report, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    return report
 
 
 def main():
     world, out = int(sys.argv[1]), sys.argv[2]
     with open(sys.argv[3]) as f:
         case = json.load(f)
-    import torch.distributed.pipelining  # noqa: F401  (imported once, inherited by the forked ranks)
-    import torch.distributed.tensor.parallel  # noqa: F401
-    import transformers.models.llama.modeling_llama  # noqa: F401
-
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(run, args=(world, case, os.path.join(tmp, "store"), out), nprocs=world, start_method="fork")
-    reports = []
-    for rank in range(world):
-        with open(f"{out}.{rank}") as f:
-            reports.append(json.load(f))
-        os.remove(f"{out}.{rank}")
-    with open(out, "w") as f:
-        json.dump(reports, f)
+    fork_ranks(world, out, run, case, preload=("torch.distributed.pipelining", "torch.distributed.tensor.parallel", "transformers.models.llama.modeling_llama"))
 
 
 if __name__ == "__main__":

@@ -82,8 +82,8 @@ def trainer_arguments(args, model, seq_len: int, config_dir: str) -> tuple[dict,
     for key in ("block_size", "max_seq_length", "max_length", "config_name", "torch_dtype", "dtype"):
         out.pop(key, None)  # the model's and the run's own, below
     for key in ("use_cpu", "no_cuda"):
-        # where the run trains is what the callback sees in the process (on a machine without a GPU it only records):
-        # not a key of a file whose device memfit must be told
+        # where the run trains is what the callback sees in the process (args.device): memfit_config's device.type says
+        # it, not the hf-trainer reader's not-modelled use_cpu
         out.pop(key, None)
     out["model_name_or_path"] = config_dir
     out["max_seq_length"] = seq_len
@@ -195,7 +195,17 @@ def memfit_config(args, model, seq_len: int, *, device: str | None = None, budge
         device_section = dict(doc.get("device") or {})
         device_section["memory"] = budget if isinstance(budget, (int, str)) else int(budget)
         doc["device"] = device_section
+    doc["device"] = {**(doc.get("device") or {}), "type": device_type(args)}
     return _ordered(doc), notes
+
+
+def device_type(args) -> str:
+    """The torch device the Trainer runs the step on, as memfit's `device.type` says it: `cpu` for a run on the CPU
+    (`args.device.type == "cpu"`, which `use_cpu` makes it; its `*-mixed` activations are CPU autocast's), `cuda`
+    otherwise (a GPU: CUDA's autocast, ROCm's too)."""
+    device = getattr(args, "device", None)
+    on_cpu = getattr(device, "type", None) == "cpu" if device is not None else bool(getattr(args, "use_cpu", False))
+    return "cpu" if on_cpu else "cuda"
 
 
 def _fsdp_left_out(native: dict, doc: dict) -> list[str]:

@@ -61,6 +61,12 @@ TOP_UNMODELLED = {
     "compression_training": ((), "compression changes the weights' storage"),
 }
 GRAD_ACCUM_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+# engine.py _do_optimizer_sanity_check: bf16, grad_accum_dtype fp32, ZeRO stage 1 without optimizer offload is
+# runtime/bf16_optimizer.py's BF16_Optimizer, not stage_1_and_2.py (measured: tests/placement/test_zero12_gradients.py)
+BF16_OPTIMIZER = ("data_types.grad_accum_dtype fp32 with bf16 under ZeRO stage 1: DeepSpeed runs its BF16_Optimizer (runtime/bf16_optimizer.py), "
+                  "which holds an fp32 gradient buffer of the whole model, not partitioned, the whole step, and all-reduces it through a bf16 "
+                  "copy beside the bf16 gradients; memfit does not model it (it counts stage_1_and_2.py's fp32 gradient partition, made in the "
+                  "step): the figures are low")
 
 
 def apply(r: Reader, ds: dict, file: str | None, trainer: dict, hidden_size: int | None) -> None:
@@ -125,6 +131,9 @@ def apply(r: Reader, ds: dict, file: str | None, trainer: dict, hidden_size: int
             r.warn(at("zero_optimization", key, "device"), f"zero_optimization.{key}.device nvme: memfit counts it as CPU offload (the GPU side is the same; host memory is not)")
         if device in ("cpu", "nvme"):
             r.set(("parallel", "offload", target), "cpu", at("zero_optimization", key))
+    offloaded = (zero.get("offload_optimizer") or {}).get("device") in ("cpu", "nvme") if isinstance(zero.get("offload_optimizer"), dict) else False
+    if accum_dtype == "fp32" and bf16 and stage == 1 and not offloaded:
+        r.warn(at("data_types", "grad_accum_dtype"), BF16_OPTIMIZER)
     for key, target in (("reduce_bucket_size", "reduce"), ("allgather_bucket_size", "allgather")):
         if key not in zero or (target == "allgather" and stage == 3):
             continue
