@@ -51,6 +51,11 @@ def problems(config, training: dict) -> list:
         return [Problem(("training", "previous_outputs_held"), codes.NEEDS_TRANSFORMER,
                         "training.previous_outputs_held: the outputs held are a transformer's logits; declare the "
                         "model as a transformer (hf_config)")]
+    p = getattr(config, "parallel", None)
+    if p is not None and p.pipeline > 1:
+        return [Problem(("training", "previous_outputs_held"), codes.NOT_MODELLED,
+                        "training.previous_outputs_held under pipeline parallelism: each stage's program leaves the "
+                        "previous micro-batch's outputs out (the figure is low)")]
     return []
 
 
