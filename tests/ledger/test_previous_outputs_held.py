@@ -22,25 +22,6 @@ QUANT = {"method": "nf4", "compute_dtype": "bfloat16"}
 LORA = {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
 
 
-class _NoModules:
-    """MemTracker's module tracker, tracking no module: every byte is still counted (its dispatch mode), none held."""
-
-    parents: set = set()
-    is_bw = False
-
-    def register_user_hooks(self, *hooks):
-        pass
-
-    def clear_user_hooks(self):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        pass
-
-
 def measured(cfg: dict, hold: bool) -> dict:
     import torch
 
@@ -70,7 +51,7 @@ def measured(cfg: dict, hold: bool) -> dict:
             opt.step()
             opt.zero_grad()
         tracker = ref.PhaseTracker(list(model.parameters()))
-        tracker._mod_tracker = _NoModules()
+        tracker._mod_tracker = ref.NoModules()
         tracker.track_external(model, opt, x, y)
         with tracker:
             for _ in range(2):   # gradient accumulation 2: the second micro-batch runs beside the first's outputs
@@ -124,3 +105,18 @@ def test_the_key_without_a_transformer_is_refused(tmp_path):
                           capture_output=True, text=True, timeout=120, check=False)
     diagnostics = json.loads(done.stdout)["files"][0]["diagnostics"]
     assert any(d["code"] == "needs-transformer" for d in diagnostics), diagnostics
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_litgpts_loop_holds_its_logits_through_the_backward():
+    """LitGPT 3ba6da40's step (litgpt_port: its code for a tiny Llama whose logits dominate) as `fit` runs it, `logits`
+    bound from the forward through the backward into the next forward: the key says it; without it memfit lets the
+    logits go at the loss, as a loop dropping them would."""
+    needs.module("torch")
+    import litgpt_fabric_measure as litgpt
+
+    measured = litgpt.measured(fabric=False)
+    mine, without = litgpt.memfit(held=True), litgpt.memfit(held=False)
+    assert abs(mine[0] - measured[0]) <= BAND * measured[0], (mine, measured)
+    assert mine[1] == measured[1] == "backward", (mine, measured)
+    assert measured[0] - without[0] > BAND * measured[0], (without, measured)

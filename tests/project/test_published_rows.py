@@ -44,8 +44,8 @@ OPEN = {
     "litgpt-lora-stablelm-3b-nf4-b1.yaml": "not explained; the longest batch runs first, with no graph before it (0.886)",
     "litgpt-lora-stablelm-3b-nf4-dq-b1.yaml": "not explained; the longest batch runs first, with no graph before it (0.884)",
     "litgpt-lora-stablelm-3b-none-b4.yaml": "LitGPT's GPT-NeoX block keeps more than transformers' (0.939)",
-    "litgpt-hub-gemma-2b-lora.yaml": "largest part found: the logits at Gemma's 256,000 vocabulary (Fabric's fp32, the chunked loss's backward), not modelled (0.907)",
-    "litgpt-hub-gemma-2b-qlora.yaml": "largest part found: the logits at Gemma's 256,000 vocabulary (Fabric's fp32, the chunked loss's backward), not modelled (0.868)",
+    "litgpt-hub-gemma-2b-lora.yaml": "largest part found: the logits at Gemma's 256,000 vocabulary come back fp32 through Fabric, not modelled (0.917)",
+    "litgpt-hub-gemma-2b-qlora.yaml": "largest part found: the logits at Gemma's 256,000 vocabulary come back fp32 through Fabric, not modelled (0.868)",
 }
 
 

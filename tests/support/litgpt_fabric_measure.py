@@ -5,7 +5,7 @@ tracker, tests/ledger/test_previous_outputs_held.py) run plainly and through `li
 (`precision="bf16-true"` on the CPU: `_FabricModule.forward` converts the output to `torch.get_default_dtype()`, so
 the logits chunks come back in fp32), beside `memfit check` on the config of that step. Not a test: Lightning is not a
 test dependency (run it with that wheel on the path: `PYTHONPATH=src:<site> python tests/support/litgpt_fabric_measure.py`;
-docs/accuracy.md gives what it printed)."""
+docs/accuracy.md gives what it printed); tests/ledger/test_previous_outputs_held.py runs the plain step."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import tempfile
 import warnings
 
 HERE = pathlib.Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "ledger"), str(HERE.parent), str(HERE.parents[1] / "tools")]
+sys.path[:0] = [str(HERE)]
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
@@ -25,7 +25,6 @@ import yaml  # noqa: E402
 
 import litgpt_port  # noqa: E402
 import peak_reference as ref  # noqa: E402
-from test_previous_outputs_held import _NoModules  # noqa: E402
 
 W, H, L, V, B, T, I = 64, 4, 2, 4096, 2, 256, 176
 
@@ -58,7 +57,7 @@ def measured(fabric: bool) -> tuple:
         opt.step()
         opt.zero_grad()
     tracker = ref.PhaseTracker(list(model.parameters()))
-    tracker._mod_tracker = _NoModules()
+    tracker._mod_tracker = ref.NoModules()
     tracker.track_external(model, opt, idx)
     with tracker:
         micro(tracker)
@@ -69,7 +68,7 @@ def measured(fabric: bool) -> tuple:
     return tracker.get_tracker_snapshot("peak")[ref.CPU]["Total"], tracker.peak_phase, str(seen["dtype"])
 
 
-def memfit() -> tuple:
+def memfit(held: bool = True) -> tuple:
     tmp = pathlib.Path(tempfile.mkdtemp())
     cfg = {"model_type": "llama", "hidden_size": W, "num_attention_heads": H, "num_key_value_heads": H,
            "num_hidden_layers": L, "vocab_size": V, "intermediate_size": I, "tie_word_embeddings": False,
@@ -77,7 +76,7 @@ def memfit() -> tuple:
     (tmp / "config.json").write_text(json.dumps(cfg))
     training = {"micro_batch": B, "seq_len": T, "gradient_accumulation": 2, "attention": "sdpa", "checkpointing": "none",
                 "optimizer_impl": "foreach", "loss": {"kind": "chunked_head", "chunk_size": 128}, "litgpt_qkv": True,
-                "previous_outputs_held": True}
+                "previous_outputs_held": held}
     doc = {"memfit": 1, "device": {"memory": "1 TiB", "type": "cpu"}, "optimizer": "adamw", "precision": "bf16-true",
            "model": {"hf_config": "config.json"}, "training": training,
            "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "dtype": "model", "target_modules": ["q_proj", "v_proj"]}}
@@ -91,4 +90,4 @@ def memfit() -> tuple:
 if __name__ == "__main__":
     print("LitGPT's step:", measured(False))
     print("through Fabric:", measured(True))
-    print("memfit:", memfit())
+    print("memfit:", memfit(), "without training.previous_outputs_held:", memfit(False))

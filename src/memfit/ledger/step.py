@@ -144,6 +144,9 @@ class Step:
     # bytes the training loop still holds from the previous micro-batch while this one's forward runs, freed when the
     # forward returns (training.previous_outputs_held: LitGPT's `logits = model(...)` rebinds them only then)
     forward_held: int = 0
+    # bytes of this micro-batch's outputs the loop holds from the loss on, through the backward and the optimizer step
+    # (the same key: the logits stay bound until the next forward returns)
+    outputs_held: int = 0
 
 
 def _up(n: int, granule: int) -> int:
@@ -166,7 +169,8 @@ def rounded(step: Step, granule: int) -> Step:
                 Loss(tuple(each(step.loss.forward)), tuple(each(step.loss.backward))),
                 each(step.optimizer_state), step.optimizer, step.impl, step.overhead, None if step.stepped is None else each(step.stepped), step.accumulating,
                 list(step.loss_kept), step.step_in_backward, set(step.offloaded), step.kept_gradients,
-                _up(step.forward_held, granule) if step.forward_held else 0)
+                _up(step.forward_held, granule) if step.forward_held else 0,
+                _up(step.outputs_held, granule) if step.outputs_held else 0)
 
 
 def _adjacent_ops(row: Row, off: set, size: dict) -> int:
@@ -274,7 +278,7 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
 
     def consider(phase, at, gradients, activations, transient, where=None):
         # (the live bytes by category, as numbers: a 70B's step has a thousand moments and one worst per phase)
-        transient += loose
+        transient += loose + (step.outputs_held if phase != "forward" else 0)
         if where is not None:  # a row's boundary, for the trace only (the timeline's)
             trace.append((phase, at, _live(params, gradients, activations, state, transient, overhead), where))
             return

@@ -12,7 +12,9 @@ variables leaves its attributes alone. So the next forward runs beside
   part's, including those another op kept too in that micro-batch's own forward (those ops' saved copies are gone,
   the node's attribute is not); none for the first layer's attention behind a frozen embedding (that matmul kept
   nothing).
-They are freed when the forward returns (the loop rebinds `logits`), before the loss runs. Measured on the CPU with the
+They are freed when the forward returns (the loop rebinds `logits`), before the loss runs; the new logits are held
+from then on, through the loss's backward (where memfit's loss otherwise lets them go), the backward and the optimizer
+step (measured: LitGPT's step on litgpt_port's tiny Llama, docs/accuracy.md). Measured on the CPU with the
 0.43.1 line put back into the installed bitsandbytes' MatMul4Bit (tests/ledger/test_previous_outputs_held.py).
 """
 
@@ -29,12 +31,12 @@ NAME = "previous_outputs_held"
 KEYS = {
     "previous_outputs_held": {
         "title": "The loop holds the previous micro-batch's outputs through the next forward",
-        "description": "true: the training loop keeps the previous micro-batch's model outputs bound until the next "
-                       "forward returns (LitGPT's `logits = model(...)`): the previous logits, and, with "
+        "description": "true: the training loop keeps each micro-batch's model outputs bound until the next "
+                       "forward returns (LitGPT's `logits = model(...)`): the logits through the loss, the backward "
+                       "and the optimizer step, then beside the next forward with, under "
                        "training.quantized_saves_input on a 4-bit model, every 4-bit matmul input their autograd "
-                       "graph still holds (bitsandbytes < 0.43.2 keeps it on the node, not as a saved tensor), "
-                       "are alive during the next forward. Default false (the loop drops them before the next "
-                       "forward, as transformers' Trainer does).",
+                       "graph still holds (bitsandbytes < 0.43.2 keeps it on the node, not as a saved tensor). "
+                       "Default false (the loop lets the outputs go with the loss, as transformers' Trainer does).",
         "type": "boolean",
         "default": False,
     },
@@ -82,4 +84,5 @@ def rewrite(step, config, training: dict):
     if model is None or not hasattr(model, "cfg") or not step.rows or step.rows[-1].output is None:
         return step
     logits = step.tensors.get(step.rows[-1].output, 0)
-    return replace(step, forward_held=step.forward_held + logits + held_inputs(step, config, training))
+    return replace(step, forward_held=step.forward_held + logits + held_inputs(step, config, training),
+                   outputs_held=step.outputs_held + logits)
