@@ -39,6 +39,27 @@ class PhaseTracker(MemTracker):
             self.peak_grads = sum(p.grad.untyped_storage().nbytes() for p in self.params if p.grad is not None)
 
 
+class NoModules:
+    """MemTracker's module tracker tracking no module (`tracker._mod_tracker = NoModules()`): every byte is still
+    counted by its dispatch mode. ModTracker's backward hooks hold each module's outputs, so a graph whose nodes hold
+    tensors as attributes (bitsandbytes < 0.43.2's MatMul4Bit) would outlive the loop's last reference to it."""
+
+    parents: set = set()
+    is_bw = False
+
+    def register_user_hooks(self, *hooks):
+        pass
+
+    def clear_user_hooks(self):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
 def state_bytes(optimizer, scalars: bool) -> int:
     seen = {}
     for state in optimizer.state.values():

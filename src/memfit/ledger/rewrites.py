@@ -21,6 +21,7 @@ TECHNIQUES = (
     "optimizer_in_backward",
     "activation_offloading",
     "paged_optimizer",
+    "previous_outputs_held",  # last: the logits as the loss's rewrite leaves them
 )
 
 

@@ -141,6 +141,12 @@ class Step:
     # the gradients are kept between steps (training.keep_gradients: zero_grad(set_to_none=False)): every micro-batch
     # of the step, its first too, runs with every gradient allocated (`accumulating` from its first instant)
     kept_gradients: bool = False
+    # bytes the training loop still holds from the previous micro-batch while this one's forward runs, freed when the
+    # forward returns (training.previous_outputs_held: LitGPT's `logits = model(...)` rebinds them only then)
+    forward_held: int = 0
+    # bytes of this micro-batch's outputs the loop holds from the loss on, through the backward and the optimizer step
+    # (the same key: the logits stay bound until the next forward returns)
+    outputs_held: int = 0
 
 
 def _up(n: int, granule: int) -> int:
@@ -162,7 +168,9 @@ def rounded(step: Step, granule: int) -> Step:
     return Step(rows, {t: _up(b, granule) for t, b in step.tensors.items()}, list(step.batch),
                 Loss(tuple(each(step.loss.forward)), tuple(each(step.loss.backward))),
                 each(step.optimizer_state), step.optimizer, step.impl, step.overhead, None if step.stepped is None else each(step.stepped), step.accumulating,
-                list(step.loss_kept), step.step_in_backward, set(step.offloaded), step.kept_gradients)
+                list(step.loss_kept), step.step_in_backward, set(step.offloaded), step.kept_gradients,
+                _up(step.forward_held, granule) if step.forward_held else 0,
+                _up(step.outputs_held, granule) if step.outputs_held else 0)
 
 
 def _adjacent_ops(row: Row, off: set, size: dict) -> int:
@@ -270,7 +278,7 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
 
     def consider(phase, at, gradients, activations, transient, where=None):
         # (the live bytes by category, as numbers: a 70B's step has a thousand moments and one worst per phase)
-        transient += loose
+        transient += loose + (step.outputs_held if phase != "forward" else 0)
         if where is not None:  # a row's boundary, for the trace only (the timeline's)
             trace.append((phase, at, _live(params, gradients, activations, state, transient, overhead), where))
             return
@@ -296,9 +304,10 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
             saved_all.add(t)
             saved_bytes += size[t]
 
+    prior = step.forward_held  # the previous micro-batch's, until this forward returns (the loss runs without it)
     for i, row in enumerate(rows):
         if edges:
-            consider("forward", row.name, held, saved_bytes, size[row.input] if row.input is not None and row.input not in saved_all else 0, "pre-forward")
+            consider("forward", row.name, held, saved_bytes, prior + (size[row.input] if row.input is not None and row.input not in saved_all else 0), "pre-forward")
         if row.output is not None and not row.view:
             create(row.output)
         for t in row.kept:
@@ -308,7 +317,7 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
         transient = sum(size[t] for t in moving) + inner if row.forward_flight is None else row.forward_flight
         if off:  # its own offloaded tensors exist while it runs (an input or output among them is a transient already)
             transient += sum(size[t] for t in set(row.kept) if t in off and (row.forward_flight is not None or t not in moving))
-        consider("forward", row.name, held, saved_bytes, transient)
+        consider("forward", row.name, held, saved_bytes, prior + transient)
     by_loss = sum(size[t] for t in step.loss_kept)
     consider("forward", "loss", held, saved_bytes + by_loss, sum(step.loss.forward))
 

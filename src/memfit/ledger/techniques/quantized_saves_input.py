@@ -98,8 +98,10 @@ def _dims(cfg: dict, tokens: int) -> dict:
     return {"T": tokens, "h": h, "q": heads * (cfg.get("head_dim") or h // heads), "i": inter}
 
 
-def extra_inputs(config) -> dict:
-    """{part: bytes} that each part of a layer keeps more (its 4-bit linears' input), from the model's own dims."""
+def extra_inputs(config, every: bool = False) -> dict:
+    """{part: bytes} that each part of a layer keeps more (its 4-bit linears' input), from the model's own dims.
+    `every`: each part's input even where another op keeps that storage too (what the nodes alone hold once the
+    backward has freed the saved tensors: training.previous_outputs_held)."""
     from memfit.models import hf_activations as acts
 
     model = config.model
@@ -123,7 +125,7 @@ def extra_inputs(config) -> dict:
         copies = 1   # the part's linears read one storage
         if given != compute:
             copies = len(names)   # Linear4bit.forward casts its input itself: one copy per linear (measured)
-        else:
+        elif not every:
             if part == "o_proj" and run.get("attention") in ("sdpa", "flash"):
                 continue   # the attention kernel keeps its output: the same storage
             if dropout == 0 and adapter == given and any(_targeted(lora, n) for n in names):

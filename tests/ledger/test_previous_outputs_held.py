@@ -1,0 +1,122 @@
+"""A loop that keeps the previous micro-batch's outputs bound through the next forward (`training.previous_outputs_held`,
+ledger/techniques/previous_outputs_held.py), as LitGPT's `logits = model(...)` does: a QLoRA step on a tiny Llama with
+bitsandbytes' 0.43.1 MatMul4Bit line put back (test_quantized_saves_input), two micro-batches of gradient accumulation
+run the way litgpt/finetune/lora.py (3ba6da40) runs them, measured with MemTracker without its module hooks
+(ModTracker's backward hooks hold each module's outputs, so a graph whose nodes hold tensors as attributes would
+outlive the loop's last reference to it), against `memfit check` with the key."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+
+import needs
+import pytest
+import yaml
+
+BAND = 0.05
+SHAPE = (2, 64)
+QUANT = {"method": "nf4", "compute_dtype": "bfloat16"}
+LORA = {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
+
+
+def measured(cfg: dict, hold: bool) -> dict:
+    import torch
+
+    import hf_measure
+    import peak_reference as ref
+    from test_quantized_saves_input import bitsandbytes_0_43_1
+
+    model = hf_measure.build(cfg, precision="bf16-true", lora=LORA, quantization=QUANT)
+    data = hf_measure.inputs(cfg, *SHAPE)
+    x, y = data["input_ids"], data["labels"]
+    opt = ref.OPTIMIZERS["adamw"]([p for p in model.parameters() if p.requires_grad], **ref.IMPLS["foreach"])
+    loop = {}
+
+    def micro(tracker=None):
+        logits = model(input_ids=x).logits
+        if hold:
+            loop["logits"] = logits   # the previous micro-batch's logits (and their graph) rebound only now
+        loss = model.base_model.model.loss_function(logits, y, vocab_size=cfg["vocab_size"])
+        if tracker is not None:
+            tracker.phase = "backward"
+        loss.backward()
+
+    with bitsandbytes_0_43_1(), hf_measure.cuda_dropout():
+        for _ in range(2):   # warm: the optimizer state exists
+            micro()
+            micro()
+            opt.step()
+            opt.zero_grad()
+        tracker = ref.PhaseTracker(list(model.parameters()))
+        tracker._mod_tracker = ref.NoModules()
+        tracker.track_external(model, opt, x, y)
+        with tracker:
+            for _ in range(2):   # gradient accumulation 2: the second micro-batch runs beside the first's outputs
+                tracker.phase = "forward"
+                micro(tracker)
+            tracker.phase = "optimizer_step"
+            opt.step()
+            opt.zero_grad()
+    snap = tracker.get_tracker_snapshot("peak")[ref.CPU]
+    return {"bytes": snap["Total"], "phase": tracker.peak_phase}
+
+
+def ours(tmp_path, cfg: dict, hold: bool) -> dict:
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    training = {"micro_batch": SHAPE[0], "seq_len": SHAPE[1], "gradient_accumulation": 2, "checkpointing": "none",
+                "optimizer_impl": "foreach", "attention": "sdpa", "quantized_saves_input": True}
+    if hold:
+        training["previous_outputs_held"] = True
+    doc = {"memfit": 1, "device": {"memory": "1 TiB", "type": "cpu"}, "optimizer": "adamw", "model": {"hf_config": "config.json"},
+           "precision": "bf16-true", "quantization": QUANT, "lora": LORA, "training": training}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)["files"][0]["peak"]
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_the_previous_graph_holds_each_4bit_input_through_the_next_forward(tmp_path):
+    needs.module("bitsandbytes")
+    needs.module("peft")
+    from test_peak_transformers import hf_tiny
+
+    cfg = {**hf_tiny("llama"), "num_hidden_layers": 4}
+    held, dropped = measured(cfg, True), measured(cfg, False)
+    mine, without = ours(tmp_path, cfg, True), ours(tmp_path, cfg, False)
+    assert abs(mine["bytes"] - held["bytes"]) <= BAND * held["bytes"], (mine["bytes"], held["bytes"])
+    assert mine["phase"] == held["phase"] == "forward", (mine["phase"], held["phase"])
+    # a loop that drops its outputs first peaks lower, in the backward, and memfit without the key says that loop
+    assert held["bytes"] > dropped["bytes"] and dropped["phase"] == without["phase"] == "backward"
+    assert abs(without["bytes"] - dropped["bytes"]) <= BAND * dropped["bytes"], (without["bytes"], dropped["bytes"])
+    assert held["bytes"] - without["bytes"] > BAND * held["bytes"]  # what the key adds is beyond the band
+
+
+def test_the_key_without_a_transformer_is_refused(tmp_path):
+    (tmp_path / "run.yaml").write_text("memfit: 1\ndevice: {memory: 80 GB}\noptimizer: adamw\n"
+                                       "model:\n  input_shape: [4]\n  batch_size: 2\n  layers:\n    - {type: Dense, units: 3}\n"
+                                       "training:\n  previous_outputs_held: true\n")
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(tmp_path / "run.yaml")],
+                          capture_output=True, text=True, timeout=120, check=False)
+    diagnostics = json.loads(done.stdout)["files"][0]["diagnostics"]
+    assert any(d["code"] == "needs-transformer" for d in diagnostics), diagnostics
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_litgpts_loop_holds_its_logits_through_the_backward():
+    """LitGPT 3ba6da40's step (litgpt_port: its code for a tiny Llama whose logits dominate) as `fit` runs it, `logits`
+    bound from the forward through the backward into the next forward: the key says it; without it memfit lets the
+    logits go at the loss, as a loop dropping them would."""
+    needs.module("torch")
+    import litgpt_fabric_measure as litgpt
+
+    measured = litgpt.measured(fabric=False)
+    mine, without = litgpt.memfit(held=True), litgpt.memfit(held=False)
+    assert abs(mine[0] - measured[0]) <= BAND * measured[0], (mine, measured)
+    assert mine[1] == measured[1] == "backward", (mine, measured)
+    assert measured[0] - without[0] > BAND * measured[0], (without, measured)
