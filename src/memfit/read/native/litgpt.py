@@ -211,7 +211,9 @@ def read(r: Reader, ctx) -> dict:
             r.error(r.at("quantize"), codes.NATIVE_CONFIG, f"quantize {quantize} with precision {precision}: LitGPT raises "
                     "'Quantization and mixed precision is not supported' (finetune/lora.py setup); use bf16-true")
         method, double = QUANTIZE[quantize]
-        r.set(("quantization",), {"method": method, "double_quant": double, "compute_dtype": COMPUTE.get(precision, "bfloat16")}, r.at("quantize"))
+        # Lightning's BitsandbytesPrecision replaces every torch.nn.Linear as the model is built, lm_head's too
+        r.set(("quantization",), {"method": method, "double_quant": double, "compute_dtype": COMPUTE.get(precision, "bfloat16"),
+                                  "skip_modules": []}, r.at("quantize"))
         r.set(("training", "quantized_saves_input"), True)  # bitsandbytes 0.42.0 (pinned then): MatMul4Bit keeps its input
 
     devices = r.get("devices", (int, "auto"), 1)
@@ -229,6 +231,8 @@ def read(r: Reader, ctx) -> dict:
         r.set(("training", "checkpointing"), "none")
     _batch(r, ctx, script, devices)
     _seq_len(r, ctx, transformer.get("max_position_embeddings") or 2048)
+    # fit() rebinds `logits = model(...)` only once the next micro-batch's forward has returned (lora.py and full.py)
+    r.set(("training", "previous_outputs_held"), True)
     r.set(("training", "attention"), "sdpa")  # model.py CausalSelfAttention.scaled_dot_product_attention: F.scaled_dot_product_attention
     _optimizer(r, quantize is not None)
     if lora:
