@@ -27,6 +27,7 @@ torch = needs.module("torch")
 transformers = needs.module("transformers")
 
 import torch.nn.functional as F  # noqa: E402
+import torch.utils.checkpoint as checkpoint_module  # noqa: E402
 from torch.overrides import TorchFunctionMode  # noqa: E402
 
 import hf_measure  # noqa: E402
@@ -93,6 +94,33 @@ class _CudaPolicy(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+@contextlib.contextmanager
+def cuda_policy():
+    """_CudaPolicy around a step, and around each layer's recomputation in the backward under checkpointing (the
+    checkpoint's recomputation hook is a context around it; a function mode entered around the step is not in force
+    there, and the recomputed tensors would not match the forward's)."""
+    original = checkpoint_module._recomputation_hook
+
+    class Recomputation(original):
+        def __enter__(self):
+            self.policy = _CudaPolicy()
+            self.policy.__enter__()
+            return super().__enter__()
+
+        def __exit__(self, *exc):
+            try:
+                return super().__exit__(*exc)
+            finally:
+                self.policy.__exit__(*exc)
+
+    checkpoint_module._recomputation_hook = Recomputation
+    try:
+        with _CudaPolicy():
+            yield
+    finally:
+        checkpoint_module._recomputation_hook = original
+
+
 def _saved(model, ids, cuda: bool) -> int:
     seen = {}
 
@@ -131,10 +159,12 @@ def test_what_cuda_autocast_keeps_more_in_bert_and_gpt2():
 
 
 def _measured(cfg: dict, cuda: bool, precision: str, **run) -> int:
-    """Distinct saved bytes of one training step (forward with labels, backward: tests/support/hf_measure.py) under CPU
-    autocast, with CUDA's fp32 casts applied where the two lists differ when `cuda`."""
-    with _CudaPolicy() if cuda else contextlib.nullcontext():
-        return hf_measure.measure(cfg, precision=precision, **run)["total"]
+    """Distinct saved bytes of one training step (forward with labels, backward: tests/support/hf_measure.py; under full
+    checkpointing the peak of live saved bytes) under CPU autocast, with CUDA's fp32 casts applied where the two lists
+    differ when `cuda`."""
+    with cuda_policy() if cuda else contextlib.nullcontext():
+        measured = hf_measure.measure(cfg, precision=precision, **run)
+    return measured["peak" if run.get("checkpointing") == "full" else "total"]
 
 
 CASES = {
