@@ -141,6 +141,17 @@ class Step:
     # the gradients are kept between steps (training.keep_gradients: zero_grad(set_to_none=False)): every micro-batch
     # of the step, its first too, runs with every gradient allocated (`accumulating` from its first instant)
     kept_gradients: bool = False
+    # bytes a technique's rewrite adds to the saved activations the footprint counts (negative: takes from them): the
+    # footprint is priced from the model's tensors before any rewrite; a technique that changes what the step keeps
+    # for backward says here by how much, where it rewrites the program (ledger/techniques/chunked_loss.py), and
+    # check adds it to each device's `activations` (placement.Placement.with_saved)
+    saved_rewritten: int = 0
+
+
+def saved_bytes(step: Step) -> int:
+    """Bytes of every tensor the step keeps for backward (each id once): the rows' and the loss's."""
+    ids = {t for row in step.rows for t in row.kept} | set(step.loss_kept)
+    return sum(step.tensors[t] for t in ids)
 
 
 def _up(n: int, granule: int) -> int:
@@ -162,7 +173,7 @@ def rounded(step: Step, granule: int) -> Step:
     return Step(rows, {t: _up(b, granule) for t, b in step.tensors.items()}, list(step.batch),
                 Loss(tuple(each(step.loss.forward)), tuple(each(step.loss.backward))),
                 each(step.optimizer_state), step.optimizer, step.impl, step.overhead, None if step.stepped is None else each(step.stepped), step.accumulating,
-                list(step.loss_kept), step.step_in_backward, set(step.offloaded), step.kept_gradients)
+                list(step.loss_kept), step.step_in_backward, set(step.offloaded), step.kept_gradients, step.saved_rewritten)
 
 
 def _adjacent_ops(row: Row, off: set, size: dict) -> int:
