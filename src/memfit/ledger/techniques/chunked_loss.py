@@ -126,8 +126,14 @@ def rewrite(step, config, training: dict):
     rows = step.rows[:-1] + [replace(head, backward_flight=flight, kept=kept)]
     out = replace(step, rows=rows, loss=loss, tensors=tensors)
     # the footprint's saved activations, rewritten here with the program: the log-softmax in the logits' dtype
-    # (chunked_head), each further chunk's copy of the head's weight
-    return replace(out, saved_rewritten=step.saved_rewritten + saved_bytes(out) - saved_bytes(step))
+    # (chunked_head), each further chunk's copy of the head's weight. Under full checkpointing the footprint is the
+    # larger of the end of the forward and a layer's recomputation in the backward (models/hf_act_saved.peak_saved),
+    # which the head's and the loss's tensors do not reach: less kept there is not taken off (the footprint stays on
+    # the safe side, by at most the change), more is added
+    change = saved_bytes(out) - saved_bytes(step)
+    if run.get("checkpointing") == "full" and change < 0:
+        change = 0
+    return replace(out, saved_rewritten=step.saved_rewritten + change)
 
 
 def _weight_cast(model, micro_batch: int, seq_len: int, head_trains: bool) -> int:
