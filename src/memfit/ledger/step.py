@@ -148,12 +148,6 @@ class Step:
     saved_rewritten: int = 0
 
 
-def saved_bytes(step: Step) -> int:
-    """Bytes of every tensor the step keeps for backward (each id once): the rows' and the loss's."""
-    ids = {t for row in step.rows for t in row.kept} | set(step.loss_kept)
-    return sum(step.tensors[t] for t in ids)
-
-
 def _up(n: int, granule: int) -> int:
     return -(-n // granule) * granule
 

@@ -22,7 +22,6 @@ from dataclasses import replace
 
 from memfit.diagnostics import codes
 from memfit.diagnostics.diagnostic import Problem
-from memfit.ledger.step import saved_bytes
 from memfit.models import held, hf_activations as acts
 from memfit.recipe.costs import dtype_bytes
 
@@ -134,6 +133,12 @@ def rewrite(step, config, training: dict):
     if run.get("checkpointing") == "full" and change < 0:
         change = 0
     return replace(out, saved_rewritten=step.saved_rewritten + change)
+
+
+def saved_bytes(step) -> int:
+    """Bytes of every tensor the step keeps for backward (each id once): the rows' and the loss's."""
+    ids = {t for row in step.rows for t in row.kept} | set(step.loss_kept)
+    return sum(step.tensors[t] for t in ids)
 
 
 def _weight_cast(model, micro_batch: int, seq_len: int, head_trains: bool) -> int:
