@@ -170,3 +170,63 @@ def test_litgpts_chunked_head_matches_its_code(tmp_path, precision):
     whole = hf_run_peak(cfg, tmp_path, optimizer="adamw", precision=precision, **run)["peak"]
     assert abs(peak["bytes"] - measured["bytes"]) <= BAND * measured["bytes"], (peak["bytes"], measured["bytes"])
     assert peak["bytes"] < whole["bytes"]
+
+
+def _litgpt_saved(cfg: dict, precision: str, chunk_size: int, b: int, s: int) -> int:
+    """Distinct saved bytes (saved_tensors_hooks; parameters and buffers left out) of LitGPT's chunked head and loss
+    (its code above) on a transformers Llama, under CPU autocast for *-mixed."""
+    import contextlib
+
+    import hf_measure
+    import torch
+
+    model = litgpt_forward(hf_measure.build(cfg, precision="bf16-true" if precision == "bf16-true" else "32-true"), chunk_size)
+    batch = hf_measure.inputs(cfg, b, s)
+    excluded = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+    seen = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in excluded:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16-mixed" else contextlib.nullcontext()
+    with hf_measure.cuda_dropout(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
+        litgpt_loss(chunk_size)(model, batch["input_ids"], batch["labels"])
+    return sum(seen.values())
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("precision", ["32-true", "bf16-true", "bf16-mixed"])
+def test_the_footprint_counts_what_the_chunked_head_keeps(tmp_path, precision):
+    """The footprint's saved activations (`memfit check --format json`, a separate reduction from the peak) of
+    LitGPT's chunked head: each chunk's log-softmax in the logits' dtype (bf16-true: 2 bytes a logit where the whole
+    loss keeps an fp32 one), in fp32 under *-mixed (autocast's cross_entropy) and fp32; against the saved bytes of its
+    code and of transformers' whole loss (saved_tensors_hooks, one forward on the CPU)."""
+    needs.module("torch")
+    needs.module("transformers")
+    import hf_measure
+    from test_peak_transformers import hf_tiny
+
+    cfg = {**hf_tiny("llama"), "vocab_size": 4096}
+    b, s = 2, 64
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    paths = []
+    for name, loss in (("whole", None), ("head", {"kind": "chunked_head", "chunk_size": 16})):
+        doc = {"memfit": 1, "device": {"memory": "1 TiB", "type": "cpu"}, "precision": precision, "optimizer": "adamw",
+               "model": {"hf_config": "config.json"}, "training": {"micro_batch": b, "seq_len": s, **({"loss": loss} if loss else {})}}
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        paths.append(str(tmp_path / f"{name}.yaml"))
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", *paths], capture_output=True,
+                          text=True, timeout=300, check=False)
+    files = {Path(f["path"]).stem: f for f in json.loads(done.stdout)["files"]}
+    figures = {name: files[name]["footprint"]["activations"] for name in files}
+    real = {"whole": hf_measure.measure(cfg, micro_batch=b, seq_len=s, precision=precision)["total"],
+            "head": _litgpt_saved(cfg, precision, 16, b, s)}
+    for name in figures:
+        assert abs(figures[name] - real[name]) <= BAND * real[name], (name, figures[name], real[name])
+        # the peak's live saved activations never exceed the footprint's
+        assert files[name]["peak"]["live"]["activations"] <= figures[name]
+    # exactly the logits' log-softmax in 2 bytes instead of 4 (b x s x vocab) at bf16-true; nothing otherwise
+    assert figures["whole"] - figures["head"] == (b * s * cfg["vocab_size"] * 2 if precision == "bf16-true" else 0)

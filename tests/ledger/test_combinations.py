@@ -21,6 +21,7 @@ import itertools
 import json
 import subprocess
 import sys
+import types
 
 import needs
 import pytest
@@ -174,6 +175,10 @@ def measure_transformer(cfg: dict, run: dict) -> tuple[dict, int]:
         partial = _checkpointed(hf_measure.build(cfg, "sdpa", build_precision, lora, quantization=_quantization(adapter)), 2)
         saved = hf_measure.measure(cfg, micro_batch=MICRO_BATCH, seq_len=SEQ_LEN, checkpointing="none", precision=build_precision,
                                    model=partial)["peak"]
+    if technique == "chunked_loss":   # saved_tensors_hooks over the chunked loss's own step (each chunk's weight copy)
+        chunked = ChunkedStep(hf_measure.build(cfg, "sdpa", build_precision, lora, quantization=_quantization(adapter)))
+        saved = hf_measure.measure(cfg, micro_batch=MICRO_BATCH, seq_len=SEQ_LEN, checkpointing=run["checkpointing"],
+                                   precision=build_precision, model=chunked)["peak"]
     model = hf_measure.build(cfg, "sdpa", build_precision, lora, quantization=_quantization(adapter))
     if run["checkpointing"] == "full":
         _checkpointed(model, 2 if technique == "checkpoint_every_2" else 1)
@@ -245,6 +250,21 @@ class InBackward:
 
     def zero_grad(self, set_to_none: bool = True):
         pass
+
+
+class ChunkedStep(torch.nn.Module):
+    """A causal LM whose forward returns torchtune's chunked loss (chunked_cross_entropy below), for
+    hf_measure.measure's saved_tensors_hooks (which calls `model(**batch).loss`)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def activation_checkpointing_enable(self):
+        self.inner.activation_checkpointing_enable()
+
+    def forward(self, input_ids, labels):
+        return types.SimpleNamespace(loss=chunked_cross_entropy(self.inner, input_ids, labels, CHUNKS))
 
 
 def chunked_cross_entropy(model, input_ids, labels, chunks: int):

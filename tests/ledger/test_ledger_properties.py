@@ -82,6 +82,20 @@ def run(draw) -> dict:
     return doc
 
 
+@st.composite
+def chunked_loss(draw) -> dict:
+    """A transformer's run with a chunked loss (ledger/techniques/chunked_loss.py): torchtune's chunks or LitGPT's
+    chunked head, which rewrite the program and the footprint's saved activations in one place."""
+    doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": draw(OPTIMIZERS), **draw(transformer())}
+    precision = draw(PRECISIONS)
+    if precision is not None:
+        doc["precision"] = precision
+    kind = draw(st.sampled_from(["chunked", "chunked_head"]))
+    size = {"chunks": draw(st.integers(1, 8))} if kind == "chunked" else {"chunk_size": draw(st.integers(1, 32))}
+    doc["training"] = {**doc["training"], "optimizer_impl": draw(IMPLS), "loss": {"kind": kind, **size}}
+    return doc
+
+
 def evaluate(doc: dict):
     result = check(yaml.safe_dump(doc, sort_keys=False))
     errors = [d for d in result.diagnostics if d.severity == "error"]
@@ -185,4 +199,13 @@ def test_the_teachers_weights_are_the_footprints_and_the_peaks(doc):
     weights = teacher_weights(result.config.step)
     assert weights > 0
     assert live["parameters"] == footprint["parameters"]
+    assert footprint["total"] == sum(footprint[c] for c in ("parameters", "gradients", "activations", "optimizer_state"))
+
+
+@SETTINGS
+@given(chunked_loss())
+def test_a_chunked_loss_keeps_the_peaks_saved_activations_within_the_footprints(doc):
+    result = evaluate(doc)
+    footprint, live = result.footprint, result.peak["live"]
+    assert 0 <= live["activations"] <= footprint["activations"]
     assert footprint["total"] == sum(footprint[c] for c in ("parameters", "gradients", "activations", "optimizer_state"))

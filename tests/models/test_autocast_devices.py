@@ -27,6 +27,7 @@ torch = needs.module("torch")
 transformers = needs.module("transformers")
 
 import torch.nn.functional as F  # noqa: E402
+import torch.utils.checkpoint as checkpoint_module  # noqa: E402
 from torch.overrides import TorchFunctionMode  # noqa: E402
 
 import hf_measure  # noqa: E402
@@ -93,6 +94,33 @@ class _CudaPolicy(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+@contextlib.contextmanager
+def cuda_policy():
+    """_CudaPolicy around a step, and around each layer's recomputation in the backward under checkpointing (the
+    checkpoint's recomputation hook is a context around it; a function mode entered around the step is not in force
+    there, and the recomputed tensors would not match the forward's)."""
+    original = checkpoint_module._recomputation_hook
+
+    class Recomputation(original):
+        def __enter__(self):
+            self.policy = _CudaPolicy()
+            self.policy.__enter__()
+            return super().__enter__()
+
+        def __exit__(self, *exc):
+            try:
+                return super().__exit__(*exc)
+            finally:
+                self.policy.__exit__(*exc)
+
+    checkpoint_module._recomputation_hook = Recomputation
+    try:
+        with _CudaPolicy():
+            yield
+    finally:
+        checkpoint_module._recomputation_hook = original
+
+
 def _saved(model, ids, cuda: bool) -> int:
     seen = {}
 
@@ -131,10 +159,12 @@ def test_what_cuda_autocast_keeps_more_in_bert_and_gpt2():
 
 
 def _measured(cfg: dict, cuda: bool, precision: str, **run) -> int:
-    """Distinct saved bytes of one training step (forward with labels, backward: tests/support/hf_measure.py) under CPU
-    autocast, with CUDA's fp32 casts applied where the two lists differ when `cuda`."""
-    with _CudaPolicy() if cuda else contextlib.nullcontext():
-        return hf_measure.measure(cfg, precision=precision, **run)["total"]
+    """Distinct saved bytes of one training step (forward with labels, backward: tests/support/hf_measure.py; under full
+    checkpointing the peak of live saved bytes) under CPU autocast, with CUDA's fp32 casts applied where the two lists
+    differ when `cuda`."""
+    with cuda_policy() if cuda else contextlib.nullcontext():
+        measured = hf_measure.measure(cfg, precision=precision, **run)
+    return measured["peak" if run.get("checkpointing") == "full" else "total"]
 
 
 CASES = {
@@ -202,3 +232,80 @@ def test_flan_t5s_gated_gelu_new_parts_by_what_the_measurement_parts(tmp_path):
     real = {device: _measured(cfg, device == "cuda", "bf16-mixed", **run) for device in ("cuda", "cpu")}
     assert real["cuda"] > real["cpu"]
     assert figures["cuda"] - figures["cpu"] == real["cuda"] - real["cpu"], (figures, real)
+
+
+# --- models measured on fake tensors ([trace], models/traced.py) and Whisper (models/whisper.py) -------------------
+
+
+def _traced_check(tmp_path, cfg: dict, device: str, **training) -> int:
+    """`memfit check --format json` on a config file of a model_type without a family: its step measured on fake
+    tensors (the diagnostic says so); the footprint's activations."""
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "train.yaml").write_text(
+        f"memfit: 1\ndevice: {{memory: 1 TiB, type: {device}}}\nprecision: bf16-mixed\noptimizer: adamw\n"
+        f"model: {{hf_config: config.json}}\ntraining: {json.dumps(training)}\n")
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(tmp_path / "train.yaml")],
+                          capture_output=True, text=True, timeout=300, check=False)
+    entry = json.loads(done.stdout)["files"][0]
+    assert [d["code"] for d in entry["diagnostics"]] == ["measured-activations"], entry["diagnostics"]
+    return entry["footprint"]["activations"]
+
+
+_TINY = {"hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "vocab_size": 128, "max_position_embeddings": 128}
+TRACED = {
+    # gelu_new's pow (NewGELUActivation) in GPT-J's and Phi's MLPs; sdpa: attention the same on both
+    "gptj": ({"n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 128, "n_positions": 128, "rotary_dim": 8}, "sdpa"),
+    "phi": (_TINY, "sdpa"),
+    # XLM-RoBERTa's masked LM: eager attention's softmax without a dtype (attention dropout 0.1), the LM head's
+    # LayerNorm on the low gelu output
+    "xlm-roberta": ({**_TINY, "architectures": ["XLMRobertaForMaskedLM"]}, "eager"),
+}
+# CPU autocast's LayerNorm on a low input with an fp32 weight keeps fp32 mean and rstd; torch's fake (meta) kernel
+# gives them the input's dtype: the CPU figure is 2 x 2 bytes a row short where that LayerNorm runs (XLM-RoBERTa's
+# LM head; CUDA's autocast casts the input to fp32 first, so its figure is exact)
+CPU_STATS_GAP = {"xlm-roberta": 2 * 2 * 2 * 32}
+
+
+@pytest.mark.parametrize(("case", "checkpointing"), [("gptj", "none"), ("gptj", "full"), ("phi", "none"), ("xlm-roberta", "none")])
+def test_a_traced_model_is_priced_with_the_devices_autocast(case, checkpointing, tmp_path):
+    given, attention = TRACED[case]
+    cfg = transformers.AutoConfig.for_model(case, **given).to_dict()
+    run = dict(micro_batch=2, seq_len=32, attention=attention, checkpointing=checkpointing)
+    figures, real = {}, {}
+    for device in ("cuda", "cpu"):
+        figures[device] = _traced_check(tmp_path, cfg, device, **run)
+        real[device] = _measured(cfg, device == "cuda", "bf16-mixed", **run)
+        assert abs(figures[device] - real[device]) <= 0.05 * real[device], (device, figures[device], real[device])
+    assert real["cuda"] > real["cpu"]
+    assert figures["cuda"] == real["cuda"], (figures, real)
+    gap = CPU_STATS_GAP.get(case, 0)
+    assert figures["cuda"] - figures["cpu"] == real["cuda"] - real["cpu"] + gap, (figures, real)
+
+
+def _whisper() -> dict:
+    base = {"vocab_size": 128, "d_model": 64, "decoder_layers": 2, "encoder_layers": 3, "decoder_attention_heads": 4,
+            "encoder_attention_heads": 2, "decoder_ffn_dim": 112, "encoder_ffn_dim": 96, "max_target_positions": 64,
+            "max_source_positions": 40, "num_mel_bins": 16, "decoder_start_token_id": 1, "pad_token_id": 0,
+            "bos_token_id": 1, "eos_token_id": 2}
+    return transformers.AutoConfig.for_model("whisper", **base).to_dict()
+
+
+@pytest.mark.parametrize(("attention", "checkpointing"), [("eager", "none"), ("eager", "full"), ("sdpa", "none")])
+def test_whisper_is_priced_with_the_devices_autocast(attention, checkpointing, tmp_path):
+    """Whisper's eager attention: the encoder's self-attention and the decoder's cross-attention softmax bf16 scores
+    (no mask added) without a dtype: fp32 probabilities under CUDA's autocast (+4 bytes a score: the fp32 output its
+    backward keeps beside p @ v's bf16 copy); the decoder's self-attention is fp32 on both (its fp32 causal mask
+    promotes the scores). GELU and the LayerNorms (on the fp32 residual stream) keep the same; sdpa the same."""
+    cfg = _whisper()
+    run = dict(micro_batch=2, seq_len=16, attention=attention, checkpointing=checkpointing)
+    band = 0.10 if checkpointing == "full" else 0.05
+    figures, real = {}, {}
+    for device in ("cuda", "cpu"):
+        figures[device] = run_check(tmp_path, cfg, precision="bf16-mixed", device_type=device, **run)["footprint"]["activations"]
+        real[device] = _measured(cfg, device == "cuda", "bf16-mixed", **run)
+        assert abs(figures[device] - real[device]) <= band * real[device], (device, figures[device], real[device])
+    assert figures["cuda"] - figures["cpu"] == real["cuda"] - real["cpu"], (figures, real)
+    if attention == "eager" and checkpointing == "none":   # 4 bytes a score: encoder (2 heads, 40 x 40, 3 layers) and
+        # cross-attention (4 heads, 16 x 40, 2 layers), batch 2
+        assert real["cuda"] - real["cpu"] == 4 * 2 * (2 * 40 * 40 * 3 + 4 * 16 * 40 * 2)

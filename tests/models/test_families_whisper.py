@@ -41,7 +41,8 @@ def _check_all(tmp_path: Path, cases: dict) -> dict:
     paths = []
     for name, (cfg, training, *extra) in cases.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(cfg, indent=2))
-        doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", **(extra[0] if extra else {}),
+        # measured on the CPU: CPU autocast's policy (device.type cpu; tests/models/test_autocast_devices.py prices CUDA's)
+        doc = {"memfit": 1, "device": {"memory": "1 TiB", "type": "cpu"}, "optimizer": "adamw", **(extra[0] if extra else {}),
                "model": {"hf_config": f"{name}.json"}, "training": training}
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
         paths.append(str(tmp_path / f"{name}.yaml"))

@@ -470,6 +470,8 @@ def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") ->
                     walks["one device"] = ledger.peak(step, config.granule)
                 one = ledger.copied(walks["one device"])
             config = replace(config, step=step, peak=ledger.peak(step, config.granule) if one is None else one)
+            if step is not None:   # what a technique's rewrite changed in the saved activations (ledger/rewrites.py)
+                config = replace(config, placement=config.placement.with_saved(step.saved_rewritten))
             if step is not None and "teacher" in training_keys:  # its weights are resident: the footprint's too
                 config = replace(config, placement=config.placement.with_resident({"parameters": ledger_passes.teacher_weights(step)}))
             if "eval_batch" in training_keys and config.model is not None and hasattr(config.model, "cfg"):
@@ -478,7 +480,7 @@ def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") ->
             # data parallelism alone: every rank runs this program, its shares of the parameters, gradients and
             # optimizer state beside it (ZeRO, FSDP: the unit it gathers; DDP: the reducer's buckets)
             result, step = ranks.ranks_peak(config, [step], config.granule, walks)
-            config = replace(config, step=step, placement=config.placement.with_step_peak(result))
+            config = replace(config, step=step, placement=config.placement.with_step_peak(result).with_saved(step.saved_rewritten))
         else:
             # expert parallelism, or a model ledger.ranks builds no rank's program of: each rank walks the step with
             # its own shares (ledger.step.rank_peak)

@@ -147,6 +147,11 @@ class Step:
     # bytes of this micro-batch's outputs the loop holds from the loss on, through the backward and the optimizer step
     # (the same key: the logits stay bound until the next forward returns)
     outputs_held: int = 0
+    # bytes a technique's rewrite adds to the saved activations the footprint counts (negative: takes from them): the
+    # footprint is priced from the model's tensors before any rewrite; a technique that changes what the step keeps
+    # for backward says here by how much, where it rewrites the program (ledger/techniques/chunked_loss.py), and
+    # check adds it to each device's `activations` (placement.Placement.with_saved)
+    saved_rewritten: int = 0
 
 
 def _up(n: int, granule: int) -> int:
@@ -170,7 +175,7 @@ def rounded(step: Step, granule: int) -> Step:
                 each(step.optimizer_state), step.optimizer, step.impl, step.overhead, None if step.stepped is None else each(step.stepped), step.accumulating,
                 list(step.loss_kept), step.step_in_backward, set(step.offloaded), step.kept_gradients,
                 _up(step.forward_held, granule) if step.forward_held else 0,
-                _up(step.outputs_held, granule) if step.outputs_held else 0)
+                _up(step.outputs_held, granule) if step.outputs_held else 0, step.saved_rewritten)
 
 
 def _adjacent_ops(row: Row, off: set, size: dict) -> int:

@@ -29,7 +29,9 @@ import re
 import weakref
 from typing import NamedTuple
 
+from memfit.config.presets import device_type
 from memfit.models.unknown import available
+from memfit.recipe.autocast import AUTOCAST_FP32_OPS
 from memfit.recipe.costs import dtype_bytes, dtype_elements
 from memfit.recipe.dtypes import DTYPES
 
@@ -445,8 +447,8 @@ def _hybrid(raw: dict) -> bool:
                for k in raw) or "mamba" in str(raw.get("model_type"))
 
 
-def _measure_for(raw: dict, training: dict, recipe: dict, adapted: bool, dtypes) -> tuple:
-    """(Measured or None, why not)."""
+def _measure_for(raw: dict, training: dict, recipe: dict, adapted: bool, dtypes, device: str = "cuda") -> tuple:
+    """(Measured or None, why not); `device`: whose autocast the step runs under (config/presets.device_type)."""
     if adapted == "quantization":
         return None, "a quantized base is not run on fake tensors (bitsandbytes packs real weights)"
     from memfit.models.hf_activations import TRUE_DTYPE
@@ -460,7 +462,7 @@ def _measure_for(raw: dict, training: dict, recipe: dict, adapted: bool, dtypes)
         return measure(raw, micro_batch=training["micro_batch"], seq_len=training["seq_len"],
                        attention=training.get("attention", "sdpa"), checkpointing=checkpointing,
                        precision=recipe.get("precision", "32-true"), target_len=training.get("target_len"),
-                       lora=recipe.get("lora")), ""
+                       lora=recipe.get("lora"), device=device), ""
     except MeasureError as error:
         return None, str(error)
 
@@ -503,7 +505,8 @@ def _tensors(traced: Traced, out, where, file, training: dict, data: dict, raw: 
     cfg = surrogate(traced)
     adapted = "lora" in data or "quantization" in data
     kind = "quantization" if "quantization" in data else ("lora" if adapted else "")
-    measured, why = _measure_for(raw, training, recipe, kind, dtypes) if raw is not None else (None, "")
+    device = device_type(data.get("device"))
+    measured, why = _measure_for(raw, training, recipe, kind, dtypes, device) if raw is not None else (None, "")
     if given is not None:
         measured, why = given, ""
     if measured is not None:   # hf_activations answers with what the step saved (every stack's layers in order)
@@ -810,12 +813,10 @@ class _Recorder:
         self.refs: dict = {}
         self.live = [0, 0]  # live, peak
         self.keep: list = []  # every storage packed, alive to the end (ids are never reused)
-        self.excluded: set = set()
-        # the last stack's layers, cut ones included, held to the end: their parameters' storages are in `excluded`,
-        # and a freed one's id can come back as a storage the step saves. (An earlier stack's cut layers are freed
-        # when the next stack is cut: on an encoder-decoder past layers_cap a saved tensor can then be missed; kept
-        # as it was measured for the band, tests/models/test_traced_band.py, until that is measured again.)
-        self.last_stack: list = []
+        # storage id -> the storage of a parameter or buffer, held to the end: a storage id is its StorageImpl's
+        # address, which a freed storage gives back (a cut layer's parameters are freed when its stack is cut), and a
+        # storage the step saves could take it and be missed; held, an excluded id is never reused
+        self.excluded: dict = {}
         self.recomputing: dict = {}  # block -> storages saved while the backward recomputes it
         self.forward_order: list = []   # the layers as the forward ran them; the backward recomputes them in reverse
         self.frames: dict = {}
@@ -857,11 +858,24 @@ class _Recorder:
     def unpack(holder):
         return holder.t
 
-    def counting(self, original_hook):
-        """torch.utils.checkpoint's recomputation hook, noting what the backward saves while it recomputes a layer."""
+    def counting(self, original_hook, policy):
+        """torch.utils.checkpoint's recomputation hook, noting what the backward saves while it recomputes a layer;
+        `policy()` the device's autocast casts, entered around each recomputation (the hook's context wraps it: a
+        function mode entered around the forward is not in force in the backward's recomputation)."""
         recorder = self
 
         class Counting(original_hook):
+            def __enter__(self):
+                self.policy = policy()
+                self.policy.__enter__()
+                return super().__enter__()
+
+            def __exit__(self, *exc):
+                try:
+                    return super().__exit__(*exc)
+                finally:
+                    self.policy.__exit__(*exc)
+
             def __init__(self, target_frame_ref, gid):
                 super().__init__(target_frame_ref, gid)
                 inner = self.pack_hook
@@ -903,14 +917,14 @@ def _step_model(cls, config, *, attention: str, low, lora: dict | None, layers_c
         model = _build(cls, config, attn_implementation=impl, **({"dtype": low} if low is not None else {}))
     if lora:
         model = _with_lora(model, lora)
-    recorder.excluded |= {p.untyped_storage()._cdata for p in model.parameters()}
-    recorder.excluded |= {b.untyped_storage()._cdata for b in model.buffers()}
+    for tensor in (*model.parameters(), *model.buffers()):
+        storage = tensor.untyped_storage()
+        recorder.excluded[storage._cdata] = storage
     for parent, attr, path in _stacks(model, torch):
         items = list(getattr(parent, attr))
         total = len(items)
         if total > layers_cap:
             setattr(parent, attr, torch.nn.ModuleList(items[:layers_cap]))
-        recorder.last_stack = items
         ran = min(total, layers_cap)
         stacks_info.append((path, total, ran))
         for i, layer in enumerate(items[:ran]):
@@ -936,7 +950,8 @@ def _step_model(cls, config, *, attention: str, low, lora: dict | None, layers_c
 
 def _measure_now(raw: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",
                  precision: str = "32-true", target_len: int | None = None, layers_cap: int = MEASURED_LAYERS,
-                 time_limit: float = TIME_LIMIT_S, lora: dict | None = None, _no_cache: bool = False) -> Measured:
+                 time_limit: float = TIME_LIMIT_S, lora: dict | None = None, device: str = "cuda",
+                 _no_cache: bool = False) -> Measured:
     import contextlib
     import time
 
@@ -990,14 +1005,16 @@ def _measure_now(raw: dict, *, micro_batch: int, seq_len: int, attention: str = 
             if _no_cache:
                 batch["use_cache"] = False
             autocast = torch.autocast("cpu", dtype=mixed) if mixed is not None else contextlib.nullcontext()
+            def policy():
+                return _device_policy(torch, device) if mixed is not None else contextlib.nullcontext()
             F.dropout = native_dropout
             if original_grouped is not None:
                 F.grouped_mm = _FakeGroupedMm.make(torch)
-            checkpoint_module._recomputation_hook = recorder.counting(original_hook)
+            checkpoint_module._recomputation_hook = recorder.counting(original_hook, policy)
             if original_packed is not None:
                 masking.find_packed_sequence_indices = lambda position_ids: None
             with torch.autograd.graph.saved_tensors_hooks(recorder.pack, recorder.unpack):
-                with autocast:
+                with autocast, policy():
                     loss = model(**batch).loss
                 recorder.state["block"] = "backward"
                 loss.backward()
@@ -1020,13 +1037,54 @@ def _measure_now(raw: dict, *, micro_batch: int, seq_len: int, attention: str = 
         # a step with transformers' key/value cache that it cannot build for this config: the step without one
         again = _measure_now(raw, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing,
                         precision=precision, target_len=target_len, layers_cap=layers_cap,
-                        time_limit=time_limit - (time.monotonic() - started), lora=lora, _no_cache=True)
+                        time_limit=time_limit - (time.monotonic() - started), lora=lora, device=device, _no_cache=True)
         return again._replace(note=f"run with use_cache false: with the cache transformers stops ({failure})")
     from memfit.models.hf_activations import lora_key
 
     return _measured((micro_batch, seq_len, attention, checkpointing, precision, lora_key(lora)), stacks_info, recorder.first,
                      recorder.sizes, recorder.shapes, recorder.recomputing,
                      recorder.live[1] if checkpointing == "full" else sum(recorder.sizes.values()))
+
+
+def _device_policy(torch, device: str):
+    """The step's autocast as `device` runs it: the fake tensors are on the CPU device, under CPU autocast, and where
+    `device`'s autocast runs an op in float32 that CPU's does not (recipe/autocast.py's table: CUDA's softmax without
+    a dtype, pow, layer_norm) its floating inputs are cast to float32 above autograd, as autocast casts them (a
+    softmax gets dtype float32: fp32_set_opt_dtype). Only while autocast is on (a region that turns it off, a rotary
+    embedding's, runs as written). The CUDA key's own kernels run on fake "cuda" tensors in a forward only (autograd
+    on them needs CUDA's device guard), so the step casts as that key does instead (docs/accuracy.md, "CPU and CUDA
+    autocast")."""
+    import contextlib
+
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+
+    ops = AUTOCAST_FP32_OPS.get(device, frozenset())
+    if not ops:
+        return contextlib.nullcontext()
+    low = (torch.bfloat16, torch.float16)
+    set_opt = {torch.softmax, F.softmax, torch.Tensor.softmax} if "softmax" in ops else set()
+    fp32 = set()
+    if "pow" in ops:
+        fp32 |= {torch.pow, torch.Tensor.pow, torch.Tensor.__pow__, torch.Tensor.__rpow__}
+    if "layer_norm" in ops:
+        fp32 |= {F.layer_norm, torch.layer_norm}
+
+    class Policy(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = dict(kwargs or {})
+            if (func in set_opt or func in fp32) and torch.is_autocast_enabled("cpu"):
+                if func in set_opt:
+                    at = 3 if func is F.softmax else 2   # (F.softmax's third argument is _stacklevel)
+                    stated = kwargs.get("dtype") is not None or (len(args) > at and args[at] is not None)
+                    if not stated and isinstance(args[0], torch.Tensor) and args[0].dtype in low:
+                        kwargs["dtype"] = torch.float32
+                else:
+                    args = tuple(a.float() if isinstance(a, torch.Tensor) and a.dtype in low else a for a in args)
+                    kwargs = {k: v.float() if isinstance(v, torch.Tensor) and v.dtype in low else v for k, v in kwargs.items()}
+            return func(*args, **kwargs)
+
+    return Policy()
 
 
 def _with_lora(model, lora: dict):

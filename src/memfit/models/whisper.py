@@ -23,8 +23,10 @@ Measured step), computed here rather than run on fake tensors.
 
 from __future__ import annotations
 
+from memfit.config.presets import device_type
 from memfit.models import hf, hf_encdec
 from memfit.models.hf import Param
+from memfit.recipe.autocast import op_dtype
 
 F32, BF16, I64 = "float32", "bfloat16", "int64"
 
@@ -114,9 +116,20 @@ def _mixed_linear(tag: str, rows: int, n_in: int, n_out: int) -> list:
     return [(f"{tag} input (bf16 copy)", (rows, n_in), BF16), (f"{tag} weight (bf16 copy)", (n_out, n_in), BF16)]
 
 
-def _mixed_layer_kept(cfg: dict, b: int, s: int, se: int, attention: str, decoder: bool) -> list:
+def _device_softmax(tag: str, b: int, heads: int, q: int, k: int, attention: str, device: str) -> list:
+    """Eager attention's softmax of bf16 scores (no mask added: the encoder's self-attention, the decoder's
+    cross-attention; `nn.functional.softmax(attn_weights, dim=-1)`, no dtype) where `device`'s autocast runs softmax
+    in fp32 (recipe/autocast.py: CUDA's): its fp32 output is kept for its backward, beside the bf16 copy p @ v keeps."""
+    if attention != "eager" or op_dtype("softmax", device, BF16, True) == BF16:
+        return []
+    return [(f"{tag}: softmax probabilities (fp32: {device} autocast's softmax)", (b, heads, q, k), F32)]
+
+
+def _mixed_layer_kept(cfg: dict, b: int, s: int, se: int, attention: str, decoder: bool, device: str = "cpu") -> list:
     """A layer under bf16-mixed: LayerNorm in fp32 (the residual stream is fp32), every projection its input's and
-    weight's bf16 copies (q, k and v each their own), the attention and GELU in bf16 (SDPA's log-sum-exp fp32)."""
+    weight's bf16 copies (q, k and v each their own), the attention and GELU in bf16 (SDPA's log-sum-exp fp32); on a
+    device whose autocast runs softmax in fp32, eager's unmasked softmaxes in fp32 too (_device_softmax). GELU (no
+    pow) and LayerNorm (its input the fp32 residual stream) keep the same on CPU and CUDA."""
     h = cfg["d_model"]
     heads = cfg["decoder_attention_heads" if decoder else "encoder_attention_heads"]
     ffn = cfg["decoder_ffn_dim" if decoder else "encoder_ffn_dim"]
@@ -125,6 +138,8 @@ def _mixed_layer_kept(cfg: dict, b: int, s: int, se: int, attention: str, decode
     for name in ("q_proj", "k_proj", "v_proj"):
         out += _mixed_linear(f"self_attn.{name}", bs, h, h)
     out += _cast(_attention_kept("self_attn", b, heads, s, s, h, attention), "bf16-true")
+    if not decoder:
+        out += _device_softmax("self_attn", b, heads, s, s, attention, device)
     if decoder and attention == "eager":   # the fp32 causal mask promotes the scores: fp32 softmax, a bf16 copy for the matmul
         out += [("self_attn: softmax probabilities (fp32, the causal mask added)", (b, heads, s, s), F32)]
     out += _mixed_linear("self_attn.out_proj", bs, h, h)
@@ -133,6 +148,7 @@ def _mixed_layer_kept(cfg: dict, b: int, s: int, se: int, attention: str, decode
         out += _mixed_linear("encoder_attn.k_proj (the encoder's output)", b * se, h, h)
         out += _mixed_linear("encoder_attn.v_proj (the encoder's output)", b * se, h, h)
         out += _cast(_attention_kept("encoder_attn", b, heads, s, se, h, attention), "bf16-true")
+        out += _device_softmax("encoder_attn", b, heads, s, se, attention, device)
         out += _mixed_linear("encoder_attn.out_proj", bs, h, h)
     out += _norm("final_layer_norm", b, s, h) + _mixed_linear("fc1", bs, h, ffn)
     return out + [("fc1 output (GELU input)", (b, s, ffn), BF16)] + _mixed_linear("fc2", bs, ffn, h)
@@ -181,9 +197,10 @@ def _lora_layer_kept(cfg: dict, b: int, s: int, se: int, attention: str, decoder
 
 
 def measured(cfg: dict, micro_batch: int, seq_len: int, attention: str, checkpointing: str, precision: str = "32-true",
-             lora: dict | None = None):
+             lora: dict | None = None, device: str = "cuda"):
     """The step as models/traced.Measured: blocks (embeddings, each stack's layers in order, head, loss), the peak of
-    live saved bytes (full checkpointing; else every saved byte) and each layer's recomputation."""
+    live saved bytes (full checkpointing; else every saved byte) and each layer's recomputation. `device`: whose
+    autocast runs a bf16-mixed step (config/presets.device_type)."""
     from memfit.models.traced import Measured
     from memfit.recipe.costs import dtype_bytes
 
@@ -219,8 +236,8 @@ def measured(cfg: dict, micro_batch: int, seq_len: int, attention: str, checkpoi
         embeddings = [("conv1 input (bf16 copy of the log-mel features)", (b, mel, 2 * se), BF16), ("conv1 weight (bf16 copy)", (h, mel, 3), BF16),
                       ("conv1 output (GELU input)", (b, h, 2 * se), BF16), ("conv2 input", (b, h, 2 * se), BF16),
                       ("conv2 weight (bf16 copy)", (h, h, 3), BF16), ("conv2 output (GELU input)", (b, h, se), BF16)]
-        encoder_first = encoder = _mixed_layer_kept(cfg, b, se, se, attention, False)
-        decoder_first = decoder = _mixed_layer_kept(cfg, b, s, se, attention, True)
+        encoder_first = encoder = _mixed_layer_kept(cfg, b, se, se, attention, False, device)
+        decoder_first = decoder = _mixed_layer_kept(cfg, b, s, se, attention, True, device)
         encoder_output = []
         head = _norm("decoder layer_norm", b, s, h) + _mixed_linear("proj_out", b * s, h, cfg["vocab_size"])
     else:
@@ -327,7 +344,7 @@ def derive(cfg: dict, raw: dict, out, where, file, data: dict, at_architecture) 
                   f"eager or sdpa attention, checkpointing none or full, no dropout and no adapters; not {why}")
         return hints + traced.fallback(reason, raw, out, where, file, training, data, at_architecture)
     step = measured(cfg, training["micro_batch"], seq_len, training.get("attention", "sdpa"), training.get("checkpointing", "none"),
-                    recipe.get("precision", "32-true"), recipe.get("lora"))
+                    recipe.get("precision", "32-true"), recipe.get("lora"), device_type(data.get("device")))
     problems, _, _ = traced._tensors(traced_model(cfg), out, where, file, training, data, None, given=step)
     if out.model is not None:
         out.model = out.model._replace(summary=summary(cfg))

@@ -63,6 +63,19 @@ class Placement:
         device["total"] = sum(device[c] for c in CATEGORIES)
         return Placement(self.layout, [device], self.sharded, self.transients, self.step_peak)
 
+    def with_saved(self, change: int) -> "Placement":
+        """The same placement with each device's saved activations changed by `change` bytes (a technique's rewrite of
+        what the step keeps: ledger.step.Step.saved_rewritten); every device runs the whole model's step."""
+        if not change:
+            return self
+        devices = []
+        for held in self.devices:
+            device = dict(held)
+            device["activations"] += change
+            device["total"] = sum(device[c] for c in CATEGORIES)
+            devices.append(device)
+        return Placement(self.layout, devices, self.sharded, self.transients, self.step_peak)
+
     @property
     def binding(self) -> int:
         """The device that must fit: the one holding the most at its worst moment (each rank's walked peak where

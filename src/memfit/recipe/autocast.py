@@ -1,5 +1,6 @@
 """What torch.autocast computes in, per device: the one table of the ops whose dtype under `*-mixed` depends on
-which autocast runs (models/hf_act_eval's dtype roles read it; the activation rules name these ops' roles).
+which autocast runs (models/hf_act_eval's dtype roles read it; the activation rules name these ops' roles; the
+`[trace]` fake step casts by it, models/traced._device_policy, and Whisper's eager softmaxes read it).
 
 Which autocast runs is a fact of the device (a config's `device.type`, default config/presets.DEFAULT_DEVICE_TYPE).
 torch 2.13.0's CUDA autocast lists (ATen/autocast_mode.h `AT_FORALL_FP32`: `pow` line 870, `layer_norm` 874;

@@ -83,14 +83,17 @@ def rewrite(step, config, training: dict):
         # litgpt/utils.py chunked_cross_entropy: `F.cross_entropy(logit_chunk, target_chunk, reduction="none")` per
         # chunk, no .float()): each chunk's log-softmax is kept in the logits' dtype, and the loss's gradients in
         # flight are a chunk's, in that dtype
+        # (under *-mixed autocast runs cross_entropy in fp32, on CPU and CUDA alike: the log-softmax and the
+        # gradients are fp32 as the whole loss's; measured, saved_tensors_hooks around its code under CPU autocast)
         size = int(training["loss"].get("chunk_size") or 128)
         chunks = -(-s // size)
         width = logits // (b * s * vocab) if logits % (b * s * vocab) == 0 else 4
-        chunk = b * min(size, s) * vocab * width
+        mixed = str((getattr(model, "recipe", None) or {}).get("precision", "")).endswith("-mixed")
+        chunk = b * min(size, s) * vocab * (4 if mixed else width)
         # litgpt/finetune/lora.py `logits[-1] = logits[-1][..., :-1, :]`: with more than one sequence the last chunk's
         # `reshape(-1, vocab)` copies it (it is not contiguous), beside the whole logits
         last = b * (s - (chunks - 1) * size - 1) * vocab * width if b > 1 else 0
-        tensors = {t: (n * logits // whole32 if t in step.loss_kept and n == whole32 else n) for t, n in step.tensors.items()}
+        tensors = {t: (n * logits // whole32 if t in step.loss_kept and n == whole32 and not mixed else n) for t, n in step.tensors.items()}
         loss = replace(step.loss, forward=(logits, *([last] if last else [])), backward=(chunk, chunk))
     else:
         asked = int(training["loss"].get("chunks") or 8)
@@ -120,7 +123,22 @@ def rewrite(step, config, training: dict):
         left = logits if training["loss"]["kind"] == "chunked" else max(logits - 2 * chunk, 0)
         flight = left + hidden + 2 * max(head.grads)
     rows = step.rows[:-1] + [replace(head, backward_flight=flight, kept=kept)]
-    return replace(step, rows=rows, loss=loss, tensors=tensors)
+    out = replace(step, rows=rows, loss=loss, tensors=tensors)
+    # the footprint's saved activations, rewritten here with the program: the log-softmax in the logits' dtype
+    # (chunked_head), each further chunk's copy of the head's weight. Under full checkpointing the footprint is the
+    # larger of the end of the forward and a layer's recomputation in the backward (models/hf_act_saved.peak_saved),
+    # which the head's and the loss's tensors do not reach: less kept there is not taken off (the footprint stays on
+    # the safe side, by at most the change), more is added
+    change = saved_bytes(out) - saved_bytes(step)
+    if run.get("checkpointing") == "full" and change < 0:
+        change = 0
+    return replace(out, saved_rewritten=step.saved_rewritten + change)
+
+
+def saved_bytes(step) -> int:
+    """Bytes of every tensor the step keeps for backward (each id once): the rows' and the loss's."""
+    ids = {t for row in step.rows for t in row.kept} | set(step.loss_kept)
+    return sum(step.tensors[t] for t in ids)
 
 
 def _weight_cast(model, micro_batch: int, seq_len: int, head_trains: bool) -> int:
