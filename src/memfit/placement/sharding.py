@@ -120,6 +120,7 @@ class Parallel:
     schedule: str = "1f1b"  # the pipeline schedule (parallel.schedule): PIPELINE_SCHEDULES
     gradient_as_bucket_view: bool = False  # DDP's gradients are views of its reducer's buckets (PyTorch's default: off)
     zero_shard_size: int | None = None  # ZeRO shards over groups of this many data ranks, replicated across them (MiCS)
+    bf16_optimizer: bool = False  # ZeRO-1 runs DeepSpeed's BF16_Optimizer: its fp32 gradient buffer whole (ledger/ranks.py)
 
     @property
     def world(self) -> int:
@@ -719,6 +720,7 @@ def from_config(data: dict) -> tuple:
         schedule=section.get("schedule", "1f1b"),
         gradient_as_bucket_view=bool(section.get("gradient_as_bucket_view", False)),
         zero_shard_size=section.get("zero_shard_size"),
+        bf16_optimizer=bool(section.get("bf16_optimizer", False)),
     )
     if (layout.offload_optimizer or layout.offload_parameters) and host is None:
         at = ("parallel", "offload")
