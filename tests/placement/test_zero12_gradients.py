@@ -31,7 +31,6 @@ through a bf16 copy of it (engine.py `allreduce_bucket`: `tensor.to(communicatio
 memfit's DeepSpeed reader says so (`parallel.bf16_optimizer: true`, no `not-modelled` warning) and memfit counts it:
 within 5%. ZeRO-2 with it stays stage_1_and_2.py's, its gradient partition in fp32: within 5%.
 """
-"""
 
 from __future__ import annotations
 
