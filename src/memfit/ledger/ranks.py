@@ -280,9 +280,10 @@ def _zero_gradients(p, rank) -> dict | None:
     flat = -(-sixteen // sharding.shard_group(p)) if replicated else sixteen
     accum = rank.device.get("grad_accum", 0)
     if replicated and p.bf16_optimizer:
-        # BF16_Optimizer's fp32 buffer is the whole padded flat group (aligned to 2 x the group, as the partition
-        # placement counts, one of which each rank holds): the partition times the group; no flattened copy
-        return {"growing": sixteen, "partition": 0, "step_only": accum, "flat": 0, "buffer": accum * sharding.shard_group(p)}
+        # BF16_Optimizer's fp32 buffer is whole on every rank (placement counts it so: sharding.rank_bytes; were it
+        # placed as a partition, the partition times the group); no flattened copy
+        whole = accum if rank.sharded.get("grad_accum") != "sharded" else accum * sharding.shard_group(p)
+        return {"growing": sixteen, "partition": 0, "step_only": accum, "flat": 0, "buffer": whole}
     return {"growing": sixteen if replicated else 0, "partition": 0 if replicated else sixteen, "step_only": accum, "flat": flat, "buffer": 0}
 
 

@@ -514,7 +514,8 @@ def _adds(t: Tensor, shape: tuple, p: Parallel, n: int, engine: str, sharded: se
     for category, width in widths.items():
         cls = SHARD_CLASS.get(category)
         on_host = cls in offloaded
-        if cls not in sharded:
+        # DeepSpeed's BF16_Optimizer (ZeRO-1) keeps its fp32 gradient buffer whole on every rank (ledger/ranks.py)
+        if cls not in sharded or (category == "grad_accum" and p.bf16_optimizer and p.zero == 1):
             puts.append((on_host, category, k * _bytes(numel, width)))
             statuses.append((category, "offloaded" if on_host else "replicated"))
             continue
