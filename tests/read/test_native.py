@@ -510,3 +510,25 @@ def test_sharding_and_target_keys_of_each_format(tmp_path, model):
     lf.write_text("model_name_or_path: ./llama-3-8b.json\nstage: sft\nlora_target: q_proj,v_proj\nadditional_target: lm_head\nlora_rank: 4\nbf16: true\nper_device_train_batch_size: 1\ncutoff_len: 512\n")
     doc = same_figures_as_converted(lf, "--device", "H100-80GB")["doc"]
     assert doc["lora"] == {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"], "modules_to_save": ["lm_head"]}
+
+
+@pytest.mark.parametrize("stage, precision, accum_dtype, offload, bf16_optimizer", [
+    (1, "bf16", "fp32", None, True),  # DeepSpeed's BF16_Optimizer (engine.py _do_optimizer_sanity_check)
+    (1, "bf16", None, None, False),  # grad_accum_dtype unset: the model's dtype, bf16: stage_1_and_2.py
+    (1, "bf16", "bf16", None, False),
+    (2, "bf16", "fp32", None, False),  # ZeRO-2: stage_1_and_2.py, its gradient partition in fp32
+    (1, "fp16", "fp32", None, False),
+    (1, "bf16", "fp32", "cpu", False),  # optimizer offload: stage_1_and_2.py
+])
+def test_deepspeed_bf16_optimizer_where_deepspeed_picks_it(tmp_path, model, stage, precision, accum_dtype, offload, bf16_optimizer):
+    """ZeRO stage 1 with bf16, data_types.grad_accum_dtype fp32 and no optimizer offload is DeepSpeed's BF16_Optimizer:
+    the reader says so (`parallel.bf16_optimizer: true`), at the key that makes it, without a not-modelled warning."""
+    zero = {"stage": stage, **({"offload_optimizer": {"device": offload}} if offload else {})}
+    ds = {"train_micro_batch_size_per_gpu": 1, precision: {"enabled": True}, "zero_optimization": zero}
+    if accum_dtype:
+        ds["data_types"] = {"grad_accum_dtype": accum_dtype}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(ds))
+    out = same_figures_as_converted(path, "--model", str(model), "--device", "H100-80GB", "--gpus", "2", "--host", "1TiB")
+    assert out["doc"]["parallel"].get("bf16_optimizer", False) is bf16_optimizer, out["doc"]["parallel"]
+    assert not [d for d in out["native"]["diagnostics"] if d["code"] == "not-modelled" and "grad_accum_dtype" in d["message"]]

@@ -180,16 +180,22 @@ class _Shares:
     torch.empty(...)` when None) and freed by the optimizer step (`free_grad_in_param_list`), so it is live from the
     program's first gradient (from the first instant of a later micro-batch of accumulation) to the step; the fp32
     gradient partition exists only in the step (`single_grad_partition = flat_grad_partition.to(fp32)`, set to None
-    after `_optimizer_step`; `initialize_optimizer_states` frees the one it makes at construction)."""
+    after `_optimizer_step`; `initialize_optimizer_states` frees the one it makes at construction). ZeRO-1 run by
+    DeepSpeed's BF16_Optimizer (`parallel.bf16_optimizer`; runtime/bf16_optimizer.py) holds instead a `buffer`: its
+    fp32 gradient buffer of the whole model, not partitioned (`fp32_groups_gradients_flat`, `torch.zeros_like` of the
+    padded flat 16-bit parameters at construction, zeroed, never freed), the step's fp32 gradient partition a view of
+    it; its reduction needs no reduce bucket (engine.py `buffered_allreduce_fallback` all-reduces the buffer)."""
 
     __slots__ = ("parameters", "state", "gradients", "all_grads", "all_state", "unit", "root", "persistent", "buckets", "views",
-                 "growing", "partition", "step_only", "flat")
+                 "growing", "partition", "step_only", "flat", "buffer")
 
     def __init__(self, step: Step, p, device: dict, gathered: dict, at_loss: dict | None, buckets: int, zero: dict | None = None) -> None:
         self.parameters, self.state, self.gradients = device["parameters"], device["optimizer_state"], device["gradients"]
         self.all_grads = sum(sum(r.grads) for r in step.rows)
         self.all_state = sum(step.optimizer_state)
-        self.unit = {"forward": gathered.get("gathered parameters", 0), "backward": sum(gathered.values()), "optimizer_step": 0}
+        self.buffer = zero["buffer"] if zero is not None else 0
+        backward = sum(v for k, v in gathered.items() if not (self.buffer and k == "reduce bucket"))
+        self.unit = {"forward": gathered.get("gathered parameters", 0), "backward": backward, "optimizer_step": 0}
         self.root = sum((at_loss or {}).values()) if gathered else 0
         self.persistent = p.engine == "zero" and zero is None
         self.buckets, self.views = buckets, p.gradient_as_bucket_view
@@ -204,7 +210,7 @@ class _Shares:
         if not (self.growing or self.partition or self.step_only):
             return _share(self.gradients, gradients, self.all_grads)
         other = self.gradients - self.growing - self.partition - self.step_only  # a declared tensor's, held throughout
-        return other + _share(self.growing, gradients, self.all_grads) + (self.partition if gradients else 0)
+        return other + self.buffer + _share(self.growing, gradients, self.all_grads) + (self.partition if gradients else 0)
 
     def _stepped(self, transient: int) -> tuple:
         """(gradients, transient) of ZeRO-1/2's optimizer step at an instant whose program has this transient, the
@@ -213,8 +219,17 @@ class _Shares:
         (`.to(fp32)`); then the 16-bit ones freed, the optimizer steps beside the fp32 partition (its temporaries, in
         proportion to the state it steps). DeepSpeed flattens the rank's 16-bit gradients into a copy first
         (`flatten(self.averaged_gradients[i])`), alive beside both at the conversion (measured:
-        tests/placement/test_zero12_gradients.py; DeepSpeed's estimator, which counts model states, leaves it out)."""
+        tests/placement/test_zero12_gradients.py; DeepSpeed's estimator, which counts model states, leaves it out).
+
+        BF16_Optimizer's (`buffer`): the backward accumulates the 16-bit `.grad` into the fp32 buffer and keeps them
+        (`update_hp_grads`; they are freed by the step's `zero_grad`, after the optimizer steps); at the boundary the
+        engine all-reduces the buffer through a 16-bit copy of it (`allreduce_bucket`: `tensor.to(
+        communication_data_type)`, bf16 under bf16: half the fp32 buffer's bytes), freed before the optimizer steps
+        on its partition of the buffer (a view: `grad_partition`, already fp32), with its temporaries."""
         other = self.gradients - self.growing - self.partition - self.step_only
+        if self.buffer:
+            held = other + self.buffer + self.growing
+            return max((held, self.buffer // 2), (held, _share(transient, self.state, self.all_state)), key=sum)
         converting = (other + self.flat + self.step_only, self.flat) if self.step_only else (other + self.flat, self.flat)
         stepping = (other + (self.step_only or self.flat), _share(transient, self.state, self.all_state))
         return max(converting, stepping, key=sum)
@@ -253,7 +268,8 @@ def _data_shares(step: Step, p, device: dict, gathered: dict, at_loss: dict | No
 
 def _zero_gradients(p, rank) -> dict | None:
     """Under ZeRO-1/2 the rank's gradient bytes by when they live (_Shares): `growing` (ZeRO-1's whole 16-bit
-    gradients), `partition` (ZeRO-2's 16-bit partition), `step_only` (the fp32 gradient partition); None otherwise."""
+    gradients), `partition` (ZeRO-2's 16-bit partition), `step_only` (the fp32 gradient partition), `buffer`
+    (BF16_Optimizer's whole fp32 gradient buffer, in place of the partition); None otherwise."""
     if p.engine != "zero" or p.zero not in (1, 2):
         return None
     sixteen = rank.device.get("gradients", 0)
@@ -262,7 +278,14 @@ def _zero_gradients(p, rank) -> dict | None:
     replicated = p.zero == 1
     # the rank's 16-bit partition of them (ZeRO-1: its share of the whole gradients, flattened in the step)
     flat = -(-sixteen // sharding.shard_group(p)) if replicated else sixteen
-    return {"growing": sixteen if replicated else 0, "partition": 0 if replicated else sixteen, "step_only": rank.device.get("grad_accum", 0), "flat": flat}
+    accum = rank.device.get("grad_accum", 0)
+    if replicated and p.bf16_optimizer and accum:
+        # BF16_Optimizer's fp32 buffer is whole on every rank (placement counts it so: sharding.rank_bytes; were it
+        # placed as a partition, the partition times the group); no flattened copy. Without a buffer on the device
+        # (no training.grad_accum_dtype, or the optimizer offloaded, which DeepSpeed runs as stage_1_and_2.py): ZeRO-1's
+        whole = accum if rank.sharded.get("grad_accum") != "sharded" else accum * sharding.shard_group(p)
+        return {"growing": sixteen, "partition": 0, "step_only": accum, "flat": 0, "buffer": whole}
+    return {"growing": sixteen if replicated else 0, "partition": 0 if replicated else sixteen, "step_only": accum, "flat": flat, "buffer": 0}
 
 
 def _share(amount: int, part: int, whole: int) -> int:

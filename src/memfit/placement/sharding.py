@@ -120,6 +120,7 @@ class Parallel:
     schedule: str = "1f1b"  # the pipeline schedule (parallel.schedule): PIPELINE_SCHEDULES
     gradient_as_bucket_view: bool = False  # DDP's gradients are views of its reducer's buckets (PyTorch's default: off)
     zero_shard_size: int | None = None  # ZeRO shards over groups of this many data ranks, replicated across them (MiCS)
+    bf16_optimizer: bool = False  # ZeRO-1 runs DeepSpeed's BF16_Optimizer: its fp32 gradient buffer whole (ledger/ranks.py)
 
     @property
     def world(self) -> int:
@@ -513,7 +514,8 @@ def _adds(t: Tensor, shape: tuple, p: Parallel, n: int, engine: str, sharded: se
     for category, width in widths.items():
         cls = SHARD_CLASS.get(category)
         on_host = cls in offloaded
-        if cls not in sharded:
+        # DeepSpeed's BF16_Optimizer (ZeRO-1) keeps its fp32 gradient buffer whole on every rank (ledger/ranks.py)
+        if cls not in sharded or (category == "grad_accum" and p.bf16_optimizer and p.zero == 1):
             puts.append((on_host, category, k * _bytes(numel, width)))
             statuses.append((category, "offloaded" if on_host else "replicated"))
             continue
@@ -719,6 +721,7 @@ def from_config(data: dict) -> tuple:
         schedule=section.get("schedule", "1f1b"),
         gradient_as_bucket_view=bool(section.get("gradient_as_bucket_view", False)),
         zero_shard_size=section.get("zero_shard_size"),
+        bf16_optimizer=bool(section.get("bf16_optimizer", False)),
     )
     if (layout.offload_optimizer or layout.offload_parameters) and host is None:
         at = ("parallel", "offload")

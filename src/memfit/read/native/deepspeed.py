@@ -14,7 +14,9 @@ runtime/config.py (`train_micro_batch_size_per_gpu`, `gradient_accumulation_step
 gradients, an fp32 master copy and an fp32 gradient partition, and the optimizer's state in fp32
 (runtime/zero/stage_1_and_2.py single_partition_of_fp32_groups; stage3.py fp32_partitioned_groups_flat;
 runtime/bf16_optimizer.py): memfit's `precision: *-true`, `master_weights: float32`,
-`training.grad_accum_dtype: float32` (docs/parallel.md compares it with DeepSpeed's estimators).
+`training.grad_accum_dtype: float32` (docs/parallel.md compares it with DeepSpeed's estimators);
+ZeRO stage 1 with bf16 and `data_types.grad_accum_dtype: fp32` (no optimizer offload) is the
+BF16_Optimizer: `parallel.bf16_optimizer: true`.
 """
 
 from __future__ import annotations
@@ -62,11 +64,8 @@ TOP_UNMODELLED = {
 }
 GRAD_ACCUM_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 # engine.py _do_optimizer_sanity_check: bf16, grad_accum_dtype fp32, ZeRO stage 1 without optimizer offload is
-# runtime/bf16_optimizer.py's BF16_Optimizer, not stage_1_and_2.py (measured: tests/placement/test_zero12_gradients.py)
-BF16_OPTIMIZER = ("data_types.grad_accum_dtype fp32 with bf16 under ZeRO stage 1: DeepSpeed runs its BF16_Optimizer (runtime/bf16_optimizer.py), "
-                  "which holds an fp32 gradient buffer of the whole model, not partitioned, the whole step, and all-reduces it through a bf16 "
-                  "copy beside the bf16 gradients; memfit does not model it (it counts stage_1_and_2.py's fp32 gradient partition, made in the "
-                  "step): the figures are low")
+# runtime/bf16_optimizer.py's BF16_Optimizer, not stage_1_and_2.py: memfit's parallel.bf16_optimizer (its whole fp32
+# gradient buffer, ledger/ranks.py; measured: tests/placement/test_zero12_gradients.py)
 
 
 def apply(r: Reader, ds: dict, file: str | None, trainer: dict, hidden_size: int | None) -> None:
@@ -133,7 +132,7 @@ def apply(r: Reader, ds: dict, file: str | None, trainer: dict, hidden_size: int
             r.set(("parallel", "offload", target), "cpu", at("zero_optimization", key))
     offloaded = (zero.get("offload_optimizer") or {}).get("device") in ("cpu", "nvme") if isinstance(zero.get("offload_optimizer"), dict) else False
     if accum_dtype == "fp32" and bf16 and stage == 1 and not offloaded:
-        r.warn(at("data_types", "grad_accum_dtype"), BF16_OPTIMIZER)
+        r.set(("parallel", "bf16_optimizer"), True, at("data_types", "grad_accum_dtype"))
     for key, target in (("reduce_bucket_size", "reduce"), ("allgather_bucket_size", "allgather")):
         if key not in zero or (target == "allgather" and stage == 3):
             continue
