@@ -58,9 +58,11 @@ def test_what_the_reader_makes_of_the_hub_configs():
     """qlora.yaml: bitsandbytes' nf4 under BitsandbytesPrecision, PagedAdamW's fp32 paged state, the 4-bit matmul's kept
     input; lora.yaml's flags as target modules; full.yaml over 4 devices: FSDP full shard with every block checkpointed
     (FSDPStrategy(activation_checkpointing_policy={Block})), global_batch_size / devices / micro_batch_size accumulated;
-    every Linear 4-bit, lm_head's too; StableLM's and Falcon's fused qkv: LoRAQKVLinear's parts as litgpt_qkv's list."""
+    every Linear 4-bit, lm_head's too, quantized from float16; StableLM's and Falcon's fused qkv: LoRAQKVLinear's parts
+    as litgpt_qkv's list."""
     doc = yaml.safe_load(memfit("convert", HUB / "gemma-2b-qlora.yaml").stdout)
-    assert doc["quantization"] == {"method": "nf4", "double_quant": False, "compute_dtype": "bfloat16", "skip_modules": []}
+    assert doc["quantization"] == {"method": "nf4", "double_quant": False, "compute_dtype": "bfloat16", "quantized_from": "float16",
+                                   "skip_modules": []}   # Lightning quantizes each weight from float16
     assert doc["optimizer"] == "adamw" and doc["dtypes"] == {"optimizer_state": "float32"}
     assert doc["training"]["paged_optimizer"] is True and doc["training"]["quantized_saves_input"] is True
     assert doc["training"]["previous_outputs_held"] is True  # fit() keeps the last logits through the next forward

@@ -378,7 +378,12 @@ def _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointi
                 # bitsandbytes' 4-bit linears are not autocast ops: what they keep and the dtype of their outputs
                 # differ from a dense base's under *-mixed (hf_activations._quantized_base)
                 dtypes["quantized"] = "4bit"
-                dtypes["quantized_from"] = base   # the dtype the weights were quantized from (models/held.py)
+                # the dtype the weights were quantized from (models/held.py): quantization.quantized_from, else the base's
+                dtypes["quantized_from"] = data["quantization"].get("quantized_from") or base
+                # a 4-bit output head (skip_modules without it): dequantized in every forward and backward of it
+                # (ledger/techniques/chunked_loss.py)
+                dtypes["head_quantized"] = any(r.dtype == "uint8" and r.name.endswith(("lm_head.weight", "lm_head.base_layer.weight"))
+                                               for r in param_rows)
             if data["lora"].get("use_dora") is True and isinstance(data.get("quantization"), dict):
                 # DoRA dequantizes a quantized base weight in every forward (peft dequantize_module_weight): the
                 # dtype it comes out in is the 4-bit layer's (the adapters' dtype on the base layer, without autocast)

@@ -154,6 +154,11 @@ def schema_property() -> dict:
             "method": {"title": "Method", "description": "; ".join(f"{m.name}: {m.summary}" for m in METHODS.values()), "type": "string", "examples": list(METHODS)},
             "double_quant": {"title": "Double quantization", "description": "bnb_4bit_use_double_quant: quantize the 4-bit block scales to 8 bits.", "type": "boolean"},
             "compute_dtype": {"$ref": "#/$defs/dtype", "title": "Compute dtype", "description": "bnb_4bit_compute_dtype: the dtype matmuls run in (no storage effect)."},
+            "quantized_from": {"$ref": "#/$defs/dtype", "title": "Quantized from",
+                               "description": "The dtype each weight had when it was quantized (QuantState.dtype: what "
+                                              "dequantize_4bit returns, before the matmul's cast to the input's dtype). "
+                                              "Default: the parameters' dtype (transformers quantizes the loaded "
+                                              "weights); Lightning's BitsandbytesPrecision quantizes from float16."},
             "skip_modules": {
                 "title": "Skip modules",
                 "description": "llm_int8_skip_modules: modules kept unquantized (replaces transformers' default, the output head).",

@@ -108,6 +108,21 @@ def rewrite(step, config, training: dict):
     if unsaved:
         loss = replace(loss, forward=(*loss.forward, unsaved))
     kept, tensors = list(head.kept), dict(tensors)
+    forward_flight, backward_extra = head.forward_flight, head.backward_extra
+    dequantized = _head_dequantized(model) if training["loss"]["kind"] == "chunked_head" else 0
+    if dequantized:
+        # a 4-bit head (bitsandbytes 0.42.0 MatMul4Bit.forward: `F.dequantize_4bit(B, quant_state).to(A.dtype)`, and
+        # its backward again with grad_output's dtype): each chunk's matmul dequantizes the whole weight, in the dtype
+        # it was quantized from, and casts it; at the last chunk every earlier chunk's logits are alive (the cast
+        # copy beside the chunk's output, or the dequantized weight beside its cast before the output exists)
+        sizes = acts.layer_sizes(model.cfg, b, s)
+        low = dtype_bytes(sizes["V"] * sizes["h"], _cast_dtype(model))
+        last_chunk = b * (s - (chunks - 1) * size) * vocab * width
+        saved = {t for row in step.rows for t in row.kept}
+        moving = sum(step.tensors[t] for t in (head.input, head.output) if t is not None and t not in saved)
+        base = moving + head.inner if forward_flight is None else forward_flight
+        forward_flight = base + max(dequantized - last_chunk, low)
+        backward_extra += dequantized
     cast = _weight_cast(model, b, s, bool(head.grads))
     for _ in range(chunks - 1 if cast else 0):   # every further chunk's own copy of the frozen head's weight
         tensors[max(tensors) + 1] = cast
@@ -122,7 +137,8 @@ def rewrite(step, config, training: dict):
         hidden = step.tensors.get(head.input, 0)
         left = logits if training["loss"]["kind"] == "chunked" else max(logits - 2 * chunk, 0)
         flight = left + hidden + 2 * max(head.grads)
-    rows = step.rows[:-1] + [replace(head, backward_flight=flight, kept=kept)]
+    rows = step.rows[:-1] + [replace(head, backward_flight=flight, kept=kept, forward_flight=forward_flight,
+                                     backward_extra=backward_extra)]
     out = replace(step, rows=rows, loss=loss, tensors=tensors)
     # the footprint's saved activations, rewritten here with the program: the log-softmax in the logits' dtype
     # (chunked_head), each further chunk's copy of the head's weight. Under full checkpointing the footprint is the
@@ -141,9 +157,31 @@ def saved_bytes(step) -> int:
     return sum(step.tensors[t] for t in ids)
 
 
+def run_precision(model) -> str:
+    """The run's precision (recipe), 32-true when none is given."""
+    return (getattr(model, "recipe", None) or {}).get("precision", "32-true")
+
+
+def _head_dequantized(model) -> int:
+    """Bytes of a 4-bit head's dequantized weight and its cast copy, alive in each chunk's forward and backward
+    (models/held.dequantized_weight); 0 for a head left unquantized."""
+    dtypes = getattr(model, "dtypes", None) or {}
+    if not dtypes.get("head_quantized") or not dtypes.get("quantized_from"):
+        return 0
+    sizes = acts.layer_sizes(model.cfg, 1, 1)
+    return held.dequantized_weight(sizes["V"] * sizes["h"], dtypes["quantized_from"], _cast_dtype(model))
+
+
+def _cast_dtype(model) -> str:
+    """The dtype a 4-bit head's dequantized weight is cast to: its input's in forward, its output gradient's in
+    backward (models/held.projection_dtype)."""
+    precision = run_precision(model)
+    return held.projection_dtype(acts.role_dtypes(precision, model.dtypes), True, precision.endswith("-mixed"))
+
+
 def _weight_cast(model, micro_batch: int, seq_len: int, head_trains: bool) -> int:
     """Bytes of the autocast copy of the head's weight each chunk keeps anew (models/held.chunk_weight_casts)."""
-    precision = (getattr(model, "recipe", None) or {}).get("precision", "32-true")
+    precision = run_precision(model)
     sizes = acts.layer_sizes(model.cfg, micro_batch, seq_len)
     return held.chunk_weight_casts(sizes["V"] * sizes["h"], acts.role_dtypes(precision, model.dtypes),
                                    precision.endswith("-mixed"), head_trains)

@@ -211,9 +211,11 @@ def read(r: Reader, ctx) -> dict:
             r.error(r.at("quantize"), codes.NATIVE_CONFIG, f"quantize {quantize} with precision {precision}: LitGPT raises "
                     "'Quantization and mixed precision is not supported' (finetune/lora.py setup); use bf16-true")
         method, double = QUANTIZE[quantize]
-        # Lightning's BitsandbytesPrecision replaces every torch.nn.Linear as the model is built, lm_head's too
+        # Lightning's BitsandbytesPrecision replaces every torch.nn.Linear as the model is built, lm_head's too, and
+        # quantizes each weight from float16 (fabric/plugins/precision/bitsandbytes.py _Linear4bit.quantize:
+        # `weight.contiguous().to(device=device, dtype=torch.half)`): what each 4-bit matmul dequantizes to
         r.set(("quantization",), {"method": method, "double_quant": double, "compute_dtype": COMPUTE.get(precision, "bfloat16"),
-                                  "skip_modules": []}, r.at("quantize"))
+                                  "quantized_from": "float16", "skip_modules": []}, r.at("quantize"))
         r.set(("training", "quantized_saves_input"), True)  # bitsandbytes 0.42.0 (pinned then): MatMul4Bit keeps its input
 
     devices = r.get("devices", (int, "auto"), 1)
