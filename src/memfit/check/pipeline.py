@@ -560,10 +560,12 @@ def _layout_problems(config, model: dict) -> list[Problem]:
 
 
 def _host_budget(config) -> list[Problem]:
+    if config.host_memory is None:  # no host budget to hold to (and activation offloading's module not loaded)
+        return []
     from memfit.ledger.techniques import activation_offloading
 
     host = activation_offloading.host(config)
-    if host is None or config.host_memory is None or host["total"] <= config.host_memory:
+    if host is None or host["total"] <= config.host_memory:
         return []
     gpus = host["gpus"]
     return [
