@@ -18,6 +18,8 @@ from functools import lru_cache
 
 @dataclass(frozen=True)
 class Name:
+    """A framework's name for a memfit key: the key (and value) it means, for a 'did you mean' note."""
+
     framework: str  # whose name it is
     key: str  # the memfit key path, dot-separated
     value: object = None  # the memfit value the framework's name implies (None: the user's value, as is)
