@@ -38,6 +38,25 @@ def test_the_check_of_a_config_imports_its_family_only(tmp_path):
     assert note["code"] == "ignored-key" and "num_hidden_layers" in note["message"]
 
 
+def test_the_check_of_a_decoder_loads_no_other_familys_step(tmp_path):
+    """The families with a step of their own (models/dispatch.TAILS: Whisper, DeBERTa-v2, ModernBERT) and Qwen2-VL's
+    vision tower are loaded by a config of theirs only."""
+    transformer = {"model_type": "llama", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 96,
+                   "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+    doc = {"memfit": 1, "device": {"memory": "80 GB"}, "optimizer": "adamw", "model": {"transformer": transformer},
+           "training": {"micro_batch": 1, "seq_len": 16}}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    others = ["memfit.models.whisper", "memfit.models.deberta", "memfit.models.modernbert", "memfit.models.encoders",
+              "memfit.models.qwen_vl"]
+    probe = ("import runpy, sys\nsys.argv = ['memfit', 'check', '--format', 'json', sys.argv[1]]\n"
+             "try:\n    runpy.run_module('memfit', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+             f"print(sorted(m for m in sys.modules if m in {others!r} or m.startswith('memfit.models.families.')), file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "run.yaml")], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.stderr.strip().splitlines()[-1] == "['memfit.models.families.llama']", done.stderr
+    assert json.loads(done.stdout)["files"][0]["peak"]["bytes"] > 0
+
+
 def test_every_family_is_listed_and_loads():
     from memfit.models.families import FAMILIES, SUPPORTED
 

@@ -19,6 +19,8 @@ __all__ = ["Options", "Result", "check", "check_file", "evaluate", "has_marker",
 
 @dataclass(frozen=True)
 class Options:
+    """How a check runs: what the command line (or the API's caller) sets beside the config."""
+
     budget: int | None = None  # bytes, from --budget: supplies or overrides device.memory - reserve
     warn_at: Fraction | None = None  # overrides device.warn_at
     skip_unrecognized: bool = False  # files that are not memfit configs are skipped, not errors
@@ -42,6 +44,8 @@ class Options:
 
 @dataclass
 class Result:
+    """One checked file: its diagnostics, the config its figures came from and the budget they were held to."""
+
     path: str
     diagnostics: list = field(default_factory=list)
     config: object = None  # config.Config when the footprint could be computed
@@ -562,10 +566,12 @@ def _layout_problems(config, model: dict) -> list[Problem]:
 
 
 def _host_budget(config) -> list[Problem]:
+    if config.host_memory is None:  # no host budget to hold to (and activation offloading's module not loaded)
+        return []
     from memfit.ledger.techniques import activation_offloading
 
     host = activation_offloading.host(config)
-    if host is None or config.host_memory is None or host["total"] <= config.host_memory:
+    if host is None or host["total"] <= config.host_memory:
         return []
     gpus = host["gpus"]
     return [

@@ -103,8 +103,10 @@ COMMANDS = ("check", "explain", "fit", "diff", "convert", "schema", "lsp", "runs
 
 
 def parser(wanted: str | None = None) -> argparse.ArgumentParser:
-    """The command line. `wanted`: the command being run; only its options are built (every command is still
-    listed, with its help line): building all of them took half of a small config's check."""
+    """The command line. `wanted`: the command being run; only its parser is built (building every command's took
+    half of a small config's check, and each parser costs argparse's message lookups): a known command's arguments
+    meet only its own parser, and its help and errors print no other command. Without one (`memfit --help`, a
+    mistyped command) every command is listed, with its help line."""
     top = argparse.ArgumentParser(prog="memfit", description="Check that training configs fit in device memory.")
     top.add_argument("--version", action=_Version, nargs=0, help="print the version and the commit, and exit")
     commands = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -133,8 +135,8 @@ def parser(wanted: str | None = None) -> argparse.ArgumentParser:
         sub.add_argument("--no-settings", dest="settings", action="store_false", help="ignore [tool.memfit] in pyproject.toml and memfit.toml")
         sub.add_argument("--online", action="store_true", help="fetch a model's config.json alone from the Hugging Face Hub when it is not found locally (memfit's own bounded HTTP client, no extra package; HF_ENDPOINT and HF_TOKEN honoured)")
 
-    check = commands.add_parser("check", help="check configs; exit 1 if any error")
     if wanted in (None, "check"):
+        check = commands.add_parser("check", help="check configs; exit 1 if any error")
         check.add_argument("paths", nargs="+", metavar="PATH", help="files, or directories to search for *.yaml / *.yml")
         check.add_argument("--format", choices=list(REPORTERS), default="text", help="output format (default text)")
         check.add_argument("--skip-unrecognized", action="store_true", help="skip files that are not memfit configs instead of failing them")
@@ -145,8 +147,8 @@ def parser(wanted: str | None = None) -> argparse.ArgumentParser:
         check.add_argument("--jobs", "-j", type=_jobs_arg, default=0, metavar="N", help="parallel processes for many files (default: by file count and cores)")
         common(check)
 
-    explain = commands.add_parser("explain", help="show the footprint breakdown of configs")
     if wanted in (None, "explain"):
+        explain = commands.add_parser("explain", help="show the footprint breakdown of configs")
         explain.add_argument("paths", nargs="+", metavar="PATH", help="config files, or directories to search for *.yaml / *.yml")
         explain.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour the budget bar (default: on a terminal)")
         explain.add_argument("--format", choices=("text", "json", "html"), default="text", help="text (default), json (with each step's timeline) or one self-contained HTML report of all the configs")
@@ -155,8 +157,8 @@ def parser(wanted: str | None = None) -> argparse.ArgumentParser:
         explain.add_argument("--allow-empty", action="store_true", help="let a directory in which no config is recognised pass (default: exit 1, error no-configs)")
         common(explain)
 
-    fit = commands.add_parser("fit", help="the largest micro_batch (or other training key) that fits, or the fewest GPUs")
     if wanted in (None, "fit"):
+        fit = commands.add_parser("fit", help="the largest micro_batch (or other training key) that fits, or the fewest GPUs")
         from memfit.whatif.fit import DEFAULT_VARY, VARY
 
         fit.add_argument("paths", nargs="+", metavar="CONFIG", help="config files, or directories to search for *.yaml / *.yml")
@@ -169,8 +171,8 @@ def parser(wanted: str | None = None) -> argparse.ArgumentParser:
         fit.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
         common(fit)
 
-    diff = commands.add_parser("diff", help="each config's footprint at a git revision beside the working tree")
     if wanted in (None, "diff"):
+        diff = commands.add_parser("diff", help="each config's footprint at a git revision beside the working tree")
         diff.add_argument("rev", metavar="REV", help="the git revision to compare against, e.g. main or the pull request's base SHA")
         diff.add_argument("paths", nargs="*", metavar="PATH", help="files or directories (default: the whole repository)")
         diff.add_argument("--format", choices=("text", "json", "markdown", "html"), default="text", help="output format (default text); html: the report with the revision's timeline drawn over each config's")
@@ -180,21 +182,22 @@ def parser(wanted: str | None = None) -> argparse.ArgumentParser:
         )
         common(diff)
 
-    convert = commands.add_parser("convert", help="print the memfit config a native config (Axolotl, LLaMA-Factory, ...) means")
     if wanted in (None, "convert"):
+        convert = commands.add_parser("convert", help="print the memfit config a native config (Axolotl, LLaMA-Factory, ...) means")
         convert.add_argument("paths", nargs=1, metavar="FILE", help="a native config")
         convert.add_argument("--max-file-size", type=_bytes_arg, default=DEFAULT_MAX_FILE_SIZE, metavar="BYTES", help=argparse.SUPPRESS)
         settings(convert)
 
-    commands.add_parser("schema", help="print the config JSON Schema")
+    if wanted in (None, "schema"):
+        commands.add_parser("schema", help="print the config JSON Schema")
 
-    runs = commands.add_parser("runs", help="predicted against measured memory of the runs MemfitCallback recorded")
     if wanted in (None, "runs"):
+        runs = commands.add_parser("runs", help="predicted against measured memory of the runs MemfitCallback recorded")
         runs.add_argument("paths", nargs="+", metavar="PATH", help="record files (JSON lines) written by MemfitCallback(record=PATH)")
         runs.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
 
-    lsp = commands.add_parser("lsp", help="run the language server (needs memfit[lsp])")
     if wanted in (None, "lsp"):
+        lsp = commands.add_parser("lsp", help="run the language server (needs memfit[lsp])")
         lsp.add_argument("--tcp", metavar="HOST:PORT", help="listen on TCP instead of stdio")
     return top
 

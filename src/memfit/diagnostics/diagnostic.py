@@ -13,6 +13,8 @@ __all__ = ["ERROR", "FILE_START", "WARNING", "Diagnostic", "Problem", "Range"]
 
 @dataclass(frozen=True, slots=True)
 class Range:
+    """A span of a file: zero-based lines and characters, as the language server counts them."""
+
     start_line: int
     start_character: int
     end_line: int
@@ -40,6 +42,8 @@ def clip_middle(message: str, limit: int = MESSAGE_LIMIT) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Diagnostic:
+    """One problem as memfit reports it: where it is, its severity, its code and its message."""
+
     range: Range  # in `file` when it is set, else in the checked file
     severity: str
     code: str
@@ -75,6 +79,8 @@ def diagnostic(range: Range, code: str, message: str, **where) -> Diagnostic:
 # `at`: a problem inside a referenced file, at `at` there; `path` is then the referencing key.
 @dataclass(frozen=True, slots=True)
 class Problem:
+    """A problem before positions are known (above: what its path, file and `at` say)."""
+
     path: tuple
     code: str
     message: str

@@ -116,6 +116,9 @@ class Loss:
 
 @dataclass(slots=True)
 class Step:
+    """One training step's program: its rows in forward order, the bytes of each tensor id, the batch, the loss
+    and the optimizer's state and step."""
+
     rows: list
     tensors: dict  # id -> bytes
     batch: list  # ids the training loop holds for the whole step: the input batch, the labels

@@ -621,12 +621,16 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
         key = id(every[i])
         if key not in split_cache:
             parts = _split(every[i], fam)
-            # (per part: its kept bytes, those kept by the time its last adapter's flight comes, whether it routes)
+            # (per part: its kept bytes, those kept by the time its last adapter's flight comes, whether it routes,
+            # those of its kept tensors made from its last LoRA linear's output on (models/held.py): not yet made at
+            # that linear's worst forward op, freed again by its backward)
             split_cache[key] = (parts, [sum(kept_bytes(k) for k in kept) for _, kept in parts],
                                 [sum(kept_bytes(k) for k in kept[:_through_last_adapter(kept)]) for _, kept in parts],
                                 [any(k.label.startswith("router") for k in kept) for _, kept in parts],
-                                any(k.label.startswith("grouped_mm") for k in every[i]))
-        parts, part_bytes, adapted_bytes, routers, grouped = split_cache[key]
+                                any(k.label.startswith("grouped_mm") for k in every[i]),
+                                [0 if stacked else sum(kept_bytes(t) for t in held.unmade_at_flight(part, fam.mlp, kept[_through_last_adapter(kept):]))
+                                 for part, kept in parts])
+        parts, part_bytes, adapted_bytes, routers, grouped, unmade_bytes = split_cache[key]
         # a MoE model's dense layers (mlp_only_layers, decoder_sparse_step) run Llama's MLP: its flights
         sparse = not sizes.get("k") or grouped
         encoder = i < encoder_layers
@@ -662,9 +666,7 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
                 row.kept_ops = [k.label.split(":")[0] for k in kept] + ["later"] * (len(row.kept) - len(kept))
             routed = a2a if part == "mlp" and routers[n] else 0
             row.forward_flight = layer_hidden + routed  # its output while it is written; its inner tensors are kept
-            # the part's kept tensors made from its last LoRA linear's output on (models/held.py): not yet made at that
-            # linear's worst forward op, freed again by its backward
-            unmade = 0 if stacked else sum(kept_bytes(t) for t in held.unmade_at_flight(part, fam.mlp, kept[_through_last_adapter(kept):]))
+            unmade = unmade_bytes[n]
             if k.lora_forward.get(part) and not encoder:   # a LoRA linear's output, adapter output and sum (models/held.py)
                 row.forward_flight = max(row.forward_flight, k.lora_forward[part] - unmade)
             if k.dora.get(part) and not encoder:

@@ -4,6 +4,8 @@ to `training`: one form, one batch size."""
 
 from __future__ import annotations
 
+from importlib import import_module
+
 KERAS_KEYS = ("input_shape", "batch_size", "layers", "input_name")
 TRANSFORMER_KEYS = ("hf_config", "transformer")
 
@@ -40,11 +42,7 @@ def _derive(data: dict, out, path: str) -> list:
     if transformer:
         from memfit.models import hf
 
-        from memfit.models import whisper  # Whisper's step (models/whisper.py), handed to hf.derive as its tail
-        from memfit.models import deberta, modernbert  # the same for DeBERTa-v2 and ModernBERT (models/encoders.py)
-
-        tails = {"whisper": whisper.derive, "deberta_v2": deberta.derive, "modernbert": modernbert.derive}
-        problems = hf.derive(data, out, path, tails=tails)
+        problems = hf.derive(data, out, path, tails={block: _tail(name) for block, name in TAILS.items()})
         if any(p.code == codes.UNSUPPORTED_MODEL for p in problems):
             from memfit.models import traced  # no family: with memfit[trace], transformers builds it on the meta device
 
@@ -71,6 +69,17 @@ def _derive(data: dict, out, path: str) -> list:
     tensors, problems = keras.derive({**model, "batch_size": batch}, out)
     out.tensors.extend(tensors)
     return problems
+
+
+# The families whose step is a module of its own, handed to hf.derive as its tail: Whisper's (models/whisper.py), DeBERTa-v2's
+# and ModernBERT's (models/deberta.py, models/modernbert.py, over models/encoders.py), by the family's block
+TAILS = {"whisper": "whisper", "deberta_v2": "deberta", "modernbert": "modernbert"}
+
+
+def _tail(name: str):
+    """A family's step (models/<name>.derive), its module loaded by name when a config of that family is derived: a
+    check of another family imports none of them."""
+    return lambda *args: import_module(f"memfit.models.{name}").derive(*args)
 
 
 def _add_buffers(out, where: tuple) -> None:

@@ -721,9 +721,11 @@ def t5_later_kept(embeddings_kept: list, encoder_layers: int) -> dict:
 
 def batch_pixel_bytes(cfg: dict, micro_batch: int) -> int:
     """The pixel values a vision-language batch holds all step (0: none): Qwen2-VL's processor's, fp32 (issue 34)."""
+    if not cfg.get("qwen_vl"):
+        return 0
     from memfit.models import qwen_vl
 
-    return qwen_vl.pixel_bytes(cfg, micro_batch) if cfg.get("qwen_vl") else 0
+    return qwen_vl.pixel_bytes(cfg, micro_batch)
 
 
 def views_the_pixels(kept: Kept) -> bool:

@@ -86,6 +86,8 @@ _LABEL_ID = re.compile(r"-?[0-9]{1,18}")
 
 @dataclass(frozen=True, slots=True)
 class HFProblem:
+    """A problem inside a config.json, at a key path of it."""
+
     path: tuple  # key path inside the config dict; () is the whole document
     code: str
     message: str
@@ -94,6 +96,8 @@ class HFProblem:
 
 @dataclass(frozen=True, slots=True)
 class Loaded:
+    """A parsed config.json and the positions of its keys."""
+
     raw: object  # the parsed JSON (a dict when it is a usable config)
     positions: Positions
 

@@ -104,6 +104,8 @@ class Tensor:
 
 @dataclass(frozen=True)
 class Parallel:
+    """The `parallel` section: the layout's group sizes and what it shards, offloads and buckets."""
+
     data: int = 1
     tensor: int = 1
     pipeline: int = 1
@@ -168,6 +170,8 @@ class RankBytes:
 
 @dataclass
 class Sharded:
+    """A placed layout: its ranks, the most-loaded rank's bytes, each pipeline stage's and the host's per node."""
+
     layout: Parallel
     ranks: int
     most_loaded: RankBytes

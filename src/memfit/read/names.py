@@ -18,6 +18,8 @@ from functools import lru_cache
 
 @dataclass(frozen=True)
 class Name:
+    """A framework's name for a memfit key: the key (and value) it means, for a 'did you mean' note."""
+
     framework: str  # whose name it is
     key: str  # the memfit key path, dot-separated
     value: object = None  # the memfit value the framework's name implies (None: the user's value, as is)
@@ -168,16 +170,26 @@ def _spellings(schema: _Same) -> dict:
     """lower-case -> every spelling the schema's enums give it, over the whole schema."""
     out: dict = {}
 
-    def visit(node):
-        if isinstance(node, dict):
-            for value in node.get("enum", ()) if isinstance(node.get("enum"), list) else ():
+    # (the schema is JSON's: its mappings are dicts, its arrays lists; the walk calls itself on those only, not once
+    # per leaf, and costs a check half what it did)
+    def visit(node: dict) -> None:
+        enum = node.get("enum")
+        if type(enum) is list:
+            for value in enum:
                 if isinstance(value, str):
                     out.setdefault(value.lower(), set()).add(value)
-            for item in node.values():
+        for item in node.values():
+            if type(item) is dict:
                 visit(item)
-        elif isinstance(node, list):
-            for item in node:
+            elif type(item) is list:
+                visit_list(item)
+
+    def visit_list(node: list) -> None:
+        for item in node:
+            if type(item) is dict:
                 visit(item)
+            elif type(item) is list:
+                visit_list(item)
 
     visit(schema.value)
     return {k: frozenset(v) for k, v in out.items()}

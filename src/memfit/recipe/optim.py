@@ -30,6 +30,8 @@ BNB_QMAP_ELEMENTS = 256  # F.create_dynamic_map(): 256 fp32 code values
 
 @dataclass(frozen=True, slots=True)
 class Optimizer:
+    """One optimizer's state: its layout and the per-parameter state its framework keeps."""
+
     name: str
     layout: str  # "elementwise" | "blockwise8" | "factored"
     states: tuple  # the framework's per-parameter state keys, in its order

@@ -68,6 +68,8 @@ HEADS = (CAUSAL_LM, MASKED_LM, SEQUENCE_CLASSIFICATION, SEQ2SEQ_LM, TOKEN_CLASSI
 
 @dataclass(frozen=True)
 class Family:
+    """One transformers model_type: its config class's fields and rules, its architectures and its structure."""
+
     model_type: str
     config_class: str  # the transformers config class (tests compare defaults with it)
     fields: dict  # name -> (default, type)

@@ -51,6 +51,8 @@ def data_seq_len(conf: "Settings") -> tuple[int, str]:
 
 @dataclass
 class Settings:
+    """The project settings in force for a file ([tool.memfit] in pyproject.toml, or memfit.toml)."""
+
     file: str | None = None  # where the file settings come from (None: none found)
     text: str = ""
     values: dict = field(default_factory=dict)
