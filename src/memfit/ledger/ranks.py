@@ -84,7 +84,7 @@ def rank_step(config, data: dict, optimizer, impl: str, tensor_rank: int = 0) ->
     """One tensor-parallel rank's step (every layer): its parameters, saved tensors and transients at its shares."""
     p = config.parallel
     own = [t for t in config.tensors if not t.path or t.path[0] != "model"]
-    shape = hf_sharded.rank_shape(p.tensor, p.sequence_parallel) if p.tensor > 1 else None
+    shape = hf_sharded.rank_shape(p.tensor, p.sequence_parallel, p.tensor_plan) if p.tensor > 1 else None
     sizes = hf_sharded.rank_sizes(p.tensor, p.sequence_parallel) if p.tensor > 1 else None
     step = training.transformer_step(rank_config(config, tensor_rank), optimizer, impl, own, shape=shape, rank_sizes=sizes)
     ga = (data.get("training") or {}).get("gradient_accumulation")

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 # the layout's arithmetic lives in models/ (hf_sharded reads it too); placement's callers keep these names
 from memfit.models.layout import in_flight, padded_vocab, stage_layers  # noqa: F401
+from memfit.models.hf_sharded import TENSOR_PLANS  # noqa: F401  (parallel.tensor_plan's values, for the schema)
 from memfit.recipe.costs import dtype_bytes
 
 import math
@@ -120,6 +121,9 @@ class Parallel:
     schedule: str = "1f1b"  # the pipeline schedule (parallel.schedule): PIPELINE_SCHEDULES
     gradient_as_bucket_view: bool = False  # DDP's gradients are views of its reducer's buckets (PyTorch's default: off)
     zero_shard_size: int | None = None  # ZeRO shards over groups of this many data ranks, replicated across them (MiCS)
+    # how a sequence-parallel rank feeds a column-parallel linear (parallel.tensor_plan, models.hf_sharded.TENSOR_PLANS):
+    # Megatron's linear saves its input's sequence shard, DTensor's plan saves the all-gathered sequence
+    tensor_plan: str = "megatron"
 
     @property
     def world(self) -> int:
@@ -719,6 +723,7 @@ def from_config(data: dict) -> tuple:
         schedule=section.get("schedule", "1f1b"),
         gradient_as_bucket_view=bool(section.get("gradient_as_bucket_view", False)),
         zero_shard_size=section.get("zero_shard_size"),
+        tensor_plan=section.get("tensor_plan", "megatron"),
     )
     if (layout.offload_optimizer or layout.offload_parameters) and host is None:
         at = ("parallel", "offload")
