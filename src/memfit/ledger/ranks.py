@@ -280,21 +280,30 @@ class _FsdpUnits:
         self.forward = gathered.get("gathered parameters", 0) + self.all_gather
         # each row: (parameters gathered, prefetching, the gradients already reduced, a reduce-scatter input held,
         # the gradients made by the rows after it and by it: what a later micro-batch has made by then)
+        position = {i: n for n, i in enumerate(order)}
+        later = [0] * (len(order) + 1)  # the gradients of the layers after each (reduced before its backward)
+        for n in range(len(order) - 1, -1, -1):
+            later[n] = later[n + 1] + per_layer[order[n]]
         self.rows: dict = {}
         made, seen = 0, False
         for r, i in reversed(list(zip(step.rows, layers))):
             made += sum(r.grads)
             if i is not None:
                 seen = True
-                at = order.index(i)
-                reduced = sum(per_layer[j] for j in order[at + 1:])
-                info = (in_layer, at > 0, reduced, at + 1 < len(order), made)
+                at = position[i]
+                info = (in_layer, at > 0, later[at + 1], at + 1 < len(order), made)
             elif seen:  # before the first layer: the embeddings (the root's), every layer reduced
                 info = (outside, False, sum(per_layer.values()), bool(order), made)
             else:  # after the last layer: the final norm and the head (the root's)
                 info = (outside, bool(order), 0, False, made)
             self.rows.setdefault(r.name, info)
         self._reduce_scatter = fsdp["reduce_scatter"]
+        if not order:  # a program without layer rows (declared tensors, a Keras model): which unit runs when is not
+            # known; every instant holds the largest unit gathered beside the root, the next one prefetched, at most
+            # the root's and that unit's gradients unreduced and a reduce-scatter input
+            cap = gathered.get("unit gradients", 0)
+            self.rows = {r.name: (in_layer, True, 0, True, cap) for r in step.rows}
+            self.accumulating = True
 
     def key(self, at):
         """What `held` reads of the row an instant is in (the walk's candidates keep one instant per key)."""
