@@ -404,6 +404,9 @@ def refused(run: dict) -> bool:
 #   to bf16 besides: transformers quantizes the weight in the load dtype, where memfit's figure is)
 # - Phi-3 QLoRA fp32 with the chunked loss 1.060 -> 1.011: at gate_up_proj's sum in the forward the activation's kept
 #   tensors are not yet made (models/held.unmade_at_flight)
+# - Qwen2 LoRA fp32, full checkpointing every 2 layers, SGD 1.065 -> 1.000 (936,000 -> 878,656 B against 878,920 B): a
+#   dense gated MLP's backward peaks at act * up's backward, before gate_proj's and up_proj's weight gradients exist
+#   (ledger/training.py flight_first; 57,344 B of gradients no longer counted there)
 FALCON21_GAPS: dict = {
     # measured 2026-12-06 (memfit check / MemTracker), not yet modelled:
     # activation offloading with adapters, measured 2026-12-06 when the level was added (full fine-tunes: 1.000-1.014):
@@ -415,12 +418,6 @@ FALCON21_GAPS: dict = {
     # reference, which measures torchtune's class only
     "phimoe-32-true-none-none-adamw-foreach-peft-activation_offloading": "torchtune's OffloadActivations cannot run "
     "PhiMoE's step (AssertionError at the second step's forward): no reference figure; memfit gives one",
-    # runs the design took in when activation offloading became a factor (116 -> 135 runs), measured by the lead after
-    # the merge
-    "qwen2-32-true-full-none-sgd-foreach-peft-checkpoint_every_2": "peak 936,000 / 878,920 = 1.065 (backward / "
-    "backward): high, the safe side; traced: both peak in layer 0's MLP backward once the layer is recomputed, "
-    "MemTracker's at act * up's backward, before gate_proj's and up_proj's weight gradients exist (197,888 B of "
-    "gradients), memfit's with them made (255,232 B: the row's flight comes after its parameters' gradients)",
 }
 
 

@@ -69,11 +69,13 @@ CASES = [
     ("tp", 4, {"tensor": 4}, 1),
     ("1f1b", 2, {"pipeline": 2, "schedule": "1f1b"}, MICRO_BATCHES),
     ("gpipe", 2, {"pipeline": 2, "schedule": "gpipe"}, MICRO_BATCHES),
-    # memfit's sequence parallelism is Megatron's: a column-parallel linear keeps its input's sequence shard and
-    # gathers it again in backward (Korthikanti's 34/t); DTensor's plan (PrepareModuleInput to Replicate) keeps the
-    # all-gathered input, two (b, s, h) per layer more: measured 1,609,472 B a rank against memfit's 1,521,188 B
-    pytest.param("sp", 2, {"tensor": 2, "sequence_parallel": True}, 1,
-                 marks=pytest.mark.xfail(strict=True, reason="DTensor's sequence-parallel plan keeps the gathered input of q/k/v and gate/up; Megatron's (memfit's) keeps the shard")),
+    # sequence parallelism with DTensor's plan (rank_worker's "sp", torchtitan's Llama plan): PrepareModuleInput
+    # redistributes the norm's sequence shard to Replicate() before the attention and the MLP (torch 2.13
+    # distributed/tensor/parallel/style.py:542, `dt_inp.redistribute(placements=(desired_layout,))`, then to_local at
+    # :544) and the head's ColwiseParallel(input_layouts=Shard(1)) redistributes its own (:115-118): q/k/v, gate/up and
+    # the head save the all-gathered input, which `parallel.tensor_plan: dtensor` says. Measured 1,609,472 B a rank;
+    # memfit 1,603,108 B (0.996; under the Megatron plan, which saves the shard, 1,521,188 B, 0.945)
+    ("sp", 2, {"tensor": 2, "sequence_parallel": True, "tensor_plan": "dtensor"}, 1),
     # FSDP2 over 2 data ranks beside tensor 2 (a 2-D mesh, every layer a unit, the root kept unsharded): MemTracker's
     # peak is the loss's backward with only the root unit gathered (parameters 172,928 B = 107,136 sharded + 65,792 of
     # embedding, head and norm), 1,518,976 B; the rank's walk holds only the root at the loss's backward too, and
@@ -98,6 +100,23 @@ def test_every_rank_within_five_percent_of_memtracker(tmp_path, mode, world, par
     if mode == "tp":
         # each rank's parameters (and buffers) are the shares memfit gives it: the padded vocabulary's slice included
         assert all(mine["live"]["parameters"] == report["parameters"] for report in theirs)
+
+
+def test_the_dtensor_plan_saves_the_gathered_input_of_every_column_parallel_linear(tmp_path):
+    """`tensor_plan: dtensor` against Megatron's plan under sequence parallelism: each layer's q/k/v input and gate/up
+    input, and the head's input, are saved whole instead of as the rank's sequence shard: (2 x layers + 1) x
+    b x (s - s/t) x h fp32 bytes more activations at the peak, nothing else changed; without sequence parallelism the
+    plans are one."""
+    found = {}
+    for plan in ("megatron", "dtensor"):
+        for sp in (True, False):
+            found[(plan, sp)] = memfit_ranks(tmp_path, {"tensor": 2, "sequence_parallel": sp, "tensor_plan": plan})["per_rank"][0]
+    b, s, h, layers = MICRO_BATCH, SEQ_LEN, MODEL["hidden_size"], MODEL["num_hidden_layers"]
+    more = (2 * layers + 1) * b * (s - s // 2) * h * 4
+    megatron, dtensor = found[("megatron", True)], found[("dtensor", True)]
+    assert dtensor["live"]["activations"] - megatron["live"]["activations"] == more, (dtensor["live"], megatron["live"])
+    assert dtensor["bytes"] - megatron["bytes"] == more
+    assert found[("megatron", False)] == found[("dtensor", False)]
 
 
 def test_gpipe_holds_more_than_1f1b_on_the_first_stage(tmp_path):

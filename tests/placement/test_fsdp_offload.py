@@ -28,13 +28,14 @@ HERE = Path(__file__).resolve().parents[1] / "support"
 BAND = 0.05
 WORLDS = (1, 2, 4)
 CHECKPOINTING = ("none", "full")
-# measured gaps, as strict xfails with their numbers. At world size 1 FSDP2 runs no all-gather (it copies the
-# sharded parameters straight into the unsharded ones, _fsdp_param_group.py `unshard`), so it prefetches nothing in
-# backward; from 2 ranks the next layer's all-gather output (135,680 B here) is live beside the current layer. memfit
-# holds one figure for every size (more GPUs never add to it): 1,033,984 B against 868,424 B measured at 1 rank
-# (1.191), 1,004,104 B at 2 and 4 (1.030). Under full checkpointing the activations are small and 1 rank holds 740,680 B
-# (memfit 761,856 B, 1.029).
-GAPS = {(1, "none"): "FSDP2 at world size 1 has no all-gather buffer to prefetch into: memfit 1.191x the measured figure"}
+# FSDP2 at world size 1 runs no all-gather (_fsdp_param_group.py `unshard` returns before one, `wait_for_unshard`
+# copies the sharded parameters straight into the unsharded ones), so it holds no all-gather output: from 2 ranks the
+# last unit's (135,680 B here) is live through the forward and the unit prefetched beside the running one in
+# backward. Measured 868,424 B at 1 rank, 1,004,104 B at 2 and 4 (no checkpointing), 740,680 B and 757,064 B (full);
+# memfit 869,440 B, 1,005,120 B, 741,440 B and 757,824 B (1.001 each). Before memfit walked FSDP2's units (one
+# figure at every size, 1,033,984 B without checkpointing) 1 rank was a strict xfail at 1.191.
+# (gaps measured and open, as strict xfails with their numbers: none)
+GAPS: dict = {}
 
 
 def config() -> dict:

@@ -12,7 +12,9 @@ CASE.json: {"model": a Llama config.json (dict), "micro_batch", "seq_len", "mode
   sharded for the vocabulary-parallel cross-entropy (loss_parallel). The vocabulary is padded as Megatron pads it:
   the model is built with the padded vocabulary (`padded_vocab` in CASE.json).
 - "sp": the same with sequence parallelism (torchtitan's Llama plan): the norms and the residual stream split by the
-  sequence, gathered before q/k/v and gate/up, reduce-scattered after o/down.
+  sequence, gathered before q/k/v and gate/up (PrepareModuleInput to Replicate() on the attention and the MLP; the
+  head's ColwiseParallel gathers its own input), reduce-scattered after o/down. The column-parallel linears save the
+  gathered input: memfit's `parallel.tensor_plan: dtensor`.
 - "fsdp_tp": "tp" on pairs of ranks and FSDP2's fully_shard (each layer a unit, then the root) over the data ranks
   of a (WORLD / 2) x 2 mesh.
 - "gpipe" / "1f1b": two pipeline stages (torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B): the first

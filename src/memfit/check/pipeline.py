@@ -451,7 +451,7 @@ def _peak(config, data: dict, memo: dict | None = None, path: str = "<data>") ->
                 programs = ranks.programs(config, data, optimizer, impl)
             else:  # the same for every data-parallel size of a search
                 p = config.parallel
-                key = ("ranks", path, _memo_key(data, memo), optimizer, impl, p.tensor, p.pipeline, p.sequence_parallel, p.gradient_accumulation)
+                key = ("ranks", path, _memo_key(data, memo), optimizer, impl, p.tensor, p.pipeline, p.sequence_parallel, p.tensor_plan, p.gradient_accumulation)
                 if key not in memo:
                     memo[key] = ranks.programs(config, data, optimizer, impl)
                 programs = memo[key]

@@ -157,7 +157,7 @@ def _count(title: str, description: str) -> dict:
 
 def _parallel_sections() -> dict:
     """`parallel` and `host` (sharding.py); `training.gradient_accumulation` is in _training."""
-    from memfit.placement.sharding import FSDP_STRATEGIES, PIPELINE_SCHEDULES, ZERO_STAGES
+    from memfit.placement.sharding import FSDP_STRATEGIES, PIPELINE_SCHEDULES, TENSOR_PLANS, ZERO_STAGES
 
     offload = {"title": "Offload", "description": "Where it lives: 'cpu' (host memory) or 'none'.", "enum": ["cpu", "none"]}
     return {
@@ -173,6 +173,7 @@ def _parallel_sections() -> dict:
                 "expert": _count("Expert parallel", "Expert-parallel ranks, carved out of the data-parallel ones (Megatron's expert_model_parallel_size): each holds num_experts / expert of a mixture of experts' routed experts (parameters, gradients, optimizer state, the latter sharded over data / expert ranks under ZeRO) and exchanges routed tokens by all-to-all (default 1)."),
                 "schedule": {"title": "Pipeline schedule", "description": "The pipeline schedule: '1f1b' (the default: a stage holds up to pipeline - stage micro-batches' activations) or 'gpipe' (every micro-batch's forward before any backward: a stage holds all of them). training.gradient_accumulation is the number of micro-batches.", "enum": list(PIPELINE_SCHEDULES)},
                 "sequence_parallel": {"title": "Sequence parallel", "description": "Megatron sequence parallelism (needs tensor > 1).", "type": "boolean"},
+                "tensor_plan": {"title": "Tensor-parallel plan", "description": "How a sequence-parallel rank feeds a column-parallel linear (q/k/v, gate/up, the output layer): 'megatron' (the default: Megatron-LM's ColumnParallelLinear all-gathers its input's sequence shard, saves the shard and gathers it again in backward) or 'dtensor' (torch's DTensor plans, as torchtitan and transformers write them: PrepareModuleInput redistributes the sequence shard to Replicate() before the attention and the MLP, and the ColwiseParallel linears save that all-gathered input, the whole sequence). Changes nothing without sequence_parallel.", "enum": list(TENSOR_PLANS)},
                 "zero": {"title": "ZeRO stage", "description": "DeepSpeed ZeRO stage: 1 shards the optimizer state, 2 also gradients, 3 also parameters. Not with fsdp.", "enum": list(ZERO_STAGES)},
                 "fsdp": {"title": "FSDP strategy", "description": "PyTorch FSDP sharding strategy. Not with zero.", "enum": list(FSDP_STRATEGIES)},
                 "gpus_per_node": _count("GPUs per node", "GPUs in one node: hybrid_shard shards within a node, host memory is per node (default 8)."),

@@ -84,7 +84,7 @@ def rank_step(config, data: dict, optimizer, impl: str, tensor_rank: int = 0) ->
     """One tensor-parallel rank's step (every layer): its parameters, saved tensors and transients at its shares."""
     p = config.parallel
     own = [t for t in config.tensors if not t.path or t.path[0] != "model"]
-    shape = hf_sharded.rank_shape(p.tensor, p.sequence_parallel) if p.tensor > 1 else None
+    shape = hf_sharded.rank_shape(p.tensor, p.sequence_parallel, p.tensor_plan) if p.tensor > 1 else None
     sizes = hf_sharded.rank_sizes(p.tensor, p.sequence_parallel) if p.tensor > 1 else None
     step = training.transformer_step(rank_config(config, tensor_rank), optimizer, impl, own, shape=shape, rank_sizes=sizes)
     ga = (data.get("training") or {}).get("gradient_accumulation")
@@ -187,9 +187,10 @@ class _Shares:
     it; its reduction needs no reduce bucket (engine.py `buffered_allreduce_fallback` all-reduces the buffer)."""
 
     __slots__ = ("parameters", "state", "gradients", "all_grads", "all_state", "unit", "root", "persistent", "buckets", "views",
-                 "growing", "partition", "step_only", "flat", "buffer")
+                 "growing", "partition", "step_only", "flat", "buffer", "fsdp")
 
-    def __init__(self, step: Step, p, device: dict, gathered: dict, at_loss: dict | None, buckets: int, zero: dict | None = None) -> None:
+    def __init__(self, step: Step, p, device: dict, gathered: dict, at_loss: dict | None, buckets: int, zero: dict | None = None,
+                 fsdp: dict | None = None) -> None:
         self.parameters, self.state, self.gradients = device["parameters"], device["optimizer_state"], device["gradients"]
         self.all_grads = sum(sum(r.grads) for r in step.rows)
         self.all_state = sum(step.optimizer_state)
@@ -202,6 +203,7 @@ class _Shares:
         self.growing = self.partition = self.step_only = self.flat = 0
         if zero is not None:
             self.growing, self.partition, self.step_only, self.flat = zero["growing"], zero["partition"], zero["step_only"], zero["flat"]
+        self.fsdp = _FsdpUnits(step, p, gathered, fsdp) if fsdp and gathered else None
 
     def _grads(self, phase: str, gradients: int) -> int:
         """The gradient bytes the rank holds at an instant of its program with these gradients (not the step)."""
@@ -241,6 +243,9 @@ class _Shares:
         elif phase == "optimizer_step":
             g = self.gradients
             t = _share(transient, self.state, self.all_state)
+        elif self.fsdp is not None and phase != "optimizer_step" and at != "loss":
+            g = self._grads(phase, gradients)
+            t = transient + self.fsdp.held(phase, at, gradients)
         else:
             g = self._grads(phase, gradients)
             t = transient + (self.root if phase == "backward" and at == "loss" else self.unit[phase])
@@ -257,13 +262,88 @@ class _Shares:
         return {**live, "parameters": self.parameters, "gradients": g, "optimizer_state": self.state, "transient": t}
 
 
+class _FsdpUnits:
+    """What FSDP2 (torch 2.13 _fully_shard) holds beside a rank's program at an instant of its forward and backward,
+    by the row the instant is in (`held`), from placement's units (RankBytes.fsdp):
+
+    - the root unit's parameters throughout (fully_shard's root is not resharded after forward), and in forward and
+      in a layer's backward the largest wrapped unit's (every layer is a unit); under shard_grad_op every unit's;
+    - the all-gather output a unit is gathered into, on a group of more than one rank only (at world size 1
+      `unshard` all-gathers nothing and `wait_for_unshard` copies the sharded parameters into the unsharded
+      ones): in forward the last unit's, kept until the next unit's copy-out (implicit prefetch,
+      `comm_ctx.all_gather_state`); in backward the unit before the one running, prefetched at its pre-backward
+      (`_backward_prefetch`: the last layer's from the root's, under the head; none under the first layer);
+    - the unsharded gradients autograd has made and FSDP has not yet reduce-scattered: the head's and the final
+      norm's (the root's, reduced last), the running layer's so far; and the reduce-scatter input of the layer
+      reduced last (a flat buffer of its padded gradients, at any group size, `foreach_reduce`; one is kept until
+      the next unit's post-backward, `reduce_scatter_max_input_buffers` 1). The layers already reduced keep only
+      their shards (the rank's `gradients`, on the host under CPU offload)."""
+
+    __slots__ = ("rows", "all_gather", "prefetch", "forward", "accumulating", "_reduce_scatter")
+
+    def __init__(self, step: Step, p, gathered: dict, fsdp: dict) -> None:
+        layers = [_layer(r) for r in step.rows]
+        order = list(dict.fromkeys(i for i in layers if i is not None))
+        per_layer = {i: 0 for i in order}
+        for r, i in zip(step.rows, layers):
+            if i is not None:
+                per_layer[i] += sum(r.grads)
+        whole = gathered.get("gathered parameters", 0) if p.fsdp == "shard_grad_op" else None
+        in_layer = whole if whole is not None else fsdp["root"] + fsdp["unit"]
+        outside = whole if whole is not None else fsdp["root"]
+        self.all_gather, self.prefetch, self.accumulating = fsdp["all_gather"], fsdp["prefetch"], step.accumulating
+        self.forward = gathered.get("gathered parameters", 0) + self.all_gather
+        # each row: (parameters gathered, prefetching, the gradients already reduced, a reduce-scatter input held,
+        # the gradients made by the rows after it and by it: what a later micro-batch has made by then)
+        position = {i: n for n, i in enumerate(order)}
+        later = [0] * (len(order) + 1)  # the gradients of the layers after each (reduced before its backward)
+        for n in range(len(order) - 1, -1, -1):
+            later[n] = later[n + 1] + per_layer[order[n]]
+        self.rows: dict = {}
+        made, seen = 0, False
+        for r, i in reversed(list(zip(step.rows, layers))):
+            made += sum(r.grads)
+            if i is not None:
+                seen = True
+                at = position[i]
+                info = (in_layer, at > 0, later[at + 1], at + 1 < len(order), made)
+            elif seen:  # before the first layer: the embeddings (the root's), every layer reduced
+                info = (outside, False, sum(per_layer.values()), bool(order), made)
+            else:  # after the last layer: the final norm and the head (the root's)
+                info = (outside, bool(order), 0, False, made)
+            self.rows.setdefault(r.name, info)
+        self._reduce_scatter = fsdp["reduce_scatter"]
+        if not order:  # a program without layer rows (declared tensors, a Keras model): which unit runs when is not
+            # known; every instant holds the largest unit gathered beside the root, the next one prefetched, at most
+            # the root's and that unit's gradients unreduced and a reduce-scatter input
+            cap = gathered.get("unit gradients", 0)
+            self.rows = {r.name: (in_layer, True, 0, True, cap) for r in step.rows}
+            self.accumulating = True
+
+    def key(self, at):
+        """What `held` reads of the row an instant is in (the walk's candidates keep one instant per key)."""
+        return self.rows.get(at)
+
+    def held(self, phase: str, at, gradients: int) -> int:
+        """The bytes held beside the program at an instant of `phase` in row `at` whose program has made `gradients`."""
+        if phase == "forward":
+            return self.forward
+        info = self.rows.get(at)
+        if info is None:
+            return self.forward
+        params, prefetching, reduced, scattering, made = info
+        unreduced = max(0, (made if self.accumulating else gradients) - reduced)
+        return (params + (self.all_gather if prefetching and self.prefetch else 0) + unreduced
+                + (self._reduce_scatter if scattering else 0))
+
+
 def _data_shares(step: Step, p, device: dict, gathered: dict, at_loss: dict | None = None, buckets: int = 0,
-                 zero: dict | None = None) -> _Shares | None:
+                 zero: dict | None = None, fsdp: dict | None = None) -> _Shares | None:
     """The rank's data-parallel holdings beside its program (_Shares); None where it holds nothing beside it (plain
     DDP of one rank, tensor or pipeline ranks without ZeRO or FSDP: the program as one device runs it)."""
     if p.engine == "ddp" and not buckets and not gathered:
         return None
-    return _Shares(step, p, device, gathered, at_loss, buckets, zero)
+    return _Shares(step, p, device, gathered, at_loss, buckets, zero, fsdp)
 
 
 def _zero_gradients(p, rank) -> dict | None:
@@ -325,15 +405,17 @@ def _held(instants: list, extra: int, shares) -> list:
     return [(phase, at, edge, _hold(phase, at, live, extra, shares)) for phase, at, edge, live in instants]
 
 
-def _candidates(instants: list, persistent: bool) -> list:
+def _candidates(instants: list, persistent: bool, fsdp=None) -> list:
     """The instants that can be a rank's worst: a rank's total grows with an instant's activations and, its shares
     put in, depends on nothing else but its phase, gradients (not when the rank holds its gradients the whole step),
-    transient, overhead and whether it is the loss's backward; of instants alike in those, the one with the most
+    transient, overhead, whether it is the loss's backward and, under FSDP, what its row holds beside it
+    (_FsdpUnits.key); of instants alike in those, the one with the most
     activations (a moment before a row boundary, the earliest on a tie) is the only candidate (a step of thousands of
     instants has a few hundred)."""
     best: dict = {}
     for n, (phase, at, edge, live) in enumerate(instants):
-        key = (phase, None if persistent else live["gradients"], live["transient"], live["overhead"], phase == "backward" and at == "loss")
+        key = (phase, None if persistent else live["gradients"], live["transient"], live["overhead"], phase == "backward" and at == "loss",
+               None if fsdp is None else fsdp.key(at))
         rank = (live["activations"], edge is None)
         if key not in best or rank > best[key][0]:
             best[key] = (rank, n)
@@ -345,12 +427,12 @@ def _worst(instants: list, extra: int, shares, cache: dict | None = None) -> dic
     moment before a row boundary as large (the boundary is between two moments), the earliest on a tie. `cache`:
     the instants' candidates (_candidates), kept."""
     if shares is not None:
-        key = ("candidates", id(instants), shares.persistent)
+        key = ("candidates", id(instants), shares.persistent, shares.fsdp is not None)
         if cache is None:
-            instants = _candidates(instants, shares.persistent)
+            instants = _candidates(instants, shares.persistent, shares.fsdp)
         else:
             if key not in cache:
-                cache[key] = (instants, _candidates(instants, shares.persistent))
+                cache[key] = (instants, _candidates(instants, shares.persistent, shares.fsdp))
             instants = cache[key][1]
     best = None
     for phase, at, edge, live in instants:
@@ -368,7 +450,7 @@ def holding(placement, i: int) -> dict:
     reducer buckets (`buckets`) and, under ZeRO-1/2, its gradient bytes by when they live (`zero`)."""
     rank = placement.sharded.stages[i]
     return {"device": placement.devices[i], "gathered": placement.transients[i], "at_loss": rank.at_loss, "buckets": rank.buckets,
-            "zero": _zero_gradients(placement.layout.parallel, rank)}
+            "zero": _zero_gradients(placement.layout.parallel, rank), "fsdp": rank.fsdp}
 
 
 def _cached_instants(step: Step, granule: int | None, cache: dict | None) -> dict:
@@ -401,7 +483,7 @@ def stage_walk(step: Step, stage: int, p, granule: int | None = None, holding: d
     shares = None
     if holding is not None:
         shares = _data_shares(step, p, holding["device"], holding["gathered"] or {}, holding.get("at_loss"), holding.get("buckets", 0),
-                              holding.get("zero"))
+                              holding.get("zero"), holding.get("fsdp"))
     if p.pipeline == 1:  # one micro-batch at a time, as one device runs it (the program as built: under
         # accumulation a later micro-batch's, every gradient allocated), with the rank's data-parallel shares
         walked = _cached_instants(step, granule, cache)
@@ -490,6 +572,7 @@ def ranks_peak(config, programs: list, granule: int | None = None, cache: dict |
             key = (stage == 0, stage == p.pipeline - 1, sharding.in_flight(stage, p.pipeline, m, p.schedule),
                    tuple(sorted(held["device"].items())), tuple(sorted(held["gathered"].items())),
                    tuple(sorted(held["at_loss"].items())), held["buckets"], tuple(sorted((held["zero"] or {}).items())),
+                   tuple(sorted((held["fsdp"] or {}).items())),
                    _signature(program))
             result = walked.get(key)
         if result is None:

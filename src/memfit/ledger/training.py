@@ -681,8 +681,13 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
                 # measured (MemTracker with a dispatch-mode tracer, T5 at its encoder's self-attention backward): by
                 # the softmax's backward, p @ v's backward has freed what only it kept (its copy of v)
                 row.flight_freed = sum(kept_bytes(t) for t in kept if t.label.startswith(k.freed))
-            # a MoE layer's backward peaks at its unsort, before the experts' weight gradients exist
-            row.flight_first = bool(sizes.get("k")) and sparse and part == "down_proj"
+            # a MoE layer's backward peaks at its unsort, before the experts' weight gradients exist; a dense gated MLP's at
+            # act * up's and the activation's backward (three intermediate-width gradients, hf_act_flights' "mlp"),
+            # before gate/up's backward makes their weight gradients (measured: FSDP2's tracker in Llama's MLP,
+            # tests/placement/test_fsdp_offload.py; a plain MLP's activation backward holds two, as fc_in's does beside
+            # its weight gradient: its flight stays after them)
+            row.flight_first = ((bool(sizes.get("k")) and sparse and part == "down_proj")
+                                or (part == "mlp" and not sizes.get("k") and fam.mlp in ("gated", "gated_fused")))
             rows.append(row)
             x = y
     return x

@@ -311,6 +311,7 @@ def _resolve(rows: list, cond: dict, roles: dict, sizes: dict, flags: dict, shap
 
     live = [r for r in rows if on(r)]
     dtype_of = {r.label: roles[r.role] for r in live}
+    labelled = getattr(shape, "labelled", False)  # a shape that reads the row's label too (hf_sharded.rank_shape)
     kept, seen = [], set()
     for r in live:
         if r.needs and not any(_flag(flags, x) for x in r.needs):
@@ -322,7 +323,7 @@ def _resolve(rows: list, cond: dict, roles: dict, sizes: dict, flags: dict, shap
         if key in seen:
             continue
         seen.add(key)
-        kept.append(Kept(r.label, shape(r.shape, sizes), dtype))
+        kept.append(Kept(r.label, shape(r.shape, sizes, r.label) if labelled else shape(r.shape, sizes), dtype))
     return kept
 
 

@@ -18,6 +18,26 @@ from memfit.models.layout import in_flight, padded_vocab, stage_layers
 # (DeepSeek-V3: its latent attention's per-head widths qb, kvb, ov; the latents qr, kvr, kva stay whole on every rank)
 TP_SPLIT_DIMS = frozenset({"H", "KV", "q", "kv", "qkv", "i", "i2", "qb", "kvb", "ov"})
 SP_SPLIT_DIMS = frozenset({"s", "T", "Tl"})
+# `parallel.tensor_plan`: how a sequence-parallel rank feeds a column-parallel linear. "megatron" (Megatron-LM's
+# ColumnParallelLinear with sequence_parallel: the linear all-gathers its input's sequence shard itself, saves the
+# shard and gathers it again in backward, Korthikanti et al.'s 34/t); "dtensor" (torch's DTensor plans, torchtitan's
+# and transformers': PrepareModuleInput redistributes the sequence shard to Replicate() before the module, the
+# ColwiseParallel linear saves that all-gathered input, the whole sequence)
+TENSOR_PLANS = ("megatron", "dtensor")
+# the column-parallel linears (placement.sharding.TP_RULES' "column" and "vocab" output layers) by the canonical names
+# models.hf_activations gives their rows (the op before a family's own name in parentheses, '/' between linears
+# that share one input)
+COLUMN_LINEARS = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "gate_proj", "up_proj", "gate_up_proj", "fc_in", "lm_head"})
+
+
+def gathers_input(label: str) -> bool:
+    """Whether a saved tensor is a column-parallel linear's input (or autocast's copy of it): under the DTensor
+    plan with sequence parallelism it is the all-gathered sequence."""
+    op, _, what = label.partition(": ")
+    if not what.startswith("input") or what.startswith("input ("):
+        return False
+    names = op.split(" (", 1)[0].split("/")
+    return all(name.rsplit(".", 1)[-1] in COLUMN_LINEARS for name in names)
 
 
 def _rank_sizes(sizes: dict, tensor: int, sequence_parallel: bool, micro_batch: int) -> tuple:
@@ -36,22 +56,26 @@ def _rank_sizes(sizes: dict, tensor: int, sequence_parallel: bool, micro_batch: 
     return split, seq
 
 
-def rank_shape(tensor: int, sequence_parallel: bool):
+def rank_shape(tensor: int, sequence_parallel: bool, plan: str = "megatron"):
     """`shape(symbols, sizes)` for models.hf_activations.saved: a row's shape on one tensor-parallel rank, Megatron's
     split (a row with a split dim — heads, the intermediate width, the vocabulary — takes the rank's share of each
-    of its dims; any other row lives on the residual stream, split by the sequence under sequence parallelism)."""
+    of its dims; any other row lives on the residual stream, split by the sequence under sequence parallelism).
+    Under the DTensor plan with sequence parallelism (`plan`, TENSOR_PLANS) a column-parallel linear's saved input
+    is the whole sequence: the shape then also takes the row's label (`shape.labelled`, models.hf_act_eval)."""
     cache: dict = {}
+    gathered = sequence_parallel and plan == "dtensor"
 
-    def shape(symbols: tuple, sizes: dict) -> tuple:
+    def shape(symbols: tuple, sizes: dict, label: str = "") -> tuple:
         key = id(sizes)
         tables = cache.get(key)
         if tables is None or tables[0] is not sizes:
             tables = cache[key] = (sizes, *_rank_sizes(sizes, tensor, sequence_parallel, sizes.get("b", 1)))
         _, split, seq = tables
         dims = {x for x in symbols if isinstance(x, str)}
-        table = split if dims & (TP_SPLIT_DIMS | {"V"}) else seq
+        table = split if dims & (TP_SPLIT_DIMS | {"V"}) or (gathered and gathers_input(label)) else seq
         return tuple(table[x] if isinstance(x, str) else x for x in symbols)
 
+    shape.labelled = gathered
     return shape
 
 
@@ -66,8 +90,9 @@ def rank_sizes(tensor: int, sequence_parallel: bool = False):
     return sizes_of
 
 
-def _resolve_per_rank(rows: list, cond: dict, roles: dict, split: dict, seq: dict) -> list:
-    """models.hf_activations._resolve, each row evaluated with the rank's share of its dims."""
+def _resolve_per_rank(rows: list, cond: dict, roles: dict, split: dict, seq: dict, gathered: bool = False) -> list:
+    """models.hf_activations._resolve, each row evaluated with the rank's share of its dims (`gathered`: the DTensor
+    plan under sequence parallelism, a column-parallel linear's input whole, rank_shape)."""
     out, by_what = [], {}
     for r in rows:
         if not cond[r.when]:
@@ -77,14 +102,15 @@ def _resolve_per_rank(rows: list, cond: dict, roles: dict, split: dict, seq: dic
             continue
         by_what[r.what] = dtype
         dims = {x for x in r.shape if isinstance(x, str)}
-        table = split if dims & (TP_SPLIT_DIMS | {"V"}) else seq
-        out.append(A.Kept(f"{r.op}: {r.what}", tuple(table[x] if isinstance(x, str) else x for x in r.shape), dtype))
+        label = f"{r.op}: {r.what}"
+        table = split if dims & (TP_SPLIT_DIMS | {"V"}) or (gathered and gathers_input(label)) else seq
+        out.append(A.Kept(label, tuple(table[x] if isinstance(x, str) else x for x in r.shape), dtype))
     return out
 
 
 def layer_saved_per_rank(cfg: dict, *, micro_batch: int, seq_len: int, tensor: int = 1, sequence_parallel: bool = False,
                          attention: str = "sdpa", checkpointing: str = "none", precision: str = "32-true",
-                         dtypes: dict | None = None, moe: dict | None = None) -> list:
+                         dtypes: dict | None = None, moe: dict | None = None, plan: str = "megatron") -> list:
     """One transformer layer's saved tensors on one tensor-parallel rank: models.hf_activations'
     rows, each evaluated with the rank's share of its dims (Megatron's split: column-parallel
     outputs and the attention core by heads, the MLP by its intermediate width; under sequence
@@ -99,18 +125,19 @@ def layer_saved_per_rank(cfg: dict, *, micro_batch: int, seq_len: int, tensor: i
         b = A._boundary(fam, roles, sizes)
         return [A.Kept(b.label, (seq["b"], seq["s"], seq["h"]), b.dtype)]
     cond = A.layer_conditions(cfg, fam, attention, checkpointing, micro_batch, precision)
-    return _resolve_per_rank(A.layer_rows(cfg["model_type"], A._act(cfg), A._parallel(cfg)), cond, roles, split, seq)
+    gathered = sequence_parallel and plan == "dtensor"
+    return _resolve_per_rank(A.layer_rows(cfg["model_type"], A._act(cfg), A._parallel(cfg)), cond, roles, split, seq, gathered)
 
 
 def activations_per_stage(cfg: dict, layout, *, micro_batch: int, seq_len: int, attention: str = "sdpa",
                           checkpointing: str = "none", precision: str = "32-true", dtypes: dict | None = None,
                           moe: dict | None = None) -> list:
     """Saved-activation bytes on the most-loaded rank of every pipeline stage (`layout`: placement.sharding.Parallel,
-    its tensor, sequence_parallel, pipeline, gradient_accumulation and schedule): the stage's layers
+    its tensor, sequence_parallel, tensor_plan, pipeline, gradient_accumulation and schedule): the stage's layers
     (and the embeddings on the first stage, the head and loss on the last), per tensor-parallel
     rank, times the micro-batches 1F1B keeps in flight there; under full checkpointing plus what one
     layer's recomputation keeps beyond them."""
-    t, sp = layout.tensor, layout.sequence_parallel
+    t, sp, plan = layout.tensor, layout.sequence_parallel, layout.tensor_plan
     fam = A.FAMILIES[cfg["model_type"]]
     sizes = A.layer_sizes(cfg, micro_batch, seq_len, moe=moe)
     roles = A.role_dtypes(precision, dtypes)
@@ -123,11 +150,12 @@ def activations_per_stage(cfg: dict, layout, *, micro_batch: int, seq_len: int, 
         # (models.hf_activations.saved's embeddings at the rank's shapes: LLaVA's CLIP tower split as the text
         # layers are, Qwen2-VL's tower whole on every rank), on the first stage
         blocks = A.saved(cfg, micro_batch=micro_batch, seq_len=seq_len, attention=attention, checkpointing=checkpointing,
-                         precision=precision, dtypes=dtypes, shape=rank_shape(t, sp), moe=moe)
+                         precision=precision, dtypes=dtypes, shape=rank_shape(t, sp, plan), moe=moe)
         embeddings = A.nbytes(blocks[0].kept)
-    ends = A.nbytes(_resolve_per_rank(A._head_rows(fam), cond, roles, split, seq) + _resolve_per_rank(A.LOSS_ROWS, cond, roles, split, seq))
+    gathered = sp and plan == "dtensor"
+    ends = A.nbytes(_resolve_per_rank(A._head_rows(fam), cond, roles, split, seq, gathered) + _resolve_per_rank(A.LOSS_ROWS, cond, roles, split, seq))
     common = dict(micro_batch=micro_batch, seq_len=seq_len, tensor=t, sequence_parallel=sp, attention=attention, precision=precision,
-                  dtypes=dtypes, moe=moe)
+                  dtypes=dtypes, moe=moe, plan=plan)
     layer = A.nbytes(layer_saved_per_rank(cfg, checkpointing=checkpointing, **common))
     recompute = A.nbytes(layer_saved_per_rank(cfg, checkpointing="none" if checkpointing == "full" else checkpointing, **common)) if checkpointing == "full" else 0
     layers = cfg[own_name(cfg["model_type"], "num_hidden_layers")]

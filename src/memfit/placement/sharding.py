@@ -33,6 +33,7 @@ from __future__ import annotations
 
 # the layout's arithmetic lives in models/ (hf_sharded reads it too); placement's callers keep these names
 from memfit.models.layout import in_flight, padded_vocab, stage_layers  # noqa: F401
+from memfit.models.hf_sharded import TENSOR_PLANS  # noqa: F401  (parallel.tensor_plan's values, for the schema)
 from memfit.recipe.costs import dtype_bytes
 
 import math
@@ -123,6 +124,9 @@ class Parallel:
     gradient_as_bucket_view: bool = False  # DDP's gradients are views of its reducer's buckets (PyTorch's default: off)
     zero_shard_size: int | None = None  # ZeRO shards over groups of this many data ranks, replicated across them (MiCS)
     bf16_optimizer: bool = False  # ZeRO-1 runs DeepSpeed's BF16_Optimizer: its fp32 gradient buffer whole (ledger/ranks.py)
+    # how a sequence-parallel rank feeds a column-parallel linear (parallel.tensor_plan, models.hf_sharded.TENSOR_PLANS):
+    # Megatron's linear saves its input's sequence shard, DTensor's plan saves the all-gathered sequence
+    tensor_plan: str = "megatron"
 
     @property
     def world(self) -> int:
@@ -158,6 +162,12 @@ class RankBytes:
     at_loss: dict = field(default_factory=dict)
     # PyTorch DDP's reducer buckets (plain data parallelism): allocated at construction, live the whole step
     buckets: int = 0
+    # FSDP2's units as its backward walks them (ledger.ranks): the root's gathered parameters ("root"), the largest
+    # wrapped unit's ("unit") and its gradients' reduce-scatter input ("reduce_scatter"), the all-gather output a
+    # unit is gathered into ("all_gather", 0 on a group of one rank, where FSDP2 copies the sharded parameters
+    # straight into the unsharded ones and allocates no all-gather output) and whether the backward prefetches
+    # the next unit into one ("prefetch": full_shard and hybrid_shard, whose units are resharded after forward)
+    fsdp: dict = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -492,6 +502,8 @@ def rank_bytes(tensors: list, p: Parallel, stage: int = 0, data_rank: int = 0, t
         out.transient = _gathered(units, p)
         root = units.get("<root>", {}).get("parameters", 0) if engine == "fsdp" else 0
         out.at_loss = {"gathered parameters": root} if root else {}
+        if engine == "fsdp":
+            out.fsdp = _fsdp_units(units, p, n)
     if p.reduce_bucket:
         gw = max((t.widths["gradients"] for t, _ in local if "gradients" in t.widths), default=0)
         put(out.transient, "reduce bucket", _bytes(p.reduce_bucket, gw))
@@ -561,6 +573,19 @@ def _gathered(units: dict, p: Parallel) -> dict:
         params = sum(v["parameters"] for v in units.values()) if p.fsdp == "shard_grad_op" else root["parameters"] + u["parameters"]
         out = {"gathered parameters": params, "unit gradients": root["gradients"] + u["gradients"]}
     return {k: v for k, v in out.items() if v}
+
+
+def _fsdp_units(units: dict, p: Parallel, n: int) -> dict:
+    """FSDP2's units for the walk of its backward (RankBytes.fsdp), torch 2.13 _fully_shard: the all-gather output
+    is one flat buffer of the unit's padded parameters (_fsdp_collectives.py foreach_all_gather), allocated only
+    when the group has more than one rank (_fsdp_param_group.py `unshard` returns before any all-gather at world size
+    1, and `wait_for_unshard` copies each sharded parameter into its own unsharded storage); the reduce-scatter input
+    is a flat buffer of the unit's padded gradients at any group size (foreach_reduce)."""
+    root = units.get("<root>", {"parameters": 0, "gradients": 0})
+    others = [u for k, u in units.items() if k != "<root>"] or [{"parameters": 0, "gradients": 0}]
+    u = max(others, key=lambda u: u["parameters"] + u["gradients"])
+    return {"root": root["parameters"], "unit": u["parameters"], "reduce_scatter": u["gradients"],
+            "all_gather": u["parameters"] if n > 1 else 0, "prefetch": p.fsdp in ("full_shard", "hybrid_shard")}
 
 
 def _busiest_node(stages: list, world: int, per_node: int, ranks_per_stage: int) -> dict:
@@ -726,6 +751,7 @@ def from_config(data: dict) -> tuple:
         gradient_as_bucket_view=bool(section.get("gradient_as_bucket_view", False)),
         zero_shard_size=section.get("zero_shard_size"),
         bf16_optimizer=bool(section.get("bf16_optimizer", False)),
+        tensor_plan=section.get("tensor_plan", "megatron"),
     )
     if (layout.offload_optimizer or layout.offload_parameters) and host is None:
         at = ("parallel", "offload")
