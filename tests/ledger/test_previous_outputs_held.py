@@ -7,7 +7,6 @@ outlive the loop's last reference to it), against `memfit check` with the key.""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import sys
@@ -23,7 +22,6 @@ LORA = {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
 
 
 def measured(cfg: dict, hold: bool) -> dict:
-    import torch
 
     import hf_measure
     import peak_reference as ref
