@@ -382,6 +382,11 @@ def refused(run: dict) -> bool:
 #   dequantized weight (bitsandbytes MatMul4Bit.backward, models/held.dequantized_weight; the reference quantizes from
 #   an fp32 copy, hf_measure.quantize_4bit, so its quant_state is fp32 and a bf16 model copies the dequantized weight
 #   to bf16 besides: transformers quantizes the weight in the load dtype, where memfit's figure is)
+# - Qwen2 32-true, every second layer checkpointed, SGD 1.065 -> 1.000: a dense part's flight (the MLP's act * up
+#   backward, the attention kernel's) comes before its linears' weight gradients (ledger/training FLIGHT_BEFORE_WEIGHTS;
+#   traced: MemTracker peaks at act * up's backward in layer 0's recomputed MLP with 197,888 B of gradients, memfit had
+#   gate_proj's and up_proj's made, 255,232 B); then its first linear's backward, one weight gradient made and what the
+#   kernel saved freed
 # - Phi-3 QLoRA fp32 with the chunked loss 1.060 -> 1.011: at gate_up_proj's sum in the forward the activation's kept
 #   tensors are not yet made (models/held.unmade_at_flight)
 FALCON21_GAPS: dict = {
@@ -395,12 +400,6 @@ FALCON21_GAPS: dict = {
     # reference, which measures torchtune's class only
     "phimoe-32-true-none-none-adamw-foreach-peft-activation_offloading": "torchtune's OffloadActivations cannot run "
     "PhiMoE's step (AssertionError at the second step's forward): no reference figure; memfit gives one",
-    # runs the design took in when activation offloading became a factor (116 -> 135 runs), measured by the lead after
-    # the merge
-    "qwen2-32-true-full-none-sgd-foreach-peft-checkpoint_every_2": "peak 936,000 / 878,920 = 1.065 (backward / "
-    "backward): high, the safe side; traced: both peak in layer 0's MLP backward once the layer is recomputed, "
-    "MemTracker's at act * up's backward, before gate_proj's and up_proj's weight gradients exist (197,888 B of "
-    "gradients), memfit's with them made (255,232 B: the row's flight comes after its parameters' gradients)",
 }
 
 

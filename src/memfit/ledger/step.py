@@ -100,6 +100,10 @@ class Row:
     # unsort backward, ahead of the experts' weight gradients)
     # the op that saves each of `kept` (parallel to it; empty: one op): one autograd node unpacks what its op saved
     kept_ops: list = field(default_factory=list)
+    # a flight_first row's moment after its flight, its first linear's backward (backward_extra beside): (the bytes
+    # of its gradients made by then, what its flight has changed by, negative where gradients were freed, the bytes
+    # of its kept tensors freed by then)
+    after_flight: tuple | None = None
     early_flight: int | None = None  # a second worst backward moment, before its parameters' gradients are made
     # (torch's math kernel's softmax backward, ahead of query_key_value's weight gradient)
 
@@ -156,7 +160,8 @@ def rounded(step: Step, granule: int) -> Step:
         replace(r, grads=each(r.grads), params=each(r.params), frozen=each(r.frozen), inner=_up(r.inner, granule),
                 backward_extra=_up(r.backward_extra, granule), recompute=_up(r.recompute, granule),
                 flight_freed=_up(r.flight_freed, granule),
-                recompute_moment=None if r.recompute_moment is None else tuple(_up(x, granule) for x in r.recompute_moment))
+                recompute_moment=None if r.recompute_moment is None else tuple(_up(x, granule) for x in r.recompute_moment),
+                after_flight=None if r.after_flight is None else (_up(r.after_flight[0], granule), *r.after_flight[1:]))
         for r in step.rows
     ]
     return Step(rows, {t: _up(b, granule) for t, b in step.tensors.items()}, list(step.batch),
@@ -343,6 +348,10 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
         if row.backward_flight is not None:
             made = done if row.flight_first else done + sum(row.grads)
             consider("backward", row.name, max(held, made), alive - row.flight_freed, row.backward_flight)
+            if row.flight_first and row.after_flight is not None:  # then its first linear's backward
+                made_by, change, freed = row.after_flight
+                consider("backward", row.name, max(held, done + made_by), max(alive - row.flight_freed - freed, 0),
+                         max(row.backward_flight + change, 0) + row.backward_extra)
         elif row.inner:  # the activation's backward, then the row's own
             consider("backward", row.name, max(held, done), alive, g_out + row.inner)
             flowing = row.inner + g_in
