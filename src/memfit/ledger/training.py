@@ -671,6 +671,12 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
                 row.forward_flight = max(row.forward_flight, k.dora[part])
             row.backward_flight = ((enc_flights if encoder else (flights if sparse else dense_flights))[part] + routed
                                    + (decoder_flight if i >= first_decoder else 0))
+            composed = [t for t in kept if t.label.startswith("act: ")] if part == "mlp" else []
+            if len(composed) > 1:
+                # an activation written as a chain of ops (GPT-2's gelu_new: 0.5 * x * (1 + tanh(...))): its backward
+                # holds an intermediate product beside the incoming gradient and the one it makes (traced: MemTracker
+                # peaks at a mul of that chain in GPT-2's recomputed layer 0, three (T, i) gradients)
+                row.backward_flight += kept_bytes(composed[0])
             dequantized = (k.dequantized if sparse else k.dense_dequantized).get(part, 0) if not encoder else 0
             if dequantized:   # a 4-bit linear's dequantized weight beside the part's gradients (models/held.py)
                 row.backward_flight = max(row.backward_flight, row.backward_flight + dequantized - unmade)
