@@ -246,6 +246,17 @@ def _stepped_in_backward(step: Step, row: Row, stepped: list, offset: int) -> Ro
                    backward_flight=None if row.backward_flight is None else row.backward_flight + extra)
 
 
+def _flight_moments(row: Row, done: int, alive: int):
+    """A row's backward moments at its flight: (the gradients made by then, the activations, the bytes in flight). Its
+    flight, before its parameters' gradients where it comes first (flight_first); then, where known, its first linear's
+    backward (after_flight: one weight gradient made, what the flight's op saved freed)."""
+    yield (done if row.flight_first else done + sum(row.grads)), alive - row.flight_freed, row.backward_flight
+    if row.flight_first and row.after_flight is not None:
+        made_by, change, freed = row.after_flight
+        yield (done + made_by, max(alive - row.flight_freed - freed, 0),
+               max(row.backward_flight + change, 0) + row.backward_extra)
+
+
 def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[str, dict]:
     """Each phase's worst moment: {"forward"|"backward"|"optimizer_step": {"bytes", "live", "at"}}.
     `trace` (a list) receives every moment considered, in order: (phase, at, live, edge), edge None; and, between
@@ -346,12 +357,8 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
         if row.early_flight is not None:
             consider("backward", row.name, max(held, done), alive, row.early_flight)
         if row.backward_flight is not None:
-            made = done if row.flight_first else done + sum(row.grads)
-            consider("backward", row.name, max(held, made), alive - row.flight_freed, row.backward_flight)
-            if row.flight_first and row.after_flight is not None:  # then its first linear's backward
-                made_by, change, freed = row.after_flight
-                consider("backward", row.name, max(held, done + made_by), max(alive - row.flight_freed - freed, 0),
-                         max(row.backward_flight + change, 0) + row.backward_extra)
+            for made, activations, flight in _flight_moments(row, done, alive):
+                consider("backward", row.name, max(held, made), activations, flight)
         elif row.inner:  # the activation's backward, then the row's own
             consider("backward", row.name, max(held, done), alive, g_out + row.inner)
             flowing = row.inner + g_in
