@@ -183,8 +183,8 @@ def test_chunked_layers_mask_sdpa_from_one_chunk_on():
 
 # --- the step's peak against MemTracker ---------------------------------------------------------------------------
 
-# measured (adamw foreach, sdpa, b=2, s=64): 32-true none 1.0049, full 0.9879; bf16-true none 0.9996, full 0.9668 ->
-# 0.949 (below). The phase differs without checkpointing: MemTracker's peak is the end of the forward, memfit's the
+# measured (adamw foreach, sdpa, b=2, s=64): 32-true none 1.0049 -> 0.998, full 0.9879 -> 0.969; bf16-true none 0.9996,
+# full 0.9668 -> 0.949 (below; a dense part's flight before its weight gradients, 2026-12-07). The phase differs without checkpointing: MemTracker's peak is the end of the forward, memfit's the
 # backward (0.5% above)
 # bf16-true full, 1,703,232 -> 1,672,000 / 1,761,788 = 0.967 -> 0.949: memfit's worst moment was layer 1's MLP flight
 # with gate_proj's and up_proj's gradients counted (202,368 B of gradients); a dense part's flight comes before them
