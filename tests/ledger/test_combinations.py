@@ -189,7 +189,9 @@ def measure_transformer(cfg: dict, run: dict) -> tuple[dict, int]:
         opt = _optimizer(run["optimizer"], trainable, run["impl"])
     batch = hf_measure.inputs(cfg, MICRO_BATCH, SEQ_LEN)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16-mixed" else contextlib.nullcontext()
-    hooks = offload_reference.CPUOffloadActivations() if technique == "activation_offloading" else None
+    hooks = None
+    if technique == "activation_offloading":
+        hooks = offload_reference.CPUSaveOnCPU() if cfg["model_type"] in SAVE_ON_CPU else offload_reference.CPUOffloadActivations()
 
     def loss(m, x, y):
         with autocast:
@@ -204,6 +206,12 @@ def measure_transformer(cfg: dict, run: dict) -> tuple[dict, int]:
 
 
 CHUNKS = 8
+# the models whose step torchtune's OffloadActivations cannot run: PhiMoE's step leaves saved tensors its backward never
+# unpacks, and the class asserts at the next forward (`backward pass should have cleared tracker of all tensors`). memfit's
+# training.activation_offloading is also torch's save_on_cpu (the Trainer's activation_checkpointing_kwargs {offload:
+# true} puts it around each checkpoint; a user's loop around the body), which has no tracker to assert: the reference
+# runs that (offload_reference.CPUSaveOnCPU) for them, the body under it as torchtune's recipes put theirs
+SAVE_ON_CPU = ("phimoe",)
 
 
 def _checkpointed(model, every: int):
@@ -402,22 +410,17 @@ def refused(run: dict) -> bool:
 #   dequantized weight (bitsandbytes MatMul4Bit.backward, models/held.dequantized_weight; the reference quantizes from
 #   an fp32 copy, hf_measure.quantize_4bit, so its quant_state is fp32 and a bf16 model copies the dequantized weight
 #   to bf16 besides: transformers quantizes the weight in the load dtype, where memfit's figure is)
+# - Qwen2 32-true, every second layer checkpointed, SGD 1.065 -> 1.000: a dense part's flight (the MLP's act * up
+#   backward, the attention kernel's) comes before its linears' weight gradients (ledger/training FLIGHT_BEFORE_WEIGHTS;
+#   traced: MemTracker peaks at act * up's backward in layer 0's recomputed MLP with 197,888 B of gradients, memfit had
+#   gate_proj's and up_proj's made, 255,232 B); then its first linear's backward, one weight gradient made and what the
+#   kernel saved freed
+# - PhiMoE 32-true with activation offloading: no reference before (torchtune's OffloadActivations asserts at PhiMoE's
+#   second forward); measured under torch's save_on_cpu (SAVE_ON_CPU, offload_reference.CPUSaveOnCPU): 2,317,888 /
+#   2,317,996 = 1.000 (optimizer_step / optimizer_step)
 # - Phi-3 QLoRA fp32 with the chunked loss 1.060 -> 1.011: at gate_up_proj's sum in the forward the activation's kept
 #   tensors are not yet made (models/held.unmade_at_flight)
-# - Qwen2 LoRA fp32, full checkpointing every 2 layers, SGD 1.065 -> 1.000 (936,000 -> 878,656 B against 878,920 B): a
-#   dense gated MLP's backward peaks at act * up's backward, before gate_proj's and up_proj's weight gradients exist
-#   (ledger/training.py flight_first; 57,344 B of gradients no longer counted there)
 FALCON21_GAPS: dict = {
-    # measured 2026-12-06 (memfit check / MemTracker), not yet modelled:
-    # activation offloading with adapters, measured 2026-12-06 when the level was added (full fine-tunes: 1.000-1.014):
-    # the framework's own code refuses it: PhiMoE's step leaves saved tensors its backward never unpacks, and
-    # OffloadActivations asserts at the next forward (`backward pass should have cleared tracker of all tensors`).
-    # The run stays in the design (valid() excluding it would redraw every run of the covering design) and memfit
-    # keeps its figure: training.activation_offloading is also the Trainer's activation_checkpointing_kwargs
-    # {offload: true} (torch's save_on_cpu, no tracker to assert), a run a user can launch; what is open is the
-    # reference, which measures torchtune's class only
-    "phimoe-32-true-none-none-adamw-foreach-peft-activation_offloading": "torchtune's OffloadActivations cannot run "
-    "PhiMoE's step (AssertionError at the second step's forward): no reference figure; memfit gives one",
 }
 
 

@@ -296,7 +296,14 @@ def test_qlora_leaves_wo_unquantized_and_saves_autograds_bytes(tmp_path, ff, pre
 # peak in the backward at decoder layer 0's recomputed cross-attention (a dispatch-mode trace at MemTracker's peak):
 # SDPA's math path (the zero bias needs a gradient under checkpointing) over the 4-bit projections' fp32 outputs holds
 # them, their bf16 casts and the math path's fp32 upcasts, clones and scores at once; the ledger's rows have the
-# 16-bit projection outputs a dense base gives
+# 16-bit projection outputs a dense base gives. Traced again 2026-12-07 (the op and shape of every live storage): the peak
+# is the math path's last cast (its fp32 output back to bf16) in decoder layer 0's recomputed cross-attention; beyond
+# what autograd saves there (the fp32 q and k^T clones, the probabilities, v's clone) are alive: the layer_norm's fp32
+# output, the q, k and v LoRA sums (fp32 (T, 64) each: a 4-bit base under autocast outputs the input's dtype), the zero
+# bias (1, H, s, se) fp32 and its bf16 cast, autocast's bf16 casts of q, k and v, the math path's fp32 upcasts of them,
+# q scaled (mul.Scalar), the probabilities' bf16 cast, the fp32 output (bmm) and its bf16 cast: about 221 KB beside the
+# saved tensors, where the ledger's o_proj part has the LoRA linear's three (T, out) fp32 (t5 cross-attention's math
+# moment: not yet modelled)
 QLORA_PEAK_GAPS = {("bf16-mixed", "full"): "peak 1,240,736 / MemTracker 1,319,944 = 0.940 (backward / backward): not "
                                            "yet modelled"}
 QLORA_STEPS = [("bf16-true", "none"), ("bf16-mixed", "none"), ("bf16-true", "full"), ("bf16-mixed", "full")]

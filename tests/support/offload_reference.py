@@ -130,3 +130,26 @@ class NoOp(saved_tensors_hooks):
 
     def __init__(self):
         super().__init__(lambda t: t, lambda t: t)
+
+
+class CPUSaveOnCPU(saved_tensors_hooks):
+    """torch's save_on_cpu (torch/autograd/graph.py; what the Trainer's activation_checkpointing_kwargs {offload: true}
+    puts around each checkpoint) run on the CPU: every saved tensor, whatever its size and a parameter too, is copied to
+    host memory when it is saved (`packed.copy_(tensor)` into a pinned `torch.empty`; here a numpy array, which
+    MemTracker does not see) and brought back as a new device tensor each time a node unpacks it (`tensor.to(device)`;
+    here a tracked copy). Nothing else is kept: no size threshold, no forward stash, no backward stash (the brought
+    back tensor lives while the node that unpacked it uses it). On the CPU torch's own class cannot stand in: its
+    `tensor.cpu()` of a CPU tensor is that tensor."""
+
+    def __init__(self):
+        self.host_bytes = 0
+
+        def pack_to_cpu(tensor: torch.Tensor) -> _Host:
+            host = _Host(tensor)
+            self.host_bytes += host.bytes.nbytes
+            return host
+
+        def unpack_from_cpu(host: _Host) -> torch.Tensor:
+            return host.to_device()
+
+        super().__init__(pack_to_cpu, unpack_from_cpu)

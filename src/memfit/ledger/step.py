@@ -100,6 +100,10 @@ class Row:
     # unsort backward, ahead of the experts' weight gradients)
     # the op that saves each of `kept` (parallel to it; empty: one op): one autograd node unpacks what its op saved
     kept_ops: list = field(default_factory=list)
+    # a flight_first row's moment after its flight, its first linear's backward (backward_extra beside): (the bytes
+    # of its gradients made by then, what its flight has changed by, negative where gradients were freed, the bytes
+    # of its kept tensors freed by then)
+    after_flight: tuple | None = None
     early_flight: int | None = None  # a second worst backward moment, before its parameters' gradients are made
     # (torch's math kernel's softmax backward, ahead of query_key_value's weight gradient)
 
@@ -170,7 +174,8 @@ def rounded(step: Step, granule: int) -> Step:
         replace(r, grads=each(r.grads), params=each(r.params), frozen=each(r.frozen), inner=_up(r.inner, granule),
                 backward_extra=_up(r.backward_extra, granule), recompute=_up(r.recompute, granule),
                 flight_freed=_up(r.flight_freed, granule),
-                recompute_moment=None if r.recompute_moment is None else tuple(_up(x, granule) for x in r.recompute_moment))
+                recompute_moment=None if r.recompute_moment is None else tuple(_up(x, granule) for x in r.recompute_moment),
+                after_flight=None if r.after_flight is None else (_up(r.after_flight[0], granule), *r.after_flight[1:]))
         for r in step.rows
     ]
     return Step(rows, {t: _up(b, granule) for t, b in step.tensors.items()}, list(step.batch),
@@ -255,6 +260,17 @@ def _stepped_in_backward(step: Step, row: Row, stepped: list, offset: int) -> Ro
     grad, extra = max(own, key=sum, default=(0, 0))
     return replace(row, grads=[grad], backward_extra=row.backward_extra + extra,
                    backward_flight=None if row.backward_flight is None else row.backward_flight + extra)
+
+
+def _flight_moments(row: Row, done: int, alive: int):
+    """A row's backward moments at its flight: (the gradients made by then, the activations, the bytes in flight). Its
+    flight, before its parameters' gradients where it comes first (flight_first); then, where known, its first linear's
+    backward (after_flight: one weight gradient made, what the flight's op saved freed)."""
+    yield (done if row.flight_first else done + sum(row.grads)), alive - row.flight_freed, row.backward_flight
+    if row.flight_first and row.after_flight is not None:
+        made_by, change, freed = row.after_flight
+        yield (done + made_by, max(alive - row.flight_freed - freed, 0),
+               max(row.backward_flight + change, 0) + row.backward_extra)
 
 
 def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[str, dict]:
@@ -358,8 +374,8 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
         if row.early_flight is not None:
             consider("backward", row.name, max(held, done), alive, row.early_flight)
         if row.backward_flight is not None:
-            made = done if row.flight_first else done + sum(row.grads)
-            consider("backward", row.name, max(held, made), alive - row.flight_freed, row.backward_flight)
+            for made, activations, flight in _flight_moments(row, done, alive):
+                consider("backward", row.name, max(held, made), activations, flight)
         elif row.inner:  # the activation's backward, then the row's own
             consider("backward", row.name, max(held, done), alive, g_out + row.inner)
             flowing = row.inner + g_in

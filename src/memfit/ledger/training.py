@@ -673,6 +673,12 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
                 row.forward_flight = max(row.forward_flight, k.dora[part])
             row.backward_flight = ((enc_flights if encoder else (flights if sparse else dense_flights))[part] + routed
                                    + (decoder_flight if i >= first_decoder else 0))
+            composed = [t for t in kept if t.label.startswith("act: ")] if part == "mlp" else []
+            if len(composed) > 1:
+                # an activation written as a chain of ops (GPT-2's gelu_new: 0.5 * x * (1 + tanh(...))): its backward
+                # holds an intermediate product beside the incoming gradient and the one it makes (traced: MemTracker
+                # peaks at a mul of that chain in GPT-2's recomputed layer 0, three (T, i) gradients)
+                row.backward_flight += kept_bytes(composed[0])
             dequantized = (k.dequantized if sparse else k.dense_dequantized).get(part, 0) if not encoder else 0
             if dequantized:   # a 4-bit linear's dequantized weight beside the part's gradients (models/held.py)
                 row.backward_flight = max(row.backward_flight, row.backward_flight + dequantized - unmade)
@@ -681,16 +687,30 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
                 # measured (MemTracker with a dispatch-mode tracer, T5 at its encoder's self-attention backward): by
                 # the softmax's backward, p @ v's backward has freed what only it kept (its copy of v)
                 row.flight_freed = sum(kept_bytes(t) for t in kept if t.label.startswith(k.freed))
-            # a MoE layer's backward peaks at its unsort, before the experts' weight gradients exist; a dense gated MLP's at
-            # act * up's and the activation's backward (three intermediate-width gradients, hf_act_flights' "mlp"),
-            # before gate/up's backward makes their weight gradients (measured: FSDP2's tracker in Llama's MLP,
-            # tests/placement/test_fsdp_offload.py; a plain MLP's activation backward holds two, as fc_in's does beside
-            # its weight gradient: its flight stays after them)
-            row.flight_first = ((bool(sizes.get("k")) and sparse and part == "down_proj")
-                                or (part == "mlp" and not sizes.get("k") and fam.mlp in ("gated", "gated_fused")))
+            # a MoE layer's backward peaks at its unsort, before the experts' weight gradients exist; a dense MLP's at
+            # its activation's backward (act * up's: the gradients of down_proj's input, of gate's and of up's outputs),
+            # an attention's at its kernel's, before the linears they read from run theirs (their weight gradients
+            # come later in the backward; measured: Qwen2 32-true, every second layer checkpointed, MemTracker peaks at
+            # act * up's backward in layer 0 with neither gate_proj's nor up_proj's gradient made)
+            moe_layer = bool(sizes.get("k")) and sparse
+            # (a MoE layer's MLP part is the gate_up grouped_mm's backward, which makes its weight gradients itself)
+            row.flight_first = part in (("down_proj", "attention") if moe_layer else FLIGHT_BEFORE_WEIGHTS)
+            if row.flight_first and part in FLIGHT_BEFORE_WEIGHTS and row.grads:
+                # its first linear's backward: one weight gradient made, the kernel's (the activation's) saved tensors
+                # freed by its own backward
+                freed = sum(kept_bytes(t) for t in kept if t.label.startswith(FLIGHT_OPS[part]))
+                row.after_flight = (max(row.grads), (k.enc_after if encoder else k.after)[part], freed)
             rows.append(row)
             x = y
     return x
+
+
+# The parts of a dense layer whose worst backward moment (their flight) comes before the weight gradients of their
+# parameters: the MLP's activation backward ahead of gate/up (fc_in), the attention kernel's ahead of q, k, v and the norm
+FLIGHT_BEFORE_WEIGHTS = ("mlp", "attention")
+# the ops at those flights, by the labels of what they keep (models.hf_act_*): act * up (a plain MLP's activation), the
+# attention kernel
+FLIGHT_OPS = {"mlp": ("act * up:", "act:", "act_fn(gate), * up:"), "attention": ("attention:",)}
 
 
 def _base_name(name: str) -> str:

@@ -34,6 +34,7 @@ def layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_size
     enc_flights = _layer_flights(cfg, enc_sizes, roles, attention=run["attention"])
     dense_flights = _layer_flights(cfg, sizes, roles, routed=False, attention=run["attention"])
     early = _early_flights(cfg, sizes, roles, run["attention"])
+    after, enc_after = _after_flights(cfg, sizes, roles), _after_flights(cfg, enc_sizes, roles)
     # expert parallelism (parallel.expert): a MoE layer sends its routed rows (T·k) to the ranks holding their experts
     # and receives its own experts' rows (S) by all-to-all, and back; the buffers live while the layer runs, in each
     # direction (the gradients take the same way back)
@@ -63,7 +64,7 @@ def layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_size
     return SimpleNamespace(fam=fam, flights=flights, enc_flights=enc_flights, dense_flights=dense_flights, early=early, a2a=a2a,
                            freed=freed, first_decoder=first_decoder, decoder_flight=decoder_flight, redone=redone,
                            enc_redone=enc_redone, kernel=kernel, arrived=arrived, dora=dora, dequantized=dequantized,
-                           dense_dequantized=dense_dequantized,
+                           dense_dequantized=dense_dequantized, after=after, enc_after=enc_after,
                            lora_forward=held.forward_flights(_recompute_flights(cfg, sizes, recipe_args.get("lora"), roles, quantized, mixed),
                                                              arrived, bool(recipe_args.get("lora"))))
 
@@ -221,6 +222,20 @@ def _dora_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict, precis
             worst = max(worst, dtype_bytes(T * n_out, roles["lin"]) + max(norm, combine))
         out[part] = worst
     return out
+
+
+def _after_flights(cfg: dict, sizes: dict, roles: dict) -> dict:
+    """{part: bytes added to its flight}: a dense part whose flight comes before its weight gradients (ledger/training's
+    FLIGHT_BEFORE_WEIGHTS) then runs its first linear's backward, with that linear's weight gradient made: the MLP's
+    (up_proj's, the last made in forward) holds, beside the residual stream's gradient, the other gradients its
+    activation's backward left (act's, a plain MLP's none) instead of the three (T, i) of act * up's moment, and its
+    input's gradient (T, h); the attention's first projection, q's and k's gradients waiting for the rotary's backward
+    and its input's instead of o_proj's input's and q's. (Under kept gradients that linear's fresh gradient comes
+    here, ledger/techniques/keep_gradients.)"""
+    T = sizes["T"]
+    lin, act = roles["lin"], roles["act"]
+    return {"mlp": dtype_bytes(T * sizes["h"], act) - dtype_bytes(T * sizes["i"], lin),
+            "attention": dtype_bytes(T * sizes["h"], act) - dtype_bytes(T * sizes["q"], lin)}
 
 
 def _early_flights(cfg: dict, sizes: dict, roles: dict, attention: str) -> dict:

@@ -55,10 +55,13 @@ def rewrite(step, config, training: dict):
 def fresh_gradient(row):
     """The row with its largest parameter's new gradient among its backward's transients (a temporary until it is
     added into the kept .grad). A row whose worst moment comes before its parameters' gradients are made (a MoE
-    layer's unsort, `flight_first`) has none there."""
-    if not row.grads or row.flight_first:
+    layer's unsort, a dense MLP's activation backward: `flight_first`) has none there: its parameters' own backward
+    after it does (ledger.step: that moment's extra bytes)."""
+    if not row.grads:
         return row
     new = max(row.grads)
+    if row.flight_first:
+        return replace(row, backward_extra=row.backward_extra + new)
     if row.backward_flight is not None:
         return replace(row, backward_flight=row.backward_flight + new)
     return replace(row, backward_extra=row.backward_extra + new)
