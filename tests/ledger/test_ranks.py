@@ -78,9 +78,8 @@ CASES = [
     ("sp", 2, {"tensor": 2, "sequence_parallel": True, "tensor_plan": "dtensor"}, 1),
     # FSDP2 over 2 data ranks beside tensor 2 (a 2-D mesh, every layer a unit, the root kept unsharded): MemTracker's
     # peak is the loss's backward with only the root unit gathered (parameters 172,928 B = 107,136 sharded + 65,792 of
-    # embedding, head and norm), 1,518,976 B; the rank's walk holds only the root at the loss's backward too, and
-    # peaks in a layer's backward with its unit and the root gathered: 1,580,960 B (1.041; it counted the layer's unit
-    # at the loss as well, 1,729,412 B, before)
+    # embedding, head and norm), 1,518,976 B; the rank's walk (FSDP2's units, ledger/ranks._FsdpUnits) peaks there
+    # too: 1,515,172 B (0.997; 1,580,960 B, 1.041, before its units were walked as FSDP2 holds them)
     ("fsdp_tp", 4, {"tensor": 2, "data": 2, "fsdp": "full_shard"}, 1),
 ]
 

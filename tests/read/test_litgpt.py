@@ -178,3 +178,25 @@ def test_a_model_mapped_in_the_settings_wins_and_keeps_litgpts_untied_head(tmp_p
     assert entry["input_format"] == "litgpt" and entry["diagnostics"] == [], entry["diagnostics"]
     doc = yaml.safe_load(memfit("convert", native).stdout)
     assert doc["model"]["transformer"]["hidden_size"] == 512 and doc["model"]["transformer"]["tie_word_embeddings"] is False
+
+
+def test_lora_head_adapts_gpt_neox_head_and_int8_sets_no_4bit_keys(tmp_path):
+    """lora_head adapts StableLM's (GPT-NeoX's) output head, which memfit names lm_head; bnb.int8-training is not 4-bit:
+    no kept 4-bit input, no quantized_from; an empty file is one positioned error, no traceback."""
+    text = (HUB / "stablelm-base-alpha-3b-lora.yaml").read_text()
+    peaks = {}
+    for flag in ("false", "true"):
+        path = tmp_path / f"head-{flag}.yaml"
+        path.write_text(text.replace("lora_head: false", f"lora_head: {flag}"))
+        peaks[flag] = check(path)[path.name]["footprint"]["parameters"]
+    assert peaks["true"] > peaks["false"], peaks
+    int8 = tmp_path / "int8.yaml"
+    int8.write_text((HUB / "tiny-llama-qlora.yaml").read_text().replace("bnb.nf4", "bnb.int8-training"))
+    doc = yaml.safe_load(memfit("convert", int8).stdout)
+    assert doc["quantization"]["method"] == "int8" and "quantized_from" not in doc["quantization"]
+    assert "quantized_saves_input" not in doc["training"]
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("{}\n")
+    done = memfit("check", "--input-format", "litgpt", "--format", "json", empty)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert [(d["code"], d["range"]["start"]["line"]) for d in json.loads(done.stdout)["files"][0]["diagnostics"]] == [("model-not-found", 0)]

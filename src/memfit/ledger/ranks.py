@@ -38,6 +38,7 @@ from memfit.ledger import rewrites, training
 from memfit.ledger.step import PHASES, Loss, Step, phases, rounded
 from memfit.models import hf_encdec, hf_sharded
 from memfit.placement import sharding
+from memfit.recipe.costs import dtype_bytes, dtype_elements
 
 DECLARED = "declared tensors"
 
@@ -231,7 +232,8 @@ class _Shares:
         other = self.gradients - self.growing - self.partition - self.step_only
         if self.buffer:
             held = other + self.buffer + self.growing
-            return max((held, self.buffer // 2), (held, _share(transient, self.state, self.all_state)), key=sum)
+            allreduced = dtype_bytes(dtype_elements(self.buffer, "float32"), "bfloat16")  # the fp32 buffer's bf16 copy
+            return max((held, allreduced), (held, _share(transient, self.state, self.all_state)), key=sum)
         converting = (other + self.flat + self.step_only, self.flat) if self.step_only else (other + self.flat, self.flat)
         stepping = (other + (self.step_only or self.flat), _share(transient, self.state, self.all_state))
         return max(converting, stepping, key=sum)

@@ -15,6 +15,7 @@ from memfit.models.llava import llava_vision_sizes
 from memfit.models.hf_layers import architecture, block_layers, family, head, num_layers
 from memfit.models.hf_params import blocks, layer_prefix, linear_modules, parameters, summary
 from memfit.models.hf_explain import attention_lines, routing_lines
+from memfit.recipe.dtypes import canonical
 
 
 # ---------------------------------------------------------------------------------------------
@@ -379,7 +380,7 @@ def _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointi
                 # differ from a dense base's under *-mixed (hf_activations._quantized_base)
                 dtypes["quantized"] = "4bit"
                 # the dtype the weights were quantized from (models/held.py): quantization.quantized_from, else the base's
-                dtypes["quantized_from"] = data["quantization"].get("quantized_from") or base
+                dtypes["quantized_from"] = canonical(data["quantization"].get("quantized_from") or base)
                 # a 4-bit output head (skip_modules without it): dequantized in every forward and backward of it
                 # (ledger/techniques/chunked_loss.py)
                 dtypes["head_quantized"] = any(r.dtype == "uint8" and r.name.endswith(("lm_head.weight", "lm_head.base_layer.weight"))

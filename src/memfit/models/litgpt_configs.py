@@ -73,7 +73,7 @@ LORA_MODULES: dict[str, dict] = {
     "gemma": {"query": "q_proj", "key": "k_proj", "value": "v_proj", "projection": "o_proj",
               "mlp": ("gate_proj", "up_proj", "down_proj"), "head": "lm_head"},
     "gpt_neox": {"query": "query_key_value", "key": "query_key_value", "value": "query_key_value", "projection": "dense",
-                 "mlp": ("dense_h_to_4h", "dense_4h_to_h"), "head": "embed_out"},
+                 "mlp": ("dense_h_to_4h", "dense_4h_to_h"), "head": "lm_head"},
     "falcon": {"query": "query_key_value", "key": "query_key_value", "value": "query_key_value", "projection": "dense",
                "mlp": ("dense_h_to_4h", "dense_4h_to_h"), "head": "lm_head"},
 }

@@ -43,6 +43,12 @@ DTYPES: dict[str, tuple[int | Fraction, str]] = {
 }
 
 
+def canonical(name: str) -> str:
+    """The dtype an alias names (bf16 -> bfloat16); any other name as it is."""
+    what = DTYPES.get(name, (None, ""))[1]
+    return what[len("alias of "):] if what.startswith("alias of ") else name
+
+
 def nearest(name: str, vocabulary=DTYPES) -> list[str]:
     """Known names nearest to a misspelt one, best first."""
     folded = name.strip().lower()

@@ -39,6 +39,9 @@ class Method:
     summary: str
 
 
+# what a weight may be quantized from (bitsandbytes' QuantState.dtype: the floating dtype it had)
+QUANTIZED_FROM = ("float32", "float16", "bfloat16")
+
 METHODS: dict[str, Method] = {
     "nf4": Method("nf4", 4, "4-bit NormalFloat (QLoRA), blockwise absmax scales"),
     "fp4": Method("fp4", 4, "4-bit float (E2M1), blockwise absmax scales"),
@@ -154,7 +157,7 @@ def schema_property() -> dict:
             "method": {"title": "Method", "description": "; ".join(f"{m.name}: {m.summary}" for m in METHODS.values()), "type": "string", "examples": list(METHODS)},
             "double_quant": {"title": "Double quantization", "description": "bnb_4bit_use_double_quant: quantize the 4-bit block scales to 8 bits.", "type": "boolean"},
             "compute_dtype": {"$ref": "#/$defs/dtype", "title": "Compute dtype", "description": "bnb_4bit_compute_dtype: the dtype matmuls run in (no storage effect)."},
-            "quantized_from": {"$ref": "#/$defs/dtype", "title": "Quantized from",
+            "quantized_from": {"enum": list(QUANTIZED_FROM), "title": "Quantized from",
                                "description": "The dtype each weight had when it was quantized (QuantState.dtype: what "
                                               "dequantize_4bit returns, before the matmul's cast to the input's dtype). "
                                               "Default: the parameters' dtype (transformers quantizes the loaded "

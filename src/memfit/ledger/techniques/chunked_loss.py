@@ -89,7 +89,7 @@ def rewrite(step, config, training: dict):
         chunks = -(-s // size)
         width = logits // (b * s * vocab) if logits % (b * s * vocab) == 0 else 4
         mixed = str((getattr(model, "recipe", None) or {}).get("precision", "")).endswith("-mixed")
-        chunk = b * min(size, s) * vocab * (4 if mixed else width)
+        chunk = dtype_bytes(b * min(size, s) * vocab, "float32") if mixed else b * min(size, s) * vocab * width
         # litgpt/finetune/lora.py `logits[-1] = logits[-1][..., :-1, :]`: with more than one sequence the last chunk's
         # `reshape(-1, vocab)` copies it (it is not contiguous), beside the whole logits
         last = b * (s - (chunks - 1) * size - 1) * vocab * width if b > 1 else 0
@@ -122,6 +122,9 @@ def rewrite(step, config, training: dict):
         moving = sum(step.tensors[t] for t in (head.input, head.output) if t is not None and t not in saved)
         base = moving + head.inner if forward_flight is None else forward_flight
         forward_flight = base + max(dequantized - last_chunk, low)
+        # a frozen head's backward moment; an adapted head's is its weight-gradient sum below (backward_flight), which
+        # the walk takes instead: the dequantize in its base matmul's backward is not priced there (open, measured
+        # only frozen: docs/accuracy.md)
         backward_extra += dequantized
     cast = _weight_cast(model, b, s, bool(head.grads))
     for _ in range(chunks - 1 if cast else 0):   # every further chunk's own copy of the frozen head's weight

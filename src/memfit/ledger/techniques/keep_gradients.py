@@ -56,8 +56,8 @@ def fresh_gradient(row):
     """The row with its largest parameter's new gradient among its backward's transients (a temporary until it is
     added into the kept .grad). A row whose worst moment comes before its parameters' gradients are made (a MoE
     layer's unsort, a dense MLP's activation backward: `flight_first`) has none there: its parameters' own backward
-    after it does (ledger.step: that moment's extra bytes)."""
-    if not row.grads:
+    after it does (ledger.step: the after-flight moment's extra bytes; a MoE layer's unsort has no such moment)."""
+    if not row.grads or (row.flight_first and row.after_flight is None):
         return row
     new = max(row.grads)
     if row.flight_first:

@@ -21,7 +21,8 @@ import os
 
 from memfit.diagnostics import codes
 from memfit.models import litgpt_configs
-from memfit.read.native.base import Reader
+from memfit.read.native.base import Reader, model_value
+from memfit.recipe.dtypes import DTYPES, HALF
 from memfit.read.native.torchtune import OPTIMIZERS
 
 # native key -> (default, memfit key, source in litgpt at 3ba6da40)
@@ -189,7 +190,8 @@ def _seq_len(r: Reader, ctx, block: int) -> None:
 
 def read(r: Reader, ctx) -> dict:
     data = r.data
-    r.native.root = r.at("checkpoint_dir", on_key=True) if "checkpoint_dir" in data else r.at(next(iter(data)), on_key=True)
+    r.native.root = (r.at("checkpoint_dir", on_key=True) if "checkpoint_dir" in data
+                     else r.at(next(iter(data)), on_key=True) if data else r.at())
     lora = "quantize" in data or any(key in data for key, _ in LORA_FLAGS) or any(k in data for k in ("lora_r", "lora_alpha", "lora_dropout"))
     script = "lora" if lora else "full"
     transformer = _model(r, ctx)
@@ -214,9 +216,11 @@ def read(r: Reader, ctx) -> dict:
         # Lightning's BitsandbytesPrecision replaces every torch.nn.Linear as the model is built, lm_head's too, and
         # quantizes each weight from float16 (fabric/plugins/precision/bitsandbytes.py _Linear4bit.quantize:
         # `weight.contiguous().to(device=device, dtype=torch.half)`): what each 4-bit matmul dequantizes to
-        r.set(("quantization",), {"method": method, "double_quant": double, "compute_dtype": COMPUTE.get(precision, "bfloat16"),
-                                  "quantized_from": "float16", "skip_modules": []}, r.at("quantize"))
-        r.set(("training", "quantized_saves_input"), True)  # bitsandbytes 0.42.0 (pinned then): MatMul4Bit keeps its input
+        four_bit = DTYPES[method][0] == HALF  # nf4, fp4 (int8-training keeps its weights a byte each)
+        spec = {"method": method, "double_quant": double, "compute_dtype": COMPUTE.get(precision, "bfloat16")}
+        r.set(("quantization",), {**spec, **({"quantized_from": "float16"} if four_bit else {}), "skip_modules": []}, r.at("quantize"))
+        if four_bit:
+            r.set(("training", "quantized_saves_input"), True)  # bitsandbytes 0.42.0 (pinned then): MatMul4Bit keeps its input
 
     devices = r.get("devices", (int, "auto"), 1)
     if devices == "auto" or not isinstance(devices, int):
@@ -232,7 +236,7 @@ def read(r: Reader, ctx) -> dict:
     else:
         r.set(("training", "checkpointing"), "none")
     _batch(r, ctx, script, devices)
-    _seq_len(r, ctx, transformer.get("max_position_embeddings") or 2048)
+    _seq_len(r, ctx, model_value(transformer, "max_position_embeddings") or 2048)
     # fit() rebinds `logits = model(...)` only once the next micro-batch's forward has returned (lora.py and full.py)
     r.set(("training", "previous_outputs_held"), True)
     r.set(("training", "attention"), "sdpa")  # model.py CausalSelfAttention.scaled_dot_product_attention: F.scaled_dot_product_attention

@@ -252,7 +252,7 @@ def read(r: Reader, ctx) -> dict:
     base = builder.removeprefix("qlora_").removeprefix("lora_")
     base = ALIASES.get(base, base)
     if not model:
-        r.native.root = r.at(next(iter(data)), on_key=True)
+        r.native.root = r.at(next(iter(data)), on_key=True) if data else r.at()
         r.error(r.native.root, codes.MODEL_NOT_FOUND, "no model._component_: memfit reads the model of a torchtune recipe config from it (PPO's policy and reward models are not read)")
         return {}
     transformer = _transformer(r, model, base, component, at, ("model",))
