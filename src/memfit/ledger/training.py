@@ -651,12 +651,15 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
                 if part in layer_redone:
                     # a LoRA linear's flight comes once its own tensors are kept, before what reads its output
                     row.recompute_moment = (min(sum(part_bytes[:n]) + adapted_bytes[n] - layer_hidden, bound[i]), layer_redone[part])
-                if part == "attention" and kernel and not encoder:
+                if kernel.get(part) and not encoder:
                     # the math kernel's moments come after the LoRA linears' (their outputs summed): the worst of them
                     made = sum(part_bytes[: n + 1]) - layer_hidden
-                    for later, flight in kernel:
+                    for later, flight in kernel[part]:
                         later_bytes = sum(kept_bytes(k) for k in kept if later and k.label.startswith(later))
-                        moment = (min(made - later_bytes, bound[i]), arrived + flight)
+                        # (a decoder layer recomputed after a later one's backward: the gradients accumulating
+                        # through the decoder's backward, t5_flights, are alive beside it)
+                        accumulated = decoder_flight if first_decoder <= i < n_layers - 1 else 0
+                        moment = (min(made - later_bytes, bound[i]), arrived + flight + accumulated)
                         if row.recompute_moment is None or sum(moment) > sum(row.recompute_moment):
                             row.recompute_moment = moment
             else:

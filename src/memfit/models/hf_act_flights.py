@@ -13,7 +13,7 @@ from memfit.models import held
 from memfit.models.hf_act_eval import dropout_on, layer_conditions, trainable_flags
 from memfit.models.hf_act_families import FAMILIES
 from memfit.models.hf_act_layers import count_layers
-from memfit.models.hf_act_t5 import t5_flights
+from memfit.models.hf_act_t5 import t5_cross_math_moments, t5_flights
 from memfit.recipe.costs import dtype_bytes
 
 
@@ -57,7 +57,11 @@ def layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_size
         redone = {part: max(flight, _arrived(cfg, sizes, roles) + dora.get(part, 0)) for part, flight in redone.items()}
     enc_redone = _recompute_flights(cfg, enc_sizes, recipe_args.get("lora"), roles, quantized, mixed) if checkpointing == "full" else {}
     # torch's math kernel, where an attention part runs it, holds its temporaries while the part is recomputed
-    kernel = _math_kernel_moments(cfg, sizes, roles, run["attention"], precision) if checkpointing == "full" else []
+    # ({part: its moments}; T5's recomputed cross-attention, on SDPA's math path, in its decoder's o_proj part)
+    kernel = {"attention": _math_kernel_moments(cfg, sizes, roles, run["attention"], precision) if checkpointing == "full" else []}
+    if stacked:
+        kernel["o_proj"] = t5_cross_math_moments(cfg, sizes, roles, run["attention"], checkpointing, precision,
+                                                 recipe_args.get("lora"), quantized)
     arrived = _arrived(cfg, sizes, roles)
     # (T5's softmax backward, where its attention materializes the scores: p @ v's backward has freed what only it kept)
     freed = ("p @ v:",) if stacked and self_math else ()

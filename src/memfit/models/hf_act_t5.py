@@ -289,6 +289,41 @@ def t5_flights(cfg: dict, sizes: dict, roles: dict, attention: str, checkpointin
     return self_math, first_decoder, decoder_flight
 
 
+def t5_cross_math_moments(cfg: dict, sizes: dict, roles: dict, attention: str, checkpointing: str, precision: str,
+                          lora: dict | None, quantized: bool) -> list:
+    """[(the ops of a decoder layer's kept tensors not made yet, the bytes in flight beyond the kept ones)]: the
+    recomputed cross-attention's moment on SDPA's math path (full checkpointing, _t5_conditions), for a 4-bit base
+    under autocast, where its projections output the input's dtype (hf_act_eval._quantized_base); [] otherwise (not
+    measured). At the math path's last cast (torch's _scaled_dot_product_attention_math returns `output.to(origin)`
+    and `attn.to(origin)`) T5LayerCrossAttention / T5Attention.forward hold, unsaved: the layer_norm's output (the
+    weight's dtype), the q, k and v LoRA sums (peft's Linear4bit: the input's dtype), the zero position bias
+    (`torch.zeros(..., dtype=query_states.dtype)`) and autocast's low casts of it and of q, k and v (SDPA's inputs);
+    the math path: its fp32 copies of q and k (what matmul saves is q scaled and k scaled; v's copy is saved), the
+    probabilities' low cast, the fp32 output and its low cast. The output projection (and all after it) is not
+    made yet. Each tensor priced by the recipe."""
+    mixed = precision.endswith("-mixed")
+    out, low = held.projection_dtype(roles, quantized, mixed), roles["low"]
+    if attention == "eager" or checkpointing != "full" or out == low:
+        return []
+    w = trainable_flags(FAMILIES["t5"], lora)
+    cond = _t5_conditions(cfg, attention, checkpointing, sizes["b"], precision, lora, bias_trains=w["W:embed"])
+    if cond["cross_fused"]:
+        return []
+    b, s, se, H, q, T = sizes["b"], sizes["s"], sizes["se"], sizes["H"], sizes["q"], sizes["T"]
+    Te, scores = b * se, b * H * s * se
+    upcast = dtype_bytes(T * q + Te * q, "float32") if cond["math_upcast"] else 0
+    flight = (dtype_bytes(T * sizes["h"], roles["act"])                                   # the layer_norm's output
+              + dtype_bytes(T * q + 2 * Te * q, out) + dtype_bytes(T * q + 2 * Te * q, low)  # q, k, v and their casts
+              + dtype_bytes(H * s * se, out) + dtype_bytes(H * s * se, low)                 # the zero bias, its cast
+              + upcast + dtype_bytes(scores, low)                                          # the probabilities' cast
+              + dtype_bytes(T * q, "float32") + dtype_bytes(T * q, low))                   # the output, its cast
+    g = {"q": "cq", "k": "ck", "qk": "cqk", "v": "cv", "attn": "cattn"}
+    core = {"cross-attention " + r.op for r in _t5_core("se", g, "cross_fused")}
+    rows = t5_layer_rows(cfg, True)
+    last = max(n for n, r in enumerate(rows) if r.op in core)
+    return [(tuple(dict.fromkeys(r.op for r in rows[last + 1:])), flight)]
+
+
 def t5_cache_copies(cfg: dict, sizes: dict, roles: dict, dtypes: dict | None, precision: str, checkpointing: str) -> list:
     """Per layer over both stacks: the bytes of the key/value cache's copies a decoder layer adds that nothing saves,
     held through the loss. T5Stack builds an EncoderDecoderCache of two DynamicCaches in a training step (use_cache
