@@ -55,6 +55,15 @@ def meta_model(cfg: dict):
         return transformers.LlavaForConditionalGeneration(config_)
 
 
+def graded_elements(cfg: dict, images: int = 1) -> int:
+    """Elements of the parameters a real step gives a .grad (and AdamW a state): a tiny model run forward and backward
+    (the tower's layers past the hidden state the projector reads, and post_layernorm, reach no loss)."""
+    model = hm.build(cfg)
+    batch = hm.inputs(cfg, 1, 40, images=images)
+    model(input_ids=batch["input_ids"], labels=batch["labels"], pixel_values=batch["pixel_values"]).loss.backward()
+    return sum(p.numel() for p in model.parameters() if p.grad is not None)
+
+
 def check_json(tmp_path: Path, cfg: dict, **training) -> dict:
     (tmp_path / "config.json").write_text(json.dumps(cfg, indent=2))
     doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "model": {"hf_config": "config.json"},
@@ -95,7 +104,9 @@ def test_check_matches_the_real_model(variant, attention, checkpointing, images,
     built = meta_model(cfg)
     elements = sum(p.numel() for p in built.parameters())
     footprint = result["footprint"]
-    assert footprint["parameters"] == 4 * elements + buffer_bytes(built) and footprint["optimizer_state"] == 8 * elements
+    graded = graded_elements(cfg)
+    assert footprint["parameters"] == 4 * elements + buffer_bytes(built)
+    assert footprint["gradients"] == 4 * graded and footprint["optimizer_state"] == 8 * graded
     measured = hm.measure(cfg, micro_batch=2, seq_len=seq_len, attention=attention, checkpointing=checkpointing, images=images)
     # the peak of what autograd keeps: the vision tower's layers after the hidden state the projector reads stay
     # alive to the end of the forward (LlavaModel's output holds the tower's), and are counted

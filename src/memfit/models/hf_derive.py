@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from memfit.models import hf_encdec
 from memfit.models.families import QWEN_VL_BLOCKS, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION
-from memfit.models.llava import llava_vision_sizes
+from memfit.models.llava import llava_vision_sizes, reaches_no_loss
 from memfit.models.hf_layers import architecture, block_layers, family, head, num_layers
 from memfit.models.hf_params import blocks, layer_prefix, linear_modules, parameters, summary
 from memfit.models.hf_explain import attention_lines, routing_lines
@@ -423,6 +423,8 @@ def _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointi
                 elements += math.prod(p.shape)
                 continue
             trains = not (cfg.get("llava", {}).get("freeze_vision_tower") and p.name.startswith("model.vision_tower."))
+            if trains and "llava" in cfg and reaches_no_loss(cfg, p.name):
+                trains = False   # a tower layer past the hidden state the projector reads, post_layernorm
             if cfg.get("qwen_vl", {}).get("freeze_vision_tower") and p.name.startswith(("model.visual.patch_embed.", "model.visual.blocks.")):
                 trains = False   # (the merger, LLaMA-Factory's multi-modal projector, still trains)
             if name in covers and len(covers[name]) < num_layers(cfg):  # layers that differ: each layer by index

@@ -16,3 +16,18 @@ def llava_vision_sizes(cfg: dict) -> dict:
     return {"hv": v["hidden_size"], "Hv": v["num_attention_heads"], "iv": v["intermediate_size"], "layers": n,
             "C": v["num_channels"], "image": v["image_size"], "patch": v["patch_size"], "P": patches,
             "used": max(picked), "features": len(picked), "cls": cfg["llava"]["vision_feature_select_strategy"] == "default"}
+
+
+def reaches_no_loss(cfg: dict, name: str) -> bool:
+    """Whether a parameter of the vision tower gets no gradient: the layers after the hidden state the projector reads
+    (their outputs are dropped: modeling_llava.py get_image_features reads `hidden_states[vision_feature_layer]`) and
+    post_layernorm (CLIPVisionTransformer's pooled output, which LLaVA never reads): no .grad, so AdamW keeps no state
+    for them (measured: MemTracker's gradients and optimizer state in tests/models/test_llava.py)."""
+    if not name.startswith("model.vision_tower."):
+        return False
+    if name.startswith("model.vision_tower.post_layernorm."):
+        return True
+    prefix = "model.vision_tower.encoder.layers."
+    if not name.startswith(prefix):
+        return False
+    return int(name[len(prefix):].split(".", 1)[0]) >= llava_vision_sizes(cfg)["used"]
