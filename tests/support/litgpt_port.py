@@ -1,11 +1,14 @@
 """LitGPT's Llama-style GPT with LoRA on its fused qkv, ported line for line from Lightning-AI/litgpt at
 3ba6da4012fa880294ae4557cc16e5182591a73d (the commit of the config hub's measured rows; docs/accuracy.md), for what
 autograd keeps: `litgpt/model.py` (GPT.forward through lora.py's, Block 149-171, CausalSelfAttention 187-243,
-LLaMAMLP 292-296, build_rope_cache 334-352, apply_rope 355-361, RMSNorm 409-421) and `litgpt/lora.py`
-(LoRAQKVLinear: lora_ind 261-279, zero_pad 322-341, conv1d 344-376, forward 398-433; GPT.forward with
-lm_head_chunk_size 525-553), `litgpt/utils.py` chunked_cross_entropy 233-262. Only what a training forward of a
-Llama (RMSNorm, LLaMAMLP, no bias, full rotary, LoRA on the qkv alone, no dropout, no kv cache) runs is kept; the
-names are LitGPT's. LitGPT itself is not a test dependency (it pins lightning); the same measurement on LitGPT's own
+GptNeoxMLP 269-280, LLaMAMLP 292-296, build_rope_cache 334-352, apply_rope 355-361, RMSNorm 409-421; GPT's
+ln_f 30 and Config's norm_class: torch.nn.LayerNorm for "LayerNorm", config.py 133-141, rope_n_elem 92) and
+`litgpt/lora.py` (LoRAQKVLinear: lora_ind 261-279, zero_pad 322-341, conv1d 344-376, forward 398-433, its linear's
+bias 220; GPT.forward with lm_head_chunk_size 525-553), `litgpt/utils.py` chunked_cross_entropy 233-262. Only what a
+training forward of a Llama (RMSNorm, LLaMAMLP, no bias, full rotary) or of a GPT-NeoX such as StableLM Alpha
+(LayerNorm, GptNeoxMLP with GELU, biases, partial rotary, the parallel residual with two norms:
+shared_attention_norm False) runs, with LoRA on the qkv alone, no dropout and no kv cache, is kept; the names are
+LitGPT's. LitGPT itself is not a test dependency (it pins lightning); the same measurement on LitGPT's own
 source at that commit and at 8641822 gave the same bytes for these setups (docs/accuracy.md)."""
 
 from __future__ import annotations
@@ -33,11 +36,12 @@ class RMSNorm(nn.Module):
 
 
 class LoRAQKVLinear(nn.Module):
-    def __init__(self, n_embd: int, n_head: int, n_query_groups: int, r: int, alpha: int, enable_lora: tuple):
+    def __init__(self, n_embd: int, n_head: int, n_query_groups: int, r: int, alpha: int, enable_lora: tuple,
+                 bias: bool = False):
         super().__init__()
         head_size = n_embd // n_head
         out_features = (n_head + 2 * n_query_groups) * head_size
-        self.linear = nn.Linear(n_embd, out_features, bias=False)
+        self.linear = nn.Linear(n_embd, out_features, bias=bias)
         self.n_head, self.n_query_groups, self.enable_lora, self.r = n_head, n_query_groups, enable_lora, r
         self.lora_A = nn.Parameter(torch.zeros((r * sum(enable_lora), n_embd)))
         kv_embd_size = n_embd // (n_head // n_query_groups)
@@ -84,11 +88,12 @@ class LoRAQKVLinear(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, n_embd, n_head, n_query_groups, r, alpha, enable_lora):
+    def __init__(self, n_embd, n_head, n_query_groups, r, alpha, enable_lora, bias=False, rotary_percentage=1.0):
         super().__init__()
-        self.attn = LoRAQKVLinear(n_embd, n_head, n_query_groups, r, alpha, enable_lora)
-        self.proj = nn.Linear(n_embd, n_embd, bias=False)
+        self.attn = LoRAQKVLinear(n_embd, n_head, n_query_groups, r, alpha, enable_lora, bias)
+        self.proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.n_head, self.n_query_groups, self.head_size = n_head, n_query_groups, n_embd // n_head
+        self.rope_n_elem = int(rotary_percentage * self.head_size)   # config.py 92
 
     def forward(self, x, cos, sin):   # model.py 187-243 (no mask, no kv cache: sdpa is_causal)
         B, T, C = x.size()
@@ -104,7 +109,7 @@ class CausalSelfAttention(nn.Module):
         q = q.reshape(B, -1, T, self.head_size)
         k = k.reshape(B, -1, T, self.head_size)
         v = v.reshape(B, -1, T, self.head_size)
-        n_elem = self.head_size   # rope_n_elem: rotary_percentage 1.0
+        n_elem = self.rope_n_elem
         q_roped = apply_rope(q[..., :n_elem], cos, sin)
         k_roped = apply_rope(k[..., :n_elem], cos, sin)
         q = torch.cat((q_roped, q[..., n_elem:]), dim=-1)
@@ -116,11 +121,11 @@ class CausalSelfAttention(nn.Module):
 
 
 class LLaMAMLP(nn.Module):
-    def __init__(self, n_embd: int, intermediate_size: int):
+    def __init__(self, n_embd: int, intermediate_size: int, bias: bool = False):
         super().__init__()
-        self.fc_1 = nn.Linear(n_embd, intermediate_size, bias=False)
-        self.fc_2 = nn.Linear(n_embd, intermediate_size, bias=False)
-        self.proj = nn.Linear(intermediate_size, n_embd, bias=False)
+        self.fc_1 = nn.Linear(n_embd, intermediate_size, bias=bias)
+        self.fc_2 = nn.Linear(n_embd, intermediate_size, bias=bias)
+        self.proj = nn.Linear(intermediate_size, n_embd, bias=bias)
 
     def forward(self, x):   # model.py 292-296
         x_fc_1 = self.fc_1(x)
@@ -129,17 +134,38 @@ class LLaMAMLP(nn.Module):
         return self.proj(x)
 
 
-class Block(nn.Module):
-    def __init__(self, n_embd, n_head, n_query_groups, intermediate_size, r, alpha, enable_lora):
+class GptNeoxMLP(nn.Module):
+    def __init__(self, n_embd: int, intermediate_size: int, bias: bool = True):
         super().__init__()
-        self.norm_1 = RMSNorm(n_embd)
-        self.attn = CausalSelfAttention(n_embd, n_head, n_query_groups, r, alpha, enable_lora)
-        self.norm_2 = RMSNorm(n_embd)
-        self.mlp = LLaMAMLP(n_embd, intermediate_size)
+        self.fc = nn.Linear(n_embd, intermediate_size, bias=bias)
+        self.proj = nn.Linear(intermediate_size, n_embd, bias=bias)
 
-    def forward(self, x, cos, sin):   # model.py 149-171, parallel_residual False
+    def forward(self, x):   # model.py 277-280, gelu_approximate "none" (config.py 58)
+        x = self.fc(x)
+        x = F.gelu(x, approximate="none")
+        return self.proj(x)
+
+
+NORMS = {"RMSNorm": RMSNorm, "LayerNorm": nn.LayerNorm}   # config.py 133-141
+MLPS = {"LLaMAMLP": LLaMAMLP, "GptNeoxMLP": GptNeoxMLP}
+
+
+class Block(nn.Module):
+    def __init__(self, n_embd, n_head, n_query_groups, intermediate_size, r, alpha, enable_lora, norm="RMSNorm",
+                 mlp="LLaMAMLP", bias=False, rotary_percentage=1.0, parallel_residual=False):
+        super().__init__()
+        self.norm_1 = NORMS[norm](n_embd, eps=1e-5)
+        self.attn = CausalSelfAttention(n_embd, n_head, n_query_groups, r, alpha, enable_lora, bias, rotary_percentage)
+        self.norm_2 = NORMS[norm](n_embd, eps=1e-5)   # shared_attention_norm False
+        self.mlp = MLPS[mlp](n_embd, intermediate_size, bias=bias)
+        self.parallel_residual = parallel_residual
+
+    def forward(self, x, cos, sin):   # model.py 149-171
         n_1 = self.norm_1(x)
         h = self.attn(n_1, cos, sin)
+        if self.parallel_residual:
+            n_2 = self.norm_2(x)
+            return self.mlp(n_2) + h + x
         x = h + x
         return self.mlp(self.norm_2(x)) + x
 
@@ -162,15 +188,17 @@ def apply_rope(x, cos, sin):   # model.py 355-361
 
 class GPT(nn.Module):
     def __init__(self, *, n_embd, n_head, n_query_groups, n_layer, vocab_size, intermediate_size, r, alpha,
-                 enable_lora, block_size=256):
+                 enable_lora, block_size=256, norm="RMSNorm", mlp="LLaMAMLP", bias=False, rotary_percentage=1.0,
+                 parallel_residual=False):
         super().__init__()
-        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)   # lm_head_bias False
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(vocab_size, n_embd),
-            h=nn.ModuleList(Block(n_embd, n_head, n_query_groups, intermediate_size, r, alpha, enable_lora)
+            h=nn.ModuleList(Block(n_embd, n_head, n_query_groups, intermediate_size, r, alpha, enable_lora, norm, mlp,
+                                  bias, rotary_percentage, parallel_residual)
                             for _ in range(n_layer)),
-            ln_f=RMSNorm(n_embd)))
-        cos, sin = build_rope_cache(block_size, n_embd // n_head)
+            ln_f=NORMS[norm](n_embd, eps=1e-5)))
+        cos, sin = build_rope_cache(block_size, int(rotary_percentage * (n_embd // n_head)))
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 

@@ -6,6 +6,7 @@ buffers excluded), printed as JSON.
 
     git -C litgpt archive 3ba6da40 litgpt | tar -x -C /tmp/src3ba6   # or: archive 8641822 lit_gpt
     WIDTH=256 python litgpt_source_measure.py /tmp/src3ba6 3ba6da40 llama 4 q,v
+    WIDTH=256 VOCAB=2048 python litgpt_source_measure.py /tmp/src3ba6 3ba6da40 neox 4 q,v   # StableLM's layout
 
 Arguments: the source tree, the commit (8641822 or 3ba6da40), llama|neox, query groups, adapted parts; a sixth
 argument lists each saved storage."""
@@ -13,7 +14,7 @@ import sys, types, json, weakref
 source, version, kind, kv, parts = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5].split(",")
 VERBOSE = len(sys.argv) > 6
 import os
-WIDTH = int(os.environ.get("WIDTH", 64)); INTER_L = int(WIDTH * 172 // 64); INTER_N = 4 * WIDTH
+WIDTH = int(os.environ.get("WIDTH", 64)); VOCAB = int(os.environ.get("VOCAB", 128)); INTER_L = int(WIDTH * 172 // 64); INTER_N = 4 * WIDTH
 pkg = "lit_gpt" if version == "8641822" else "litgpt"
 sys.path.insert(0, source)
 for name in ["lightning", "lightning.fabric", "lightning.fabric.strategies", "lightning.fabric.utilities",
@@ -41,7 +42,7 @@ lora = importlib.import_module(f"{pkg}.lora")
 utils = importlib.import_module(f"{pkg}.utils")
 
 def run(B, T):
-    common = dict(n_embd=WIDTH, n_head=4, n_query_groups=kv, n_layer=2, vocab_size=128, padded_vocab_size=128,
+    common = dict(n_embd=WIDTH, n_head=4, n_query_groups=kv, n_layer=2, vocab_size=VOCAB, padded_vocab_size=VOCAB,
                   block_size=256,
                   **(dict(r=8, alpha=16, dropout=0.0, to_query="q" in parts, to_key="k" in parts, to_value="v" in parts)
                      if version == "8641822" else
@@ -76,7 +77,7 @@ def run(B, T):
             live[0] += key[1]; peak[0] = max(peak[0], live[0])
         weakref.finalize(h, drop, key)
         return h
-    idx = torch.randint(0, 128, (B, T), generator=torch.Generator().manual_seed(1))
+    idx = torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(1))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda h: h.t):
         # finetune/lora.py: logits = model(input_ids, lm_head_chunk_size=128); logits[-1] = logits[-1][..., :-1, :];
         # loss = chunked_cross_entropy(logits, targets[..., 1:])
