@@ -216,3 +216,28 @@ def step(model: GPT, micro_batch: int, seq_len: int, vocab_size: int):
     logits[-1] = logits[-1][..., :-1, :]
     loss = chunked_cross_entropy(logits, idx[..., 1:])
     loss.backward()
+
+
+class FabricModule(nn.Module):
+    """What Lightning Fabric's `_FabricModule.forward` does around the model at `precision="bf16-true"`
+    (lightning/fabric/wrappers.py 51ad6bb8:137-148, HalfPrecision in plugins/precision/half.py), after `Fabric.setup`'s
+    `convert_module` (:41-42, `module.to(dtype=bf16)`: the fp32 rope buffers cos and sin too): `convert_input` (the
+    int64 ids stay as they are: utils.py:20-21 converts floating tensors only), the forward under `forward_context`
+    (:53-54, `_DtypeContextManager`: torch's default dtype bf16 while it runs), then `convert_output` (:61-62,
+    `apply_to_collection(data, function=_convert_fp_tensor, dtype=Tensor, dst_type=torch.get_default_dtype())`: a new
+    list of each floating output's `.to(float32)`, made while the model's list is alive), and a gradient hook on each
+    output (:147, no memory). Lit-GPT 8641822's pin (71aed751) does the same (wrappers.py 116-124)."""
+
+    def __init__(self, module: nn.Module, dtype=torch.bfloat16):
+        super().__init__()
+        self.module, self.dtype = module.to(dtype=dtype), dtype
+
+    def forward(self, *args, **kwargs):
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            output = self.module(*args, **kwargs)
+        finally:
+            torch.set_default_dtype(default)
+        dst = torch.get_default_dtype()
+        return [t.to(dst) if torch.is_floating_point(t) else t for t in output]
