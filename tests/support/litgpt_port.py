@@ -4,7 +4,7 @@ autograd keeps: `litgpt/model.py` (GPT.forward through lora.py's, Block 149-171,
 LLaMAMLP 292-296, build_rope_cache 334-352, apply_rope 355-361, RMSNorm 409-421) and `litgpt/lora.py`
 (LoRAQKVLinear: lora_ind 261-279, zero_pad 322-341, conv1d 344-376, forward 398-433; GPT.forward with
 lm_head_chunk_size 525-553), `litgpt/utils.py` chunked_cross_entropy 233-262. Only what a training forward of a
-Llama (RMSNorm, LLaMAMLP, no bias, full rotary, LoRA on the qkv alone, no dropout, no kv cache) runs is kept; the
+Llama (RMSNorm, LLaMAMLP, no bias, full rotary, LoRA on the qkv alone, no kv cache) runs is kept; the
 names are LitGPT's. LitGPT itself is not a test dependency (it pins lightning); the same measurement on LitGPT's own
 source at that commit and at 8641822 gave the same bytes for these setups (docs/accuracy.md)."""
 
@@ -33,8 +33,11 @@ class RMSNorm(nn.Module):
 
 
 class LoRAQKVLinear(nn.Module):
-    def __init__(self, n_embd: int, n_head: int, n_query_groups: int, r: int, alpha: int, enable_lora: tuple):
+    def __init__(self, n_embd: int, n_head: int, n_query_groups: int, r: int, alpha: int, enable_lora: tuple,
+                 lora_dropout: float = 0.0):
         super().__init__()
+        # lora.py 82-84 (LoRALayer): one dropout for the fused qkv's adapter
+        self.lora_dropout = nn.Dropout(p=lora_dropout) if lora_dropout > 0.0 else (lambda x: x)
         head_size = n_embd // n_head
         out_features = (n_head + 2 * n_query_groups) * head_size
         self.linear = nn.Linear(n_embd, out_features, bias=False)
@@ -75,18 +78,18 @@ class LoRAQKVLinear(nn.Module):
         weight_splitted = weight.split(self.qkv_shapes)
         return torch.cat([F.conv1d(a, b) for a, b in zip(input_splitted, weight_splitted)], dim=1)
 
-    def forward(self, x):   # lora.py 398-433 (lora_dropout 0: LoRALayer's identity)
+    def forward(self, x):   # lora.py 398-433
         pretrained = self.linear(x)
-        after_A = F.linear(x, self.lora_A)
+        after_A = F.linear(self.lora_dropout(x), self.lora_A)
         after_B = self.conv1d(after_A.transpose(-2, -1), self.lora_B.unsqueeze(-1)).transpose(-2, -1)
         lora = self.zero_pad(after_B) * self.scaling
         return pretrained + lora
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, n_embd, n_head, n_query_groups, r, alpha, enable_lora):
+    def __init__(self, n_embd, n_head, n_query_groups, r, alpha, enable_lora, lora_dropout=0.0):
         super().__init__()
-        self.attn = LoRAQKVLinear(n_embd, n_head, n_query_groups, r, alpha, enable_lora)
+        self.attn = LoRAQKVLinear(n_embd, n_head, n_query_groups, r, alpha, enable_lora, lora_dropout)
         self.proj = nn.Linear(n_embd, n_embd, bias=False)
         self.n_head, self.n_query_groups, self.head_size = n_head, n_query_groups, n_embd // n_head
 
@@ -130,10 +133,10 @@ class LLaMAMLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, n_embd, n_head, n_query_groups, intermediate_size, r, alpha, enable_lora):
+    def __init__(self, n_embd, n_head, n_query_groups, intermediate_size, r, alpha, enable_lora, lora_dropout=0.0):
         super().__init__()
         self.norm_1 = RMSNorm(n_embd)
-        self.attn = CausalSelfAttention(n_embd, n_head, n_query_groups, r, alpha, enable_lora)
+        self.attn = CausalSelfAttention(n_embd, n_head, n_query_groups, r, alpha, enable_lora, lora_dropout)
         self.norm_2 = RMSNorm(n_embd)
         self.mlp = LLaMAMLP(n_embd, intermediate_size)
 
@@ -162,12 +165,12 @@ def apply_rope(x, cos, sin):   # model.py 355-361
 
 class GPT(nn.Module):
     def __init__(self, *, n_embd, n_head, n_query_groups, n_layer, vocab_size, intermediate_size, r, alpha,
-                 enable_lora, block_size=256):
+                 enable_lora, block_size=256, lora_dropout=0.0):
         super().__init__()
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(vocab_size, n_embd),
-            h=nn.ModuleList(Block(n_embd, n_head, n_query_groups, intermediate_size, r, alpha, enable_lora)
+            h=nn.ModuleList(Block(n_embd, n_head, n_query_groups, intermediate_size, r, alpha, enable_lora, lora_dropout)
                             for _ in range(n_layer)),
             ln_f=RMSNorm(n_embd)))
         cos, sin = build_rope_cache(block_size, n_embd // n_head)
