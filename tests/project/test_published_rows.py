@@ -41,10 +41,6 @@ def test_each_published_row_is_its_config_files_measurement():
 # their own section (a V100's NVML reading: the allocator's reserve), not here.
 OPEN = {
     "torchtune-3b-1-baseline.yaml": "unpacked: alpaca's samples set the length, memfit gates the 4,096-token cap",
-    "litgpt-lora-stablelm-3b-nf4-b1.yaml": "not explained; the longest batch runs first, with no graph before it (0.887)",
-    "litgpt-lora-stablelm-3b-nf4-dq-b1.yaml": "not explained; the longest batch runs first, with no graph before it (0.885)",
-    "litgpt-lora-stablelm-3b-none-b4.yaml": "LitGPT's GPT-NeoX block keeps more than transformers' (0.939)",
-    "litgpt-hub-gemma-2b-lora.yaml": "largest part found: the logits at Gemma's 256,000 vocabulary come back fp32 through Fabric, not modelled (0.917)",
 }
 
 

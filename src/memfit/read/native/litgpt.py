@@ -9,7 +9,8 @@ lora.py switches on that memfit models: its step `model(input_ids, lm_head_chunk
 `chunked_cross_entropy` (training.loss chunked_head, 128), LitGPT's own attention and LoRAQKVLinear
 (training.litgpt_qkv), under `quantize: bnb.*` Lightning's BitsandbytesPrecision (quantization; the pinned
 bitsandbytes 0.42.0 keeps each 4-bit matmul's input: training.quantized_saves_input) and bitsandbytes' PagedAdamW
-(32-bit paged state). full.py computes the whole logits (`model(input_ids)`) and a chunked cross-entropy over them
+(32-bit paged state). Both scripts run the model through Lightning Fabric, which hands the loop the logits in fp32
+(training.outputs_dtype). full.py computes the whole logits (`model(input_ids)`) and a chunked cross-entropy over them
 in their dtype: memfit's default loss is written (its fp32 upcast: an upper bound). Over more than one device both
 scripts run FSDPStrategy(auto_wrap_policy={Block}, activation_checkpointing_policy={Block}): parallel.fsdp
 full_shard over `devices` GPUs with every block checkpointed.
@@ -239,6 +240,11 @@ def read(r: Reader, ctx) -> dict:
     _seq_len(r, ctx, model_value(transformer, "max_position_embeddings") or 2048)
     # fit() rebinds `logits = model(...)` only once the next micro-batch's forward has returned (lora.py and full.py)
     r.set(("training", "previous_outputs_held"), True)
+    if precision != "64-true":
+        # both scripts run the model through Fabric (fabric.setup / setup_module): _FabricModule.forward converts its
+        # outputs to torch.get_default_dtype() (lightning/fabric/wrappers.py 51ad6bb8:145, precision.convert_output),
+        # the logits come back fp32 (64-true's fp64 logits converted down are not modelled: left as they are)
+        r.set(("training", "outputs_dtype"), "float32")
     r.set(("training", "attention"), "sdpa")  # model.py CausalSelfAttention.scaled_dot_product_attention: F.scaled_dot_product_attention
     _optimizer(r, quantize is not None)
     if lora:
