@@ -11,7 +11,8 @@ lora.py switches on that memfit models: its step `model(input_ids, lm_head_chunk
 bitsandbytes 0.42.0 keeps each 4-bit matmul's input: training.quantized_saves_input) and bitsandbytes' PagedAdamW
 (32-bit paged state). Both scripts run the model through Lightning Fabric, which hands the loop the logits in fp32
 (training.outputs_dtype). full.py computes the whole logits (`model(input_ids)`) and a chunked cross-entropy over them
-in their dtype: memfit's default loss is written (its fp32 upcast: an upper bound). Over more than one device both
+through Fabric in fp32: memfit's default loss is written (no copy of its own on fp32 logits, where full.py's
+`logits[..., :-1, :]` reshaped is one: that copy is left out of the loss's forward). Over more than one device both
 scripts run FSDPStrategy(auto_wrap_policy={Block}, activation_checkpointing_policy={Block}): parallel.fsdp
 full_shard over `devices` GPUs with every block checkpointed.
 """
