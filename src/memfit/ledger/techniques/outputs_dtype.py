@@ -28,9 +28,8 @@ from dataclasses import replace
 
 from memfit.diagnostics import codes
 from memfit.diagnostics.diagnostic import Problem
-from memfit.ledger.step import Loss
 from memfit.models import hf_activations as acts, hf_encdec
-from memfit.recipe.costs import dtype_bytes
+from memfit.recipe.costs import dtype_bytes, dtype_elements
 
 NAME = "outputs_dtype"
 
@@ -62,7 +61,8 @@ def problems(config, training: dict) -> list:
     if hf_encdec.is_stacked(model.cfg):
         return [Problem(("training", "outputs_dtype"), codes.NOT_MODELLED,
                         "training.outputs_dtype on an encoder-decoder: its loss on converted logits is not modelled")]
-    if _width(model) > dtype_bytes(1, "float32"):
+    elements = acts.layer_sizes(model.cfg, 1, 1)["V"]   # a token's logits
+    if dtype_bytes(elements, _logits_dtype(model)) > dtype_bytes(elements, "float32"):
         return [Problem(("training", "outputs_dtype"), codes.NOT_MODELLED,
                         f"training.outputs_dtype float32 with {_logits_dtype(model)} logits: a conversion down to fp32 "
                         "is not modelled")]
@@ -75,31 +75,24 @@ def _logits_dtype(model) -> str:
     return acts.role_dtypes(precision, model.dtypes)["lin"]
 
 
-def _width(model) -> int:
-    return dtype_bytes(1, _logits_dtype(model))
-
-
-def converted(config, training: dict) -> bool:
-    """Whether the loop receives the logits in fp32 where the model made them narrower."""
-    model = getattr(config, "model", None)
-    return (applies(training) and model is not None and hasattr(model, "cfg") and not training.get("fused_loss")
-            and _width(model) < dtype_bytes(1, "float32"))
-
-
 def received(step, config, training: dict) -> int:
-    """Bytes of the last row's output as the training loop receives it: its fp32 copy's where converted."""
+    """Bytes of the last row's output as the training loop receives it: its fp32 copy's where a wrapper converts
+    logits narrower than fp32 (training.outputs_dtype float32), else its own."""
     logits = step.tensors.get(step.rows[-1].output, 0) if step.rows and step.rows[-1].output is not None else 0
-    if not converted(config, training):
+    model = getattr(config, "model", None)
+    if not applies(training) or model is None or not hasattr(model, "cfg") or training.get("fused_loss"):
         return logits
-    return logits * dtype_bytes(1, "float32") // _width(config.model)
+    return max(logits, dtype_bytes(dtype_elements(logits, _logits_dtype(model)), "float32"))
 
 
 def rewrite(step, config, training: dict):
-    if not converted(config, training) or not step.rows or step.rows[-1].output is None:
+    if not step.rows or step.rows[-1].output is None:
         return step
     head = step.rows[-1]
     size = step.tensors
     logits, logits32 = size[head.output], received(step, config, training)
+    if logits32 == logits:   # not converted (or fp32 already)
+        return step
     # the conversion's moment, after the head's forward: its output (and its input, where nothing keeps it) in the
     # model's dtype beside the fp32 copy; the head's own worst moment where larger (a 4-bit head's dequantized weight)
     saved = {t for row in step.rows for t in row.kept} | set(step.batch)
@@ -113,9 +106,9 @@ def rewrite(step, config, training: dict):
         # log-softmax) computes in fp32 now: its log-softmax and gradients fp32
         forward = step.loss.forward
         if step.loss.backward and step.loss.backward[0] == logits32:
-            loss = Loss(forward=(logits32, *forward[2:]), backward=step.loss.backward)
+            loss = replace(step.loss, forward=(logits32, *forward[2:]))
         else:
-            loss = Loss(forward=(logits32, *forward[1:]), backward=(logits32, logits32))
+            loss = replace(step.loss, forward=(logits32, *forward[1:]), backward=(logits32, logits32))
             tensors = {t: (n * logits32 // logits if t in step.loss_kept else n) for t, n in size.items()}
     # (a chunked loss priced itself on the fp32 logits: ledger/techniques/chunked_loss.py reads `received`)
     kept_more = sum(tensors[t] - size[t] for t in set(step.loss_kept))  # the footprint's saved activations too
