@@ -24,7 +24,7 @@ import os
 from memfit.diagnostics import codes
 from memfit.models import litgpt_configs
 from memfit.read.native.base import Reader, model_value
-from memfit.recipe.dtypes import DTYPES, HALF
+from memfit.recipe.dtypes import DTYPES, HALF, RECIPES
 from memfit.read.native.torchtune import OPTIMIZERS
 
 # native key -> (default, memfit key, source in litgpt at 3ba6da40)
@@ -54,10 +54,11 @@ UNMODELLED = {
 SCRIPT_DEFAULTS = {"lora": {"micro_batch_size": 4, "global_batch_size": 128}, "full": {"micro_batch_size": 1, "global_batch_size": 64}}
 # Lightning's short names (fabric/connector.py _PRECISION_INPUT_STR_ALIAS_CONVERSION)
 ALIASES = {"64": "64-true", "32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}
-PRECISIONS = ("32-true", "bf16-true", "16-true", "bf16-mixed", "16-mixed", "64-true")
+PRECISIONS = tuple(RECIPES)   # Lightning's precision names, the recipe's table (recipe/dtypes.py)
 # BitsandbytesPrecision's modes (quantize[4:]) -> (quantization method, double_quant)
 QUANTIZE = {"bnb.nf4": ("nf4", False), "bnb.nf4-dq": ("nf4", True), "bnb.fp4": ("fp4", False), "bnb.fp4-dq": ("fp4", True), "bnb.int8-training": ("int8", False)}
-COMPUTE = {"bf16-true": "bfloat16", "16-true": "float16", "32-true": "float32"}  # finetune/lora.py setup's dtype map
+# finetune/lora.py setup's dtype map under quantize (those three names), each the recipe's dtype
+COMPUTE = {name: RECIPES[name].parameters for name in ("bf16-true", "16-true", "32-true")}
 LORA_FLAGS = (("lora_query", True), ("lora_key", False), ("lora_value", True), ("lora_projection", False), ("lora_mlp", False), ("lora_head", False))
 
 
