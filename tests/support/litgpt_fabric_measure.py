@@ -1,11 +1,14 @@
 """What Lightning Fabric adds to LitGPT's step: the peak of LitGPT 3ba6da40's LoRA step (tests/support/litgpt_port.py, a
 tiny Llama whose logits dominate: hidden 64, 4 heads, 2 layers, vocabulary 4,096, LoRA r 8 on q and v, 2 x 256 tokens,
 gradient accumulation 2, the loop of litgpt/finetune/lora.py `fit`) measured with MemTracker (without its module
-tracker, tests/ledger/test_previous_outputs_held.py) run plainly and through `lightning==2.3.0.dev20240318`'s Fabric
+tracker, tests/ledger/test_previous_outputs_held.py) run plainly, through `lightning==2.3.0.dev20240318`'s Fabric
 (`precision="bf16-true"` on the CPU: `_FabricModule.forward` converts the output to `torch.get_default_dtype()`, so
-the logits chunks come back in fp32), beside `memfit check` on the config of that step. Not a test: Lightning is not a
-test dependency (run it with that wheel on the path: `PYTHONPATH=src:<site> python tests/support/litgpt_fabric_measure.py`;
-docs/accuracy.md gives what it printed); tests/ledger/test_previous_outputs_held.py runs the plain step."""
+the logits chunks come back in fp32) and through litgpt_port.FabricModule (that conversion ported), beside `memfit
+check` on the config of that step, with and without `training.outputs_dtype: float32`; then 1 x 1,024 tokens with
+`fit`'s `logits` held through the next forward (the conversion beside the previous fp32 logits is the peak). Not a
+test: Lightning is not a test dependency (run it with that wheel on the path: `PYTHONPATH=src:<site> python
+tests/support/litgpt_fabric_measure.py`; docs/peak.md gives what it printed: the port's bytes equal Fabric's);
+tests/ledger/test_outputs_dtype.py runs the port, tests/ledger/test_previous_outputs_held.py the plain step."""
 
 from __future__ import annotations
 
