@@ -59,7 +59,8 @@ def saved_peak(model, micro_batch: int, seq_len: int, vocab: int = VOCAB) -> int
     return peak[0]
 
 
-def memfit_live_activations(tmp_path, kv_heads: int, parts: str, micro_batch: int, seq_len: int, litgpt: bool) -> int:
+def memfit_live_activations(tmp_path, kv_heads: int, parts: str, micro_batch: int, seq_len: int, litgpt: bool,
+                            dropout: float = 0.0) -> int:
     cfg = {"model_type": "llama", "hidden_size": WIDTH, "num_attention_heads": HEADS, "num_key_value_heads": kv_heads,
            "num_hidden_layers": LAYERS, "vocab_size": VOCAB, "intermediate_size": INTERMEDIATE,
            "tie_word_embeddings": False, "max_position_embeddings": 256, "hidden_act": "silu", "rms_norm_eps": 1e-5}
@@ -70,7 +71,7 @@ def memfit_live_activations(tmp_path, kv_heads: int, parts: str, micro_batch: in
         training["litgpt_qkv"] = True
     doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "precision": "bf16-true",
            "model": {"hf_config": "config.json"}, "training": training,
-           "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "dtype": "model",
+           "lora": {"r": 8, "alpha": 16, "dropout": dropout, "dtype": "model",
                     "target_modules": [f"{p}_proj" for p in parts]}}
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -148,6 +149,26 @@ def test_litgpt_gpt_neox_block_as_its_code_keeps_it(tmp_path, parts, micro_batch
     transformers_attention = neox_live_activations(tmp_path, parts, micro_batch, seq_len, litgpt=False)
     assert abs(ours - measured) <= BAND * measured, (ours, measured, ours / measured)
     assert measured - transformers_attention > BAND * measured, (transformers_attention, measured)
+
+
+@pytest.mark.parametrize("kv_heads, parts", [(HEADS, "qkv"), (2, "qv")])
+def test_loraqkvlinear_drops_out_once_for_every_part(tmp_path, kv_heads, parts):
+    """LoRAQKVLinear (lora.py 3ba6da40:422, 8641822:375: `F.linear(self.lora_dropout(x), self.lora_A)`) keeps one
+    dropout mask and one dropped-out input for the fused qkv, where transformers' separate projections keep one each:
+    lora dropout 0.1, F.dropout run as CUDA runs it (torch.native_dropout: a bool mask; the CPU's F.dropout keeps a
+    mask in the input's dtype; tests/support/hf_measure.py cuda_dropout does the same)."""
+    model = litgpt_port.build(n_embd=WIDTH, n_head=HEADS, n_query_groups=kv_heads, n_layer=LAYERS, vocab_size=VOCAB,
+                              intermediate_size=INTERMEDIATE, r=8, alpha=16,
+                              enable_lora=tuple(p in parts for p in "qkv"), lora_dropout=0.1)
+    functional = torch.nn.functional
+    original = functional.dropout
+    functional.dropout = lambda x, p=0.5, training=True, inplace=False: torch.native_dropout(x, p, True)[0] if training and p else x
+    try:
+        measured = saved_peak(model, 2, 64)
+    finally:
+        functional.dropout = original
+    ours = memfit_live_activations(tmp_path, kv_heads, parts, 2, 64, litgpt=True, dropout=0.1)
+    assert abs(ours - measured) <= BAND * measured, (ours, measured, ours / measured)
 
 
 def litgpt_yaml_live_activations(tmp_path, kv_heads: int, parts: str, micro_batch: int, seq_len: int) -> tuple[int, dict]:

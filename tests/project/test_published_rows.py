@@ -41,11 +41,6 @@ def test_each_published_row_is_its_config_files_measurement():
 # their own section (a V100's NVML reading: the allocator's reserve), not here.
 OPEN = {
     "torchtune-3b-1-baseline.yaml": "unpacked: alpaca's samples set the length, memfit gates the 4,096-token cap",
-    "litgpt-lora-stablelm-3b-none-b4.yaml": "LitGPT's GPT-NeoX block is priced as its code keeps it (test_litgpt_qkv); the gap "
-                                            "grows with the micro-batch (0.974, 0.958, 0.939; 4.8-4.9 B a logit element): "
-                                            "Lightning 71aed751 returns the logits fp32 (4-6 B a logit element more, 5.99 measured on the "
-                                            "port: 0.989-1.013 by arithmetic), not modelled (0.939)",
-    "litgpt-hub-gemma-2b-lora.yaml": "largest part found: the logits at Gemma's 256,000 vocabulary come back fp32 through Fabric, not modelled (0.917)",
 }
 
 

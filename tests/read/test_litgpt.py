@@ -66,12 +66,14 @@ def test_what_the_reader_makes_of_the_hub_configs():
     assert doc["optimizer"] == "adamw" and doc["dtypes"] == {"optimizer_state": "float32"}
     assert doc["training"]["paged_optimizer"] is True and doc["training"]["quantized_saves_input"] is True
     assert doc["training"]["previous_outputs_held"] is True  # fit() keeps the last logits through the next forward
+    assert doc["training"]["outputs_dtype"] == "float32"  # Fabric's _FabricModule.forward: convert_output to fp32
     assert doc["training"]["loss"] == {"kind": "chunked_head", "chunk_size": 128} and doc["training"]["gradient_accumulation"] == 3
     assert doc["lora"]["target_modules"] == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
     assert doc["model"]["transformer"]["tie_word_embeddings"] is False
     doc = yaml.safe_load(memfit("convert", HUB / "llama-2-7b-full.yaml").stdout)
     assert doc["parallel"] == {"fsdp": "full_shard", "data": 4} and doc["training"]["checkpointing"] == "full"
     assert doc["training"]["gradient_accumulation"] == 64 // 4 // 4 and "lora" not in doc and "loss" not in doc["training"]
+    assert doc["training"]["outputs_dtype"] == "float32"  # full.py's fabric.setup(model) too
     doc = yaml.safe_load(memfit("convert", HUB / "stablelm-base-alpha-3b-qlora.yaml").stdout)
     assert doc["lora"]["target_modules"] == ["query_key_value"] and doc["training"]["litgpt_qkv"] == {"lora": ["query", "value"]}
     doc = yaml.safe_load(memfit("convert", HUB / "falcon-7b-lora.yaml").stdout)

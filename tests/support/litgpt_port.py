@@ -7,7 +7,7 @@ ln_f 30 and Config's norm_class: torch.nn.LayerNorm for "LayerNorm", config.py 1
 bias 220; GPT.forward with lm_head_chunk_size 525-553), `litgpt/utils.py` chunked_cross_entropy 233-262. Only what a
 training forward of a Llama (RMSNorm, LLaMAMLP, no bias, full rotary) or of a GPT-NeoX such as StableLM Alpha
 (LayerNorm, GptNeoxMLP with GELU, biases, partial rotary, the parallel residual with two norms:
-shared_attention_norm False) runs, with LoRA on the qkv alone, no dropout and no kv cache, is kept; the names are
+shared_attention_norm False) runs, with LoRA on the qkv alone and no kv cache, is kept; the names are
 LitGPT's. LitGPT itself is not a test dependency (it pins lightning); the same measurement on LitGPT's own
 source at that commit and at 8641822 gave the same bytes for these setups (docs/accuracy.md)."""
 
@@ -37,8 +37,10 @@ class RMSNorm(nn.Module):
 
 class LoRAQKVLinear(nn.Module):
     def __init__(self, n_embd: int, n_head: int, n_query_groups: int, r: int, alpha: int, enable_lora: tuple,
-                 bias: bool = False):
+                 bias: bool = False, lora_dropout: float = 0.0):
         super().__init__()
+        # lora.py 82-84 (LoRALayer): one dropout for the fused qkv's adapter
+        self.lora_dropout = nn.Dropout(p=lora_dropout) if lora_dropout > 0.0 else (lambda x: x)
         head_size = n_embd // n_head
         out_features = (n_head + 2 * n_query_groups) * head_size
         self.linear = nn.Linear(n_embd, out_features, bias=bias)
@@ -79,18 +81,19 @@ class LoRAQKVLinear(nn.Module):
         weight_splitted = weight.split(self.qkv_shapes)
         return torch.cat([F.conv1d(a, b) for a, b in zip(input_splitted, weight_splitted)], dim=1)
 
-    def forward(self, x):   # lora.py 398-433 (lora_dropout 0: LoRALayer's identity)
+    def forward(self, x):   # lora.py 398-433
         pretrained = self.linear(x)
-        after_A = F.linear(x, self.lora_A)
+        after_A = F.linear(self.lora_dropout(x), self.lora_A)
         after_B = self.conv1d(after_A.transpose(-2, -1), self.lora_B.unsqueeze(-1)).transpose(-2, -1)
         lora = self.zero_pad(after_B) * self.scaling
         return pretrained + lora
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, n_embd, n_head, n_query_groups, r, alpha, enable_lora, bias=False, rotary_percentage=1.0):
+    def __init__(self, n_embd, n_head, n_query_groups, r, alpha, enable_lora, bias=False, rotary_percentage=1.0,
+                 lora_dropout=0.0):
         super().__init__()
-        self.attn = LoRAQKVLinear(n_embd, n_head, n_query_groups, r, alpha, enable_lora, bias)
+        self.attn = LoRAQKVLinear(n_embd, n_head, n_query_groups, r, alpha, enable_lora, bias, lora_dropout)
         self.proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.n_head, self.n_query_groups, self.head_size = n_head, n_query_groups, n_embd // n_head
         self.rope_n_elem = int(rotary_percentage * self.head_size)   # config.py 92
@@ -152,10 +155,11 @@ MLPS = {"LLaMAMLP": LLaMAMLP, "GptNeoxMLP": GptNeoxMLP}
 
 class Block(nn.Module):
     def __init__(self, n_embd, n_head, n_query_groups, intermediate_size, r, alpha, enable_lora, norm="RMSNorm",
-                 mlp="LLaMAMLP", bias=False, rotary_percentage=1.0, parallel_residual=False):
+                 mlp="LLaMAMLP", bias=False, rotary_percentage=1.0, parallel_residual=False, lora_dropout=0.0):
         super().__init__()
         self.norm_1 = NORMS[norm](n_embd, eps=1e-5)
-        self.attn = CausalSelfAttention(n_embd, n_head, n_query_groups, r, alpha, enable_lora, bias, rotary_percentage)
+        self.attn = CausalSelfAttention(n_embd, n_head, n_query_groups, r, alpha, enable_lora, bias, rotary_percentage,
+                                        lora_dropout)
         self.norm_2 = NORMS[norm](n_embd, eps=1e-5)   # shared_attention_norm False
         self.mlp = MLPS[mlp](n_embd, intermediate_size, bias=bias)
         self.parallel_residual = parallel_residual
@@ -189,13 +193,13 @@ def apply_rope(x, cos, sin):   # model.py 355-361
 class GPT(nn.Module):
     def __init__(self, *, n_embd, n_head, n_query_groups, n_layer, vocab_size, intermediate_size, r, alpha,
                  enable_lora, block_size=256, norm="RMSNorm", mlp="LLaMAMLP", bias=False, rotary_percentage=1.0,
-                 parallel_residual=False):
+                 parallel_residual=False, lora_dropout=0.0):
         super().__init__()
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)   # lm_head_bias False
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(vocab_size, n_embd),
             h=nn.ModuleList(Block(n_embd, n_head, n_query_groups, intermediate_size, r, alpha, enable_lora, norm, mlp,
-                                  bias, rotary_percentage, parallel_residual)
+                                  bias, rotary_percentage, parallel_residual, lora_dropout)
                             for _ in range(n_layer)),
             ln_f=NORMS[norm](n_embd, eps=1e-5)))
         cos, sin = build_rope_cache(block_size, int(rotary_percentage * (n_embd // n_head)))
@@ -244,3 +248,28 @@ def step(model: GPT, micro_batch: int, seq_len: int, vocab_size: int):
     logits[-1] = logits[-1][..., :-1, :]
     loss = chunked_cross_entropy(logits, idx[..., 1:])
     loss.backward()
+
+
+class FabricModule(nn.Module):
+    """What Lightning Fabric's `_FabricModule.forward` does around the model at `precision="bf16-true"`
+    (lightning/fabric/wrappers.py 51ad6bb8:137-148, HalfPrecision in plugins/precision/half.py), after `Fabric.setup`'s
+    `convert_module` (:41-42, `module.to(dtype=bf16)`: the fp32 rope buffers cos and sin too): `convert_input` (the
+    int64 ids stay as they are: utils.py:20-21 converts floating tensors only), the forward under `forward_context`
+    (:53-54, `_DtypeContextManager`: torch's default dtype bf16 while it runs), then `convert_output` (:61-62,
+    `apply_to_collection(data, function=_convert_fp_tensor, dtype=Tensor, dst_type=torch.get_default_dtype())`: a new
+    list of each floating output's `.to(float32)`, made while the model's list is alive), and a gradient hook on each
+    output (:147, no memory). Lit-GPT 8641822's pin (71aed751) does the same (wrappers.py 116-124)."""
+
+    def __init__(self, module: nn.Module, dtype=torch.bfloat16):
+        super().__init__()
+        self.module, self.dtype = module.to(dtype=dtype), dtype
+
+    def forward(self, *args, **kwargs):
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            output = self.module(*args, **kwargs)
+        finally:
+            torch.set_default_dtype(default)
+        dst = torch.get_default_dtype()
+        return [t.to(dst) if torch.is_floating_point(t) else t for t in output]

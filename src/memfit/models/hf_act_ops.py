@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from memfit.recipe.dtypes import RECIPES
+
 
 
 class Kept(NamedTuple):
@@ -59,7 +61,8 @@ PRECISIONS = ("32-true", "bf16-true", "16-true", "bf16-mixed", "16-mixed")
 ATTENTIONS = ("eager", "sdpa", "flash")
 CHECKPOINTING = ("none", "full", "selective")
 LOW = {"bf16-true": "bfloat16", "16-true": "float16", "bf16-mixed": "bfloat16", "16-mixed": "float16"}
-TRUE_DTYPE = {"32-true": "float32", "bf16-true": "bfloat16", "16-true": "float16"}   # what every activation is in
+# a *-true precision's one dtype, what every activation is in (the recipe's table: recipe/dtypes.py RECIPES)
+TRUE_DTYPE = {name: RECIPES[name].activations for name in PRECISIONS if RECIPES[name].autocast is None}
 
 # Shape symbols (see `layer_sizes`): b batch, s sequence, h hidden, i intermediate, i2 = 2i, H / KV query / key-value
 # heads, d head dim, q = H*d, kv = KV*d, qkv = q + 2kv, rot rotary dims, V vocab, T = b*s tokens, Tl the stored

@@ -1,8 +1,10 @@
-"""dtype names -> bytes per element (a Fraction for packed 4-bit formats)."""
+"""dtype names -> bytes per element (a Fraction for packed 4-bit formats); the precisions' recipes (RECIPES: each
+`precision`'s dtype per category), which every stage reads, the native readers too."""
 
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass
 from fractions import Fraction
 
 HALF = Fraction(1, 2)
@@ -61,3 +63,28 @@ def describe(width: int | Fraction) -> str:
     if isinstance(width, Fraction) and width.denominator != 1:
         return f"{width.numerator}/{width.denominator} byte per element"
     return f"{width} byte{'s' if width != 1 else ''} per element"
+
+
+@dataclass(frozen=True, slots=True)
+class PrecisionRecipe:
+    """A `precision`'s dtype per category (recipe/precision.py resolves a config's with it)."""
+
+    parameters: str
+    gradients: str
+    optimizer_state: str
+    activations: str  # the dtype a layer's output is kept in (autocast's low dtype for *-mixed)
+    autocast: str | None  # torch.autocast dtype, None when no autocast runs
+    summary: str
+
+
+# Lightning (lightning.fabric/pytorch `precision=`): *-true casts the model, so
+# torch.optim keeps state in that dtype too (zeros_like(param)); *-mixed keeps an
+# fp32 model and runs matmuls under torch.autocast.
+RECIPES: dict[str, PrecisionRecipe] = {
+    "64-true": PrecisionRecipe("float64", "float64", "float64", "float64", None, "model in float64"),
+    "32-true": PrecisionRecipe("float32", "float32", "float32", "float32", None, "model in float32 (the default)"),
+    "bf16-true": PrecisionRecipe("bfloat16", "bfloat16", "bfloat16", "bfloat16", None, "model cast to bfloat16: weights, gradients and optimizer state"),
+    "16-true": PrecisionRecipe("float16", "float16", "float16", "float16", None, "model cast to float16: weights, gradients and optimizer state"),
+    "bf16-mixed": PrecisionRecipe("float32", "float32", "float32", "bfloat16", "bfloat16", "fp32 model, torch.autocast(bfloat16)"),
+    "16-mixed": PrecisionRecipe("float32", "float32", "float32", "float16", "float16", "fp32 model, torch.autocast(float16) with a GradScaler"),
+}

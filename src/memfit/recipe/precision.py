@@ -18,33 +18,10 @@ from fractions import Fraction
 
 from memfit.recipe import optim
 from memfit.recipe.costs import tensor_bytes
-from memfit.recipe.dtypes import DTYPES
+from memfit.recipe.dtypes import DTYPES, RECIPES  # the precisions' table, in the bottom module the native readers read too
 
 CATEGORIES = ("parameters", "gradients", "activations", "optimizer_state")
 DEFAULT_PRECISION = "32-true"
-
-
-@dataclass(frozen=True, slots=True)
-class Recipe:
-    parameters: str
-    gradients: str
-    optimizer_state: str
-    activations: str  # the dtype a layer's output is kept in (autocast's low dtype for *-mixed)
-    autocast: str | None  # torch.autocast dtype, None when no autocast runs
-    summary: str
-
-
-# Lightning (lightning.fabric/pytorch `precision=`): *-true casts the model, so
-# torch.optim keeps state in that dtype too (zeros_like(param)); *-mixed keeps an
-# fp32 model and runs matmuls under torch.autocast.
-RECIPES: dict[str, Recipe] = {
-    "64-true": Recipe("float64", "float64", "float64", "float64", None, "model in float64"),
-    "32-true": Recipe("float32", "float32", "float32", "float32", None, "model in float32 (the default)"),
-    "bf16-true": Recipe("bfloat16", "bfloat16", "bfloat16", "bfloat16", None, "model cast to bfloat16: weights, gradients and optimizer state"),
-    "16-true": Recipe("float16", "float16", "float16", "float16", None, "model cast to float16: weights, gradients and optimizer state"),
-    "bf16-mixed": Recipe("float32", "float32", "float32", "bfloat16", "bfloat16", "fp32 model, torch.autocast(bfloat16)"),
-    "16-mixed": Recipe("float32", "float32", "float32", "float16", "float16", "fp32 model, torch.autocast(float16) with a GradScaler"),
-}
 
 
 class RecipeError(ValueError):

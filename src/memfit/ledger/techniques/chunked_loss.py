@@ -22,6 +22,7 @@ from dataclasses import replace
 
 from memfit.diagnostics import codes
 from memfit.diagnostics.diagnostic import Problem
+from memfit.ledger.techniques import outputs_dtype
 from memfit.models import held, hf_activations as acts
 from memfit.recipe.costs import dtype_bytes
 
@@ -78,6 +79,9 @@ def rewrite(step, config, training: dict):
         return step
     whole32 = dtype_bytes(b * s * vocab, "float32")
     tensors = step.tensors
+    # the logits as the loss reads them: fp32 where a wrapper converts the model's outputs (training.outputs_dtype,
+    # Lightning Fabric's convert_output: every LitGPT run), else the head's own
+    seen = outputs_dtype.received(step, config, training)
     if training["loss"]["kind"] == "chunked_head":
         # LitGPT (litgpt/model.py GPT.forward: `[self.lm_head(x_i) for x_i in x.split(lm_head_chunk_size, dim=1)]`;
         # litgpt/utils.py chunked_cross_entropy: `F.cross_entropy(logit_chunk, target_chunk, reduction="none")` per
@@ -87,21 +91,24 @@ def rewrite(step, config, training: dict):
         # gradients are fp32 as the whole loss's; measured, saved_tensors_hooks around its code under CPU autocast)
         size = int(training["loss"].get("chunk_size") or 128)
         chunks = -(-s // size)
-        width = logits // (b * s * vocab) if logits % (b * s * vocab) == 0 else 4
+        width = logits // (b * s * vocab) if logits % (b * s * vocab) == 0 else 4   # the head's output
+        read = seen // (b * s * vocab) if seen % (b * s * vocab) == 0 else 4   # the loss's input
         mixed = str((getattr(model, "recipe", None) or {}).get("precision", "")).endswith("-mixed")
-        chunk = dtype_bytes(b * min(size, s) * vocab, "float32") if mixed else b * min(size, s) * vocab * width
+        chunk = dtype_bytes(b * min(size, s) * vocab, "float32") if mixed else b * min(size, s) * vocab * read
         # litgpt/finetune/lora.py `logits[-1] = logits[-1][..., :-1, :]`: with more than one sequence the last chunk's
         # `reshape(-1, vocab)` copies it (it is not contiguous), beside the whole logits
-        last = b * (s - (chunks - 1) * size - 1) * vocab * width if b > 1 else 0
-        tensors = {t: (n * logits // whole32 if t in step.loss_kept and n == whole32 and not mixed else n) for t, n in step.tensors.items()}
-        loss = replace(step.loss, forward=(logits, *([last] if last else [])), backward=(chunk, chunk))
+        last = b * (s - (chunks - 1) * size - 1) * vocab * read if b > 1 else 0
+        tensors = {t: (n * seen // whole32 if t in step.loss_kept and n == whole32 and not mixed else n) for t, n in step.tensors.items()}
+        loss = replace(step.loss, forward=(seen, *([last] if last else [])), backward=(chunk, chunk))
+        # the gradient chunks that reach the head: cast back to its dtype where the loss read a converted copy
+        head_chunk = chunk if seen == logits else b * min(size, s) * vocab * width
     else:
         asked = int(training["loss"].get("chunks") or 8)
         per_chunk = b * -(-s // asked) * vocab  # torch.chunk: ceil(s / chunks) tokens of each sequence per chunk
         chunks = -(-s // -(-s // asked))  # (and as many chunks as those fill)
         chunk32 = dtype_bytes(per_chunk, "float32")
-        upcast = chunk32 if logits < whole32 else 0  # an fp32 model's .float() copies nothing
-        loss = replace(step.loss, forward=(logits, *([upcast] if upcast else [])), backward=(chunk32, chunk32))
+        upcast = chunk32 if seen < whole32 else 0  # an fp32 model's (or converted logits') .float() copies nothing
+        loss = replace(step.loss, forward=(seen, *([upcast] if upcast else [])), backward=(chunk32, chunk32))
     # the head's input (the final norm's output) stays referenced through the loss where the head keeps no copy of it
     # (models/held.py; the transformers model's cache is dropped with its output before the chunks' loss runs)
     unsaved = step.tensors.get(head.input, 0) if head.input is not None and head.input not in head.kept else 0
@@ -138,7 +145,7 @@ def rewrite(step, config, training: dict):
         # logits' gradient + three weight gradients), LitGPT's less the two chunks whose matmuls have run (measured:
         # each chunk's gradient is freed by its matmul's backward)
         hidden = step.tensors.get(head.input, 0)
-        left = logits if training["loss"]["kind"] == "chunked" else max(logits - 2 * chunk, 0)
+        left = logits if training["loss"]["kind"] == "chunked" else max(logits - 2 * head_chunk, 0)
         flight = left + hidden + 2 * max(head.grads)
     rows = step.rows[:-1] + [replace(head, backward_flight=flight, kept=kept, forward_flight=forward_flight,
                                      backward_extra=backward_extra)]

@@ -16,6 +16,11 @@ by their own code (cited at 8641822, Oct 2023, and 3ba6da40, Mar 2024; the lines
   keeps its source for backward (derivatives.yaml `index_copy`: `source: grad.index_select(dim, index)
   .expand_as(source)`), the adapter's output for the adapted parts (T x their widths, in the adapters' dtype), and
   its int64 index (their widths, once per layer). Adapting all three returns the adapter's output unpadded.
+- `LoRAQKVLinear.forward` (lora.py 8641822:375, 3ba6da40:422): `after_A = F.linear(self.lora_dropout(x), self.lora_A)`,
+  one dropout and one matmul for every adapted part (lora_A stacks their r rows): with lora dropout one mask and one
+  dropped-out input are kept for the fused qkv, where transformers' (peft's) separate q, k and v projections keep one
+  each. The second and third parts' are taken off (lora_A's output, what lora_B's conv1d keeps, is the same bytes
+  either way).
 Measured with saved_tensors_hooks on LitGPT's own code at both commits (tests/ledger/test_litgpt_qkv.py).
 """
 
@@ -130,21 +135,38 @@ def extra_kept(config, value) -> list:
     return out
 
 
+def shared_dropout_ops(config, value) -> set:
+    """The ops (kept_ops' names) whose tensors LoRAQKVLinear's one dropout does not make: the lora dropout's mask and
+    lora_A's dropped-out input of every adapted q, k, v projection after the first; none without lora dropout."""
+    lora = dict(getattr(config.model, "recipe", None) or {}).get("lora") or {}
+    fam = acts.FAMILIES.get(config.model.cfg.get("model_type"))
+    if fam is None or not lora.get("dropout"):
+        return set()
+    names = [fam.names.get(role) for part, role in zip(PARTS, ("q", "k", "v")) if part in _adapted(config, value)]
+    # (a row's ops are named by the projection's own name, its module path's last part)
+    return {f"{name.rsplit('.', 1)[-1]}.{op}" for name in names[1:] if name for op in ("lora_dropout", "lora_A")}
+
+
 def rewrite(step, config, training: dict):
     if not _transformer(config):
         return step
     extra = extra_kept(config, training.get("litgpt_qkv"))
-    if not extra:
+    shared = shared_dropout_ops(config, training.get("litgpt_qkv"))
+    if not extra and not shared:
         return step
     tensors = dict(step.tensors)
     fresh = max(tensors) + 1
     rows = []
     for row in step.rows:
         if row.name.startswith("layer ") and row.name.rsplit(" ", 1)[-1] == "attention":
+            kept, ops = list(row.kept), list(row.kept_ops)
+            if shared and ops:   # (a checkpointed layer keeps only its input: its recomputation is left as it is)
+                pairs = [(t, op) for t, op in zip(kept, ops) if op not in shared]
+                kept, ops = [t for t, _ in pairs], [op for _, op in pairs]
             ids = list(range(fresh, fresh + len(extra)))
             tensors.update(zip(ids, extra))
             fresh += len(extra)
-            ops = list(row.kept_ops) + ["litgpt attention"] * len(ids) if row.kept_ops else []
-            row = replace(row, kept=[*row.kept, *ids], kept_ops=ops)
+            ops = ops + ["litgpt attention"] * len(ids) if ops else []
+            row = replace(row, kept=[*kept, *ids], kept_ops=ops)
         rows.append(row)
     return replace(step, rows=rows, tensors=tensors)

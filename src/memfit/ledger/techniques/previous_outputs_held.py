@@ -7,7 +7,8 @@ they hang from. The backward has freed that graph's saved tensors (retain_graph 
 Function's node holds as a plain attribute: bitsandbytes before 0.43.2 keeps each 4-bit matmul's input that way
 (MatMul4Bit.forward `ctx.tensors = (A, B)`; training.quantized_saves_input), and autograd's release of a node's saved
 variables leaves its attributes alone. So the next forward runs beside
-- the previous logits (the head's output, as the model returns it), and
+- the previous logits (the head's output, as the model returns it: in fp32 where a wrapper converts it,
+  training.outputs_dtype), and
 - with training.quantized_saves_input on a 4-bit model, every 4-bit linear's input of the previous micro-batch: each
   part's, including those another op kept too in that micro-batch's own forward (those ops' saved copies are gone,
   the node's attribute is not); none for the first layer's attention behind a frozen embedding (that matmul kept
@@ -24,7 +25,7 @@ from dataclasses import replace
 
 from memfit.diagnostics import codes
 from memfit.diagnostics.diagnostic import Problem
-from memfit.ledger.techniques import quantized_saves_input
+from memfit.ledger.techniques import outputs_dtype, quantized_saves_input
 
 NAME = "previous_outputs_held"
 
@@ -83,6 +84,6 @@ def rewrite(step, config, training: dict):
     model = getattr(config, "model", None)
     if model is None or not hasattr(model, "cfg") or not step.rows or step.rows[-1].output is None:
         return step
-    logits = step.tensors.get(step.rows[-1].output, 0)
+    logits = outputs_dtype.received(step, config, training)  # fp32 where a wrapper converts them (training.outputs_dtype)
     return replace(step, forward_held=step.forward_held + logits + held_inputs(step, config, training),
                    outputs_held=step.outputs_held + logits)

@@ -9,8 +9,10 @@ lora.py switches on that memfit models: its step `model(input_ids, lm_head_chunk
 `chunked_cross_entropy` (training.loss chunked_head, 128), LitGPT's own attention and LoRAQKVLinear
 (training.litgpt_qkv), under `quantize: bnb.*` Lightning's BitsandbytesPrecision (quantization; the pinned
 bitsandbytes 0.42.0 keeps each 4-bit matmul's input: training.quantized_saves_input) and bitsandbytes' PagedAdamW
-(32-bit paged state). full.py computes the whole logits (`model(input_ids)`) and a chunked cross-entropy over them
-in their dtype: memfit's default loss is written (its fp32 upcast: an upper bound). Over more than one device both
+(32-bit paged state). Both scripts run the model through Lightning Fabric, which hands the loop the logits in fp32
+(training.outputs_dtype). full.py computes the whole logits (`model(input_ids)`) and a chunked cross-entropy over them
+through Fabric in fp32: memfit's default loss is written (no copy of its own on fp32 logits, where full.py's
+`logits[..., :-1, :]` reshaped is one: that copy is left out of the loss's forward). Over more than one device both
 scripts run FSDPStrategy(auto_wrap_policy={Block}, activation_checkpointing_policy={Block}): parallel.fsdp
 full_shard over `devices` GPUs with every block checkpointed.
 """
@@ -22,7 +24,7 @@ import os
 from memfit.diagnostics import codes
 from memfit.models import litgpt_configs
 from memfit.read.native.base import Reader, model_value
-from memfit.recipe.dtypes import DTYPES, HALF
+from memfit.recipe.dtypes import DTYPES, HALF, RECIPES
 from memfit.read.native.torchtune import OPTIMIZERS
 
 # native key -> (default, memfit key, source in litgpt at 3ba6da40)
@@ -52,10 +54,11 @@ UNMODELLED = {
 SCRIPT_DEFAULTS = {"lora": {"micro_batch_size": 4, "global_batch_size": 128}, "full": {"micro_batch_size": 1, "global_batch_size": 64}}
 # Lightning's short names (fabric/connector.py _PRECISION_INPUT_STR_ALIAS_CONVERSION)
 ALIASES = {"64": "64-true", "32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}
-PRECISIONS = ("32-true", "bf16-true", "16-true", "bf16-mixed", "16-mixed", "64-true")
+PRECISIONS = tuple(RECIPES)   # Lightning's precision names, the recipe's table (recipe/dtypes.py)
 # BitsandbytesPrecision's modes (quantize[4:]) -> (quantization method, double_quant)
 QUANTIZE = {"bnb.nf4": ("nf4", False), "bnb.nf4-dq": ("nf4", True), "bnb.fp4": ("fp4", False), "bnb.fp4-dq": ("fp4", True), "bnb.int8-training": ("int8", False)}
-COMPUTE = {"bf16-true": "bfloat16", "16-true": "float16", "32-true": "float32"}  # finetune/lora.py setup's dtype map
+# finetune/lora.py setup's dtype map under quantize (those three names), each the recipe's dtype
+COMPUTE = {name: RECIPES[name].parameters for name in ("bf16-true", "16-true", "32-true")}
 LORA_FLAGS = (("lora_query", True), ("lora_key", False), ("lora_value", True), ("lora_projection", False), ("lora_mlp", False), ("lora_head", False))
 
 
@@ -239,6 +242,11 @@ def read(r: Reader, ctx) -> dict:
     _seq_len(r, ctx, model_value(transformer, "max_position_embeddings") or 2048)
     # fit() rebinds `logits = model(...)` only once the next micro-batch's forward has returned (lora.py and full.py)
     r.set(("training", "previous_outputs_held"), True)
+    if precision != "64-true":
+        # both scripts run the model through Fabric (fabric.setup / setup_module): _FabricModule.forward converts its
+        # outputs to torch.get_default_dtype() (lightning/fabric/wrappers.py 51ad6bb8:145, precision.convert_output),
+        # the logits come back fp32 (64-true's fp64 logits converted down are not modelled: left as they are)
+        r.set(("training", "outputs_dtype"), "float32")
     r.set(("training", "attention"), "sdpa")  # model.py CausalSelfAttention.scaled_dot_product_attention: F.scaled_dot_product_attention
     _optimizer(r, quantize is not None)
     if lora:

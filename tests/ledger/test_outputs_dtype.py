@@ -1,0 +1,62 @@
+"""Outputs converted to fp32 after the forward (`training.outputs_dtype: float32`, ledger/techniques/outputs_dtype.py):
+LitGPT 3ba6da40's LoRA step (tests/support/litgpt_port.py: a tiny Llama whose logits dominate, hidden 64, vocabulary
+4,096, LoRA r 8 on q and v, gradient accumulation 2) through Lightning Fabric's `_FabricModule.forward` at bf16-true,
+its `convert_output` ported (litgpt_port.FabricModule, lines cited there; on `lightning==2.3.0.dev20240318` itself the
+same steps peaked at the same bytes: 29,280,920 B and 48,986,768 B, tests/support/litgpt_fabric_measure.py, whose
+output docs/accuracy.md gives), measured with MemTracker, against `memfit check` on the config of that step."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import needs
+import pytest
+
+BAND = 0.05
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_fabric_hands_litgpts_loss_fp32_logits(tmp_path):
+    """2 x 256 tokens, two chunks, the logits let go after the backward: the peak is the loss's backward, on fp32
+    chunks, beside the fp32 logits; without the key memfit prices bf16 ones (beyond the band)."""
+    needs.module("torch")
+    import litgpt_fabric_measure as litgpt
+
+    measured = litgpt.measured(fabric=False, port=True)
+    mine = litgpt.memfit(held=True, converted=True, path=tmp_path)
+    without = litgpt.memfit(held=True)
+    assert measured[2] == "torch.float32", measured
+    assert abs(mine[0] - measured[0]) <= BAND * measured[0], (mine, measured)
+    assert mine[1] == measured[1] == "backward", (mine, measured)
+    assert measured[0] - without[0] > BAND * measured[0], (without, measured)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_the_conversion_beside_the_previous_fp32_logits(tmp_path):
+    """1 x 1,024 tokens, eight chunks, `fit`'s loop (the previous micro-batch's logits bound until the forward
+    returns): the peak is the conversion, the whole logits in bf16 and in fp32 beside the previous fp32 ones."""
+    needs.module("torch")
+    import litgpt_fabric_measure as litgpt
+
+    shape = (1, 1024)
+    measured = litgpt.measured(fabric=False, hold=True, port=True, shape=shape)
+    mine = litgpt.memfit(held=True, converted=True, shape=shape, path=tmp_path)
+    without = litgpt.memfit(held=True, shape=shape)
+    assert abs(mine[0] - measured[0]) <= BAND * measured[0], (mine, measured)
+    assert mine[1] == measured[1] == "forward", (mine, measured)
+    assert measured[0] - without[0] > BAND * measured[0], (without, measured)
+    done = subprocess.run([sys.executable, "-m", "memfit", "explain", str(tmp_path / "run.yaml")], capture_output=True,
+                          text=True, timeout=120, check=True)
+    assert "the peak is in forward, at head" in done.stdout, done.stdout
+
+
+def test_the_key_without_a_transformer_is_refused(tmp_path):
+    (tmp_path / "run.yaml").write_text("memfit: 1\ndevice: {memory: 80 GB}\noptimizer: adamw\n"
+                                       "model:\n  input_shape: [4]\n  batch_size: 2\n  layers:\n    - {type: Dense, units: 3}\n"
+                                       "training:\n  outputs_dtype: float32\n")
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(tmp_path / "run.yaml")],
+                          capture_output=True, text=True, timeout=120, check=False)
+    diagnostics = json.loads(done.stdout)["files"][0]["diagnostics"]
+    assert any(d["code"] == "needs-transformer" for d in diagnostics), diagnostics
