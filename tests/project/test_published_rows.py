@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,10 @@ OPEN = {
                                             "grows with the micro-batch (0.974, 0.958, 0.939; 4.8-4.9 B a logit element): "
                                             "Lightning 71aed751 returns the logits fp32 (4-6 B a logit element more, 5.99 measured on the "
                                             "port: 0.989-1.013 by arithmetic), not modelled (0.939)",
+    "litgpt-lora-llama2-7b-nf4-dq-b1.yaml": "Lit-GPT 8641822's RMSNorm without its upcast is priced (training.rmsnorm_upcast: "
+                                            "0.998 -> 0.949); as on the 4-bit StableLM rows (0.953, 0.952), Lightning "
+                                            "71aed751 returns the logits fp32 (4-6 B a logit element more, 1,304 x 32,000: "
+                                            "0.961-0.967 by arithmetic), not modelled (0.949)",
     "litgpt-hub-gemma-2b-lora.yaml": "largest part found: the logits at Gemma's 256,000 vocabulary come back fp32 through Fabric, not modelled (0.917)",
 }
 
@@ -56,7 +61,8 @@ def banded() -> list:
         if name.startswith("hf-bert-large-"):
             continue
         marks = [pytest.mark.xfail(strict=True, reason=OPEN[name])] if name in OPEN else []
-        out.append(pytest.param(name, float(row[5]), id=name, marks=marks))
+        # the printed ratio as the decimal it is (0.950 is within 5%; as a float, 1 - 0.95 is not <= 0.05)
+        out.append(pytest.param(name, Fraction(row[5]), id=name, marks=marks))
     return out
 
 
@@ -66,6 +72,6 @@ def test_published_row_is_within_its_band(name, ratio):
     never more than 5% below."""
     config = yaml.safe_load((PUBLISHED / name).read_text(encoding="utf-8"))
     if config.get("compile") is True:
-        assert ratio >= 0.95, ratio
+        assert ratio >= Fraction("0.95"), ratio
     else:
-        assert abs(ratio - 1) <= 0.05, ratio
+        assert abs(ratio - 1) <= Fraction("0.05"), ratio
