@@ -216,3 +216,21 @@ def test_a_litgpt_config_checked_as_its_step_keeps(tmp_path, kv_heads, parts, mi
     measured = saved_peak(model, micro_batch, seq_len)
     ours, _ = litgpt_yaml_live_activations(tmp_path, kv_heads, parts, micro_batch, seq_len)
     assert abs(ours - measured) <= BAND * measured, (ours, measured, ours / measured)
+
+
+def test_rmsnorm_upcast_is_ignored_where_the_norm_is_no_rmsnorm(tmp_path):
+    """training.rmsnorm_upcast on a family whose norm is a LayerNorm (GPT-NeoX): a warning at the key, the peak as
+    without it; on a Llama it changes the peak."""
+    neox_live_activations(tmp_path, "qv", 1, 64, litgpt=True)
+    plain = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(tmp_path / "neox.yaml")],
+                           capture_output=True, text=True, timeout=120, check=False)
+    doc = yaml.safe_load((tmp_path / "neox.yaml").read_text())
+    doc["training"]["rmsnorm_upcast"] = False
+    (tmp_path / "neox.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    keyed = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(tmp_path / "neox.yaml")],
+                           capture_output=True, text=True, timeout=120, check=False)
+    plain, keyed = json.loads(plain.stdout)["files"][0], json.loads(keyed.stdout)["files"][0]
+    assert [d["code"] for d in keyed["diagnostics"]] == ["ignored-key"], keyed["diagnostics"]
+    assert keyed["peak"] == plain["peak"]
+    llama = memfit_live_activations(tmp_path, HEADS, "qv", 1, 64, litgpt=True, upcast=False)
+    assert llama < memfit_live_activations(tmp_path, HEADS, "qv", 1, 64, litgpt=True)
