@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,11 @@ def test_each_published_row_is_its_config_files_measurement():
 # their own section (a V100's NVML reading: the allocator's reserve), not here.
 OPEN = {
     "torchtune-3b-1-baseline.yaml": "unpacked: alpaca's samples set the length, memfit gates the 4,096-token cap",
+    "litgpt-lora-llama2-7b-nf4-b1.yaml": "Lit-GPT 8641822's step priced as its code keeps it (its RMSNorm without the upcast, Fabric's fp32 logits, one qkv dropout); the gap left grows with the tokens, about 7 B a token x layer x hidden, not found (0.915)",
+    "litgpt-lora-llama2-7b-nf4-dq-b1.yaml": "Lit-GPT 8641822's step priced as its code keeps it (its RMSNorm without the upcast, Fabric's fp32 logits, one qkv dropout); the gap left grows with the tokens, about 7 B a token x layer x hidden, not found (0.912)",
+    "litgpt-lora-llama2-7b-none-b2.yaml": "Lit-GPT 8641822's step priced as its code keeps it (its RMSNorm without the upcast, Fabric's fp32 logits, one qkv dropout); the gap left grows with the tokens, about 4.4 B a token x layer x hidden, not found (0.949)",
+    "litgpt-lora-llama2-13b-nf4-b1.yaml": "Lit-GPT 8641822's step priced as its code keeps it (its RMSNorm without the upcast, Fabric's fp32 logits, one qkv dropout); the gap left grows with the tokens, about 6.7 B a token x layer x hidden, not found (0.923)",
+    "litgpt-lora-llama2-13b-nf4-dq-b1.yaml": "Lit-GPT 8641822's step priced as its code keeps it (its RMSNorm without the upcast, Fabric's fp32 logits, one qkv dropout); the gap left grows with the tokens, about 6.7 B a token x layer x hidden, not found (0.921)",
 }
 
 
@@ -51,7 +57,8 @@ def banded() -> list:
         if name.startswith("hf-bert-large-"):
             continue
         marks = [pytest.mark.xfail(strict=True, reason=OPEN[name])] if name in OPEN else []
-        out.append(pytest.param(name, float(row[5]), id=name, marks=marks))
+        # the printed ratio as the decimal it is (0.950 is within 5%; as a float, 1 - 0.95 is not <= 0.05)
+        out.append(pytest.param(name, Fraction(row[5]), id=name, marks=marks))
     return out
 
 
@@ -61,6 +68,6 @@ def test_published_row_is_within_its_band(name, ratio):
     never more than 5% below."""
     config = yaml.safe_load((PUBLISHED / name).read_text(encoding="utf-8"))
     if config.get("compile") is True:
-        assert ratio >= 0.95, ratio
+        assert ratio >= Fraction("0.95"), ratio
     else:
-        assert abs(ratio - 1) <= 0.05, ratio
+        assert abs(ratio - 1) <= Fraction("0.05"), ratio

@@ -9,7 +9,9 @@ training forward of a Llama (RMSNorm, LLaMAMLP, no bias, full rotary) or of a GP
 (LayerNorm, GptNeoxMLP with GELU, biases, partial rotary, the parallel residual with two norms:
 shared_attention_norm False) runs, with LoRA on the qkv alone and no kv cache, is kept; the names are
 LitGPT's. LitGPT itself is not a test dependency (it pins lightning); the same measurement on LitGPT's own
-source at that commit and at 8641822 gave the same bytes for these setups (docs/accuracy.md)."""
+source at that commit and at 8641822 gave the same bytes for these setups (docs/accuracy.md), but for 8641822's
+RMSNorm, which did not upcast: norm="RMSNorm 8641822" (lit_gpt/rmsnorm.py 8641822:17-21) is that norm, whose saved
+bytes equal 8641822's source (tests/support/litgpt_source_measure.py)."""
 
 from __future__ import annotations
 
@@ -33,6 +35,16 @@ class RMSNorm(nn.Module):
         x_normed = x * torch.rsqrt(norm_x + self.eps)
         x_normed = x_normed.to(dtype=dtype)
         return x_normed * self.weight
+
+
+class RMSNorm8641822(RMSNorm):
+    """Lit-GPT 8641822's RMSNorm (lit_gpt/rmsnorm.py 17-21), before 6178c7cc (2023-10-24) added the upcast: computed in
+    its input's dtype."""
+
+    def forward(self, x):   # lit_gpt/rmsnorm.py 8641822:17-21 (dim -1)
+        norm_x = torch.mean(x * x, dim=-1, keepdim=True)
+        x_normed = x * torch.rsqrt(norm_x + self.eps)
+        return self.weight * x_normed
 
 
 class LoRAQKVLinear(nn.Module):
@@ -149,7 +161,8 @@ class GptNeoxMLP(nn.Module):
         return self.proj(x)
 
 
-NORMS = {"RMSNorm": RMSNorm, "LayerNorm": nn.LayerNorm}   # config.py 133-141
+NORMS = {"RMSNorm": RMSNorm, "LayerNorm": nn.LayerNorm,   # config.py 133-141
+         "RMSNorm 8641822": RMSNorm8641822}   # Lit-GPT 8641822's (the A100 table's runs)
 MLPS = {"LLaMAMLP": LLaMAMLP, "GptNeoxMLP": GptNeoxMLP}
 
 
@@ -225,6 +238,14 @@ def chunked_cross_entropy(logits: list, targets, ignore_index: int = -100):   # 
     return torch.cat(loss_chunks).sum() / max(1, non_masked_elems)
 
 
+def chunked_cross_entropy_8641822(logits: list, targets):   # lit_gpt/utils.py 8641822:256-262 (ignore_index -1)
+    logit_chunks = [logit_chunk.reshape(-1, logit_chunk.size(-1)) for logit_chunk in logits]
+    target_chunks = [target_chunk.reshape(-1) for target_chunk in targets.split(logits[0].size(1), dim=1)]
+    loss_chunks = [F.cross_entropy(logit_chunk, target_chunk, ignore_index=-1, reduction="none")
+                   for logit_chunk, target_chunk in zip(logit_chunks, target_chunks)]
+    return torch.cat(loss_chunks).mean()
+
+
 def build(dtype=torch.bfloat16, **dims) -> GPT:
     """LitGPT's finetune/lora.py build: the model in the precision's dtype, only the LoRA matrices trainable
     (mark_only_lora_as_trainable)."""
@@ -240,13 +261,14 @@ def build(dtype=torch.bfloat16, **dims) -> GPT:
     return model
 
 
-def step(model: GPT, micro_batch: int, seq_len: int, vocab_size: int):
+def step(model: GPT, micro_batch: int, seq_len: int, vocab_size: int, loss_fn=chunked_cross_entropy):
     """finetune/lora.py's step: logits = model(input_ids, lm_head_chunk_size=128); logits[-1] = logits[-1][..., :-1, :];
-    loss = chunked_cross_entropy(logits, targets[..., 1:]); backward."""
+    loss = chunked_cross_entropy(logits, targets[..., 1:]); backward. `loss_fn`: chunked_cross_entropy_8641822 for
+    Lit-GPT 8641822's (its .mean() keeps no int64 count: 8 B less)."""
     idx = torch.randint(0, vocab_size, (micro_batch, seq_len), generator=torch.Generator().manual_seed(1))
     logits = model(idx, lm_head_chunk_size=128)
     logits[-1] = logits[-1][..., :-1, :]
-    loss = chunked_cross_entropy(logits, idx[..., 1:])
+    loss = loss_fn(logits, idx[..., 1:])
     loss.backward()
 
 

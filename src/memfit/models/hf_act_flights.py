@@ -13,6 +13,7 @@ from memfit.models import held
 from memfit.models.hf_act_eval import dropout_on, layer_conditions, trainable_flags
 from memfit.models.hf_act_families import FAMILIES
 from memfit.models.hf_act_layers import count_layers
+from memfit.models.hf_act_ops import rms_upcast
 from memfit.models.hf_act_t5 import t5_cross_math_moments, t5_flights
 from memfit.recipe.costs import dtype_bytes
 
@@ -79,8 +80,11 @@ def final_norm_flight(cfg: dict, sizes: dict, output: int) -> int | None:
     MemTracker's peak at that mul once a fused loss no longer makes the loss the peak, tests/ledger/test_fused_loss.py);
     None for a LayerNorm (its rows' default), and for fp32 activations: measured from a 16-bit input, whose fp32 copy
     and upcast products these are (an fp32 run holds less there: FSDP2 x tensor parallelism on gloo, fp32, peaks at
-    the loss's backward, 1,518,976 B, where this moment would make the rank 1,646,624 B: tests/ledger/test_ranks.py)."""
-    if FAMILIES[cfg["model_type"]].norm != "rms" or output == dtype_bytes(sizes["T"] * sizes["h"], "float32"):
+    the loss's backward, 1,518,976 B, where this moment would make the rank 1,646,624 B: tests/ledger/test_ranks.py),
+    and for an RMSNorm without the upcast (training.rmsnorm_upcast false: no fp32 copy, its backward in the input's
+    dtype; not measured, so the rows' default)."""
+    if (FAMILIES[cfg["model_type"]].norm != "rms" or not rms_upcast(cfg)
+            or output == dtype_bytes(sizes["T"] * sizes["h"], "float32")):
         return None
     return output + dtype_bytes(5 * sizes["T"] * sizes["h"], "float32")
 
@@ -102,7 +106,7 @@ def _arrived(cfg: dict, sizes: dict, roles: dict) -> int:
     fam = FAMILIES[cfg["model_type"]]
     T = sizes["T"]
     arrived = dtype_bytes(T * sizes["h"], roles["act"])
-    if fam.norm != "layer" and _below_fp32(T * sizes["h"], roles["act"]):
+    if fam.norm != "layer" and (fam.norm != "rms" or rms_upcast(cfg)) and _below_fp32(T * sizes["h"], roles["act"]):
         arrived += dtype_bytes(T * sizes["h"], "float32") + dtype_bytes(T * sizes["h"], roles["act"])
     return arrived
 

@@ -119,7 +119,7 @@ def _mla_attention(fam: ActivationRules, n: dict) -> list:
     kv_norm = _norm("rms", "kv_a_layernorm", ("b", "s", "kvr"), "kv_out", "lin")
     rows += [K("kv_a_layernorm", "input (a slice of kv_a_proj_with_mqa's output, which it keeps whole)", ("b", "s", "kva"), "f32",
                "lin32", ("kv_out",)),
-             kv_norm[0]._replace(when="not_lin32"), *kv_norm[1:]]
+             kv_norm[0]._replace(when=_and("not_lin32", kv_norm[0].when)), *kv_norm[1:]]
     rows += _linear([("kvb", n["kvb"], "kvb")], ("T", "kvr"), "kvn", low_input=True)
     soft = "probabilities (fp32)"
     rows += [

@@ -48,6 +48,14 @@ def _and(*names) -> str | None:
     return "&".join(names) or None
 
 
+RMSNORM_UPCAST = "memfit_rmsnorm_upcast"   # set (False) in a model's config by training.rmsnorm_upcast: false
+
+
+def rms_upcast(cfg: dict) -> bool:
+    """Whether the model's RMSNorm upcasts its input to fp32 (transformers' and LitGPT's from 6178c7cc on)."""
+    return cfg.get(RMSNORM_UPCAST, True) is not False
+
+
 class Conditions(dict):
     """Named static conditions; "a&b" holds when both do."""
 
@@ -75,11 +83,17 @@ TRUE_DTYPE = {name: RECIPES[name].activations for name in PRECISIONS if RECIPES[
 # weight * that: pow and mul keep the fp32 input (the input itself when already fp32) and 1/rms (if the input needs
 # a gradient); weight * keeps the cast-back tensor only when the weight trains. Gemma keeps fp32 normalized and
 # (1 + weight) instead. nn.LayerNorm (one op) keeps input, mean and 1/std when anything needs a gradient.
+# An RMSNorm without the upcast (training.rmsnorm_upcast false: Lit-GPT before 6178c7cc, lit_gpt/rmsnorm.py 8641822:17-21,
+# `norm_x = torch.mean(x * x, ...); x_normed = x * torch.rsqrt(norm_x + self.eps); return self.weight * x_normed`)
+# computes in its input's dtype: x * x and x * rsqrt keep the input itself, rsqrt its result in that dtype (the
+# "rms_native" condition, from the config's RMSNORM_UPCAST, which models/hf_derive sets from the training key).
 def _norm(kind: str, n: str, x: tuple, f: str, role: str = "act") -> list:
     stat = x[:-1] + (1,)
     if kind == "rms":
-        return [K(n, "input, upcast to fp32 (in fp32 the input itself)", x, "f32", needs=(f,)),
-                K(n, "1/rms", stat, "f32", needs=(f,)),
+        return [K(n, "input, upcast to fp32 (in fp32 the input itself)", x, "f32", when="rms_upcast", needs=(f,)),
+                K(n, "1/rms", stat, "f32", when="rms_upcast", needs=(f,)),
+                K(n, "input, not upcast (x * x and x * rsqrt keep it)", x, role, when="rms_native", needs=(f,)),
+                K(n, "1/rms in the input's dtype (rsqrt's result)", stat, role, when="rms_native", needs=(f,)),
                 K(n, "normalized, cast back to the input dtype (weight * it)", x, role, needs=("W:norm",))]
     if kind == "gemma_rms":
         return [K(n, "input, upcast to fp32", x, "f32", needs=(f,)),

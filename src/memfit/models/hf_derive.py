@@ -171,6 +171,18 @@ def derive(data: dict, out, path: str, tails: dict | None = None) -> list:
     if "target_len" in training and not fam.stacked:
         message = f"training.target_len is the decoder's tokens of an encoder-decoder model; {fam.model_type} has one stack: ignored (seq_len counts its tokens)"
         hints.append(Problem(("training", "target_len"), codes.IGNORED_KEY, message, on_key=True))
+    if training.get("rmsnorm_upcast") is False:
+        from memfit.models.hf_act_families import FAMILIES as ACT_FAMILIES
+        from memfit.models.hf_act_ops import RMSNORM_UPCAST
+
+        if getattr(ACT_FAMILIES.get(cfg.get("model_type")), "norm", None) == "rms":
+            # its RMSNorm computes in its input's dtype (hf_act_ops._norm): the model's rows read it from its config
+            cfg = dict(cfg, **{RMSNORM_UPCAST: False})
+        else:
+            message = (f"training.rmsnorm_upcast: false is an RMSNorm computed without its fp32 upcast (x * "
+                       f"torch.rsqrt(...) as Lit-GPT wrote it before 6178c7cc); {fam.model_type}'s norm is not that "
+                       f"RMSNorm: ignored")
+            hints.append(Problem(("training", "rmsnorm_upcast"), codes.IGNORED_KEY, message, on_key=True))
     return hints + _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointing, data)
 
 
