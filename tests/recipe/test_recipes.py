@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 
@@ -653,6 +654,22 @@ def test_bad_recipe_input_is_positioned(body):
     got = [(d.range.start_line + 1, d.range.start_character + 1, d.code, d.message) for d in result.diagnostics]
     assert [(line, col, code) for line, col, code, _ in got] == [(line, col, code) for line, col, code, _ in BAD[body]]
     assert all(want in message for (*_, message), (*_, want) in zip(got, BAD[body]))
+
+
+def test_a_4bit_method_is_one_decision_whatever_its_spelling(tmp_path):
+    """quantization.method as quant.method() reads it ('NF4' is nf4) makes the base 4-bit everywhere at once: its
+    storage (uint8 weights), the adapters' dtype and the activations a 4-bit base keeps. (Before one decision,
+    'NF4' stored the weights 4-bit but priced a dense base's activations under bf16-mixed: 2.3x the total.)"""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+                                                      "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1000}))
+    body = ("memfit: 1\ndevice: {memory: 80 GiB}\nprecision: bf16-mixed\noptimizer: adamw\n"
+            f"model: {{hf_config: {tmp_path / 'config.json'}}}\n"
+            "training: {micro_batch: 1, seq_len: 128}\nlora: {r: 8, target_modules: [q_proj]}\nquantization: {method: %s}\n")
+    plain, spelled = check(body % "nf4"), check(body % "NF4")
+    assert not plain.diagnostics and not spelled.diagnostics
+    assert spelled.footprint == plain.footprint
+    assert quant.bnb_4bit({"method": "NF4"}) and quant.bnb_4bit({"method": "fp4"})
+    assert not any(quant.bnb_4bit(s) for s in ({"method": "int8"}, {"method": "nf4-torchao"}, {"method": "nf5"}, None))
 
 
 def test_master_weights_noop_keeps_the_footprint_and_counts_no_copy():

@@ -15,6 +15,7 @@ from memfit.models.llava import llava_vision_sizes, reaches_no_loss
 from memfit.models.hf_layers import architecture, block_layers, family, head, num_layers
 from memfit.models.hf_params import blocks, layer_prefix, linear_modules, parameters, summary
 from memfit.models.hf_explain import attention_lines, routing_lines
+from memfit.recipe import quant
 from memfit.recipe.dtypes import canonical
 
 
@@ -299,7 +300,7 @@ def _recipe_arguments(data: dict, base: str = "float32") -> dict:
         # a mixture of experts' routed rows per rank: the routing assumption, a capacity factor, the expert group
         out["moe"] = {**(moe if isinstance(moe, dict) else {}), **({"expert": expert} if isinstance(expert, int) else {})}
     quantization = data.get("quantization")
-    if isinstance(quantization, dict) and quantization.get("method") in ("nf4", "fp4") and "precision" not in out:
+    if quant.bnb_4bit(quantization) and "precision" not in out:
         from memfit.models.hf_activations import qlora_precision
 
         # A 4-bit base linear keeps nothing for backward, and bitsandbytes casts its output back
@@ -375,7 +376,7 @@ def _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointi
             from memfit.recipe.lora import adapter_dtype
 
             dtypes = {**(dtypes or {}), "adapter": adapter_dtype(data["lora"], base, data.get("quantization"))}
-            if isinstance(data.get("quantization"), dict) and data["quantization"].get("method") in ("nf4", "fp4"):
+            if quant.bnb_4bit(data.get("quantization")):
                 # bitsandbytes' 4-bit linears are not autocast ops: what they keep and the dtype of their outputs
                 # differ from a dense base's under *-mixed (hf_activations._quantized_base)
                 dtypes["quantized"] = "4bit"
