@@ -369,7 +369,8 @@ def _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointi
             return []  # reported by check already; no footprint is shown
         base = out.widths["parameters"].name
         base = base if base in DTYPES else "float32"
-        param_rows, problems = adapters.transformer_rows(cfg, data, base, parameters(cfg), linear_modules(cfg), head(cfg))
+        model_params, model_linears = parameters(cfg), linear_modules(cfg)
+        param_rows, problems = adapters.transformer_rows(cfg, data, base, model_params, model_linears, head(cfg))
         if problems:
             return problems
         if isinstance(data.get("lora"), dict):  # the adapters' dtype (recipe.lora.adapter_dtype) for what autograd keeps
@@ -384,8 +385,7 @@ def _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointi
                 dtypes["quantized_from"] = canonical(data["quantization"].get("quantized_from") or base)
                 # a 4-bit output head (skip_modules without it): dequantized in every forward and backward of it
                 # (ledger/techniques/chunked_loss.py)
-                dtypes["head_quantized"] = any(r.dtype == "uint8" and r.name.endswith(("lm_head.weight", "lm_head.base_layer.weight"))
-                                               for r in param_rows)
+                dtypes["head_quantized"] = adapters.head_quantized(cfg, data, model_params, model_linears, head(cfg))
             if data["lora"].get("use_dora") is True and isinstance(data.get("quantization"), dict):
                 # DoRA dequantizes a quantized base weight in every forward (peft dequantize_module_weight): the
                 # dtype it comes out in is the 4-bit layer's (the adapters' dtype on the base layer, without autocast)
