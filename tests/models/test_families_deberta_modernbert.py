@@ -8,13 +8,10 @@ does not compute goes to the fallback."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import needs
 import pytest
-import yaml
 
 from memfit.models import deberta, hf_config, modernbert
 
@@ -22,7 +19,7 @@ needs.module("torch")
 transformers = needs.module("transformers")
 
 import hf_measure as hm  # noqa: E402
-from family_check import buffer_bytes  # noqa: E402
+from family_check import buffer_bytes, check_all, fallback_disagreements  # noqa: E402
 
 _TINY = {"hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 128,
          "max_position_embeddings": 128}
@@ -43,24 +40,9 @@ def _config(model_type: str, architecture: str, **given) -> dict:
     return json.loads(transformers.AutoConfig.for_model(model_type, architectures=[architecture], **given).to_json_string())
 
 
-def _check_all(tmp_path: Path, cases: dict) -> dict:
-    """name -> (config.json dict, training section[, extra document keys]): one `memfit check --format json` over all."""
-    paths = []
-    for name, (cfg, training, *extra) in cases.items():
-        (tmp_path / f"{name}.json").write_text(json.dumps(cfg, indent=2))
-        doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", **(extra[0] if extra else {}),
-               "model": {"hf_config": f"{name}.json"}, "training": training}
-        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-        paths.append(str(tmp_path / f"{name}.yaml"))
-    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", *paths], capture_output=True,
-                          text=True, timeout=600, check=False)
-    assert "Traceback" not in done.stderr, done.stderr
-    return {Path(f["path"]).stem: f for f in json.loads(done.stdout)["files"]}
-
-
 def _compare(tmp_path: Path, cases: dict, notes: dict | None = None) -> dict:
     """name -> (memfit's activations, the real step's) where they differ by more than the band; parameters exact."""
-    files = _check_all(tmp_path, cases)
+    files = check_all(tmp_path, cases)
     wrong = {}
     for name, (cfg, training) in cases.items():
         entry = files[name]
@@ -162,8 +144,6 @@ def test_modernbert_heads_match_the_real_model(tmp_path):
 def test_families_and_the_fallback_agree(tmp_path):
     """The family's figure and the [trace] fallback's fake-tensor step (DeBERTa-v2's sequence classifier picks its
     labelled rows with nonzero, which no fake tensor runs: its masked LM and token classifier here)."""
-    from memfit.models import traced
-
     cases = {}
     for model_type, base, architectures, settings in (
             ("deberta-v2", DEBERTA_V3, ("DebertaV2ForMaskedLM", "DebertaV2ForTokenClassification"), (("eager", "none"), ("eager", "full"))),
@@ -173,16 +153,7 @@ def test_families_and_the_fallback_agree(tmp_path):
                 cfg = _config(model_type, architecture, **{**base, "num_hidden_layers": 6, "num_labels": 3})
                 cases[f"{architecture}-{attention}-{checkpointing}"] = (cfg, {"micro_batch": 2, "seq_len": 32, "attention": attention,
                                                                               "checkpointing": checkpointing})
-    files = _check_all(tmp_path, cases)
-    wrong = {}
-    for name, (cfg, training) in cases.items():
-        assert files[name]["diagnostics"] == []   # a family: no trace
-        family = files[name]["footprint"]["activations"]
-        fallback = traced.measure(cfg, micro_batch=2, seq_len=32, attention=training["attention"],
-                                  checkpointing=training["checkpointing"]).peak
-        if abs(family - fallback) > 0.05 * fallback:
-            wrong[name] = (family, fallback)
-    assert wrong == {}
+    assert fallback_disagreements(tmp_path, cases) == {}
 
 
 def test_what_the_families_do_not_compute_goes_to_the_fallback(tmp_path):
@@ -192,7 +163,7 @@ def test_what_the_families_do_not_compute_goes_to_the_fallback(tmp_path):
                       {"lora": {"r": 8, "alpha": 16, "target_modules": ["query_proj", "value_proj"]}}),
              "long": (_config("deberta-v2", "DebertaV2ForMaskedLM", **DEBERTA_V2), {**training, "seq_len": 129}),
              "tp": (_config("modernbert", "ModernBertForMaskedLM", **MODERNBERT), training, {"parallel": {"tensor": 2}})}
-    files = _check_all(tmp_path, cases)
+    files = check_all(tmp_path, cases)
     for name, words in (("bf16", "bf16-true"), ("lora", "LoRA")):
         diagnostics = files[name]["diagnostics"]
         assert [d["code"] for d in diagnostics] == ["measured-activations"], diagnostics

@@ -6,14 +6,8 @@ saved_tensors_hooks (tests/support/hf_measure.py), fp32, eager and sdpa, checkpo
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import needs
 import pytest
-import yaml
 
 from memfit.models import hf, hf_config
 
@@ -21,7 +15,7 @@ needs.module("torch")
 transformers = needs.module("transformers")
 
 import hf_measure as hm  # noqa: E402
-from family_check import buffer_bytes  # noqa: E402
+from family_check import buffer_bytes, check_all, fallback_disagreements  # noqa: E402
 
 ROBERTA = [("RobertaForMaskedLM", 2), ("RobertaForSequenceClassification", 3), ("RobertaForTokenClassification", 5),
            ("RobertaForSequenceClassification", 1)]   # one label: a regression (MSE on the pooled score)
@@ -32,21 +26,6 @@ def _cfg(architecture: str, labels: int, attention: str, checkpointing: str, **g
     layers = {"num_hidden_layers": 4} if checkpointing == "full" else {}
     cfg = hm.tiny("roberta", architectures=[architecture], num_labels=labels, **layers, **given)
     return hm.without_attention_dropout(cfg) if attention == "sdpa" else cfg
-
-
-def _check_all(tmp_path: Path, cases: dict) -> dict:
-    """name -> (config.json dict, training section): one `memfit check --format json` over all; name -> file entry."""
-    paths = []
-    for name, (cfg, training) in cases.items():
-        (tmp_path / f"{name}.json").write_text(json.dumps(cfg, indent=2))
-        doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "model": {"hf_config": f"{name}.json"},
-               "training": training}
-        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-        paths.append(str(tmp_path / f"{name}.yaml"))
-    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", *paths], capture_output=True,
-                          text=True, timeout=600, check=False)
-    assert "Traceback" not in done.stderr, done.stderr
-    return {Path(f["path"]).stem: f for f in json.loads(done.stdout)["files"]}
 
 
 @pytest.mark.parametrize("tie", [True, False])
@@ -75,7 +54,7 @@ def test_roberta_heads_match_the_real_model(tmp_path):
             cfg = _cfg(architecture, labels, attention, checkpointing)
             cases[f"{architecture}-{labels}-{attention}-{checkpointing}"] = (
                 cfg, {"micro_batch": 2, "seq_len": 16, "attention": attention, "checkpointing": checkpointing})
-    files = _check_all(tmp_path, cases)
+    files = check_all(tmp_path, cases)
     wrong = {}
     for name, (cfg, training) in cases.items():
         entry = files[name]
@@ -101,16 +80,8 @@ def test_roberta_classifier_without_dropout_and_with_lora(tmp_path):
         "lora-seq": (hm.tiny("roberta", architectures=["RobertaForSequenceClassification"], num_labels=3), lora_all),
         "lora-mlm": (hm.tiny("roberta", architectures=["RobertaForMaskedLM"]), lora_all),
     }
-    paths = []
-    for name, (cfg, lora) in cases.items():
-        (tmp_path / f"{name}.json").write_text(json.dumps(cfg))
-        doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", **({"lora": lora} if lora else {}),
-               "model": {"hf_config": f"{name}.json"}, "training": {"micro_batch": 2, "seq_len": 16, "attention": "eager"}}
-        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-        paths.append(str(tmp_path / f"{name}.yaml"))
-    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", *paths], capture_output=True,
-                          text=True, timeout=300, check=False)
-    files = {Path(f["path"]).stem: f for f in json.loads(done.stdout)["files"]}
+    training = {"micro_batch": 2, "seq_len": 16, "attention": "eager"}
+    files = check_all(tmp_path, {name: (cfg, training, {"lora": lora} if lora else {}) for name, (cfg, lora) in cases.items()})
     for name, (cfg, lora) in cases.items():
         entry = files[name]
         assert entry["diagnostics"] == [], entry["diagnostics"]
@@ -121,8 +92,6 @@ def test_roberta_classifier_without_dropout_and_with_lora(tmp_path):
 
 
 def test_roberta_family_and_the_fallback_agree(tmp_path):
-    from memfit.models import traced
-
     cases = {}
     for architecture, labels in ROBERTA[:3]:
         for attention, checkpointing in (("eager", "none"), ("sdpa", "full")):
@@ -131,22 +100,13 @@ def test_roberta_family_and_the_fallback_agree(tmp_path):
                 cfg = hm.without_attention_dropout(cfg)
             cases[f"{architecture}-{attention}"] = (cfg, {"micro_batch": 2, "seq_len": 32, "attention": attention,
                                                           "checkpointing": checkpointing})
-    files = _check_all(tmp_path, cases)
-    wrong = {}
-    for name, (cfg, training) in cases.items():
-        assert files[name]["diagnostics"] == []   # a family: no trace
-        family = files[name]["footprint"]["activations"]
-        fallback = traced.measure(cfg, micro_batch=2, seq_len=32, attention=training["attention"],
-                                  checkpointing=training["checkpointing"]).peak
-        if abs(family - fallback) > 0.05 * fallback:
-            wrong[name] = (family, fallback)
-    assert wrong == {}
+    assert fallback_disagreements(tmp_path, cases) == {}
 
 
 def test_roberta_as_a_decoder_is_refused_at_its_key(tmp_path):
     dec = hm.tiny("roberta", is_decoder=True)
     causal = hm.tiny("roberta", architectures=["RobertaForCausalLM"])
-    files = _check_all(tmp_path, {"dec": (dec, {"micro_batch": 2, "seq_len": 16}),
+    files = check_all(tmp_path, {"dec": (dec, {"micro_batch": 2, "seq_len": 16}),
                                   "causal": (causal, {"micro_batch": 2, "seq_len": 16})})
     for name, key, words in (("dec", '"is_decoder"', "is_decoder"), ("causal", '"RobertaForCausalLM"', "RobertaForMaskedLM")):
         diagnostics = files[name]["diagnostics"]

@@ -8,14 +8,8 @@ fallback; a decoder longer than its positions refused at training.seq_len."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import needs
 import pytest
-import yaml
 
 from memfit.models import hf, hf_config
 
@@ -23,8 +17,13 @@ needs.module("torch")
 transformers = needs.module("transformers")
 
 import hf_measure as hm  # noqa: E402
+from family_check import check_all, fallback_disagreements  # noqa: E402
 
 SETTINGS = [("eager", "none"), ("sdpa", "none"), ("eager", "full"), ("sdpa", "full")]
+
+
+# measured on the CPU: CPU autocast's policy (device.type cpu; tests/models/test_autocast_devices.py prices CUDA's)
+CPU = {"memory": "1 TiB", "type": "cpu"}
 
 
 def _whisper(**given) -> dict:
@@ -34,22 +33,6 @@ def _whisper(**given) -> dict:
             "bos_token_id": 1, "eos_token_id": 2}
     transformers.logging.set_verbosity_error()
     return transformers.AutoConfig.for_model("whisper", **{**base, **given}).to_dict()
-
-
-def _check_all(tmp_path: Path, cases: dict) -> dict:
-    """name -> (config.json dict, training section, extra document keys): one `memfit check --format json`."""
-    paths = []
-    for name, (cfg, training, *extra) in cases.items():
-        (tmp_path / f"{name}.json").write_text(json.dumps(cfg, indent=2))
-        # measured on the CPU: CPU autocast's policy (device.type cpu; tests/models/test_autocast_devices.py prices CUDA's)
-        doc = {"memfit": 1, "device": {"memory": "1 TiB", "type": "cpu"}, "optimizer": "adamw", **(extra[0] if extra else {}),
-               "model": {"hf_config": f"{name}.json"}, "training": training}
-        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-        paths.append(str(tmp_path / f"{name}.yaml"))
-    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", *paths], capture_output=True,
-                          text=True, timeout=600, check=False)
-    assert "Traceback" not in done.stderr, done.stderr
-    return {Path(f["path"]).stem: f for f in json.loads(done.stdout)["files"]}
 
 
 @pytest.mark.parametrize("tie", [True, False])
@@ -73,7 +56,7 @@ def test_whisper_matches_the_real_model(tmp_path):
                                                              "checkpointing": checkpointing})
     cases["longer-decoder"] = (_whisper(decoder_layers=3, encoder_layers=1), {"micro_batch": 1, "seq_len": 24,
                                                                             "attention": "sdpa", "checkpointing": "full"})
-    files = _check_all(tmp_path, cases)
+    files = check_all(tmp_path, cases, CPU)
     wrong = {}
     for name, (cfg, training) in cases.items():
         entry = files[name]
@@ -105,7 +88,7 @@ def test_whisper_in_bf16_and_with_lora_matches_the_real_model(tmp_path):
         cases[f"bf16-{attention}-{checkpointing}"] = (_whisper(), training, {"precision": "bf16-true"})
         cases[f"mixed-{attention}-{checkpointing}"] = (_whisper(), training, {"precision": "bf16-mixed"})
         cases[f"lora-{attention}-{checkpointing}"] = (_whisper(), training, {"lora": QV})
-    files = _check_all(tmp_path, cases)
+    files = check_all(tmp_path, cases, CPU)
     wrong = {}
     for name, (cfg, training, extra) in cases.items():
         entry = files[name]
@@ -124,20 +107,9 @@ def test_whisper_in_bf16_and_with_lora_matches_the_real_model(tmp_path):
 
 
 def test_whisper_family_and_the_fallback_agree(tmp_path):
-    from memfit.models import traced
-
     cases = {f"{a}-{c}": (_whisper(encoder_layers=4, decoder_layers=3), {"micro_batch": 2, "seq_len": 32, "attention": a,
                                                                         "checkpointing": c}) for a, c in SETTINGS}
-    files = _check_all(tmp_path, cases)
-    wrong = {}
-    for name, (cfg, training) in cases.items():
-        assert files[name]["diagnostics"] == []   # the family: no trace
-        family = files[name]["footprint"]["activations"]
-        fallback = traced.measure(cfg, micro_batch=2, seq_len=32, attention=training["attention"],
-                                  checkpointing=training["checkpointing"]).peak
-        if abs(family - fallback) > 0.05 * fallback:
-            wrong[name] = (family, fallback)
-    assert wrong == {}
+    assert fallback_disagreements(tmp_path, cases, CPU) == {}
 
 
 def test_whisper_outside_the_family_goes_to_the_fallback_and_a_long_decoder_is_refused(tmp_path):
@@ -146,7 +118,7 @@ def test_whisper_outside_the_family_goes_to_the_fallback_and_a_long_decoder_is_r
                       {"lora": {"r": 8, "alpha": 16, "target_modules": ["q_proj"]}}),
              "long": (_whisper(), {"micro_batch": 2, "seq_len": 65}),
              "tp": (_whisper(), {"micro_batch": 2, "seq_len": 16}, {"parallel": {"tensor": 2}})}
-    files = _check_all(tmp_path, cases)
+    files = check_all(tmp_path, cases, CPU)
     bf16 = files["bf16"]
     assert [d["code"] for d in bf16["diagnostics"]] == ["measured-activations"], bf16["diagnostics"]
     assert "LoRA other than" in bf16["diagnostics"][0]["message"] and bf16["footprint"]["activations"] > 0

@@ -31,6 +31,7 @@ from memfit.models.keras import RULES, defaults
 # toggling oneDNN off around each reference run makes torch warn about TF32 on Intel GPUs
 pytestmark = pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
 from keras_reference import ACT_FN, ACTS, B, CASES, KERAS_ONLY, SEED, Reference, saved_by_autograd  # noqa: E402,F401
+from peak_reference import TORCH_OPTIMIZERS as OPTIMIZERS  # noqa: E402
 
 def test_every_layer_type_is_cross_checked():
     used = {layer["type"] for _, layers in CASES.values() for layer in layers}
@@ -136,21 +137,7 @@ def test_seed_saved_activations_at_batch_32():
     assert config.footprint["activations"] == saved_by_autograd(*SEED, batch=32) == 6_619_392
 
 
-# --- torch.optim state -------------------------------------------------------------------
-OPTIMIZERS = {
-    "sgd": lambda ps: torch.optim.SGD(ps, lr=0.1),
-    "momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
-    "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
-    "nesterov": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True),
-    "adagrad": lambda ps: torch.optim.Adagrad(ps),
-    "rmsprop": lambda ps: torch.optim.RMSprop(ps),
-    "adadelta": lambda ps: torch.optim.Adadelta(ps),
-    "adam": lambda ps: torch.optim.Adam(ps),
-    "adamw": lambda ps: torch.optim.AdamW(ps),
-    "adamax": lambda ps: torch.optim.Adamax(ps),
-    "nadam": lambda ps: torch.optim.NAdam(ps),
-    "radam": lambda ps: torch.optim.RAdam(ps),
-}
+# --- torch.optim state (peak_reference.TORCH_OPTIMIZERS: each memfit optimizer as torch.optim builds it) --------
 
 
 def test_every_optimizer_but_lion_is_cross_checked():

@@ -6,14 +6,12 @@ included), the step's peak against MemTracker."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import needs
 import pytest
-import yaml
 
 from memfit.models import hf, hf_activations, hf_config
 
@@ -22,7 +20,7 @@ needs.module("transformers")
 
 import hf_measure as hm  # noqa: E402
 import peak_reference as ref  # noqa: E402
-from family_check import buffer_bytes  # noqa: E402
+from family_check import buffer_bytes, check_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 VISION = {"model_type": "clip_vision_model", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 3,
@@ -62,18 +60,6 @@ def graded_elements(cfg: dict, images: int = 1) -> int:
     batch = hm.inputs(cfg, 1, 40, images=images)
     model(input_ids=batch["input_ids"], labels=batch["labels"], pixel_values=batch["pixel_values"]).loss.backward()
     return sum(p.numel() for p in model.parameters() if p.grad is not None)
-
-
-def check_json(tmp_path: Path, cfg: dict, **training) -> dict:
-    (tmp_path / "config.json").write_text(json.dumps(cfg, indent=2))
-    doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "model": {"hf_config": "config.json"},
-           "training": training}
-    path = tmp_path / "train.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)], capture_output=True,
-                          text=True, timeout=120, check=False)
-    assert done.returncode in (0, 1), done.stdout + done.stderr
-    return json.loads(done.stdout)["files"][0]
 
 
 @pytest.mark.parametrize("raw", [{"model_type": "llava"}, *({**TINY, **v} for v in VARIANTS.values())],

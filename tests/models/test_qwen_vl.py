@@ -22,7 +22,7 @@ needs.module("torch")
 needs.module("transformers")
 
 import hf_measure as hm  # noqa: E402
-from family_check import buffer_bytes  # noqa: E402
+from family_check import buffer_bytes, check_json  # noqa: E402
 import peak_reference as ref  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,18 +45,6 @@ def config(model_type: str, **change) -> dict:
 
     raw = {**TINY[model_type], **change}
     return transformers.AutoConfig.for_model(model_type, **{k: v for k, v in raw.items() if k != "model_type"}).to_dict()
-
-
-def check_json(tmp_path: Path, cfg: dict, **training) -> dict:
-    (tmp_path / "config.json").write_text(json.dumps(cfg, indent=2))
-    doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "model": {"hf_config": "config.json"},
-           "training": training}
-    path = tmp_path / "train.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)], capture_output=True,
-                          text=True, timeout=120, check=False)
-    assert done.returncode in (0, 1), done.stdout + done.stderr
-    return json.loads(done.stdout)["files"][0]
 
 
 def meta_model(cfg: dict):

@@ -31,6 +31,7 @@ from memfit.placement.sharding import (
     tp_shard_shape,
 )
 
+import korthikanti
 import needs
 
 HERE = Path(__file__).resolve().parents[1] / "support"
@@ -423,15 +424,8 @@ def test_pipeline_stages_and_first_stage_in_flight():
 def test_korthikanti_table_2(s, b, h, a, t):
     kept = korthikanti_layer(s, b, h, a)
     sbh = s * b * h
-    table = {
-        ("none", False): sbh * (10 + Fraction(24, t) + Fraction(5 * a * s, h * t)),
-        ("none", True): sbh * (Fraction(34, t) + Fraction(5 * a * s, h * t)),
-        ("selective", False): sbh * (10 + Fraction(24, t)),
-        ("selective", True): sbh * Fraction(34, t),
-        ("full", False): 2 * sbh,
-    }
-    for (recompute, sp), expected in table.items():
-        if sp and t == 1:
+    for (recompute, sp), expected in korthikanti.table2(s, b, h, a, t).items():
+        if sp and (t == 1 or recompute == "full"):
             continue
         layout = Parallel(tensor=t, sequence_parallel=sp)
         got = activation_bytes_per_rank(kept, layout, checkpointing=recompute, layer_input=2 * sbh)
@@ -522,15 +516,7 @@ def test_korthikanti_table_2_through_the_transformer_model(s, b, h, a, t):
 
     cfg = _gpt_paper_config(h, a, s)
     sbh = s * b * h
-    table = {
-        ("none", False): sbh * (10 + Fraction(24, t) + Fraction(5 * a * s, h * t)),
-        ("none", True): sbh * (Fraction(34, t) + Fraction(5 * a * s, h * t)),
-        ("selective", False): sbh * (10 + Fraction(24, t)),
-        ("selective", True): sbh * Fraction(34, t),
-        ("full", False): 2 * sbh,
-        ("full", True): Fraction(2 * sbh, t),  # Megatron keeps the sequence-parallel input: 2sbh/t
-    }
-    for (recompute, sp), expected in table.items():
+    for (recompute, sp), expected in korthikanti.table2(s, b, h, a, t).items():  # (full, sp: the input's 2sbh/t)
         kept = layer_saved_per_rank(cfg, micro_batch=b, seq_len=s, tensor=t, sequence_parallel=sp, attention="eager",
                                     checkpointing=recompute, dtypes={"activations": "bfloat16"})
         got = nbytes(kept)

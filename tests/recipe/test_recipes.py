@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 
@@ -359,6 +360,36 @@ def test_quantized_storage(llama_dir, method, double_quant, skip):
     assert distinct(everything) == rest + sum(quant.weight_bytes(i, o, method, double_quant=double_quant) for n, i, o, _ in linears if n in layers)
 
 
+ROBERTA = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4, vocab_size=130,
+               max_position_embeddings=66, tie_word_embeddings=False)
+
+
+@pytest.mark.parametrize("family,skip", [("llama", None), ("llama", []), ("llama", ["q_proj"]), ("llama", ["lm_head"]),
+                                         ("roberta", None), ("roberta", []), ("roberta", ["decoder"])])
+def test_head_quantized_is_the_output_layer_bitsandbytes_converts(llama_dir, tmp_path, family, skip):
+    """adapters.head_quantized (what chunked_loss prices a dequantized head by) is whether transformers' loader made the
+    family's output layer a bitsandbytes Linear4bit: llm_int8_skip_modules (memfit's quantization.skip_modules) and its
+    defaults, by the family's own output-layer name (RoBERTa's untied lm_head.decoder: no literal lm_head)."""
+    from memfit.models import hf_config
+    from memfit.models.hf_layers import head
+    from memfit.models.hf_params import linear_modules, parameters
+    from memfit.recipe import adapters
+
+    path = llama_dir
+    if family == "roberta":
+        path = tmp_path / "roberta"
+        transformers.RobertaForMaskedLM(transformers.RobertaConfig(**ROBERTA)).save_pretrained(path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, quantization_config=_bnb_config("nf4", False, skip), device_map="cpu",
+                                                              dtype=torch.bfloat16) if family == "llama" else \
+        transformers.AutoModelForMaskedLM.from_pretrained(path, quantization_config=_bnb_config("nf4", False, skip), device_map="cpu", dtype=torch.bfloat16)
+    cfg = hf_config.normalize(json.loads((path / "config.json").read_text()))
+    layer = adapters.output_layer(cfg, head(cfg))
+    real = isinstance(model.get_submodule(layer), bnb.nn.Linear4bit)
+    data = {"lora": {"r": 8, "target_modules": "all-linear"}, "quantization": {"method": "nf4", **({} if skip is None else {"skip_modules": skip})}}
+    assert adapters.head_quantized(cfg, data, parameters(cfg), linear_modules(cfg), head(cfg)) is real
+    assert real is (skip is not None and layer.rpartition(".")[2] not in skip)  # the cases do reach both answers
+
+
 def test_quantize_4bit_function_matches_odd_sizes():
     for n_out, n_in in [(3, 5), (7, 37), (130, 64)]:  # odd element counts, partial blocks, > 256 blocks
         for dq in (False, True):
@@ -653,6 +684,22 @@ def test_bad_recipe_input_is_positioned(body):
     got = [(d.range.start_line + 1, d.range.start_character + 1, d.code, d.message) for d in result.diagnostics]
     assert [(line, col, code) for line, col, code, _ in got] == [(line, col, code) for line, col, code, _ in BAD[body]]
     assert all(want in message for (*_, message), (*_, want) in zip(got, BAD[body]))
+
+
+def test_a_4bit_method_is_one_decision_whatever_its_spelling(tmp_path):
+    """quantization.method as quant.method() reads it ('NF4' is nf4) makes the base 4-bit everywhere at once: its
+    storage (uint8 weights), the adapters' dtype and the activations a 4-bit base keeps. (Before one decision,
+    'NF4' stored the weights 4-bit but priced a dense base's activations under bf16-mixed: 2.3x the total.)"""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+                                                      "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1000}))
+    body = ("memfit: 1\ndevice: {memory: 80 GiB}\nprecision: bf16-mixed\noptimizer: adamw\n"
+            f"model: {{hf_config: {tmp_path / 'config.json'}}}\n"
+            "training: {micro_batch: 1, seq_len: 128}\nlora: {r: 8, target_modules: [q_proj]}\nquantization: {method: %s}\n")
+    plain, spelled = check(body % "nf4"), check(body % "NF4")
+    assert not plain.diagnostics and not spelled.diagnostics
+    assert spelled.footprint == plain.footprint
+    assert quant.bnb_4bit({"method": "NF4"}) and quant.bnb_4bit({"method": "fp4"})
+    assert not any(quant.bnb_4bit(s) for s in ({"method": "int8"}, {"method": "nf4-torchao"}, {"method": "nf5"}, None))
 
 
 def test_master_weights_noop_keeps_the_footprint_and_counts_no_copy():

@@ -30,6 +30,53 @@ def run_check(tmp_path: Path, cfg: dict, memory: str = "1 TiB", precision: str |
     return result
 
 
+def check_all(tmp_path: Path, cases: dict, device: dict | None = None) -> dict:
+    """name -> (config.json dict, training section[, extra document keys]): one `memfit check --format json` over
+    all their configs (AdamW on `device`, 1 TiB of memfit's default type unless given); name -> its file entry."""
+    paths = []
+    for name, (cfg, training, *extra) in cases.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(cfg, indent=2))
+        doc = {"memfit": 1, "device": device or {"memory": "1 TiB"}, "optimizer": "adamw", **(extra[0] if extra else {}),
+               "model": {"hf_config": f"{name}.json"}, "training": training}
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        paths.append(str(tmp_path / f"{name}.yaml"))
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", *paths], capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert "Traceback" not in done.stderr, done.stderr
+    return {Path(f["path"]).stem: f for f in json.loads(done.stdout)["files"]}
+
+
+def fallback_disagreements(tmp_path: Path, cases: dict, device: dict | None = None) -> dict:
+    """A family's activations against the traced fallback's on the same model (check_all's `cases`, each priced
+    by its family: no diagnostic): name -> (family, fallback) where they differ by more than 5 %."""
+    from memfit.models import traced
+
+    files = check_all(tmp_path, cases, device)
+    wrong = {}
+    for name, (cfg, training, *_) in cases.items():
+        assert files[name]["diagnostics"] == [], name   # a family: no trace
+        family = files[name]["footprint"]["activations"]
+        fallback = traced.measure(cfg, micro_batch=training["micro_batch"], seq_len=training["seq_len"],
+                                  attention=training["attention"], checkpointing=training["checkpointing"]).peak
+        if abs(family - fallback) > 0.05 * fallback:
+            wrong[name] = (family, fallback)
+    return wrong
+
+
+def check_json(tmp_path: Path, cfg: dict, **training) -> dict:
+    """The file entry of `memfit check --format json` on the config.json and an AdamW config of `training` on 1 TiB
+    of memfit's default device type; a check that reports errors (exit 1) is returned too."""
+    (tmp_path / "config.json").write_text(json.dumps(cfg, indent=2))
+    doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "model": {"hf_config": "config.json"},
+           "training": training}
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    return json.loads(done.stdout)["files"][0]
+
+
 def buffer_bytes(model) -> int:
     """The bytes of a model's registered buffers (model.buffers(), each tensor once): memfit counts them under
     `parameters` (models/buffers.py), as they sit on the device beside the weights."""

@@ -196,7 +196,8 @@ def measure_keras(input_shape, layers, batch, optimizer, impl) -> dict:
     return measure(model, (x, y), loss, opt)
 
 
-OPTIMIZERS = {
+# memfit's optimizers as torch.optim builds them (each with the implementation asked for: IMPLS)
+TORCH_OPTIMIZERS = {
     "sgd": lambda ps, **k: torch.optim.SGD(ps, lr=0.1, **k),
     "momentum": lambda ps, **k: torch.optim.SGD(ps, lr=0.1, momentum=0.9, **k),
     "sgd_momentum": lambda ps, **k: torch.optim.SGD(ps, lr=0.1, momentum=0.9, **k),
@@ -223,9 +224,9 @@ def _bnb(cls_name: str):
     return make
 
 
-OPTIMIZERS.update({name: _bnb(cls) for name, cls in (("adam8bit", "Adam8bit"), ("adamw8bit", "AdamW8bit"), ("paged_adam8bit", "PagedAdam8bit"),
+OPTIMIZERS = {**TORCH_OPTIMIZERS, **{name: _bnb(cls) for name, cls in (("adam8bit", "Adam8bit"), ("adamw8bit", "AdamW8bit"), ("paged_adam8bit", "PagedAdam8bit"),
                                                      ("paged_adamw8bit", "PagedAdamW8bit"), ("lion8bit", "Lion8bit"),
-                                                     ("paged_lion8bit", "PagedLion8bit"))})
+                                                     ("paged_lion8bit", "PagedLion8bit"))}}
 
 
 def optimizer_step_temporaries(optimizer, impl, sizes, warmup: int = 8) -> int:

@@ -361,12 +361,12 @@ def _zero_gradients(p, rank) -> dict | None:
     # the rank's 16-bit partition of them (ZeRO-1: its share of the whole gradients, flattened in the step)
     flat = -(-sixteen // sharding.shard_group(p)) if replicated else sixteen
     accum = rank.device.get("grad_accum", 0)
-    if replicated and p.bf16_optimizer and accum:
-        # BF16_Optimizer's fp32 buffer is whole on every rank (placement counts it so: sharding.rank_bytes; were it
-        # placed as a partition, the partition times the group); no flattened copy. Without a buffer on the device
-        # (no training.grad_accum_dtype, or the optimizer offloaded, which DeepSpeed runs as stage_1_and_2.py): ZeRO-1's
-        whole = accum if rank.sharded.get("grad_accum") != "sharded" else accum * sharding.shard_group(p)
-        return {"growing": sixteen, "partition": 0, "step_only": accum, "flat": 0, "buffer": whole}
+    if p.whole_grad_buffer and accum:
+        # BF16_Optimizer's fp32 buffer is whole on every rank: placement keeps it so by the same decision
+        # (Parallel.whole_grad_buffer; sharding._adds), so the device's grad_accum is the whole buffer; no flattened
+        # copy. Without a buffer on the device (no training.grad_accum_dtype, or the optimizer offloaded, which
+        # DeepSpeed runs as stage_1_and_2.py): ZeRO-1's gradients below
+        return {"growing": sixteen, "partition": 0, "step_only": accum, "flat": 0, "buffer": accum}
     return {"growing": sixteen if replicated else 0, "partition": 0 if replicated else sixteen, "step_only": accum, "flat": flat, "buffer": 0}
 
 

@@ -106,6 +106,13 @@ class Row:
     after_flight: tuple | None = None
     early_flight: int | None = None  # a second worst backward moment, before its parameters' gradients are made
     # (torch's math kernel's softmax backward, ahead of query_key_value's weight gradient)
+    # a weight two rows use (a head tied to the input embedding): autograd sums its gradient's parts in the engine's
+    # input buffer and hands the sum to AccumulateGrad only after the earlier row's backward (torch/csrc/autograd/
+    # input_buffer.cpp). `grad_started`: the bytes of the part this row's backward makes (the head's); `grad_completed`
+    # on the row whose backward adds the last part (the embeddings'). Where a .grad exists already
+    # (Step.grad_buffered) the buffer is a tensor of its own between the two
+    grad_started: int = 0
+    grad_completed: int = 0
 
 
 @dataclass(slots=True)
@@ -159,6 +166,10 @@ class Step:
     # for backward says here by how much, where it rewrites the program (ledger/techniques/chunked_loss.py), and
     # check adds it to each device's `activations` (placement.Placement.with_saved)
     saved_rewritten: int = 0
+    # a shared weight's gradient parts are summed in a buffer apart from its .grad, which exists already (the
+    # gradients kept between steps: ledger/techniques/keep_gradients.py): the buffer is live from the row that
+    # starts it (Row.grad_started) through the row that completes it
+    grad_buffered: bool = False
 
 
 def _up(n: int, granule: int) -> int:
@@ -173,7 +184,8 @@ def rounded(step: Step, granule: int) -> Step:
     rows = [
         replace(r, grads=each(r.grads), params=each(r.params), frozen=each(r.frozen), inner=_up(r.inner, granule),
                 backward_extra=_up(r.backward_extra, granule), recompute=_up(r.recompute, granule),
-                flight_freed=_up(r.flight_freed, granule),
+                flight_freed=_up(r.flight_freed, granule), grad_started=_up(r.grad_started, granule),
+                grad_completed=_up(r.grad_completed, granule),
                 recompute_moment=None if r.recompute_moment is None else tuple(_up(x, granule) for x in r.recompute_moment),
                 after_flight=None if r.after_flight is None else (_up(r.after_flight[0], granule), *r.after_flight[1:]))
         for r in step.rows
@@ -183,7 +195,7 @@ def rounded(step: Step, granule: int) -> Step:
                 each(step.optimizer_state), step.optimizer, step.impl, step.overhead, None if step.stepped is None else each(step.stepped), step.accumulating,
                 list(step.loss_kept), step.step_in_backward, set(step.offloaded), step.kept_gradients,
                 _up(step.forward_held, granule) if step.forward_held else 0,
-                _up(step.outputs_held, granule) if step.outputs_held else 0, step.saved_rewritten)
+                _up(step.outputs_held, granule) if step.outputs_held else 0, step.saved_rewritten, step.grad_buffered)
 
 
 def _adjacent_ops(row: Row, off: set, size: dict) -> int:
@@ -279,8 +291,7 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
     them, each row's boundaries as the walk passes them, with the walk's own live bytes there: its pre-forward (the
     tensors kept so far, its input), in backward its pre-backward (the gradients made so far, what is still kept,
     its output's gradient) and post-backward (its own gradients too, what it was the last to need freed, the
-    gradient it made for its input), when `edges` (the timeline's). A boundary is an instant between two moments,
-    never above the larger."""
+    gradient it made for its input), when `edges` (the timeline's): an instant between two moments, never above."""
     rows, size, overhead = step.rows, step.tensors, step.overhead
     edges = edges and trace is not None
     params = sum(sum(r.params) + sum(r.frozen) for r in rows)
@@ -294,15 +305,15 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
     keepers = _keepers(rows)
     batch = set(step.batch)
     out: dict[str, dict] = {}
-    # a batch tensor no row keeps (the labels of a Keras-form stack) is held by the training loop
-    # for the whole step but saved by nobody: it is counted with the step's transients, so the
-    # saved activations stay those the footprint counts
+    # a batch tensor no row keeps (the labels of a Keras-form stack) is held by the training loop for the whole step
+    # but saved by nobody: counted with the step's transients, so the saved activations stay the footprint's
     loose = sum(size[t] for t in batch if t not in keepers)
     batch = {t for t in batch if t in keepers}
+    buffered = 0  # in backward, a shared weight's gradient parts summed apart from its kept .grad (Step.grad_buffered)
 
     def consider(phase, at, gradients, activations, transient, where=None):
         # (the live bytes by category, as numbers: a 70B's step has a thousand moments and one worst per phase)
-        transient += loose + (step.outputs_held if phase != "forward" else 0)
+        transient += loose + buffered + (step.outputs_held if phase != "forward" else 0)
         if where is not None:  # a row's boundary, for the trace only (the timeline's)
             trace.append((phase, at, _live(params, gradients, activations, state, transient, overhead), where))
             return
@@ -385,6 +396,7 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
             consider("backward", row.name, max(held, done + sum(row.grads)), alive, flowing + row.backward_extra)
         done += sum(row.grads)
         left -= sum(size[t] for t in released.get(i, ()) if t in saved_all)
+        buffered += row.grad_started - row.grad_completed if step.grad_buffered else 0  # (Step.grad_buffered)
         if edges:
             consider("backward", row.name, max(held, done), left, g_in, "post-backward")
 

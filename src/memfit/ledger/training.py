@@ -415,6 +415,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
     # a weight tied to the head: the embedding's backward makes its own part of the gradient, summed into the one the
     # head's backward started
     row.backward_extra += tied_grad
+    row.grad_completed = tied_grad
     rows.append(row)
     every, bound = _every_layer(cfg, common, checkpointing, stacked, per_layer, encoder_layers, enc_hidden, hidden)
     k = hf_act_flights.layer_kernels(cfg, run, recipe_args, sizes, enc_sizes, roles, checkpointing, stacked, model.dtypes)
@@ -430,6 +431,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
     logits = fresh(dtype_bytes(T * sizes["V"], roles["lin"]))
     row = weights(Row("head", input=x, output=logits), "head")
     row.kept = kept_ids([k for k in head.kept if k not in norm_kept], x, hidden)
+    row.grad_started = tied_grad  # the tied weight's part its backward makes, summed with the embedding's later
     by_loss = [fresh(kept_bytes(k)) for k in loss.kept]
     rows.append(row)
     # what the causal LM's forward holds unsaved through the loss: the cache's copies of k and v, the head's input

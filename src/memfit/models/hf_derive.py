@@ -15,6 +15,7 @@ from memfit.models.llava import llava_vision_sizes, reaches_no_loss
 from memfit.models.hf_layers import architecture, block_layers, family, head, num_layers
 from memfit.models.hf_params import blocks, layer_prefix, linear_modules, parameters, summary
 from memfit.models.hf_explain import attention_lines, routing_lines
+from memfit.recipe import quant
 from memfit.recipe.dtypes import canonical
 
 
@@ -311,7 +312,7 @@ def _recipe_arguments(data: dict, base: str = "float32") -> dict:
         # a mixture of experts' routed rows per rank: the routing assumption, a capacity factor, the expert group
         out["moe"] = {**(moe if isinstance(moe, dict) else {}), **({"expert": expert} if isinstance(expert, int) else {})}
     quantization = data.get("quantization")
-    if isinstance(quantization, dict) and quantization.get("method") in ("nf4", "fp4") and "precision" not in out:
+    if quant.bnb_4bit(quantization) and "precision" not in out:
         from memfit.models.hf_activations import qlora_precision
 
         # A 4-bit base linear keeps nothing for backward, and bitsandbytes casts its output back
@@ -380,14 +381,15 @@ def _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointi
             return []  # reported by check already; no footprint is shown
         base = out.widths["parameters"].name
         base = base if base in DTYPES else "float32"
-        param_rows, problems = adapters.transformer_rows(cfg, data, base, parameters(cfg), linear_modules(cfg), head(cfg))
+        model_params, model_linears = parameters(cfg), linear_modules(cfg)
+        param_rows, problems = adapters.transformer_rows(cfg, data, base, model_params, model_linears, head(cfg))
         if problems:
             return problems
         if isinstance(data.get("lora"), dict):  # the adapters' dtype (recipe.lora.adapter_dtype) for what autograd keeps
             from memfit.recipe.lora import adapter_dtype
 
             dtypes = {**(dtypes or {}), "adapter": adapter_dtype(data["lora"], base, data.get("quantization"))}
-            if isinstance(data.get("quantization"), dict) and data["quantization"].get("method") in ("nf4", "fp4"):
+            if quant.bnb_4bit(data.get("quantization")):
                 # bitsandbytes' 4-bit linears are not autocast ops: what they keep and the dtype of their outputs
                 # differ from a dense base's under *-mixed (hf_activations._quantized_base)
                 dtypes["quantized"] = "4bit"
@@ -395,8 +397,7 @@ def _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointi
                 dtypes["quantized_from"] = canonical(data["quantization"].get("quantized_from") or base)
                 # a 4-bit output head (skip_modules without it): dequantized in every forward and backward of it
                 # (ledger/techniques/chunked_loss.py)
-                dtypes["head_quantized"] = any(r.dtype == "uint8" and r.name.endswith(("lm_head.weight", "lm_head.base_layer.weight"))
-                                               for r in param_rows)
+                dtypes["head_quantized"] = adapters.head_quantized(cfg, data, model_params, model_linears, head(cfg))
             if data["lora"].get("use_dora") is True and isinstance(data.get("quantization"), dict):
                 # DoRA dequantizes a quantized base weight in every forward (peft dequantize_module_weight): the
                 # dtype it comes out in is the 4-bit layer's (the adapters' dtype on the base layer, without autocast)

@@ -138,6 +138,13 @@ class Parallel:
             return "fsdp"
         return "zero" if self.zero else "ddp"
 
+    @property
+    def whole_grad_buffer(self) -> bool:
+        """DeepSpeed runs its BF16_Optimizer (runtime/bf16_optimizer.py; `parallel.bf16_optimizer` under ZeRO stage 1):
+        its fp32 gradient buffer (training.grad_accum_dtype) is of the whole model on every rank, not a partition.
+        The one decision placement (_adds) and the ledger (ranks._zero_gradients) both read."""
+        return self.bf16_optimizer and self.zero == 1
+
     def rank(self, stage: int = 0, data_rank: int = 0, tensor_rank: int = 0) -> int:
         """Megatron's rank order: tensor fastest, then data, then pipeline."""
         return (stage * self.data + data_rank) * self.tensor + tensor_rank
@@ -531,7 +538,7 @@ def _adds(t: Tensor, shape: tuple, p: Parallel, n: int, engine: str, sharded: se
         cls = SHARD_CLASS.get(category)
         on_host = cls in offloaded
         # DeepSpeed's BF16_Optimizer (ZeRO-1) keeps its fp32 gradient buffer whole on every rank (ledger/ranks.py)
-        if cls not in sharded or (category == "grad_accum" and p.bf16_optimizer and p.zero == 1):
+        if cls not in sharded or (category == "grad_accum" and p.whole_grad_buffer):
             puts.append((on_host, category, k * _bytes(numel, width)))
             statuses.append((category, "offloaded" if on_host else "replicated"))
             continue

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from memfit.diagnostics import codes
 from memfit.diagnostics.diagnostic import Problem
+from memfit.models import adapter_tables
+from memfit.recipe import lora as lora_rules
+from memfit.recipe import quant
 
 TRANSFORMER_KEYS = ("hf_config", "transformer")
 
@@ -15,8 +18,6 @@ def has_transformer(data: dict) -> bool:
 
 
 def problems(data: dict) -> list[Problem]:
-    from memfit.recipe import quant
-
     out = []
     for key in ("lora", "quantization"):
         if key in data and not has_transformer(data):
@@ -48,14 +49,7 @@ def transformer_rows(cfg: dict, data: dict, base_dtype: str, params, linears, he
     names, adapters in their own dtype, bitsandbytes' storage as frozen rows), and the
     problems. `cfg` is the normalized transformer config; `params`, `linears` and `head` (the
     head kind) are models.hf's for it, which turns the rows into config tensors."""
-    from memfit.models import adapter_tables
-    from memfit.recipe import lora as lora_rules
-
-    from memfit.recipe import quant
-
-    head = lora_rules.OUTPUT_HEADS.get(head)
-    if head == "cls.predictions.decoder":   # a masked LM's output layer by its family's own name
-        head = adapter_tables.MLM_OUTPUT_LAYER.get(cfg.get("model_type"), head)
+    head = output_layer(cfg, head)
     section = data.get("lora") or {}
     refused = quant.REFUSED_MODELS.get(cfg.get("model_type"))
     if data.get("quantization") and refused:
@@ -78,3 +72,32 @@ def transformer_rows(cfg: dict, data: dict, base_dtype: str, params, linears, he
         path = ("lora", key) if key in section else ("lora",)
         return [], [Problem(path, code, f"{error}{hint}", on_key=path == ("lora",))]
     return rows, []
+
+
+def output_layer(cfg: dict, head: str) -> str | None:
+    """The module the family's output layer is, by peft's and bitsandbytes' name: recipe.lora.OUTPUT_HEADS by the
+    head kind (models.hf_layers.head), a masked LM's by its family's own name (adapter_tables.MLM_OUTPUT_LAYER);
+    None for a head with no output layer of the vocabulary."""
+    name = lora_rules.OUTPUT_HEADS.get(head)
+    if name == "cls.predictions.decoder":
+        name = adapter_tables.MLM_OUTPUT_LAYER.get(cfg.get("model_type"), name)
+    return name
+
+
+def head_quantized(cfg: dict, data: dict, params, linears, head: str) -> bool:
+    """Whether the output layer the forward runs is a bitsandbytes 4-bit linear (ledger/techniques/chunked_loss.py
+    prices its dequantized weight): the family's output layer (output_layer) among the linears the quantization
+    converts (quant.quantized_modules on its skip list, else transformers' defaults, as transformer_rows stores them),
+    with a weight of its own (a tied head's is the input embedding's) and not stood in for by a
+    lora.modules_to_save copy (peft's ModulesToSaveWrapper runs the copy, kept in the base's dtype)."""
+    section = data.get("quantization")
+    layer = output_layer(cfg, head)
+    if not layer or not quant.bnb_4bit(section) or f"{layer}.weight" not in {row[0] for row in params}:
+        return False
+    lora = data.get("lora")
+    saved = (lora.get("modules_to_save") or ()) if isinstance(lora, dict) else ()
+    parts = layer.split(".")
+    if any(".".join(parts[:i]).endswith(entry) for i in range(1, len(parts) + 1) for entry in saved):
+        return False
+    return layer in quant.quantized_modules(linears, skip_modules=section.get("skip_modules"), output_head=layer, params=params,
+                                            keep_in_fp32=adapter_tables.KEEP_IN_FP32.get(cfg.get("model_type"), ()))

@@ -92,14 +92,13 @@ def adapter_dtype(section: dict | None, base_dtype: str, quantization: dict | No
     if quantization:
         from memfit.recipe import quant
 
-        method = quant.method(quantization.get("method", "nf4")).name
-        if method in ("nf4", "fp4"):  # BitsAndBytesConfig's bnb_4bit_compute_dtype defaults to fp32
+        if quant.bnb_4bit(quantization):  # BitsAndBytesConfig's bnb_4bit_compute_dtype defaults to fp32
             from memfit.recipe.dtypes import DTYPES
 
             layer = quantization.get("compute_dtype") or "float32"
             meaning = DTYPES.get(layer, (0, ""))[1]
             layer = meaning[len("alias of "):] if meaning.startswith("alias of ") else layer
-        elif method == "int8":
+        elif quant.method(quantization.get("method", "nf4")).name == "int8":
             layer = "float32"
     if choice == "model":
         return layer

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from memfit.recipe import optim
+from memfit.recipe import optim, quant
 from memfit.recipe.costs import tensor_bytes
 from memfit.recipe.dtypes import DTYPES, RECIPES  # the precisions' table, in the bottom module the native readers read too
 
@@ -559,8 +559,8 @@ def _kind(name: str, dtype: str, trainable: bool):
         return f"quant_state.{name.split('.quant_state.', 1)[1]}", "bitsandbytes"
     if name.endswith(".weight.SCB"):
         return "int8 row scales (SCB)", "bitsandbytes"
-    if not trainable and dtype in ("uint8", "int8") and name.endswith(".weight"):
-        return ("4-bit weight, packed" if dtype == "uint8" else "int8 weight"), "quantization"
+    if not trainable and dtype in (quant.PACKED_4BIT, "int8") and name.endswith(".weight"):
+        return ("4-bit weight, packed" if dtype == quant.PACKED_4BIT else "int8 weight"), "quantization"
     if ".lora_A." in name or ".lora_B." in name:
         return "LoRA adapter", "peft"
     if ".modules_to_save." in name:

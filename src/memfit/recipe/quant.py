@@ -39,6 +39,11 @@ class Method:
     summary: str
 
 
+# bitsandbytes' 4-bit methods (Linear4bit; BitsAndBytesConfig's bnb_4bit_quant_type)
+BNB_4BIT = ("nf4", "fp4")
+# the dtype a 4-bit weight is packed in, two codes per byte (bitsandbytes' Params4bit, torchao's quantized_data)
+PACKED_4BIT = "uint8"
+
 # what a weight may be quantized from (bitsandbytes' QuantState.dtype: the floating dtype it had)
 QUANTIZED_FROM = ("float32", "float16", "bfloat16")
 
@@ -72,6 +77,18 @@ def method(name) -> Method:
     return METHODS[key]
 
 
+def bnb_4bit(section) -> bool:
+    """Whether a `quantization` section makes the base's linears bitsandbytes' 4-bit ones (Linear4bit, Params4bit:
+    nf4 and fp4, by `method`'s spelling as method() reads it; not torchao's NF4Tensor, not LLM.int8()). The one
+    decision of it: recipe.lora's adapter dtype, models.hf_derive's QLoRA precision and dtypes read it."""
+    if not isinstance(section, dict):
+        return False
+    try:
+        return method(section.get("method", "nf4")).name in BNB_4BIT
+    except (QuantError, TypeError):
+        return False
+
+
 def weight_tensors(in_features: int, out_features: int, method_name: str, *, double_quant: bool = False, blocksize: int = BLOCKSIZE_4BIT, base_dtype: str = "bfloat16") -> list[tuple[str, tuple, str]]:
     """(bitsandbytes' name, shape, dtype) of everything a quantized weight keeps."""
     m = method(method_name)
@@ -79,7 +96,7 @@ def weight_tensors(in_features: int, out_features: int, method_name: str, *, dou
     if m.name == "nf4-torchao":
         blocks = n // blocksize
         return [
-            ("weight", (n // 2,), "uint8"),
+            ("weight", (n // 2,), PACKED_4BIT),
             ("quantized_scalers", (blocks,), "int8"),
             ("quantization_factor", (blocks // TORCHAO_SCALER_BLOCKSIZE,), base_dtype),
             ("scaler_mean", (), base_dtype),
@@ -88,7 +105,7 @@ def weight_tensors(in_features: int, out_features: int, method_name: str, *, dou
     if m.bits == 8:
         return [("weight", (out_features, in_features), "int8"), ("weight.SCB", (out_features,), "float32")]
     blocks = -(-n // blocksize)
-    out = [("weight", ((n + 1) // 2, 1), "uint8")]
+    out = [("weight", ((n + 1) // 2, 1), PACKED_4BIT)]
     if not double_quant:
         out.append(("quant_state.absmax", (blocks,), "float32"))
         out.append(("quant_state.code", (CODE_4BIT,), "float32"))

@@ -49,7 +49,10 @@ def rewrite(step, config, training: dict):
         # FSDP reduces each new gradient into the rank's own shard (placement holds the shards), the parameters'
         # .grad, which zero_grad(set_to_none=False) keeps; no unsharded .grad is kept for the new one to be added into
         return replace(step, accumulating=True, kept_gradients=True)
-    return replace(step, rows=[fresh_gradient(row) for row in step.rows], accumulating=True, kept_gradients=True)
+    # a weight two rows use (a head tied to the input embedding): the head's part of its gradient waits in autograd's
+    # input buffer for the embedding's, apart from the kept .grad it is then added into (Step.grad_buffered)
+    return replace(step, rows=[fresh_gradient(row) for row in step.rows], accumulating=True, kept_gradients=True,
+                   grad_buffered=True)
 
 
 def fresh_gradient(row):
