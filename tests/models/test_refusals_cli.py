@@ -65,3 +65,31 @@ def test_each_refusal_says_why_and_what_to_do_at_its_key(tmp_path):
         if at is None or line_text not in at or remedy not in d["message"]:
             wrong[name] = (d.get("file"), at, d["message"][:400])
     assert wrong == {}
+
+
+def test_a_precision_the_activation_rules_do_not_cover_is_an_error_at_its_key(tmp_path):
+    """`precision: 64-true` on a transformer model (in a memfit config and in a LitGPT yaml): the per-tensor rules
+    cover 32- and 16-bit models only (a tiny Llama in float64, 4 x 128 tokens, peaks at 14,313,692 B under
+    MemTracker where the rules with float64 for their 32-bit dtype said 8,988,228), so the check fails at `precision` with no figure,
+    and neither `check` nor `convert` shows a traceback (it was an internal error)."""
+    (tmp_path / "llama.json").write_text(json.dumps(LLAMA, indent=2))
+    doc = {"memfit": 1, "device": {"memory": "80 GB"}, "optimizer": "adamw", "precision": "64-true",
+           "model": {"hf_config": "llama.json"}, "training": {"micro_batch": 2, "seq_len": 16}}
+    text = yaml.safe_dump(doc, sort_keys=False)
+    (tmp_path / "run.yaml").write_text(text)
+    litgpt = Path(__file__).resolve().parents[1] / "support" / "litgpt-hub" / "tiny-llama-lora.yaml"
+    native = "\n".join("precision: 64-true" if line.startswith("precision:") else line
+                       for line in litgpt.read_text(encoding="utf-8").splitlines()) + "\n"
+    (tmp_path / "lora.yaml").write_text(native)
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(tmp_path / "run.yaml"),
+                           str(tmp_path / "lora.yaml")], capture_output=True, text=True, timeout=300, check=False)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 1, done.stdout[-2000:]
+    for entry, source in zip(json.loads(done.stdout)["files"], (text, native)):
+        errors = [d for d in entry["diagnostics"] if d["severity"] == "error"]
+        assert [d["code"] for d in errors] == ["not-modelled"], errors
+        line = source.splitlines()[errors[0]["range"]["start"]["line"]]
+        assert line.startswith("precision:") and "64-true" in errors[0]["message"], (line, errors[0]["message"])
+    converted = subprocess.run([sys.executable, "-m", "memfit", "convert", str(tmp_path / "lora.yaml")],
+                               capture_output=True, text=True, timeout=300, check=False)
+    assert "Traceback" not in converted.stderr and converted.returncode in (0, 1), converted.stderr

@@ -359,6 +359,22 @@ def forced_activations(declared) -> tuple:
     return None, Problem(("dtypes", "activations"), codes.UNKNOWN_DTYPE, message)
 
 
+def unmodelled_precision(recipe: dict):
+    """A Problem at `precision` where the recipe is one the per-tensor activation rules do not cover (64-true: the
+    rules give each op's kept dtype for 32-bit and 16-bit models; a float64 model's ops, its norms' fp32 casts and its
+    loss's upcast were not measured), else None."""
+    from memfit.diagnostics import codes
+    from memfit.diagnostics.diagnostic import Problem
+    from memfit.models.hf_act_ops import PRECISIONS
+
+    precision = recipe.get("precision")
+    if precision is None or precision in PRECISIONS:
+        return None
+    message = (f"precision {precision}: a transformer model's activations are modeled per tensor under "
+               f"{', '.join(PRECISIONS)}; this precision's are not, so no figure is given for this model")
+    return Problem(("precision",), codes.NOT_MODELLED, message, severity=codes.ERROR)
+
+
 def _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointing, data) -> list:
     from memfit.config.build import make_tensor
     from memfit.recipe.costs import width
@@ -371,6 +387,9 @@ def _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointi
         return [problem]
     base_name = out.widths["parameters"].name
     recipe = _recipe_arguments(data, base_name if isinstance(base_name, str) else "float32")
+    problem = unmodelled_precision(recipe)
+    if problem is not None:
+        return [problem]
     adapted = "lora" in data or "quantization" in data
     if adapted:
         # peft's LoRA and bitsandbytes' storage: every parameter by its peft name (recipes, issue 12)
