@@ -59,6 +59,17 @@ def saved_peak(model, micro_batch: int, seq_len: int, vocab: int = VOCAB, loss_f
     return peak[0]
 
 
+def checked_live_activations(path, doc: dict) -> int:
+    """`memfit check --format json` on the config written to `path`: the activations live at its peak."""
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    entry = json.loads(done.stdout)["files"][0]
+    assert not [d for d in entry["diagnostics"] if d["severity"] == "error"], entry["diagnostics"]
+    return entry["peak"]["live"]["activations"]
+
+
 def memfit_live_activations(tmp_path, kv_heads: int, parts: str, micro_batch: int, seq_len: int, litgpt: bool,
                             dropout: float = 0.0, upcast: bool = True, vocab: int = VOCAB) -> int:
     cfg = {"model_type": "llama", "hidden_size": WIDTH, "num_attention_heads": HEADS, "num_key_value_heads": kv_heads,
@@ -75,14 +86,7 @@ def memfit_live_activations(tmp_path, kv_heads: int, parts: str, micro_batch: in
            "model": {"hf_config": "config.json"}, "training": training,
            "lora": {"r": 8, "alpha": 16, "dropout": dropout, "dtype": "model",
                     "target_modules": [f"{p}_proj" for p in parts]}}
-    path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)],
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode in (0, 1), done.stdout + done.stderr
-    entry = json.loads(done.stdout)["files"][0]
-    assert not [d for d in entry["diagnostics"] if d["severity"] == "error"], entry["diagnostics"]
-    return entry["peak"]["live"]["activations"]
+    return checked_live_activations(tmp_path / "run.yaml", doc)
 
 
 @pytest.mark.parametrize("micro_batch, seq_len", [(1, 64), (2, 32)])
@@ -148,14 +152,7 @@ def neox_live_activations(tmp_path, parts: str, micro_batch: int, seq_len: int, 
     doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "precision": "bf16-true",
            "model": {"hf_config": "config.json"}, "training": training,
            "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "dtype": "model", "target_modules": ["query_key_value"]}}
-    path = tmp_path / "neox.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)],
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode in (0, 1), done.stdout + done.stderr
-    entry = json.loads(done.stdout)["files"][0]
-    assert not [d for d in entry["diagnostics"] if d["severity"] == "error"], entry["diagnostics"]
-    return entry["peak"]["live"]["activations"]
+    return checked_live_activations(tmp_path / "neox.yaml", doc)
 
 
 @pytest.mark.parametrize("micro_batch, seq_len", [(1, 64), (2, 32)])
