@@ -648,6 +648,9 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
                 row.kept = [x, *later_kept.get(i, ())] if n == 0 else []
                 row.recompute = min(sum(part_bytes[: n + 1]) - layer_hidden, bound[i])
                 layer_redone = enc_redone if encoder else redone
+                if k.moe_tail and any(routers) and not encoder:
+                    # a Llama 4 MoE layer: its recomputation's end (models/hf_act_flights._llama4_recompute_tail)
+                    layer_redone = {p: max(f, k.moe_tail.get(p, 0)) for p, f in layer_redone.items()}
                 if part in layer_redone:
                     # a LoRA linear's flight comes once its own tensors are kept, before what reads its output
                     row.recompute_moment = (min(sum(part_bytes[:n]) + adapted_bytes[n] - layer_hidden, bound[i]), layer_redone[part])

@@ -63,12 +63,13 @@ def layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_size
         kernel["o_proj"] = t5_cross_math_moments(cfg, sizes, roles, run["attention"], checkpointing, precision,
                                                  recipe_args.get("lora"), quantized)
     arrived = _arrived(cfg, sizes, roles)
+    moe_tail = _llama4_recompute_tail(cfg, sizes, roles) if checkpointing == "full" else {}
     # (T5's softmax backward, where its attention materializes the scores: p @ v's backward has freed what only it kept)
     freed = ("p @ v:",) if stacked and self_math else ()
     return SimpleNamespace(fam=fam, flights=flights, enc_flights=enc_flights, dense_flights=dense_flights, early=early, a2a=a2a,
                            freed=freed, first_decoder=first_decoder, decoder_flight=decoder_flight, redone=redone,
                            enc_redone=enc_redone, kernel=kernel, arrived=arrived, dora=dora, dequantized=dequantized,
-                           dense_dequantized=dense_dequantized, after=after, enc_after=enc_after,
+                           dense_dequantized=dense_dequantized, after=after, enc_after=enc_after, moe_tail=moe_tail,
                            lora_forward=held.forward_flights(_recompute_flights(cfg, sizes, recipe_args.get("lora"), roles, quantized, mixed),
                                                              arrived, bool(recipe_args.get("lora"))))
 
@@ -161,6 +162,32 @@ def _recompute_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict, q
             worst = max(worst, held.lora_linear_flight(elements, roles, quantized, mixed))
         out[part] = arrived + worst
     return out
+
+
+def _llama4_recompute_tail(cfg: dict, sizes: dict, roles: dict) -> dict:
+    """{part: bytes}: what a Llama 4 MoE layer holds beyond its kept tensors at the end of its recomputation (full
+    checkpointing), beside its output's gradient (transformers 5.24.0, modeling_llama4.py). Its backward meets the
+    routed output's sum first: Llama4TextMoe.forward (:166-174) adds `routed_out.reshape(E, -1, h).sum(dim=0)` into
+    the shared expert's output, so sum's backward expands the gradient and the experts' `next_states.view(-1, h)`
+    (:83) materializes it, (S, h), before any saved tensor is unpacked. Then the layer is recomputed, and torch's
+    non-reentrant checkpoint stops at the last saved tensor (shared_expert.down_proj's input), the forward's locals
+    that no op saves still alive: the decoder layer's attention_states (:420-439); the router's logits (Llama4Router
+    .forward, :147-152, returned to the MoE) and, below fp32, its scores cast back to their dtype (in fp32 the kept
+    sigmoid itself); the experts' output routed_out (S, h); and in a 16-bit model the layer's input (checkpoint's) and
+    the residual after the attention, which each norm's fp32 upcast does not share (in fp32 each norm keeps its input
+    itself: counted). Measured: MemTracker with a dispatch-mode trace at its peak, Llama 4 bf16-true and 32-true, full
+    checkpointing: the peak is at act_fn(gate) * up of layer 1's shared expert, recomputed
+    (tests/models/test_families_llama4.py)."""
+    if cfg["model_type"] != "llama4_text":
+        return {}
+    T, S, h, E = sizes["T"], sizes["S"], sizes["h"], sizes["E"]
+    act, lin = roles["act"], roles["lin"]
+    locals_ = (dtype_bytes(T * h, lin)                                       # attention_states
+               + dtype_bytes(T * E, lin) + (dtype_bytes(T * E, lin) if _below_fp32(T * E, lin) else 0)
+               + dtype_bytes(S * h, lin))                                   # routed_out
+    # the layer's input and the residual after the attention: in fp32 each norm keeps its input itself (counted)
+    upcast = 2 * dtype_bytes(T * h, act) if _below_fp32(T * h, act) else 0
+    return {"down_proj": dtype_bytes(S * h, lin) + locals_ + upcast}
 
 
 def _adapted_linears(cfg: dict, lora: dict | None) -> dict | None:
