@@ -478,6 +478,8 @@ def _held_through_forward(rows: list, every: list, x: int, hidden: int, roles: d
         for row in rows:
             if row.name.startswith("layer ") and row.forward_flight is not None:
                 row.forward_flight += sum(cache[: int(row.name.split()[1]) + 1])
+            if row.name.startswith("layer ") and row.forward_early is not None:
+                row.forward_early += sum(cache[: int(row.name.split()[1]) + 1])
     if stacked:
         return sum(cache)   # (T5's loss already holds its decoder output: transformer_step)
     head = rows[-1]
@@ -676,7 +678,7 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
             row.forward_flight = layer_hidden + routed  # its output while it is written; its inner tensors are kept
             if part == "down_proj" and grouped and k.unsort and not encoder:
                 # grouped experts: their unsort, before the layer's output exists (hf_act_flights._unsort_forward)
-                row.forward_flight = max(row.forward_flight, k.unsort)
+                row.forward_early = k.unsort
             unmade = unmade_bytes[n]
             if k.lora_forward.get(part) and not encoder:   # a LoRA linear's output, adapter output and sum (models/held.py)
                 row.forward_flight = max(row.forward_flight, k.lora_forward[part] - unmade)
