@@ -335,14 +335,12 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
     for i, row in enumerate(rows):
         if edges:
             consider("forward", row.name, held, saved_bytes, prior + (size[row.input] if row.input is not None and row.input not in saved_all else 0), "pre-forward")
-        if row.forward_early is not None:   # before its output exists (its kept tensors made by then)
-            for t in row.kept:
-                create(t)
+        for t in row.kept:
+            create(t)
+        if row.forward_early is not None:   # before its output exists, its kept tensors made (a MoE's unsort)
             consider("forward", row.name, held, saved_bytes, prior + row.forward_early)
         if row.output is not None and not row.view:
             create(row.output)
-        for t in row.kept:
-            create(t)
         moving = {t for t in (row.input, row.output) if t is not None and t not in saved_all}
         inner = 0 if row.inner_kept else row.inner
         transient = sum(size[t] for t in moving) + inner if row.forward_flight is None else row.forward_flight
@@ -395,10 +393,8 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
         if edges:
             consider("backward", row.name, max(held, done), left, g_in, "post-backward")
 
-    batch_bytes = sum(size[t] for t in batch)
-    if in_backward:  # every parameter was stepped in backward: no gradient left, no step to run
-        all_grads, temporaries = 0, 0
-    consider("optimizer_step", "step", all_grads, batch_bytes, temporaries)
+    # (under step_in_backward every parameter was stepped in backward: no gradient left, no step to run)
+    consider("optimizer_step", "step", 0 if in_backward else all_grads, sum(size[t] for t in batch), 0 if in_backward else temporaries)
     return {p: out[p] for p in PHASES}
 
 
