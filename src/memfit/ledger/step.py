@@ -88,6 +88,9 @@ class Row:
     backward_extra: int = 0  # bytes of further gradient buffers alive during its backward (e.g. a padded input's)
     recompute: int = 0  # bytes a checkpointed row recomputes at the start of its backward (alive until it is done)
     forward_flight: int | None = None  # the row's own worst transient in forward, when known better than input/output/inner
+    # a forward moment before its output exists, its kept tensors made (a mixture of experts' unsort): the bytes in
+    # flight beyond them
+    forward_early: int | None = None
     backward_flight: int | None = None  # the gradients in flight at its worst backward moment, when known better
     flight_freed: int = 0  # bytes of its kept (or recomputed) tensors already freed by that moment (T5's p @ v inputs
     # at its softmax's backward)
@@ -343,10 +346,12 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
     for i, row in enumerate(rows):
         if edges:
             consider("forward", row.name, held, saved_bytes, prior + (size[row.input] if row.input is not None and row.input not in saved_all else 0), "pre-forward")
-        if row.output is not None and not row.view:
-            create(row.output)
         for t in row.kept:
             create(t)
+        if row.forward_early is not None:   # before its output exists, its kept tensors made (a MoE's unsort)
+            consider("forward", row.name, held, saved_bytes, prior + row.forward_early)
+        if row.output is not None and not row.view:
+            create(row.output)
         moving = {t for t in (row.input, row.output) if t is not None and t not in saved_all}
         inner = 0 if row.inner_kept else row.inner
         transient = sum(size[t] for t in moving) + inner if row.forward_flight is None else row.forward_flight
@@ -400,10 +405,8 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
         if edges:
             consider("backward", row.name, max(held, done), left, g_in, "post-backward")
 
-    batch_bytes = sum(size[t] for t in batch)
-    if in_backward:  # every parameter was stepped in backward: no gradient left, no step to run
-        all_grads, temporaries = 0, 0
-    consider("optimizer_step", "step", all_grads, batch_bytes, temporaries)
+    # (under step_in_backward every parameter was stepped in backward: no gradient left, no step to run)
+    consider("optimizer_step", "step", 0 if in_backward else all_grads, sum(size[t] for t in batch), 0 if in_backward else temporaries)
     return {p: out[p] for p in PHASES}
 
 

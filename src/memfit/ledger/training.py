@@ -437,7 +437,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
     # what the causal LM's forward holds unsaved through the loss: the cache's copies of k and v, the head's input
     stacked_cache = acts.t5_cache_copies(cfg, sizes, roles, model.dtypes, precision, checkpointing) if stacked else None
     kept_unsaved = _held_through_forward(rows, every, x, hidden, roles, model.dtypes, precision, checkpointing, stacked, k.fam,
-                                         stacked_cache)
+                                         stacked_cache, cfg, sizes["H"], sizes["KV"])
     loss = _loss(loss, tensors[logits], T * sizes["V"], roles, kept_unsaved, hidden, precision, stacked)
     declared_stepped = list(extra.params) if extra is not None else []
     return Step(rows, tensors, batch, loss,
@@ -467,17 +467,21 @@ def _loss(rules, logits_bytes: int, logits: int, roles: dict, kept_unsaved: int,
 
 
 def _held_through_forward(rows: list, every: list, x: int, hidden: int, roles: dict, dtypes: dict | None, precision: str,
-                          checkpointing: str, stacked: bool, fam, stacked_cache: list | None = None) -> int:
+                          checkpointing: str, stacked: bool, fam, stacked_cache: list | None = None, cfg: dict | None = None,
+                          heads: int = 0, kv_heads: int = 0) -> int:
     """The bytes the forward holds unsaved at the loss (models/held.py; an encoder-decoder's cache copies:
     `stacked_cache`, hf_act_t5.t5_cache_copies); each layer row's forward moment gets the cache copies made so far."""
     cache = stacked_cache if stacked else [0] * len(every)
     if checkpointing == "none" and not stacked:
         quantized, mixed = bool((dtypes or {}).get("quantized")), precision.endswith("-mixed")
-        cache = [held.cache_copies(kept, roles, bool(fam.rope), quantized, mixed) for kept in every]
+        heads = (heads if fam.cache and cfg.get("use_cache", True) else 0) if cfg is not None else 0
+        cache = [held.cache_copies(kept, roles, bool(fam.rope), quantized, mixed, heads, kv_heads) for kept in every]
     if any(cache):
         for row in rows:
             if row.name.startswith("layer ") and row.forward_flight is not None:
                 row.forward_flight += sum(cache[: int(row.name.split()[1]) + 1])
+            if row.name.startswith("layer ") and row.forward_early is not None:
+                row.forward_early += sum(cache[: int(row.name.split()[1]) + 1])
     if stacked:
         return sum(cache)   # (T5's loss already holds its decoder output: transformer_step)
     head = rows[-1]
@@ -650,6 +654,9 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
                 row.kept = [x, *later_kept.get(i, ())] if n == 0 else []
                 row.recompute = min(sum(part_bytes[: n + 1]) - layer_hidden, bound[i])
                 layer_redone = enc_redone if encoder else redone
+                if k.moe_tail and any(routers) and not encoder:
+                    # a Llama 4 MoE layer: its recomputation's end (models/hf_act_flights._llama4_recompute_tail)
+                    layer_redone = {p: max(f, k.moe_tail.get(p, 0)) for p, f in layer_redone.items()}
                 if part in layer_redone:
                     # a LoRA linear's flight comes once its own tensors are kept, before what reads its output
                     row.recompute_moment = (min(sum(part_bytes[:n]) + adapted_bytes[n] - layer_hidden, bound[i]), layer_redone[part])
@@ -671,6 +678,9 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
                 row.kept_ops = [k.label.split(":")[0] for k in kept] + ["later"] * (len(row.kept) - len(kept))
             routed = a2a if part == "mlp" and routers[n] else 0
             row.forward_flight = layer_hidden + routed  # its output while it is written; its inner tensors are kept
+            if part == "down_proj" and grouped and k.unsort and not encoder:
+                # grouped experts: their unsort, before the layer's output exists (hf_act_flights._unsort_forward)
+                row.forward_early = k.unsort
             unmade = unmade_bytes[n]
             if k.lora_forward.get(part) and not encoder:   # a LoRA linear's output, adapter output and sum (models/held.py)
                 row.forward_flight = max(row.forward_flight, k.lora_forward[part] - unmade)

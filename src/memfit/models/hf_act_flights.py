@@ -64,12 +64,15 @@ def layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_size
         kernel["o_proj"] = t5_cross_math_moments(cfg, sizes, roles, run["attention"], checkpointing, precision,
                                                  recipe_args.get("lora"), quantized)
     arrived = _arrived(cfg, sizes, roles)
+    moe_tail = _llama4_recompute_tail(cfg, sizes, roles) if checkpointing == "full" else {}
+    unsort = _unsort_forward(cfg, sizes, roles, precision)
     # (T5's softmax backward, where its attention materializes the scores: p @ v's backward has freed what only it kept)
     freed = ("p @ v:",) if stacked and self_math else ()
     return SimpleNamespace(fam=fam, flights=flights, enc_flights=enc_flights, dense_flights=dense_flights, early=early, a2a=a2a,
                            freed=freed, first_decoder=first_decoder, decoder_flight=decoder_flight, redone=redone,
                            enc_redone=enc_redone, kernel=kernel, arrived=arrived, dora=dora, dequantized=dequantized,
-                           dense_dequantized=dense_dequantized, after=after, enc_after=enc_after,
+                           dense_dequantized=dense_dequantized, after=after, enc_after=enc_after, moe_tail=moe_tail,
+                           unsort=unsort,
                            lora_forward=held.forward_flights(_recompute_flights(cfg, sizes, recipe_args.get("lora"), roles, quantized, mixed),
                                                              arrived, bool(recipe_args.get("lora"))))
 
@@ -165,6 +168,55 @@ def _recompute_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict, q
             worst = max(worst, held.lora_linear_flight(elements, roles, quantized, mixed))
         out[part] = arrived + worst
     return out
+
+
+def _llama4_recompute_tail(cfg: dict, sizes: dict, roles: dict) -> dict:
+    """{part: bytes}: what a Llama 4 MoE layer holds beyond its kept tensors at the end of its recomputation (full
+    checkpointing), beside its output's gradient (transformers 5.24.0, modeling_llama4.py). Its backward meets the
+    routed output's sum first: Llama4TextMoe.forward (:166-174) adds `routed_out.reshape(E, -1, h).sum(dim=0)` into
+    the shared expert's output, so sum's backward expands the gradient and the experts' `next_states.view(-1, h)`
+    (:83) materializes it, (S, h), before any saved tensor is unpacked. Then the layer is recomputed, and torch's
+    non-reentrant checkpoint stops at the last saved tensor (shared_expert.down_proj's input), the forward's locals
+    that no op saves still alive: the decoder layer's attention_states (:420-439); the router's logits (Llama4Router
+    .forward, :147-152, returned to the MoE) and, below fp32, its scores cast back to their dtype (in fp32 the kept
+    sigmoid itself); the experts' output routed_out (S, h); and in a 16-bit model the layer's input (checkpoint's) and
+    the residual after the attention, which each norm's fp32 upcast does not share (in fp32 each norm keeps its input
+    itself: counted). Measured: MemTracker with a dispatch-mode trace at its peak, Llama 4 bf16-true and 32-true, full
+    checkpointing: the peak is at act_fn(gate) * up of layer 1's shared expert, recomputed
+    (tests/models/test_families_llama4.py)."""
+    if cfg["model_type"] != "llama4_text":
+        return {}
+    T, S, h, E = sizes["T"], sizes["S"], sizes["h"], sizes["E"]
+    act, lin = roles["act"], roles["lin"]
+    locals_ = (dtype_bytes(T * h, lin)                                       # attention_states
+               + dtype_bytes(T * E, lin) + (dtype_bytes(T * E, lin) if _below_fp32(T * E, lin) else 0)
+               + dtype_bytes(S * h, lin))                                   # routed_out
+    # the layer's input and the residual after the attention: in fp32 each norm keeps its input itself (counted)
+    upcast = 2 * dtype_bytes(T * h, act) if _below_fp32(T * h, act) else 0
+    return {"down_proj": dtype_bytes(S * h, lin) + locals_ + upcast}
+
+
+def _unsort_forward(cfg: dict, sizes: dict, roles: dict, precision: str) -> int:
+    """What a mixture of experts' layer holds in the forward beyond its kept tensors at its experts' unsort
+    (transformers 5.24.0, integrations/moe.py grouped_mm_experts_forward, the default experts_implementation):
+    `weighted_out = proj_out * sample_weights_g.unsqueeze(-1)` (:524) and `weighted_out[inv_perm]` (:529) both alive,
+    (S, h) each in the routing-weighted output's dtype (as the backward's flights price it); the CPU's float copy of
+    the sorted expert ids for histc and histc's counts (:448-449: int32 on CUDA, the same width), S and E elements of
+    4 bytes; where the experts have biases (gpt-oss) the down projection's bias gathered per routed row
+    (`self.down_proj_bias[expert_ids_g]`, :508, (S, h) in the parameters' dtype); and the router's logits, which every
+    MoE block keeps as a local (`_, weights, indices = self.gate(...)`: modeling_gpt_oss.py:143, modeling_mixtral.py
+    :127, ...), (T, E) in the router's output dtype (DeepSeek-V3's fp32 F.linear). 0 without grouped experts.
+    Measured: gpt-oss 32-true, 2 x 64, no checkpointing: MemTracker peaks at layer 1's unsort in the forward
+    (a dispatch-mode trace there: these tensors and the kept ones, tests/models/test_families_gpt_oss.py)."""
+    fam = FAMILIES[cfg["model_type"]]
+    if not sizes.get("k") or fam.mlp in ("moe_llama4",):
+        return 0
+    S, T, h, E = sizes["S"], sizes["T"], sizes["h"], sizes["E"]
+    act = roles["act"]
+    weighted = "float32" if fam.routing_dtype == "f32" and _below_fp32(S * h, act) else act
+    bias = dtype_bytes(S * h, "float32" if precision.endswith("-mixed") else roles["lin"]) if fam.mlp == "moe_oss" else 0
+    logits = dtype_bytes(T * E, "float32" if fam.mla else roles["lin"])
+    return 2 * dtype_bytes(S * h, weighted) + dtype_bytes(S + E, "float32") + bias + logits
 
 
 def _adapted_linears(cfg: dict, lora: dict | None) -> dict | None:

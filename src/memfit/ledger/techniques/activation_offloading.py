@@ -207,6 +207,8 @@ def _with_stash(rows: list, size: dict, kept: set, off: set, stashed: list) -> l
                 row = replace(row, forward_flight=moving + (0 if row.inner_kept else row.inner) + alive)
             else:
                 row = replace(row, forward_flight=row.forward_flight + alive)
+            if row.forward_early is not None:
+                row = replace(row, forward_early=row.forward_early + alive)
         if n >= last_body:   # the output layer's backward and the body's last row's: the stash is still there
             still = sum(size[t] for t in stashed if t not in row.kept)
             if row.backward_flight is not None:
@@ -229,6 +231,8 @@ def rewrite(step, config, training: dict):
     for n, row in enumerate(step.rows[:-1]):
         if held[n] and row.forward_flight is not None:
             row = replace(row, forward_flight=row.forward_flight + held[n])
+        if held[n] and row.forward_early is not None:
+            row = replace(row, forward_early=row.forward_early + held[n])
         # (a checkpointed row's ops save under the checkpoint's own hooks, the innermost: no weight is packed)
         # (a matmul saves its weight only for its input's gradient: none where the row makes none, as an embedding)
         back = _weight_copies(row, step.tensors, moved_set) if row.grad_input and not row.recompute and any(t in moved_set for t in row.kept) else 0
