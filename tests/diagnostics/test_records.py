@@ -37,19 +37,25 @@ def _kinds(deco, plain):
         q: tuple = ()
         r: int = field(default=0, hash=False)
 
-    return Frozen, Open, Hashed
+    @deco(frozen=True)
+    class Bare:
+        p: int
+        q: dict = field(default_factory=dict)
+        r: frozenset = frozenset()
+
+    return Frozen, Open, Hashed, Bare
 
 
 DATACLASS = _kinds(dataclass, dataclass)
 RECORD = _kinds(record, record)
 COMPILED = _kinds(record, lambda cls: record(cls, compiled_init=True))
 # pickle finds a class by its module's name
-Frozen, Open, Hashed = RECORD
+Frozen, Open, Hashed, _ = RECORD
 Frozen.__qualname__, Open.__qualname__, Hashed.__qualname__ = "Frozen", "Open", "Hashed"
 
 
 def _answers(kinds):
-    frozen, open_, hashed = kinds
+    frozen, open_, hashed, bare = kinds
     a, b = frozen(1), frozen(1, [2], z="r", w=5)
     out = [repr(a).split(".")[-1], repr(b).split(".")[-1], a == frozen(1), a == frozen(1, w=9), a == frozen(2), a != b,
            frozen.__match_args__, [f.name for f in dataclasses.fields(a)], repr(dataclasses.replace(b, x=3)).split(".")[-1],
@@ -64,7 +70,7 @@ def _answers(kinds):
     out += [repr(o).split(".")[-1], o == open_(1, 5), o == open_(0), open_.__hash__, o.__dataclass_params__.frozen]
     h = hashed(1)
     out += [hash(h) == hash((1, ())), h == hashed(1, r=4), hash(h) == hash(hashed(1, r=4)), h != hashed(2), {h: 1}[hashed(1)],
-            h == (1, ()), h.__eq__((1, ())) is NotImplemented]
+            h == (1, ()), h.__eq__((1, ())) is NotImplemented, bare.__doc__, frozen.__doc__]
     return out
 
 

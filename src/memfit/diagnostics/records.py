@@ -34,6 +34,9 @@ def _record(cls, frozen: bool, slots: bool, compiled_init: bool):
     own = dict(cls.__dict__)
     class_hash = own.get("__hash__", _MISSING)
     explicit_hash = not (class_hash is _MISSING or (class_hash is None and "__eq__" in own))
+    undocumented = cls.__doc__ is None
+    if undocumented:
+        cls.__doc__ = ""  # written below, without inspect.signature (which would read the shared __init__)
     cls = dataclasses.dataclass(cls, init=compiled_init, repr=False, eq=False, frozen=False, slots=slots)
     fields = dataclasses.fields(cls)
     for f in fields:
@@ -55,7 +58,16 @@ def _record(cls, frozen: bool, slots: bool, compiled_init: bool):
     cls.__dataclass_params__ = type(params)(True, True, True, params.order, params.unsafe_hash, frozen)
     if frozen:
         _freeze(cls, frozenset(f.name for f in fields), slots)
+    if undocumented:  # @dataclass's: the class's signature, as inspect writes it
+        cls.__doc__ = cls.__name__ + "(" + ", ".join(_parameter(f) for f in fields if f.init) + ")"
     return cls
+
+
+def _parameter(f) -> str:
+    text = f"{f.name}: {f.type!r}" if f.type is not _MISSING else f.name
+    if f.default_factory is not _MISSING:
+        return text + " = <factory>"
+    return text if f.default is _MISSING else f"{text} = {f.default!r}"
 
 
 def _init(cls, fields, frozen: bool, slots: bool):

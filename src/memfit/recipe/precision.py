@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from memfit.diagnostics.records import record
 from memfit.recipe import optim
 from memfit.recipe.costs import tensor_bytes
 from memfit.recipe.dtypes import DTYPES
@@ -24,7 +25,7 @@ CATEGORIES = ("parameters", "gradients", "activations", "optimizer_state")
 DEFAULT_PRECISION = "32-true"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Recipe:
     parameters: str
     gradients: str
@@ -56,7 +57,7 @@ class RecipeError(ValueError):
         self.suggestions = suggestions or []
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Resolved:
     precision: str
     parameters: str
@@ -265,7 +266,7 @@ def table(optimizers=None, shape=(4096, 4096)) -> str:
     return "\n".join(lines)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ViewRow:
     category: str
     label: str
