@@ -15,6 +15,7 @@ pickles. A class built many times a run (a tensor, a row of the step) keeps the 
 from __future__ import annotations
 
 import dataclasses
+from itertools import repeat
 from reprlib import recursive_repr
 
 _MISSING = dataclasses.MISSING
@@ -40,10 +41,10 @@ def _record(cls, frozen: bool, slots: bool, compiled_init: bool):
     cls = dataclasses.dataclass(cls, init=compiled_init, repr=False, eq=False, frozen=False, slots=slots)
     fields = dataclasses.fields(cls)
     for f in fields:
-        if f.kw_only:
-            raise TypeError(f"record {cls.__qualname__}: keyword-only field {f.name!r} is not supported")
+        if f.kw_only or not f.init:
+            raise TypeError(f"record {cls.__qualname__}: field {f.name!r}: keyword-only and init=False fields are not supported")
     if "__init__" not in own and not compiled_init:
-        cls.__init__ = _init(cls, fields, frozen, slots)
+        cls.__init__ = _init(cls, fields)
     if "__repr__" not in own:
         cls.__repr__ = _repr(cls, tuple(f.name for f in fields if f.repr))
     if "__eq__" not in own:
@@ -70,39 +71,40 @@ def _parameter(f) -> str:
     return text if f.default is _MISSING else f"{text} = {f.default!r}"
 
 
-def _init(cls, fields, frozen: bool, slots: bool):
-    names = tuple(f.name for f in fields if f.init)
+def _init(cls, fields):
+    """The dataclass's __init__: the fields' values set in their order (with C loops: a record's __init__ runs a
+    few times a check, its class has up to 40 fields), each through object.__setattr__ as a frozen dataclass sets
+    them (no record class defines its own __setattr__ but a frozen one's)."""
+    names = tuple(f.name for f in fields)
     known = frozenset(names)
-    # (name, default, factory, taken from the arguments) in the fields' order
-    spec = tuple((f.name, f.default, f.default_factory, f.init) for f in fields
-                 if f.init or f.default_factory is not _MISSING or (slots and f.default is not _MISSING))
+    required = frozenset(f.name for f in fields if f.default is _MISSING and f.default_factory is _MISSING)
+    factories = tuple((f.name, f.default_factory) for f in fields if f.default_factory is not _MISSING)
+    made = frozenset(name for name, _ in factories)
+    defaults = tuple(None if f.default is _MISSING else f.default for f in fields)
     post_init = hasattr(cls, "__post_init__")
     put = object.__setattr__
     where = f"{cls.__qualname__}.__init__()"
 
     def __init__(self, *args, **kwargs):
-        if len(args) > len(names):
-            raise TypeError(f"{where} takes {len(names) + 1} positional arguments but {len(args) + 1} were given")
-        given = dict(zip(names, args))
-        for key in kwargs:
-            if key not in known:
-                raise TypeError(f"{where} got an unexpected keyword argument {key!r}")
-            if key in given:
-                raise TypeError(f"{where} got multiple values for argument {key!r}")
-        given.update(kwargs)
-        for name, default, factory, taken in spec:
-            if taken and name in given:
-                value = given[name]
-            elif factory is not _MISSING:
-                value = factory()
-            elif default is not _MISSING:
-                value = default
-            else:
-                raise TypeError(f"{where} missing 1 required positional argument: {name!r}")
-            if frozen:
-                put(self, name, value)
-            else:
-                setattr(self, name, value)
+        if args:
+            if len(args) > len(names):
+                raise TypeError(f"{where} takes {len(names) + 1} positional arguments but {len(args) + 1} were given")
+            values = dict(zip(names, args))
+            if kwargs:
+                for key in kwargs.keys() & values.keys():
+                    raise TypeError(f"{where} got multiple values for argument {key!r}")
+                values.update(kwargs)
+        else:
+            values = kwargs
+        if not known.issuperset(values):
+            raise TypeError(f"{where} got an unexpected keyword argument {min(values.keys() - known)!r}")
+        if not required.issubset(values):
+            raise TypeError(f"{where} missing 1 required positional argument: {next(n for n in names if n in required - values.keys())!r}")
+        if made and not made.issubset(values):
+            for name, factory in factories:
+                if name not in values:
+                    values[name] = factory()
+        any(map(put, repeat(self), names, map(values.get, names, defaults)))  # put returns None: every field is set
         if post_init:
             self.__post_init__()
     __init__.__qualname__ = f"{cls.__qualname__}.__init__"
