@@ -91,16 +91,17 @@ def _init(cls, fields):
                 raise TypeError(f"{where} takes {len(names) + 1} positional arguments but {len(args) + 1} were given")
             values = dict(zip(names, args))
             if kwargs:
-                for key in kwargs.keys() & values.keys():
-                    raise TypeError(f"{where} got multiple values for argument {key!r}")
+                if not values.keys().isdisjoint(kwargs):
+                    raise TypeError(f"{where} got multiple values for argument {min(values.keys() & kwargs.keys())!r}")
                 values.update(kwargs)
         else:
             values = kwargs
         if not known.issuperset(values):
             raise TypeError(f"{where} got an unexpected keyword argument {min(values.keys() - known)!r}")
-        if not required.issubset(values):
+        # keys() >= a set looks each of its names up; set.issubset(a dict) would build a set of the dict first
+        if not values.keys() >= required:
             raise TypeError(f"{where} missing 1 required positional argument: {next(n for n in names if n in required - values.keys())!r}")
-        if made and not made.issubset(values):
+        if made and not values.keys() >= made:
             for name, factory in factories:
                 if name not in values:
                     values[name] = factory()
