@@ -5,19 +5,20 @@ the language server are thin shells over `check`; nothing here is computed anywh
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from fractions import Fraction
 
 from memfit.diagnostics import codes
 from memfit.diagnostics.codes import lookup
 from memfit.diagnostics.diagnostic import FILE_START, Diagnostic, Problem, diagnostic
+from memfit.diagnostics.records import record
 from memfit.read.inputs import DEFAULT_MAX_FILE_SIZE, has_marker, is_config, looks_like_config, read
 from memfit.diagnostics.units import with_bytes
 
 __all__ = ["Options", "Result", "check", "check_file", "evaluate", "has_marker", "internal_error", "safe_check"]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Options:
     """How a check runs: what the command line (or the API's caller) sets beside the config."""
 
@@ -42,7 +43,7 @@ class Options:
     online: bool = False  # --online: fetch a model's config.json alone (read/native/resolve.py fetch: the standard library)
 
 
-@dataclass
+@record
 class Result:
     """One checked file: its diagnostics, the config its figures came from and the budget they were held to."""
 

@@ -8,10 +8,11 @@ frozen tensors, and the budget arithmetic. Bytes come from the cost model (costs
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import field
 from fractions import Fraction
 
 from memfit.diagnostics import codes
+from memfit.diagnostics.records import record
 from memfit.recipe.costs import CATEGORIES, OPTIMIZER_STATES, Recipe, Width, optimizer_states, width
 from memfit.diagnostics.diagnostic import Problem
 from memfit.diagnostics.units import UnitError, parse_bytes, parse_percent, parse_reserve, with_bytes
@@ -22,7 +23,7 @@ DEFAULT_DTYPE = "float32"
 DEFAULT_WARN_AT = Fraction(9, 10)
 
 
-@dataclass(slots=True)
+@record(slots=True, compiled_init=True)
 class Tensor:
     """One declared tensor (count copies of it); its cost per category, all copies included."""
 
@@ -39,7 +40,7 @@ class Tensor:
     buffer: bool = False  # a module's registered buffer (rotary inv_freq): a parameter-like tensor no engine shards
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Config:
     """A checked document's meaning. Built once per stage and never changed after: each stage of the pipeline
     (models, placement, the step's walk) returns a new Config with what it adds (`dataclasses.replace`)."""
@@ -85,7 +86,7 @@ class Config:
         return None if self.memory is None else self.memory - self.reserve
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Emitted:
     """What a model section emits while it is read (models/): its tensors priced by the recipe, the Keras form's
     layer rows, the transformer's Model. The pipeline folds it into a new Config; models never see the Config."""

@@ -4,14 +4,13 @@ that file and where the checked file refers to it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from memfit.diagnostics.codes import ERROR, WARNING, lookup
+from memfit.diagnostics.records import record
 
 __all__ = ["ERROR", "FILE_START", "WARNING", "Diagnostic", "Problem", "Range"]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Range:
     """A span of a file: zero-based lines and characters, as the language server counts them."""
 
@@ -40,7 +39,7 @@ def clip_middle(message: str, limit: int = MESSAGE_LIMIT) -> str:
     return f"{message[:head]}… ({len(message) - head - tail:,} characters cut) …{message[-tail:]}"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Diagnostic:
     """One problem as memfit reports it: where it is, its severity, its code and its message."""
 
@@ -77,7 +76,7 @@ def diagnostic(range: Range, code: str, message: str, **where) -> Diagnostic:
 # A problem found before positions are known: the path of the YAML node it concerns,
 # and whether it is about the mapping key at that path rather than its value. `file` and
 # `at`: a problem inside a referenced file, at `at` there; `path` is then the referencing key.
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Problem:
     """A problem before positions are known (above: what its path, file and `at` say)."""
 

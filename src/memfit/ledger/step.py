@@ -28,13 +28,14 @@ config (the Keras-form layer stack, a transformer, declared tensors), every byte
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from itertools import accumulate
 
 PHASES = ("forward", "backward", "optimizer_step")
 LIVE = ("parameters", "gradients", "activations", "optimizer_state", "transient", "overhead")
 IMPLS = ("foreach", "fused", "for_loop")
 
+from memfit.diagnostics.records import record  # noqa: E402
 from memfit.recipe.optim import TEMPORARIES as OPTIMIZER_TEMPORARIES  # noqa: E402  (the optimizer table's data)
 
 
@@ -64,7 +65,7 @@ def optimizer_temporaries(optimizer: str, impl: str, params: list[int]) -> int:
 
 
 # --- the step's structure -----------------------------------------------------------------
-@dataclass(slots=True)
+@record(slots=True, compiled_init=True)
 class Row:
     """One unit of the forward pass (a layer, or a transformer block), in forward order.
 
@@ -118,7 +119,7 @@ class Row:
     grad_completed: int = 0
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Loss:
     """The loss on the last row's output (the logits), as transients: in forward the copies the loss
     makes while the logits are alive (fp32 upcast, log-softmax); in backward the gradients from the
@@ -128,7 +129,7 @@ class Loss:
     backward: tuple
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Step:
     """One training step's program: its rows in forward order, the bytes of each tensor id, the batch, the loss
     and the optimizer's state and step."""

@@ -20,10 +20,11 @@ import math
 import os
 import re
 import stat
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import lru_cache
 
 from memfit.diagnostics.diagnostic import Range
+from memfit.diagnostics.records import record
 from memfit.models.families import (BASE_FIELDS, CLIP_VISION_FIELDS, DROPPED_KEYS, EXPERTS_KEY, FAMILIES, LLAVA_TEXT_FAMILIES,
                                      LLAVA_VISION_DEFAULTS, QWEN_VL_BLOCKS, SUPPORTED, Family)
 
@@ -84,7 +85,7 @@ LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")  # ch
 _LABEL_ID = re.compile(r"-?[0-9]{1,18}")
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class HFProblem:
     """A problem inside a config.json, at a key path of it."""
 
@@ -94,7 +95,7 @@ class HFProblem:
     on_key: bool = False  # about the key itself rather than its value
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Loaded:
     """A parsed config.json and the positions of its keys."""
 

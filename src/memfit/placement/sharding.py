@@ -35,6 +35,7 @@ from __future__ import annotations
 from memfit.models.layout import in_flight, padded_vocab, stage_layers  # noqa: F401
 from memfit.models.hf_sharded import TENSOR_PLANS  # noqa: F401  (parallel.tensor_plan's values, for the schema)
 from memfit.recipe.costs import dtype_bytes
+from memfit.diagnostics.records import record
 
 import math
 import re
@@ -103,7 +104,7 @@ class Tensor:
         return math.prod(self.shape)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Parallel:
     """The `parallel` section: the layout's group sizes and what it shards, offloads and buckets."""
 
@@ -150,7 +151,7 @@ class Parallel:
         return (stage * self.data + data_rank) * self.tensor + tensor_rank
 
 
-@dataclass
+@record
 class RankBytes:
     """What one GPU holds: `device` persistent bytes per category, `transient` the largest
     moment's extra bytes by what they are, `host` the bytes it offloads to its node's memory."""
@@ -185,7 +186,7 @@ class RankBytes:
         return self.total + sum(self.transient.values())
 
 
-@dataclass
+@record
 class Sharded:
     """A placed layout: its ranks, the most-loaded rank's bytes, each pipeline stage's and the host's per node."""
 

@@ -12,11 +12,12 @@ are (`FULL_SHARD` is `full_shard`); the data is returned with each such value sp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 
+from memfit.diagnostics.records import record
 
-@dataclass(frozen=True)
+
+@record(frozen=True)
 class Name:
     """A framework's name for a memfit key: the key (and value) it means, for a 'did you mean' note."""
 

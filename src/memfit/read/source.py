@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import yaml
 from yaml.events import (
@@ -26,6 +26,7 @@ from yaml.events import (
 
 from memfit.diagnostics import codes
 from memfit.diagnostics.diagnostic import ERROR, FILE_START, Diagnostic, Range
+from memfit.diagnostics.records import record
 from memfit.diagnostics.safe_text import echo
 
 try:  # the C parser is ~10x faster; pure Python stays correct where libyaml is missing
@@ -158,7 +159,7 @@ class LoadError(Exception):
         self.diagnostic = diagnostic
 
 
-@dataclass
+@record
 class Loaded:
     """The document's data (None when it could not be built) and the load diagnostics."""
 

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
 from fractions import Fraction
+
+from memfit.diagnostics.records import record
 
 HALF = Fraction(1, 2)
 
@@ -65,7 +66,7 @@ def describe(width: int | Fraction) -> str:
     return f"{width} byte{'s' if width != 1 else ''} per element"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class PrecisionRecipe:
     """A `precision`'s dtype per category (recipe/precision.py resolves a config's with it)."""
 

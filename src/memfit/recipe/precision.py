@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from memfit.diagnostics.records import record
 from memfit.recipe import optim, quant
 from memfit.recipe.costs import tensor_bytes
 from memfit.recipe.dtypes import DTYPES, RECIPES  # the precisions' table, in the bottom module the native readers read too
@@ -33,7 +34,7 @@ class RecipeError(ValueError):
         self.suggestions = suggestions or []
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Resolved:
     precision: str
     parameters: str
@@ -242,7 +243,7 @@ def table(optimizers=None, shape=(4096, 4096)) -> str:
     return "\n".join(lines)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ViewRow:
     category: str
     label: str

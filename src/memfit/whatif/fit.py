@@ -9,12 +9,13 @@ O(log n) pipeline runs in all, on data parsed once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from memfit.diagnostics import codes
 from memfit.check.pipeline import Options, Result, evaluate, gated, position
 from memfit.check.search import CEILING, NoEffect, largest  # noqa: F401 (fit's search; fixes imports them from here)
 from memfit.diagnostics.diagnostic import Problem
+from memfit.diagnostics.records import record
 from memfit.report.commands import REPORTERS as COMMANDS
 
 # The name asked for -> where it lives in a config's data, first present wins. A new model
@@ -131,7 +132,7 @@ class Probe:
         return gated(self.result(value))
 
 
-@dataclass
+@record
 class Fit:
     path: str
     vary: str

@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import lru_cache
 
 from memfit.diagnostics import codes
 from memfit.check.pipeline import Options, Result, check, evaluate
 from memfit.diagnostics.diagnostic import Range
+from memfit.diagnostics.records import record
 from memfit.read import source
 from memfit.read.native.edits import spelt
 from memfit.recipe.costs import OPTIMIZER_STATES
@@ -28,7 +29,7 @@ from memfit.whatif.fit import CLEAR, OVER, Probe, gated, inline, largest, locati
 FIXABLE = (codes.BUDGET_EXCEEDED, codes.NEAR_BUDGET)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Edit:
     range: Range
     new_text: str
@@ -37,7 +38,7 @@ class Edit:
         return {"range": self.range.to_json(), "new_text": self.new_text}
 
 
-@dataclass
+@record(compiled_init=True)
 class Fix:
     kind: str
     title: str
@@ -211,7 +212,7 @@ def _is_run(data) -> bool:
     return isinstance(data.get("training"), dict)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Remedy:
     kind: str
     speed: int  # rank by the training speed it costs, cheapest first
@@ -265,7 +266,7 @@ MAX_CHANGES = 3  # a combination has at most this many remedies
 SHOWN = 3  # combinations offered, cheapest first
 
 
-@dataclass
+@record(compiled_init=True)
 class Closest:
     """When nothing fits: the valid change (single or combined) that came nearest, and by how much it misses."""
 

@@ -21,10 +21,11 @@ compares it with a loop over every size through `memfit check`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from memfit.check.pipeline import Options, Result, evaluate, gated
 from memfit.diagnostics import codes
+from memfit.diagnostics.records import record
 
 from memfit.whatif.fit import CLEAR, inline
 from memfit.report.commands import REPORTERS as COMMANDS
@@ -51,7 +52,7 @@ STRATEGIES: tuple[tuple[str, dict], ...] = (
 )
 
 
-@dataclass
+@record(compiled_init=True)
 class Row:
     strategy: str
     parallel: dict  # the parallel section at the answer (or the strategy's keys when there is none)
@@ -77,7 +78,7 @@ class Row:
         }
 
 
-@dataclass
+@record
 class GpuFit:
     path: str
     vary: str

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
+
+from memfit.diagnostics.records import record
 
 # Field types as JSON gives them: "?" also accepts null; "number" is int or float;
 # "ids" is an int or a list of ints; "ints" a list of ints; "strs" a list of strings.
@@ -66,7 +68,7 @@ HEADS = (CAUSAL_LM, MASKED_LM, SEQUENCE_CLASSIFICATION, SEQ2SEQ_LM, TOKEN_CLASSI
 # (regression when num_labels is 1, single-label cross-entropy otherwise, multi_label_classification when named).
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Family:
     """One transformers model_type: its config class's fields and rules, its architectures and its structure."""
 

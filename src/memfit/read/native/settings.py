@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from memfit.diagnostics.diagnostic import FILE_START, Range
+from memfit.diagnostics.records import record
 from memfit.diagnostics.units import UnitError, parse_bytes, parse_percent
 
 # key -> (what it holds, the memfit key it fills, the command-line flag)
@@ -49,7 +50,7 @@ def data_seq_len(conf: "Settings") -> tuple[int, str]:
     return value, f"data_seq_len in {shown(conf.file)}" if conf.file and "data_seq_len" not in conf.cli else "data_seq_len"
 
 
-@dataclass
+@record
 class Settings:
     """The project settings in force for a file ([tool.memfit] in pyproject.toml, or memfit.toml)."""
 

@@ -1,0 +1,109 @@
+"""`record` behaves as `@dataclass` with the same flags: the same classes built both ways, the same answers."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import pickle
+from dataclasses import dataclass, field
+
+import pytest
+
+from memfit.diagnostics.records import record
+
+
+def _kinds(deco, plain):
+    @deco(frozen=True, slots=True)
+    class Frozen:
+        """frozen and slotted"""
+        x: int
+        y: list = field(default_factory=list)
+        z: str = "q"
+        w: int = field(default=3, compare=False, repr=False)
+
+    @plain
+    class Open:
+        """unfrozen, with a __post_init__"""
+        x: int
+        y: int = 2
+
+        def __post_init__(self):
+            self.x += 1
+
+    @deco(frozen=True)
+    class Hashed:
+        """frozen, hashable"""
+        p: int
+        q: tuple = ()
+        r: int = field(default=0, hash=False)
+
+    @deco(frozen=True)
+    class Bare:
+        p: int
+        q: dict = field(default_factory=dict)
+        r: frozenset = frozenset()
+
+    return Frozen, Open, Hashed, Bare
+
+
+DATACLASS = _kinds(dataclass, dataclass)
+RECORD = _kinds(record, record)
+COMPILED = _kinds(record, lambda cls: record(cls, compiled_init=True))
+# pickle finds a class by its module's name
+Frozen, Open, Hashed, _ = RECORD
+Frozen.__qualname__, Open.__qualname__, Hashed.__qualname__ = "Frozen", "Open", "Hashed"
+
+
+def _answers(kinds):
+    frozen, open_, hashed, bare = kinds
+    a, b = frozen(1), frozen(1, [2], z="r", w=5)
+    out = [repr(a).split(".")[-1], repr(b).split(".")[-1], a == frozen(1), a == frozen(1, w=9), a == frozen(2), a != b,
+           frozen.__match_args__, [f.name for f in dataclasses.fields(a)], repr(dataclasses.replace(b, x=3)).split(".")[-1],
+           dataclasses.asdict(b), a.__dataclass_params__.frozen, copy.deepcopy(b) == b, frozen.__slots__]
+    for bad in (lambda: setattr(a, "x", 2), lambda: delattr(a, "x"), lambda: frozen(), lambda: frozen(1, x=2), lambda: frozen(1, k=2),
+                lambda: hash(b)):
+        with pytest.raises(Exception) as caught:
+            bad()
+        out.append((type(caught.value).__name__, str(caught.value).split(".")[-1]))
+    o = open_(1)
+    o.y = 5
+    out += [repr(o).split(".")[-1], o == open_(1, 5), o == open_(0), open_.__hash__, o.__dataclass_params__.frozen]
+    h = hashed(1)
+    out += [hash(h) == hash((1, ())), h == hashed(1, r=4), hash(h) == hash(hashed(1, r=4)), h != hashed(2), {h: 1}[hashed(1)],
+            h == (1, ()), h.__eq__((1, ())) is NotImplemented, bare.__doc__, frozen.__doc__]
+    return out
+
+
+@pytest.mark.parametrize("kinds", [RECORD, COMPILED], ids=["shared", "compiled_init"])
+def test_a_record_answers_as_its_dataclass(kinds):
+    assert _answers(kinds) == _answers(DATACLASS)
+
+
+def test_a_frozen_slotted_record_pickles():
+    b = Frozen(1, [2], z="r", w=5)
+    back = pickle.loads(pickle.dumps(b))
+    assert back == b and back.w == 5
+    assert pickle.loads(pickle.dumps(Hashed(3))) == Hashed(3)
+
+
+def test_a_record_compiles_no_method():
+    """The point of it: @dataclass compiles its methods from source (exec); a record's are shared functions."""
+    calls = []
+    real = dataclasses._create_fn
+
+    def counting(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+    dataclasses._create_fn = counting
+    try:
+        _kinds(record, record)
+        assert calls == []
+        _kinds(record, lambda cls: record(cls, compiled_init=True))
+        assert calls == ["__init__"]
+    finally:
+        dataclasses._create_fn = real
+
+
+def test_a_frozen_record_keeps_the_dataclass_init():
+    with pytest.raises(TypeError):
+        record(frozen=True, compiled_init=True)
