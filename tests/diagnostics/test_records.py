@@ -107,3 +107,30 @@ def test_a_record_compiles_no_method():
 def test_a_frozen_record_keeps_the_dataclass_init():
     with pytest.raises(TypeError):
         record(frozen=True, compiled_init=True)
+
+
+def test_a_record_sets_the_params_dataclass_keeps_on_any_python(monkeypatch):
+    """`record` writes @dataclass's own params object and builds none: the constructor's arguments differ between
+    versions (Python 3.12 added match_args, kw_only, slots and weakref_slot), so a record that built one with 3.11's
+    six failed at import on 3.12 and later. Only @dataclass itself may construct it here."""
+    built = []
+    real = dataclasses._DataclassParams
+
+    class Counted(real):
+        __slots__ = ()
+
+        def __init__(self, *args, **kwargs):
+            built.append(len(args) + len(kwargs))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(dataclasses, "_DataclassParams", Counted)
+
+    @record(frozen=True)
+    class Point:
+        """a record"""
+        x: int
+
+    assert len(built) == 1, built   # @dataclass's own
+    params = Point.__dataclass_params__
+    assert (params.init, params.repr, params.eq, params.frozen) == (True, True, True, True)
+    assert Point(1) == Point(1) and hash(Point(1)) == hash(Point(1))

@@ -55,8 +55,10 @@ def _record(cls, frozen: bool, slots: bool, compiled_init: bool):
         else:
             cls.__hash__ = None
     # what @dataclass records of the class, so that a subclass and dataclasses' own checks see the same
+    # set on the class's own params object: its constructor's arguments differ between Python versions (3.12 added four)
     params = cls.__dataclass_params__
-    cls.__dataclass_params__ = type(params)(True, True, True, params.order, params.unsafe_hash, frozen)
+    params.init = params.repr = params.eq = True
+    params.frozen = frozen
     if frozen:
         _freeze(cls, frozenset(f.name for f in fields), slots)
     if undocumented:  # @dataclass's: the class's signature, as inspect writes it
