@@ -70,7 +70,7 @@ def test_each_refusal_says_why_and_what_to_do_at_its_key(tmp_path):
 def test_a_precision_the_activation_rules_do_not_cover_is_an_error_at_its_key(tmp_path):
     """`precision: 64-true` on a transformer model (in a memfit config and in a LitGPT yaml): the per-tensor rules
     cover 32- and 16-bit models only (a tiny Llama in float64, 4 x 128 tokens, peaks at 14,313,692 B under
-    MemTracker where the rules with float64 for their 32-bit dtype said 8,988,228), so the check fails at `precision` with no figure,
+    MemTracker where the rules with float64 for their 32-bit dtype said 8,988,228), so the check fails at `precision` (unsupported-model) with no footprint,
     and neither `check` nor `convert` shows a traceback (it was an internal error)."""
     (tmp_path / "llama.json").write_text(json.dumps(LLAMA, indent=2))
     doc = {"memfit": 1, "device": {"memory": "80 GB"}, "optimizer": "adamw", "precision": "64-true",
@@ -87,7 +87,8 @@ def test_a_precision_the_activation_rules_do_not_cover_is_an_error_at_its_key(tm
     assert done.returncode == 1, done.stdout[-2000:]
     for entry, source in zip(json.loads(done.stdout)["files"], (text, native)):
         errors = [d for d in entry["diagnostics"] if d["severity"] == "error"]
-        assert [d["code"] for d in errors] == ["not-modelled"], errors
+        assert [d["code"] for d in errors] == ["unsupported-model"], errors
+        assert entry.get("footprint") is None, entry["footprint"]   # no figure, not a zero one
         line = source.splitlines()[errors[0]["range"]["start"]["line"]]
         assert line.startswith("precision:") and "64-true" in errors[0]["message"], (line, errors[0]["message"])
     converted = subprocess.run([sys.executable, "-m", "memfit", "convert", str(tmp_path / "lora.yaml")],

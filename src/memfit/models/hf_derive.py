@@ -371,8 +371,9 @@ def unmodelled_precision(recipe: dict):
     if precision is None or precision in PRECISIONS:
         return None
     message = (f"precision {precision}: a transformer model's activations are modeled per tensor under "
-               f"{', '.join(PRECISIONS)}; this precision's are not, so no figure is given for this model")
-    return Problem(("precision",), codes.NOT_MODELLED, message, severity=codes.ERROR)
+               f"{', '.join(PRECISIONS)}; this precision's are not, so no figure is given for this model (use one of "
+               f"those, or declare the tensors)")
+    return Problem(("precision",), codes.UNSUPPORTED_MODEL, message)
 
 
 def _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointing, data) -> list:
