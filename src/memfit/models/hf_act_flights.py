@@ -191,8 +191,9 @@ def _llama4_recompute_tail(cfg: dict, sizes: dict, roles: dict) -> dict:
     locals_ = (dtype_bytes(T * h, lin)                                       # attention_states
                + dtype_bytes(T * E, lin) + (dtype_bytes(T * E, lin) if _below_fp32(T * E, lin) else 0)
                + dtype_bytes(S * h, lin))                                   # routed_out
-    # the layer's input and the residual after the attention: in fp32 each norm keeps its input itself (counted)
-    upcast = 2 * dtype_bytes(T * h, act) if _below_fp32(T * h, act) else 0
+    # the layer's input and the residual after the attention: in fp32 each norm keeps its input itself (counted), and
+    # so does an RMSNorm without its upcast (training.rmsnorm_upcast false: its input kept as it is)
+    upcast = 2 * dtype_bytes(T * h, act) if _below_fp32(T * h, act) and rms_upcast(cfg) else 0
     return {"down_proj": dtype_bytes(S * h, lin) + locals_ + upcast}
 
 
