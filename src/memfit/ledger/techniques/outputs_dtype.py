@@ -63,14 +63,14 @@ def problems(config, training: dict) -> list:
                         "training.outputs_dtype on an encoder-decoder: the logits' fp32 copy and its loss on them are "
                         "not modelled (the figure leaves them out: it is low)")]
     elements = acts.layer_sizes(model.cfg, 1, 1)["V"]   # a token's logits
-    if dtype_bytes(elements, _logits_dtype(model)) > dtype_bytes(elements, "float32"):
+    if dtype_bytes(elements, logits_dtype(model)) > dtype_bytes(elements, "float32"):
         return [Problem(("training", "outputs_dtype"), codes.NOT_MODELLED,
-                        f"training.outputs_dtype float32 with {_logits_dtype(model)} logits: a conversion down to fp32 "
+                        f"training.outputs_dtype float32 with {logits_dtype(model)} logits: a conversion down to fp32 "
                         "is not modelled")]
     return []
 
 
-def _logits_dtype(model) -> str:
+def logits_dtype(model) -> str:
     """The dtype the model's head makes the logits in (the builder's: the recipe's `lin` role)."""
     precision = (getattr(model, "recipe", None) or {}).get("precision", "32-true")
     return acts.role_dtypes(precision, model.dtypes)["lin"]
@@ -85,7 +85,7 @@ def received(step, config, training: dict) -> int:
         return logits
     if hf_encdec.is_stacked(model.cfg):   # not modelled (problems): the step as the model makes it
         return logits
-    return max(logits, dtype_bytes(dtype_elements(logits, _logits_dtype(model)), "float32"))
+    return max(logits, dtype_bytes(dtype_elements(logits, logits_dtype(model)), "float32"))
 
 
 def rewrite(step, config, training: dict):
