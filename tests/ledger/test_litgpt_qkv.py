@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import weakref
+from pathlib import Path
 
 import needs
 import pytest
@@ -236,7 +237,7 @@ def test_a_litgpt_config_checked_as_its_step_keeps(tmp_path, kv_heads, parts, mi
 
 
 def test_rmsnorm_upcast_is_ignored_where_the_norm_is_no_rmsnorm(tmp_path):
-    """training.rmsnorm_upcast on a family whose norm is a LayerNorm (GPT-NeoX): a warning at the key, the peak as
+    """training.rmsnorm_upcast on a family whose norm is a LayerNorm (GPT-NeoX): an ignored-key note at the key, the peak as
     without it; on a Llama it changes the peak."""
     neox_live_activations(tmp_path, "qv", 1, 64, litgpt=True)
     plain = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(tmp_path / "neox.yaml")],
@@ -251,3 +252,24 @@ def test_rmsnorm_upcast_is_ignored_where_the_norm_is_no_rmsnorm(tmp_path):
     assert keyed["peak"] == plain["peak"]
     llama = memfit_live_activations(tmp_path, HEADS, "qv", 1, 64, litgpt=True, upcast=False)
     assert llama < memfit_live_activations(tmp_path, HEADS, "qv", 1, 64, litgpt=True)
+
+
+@pytest.mark.parametrize("example", ["flan-t5-base.yaml", "families/whisper-small-full.yaml"])
+def test_rmsnorm_upcast_is_ignored_on_t5_and_whisper(tmp_path, example):
+    """T5's norm rows (hf_act_t5._t5_norm) and Whisper's (its own tail, models/whisper.py) never read the key: the
+    same ignored-key note as any other family whose norm is not that RMSNorm, the peak as without it (both used to
+    take it with no word)."""
+    source = Path(__file__).resolve().parents[2] / "examples" / example
+    doc = yaml.safe_load(source.read_text())
+    doc["model"]["hf_config"] = str((source.parent / doc["model"]["hf_config"]).resolve())
+    found = []
+    for upcast in (None, False):
+        if upcast is not None:
+            doc["training"]["rmsnorm_upcast"] = upcast
+        (tmp_path / "run.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(tmp_path / "run.yaml")],
+                              capture_output=True, text=True, timeout=120, check=False)
+        found.append(json.loads(done.stdout)["files"][0])
+    plain, keyed = found
+    assert sorted(d["code"] for d in keyed["diagnostics"]) == sorted([d["code"] for d in plain["diagnostics"]] + ["ignored-key"]), keyed["diagnostics"]
+    assert keyed["peak"] == plain["peak"]

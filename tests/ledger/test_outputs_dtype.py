@@ -60,3 +60,52 @@ def test_the_key_without_a_transformer_is_refused(tmp_path):
                           capture_output=True, text=True, timeout=120, check=False)
     diagnostics = json.loads(done.stdout)["files"][0]["diagnostics"]
     assert any(d["code"] == "needs-transformer" for d in diagnostics), diagnostics
+
+
+def _last_stage_forward(outputs_dtype: str) -> int:
+    """The last pipeline stage's forward worst, for llama-2-7b's config at bf16-true, 1 x 4,096, pipeline 2."""
+    from pathlib import Path
+
+    from memfit.check.pipeline import check
+    from memfit.ledger import ranks
+
+    model = Path(__file__).resolve().parents[2] / "examples" / "models" / "llama-2-7b.json"
+    result = check(f"memfit: 1\ndevice: {{memory: 80 GB}}\nprecision: bf16-true\noptimizer: adamw\n"
+                   f"model:\n  hf_config: {model}\ntraining:\n  micro_batch: 1\n  seq_len: 4096\n"
+                   f"  outputs_dtype: {outputs_dtype}\nparallel:\n  pipeline: 2\n")
+    assert not [d for d in result.diagnostics if d.severity == "error"], result.diagnostics
+    config = result.config
+    assert config.placement.peak["per_rank"][-1]["stage"] == 1
+    walked = ranks.stage_peak(config.step, 1, config.parallel, config.granule, ranks.holding(config.placement, 1))
+    return walked["phases"]["forward"]["bytes"]
+
+
+def test_a_pipelines_last_stage_keeps_the_fp32_logits():
+    """Under pipeline parallelism the last stage's loss dropped its first forward term as the logits the stage holds
+    as its output; after the conversion that term is the fp32 copy, beside the 16-bit logits: the forward's worst
+    with the key was 262,176,780 B under the one without (33,620,828,160 B against 33,883,004,940 B)."""
+    assert _last_stage_forward("float32") >= _last_stage_forward("model")
+
+
+def _check_json(path) -> dict:
+    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    return json.loads(done.stdout)["files"][0]
+
+
+def test_an_encoder_decoder_is_left_as_the_model_makes_it(tmp_path):
+    """On an encoder-decoder the key is not modelled: the warning says which way the figure is off and the figure is
+    the one without the key (flan-t5-base, bf16-true, 2 x 512: it used to move 3,787,509,250 -> 3,983,339,012 B)."""
+    from pathlib import Path
+
+    model = Path(__file__).resolve().parents[2] / "examples" / "models" / "flan-t5-base.json"
+    found = {}
+    for dtype in ("model", "float32"):
+        (tmp_path / f"{dtype}.yaml").write_text(
+            f"memfit: 1\ndevice: {{memory: 80 GB}}\nprecision: bf16-true\noptimizer: adamw\nmodel:\n  hf_config: {model}\n"
+            f"training:\n  micro_batch: 2\n  seq_len: 512\n  outputs_dtype: {dtype}\n")
+        found[dtype] = _check_json(tmp_path / f"{dtype}.yaml")
+    assert found["float32"]["peak"]["bytes"] == found["model"]["peak"]["bytes"]
+    assert found["float32"]["footprint"] == found["model"]["footprint"]
+    warned = [d["message"] for d in found["float32"]["diagnostics"] if d["code"] == "not-modelled"]
+    assert warned and "low" in warned[0], warned

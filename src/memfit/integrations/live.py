@@ -36,8 +36,6 @@ TRL_UNMODELLED = {
     "PPOConfig": "PPO runs a policy, a value model, a reward model and a reference model",
     "RewardConfig": "reward modelling runs chosen and rejected sequences (twice the batch)",
 }
-# bitsandbytes' BitsAndBytesConfig.bnb_4bit_quant_type -> memfit quantization.method
-BNB_4BIT = {"nf4": "nf4", "fp4": "fp4"}
 
 
 class LiveError(ValueError):
@@ -153,7 +151,8 @@ def quantization_section(model) -> tuple[dict | None, list[str]]:
         return None, [f"quantization {method}: memfit models bitsandbytes 4-bit and 8-bit; the base is counted unquantized"]
     if values.get("load_in_4bit"):
         kind = str(values.get("bnb_4bit_quant_type", "fp4"))
-        section = {"method": BNB_4BIT.get(kind, kind), "double_quant": bool(values.get("bnb_4bit_use_double_quant", False))}
+        # bitsandbytes' bnb_4bit_quant_type is memfit's quantization.method as spelled (recipe/quant.BNB_4BIT)
+        section = {"method": kind, "double_quant": bool(values.get("bnb_4bit_use_double_quant", False))}
         compute = values.get("bnb_4bit_compute_dtype")
         if compute:
             section["compute_dtype"] = str(compute).removeprefix("torch.")

@@ -77,9 +77,11 @@ def _row_transient(row: Row, size: dict, batch: set) -> int:
     own = {t for t in row.kept if t not in batch}
     moving = {t for t in (row.input, row.output if not row.view else None) if t is not None and t not in batch and t not in own}
     kept = sum(size[t] for t in own)
+    # (a moment before its output exists, its kept tensors made: a mixture of experts' unsort, Row.forward_early)
+    early = kept + row.forward_early if row.forward_early is not None else 0
     if row.forward_flight is not None:
-        return kept + row.forward_flight
-    return kept + sum(size[t] for t in moving) + (0 if row.inner_kept else row.inner)
+        return max(kept + row.forward_flight, early)
+    return max(kept + sum(size[t] for t in moving) + (0 if row.inner_kept else row.inner), early)
 
 
 def forward_worst(step: Step, loss: bool = True) -> tuple[int, str]:

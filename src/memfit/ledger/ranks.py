@@ -147,7 +147,12 @@ def stage_steps(step: Step, pipeline: int) -> list:
         kept = {t for r in mine for t in r.kept}
         batch = [t for t in step.batch if t in kept]
         if s == pipeline - 1:
-            loss, loss_kept = Loss(tuple(step.loss.forward[1:]), step.loss.backward), list(step.loss_kept)
+            # the loss's first forward term is the logits, which the stage holds as its output (kept above): dropped
+            # where it is that output; a rewrite that made it another tensor (training.outputs_dtype's fp32 copy, a
+            # chunked loss's converted logits) keeps it, beside the output
+            logits = step.tensors.get(tail.output, 0) if tail.output is not None else 0
+            forward = step.loss.forward[1:] if step.loss.forward and step.loss.forward[0] == logits else step.loss.forward
+            loss, loss_kept = Loss(tuple(forward), step.loss.backward), list(step.loss_kept)
             batch = [*batch, step.batch[-1]]  # the labels
         else:
             loss, loss_kept = Loss((), ()), []

@@ -191,8 +191,9 @@ def _llama4_recompute_tail(cfg: dict, sizes: dict, roles: dict) -> dict:
     locals_ = (dtype_bytes(T * h, lin)                                       # attention_states
                + dtype_bytes(T * E, lin) + (dtype_bytes(T * E, lin) if _below_fp32(T * E, lin) else 0)
                + dtype_bytes(S * h, lin))                                   # routed_out
-    # the layer's input and the residual after the attention: in fp32 each norm keeps its input itself (counted)
-    upcast = 2 * dtype_bytes(T * h, act) if _below_fp32(T * h, act) else 0
+    # the layer's input and the residual after the attention: in fp32 each norm keeps its input itself (counted), and
+    # so does an RMSNorm without its upcast (training.rmsnorm_upcast false: its input kept as it is)
+    upcast = 2 * dtype_bytes(T * h, act) if _below_fp32(T * h, act) and rms_upcast(cfg) else 0
     return {"down_proj": dtype_bytes(S * h, lin) + locals_ + upcast}
 
 
@@ -205,7 +206,8 @@ def _unsort_forward(cfg: dict, sizes: dict, roles: dict, precision: str) -> int:
     4 bytes; where the experts have biases (gpt-oss) the down projection's bias gathered per routed row
     (`self.down_proj_bias[expert_ids_g]`, :508, (S, h) in the parameters' dtype); and the router's logits, which every
     MoE block keeps as a local (`_, weights, indices = self.gate(...)`: modeling_gpt_oss.py:143, modeling_mixtral.py
-    :127, ...), (T, E) in the router's output dtype (DeepSeek-V3's fp32 F.linear). 0 without grouped experts.
+    :127, ...), (T, E) in the router's output dtype (DeepSeek-V3's fp32 F.linear, autocast's low dtype under *-mixed). 0 without
+    grouped experts.
     Measured: gpt-oss 32-true, 2 x 64, no checkpointing: MemTracker peaks at layer 1's unsort in the forward
     (a dispatch-mode trace there: these tensors and the kept ones, tests/models/test_families_gpt_oss.py)."""
     fam = FAMILIES[cfg["model_type"]]
@@ -215,7 +217,10 @@ def _unsort_forward(cfg: dict, sizes: dict, roles: dict, precision: str) -> int:
     act = roles["act"]
     weighted = "float32" if fam.routing_dtype == "f32" and _below_fp32(S * h, act) else act
     bias = dtype_bytes(S * h, "float32" if precision.endswith("-mixed") else roles["lin"]) if fam.mlp == "moe_oss" else 0
-    logits = dtype_bytes(T * E, "float32" if fam.mla else roles["lin"])
+    # the router's output dtype, as its rows price its scores (hf_act_layers._deepseek_moe): DeepSeek-V3's F.linear of
+    # fp32 input and weight, autocast's low dtype under *-mixed; every other router a linear in the model's dtype
+    logits = dtype_bytes(T * E, (roles["low"] if precision.endswith("-mixed") else "float32")
+                         if fam.mlp == "moe_deepseek" else roles["lin"])
     return 2 * dtype_bytes(S * h, weighted) + dtype_bytes(S + E, "float32") + bias + logits
 
 

@@ -68,7 +68,10 @@ class Conditions(dict):
 PRECISIONS = ("32-true", "bf16-true", "16-true", "bf16-mixed", "16-mixed")
 ATTENTIONS = ("eager", "sdpa", "flash")
 CHECKPOINTING = ("none", "full", "selective")
-LOW = {"bf16-true": "bfloat16", "16-true": "float16", "bf16-mixed": "bfloat16", "16-mixed": "float16"}
+# a 16-bit precision's low dtype: autocast's under *-mixed, the model's under *-true (the recipe's table:
+# recipe/dtypes.py RECIPES)
+LOW = {name: RECIPES[name].autocast or RECIPES[name].activations for name in PRECISIONS
+       if (RECIPES[name].autocast or RECIPES[name].activations) != "float32"}
 # a *-true precision's one dtype, what every activation is in (the recipe's table: recipe/dtypes.py RECIPES)
 TRUE_DTYPE = {name: RECIPES[name].activations for name in PRECISIONS if RECIPES[name].autocast is None}
 

@@ -116,7 +116,7 @@ def derive(data: dict, out, path: str, tails: dict | None = None) -> list:
         return [Problem(where + ("architectures", 0), codes.UNSUPPORTED_MODEL, message)]
 
     if fam.block in (tails or {}):  # a family's own tail (models/dispatch passes models/whisper.derive)
-        return hints + tails[fam.block](cfg, raw, out, where, file, data, at_architecture)
+        return hints + _rmsnorm_upcast(cfg, fam, training, False)[1] + tails[fam.block](cfg, raw, out, where, file, data, at_architecture)
     classifies = kind in (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION) and not fam.stacked and fam.block != "llava"
     if kind != fam.architectures[fam.default_architecture] and not classifies:
         # hf_activations models the family's own language-model head (and its loss) and the classifiers
@@ -172,19 +172,29 @@ def derive(data: dict, out, path: str, tails: dict | None = None) -> list:
     if "target_len" in training and not fam.stacked:
         message = f"training.target_len is the decoder's tokens of an encoder-decoder model; {fam.model_type} has one stack: ignored (seq_len counts its tokens)"
         hints.append(Problem(("training", "target_len"), codes.IGNORED_KEY, message, on_key=True))
-    if training.get("rmsnorm_upcast") is False:
-        from memfit.models.hf_act_families import FAMILIES as ACT_FAMILIES
-        from memfit.models.hf_act_ops import RMSNORM_UPCAST
+    cfg, ignored = _rmsnorm_upcast(cfg, fam, training)
+    return hints + ignored + _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointing, data)
 
-        if getattr(ACT_FAMILIES.get(cfg.get("model_type")), "norm", None) == "rms":
-            # its RMSNorm computes in its input's dtype (hf_act_ops._norm): the model's rows read it from its config
-            cfg = dict(cfg, **{RMSNORM_UPCAST: False})
-        else:
-            message = (f"training.rmsnorm_upcast: false is an RMSNorm computed without its fp32 upcast (x * "
-                       f"torch.rsqrt(...) as Lit-GPT wrote it before 6178c7cc); {fam.model_type}'s norm is not that "
-                       f"RMSNorm: ignored")
-            hints.append(Problem(("training", "rmsnorm_upcast"), codes.IGNORED_KEY, message, on_key=True))
-    return hints + _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointing, data)
+
+def _rmsnorm_upcast(cfg: dict, fam, training: dict, read: bool = True) -> tuple[dict, list]:
+    """training.rmsnorm_upcast: false: read into the model's cfg where its norm is the RMSNorm the key names (its rows
+    read it: hf_act_ops._norm), else an ignored-key note: a LayerNorm, Gemma's, OLMo 2's, an encoder-decoder's (T5's
+    rows come from hf_act_t5._t5_norm, which does not read it) and a family with a tail of its own (`read` false:
+    models/whisper.derive's rows, DeBERTa's, ModernBERT's)."""
+    from memfit.diagnostics import codes
+    from memfit.diagnostics.diagnostic import Problem
+    from memfit.models.hf_act_families import FAMILIES as ACT_FAMILIES
+    from memfit.models.hf_act_ops import RMSNORM_UPCAST
+
+    if training.get("rmsnorm_upcast") is not False:
+        return cfg, []
+    if read and getattr(ACT_FAMILIES.get(cfg.get("model_type")), "norm", None) == "rms" and not fam.stacked:
+        # its RMSNorm computes in its input's dtype (hf_act_ops._norm): the model's rows read it from its config
+        return dict(cfg, **{RMSNORM_UPCAST: False}), []
+    message = (f"training.rmsnorm_upcast: false is an RMSNorm computed without its fp32 upcast (x * "
+               f"torch.rsqrt(...) as Lit-GPT wrote it before 6178c7cc); {fam.model_type}'s norm is not that "
+               f"RMSNorm: ignored")
+    return cfg, [Problem(("training", "rmsnorm_upcast"), codes.IGNORED_KEY, message, on_key=True)]
 
 
 def _vision_training(cfg: dict, training: dict, seq_len: int, lora=None) -> list:

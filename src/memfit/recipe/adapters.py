@@ -95,9 +95,11 @@ def head_quantized(cfg: dict, data: dict, params, linears, head: str) -> bool:
     if not layer or not quant.bnb_4bit(section) or f"{layer}.weight" not in {row[0] for row in params}:
         return False
     lora = data.get("lora")
-    saved = (lora.get("modules_to_save") or ()) if isinstance(lora, dict) else ()
-    parts = layer.split(".")
-    if any(".".join(parts[:i]).endswith(entry) for i in range(1, len(parts) + 1) for entry in saved):
+    try:   # the modules peft wraps (lora.saved_modules); a bad lora section is reported where it is read
+        saved = lora_rules.saved_modules(params, lora_rules.spec(lora, model_type=cfg.get("model_type")), linears) if isinstance(lora, dict) else []
+    except lora_rules.LoraError:
+        saved = []
+    if any(layer == module or layer.startswith(module + ".") for module in saved):
         return False
     return layer in quant.quantized_modules(linears, skip_modules=section.get("skip_modules"), output_head=layer, params=params,
                                             keep_in_fp32=adapter_tables.KEEP_IN_FP32.get(cfg.get("model_type"), ()))

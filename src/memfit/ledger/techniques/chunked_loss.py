@@ -91,17 +91,17 @@ def rewrite(step, config, training: dict):
         # gradients are fp32 as the whole loss's; measured, saved_tensors_hooks around its code under CPU autocast)
         size = int(training["loss"].get("chunk_size") or 128)
         chunks = -(-s // size)
-        width = logits // (b * s * vocab) if logits % (b * s * vocab) == 0 else 4   # the head's output
-        read = seen // (b * s * vocab) if seen % (b * s * vocab) == 0 else 4   # the loss's input
-        mixed = str((getattr(model, "recipe", None) or {}).get("precision", "")).endswith("-mixed")
-        chunk = dtype_bytes(b * min(size, s) * vocab, "float32") if mixed else b * min(size, s) * vocab * read
+        made = outputs_dtype.logits_dtype(model)   # the head's output
+        read = made if seen == logits else "float32"   # the loss's input: the fp32 copy where converted
+        mixed = run_precision(model).endswith("-mixed")
+        chunk = dtype_bytes(b * min(size, s) * vocab, "float32" if mixed else read)
         # litgpt/finetune/lora.py `logits[-1] = logits[-1][..., :-1, :]`: with more than one sequence the last chunk's
         # `reshape(-1, vocab)` copies it (it is not contiguous), beside the whole logits
-        last = b * (s - (chunks - 1) * size - 1) * vocab * read if b > 1 else 0
+        last = dtype_bytes(b * (s - (chunks - 1) * size - 1) * vocab, read) if b > 1 else 0
         tensors = {t: (n * seen // whole32 if t in step.loss_kept and n == whole32 and not mixed else n) for t, n in step.tensors.items()}
         loss = replace(step.loss, forward=(seen, *([last] if last else [])), backward=(chunk, chunk))
         # the gradient chunks that reach the head: cast back to its dtype where the loss read a converted copy
-        head_chunk = chunk if seen == logits else b * min(size, s) * vocab * width
+        head_chunk = chunk if seen == logits else dtype_bytes(b * min(size, s) * vocab, made)
     else:
         asked = int(training["loss"].get("chunks") or 8)
         per_chunk = b * -(-s // asked) * vocab  # torch.chunk: ceil(s / chunks) tokens of each sequence per chunk
@@ -124,7 +124,7 @@ def rewrite(step, config, training: dict):
         # copy beside the chunk's output, or the dequantized weight beside its cast before the output exists)
         sizes = acts.layer_sizes(model.cfg, b, s)
         low = dtype_bytes(sizes["V"] * sizes["h"], _cast_dtype(model))
-        last_chunk = b * (s - (chunks - 1) * size) * vocab * width
+        last_chunk = dtype_bytes(b * (s - (chunks - 1) * size) * vocab, outputs_dtype.logits_dtype(model))
         saved = {t for row in step.rows for t in row.kept}
         moving = sum(step.tensors[t] for t in (head.input, head.output) if t is not None and t not in saved)
         base = moving + head.inner if forward_flight is None else forward_flight

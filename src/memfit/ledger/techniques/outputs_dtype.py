@@ -60,16 +60,17 @@ def problems(config, training: dict) -> list:
                         "a transformer (hf_config)")]
     if hf_encdec.is_stacked(model.cfg):
         return [Problem(("training", "outputs_dtype"), codes.NOT_MODELLED,
-                        "training.outputs_dtype on an encoder-decoder: its loss on converted logits is not modelled")]
+                        "training.outputs_dtype on an encoder-decoder: the logits' fp32 copy and its loss on them are "
+                        "not modelled (the figure leaves them out: it is low)")]
     elements = acts.layer_sizes(model.cfg, 1, 1)["V"]   # a token's logits
-    if dtype_bytes(elements, _logits_dtype(model)) > dtype_bytes(elements, "float32"):
+    if dtype_bytes(elements, logits_dtype(model)) > dtype_bytes(elements, "float32"):
         return [Problem(("training", "outputs_dtype"), codes.NOT_MODELLED,
-                        f"training.outputs_dtype float32 with {_logits_dtype(model)} logits: a conversion down to fp32 "
+                        f"training.outputs_dtype float32 with {logits_dtype(model)} logits: a conversion down to fp32 "
                         "is not modelled")]
     return []
 
 
-def _logits_dtype(model) -> str:
+def logits_dtype(model) -> str:
     """The dtype the model's head makes the logits in (the builder's: the recipe's `lin` role)."""
     precision = (getattr(model, "recipe", None) or {}).get("precision", "32-true")
     return acts.role_dtypes(precision, model.dtypes)["lin"]
@@ -82,7 +83,9 @@ def received(step, config, training: dict) -> int:
     model = getattr(config, "model", None)
     if not applies(training) or model is None or not hasattr(model, "cfg") or training.get("fused_loss"):
         return logits
-    return max(logits, dtype_bytes(dtype_elements(logits, _logits_dtype(model)), "float32"))
+    if hf_encdec.is_stacked(model.cfg):   # not modelled (problems): the step as the model makes it
+        return logits
+    return max(logits, dtype_bytes(dtype_elements(logits, logits_dtype(model)), "float32"))
 
 
 def rewrite(step, config, training: dict):
@@ -91,7 +94,7 @@ def rewrite(step, config, training: dict):
     head = step.rows[-1]
     size = step.tensors
     logits, logits32 = size[head.output], received(step, config, training)
-    if logits32 == logits:   # not converted (or fp32 already)
+    if logits32 == logits:   # not converted (fp32 already, or not modelled: an encoder-decoder's)
         return step
     # the conversion's moment, after the head's forward: its output (and its input, where nothing keeps it) in the
     # model's dtype beside the fp32 copy; the head's own worst moment where larger (a 4-bit head's dequantized weight)
