@@ -72,7 +72,7 @@ def checked_live_activations(path, doc: dict) -> int:
 
 
 def memfit_live_activations(tmp_path, kv_heads: int, parts: str, micro_batch: int, seq_len: int, litgpt: bool,
-                            dropout: float = 0.0, upcast: bool = True, vocab: int = VOCAB) -> int:
+                            dropout: float = 0.0, upcast: bool = True, vocab: int = VOCAB, mean_saves: bool = False) -> int:
     cfg = {"model_type": "llama", "hidden_size": WIDTH, "num_attention_heads": HEADS, "num_key_value_heads": kv_heads,
            "num_hidden_layers": LAYERS, "vocab_size": vocab, "intermediate_size": INTERMEDIATE,
            "tie_word_embeddings": False, "max_position_embeddings": 256, "hidden_act": "silu", "rms_norm_eps": 1e-5}
@@ -83,6 +83,8 @@ def memfit_live_activations(tmp_path, kv_heads: int, parts: str, micro_batch: in
         training["litgpt_qkv"] = True
     if not upcast:
         training["rmsnorm_upcast"] = False
+    if mean_saves:
+        training["mean_saves_input"] = True
     doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "precision": "bf16-true",
            "model": {"hf_config": "config.json"}, "training": training,
            "lora": {"r": 8, "alpha": 16, "dropout": dropout, "dtype": "model",
@@ -132,6 +134,42 @@ def test_lit_gpt_8641822_rmsnorm_without_its_upcast(tmp_path, kv_heads, parts, m
     upcast = memfit_live_activations(tmp_path, kv_heads, parts, micro_batch, seq_len, litgpt=True, vocab=NORM_VOCAB)
     assert abs(ours - measured) <= BAND * measured, (ours, measured, ours / measured)
     assert upcast - measured > BAND * measured, (upcast, measured)
+
+
+# LitGPT's own source under torch 2.1.0 (the A100 table's torch; pip's torch==2.1.0 on CPU, Python 3.11), the
+# setups of test_lit_gpt_8641822_rmsnorm_without_its_upcast, vocabulary 2,048: the peak of the saved storages,
+# (1 x 64 tokens, 2 x 32), printed by `WIDTH=256 VOCAB=2048 python tests/support/litgpt_source_measure.py
+# /tmp/src8641 8641822 llama 4 q,v` (and 3ba6da40's tree, 2 groups, q,k,v). torch 2.1.0's torch.mean keeps its
+# input (its generated MeanBackward1 holds `SavedVariable self_`), 2.2.0's does not (`self_sym_numel`): 8641822's
+# norm keeps its bf16 x * x, 3ba6da40's (x.float() first) its fp32 x * x, in each of the four norms whose input needs
+# a gradient. Under torch 2.2.0 the same runs keep 1,522,754 and 1,654,346 B (1 x 64, multi-head, q and v), 64 B
+# over torch 2.13's (2.2's CPU flash attention keeps its two int64 philox scalars, 8 B each, per layer).
+TORCH_2_1_SAVED = {
+    ("8641822", HEADS, "qv"): (1_653_952, 1_649_838),
+    ("8641822", 2, "qv"): (1_488_064, 1_483_950),
+    ("8641822", HEADS, "qkv"): (1_516_736, 1_512_622),
+    ("3ba6da40", HEADS, "qv"): (1_916_490, 1_912_378),
+    ("3ba6da40", 2, "qv"): (1_750_602, 1_746_490),
+    ("3ba6da40", HEADS, "qkv"): (1_779_274, 1_775_162),
+}
+
+
+@pytest.mark.parametrize("shape", [0, 1])
+@pytest.mark.parametrize("version, kv_heads, parts", sorted(TORCH_2_1_SAVED, key=str))
+def test_torch_before_2_2_mean_keeps_the_norms_squares(tmp_path, version, kv_heads, parts, shape):
+    """issue 32, training.mean_saves_input: Lit-GPT 8641822's A100 table ran torch 2.1.0, whose torch.mean kept its
+    input for backward: each RMSNorm's mean(x * x) keeps the squares (bf16 in 8641822's norm without the upcast,
+    fp32 in 3ba6da40's). `memfit check` with the key is held within the band of LitGPT's own source measured under
+    torch 2.1.0 (TORCH_2_1_SAVED), and without it is outside."""
+    micro_batch, seq_len = ((1, 64), (2, 32))[shape]
+    measured = TORCH_2_1_SAVED[(version, kv_heads, parts)][shape]
+    upcast = version != "8641822"
+    ours = memfit_live_activations(tmp_path, kv_heads, parts, micro_batch, seq_len, litgpt=True, upcast=upcast,
+                                   vocab=NORM_VOCAB, mean_saves=True)
+    torch_2_2 = memfit_live_activations(tmp_path, kv_heads, parts, micro_batch, seq_len, litgpt=True, upcast=upcast,
+                                        vocab=NORM_VOCAB)
+    assert abs(ours - measured) <= BAND * measured, (ours, measured, ours / measured)
+    assert measured - torch_2_2 > BAND * measured, (torch_2_2, measured, torch_2_2 / measured)
 
 
 NEOX_VOCAB = 2048
