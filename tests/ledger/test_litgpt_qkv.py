@@ -143,7 +143,7 @@ def test_lit_gpt_8641822_rmsnorm_without_its_upcast(tmp_path, kv_heads, parts, m
 # input (its generated MeanBackward1 holds `SavedVariable self_`), 2.2.0's does not (`self_sym_numel`): 8641822's
 # norm keeps its bf16 x * x, 3ba6da40's (x.float() first) its fp32 x * x, in each of the four norms whose input needs
 # a gradient. Under torch 2.2.0 the same runs keep 1,522,754 and 1,654,346 B (1 x 64, multi-head, q and v), 64 B
-# over torch 2.13's (2.2's CPU flash attention keeps its two int64 philox scalars, 8 B each, per layer).
+# over torch 2.13's (2.2's CPU flash attention keeps its philox seed and offset: four int64 scalars a layer).
 TORCH_2_1_SAVED = {
     ("8641822", HEADS, "qv"): (1_653_952, 1_649_838),
     ("8641822", 2, "qv"): (1_488_064, 1_483_950),
@@ -290,6 +290,36 @@ def test_rmsnorm_upcast_is_ignored_where_the_norm_is_no_rmsnorm(tmp_path):
     assert keyed["peak"] == plain["peak"]
     llama = memfit_live_activations(tmp_path, HEADS, "qv", 1, 64, litgpt=True, upcast=False)
     assert llama < memfit_live_activations(tmp_path, HEADS, "qv", 1, 64, litgpt=True)
+
+
+@pytest.mark.parametrize("example", ["neox", "families/whisper-small-full.yaml"])
+def test_mean_saves_input_is_ignored_where_the_norm_is_no_rmsnorm(tmp_path, example):
+    """training.mean_saves_input where no RMSNorm row reads it (GPT-NeoX's LayerNorm, one op with no mean; Whisper's
+    own tail): an ignored-key note at the key, the peak as without it."""
+    if example == "neox":
+        neox_live_activations(tmp_path, "qv", 1, 64, litgpt=True)
+        path = tmp_path / "neox.yaml"
+        doc = yaml.safe_load(path.read_text())
+    else:
+        source = Path(__file__).resolve().parents[2] / "examples" / example
+        doc = yaml.safe_load(source.read_text())
+        doc["model"]["hf_config"] = str((source.parent / doc["model"]["hf_config"]).resolve())
+        path = tmp_path / "run.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    def check():
+        done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)],
+                              capture_output=True, text=True, timeout=120, check=False)
+        return json.loads(done.stdout)["files"][0]
+
+    plain = check()
+    doc["training"]["mean_saves_input"] = True
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    keyed = check()
+    new = [d for d in keyed["diagnostics"] if d not in plain["diagnostics"]]
+    assert [(d["code"], d["severity"]) for d in new] == [("ignored-key", "information")], new
+    assert "mean_saves_input" in new[0]["message"]
+    assert keyed["peak"] == plain["peak"]
 
 
 @pytest.mark.parametrize("example", ["flan-t5-base.yaml", "families/whisper-small-full.yaml"])

@@ -9,7 +9,14 @@ buffers excluded), printed as JSON.
     WIDTH=256 VOCAB=2048 python litgpt_source_measure.py /tmp/src3ba6 3ba6da40 neox 4 q,v   # StableLM's layout
 
 Arguments: the source tree, the commit (8641822 or 3ba6da40), llama|neox, query groups, adapted parts; a sixth
-argument lists each saved storage."""
+argument lists each saved storage.
+
+It runs unchanged under other torch versions: the A100 table's PyTorch 2.1.0 (a Python 3.11 venv with pip's
+torch==2.1.0 and numpy<2, pyyaml for 3ba6da40's tree) keeps each norm's torch.mean input, which 2.2.0 and later do
+not (docs/accuracy.md, "PyTorch 2.1's torch.mean"; tests/ledger/test_litgpt_qkv.py TORCH_2_1_SAVED):
+
+    python3 -m venv /tmp/t21 && /tmp/t21/bin/pip install torch==2.1.0 'numpy<2' pyyaml
+    WIDTH=256 VOCAB=2048 /tmp/t21/bin/python litgpt_source_measure.py /tmp/src8641 8641822 llama 4 q,v"""
 import sys, types, json, weakref
 source, version, kind, kv, parts = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5].split(",")
 VERBOSE = len(sys.argv) > 6
