@@ -42,11 +42,6 @@ def test_each_published_row_is_its_config_files_measurement():
 # their own section (a V100's NVML reading: the allocator's reserve), not here.
 OPEN = {
     "torchtune-3b-1-baseline.yaml": "unpacked: alpaca's samples set the length, memfit gates the 4,096-token cap",
-    "litgpt-lora-llama2-7b-nf4-b1.yaml": "Lit-GPT 8641822's step priced as its code keeps it (its RMSNorm without the upcast, Fabric's fp32 logits, one qkv dropout); the gap left grows with the tokens, about 7 B a token x layer x hidden, not found (0.915)",
-    "litgpt-lora-llama2-7b-nf4-dq-b1.yaml": "Lit-GPT 8641822's step priced as its code keeps it (its RMSNorm without the upcast, Fabric's fp32 logits, one qkv dropout); the gap left grows with the tokens, about 7 B a token x layer x hidden, not found (0.912)",
-    "litgpt-lora-llama2-7b-none-b2.yaml": "Lit-GPT 8641822's step priced as its code keeps it (its RMSNorm without the upcast, Fabric's fp32 logits, one qkv dropout); the gap left grows with the tokens, about 4.4 B a token x layer x hidden, not found (0.949)",
-    "litgpt-lora-llama2-13b-nf4-b1.yaml": "Lit-GPT 8641822's step priced as its code keeps it (its RMSNorm without the upcast, Fabric's fp32 logits, one qkv dropout); the gap left grows with the tokens, about 6.7 B a token x layer x hidden, not found (0.923)",
-    "litgpt-lora-llama2-13b-nf4-dq-b1.yaml": "Lit-GPT 8641822's step priced as its code keeps it (its RMSNorm without the upcast, Fabric's fp32 logits, one qkv dropout); the gap left grows with the tokens, about 6.7 B a token x layer x hidden, not found (0.921)",
 }
 
 

@@ -5,7 +5,7 @@ included), which weights train (`trainable_flags`), the gradient flags, and reso
 from __future__ import annotations
 
 from memfit.models import hf_encdec
-from memfit.models.hf_act_ops import ATTENTIONS, Block, CHECKPOINTING, Conditions, ActivationRules, Kept, LOW, PRECISIONS, rms_upcast
+from memfit.models.hf_act_ops import ATTENTIONS, Block, CHECKPOINTING, Conditions, ActivationRules, Kept, LOW, PRECISIONS, mean_saves_input, rms_upcast
 from memfit.models.hf_act_families import FAMILIES, MOE, SUPPORTED
 from memfit.models.hf_act_layers import layer_rows, count_layers
 from memfit.recipe.autocast import DEVICE_OPS, op_dtype
@@ -149,6 +149,7 @@ def layer_conditions(cfg: dict, fam: ActivationRules, attention: str, checkpoint
         # recomputed layer keeps one pair (the one counted with the embeddings)
         "rms_upcast": rms_upcast(cfg),
         "rms_native": not rms_upcast(cfg),
+        "mean_saves": mean_saves_input(cfg),
         "qk_norm_on": bool(fam.qk_norm_key and cfg.get(fam.qk_norm_key)) or (cfg.get("model_type") == "llama4_text" and bool(cfg.get("use_qk_norm"))),
         "temperature_on": cfg.get("model_type") == "llama4_text" and bool(cfg.get("attn_temperature_tuning")),
         "freqs_cis": cfg.get("model_type") == "llama4_text",

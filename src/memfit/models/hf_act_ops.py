@@ -49,11 +49,17 @@ def _and(*names) -> str | None:
 
 
 RMSNORM_UPCAST = "memfit_rmsnorm_upcast"   # set (False) in a model's config by training.rmsnorm_upcast: false
+MEAN_SAVES_INPUT = "memfit_mean_saves_input"   # set (True) in a model's config by training.mean_saves_input: true
 
 
 def rms_upcast(cfg: dict) -> bool:
     """Whether the model's RMSNorm upcasts its input to fp32 (transformers' and LitGPT's from 6178c7cc on)."""
     return cfg.get(RMSNORM_UPCAST, True) is not False
+
+
+def mean_saves_input(cfg: dict) -> bool:
+    """Whether torch.mean keeps its input for backward (torch before 2.2: MeanBackward0/1 held `self_`)."""
+    return cfg.get(MEAN_SAVES_INPUT) is True
 
 
 class Conditions(dict):
@@ -90,6 +96,9 @@ TRUE_DTYPE = {name: RECIPES[name].activations for name in PRECISIONS if RECIPES[
 # `norm_x = torch.mean(x * x, ...); x_normed = x * torch.rsqrt(norm_x + self.eps); return self.weight * x_normed`)
 # computes in its input's dtype: x * x and x * rsqrt keep the input itself, rsqrt its result in that dtype (the
 # "rms_native" condition, from the config's RMSNORM_UPCAST, which models/hf_derive sets from the training key).
+# Under torch before 2.2 (training.mean_saves_input, the "mean_saves" condition) the norm's torch.mean(x * x) also
+# keeps its input, the squares: fp32 with the upcast (x.float() * x.float(), transformers' pow(2)), else in the
+# input's dtype (torch 2.1.0's generated MeanBackward1 holds `SavedVariable self_`; 2.2.0's a sym_numel).
 def _norm(kind: str, n: str, x: tuple, f: str, role: str = "act") -> list:
     stat = x[:-1] + (1,)
     if kind == "rms":
@@ -97,6 +106,10 @@ def _norm(kind: str, n: str, x: tuple, f: str, role: str = "act") -> list:
                 K(n, "1/rms", stat, "f32", when="rms_upcast", needs=(f,)),
                 K(n, "input, not upcast (x * x and x * rsqrt keep it)", x, role, when="rms_native", needs=(f,)),
                 K(n, "1/rms in the input's dtype (rsqrt's result)", stat, role, when="rms_native", needs=(f,)),
+                K(n, "squares, fp32 (torch before 2.2: mean keeps its input)", x, "f32", when="rms_upcast&mean_saves",
+                  needs=(f,)),
+                K(n, "squares in the input's dtype (torch before 2.2: mean keeps its input)", x, role,
+                  when="rms_native&mean_saves", needs=(f,)),
                 K(n, "normalized, cast back to the input dtype (weight * it)", x, role, needs=("W:norm",))]
     if kind == "gemma_rms":
         return [K(n, "input, upcast to fp32", x, "f32", needs=(f,)),

@@ -116,7 +116,8 @@ def derive(data: dict, out, path: str, tails: dict | None = None) -> list:
         return [Problem(where + ("architectures", 0), codes.UNSUPPORTED_MODEL, message)]
 
     if fam.block in (tails or {}):  # a family's own tail (models/dispatch passes models/whisper.derive)
-        return hints + _rmsnorm_upcast(cfg, fam, training, False)[1] + tails[fam.block](cfg, raw, out, where, file, data, at_architecture)
+        return (hints + _rmsnorm_upcast(cfg, fam, training, False)[1] + _mean_saves_input(cfg, fam, training, False)[1]
+                + tails[fam.block](cfg, raw, out, where, file, data, at_architecture))
     classifies = kind in (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION) and not fam.stacked and fam.block != "llava"
     if kind != fam.architectures[fam.default_architecture] and not classifies:
         # hf_activations models the family's own language-model head (and its loss) and the classifiers
@@ -173,7 +174,8 @@ def derive(data: dict, out, path: str, tails: dict | None = None) -> list:
         message = f"training.target_len is the decoder's tokens of an encoder-decoder model; {fam.model_type} has one stack: ignored (seq_len counts its tokens)"
         hints.append(Problem(("training", "target_len"), codes.IGNORED_KEY, message, on_key=True))
     cfg, ignored = _rmsnorm_upcast(cfg, fam, training)
-    return hints + ignored + _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointing, data)
+    cfg, unpriced = _mean_saves_input(cfg, fam, training)
+    return hints + ignored + unpriced + _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointing, data)
 
 
 def _rmsnorm_upcast(cfg: dict, fam, training: dict, read: bool = True) -> tuple[dict, list]:
@@ -195,6 +197,25 @@ def _rmsnorm_upcast(cfg: dict, fam, training: dict, read: bool = True) -> tuple[
                f"torch.rsqrt(...) as Lit-GPT wrote it before 6178c7cc); {fam.model_type}'s norm is not that "
                f"RMSNorm: ignored")
     return cfg, [Problem(("training", "rmsnorm_upcast"), codes.IGNORED_KEY, message, on_key=True)]
+
+
+def _mean_saves_input(cfg: dict, fam, training: dict, read: bool = True) -> tuple[dict, list]:
+    """training.mean_saves_input: true (torch before 2.2, whose torch.mean kept its input for backward): read into the
+    model's cfg where its norm is the RMSNorm whose rows price it (hf_act_ops._norm: the squares its mean keeps), else
+    a note that it is not priced there (a LayerNorm is one op with no mean; Gemma's, OLMo 2's, T5's, Whisper's,
+    DeBERTa's and ModernBERT's norms do not read it)."""
+    from memfit.diagnostics import codes
+    from memfit.diagnostics.diagnostic import Problem
+    from memfit.models.hf_act_families import FAMILIES as ACT_FAMILIES
+    from memfit.models.hf_act_ops import MEAN_SAVES_INPUT
+
+    if training.get("mean_saves_input") is not True:
+        return cfg, []
+    if read and getattr(ACT_FAMILIES.get(cfg.get("model_type")), "norm", None) == "rms" and not fam.stacked:
+        return dict(cfg, **{MEAN_SAVES_INPUT: True}), []
+    message = (f"training.mean_saves_input: true prices the squares an RMSNorm's torch.mean keeps under torch before "
+               f"2.2; {fam.model_type}'s norm is not that RMSNorm: ignored")
+    return cfg, [Problem(("training", "mean_saves_input"), codes.IGNORED_KEY, message, on_key=True)]
 
 
 def _vision_training(cfg: dict, training: dict, seq_len: int, lora=None) -> list:

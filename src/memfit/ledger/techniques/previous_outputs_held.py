@@ -17,6 +17,12 @@ They are freed when the forward returns (the loop rebinds `logits`), before the 
 from then on, through the loss's backward (where memfit's loss otherwise lets them go), the backward and the optimizer
 step (measured: LitGPT's step on litgpt_port's tiny Llama, docs/accuracy.md). Measured on the CPU with the
 0.43.1 line put back into the installed bitsandbytes' MatMul4Bit (tests/ledger/test_previous_outputs_held.py).
+
+`longest_first`: the same loop whose first micro-batch is its longest and every later one shorter (Lit-GPT 8641822's
+finetune/lora.py puts the dataset's longest sample into the first batch, `get_batch(..., longest_seq_ix if iter_num
+== 0 else None)`, and pads each batch to its own longest): the outputs are held through their own loss, backward and
+optimizer step as with true, but the next forward beside them is a shorter micro-batch's, not one of seq_len, and is
+not priced (memfit prices every micro-batch at seq_len: true would put a forward of that length beside them).
 """
 
 from __future__ import annotations
@@ -37,15 +43,19 @@ KEYS = {
                        "and the optimizer step, then beside the next forward with, under "
                        "training.quantized_saves_input on a 4-bit model, every 4-bit matmul input their autograd "
                        "graph still holds (bitsandbytes < 0.43.2 keeps it on the node, not as a saved tensor). "
-                       "Default false (the loop lets the outputs go with the loss, as transformers' Trainer does).",
-        "type": "boolean",
+                       "longest_first: that loop with its longest micro-batch first and every later one shorter "
+                       "(Lit-GPT 8641822 forces the longest sample into the first batch): the outputs held through "
+                       "their own loss, backward and optimizer step, the next (shorter) forward beside them not "
+                       "priced. Default false (the loop lets the outputs go with the loss, as transformers' Trainer "
+                       "does).",
+        "anyOf": [{"type": "boolean"}, {"const": "longest_first"}],
         "default": False,
     },
 }
 
 
 def applies(training: dict) -> bool:
-    return training.get("previous_outputs_held") is True
+    return training.get("previous_outputs_held") in (True, "longest_first")
 
 
 def problems(config, training: dict) -> list:
@@ -85,5 +95,6 @@ def rewrite(step, config, training: dict):
     if model is None or not hasattr(model, "cfg") or not step.rows or step.rows[-1].output is None:
         return step
     logits = outputs_dtype.received(step, config, training)  # fp32 where a wrapper converts them (training.outputs_dtype)
-    return replace(step, forward_held=step.forward_held + logits + held_inputs(step, config, training),
-                   outputs_held=step.outputs_held + logits)
+    # longest_first: the next forward beside them is a shorter micro-batch's, not priced
+    beside = logits + held_inputs(step, config, training) if training.get("previous_outputs_held") is True else 0
+    return replace(step, forward_held=step.forward_held + beside, outputs_held=step.outputs_held + logits)
