@@ -1,0 +1,126 @@
+"""What a transformers decoder's forward under `torch.no_grad()` (the evaluation pass, ledger/passes.py) holds at its
+worst moments beyond the training rows' own tensors: nothing is saved for a backward there, so the tensors a
+training step's rows keep are freed as soon as no Python name holds them, and what is alive is what the model's and
+the layers' code still references:
+
+- the embeddings' output: the decoder's forward binds it to `inputs_embeds` (modeling_llama.py LlamaModel.forward:
+  `hidden_states = inputs_embeds`, then the loop rebinds `hidden_states` only), so it stays alive until the forward
+  returns, through every layer and the loss (in a training step the first layer's norm saves it: no extra bytes);
+- a layer's input: the model's loop (`hidden_states = decoder_layer(hidden_states, ...)`) references it while the
+  layer runs, after the layer's first part (its input norm) is done with it (from the second layer on: the first
+  layer's input is the embeddings' output);
+- the key/value cache (DynamicCache, built in eval as `use_cache` is on): each layer's `torch.cat` copies of k and v
+  stay referenced by the cache until the model's output is dropped after the loss, beside every later layer (in a
+  training step the attention saves them, so they are counted once, as that layer's);
+- eager attention's float masks (masking_utils.create_causal_mask / create_sliding_window_causal_mask for the eager
+  interface: a (b, 1, s, s) additive mask in the embeddings' dtype, one per layer type, made before the first layer
+  and held by the forward's `causal_mask_mapping` through all of them);
+- eager attention's scores beside their softmax: `attn_weights = attn_weights + attention_mask` is still bound while
+  `softmax(attn_weights)` writes its (b, H, s, s) result (training saves the probabilities only); gpt-oss's sinks
+  (modeling_gpt_oss.py eager_attention_forward) make it three: the scores, `torch.cat([attn_weights, sinks])` and
+  `combined_logits - max` (b, H, s, s + 1) each, while the cat is still bound.
+
+Measured: tests/ledger/test_eval_families.py (MemTracker around transformers' no-grad forward with the labels, as the
+Trainer's prediction_step runs it, against `memfit check` with training.eval_batch)."""
+
+from __future__ import annotations
+
+from memfit.models import held
+from memfit.models.hf_act_eval import layer_sizes, role_dtypes
+from memfit.models.hf_act_families import FAMILIES
+from memfit.recipe.costs import dtype_bytes
+
+
+def _elements(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+# a norm's own intermediates (its statistics, its normalized input before the weight multiplies it): a no-grad
+# forward frees them as soon as the norm's output exists (models.hf_act_layers' labels)
+NORM_INNER = (": 1/rms", ": normalized", ": mean (fp32)", ": 1/std", ": 1 + weight")
+ACT_INPUT = "act_fn(gate): input"   # a gated MLP's gate projection output: freed once act_fn(gate) is made
+PROJECTION_INPUT = ("down_proj: input", "fc_out")   # the MLP's product (or activation) the output projection reads
+DENSE = ("gated", "gated_fused", "plain")
+
+
+def _bytes(k) -> int:
+    return dtype_bytes(_elements(k.shape), k.dtype)
+
+
+def part_deltas(parts: list, mlp: str, hidden: int) -> dict:
+    """{part: bytes}: what a layer part's no-grad worst moment differs by from its training row's (its kept tensors
+    and its output): a norm's intermediates are freed (NORM_INNER); a dense MLP's worst moment is its last op before
+    the output projection (the product act_fn(gate) * up, or the plain MLP's activation), with the projection's
+    input made (the next part's first kept tensor), the gate projection's output freed where a product follows, and
+    the part's output not yet made. `parts`: the layer's (part, kept) in forward order (ledger.training._split)."""
+    out = {}
+    for n, (part, kept) in enumerate(parts):
+        freed = sum(_bytes(k) for k in kept if any(x in k.label for x in NORM_INNER))
+        delta = -freed
+        if part == "mlp" and mlp in DENSE and n + 1 < len(parts):
+            later = parts[n + 1][1]
+            product = next((_bytes(k) for k in later if k.label.startswith(PROJECTION_INPUT)), None)
+            if product is not None:
+                gate = sum(_bytes(k) for k in kept if k.label.startswith(ACT_INPUT))
+                delta += product - gate - hidden
+        out[part] = delta
+    return out
+
+
+def cache_bytes(kept: list, heads: int, kv_heads: int, cache: bool) -> tuple:
+    """One layer's key/value cache copies (its (b, KV, s, d) k and v) as the training rows label them: (all their
+    bytes, those among the attention's own kept tensors: the copies it reads, held.CACHE_COPY). Where repeat_kv
+    copies them to every query head the attention keeps the repeated copies: the cache's are the heads' share."""
+    if not cache:
+        return 0, 0
+    total = own = 0
+    for k in kept:
+        if held.CACHE_COPY in k.label:
+            total += _bytes(k)
+            own += _bytes(k)
+        elif heads and kv_heads and kv_heads < heads and ((": k" + held.REPEATED) in k.label or (": v" + held.REPEATED) in k.label):
+            total += dtype_bytes(_elements(k.shape) // heads * kv_heads, k.dtype)
+    return total, own
+
+
+def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, precision: str, dtypes: dict | None,
+                layer_parts: list) -> dict | None:
+    """{"masks", "cache", "own_cache", "attention", "parts"}: what a no-grad forward holds beyond the training rows
+    at each layer part and the loss: eager's masks (`masks`, at every layer and the loss); each layer's cache copies
+    (`cache`, a list in layer order, less what the training rows already hold unsaved (held.cache_copies): a
+    layer's and all earlier ones' alive from its attention on, and at the loss; `own_cache`: those among its
+    attention's kept tensors); eager attention's extra scores at the attention part (`attention`); each layer's
+    part_deltas (`parts`). `layer_parts`: each layer's (part, kept) (ledger.training._split of
+    models.hf_activations.saved, no checkpointing). None for a model this does not describe (an encoder-decoder, an
+    encoder, Falcon's and DeepSeek's attention, LLaVA). (The embeddings' output and a layer's input are the step's
+    own tensors: ledger.passes holds them by id.)"""
+    mt = cfg.get("model_type")
+    fam = FAMILIES.get(mt)
+    if fam is None or fam.head != "causal" or fam.falcon or fam.mla or fam.llava:
+        return None
+    roles = role_dtypes(precision, dtypes)
+    sizes = layer_sizes(cfg, micro_batch, seq_len, attention=attention)
+    b, s, heads = sizes["b"], sizes["s"], sizes["H"]
+    hidden = dtype_bytes(b * s * sizes["h"], roles["act"])
+    eager = attention == "eager" or (attention == "sdpa" and not fam.sdpa)
+    masks = scores = 0
+    if eager:
+        kinds = set(cfg.get("layer_types") or ()) or {"full_attention"}
+        masks = len(kinds) * dtype_bytes(b * s * s, roles["act"])
+        scores = dtype_bytes(b * heads * s * s, roles["lin"])
+        if fam.sinks:   # the scores, their cat with the sink column and its max-shifted copy
+            scores += dtype_bytes(b * heads * s * (s + 1), roles["soft"])
+    on = fam.cache and bool(cfg.get("use_cache", True))
+    quantized, mixed = bool((dtypes or {}).get("quantized")), precision.endswith("-mixed")
+    cache, own = [], []
+    for parts in layer_parts:
+        kept = [k for _, part in parts for k in part]
+        total, mine = cache_bytes(kept, heads, sizes["KV"], on)
+        unsaved = held.cache_copies(kept, roles, bool(fam.rope), quantized, mixed, heads if on else 0, sizes["KV"])
+        cache.append(max(0, total - unsaved))
+        own.append(mine)
+    return {"masks": masks, "cache": cache, "own_cache": own, "attention": scores,
+            "parts": [part_deltas(parts, fam.mlp, hidden) for parts in layer_parts]}
