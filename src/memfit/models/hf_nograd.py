@@ -26,7 +26,7 @@ Trainer's prediction_step runs it, against `memfit check` with training.eval_bat
 from __future__ import annotations
 
 from memfit.models import held
-from memfit.models.hf_act_eval import layer_sizes, role_dtypes
+from memfit.models.hf_act_eval import _parallel, layer_sizes, role_dtypes
 from memfit.models.hf_act_families import FAMILIES
 from memfit.recipe.costs import dtype_bytes
 
@@ -44,28 +44,57 @@ NORM_INNER = (": 1/rms", ": normalized", ": mean (fp32)", ": 1/std", ": 1 + weig
 ACT_INPUT = "act_fn(gate): input"   # a gated MLP's gate projection output: freed once act_fn(gate) is made
 PROJECTION_INPUT = ("down_proj: input", "fc_out")   # the MLP's product (or activation) the output projection reads
 DENSE = ("gated", "gated_fused", "plain")
+KERNELS = ("attention: ", "q @ k^T")   # an attention part with sdpa's or eager's kernel
+QK_NORM_INPUT = ("q_norm: input", "k_norm: input")
+EAGER_OUT = "o_proj: input"   # eager's p @ v output transposed to (b, s, H*d) (sdpa's is its kernel's output)
+AFTER_ATTENTION = "post_attention_layernorm: input"   # a norm after the attention: its input, the attention's output
+DROPOUT = "dropout"   # a dropout's mask or output: model.eval() runs none
+MASK_BIAS = "mask as a float bias"   # sdpa given a window's mask: its float bias, freed before the output's copy
+CORE = ("softcap tanh", "softmax")   # eager attention's (b, H, s, s) tensors the training row keeps
 
 
 def _bytes(k) -> int:
     return dtype_bytes(_elements(k.shape), k.dtype)
 
 
-def part_deltas(parts: list, mlp: str, hidden: int) -> dict:
+def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel: bool) -> dict:
     """{part: bytes}: what a layer part's no-grad worst moment differs by from its training row's (its kept tensors
-    and its output): a norm's intermediates are freed (NORM_INNER); a dense MLP's worst moment is its last op before
-    the output projection (the product act_fn(gate) * up, or the plain MLP's activation), with the projection's
-    input made (the next part's first kept tensor), the gate projection's output freed where a product follows, and
-    the part's output not yet made. `parts`: the layer's (part, kept) in forward order (ledger.training._split)."""
+    and its output). `parts`: the layer's (part, kept) in forward order (ledger.training._split); `fam` its
+    ActivationRules; `hidden` one (b, s, h) in the residual stream's dtype; `qkv` a fused projection's whole output
+    (0 where q, k and v are separate); `parallel`: attention and MLP read the layer's input side by side.
+
+    - a norm's intermediates are freed once its output exists (NORM_INNER); no dropout runs (model.eval());
+    - the attention's worst moment is its kernel: q_norm's and k_norm's inputs (the raw projections) are freed; a
+      fused projection's output stays whole (q, k, v are views of it, v's held to the end); eager's comes at its
+      softmax, before p @ v's output and its transposed copy (o_proj's input) and the part's output exist; sdpa's
+      at its output's transposed copy (`.contiguous()`, the part's output's size), or given a window's mask at the
+      kernel (its float bias, made for the call, is freed before the copy);
+    - a dense MLP's worst moment is its last op before the output projection (the product act_fn(gate) * up, or
+      the plain MLP's activation): the projection's input made (the next part's first kept tensor), the gate
+      projection's output freed where a product follows, the part's output not yet made; where a norm follows the
+      attention (Gemma 2/3's sandwich, OLMo 2) its input (the attention's output) is freed by then;
+    - attention and MLP side by side (GPT-NeoX's parallel residual, Cohere's shared input): the attention's output
+      is held through the MLP (`mlp_output + attn_output + hidden_states`), and Cohere's one norm's output too."""
     out = {}
     for n, (part, kept) in enumerate(parts):
-        freed = sum(_bytes(k) for k in kept if any(x in k.label for x in NORM_INNER))
-        delta = -freed
-        if part == "mlp" and mlp in DENSE and n + 1 < len(parts):
+        delta = -sum(_bytes(k) for k in kept if any(x in k.label for x in NORM_INNER) or DROPOUT in k.label)
+        if part == "attention" and any(k.label.startswith(KERNELS) for k in kept):
+            delta -= sum(_bytes(k) for k in kept if k.label.startswith(QK_NORM_INPUT))
+            delta += qkv
+            if any(k.label.startswith("q @ k^T") for k in kept):
+                delta -= sum(_bytes(k) for k in kept if k.label.startswith(EAGER_OUT)) + hidden
+            elif any(MASK_BIAS in k.label for k in kept):
+                delta -= hidden
+        if part == "mlp" and fam.mlp in DENSE and n + 1 < len(parts):
             later = parts[n + 1][1]
             product = next((_bytes(k) for k in later if k.label.startswith(PROJECTION_INPUT)), None)
             if product is not None:
                 gate = sum(_bytes(k) for k in kept if k.label.startswith(ACT_INPUT))
                 delta += product - gate - hidden
+            if fam.sandwich in ("pre_post", "post"):
+                delta -= sum(_bytes(k) for k in kept if k.label.startswith(AFTER_ATTENTION))
+        if part in ("mlp", "down_proj") and (parallel or fam.shared_input):
+            delta += hidden * (2 if fam.shared_input else 1)
         out[part] = delta
     return out
 
@@ -105,14 +134,19 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
     sizes = layer_sizes(cfg, micro_batch, seq_len, attention=attention)
     b, s, heads = sizes["b"], sizes["s"], sizes["H"]
     hidden = dtype_bytes(b * s * sizes["h"], roles["act"])
+    qkv = dtype_bytes(b * s * sizes["qkv"], roles["lin"]) if fam.qkv == "fused" else 0
     eager = attention == "eager" or (attention == "sdpa" and not fam.sdpa)
     masks = scores = 0
     if eager:
         kinds = set(cfg.get("layer_types") or ()) or {"full_attention"}
         masks = len(kinds) * dtype_bytes(b * s * s, roles["act"])
-        scores = dtype_bytes(b * heads * s * s, roles["lin"])
+        # the scores and their softmax (or each of the softcap's steps and its input: two at once), less what the
+        # attention row keeps of them already (the probabilities, the softcap's tanh)
+        core = 2 * dtype_bytes(b * heads * s * s, roles["lin"])
         if fam.sinks:   # the scores, their cat with the sink column and its max-shifted copy
-            scores += dtype_bytes(b * heads * s * (s + 1), roles["soft"])
+            core = dtype_bytes(b * heads * s * s, roles["lin"]) + 2 * dtype_bytes(b * heads * s * (s + 1), roles["soft"])
+        attention = dict(layer_parts[0]).get("attention", []) if layer_parts else []
+        scores = max(0, core - sum(_bytes(k) for k in attention if k.label.startswith(CORE)))
     on = fam.cache and bool(cfg.get("use_cache", True))
     quantized, mixed = bool((dtypes or {}).get("quantized")), precision.endswith("-mixed")
     cache, own = [], []
@@ -123,4 +157,4 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
         cache.append(max(0, total - unsaved))
         own.append(mine)
     return {"masks": masks, "cache": cache, "own_cache": own, "attention": scores,
-            "parts": [part_deltas(parts, fam.mlp, hidden) for parts in layer_parts]}
+            "parts": [part_deltas(parts, fam, hidden, qkv, bool(_parallel(cfg))) for parts in layer_parts]}
