@@ -50,6 +50,7 @@ EAGER_OUT = "o_proj: input"   # eager's p @ v output transposed to (b, s, H*d) (
 AFTER_ATTENTION = "post_attention_layernorm: input"   # a norm after the attention: its input, the attention's output
 DROPOUT = "dropout"   # a dropout's mask or output: model.eval() runs none
 MASK_BIAS = "mask as a float bias"   # sdpa given a window's mask: its float bias, freed before the output's copy
+FUSED_VIEW = "view of the fused qkv output"   # the row keeps the fused output whole already (GPT-2's q)
 CORE = ("softcap tanh", "softmax")   # eager attention's (b, H, s, s) tensors the training row keeps
 
 
@@ -71,7 +72,8 @@ def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel: bool) -> dict
       kernel (its float bias, made for the call, is freed before the copy);
     - a dense MLP's worst moment is its last op before the output projection (the product act_fn(gate) * up, or
       the plain MLP's activation): the projection's input made (the next part's first kept tensor), the gate
-      projection's output freed where a product follows, the part's output not yet made; where a norm follows the
+      projection's output freed where a product follows, the part's output not yet made (an activation written as
+      a chain of ops, GPT-2's gelu_new, peaks among its own intermediates, which the row keeps); where a norm follows the
       attention (Gemma 2/3's sandwich, OLMo 2) its input (the attention's output) is freed by then;
     - attention and MLP side by side (GPT-NeoX's parallel residual, Cohere's shared input): the attention's output
       is held through the MLP (`mlp_output + attn_output + hidden_states`), and Cohere's one norm's output too."""
@@ -80,7 +82,7 @@ def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel: bool) -> dict
         delta = -sum(_bytes(k) for k in kept if any(x in k.label for x in NORM_INNER) or DROPOUT in k.label)
         if part == "attention" and any(k.label.startswith(KERNELS) for k in kept):
             delta -= sum(_bytes(k) for k in kept if k.label.startswith(QK_NORM_INPUT))
-            delta += qkv
+            delta += 0 if any(FUSED_VIEW in k.label for k in kept) else qkv
             if any(k.label.startswith("q @ k^T") for k in kept):
                 delta -= sum(_bytes(k) for k in kept if k.label.startswith(EAGER_OUT)) + hidden
             elif any(MASK_BIAS in k.label for k in kept):
@@ -88,9 +90,12 @@ def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel: bool) -> dict
         if part == "mlp" and fam.mlp in DENSE and n + 1 < len(parts):
             later = parts[n + 1][1]
             product = next((_bytes(k) for k in later if k.label.startswith(PROJECTION_INPUT)), None)
-            if product is not None:
+            composed = sum(1 for k in kept if k.label.startswith("act: ")) > 1
+            if product is not None and not composed:
                 gate = sum(_bytes(k) for k in kept if k.label.startswith(ACT_INPUT))
                 delta += product - gate - hidden
+            elif composed:   # its intermediates are its worst moment, the product made from two of them
+                delta -= hidden
             if fam.sandwich in ("pre_post", "post"):
                 delta -= sum(_bytes(k) for k in kept if k.label.startswith(AFTER_ATTENTION))
         if part in ("mlp", "down_proj") and (parallel or fam.shared_input):
@@ -118,7 +123,8 @@ def cache_bytes(kept: list, heads: int, kv_heads: int, cache: bool) -> tuple:
 def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, precision: str, dtypes: dict | None,
                 layer_parts: list) -> dict | None:
     """{"masks", "cache", "own_cache", "attention", "parts"}: what a no-grad forward holds beyond the training rows
-    at each layer part and the loss: eager's masks (`masks`, at every layer and the loss); each layer's cache copies
+    at each layer part and the loss: eager's masks and GPT-2's token embeddings beside their sum with the
+    positions' (`masks`, at every layer and the loss); each layer's cache copies
     (`cache`, a list in layer order, less what the training rows already hold unsaved (held.cache_copies): a
     layer's and all earlier ones' alive from its attention on, and at the loss; `own_cache`: those among its
     attention's kept tensors); eager attention's extra scores at the attention part (`attention`); each layer's
@@ -156,5 +162,8 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
         unsaved = held.cache_copies(kept, roles, bool(fam.rope), quantized, mixed, heads if on else 0, sizes["KV"])
         cache.append(max(0, total - unsaved))
         own.append(mine)
-    return {"masks": masks, "cache": cache, "own_cache": own, "attention": scores,
+    # GPT-2: `hidden_states = inputs_embeds + position_embeds` (modeling_gpt2.py): the token embeddings stay bound
+    # beside their sum (the step's embeddings output) all forward
+    embeds = hidden if "positions" in fam.embed_extra else 0
+    return {"masks": masks + embeds, "cache": cache, "own_cache": own, "attention": scores,
             "parts": [part_deltas(parts, fam, hidden, qkv, bool(_parallel(cfg))) for parts in layer_parts]}
