@@ -51,6 +51,11 @@ AFTER_ATTENTION = "post_attention_layernorm: input"   # a norm after the attenti
 DROPOUT = "dropout"   # a dropout's mask or output: model.eval() runs none
 MASK_BIAS = "mask as a float bias"   # sdpa given a window's mask: its float bias, freed before the output's copy
 FUSED_VIEW = "view of the fused qkv output"   # the row keeps the fused output whole already (GPT-2's q)
+MOE = ("moe", "moe_shared", "moe_phi", "moe_oss")   # transformers' grouped experts (integrations/moe.py)
+# the grouped experts' gate_up output and its activation's tensors, down's input: freed before the unsort
+EXPERT_INNER = ("act_fn(gate), * up", "act * up", "grouped_mm down: input")
+# Qwen2-MoE's shared expert, run before the routed experts: its intermediates freed once its output exists
+SHARED_INNER = ("(shared expert)", "shared_expert.down_proj: input", "sigmoid: output")
 CORE = ("softcap tanh", "softmax")   # eager attention's (b, H, s, s) tensors the training row keeps
 
 
@@ -75,6 +80,11 @@ def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel: bool) -> dict
       projection's output freed where a product follows, the part's output not yet made (an activation written as
       a chain of ops, GPT-2's gelu_new, peaks among its own intermediates, which the row keeps); where a norm follows the
       attention (Gemma 2/3's sandwich, OLMo 2) its input (the attention's output) is freed by then;
+    - grouped experts (integrations/moe.py grouped_mm_experts_forward): the MLP part's worst moment is its
+      product (the gate_up output, the activation and the product alive beside the routed tokens), the down
+      part's its unsort (ledger's forward_early), by when those are freed and the MLP part's own tensors (the
+      norm's input and output, the router's, the routed tokens) are still bound; a shared expert (Qwen2-MoE) has
+      run before them: only its output is left;
     - attention and MLP side by side (GPT-NeoX's parallel residual, Cohere's shared input): the attention's output
       is held through the MLP (`mlp_output + attn_output + hidden_states`), and Cohere's one norm's output too."""
     out = {}
@@ -98,9 +108,16 @@ def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel: bool) -> dict
                 delta -= hidden
             if fam.sandwich in ("pre_post", "post"):
                 delta -= sum(_bytes(k) for k in kept if k.label.startswith(AFTER_ATTENTION))
+        if part == "mlp" and fam.mlp in MOE and n + 1 < len(parts):
+            shared = sum(_bytes(k) for k in kept if any(x in k.label for x in SHARED_INNER))
+            alive = sum(_bytes(k) for k in kept if not any(x in k.label for x in NORM_INNER)) - shared
+            experts = sum(_bytes(k) for k in parts[n + 1][1] if k.label.startswith(EXPERT_INNER))
+            if experts:
+                out[parts[n + 1][0]] = alive - experts
+                delta += experts - hidden - shared
         if part in ("mlp", "down_proj") and (parallel or fam.shared_input):
             delta += hidden * (2 if fam.shared_input else 1)
-        out[part] = delta
+        out[part] = out.get(part, 0) + delta
     return out
 
 
