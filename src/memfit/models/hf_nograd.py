@@ -63,11 +63,13 @@ def _bytes(k) -> int:
     return dtype_bytes(_elements(k.shape), k.dtype)
 
 
-def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel: bool) -> dict:
+def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel, bmm: bool = False) -> dict:
     """{part: bytes}: what a layer part's no-grad worst moment differs by from its training row's (its kept tensors
     and its output). `parts`: the layer's (part, kept) in forward order (ledger.training._split); `fam` its
     ActivationRules; `hidden` one (b, s, h) in the residual stream's dtype; `qkv` a fused projection's whole output
-    (0 where q, k and v are separate); `parallel`: attention and MLP read the layer's input side by side.
+    (0 where q, k and v are separate); `parallel`: attention and MLP read the layer's input side by side ("shared":
+    one norm's output, Falcon-7B's layout); `bmm`: the attention's scores are made as a tensor (eager, or torch's
+    math kernel: Falcon's multi-query attention under sdpa).
 
     - a norm's intermediates are freed once its output exists (NORM_INNER); no dropout runs (model.eval());
     - the attention's worst moment is its kernel: q_norm's and k_norm's inputs (the raw projections) are freed; a
@@ -93,7 +95,7 @@ def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel: bool) -> dict
         if part == "attention" and any(k.label.startswith(KERNELS) for k in kept):
             delta -= sum(_bytes(k) for k in kept if k.label.startswith(QK_NORM_INPUT))
             delta += 0 if any(FUSED_VIEW in k.label for k in kept) else qkv
-            if any(k.label.startswith("q @ k^T") for k in kept):
+            if bmm or any(k.label.startswith("q @ k^T") for k in kept):
                 delta -= sum(_bytes(k) for k in kept if k.label.startswith(EAGER_OUT)) + hidden
             elif any(MASK_BIAS in k.label for k in kept):
                 delta -= hidden
@@ -116,7 +118,7 @@ def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel: bool) -> dict
                 out[parts[n + 1][0]] = alive - experts
                 delta += experts - hidden - shared
         if part in ("mlp", "down_proj") and (parallel or fam.shared_input):
-            delta += hidden * (2 if fam.shared_input else 1)
+            delta += hidden * (2 if fam.shared_input or parallel == "shared" else 1)
         out[part] = out.get(part, 0) + delta
     return out
 
@@ -147,11 +149,11 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
     attention's kept tensors); eager attention's extra scores at the attention part (`attention`); each layer's
     part_deltas (`parts`). `layer_parts`: each layer's (part, kept) (ledger.training._split of
     models.hf_activations.saved, no checkpointing). None for a model this does not describe (an encoder-decoder, an
-    encoder, Falcon's and DeepSeek's attention, LLaVA). (The embeddings' output and a layer's input are the step's
+    encoder, DeepSeek's attention, Falcon's ALiBi, LLaVA). (The embeddings' output and a layer's input are the step's
     own tensors: ledger.passes holds them by id.)"""
     mt = cfg.get("model_type")
     fam = FAMILIES.get(mt)
-    if fam is None or fam.head != "causal" or fam.falcon or fam.mla or fam.llava:
+    if fam is None or fam.head != "causal" or fam.mla or fam.llava or (fam.falcon and cfg.get("alibi")):
         return None
     roles = role_dtypes(precision, dtypes)
     sizes = layer_sizes(cfg, micro_batch, seq_len, attention=attention)
@@ -159,8 +161,11 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
     hidden = dtype_bytes(b * s * sizes["h"], roles["act"])
     qkv = dtype_bytes(b * s * sizes["qkv"], roles["lin"]) if fam.qkv == "fused" else 0
     eager = attention == "eager" or (attention == "sdpa" and not fam.sdpa)
+    # Falcon: multi-query attention under sdpa runs torch's math kernel; its float mask is made inside the attention
+    # (`attention_mask_float`, or sdpa's own from the bool mask) and freed after it
+    falcon_bmm = fam.falcon and (eager or (not cfg.get("new_decoder_architecture") and bool(cfg.get("multi_query"))))
     masks = scores = 0
-    if eager:
+    if eager or falcon_bmm:
         kinds = set(cfg.get("layer_types") or ()) or {"full_attention"}
         masks = len(kinds) * dtype_bytes(b * s * s, roles["act"])
         # the scores and their softmax (or each of the softcap's steps and its input: two at once), less what the
@@ -170,6 +175,8 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
             core = dtype_bytes(b * heads * s * s, roles["lin"]) + 2 * dtype_bytes(b * heads * s * (s + 1), roles["soft"])
         attention = dict(layer_parts[0]).get("attention", []) if layer_parts else []
         scores = max(0, core - sum(_bytes(k) for k in attention if k.label.startswith(CORE)))
+        if fam.falcon:
+            scores, masks = scores + masks, 0
     on = fam.cache and bool(cfg.get("use_cache", True))
     quantized, mixed = bool((dtypes or {}).get("quantized")), precision.endswith("-mixed")
     cache, own = [], []
@@ -183,4 +190,4 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
     # beside their sum (the step's embeddings output) all forward
     embeds = hidden if "positions" in fam.embed_extra else 0
     return {"masks": masks + embeds, "cache": cache, "own_cache": own, "attention": scores,
-            "parts": [part_deltas(parts, fam, hidden, qkv, bool(_parallel(cfg))) for parts in layer_parts]}
+            "parts": [part_deltas(parts, fam, hidden, qkv, _parallel(cfg), falcon_bmm) for parts in layer_parts]}
