@@ -149,11 +149,11 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
     attention's kept tensors); eager attention's extra scores at the attention part (`attention`); each layer's
     part_deltas (`parts`). `layer_parts`: each layer's (part, kept) (ledger.training._split of
     models.hf_activations.saved, no checkpointing). None for a model this does not describe (an encoder-decoder, an
-    encoder, DeepSeek's attention, Falcon's ALiBi, LLaVA). (The embeddings' output and a layer's input are the step's
+    encoder, Falcon's ALiBi, LLaVA). (The embeddings' output and a layer's input are the step's
     own tensors: ledger.passes holds them by id.)"""
     mt = cfg.get("model_type")
     fam = FAMILIES.get(mt)
-    if fam is None or fam.head != "causal" or fam.mla or fam.llava or (fam.falcon and cfg.get("alibi")):
+    if fam is None or fam.head != "causal" or fam.llava or (fam.falcon and cfg.get("alibi")):
         return None
     roles = role_dtypes(precision, dtypes)
     sizes = layer_sizes(cfg, micro_batch, seq_len, attention=attention)
@@ -164,10 +164,13 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
     # Falcon: multi-query attention under sdpa runs torch's math kernel; its float mask is made inside the attention
     # (`attention_mask_float`, or sdpa's own from the bool mask) and freed after it
     falcon_bmm = fam.falcon and (eager or (not cfg.get("new_decoder_architecture") and bool(cfg.get("multi_query"))))
+    # DeepSeek-V3's latent attention under sdpa, its q/k head dim not v's: torch's math kernel, its scores a tensor
+    # (the model's mask a (1, 1, s, s) bool: no (b, s, s) float one)
+    mla_math = fam.mla and attention == "sdpa" and cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"] != cfg["v_head_dim"]
     masks = scores = 0
-    if eager or falcon_bmm:
+    if eager or falcon_bmm or mla_math:
         kinds = set(cfg.get("layer_types") or ()) or {"full_attention"}
-        masks = len(kinds) * dtype_bytes(b * s * s, roles["act"])
+        masks = len(kinds) * dtype_bytes(b * s * s, roles["act"]) if not mla_math else 0
         # the scores and their softmax (or each of the softcap's steps and its input: two at once), less what the
         # attention row keeps of them already (the probabilities, the softcap's tanh)
         core = 2 * dtype_bytes(b * heads * s * s, roles["lin"])
@@ -190,4 +193,4 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
     # beside their sum (the step's embeddings output) all forward
     embeds = hidden if "positions" in fam.embed_extra else 0
     return {"masks": masks + embeds, "cache": cache, "own_cache": own, "attention": scores,
-            "parts": [part_deltas(parts, fam, hidden, qkv, _parallel(cfg), falcon_bmm) for parts in layer_parts]}
+            "parts": [part_deltas(parts, fam, hidden, qkv, _parallel(cfg), falcon_bmm or mla_math) for parts in layer_parts]}
