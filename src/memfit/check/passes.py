@@ -77,7 +77,7 @@ def _nograd(model):
     """What the model's no-grad forward holds beside the step's rows (models.hf_nograd), as ledger.passes.NoGrad;
     None where that is not described (an encoder-decoder, an encoder, a technique's own layout)."""
     from memfit.ledger.passes import NoGrad
-    from memfit.ledger.training import _split
+    from memfit.ledger.training import layer_parts
     from memfit.models import hf_activations as acts, hf_nograd
     from memfit.models.hf_act_families import FAMILIES
 
@@ -90,6 +90,6 @@ def _nograd(model):
     fam = FAMILIES.get(model.cfg.get("model_type"))
     if fam is None:
         return None
-    layers = [_split(blk.kept, fam) for blk in blocks[1:-2] for _ in range(blk.count)]
+    layers = [layer_parts(blk.kept, fam) for blk in blocks[1:-2] for _ in range(blk.count)]
     found = hf_nograd.nograd_held(model.cfg, run["micro_batch"], run["seq_len"], run["attention"], precision, model.dtypes, layers)
     return None if found is None else NoGrad(**found)
