@@ -173,7 +173,14 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
         masks = len(kinds) * dtype_bytes(b * s * s, roles["act"]) if not mla_math else 0
         # the scores and their softmax (or each of the softcap's steps and its input: two at once), less what the
         # attention row keeps of them already (the probabilities, the softcap's tanh)
-        core = 2 * dtype_bytes(b * heads * s * s, roles["lin"])
+        scores32 = dtype_bytes(b * heads * s * s, "float32")
+        low = dtype_bytes(b * heads * s * s, roles["lin"])
+        # eager: the scores, the softmax's fp32 output and, below fp32, its cast back to the scores' dtype
+        core = low + scores32 + (low if low != scores32 else 0) if fam.softmax_fp32 else 2 * low
+        if falcon_bmm and not eager or mla_math:
+            # torch's math kernel computes a 16-bit q, k, v in fp32 (attention.cpp _scaled_dot_product_attention_math:
+            # `query_acc = ... query_.to(at::kFloat)`): its scores and their sum with the mask, fp32
+            core = 2 * scores32
         if fam.sinks:   # the scores, their cat with the sink column and its max-shifted copy
             core = dtype_bytes(b * heads * s * s, roles["lin"]) + 2 * dtype_bytes(b * heads * s * (s + 1), roles["soft"])
         attention = dict(layer_parts[0]).get("attention", []) if layer_parts else []
