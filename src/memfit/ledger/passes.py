@@ -92,9 +92,10 @@ def _row_transient(row: Row, size: dict, batch: set, held: tuple = (), extra: in
 @record(slots=True)
 class NoGrad:
     """What a no-grad forward holds beyond the rows' own tensors (models.hf_nograd.nograd_held): eager's masks at
-    every row and the loss, each layer's key/value cache copies (alive from that layer's attention on, through the
-    loss), eager attention's extra scores at an attention row; and by id, the embeddings' output (bound to
-    `inputs_embeds` all forward) and a layer's input (the model's loop holds it while the layer runs)."""
+    every row of the decoder, each layer's key/value cache copies (alive from that layer's attention on, through the
+    loss), eager attention's extra scores at an attention row, each part's own worst moment's difference; and by
+    id, the embeddings' output (bound to `inputs_embeds` all through the decoder's forward) and a layer's input (the
+    model's loop holds it while the layer runs)."""
 
     masks: int = 0
     cache: list = field(default_factory=list)
@@ -110,7 +111,8 @@ def _held_ids(step: Step) -> list:
     first: dict = {}
     out = []
     for row in step.rows:
-        ids = [embedded] if embedded is not None else []
+        # (the head and the loss run in the causal LM's forward, after the decoder's has returned: its locals freed)
+        ids = [embedded] if embedded is not None and row.name != "head" else []
         parts = row.name.split(" ", 2)
         if len(parts) == 3 and parts[0] == "layer" and parts[1].isdigit():
             first.setdefault(parts[1], row.input)
@@ -124,7 +126,7 @@ def _nograd_extra(row: Row, nograd: NoGrad | None) -> int:
         return 0
     parts = row.name.split(" ", 2)
     if len(parts) < 3 or parts[0] != "layer" or not parts[1].isdigit():
-        return nograd.masks if row.name == "final norm" or row.name == "head" else 0
+        return nograd.masks if row.name == "final norm" else 0
     layer, part = int(parts[1]), parts[2]
     cache = sum(nograd.cache[: layer + 1]) - (nograd.own_cache[layer] if part == "attention" and layer < len(nograd.own_cache) else 0)
     delta = nograd.parts[layer].get(part, 0) if layer < len(nograd.parts) else 0
@@ -132,8 +134,9 @@ def _nograd_extra(row: Row, nograd: NoGrad | None) -> int:
 
 
 def nograd_loss(nograd: NoGrad | None) -> int:
-    """The bytes a no-grad forward holds at its loss beyond the step's tensors: eager's masks, every layer's cache."""
-    return 0 if nograd is None else nograd.masks + sum(nograd.cache)
+    """The bytes a no-grad forward holds at its loss beyond the step's tensors: every layer's cache (the model's
+    output holds it; the decoder's masks and its `inputs_embeds` went with its forward's return)."""
+    return 0 if nograd is None else sum(nograd.cache)
 
 
 def forward_worst(step: Step, loss: bool = True, nograd: NoGrad | None = None) -> tuple[int, str]:
@@ -155,8 +158,7 @@ def forward_worst(step: Step, loss: bool = True, nograd: NoGrad | None = None) -
         hidden = size.get(head.input, 0) if head.input is not None and head.input not in batch else 0
         here = sum(step.loss.forward) + sum(size[t] for t in step.loss_kept) + hidden
         if nograd is not None:
-            embedded = held[0][0] if held and held[0] else None
-            here += nograd_loss(nograd) + (size[embedded] if embedded is not None and embedded != head.input else 0)
+            here += nograd_loss(nograd)
         if here > best:
             best, at = here, "loss"
     return best, at

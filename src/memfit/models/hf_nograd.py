@@ -4,8 +4,9 @@ training step's rows keep are freed as soon as no Python name holds them, and wh
 the layers' code still references:
 
 - the embeddings' output: the decoder's forward binds it to `inputs_embeds` (modeling_llama.py LlamaModel.forward:
-  `hidden_states = inputs_embeds`, then the loop rebinds `hidden_states` only), so it stays alive until the forward
-  returns, through every layer and the loss (in a training step the first layer's norm saves it: no extra bytes);
+  `hidden_states = inputs_embeds`, then the loop rebinds `hidden_states` only), so it stays alive until that
+  forward returns, through every layer and the final norm (the causal LM's head and loss run after it returned: its
+  locals, these and the masks, are freed by then; in a training step the first layer's norm saves it);
 - a layer's input: the model's loop (`hidden_states = decoder_layer(hidden_states, ...)`) references it while the
   layer runs, after the layer's first part (its input norm) is done with it (from the second layer on: the first
   layer's input is the embeddings' output);
@@ -143,7 +144,7 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
                 layer_parts: list) -> dict | None:
     """{"masks", "cache", "own_cache", "attention", "parts"}: what a no-grad forward holds beyond the training rows
     at each layer part and the loss: eager's masks and GPT-2's token embeddings beside their sum with the
-    positions' (`masks`, at every layer and the loss); each layer's cache copies
+    positions' (`masks`, at every layer of the decoder: freed with its forward, before the head); each layer's cache copies
     (`cache`, a list in layer order, less what the training rows already hold unsaved (held.cache_copies): a
     layer's and all earlier ones' alive from its attention on, and at the loss; `own_cache`: those among its
     attention's kept tensors); eager attention's extra scores at the attention part (`attention`); each layer's
