@@ -81,8 +81,9 @@ def _measure(hf_measure, ref, torch, cfg: dict, micro: int, eval_batch: int, seq
 def _write(tmp, name: str, cfg: dict, micro: int, eval_batch: int, seq: int) -> str:
     (tmp / f"{name}.json").write_text(json.dumps(cfg))
     run = {"micro_batch": micro, "seq_len": seq, "optimizer_impl": "foreach", "eval_batch": eval_batch}
-    (tmp / f"{name}.yaml").write_text(yaml.safe_dump({"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "precision": "32-true",
-                                                       "model": {"hf_config": f"{name}.json"}, "training": run}))
+    doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "precision": "32-true",
+           "model": {"hf_config": f"{name}.json"}, "training": run}
+    (tmp / f"{name}.yaml").write_text(yaml.safe_dump(doc))
     return f"{name}.yaml"
 
 

@@ -144,8 +144,8 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
                 layer_parts: list) -> dict | None:
     """{"masks", "cache", "own_cache", "attention", "parts"}: what a no-grad forward holds beyond the training rows
     at each layer part and the loss: eager's masks and GPT-2's token embeddings beside their sum with the
-    positions' (`masks`, at every layer of the decoder: freed with its forward, before the head); each layer's cache copies
-    (`cache`, a list in layer order, less what the training rows already hold unsaved (held.cache_copies): a
+    positions' (`masks`, at every layer of the decoder: freed with its forward, before the head); each layer's
+    cache copies (`cache`, a list in layer order, less what the training rows already hold unsaved (held.cache_copies): a
     layer's and all earlier ones' alive from its attention on, and at the loss; `own_cache`: those among its
     attention's kept tensors); eager attention's extra scores at the attention part (`attention`); each layer's
     part_deltas (`parts`). `layer_parts`: each layer's (part, kept) (ledger.training._split of
