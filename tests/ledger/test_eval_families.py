@@ -44,7 +44,7 @@ def _config(family: str) -> dict:
     return {**hf_measure.without_attention_dropout(hf_measure.tiny(family, **OVERRIDES.get(family, {}))), "vocab_size": 128}
 
 
-def measured_evaluation(cfg: dict, micro: int, eval_batch: int, seq: int) -> int:
+def measured_evaluation(cfg: dict, micro: int, eval_batch: int, seq: int, precision: str = "32-true") -> int:
     """MemTracker's peak over the evaluation forward (labels given, under no_grad) at `eval_batch`, after a training
     step (AdamW foreach) at `micro`: the weights, the optimizer state and both batches resident."""
     import hf_measure
@@ -54,13 +54,13 @@ def measured_evaluation(cfg: dict, micro: int, eval_batch: int, seq: int) -> int
     threads = torch.get_num_threads()
     torch.set_num_threads(1)   # tiny matmuls: a second thread only contends (the tests run on two shared cores)
     try:
-        return _measure(hf_measure, ref, torch, cfg, micro, eval_batch, seq)
+        return _measure(hf_measure, ref, torch, cfg, micro, eval_batch, seq, precision)
     finally:
         torch.set_num_threads(threads)
 
 
-def _measure(hf_measure, ref, torch, cfg: dict, micro: int, eval_batch: int, seq: int) -> int:
-    model = hf_measure.build(cfg)
+def _measure(hf_measure, ref, torch, cfg: dict, micro: int, eval_batch: int, seq: int, precision: str) -> int:
+    model = hf_measure.build(cfg, precision=precision)
     train, evaluation = hf_measure.inputs(cfg, micro, seq), hf_measure.inputs(cfg, eval_batch, seq, seed=2)
     optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
     model.train()
@@ -78,10 +78,10 @@ def _measure(hf_measure, ref, torch, cfg: dict, micro: int, eval_batch: int, seq
     return tracker.get_tracker_snapshot("peak")[ref.CPU]["Total"]
 
 
-def _write(tmp, name: str, cfg: dict, micro: int, eval_batch: int, seq: int) -> str:
+def _write(tmp, name: str, cfg: dict, micro: int, eval_batch: int, seq: int, precision: str = "32-true") -> str:
     (tmp / f"{name}.json").write_text(json.dumps(cfg))
     run = {"micro_batch": micro, "seq_len": seq, "optimizer_impl": "foreach", "eval_batch": eval_batch}
-    doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "precision": "32-true",
+    doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "precision": precision,
            "model": {"hf_config": f"{name}.json"}, "training": run}
     (tmp / f"{name}.yaml").write_text(yaml.safe_dump(doc))
     return f"{name}.yaml"
@@ -136,5 +136,42 @@ def test_gpt_oss_at_16_x_256_counts_its_eager_attention_with_sinks(tmp_path):
     cfg = _config("gpt_oss")
     measured = measured_evaluation(cfg, 2, 16, 256)
     file = _check(tmp_path, [_write(tmp_path, "gpt_oss", cfg, 2, 16, 256)])["gpt_oss.yaml"]
+    assert file["peak"]["phase"] == "evaluation"
+    assert abs(file["peak"]["bytes"] - measured) <= BAND * measured, (file["peak"]["bytes"], measured)
+
+
+# bf16-true (the model cast to bfloat16, no autocast): the dtype rules of the no-grad moments. Llama peaks at the loss
+# (the decoder's masks and inputs_embeds freed by then, the cache held), Gemma 2 at its eager softmax in fp32 (the
+# bf16 scores, the fp32 probabilities and their bf16 cast at once), Falcon at torch's math kernel (its scores in fp32
+# whatever q's dtype), gpt-oss at its sinks' softmax in the scores' dtype, Mixtral at its experts' unsort
+BF16 = ("llama", "gemma2", "falcon", "gpt_oss", "mixtral")
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_bf16_true_evaluation_passes_match_memtracker(tmp_path):
+    needs.module("torch")
+    _families()
+    measured, files = {}, {}
+    for family in BF16:
+        cfg = _config(family)
+        measured[family] = measured_evaluation(cfg, MICRO, EVAL, SEQ, "bf16-true")
+        files[family] = _write(tmp_path, family, cfg, MICRO, EVAL, SEQ, "bf16-true")
+    checked = _check(tmp_path, list(files.values()))
+    for family in BF16:
+        peak = checked[files[family]]["peak"]
+        assert peak["phase"] == "evaluation", (family, peak)
+        assert abs(peak["bytes"] - measured[family]) <= BAND * measured[family], (family, peak["bytes"], measured[family])
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.xfail(strict=True, reason="T5's evaluation pass is still priced from its training rows (models/hf_nograd.py "
+                   "describes decoders only): at 16 x 256 memfit's 31,010,816 B against 21,483,708 B measured (1.44, "
+                   "on the safe side; at 8 x 128 within the band)")
+def test_t5_at_16_x_256(tmp_path):
+    needs.module("torch")
+    _families()
+    cfg = _config("t5")
+    measured = measured_evaluation(cfg, 2, 16, 256)
+    file = _check(tmp_path, [_write(tmp_path, "t5", cfg, 2, 16, 256)])["t5.yaml"]
     assert file["peak"]["phase"] == "evaluation"
     assert abs(file["peak"]["bytes"] - measured) <= BAND * measured, (file["peak"]["bytes"], measured)
