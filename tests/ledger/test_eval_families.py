@@ -21,13 +21,8 @@ BAND = 0.05
 MICRO, EVAL, SEQ = 1, 8, 128
 # RoBERTa counts its positions from the padding token: room for the two it skips
 OVERRIDES = {"roberta": {"max_position_embeddings": SEQ + 2}}
-# measured at (EVAL, SEQ), memfit's figure / MemTracker's, where outside the band
-OPEN = {
-    # the latent attention's no-grad intermediates beside torch's math kernel (q_b_proj's and kv_b_proj's whole
-    # outputs, the unscaled q beside the kernel's scaled copy, the rotary key's expanded copy) are not modelled:
-    # 7,549,696 B against 8,740,728 B measured (0.864)
-    "deepseek_v3": "DeepSeek-V3's latent attention intermediates in a no-grad forward are not modelled (0.864 at 8 x 128)",
-}
+# measured at (EVAL, SEQ), memfit's figure / MemTracker's, where outside the band (a strict xfail): none now
+OPEN: dict = {}
 
 
 def _families() -> list:

@@ -19,7 +19,13 @@ the layers' code still references:
 - eager attention's scores beside their softmax: `attn_weights = attn_weights + attention_mask` is still bound while
   `softmax(attn_weights)` writes its (b, H, s, s) result (training saves the probabilities only); gpt-oss's sinks
   (modeling_gpt_oss.py eager_attention_forward) make it three: the scores, `torch.cat([attn_weights, sinks])` and
-  `combined_logits - max` (b, H, s, s + 1) each, while the cat is still bound.
+  `combined_logits - max` (b, H, s, s + 1) each, while the cat is still bound. torch's math kernel (sdpa where no
+  fused kernel takes the call: Falcon's multi-query attention, DeepSeek-V3's q/k head dim unlike v's) makes its
+  scores too, in fp32 whatever q's dtype;
+- DeepSeek-V3's latent attention: q_b_proj's and kv_b_proj's whole outputs (the heads' views keep them), the
+  unscaled q beside the kernel's scaled copy, the rotary key expanded to every head; its cache holds the latent
+  (kv_a_proj's compressed kv and rotary key);
+- each part's own worst op (part_deltas: a norm's intermediates freed, the MLP's product, the experts' unsort).
 
 Measured: tests/ledger/test_eval_families.py (MemTracker around transformers' no-grad forward with the labels, as the
 Trainer's prediction_step runs it, against `memfit check` with training.eval_batch)."""
@@ -57,6 +63,9 @@ MOE = ("moe", "moe_shared", "moe_phi", "moe_oss")   # transformers' grouped expe
 EXPERT_INNER = ("act_fn(gate), * up", "act * up", "grouped_mm down: input")
 # Qwen2-MoE's shared expert, run before the routed experts: its intermediates freed once its output exists
 SHARED_INNER = ("(shared expert)", "shared_expert.down_proj: input", "sigmoid: output")
+# DeepSeek-V3's latent attention: the low-rank norms' inputs and the up-projections' inputs are freed once read,
+# v's contiguous copy is made after the kernel's scores (modeling_deepseek_v3.py DeepseekV3Attention.forward)
+MLA_FREED = ("q_a_layernorm: input", "q_b_proj: input", "kv_b_proj: input", "p @ v: v (a contiguous copy")
 CORE = ("softcap tanh", "softmax")   # eager attention's (b, H, s, s) tensors the training row keeps
 
 
@@ -92,7 +101,8 @@ def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel, bmm: bool = F
       is held through the MLP (`mlp_output + attn_output + hidden_states`), and Cohere's one norm's output too."""
     out = {}
     for n, (part, kept) in enumerate(parts):
-        delta = -sum(_bytes(k) for k in kept if any(x in k.label for x in NORM_INNER) or DROPOUT in k.label)
+        delta = -sum(_bytes(k) for k in kept if any(x in k.label for x in NORM_INNER) or DROPOUT in k.label
+                     or k.label.startswith(MLA_FREED))
         if part == "attention" and any(k.label.startswith(KERNELS) for k in kept):
             delta -= sum(_bytes(k) for k in kept if k.label.startswith(QK_NORM_INPUT))
             delta += 0 if any(FUSED_VIEW in k.label for k in kept) else qkv
@@ -188,12 +198,21 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
         scores = max(0, core - sum(_bytes(k) for k in attention if k.label.startswith(CORE)))
         if fam.falcon:
             scores, masks = scores + masks, 0
+    if fam.mla:
+        # q_b_proj's (or q_proj's) and kv_b_proj's whole outputs (q_pass, q_rot, k_pass and value_states are views
+        # of them), the unscaled q cat beside the kernel's scaled copy, k_rot expanded to every head; under the math
+        # kernel its (s, s) float mask
+        T, H = sizes["T"], sizes["H"]
+        scores += (dtype_bytes(T * (2 * sizes["qb"] + sizes["kvb"]) + T * H * cfg["qk_rope_head_dim"], roles["lin"])
+                   + (dtype_bytes(s * s, "float32") if mla_math else 0))
     on = fam.cache and bool(cfg.get("use_cache", True))
     quantized, mixed = bool((dtypes or {}).get("quantized")), precision.endswith("-mixed")
     cache, own = [], []
     for parts in layer_parts:
         kept = [k for _, part in parts for k in part]
         total, mine = cache_bytes(kept, heads, sizes["KV"], on)
+        if fam.mla and on:   # the cache holds the latent: kv_a_proj's compressed kv and its rotary key, (b, 1, s, .)
+            total += dtype_bytes(sizes["T"] * sizes["kva"], roles["lin"])
         unsaved = held.cache_copies(kept, roles, bool(fam.rope), quantized, mixed, heads if on else 0, sizes["KV"])
         cache.append(max(0, total - unsaved))
         own.append(mine)
