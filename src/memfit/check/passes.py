@@ -63,10 +63,33 @@ def evaluation(config, data: dict, peak: dict, optimizer, impl: str) -> dict:
 
     step = training.build(replace(config, model=model), doc, optimizer, impl)
     keep = train.get("keep_gradients") is True
-    found = passes.evaluation_pass(step, keep)
+    nograd = _nograd(model)
+    found = passes.evaluation_pass(step, keep, nograd)
     if config.granule:  # as step.peak: what rounding each live tensor up to the allocator's granule adds, as overhead
-        extra = passes.evaluation_pass(rounded(step, config.granule), keep)["bytes"] - found["bytes"]
+        extra = passes.evaluation_pass(rounded(step, config.granule), keep, nograd)["bytes"] - found["bytes"]
         found["live"]["overhead"] += extra
         found["bytes"] += extra
         found["granularity"] = extra
     return passes.with_evaluation(peak, found)
+
+
+def _nograd(model):
+    """What the model's no-grad forward holds beside the step's rows (models.hf_nograd), as ledger.passes.NoGrad;
+    None where that is not described (an encoder-decoder, an encoder, a technique's own layout)."""
+    from memfit.ledger.passes import NoGrad
+    from memfit.ledger.training import layer_parts
+    from memfit.models import hf_activations as acts, hf_nograd
+    from memfit.models.hf_act_families import FAMILIES
+
+    run, recipe_args = model.training, dict(getattr(model, "recipe", None) or {})
+    precision = recipe_args.get("precision", "32-true")
+    if run.get("checkpointing", "none") != "none":
+        return None
+    blocks = acts.saved(model.cfg, micro_batch=run["micro_batch"], seq_len=run["seq_len"], attention=run["attention"],
+                        checkpointing="none", dtypes=model.dtypes, **recipe_args)
+    fam = FAMILIES.get(model.cfg.get("model_type"))
+    if fam is None:
+        return None
+    layers = [layer_parts(blk.kept, fam) for blk in blocks[1:-2] for _ in range(blk.count)]
+    found = hf_nograd.nograd_held(model.cfg, run["micro_batch"], run["seq_len"], run["attention"], precision, model.dtypes, layers)
+    return None if found is None else NoGrad(**found)

@@ -27,8 +27,9 @@ model's training step then its evaluation pass).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import field, replace
 
+from memfit.diagnostics.records import record
 from memfit.ledger.step import LIVE, Loss, Row, Step
 from memfit.recipe.costs import dtype_bytes
 
@@ -71,44 +72,103 @@ def _weights(step: Step) -> int:
     return sum(sum(r.params) + sum(r.frozen) for r in step.rows)
 
 
-def _row_transient(row: Row, size: dict, batch: set) -> int:
+def _row_transient(row: Row, size: dict, batch: set, held: tuple = (), extra: int = 0) -> int:
     """The bytes of a row's own tensors at once when nothing is kept for backward: what it would keep, its input and
-    output, and its intermediate (or its own worst transient, where the row knows it)."""
+    output, and its intermediate (or its own worst transient, where the row knows it); with `held`, the ids of the
+    step's tensors the forward's code still references there (each once), and `extra` bytes beside (a no-grad
+    forward's, NoGrad)."""
     own = {t for t in row.kept if t not in batch}
+    extra += sum(size[t] for t in set(held) if t not in batch and t not in own and t not in (row.input, row.output))
     moving = {t for t in (row.input, row.output if not row.view else None) if t is not None and t not in batch and t not in own}
     kept = sum(size[t] for t in own)
     # (a moment before its output exists, its kept tensors made: a mixture of experts' unsort, Row.forward_early)
     early = kept + row.forward_early if row.forward_early is not None else 0
+    early += extra if row.forward_early is not None else 0
     if row.forward_flight is not None:
-        return max(kept + row.forward_flight, early)
-    return max(kept + sum(size[t] for t in moving) + (0 if row.inner_kept else row.inner), early)
+        return max(kept + row.forward_flight + extra, early)
+    return max(kept + sum(size[t] for t in moving) + (0 if row.inner_kept else row.inner) + extra, early)
 
 
-def forward_worst(step: Step, loss: bool = True) -> tuple[int, str]:
+@record(slots=True)
+class NoGrad:
+    """What a no-grad forward holds beyond the rows' own tensors (models.hf_nograd.nograd_held): eager's masks at
+    every row of the decoder, each layer's key/value cache copies (alive from that layer's attention on, through the
+    loss), eager attention's extra scores at an attention row, each part's own worst moment's difference; and by
+    id, the embeddings' output (bound to `inputs_embeds` all through the decoder's forward) and a layer's input (the
+    model's loop holds it while the layer runs)."""
+
+    masks: int = 0
+    cache: list = field(default_factory=list)
+    own_cache: list = field(default_factory=list)
+    attention: int = 0
+    parts: list = field(default_factory=list)   # per layer, {part: bytes its no-grad moment differs by}
+
+
+def _held_ids(step: Step) -> list:
+    """Per row: the ids of the step's tensors a no-grad forward's code still references there (the embeddings'
+    output; a layer's input, beside the layer's parts)."""
+    embedded = next((r.output for r in step.rows if r.name == "embeddings"), None)
+    first: dict = {}
+    out = []
+    for row in step.rows:
+        # (the head and the loss run in the causal LM's forward, after the decoder's has returned: its locals freed)
+        ids = [embedded] if embedded is not None and row.name != "head" else []
+        parts = row.name.split(" ", 2)
+        if len(parts) == 3 and parts[0] == "layer" and parts[1].isdigit():
+            first.setdefault(parts[1], row.input)
+            ids.append(first[parts[1]])
+        out.append([t for t in ids if t is not None])
+    return out
+
+
+def _nograd_extra(row: Row, nograd: NoGrad | None) -> int:
+    if nograd is None:
+        return 0
+    parts = row.name.split(" ", 2)
+    if len(parts) < 3 or parts[0] != "layer" or not parts[1].isdigit():
+        return nograd.masks if row.name == "final norm" else 0
+    layer, part = int(parts[1]), parts[2]
+    cache = sum(nograd.cache[: layer + 1]) - (nograd.own_cache[layer] if part == "attention" and layer < len(nograd.own_cache) else 0)
+    delta = nograd.parts[layer].get(part, 0) if layer < len(nograd.parts) else 0
+    return nograd.masks + max(0, cache) + (nograd.attention if part == "attention" else 0) + delta
+
+
+def nograd_loss(nograd: NoGrad | None) -> int:
+    """The bytes a no-grad forward holds at its loss beyond the step's tensors: every layer's cache (the model's
+    output holds it; the decoder's masks and its `inputs_embeds` went with its forward's return)."""
+    return 0 if nograd is None else sum(nograd.cache)
+
+
+def forward_worst(step: Step, loss: bool = True, nograd: NoGrad | None = None) -> tuple[int, str]:
     """The largest transient bytes of the step's forward run under no_grad, and where: a row's own tensors at once
     (`_row_transient`), or the loss: the logits, the loss's copies and what it makes (its kept tensors, here only in
-    flight), the hidden states the model's forward holds while its loss runs."""
+    flight), the hidden states the model's forward holds while its loss runs. With `nograd` (a transformer's
+    evaluation pass), what the forward's code holds beside them (NoGrad)."""
     size, batch = step.tensors, set(step.batch)
+    held = _held_ids(step) if nograd is not None else [()] * len(step.rows)
     best, at = 0, ""
-    for row in step.rows:
+    for row, ids in zip(step.rows, held):
         if not row.name:
             continue
-        here = _row_transient(row, size, batch)
+        here = _row_transient(row, size, batch, ids, _nograd_extra(row, nograd))
         if here > best:
             best, at = here, row.name
     if loss and step.rows:
         head = step.rows[-1]
         hidden = size.get(head.input, 0) if head.input is not None and head.input not in batch else 0
         here = sum(step.loss.forward) + sum(size[t] for t in step.loss_kept) + hidden
+        if nograd is not None:
+            here += nograd_loss(nograd)
         if here > best:
             best, at = here, "loss"
     return best, at
 
 
-def evaluation_pass(step: Step, keep_gradients: bool) -> dict:
+def evaluation_pass(step: Step, keep_gradients: bool, nograd: NoGrad | None = None) -> dict:
     """{"bytes", "live", "at"}: the evaluation pass's worst moment, `step` built at the evaluation batch (its rows'
-    tensors; its weights and optimizer state are the training step's)."""
-    transient, at = forward_worst(step)
+    tensors; its weights and optimizer state are the training step's); `nograd`: what the model's no-grad forward
+    holds beside them (NoGrad)."""
+    transient, at = forward_worst(step, nograd=nograd)
     batch = sum(step.tensors[t] for t in step.batch)
     grads = sum(sum(r.grads) for r in step.rows) if keep_gradients else 0
     live = dict(zip(LIVE, (_weights(step), grads, batch, sum(step.optimizer_state), transient, step.overhead)))

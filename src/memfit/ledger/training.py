@@ -773,6 +773,12 @@ def _split(kept: list, fam) -> list:
     return [(part, kept[starts[i] : starts[i + 1]]) for i, part in enumerate(order)]
 
 
+def layer_parts(kept: list, fam) -> list:
+    """A layer's kept tensors as its four parts in forward order (_split): the parts the evaluation pass's no-grad
+    moments are priced by (check/passes.py, models/hf_nograd.py)."""
+    return _split(kept, fam)
+
+
 def _through_last_adapter(kept: list) -> int:
     """How many of a part's kept tensors exist when its last LoRA linear runs: through its lora_B's input
     (all of them where the part has no adapter)."""

@@ -1,0 +1,223 @@
+"""What a transformers decoder's forward under `torch.no_grad()` (the evaluation pass, ledger/passes.py) holds at its
+worst moments beyond the training rows' own tensors: nothing is saved for a backward there, so the tensors a
+training step's rows keep are freed as soon as no Python name holds them, and what is alive is what the model's and
+the layers' code still references:
+
+- the embeddings' output: the decoder's forward binds it to `inputs_embeds` (modeling_llama.py LlamaModel.forward:
+  `hidden_states = inputs_embeds`, then the loop rebinds `hidden_states` only), so it stays alive until that
+  forward returns, through every layer and the final norm (the causal LM's head and loss run after it returned: its
+  locals, these and the masks, are freed by then; in a training step the first layer's norm saves it);
+- a layer's input: the model's loop (`hidden_states = decoder_layer(hidden_states, ...)`) references it while the
+  layer runs, after the layer's first part (its input norm) is done with it (from the second layer on: the first
+  layer's input is the embeddings' output);
+- the key/value cache (DynamicCache, built in eval as `use_cache` is on): each layer's `torch.cat` copies of k and v
+  stay referenced by the cache until the model's output is dropped after the loss, beside every later layer (in a
+  training step the attention saves them, so they are counted once, as that layer's);
+- eager attention's float masks (masking_utils.create_causal_mask / create_sliding_window_causal_mask for the eager
+  interface: a (b, 1, s, s) additive mask in the embeddings' dtype, one per layer type, made before the first layer
+  and held by the forward's `causal_mask_mapping` through all of them);
+- eager attention's scores beside their softmax: `attn_weights = attn_weights + attention_mask` is still bound while
+  `softmax(attn_weights)` writes its (b, H, s, s) result (training saves the probabilities only); gpt-oss's sinks
+  (modeling_gpt_oss.py eager_attention_forward) make it three: the scores, `torch.cat([attn_weights, sinks])` and
+  `combined_logits - max` (b, H, s, s + 1) each, while the cat is still bound. torch's math kernel (sdpa where no
+  fused kernel takes the call: Falcon's multi-query attention, DeepSeek-V3's q/k head dim unlike v's) makes its
+  scores too, in fp32 whatever q's dtype;
+- DeepSeek-V3's latent attention: q_b_proj's and kv_b_proj's whole outputs (the heads' views keep them), the
+  unscaled q beside the kernel's scaled copy, the rotary key expanded to every head; its cache holds the latent
+  (kv_a_proj's compressed kv and rotary key);
+- each part's own worst op (part_deltas: a norm's intermediates freed, the MLP's product, the experts' unsort).
+
+Measured: tests/ledger/test_eval_families.py (MemTracker around transformers' no-grad forward with the labels, as the
+Trainer's prediction_step runs it, against `memfit check` with training.eval_batch)."""
+
+from __future__ import annotations
+
+from memfit.models import held
+from memfit.models.hf_act_eval import _parallel, layer_sizes, role_dtypes
+from memfit.models.hf_act_families import FAMILIES
+from memfit.recipe.costs import dtype_bytes
+
+
+def _elements(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+# a norm's own intermediates (its statistics, its normalized input before the weight multiplies it): a no-grad
+# forward frees them as soon as the norm's output exists (models.hf_act_layers' labels)
+NORM_INNER = (": 1/rms", ": normalized", ": mean (fp32)", ": 1/std", ": 1 + weight")
+ACT_INPUT = "act_fn(gate): input"   # a gated MLP's gate projection output: freed once act_fn(gate) is made
+PROJECTION_INPUT = ("down_proj: input", "fc_out")   # the MLP's product (or activation) the output projection reads
+DENSE = ("gated", "gated_fused", "plain")
+KERNELS = ("attention: ", "q @ k^T")   # an attention part with sdpa's or eager's kernel
+QK_NORM_INPUT = ("q_norm: input", "k_norm: input")
+EAGER_OUT = "o_proj: input"   # eager's p @ v output transposed to (b, s, H*d) (sdpa's is its kernel's output)
+AFTER_ATTENTION = "post_attention_layernorm: input"   # a norm after the attention: its input, the attention's output
+DROPOUT = "dropout"   # a dropout's mask or output: model.eval() runs none
+MASK_BIAS = "mask as a float bias"   # sdpa given a window's mask: its float bias, freed before the output's copy
+FUSED_VIEW = "view of the fused qkv output"   # the row keeps the fused output whole already (GPT-2's q)
+MOE = ("moe", "moe_shared", "moe_phi", "moe_oss")   # transformers' grouped experts (integrations/moe.py)
+# the grouped experts' gate_up output and its activation's tensors, down's input: freed before the unsort
+EXPERT_INNER = ("act_fn(gate), * up", "act * up", "grouped_mm down: input")
+# Qwen2-MoE's shared expert, run before the routed experts: its intermediates freed once its output exists
+SHARED_INNER = ("(shared expert)", "shared_expert.down_proj: input", "sigmoid: output")
+# DeepSeek-V3's latent attention: the low-rank norms' inputs and the up-projections' inputs are freed once read,
+# v's contiguous copy is made after the kernel's scores (modeling_deepseek_v3.py DeepseekV3Attention.forward)
+MLA_FREED = ("q_a_layernorm: input", "q_b_proj: input", "kv_b_proj: input", "p @ v: v (a contiguous copy")
+CORE = ("softcap tanh", "softmax")   # eager attention's (b, H, s, s) tensors the training row keeps
+
+
+def _bytes(k) -> int:
+    return dtype_bytes(_elements(k.shape), k.dtype)
+
+
+def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel, bmm: bool = False) -> dict:
+    """{part: bytes}: what a layer part's no-grad worst moment differs by from its training row's (its kept tensors
+    and its output). `parts`: the layer's (part, kept) in forward order (ledger.training._split); `fam` its
+    ActivationRules; `hidden` one (b, s, h) in the residual stream's dtype; `qkv` a fused projection's whole output
+    (0 where q, k and v are separate); `parallel`: attention and MLP read the layer's input side by side ("shared":
+    one norm's output, Falcon-7B's layout); `bmm`: the attention's scores are made as a tensor (eager, or torch's
+    math kernel: Falcon's multi-query attention under sdpa).
+
+    - a norm's intermediates are freed once its output exists (NORM_INNER); no dropout runs (model.eval());
+    - the attention's worst moment is its kernel: q_norm's and k_norm's inputs (the raw projections) are freed; a
+      fused projection's output stays whole (q, k, v are views of it, v's held to the end); eager's comes at its
+      softmax, before p @ v's output and its transposed copy (o_proj's input) and the part's output exist; sdpa's
+      at its output's transposed copy (`.contiguous()`, the part's output's size), or given a window's mask at the
+      kernel (its float bias, made for the call, is freed before the copy);
+    - a dense MLP's worst moment is its last op before the output projection (the product act_fn(gate) * up, or
+      the plain MLP's activation): the projection's input made (the next part's first kept tensor), the gate
+      projection's output freed where a product follows, the part's output not yet made (an activation written as
+      a chain of ops, GPT-2's gelu_new, peaks among its own intermediates, which the row keeps); where a norm follows the
+      attention (Gemma 2/3's sandwich, OLMo 2) its input (the attention's output) is freed by then;
+    - grouped experts (integrations/moe.py grouped_mm_experts_forward): the MLP part's worst moment is its
+      product (the gate_up output, the activation and the product alive beside the routed tokens), the down
+      part's its unsort (ledger's forward_early), by when those are freed and the MLP part's own tensors (the
+      norm's input and output, the router's, the routed tokens) are still bound; a shared expert (Qwen2-MoE) has
+      run before them: only its output is left;
+    - attention and MLP side by side (GPT-NeoX's parallel residual, Cohere's shared input): the attention's output
+      is held through the MLP (`mlp_output + attn_output + hidden_states`), and Cohere's one norm's output too."""
+    out = {}
+    for n, (part, kept) in enumerate(parts):
+        delta = -sum(_bytes(k) for k in kept if any(x in k.label for x in NORM_INNER) or DROPOUT in k.label
+                     or k.label.startswith(MLA_FREED))
+        if part == "attention" and any(k.label.startswith(KERNELS) for k in kept):
+            delta -= sum(_bytes(k) for k in kept if k.label.startswith(QK_NORM_INPUT))
+            delta += 0 if any(FUSED_VIEW in k.label for k in kept) else qkv
+            if bmm or any(k.label.startswith("q @ k^T") for k in kept):
+                delta -= sum(_bytes(k) for k in kept if k.label.startswith(EAGER_OUT)) + hidden
+            elif any(MASK_BIAS in k.label for k in kept):
+                delta -= hidden
+        if part == "mlp" and fam.mlp in DENSE and n + 1 < len(parts):
+            later = parts[n + 1][1]
+            product = next((_bytes(k) for k in later if k.label.startswith(PROJECTION_INPUT)), None)
+            composed = sum(1 for k in kept if k.label.startswith("act: ")) > 1
+            if product is not None and not composed:
+                gate = sum(_bytes(k) for k in kept if k.label.startswith(ACT_INPUT))
+                delta += product - gate - hidden
+            elif composed:   # its intermediates are its worst moment, the product made from two of them
+                delta -= hidden
+            if fam.sandwich in ("pre_post", "post"):
+                delta -= sum(_bytes(k) for k in kept if k.label.startswith(AFTER_ATTENTION))
+        if part == "mlp" and fam.mlp in MOE and n + 1 < len(parts):
+            shared = sum(_bytes(k) for k in kept if any(x in k.label for x in SHARED_INNER))
+            alive = sum(_bytes(k) for k in kept if not any(x in k.label for x in NORM_INNER)) - shared
+            experts = sum(_bytes(k) for k in parts[n + 1][1] if k.label.startswith(EXPERT_INNER))
+            if experts:
+                out[parts[n + 1][0]] = alive - experts
+                delta += experts - hidden - shared
+        if part in ("mlp", "down_proj") and (parallel or fam.shared_input):
+            delta += hidden * (2 if fam.shared_input or parallel == "shared" else 1)
+        out[part] = out.get(part, 0) + delta
+    return out
+
+
+def cache_bytes(kept: list, heads: int, kv_heads: int, cache: bool) -> tuple:
+    """One layer's key/value cache copies (its (b, KV, s, d) k and v) as the training rows label them: (all their
+    bytes, those among the attention's own kept tensors: the copies it reads, held.CACHE_COPY). Where repeat_kv
+    copies them to every query head the attention keeps the repeated copies: the cache's are the heads' share."""
+    if not cache:
+        return 0, 0
+    total = own = 0
+    for k in kept:
+        if held.CACHE_COPY in k.label:
+            total += _bytes(k)
+            own += _bytes(k)
+        elif heads and kv_heads and kv_heads < heads and ((": k" + held.REPEATED) in k.label or (": v" + held.REPEATED) in k.label):
+            total += dtype_bytes(_elements(k.shape) // heads * kv_heads, k.dtype)
+    return total, own
+
+
+def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, precision: str, dtypes: dict | None,
+                layer_parts: list) -> dict | None:
+    """{"masks", "cache", "own_cache", "attention", "parts"}: what a no-grad forward holds beyond the training rows
+    at each layer part and the loss: eager's masks and GPT-2's token embeddings beside their sum with the
+    positions' (`masks`, at every layer of the decoder: freed with its forward, before the head); each layer's
+    cache copies (`cache`, a list in layer order, less what the training rows already hold unsaved (held.cache_copies): a
+    layer's and all earlier ones' alive from its attention on, and at the loss; `own_cache`: those among its
+    attention's kept tensors); eager attention's extra scores at the attention part (`attention`); each layer's
+    part_deltas (`parts`). `layer_parts`: each layer's (part, kept) (ledger.training._split of
+    models.hf_activations.saved, no checkpointing). None for a model this does not describe (an encoder-decoder, an
+    encoder, Falcon's ALiBi, LLaVA). (The embeddings' output and a layer's input are the step's
+    own tensors: ledger.passes holds them by id.)"""
+    mt = cfg.get("model_type")
+    fam = FAMILIES.get(mt)
+    if fam is None or fam.head != "causal" or fam.llava or (fam.falcon and cfg.get("alibi")):
+        return None
+    roles = role_dtypes(precision, dtypes)
+    sizes = layer_sizes(cfg, micro_batch, seq_len, attention=attention)
+    b, s, heads = sizes["b"], sizes["s"], sizes["H"]
+    hidden = dtype_bytes(b * s * sizes["h"], roles["act"])
+    qkv = dtype_bytes(b * s * sizes["qkv"], roles["lin"]) if fam.qkv == "fused" else 0
+    eager = attention == "eager" or (attention == "sdpa" and not fam.sdpa)
+    # Falcon: multi-query attention under sdpa runs torch's math kernel; its float mask is made inside the attention
+    # (`attention_mask_float`, or sdpa's own from the bool mask) and freed after it
+    falcon_bmm = fam.falcon and (eager or (not cfg.get("new_decoder_architecture") and bool(cfg.get("multi_query"))))
+    # DeepSeek-V3's latent attention under sdpa, its q/k head dim not v's: torch's math kernel, its scores a tensor
+    # (the model's mask a (1, 1, s, s) bool: no (b, s, s) float one)
+    mla_math = fam.mla and attention == "sdpa" and cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"] != cfg["v_head_dim"]
+    masks = scores = 0
+    if eager or falcon_bmm or mla_math:
+        kinds = set(cfg.get("layer_types") or ()) or {"full_attention"}
+        masks = len(kinds) * dtype_bytes(b * s * s, roles["act"]) if not mla_math else 0
+        # the scores and their softmax (or each of the softcap's steps and its input: two at once), less what the
+        # attention row keeps of them already (the probabilities, the softcap's tanh)
+        scores32 = dtype_bytes(b * heads * s * s, "float32")
+        low = dtype_bytes(b * heads * s * s, roles["lin"])
+        # eager: the scores, the softmax's fp32 output and, below fp32, its cast back to the scores' dtype
+        core = low + scores32 + (low if low != scores32 else 0) if fam.softmax_fp32 else 2 * low
+        if falcon_bmm and not eager or mla_math:
+            # torch's math kernel computes a 16-bit q, k, v in fp32 (attention.cpp _scaled_dot_product_attention_math:
+            # `query_acc = ... query_.to(at::kFloat)`): its scores and their sum with the mask, fp32
+            core = 2 * scores32
+        if fam.sinks:   # the scores, their cat with the sink column and its max-shifted copy
+            core = dtype_bytes(b * heads * s * s, roles["lin"]) + 2 * dtype_bytes(b * heads * s * (s + 1), roles["soft"])
+        attention = dict(layer_parts[0]).get("attention", []) if layer_parts else []
+        scores = max(0, core - sum(_bytes(k) for k in attention if k.label.startswith(CORE)))
+        if fam.falcon:
+            scores, masks = scores + masks, 0
+    if fam.mla:
+        # q_b_proj's (or q_proj's) and kv_b_proj's whole outputs (q_pass, q_rot, k_pass and value_states are views
+        # of them), the unscaled q cat beside the kernel's scaled copy, k_rot expanded to every head; under the math
+        # kernel its (s, s) float mask
+        T, H = sizes["T"], sizes["H"]
+        scores += (dtype_bytes(T * (2 * sizes["qb"] + sizes["kvb"]) + T * H * cfg["qk_rope_head_dim"], roles["lin"])
+                   + (dtype_bytes(s * s, "float32") if mla_math else 0))
+    on = fam.cache and bool(cfg.get("use_cache", True))
+    quantized, mixed = bool((dtypes or {}).get("quantized")), precision.endswith("-mixed")
+    cache, own = [], []
+    for parts in layer_parts:
+        kept = [k for _, part in parts for k in part]
+        total, mine = cache_bytes(kept, heads, sizes["KV"], on)
+        if fam.mla and on:   # the cache holds the latent: kv_a_proj's compressed kv and its rotary key, (b, 1, s, .)
+            total += dtype_bytes(sizes["T"] * sizes["kva"], roles["lin"])
+        unsaved = held.cache_copies(kept, roles, bool(fam.rope), quantized, mixed, heads if on else 0, sizes["KV"])
+        cache.append(max(0, total - unsaved))
+        own.append(mine)
+    # GPT-2: `hidden_states = inputs_embeds + position_embeds` (modeling_gpt2.py): the token embeddings stay bound
+    # beside their sum (the step's embeddings output) all forward
+    embeds = hidden if "positions" in fam.embed_extra else 0
+    return {"masks": masks + embeds, "cache": cache, "own_cache": own, "attention": scores,
+            "parts": [part_deltas(parts, fam, hidden, qkv, _parallel(cfg), falcon_bmm or mla_math) for parts in layer_parts]}

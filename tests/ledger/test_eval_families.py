@@ -1,0 +1,172 @@
+"""The evaluation pass (`training.eval_batch`, ledger/passes.py with models/hf_nograd.py) of every family
+tests/support/hf_measure.py builds, through `memfit check` on a config a user writes, against MemTracker around the
+transformers model's own no-grad forward with the labels (model.eval(), torch.no_grad(): the Trainer's
+prediction_step), after a training step (AdamW foreach, fp32) so that the weights and the optimizer state are resident.
+
+An evaluation batch 8x the training micro-batch: the evaluation pass holds the run's peak in memfit's figure, which
+is then compared with the measured peak of that pass. Each family within the band, or a strict xfail with its numbers.
+Cheap: tiny models (hidden 64, two layers, vocabulary 128), one `memfit check` over every family's file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import needs
+import pytest
+import yaml
+
+BAND = 0.05
+MICRO, EVAL, SEQ = 1, 8, 128
+# RoBERTa counts its positions from the padding token: room for the two it skips
+OVERRIDES = {"roberta": {"max_position_embeddings": SEQ + 2}}
+# measured at (EVAL, SEQ), memfit's figure / MemTracker's, where outside the band (a strict xfail): none now
+OPEN: dict = {}
+
+
+def _families() -> list:
+    needs.module("transformers")
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "support"))
+    import hf_measure
+
+    return list(hf_measure.TINY)
+
+
+def _config(family: str) -> dict:
+    import hf_measure
+
+    return {**hf_measure.without_attention_dropout(hf_measure.tiny(family, **OVERRIDES.get(family, {}))), "vocab_size": 128}
+
+
+def measured_evaluation(cfg: dict, micro: int, eval_batch: int, seq: int, precision: str = "32-true") -> int:
+    """MemTracker's peak over the evaluation forward (labels given, under no_grad) at `eval_batch`, after a training
+    step (AdamW foreach) at `micro`: the weights, the optimizer state and both batches resident."""
+    import hf_measure
+    import peak_reference as ref
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # tiny matmuls: a second thread only contends (the tests run on two shared cores)
+    try:
+        return _measure(hf_measure, ref, torch, cfg, micro, eval_batch, seq, precision)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _measure(hf_measure, ref, torch, cfg: dict, micro: int, eval_batch: int, seq: int, precision: str) -> int:
+    model = hf_measure.build(cfg, precision=precision)
+    train, evaluation = hf_measure.inputs(cfg, micro, seq), hf_measure.inputs(cfg, eval_batch, seq, seed=2)
+    optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+    model.train()
+    model(**train).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    model.eval()
+    with torch.no_grad():
+        model(**evaluation).loss.item()
+    tracker = ref.PhaseTracker(list(model.parameters()))
+    tracker.track_external(model, optimizer, *train.values(), *evaluation.values())
+    with tracker:
+        with torch.no_grad():
+            model(**evaluation).loss.item()
+    return tracker.get_tracker_snapshot("peak")[ref.CPU]["Total"]
+
+
+def _write(tmp, name: str, cfg: dict, micro: int, eval_batch: int, seq: int, precision: str = "32-true") -> str:
+    (tmp / f"{name}.json").write_text(json.dumps(cfg))
+    run = {"micro_batch": micro, "seq_len": seq, "optimizer_impl": "foreach", "eval_batch": eval_batch}
+    doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "precision": precision,
+           "model": {"hf_config": f"{name}.json"}, "training": run}
+    (tmp / f"{name}.yaml").write_text(yaml.safe_dump(doc))
+    return f"{name}.yaml"
+
+
+def _check(tmp, files: list) -> dict:
+    out = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", "--budget", "1TiB", *files],
+                         capture_output=True, text=True, timeout=300, check=False, cwd=tmp)
+    return {f["path"]: f for f in json.loads(out.stdout)["files"]}
+
+
+@pytest.fixture(scope="module")
+def every_family(tmp_path_factory):
+    needs.module("torch")
+    families = _families()
+    tmp = tmp_path_factory.mktemp("eval_families")
+    measured, files = {}, {}
+    for family in families:
+        cfg = _config(family)
+        measured[family] = measured_evaluation(cfg, MICRO, EVAL, SEQ)
+        files[family] = _write(tmp, family, cfg, MICRO, EVAL, SEQ)
+    checked = _check(tmp, list(files.values()))
+    return {family: (measured[family], checked[files[family]]) for family in families}
+
+
+def _params():
+    try:
+        families = _families()
+    except BaseException:   # (collected without transformers: the fixture reports it through needs)
+        families = ["llama"]
+    return [pytest.param(f, marks=pytest.mark.xfail(strict=True, reason=OPEN[f])) if f in OPEN else f for f in families]
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("family", _params())
+def test_each_familys_evaluation_pass_matches_memtracker(every_family, family):
+    measured, file = every_family[family]
+    peak = file["peak"]
+    assert peak["phase"] == "evaluation", (family, peak)
+    assert abs(peak["bytes"] - measured) <= BAND * measured, (family, peak["bytes"], measured, peak["bytes"] / measured)
+    assert not [d for d in file["diagnostics"] if "eval" in d["message"]], file["diagnostics"]
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_gpt_oss_at_16_x_256_counts_its_eager_attention_with_sinks(tmp_path):
+    """The false pass a session found: gpt-oss (eager attention with a sink logit per head, two float masks for its
+    sliding and full layers) at an evaluation batch of 16 x 256 was counted at 27.9 MB against 68.8 MB measured: the
+    scores, their cat with the sinks and its max-shifted copy are alive at once (three (b, H, s, s[+1]) tensors)
+    beside both masks and every layer's cache."""
+    needs.module("torch")
+    _families()
+    cfg = _config("gpt_oss")
+    measured = measured_evaluation(cfg, 2, 16, 256)
+    file = _check(tmp_path, [_write(tmp_path, "gpt_oss", cfg, 2, 16, 256)])["gpt_oss.yaml"]
+    assert file["peak"]["phase"] == "evaluation"
+    assert abs(file["peak"]["bytes"] - measured) <= BAND * measured, (file["peak"]["bytes"], measured)
+
+
+# bf16-true (the model cast to bfloat16, no autocast): the dtype rules of the no-grad moments. Llama peaks at the loss
+# (the decoder's masks and inputs_embeds freed by then, the cache held), Gemma 2 at its eager softmax in fp32 (the
+# bf16 scores, the fp32 probabilities and their bf16 cast at once), Falcon at torch's math kernel (its scores in fp32
+# whatever q's dtype), gpt-oss at its sinks' softmax in the scores' dtype, Mixtral at its experts' unsort
+BF16 = ("llama", "gemma2", "falcon", "gpt_oss", "mixtral")
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_bf16_true_evaluation_passes_match_memtracker(tmp_path):
+    needs.module("torch")
+    _families()
+    measured, files = {}, {}
+    for family in BF16:
+        cfg = _config(family)
+        measured[family] = measured_evaluation(cfg, MICRO, EVAL, SEQ, "bf16-true")
+        files[family] = _write(tmp_path, family, cfg, MICRO, EVAL, SEQ, "bf16-true")
+    checked = _check(tmp_path, list(files.values()))
+    for family in BF16:
+        peak = checked[files[family]]["peak"]
+        assert peak["phase"] == "evaluation", (family, peak)
+        assert abs(peak["bytes"] - measured[family]) <= BAND * measured[family], (family, peak["bytes"], measured[family])
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.xfail(strict=True, reason="T5's evaluation pass is still priced from its training rows (models/hf_nograd.py "
+                   "describes decoders only): at 16 x 256 memfit's 31,010,816 B against 21,483,708 B measured (1.44, "
+                   "on the safe side; at 8 x 128 within the band)")
+def test_t5_at_16_x_256(tmp_path):
+    needs.module("torch")
+    _families()
+    cfg = _config("t5")
+    measured = measured_evaluation(cfg, 2, 16, 256)
+    file = _check(tmp_path, [_write(tmp_path, "t5", cfg, 2, 16, 256)])["t5.yaml"]
+    assert file["peak"]["phase"] == "evaluation"
+    assert abs(file["peak"]["bytes"] - measured) <= BAND * measured, (file["peak"]["bytes"], measured)
