@@ -127,6 +127,11 @@ class Loss:
 
     forward: tuple  # bytes of each tensor
     backward: tuple
+    # the default loss's terms of `forward` by name (ledger/training._loss: the logits it reads, then these): the bytes
+    # of its own fp32 copy of the logits (0: it computes on them as they are), and what the model's forward holds
+    # unsaved through it; a rewrite of that loss on other logits (ledger/techniques/outputs_dtype.py) reads them here
+    upcast: int = 0
+    held: tuple = ()
 
 
 @record(slots=True)

@@ -462,8 +462,9 @@ def _loss(rules, logits_bytes: int, logits: int, roles: dict, kept_unsaved: int,
     upcast = logits32 if in_loss != roles["lin"] else 0
     if not upcast:
         logits32 = dtype_bytes(logits, in_loss)
-    return Loss(forward=(logits_bytes, *([upcast] if upcast else []), *([kept_unsaved] if kept_unsaved else [])),
-                backward=(logits32, logits32))
+    held = (kept_unsaved,) if kept_unsaved else ()
+    return Loss(forward=(logits_bytes, *([upcast] if upcast else []), *held), backward=(logits32, logits32),
+                upcast=upcast, held=held)
 
 
 def _held_through_forward(rows: list, every: list, x: int, hidden: int, roles: dict, dtypes: dict | None, precision: str,
