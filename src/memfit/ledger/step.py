@@ -176,8 +176,8 @@ class Step:
     # check adds it to each device's `activations` (placement.Placement.with_saved)
     saved_rewritten: int = 0
     # a shared weight's gradient parts are summed in a buffer apart from its .grad, which exists already (the
-    # gradients kept between steps: ledger/techniques/keep_gradients.py): the buffer is live from the row that
-    # starts it (Row.grad_started) through the row that completes it
+    # gradients kept between steps, or a later micro-batch's under accumulation: ledger/techniques/keep_gradients.py):
+    # the buffer is live from the row that starts it (Row.grad_started) through the row that completes it
     grad_buffered: bool = False
 
 
