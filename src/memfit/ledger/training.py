@@ -412,10 +412,8 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
         # a frozen embedding (LoRA): autograd records no backward for it (under full checkpointing transformers
         # makes its output require a gradient, hf_activations._evaluate: that gradient is computed)
         row.output_grad = False
-    # a weight tied to the head: the embedding's backward makes its own part of the gradient, and autograd's input
-    # buffer sums it with the one the head's backward started out of place (torch/csrc/autograd/input_buffer.cpp
-    # `accumulate`: `old_var + var`; torch.profiler, no dispatch mode: an aten::add of two (V, h) parts allocating a
-    # third, tests/ledger/test_tied_gradient.py): both parts and their sum at once
+    # a weight tied to the head: the embedding's backward makes its own part of the gradient, which autograd's input
+    # buffer adds to the head's out of place: both parts and their sum at once (tests/ledger/test_tied_gradient.py)
     row.backward_extra += 2 * tied_grad
     row.grad_completed = tied_grad
     rows.append(row)
