@@ -109,3 +109,31 @@ def test_an_encoder_decoder_is_left_as_the_model_makes_it(tmp_path):
     assert found["float32"]["footprint"] == found["model"]["footprint"]
     warned = [d["message"] for d in found["float32"]["diagnostics"] if d["code"] == "not-modelled"]
     assert warned and "low" in warned[0], warned
+
+
+def _step(model: str, outputs_dtype: str):
+    from pathlib import Path
+
+    from memfit.check.pipeline import check
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "models" / f"{model}.json"
+    result = check(f"memfit: 1\ndevice: {{memory: 80 GB}}\nprecision: bf16-true\noptimizer: adamw\nmodel:\n  hf_config: {path}\n"
+                   f"training:\n  micro_batch: 2\n  seq_len: 128\n  outputs_dtype: {outputs_dtype}\n")
+    return result.config.step
+
+
+@pytest.mark.parametrize("model, upcast", [("llama-2-7b", True), ("roberta-base", False)])
+def test_the_default_loss_names_its_terms(model, upcast):
+    """The default loss's `forward` is the logits it reads, its own fp32 copy of them (Loss.upcast: a causal LM's
+    logits.float(); none for RoBERTa's masked-LM loss, on the 16-bit logits) and what the model's forward holds unsaved
+    (Loss.held); converted to fp32 it reads the fp32 logits with no copy of its own, what is held unchanged, and a loss
+    that computed in bf16 keeps its log-softmax in fp32 (twice the bytes)."""
+    made, converted = _step(model, "model"), _step(model, "float32")
+    logits = made.tensors[made.rows[-1].output]
+    assert made.loss.forward == (logits, *([logits * 2] if upcast else []), *made.loss.held)
+    assert bool(made.loss.upcast) == upcast
+    assert converted.loss.forward == (logits * 2, *made.loss.held) and converted.loss.upcast == 0
+    assert converted.loss.backward == (logits * 2, logits * 2)
+    log_softmax = made.loss_kept[0]
+    assert made.tensors[log_softmax] == (logits * 2 if upcast else logits)
+    assert converted.tensors[log_softmax] == logits * 2

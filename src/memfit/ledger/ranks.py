@@ -94,7 +94,7 @@ def rank_step(config, data: dict, optimizer, impl: str, tensor_rank: int = 0) ->
         # the vocabulary-parallel cross-entropy (torch's loss_parallel, measured in tests/ledger/test_ranks.py): its
         # backward holds three fp32 gradients the size of the rank's logits at once, where transformers' loss on
         # whole logits holds two
-        step.loss = Loss(step.loss.forward, (*step.loss.backward, step.loss.backward[-1]))
+        step.loss = replace(step.loss, backward=(*step.loss.backward, step.loss.backward[-1]))
     return rewrites.rewrite(step, config, data.get("training") or {})
 
 

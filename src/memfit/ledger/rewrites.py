@@ -61,4 +61,7 @@ def rewrite(step, config, training: dict, rebuild=None):
                 step = module.rewrite(step, config, training, rebuild)
             else:
                 step = module.rewrite(step, config, training)
+    if step.accumulating and not step.kept_gradients:
+        # a later micro-batch adds its gradients into those the earlier ones made, as into kept ones
+        step = import_module("memfit.ledger.techniques.keep_gradients").accumulated(step, config)
     return step

@@ -127,6 +127,11 @@ class Loss:
 
     forward: tuple  # bytes of each tensor
     backward: tuple
+    # the default loss's terms of `forward` by name (ledger/training._loss: the logits it reads, then these): the bytes
+    # of its own fp32 copy of the logits (0: it computes on them as they are), and what the model's forward holds
+    # unsaved through it; a rewrite of that loss on other logits (ledger/techniques/outputs_dtype.py) reads them here
+    upcast: int = 0
+    held: tuple = ()
 
 
 @record(slots=True)
@@ -171,8 +176,8 @@ class Step:
     # check adds it to each device's `activations` (placement.Placement.with_saved)
     saved_rewritten: int = 0
     # a shared weight's gradient parts are summed in a buffer apart from its .grad, which exists already (the
-    # gradients kept between steps: ledger/techniques/keep_gradients.py): the buffer is live from the row that
-    # starts it (Row.grad_started) through the row that completes it
+    # gradients kept between steps, or a later micro-batch's under accumulation: ledger/techniques/keep_gradients.py):
+    # the buffer is live from the row that starts it (Row.grad_started) through the row that completes it
     grad_buffered: bool = False
 
 
@@ -180,26 +185,46 @@ def _up(n: int, granule: int) -> int:
     return -(-n // granule) * granule
 
 
-def rounded(step: Step, granule: int) -> Step:
-    """The same step with every tensor rounded up to the allocator's granule."""
-    def each(xs):
-        return [_up(x, granule) for x in xs]
+# What rounded() rounds up to the granule, field by field: bytes (an int; a list's or tuple's items; a dict's values;
+# None stays None); every other field is carried as it is (dataclasses.replace). Each field of Row, Loss and Step is
+# named in one of the two, so that a field added to them is placed on purpose (tests/ledger/test_step.py)
+ROUNDED = {
+    "Row": ("grads", "params", "frozen", "inner", "backward_extra", "recompute", "flight_freed", "recompute_moment",
+            "grad_started", "grad_completed"),
+    "Loss": ("forward", "backward", "upcast", "held"),
+    "Step": ("tensors", "optimizer_state", "stepped", "forward_held", "outputs_held"),
+}
+CARRIED = {
+    "Row": ("name", "input", "output", "view", "kept", "inner_kept", "output_grad", "grad_input", "forward_flight",
+            "forward_early", "backward_flight", "flight_first", "kept_ops", "early_flight",
+            "after_flight"),  # (but its first term, the bytes of the gradients made by then: rounded() rounds it)
+    "Loss": (),
+    "Step": ("rows", "batch", "loss", "optimizer", "impl", "overhead", "accumulating", "loss_kept", "step_in_backward",
+             "offloaded", "kept_gradients", "saved_rewritten", "grad_buffered"),  # (rows and loss: each rounded)
+}
 
-    rows = [
-        replace(r, grads=each(r.grads), params=each(r.params), frozen=each(r.frozen), inner=_up(r.inner, granule),
-                backward_extra=_up(r.backward_extra, granule), recompute=_up(r.recompute, granule),
-                flight_freed=_up(r.flight_freed, granule), grad_started=_up(r.grad_started, granule),
-                grad_completed=_up(r.grad_completed, granule),
-                recompute_moment=None if r.recompute_moment is None else tuple(_up(x, granule) for x in r.recompute_moment),
-                after_flight=None if r.after_flight is None else (_up(r.after_flight[0], granule), *r.after_flight[1:]))
-        for r in step.rows
-    ]
-    return Step(rows, {t: _up(b, granule) for t, b in step.tensors.items()}, list(step.batch),
-                Loss(tuple(each(step.loss.forward)), tuple(each(step.loss.backward))),
-                each(step.optimizer_state), step.optimizer, step.impl, step.overhead, None if step.stepped is None else each(step.stepped), step.accumulating,
-                list(step.loss_kept), step.step_in_backward, set(step.offloaded), step.kept_gradients,
-                _up(step.forward_held, granule) if step.forward_held else 0,
-                _up(step.outputs_held, granule) if step.outputs_held else 0, step.saved_rewritten, step.grad_buffered)
+
+def _up_all(value, granule: int):
+    if value is None:
+        return None
+    if isinstance(value, int):
+        return _up(value, granule)
+    if isinstance(value, dict):
+        return {k: _up(v, granule) for k, v in value.items()}
+    return type(value)([_up(v, granule) for v in value])
+
+
+def _round_fields(record, granule: int, **changed):
+    """`record` with ROUNDED's fields of its class rounded up to the granule, `changed` as given, the rest as it is."""
+    out = {f: _up_all(getattr(record, f), granule) for f in ROUNDED[type(record).__name__]}
+    return replace(record, **out, **changed)
+
+
+def rounded(step: Step, granule: int) -> Step:
+    """The same step with every tensor rounded up to the allocator's granule (ROUNDED's fields)."""
+    rows = [_round_fields(r, granule, after_flight=None if r.after_flight is None
+                          else (_up(r.after_flight[0], granule), *r.after_flight[1:])) for r in step.rows]
+    return _round_fields(step, granule, rows=rows, loss=_round_fields(step.loss, granule))
 
 
 def _adjacent_ops(row: Row, off: set, size: dict) -> int:

@@ -412,9 +412,9 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
         # a frozen embedding (LoRA): autograd records no backward for it (under full checkpointing transformers
         # makes its output require a gradient, hf_activations._evaluate: that gradient is computed)
         row.output_grad = False
-    # a weight tied to the head: the embedding's backward makes its own part of the gradient, summed into the one the
-    # head's backward started
-    row.backward_extra += tied_grad
+    # a weight tied to the head: the embedding's backward makes its own part of the gradient, which autograd's input
+    # buffer adds to the head's out of place: both parts and their sum at once (tests/ledger/test_tied_gradient.py)
+    row.backward_extra += 2 * tied_grad
     row.grad_completed = tied_grad
     rows.append(row)
     every, bound = _every_layer(cfg, common, checkpointing, stacked, per_layer, encoder_layers, enc_hidden, hidden)
@@ -462,8 +462,9 @@ def _loss(rules, logits_bytes: int, logits: int, roles: dict, kept_unsaved: int,
     upcast = logits32 if in_loss != roles["lin"] else 0
     if not upcast:
         logits32 = dtype_bytes(logits, in_loss)
-    return Loss(forward=(logits_bytes, *([upcast] if upcast else []), *([kept_unsaved] if kept_unsaved else [])),
-                backward=(logits32, logits32))
+    held = (kept_unsaved,) if kept_unsaved else ()
+    return Loss(forward=(logits_bytes, *([upcast] if upcast else []), *held), backward=(logits32, logits32),
+                upcast=upcast, held=held)
 
 
 def _held_through_forward(rows: list, every: list, x: int, hidden: int, roles: dict, dtypes: dict | None, precision: str,

@@ -10,6 +10,10 @@ worst backward moment its largest parameter's new gradient is in flight with the
 Measured (a dispatch-mode trace at MemTracker's peak, GPT-NeoX bf16-true under full checkpointing, zero_grad(
 set_to_none=False)): the down projection's MmBackward holds its new weight gradient (h, i) beside its input's
 gradient (T, i) and the layer output's; MemTracker's Temp is exactly those three.
+
+A later micro-batch of gradient accumulation adds into the .grad the earlier ones made in the same way, without the
+key (`accumulated`, applied by ledger.rewrites to every `accumulating` step without kept gradients; measured in
+tests/ledger/test_tied_gradient.py).
 """
 
 from __future__ import annotations
@@ -49,10 +53,25 @@ def rewrite(step, config, training: dict):
         # FSDP reduces each new gradient into the rank's own shard (placement holds the shards), the parameters'
         # .grad, which zero_grad(set_to_none=False) keeps; no unsharded .grad is kept for the new one to be added into
         return replace(step, accumulating=True, kept_gradients=True)
-    # a weight two rows use (a head tied to the input embedding): the head's part of its gradient waits in autograd's
-    # input buffer for the embedding's, apart from the kept .grad it is then added into (Step.grad_buffered)
-    return replace(step, rows=[fresh_gradient(row) for row in step.rows], accumulating=True, kept_gradients=True,
-                   grad_buffered=True)
+    return replace(added_into_grads(step), accumulating=True, kept_gradients=True)
+
+
+def accumulated(step, config):
+    """A later micro-batch of gradient accumulation (ledger.rewrites, where the step is `accumulating` without kept
+    gradients): its .grad exist, made by the earlier micro-batches, and each new gradient is added into them as into
+    kept ones (tests/ledger/test_tied_gradient.py: MemTracker, accumulation 2). DeepSpeed and FSDP as in `rewrite`."""
+    p = getattr(config, "parallel", None)
+    if p is not None and (p.zero or p.fsdp is not None):
+        return step
+    return added_into_grads(step)
+
+
+def added_into_grads(step):
+    """The step whose new gradients are added into existing .grad: each row's largest a temporary beside them
+    (fresh_gradient), and a weight two rows use (a head tied to the input embedding) has the head's part of its
+    gradient wait in autograd's input buffer for the embedding's, apart from the .grad it is then added into
+    (Step.grad_buffered)."""
+    return replace(step, rows=[fresh_gradient(row) for row in step.rows], grad_buffered=True)
 
 
 def fresh_gradient(row):

@@ -104,15 +104,14 @@ def rewrite(step, config, training: dict):
     rows = step.rows[:-1] + [replace(head, forward_flight=max(own, moving + logits32))]
     loss, tensors = step.loss, size
     if not (isinstance(training.get("loss"), dict) and training["loss"].get("kind")):
-        # the default loss (ledger/training._loss): (the logits, their fp32 copy where it computes in fp32, what the
-        # forward holds unsaved) -> the fp32 logits without a copy; a loss in the logits' own dtype (a 16-bit
-        # log-softmax) computes in fp32 now: its log-softmax and gradients fp32
-        forward = step.loss.forward
-        if step.loss.backward and step.loss.backward[0] == logits32:
-            loss = replace(step.loss, forward=(logits32, *forward[2:]))
-        else:
-            loss = replace(step.loss, forward=(logits32, *forward[1:]), backward=(logits32, logits32))
-            tensors = {t: (n * logits32 // logits if t in step.loss_kept else n) for t, n in size.items()}
+        # the default loss (ledger/training._loss) reads the fp32 logits: no copy of its own (Loss.upcast), beside
+        # what the model's forward holds unsaved (Loss.held); one that computed on the logits as they are (a 16-bit
+        # log-softmax) computes in fp32 now: its gradients and what it keeps (Step.loss_kept) fp32
+        loss = replace(step.loss, forward=(logits32, *step.loss.held), upcast=0)
+        if not step.loss.upcast:
+            dtype = logits_dtype(config.model)
+            loss = replace(loss, backward=(logits32, logits32))
+            tensors = {**size, **{t: dtype_bytes(dtype_elements(size[t], dtype), "float32") for t in step.loss_kept}}
     # (a chunked loss priced itself on the fp32 logits: ledger/techniques/chunked_loss.py reads `received`)
     kept_more = sum(tensors[t] - size[t] for t in set(step.loss_kept))  # the footprint's saved activations too
     return replace(step, rows=rows, loss=loss, tensors=tensors, saved_rewritten=step.saved_rewritten + kept_more)
