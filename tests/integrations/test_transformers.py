@@ -362,7 +362,7 @@ def test_deepspeed_arguments_and_the_world_size_go_through_the_trainer_argument_
 
 
 TWO_RANKS = """
-import sys, torch
+import os, sys, torch
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 import memfit
 from memfit.integrations.transformers import MemfitCallback
@@ -375,9 +375,11 @@ callback = MemfitCallback(budget=int(sys.argv[1]))
 trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
 try:
     trainer.train()
-    print(f"rank {{args.process_index}}: trained, checked {{callback.checked_len}} tokens", flush=True)
+    said = f"rank {{args.process_index}}: trained, checked {{callback.checked_len}} tokens"
 except memfit.DoesNotFit:
-    print(f"rank {{args.process_index}}: DoesNotFit at step {{trainer.state.global_step}}, checked {{callback.checked_len}} tokens", flush=True)
+    said = f"rank {{args.process_index}}: DoesNotFit at step {{trainer.state.global_step}}, checked {{callback.checked_len}} tokens"
+# one write of the whole line: the two ranks share the pipe, and print's text and newline are two writes
+os.write(1, (said + "\\n").encode())
 """
 
 
