@@ -94,5 +94,18 @@ def _nograd(model):
     if fam is None:
         return None
     layers = [layer_parts(blk.kept, fam) for blk in blocks[1:-2] for _ in range(blk.count)]
+    unsaved = None
+    if recipe_args.get("lora") is not None:
+        # a frozen base saves less (nothing for its weights' gradients), but its no-grad forward makes the same
+        # tensors: described from the rows of the base as trained, with what the frozen rows leave out added back
+        trained = acts.saved(model.cfg, micro_batch=run["micro_batch"], seq_len=run["seq_len"], attention=run["attention"],
+                             checkpointing="none", dtypes=model.dtypes, **{**recipe_args, "lora": None})
+        full = [layer_parts(blk.kept, fam) for blk in trained[1:-2] for _ in range(blk.count)]
+        unsaved = [hf_nograd.frozen_unsaved(a, b) for a, b in zip(full, layers)]
+        layers = full
     found = hf_nograd.nograd_held(model.cfg, run["micro_batch"], run["seq_len"], run["attention"], precision, model.dtypes, layers)
-    return None if found is None else NoGrad(**found)
+    if found is None:
+        return None
+    if unsaved is not None:
+        found["parts"] = [{p: d.get(p, 0) + u.get(p, 0) for p in {*d, *u}} for d, u in zip(found["parts"], unsaved)]
+    return NoGrad(**found)

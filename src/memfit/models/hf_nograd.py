@@ -66,7 +66,8 @@ SHARED_INNER = ("(shared expert)", "shared_expert.down_proj: input", "sigmoid: o
 # DeepSeek-V3's latent attention: the low-rank norms' inputs and the up-projections' inputs are freed once read,
 # v's contiguous copy is made after the kernel's scores (modeling_deepseek_v3.py DeepseekV3Attention.forward)
 MLA_FREED = ("q_a_layernorm: input", "q_b_proj: input", "kv_b_proj: input", "p @ v: v (a contiguous copy")
-CORE = ("softcap tanh", "softmax")   # eager attention's (b, H, s, s) tensors the training row keeps
+CORE = ("softcap tanh", "softmax")
+ADAPTER = (".lora_A: ", ".lora_B: ", ".lora_dropout: ")   # a LoRA adapter's kept tensors: freed with its linear's call   # eager attention's (b, H, s, s) tensors the training row keeps
 
 
 def _bytes(k) -> int:
@@ -131,6 +132,19 @@ def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel, bmm: bool = F
         if part in ("mlp", "down_proj") and (parallel or fam.shared_input):
             delta += hidden * (2 if fam.shared_input or parallel == "shared" else 1)
         out[part] = out.get(part, 0) + delta
+    return out
+
+
+def frozen_unsaved(trained: list, frozen: list) -> dict:
+    """{part: bytes}: what a layer's parts keep for backward when its weights train (`trained`, each (part, kept))
+    and not when they are frozen (`frozen`: LoRA's base, which saves nothing for its weights' gradients: a norm's
+    normalized input, a projection's or the routed tokens' input): a no-grad forward makes those tensors either way,
+    so the frozen rows' no-grad moments are the trained rows' (part_deltas) with these added back."""
+    out = {}
+    for (part, kept), (_, own) in zip(trained, frozen):
+        labels = {k.label for k in own}
+        adapters = sum(_bytes(k) for k in own if any(a in k.label for a in ADAPTER))
+        out[part] = sum(_bytes(k) for k in kept if k.label not in labels) - adapters
     return out
 
 
