@@ -67,7 +67,11 @@ SHARED_INNER = ("(shared expert)", "shared_expert.down_proj: input", "sigmoid: o
 # v's contiguous copy is made after the kernel's scores (modeling_deepseek_v3.py DeepseekV3Attention.forward)
 MLA_FREED = ("q_a_layernorm: input", "q_b_proj: input", "kv_b_proj: input", "p @ v: v (a contiguous copy")
 CORE = ("softcap tanh", "softmax")
-ADAPTER = (".lora_A: ", ".lora_B: ", ".lora_dropout: ")   # a LoRA adapter's kept tensors: freed with its linear's call   # eager attention's (b, H, s, s) tensors the training row keeps
+ADAPTER = (".lora_A: ", ".lora_B: ", ".lora_dropout: ")   # a LoRA adapter's kept tensors: freed with its linear's call
+# autocast's casts: a linear's input (made for its call, freed after it) and a trained weight's (cached by autocast
+# until the autocast region exits: `cached_cast` keeps the cast of a leaf that requires a gradient)
+INPUT_CAST = ": input, cast to the low dtype by autocast"
+WEIGHT_CAST = ": weight, cast to the low dtype by autocast"   # eager attention's (b, H, s, s) tensors the training row keeps
 
 
 def _bytes(k) -> int:
@@ -104,6 +108,9 @@ def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel, bmm: bool = F
     for n, (part, kept) in enumerate(parts):
         delta = -sum(_bytes(k) for k in kept if any(x in k.label for x in NORM_INNER) or DROPOUT in k.label
                      or k.label.startswith(MLA_FREED))
+        casts = sum(_bytes(k) for k in kept if INPUT_CAST in k.label)
+        if casts:   # under autocast: the linears read the norm's output (in the residual stream's dtype), each
+            delta += hidden - casts   # casting it for its own call (a transient of its call)
         if part == "attention" and any(k.label.startswith(KERNELS) for k in kept):
             delta -= sum(_bytes(k) for k in kept if k.label.startswith(QK_NORM_INPUT))
             delta += 0 if any(FUSED_VIEW in k.label for k in kept) else qkv
@@ -227,11 +234,15 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
         total, mine = cache_bytes(kept, heads, sizes["KV"], on)
         if fam.mla and on:   # the cache holds the latent: kv_a_proj's compressed kv and its rotary key, (b, 1, s, .)
             total += dtype_bytes(sizes["T"] * sizes["kva"], roles["lin"])
-        unsaved = held.cache_copies(kept, roles, bool(fam.rope), quantized, mixed, heads if on else 0, sizes["KV"])
+        if mixed:   # (the cache's copies not in the low dtype the step's rows hold already; the casts saved instead are the kernel's)
+            unsaved = held.cache_casts(kept, roles, bool(fam.rope), quantized, mixed) if on else 0
+        else:
+            unsaved = held.cache_copies(kept, roles, bool(fam.rope), quantized, mixed, heads if on else 0, sizes["KV"])
         cache.append(max(0, total - unsaved))
         own.append(mine)
     # GPT-2: `hidden_states = inputs_embeds + position_embeds` (modeling_gpt2.py): the token embeddings stay bound
     # beside their sum (the step's embeddings output) all forward
     embeds = hidden if "positions" in fam.embed_extra else 0
     return {"masks": masks + embeds, "cache": cache, "own_cache": own, "attention": scores,
-            "parts": [part_deltas(parts, fam, hidden, qkv, _parallel(cfg), falcon_bmm or mla_math) for parts in layer_parts]}
+            "parts": [part_deltas(parts, fam, hidden, qkv, _parallel(cfg), falcon_bmm or mla_math) for parts in layer_parts],
+            "casts": [{part: sum(_bytes(k) for k in kept if WEIGHT_CAST in k.label) for part, kept in parts} for parts in layer_parts]}
