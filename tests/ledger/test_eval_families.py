@@ -9,6 +9,7 @@ Cheap: tiny models (hidden 64, two layers, vocabulary 128), one `memfit check` o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -69,17 +70,22 @@ def _measure(hf_measure, ref, torch, cfg: dict, micro: int, eval_batch: int, seq
             module.support_avx512bf16_for_cpu = False
     train, evaluation = hf_measure.inputs(cfg, micro, seq), hf_measure.inputs(cfg, eval_batch, seq, seed=2)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=True)
+    # bf16-mixed: the forwards under CPU autocast (the Trainer's bf16=True: accelerate wraps the model's forward,
+    # the loss computed inside it)
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16-mixed" else contextlib.nullcontext
     model.train()
-    model(**train).loss.backward()
+    with autocast():
+        loss = model(**train).loss
+    loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), autocast():
         model(**evaluation).loss.item()
     tracker = ref.PhaseTracker(list(model.parameters()))
     tracker.track_external(model, optimizer, *train.values(), *evaluation.values())
     with tracker:
-        with torch.no_grad():
+        with torch.no_grad(), autocast():
             model(**evaluation).loss.item()
     return tracker.get_tracker_snapshot("peak")[ref.CPU]["Total"]
 
@@ -198,6 +204,45 @@ def test_lora_and_qlora_evaluation_passes_match_memtracker(tmp_path):
         peak = checked[files[name]]["peak"]
         assert peak["phase"] == "evaluation", (name, peak)
         assert abs(peak["bytes"] - measured[name]) <= BAND * measured[name], (name, peak["bytes"], measured[name])
+
+
+# bf16-mixed (an fp32 model, the forward under autocast): autocast caches its cast of every trained weight until the
+# forward returns, each linear casts the norm's fp32 output for its own call, the cache holds the rotary key in fp32
+# (its bf16 cast is the kernel's). Before: Llama 0.950, Phi-3 0.894, GPT-NeoX 0.910, Mixtral 0.939, Falcon 0.949,
+# Llama with LoRA 0.942, Mixtral with LoRA 0.780
+MIXED = {"llama": None, "phi3": None, "gpt_neox": None, "mixtral": None, "falcon": None, "llama_lora": LORA, "mixtral_lora": LORA}
+# still low at 8 x 128 (memfit / MemTracker): gpt-oss 0.879, DeepSeek-V3 0.878, Starcoder2 0.881
+MIXED_OPEN = ("gpt_oss", "deepseek_v3", "starcoder2")
+
+
+def _mixed(tmp, names) -> list:
+    measured, files = {}, {}
+    for name in names:
+        cfg, lora = _config(name.split("_lora")[0]), MIXED.get(name)
+        measured[name] = measured_evaluation(cfg, MICRO, EVAL, SEQ, "bf16-mixed", lora=lora)
+        files[name] = _write(tmp, name, cfg, MICRO, EVAL, SEQ, "bf16-mixed", {"lora": lora} if lora else None)
+    checked = _check(tmp, list(files.values()))
+    return [(name, checked[files[name]]["peak"], measured[name]) for name in names]
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_bf16_mixed_evaluation_passes_match_memtracker(tmp_path):
+    needs.module("torch")
+    needs.module("peft")
+    _families()
+    for name, peak, measured in _mixed(tmp_path, list(MIXED)):
+        assert peak["phase"] == "evaluation", (name, peak)
+        assert abs(peak["bytes"] - measured) <= BAND * measured, (name, peak["bytes"], measured)
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.xfail(strict=True, reason="bf16-mixed evaluation passes still low (a false pass): gpt-oss 0.879, "
+                   "DeepSeek-V3 0.878, Starcoder2 0.881 at 8 x 128")
+def test_bf16_mixed_evaluation_passes_still_low(tmp_path):
+    needs.module("torch")
+    _families()
+    for name, peak, measured in _mixed(tmp_path, list(MIXED_OPEN)):
+        assert abs(peak["bytes"] - measured) <= BAND * measured, (name, peak["bytes"], measured)
 
 
 # bf16-true (the model cast to bfloat16, no autocast): the dtype rules of the no-grad moments. Llama peaks at the loss
