@@ -25,7 +25,15 @@ the layers' code still references:
 - DeepSeek-V3's latent attention: q_b_proj's and kv_b_proj's whole outputs (the heads' views keep them), the
   unscaled q beside the kernel's scaled copy, the rotary key expanded to every head; its cache holds the latent
   (kv_a_proj's compressed kv and rotary key);
-- each part's own worst op (part_deltas: a norm's intermediates freed, the MLP's product, the experts' unsort).
+- each part's own worst op (part_deltas: a norm's intermediates freed, the MLP's product, the experts' unsort);
+- under autocast (bf16-mixed): autocast's cast of every trained weight, cached (aten autocast_mode.cpp `cached_cast`
+  keeps the cast of a leaf that requires a gradient, grad mode or not) from its linear's call until the autocast
+  region exits after the loss; each linear's cast of its input made for its call only, beside the norm's output in
+  the residual stream's dtype; the cache's own copies of k (fp32 after the rotary embedding) and v (the projection's
+  low dtype), autocast's casts the training rows save for k being the kernel's transients;
+- under LoRA (a frozen base, peft's adapters): the base's no-grad forward makes what a trained base saves (the
+  frozen rows leave out what only its weights' gradients need: frozen_unsaved adds it back), and each adapter's
+  own tensors (its input cast to the adapter's dtype, lora_A's output) are freed with its linear's call.
 
 Measured: tests/ledger/test_eval_families.py (MemTracker around transformers' no-grad forward with the labels, as the
 Trainer's prediction_step runs it, against `memfit check` with training.eval_batch)."""
