@@ -9,6 +9,7 @@ Cheap: tiny models (hidden 64, two layers, vocabulary 128), one `memfit check` o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -39,9 +40,12 @@ def _config(family: str) -> dict:
     return {**hf_measure.without_attention_dropout(hf_measure.tiny(family, **OVERRIDES.get(family, {}))), "vocab_size": 128}
 
 
-def measured_evaluation(cfg: dict, micro: int, eval_batch: int, seq: int, precision: str = "32-true") -> int:
+def measured_evaluation(cfg: dict, micro: int, eval_batch: int, seq: int, precision: str = "32-true",
+                        checkpointing: bool = False, lora: dict | None = None, quantization: dict | None = None) -> int:
     """MemTracker's peak over the evaluation forward (labels given, under no_grad) at `eval_batch`, after a training
-    step (AdamW foreach) at `micro`: the weights, the optimizer state and both batches resident."""
+    step (AdamW foreach) at `micro`: the weights, the optimizer state and both batches resident. `checkpointing`:
+    the training step under transformers' gradient checkpointing (left enabled through the evaluation); `lora`,
+    `quantization`: peft's adapters on the (4-bit) base, only the adapters trained."""
     import hf_measure
     import peak_reference as ref
     import torch
@@ -49,35 +53,49 @@ def measured_evaluation(cfg: dict, micro: int, eval_batch: int, seq: int, precis
     threads = torch.get_num_threads()
     torch.set_num_threads(1)   # tiny matmuls: a second thread only contends (the tests run on two shared cores)
     try:
-        return _measure(hf_measure, ref, torch, cfg, micro, eval_batch, seq, precision)
+        return _measure(hf_measure, ref, torch, cfg, micro, eval_batch, seq, precision, checkpointing, lora, quantization)
     finally:
         torch.set_num_threads(threads)
 
 
-def _measure(hf_measure, ref, torch, cfg: dict, micro: int, eval_batch: int, seq: int, precision: str) -> int:
-    model = hf_measure.build(cfg, precision=precision)
+def _measure(hf_measure, ref, torch, cfg: dict, micro: int, eval_batch: int, seq: int, precision: str,
+             checkpointing: bool, lora: dict | None, quantization: dict | None) -> int:
+    model = hf_measure.build(cfg, precision=precision, lora=lora, quantization=quantization)
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+    for module in model.modules():
+        # (bitsandbytes' CPU-only path: in eval on an AVX512-BF16 CPU it repacks each 4-bit weight for its CPU
+        # kernel, which no GPU does; the 4-bit linears run as they do on a GPU)
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
     train, evaluation = hf_measure.inputs(cfg, micro, seq), hf_measure.inputs(cfg, eval_batch, seq, seed=2)
-    optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=True)
+    # bf16-mixed: the forwards under CPU autocast (the Trainer's bf16=True: accelerate wraps the model's forward,
+    # the loss computed inside it)
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16-mixed" else contextlib.nullcontext
     model.train()
-    model(**train).loss.backward()
+    with autocast():
+        loss = model(**train).loss
+    loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), autocast():
         model(**evaluation).loss.item()
     tracker = ref.PhaseTracker(list(model.parameters()))
     tracker.track_external(model, optimizer, *train.values(), *evaluation.values())
     with tracker:
-        with torch.no_grad():
+        with torch.no_grad(), autocast():
             model(**evaluation).loss.item()
     return tracker.get_tracker_snapshot("peak")[ref.CPU]["Total"]
 
 
-def _write(tmp, name: str, cfg: dict, micro: int, eval_batch: int, seq: int, precision: str = "32-true") -> str:
+def _write(tmp, name: str, cfg: dict, micro: int, eval_batch: int, seq: int, precision: str = "32-true",
+           sections: dict | None = None, **training) -> str:
     (tmp / f"{name}.json").write_text(json.dumps(cfg))
-    run = {"micro_batch": micro, "seq_len": seq, "optimizer_impl": "foreach", "eval_batch": eval_batch}
+    run = {"micro_batch": micro, "seq_len": seq, "optimizer_impl": "foreach", "eval_batch": eval_batch, **training}
     doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": "adamw", "precision": precision,
-           "model": {"hf_config": f"{name}.json"}, "training": run}
+           "model": {"hf_config": f"{name}.json"}, "training": run, **(sections or {})}
     (tmp / f"{name}.yaml").write_text(yaml.safe_dump(doc))
     return f"{name}.yaml"
 
@@ -133,6 +151,98 @@ def test_gpt_oss_at_16_x_256_counts_its_eager_attention_with_sinks(tmp_path):
     file = _check(tmp_path, [_write(tmp_path, "gpt_oss", cfg, 2, 16, 256)])["gpt_oss.yaml"]
     assert file["peak"]["phase"] == "evaluation"
     assert abs(file["peak"]["bytes"] - measured) <= BAND * measured, (file["peak"]["bytes"], measured)
+
+
+# checkpointing (full; partial: every other layer): the evaluation forward runs in eval() under no_grad, where
+# transformers' gradient checkpointing does not apply (it runs only while self.training and grad is enabled), so the
+# pass is the forward without checkpointing. Priced from the checkpoint-boundary rows it was low: Llama 0.587, Falcon
+# 0.273, gpt-oss 0.277 (full), Mixtral 0.884 (every other layer) at 8 x 128
+CHECKPOINTED = {"llama": {"checkpointing": "full"}, "falcon": {"checkpointing": "full"},
+                "gpt_oss": {"checkpointing": "full"}, "mixtral": {"checkpointing": "full", "checkpoint_every": 2}}
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_checkpointed_runs_evaluate_without_checkpointing(tmp_path):
+    needs.module("torch")
+    _families()
+    measured, files = {}, {}
+    for family, training in CHECKPOINTED.items():
+        cfg = _config(family)
+        measured[family] = measured_evaluation(cfg, MICRO, EVAL, SEQ, checkpointing=True)
+        files[family] = _write(tmp_path, family, cfg, MICRO, EVAL, SEQ, **training)
+    checked = _check(tmp_path, list(files.values()))
+    for family in CHECKPOINTED:
+        peak = checked[files[family]]["peak"]
+        assert peak["phase"] == "evaluation", (family, peak)
+        assert abs(peak["bytes"] - measured[family]) <= BAND * measured[family], (family, peak["bytes"], measured[family])
+
+
+# LoRA and QLoRA (peft's adapters on q, k, v and o; QLoRA's base NF4 with double quantization, bf16 compute): the
+# frozen base saves nothing for its weights' gradients, but its no-grad forward makes the same tensors as a trained
+# one (a norm's normalized input, the routed tokens, the experts' down input), and the adapters' own tensors (the
+# input cast to fp32, lora_A's output) are freed with each linear's call. Before: Mixtral 0.820 (32-true), Qwen3
+# 1.296 (bf16-true), Llama QLoRA 1.319; Llama 32-true 0.994
+LORA = {"r": 8, "alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+NF4 = {"method": "nf4", "double_quant": True, "compute_dtype": "bfloat16"}
+ADAPTED = {"llama": ("32-true", None), "mixtral": ("32-true", None), "qwen3": ("bf16-true", None), "llama_qlora": ("bf16-true", NF4)}
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_lora_and_qlora_evaluation_passes_match_memtracker(tmp_path):
+    needs.module("torch")
+    needs.module("peft")
+    needs.module("bitsandbytes")
+    _families()
+    measured, files = {}, {}
+    for name, (precision, quantization) in ADAPTED.items():
+        cfg = _config(name.split("_")[0])
+        measured[name] = measured_evaluation(cfg, MICRO, EVAL, SEQ, precision, lora=LORA, quantization=quantization)
+        sections = {"lora": LORA, **({"quantization": quantization} if quantization else {})}
+        files[name] = _write(tmp_path, name, cfg, MICRO, EVAL, SEQ, precision, sections)
+    checked = _check(tmp_path, list(files.values()))
+    for name in ADAPTED:
+        peak = checked[files[name]]["peak"]
+        assert peak["phase"] == "evaluation", (name, peak)
+        assert abs(peak["bytes"] - measured[name]) <= BAND * measured[name], (name, peak["bytes"], measured[name])
+
+
+# bf16-mixed (an fp32 model, the forward under autocast): autocast caches its cast of every trained weight until the
+# forward returns, each linear casts the norm's fp32 output for its own call, the cache holds the rotary key in fp32
+# (its bf16 cast is the kernel's). Before: Llama 0.950, Phi-3 0.894, GPT-NeoX 0.910, Mixtral 0.939, Falcon 0.949,
+# Llama with LoRA 0.942, Mixtral with LoRA 0.780
+MIXED = {"llama": None, "phi3": None, "gpt_neox": None, "mixtral": None, "falcon": None, "llama_lora": LORA, "mixtral_lora": LORA}
+# still low at 8 x 128 (memfit / MemTracker): gpt-oss 0.879, DeepSeek-V3 0.878, Starcoder2 0.881
+MIXED_OPEN = ("gpt_oss", "deepseek_v3", "starcoder2")
+
+
+def _mixed(tmp, names) -> list:
+    measured, files = {}, {}
+    for name in names:
+        cfg, lora = _config(name.split("_lora")[0]), MIXED.get(name)
+        measured[name] = measured_evaluation(cfg, MICRO, EVAL, SEQ, "bf16-mixed", lora=lora)
+        files[name] = _write(tmp, name, cfg, MICRO, EVAL, SEQ, "bf16-mixed", {"lora": lora} if lora else None)
+    checked = _check(tmp, list(files.values()))
+    return [(name, checked[files[name]]["peak"], measured[name]) for name in names]
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_bf16_mixed_evaluation_passes_match_memtracker(tmp_path):
+    needs.module("torch")
+    needs.module("peft")
+    _families()
+    for name, peak, measured in _mixed(tmp_path, list(MIXED)):
+        assert peak["phase"] == "evaluation", (name, peak)
+        assert abs(peak["bytes"] - measured) <= BAND * measured, (name, peak["bytes"], measured)
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.xfail(strict=True, reason="bf16-mixed evaluation passes still low (a false pass): gpt-oss 0.879, "
+                   "DeepSeek-V3 0.878, Starcoder2 0.881 at 8 x 128")
+def test_bf16_mixed_evaluation_passes_still_low(tmp_path):
+    needs.module("torch")
+    _families()
+    for name, peak, measured in _mixed(tmp_path, list(MIXED_OPEN)):
+        assert abs(peak["bytes"] - measured) <= BAND * measured, (name, peak["bytes"], measured)
 
 
 # bf16-true (the model cast to bfloat16, no autocast): the dtype rules of the no-grad moments. Llama peaks at the loss

@@ -9,6 +9,9 @@ from dataclasses import replace
 from memfit.diagnostics import codes
 from memfit.diagnostics.diagnostic import Problem
 
+# the training keys of checkpointing, which the evaluation pass's no-grad forward does not do
+CHECKPOINT_KEYS = ("checkpointing", "checkpoint_every", "checkpoint_offset")
+
 
 def _transformer(config) -> bool:
     model = getattr(config, "model", None)
@@ -56,8 +59,10 @@ def evaluation(config, data: dict, peak: dict, optimizer, impl: str) -> dict:
     from memfit.ledger import passes, training
 
     train = data["training"]
-    model = config.model._replace(training={**config.model.training, "micro_batch": train["eval_batch"]})
-    doc = {**data, "training": {k: v for k, v in train.items() if k not in ("teacher", "eval_batch")}}
+    # (a model in eval() under no_grad does not checkpoint: transformers' gradient checkpointing runs only while
+    # self.training and grad is enabled, so the evaluation forward is the one without checkpointing, full or partial)
+    model = config.model._replace(training={**config.model.training, "micro_batch": train["eval_batch"], "checkpointing": "none"})
+    doc = {**data, "training": {k: v for k, v in train.items() if k not in ("teacher", "eval_batch", *CHECKPOINT_KEYS)}}
     doc["training"]["micro_batch"] = train["eval_batch"]
     from memfit.ledger.step import rounded
 
@@ -83,13 +88,24 @@ def _nograd(model):
 
     run, recipe_args = model.training, dict(getattr(model, "recipe", None) or {})
     precision = recipe_args.get("precision", "32-true")
-    if run.get("checkpointing", "none") != "none":
-        return None
     blocks = acts.saved(model.cfg, micro_batch=run["micro_batch"], seq_len=run["seq_len"], attention=run["attention"],
                         checkpointing="none", dtypes=model.dtypes, **recipe_args)
     fam = FAMILIES.get(model.cfg.get("model_type"))
     if fam is None:
         return None
     layers = [layer_parts(blk.kept, fam) for blk in blocks[1:-2] for _ in range(blk.count)]
+    unsaved = None
+    if recipe_args.get("lora") is not None:
+        # a frozen base saves less (nothing for its weights' gradients), but its no-grad forward makes the same
+        # tensors: described from the rows of the base as trained, with what the frozen rows leave out added back
+        trained = acts.saved(model.cfg, micro_batch=run["micro_batch"], seq_len=run["seq_len"], attention=run["attention"],
+                             checkpointing="none", dtypes=model.dtypes, **{**recipe_args, "lora": None})
+        full = [layer_parts(blk.kept, fam) for blk in trained[1:-2] for _ in range(blk.count)]
+        unsaved = [hf_nograd.frozen_unsaved(a, b) for a, b in zip(full, layers)]
+        layers = full
     found = hf_nograd.nograd_held(model.cfg, run["micro_batch"], run["seq_len"], run["attention"], precision, model.dtypes, layers)
-    return None if found is None else NoGrad(**found)
+    if found is None:
+        return None
+    if unsaved is not None:
+        found["parts"] = [{p: d.get(p, 0) + u.get(p, 0) for p in {*d, *u}} for d, u in zip(found["parts"], unsaved)]
+    return NoGrad(**found)

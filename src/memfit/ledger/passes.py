@@ -102,6 +102,8 @@ class NoGrad:
     own_cache: list = field(default_factory=list)
     attention: int = 0
     parts: list = field(default_factory=list)   # per layer, {part: bytes its no-grad moment differs by}
+    # per layer, {part: bytes of autocast's cached weight casts its rows keep}: alive from that part on to the loss
+    casts: list = field(default_factory=list)
 
 
 def _held_ids(step: Step) -> list:
@@ -126,17 +128,32 @@ def _nograd_extra(row: Row, nograd: NoGrad | None) -> int:
         return 0
     parts = row.name.split(" ", 2)
     if len(parts) < 3 or parts[0] != "layer" or not parts[1].isdigit():
-        return nograd.masks if row.name == "final norm" else 0
+        return (nograd.masks if row.name == "final norm" else 0) + (_casts(nograd) if row.name in ("final norm", "head") else 0)
     layer, part = int(parts[1]), parts[2]
     cache = sum(nograd.cache[: layer + 1]) - (nograd.own_cache[layer] if part == "attention" and layer < len(nograd.own_cache) else 0)
     delta = nograd.parts[layer].get(part, 0) if layer < len(nograd.parts) else 0
-    return nograd.masks + max(0, cache) + (nograd.attention if part == "attention" else 0) + delta
+    return nograd.masks + max(0, cache) + (nograd.attention if part == "attention" else 0) + delta + _casts(nograd, layer, part)
+
+
+def _casts(nograd: NoGrad, layer: int | None = None, part: str = "") -> int:
+    """Autocast's cached weight casts alive at a layer's part beyond its own (the earlier layers' and parts'), or
+    after the decoder (layer None): every layer's."""
+    out = 0
+    for n, casts in enumerate(nograd.casts):
+        for name, nbytes in casts.items():
+            if layer is None or n < layer:
+                out += nbytes
+            elif n == layer:
+                if name == part:
+                    break
+                out += nbytes
+    return out
 
 
 def nograd_loss(nograd: NoGrad | None) -> int:
     """The bytes a no-grad forward holds at its loss beyond the step's tensors: every layer's cache (the model's
     output holds it; the decoder's masks and its `inputs_embeds` went with its forward's return)."""
-    return 0 if nograd is None else sum(nograd.cache)
+    return 0 if nograd is None else sum(nograd.cache) + _casts(nograd)
 
 
 def forward_worst(step: Step, loss: bool = True, nograd: NoGrad | None = None) -> tuple[int, str]:

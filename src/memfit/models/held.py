@@ -77,6 +77,23 @@ def cache_copies(kept: list, roles: dict, rotary: bool, quantized: bool, mixed: 
     return total
 
 
+def cache_casts(kept: list, roles: dict, rotary: bool, quantized: bool, mixed: bool) -> int:
+    """Under autocast, bytes of one layer's k and v labelled as the cache's copies that the attention saves as
+    autocast's low casts of them (the cache's own copy not in the low dtype: cache_copies counts it): in a no-grad
+    forward such a cast is the kernel's transient, the cache holds the other copy."""
+    if not mixed:
+        return 0
+    out = projection_dtype(roles, quantized, mixed)
+    total = 0
+    for k in kept:
+        if CACHE_COPY in k.label and (roles["act"] if (rotary and ": k " in f"{k.label} ") else out) != roles["low"]:
+            elements = 1
+            for n in k.shape:
+                elements *= n
+            total += dtype_bytes(elements, k.dtype)
+    return total
+
+
 REPEATED = " (repeated to every query head"   # models.hf_act_layers' label of a k or v repeat_kv copied
 
 

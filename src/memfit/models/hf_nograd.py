@@ -25,7 +25,15 @@ the layers' code still references:
 - DeepSeek-V3's latent attention: q_b_proj's and kv_b_proj's whole outputs (the heads' views keep them), the
   unscaled q beside the kernel's scaled copy, the rotary key expanded to every head; its cache holds the latent
   (kv_a_proj's compressed kv and rotary key);
-- each part's own worst op (part_deltas: a norm's intermediates freed, the MLP's product, the experts' unsort).
+- each part's own worst op (part_deltas: a norm's intermediates freed, the MLP's product, the experts' unsort);
+- under autocast (bf16-mixed): autocast's cast of every trained weight, cached (aten autocast_mode.cpp `cached_cast`
+  keeps the cast of a leaf that requires a gradient, grad mode or not) from its linear's call until the autocast
+  region exits after the loss; each linear's cast of its input made for its call only, beside the norm's output in
+  the residual stream's dtype; the cache's own copies of k (fp32 after the rotary embedding) and v (the projection's
+  low dtype), autocast's casts the training rows save for k being the kernel's transients;
+- under LoRA (a frozen base, peft's adapters): the base's no-grad forward makes what a trained base saves (the
+  frozen rows leave out what only its weights' gradients need: frozen_unsaved adds it back), and each adapter's
+  own tensors (its input cast to the adapter's dtype, lora_A's output) are freed with its linear's call.
 
 Measured: tests/ledger/test_eval_families.py (MemTracker around transformers' no-grad forward with the labels, as the
 Trainer's prediction_step runs it, against `memfit check` with training.eval_batch)."""
@@ -66,7 +74,12 @@ SHARED_INNER = ("(shared expert)", "shared_expert.down_proj: input", "sigmoid: o
 # DeepSeek-V3's latent attention: the low-rank norms' inputs and the up-projections' inputs are freed once read,
 # v's contiguous copy is made after the kernel's scores (modeling_deepseek_v3.py DeepseekV3Attention.forward)
 MLA_FREED = ("q_a_layernorm: input", "q_b_proj: input", "kv_b_proj: input", "p @ v: v (a contiguous copy")
-CORE = ("softcap tanh", "softmax")   # eager attention's (b, H, s, s) tensors the training row keeps
+CORE = ("softcap tanh", "softmax")
+ADAPTER = (".lora_A: ", ".lora_B: ", ".lora_dropout: ")   # a LoRA adapter's kept tensors: freed with its linear's call
+# autocast's casts: a linear's input (made for its call, freed after it) and a trained weight's (cached by autocast
+# until the autocast region exits: `cached_cast` keeps the cast of a leaf that requires a gradient)
+INPUT_CAST = ": input, cast to the low dtype by autocast"
+WEIGHT_CAST = ": weight, cast to the low dtype by autocast"   # eager attention's (b, H, s, s) tensors the training row keeps
 
 
 def _bytes(k) -> int:
@@ -103,6 +116,9 @@ def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel, bmm: bool = F
     for n, (part, kept) in enumerate(parts):
         delta = -sum(_bytes(k) for k in kept if any(x in k.label for x in NORM_INNER) or DROPOUT in k.label
                      or k.label.startswith(MLA_FREED))
+        casts = sum(_bytes(k) for k in kept if INPUT_CAST in k.label)
+        if casts:   # under autocast: the linears read the norm's output (in the residual stream's dtype), each
+            delta += hidden - casts   # casting it for its own call (a transient of its call)
         if part == "attention" and any(k.label.startswith(KERNELS) for k in kept):
             delta -= sum(_bytes(k) for k in kept if k.label.startswith(QK_NORM_INPUT))
             delta += 0 if any(FUSED_VIEW in k.label for k in kept) else qkv
@@ -131,6 +147,19 @@ def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel, bmm: bool = F
         if part in ("mlp", "down_proj") and (parallel or fam.shared_input):
             delta += hidden * (2 if fam.shared_input or parallel == "shared" else 1)
         out[part] = out.get(part, 0) + delta
+    return out
+
+
+def frozen_unsaved(trained: list, frozen: list) -> dict:
+    """{part: bytes}: what a layer's parts keep for backward when its weights train (`trained`, each (part, kept))
+    and not when they are frozen (`frozen`: LoRA's base, which saves nothing for its weights' gradients: a norm's
+    normalized input, a projection's or the routed tokens' input): a no-grad forward makes those tensors either way,
+    so the frozen rows' no-grad moments are the trained rows' (part_deltas) with these added back."""
+    out = {}
+    for (part, kept), (_, own) in zip(trained, frozen):
+        labels = {k.label for k in own}
+        adapters = sum(_bytes(k) for k in own if any(a in k.label for a in ADAPTER))
+        out[part] = sum(_bytes(k) for k in kept if k.label not in labels) - adapters
     return out
 
 
@@ -213,11 +242,15 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
         total, mine = cache_bytes(kept, heads, sizes["KV"], on)
         if fam.mla and on:   # the cache holds the latent: kv_a_proj's compressed kv and its rotary key, (b, 1, s, .)
             total += dtype_bytes(sizes["T"] * sizes["kva"], roles["lin"])
-        unsaved = held.cache_copies(kept, roles, bool(fam.rope), quantized, mixed, heads if on else 0, sizes["KV"])
+        if mixed:   # (the cache's copies not in the low dtype the step's rows hold already; the casts saved instead are the kernel's)
+            unsaved = held.cache_casts(kept, roles, bool(fam.rope), quantized, mixed) if on else 0
+        else:
+            unsaved = held.cache_copies(kept, roles, bool(fam.rope), quantized, mixed, heads if on else 0, sizes["KV"])
         cache.append(max(0, total - unsaved))
         own.append(mine)
     # GPT-2: `hidden_states = inputs_embeds + position_embeds` (modeling_gpt2.py): the token embeddings stay bound
     # beside their sum (the step's embeddings output) all forward
     embeds = hidden if "positions" in fam.embed_extra else 0
     return {"masks": masks + embeds, "cache": cache, "own_cache": own, "attention": scores,
-            "parts": [part_deltas(parts, fam, hidden, qkv, _parallel(cfg), falcon_bmm or mla_math) for parts in layer_parts]}
+            "parts": [part_deltas(parts, fam, hidden, qkv, _parallel(cfg), falcon_bmm or mla_math) for parts in layer_parts],
+            "casts": [{part: sum(_bytes(k) for k in kept if WEIGHT_CAST in k.label) for part, kept in parts} for parts in layer_parts]}
