@@ -1,6 +1,6 @@
-"""tests/support/bert_reserve.py on a small BERT (bert-large-uncased's config at 2 layers, hidden 256, 128 tokens):
-the recorded allocation stream is the one MemTracker sees, and its replay through the caching allocator's rules
-keeps the invariants a reserve has. The full-size replay of the published rows is the script's (docs/accuracy.md)."""
+"""tests/support/bert_reserve.py on a small BERT (bert-large-uncased's config at 2 layers, hidden 256, a 1,024-token
+vocabulary, 128 tokens): the recorded allocation stream is the one MemTracker sees, and its replay through the caching
+allocator's rules keeps the invariants a reserve has. The full-size replay of the published rows is the script's (docs/accuracy.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import bert_reserve
 import caching_allocator
 import pytest
 
-SMALL = {"layers": 2, "hidden_size": 256, "intermediate_size": 1024, "num_attention_heads": 4}
+SMALL = {"layers": 2, "hidden_size": 256, "intermediate_size": 1024, "num_attention_heads": 4, "vocab_size": 1024}
 
 
 @pytest.mark.parametrize("micro_batch, accumulation, checkpointing, fp16, optimizer", [
