@@ -29,8 +29,8 @@ Two streams per row: the step as torch 2.13 and today's transformers run it, and
 as transformers 4.15 on torch 1.10 ran it (`Softmax2022`: the fp32 additive mask, then a softmax whose backward
 saved its input as well as its output, which torch 1.11 stopped doing).
 
-What the stream cannot hold: cuBLAS's workspace (cuBLAS's own cudaMalloc in torch 1.10, outside the caching
-allocator; it is in NVML's reading), the CUDA kernels' own scratch, and the difference between torch 2.13's / today's
+What the stream cannot hold: cuBLAS's workspace (in NVML's reading, not an ATen op's output), the CUDA kernels' own
+scratch, and the difference between torch 2.13's / today's
 transformers' op sequence and 1.10's / 4.15's (e.g. 4.15 added an all-zero extended attention mask to the scores:
 one more scores-sized temporary per layer in the forward, which the second stream adds).
 
