@@ -242,7 +242,7 @@ def model_config(layers: int | None = None, **overrides) -> transformers.BertCon
 
 
 def record(config, micro_batch, accumulation, checkpointing, fp16, optimizer, steps=2, seq_len=512,
-           track=True, marks=None, softmax_2022=False):
+           track=True, marks=None, softmax_2022=False, autocast_cache=True):
     """The event stream of `steps` optimizer steps; `marks` (a list) gets (label, index into the stream) pairs.
     Returns (events, MemTracker's peak or None)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -276,7 +276,7 @@ def record(config, micro_batch, accumulation, checkpointing, fp16, optimizer, st
             if softmax_2022:
                 stack.enter_context(Softmax2022())
             _loop(model, opt, params, micro_batch, accumulation, fp16, steps, seq_len, config.vocab_size, recorder,
-                  marks)
+                  marks, autocast_cache)
             peak = None
             if tracker is not None:
                 peak = sum(v.get("Total", 0) for v in tracker.get_tracker_snapshot("peak").values())
@@ -284,14 +284,15 @@ def record(config, micro_batch, accumulation, checkpointing, fp16, optimizer, st
     return events, peak
 
 
-def _loop(model, opt, params, micro_batch, accumulation, fp16, steps, seq_len, vocab, recorder, marks):
+def _loop(model, opt, params, micro_batch, accumulation, fp16, steps, seq_len, vocab, recorder, marks,
+          autocast_cache=True):
     scale = torch.full((1,), 65536.0) if fp16 else None          # GradScaler's _scale
     tr_loss = torch.tensor(0.0)
     model.zero_grad()
     for step in range(steps * accumulation):
         inputs = {"input_ids": torch.randint(0, vocab, (micro_batch, seq_len)),
                   "labels": torch.randint(0, 2, (micro_batch,))}
-        with torch.autocast("cpu", dtype=torch.float16, enabled=fp16):
+        with torch.autocast("cpu", dtype=torch.float16, enabled=fp16, cache_enabled=autocast_cache):
             loss = model(**inputs).loss
         if accumulation > 1:
             loss = loss / accumulation
@@ -338,6 +339,8 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--rows", default="", help="row numbers, e.g. 1,4 (default: all)")
     parser.add_argument("--json", default="")
+    parser.add_argument("--no-autocast-cache", action="store_true",
+                        help="autocast without its cast cache (the fp16 weight copies it keeps through a forward)")
     args = parser.parse_args(argv)
     wanted = {int(x) for x in args.rows.split(",") if x}
     config = model_config()
@@ -353,7 +356,7 @@ def main(argv=None):
             started = time.monotonic()
             marks: list = []
             events, tracked = record(config, mb, accum, ckpt, fp16, optimizer, steps=args.steps, marks=marks,
-                                     softmax_2022=softmax_2022)
+                                     softmax_2022=softmax_2022, autocast_cache=not args.no_autocast_cache)
             r, by_step = replay_marks(events, marks)
             capped = caching_allocator.replay(events, capacity=V100_TOTAL - CONTEXT)
             row[variant] = {"memtracker_peak": tracked, "stream_peak": r.peak_requested,
