@@ -123,8 +123,8 @@ class CudaSoftmax(TorchFunctionMode):
 
 class Softmax110(torch.autograd.Function):
     """torch 1.10's `_softmax` derivative, `self: _softmax_backward_data(grad, result, dim, self)`: autograd saved the
-    softmax's input beside its output (pytorch/pytorch#49600; PR #65242, September 2021, made it save the output
-    only: torch 1.11's `_softmax_backward_data(grad, output, dim, input_dtype)`)."""
+    softmax's input beside its output (pytorch/pytorch#49600; opened as PR #65242 in September 2021 and landed as
+    #66018, the backward `_softmax_backward_data(grad, output, dim, input_dtype)` saves the output only)."""
 
     @staticmethod
     def forward(ctx, x, dim):
