@@ -117,6 +117,13 @@ class Row:
     # (Step.grad_buffered) the buffer is a tensor of its own between the two
     grad_started: int = 0
     grad_completed: int = 0
+    # bytes of the low-dtype casts of its trained weights that autocast's cache holds beyond what the row keeps: from
+    # its forward until the autocast context exits at the forward's end (aten/src/ATen/autocast_mode.cpp `cached_cast`
+    # caches the cast of a leaf fp32 tensor that requires grad; `torch.autocast.__exit__` clears the cache when the
+    # outermost context exits). A checkpointed row's: its matmuls' saved copies are dropped, the cache's stay. The
+    # backward runs outside autocast; torch.utils.checkpoint's recomputation re-enters it and its exit clears what it
+    # cached, which the recomputed matmuls save anyway (in `recompute`)
+    cast_cached: int = 0
 
 
 @record(slots=True)
@@ -189,7 +196,7 @@ def rounded(step: Step, granule: int) -> Step:
         replace(r, grads=each(r.grads), params=each(r.params), frozen=each(r.frozen), inner=_up(r.inner, granule),
                 backward_extra=_up(r.backward_extra, granule), recompute=_up(r.recompute, granule),
                 flight_freed=_up(r.flight_freed, granule), grad_started=_up(r.grad_started, granule),
-                grad_completed=_up(r.grad_completed, granule),
+                grad_completed=_up(r.grad_completed, granule), cast_cached=_up(r.cast_cached, granule),
                 recompute_moment=None if r.recompute_moment is None else tuple(_up(x, granule) for x in r.recompute_moment),
                 after_flight=None if r.after_flight is None else (_up(r.after_flight[0], granule), *r.after_flight[1:]))
         for r in step.rows
@@ -344,13 +351,15 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
             saved_bytes += size[t]
 
     prior = step.forward_held  # the previous micro-batch's, until this forward returns (the loss runs without it)
+    cached = 0  # autocast's cached weight casts so far (Row.cast_cached), alive to the forward's end (the loss's)
     for i, row in enumerate(rows):
         if edges:
-            consider("forward", row.name, held, saved_bytes, prior + (size[row.input] if row.input is not None and row.input not in saved_all else 0), "pre-forward")
+            consider("forward", row.name, held, saved_bytes, prior + cached + (size[row.input] if row.input is not None and row.input not in saved_all else 0), "pre-forward")
         for t in row.kept:
             create(t)
+        cached += row.cast_cached
         if row.forward_early is not None:   # before its output exists, its kept tensors made (a MoE's unsort)
-            consider("forward", row.name, held, saved_bytes, prior + row.forward_early)
+            consider("forward", row.name, held, saved_bytes, prior + cached + row.forward_early)
         if row.output is not None and not row.view:
             create(row.output)
         moving = {t for t in (row.input, row.output) if t is not None and t not in saved_all}
@@ -358,9 +367,10 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
         transient = sum(size[t] for t in moving) + inner if row.forward_flight is None else row.forward_flight
         if off:  # its own offloaded tensors exist while it runs (an input or output among them is a transient already)
             transient += sum(size[t] for t in set(row.kept) if t in off and (row.forward_flight is not None or t not in moving))
-        consider("forward", row.name, held, saved_bytes, prior + transient)
+        consider("forward", row.name, held, saved_bytes, prior + cached + transient)
     by_loss = sum(size[t] for t in step.loss_kept)
-    consider("forward", "loss", held, saved_bytes + by_loss, sum(step.loss.forward))
+    # (the loss runs inside the model's forward, under autocast: the cache is cleared when it returns)
+    consider("forward", "loss", held, saved_bytes + by_loss, cached + sum(step.loss.forward))
 
     # backward: the loss (which then frees what it kept), then rows in reverse
     consider("backward", "loss", held, saved_bytes + by_loss, sum(step.loss.backward))
