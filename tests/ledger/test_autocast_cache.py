@@ -104,3 +104,4 @@ def test_the_cast_cache_at_the_forward_end_matches_memtracker(model_type, accumu
     assert abs(ours["bytes"] - theirs["bytes"]) <= BAND * theirs["bytes"], \
         f"peak {ours['bytes']:,} / MemTracker {theirs['bytes']:,} = {ours['bytes'] / theirs['bytes']:.3f} ({ours['phase']} / {theirs['phase']})"
     assert ours["phase"] == theirs["phase"]
+
