@@ -173,6 +173,7 @@ def derive(data: dict, out, path: str, tails: dict | None = None) -> list:
         message = f"training.target_len is the decoder's tokens of an encoder-decoder model; {fam.model_type} has one stack: ignored (seq_len counts its tokens)"
         hints.append(Problem(("training", "target_len"), codes.IGNORED_KEY, message, on_key=True))
     cfg, ignored = _rmsnorm_upcast(cfg, fam, training)
+    cfg = _old_softmax(cfg, training)
     return hints + ignored + _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointing, data)
 
 
@@ -195,6 +196,17 @@ def _rmsnorm_upcast(cfg: dict, fam, training: dict, read: bool = True) -> tuple[
                f"torch.rsqrt(...) as Lit-GPT wrote it before 6178c7cc); {fam.model_type}'s norm is not that "
                f"RMSNorm: ignored")
     return cfg, [Problem(("training", "rmsnorm_upcast"), codes.IGNORED_KEY, message, on_key=True)]
+
+
+def _old_softmax(cfg: dict, training: dict) -> dict:
+    """training.softmax_saves_input and training.attention_mask_fp32 (torch < 1.11's softmax, transformers 4.x's
+    extended mask): read into the model's cfg, whose eager attention rows read them (hf_act_layers, hf_act_eval's
+    `sm_input_*` conditions)."""
+    from memfit.models.hf_act_ops import ATTENTION_MASK_FP32, SOFTMAX_SAVES_INPUT
+
+    keys = {SOFTMAX_SAVES_INPUT: training.get("softmax_saves_input") is True,
+            ATTENTION_MASK_FP32: training.get("attention_mask_fp32") is True}
+    return dict(cfg, **{k: True for k, on in keys.items() if on}) if any(keys.values()) else cfg
 
 
 def _vision_training(cfg: dict, training: dict, seq_len: int, lora=None) -> list:
