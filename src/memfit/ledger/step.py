@@ -350,16 +350,14 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
             saved_all.add(t)
             saved_bytes += size[t]
 
-    prior = step.forward_held  # the previous micro-batch's, until this forward returns (the loss runs without it)
-    cached = 0  # autocast's cached weight casts so far (Row.cast_cached), alive to the forward's end (the loss's)
+    prior, cast_cache = step.forward_held, list(accumulate(r.cast_cached for r in rows))  # (Step.forward_held, Row.cast_cached)
     for i, row in enumerate(rows):
         if edges:
-            consider("forward", row.name, held, saved_bytes, prior + cached + (size[row.input] if row.input is not None and row.input not in saved_all else 0), "pre-forward")
+            consider("forward", row.name, held, saved_bytes, prior + cast_cache[i] - row.cast_cached + (size[row.input] if row.input is not None and row.input not in saved_all else 0), "pre-forward")
         for t in row.kept:
             create(t)
-        cached += row.cast_cached
         if row.forward_early is not None:   # before its output exists, its kept tensors made (a MoE's unsort)
-            consider("forward", row.name, held, saved_bytes, prior + cached + row.forward_early)
+            consider("forward", row.name, held, saved_bytes, prior + cast_cache[i] + row.forward_early)
         if row.output is not None and not row.view:
             create(row.output)
         moving = {t for t in (row.input, row.output) if t is not None and t not in saved_all}
@@ -367,10 +365,9 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
         transient = sum(size[t] for t in moving) + inner if row.forward_flight is None else row.forward_flight
         if off:  # its own offloaded tensors exist while it runs (an input or output among them is a transient already)
             transient += sum(size[t] for t in set(row.kept) if t in off and (row.forward_flight is not None or t not in moving))
-        consider("forward", row.name, held, saved_bytes, prior + cached + transient)
+        consider("forward", row.name, held, saved_bytes, prior + cast_cache[i] + transient)
     by_loss = sum(size[t] for t in step.loss_kept)
-    # (the loss runs inside the model's forward, under autocast: the cache is cleared when it returns)
-    consider("forward", "loss", held, saved_bytes + by_loss, cached + sum(step.loss.forward))
+    consider("forward", "loss", held, saved_bytes + by_loss, (cast_cache[-1] if rows else 0) + sum(step.loss.forward))
 
     # backward: the loss (which then frees what it kept), then rows in reverse
     consider("backward", "loss", held, saved_bytes + by_loss, sum(step.loss.backward))
