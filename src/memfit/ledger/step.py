@@ -117,6 +117,13 @@ class Row:
     # (Step.grad_buffered) the buffer is a tensor of its own between the two
     grad_started: int = 0
     grad_completed: int = 0
+    # bytes of the low-dtype casts of its trained weights that autocast's cache holds beyond what the row keeps: from
+    # its forward until the autocast context exits at the forward's end (aten/src/ATen/autocast_mode.cpp `cached_cast`
+    # caches the cast of a leaf fp32 tensor that requires grad; `torch.autocast.__exit__` clears the cache when the
+    # outermost context exits). A checkpointed row's: its matmuls' saved copies are dropped, the cache's stay. The
+    # backward runs outside autocast; torch.utils.checkpoint's recomputation re-enters it and its exit clears what it
+    # cached, which the recomputed matmuls save anyway (in `recompute`)
+    cast_cached: int = 0
 
 
 @record(slots=True)
@@ -190,7 +197,7 @@ def _up(n: int, granule: int) -> int:
 # named in one of the two, so that a field added to them is placed on purpose (tests/ledger/test_step.py)
 ROUNDED = {
     "Row": ("grads", "params", "frozen", "inner", "backward_extra", "recompute", "flight_freed", "recompute_moment",
-            "grad_started", "grad_completed"),
+            "grad_started", "grad_completed", "cast_cached"),
     "Loss": ("forward", "backward", "upcast", "held"),
     "Step": ("tensors", "optimizer_state", "stepped", "forward_held", "outputs_held"),
 }
@@ -368,14 +375,14 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
             saved_all.add(t)
             saved_bytes += size[t]
 
-    prior = step.forward_held  # the previous micro-batch's, until this forward returns (the loss runs without it)
+    prior, cast_cache = step.forward_held, list(accumulate(r.cast_cached for r in rows))  # (Step.forward_held, Row.cast_cached)
     for i, row in enumerate(rows):
         if edges:
-            consider("forward", row.name, held, saved_bytes, prior + (size[row.input] if row.input is not None and row.input not in saved_all else 0), "pre-forward")
+            consider("forward", row.name, held, saved_bytes, prior + cast_cache[i] - row.cast_cached + (size[row.input] if row.input is not None and row.input not in saved_all else 0), "pre-forward")
         for t in row.kept:
             create(t)
         if row.forward_early is not None:   # before its output exists, its kept tensors made (a MoE's unsort)
-            consider("forward", row.name, held, saved_bytes, prior + row.forward_early)
+            consider("forward", row.name, held, saved_bytes, prior + cast_cache[i] + row.forward_early)
         if row.output is not None and not row.view:
             create(row.output)
         moving = {t for t in (row.input, row.output) if t is not None and t not in saved_all}
@@ -383,9 +390,9 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
         transient = sum(size[t] for t in moving) + inner if row.forward_flight is None else row.forward_flight
         if off:  # its own offloaded tensors exist while it runs (an input or output among them is a transient already)
             transient += sum(size[t] for t in set(row.kept) if t in off and (row.forward_flight is not None or t not in moving))
-        consider("forward", row.name, held, saved_bytes, prior + transient)
+        consider("forward", row.name, held, saved_bytes, prior + cast_cache[i] + transient)
     by_loss = sum(size[t] for t in step.loss_kept)
-    consider("forward", "loss", held, saved_bytes + by_loss, sum(step.loss.forward))
+    consider("forward", "loss", held, saved_bytes + by_loss, (cast_cache[-1] if rows else 0) + sum(step.loss.forward))
 
     # backward: the loss (which then frees what it kept), then rows in reverse
     consider("backward", "loss", held, saved_bytes + by_loss, sum(step.loss.backward))

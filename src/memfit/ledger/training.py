@@ -420,7 +420,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
     every, bound = _every_layer(cfg, common, checkpointing, stacked, per_layer, encoder_layers, enc_hidden, hidden)
     k = hf_act_flights.layer_kernels(cfg, run, recipe_args, sizes, enc_sizes, roles, checkpointing, stacked, model.dtypes)
     x = _layer_rows(k, rows, x, every, bound, later_kept, fresh, weights, kept_ids, cfg, sizes, enc_sizes, checkpointing, stacked,
-                    encoder_layers, enc_hidden, hidden, n_layers, checkpointed)
+                    encoder_layers, enc_hidden, hidden, n_layers, checkpointed, bool(recipe_args.get("lora")))
     if norm_kept:
         normed = fresh(hidden)
         row = weights(Row(FINAL_NORM, input=x, output=normed), FINAL_NORM)
@@ -615,9 +615,10 @@ def _every_layer(cfg: dict, common: dict, checkpointing: str, stacked: bool, per
 
 def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fresh, weights, kept_ids, cfg: dict, sizes: dict,
                 enc_sizes: dict, checkpointing: str, stacked: bool, encoder_layers: int, enc_hidden: int, hidden: int,
-                n_layers: int, checkpointed=None) -> int:
+                n_layers: int, checkpointed=None, adapters: bool = False) -> int:
     """Each layer's four rows (its parts), appended to `rows`; the id of the last layer's output. `checkpointed`:
-    the layers full checkpointing recomputes (None: all of them); the others run as without checkpointing."""
+    the layers full checkpointing recomputes (None: all of them); the others run as without checkpointing.
+    `adapters`: LoRA's (the base weights are frozen: autocast caches only the adapters' casts)."""
     kept_bytes = _kept_bytes
     fam, flights, enc_flights, dense_flights, early, a2a = k.fam, k.flights, k.enc_flights, k.dense_flights, k.early, k.a2a
     first_decoder, decoder_flight, redone, enc_redone = k.first_decoder, k.decoder_flight, k.redone, k.enc_redone
@@ -654,6 +655,7 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
                 # first, and each part's tensors go when its backward is done
                 row.kept = [x, *later_kept.get(i, ())] if n == 0 else []
                 row.recompute = min(sum(part_bytes[: n + 1]) - layer_hidden, bound[i])
+                row.cast_cached = _cached_casts(kept, adapters) if row.grads else 0
                 layer_redone = enc_redone if encoder else redone
                 if k.moe_tail and any(routers) and not encoder:
                     # a Llama 4 MoE layer: its recomputation's end (models/hf_act_flights._llama4_recompute_tail)
@@ -719,6 +721,16 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
             rows.append(row)
             x = y
     return x
+
+
+CAST = "weight, cast to the low dtype by autocast"   # models.hf_act_ops' label of a linear's weight cast
+
+
+def _cached_casts(kept: list, adapters: bool) -> int:
+    """Bytes of a checkpointed part's weight casts autocast's cache holds to the forward's end (Row.cast_cached):
+    those its un-checkpointed run keeps, of the weights that train (a leaf that requires grad: under LoRA only the
+    adapters'; a frozen weight is cast anew by each call, not cached)."""
+    return sum(_kept_bytes(k) for k in kept if k.label.endswith(CAST) and (not adapters or ".lora_" in k.label))
 
 
 # The parts of a dense layer whose worst backward moment (their flight) comes before the weight gradients of their

@@ -5,7 +5,8 @@ included), which weights train (`trainable_flags`), the gradient flags, and reso
 from __future__ import annotations
 
 from memfit.models import hf_encdec
-from memfit.models.hf_act_ops import ATTENTIONS, Block, CHECKPOINTING, Conditions, ActivationRules, Kept, LOW, PRECISIONS, mean_saves_input, rms_upcast
+from memfit.models.hf_act_ops import (ATTENTION_MASK_FP32, ATTENTIONS, Block, CHECKPOINTING, Conditions, ActivationRules, Kept, LOW,
+                                      PRECISIONS, SOFTMAX_SAVES_INPUT, mean_saves_input, rms_upcast)
 from memfit.models.hf_act_families import FAMILIES, MOE, SUPPORTED
 from memfit.models.hf_act_layers import layer_rows, count_layers
 from memfit.recipe.autocast import DEVICE_OPS, op_dtype
@@ -157,6 +158,11 @@ def layer_conditions(cfg: dict, fam: ActivationRules, attention: str, checkpoint
         "two_ropes": isinstance(cfg.get("rope_parameters"), dict) and "full_attention" in cfg["rope_parameters"]
         and len(set(cfg.get("layer_types") or ())) > 1 and checkpointing != "full",
         "attn_softcap": cfg.get("attn_logit_softcapping") is not None,
+        # torch < 1.11's softmax kept its input (training.softmax_saves_input), fp32 under an fp32 additive mask
+        "sm_input_f32": bool(cfg.get(SOFTMAX_SAVES_INPUT)) and bool(cfg.get(ATTENTION_MASK_FP32)),
+        "sm_input_scores": bool(cfg.get(SOFTMAX_SAVES_INPUT)) and not cfg.get(ATTENTION_MASK_FP32),
+        "sm_mask_f32": bool(cfg.get(ATTENTION_MASK_FP32)),
+        "sm_scores": not cfg.get(ATTENTION_MASK_FP32),
         "final_softcap": cfg.get("final_logit_softcapping") is not None,
         "causal": fam.head == "causal",
         "mlm": fam.head == "mlm",

@@ -221,7 +221,19 @@ def _attention(fam: ActivationRules, n: dict) -> list:
         # Gemma 2's attn_logit_softcapping: tanh(scores / cap) * cap keeps the tanh's result (the divisions and
         # the scale by a Python number keep nothing)
         K("softcap tanh", "tanh(scores / cap)", ("b", "H", "s", "s"), "lin", "eager_core&attn_softcap", ("qk",)),
-        *([K("softmax", soft, ("b", "H", "s", "s"), "f32" if fam.softmax_fp32 else fam.softmax_role, "eager_core", ("qk",))]
+        *([K("softmax", soft, ("b", "H", "s", "s"), "f32" if fam.softmax_fp32 else fam.softmax_role, "eager_core&sm_scores",
+             ("qk",)),
+           # (an fp32 additive mask, training.attention_mask_fp32: the scores are fp32, and so are the probabilities)
+           K("softmax", soft, ("b", "H", "s", "s"), "f32", "eager_core&sm_mask_f32", ("qk",)),
+           # torch < 1.11 (training.softmax_saves_input): softmax kept its input too (derivatives.yaml at v1.10.0,
+           # `_softmax`: `self: _softmax_backward_data(grad, result, dim, self)`), the scores in the dtype they have:
+           # fp32 where an fp32 additive mask promotes them (training.attention_mask_fp32; GPT-2's causal mask, the
+           # "soft" role), else the matmul's (CUDA autocast's fp32_set_opt_dtype hands softmax dtype=float, which
+           # 1.10 ran on a half input as `_softmax(input, dim, half_to_float=true)`: the half scores kept)
+           K("softmax", "input: the scores (kept by torch < 1.11)", ("b", "H", "s", "s"), "f32", "eager_core&sm_input_f32",
+             ("qk",)),
+           K("softmax", "input: the scores (kept by torch < 1.11)", ("b", "H", "s", "s"),
+             "soft" if fam.softmax_role == "soft" else "lin", "eager_core&sm_input_scores", ("qk",))]
           if not fam.sinks else [
             # gpt-oss: cat([scores, sinks]) keeps nothing; `- max(dim=-1).values` keeps the max's indices; softmax (in
             # the logits' dtype: fp32 under autocast, where the float mask promotes the scores) keeps its result, whose

@@ -50,6 +50,9 @@ def _and(*names) -> str | None:
 
 RMSNORM_UPCAST = "memfit_rmsnorm_upcast"   # set (False) in a model's config by training.rmsnorm_upcast: false
 MEAN_SAVES_INPUT = "memfit_mean_saves_input"   # set (True) in a model's config by training.mean_saves_input: true
+# set (True) in a model's config by training.softmax_saves_input and training.attention_mask_fp32
+SOFTMAX_SAVES_INPUT = "memfit_softmax_saves_input"
+ATTENTION_MASK_FP32 = "memfit_attention_mask_fp32"
 
 
 def rms_upcast(cfg: dict) -> bool:

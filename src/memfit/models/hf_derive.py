@@ -175,6 +175,7 @@ def derive(data: dict, out, path: str, tails: dict | None = None) -> list:
         hints.append(Problem(("training", "target_len"), codes.IGNORED_KEY, message, on_key=True))
     cfg, ignored = _rmsnorm_upcast(cfg, fam, training)
     cfg, unpriced = _mean_saves_input(cfg, fam, training)
+    cfg = _old_softmax(cfg, training)
     return hints + ignored + unpriced + _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointing, data)
 
 
@@ -216,6 +217,17 @@ def _mean_saves_input(cfg: dict, fam, training: dict, read: bool = True) -> tupl
     message = (f"training.mean_saves_input: true prices the squares an RMSNorm's torch.mean keeps under torch before "
                f"2.2; {fam.model_type}'s norm is not that RMSNorm: ignored")
     return cfg, [Problem(("training", "mean_saves_input"), codes.IGNORED_KEY, message, on_key=True)]
+
+
+def _old_softmax(cfg: dict, training: dict) -> dict:
+    """training.softmax_saves_input and training.attention_mask_fp32 (torch < 1.11's softmax, transformers 4.x's
+    extended mask): read into the model's cfg, whose eager attention rows read them (hf_act_layers, hf_act_eval's
+    `sm_input_*` conditions)."""
+    from memfit.models.hf_act_ops import ATTENTION_MASK_FP32, SOFTMAX_SAVES_INPUT
+
+    keys = {SOFTMAX_SAVES_INPUT: training.get("softmax_saves_input") is True,
+            ATTENTION_MASK_FP32: training.get("attention_mask_fp32") is True}
+    return dict(cfg, **{k: True for k, on in keys.items() if on}) if any(keys.values()) else cfg
 
 
 def _vision_training(cfg: dict, training: dict, seq_len: int, lora=None) -> list:
