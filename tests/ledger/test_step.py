@@ -16,7 +16,7 @@ GRANULE = 512
 ROW = dict(name="head", grads=[1000, 1], params=[1001], frozen=[1002], input=3, output=4, view=True, kept=[5], inner=1003,
            inner_kept=True, output_grad=False, grad_input=False, backward_extra=1004, recompute=1005, forward_flight=1006,
            forward_early=1007, backward_flight=1008, flight_freed=1009, recompute_moment=(1010, 1011), flight_first=True,
-           kept_ops=["op"], after_flight=(1012, -3, 1013), early_flight=1014, grad_started=1015, grad_completed=1016)
+           kept_ops=["op"], after_flight=(1012, -3, 1013), early_flight=1014, grad_started=1015, grad_completed=1016, cast_cached=1017)
 LOSS = dict(forward=(1000, 1), backward=(2000,), upcast=1001, held=(1002,))
 STEP = dict(tensors={3: 1000, 4: 1, 5: 513}, batch=[3], optimizer_state=[1000], optimizer="adamw", impl="fused",
             overhead=1017, stepped=[1018], accumulating=True, loss_kept=[5], step_in_backward=True, offloaded={5},

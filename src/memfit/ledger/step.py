@@ -435,12 +435,8 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
         done += sum(row.grads)
         left -= sum(size[t] for t in released.get(i, ()) if t in saved_all)
         buffered += row.grad_started - row.grad_completed if step.grad_buffered else 0  # (Step.grad_buffered)
-        if edges:
-            # the last row to run backward (no earlier output wants a gradient) makes no input gradient, and what
-            # the step kept is freed with its nodes but the batch
-            last = i == 0 or not rows[i - 1].output_grad
-            consider("backward", row.name, max(held, done), sum(size[t] for t in batch) if last else left,
-                     0 if last else g_in, "post-backward")
+        if edges:  # the last row to run backward makes no input gradient; the step's kept tensors but the batch go
+            consider("backward", row.name, max(held, done), *((left, g_in) if i and rows[i - 1].output_grad else (sum(size[t] for t in batch), 0)), "post-backward")
 
     # (under step_in_backward every parameter was stepped in backward: no gradient left, no step to run)
     consider("optimizer_step", "step", 0 if in_backward else all_grads, sum(size[t] for t in batch), 0 if in_backward else temporaries)
