@@ -126,6 +126,8 @@ def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel, bmm: bool = F
                 delta -= sum(_bytes(k) for k in kept if k.label.startswith(EAGER_OUT)) + hidden
             elif any(MASK_BIAS in k.label for k in kept):
                 delta -= hidden
+            if fam.rope_fp32:
+                delta = max(delta, rotary_fp32(kept, hidden))
         if part == "mlp" and fam.mlp in DENSE and n + 1 < len(parts):
             later = parts[n + 1][1]
             product = next((_bytes(k) for k in later if k.label.startswith(PROJECTION_INPUT)), None)
@@ -148,6 +150,26 @@ def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel, bmm: bool = F
             delta += hidden * (2 if fam.shared_input or parallel == "shared" else 1)
         out[part] = out.get(part, 0) + delta
     return out
+
+
+def rotary_fp32(kept: list, hidden: int) -> int:
+    """What Cohere's attention part's rotary moment differs by from its training row's (kept tensors and the
+    kernel's output copy, ledger.passes): its apply_rotary_pos_emb (modeling_cohere.py) binds fp32 copies of q and k
+    (`q = q.float(); k = k.float()`, none where q is fp32 already) while the caller still holds q, k and v (the
+    projections' views) beside the norm's output and the layer's input; then `(q * cos) + (rotate_half(q) * sin)`
+    holds `q * cos`, rotate_half's stacked copy and its product with sin (or their sum) at once, q's rotated copy
+    stays bound while k's makes the same three, and the casts back come last (q's and k's rotated fp32 copies beside
+    their low-dtype casts)."""
+    def size(prefix):
+        return sum(_bytes(k) for k in kept if k.label.startswith(prefix))
+
+    q, k, v, normed = size("attention: q"), size("attention: k"), size("attention: v"), size("q_proj/k_proj/v_proj: input")
+    low = next((x.dtype for x in kept if x.label.startswith("attention: q")), "float32") != "float32"
+    q32, k32 = 2 * q if low else q, 2 * k if low else k
+    copies = q32 + k32 if low else 0
+    rotary = copies + max(3 * q32, q32 + 3 * k32, q32 + k32 + (q + k if low else 0))
+    flight = size("attention: output")   # the kernel's output copy (sdpa's transposed output) the row counts
+    return hidden + normed + q + k + v + rotary - sum(_bytes(x) for x in kept) - flight
 
 
 def frozen_unsaved(trained: list, frozen: list) -> dict:
