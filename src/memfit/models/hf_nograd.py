@@ -256,6 +256,11 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
         T, H = sizes["T"], sizes["H"]
         scores += (dtype_bytes(T * (2 * sizes["qb"] + sizes["kvb"]) + T * H * cfg["qk_rope_head_dim"], roles["lin"])
                    + (dtype_bytes(s * s, "float32") if mla_math else 0))
+        if mla_math and roles["lin"] != "float32":
+            # below fp32 the math kernel's fp32 copies are its own (attention.cpp: `query_acc = query_.to(at::kFloat)`,
+            # bound beside `query_acc * scaling_factor`): the unscaled fp32 q, and the model's key cat (k_pass beside
+            # the expanded k_rot, in q's dtype) stays bound beside the kernel's fp32 key
+            scores += dtype_bytes(T * sizes["qb"], "float32") + dtype_bytes(T * sizes["qb"], roles["lin"])
     on = fam.cache and bool(cfg.get("use_cache", True))
     quantized, mixed = bool((dtypes or {}).get("quantized")), precision.endswith("-mixed")
     cache, own = [], []
