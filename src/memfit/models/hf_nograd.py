@@ -126,6 +126,8 @@ def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel, bmm: bool = F
                 delta -= sum(_bytes(k) for k in kept if k.label.startswith(EAGER_OUT)) + hidden
             elif any(MASK_BIAS in k.label for k in kept):
                 delta -= hidden
+            if casts and fam.rope:
+                delta += rotary_upcasts(kept)
             if fam.rope_fp32:
                 delta = max(delta, rotary_fp32(kept, hidden))
         if part == "mlp" and fam.mlp in DENSE and n + 1 < len(parts):
@@ -149,6 +151,18 @@ def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel, bmm: bool = F
         if part in ("mlp", "down_proj") and (parallel or fam.shared_input):
             delta += hidden * (2 if fam.shared_input or parallel == "shared" else 1)
         out[part] = out.get(part, 0) + delta
+    return out
+
+
+def rotary_upcasts(kept: list) -> int:
+    """Under autocast, what a rotary attention's sdpa kernel has alive beyond the low-dtype q and k its row keeps:
+    the rotary embedding's q, in fp32 (`q * cos`, cos fp32: no autocast op, the type promotes), stays bound in the
+    attention's forward beside autocast's cast of it for the kernel; where k is repeated to every query head
+    (repeat_kv of the cache's fp32 rotary k) the repeated copy is fp32 too, beside its cast."""
+    out = 0
+    for k in kept:
+        if k.dtype != "float32" and (k.label == "attention: q" or k.label.startswith("attention: k" + held.REPEATED)):
+            out += dtype_bytes(_elements(k.shape), "float32")
     return out
 
 
@@ -269,6 +283,9 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
         total, mine = cache_bytes(kept, heads, sizes["KV"], on)
         if fam.mla and on:   # the cache holds the latent: kv_a_proj's compressed kv and its rotary key, (b, 1, s, .)
             total += dtype_bytes(sizes["T"] * sizes["kva"], roles["lin"])
+        if mixed and on and fam.rope:   # the cache's rotary k under autocast is fp32 (the rows' repeated k is its cast)
+            total += sum(dtype_bytes(_elements(k.shape) // heads * sizes["KV"], roles["act"]) - dtype_bytes(_elements(k.shape) // heads * sizes["KV"], k.dtype)
+                         for k in kept if (": k" + held.REPEATED) in k.label and k.dtype != roles["act"] and sizes["KV"] < heads)
         if mixed:   # (the cache's copies not in the low dtype the step's rows hold already; the casts saved instead are the kernel's)
             unsaved = held.cache_casts(kept, roles, bool(fam.rope), quantized, mixed) if on else 0
         else:
