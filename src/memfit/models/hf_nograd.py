@@ -158,11 +158,17 @@ def rotary_upcasts(kept: list) -> int:
     """Under autocast, what a rotary attention's sdpa kernel has alive beyond the low-dtype q and k its row keeps:
     the rotary embedding's q, in fp32 (`q * cos`, cos fp32: no autocast op, the type promotes), stays bound in the
     attention's forward beside autocast's cast of it for the kernel; where k is repeated to every query head
-    (repeat_kv of the cache's fp32 rotary k) the repeated copy is fp32 too, beside its cast."""
+    (repeat_kv of the cache's fp32 rotary k) the repeated copy is fp32 too, beside its cast. Eager's worst moment
+    is its softmax, after `q @ k^T`: autocast's casts of q and k made for that matmul are freed by then, their
+    fp32 originals still bound."""
     out = 0
     for k in kept:
-        if k.dtype != "float32" and (k.label == "attention: q" or k.label.startswith("attention: k" + held.REPEATED)):
+        if k.dtype == "float32":
+            continue
+        if k.label == "attention: q" or k.label.startswith("attention: k" + held.REPEATED):
             out += dtype_bytes(_elements(k.shape), "float32")
+        elif k.label == "q @ k^T: q" or k.label.startswith("q @ k^T: k" + held.REPEATED):
+            out += dtype_bytes(_elements(k.shape), "float32") - _bytes(k)
     return out
 
 
@@ -257,8 +263,9 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
             # torch's math kernel computes a 16-bit q, k, v in fp32 (attention.cpp _scaled_dot_product_attention_math:
             # `query_acc = ... query_.to(at::kFloat)`): its scores and their sum with the mask, fp32
             core = 2 * scores32
-        if fam.sinks:   # the scores, their cat with the sink column and its max-shifted copy
-            core = dtype_bytes(b * heads * s * s, roles["lin"]) + 2 * dtype_bytes(b * heads * s * (s + 1), roles["soft"])
+        if fam.sinks:   # the scores, their cat with the sink column and its max-shifted copy (the scores plus the
+            # mask, in the softmax's dtype: under autocast the matmul's low output plus the fp32 mask is fp32)
+            core = dtype_bytes(b * heads * s * s, roles["soft"]) + 2 * dtype_bytes(b * heads * s * (s + 1), roles["soft"])
         attention = dict(layer_parts[0]).get("attention", []) if layer_parts else []
         scores = max(0, core - sum(_bytes(k) for k in attention if k.label.startswith(CORE)))
         if fam.falcon:
