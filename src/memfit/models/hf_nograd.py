@@ -250,6 +250,7 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
     # (the model's mask a (1, 1, s, s) bool: no (b, s, s) float one)
     mla_math = fam.mla and attention == "sdpa" and cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"] != cfg["v_head_dim"]
     masks = scores = 0
+    quantized, mixed = bool((dtypes or {}).get("quantized")), precision.endswith("-mixed")
     if eager or falcon_bmm or mla_math:
         kinds = set(cfg.get("layer_types") or ()) or {"full_attention"}
         masks = len(kinds) * dtype_bytes(b * s * s, roles["act"]) if not mla_math else 0
@@ -274,22 +275,28 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
         # q_b_proj's (or q_proj's) and kv_b_proj's whole outputs (q_pass, q_rot, k_pass and value_states are views
         # of them), the unscaled q cat beside the kernel's scaled copy, k_rot expanded to every head; under the math
         # kernel its (s, s) float mask
+        # (under autocast the rotary embedding's fp32 cos and sin make q's rotary part fp32, and the cat of q's
+        # no-rope part with it: torch.cat promotes)
         T, H = sizes["T"], sizes["H"]
-        scores += (dtype_bytes(T * (2 * sizes["qb"] + sizes["kvb"]) + T * H * cfg["qk_rope_head_dim"], roles["lin"])
+        rotated = roles["act"] if mixed else roles["lin"]
+        scores += (dtype_bytes(T * (sizes["qb"] + sizes["kvb"]), roles["lin"])
+                   + dtype_bytes(T * sizes["qb"] + T * H * cfg["qk_rope_head_dim"], rotated)
                    + (dtype_bytes(s * s, "float32") if mla_math else 0))
+        if mla_math and mixed:   # autocast's cast of the fp32 q cat for sdpa (an autocast op in the low dtype)
+            scores += dtype_bytes(T * sizes["qb"], roles["lin"])
         if mla_math and roles["lin"] != "float32":
             # below fp32 the math kernel's fp32 copies are its own (attention.cpp: `query_acc = query_.to(at::kFloat)`,
             # bound beside `query_acc * scaling_factor`): the unscaled fp32 q, and the model's key cat (k_pass beside
             # the expanded k_rot, in q's dtype) stays bound beside the kernel's fp32 key
             scores += dtype_bytes(T * sizes["qb"], "float32") + dtype_bytes(T * sizes["qb"], roles["lin"])
     on = fam.cache and bool(cfg.get("use_cache", True))
-    quantized, mixed = bool((dtypes or {}).get("quantized")), precision.endswith("-mixed")
     cache, own = [], []
     for parts in layer_parts:
         kept = [k for _, part in parts for k in part]
         total, mine = cache_bytes(kept, heads, sizes["KV"], on)
         if fam.mla and on:   # the cache holds the latent: kv_a_proj's compressed kv and its rotary key, (b, 1, s, .)
-            total += dtype_bytes(sizes["T"] * sizes["kva"], roles["lin"])
+            # (under autocast fp32: kv_a_layernorm's fp32 weight times its low output, the rotary key by fp32 cos)
+            total += dtype_bytes(sizes["T"] * sizes["kva"], roles["act"] if mixed else roles["lin"])
         if mixed and on and fam.rope:   # the cache's rotary k under autocast is fp32 (the rows' repeated k is its cast)
             total += sum(dtype_bytes(_elements(k.shape) // heads * sizes["KV"], roles["act"]) - dtype_bytes(_elements(k.shape) // heads * sizes["KV"], k.dtype)
                          for k in kept if (": k" + held.REPEATED) in k.label and k.dtype != roles["act"] and sizes["KV"] < heads)
