@@ -25,12 +25,15 @@ the layers' code still references:
 - DeepSeek-V3's latent attention: q_b_proj's and kv_b_proj's whole outputs (the heads' views keep them), the
   unscaled q beside the kernel's scaled copy, the rotary key expanded to every head; its cache holds the latent
   (kv_a_proj's compressed kv and rotary key);
-- each part's own worst op (part_deltas: a norm's intermediates freed, the MLP's product, the experts' unsort);
+- each part's own worst op (part_deltas: a norm's intermediates freed, the MLP's product, the experts' unsort;
+  Cohere's rotary embedding, on fp32 copies of q and k, rotary_fp32);
 - under autocast (bf16-mixed): autocast's cast of every trained weight, cached (aten autocast_mode.cpp `cached_cast`
   keeps the cast of a leaf that requires a gradient, grad mode or not) from its linear's call until the autocast
   region exits after the loss; each linear's cast of its input made for its call only, beside the norm's output in
   the residual stream's dtype; the cache's own copies of k (fp32 after the rotary embedding) and v (the projection's
-  low dtype), autocast's casts the training rows save for k being the kernel's transients;
+  low dtype), autocast's casts the training rows save for k being the kernel's transients; the rotary q in fp32
+  (`q * cos`, cos fp32) beside autocast's cast for the kernel, a k repeated from the cache's fp32 one too
+  (rotary_upcasts); DeepSeek-V3's q cat, its rotary part and its cached latent in fp32;
 - under LoRA (a frozen base, peft's adapters): the base's no-grad forward makes what a trained base saves (the
   frozen rows leave out what only its weights' gradients need: frozen_unsaved adds it back), and each adapter's
   own tensors (its input cast to the adapter's dtype, lora_A's output) are freed with its linear's call.
