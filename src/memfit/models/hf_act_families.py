@@ -80,7 +80,7 @@ FAMILIES.update({
     # modeling_smollm3.py: Llama; every no_rope_layer_interval-th layer skips the rotary (NoPE). q and k then stay
     # views of the projections, which the fused kernel keeps in place of the rotated copies: the same bytes
     "smollm3": LLAMA,
-    "cohere": LLAMA._replace(norm="cohere_ln", shared_input=True, qk_norm_key="use_qk_norm"),
+    "cohere": LLAMA._replace(norm="cohere_ln", shared_input=True, qk_norm_key="use_qk_norm", rope_fp32=True),
     # modeling_gemma3.py: Gemma 2's layer (no soft-capping by default, so sdpa runs) with per-head q_norm / k_norm;
     # one rotary embedding per layer type present (global and sliding layers rotate with different bases)
     "gemma3_text": LLAMA._replace(norm="gemma_rms", act_key="hidden_activation", sandwich="pre_post", qk_norm=True,

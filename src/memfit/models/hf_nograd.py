@@ -25,12 +25,15 @@ the layers' code still references:
 - DeepSeek-V3's latent attention: q_b_proj's and kv_b_proj's whole outputs (the heads' views keep them), the
   unscaled q beside the kernel's scaled copy, the rotary key expanded to every head; its cache holds the latent
   (kv_a_proj's compressed kv and rotary key);
-- each part's own worst op (part_deltas: a norm's intermediates freed, the MLP's product, the experts' unsort);
+- each part's own worst op (part_deltas: a norm's intermediates freed, the MLP's product, the experts' unsort;
+  Cohere's rotary embedding, on fp32 copies of q and k, rotary_fp32);
 - under autocast (bf16-mixed): autocast's cast of every trained weight, cached (aten autocast_mode.cpp `cached_cast`
   keeps the cast of a leaf that requires a gradient, grad mode or not) from its linear's call until the autocast
   region exits after the loss; each linear's cast of its input made for its call only, beside the norm's output in
   the residual stream's dtype; the cache's own copies of k (fp32 after the rotary embedding) and v (the projection's
-  low dtype), autocast's casts the training rows save for k being the kernel's transients;
+  low dtype), autocast's casts the training rows save for k being the kernel's transients; the rotary q in fp32
+  (`q * cos`, cos fp32) beside autocast's cast for the kernel, a k repeated from the cache's fp32 one too
+  (rotary_upcasts); DeepSeek-V3's q cat, its rotary part and its cached latent in fp32;
 - under LoRA (a frozen base, peft's adapters): the base's no-grad forward makes what a trained base saves (the
   frozen rows leave out what only its weights' gradients need: frozen_unsaved adds it back), and each adapter's
   own tensors (its input cast to the adapter's dtype, lora_A's output) are freed with its linear's call.
@@ -126,6 +129,10 @@ def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel, bmm: bool = F
                 delta -= sum(_bytes(k) for k in kept if k.label.startswith(EAGER_OUT)) + hidden
             elif any(MASK_BIAS in k.label for k in kept):
                 delta -= hidden
+            if casts and fam.rope:
+                delta += rotary_upcasts(kept)
+            if fam.rope_fp32:
+                delta = max(delta, rotary_fp32(kept, hidden))
         if part == "mlp" and fam.mlp in DENSE and n + 1 < len(parts):
             later = parts[n + 1][1]
             product = next((_bytes(k) for k in later if k.label.startswith(PROJECTION_INPUT)), None)
@@ -148,6 +155,44 @@ def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel, bmm: bool = F
             delta += hidden * (2 if fam.shared_input or parallel == "shared" else 1)
         out[part] = out.get(part, 0) + delta
     return out
+
+
+def rotary_upcasts(kept: list) -> int:
+    """Under autocast, what a rotary attention's sdpa kernel has alive beyond the low-dtype q and k its row keeps:
+    the rotary embedding's q, in fp32 (`q * cos`, cos fp32: no autocast op, the type promotes), stays bound in the
+    attention's forward beside autocast's cast of it for the kernel; where k is repeated to every query head
+    (repeat_kv of the cache's fp32 rotary k) the repeated copy is fp32 too, beside its cast. Eager's worst moment
+    is its softmax, after `q @ k^T`: autocast's casts of q and k made for that matmul are freed by then, their
+    fp32 originals still bound."""
+    out = 0
+    for k in kept:
+        if k.dtype == "float32":
+            continue
+        if k.label == "attention: q" or k.label.startswith("attention: k" + held.REPEATED):
+            out += dtype_bytes(_elements(k.shape), "float32")
+        elif k.label == "q @ k^T: q" or k.label.startswith("q @ k^T: k" + held.REPEATED):
+            out += dtype_bytes(_elements(k.shape), "float32") - _bytes(k)
+    return out
+
+
+def rotary_fp32(kept: list, hidden: int) -> int:
+    """What Cohere's attention part's rotary moment differs by from its training row's (kept tensors and the
+    kernel's output copy, ledger.passes): its apply_rotary_pos_emb (modeling_cohere.py) binds fp32 copies of q and k
+    (`q = q.float(); k = k.float()`, none where q is fp32 already) while the caller still holds q, k and v (the
+    projections' views) beside the norm's output and the layer's input; then `(q * cos) + (rotate_half(q) * sin)`
+    holds `q * cos`, rotate_half's stacked copy and its product with sin (or their sum) at once, q's rotated copy
+    stays bound while k's makes the same three, and the casts back come last (q's and k's rotated fp32 copies beside
+    their low-dtype casts)."""
+    def size(prefix):
+        return sum(_bytes(k) for k in kept if k.label.startswith(prefix))
+
+    q, k, v, normed = size("attention: q"), size("attention: k"), size("attention: v"), size("q_proj/k_proj/v_proj: input")
+    low = next((x.dtype for x in kept if x.label.startswith("attention: q")), "float32") != "float32"
+    q32, k32 = 2 * q if low else q, 2 * k if low else k
+    copies = q32 + k32 if low else 0
+    rotary = copies + max(3 * q32, q32 + 3 * k32, q32 + k32 + (q + k if low else 0))
+    flight = size("attention: output")   # the kernel's output copy (sdpa's transposed output) the row counts
+    return hidden + normed + q + k + v + rotary - sum(_bytes(x) for x in kept) - flight
 
 
 def frozen_unsaved(trained: list, frozen: list) -> dict:
@@ -208,6 +253,7 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
     # (the model's mask a (1, 1, s, s) bool: no (b, s, s) float one)
     mla_math = fam.mla and attention == "sdpa" and cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"] != cfg["v_head_dim"]
     masks = scores = 0
+    quantized, mixed = bool((dtypes or {}).get("quantized")), precision.endswith("-mixed")
     if eager or falcon_bmm or mla_math:
         kinds = set(cfg.get("layer_types") or ()) or {"full_attention"}
         masks = len(kinds) * dtype_bytes(b * s * s, roles["act"]) if not mla_math else 0
@@ -221,8 +267,9 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
             # torch's math kernel computes a 16-bit q, k, v in fp32 (attention.cpp _scaled_dot_product_attention_math:
             # `query_acc = ... query_.to(at::kFloat)`): its scores and their sum with the mask, fp32
             core = 2 * scores32
-        if fam.sinks:   # the scores, their cat with the sink column and its max-shifted copy
-            core = dtype_bytes(b * heads * s * s, roles["lin"]) + 2 * dtype_bytes(b * heads * s * (s + 1), roles["soft"])
+        if fam.sinks:   # the scores, their cat with the sink column and its max-shifted copy (the scores plus the
+            # mask, in the softmax's dtype: under autocast the matmul's low output plus the fp32 mask is fp32)
+            core = dtype_bytes(b * heads * s * s, roles["soft"]) + 2 * dtype_bytes(b * heads * s * (s + 1), roles["soft"])
         attention = dict(layer_parts[0]).get("attention", []) if layer_parts else []
         scores = max(0, core - sum(_bytes(k) for k in attention if k.label.startswith(CORE)))
         if fam.falcon:
@@ -231,17 +278,31 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
         # q_b_proj's (or q_proj's) and kv_b_proj's whole outputs (q_pass, q_rot, k_pass and value_states are views
         # of them), the unscaled q cat beside the kernel's scaled copy, k_rot expanded to every head; under the math
         # kernel its (s, s) float mask
+        # (under autocast the rotary embedding's fp32 cos and sin make q's rotary part fp32, and the cat of q's
+        # no-rope part with it: torch.cat promotes)
         T, H = sizes["T"], sizes["H"]
-        scores += (dtype_bytes(T * (2 * sizes["qb"] + sizes["kvb"]) + T * H * cfg["qk_rope_head_dim"], roles["lin"])
+        rotated = roles["act"] if mixed else roles["lin"]
+        scores += (dtype_bytes(T * (sizes["qb"] + sizes["kvb"]), roles["lin"])
+                   + dtype_bytes(T * sizes["qb"] + T * H * cfg["qk_rope_head_dim"], rotated)
                    + (dtype_bytes(s * s, "float32") if mla_math else 0))
+        if mla_math and mixed:   # autocast's cast of the fp32 q cat for sdpa (an autocast op in the low dtype)
+            scores += dtype_bytes(T * sizes["qb"], roles["lin"])
+        if mla_math and roles["lin"] != "float32":
+            # below fp32 the math kernel's fp32 copies are its own (attention.cpp: `query_acc = query_.to(at::kFloat)`,
+            # bound beside `query_acc * scaling_factor`): the unscaled fp32 q, and the model's key cat (k_pass beside
+            # the expanded k_rot, in q's dtype) stays bound beside the kernel's fp32 key
+            scores += dtype_bytes(T * sizes["qb"], "float32") + dtype_bytes(T * sizes["qb"], roles["lin"])
     on = fam.cache and bool(cfg.get("use_cache", True))
-    quantized, mixed = bool((dtypes or {}).get("quantized")), precision.endswith("-mixed")
     cache, own = [], []
     for parts in layer_parts:
         kept = [k for _, part in parts for k in part]
         total, mine = cache_bytes(kept, heads, sizes["KV"], on)
         if fam.mla and on:   # the cache holds the latent: kv_a_proj's compressed kv and its rotary key, (b, 1, s, .)
-            total += dtype_bytes(sizes["T"] * sizes["kva"], roles["lin"])
+            # (under autocast fp32: kv_a_layernorm's fp32 weight times its low output, the rotary key by fp32 cos)
+            total += dtype_bytes(sizes["T"] * sizes["kva"], roles["act"] if mixed else roles["lin"])
+        if mixed and on and fam.rope:   # the cache's rotary k under autocast is fp32 (the rows' repeated k is its cast)
+            total += sum(dtype_bytes(_elements(k.shape) // heads * sizes["KV"], roles["act"]) - dtype_bytes(_elements(k.shape) // heads * sizes["KV"], k.dtype)
+                         for k in kept if (": k" + held.REPEATED) in k.label and k.dtype != roles["act"] and sizes["KV"] < heads)
         if mixed:   # (the cache's copies not in the low dtype the step's rows hold already; the casts saved instead are the kernel's)
             unsaved = held.cache_casts(kept, roles, bool(fam.rope), quantized, mixed) if on else 0
         else:
