@@ -275,3 +275,20 @@ def test_t5_at_16_x_256(tmp_path):
     file = _check(tmp_path, [_write(tmp_path, "t5", cfg, 2, 16, 256)])["t5.yaml"]
     assert file["peak"]["phase"] == "evaluation"
     assert abs(file["peak"]["bytes"] - measured) <= BAND * measured, (file["peak"]["bytes"], measured)
+
+
+# LoRA under autocast with weights that dominate (hidden 512, eight tokens): autocast_mode.cpp's cached_cast caches a
+# cast of a weight that requires grad only, so the frozen base's bf16 casts are each call's transient, not held to
+# the forward's end
+@pytest.mark.filterwarnings("ignore")
+def test_a_frozen_base_is_not_cast_cached_in_evaluation(tmp_path):
+    needs.module("torch")
+    needs.module("peft")
+    _families()
+    cfg = {**_config("llama"), "hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8,
+           "num_key_value_heads": 8, "head_dim": 64}
+    measured = measured_evaluation(cfg, 1, 8, 32, "bf16-mixed", lora=LORA)
+    file = _write(tmp_path, "wide", cfg, 1, 8, 32, "bf16-mixed", {"lora": LORA}, checkpointing="full")
+    peak = _check(tmp_path, [file])[file]["peak"]
+    assert peak["phase"] == "evaluation", peak
+    assert abs(peak["bytes"] - measured) <= BAND * measured, (peak, measured, peak["bytes"] / measured)

@@ -60,15 +60,20 @@ def evaluation(config, data: dict, peak: dict, optimizer, impl: str) -> dict:
 
     train = data["training"]
     # (a model in eval() under no_grad does not checkpoint: transformers' gradient checkpointing runs only while
-    # self.training and grad is enabled, so the evaluation forward is the one without checkpointing, full or partial)
+    # self.training and grad is enabled, and saved-tensor hooks (activation offloading) see nothing to save, so the
+    # evaluation forward is the one without either, where its no-grad forward is described (models.hf_nograd); where it
+    # is not, the rows stay as the step runs them: a checkpointed model's are its boundaries, not every saved tensor at once)
     model = config.model._replace(training={**config.model.training, "micro_batch": train["eval_batch"], "checkpointing": "none"})
-    doc = {**data, "training": {k: v for k, v in train.items() if k not in ("teacher", "eval_batch", *CHECKPOINT_KEYS)}}
+    nograd = _nograd(model)
+    skipped = ("teacher", "eval_batch", *CHECKPOINT_KEYS, "activation_offloading") if nograd is not None else ("teacher", "eval_batch")
+    if nograd is None:
+        model = config.model._replace(training={**config.model.training, "micro_batch": train["eval_batch"]})
+    doc = {**data, "training": {k: v for k, v in train.items() if k not in skipped}}
     doc["training"]["micro_batch"] = train["eval_batch"]
     from memfit.ledger.step import rounded
 
     step = training.build(replace(config, model=model), doc, optimizer, impl)
     keep = train.get("keep_gradients") is True
-    nograd = _nograd(model)
     found = passes.evaluation_pass(step, keep, nograd)
     if config.granule:  # as step.peak: what rounding each live tensor up to the allocator's granule adds, as overhead
         extra = passes.evaluation_pass(rounded(step, config.granule), keep, nograd)["bytes"] - found["bytes"]
@@ -91,7 +96,9 @@ def _nograd(model):
     blocks = acts.saved(model.cfg, micro_batch=run["micro_batch"], seq_len=run["seq_len"], attention=run["attention"],
                         checkpointing="none", dtypes=model.dtypes, **recipe_args)
     fam = FAMILIES.get(model.cfg.get("model_type"))
-    if fam is None:
+    if fam is None or model.cfg.get("qwen_vl"):
+        # (a Qwen-VL's vision tower is its embeddings row: its no-grad forward, one tower layer at a time, is not
+        # described, and the row's saved tensors all at once would price every tower layer together)
         return None
     layers = [layer_parts(blk.kept, fam) for blk in blocks[1:-2] for _ in range(blk.count)]
     unsaved = None
@@ -102,10 +109,12 @@ def _nograd(model):
                              checkpointing="none", dtypes=model.dtypes, **{**recipe_args, "lora": None})
         full = [layer_parts(blk.kept, fam) for blk in trained[1:-2] for _ in range(blk.count)]
         unsaved = [hf_nograd.frozen_unsaved(a, b) for a, b in zip(full, layers)]
-        layers = full
+        adapted, layers = layers, full
     found = hf_nograd.nograd_held(model.cfg, run["micro_batch"], run["seq_len"], run["attention"], precision, model.dtypes, layers)
     if found is None:
         return None
     if unsaved is not None:
         found["parts"] = [{p: d.get(p, 0) + u.get(p, 0) for p in {*d, *u}} for d, u in zip(found["parts"], unsaved)]
+        # autocast caches a cast of a weight that requires grad only: the adapters', not the frozen base's
+        found["casts"] = hf_nograd.weight_casts(adapted, trained_only=True)
     return NoGrad(**found)

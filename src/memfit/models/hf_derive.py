@@ -117,7 +117,7 @@ def derive(data: dict, out, path: str, tails: dict | None = None) -> list:
 
     if fam.block in (tails or {}):  # a family's own tail (models/dispatch passes models/whisper.derive)
         return (hints + _rmsnorm_upcast(cfg, fam, training, False)[1] + _mean_saves_input(cfg, fam, training, False)[1]
-                + tails[fam.block](cfg, raw, out, where, file, data, at_architecture))
+                + _old_softmax(cfg, fam, training, None, False)[1] + tails[fam.block](cfg, raw, out, where, file, data, at_architecture))
     classifies = kind in (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION) and not fam.stacked and fam.block != "llava"
     if kind != fam.architectures[fam.default_architecture] and not classifies:
         # hf_activations models the family's own language-model head (and its loss) and the classifiers
@@ -175,8 +175,8 @@ def derive(data: dict, out, path: str, tails: dict | None = None) -> list:
         hints.append(Problem(("training", "target_len"), codes.IGNORED_KEY, message, on_key=True))
     cfg, ignored = _rmsnorm_upcast(cfg, fam, training)
     cfg, unpriced = _mean_saves_input(cfg, fam, training)
-    cfg = _old_softmax(cfg, training)
-    return hints + ignored + unpriced + _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointing, data)
+    cfg, softmax = _old_softmax(cfg, fam, training, attention)
+    return hints + ignored + unpriced + softmax + _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointing, data)
 
 
 def _rmsnorm_upcast(cfg: dict, fam, training: dict, read: bool = True) -> tuple[dict, list]:
@@ -219,15 +219,29 @@ def _mean_saves_input(cfg: dict, fam, training: dict, read: bool = True) -> tupl
     return cfg, [Problem(("training", "mean_saves_input"), codes.IGNORED_KEY, message, on_key=True)]
 
 
-def _old_softmax(cfg: dict, training: dict) -> dict:
+def _old_softmax(cfg: dict, fam, training: dict, attention: str | None, read: bool = True) -> tuple[dict, list]:
     """training.softmax_saves_input and training.attention_mask_fp32 (torch < 1.11's softmax, transformers 4.x's
     extended mask): read into the model's cfg, whose eager attention rows read them (hf_act_layers, hf_act_eval's
-    `sm_input_*` conditions)."""
+    `sm_input_*` conditions), else an ignored-key note: under sdpa or flash attention there is no softmax op to keep
+    its input, and an encoder-decoder's, a family with a tail of its own (`read` false: Whisper) and gpt-oss's sink
+    attention price their softmax in rows of their own, which do not read them."""
+    from memfit.diagnostics import codes
+    from memfit.diagnostics.diagnostic import Problem
+    from memfit.models.hf_act_families import FAMILIES as ACT_FAMILIES
     from memfit.models.hf_act_ops import ATTENTION_MASK_FP32, SOFTMAX_SAVES_INPUT
 
-    keys = {SOFTMAX_SAVES_INPUT: training.get("softmax_saves_input") is True,
-            ATTENTION_MASK_FP32: training.get("attention_mask_fp32") is True}
-    return dict(cfg, **{k: True for k, on in keys.items() if on}) if any(keys.values()) else cfg
+    keys = {SOFTMAX_SAVES_INPUT: "softmax_saves_input", ATTENTION_MASK_FP32: "attention_mask_fp32"}
+    on = [k for k, name in keys.items() if training.get(name) is True]
+    if not on:
+        return cfg, []
+    act = ACT_FAMILIES.get(cfg.get("model_type"))
+    if read and act is not None and not fam.stacked and not getattr(act, "sinks", False) and attention == "eager":
+        return dict(cfg, **{k: True for k in on}), []
+    own = not read or act is None or fam.stacked or getattr(act, "sinks", False)
+    why = (f"{fam.model_type}'s attention is priced in rows of its own, which do not read it" if own
+           else f"attention {attention} runs no softmax op of its own")
+    return cfg, [Problem(("training", keys[k]), codes.IGNORED_KEY, f"training.{keys[k]}: true prices an eager "
+                         f"attention's softmax; {why}: ignored", on_key=True) for k in on]
 
 
 def _vision_training(cfg: dict, training: dict, seq_len: int, lora=None) -> list:

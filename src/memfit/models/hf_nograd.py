@@ -314,4 +314,12 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
     embeds = hidden if "positions" in fam.embed_extra else 0
     return {"masks": masks + embeds, "cache": cache, "own_cache": own, "attention": scores,
             "parts": [part_deltas(parts, fam, hidden, qkv, _parallel(cfg), falcon_bmm or mla_math) for parts in layer_parts],
-            "casts": [{part: sum(_bytes(k) for k in kept if WEIGHT_CAST in k.label) for part, kept in parts} for parts in layer_parts]}
+            "casts": weight_casts(layer_parts)}
+
+
+def weight_casts(layer_parts: list, trained_only: bool = False) -> list:
+    """Each layer's {part: bytes} of autocast's cached weight casts (alive from the part to the forward's end); with
+    `trained_only` (a LoRA model's rows) only the adapters': autocast_mode.cpp's cached_cast caches a leaf that
+    requires grad, so a frozen base weight is cast anew by each call and freed with it."""
+    return [{part: sum(_bytes(k) for k in kept if WEIGHT_CAST in k.label and (not trained_only or ".lora_" in k.label))
+             for part, kept in parts} for parts in layer_parts]
