@@ -188,7 +188,8 @@ def rotary_fp32(kept: list, hidden: int) -> int:
 
     q, k, v, normed = size("attention: q"), size("attention: k"), size("attention: v"), size("q_proj/k_proj/v_proj: input")
     low = next((x.dtype for x in kept if x.label.startswith("attention: q")), "float32") != "float32"
-    q32, k32 = 2 * q if low else q, 2 * k if low else k
+    q32, k32 = (sum(dtype_bytes(_elements(x.shape), "float32") for x in kept if x.label.startswith(f"attention: {n}"))
+                for n in ("q", "k"))
     copies = q32 + k32 if low else 0
     rotary = copies + max(3 * q32, q32 + 3 * k32, q32 + k32 + (q + k if low else 0))
     flight = size("attention: output")   # the kernel's output copy (sdpa's transposed output) the row counts
