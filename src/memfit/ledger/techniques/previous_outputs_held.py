@@ -46,7 +46,8 @@ KEYS = {
                        "longest_first: that loop with its longest micro-batch first and every later one shorter "
                        "(Lit-GPT 8641822 forces the longest sample into the first batch): the outputs held through "
                        "their own loss, backward and optimizer step, the next (shorter) forward beside them not "
-                       "priced. Default false (the loop lets the outputs go with the loss, as transformers' Trainer "
+                       "priced (the held outputs are priced at seq_len: under gradient accumulation the optimizer "
+                       "step holds the last, shorter micro-batch's, so the figure is on the safe side). Default false (the loop lets the outputs go with the loss, as transformers' Trainer "
                        "does).",
         "anyOf": [{"type": "boolean"}, {"const": "longest_first"}],
         "default": False,
