@@ -22,24 +22,9 @@ torch = needs.module("torch")
 needs.module("transformers")
 
 import hf_measure  # noqa: E402
+from bert_reserve import Softmax110  # noqa: E402  (torch 1.10's softmax: its input saved beside its output)
 
 MICRO_BATCH, SEQ_LEN = 2, 32
-
-
-class Softmax110(torch.autograd.Function):
-    """softmax as torch 1.10's autograd ran it: the output and the input saved."""
-
-    @staticmethod
-    def forward(ctx, x, dim):
-        y = torch._softmax(x, dim, False)
-        ctx.save_for_backward(x, y)
-        ctx.dim = dim
-        return y
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, y = ctx.saved_tensors
-        return torch._softmax_backward_data(grad, y, ctx.dim, x.dtype), None
 
 
 def softmax_110(x, dim=None, _stacklevel=3, dtype=None):
