@@ -195,16 +195,30 @@ def rotary_fp32(kept: list, hidden: int) -> int:
     return hidden + normed + q + k + v + rotary - sum(_bytes(x) for x in kept) - flight
 
 
-def frozen_unsaved(trained: list, frozen: list) -> dict:
+def frozen_unsaved(trained: list, frozen: list, hidden: int = 0, lin: str = "float32") -> dict:
     """{part: bytes}: what a layer's parts keep for backward when its weights train (`trained`, each (part, kept))
     and not when they are frozen (`frozen`: LoRA's base, which saves nothing for its weights' gradients: a norm's
     normalized input, a projection's or the routed tokens' input): a no-grad forward makes those tensors either way,
-    so the frozen rows' no-grad moments are the trained rows' (part_deltas) with these added back."""
+    so the frozen rows' no-grad moments are the trained rows' (part_deltas) with these added back; each adapter's own
+    kept tensors (its input's cast, lora_A's output) are freed with its linear's call.
+
+    An adapted o_proj's part (its row keeps only its adapter's tensors) peaks in its adapter's call (peft
+    tuners/lora/layer.py Linear.forward: `x = self._cast_input_dtype(x, lora_A.weight.dtype)`, then `result = result
+    + lora_B(lora_A(dropout(x))) * scaling`; the row's forward flight counts the base's output, lora_B's and the
+    scaled copy): x's cast to the adapter's dtype (none where `lin`, the linears' dtype, is the adapter's) is still
+    bound, and so are the attention's locals (modeling_llama.py LlamaAttention.forward: its rotary q and the kernel's
+    output, o_proj's input) and the decoder layer's norm output (`hidden`, the residual stream's dtype)."""
     out = {}
+    previous: list = []
     for (part, kept), (_, own) in zip(trained, frozen):
         labels = {k.label for k in own}
         adapters = sum(_bytes(k) for k in own if any(a in k.label for a in ADAPTER))
         out[part] = sum(_bytes(k) for k in kept if k.label not in labels) - adapters
+        if part == "o_proj" and own and all(any(a in k.label for a in ADAPTER) for k in own):
+            cast = sum(_bytes(k) for k in own if ".lora_A: " in k.label and k.dtype != lin)
+            alive = sum(_bytes(k) for k in previous if k.label in ("attention: q", "attention: output"))
+            out[part] += cast + alive + hidden
+        previous = own
     return out
 
 
