@@ -59,6 +59,7 @@ def _elements(shape) -> int:
 # a norm's own intermediates (its statistics, its normalized input before the weight multiplies it): a no-grad
 # forward frees them as soon as the norm's output exists (models.hf_act_layers' labels)
 NORM_INNER = (": 1/rms", ": normalized", ": mean (fp32)", ": 1/std", ": 1 + weight")
+NORM_UPCAST = "post_attention_layernorm: input, upcast to fp32"   # (models.hf_act_layers' label, below fp32 a copy)
 ACT_INPUT = "act_fn(gate): input"   # a gated MLP's gate projection output: freed once act_fn(gate) is made
 PROJECTION_INPUT = ("down_proj: input", "fc_out")   # the MLP's product (or activation) the output projection reads
 DENSE = ("gated", "gated_fused", "plain")
@@ -119,6 +120,10 @@ def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel, bmm: bool = F
     for n, (part, kept) in enumerate(parts):
         delta = -sum(_bytes(k) for k in kept if any(x in k.label for x in NORM_INNER) or DROPOUT in k.label
                      or k.label.startswith(MLA_FREED))
+        # a 16-bit model's RMSNorm upcast of its input (`hidden_states.to(torch.float32)`) before the MLP: freed
+        # with the norm's call, its input (the residual after the attention) left
+        upcast = sum(_bytes(k) - hidden for k in kept if k.label.startswith(NORM_UPCAST) and _bytes(k) > hidden)
+        delta -= upcast
         casts = sum(_bytes(k) for k in kept if INPUT_CAST in k.label)
         if casts:   # under autocast: the linears read the norm's output (in the residual stream's dtype), each
             delta += hidden - casts   # casting it for its own call (a transient of its call)
@@ -146,7 +151,7 @@ def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel, bmm: bool = F
                 delta -= sum(_bytes(k) for k in kept if k.label.startswith(AFTER_ATTENTION))
         if part == "mlp" and fam.mlp in MOE and n + 1 < len(parts):
             shared = sum(_bytes(k) for k in kept if any(x in k.label for x in SHARED_INNER))
-            alive = sum(_bytes(k) for k in kept if not any(x in k.label for x in NORM_INNER)) - shared
+            alive = sum(_bytes(k) for k in kept if not any(x in k.label for x in NORM_INNER)) - shared - upcast
             experts = sum(_bytes(k) for k in parts[n + 1][1] if k.label.startswith(EXPERT_INNER))
             if experts:
                 out[parts[n + 1][0]] = alive - experts
