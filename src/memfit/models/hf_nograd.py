@@ -200,7 +200,7 @@ def rotary_fp32(kept: list, hidden: int) -> int:
     return hidden + normed + q + k + v + rotary - sum(_bytes(x) for x in kept) - flight
 
 
-def frozen_unsaved(trained: list, frozen: list, hidden: int = 0, lin: str = "float32") -> dict:
+def frozen_unsaved(trained: list, frozen: list, hidden: int = 0, lin: str = "float32", flights: dict | None = None) -> dict:
     """{part: bytes}: what a layer's parts keep for backward when its weights train (`trained`, each (part, kept))
     and not when they are frozen (`frozen`: LoRA's base, which saves nothing for its weights' gradients: a norm's
     normalized input, a projection's or the routed tokens' input): a no-grad forward makes those tensors either way,
@@ -212,7 +212,11 @@ def frozen_unsaved(trained: list, frozen: list, hidden: int = 0, lin: str = "flo
     + lora_B(lora_A(dropout(x))) * scaling`; the row's forward flight counts the base's output, lora_B's and the
     scaled copy): x's cast to the adapter's dtype (none where `lin`, the linears' dtype, is the adapter's) is still
     bound, and so are the attention's locals (modeling_llama.py LlamaAttention.forward: its rotary q and the kernel's
-    output, o_proj's input) and the decoder layer's norm output (`hidden`, the residual stream's dtype)."""
+    output, o_proj's input) and the decoder layer's norm output (`hidden`, the residual stream's dtype).
+
+    The attention part's no-grad worst moment is its kernel (part_deltas, from its output's write), after its q, k
+    and v adapters' calls: the adapters' forward flight its row counts (`flights`, hf_act_flights
+    .lora_forward_flights) in place of that output is gone by then."""
     out = {}
     previous: list = []
     for (part, kept), (_, own) in zip(trained, frozen):
@@ -223,6 +227,8 @@ def frozen_unsaved(trained: list, frozen: list, hidden: int = 0, lin: str = "flo
             cast = sum(_bytes(k) for k in own if ".lora_A: " in k.label and k.dtype != lin)
             alive = sum(_bytes(k) for k in previous if k.label in ("attention: q", "attention: output"))
             out[part] += cast + alive + hidden
+        if part == "attention" and (flights or {}).get(part, 0) > hidden:
+            out[part] -= flights[part] - hidden
         previous = own
     return out
 
