@@ -222,9 +222,11 @@ def test_lora_and_qlora_evaluation_passes_match_memtracker(tmp_path):
 # in fp32 (`q * cos`, cos fp32) beside autocast's cast for the kernel, k repeated from the cache's fp32 rotary k
 # (the cache's k fp32), gpt-oss's scores plus the fp32 mask in fp32; DeepSeek-V3 (0.878 before): the math kernel's
 # fp32 copies of q beside autocast's cast, q's cat and rotary part and the cached latent in fp32. Llama (1.031 before):
-# its head saves autocast's cast, not its input, so the loss's held bytes count that input already (counted twice)
+# its head saves autocast's cast, not its input, so the loss's held bytes count that input already (counted twice);
+# OLMo 2 (1.121 before) the same. Gemma 2 (1.127 before): its eager softmax beside the scores plus the fp32 mask (fp32),
+# no cast back (the rotary q is fp32), autocast's cast of the probabilities for p @ v not yet made
 MIXED = {"llama": None, "phi3": None, "gpt_neox": None, "mixtral": None, "falcon": None, "llama_lora": LORA, "mixtral_lora": LORA,
-         "starcoder2": None, "gpt_oss": None, "deepseek_v3": None}
+         "starcoder2": None, "gpt_oss": None, "deepseek_v3": None, "olmo2": None, "gemma2": None}
 
 
 def _mixed(tmp, names) -> list:

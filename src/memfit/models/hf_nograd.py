@@ -79,6 +79,7 @@ SHARED_INNER = ("(shared expert)", "shared_expert.down_proj: input", "sigmoid: o
 # v's contiguous copy is made after the kernel's scores (modeling_deepseek_v3.py DeepseekV3Attention.forward)
 MLA_FREED = ("q_a_layernorm: input", "q_b_proj: input", "kv_b_proj: input", "p @ v: v (a contiguous copy")
 CORE = ("softcap tanh", "softmax")
+P_CAST = "p @ v: probabilities, cast"   # eager's probabilities cast for p @ v (autocast's, or back to q's dtype)
 ADAPTER = (".lora_A: ", ".lora_B: ", ".lora_dropout: ")   # a LoRA adapter's kept tensors: freed with its linear's call
 # autocast's casts: a linear's input (made for its call, freed after it) and a trained weight's (cached by autocast
 # until the autocast region exits: `cached_cast` keeps the cast of a leaf that requires a gradient)
@@ -295,8 +296,14 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
         if fam.sinks:   # the scores, their cat with the sink column and its max-shifted copy (the scores plus the
             # mask, in the softmax's dtype: under autocast the matmul's low output plus the fp32 mask is fp32)
             core = dtype_bytes(b * heads * s * s, roles["soft"]) + 2 * dtype_bytes(b * heads * s * (s + 1), roles["soft"])
+        core_kept = CORE
+        if mixed and fam.softmax_fp32 and fam.rope and not fam.sinks:
+            # under autocast the scores plus the fp32 mask are fp32 and so is the rotary q (`q * cos`, cos fp32):
+            # softmax's fp32 output beside that sum, its `.to(query.dtype)` none; autocast's cast of the
+            # probabilities for p @ v (the row keeps it) is made after the sum is freed
+            core, core_kept = 2 * scores32, (*CORE, P_CAST)
         attention = dict(layer_parts[0]).get("attention", []) if layer_parts else []
-        scores = max(0, core - sum(_bytes(k) for k in attention if k.label.startswith(CORE)))
+        scores = max(0, core - sum(_bytes(k) for k in attention if k.label.startswith(core_kept)))
         if fam.falcon:
             scores, masks = scores + masks, 0
     if fam.mla:
