@@ -34,9 +34,18 @@ the layers' code still references:
   low dtype), autocast's casts the training rows save for k being the kernel's transients; the rotary q in fp32
   (`q * cos`, cos fp32) beside autocast's cast for the kernel, a k repeated from the cache's fp32 one too
   (rotary_upcasts); DeepSeek-V3's q cat, its rotary part and its cached latent in fp32;
+- under autocast, eager attention with an fp32 softmax and a rotary q (Gemma 2): the scores plus the fp32 mask are
+  fp32, softmax's fp32 output beside them, no cast back (q is fp32), autocast's cast of the probabilities for p @ v
+  made after that sum is freed;
+- below fp32, the MLP's norm upcast of its input to fp32 is freed with the norm's call, the 16-bit residual it read
+  left;
 - under LoRA (a frozen base, peft's adapters): the base's no-grad forward makes what a trained base saves (the
   frozen rows leave out what only its weights' gradients need: frozen_unsaved adds it back), and each adapter's
-  own tensors (its input cast to the adapter's dtype, lora_A's output) are freed with its linear's call.
+  own tensors (its input cast to the adapter's dtype, lora_A's output) are freed with its linear's call; an
+  adapted o_proj peaks in its adapter's call (x's cast, lora_B's output and its scaled copy beside the base's
+  output, the attention's rotary q and output, the layer's norm output), the attention at its kernel, after its
+  q, k, v adapters' flight. (The loss: the head's input, where the head does not save it, is counted once, in the
+  loss's held bytes: ledger.passes.)
 
 Measured: tests/ledger/test_eval_families.py (MemTracker around transformers' no-grad forward with the labels, as the
 Trainer's prediction_step runs it, against `memfit check` with training.eval_batch)."""
