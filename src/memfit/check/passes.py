@@ -89,7 +89,10 @@ def _nograd(model):
     from memfit.ledger.passes import NoGrad
     from memfit.ledger.training import layer_parts
     from memfit.models import hf_activations as acts, hf_nograd
+    from memfit.models.hf_act_eval import layer_sizes, role_dtypes
     from memfit.models.hf_act_families import FAMILIES
+    from memfit.models.hf_act_flights import lora_forward_flights
+    from memfit.recipe.costs import dtype_bytes
 
     run, recipe_args = model.training, dict(getattr(model, "recipe", None) or {})
     precision = recipe_args.get("precision", "32-true")
@@ -108,7 +111,11 @@ def _nograd(model):
         trained = acts.saved(model.cfg, micro_batch=run["micro_batch"], seq_len=run["seq_len"], attention=run["attention"],
                              checkpointing="none", dtypes=model.dtypes, **{**recipe_args, "lora": None})
         full = [layer_parts(blk.kept, fam) for blk in trained[1:-2] for _ in range(blk.count)]
-        unsaved = [hf_nograd.frozen_unsaved(a, b) for a, b in zip(full, layers)]
+        sizes, roles = layer_sizes(model.cfg, run["micro_batch"], run["seq_len"], attention=run["attention"]), role_dtypes(precision, model.dtypes)
+        hidden = dtype_bytes(sizes["b"] * sizes["s"] * sizes["h"], roles["act"])
+        quantized, mixed = bool((model.dtypes or {}).get("quantized")), precision.endswith("-mixed")
+        flights = lora_forward_flights(model.cfg, sizes, recipe_args["lora"], roles, quantized, mixed)
+        unsaved = [hf_nograd.frozen_unsaved(a, b, hidden, roles["lin"], flights) for a, b in zip(full, layers)]
         adapted, layers = layers, full
     found = hf_nograd.nograd_held(model.cfg, run["micro_batch"], run["seq_len"], run["attention"], precision, model.dtypes, layers)
     if found is None:

@@ -173,6 +173,8 @@ def forward_worst(step: Step, loss: bool = True, nograd: NoGrad | None = None) -
     if loss and step.rows:
         head = step.rows[-1]
         hidden = size.get(head.input, 0) if head.input is not None and head.input not in batch else 0
+        if nograd is not None and head.input not in head.kept and step.loss.held:
+            hidden = 0   # (a head that does not save its input: the loss's held bytes count it already)
         here = sum(step.loss.forward) + sum(size[t] for t in step.loss_kept) + hidden
         if nograd is not None:
             here += nograd_loss(nograd)

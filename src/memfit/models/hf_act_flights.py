@@ -77,6 +77,13 @@ def layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_size
                                                              arrived, bool(recipe_args.get("lora"))))
 
 
+def lora_forward_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict, quantized: bool, mixed: bool) -> dict:
+    """{part: bytes}: what each part's widest LoRA linear holds at its worst forward op beyond its kept tensors (the
+    layer rows' forward flight, held.forward_flights)."""
+    arrived = _arrived(cfg, sizes, roles)
+    return held.forward_flights(_recompute_flights(cfg, sizes, lora, roles, quantized, mixed), arrived, bool(lora))
+
+
 def final_norm_flight(cfg: dict, sizes: dict, output: int) -> int | None:
     """The final norm's backward moment beyond what it keeps: LlamaRMSNorm's backward runs in fp32: at pow's backward
     its output gradient, x * rsqrt's and mean's gradients, x.pow(1) and 2 * x.pow(1), five (T, h) fp32 (measured:

@@ -34,9 +34,18 @@ the layers' code still references:
   low dtype), autocast's casts the training rows save for k being the kernel's transients; the rotary q in fp32
   (`q * cos`, cos fp32) beside autocast's cast for the kernel, a k repeated from the cache's fp32 one too
   (rotary_upcasts); DeepSeek-V3's q cat, its rotary part and its cached latent in fp32;
+- under autocast, eager attention with an fp32 softmax and a rotary q (Gemma 2): the scores plus the fp32 mask are
+  fp32, softmax's fp32 output beside them, no cast back (q is fp32), autocast's cast of the probabilities for p @ v
+  made after that sum is freed;
+- below fp32, the MLP's norm upcast of its input to fp32 is freed with the norm's call, the 16-bit residual it read
+  left;
 - under LoRA (a frozen base, peft's adapters): the base's no-grad forward makes what a trained base saves (the
   frozen rows leave out what only its weights' gradients need: frozen_unsaved adds it back), and each adapter's
-  own tensors (its input cast to the adapter's dtype, lora_A's output) are freed with its linear's call.
+  own tensors (its input cast to the adapter's dtype, lora_A's output) are freed with its linear's call; an
+  adapted o_proj peaks in its adapter's call (x's cast, lora_B's output and its scaled copy beside the base's
+  output, the attention's rotary q and output, the layer's norm output), the attention at its kernel, after its
+  q, k, v adapters' flight. (The loss: the head's input, where the head does not save it, is counted once, in the
+  loss's held bytes: ledger.passes.)
 
 Measured: tests/ledger/test_eval_families.py (MemTracker around transformers' no-grad forward with the labels, as the
 Trainer's prediction_step runs it, against `memfit check` with training.eval_batch)."""
@@ -59,6 +68,7 @@ def _elements(shape) -> int:
 # a norm's own intermediates (its statistics, its normalized input before the weight multiplies it): a no-grad
 # forward frees them as soon as the norm's output exists (models.hf_act_layers' labels)
 NORM_INNER = (": 1/rms", ": normalized", ": mean (fp32)", ": 1/std", ": 1 + weight")
+NORM_UPCAST = "post_attention_layernorm: input, upcast to fp32"   # (models.hf_act_layers' label, below fp32 a copy)
 ACT_INPUT = "act_fn(gate): input"   # a gated MLP's gate projection output: freed once act_fn(gate) is made
 PROJECTION_INPUT = ("down_proj: input", "fc_out")   # the MLP's product (or activation) the output projection reads
 DENSE = ("gated", "gated_fused", "plain")
@@ -78,6 +88,7 @@ SHARED_INNER = ("(shared expert)", "shared_expert.down_proj: input", "sigmoid: o
 # v's contiguous copy is made after the kernel's scores (modeling_deepseek_v3.py DeepseekV3Attention.forward)
 MLA_FREED = ("q_a_layernorm: input", "q_b_proj: input", "kv_b_proj: input", "p @ v: v (a contiguous copy")
 CORE = ("softcap tanh", "softmax")
+P_CAST = "p @ v: probabilities, cast"   # eager's probabilities cast for p @ v (autocast's, or back to q's dtype)
 ADAPTER = (".lora_A: ", ".lora_B: ", ".lora_dropout: ")   # a LoRA adapter's kept tensors: freed with its linear's call
 # autocast's casts: a linear's input (made for its call, freed after it) and a trained weight's (cached by autocast
 # until the autocast region exits: `cached_cast` keeps the cast of a leaf that requires a gradient)
@@ -119,6 +130,10 @@ def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel, bmm: bool = F
     for n, (part, kept) in enumerate(parts):
         delta = -sum(_bytes(k) for k in kept if any(x in k.label for x in NORM_INNER) or DROPOUT in k.label
                      or k.label.startswith(MLA_FREED))
+        # a 16-bit model's RMSNorm upcast of its input (`hidden_states.to(torch.float32)`) before the MLP: freed
+        # with the norm's call, its input (the residual after the attention) left
+        upcast = sum(_bytes(k) - hidden for k in kept if k.label.startswith(NORM_UPCAST) and _bytes(k) > hidden)
+        delta -= upcast
         casts = sum(_bytes(k) for k in kept if INPUT_CAST in k.label)
         if casts:   # under autocast: the linears read the norm's output (in the residual stream's dtype), each
             delta += hidden - casts   # casting it for its own call (a transient of its call)
@@ -146,7 +161,7 @@ def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel, bmm: bool = F
                 delta -= sum(_bytes(k) for k in kept if k.label.startswith(AFTER_ATTENTION))
         if part == "mlp" and fam.mlp in MOE and n + 1 < len(parts):
             shared = sum(_bytes(k) for k in kept if any(x in k.label for x in SHARED_INNER))
-            alive = sum(_bytes(k) for k in kept if not any(x in k.label for x in NORM_INNER)) - shared
+            alive = sum(_bytes(k) for k in kept if not any(x in k.label for x in NORM_INNER)) - shared - upcast
             experts = sum(_bytes(k) for k in parts[n + 1][1] if k.label.startswith(EXPERT_INNER))
             if experts:
                 out[parts[n + 1][0]] = alive - experts
@@ -196,16 +211,36 @@ def rotary_fp32(kept: list, hidden: int) -> int:
     return hidden + normed + q + k + v + rotary - sum(_bytes(x) for x in kept) - flight
 
 
-def frozen_unsaved(trained: list, frozen: list) -> dict:
+def frozen_unsaved(trained: list, frozen: list, hidden: int = 0, lin: str = "float32", flights: dict | None = None) -> dict:
     """{part: bytes}: what a layer's parts keep for backward when its weights train (`trained`, each (part, kept))
     and not when they are frozen (`frozen`: LoRA's base, which saves nothing for its weights' gradients: a norm's
     normalized input, a projection's or the routed tokens' input): a no-grad forward makes those tensors either way,
-    so the frozen rows' no-grad moments are the trained rows' (part_deltas) with these added back."""
+    so the frozen rows' no-grad moments are the trained rows' (part_deltas) with these added back; each adapter's own
+    kept tensors (its input's cast, lora_A's output) are freed with its linear's call.
+
+    An adapted o_proj's part (its row keeps only its adapter's tensors) peaks in its adapter's call (peft
+    tuners/lora/layer.py Linear.forward: `x = self._cast_input_dtype(x, lora_A.weight.dtype)`, then `result = result
+    + lora_B(lora_A(dropout(x))) * scaling`; the row's forward flight counts the base's output, lora_B's and the
+    scaled copy): x's cast to the adapter's dtype (none where `lin`, the linears' dtype, is the adapter's) is still
+    bound, and so are the attention's locals (modeling_llama.py LlamaAttention.forward: its rotary q and the kernel's
+    output, o_proj's input) and the decoder layer's norm output (`hidden`, the residual stream's dtype).
+
+    The attention part's no-grad worst moment is its kernel (part_deltas, from its output's write), after its q, k
+    and v adapters' calls: the adapters' forward flight its row counts (`flights`, hf_act_flights
+    .lora_forward_flights) in place of that output is gone by then."""
     out = {}
+    previous: list = []
     for (part, kept), (_, own) in zip(trained, frozen):
         labels = {k.label for k in own}
         adapters = sum(_bytes(k) for k in own if any(a in k.label for a in ADAPTER))
         out[part] = sum(_bytes(k) for k in kept if k.label not in labels) - adapters
+        if part == "o_proj" and own and all(any(a in k.label for a in ADAPTER) for k in own):
+            cast = sum(_bytes(k) for k in own if ".lora_A: " in k.label and k.dtype != lin)
+            alive = sum(_bytes(k) for k in previous if k.label in ("attention: q", "attention: output"))
+            out[part] += cast + alive + hidden
+        if part == "attention" and (flights or {}).get(part, 0) > hidden:
+            out[part] -= flights[part] - hidden
+        previous = own
     return out
 
 
@@ -271,8 +306,14 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
         if fam.sinks:   # the scores, their cat with the sink column and its max-shifted copy (the scores plus the
             # mask, in the softmax's dtype: under autocast the matmul's low output plus the fp32 mask is fp32)
             core = dtype_bytes(b * heads * s * s, roles["soft"]) + 2 * dtype_bytes(b * heads * s * (s + 1), roles["soft"])
+        core_kept = CORE
+        if mixed and fam.softmax_fp32 and fam.rope and not fam.sinks:
+            # under autocast the scores plus the fp32 mask are fp32 and so is the rotary q (`q * cos`, cos fp32):
+            # softmax's fp32 output beside that sum, its `.to(query.dtype)` none; autocast's cast of the
+            # probabilities for p @ v (the row keeps it) is made after the sum is freed
+            core, core_kept = 2 * scores32, (*CORE, P_CAST)
         attention = dict(layer_parts[0]).get("attention", []) if layer_parts else []
-        scores = max(0, core - sum(_bytes(k) for k in attention if k.label.startswith(CORE)))
+        scores = max(0, core - sum(_bytes(k) for k in attention if k.label.startswith(core_kept)))
         if fam.falcon:
             scores, masks = scores + masks, 0
     if fam.mla:
