@@ -124,4 +124,7 @@ def _nograd(model):
         found["parts"] = [{p: d.get(p, 0) + u.get(p, 0) for p in {*d, *u}} for d, u in zip(found["parts"], unsaved)]
         # autocast caches a cast of a weight that requires grad only: the adapters', not the frozen base's
         found["casts"] = hf_nograd.weight_casts(adapted, trained_only=True)
+    # the head's weight cast (its row is blocks[-2], the final norm's and the head's), cached to the forward's end
+    # where the head trains: the loss runs inside the forward, labels given
+    found["head_cast"] = sum(hf_nograd.weight_casts([[("head", blocks[-2].kept)]], trained_only=unsaved is not None)[0].values())
     return NoGrad(**found)

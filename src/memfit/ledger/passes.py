@@ -104,6 +104,7 @@ class NoGrad:
     parts: list = field(default_factory=list)   # per layer, {part: bytes its no-grad moment differs by}
     # per layer, {part: bytes of autocast's cached weight casts its rows keep}: alive from that part on to the loss
     casts: list = field(default_factory=list)
+    head_cast: int = 0   # autocast's cached cast of a trained head's weight: alive from the head's call through the loss
 
 
 def _held_ids(step: Step) -> list:
@@ -153,7 +154,7 @@ def _casts(nograd: NoGrad, layer: int | None = None, part: str = "") -> int:
 def nograd_loss(nograd: NoGrad | None) -> int:
     """The bytes a no-grad forward holds at its loss beyond the step's tensors: every layer's cache (the model's
     output holds it; the decoder's masks and its `inputs_embeds` went with its forward's return)."""
-    return 0 if nograd is None else sum(nograd.cache) + _casts(nograd)
+    return 0 if nograd is None else sum(nograd.cache) + _casts(nograd) + nograd.head_cast
 
 
 def forward_worst(step: Step, loss: bool = True, nograd: NoGrad | None = None) -> tuple[int, str]:
