@@ -603,6 +603,11 @@ def _every_layer(cfg: dict, common: dict, checkpointing: str, stacked: bool, per
             # bf16-true, a dispatch-mode trace of layer 1's recomputation at MemTracker's peak)
             full = acts.saved(dict(cfg, use_cache=False), checkpointing="none", **common)
             every = [blk.kept for blk in full[1:-2] for _ in range(blk.count)]
+            # transformers' activation_checkpointing_enable makes the embeddings' output require a gradient
+            # (enable_input_require_grads): under LoRA the first layer's input then needs one, so its recomputation
+            # saves what the un-checkpointed first layer does not (its norm's input, the base and adapter weight
+            # casts of q, k, v): that layer's parts are the recomputation's own where it adds to the same order
+            every = [a if _adds_to(a, e) else e for a, e in zip(again, every)] + every[len(again):]
         layer_bytes: dict = {}  # by list: most layers share one (a fit search walks every layer of a 70B many times)
         for kept in again:
             if id(kept) not in layer_bytes:
@@ -721,6 +726,13 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
             rows.append(row)
             x = y
     return x
+
+
+def _adds_to(again: list, kept: list) -> bool:
+    """Whether a layer's recomputed tensors (`again`) are its un-checkpointed ones (`kept`) with more, in the same
+    order (labels a subsequence of `again`'s)."""
+    labels = iter(k.label for k in again)
+    return len(again) > len(kept) and all(k.label in labels for k in kept)
 
 
 CAST = "weight, cast to the low dtype by autocast"   # models.hf_act_ops' label of a linear's weight cast
