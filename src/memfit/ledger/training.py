@@ -420,8 +420,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
     every, bound = _every_layer(cfg, common, checkpointing, stacked, per_layer, encoder_layers, enc_hidden, hidden)
     k = hf_act_flights.layer_kernels(cfg, run, recipe_args, sizes, enc_sizes, roles, checkpointing, stacked, model.dtypes)
     x = _layer_rows(k, rows, x, every, bound, later_kept, fresh, weights, kept_ids, cfg, sizes, enc_sizes, checkpointing, stacked,
-                    encoder_layers, enc_hidden, hidden, n_layers, checkpointed, bool(recipe_args.get("lora")),
-                    cached=not (config.parallel is not None and config.parallel.fsdp))
+                    encoder_layers, enc_hidden, hidden, n_layers, checkpointed, bool(recipe_args.get("lora")), not _fsdp(config))
     if norm_kept:
         normed = fresh(hidden)
         row = weights(Row(FINAL_NORM, input=x, output=normed), FINAL_NORM)
@@ -732,6 +731,11 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
             rows.append(row)
             x = y
     return x
+
+
+def _fsdp(config) -> bool:
+    """Whether the run shards with FSDP1 (parallel.fsdp): autocast caches none of its weights' casts (_layer_rows)."""
+    return bool(config.parallel is not None and config.parallel.fsdp)
 
 
 def _adds_to(again: list, kept: list) -> bool:
