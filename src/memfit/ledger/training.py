@@ -420,7 +420,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
     every, bound = _every_layer(cfg, common, checkpointing, stacked, per_layer, encoder_layers, enc_hidden, hidden)
     k = hf_act_flights.layer_kernels(cfg, run, recipe_args, sizes, enc_sizes, roles, checkpointing, stacked, model.dtypes)
     x = _layer_rows(k, rows, x, every, bound, later_kept, fresh, weights, kept_ids, cfg, sizes, enc_sizes, checkpointing, stacked,
-                    encoder_layers, enc_hidden, hidden, n_layers, checkpointed, bool(recipe_args.get("lora")))
+                    encoder_layers, enc_hidden, hidden, n_layers, checkpointed, bool(recipe_args.get("lora")), not _fsdp(config))
     if norm_kept:
         normed = fresh(hidden)
         row = weights(Row(FINAL_NORM, input=x, output=normed), FINAL_NORM)
@@ -603,6 +603,14 @@ def _every_layer(cfg: dict, common: dict, checkpointing: str, stacked: bool, per
             # bf16-true, a dispatch-mode trace of layer 1's recomputation at MemTracker's peak)
             full = acts.saved(dict(cfg, use_cache=False), checkpointing="none", **common)
             every = [blk.kept for blk in full[1:-2] for _ in range(blk.count)]
+            # transformers' activation_checkpointing_enable makes the embeddings' output require a gradient
+            # (enable_input_require_grads): under LoRA the first layer's input then needs one, so its recomputation
+            # saves what the un-checkpointed first layer does not (its norm's input, the base and adapter weight
+            # casts of q, k, v): that layer's parts are the recomputation's own where it adds to the same order
+            # (measured under autocast, tests/ledger/test_lora_input_copy.py; a 16-bit QLoRA run's measured peak,
+            # tests/ledger/test_combinations.py, does not hold them: left as it was there)
+            if str(common.get("precision", "")).endswith("-mixed"):
+                every = [a if _adds_to(a, e) else e for a, e in zip(again, every)] + every[len(again):]
         layer_bytes: dict = {}  # by list: most layers share one (a fit search walks every layer of a 70B many times)
         for kept in again:
             if id(kept) not in layer_bytes:
@@ -615,10 +623,15 @@ def _every_layer(cfg: dict, common: dict, checkpointing: str, stacked: bool, per
 
 def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fresh, weights, kept_ids, cfg: dict, sizes: dict,
                 enc_sizes: dict, checkpointing: str, stacked: bool, encoder_layers: int, enc_hidden: int, hidden: int,
-                n_layers: int, checkpointed=None, adapters: bool = False) -> int:
+                n_layers: int, checkpointed=None, adapters: bool = False, cached: bool = True) -> int:
     """Each layer's four rows (its parts), appended to `rows`; the id of the last layer's output. `checkpointed`:
     the layers full checkpointing recomputes (None: all of them); the others run as without checkpointing.
-    `adapters`: LoRA's (the base weights are frozen: autocast caches only the adapters' casts)."""
+    `adapters`: LoRA's (the base weights are frozen: autocast caches only the adapters' casts). `cached`: whether
+    autocast's cache can hold the trained weights' casts at all: not under FSDP (parallel.fsdp, torch's FSDP1), whose
+    forward sets each module's weights to plain views of the unsharded flat parameter (_flat_param.py
+    FlatParamHandle._use_unsharded_views(as_params=False), with use_orig_params or without), and autocast's
+    cached_cast caches only a leaf that is no view (aten/src/ATen/autocast_mode.cpp `can_try_cache`: `arg.is_leaf()
+    && !arg.is_view()`)."""
     kept_bytes = _kept_bytes
     fam, flights, enc_flights, dense_flights, early, a2a = k.fam, k.flights, k.enc_flights, k.dense_flights, k.early, k.a2a
     first_decoder, decoder_flight, redone, enc_redone = k.first_decoder, k.decoder_flight, k.redone, k.enc_redone
@@ -655,7 +668,7 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
                 # first, and each part's tensors go when its backward is done
                 row.kept = [x, *later_kept.get(i, ())] if n == 0 else []
                 row.recompute = min(sum(part_bytes[: n + 1]) - layer_hidden, bound[i])
-                row.cast_cached = _cached_casts(kept, adapters) if row.grads else 0
+                row.cast_cached = _cached_casts(kept, adapters) if row.grads and cached else 0
                 layer_redone = enc_redone if encoder else redone
                 if k.moe_tail and any(routers) and not encoder:
                     # a Llama 4 MoE layer: its recomputation's end (models/hf_act_flights._llama4_recompute_tail)
@@ -721,6 +734,18 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
             rows.append(row)
             x = y
     return x
+
+
+def _fsdp(config) -> bool:
+    """Whether the run shards with FSDP1 (parallel.fsdp): autocast caches none of its weights' casts (_layer_rows)."""
+    return bool(config.parallel is not None and config.parallel.fsdp)
+
+
+def _adds_to(again: list, kept: list) -> bool:
+    """Whether a layer's recomputed tensors (`again`) are its un-checkpointed ones (`kept`) with more, in the same
+    order (labels a subsequence of `again`'s)."""
+    labels = iter(k.label for k in again)
+    return len(again) > len(kept) and all(k.label in labels for k in kept)
 
 
 CAST = "weight, cast to the low dtype by autocast"   # models.hf_act_ops' label of a linear's weight cast

@@ -119,15 +119,26 @@ def repeated_cache_copies(kept: list, heads: int, kv_heads: int) -> int:
     return total
 
 
-def lora_linear_flight(elements: int, roles: dict, quantized: bool, mixed: bool) -> int:
+def lora_linear_flight(elements: int, roles: dict, quantized: bool, mixed: bool, input_elements: int = 0) -> int:
     """What a LoRA linear holds at its worst op while it is recomputed, beyond what it keeps: `elements` = T x its
     output width. peft's Linear.forward: its base output, the adapter's output and the scaled copy at once
     (`result + lora_B(lora_A(x)) * scaling`; the adapter in its own dtype on a 16-bit base, in the low dtype under
     autocast). On a 4-bit base under autocast: the three (T, out) tensors in the input's dtype of the module
-    docstring."""
+    docstring.
+
+    `input_elements` (T x its input width) where its input comes out of a matmul (the attention's output, the MLP's
+    product: the low dtype under autocast): peft casts the input to the adapter's dtype first (`x =
+    self._cast_input_dtype(x, lora_A.weight.dtype)`, tuners/lora/layer.py Linear.forward), an fp32 copy under
+    autocast, and the local holds it until the forward returns; autocast's lora_A casts it back to the low dtype and
+    saves that cast (counted among the kept tensors), so the fp32 copy is alive unsaved through lora_A, lora_B and
+    the sum. Measured (MemTracker with a dispatch-mode trace at its peak, Llama all-linear LoRA, bf16-mixed, full
+    checkpointing, tests/ledger/test_lora_input_copy.py): the peak is layer 0's recomputation stopped at
+    down_proj's lora_B, with down_proj's fp32 (T, i) input copy alive. Outside autocast the copy is lora_A's saved
+    input (models.hf_act_ops' `lora_plain` row) and no flight."""
+    copy = dtype_bytes(input_elements, roles["ada"]) if mixed and roles["ada"] != roles["lin"] else 0
     if quantized and mixed:
-        return 3 * dtype_bytes(elements, roles["act"])
-    return dtype_bytes(elements, roles["lin"]) + 2 * dtype_bytes(elements, roles["ada_low"])
+        return 3 * dtype_bytes(elements, roles["act"]) + copy
+    return dtype_bytes(elements, roles["lin"]) + 2 * dtype_bytes(elements, roles["ada_low"]) + copy
 
 
 def forward_flights(recompute: dict, arrived: int, adapted: bool) -> dict:

@@ -163,16 +163,18 @@ def _recompute_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict, q
     """What each part of a layer holds, beyond the tensors it keeps, at its worst op while full checkpointing
     recomputes it: a LoRA linear (peft's Linear.forward) holds its base output, the adapter's output and its
     scaled copy at once (`result + lora_B(lora_A(x)) * scaling`; the adapter in fp32 on a 16-bit base, in the
-    low dtype under autocast). Measured: Mistral, bf16-true, all-linear LoRA: the step's peak is the up
-    projection's recomputation in layer 0 (MemTracker, tests/ledger/test_combinations.py)."""
+    low dtype under autocast), and under autocast peft's fp32 copy of a low-dtype input (held.lora_linear_flight).
+    Measured: Mistral, bf16-true, all-linear LoRA: the step's peak is the up projection's recomputation in layer 0
+    (MemTracker, tests/ledger/test_combinations.py)."""
     T = sizes["T"]
     arrived = _arrived(cfg, sizes, roles)
     out = {}
     for part, linears in (_adapted_linears(cfg, lora) or dict.fromkeys(_PART_LINEARS, [])).items():
         worst = 0
-        for _, width in linears:
+        for role, width in linears:
             elements = T * sizes[width]
-            worst = max(worst, held.lora_linear_flight(elements, roles, quantized, mixed))
+            copy = T * sizes[_LINEAR_INPUTS[role]] if role in LOW_INPUT else 0
+            worst = max(worst, held.lora_linear_flight(elements, roles, quantized, mixed, copy))
         out[part] = arrived + worst
     return out
 
@@ -244,6 +246,9 @@ def _adapted_linears(cfg: dict, lora: dict | None) -> dict | None:
             for part, linears in _PART_LINEARS.items()}
 
 
+# the linears of _PART_LINEARS whose input comes out of a matmul (the attention's output, the MLP's product): in the
+# low dtype under autocast (models.hf_act_ops `low_input`)
+LOW_INPUT = ("o", "down", "fc_out")
 # the input width of each linear of _PART_LINEARS (its symbol in _sizes)
 _LINEAR_INPUTS = {"q": "h", "k": "h", "v": "h", "qkv": "h", "o": "q", "gate": "h", "up": "h", "gate_up": "h", "fc_in": "h",
                   "down": "i", "fc_out": "i"}

@@ -1,0 +1,89 @@
+"""One real FSDP1 training step per rank (torch's FullyShardedDataParallel, gloo on CPU) of a tiny transformers Llama
+under bf16 CPU autocast with transformers' gradient checkpointing, reporting MemTracker's peak of each phase.
+
+Run as a script by tests/ledger/test_fsdp_cast_cache.py under a hard timeout:
+    python tests/support/fsdp1_cast_worker.py WORLD OUT.json ACCUMULATION USE_ORIG_PARAMS(0|1) CACHE(0|1)
+(CACHE: autocast's cache_enabled)
+Each decoder layer is its own FSDP unit (transformer_auto_wrap_policy, as transformers' Trainer wraps it); SGD over
+the FSDP module's parameters; two warm steps, then MemTracker (its module tracker off: FSDP1's forward swaps the
+modules' parameters for views of the flat parameter, on which MemTracker's module hooks cannot be registered; every
+byte is still counted by its dispatch mode) around the third, its peak noted per phase.
+"""
+
+import functools
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch  # noqa: E402
+from gloo_ranks import fork_ranks  # noqa: E402
+
+MICRO_BATCH, SEQ_LEN, LAYERS = 2, 32, 4
+
+
+def config() -> dict:
+    import hf_measure
+
+    return hf_measure.without_attention_dropout(hf_measure.tiny("llama", num_hidden_layers=LAYERS))
+
+
+def body(rank, world, accumulation, orig, cache):
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    import hf_measure
+    import peak_reference as ref
+
+    class Phases(ref.PhaseTracker):
+        def _update_peak_stats(self, peak_state):
+            super()._update_peak_stats(peak_state)
+            now = self._curr_mem_snap[ref.CPU]["Total"]
+            self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), now)
+
+    cfg = config()
+    model = hf_measure.build(cfg, "sdpa", "32-true", None)
+    model.activation_checkpointing_enable()
+    # what autocast would cache of a plain module's weights: a bf16 cast of every checkpointed layer's linear weight
+    # (all trained: leaves that require a gradient)
+    casts = 2 * sum(m.weight.numel() for name, m in model.named_modules()
+                    if isinstance(m, torch.nn.Linear) and name.startswith("model.layers."))
+    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={LlamaDecoderLayer})
+    model = FSDP(model, auto_wrap_policy=policy, use_orig_params=orig, device_id=torch.device("cpu"))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4, foreach=False)
+    batch = hf_measure.inputs(cfg, MICRO_BATCH, SEQ_LEN, seed=1 + rank)
+    x, y = batch["input_ids"], batch["labels"]
+
+    def step(tracker=None):
+        for _ in range(accumulation):
+            if tracker is not None:
+                tracker.phase = "forward"
+            with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache):
+                loss = model(input_ids=x, labels=y).loss
+            if tracker is not None:
+                tracker.phase = "backward"
+            loss.backward()
+            del loss
+        if tracker is not None:
+            tracker.phase = "optimizer_step"
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    with hf_measure.cuda_dropout():
+        for _ in range(2):
+            step()
+        tracker = Phases(model.parameters())
+        tracker.peaks = {}
+        tracker._mod_tracker = ref.NoModules()
+        tracker.track_external(model, opt, x, y)
+        with tracker:
+            step(tracker)
+    return {"peaks": tracker.peaks, "bytes": tracker.get_tracker_snapshot("peak")[ref.CPU]["Total"],
+            "phase": tracker.peak_phase, "casts": casts}
+
+
+if __name__ == "__main__":
+    world, out, accumulation, orig, cache = (int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1",
+                                             sys.argv[5] == "1")
+    fork_ranks(world, out, body, accumulation, orig, cache, preload=("transformers", "hf_measure", "peak_reference"))
