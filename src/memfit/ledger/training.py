@@ -737,8 +737,10 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
 
 
 def _fsdp(config) -> bool:
-    """Whether the run shards with FSDP1 (parallel.fsdp): autocast caches none of its weights' casts (_layer_rows)."""
-    return bool(config.parallel is not None and config.parallel.fsdp)
+    """Whether autocast's cache holds no weight cast (_layer_rows): the run shards with FSDP1 (parallel.fsdp), or
+    splits its layers into pipeline stages, whose engines (Megatron's, DeepSpeed's) run no autocast (and where one
+    autocast wraps a schedule its cache would live through the backward too: not measured, not priced)."""
+    return bool(config.parallel is not None and (config.parallel.fsdp or config.parallel.pipeline > 1))
 
 
 def _adds_to(again: list, kept: list) -> bool:
