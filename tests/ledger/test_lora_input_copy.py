@@ -50,30 +50,7 @@ def measure(model_type: str, optimizer: str, accumulation: int) -> dict:
     batch = hf_measure.inputs(cfg, MICRO_BATCH, SEQ_LEN)
     x, y = batch["input_ids"], batch["labels"]
 
-    def step(tracker=None):
-        for n in range(accumulation):
-            if tracker is not None:
-                tracker.phase = "forward"
-                if n:
-                    tracker.reset_mod_stats()
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = model(input_ids=x, labels=y).loss
-            if tracker is not None:
-                tracker.phase = "backward"
-            loss.backward()
-            del loss
-        if tracker is not None:
-            tracker.phase = "optimizer_step"
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    with hf_measure.cuda_dropout():
-        for _ in range(2):
-            step()
-        tracker = ref.PhaseTracker(model.parameters())
-        tracker.track_external(model, opt, x, y)
-        with tracker:
-            step(tracker)
+    tracker = ref.warm_step(model, opt, x, y, accumulation, lambda: torch.autocast("cpu", dtype=torch.bfloat16))
     return {"bytes": tracker.get_tracker_snapshot("peak")[ref.CPU]["Total"], "phase": tracker.peak_phase}
 
 

@@ -36,28 +36,7 @@ def measured(cfg: dict, optimizer: str, impl: str, accumulation: int) -> dict:
     x, y = data["input_ids"], data["labels"]
     opt = ref.OPTIMIZERS[optimizer](model.parameters(), **ref.IMPLS[impl])
 
-    def step(tracker=None):
-        for _ in range(accumulation):
-            if tracker is not None:
-                tracker.phase = "forward"
-            loss = model(input_ids=x, labels=y).loss
-            if tracker is not None:
-                tracker.phase = "backward"
-            loss.backward()
-            del loss
-        if tracker is not None:
-            tracker.phase = "optimizer_step"
-        opt.step()
-        opt.zero_grad()
-
-    with hf_measure.cuda_dropout():
-        for _ in range(2):   # warm: the optimizer state exists
-            step()
-        tracker = ref.PhaseTracker(list(model.parameters()))
-        tracker._mod_tracker = ref.NoModules()
-        tracker.track_external(model, opt, x, y)
-        with tracker:
-            step(tracker)
+    tracker = ref.warm_step(model, opt, x, y, accumulation, modules=False)
     return {"bytes": tracker.get_tracker_snapshot("peak")[ref.CPU]["Total"], "phase": tracker.peak_phase}
 
 

@@ -11,7 +11,6 @@ byte is still counted by its dispatch mode) around the third, its peak noted per
 """
 
 import functools
-import json
 import os
 import sys
 
@@ -55,30 +54,10 @@ def body(rank, world, accumulation, orig, cache):
     batch = hf_measure.inputs(cfg, MICRO_BATCH, SEQ_LEN, seed=1 + rank)
     x, y = batch["input_ids"], batch["labels"]
 
-    def step(tracker=None):
-        for _ in range(accumulation):
-            if tracker is not None:
-                tracker.phase = "forward"
-            with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache):
-                loss = model(input_ids=x, labels=y).loss
-            if tracker is not None:
-                tracker.phase = "backward"
-            loss.backward()
-            del loss
-        if tracker is not None:
-            tracker.phase = "optimizer_step"
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    with hf_measure.cuda_dropout():
-        for _ in range(2):
-            step()
-        tracker = Phases(model.parameters())
-        tracker.peaks = {}
-        tracker._mod_tracker = ref.NoModules()
-        tracker.track_external(model, opt, x, y)
-        with tracker:
-            step(tracker)
+    tracker = Phases(model.parameters())
+    tracker.peaks = {}
+    tracker = ref.warm_step(model, opt, x, y, accumulation,
+                            lambda: torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache), tracker, modules=False)
     return {"peaks": tracker.peaks, "bytes": tracker.get_tracker_snapshot("peak")[ref.CPU]["Total"],
             "phase": tracker.peak_phase, "casts": casts}
 

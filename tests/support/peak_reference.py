@@ -39,6 +39,47 @@ class PhaseTracker(MemTracker):
             self.peak_grads = sum(p.grad.untyped_storage().nbytes() for p in self.params if p.grad is not None)
 
 
+def warm_step(model, opt, x, y, accumulation: int = 1, autocast=None, tracker=None, modules: bool = True):
+    """A transformers model's optimizer step of `accumulation` micro-batches (the loss in the model's forward, under
+    `autocast()` where given, as the Trainer runs it; each backward outside it; gradients set to None after it), run
+    twice to warm (the optimizer state exists), then once under `tracker` (a PhaseTracker over the model's parameters
+    unless given), its phase set as the step goes; `modules`: MemTracker's module hooks, their stats reset between
+    micro-batches (they refuse a module called twice otherwise), else none (NoModules). Returns the tracker."""
+    import contextlib
+
+    import hf_measure
+
+    context = autocast or contextlib.nullcontext
+
+    def step(tracker=None):
+        for n in range(accumulation):
+            if tracker is not None:
+                tracker.phase = "forward"
+                if n and modules:
+                    tracker.reset_mod_stats()
+            with context():
+                loss = model(input_ids=x, labels=y).loss
+            if tracker is not None:
+                tracker.phase = "backward"
+            loss.backward()
+            del loss
+        if tracker is not None:
+            tracker.phase = "optimizer_step"
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    with hf_measure.cuda_dropout():
+        for _ in range(2):
+            step()
+        tracker = tracker if tracker is not None else PhaseTracker(list(model.parameters()))
+        if not modules:
+            tracker._mod_tracker = NoModules()
+        tracker.track_external(model, opt, x, y)
+        with tracker:
+            step(tracker)
+    return tracker
+
+
 class NoModules:
     """MemTracker's module tracker tracking no module (`tracker._mod_tracker = NoModules()`): every byte is still
     counted by its dispatch mode. ModTracker's backward hooks hold each module's outputs, so a graph whose nodes hold
