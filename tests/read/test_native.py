@@ -532,3 +532,30 @@ def test_deepspeed_bf16_optimizer_where_deepspeed_picks_it(tmp_path, model, stag
     out = same_figures_as_converted(path, "--model", str(model), "--device", "H100-80GB", "--gpus", "2", "--host", "1TiB")
     assert out["doc"]["parallel"].get("bf16_optimizer", False) is bf16_optimizer, out["doc"]["parallel"]
     assert not [d for d in out["native"]["diagnostics"] if d["code"] == "not-modelled" and "grad_accum_dtype" in d["message"]]
+
+
+@pytest.mark.parametrize("kwargs, impl", [("", "foreach"), ("  foreach: False\n", "for_loop"), ("  fused: True\n", "fused"), ("  foreach: True\n", "foreach")])
+def test_torchtune_optimizer_keyword_arguments_choose_the_step(tmp_path, kwargs, impl):
+    """torchtune passes the optimizer block's keys to torch.optim.AdamW: `foreach: False` steps one parameter at a
+    time (torch/optim/adam.py _single_tensor_adam: two temporaries of the largest parameter), `fused: True` in one kernel
+    (no temporaries); without either, CUDA's default is foreach (a temporary as large as every parameter)."""
+    native = tmp_path / "full.yaml"
+    native.write_text(TORCHTUNE_QLORA.replace("qlora_llama3_8b", "llama3_8b").split("  lora_attn_modules")[0]
+                      + TORCHTUNE_QLORA.split("lora_alpha: 32\n")[1].replace("  fused: True\n", kwargs))
+    out = same_figures_as_converted(native, "--device", "H100-80GB")
+    assert out["doc"]["training"]["optimizer_impl"] == impl
+
+
+def test_litgpt_optimizer_init_args_choose_the_step(tmp_path):
+    """A later LitGPT release's `optimizer: {class_path, init_args}`: init_args reach torch.optim.AdamW as keywords."""
+    peaks = {}
+    for name, init_args in (("default", ""), ("for_loop", "    foreach: false\n"), ("fused", "    fused: true\n")):
+        native = tmp_path / f"{name}.yaml"
+        native.write_text("checkpoint_dir: checkpoints/meta-llama/Llama-2-7b-hf\nprecision: bf16-true\n"
+                          "train:\n  max_seq_length: 512\n  global_batch_size: 1\n  micro_batch_size: 1\n"
+                          f"optimizer:\n  class_path: torch.optim.AdamW\n  init_args:\n    lr: 0.0002\n{init_args}")
+        out = same_figures_as_converted(native, "--device", "H100-80GB")
+        assert out["doc"]["training"]["optimizer_impl"] == {"default": "foreach"}.get(name, name)
+        peaks[name] = out["native"]["peak"]["bytes"]
+    # foreach's temporary is as large as every parameter, the loop's two as large as the largest one, fused has none
+    assert peaks["default"] > peaks["for_loop"] >= peaks["fused"], peaks

@@ -25,7 +25,7 @@ from memfit.diagnostics import codes
 from memfit.models import litgpt_configs
 from memfit.read.native.base import Reader, model_value
 from memfit.recipe.dtypes import DTYPES, HALF, RECIPES
-from memfit.read.native.torchtune import OPTIMIZERS
+from memfit.read.native.torchtune import OPTIMIZERS, torch_impl
 
 # native key -> (default, memfit key, source in litgpt at 3ba6da40)
 KEYS = {
@@ -42,7 +42,7 @@ KEYS = {
     "train.global_batch_size": ("128 (lora.py), 64 (full.py)", "training.gradient_accumulation: global_batch_size // devices // micro_batch_size", "args.py TrainArgs.gradient_accumulation_iters"),
     "train.max_seq_length": (None, "training.seq_len (null: left to the data: memfit gates the setting data_seq_len, default 2,048, says so at the key with the longest length that fits)", "finetune/lora.py fit: model.max_seq_length = min(longest, max_seq_length)"),
     "train.tie_embeddings": (None, "(an error when set: the finetune scripts' validate_args refuses it)", "finetune/lora.py, full.py validate_args"),
-    "optimizer": ("AdamW", "optimizer, training.optimizer_impl (a name or class_path + init_args; later LitGPT releases)", "finetune/lora.py main: torch.optim.AdamW, bnb.optim.PagedAdamW under quantize"),
+    "optimizer": ("AdamW", "optimizer, training.optimizer_impl (a name or class_path + init_args; later LitGPT releases; init_args fused: true -> fused, foreach: false -> for_loop)", "finetune/lora.py main: torch.optim.AdamW, bnb.optim.PagedAdamW under quantize"),
 }
 
 # keys that change memory and are not modelled -> (no-effect values, what they do)
@@ -126,12 +126,14 @@ def _optimizer(r: Reader, quantized: bool) -> None:
     fp32 state1/state2, one in-place kernel per parameter); a later release's `optimizer` key by name or class_path."""
     value = r.data.get("optimizer")
     at = r.at("optimizer") if "optimizer" in r.data else None
-    name = "AdamW"
+    name, kwargs = "AdamW", {}
     if isinstance(value, str):
         name = value
     elif isinstance(value, dict):
         name = r.get("class_path", (str,), "AdamW", data=value, prefix=("optimizer",))
         at = r.at("optimizer", "class_path") if "class_path" in value else at
+        init_args = value.get("init_args")
+        kwargs = init_args if isinstance(init_args, dict) else {}
     elif value is not None:
         r.error(r.at("optimizer"), codes.NATIVE_CONFIG, "optimizer takes a name (AdamW) or class_path and init_args")
     short = name.rsplit(".", 1)[-1]
@@ -151,8 +153,10 @@ def _optimizer(r: Reader, quantized: bool) -> None:
     if name.startswith("bitsandbytes.optim.Paged") and state == "float32":
         r.set(("training", "optimizer_impl"), "fused", at)  # one in-place kernel per parameter: no temporaries
         r.set(("training", "paged_optimizer"), True, at)
-    elif impl is not None:
-        r.set(("training", "optimizer_impl"), impl, at)
+    else:
+        impl, key = torch_impl(name, impl, kwargs)
+        if impl is not None:
+            r.set(("training", "optimizer_impl"), impl, r.at("optimizer", "init_args", key) if key else at)
 
 
 def _batch(r: Reader, ctx, script: str, devices: int) -> None:

@@ -121,6 +121,17 @@ OPTIMIZERS = {
     "bitsandbytes.optim.Lion8bit": ("lion8bit", None, None),
 }
 
+def torch_impl(name: str, impl: str | None, kwargs: dict) -> tuple[str | None, str | None]:
+    """The step's implementation an optimizer's keyword arguments choose, and the key that chose it: torch.optim's
+    `fused=True` (one kernel per (device, dtype) group, no temporaries) or `foreach=False` (one parameter at a time:
+    torch/optim/optimizer.py _default_to_fused_or_foreach is not consulted when foreach is given)."""
+    if kwargs.get("fused") is True:
+        return "fused", "fused"
+    if name.startswith("torch.optim.") and impl == "foreach" and kwargs.get("foreach") is False:
+        return "for_loop", "foreach"
+    return impl, None
+
+
 KEYS = {
     "model._component_": "model.transformer (BUILDERS); lora_* -> lora; qlora_* -> lora + quantization nf4-torchao",
     "model.lora_attn_modules / apply_lora_to_mlp / apply_lora_to_output": "lora.target_modules",
@@ -132,7 +143,7 @@ KEYS = {
     "dataset.packed (false)": "training.seq_len: PackedDataset fills every sequence to tokenizer.max_seq_len (true with max_seq_len null: torchtune's error)",
     "gradient_accumulation_steps (1)": "training.gradient_accumulation",
     "dtype (fp32 when absent: training.get_dtype)": "precision bf16-true / 32-true",
-    "optimizer._component_, optimizer.fused": "optimizer, training.optimizer_impl",
+    "optimizer._component_, optimizer.fused, optimizer.foreach": "optimizer, training.optimizer_impl (fused: true -> fused; foreach: false -> for_loop)",
     "enable_activation_checkpointing (false)": "training.checkpointing full",
     "ac_mode, ac_option": "(distributed recipes, ac_mode selective + ac_option N: with enable_activation_checkpointing false) training.checkpointing full, checkpoint_every N, checkpoint_offset N-1 (layers N-1, 2N-1, ...: training/_activation_checkpointing.py `_count % ac_freq == 0`); ac_option op: warned",
     "enable_activation_offloading (false)": "training.activation_offloading (OffloadActivations: saved tensors to the host but for its window)",
@@ -231,9 +242,9 @@ def _optimizer(r: Reader, at) -> None:
         r.warn(opt_at or at, f"optimizer {name}: memfit does not model its state; counted as AdamW")
     else:
         r.set(("optimizer",), found[0], opt_at)
-        impl = "fused" if optimizer.get("fused") is True else found[1]
+        impl, key = torch_impl(name, found[1], optimizer)
         if impl is not None:
-            r.set(("training", "optimizer_impl"), impl, r.at("optimizer", "fused") if "fused" in optimizer else opt_at)
+            r.set(("training", "optimizer_impl"), impl, r.at("optimizer", key) if key else opt_at)
         if found[2] is not None:
             r.set(("dtypes", "optimizer_state"), found[2], opt_at)
         if found[2] == "float32" and name.startswith("bitsandbytes.optim.Paged"):  # bitsandbytes' 32-bit paged state
