@@ -114,6 +114,17 @@ def test_llama3_2_vision_is_refused_at_its_builder_saying_why():
     assert "cross-attention" in out.stdout and "LLaVA" in out.stdout
 
 
+def test_a_builder_torchtune_does_not_have_names_the_nearest_it_does():
+    """The shipped Qwen2.5 KD config (bd2a0fc) names `lora_qwen2_5_7b`; torchtune's qwen2_5/_model_builders.py has
+    lora_qwen2_5_7b_base and lora_qwen2_5_7b_instruct only."""
+    path = CONFIGS / "qwen2_5_14B_to_7B_KD_lora_single_device.yaml"
+    out = memfit("check", "--device", "H100-80GB", path)
+    assert out.returncode == 1
+    assert (f"{path}:22:16: error[unsupported-model] torchtune builder 'torchtune.models.qwen2_5.lora_qwen2_5_7b': not one memfit knows "
+            "(the nearest memfit knows: torchtune.models.qwen2_5.lora_qwen2_5_7b_base, torchtune.models.qwen2_5.lora_qwen2_5_7b_instruct; "
+            "memfit knows the builders of code_llama2, gemma, gemma2, llama2, llama3, mistral, phi3, phi4, qwen2, qwen2_5, qwen3") in out.stdout, out.stdout
+
+
 BUILDERS = ["gemma2.gemma2_2b", "gemma2.gemma2_9b", "gemma2.gemma2_27b", "code_llama2.code_llama2_7b", "code_llama2.code_llama2_13b",
             "code_llama2.code_llama2_70b", "phi4.phi4_14b"]
 

@@ -14,6 +14,9 @@ memfit's quantization method nf4-torchao counts it as torchao stores it.
 
 from __future__ import annotations
 
+import difflib
+import re
+
 from memfit.diagnostics import codes
 from memfit.models.adapter_tables import FUSED_PROJECTIONS, TORCHTUNE_FAMILIES
 from memfit.read.native.base import Reader
@@ -198,6 +201,11 @@ def _packed(r: Reader):
     return None
 
 
+def _families() -> set[str]:
+    """The model families of BUILDERS' names (qwen2_5_7b_base -> qwen2_5, code_llama2_7b -> code_llama2)."""
+    return {re.sub(r"_(\d+(_\d+)?[bm]|mini)$", "", re.sub(r"_(base|instruct)$", "", k)) for k in BUILDERS}
+
+
 def _transformer(r: Reader, model: dict, base: str, component: str, at, prefix: tuple) -> dict | None:
     """The config.json keys of a builder (BUILDERS) or a component builder called with its arguments (TORCHTUNE_FAMILIES);
     None after a positioned error."""
@@ -217,7 +225,11 @@ def _transformer(r: Reader, model: dict, base: str, component: str, at, prefix: 
         r.error(at, codes.UNSUPPORTED_MODEL, f"torchtune builder {component!r}: {refused}")
         return None
     if shape is None:
-        r.error(at, codes.UNSUPPORTED_MODEL, f"torchtune builder {component!r}: memfit knows the builders of {', '.join(sorted({'code_llama2' if k.startswith('code_llama2') else k.split('_')[0] for k in BUILDERS}))} ({len(BUILDERS)} in all); write a memfit config for this model")
+        # a size written without its _base/_instruct suffix, else a name a typo away from a known builder
+        near = sorted(k for k in BUILDERS if k.startswith(base + "_")) or difflib.get_close_matches(base, BUILDERS, n=2, cutoff=0.9)
+        prefix = component[: len(component) - len(base)] if component.endswith(base) else component.rsplit(".", 1)[0] + "." + component.rsplit(".", 1)[-1].removesuffix(base)
+        hint = f"the nearest memfit knows: {', '.join(prefix + n for n in near)}; " if near else ""
+        r.error(at, codes.UNSUPPORTED_MODEL, f"torchtune builder {component!r}: not one memfit knows ({hint}memfit knows the builders of {', '.join(sorted(_families()))}, {len(BUILDERS)} in all); write a memfit config for this model")
         return None
     family, hidden, inter, layers, heads, kv, vocab, max_seq, tied, head_dim = shape
     tied = r.get("tie_word_embeddings", (bool,), tied, data=model, prefix=prefix)
