@@ -122,7 +122,7 @@ def test_a_builder_torchtune_does_not_have_names_the_nearest_it_does():
     assert out.returncode == 1
     assert (f"{path}:22:16: error[unsupported-model] torchtune builder 'torchtune.models.qwen2_5.lora_qwen2_5_7b': not one memfit knows "
             "(the nearest memfit knows: torchtune.models.qwen2_5.lora_qwen2_5_7b_base, torchtune.models.qwen2_5.lora_qwen2_5_7b_instruct; "
-            "memfit knows the builders of code_llama2, gemma, gemma2, llama2, llama3, mistral, phi3, phi4, qwen2, qwen2_5, qwen3") in out.stdout, out.stdout
+            "memfit knows the builders of code_llama2, gemma, gemma2, llama2, llama3, llama3_1, llama3_2, mistral, phi3, phi4, qwen2, qwen2_5, qwen3") in out.stdout, out.stdout
 
 
 BUILDERS = ["gemma2.gemma2_2b", "gemma2.gemma2_9b", "gemma2.gemma2_27b", "code_llama2.code_llama2_7b", "code_llama2.code_llama2_13b",

@@ -15,7 +15,6 @@ memfit's quantization method nf4-torchao counts it as torchao stores it.
 from __future__ import annotations
 
 import difflib
-import re
 
 from memfit.diagnostics import codes
 from memfit.models.adapter_tables import FUSED_PROJECTIONS, TORCHTUNE_FAMILIES
@@ -202,8 +201,10 @@ def _packed(r: Reader):
 
 
 def _families() -> set[str]:
-    """The model families of BUILDERS' names (qwen2_5_7b_base -> qwen2_5, code_llama2_7b -> code_llama2)."""
-    return {re.sub(r"_(\d+(_\d+)?[bm]|mini)$", "", re.sub(r"_(base|instruct)$", "", k)) for k in BUILDERS}
+    """The model families (torchtune.models' modules) of BUILDERS' names: the longest module name a builder starts
+    with (llama3_2_3b -> llama3_2, qwen2_5_0_5b -> qwen2_5), since a size's digits read like a module's."""
+    modules = {*TORCHTUNE_FAMILIES, "code_llama2", "phi4", "qwen2_5"}
+    return {max((m for m in modules if k.startswith(m + "_")), key=len, default=k) for k in BUILDERS}
 
 
 def _transformer(r: Reader, model: dict, base: str, component: str, at, prefix: tuple) -> dict | None:
