@@ -507,12 +507,13 @@ class AdapterTable:
         return out
 
 
-# --- docs/accuracy.md: DoRA's gated peak against MemTracker's range ------------------------------------------
+# --- docs/accuracy.md: DoRA's gated peak against MemTracker ------------------------------------------------
 class DoraPeakTable:
-    """Columns: setup, memfit peak, MemTracker (lowest–highest over runs), ratio (memfit over the highest and the
-    lowest, 3 decimals). memfit's cells from one `memfit check` call; the MemTracker ranges are what runs in separate
-    processes gave (Python's cyclic collector decides them, docs/accuracy.md), kept as written: --measure does not
-    rerun them (tests/ledger/test_dora_peak.py measures the deterministic collector-off step instead)."""
+    """Columns: setup, memfit peak, MemTracker, ratio (memfit over MemTracker, 3 decimals). memfit's cells from one
+    `memfit check` call; MemTracker's is the peak of one warm step without its module tracker, Python's cyclic
+    collector off (tests/support/peak_reference.py unhooked_step: the tracker's module hooks make reference cycles
+    that keep DoRA's identity products until a collection, docs/accuracy.md), rerun with --measure;
+    tests/ledger/test_dora_peak.py measures every row."""
 
     LORA = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear", "use_dora": True}
     NF4 = {"method": "nf4", "double_quant": True, "compute_dtype": "bfloat16"}
@@ -550,9 +551,23 @@ class DoraPeakTable:
             if entry.get("peak") is None:
                 raise TableError(f"dora-peak: no peak for {row[0]!r}: {entry.get('diagnostics')}")
             ours = entry["peak"]["bytes"]
-            lo, hi = (n(x) for x in row[2].split("–"))
-            out.append([row[0], commas(ours), row[2], f"{ours / hi:.3f}–{ours / lo:.3f}"])
+            theirs = self.measure(self.SETUPS[row[0]])["bytes"] if measure else n(row[2])
+            out.append([row[0], commas(ours), commas(theirs), f"{ours / theirs:.3f}"])
         return out
+
+    def measure(self, run, collector: bool = False) -> dict:
+        """MemTracker's peak of the run's warm step without its module tracker: {"bytes", "phase"}."""
+        _support()
+        import hf_measure
+        import peak_reference as ref
+        import torch
+
+        doc, files = self.config(run)
+        cfg = json.loads(files["config.json"])
+        model = hf_measure.build(cfg, "sdpa", run["precision"], doc["lora"], quantization=doc.get("quantization"))
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=True)
+        batch = hf_measure.inputs(cfg, run["b"], run["s"])
+        return ref.unhooked_step(model, opt, batch["input_ids"], batch["labels"], collector=collector)
 
 
 # --- docs/accuracy.md: published GPU measurements, as config files ------------------------------------------

@@ -80,6 +80,26 @@ def warm_step(model, opt, x, y, accumulation: int = 1, autocast=None, tracker=No
     return tracker
 
 
+def unhooked_step(model, opt, x, y, collector: bool = False) -> dict:
+    """warm_step's peak with MemTracker's module tracker off (NoModules: every byte still counted by its dispatch mode)
+    and Python's cyclic collector off through the warm-up and the step unless `collector`: {"bytes", "phase"}.
+    ModTracker's pre-forward hook, register_multi_grad_hook(inputs, ...) in its "all" mode, closes over the inputs'
+    grad_fns and is stored on those grad_fns: a reference cycle per module call, which a training loop without the
+    tracker does not have (tests/ledger/test_dora_peak.py measures what it holds under DoRA)."""
+    import gc
+
+    enabled = gc.isenabled()
+    gc.collect()
+    if not collector:
+        gc.disable()
+    try:
+        tracker = warm_step(model, opt, x, y, modules=False)
+    finally:
+        if enabled:
+            gc.enable()
+    return {"bytes": tracker._peak_mem[CPU], "phase": tracker.peak_phase}
+
+
 class NoModules:
     """MemTracker's module tracker tracking no module (`tracker._mod_tracker = NoModules()`): every byte is still
     counted by its dispatch mode. ModTracker's backward hooks hold each module's outputs, so a graph whose nodes hold

@@ -274,10 +274,13 @@ def _dora_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict, precis
     DoraLinearLayer.forward, after the base layer's output exists): get_lora_weight runs an (in, in) identity through
     lora_A and lora_B ((in, r) and the (in, out) product, kept by that graph until the forward returns); the base weight
     cast to the input's (the adapters') dtype where it differs; `weight + scaling * lora_weight` (the scaled copy and
-    the sum), all (out, in) in the adapters' dtype (a quantized base is first dequantized: one more (out, in) copy in
-    `dequantized`, its layer's dtype); then the output's three (T, out) temporaries. Per part, the worst
-    linear's: base output + the larger of those.
-    Measured (MemTracker, tiny and wide Llama, 32-true and bf16-true): the step's peak is this moment in the forward."""
+    the sum), all (out, in) in the adapters' dtype. A quantized base is first dequantized (an (out, in) copy in
+    `dequantized`, its layer's dtype): where the adapters' dtype is the same, that copy is the weight the norm reads;
+    where it differs, `weight = weight.to(x.dtype)` rebinds the name, and the dequantized copy is freed before the
+    norm's copies exist (the cast's moment, dequantized + cast, is below the norm's). Then the output's three (T, out)
+    temporaries. Per part, the worst linear's: base output + the larger of those.
+    Measured (MemTracker without its module hooks, tiny and wide Llama, 32-true, bf16-true and a 4-bit nf4 base): the
+    step's peak is this moment in the forward."""
     if not (isinstance(lora, dict) and lora.get("use_dora") is True):
         return {}
     parts = _adapted_linears(cfg, lora)
@@ -290,9 +293,10 @@ def _dora_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict, precis
         worst = 0
         for role, width in linears:
             n_in, n_out = sizes[_LINEAR_INPUTS[role]], sizes[width]
-            norm = (dtype_bytes(n_in * n_in, ada) + dtype_bytes(n_in * rank, ada) + 3 * dtype_bytes(n_out * n_in, ada)
-                    + (dtype_bytes(n_out * n_in, ada) if weight != ada else 0)
-                    + (dtype_bytes(n_out * n_in, dequantized) if dequantized else 0))
+            # the weight the norm reads beside the base's own: the cast copy, else the dequantized one
+            base = (dtype_bytes(n_out * n_in, ada) if weight != ada
+                    else dtype_bytes(n_out * n_in, dequantized) if dequantized else 0)
+            norm = dtype_bytes(n_in * n_in, ada) + dtype_bytes(n_in * rank, ada) + 3 * dtype_bytes(n_out * n_in, ada) + base
             # then `(scale - 1) * base_result + scale * lora_result * scaling`: two products and their sum, (T, out)
             # each in the adapters' dtype, beside the base output
             combine = 3 * dtype_bytes(T * n_out, ada)
