@@ -107,6 +107,16 @@ def _check(tmp, files: list) -> dict:
     return {f["path"]: f for f in json.loads(out.stdout)["files"]}
 
 
+def _single(tmp, name: str, cfg: dict, micro: int, eval_batch: int, seq: int, precision: str = "32-true",
+            sections: dict | None = None, **training) -> tuple:
+    """One config's evaluation pass: (memfit's peak, asserted in the evaluation pass; MemTracker's bytes)."""
+    measured = measured_evaluation(cfg, micro, eval_batch, seq, precision, lora=(sections or {}).get("lora"))
+    file = _write(tmp, name, cfg, micro, eval_batch, seq, precision, sections, **training)
+    peak = _check(tmp, [file])[file]["peak"]
+    assert peak["phase"] == "evaluation", (name, peak)
+    return peak, measured
+
+
 @pytest.fixture(scope="module")
 def every_family(tmp_path_factory):
     needs.module("torch")
@@ -147,11 +157,8 @@ def test_gpt_oss_at_16_x_256_counts_its_eager_attention_with_sinks(tmp_path):
     beside both masks and every layer's cache."""
     needs.module("torch")
     _families()
-    cfg = _config("gpt_oss")
-    measured = measured_evaluation(cfg, 2, 16, 256)
-    file = _check(tmp_path, [_write(tmp_path, "gpt_oss", cfg, 2, 16, 256)])["gpt_oss.yaml"]
-    assert file["peak"]["phase"] == "evaluation"
-    assert abs(file["peak"]["bytes"] - measured) <= BAND * measured, (file["peak"]["bytes"], measured)
+    peak, measured = _single(tmp_path, "gpt_oss", _config("gpt_oss"), 2, 16, 256)
+    assert abs(peak["bytes"] - measured) <= BAND * measured, (peak["bytes"], measured)
 
 
 # checkpointing (full; partial: every other layer): the evaluation forward runs in eval() under no_grad, where
@@ -290,11 +297,8 @@ def test_bf16_true_evaluation_passes_match_memtracker(tmp_path):
 def test_t5_at_16_x_256(tmp_path):
     needs.module("torch")
     _families()
-    cfg = _config("t5")
-    measured = measured_evaluation(cfg, 2, 16, 256)
-    file = _check(tmp_path, [_write(tmp_path, "t5", cfg, 2, 16, 256)])["t5.yaml"]
-    assert file["peak"]["phase"] == "evaluation"
-    assert abs(file["peak"]["bytes"] - measured) <= BAND * measured, (file["peak"]["bytes"], measured)
+    peak, measured = _single(tmp_path, "t5", _config("t5"), 2, 16, 256)
+    assert abs(peak["bytes"] - measured) <= BAND * measured, (peak["bytes"], measured)
 
 
 # LoRA under autocast with weights that dominate (hidden 512, eight tokens): autocast_mode.cpp's cached_cast caches a
@@ -307,10 +311,7 @@ def test_a_frozen_base_is_not_cast_cached_in_evaluation(tmp_path):
     _families()
     cfg = {**_config("llama"), "hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8,
            "num_key_value_heads": 8, "head_dim": 64}
-    measured = measured_evaluation(cfg, 1, 8, 32, "bf16-mixed", lora=LORA)
-    file = _write(tmp_path, "wide", cfg, 1, 8, 32, "bf16-mixed", {"lora": LORA}, checkpointing="full")
-    peak = _check(tmp_path, [file])[file]["peak"]
-    assert peak["phase"] == "evaluation", peak
+    peak, measured = _single(tmp_path, "wide", cfg, 1, 8, 32, "bf16-mixed", {"lora": LORA}, checkpointing="full")
     assert abs(peak["bytes"] - measured) <= BAND * measured, (peak, measured, peak["bytes"] / measured)
 
 
@@ -323,10 +324,7 @@ def test_a_trained_heads_cast_is_held_through_the_loss(tmp_path):
     _families()
     cfg = {**_config("llama"), "hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8,
            "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 32000}
-    measured = measured_evaluation(cfg, 1, 8, 128, "bf16-mixed")
-    file = _write(tmp_path, "head", cfg, 1, 8, 128, "bf16-mixed", {"device": {"memory": "1 TiB", "type": "cpu"}})
-    peak = _check(tmp_path, [file])[file]["peak"]
-    assert peak["phase"] == "evaluation", peak
+    peak, measured = _single(tmp_path, "head", cfg, 1, 8, 128, "bf16-mixed", CPU)
     assert abs(peak["bytes"] - measured) <= BAND * measured / 5, (peak, measured, peak["bytes"] / measured)
 
 
@@ -404,7 +402,5 @@ def test_starcoder2_lora_on_o_proj_matches_memtracker(tmp_path, precision):
     needs.module("peft")
     _families()
     cfg = {**_config("starcoder2"), "residual_dropout": 0.0}
-    measured = measured_evaluation(cfg, MICRO, EVAL, SEQ, precision, lora=STARCODER2_O)
-    file = _write(tmp_path, "starcoder2", cfg, MICRO, EVAL, SEQ, precision, {"lora": STARCODER2_O})
-    peak = _check(tmp_path, [file])[file]["peak"]
+    peak, measured = _single(tmp_path, "starcoder2", cfg, MICRO, EVAL, SEQ, precision, {"lora": STARCODER2_O})
     assert abs(peak["bytes"] - measured) <= BAND * measured, (peak["bytes"], measured, peak["bytes"] / measured)
