@@ -13,13 +13,9 @@ runs with every gradient allocated, so the forward's end can be the peak), again
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
+import family_check
 import needs
 import pytest
-import yaml
 
 torch = needs.module("torch")
 needs.module("transformers")
@@ -61,21 +57,11 @@ def measure(model_type: str, accumulation: int, peft: dict | None = None, every:
 
 def memfit(model_type: str, accumulation: int, tmp_path, lora: dict | None = None, every: int = 1) -> dict:
     """`memfit check` on the run as a config file."""
-    (tmp_path / "config.json").write_text(json.dumps(_cfg(model_type)))
-    doc = {"memfit": 1, "device": {"memory": "1 TiB", "type": "cpu"}, "model": {"hf_config": "config.json"},
-           "precision": "bf16-mixed", "optimizer": "sgd",
-           "training": {"micro_batch": MICRO_BATCH, "seq_len": SEQ_LEN, "attention": "sdpa", "checkpointing": "full",
-                        "gradient_accumulation": accumulation, "optimizer_impl": "for_loop"}}
-    if lora is not None:
-        doc["lora"] = lora
-    if every > 1:
-        doc["training"]["checkpoint_every"] = every
-    path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)],
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return json.loads(done.stdout)["files"][0]["peak"]
+    training = {"attention": "sdpa", "checkpointing": "full", "gradient_accumulation": accumulation,
+                "optimizer_impl": "for_loop", **({"checkpoint_every": every} if every > 1 else {})}
+    sections = {"optimizer": "sgd", **({"lora": lora} if lora is not None else {})}
+    return family_check.run_check(tmp_path, _cfg(model_type), precision="bf16-mixed", sections=sections,
+                                  micro_batch=MICRO_BATCH, seq_len=SEQ_LEN, **training)["peak"]
 
 
 @pytest.mark.filterwarnings("ignore")

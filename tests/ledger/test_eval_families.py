@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import subprocess
 import sys
 
@@ -106,6 +107,16 @@ def _check(tmp, files: list) -> dict:
     return {f["path"]: f for f in json.loads(out.stdout)["files"]}
 
 
+def _single(tmp, name: str, cfg: dict, micro: int, eval_batch: int, seq: int, precision: str = "32-true",
+            sections: dict | None = None, **training) -> tuple:
+    """One config's evaluation pass: (memfit's peak, asserted in the evaluation pass; MemTracker's bytes)."""
+    measured = measured_evaluation(cfg, micro, eval_batch, seq, precision, lora=(sections or {}).get("lora"))
+    file = _write(tmp, name, cfg, micro, eval_batch, seq, precision, sections, **training)
+    peak = _check(tmp, [file])[file]["peak"]
+    assert peak["phase"] == "evaluation", (name, peak)
+    return peak, measured
+
+
 @pytest.fixture(scope="module")
 def every_family(tmp_path_factory):
     needs.module("torch")
@@ -146,11 +157,8 @@ def test_gpt_oss_at_16_x_256_counts_its_eager_attention_with_sinks(tmp_path):
     beside both masks and every layer's cache."""
     needs.module("torch")
     _families()
-    cfg = _config("gpt_oss")
-    measured = measured_evaluation(cfg, 2, 16, 256)
-    file = _check(tmp_path, [_write(tmp_path, "gpt_oss", cfg, 2, 16, 256)])["gpt_oss.yaml"]
-    assert file["peak"]["phase"] == "evaluation"
-    assert abs(file["peak"]["bytes"] - measured) <= BAND * measured, (file["peak"]["bytes"], measured)
+    peak, measured = _single(tmp_path, "gpt_oss", _config("gpt_oss"), 2, 16, 256)
+    assert abs(peak["bytes"] - measured) <= BAND * measured, (peak["bytes"], measured)
 
 
 # checkpointing (full; partial: every other layer): the evaluation forward runs in eval() under no_grad, where
@@ -289,11 +297,8 @@ def test_bf16_true_evaluation_passes_match_memtracker(tmp_path):
 def test_t5_at_16_x_256(tmp_path):
     needs.module("torch")
     _families()
-    cfg = _config("t5")
-    measured = measured_evaluation(cfg, 2, 16, 256)
-    file = _check(tmp_path, [_write(tmp_path, "t5", cfg, 2, 16, 256)])["t5.yaml"]
-    assert file["peak"]["phase"] == "evaluation"
-    assert abs(file["peak"]["bytes"] - measured) <= BAND * measured, (file["peak"]["bytes"], measured)
+    peak, measured = _single(tmp_path, "t5", _config("t5"), 2, 16, 256)
+    assert abs(peak["bytes"] - measured) <= BAND * measured, (peak["bytes"], measured)
 
 
 # LoRA under autocast with weights that dominate (hidden 512, eight tokens): autocast_mode.cpp's cached_cast caches a
@@ -306,10 +311,7 @@ def test_a_frozen_base_is_not_cast_cached_in_evaluation(tmp_path):
     _families()
     cfg = {**_config("llama"), "hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8,
            "num_key_value_heads": 8, "head_dim": 64}
-    measured = measured_evaluation(cfg, 1, 8, 32, "bf16-mixed", lora=LORA)
-    file = _write(tmp_path, "wide", cfg, 1, 8, 32, "bf16-mixed", {"lora": LORA}, checkpointing="full")
-    peak = _check(tmp_path, [file])[file]["peak"]
-    assert peak["phase"] == "evaluation", peak
+    peak, measured = _single(tmp_path, "wide", cfg, 1, 8, 32, "bf16-mixed", {"lora": LORA}, checkpointing="full")
     assert abs(peak["bytes"] - measured) <= BAND * measured, (peak, measured, peak["bytes"] / measured)
 
 
@@ -322,8 +324,83 @@ def test_a_trained_heads_cast_is_held_through_the_loss(tmp_path):
     _families()
     cfg = {**_config("llama"), "hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8,
            "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 32000}
-    measured = measured_evaluation(cfg, 1, 8, 128, "bf16-mixed")
-    file = _write(tmp_path, "head", cfg, 1, 8, 128, "bf16-mixed", {"device": {"memory": "1 TiB", "type": "cpu"}})
-    peak = _check(tmp_path, [file])[file]["peak"]
-    assert peak["phase"] == "evaluation", peak
+    peak, measured = _single(tmp_path, "head", cfg, 1, 8, 128, "bf16-mixed", CPU)
     assert abs(peak["bytes"] - measured) <= BAND * measured / 5, (peak, measured, peak["bytes"] / measured)
+
+
+# LoRA on the attention's output projection alone: the adapter's call (models/hf_nograd.py frozen_unsaved) finds the
+# attention's rotary q and kernel output bound, as sdpa's rows label them (hf_nograd.O_PROJ_ALIVE). Eager attention
+# (Gemma 2, gpt-oss), DeepSeek-V3's latent attention on torch's math kernel and Falcon's (which keeps no kernel output)
+# label them otherwise, so that moment counts none of them (Falcon: q only): pinned here as harmless, their kernel's
+# moment (the scores beside the probabilities) being the layer's worst, within the band of MemTracker. Measured
+# 32-true / bf16-true: Gemma 2 0.963 / 0.998, gpt-oss 0.974 / 1.003, DeepSeek-V3 0.999 / 1.019, Falcon 0.995 / 0.974
+UNLABELLED = {"gemma2": "o_proj", "gpt_oss": "o_proj", "deepseek_v3": "o_proj", "falcon": "dense"}
+
+
+def _explained_at(tmp, file: str) -> str:
+    """Where `memfit explain` says the evaluation pass peaks ("layer 1 attention", "the loss")."""
+    out = subprocess.run([sys.executable, "-m", "memfit", "explain", "--budget", "1TiB", file], capture_output=True,
+                         text=True, timeout=300, check=False, cwd=tmp).stdout
+    found = re.search(r"the peak is in the evaluation pass(?:, at (.+?)| \((.+?)\)):", out)
+    assert found, out
+    return found[1] or found[2]
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_lora_on_o_proj_without_sdpas_labels_peaks_at_the_kernel(tmp_path):
+    needs.module("torch")
+    needs.module("peft")
+    _families()
+    measured, files = {}, {}
+    for family, target in UNLABELLED.items():
+        lora = {"r": 8, "alpha": 16, "target_modules": [target]}
+        for precision in ("32-true", "bf16-true"):
+            name = f"{family}_{precision}"
+            cfg = _config(family)
+            measured[name] = measured_evaluation(cfg, MICRO, EVAL, SEQ, precision, lora=lora)
+            files[name] = _write(tmp_path, name, cfg, MICRO, EVAL, SEQ, precision, {"lora": lora})
+    checked = _check(tmp_path, list(files.values()))
+    for name, file in files.items():
+        peak = checked[file]["peak"]
+        assert peak["phase"] == "evaluation", (name, peak)
+        assert abs(peak["bytes"] - measured[name]) <= BAND * measured[name], (name, peak["bytes"], measured[name])
+        assert _explained_at(tmp_path, file).endswith(" attention"), name
+
+
+# Starcoder2's residual dropout (the tiny config's 0.1) under LoRA on o_proj: the o_proj part keeps the dropout's
+# mask beside the adapter's tensors, and the adapter's moment was skipped for it (the part's other moment taken),
+# though model.eval() runs no dropout: memfit 1,747,716 B with the dropout, 1,870,592 B without (bf16-true, 8 x 128),
+# MemTracker 2,029,344 B for both. Now 1,936,128 B: one (b, s, h) mask above the dropout-free figure (the residual
+# dropout's mask is still counted once in the evaluation pass, GPT-2's too: 3,616,256 B against 3,550,720 B)
+STARCODER2_O = {"r": 8, "alpha": 16, "target_modules": ["o_proj"]}
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_a_residual_dropout_does_not_skip_the_o_proj_adapters_moment(tmp_path):
+    needs.module("torch")
+    needs.module("peft")
+    _families()
+    measured, files = {}, {}
+    for name, dropout in (("dropout", 0.1), ("none", 0.0)):
+        cfg = {**_config("starcoder2"), "residual_dropout": dropout}
+        measured[name] = measured_evaluation(cfg, MICRO, EVAL, SEQ, "bf16-true", lora=STARCODER2_O)
+        files[name] = _write(tmp_path, name, cfg, MICRO, EVAL, SEQ, "bf16-true", {"lora": STARCODER2_O})
+    checked = _check(tmp_path, list(files.values()))
+    assert measured["dropout"] == measured["none"], measured   # no dropout runs in evaluation
+    assert _explained_at(tmp_path, files["none"]) == _explained_at(tmp_path, files["dropout"]) == "layer 1 o_proj"
+    assert checked[files["dropout"]]["peak"]["bytes"] >= checked[files["none"]]["peak"]["bytes"], checked
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.xfail(strict=True, reason="Starcoder2 under LoRA on o_proj (no dropout) is low beyond the band: memfit "
+                   "1,870,592 B against 2,029,344 B measured at bf16-true (0.922; its o_proj adapter's moment), 2,930,112 "
+                   "against 3,228,128 B at 32-true (0.908; its attention's). It comes with the sliding window (24 tokens here): "
+                   "without it 0.994 and 0.993; without LoRA in the band (test_each_familys_evaluation_pass_matches_memtracker)")
+@pytest.mark.parametrize("precision", ["bf16-true", "32-true"])
+def test_starcoder2_lora_on_o_proj_matches_memtracker(tmp_path, precision):
+    needs.module("torch")
+    needs.module("peft")
+    _families()
+    cfg = {**_config("starcoder2"), "residual_dropout": 0.0}
+    peak, measured = _single(tmp_path, "starcoder2", cfg, MICRO, EVAL, SEQ, precision, {"lora": STARCODER2_O})
+    assert abs(peak["bytes"] - measured) <= BAND * measured, (peak["bytes"], measured, peak["bytes"] / measured)

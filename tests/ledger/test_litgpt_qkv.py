@@ -20,6 +20,7 @@ import yaml
 
 torch = needs.module("torch")
 
+import litgpt_check  # noqa: E402
 import litgpt_port  # noqa: E402
 
 BAND = 0.05
@@ -73,9 +74,7 @@ def checked_live_activations(path, doc: dict) -> int:
 
 def memfit_live_activations(tmp_path, kv_heads: int, parts: str, micro_batch: int, seq_len: int, litgpt: bool,
                             dropout: float = 0.0, upcast: bool = True, vocab: int = VOCAB, mean_saves: bool = False) -> int:
-    cfg = {"model_type": "llama", "hidden_size": WIDTH, "num_attention_heads": HEADS, "num_key_value_heads": kv_heads,
-           "num_hidden_layers": LAYERS, "vocab_size": vocab, "intermediate_size": INTERMEDIATE,
-           "tie_word_embeddings": False, "max_position_embeddings": 256, "hidden_act": "silu", "rms_norm_eps": 1e-5}
+    cfg = litgpt_check.llama(WIDTH, HEADS, LAYERS, vocab, INTERMEDIATE, 256, kv_heads)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     training = {"micro_batch": micro_batch, "seq_len": seq_len, "attention": "sdpa", "checkpointing": "none",
                 "optimizer_impl": "foreach", "loss": {"kind": "chunked_head", "chunk_size": 128}}
@@ -188,22 +187,9 @@ def test_the_full_peak_of_lit_gpt_8641822s_step_under_torch_2_1(tmp_path, micro_
     backward) against the full peak measured under torch 2.1.0, within the band; the peak in the backward, where
     the measured one is (the loss's backward, tests/support/litgpt_full_peak.py)."""
     width, seq, vocab = 512, 256, 2048
-    cfg = {"model_type": "llama", "hidden_size": width, "num_attention_heads": HEADS, "num_key_value_heads": HEADS,
-           "num_hidden_layers": LAYERS, "vocab_size": vocab, "intermediate_size": width * 172 // 64,
-           "tie_word_embeddings": False, "max_position_embeddings": seq, "hidden_act": "silu", "rms_norm_eps": 1e-5}
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    training = {"micro_batch": micro_batch, "seq_len": seq, "attention": "sdpa", "checkpointing": "none",
-                "optimizer_impl": "foreach", "loss": {"kind": "chunked_head", "chunk_size": 128}, "litgpt_qkv": True,
-                "rmsnorm_upcast": False, "mean_saves_input": True, "outputs_dtype": "float32",
-                "previous_outputs_held": "longest_first"}
-    doc = {"memfit": 1, "device": {"memory": "1 TiB", "type": "cpu"}, "optimizer": "adamw", "precision": "bf16-true",
-           "model": {"hf_config": "config.json"}, "training": training,
-           "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "dtype": "model", "target_modules": ["q_proj", "v_proj"]}}
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(tmp_path / "run.yaml")],
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    peak = json.loads(done.stdout)["files"][0]["peak"]
+    cfg = litgpt_check.llama(width, HEADS, LAYERS, vocab, width * 172 // 64, seq)
+    peak = litgpt_check.lora_step_peak(tmp_path, cfg, micro_batch, seq, rmsnorm_upcast=False, mean_saves_input=True,
+                                       outputs_dtype="float32", previous_outputs_held="longest_first")
     measured = TORCH_2_1_FULL_PEAK[micro_batch]
     assert abs(peak["bytes"] - measured) <= BAND * measured, (peak["bytes"], measured, peak["bytes"] / measured)
     assert peak["phase"] == "backward", peak

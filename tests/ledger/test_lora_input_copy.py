@@ -15,13 +15,9 @@ input copy alive. Against `memfit check` on the config file (before: 0.951 with 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
+import family_check
 import needs
 import pytest
-import yaml
 
 torch = needs.module("torch")
 needs.module("transformers")
@@ -56,17 +52,10 @@ def measure(model_type: str, optimizer: str, accumulation: int) -> dict:
 
 def memfit(model_type: str, optimizer: str, accumulation: int, tmp_path) -> dict:
     """`memfit check` on the run as a config file."""
-    (tmp_path / "config.json").write_text(json.dumps(_cfg(model_type)))
-    doc = {"memfit": 1, "device": {"memory": "1 TiB", "type": "cpu"}, "model": {"hf_config": "config.json"},
-           "precision": "bf16-mixed", "optimizer": optimizer, "lora": dict(LORA),
-           "training": {"micro_batch": MICRO_BATCH, "seq_len": SEQ_LEN, "attention": "sdpa", "checkpointing": "full",
-                        "gradient_accumulation": accumulation, "optimizer_impl": "for_loop"}}
-    path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)],
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return json.loads(done.stdout)["files"][0]["peak"]
+    return family_check.run_check(tmp_path, _cfg(model_type), precision="bf16-mixed",
+                                  sections={"optimizer": optimizer, "lora": dict(LORA)}, micro_batch=MICRO_BATCH,
+                                  seq_len=SEQ_LEN, attention="sdpa", checkpointing="full",
+                                  gradient_accumulation=accumulation, optimizer_impl="for_loop")["peak"]
 
 
 @pytest.mark.filterwarnings("ignore")

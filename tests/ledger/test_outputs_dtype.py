@@ -47,7 +47,7 @@ def test_the_conversion_beside_the_previous_fp32_logits(tmp_path):
     assert abs(mine[0] - measured[0]) <= BAND * measured[0], (mine, measured)
     assert mine[1] == measured[1] == "forward", (mine, measured)
     assert measured[0] - without[0] > BAND * measured[0], (without, measured)
-    done = subprocess.run([sys.executable, "-m", "memfit", "explain", str(tmp_path / "run.yaml")], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "memfit", "explain", str(tmp_path / "train.yaml")], capture_output=True,
                           text=True, timeout=120, check=True)
     assert "the peak is in forward, at head" in done.stdout, done.stdout
 

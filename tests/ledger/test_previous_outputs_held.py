@@ -43,24 +43,19 @@ def measured(cfg: dict, hold: bool, shapes: tuple = (SHAPE, SHAPE)) -> dict:
             tracker.phase = "backward"
         loss.backward()
 
-    with bitsandbytes_0_43_1(), hf_measure.cuda_dropout():
-        for _ in range(2):   # warm: the optimizer state exists
-            micro(n=0)
-            micro(n=1)
-            opt.step()
-            opt.zero_grad()
-        tracker = ref.PhaseTracker(list(model.parameters()))
-        tracker._mod_tracker = ref.NoModules()
-        tracker.track_external(model, opt, *batches[0], *batches[1])
-        with tracker:
-            for n in range(2):   # gradient accumulation 2: the second micro-batch runs beside the first's outputs
+    def step(tracker=None):
+        for n in range(2):   # gradient accumulation 2: the second micro-batch runs beside the first's outputs
+            if tracker is not None:
                 tracker.phase = "forward"
-                micro(tracker, n)
+            micro(tracker, n)
+        if tracker is not None:
             tracker.phase = "optimizer_step"
-            opt.step()
-            opt.zero_grad()
-    snap = tracker.get_tracker_snapshot("peak")[ref.CPU]
-    return {"bytes": snap["Total"], "phase": tracker.peak_phase}
+        opt.step()
+        opt.zero_grad()
+
+    with bitsandbytes_0_43_1(), hf_measure.cuda_dropout():
+        peak, phase = ref.tracked(step, model, opt, *batches[0], *batches[1]).peak()
+    return {"bytes": peak, "phase": phase}
 
 
 def ours(tmp_path, cfg: dict, hold) -> dict:

@@ -11,13 +11,10 @@ installed bitsandbytes' MatMul4Bit.forward put back to 0.42.0's line, against `m
 from __future__ import annotations
 
 import contextlib
-import json
-import subprocess
-import sys
 
+import litgpt_check
 import needs
 import pytest
-import yaml
 
 BAND = 0.05
 W, H, L, V, B, T, I = 512, 8, 2, 4096, 1, 256, 1376
@@ -85,45 +82,25 @@ def measured(quantized_from: str) -> dict:
             tracker.phase = "backward"
         loss.backward()
 
-    with bitsandbytes_0_42_forward():
-        for _ in range(2):   # warm: the optimizer state exists
-            micro()
-            opt.step()
-            opt.zero_grad()
-        tracker = Tracker(list(model.parameters()))
-        tracker._mod_tracker = ref.NoModules()
-        tracker.track_external(model, opt, idx)
-        with tracker:
-            micro(tracker)
+    def step(tracker=None):
+        micro(tracker)
+        if tracker is not None:
             tracker.phase = "optimizer_step"
-            opt.step()
-            opt.zero_grad()
-    return {"bytes": tracker.get_tracker_snapshot("peak")[ref.CPU]["Total"], "phase": tracker.peak_phase,
-            "phases": tracker.per}
+        opt.step()
+        opt.zero_grad()
+
+    with bitsandbytes_0_42_forward():
+        tracker = ref.tracked(step, model, opt, idx, tracker=Tracker(list(model.parameters())))
+    peak, phase = tracker.peak()
+    return {"bytes": peak, "phase": phase, "phases": tracker.per}
 
 
 def ours(tmp_path, quantized_from: str | None) -> dict:
-    cfg = {"model_type": "llama", "hidden_size": W, "num_attention_heads": H, "num_key_value_heads": H,
-           "num_hidden_layers": L, "vocab_size": V, "intermediate_size": I, "tie_word_embeddings": False,
-           "max_position_embeddings": 256, "hidden_act": "silu", "rms_norm_eps": 1e-5}
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    quantization = {"method": "nf4", "double_quant": False, "compute_dtype": "bfloat16",
-                    "skip_modules": OTHERS}
+    quantization = {"method": "nf4", "double_quant": False, "compute_dtype": "bfloat16", "skip_modules": OTHERS}
     if quantized_from:
         quantization["quantized_from"] = quantized_from
-    doc = {"memfit": 1, "device": {"memory": "1 TiB", "type": "cpu"}, "optimizer": "adamw", "precision": "bf16-true",
-           "model": {"hf_config": "config.json"},
-           "training": {"micro_batch": B, "seq_len": T, "attention": "sdpa", "checkpointing": "none",
-                        "optimizer_impl": "foreach", "loss": {"kind": "chunked_head", "chunk_size": 128},
-                        "litgpt_qkv": True},
-           "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "dtype": "model", "target_modules": ["q_proj", "v_proj"]},
-           "quantization": quantization}
-    path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)], capture_output=True,
-                          text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return json.loads(done.stdout)["files"][0]["peak"]
+    return litgpt_check.lora_step_peak(tmp_path, litgpt_check.llama(W, H, L, V, I, 256), B, T,
+                                       sections={"quantization": quantization})
 
 
 @pytest.mark.filterwarnings("ignore")

@@ -12,14 +12,15 @@ import yaml
 
 
 def run_check(tmp_path: Path, cfg: dict, memory: str = "1 TiB", precision: str | None = None, device_type: str = "cpu",
-              **training) -> dict:
+              sections: dict | None = None, **training) -> dict:
     """The file entry of `memfit check --format json` (AdamW, micro_batch 2 x 16 tokens unless `training` says
-    otherwise); the check must pass without a diagnostic. `device_type` cpu: the measurements these configs are
-    compared with run on the CPU, under CPU autocast (memfit's default is cuda's)."""
+    otherwise; `sections`: further document keys, such as lora, quantization or another optimizer); the check must
+    pass without a diagnostic. `device_type` cpu: the measurements these configs are compared with run on the CPU,
+    under CPU autocast (memfit's default is cuda's)."""
     (tmp_path / "config.json").write_text(json.dumps(cfg, indent=2))
     doc = {"memfit": 1, "device": {"memory": memory, "type": device_type}, **({"precision": precision} if precision else {}),
            "optimizer": "adamw", "model": {"hf_config": "config.json"},
-           "training": {"micro_batch": 2, "seq_len": 16, **training}}
+           "training": {"micro_batch": 2, "seq_len": 16, **training}, **(sections or {})}
     path = tmp_path / "train.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(path)], capture_output=True,

@@ -12,9 +12,7 @@ tests/ledger/test_outputs_dtype.py runs the port, tests/ledger/test_previous_out
 
 from __future__ import annotations
 
-import json
 import pathlib
-import subprocess
 import sys
 import tempfile
 import warnings
@@ -24,8 +22,8 @@ sys.path[:0] = [str(HERE)]
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
-import yaml  # noqa: E402
 
+import litgpt_check  # noqa: E402
 import litgpt_port  # noqa: E402
 import peak_reference as ref  # noqa: E402
 
@@ -63,40 +61,23 @@ def measured(fabric: bool, hold: bool = False, port: bool = False, shape: tuple 
             tracker.phase = "backward"
         loss.backward()
 
-    for _ in range(2):
-        micro()
-        micro()
-        opt.step()
-        opt.zero_grad()
-    tracker = ref.PhaseTracker(list(model.parameters()))
-    tracker._mod_tracker = ref.NoModules()
-    tracker.track_external(model, opt, idx)
-    with tracker:
+    def step(tracker=None):   # gradient accumulation 2
         micro(tracker)
         micro(tracker)
-        tracker.phase = "optimizer_step"
+        if tracker is not None:
+            tracker.phase = "optimizer_step"
         opt.step()
         opt.zero_grad()
-    return tracker.get_tracker_snapshot("peak")[ref.CPU]["Total"], tracker.peak_phase, str(seen["dtype"])
+
+    return (*ref.tracked(step, model, opt, idx).peak(), str(seen["dtype"]))
 
 
 def memfit(held: bool = True, converted: bool = False, shape: tuple = (B, T), path: pathlib.Path | None = None) -> tuple:
-    """memfit check's (peak bytes, phase) on the config of that step (written into `path`, a folder, where given)."""
-    tmp = path or pathlib.Path(tempfile.mkdtemp())
-    cfg = {"model_type": "llama", "hidden_size": W, "num_attention_heads": H, "num_key_value_heads": H,
-           "num_hidden_layers": L, "vocab_size": V, "intermediate_size": I, "tie_word_embeddings": False,
-           "max_position_embeddings": max(shape[1], 256), "hidden_act": "silu", "rms_norm_eps": 1e-5}
-    (tmp / "config.json").write_text(json.dumps(cfg))
-    training = {"micro_batch": shape[0], "seq_len": shape[1], "gradient_accumulation": 2, "attention": "sdpa", "checkpointing": "none",
-                "optimizer_impl": "foreach", "loss": {"kind": "chunked_head", "chunk_size": 128}, "litgpt_qkv": True,
-                "previous_outputs_held": held, **({"outputs_dtype": "float32"} if converted else {})}
-    doc = {"memfit": 1, "device": {"memory": "1 TiB", "type": "cpu"}, "optimizer": "adamw", "precision": "bf16-true",
-           "model": {"hf_config": "config.json"}, "training": training,
-           "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "dtype": "model", "target_modules": ["q_proj", "v_proj"]}}
-    (tmp / "run.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(tmp / "run.yaml")],
-                          capture_output=True, text=True, check=True)
-    peak = json.loads(done.stdout)["files"][0]["peak"]
+    """memfit check's (peak bytes, phase) on the config of that step (written into `path`, a folder, where given:
+    train.yaml)."""
+    cfg = litgpt_check.llama(W, H, L, V, I, max(shape[1], 256))
+    peak = litgpt_check.lora_step_peak(path or pathlib.Path(tempfile.mkdtemp()), cfg, *shape, gradient_accumulation=2,
+                                       previous_outputs_held=held, **({"outputs_dtype": "float32"} if converted else {}))
     return peak["bytes"], peak["phase"]
 
 

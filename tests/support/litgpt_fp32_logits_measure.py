@@ -51,18 +51,14 @@ def measured(micro_batch: int, seq_len: int, fp32: bool) -> tuple:
             tracker.phase = "backward"
         loss.backward()
 
-    micro()   # warm: the optimizer state exists
-    opt.step()
-    opt.zero_grad()
-    tracker = ref.PhaseTracker(list(model.parameters()))
-    tracker._mod_tracker = ref.NoModules()
-    tracker.track_external(model, opt, idx)
-    with tracker:
+    def step(tracker=None):
         micro(tracker)
-        tracker.phase = "optimizer_step"
+        if tracker is not None:
+            tracker.phase = "optimizer_step"
         opt.step()
         opt.zero_grad()
-    return tracker.get_tracker_snapshot("peak")[ref.CPU]["Total"], tracker.peak_phase
+
+    return ref.tracked(step, model, opt, idx, warm=1).peak()   # one warm step: the optimizer state exists
 
 
 if __name__ == "__main__":

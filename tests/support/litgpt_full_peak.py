@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import subprocess
 import sys
 import tempfile
 import warnings
@@ -28,8 +27,8 @@ sys.path[:0] = [str(HERE)]
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
-import yaml  # noqa: E402
 
+import litgpt_check  # noqa: E402
 import litgpt_port  # noqa: E402
 import litgpt_source_measure as source_measure  # noqa: E402
 import peak_reference as ref  # noqa: E402
@@ -64,34 +63,13 @@ def measured(lora, utils, width: int, seq: int, layers: int, vocab: int, heads: 
         opt.step()
         opt.zero_grad()
 
-    for _ in range(2):
-        step()
-    tracker = ref.PhaseTracker(list(model.parameters()))
-    tracker._mod_tracker = ref.NoModules()
-    tracker.track_external(model, opt, idx)
-    with tracker:
-        step(tracker)
-        if hold:
-            step(tracker)
-    return tracker.get_tracker_snapshot("peak")[ref.CPU]["Total"], tracker.peak_phase
+    return ref.tracked(step, model, opt, idx, times=2 if hold else 1).peak()
 
 
 def memfit(width: int, seq: int, layers: int, vocab: int, heads: int, micro_batch: int, hold: bool = False) -> tuple:
-    tmp = pathlib.Path(tempfile.mkdtemp())
-    cfg = {"model_type": "llama", "hidden_size": width, "num_attention_heads": heads, "num_key_value_heads": heads,
-           "num_hidden_layers": layers, "vocab_size": vocab, "intermediate_size": width * 172 // 64,
-           "tie_word_embeddings": False, "max_position_embeddings": seq, "hidden_act": "silu", "rms_norm_eps": 1e-5}
-    (tmp / "config.json").write_text(json.dumps(cfg))
-    training = {"micro_batch": micro_batch, "seq_len": seq, "attention": "sdpa", "checkpointing": "none",
-                "optimizer_impl": "foreach", "loss": {"kind": "chunked_head", "chunk_size": 128}, "litgpt_qkv": True,
-                "rmsnorm_upcast": False, "outputs_dtype": "float32", **({"previous_outputs_held": True} if hold else {})}
-    doc = {"memfit": 1, "device": {"memory": "1 TiB", "type": "cpu"}, "optimizer": "adamw", "precision": "bf16-true",
-           "model": {"hf_config": "config.json"}, "training": training,
-           "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "dtype": "model", "target_modules": ["q_proj", "v_proj"]}}
-    (tmp / "run.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", str(tmp / "run.yaml")],
-                          capture_output=True, text=True, check=True)
-    peak = json.loads(done.stdout)["files"][0]["peak"]
+    cfg = litgpt_check.llama(width, heads, layers, vocab, width * 172 // 64, seq)
+    peak = litgpt_check.lora_step_peak(pathlib.Path(tempfile.mkdtemp()), cfg, micro_batch, seq, rmsnorm_upcast=False,
+                                       outputs_dtype="float32", **({"previous_outputs_held": True} if hold else {}))
     return peak["bytes"], peak["phase"]
 
 

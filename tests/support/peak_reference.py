@@ -38,13 +38,34 @@ class PhaseTracker(MemTracker):
             self.peak_phase = self.phase
             self.peak_grads = sum(p.grad.untyped_storage().nbytes() for p in self.params if p.grad is not None)
 
+    def peak(self) -> tuple:
+        """(the peak's bytes on the CPU, the phase it was reached in)."""
+        return self.get_tracker_snapshot("peak")[CPU]["Total"], self.peak_phase
+
+
+def tracked(step, model, *external, warm: int = 2, times: int = 1, tracker=None, modules: bool = False):
+    """A warm step under MemTracker: `step(tracker=None)` (a loop's step, naming its phase on the tracker it is given)
+    run `warm` times (the optimizer state exists), then `times` times under `tracker` (a PhaseTracker over the model's
+    parameters unless given), the model and `external` (the optimizer, the batch) tracked; `modules`: MemTracker's
+    module hooks, else none (NoModules: every byte still counted). Returns the tracker."""
+    for _ in range(warm):
+        step()
+    tracker = tracker if tracker is not None else PhaseTracker(list(model.parameters()))
+    if not modules:
+        tracker._mod_tracker = NoModules()
+    tracker.track_external(model, *external)
+    with tracker:
+        for _ in range(times):
+            step(tracker)
+    return tracker
+
 
 def warm_step(model, opt, x, y, accumulation: int = 1, autocast=None, tracker=None, modules: bool = True):
     """A transformers model's optimizer step of `accumulation` micro-batches (the loss in the model's forward, under
     `autocast()` where given, as the Trainer runs it; each backward outside it; gradients set to None after it), run
-    twice to warm (the optimizer state exists), then once under `tracker` (a PhaseTracker over the model's parameters
-    unless given), its phase set as the step goes; `modules`: MemTracker's module hooks, their stats reset between
-    micro-batches (they refuse a module called twice otherwise), else none (NoModules). Returns the tracker."""
+    twice to warm, then once under `tracker` (tracked), its phase set as the step goes; `modules`: MemTracker's module
+    hooks, their stats reset between micro-batches (they refuse a module called twice otherwise), else none
+    (NoModules). Returns the tracker."""
     import contextlib
 
     import hf_measure
@@ -69,15 +90,7 @@ def warm_step(model, opt, x, y, accumulation: int = 1, autocast=None, tracker=No
         opt.zero_grad(set_to_none=True)
 
     with hf_measure.cuda_dropout():
-        for _ in range(2):
-            step()
-        tracker = tracker if tracker is not None else PhaseTracker(list(model.parameters()))
-        if not modules:
-            tracker._mod_tracker = NoModules()
-        tracker.track_external(model, opt, x, y)
-        with tracker:
-            step(tracker)
-    return tracker
+        return tracked(step, model, opt, x, y, tracker=tracker, modules=modules)
 
 
 def unhooked_step(model, opt, x, y, collector: bool = False) -> dict:

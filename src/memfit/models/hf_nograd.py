@@ -90,6 +90,11 @@ MLA_FREED = ("q_a_layernorm: input", "q_b_proj: input", "kv_b_proj: input", "p @
 CORE = ("softcap tanh", "softmax")
 P_CAST = "p @ v: probabilities, cast"   # eager's probabilities cast for p @ v (autocast's, or back to q's dtype)
 ADAPTER = (".lora_A: ", ".lora_B: ", ".lora_dropout: ")   # a LoRA adapter's kept tensors: freed with its linear's call
+# what an adapted o_proj's call finds bound in the attention's forward, as sdpa's rows label it: the rotary q and the
+# kernel's output. Eager's and torch's math kernel's rows (Gemma 2, gpt-oss, DeepSeek-V3; Falcon's keeps no output)
+# label them otherwise: nothing (or q only) is counted there, and their kernel's moment, holding the scores beside
+# the probabilities, is the attention's worst (tests/ledger/test_eval_families.py pins it)
+O_PROJ_ALIVE = ("attention: q", "attention: output")
 # autocast's casts: a linear's input (made for its call, freed after it) and a trained weight's (cached by autocast
 # until the autocast region exits: `cached_cast` keeps the cast of a leaf that requires a gradient)
 INPUT_CAST = ": input, cast to the low dtype by autocast"
@@ -218,12 +223,14 @@ def frozen_unsaved(trained: list, frozen: list, hidden: int = 0, lin: str = "flo
     so the frozen rows' no-grad moments are the trained rows' (part_deltas) with these added back; each adapter's own
     kept tensors (its input's cast, lora_A's output) are freed with its linear's call.
 
-    An adapted o_proj's part (its row keeps only its adapter's tensors) peaks in its adapter's call (peft
-    tuners/lora/layer.py Linear.forward: `x = self._cast_input_dtype(x, lora_A.weight.dtype)`, then `result = result
-    + lora_B(lora_A(dropout(x))) * scaling`; the row's forward flight counts the base's output, lora_B's and the
-    scaled copy): x's cast to the adapter's dtype (none where `lin`, the linears' dtype, is the adapter's) is still
-    bound, and so are the attention's locals (modeling_llama.py LlamaAttention.forward: its rotary q and the kernel's
-    output, o_proj's input) and the decoder layer's norm output (`hidden`, the residual stream's dtype).
+    An adapted o_proj's part (its row keeps only its adapter's tensors, or a dropout's mask that evaluation does not
+    make) peaks in its adapter's call (peft tuners/lora/layer.py Linear.forward: `x = self._cast_input_dtype(x,
+    lora_A.weight.dtype)`, then `result = result + lora_B(lora_A(dropout(x))) * scaling`; the row's forward flight
+    counts the base's output, lora_B's and the scaled copy): x's cast to the adapter's dtype (none where `lin`, the
+    linears' dtype, is the adapter's) is still bound, and so are the attention's locals (modeling_llama.py
+    LlamaAttention.forward: its rotary q and the kernel's output, o_proj's input: O_PROJ_ALIVE, read off the base's
+    rows as trained, which keep them whatever the adapters) and the decoder layer's norm output (`hidden`, the
+    residual stream's dtype).
 
     The attention part's no-grad worst moment is its kernel (part_deltas, from its output's write), after its q, k
     and v adapters' calls: the adapters' forward flight its row counts (`flights`, hf_act_flights
@@ -234,13 +241,14 @@ def frozen_unsaved(trained: list, frozen: list, hidden: int = 0, lin: str = "flo
         labels = {k.label for k in own}
         adapters = sum(_bytes(k) for k in own if any(a in k.label for a in ADAPTER))
         out[part] = sum(_bytes(k) for k in kept if k.label not in labels) - adapters
-        if part == "o_proj" and own and all(any(a in k.label for a in ADAPTER) for k in own):
+        # (a dropout's mask beside them, the residual's: model.eval() runs no dropout, so the evaluation makes none)
+        if part == "o_proj" and adapters and all(any(a in k.label for a in ADAPTER) or DROPOUT in k.label for k in own):
             cast = sum(_bytes(k) for k in own if ".lora_A: " in k.label and k.dtype != lin)
-            alive = sum(_bytes(k) for k in previous if k.label in ("attention: q", "attention: output"))
+            alive = sum(_bytes(k) for k in previous if k.label in O_PROJ_ALIVE)
             out[part] += cast + alive + hidden
         if part == "attention" and (flights or {}).get(part, 0) > hidden:
             out[part] -= flights[part] - hidden
-        previous = own
+        previous = kept   # (the base as trained: a frozen attention with no adapter before it saves none of them)
     return out
 
 
