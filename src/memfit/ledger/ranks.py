@@ -255,7 +255,11 @@ class _Shares:
             t = transient + self.fsdp.held(phase, at, gradients)
         else:
             g = self._grads(phase, gradients)
-            t = transient + (self.root if phase == "backward" and at == "loss" else self.unit[phase])
+            # at the loss: the root unit only in its backward, and in its forward (the loss's own moments) under FSDP1,
+            # whose last layer is resharded and leaves nothing; FSDP2's keeps its all-gather output (a unit's bytes)
+            # there, until the next copy-out (_FsdpUnits)
+            fsdp1 = self.fsdp is not None and self.fsdp.fsdp1
+            t = transient + (self.root if at == "loss" and (phase == "backward" or fsdp1) else self.unit[phase])
         if self.buckets:
             g = max(g, self.buckets) if self.views else g + self.buckets
         return g, t
@@ -278,15 +282,16 @@ class _FsdpUnits:
     - the all-gather output a unit is gathered into, on a group of more than one rank only (at world size 1
       `unshard` all-gathers nothing and `wait_for_unshard` copies the sharded parameters into the unsharded
       ones): in forward the last unit's, kept until the next unit's copy-out (implicit prefetch,
-      `comm_ctx.all_gather_state`); in backward the unit before the one running, prefetched at its pre-backward
-      (`_backward_prefetch`: the last layer's from the root's, under the head; none under the first layer);
+      `comm_ctx.all_gather_state`; none under FSDP1, parallel.fsdp_version 1); in backward the unit before the one
+      running, prefetched at its pre-backward (`_backward_prefetch`: the last layer's from the root's, under the head;
+      none under the first layer);
     - the unsharded gradients autograd has made and FSDP has not yet reduce-scattered: the head's and the final
       norm's (the root's, reduced last), the running layer's so far; and the reduce-scatter input of the layer
       reduced last (a flat buffer of its padded gradients, at any group size, `foreach_reduce`; one is kept until
       the next unit's post-backward, `reduce_scatter_max_input_buffers` 1). The layers already reduced keep only
       their shards (the rank's `gradients`, on the host under CPU offload)."""
 
-    __slots__ = ("rows", "all_gather", "prefetch", "forward", "accumulating", "_reduce_scatter")
+    __slots__ = ("rows", "all_gather", "prefetch", "forward", "accumulating", "_reduce_scatter", "fsdp1")
 
     def __init__(self, step: Step, p, gathered: dict, fsdp: dict) -> None:
         layers = [_layer(r) for r in step.rows]
@@ -299,7 +304,11 @@ class _FsdpUnits:
         in_layer = whole if whole is not None else fsdp["root"] + fsdp["unit"]
         outside = whole if whole is not None else fsdp["root"]
         self.all_gather, self.prefetch, self.accumulating = fsdp["all_gather"], fsdp["prefetch"], step.accumulating
-        self.forward = gathered.get("gathered parameters", 0) + self.all_gather
+        # FSDP1 (parallel.fsdp_version 1) all-gathers a unit straight into its flat parameter and prefetches nothing in
+        # forward (FullyShardedDataParallel's forward_prefetch off): its forward holds the units gathered, no
+        # all-gather output beside them, and its loss the root only (_Shares._terms; tests/ledger/test_fsdp_cast_cache.py)
+        self.fsdp1 = p.fsdp_version == 1
+        self.forward = gathered.get("gathered parameters", 0) + (0 if self.fsdp1 else self.all_gather)
         # each row: (parameters gathered, prefetching, the gradients already reduced, a reduce-scatter input held,
         # the gradients made by the rows after it and by it: what a later micro-batch has made by then)
         position = {i: n for n, i in enumerate(order)}

@@ -114,6 +114,11 @@ class Parallel:
     sequence_parallel: bool = False
     zero: int | None = None
     fsdp: str | None = None
+    # which PyTorch FSDP runs the sharding (parallel.fsdp_version): 2, fully_shard (the units, gathers and prefetches
+    # modelled here, torch 2.13 _fully_shard), or 1, FullyShardedDataParallel (accelerate's and the HF Trainer's default,
+    # Lightning's FSDPStrategy), which differs from it in what memfit counts: its forward holds no all-gather output
+    # beside the unit (no implicit prefetch) and its forward's parameters are views autocast does not cache
+    fsdp_version: int = 2
     gpus_per_node: int = 8
     offload_optimizer: bool = False
     offload_parameters: bool = False
@@ -748,6 +753,7 @@ def from_config(data: dict) -> tuple:
         sequence_parallel=bool(section.get("sequence_parallel", False)),
         zero=section.get("zero"),
         fsdp=section.get("fsdp"),
+        fsdp_version=section.get("fsdp_version", 2),
         gpus_per_node=section.get("gpus_per_node", 8),
         offload_optimizer=offload.get("optimizer", "none") not in (None, "none", False),
         offload_parameters=offload.get("parameters", "none") not in (None, "none", False),
