@@ -164,7 +164,8 @@ def test_deepspeed_alone_and_a_launch_config(tmp_path, model):
     native = tmp_path / "ax.yml"
     native.write_text("base_model: ./llama-3-8b.json\nmicro_batch_size: 1\nsequence_len: 2048\ngradient_checkpointing: true\n")
     out = same_figures_as_converted(native, "--device", "H100-80GB", "--launch", launch)
-    assert out["doc"]["parallel"] == {"fsdp": "full_shard", "data": 16, "gpus_per_node": 8}
+    # accelerate's fsdp_version left out: 1, FSDP1 (FullyShardedDataParallelPlugin's default)
+    assert out["doc"]["parallel"] == {"fsdp": "full_shard", "fsdp_version": 1, "data": 16, "gpus_per_node": 8}
     alone = memfit("check", launch)
     assert alone.returncode == 1 and "model-not-found" in alone.stdout
 
