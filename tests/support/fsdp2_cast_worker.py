@@ -1,5 +1,6 @@
 """One real FSDP2 training step per rank (torch's `fully_shard`, gloo on CPU) of a tiny transformers Llama under bf16
-CPU autocast with transformers' gradient checkpointing, reporting the peak of each phase under torch's FSDPMemTracker.
+CPU autocast with transformers' gradient checkpointing, reporting the peak of each phase under torch's FSDPMemTracker
+(its bytes by FSDPMemTracker's category and the module it is in).
 
 Run as a script by tests/ledger/test_fsdp_cast_cache.py under a hard timeout:
     python tests/support/fsdp2_cast_worker.py WORLD OUT.json ACCUMULATION CACHE(0|1)
@@ -35,6 +36,9 @@ def body(rank, world, accumulation, cache):
             if now > self.peaks.get(self.phase, 0):
                 self.peaks[self.phase] = now
                 self.at_peak[self.phase] = {getattr(k, "value", k): v for k, v in self._curr_mem_snap[ref.CPU].items() if v}
+                # the innermost module running (FSDPMemTracker's names: the model's class, then its module path)
+                inner = max((m for m in self._mod_tracker.parents if m != "Global"), key=len, default="")
+                self.at_peak[self.phase]["module"] = inner.partition(".")[2]
 
     cfg = config()
     model = hf_measure.build(cfg, "sdpa", "32-true", None)
