@@ -114,11 +114,6 @@ class Parallel:
     sequence_parallel: bool = False
     zero: int | None = None
     fsdp: str | None = None
-    # which PyTorch FSDP runs the sharding (parallel.fsdp_version): 2, fully_shard (the units, gathers and prefetches
-    # modelled here, torch 2.13 _fully_shard), or 1, FullyShardedDataParallel (accelerate's and the HF Trainer's default,
-    # Lightning's FSDPStrategy), which differs from it in what memfit counts: its forward holds no all-gather output
-    # beside the unit (no implicit prefetch) and its forward's parameters are views autocast does not cache
-    fsdp_version: int = 2
     gpus_per_node: int = 8
     offload_optimizer: bool = False
     offload_parameters: bool = False
@@ -133,6 +128,12 @@ class Parallel:
     # how a sequence-parallel rank feeds a column-parallel linear (parallel.tensor_plan, models.hf_sharded.TENSOR_PLANS):
     # Megatron's linear saves its input's sequence shard, DTensor's plan saves the all-gathered sequence
     tensor_plan: str = "megatron"
+    # which PyTorch FSDP runs the sharding (parallel.fsdp_version): 2, fully_shard (the units, gathers and prefetches
+    # modelled here, torch 2.13 _fully_shard), or 1, FullyShardedDataParallel (accelerate's default, Lightning's
+    # FSDPStrategy), which differs from it in what memfit counts: its forward holds no all-gather output
+    # beside the units (no implicit prefetch), its loss only the root, and its forward's parameters are views autocast
+    # does not cache
+    fsdp_version: int = 2
 
     @property
     def world(self) -> int:
