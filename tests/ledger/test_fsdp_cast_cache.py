@@ -16,13 +16,17 @@ tests/support/fsdp2_cast_worker.py under FSDPMemTracker), with autocast's cache 
 in the model's forward) its own phase. memfit's figures are `memfit explain --format json`'s timeline on the config
 file, its forward's and its loss's worst moments.
 
-FSDP1: the forward's peak is the same with the cache off (it holds nothing): 660,672 B, in the last layer. memfit's
-forward was 802,496 B (141,824 above): it counted FSDP2's all-gather output beside the gathered unit (135,680 B, one
-layer's fp32 parameters: FSDP2 keeps a unit's all-gather output until the next unit's copy-out; FSDP1 all-gathers into
-the flat parameter and prefetches nothing in forward), and its worst moment is the head's, whose program holds 6,144 B
-more than the real last layer's moment. Its loss was 732,868 B against 597,976 B: there FSDP1 holds the root unit only
-(65,792 B), the last layer resharded. With fsdp_version 1: forward 666,816 B (1.009), loss 597,188 B (0.9987: the
-788 B the loss's program is under without FSDP too).
+FSDP1: the forward's peak is the same with the cache off (it holds nothing): 660,672 B, inside the last layer (the
+sharded parameters 304,256 B, the root's and the layer's unsharded flat parameters 65,792 + 135,680 B, the program
+154,880 B). memfit's forward was 802,496 B (141,824 above): 135,680 B of it FSDP2's all-gather output beside the
+gathered unit (one layer's fp32 parameters: FSDP2 keeps a unit's all-gather output until the next unit's copy-out;
+FSDP1 all-gathers into the flat parameter and prefetches nothing in forward); the other 6,144 B are two moments
+compared: memfit's worst is the head's post-forward (the logits written, the root and the largest unit counted
+gathered, where FSDP1 holds the root only), while inside the last layer memfit's walk counts 592,832 B, its program
+87,040 B, 67,840 B under the real one's there (the checkpointed layer's forward temporaries when autocast caches
+nothing: open). Its loss was 732,868 B against 597,976 B: there FSDP1 holds the root unit only (65,792 B), the last
+layer resharded. With fsdp_version 1: forward 666,816 B (1.009), loss 597,188 B (0.9987: the 788 B the loss's program
+is under without FSDP too).
 FSDP2: the cache holds the casts (forward 1,049,792 B with it, 847,040 B without, 202,752 B: the three layers' casts
 cached before the peak). The peak is the last layer's all-gather copy-out: `wait_for_unshard` has dropped the previous
 layer's all-gather output from `comm_ctx.all_gather_state` but its local `prev_all_gather_state` holds it until it
