@@ -71,7 +71,7 @@ def test_what_the_reader_makes_of_the_hub_configs():
     assert doc["lora"]["target_modules"] == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
     assert doc["model"]["transformer"]["tie_word_embeddings"] is False
     doc = yaml.safe_load(memfit("convert", HUB / "llama-2-7b-full.yaml").stdout)
-    assert doc["parallel"] == {"fsdp": "full_shard", "data": 4} and doc["training"]["checkpointing"] == "full"
+    assert doc["parallel"] == {"fsdp": "full_shard", "fsdp_version": 1, "data": 4} and doc["training"]["checkpointing"] == "full"
     assert doc["training"]["gradient_accumulation"] == 64 // 4 // 4 and "lora" not in doc and "loss" not in doc["training"]
     assert doc["training"]["outputs_dtype"] == "float32"  # full.py's fabric.setup(model) too
     doc = yaml.safe_load(memfit("convert", HUB / "stablelm-base-alpha-3b-qlora.yaml").stdout)

@@ -164,7 +164,12 @@ def test_deepspeed_alone_and_a_launch_config(tmp_path, model):
     native = tmp_path / "ax.yml"
     native.write_text("base_model: ./llama-3-8b.json\nmicro_batch_size: 1\nsequence_len: 2048\ngradient_checkpointing: true\n")
     out = same_figures_as_converted(native, "--device", "H100-80GB", "--launch", launch)
-    assert out["doc"]["parallel"] == {"fsdp": "full_shard", "data": 16, "gpus_per_node": 8}
+    # accelerate's fsdp_version left out: 1, FSDP1 (FullyShardedDataParallelPlugin's default)
+    assert out["doc"]["parallel"] == {"fsdp": "full_shard", "fsdp_version": 1, "data": 16, "gpus_per_node": 8}
+    launch.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nnum_machines: 2\nnum_processes: 16\nmixed_precision: bf16\nfsdp_config:\n  fsdp_version: 2\n  fsdp_reshard_after_forward: true\n")
+    out = same_figures_as_converted(native, "--device", "H100-80GB", "--launch", launch)
+    assert out["doc"]["parallel"] == {"fsdp": "full_shard", "fsdp_version": 2, "data": 16, "gpus_per_node": 8}
+    launch.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nnum_machines: 2\nnum_processes: 16\nmixed_precision: bf16\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_offload_params: false\n")
     alone = memfit("check", launch)
     assert alone.returncode == 1 and "model-not-found" in alone.stdout
 
@@ -505,6 +510,14 @@ def test_sharding_and_target_keys_of_each_format(tmp_path, model):
     hf.write_text("model_name_or_path: ./llama-3-8b.json\noutput_dir: out\nper_device_train_batch_size: 2\nblock_size: 2048\nbf16: true\nfsdp: full_shard auto_wrap\ngradient_checkpointing: true\n")
     doc = same_figures_as_converted(hf, "--device", "H100-80GB", "--gpus", "4")["doc"]
     assert doc["parallel"] == {"fsdp": "full_shard", "data": 4} and doc["precision"] == "bf16-mixed"
+
+    # FSDP1 stated: parallel.fsdp_version 1 (the Trainer's fsdp_config version, its default 2; axolotl's fsdp_version)
+    hf.write_text("model_name_or_path: ./llama-3-8b.json\noutput_dir: out\nper_device_train_batch_size: 2\nblock_size: 2048\nbf16: true\nfsdp: full_shard auto_wrap\nfsdp_config:\n  version: 1\ngradient_checkpointing: true\n")
+    doc = same_figures_as_converted(hf, "--device", "H100-80GB", "--gpus", "4")["doc"]
+    assert doc["parallel"] == {"fsdp": "full_shard", "fsdp_version": 1, "data": 4}
+    ax.write_text("base_model: ./llama-3-8b.json\nmicro_batch_size: 1\nsequence_len: 1024\nbf16: true\nfsdp_version: 1\nfsdp_config:\n  activation_checkpointing: true\n")
+    doc = same_figures_as_converted(ax, "--device", "H100-80GB", "--gpus", "8")["doc"]
+    assert doc["parallel"] == {"fsdp": "full_shard", "fsdp_version": 1, "data": 8}
 
     lf = tmp_path / "lf.yaml"
     lf.write_text("model_name_or_path: ./llama-3-8b.json\nstage: sft\nlora_target: q_proj,v_proj\nadditional_target: lm_head\nlora_rank: 4\nbf16: true\nper_device_train_batch_size: 1\ncutoff_len: 512\n")

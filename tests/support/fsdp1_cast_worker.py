@@ -39,7 +39,9 @@ def body(rank, world, accumulation, orig, cache):
         def _update_peak_stats(self, peak_state):
             super()._update_peak_stats(peak_state)
             now = self._curr_mem_snap[ref.CPU]["Total"]
-            self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), now)
+            if now > self.peaks.get(self.phase, 0):
+                self.peaks[self.phase] = now
+                self.at_peak[self.phase] = {getattr(k, "value", k): v for k, v in self._curr_mem_snap[ref.CPU].items() if v}
 
     cfg = config()
     model = hf_measure.build(cfg, "sdpa", "32-true", None)
@@ -55,11 +57,14 @@ def body(rank, world, accumulation, orig, cache):
     x, y = batch["input_ids"], batch["labels"]
 
     tracker = Phases(model.parameters())
-    tracker.peaks = {}
+    tracker.peaks, tracker.at_peak = {}, {}
+    # the loss (transformers computes it in the model's forward, after the head): its own phase, as memfit's timeline
+    head = model.module.lm_head if hasattr(model, "module") else model.lm_head
+    head.register_forward_hook(lambda *_: setattr(tracker, "phase", "loss"))
     tracker = ref.warm_step(model, opt, x, y, accumulation,
                             lambda: torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache), tracker, modules=False)
     return {"peaks": tracker.peaks, "bytes": tracker.get_tracker_snapshot("peak")[ref.CPU]["Total"],
-            "phase": tracker.peak_phase, "casts": casts}
+            "phase": tracker.peak_phase, "casts": casts, "at_peak": tracker.at_peak}
 
 
 if __name__ == "__main__":

@@ -243,8 +243,9 @@ class _Shares:
         stepping = (other + (self.step_only or self.flat), _share(transient, self.state, self.all_state))
         return max(converting, stepping, key=sum)
 
-    def _terms(self, phase: str, at, gradients: int, transient: int) -> tuple:
-        """(gradients, transient) the rank holds at an instant whose program has these."""
+    def _terms(self, phase: str, at, gradients: int, transient: int, edge=None) -> tuple:
+        """(gradients, transient) the rank holds at an instant whose program has these (`edge`: the row boundary the
+        instant is at, None inside a row)."""
         if phase == "optimizer_step" and (self.growing or self.partition or self.step_only):
             g, t = self._stepped(transient)
         elif phase == "optimizer_step":
@@ -252,20 +253,24 @@ class _Shares:
             t = _share(transient, self.state, self.all_state)
         elif self.fsdp is not None and phase != "optimizer_step" and at != "loss":
             g = self._grads(phase, gradients)
-            t = transient + self.fsdp.held(phase, at, gradients)
+            t = transient + self.fsdp.held(phase, at, gradients, edge)
         else:
             g = self._grads(phase, gradients)
-            t = transient + (self.root if phase == "backward" and at == "loss" else self.unit[phase])
+            # at the loss: the root unit only in its backward, and in its forward (the loss's own moments) under FSDP1,
+            # whose last layer is resharded and leaves nothing; FSDP2's keeps its all-gather output (a unit's bytes)
+            # there, until the next copy-out (_FsdpUnits)
+            fsdp1 = self.fsdp is not None and self.fsdp.fsdp1
+            t = transient + (self.root if at == "loss" and (phase == "backward" or fsdp1) else self.unit[phase])
         if self.buckets:
             g = max(g, self.buckets) if self.views else g + self.buckets
         return g, t
 
-    def total(self, phase: str, at, live: dict) -> int:
-        g, t = self._terms(phase, at, live["gradients"], live["transient"])
+    def total(self, phase: str, at, live: dict, edge=None) -> int:
+        g, t = self._terms(phase, at, live["gradients"], live["transient"], edge)
         return self.parameters + self.state + g + t + live["activations"] + live["overhead"]
 
-    def held(self, phase: str, at, live: dict) -> dict:
-        g, t = self._terms(phase, at, live["gradients"], live["transient"])
+    def held(self, phase: str, at, live: dict, edge=None) -> dict:
+        g, t = self._terms(phase, at, live["gradients"], live["transient"], edge)
         return {**live, "parameters": self.parameters, "gradients": g, "optimizer_state": self.state, "transient": t}
 
 
@@ -278,15 +283,19 @@ class _FsdpUnits:
     - the all-gather output a unit is gathered into, on a group of more than one rank only (at world size 1
       `unshard` all-gathers nothing and `wait_for_unshard` copies the sharded parameters into the unsharded
       ones): in forward the last unit's, kept until the next unit's copy-out (implicit prefetch,
-      `comm_ctx.all_gather_state`); in backward the unit before the one running, prefetched at its pre-backward
-      (`_backward_prefetch`: the last layer's from the root's, under the head; none under the first layer);
+      `comm_ctx.all_gather_state`; none under FSDP1, parallel.fsdp_version 1), and at a layer's copy-out (its first
+      row's pre-forward) the one before it too: `wait_for_unshard` drops `comm_ctx.all_gather_state` but its local
+      `prev_all_gather_state` keeps it until it returns, after the copy-out (the root's before the first layer;
+      measured: tests/ledger/test_fsdp_cast_cache.py, the forward's peak); in backward the unit before the one
+      running, prefetched at its pre-backward (`_backward_prefetch`: the last layer's from the root's, under the head;
+      none under the first layer);
     - the unsharded gradients autograd has made and FSDP has not yet reduce-scattered: the head's and the final
       norm's (the root's, reduced last), the running layer's so far; and the reduce-scatter input of the layer
       reduced last (a flat buffer of its padded gradients, at any group size, `foreach_reduce`; one is kept until
       the next unit's post-backward, `reduce_scatter_max_input_buffers` 1). The layers already reduced keep only
       their shards (the rank's `gradients`, on the host under CPU offload)."""
 
-    __slots__ = ("rows", "all_gather", "prefetch", "forward", "accumulating", "_reduce_scatter")
+    __slots__ = ("rows", "all_gather", "prefetch", "forward", "accumulating", "_reduce_scatter", "fsdp1", "copy_out")
 
     def __init__(self, step: Step, p, gathered: dict, fsdp: dict) -> None:
         layers = [_layer(r) for r in step.rows]
@@ -299,7 +308,19 @@ class _FsdpUnits:
         in_layer = whole if whole is not None else fsdp["root"] + fsdp["unit"]
         outside = whole if whole is not None else fsdp["root"]
         self.all_gather, self.prefetch, self.accumulating = fsdp["all_gather"], fsdp["prefetch"], step.accumulating
-        self.forward = gathered.get("gathered parameters", 0) + self.all_gather
+        # FSDP1 (parallel.fsdp_version 1) all-gathers a unit straight into its flat parameter and prefetches nothing in
+        # forward (FullyShardedDataParallel's forward_prefetch off): its forward holds the units gathered, no
+        # all-gather output beside them, and its loss the root only (_Shares._terms; tests/ledger/test_fsdp_cast_cache.py)
+        self.fsdp1 = p.fsdp_version == 1
+        self.forward = gathered.get("gathered parameters", 0) + (0 if self.fsdp1 else self.all_gather)
+        # FSDP2's copy-out of a layer (the pre-forward of its first row): the previous unit's all-gather output beside
+        # it, the root's before the first layer (none at world size 1, where nothing is all-gathered)
+        self.copy_out: dict = {}
+        if not self.fsdp1 and self.all_gather:
+            for r, i in zip(step.rows, layers):
+                if i is not None and i not in self.copy_out:
+                    self.copy_out[i] = (r.name, fsdp["root"] if not self.copy_out else self.all_gather)
+            self.copy_out = dict(self.copy_out.values())
         # each row: (parameters gathered, prefetching, the gradients already reduced, a reduce-scatter input held,
         # the gradients made by the rows after it and by it: what a later micro-batch has made by then)
         position = {i: n for n, i in enumerate(order)}
@@ -327,14 +348,15 @@ class _FsdpUnits:
             self.rows = {r.name: (in_layer, True, 0, True, cap) for r in step.rows}
             self.accumulating = True
 
-    def key(self, at):
+    def key(self, at, edge=None):
         """What `held` reads of the row an instant is in (the walk's candidates keep one instant per key)."""
-        return self.rows.get(at)
+        return self.rows.get(at), self.copy_out.get(at, 0) if edge == "pre-forward" else 0
 
-    def held(self, phase: str, at, gradients: int) -> int:
-        """The bytes held beside the program at an instant of `phase` in row `at` whose program has made `gradients`."""
+    def held(self, phase: str, at, gradients: int, edge=None) -> int:
+        """The bytes held beside the program at an instant of `phase` in row `at` (at its boundary `edge`, None
+        inside it) whose program has made `gradients`."""
         if phase == "forward":
-            return self.forward
+            return self.forward + (self.copy_out.get(at, 0) if edge == "pre-forward" else 0)
         info = self.rows.get(at)
         if info is None:
             return self.forward
@@ -399,17 +421,17 @@ def _instants(step: Step, granule: int | None) -> dict:
     return out
 
 
-def _hold(phase: str, at, live: dict, extra: int, shares) -> dict:
+def _hold(phase: str, at, live: dict, extra: int, shares, edge=None) -> dict:
     """An instant of the program's walk as the stage's rank holds it: `extra` saved bytes beside the micro-batch it
     runs (the others in flight, the loader's batch, the receive buffers) and, under data parallelism, its shares,
     the unit it gathers and DDP's buckets (`shares`, _data_shares)."""
     live = {**live, "activations": live["activations"] + extra}
-    return shares.held(phase, at, live) if shares is not None else live
+    return shares.held(phase, at, live, edge) if shares is not None else live
 
 
 def _held(instants: list, extra: int, shares) -> list:
     """A phase's instants as the stage's rank holds them (_hold)."""
-    return [(phase, at, edge, _hold(phase, at, live, extra, shares)) for phase, at, edge, live in instants]
+    return [(phase, at, edge, _hold(phase, at, live, extra, shares, edge)) for phase, at, edge, live in instants]
 
 
 def _candidates(instants: list, persistent: bool, fsdp=None) -> list:
@@ -422,7 +444,7 @@ def _candidates(instants: list, persistent: bool, fsdp=None) -> list:
     best: dict = {}
     for n, (phase, at, edge, live) in enumerate(instants):
         key = (phase, None if persistent else live["gradients"], live["transient"], live["overhead"], phase == "backward" and at == "loss",
-               None if fsdp is None else fsdp.key(at))
+               None if fsdp is None else fsdp.key(at, edge))
         rank = (live["activations"], edge is None)
         if key not in best or rank > best[key][0]:
             best[key] = (rank, n)
@@ -444,11 +466,11 @@ def _worst(instants: list, extra: int, shares, cache: dict | None = None) -> dic
     best = None
     for phase, at, edge, live in instants:
         # (without shares only the activations change, by `extra`: the total, without a copy of the instant)
-        total = sum(live.values()) + extra if shares is None else shares.total(phase, at, live) + extra
+        total = sum(live.values()) + extra if shares is None else shares.total(phase, at, live, edge) + extra
         if best is None or (total, edge is None) > (best[0], best[1]):
-            best = (total, edge is None, phase, at, live)
-    total, _, phase, at, live = best
-    return {"bytes": total, "live": _hold(phase, at, live, extra, shares), "at": at}
+            best = (total, edge is None, phase, at, live, edge)
+    total, _, phase, at, live, edge = best
+    return {"bytes": total, "live": _hold(phase, at, live, extra, shares, edge), "at": at}
 
 
 def holding(placement, i: int) -> dict:

@@ -627,11 +627,13 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
     """Each layer's four rows (its parts), appended to `rows`; the id of the last layer's output. `checkpointed`:
     the layers full checkpointing recomputes (None: all of them); the others run as without checkpointing.
     `adapters`: LoRA's (the base weights are frozen: autocast caches only the adapters' casts). `cached`: whether
-    autocast's cache can hold the trained weights' casts at all: not under FSDP (parallel.fsdp, torch's FSDP1), whose
+    autocast's cache can hold the trained weights' casts at all: not under FSDP1 (parallel.fsdp_version 1), whose
     forward sets each module's weights to plain views of the unsharded flat parameter (_flat_param.py
     FlatParamHandle._use_unsharded_views(as_params=False), with use_orig_params or without), and autocast's
     cached_cast caches only a leaf that is no view (aten/src/ATen/autocast_mode.cpp `can_try_cache`: `arg.is_leaf()
-    && !arg.is_view()`)."""
+    && !arg.is_view()`); under FSDP2 it does: fully_shard's unsharded parameter is an nn.Parameter made of an
+    as_strided view of the all-gather output (_fsdp_param.py init_unsharded_param), and nn.Parameter detaches it, a
+    leaf that is no view."""
     kept_bytes = _kept_bytes
     fam, flights, enc_flights, dense_flights, early, a2a = k.fam, k.flights, k.enc_flights, k.dense_flights, k.early, k.a2a
     first_decoder, decoder_flight, redone, enc_redone = k.first_decoder, k.decoder_flight, k.redone, k.enc_redone
@@ -737,10 +739,13 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
 
 
 def _fsdp(config) -> bool:
-    """Whether autocast's cache holds no weight cast (_layer_rows): the run shards with FSDP1 (parallel.fsdp), or
-    splits its layers into pipeline stages, whose engines (Megatron's, DeepSpeed's) run no autocast (and where one
-    autocast wraps a schedule its cache would live through the backward too: not measured, not priced)."""
-    return bool(config.parallel is not None and (config.parallel.fsdp or config.parallel.pipeline > 1))
+    """Whether autocast's cache holds no weight cast (_layer_rows): the run shards with FSDP1 (parallel.fsdp with
+    parallel.fsdp_version 1; FSDP2's unsharded parameters are leaves, not views, and their casts are cached: both
+    measured, tests/ledger/test_fsdp_cast_cache.py), or splits its layers into pipeline stages, whose engines
+    (Megatron's, DeepSpeed's) run no autocast (and where one autocast wraps a schedule its cache would live through the
+    backward too: not measured, not priced)."""
+    p = config.parallel
+    return bool(p is not None and ((p.fsdp and p.fsdp_version == 1) or p.pipeline > 1))
 
 
 def _adds_to(again: list, kept: list) -> bool:

@@ -128,6 +128,12 @@ class Parallel:
     # how a sequence-parallel rank feeds a column-parallel linear (parallel.tensor_plan, models.hf_sharded.TENSOR_PLANS):
     # Megatron's linear saves its input's sequence shard, DTensor's plan saves the all-gathered sequence
     tensor_plan: str = "megatron"
+    # which PyTorch FSDP runs the sharding (parallel.fsdp_version): 2, fully_shard (the units, gathers and prefetches
+    # modelled here, torch 2.13 _fully_shard), or 1, FullyShardedDataParallel (accelerate's default, Lightning's
+    # FSDPStrategy), which differs from it in what memfit counts: its forward holds no all-gather output
+    # beside the units (no implicit prefetch), its loss only the root, and its forward's parameters are views autocast
+    # does not cache
+    fsdp_version: int = 2
 
     @property
     def world(self) -> int:
@@ -748,6 +754,7 @@ def from_config(data: dict) -> tuple:
         sequence_parallel=bool(section.get("sequence_parallel", False)),
         zero=section.get("zero"),
         fsdp=section.get("fsdp"),
+        fsdp_version=section.get("fsdp_version", 2),
         gpus_per_node=section.get("gpus_per_node", 8),
         offload_optimizer=offload.get("optimizer", "none") not in (None, "none", False),
         offload_parameters=offload.get("parameters", "none") not in (None, "none", False),

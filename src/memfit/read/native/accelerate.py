@@ -7,7 +7,8 @@ machines; default -1 = decided at launch), `num_machines` (default 1), `mixed_pr
 bf16, fp8), `deepspeed_config` ({zero_stage, offload_optimizer_device, offload_param_device,
 deepspeed_config_file, gradient_accumulation_steps}), `fsdp_config` ({fsdp_sharding_strategy:
 FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2 or their numbers 1-5;
-fsdp_version 2 with fsdp_reshard_after_forward true/false; fsdp_offload_params;
+fsdp_version (1, the default: FSDP1; 2: FSDP2, parallel.fsdp_version) with fsdp_reshard_after_forward true/false;
+fsdp_offload_params;
 fsdp_activation_checkpointing}).
 """
 
@@ -29,7 +30,7 @@ MIXED = {"no": None, "fp16": "fp16", "bf16": "bf16", "fp8": None}
 
 def launch(r: Reader, data: dict, file: str | None) -> dict:
     """What the launch config decides: {gpus, gpus_per_node, mixed_precision, zero, offload,
-    fsdp, ds_file, checkpointing}, each (value, At). Keys that change memory and are not
+    fsdp, fsdp_version, ds_file, checkpointing}, each (value, At). Keys that change memory and are not
     modelled are warnings."""
     at = lambda *keys: At(tuple(keys), file)  # noqa: E731
     out: dict = {}
@@ -60,6 +61,8 @@ def launch(r: Reader, data: dict, file: str | None) -> dict:
     elif kind == "FSDP":
         fsdp = r.get("fsdp_config", (dict,), {}, data=data, file=file)
         version = r.get("fsdp_version", (int,), 1, data=fsdp, prefix=("fsdp_config",), file=file)
+        if version in (1, 2):  # accelerate's FullyShardedDataParallelPlugin: FSDP_VERSION, default 1 (FSDP1)
+            out["fsdp_version"] = (version, at("fsdp_config", "fsdp_version") if "fsdp_version" in fsdp else at("distributed_type"))
         if version == 2 and "fsdp_reshard_after_forward" in fsdp:
             reshard = r.get("fsdp_reshard_after_forward", (bool, str), True, data=fsdp, prefix=("fsdp_config",), file=file)
             strategy = "full_shard" if reshard in (True, "FULL_SHARD") else "shard_grad_op"

@@ -28,7 +28,7 @@ KEYS = {
     "optim": ("adamw_torch_fused", "optimizer, training.optimizer_impl", "TrainingArguments.optim; trainer_optimizer.py _OPTIMIZER_HANDLERS"),
     "deepspeed": (None, "a DeepSpeed JSON (or inline dict)", "TrainingArguments.deepspeed"),
     "fsdp": (None, "parallel.fsdp: full_shard, shard_grad_op, hybrid_shard, no_shard; offload", "TrainingArguments.fsdp (FSDPOption)"),
-    "fsdp_config": (None, "activation_checkpointing -> training.checkpointing full", "TrainingArguments.fsdp_config"),
+    "fsdp_config": (None, "activation_checkpointing -> training.checkpointing full; version 1 -> parallel.fsdp_version 1 (default 2)", "TrainingArguments.fsdp_config"),
     "attn_implementation": (None, "training.attention", "ModelArguments (run_sft); the model's default is sdpa"),
     "activation_checkpointing_kwargs": (None, "every_n_layers -> training.checkpoint_every (layers 0, N, 2N, ...)", "TrainingArguments.activation_checkpointing_kwargs; trainer.py pops every_n_layers for activation_checkpointing_enable; modeling_utils.py _set_gradient_checkpointing `layer_index % every_n_layers == 0`"),
     "gradient_checkpointing_kwargs": (None, "as activation_checkpointing_kwargs (its deprecated alias)", "TrainingArguments.__post_init__"),
@@ -128,6 +128,10 @@ def read(r: Reader, ctx) -> dict:
         if "offload" in options:
             r.set(("parallel", "offload", "optimizer"), "cpu", r.at("fsdp"))
             r.set(("parallel", "offload", "parameters"), "cpu", r.at("fsdp"))
+        # transformers 5 (training_args.py): fsdp_config's version (its fsdp_ prefix dropped), default 2 (FSDP2)
+        key = next((k for k in ("version", "fsdp_version") if isinstance(config, dict) and k in config), None)
+        if key is not None and str(config[key]) == "1":
+            r.set(("parallel", "fsdp_version"), 1, r.at("fsdp_config", key))
         if isinstance(config, dict) and (config.get("activation_checkpointing") or config.get("fsdp_activation_checkpointing")):
             checkpointing = True
             r.origin(("training", "checkpointing"), r.at("fsdp_config"))

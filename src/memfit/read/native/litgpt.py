@@ -237,6 +237,7 @@ def read(r: Reader, ctx) -> dict:
             r.error(r.at("devices"), codes.NATIVE_CONFIG, "quantize over more than one device: LitGPT raises 'Quantization is currently "
                     "not supported for multi-GPU training' (finetune/lora.py setup)")
         r.set(("parallel", "fsdp"), "full_shard", r.at("devices"))
+        r.set(("parallel", "fsdp_version"), 1, r.at("devices"))  # Lightning's FSDPStrategy: FullyShardedDataParallel (FSDP1)
         r.set(("training", "checkpointing"), "full", r.at("devices"))
         if "gpus" not in ctx.conf.cli:
             ctx.launch = {**ctx.launch, "gpus": (devices, r.at("devices"))}

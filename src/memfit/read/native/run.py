@@ -174,6 +174,8 @@ class Context:
             r.set(("parallel", "zero"), launch["zero"][0], launch["zero"][1])
         if "fsdp" in launch and "zero" not in doc.get("parallel", {}) and "fsdp" not in doc.get("parallel", {}):
             r.set(("parallel", "fsdp"), launch["fsdp"][0], launch["fsdp"][1])
+            if "fsdp_version" in launch:
+                r.set(("parallel", "fsdp_version"), launch["fsdp_version"][0], launch["fsdp_version"][1])
         for target, (value, at) in launch.get("offload", {}).items():
             if target not in doc.get("parallel", {}).get("offload", {}):
                 r.set(("parallel", "offload", target), value, at)
