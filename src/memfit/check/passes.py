@@ -76,7 +76,7 @@ def evaluation(config, data: dict, peak: dict, optimizer, impl: str) -> dict:
     keep = train.get("keep_gradients") is True
     found = passes.evaluation_pass(step, keep, nograd)
     if config.granule:  # as step.peak: what rounding each live tensor up to the allocator's granule adds, as overhead
-        extra = passes.evaluation_pass(rounded(step, config.granule), keep, nograd)["bytes"] - found["bytes"]
+        extra = passes.evaluation_pass(rounded(step, config.granule), keep, nograd, config.granule)["bytes"] - found["bytes"]
         found["live"]["overhead"] += extra
         found["bytes"] += extra
         found["granularity"] = extra

@@ -52,7 +52,8 @@ Trainer's prediction_step runs it, against `memfit check` with training.eval_bat
 
 from __future__ import annotations
 
-from memfit.models import held, hf_activations as acts, hf_parts
+from memfit.models import held, hf_activations as acts, hf_encdec, hf_parts
+from memfit.models.hf_nograd_t5 import nograd_t5
 from memfit.models.hf_act_eval import _parallel, layer_sizes, role_dtypes
 from memfit.models.hf_act_families import FAMILIES
 from memfit.models.hf_act_flights import lora_forward_flights
@@ -272,12 +273,17 @@ def described(cfg: dict) -> bool:
 
 def nograd_forward(cfg: dict, run: dict, recipe_args: dict, dtypes: dict | None) -> dict | None:
     """What a model's no-grad forward holds beside the step's rows at `run`'s micro-batch (its training keys:
-    micro_batch, seq_len, attention), as the fields of ledger.passes.NoGrad (nograd_held's, with `head_cast`);
-    None where that is not described (`described`). `recipe_args`: the recipe's keys the rows take (precision,
+    micro_batch, seq_len, attention), as the fields of ledger.passes.NoGrad (nograd_held's, with `head_cast`; an
+    encoder-decoder's: the moments of its whole forward, `moments`); None where that is not described (`described`,
+    hf_nograd_t5.nograd_t5). `recipe_args`: the recipe's keys the rows take (precision,
     lora, ...); `dtypes`: the model's."""
+    precision = recipe_args.get("precision", "32-true")
+    if hf_encdec.is_stacked(cfg):   # an encoder-decoder (T5): its forward's own moments (models.hf_nograd_t5)
+        moments = nograd_t5(cfg, run["micro_batch"], run["seq_len"], recipe_args.get("target_len"), run["attention"],
+                            precision, recipe_args.get("lora"), dtypes)
+        return {"moments": moments} if moments is not None else None
     if not described(cfg):   # (decided before the rows are built: nothing to build them for)
         return None
-    precision = recipe_args.get("precision", "32-true")
     fam = FAMILIES[cfg["model_type"]]
     shape = {"micro_batch": run["micro_batch"], "seq_len": run["seq_len"], "attention": run["attention"], "checkpointing": "none", "dtypes": dtypes}
     blocks = acts.saved(cfg, **shape, **recipe_args)
