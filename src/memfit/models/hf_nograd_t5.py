@@ -274,45 +274,52 @@ class _T5:
         t.free(w)
         return out
 
-    def block(self, x: str, tokens: int, tk: int, decoder: bool, state: dict) -> str:
-        """One T5Block: its input `x` is held by the stack's loop (the caller frees it)."""
+    def block(self, x: str, tokens: int, tk: int, decoder: bool, state: dict, index: int) -> str:
+        """One T5Block (`index`: its layer's in forward order over both stacks, as the step's rows name them): its
+        input `x` is held by the stack's loop (the caller frees it)."""
         t = self.tape
+        t.where = f"layer {index} self-attention"
         n1, n_dtype = self.norm(tokens, self.act)
         o = self.attention(n1, n_dtype, tokens // self.b, tk if not decoder else tokens // self.b,
                            "self" if decoder else "encoder", state["self"])
         y = t.new(self.bytes(tokens * self.h))
         t.free(o, n1)
         if decoder:
+            t.where = f"layer {index} cross-attention"
             n2, n_dtype = self.norm(tokens, self.act)
             o = self.attention(n2, n_dtype, tokens // self.b, self.se, "cross", state["cross"])
             y2 = t.new(self.bytes(tokens * self.h))
             t.free(o, n2, y)
             y = y2
+        t.where = f"layer {index} feed-forward"
         z = self.feed_forward(y, tokens, self.act)
         t.free(y)
         return z
 
-    def stack(self, tokens: int, decoder: bool, enc: str | None) -> str:
+    def stack(self, tokens: int, decoder: bool) -> str:
         t = self.tape
+        t.where = "embeddings"
         embeds = t.new(self.bytes(tokens * self.h))
         state = {"self": {}, "cross": {"enc_dtype": self.act}}
         x = embeds
-        for _ in range(self.layers[decoder]):
-            t.where = f"{'decoder' if decoder else 'encoder'} layer"
-            z = self.block(x, tokens, self.se, decoder, state)
+        first = self.layers[0] if decoder else 0
+        for i in range(self.layers[decoder]):
+            z = self.block(x, tokens, self.se, decoder, state, first + i)
             if x != embeds:
                 t.free(x)
             x = z
+        t.where = "embeddings" if not decoder else "final norm"   # (the encoder's final norm is the step's embeddings row's)
         out, _ = self.norm(tokens, self.act)
         t.free(x, embeds, state["self"].get("bias"), state["cross"].get("bias"))
         return out
 
     def forward(self) -> list:
         t, b = self.tape, self.b
-        enc = self.stack(b * self.se, False, None)
+        enc = self.stack(b * self.se, False)
+        t.where = "embeddings"
         ids = t.new(self.bytes(b * self.s, "int64"))   # _shift_right(labels): new_zeros, then a clone copied in
         t.free(t.new(self.bytes(b * (self.s - 1), "int64")))
-        final = self.stack(b * self.s, True, enc)
+        final = self.stack(b * self.s, True)
         t.where = "loss"
         x = final
         if self.rescale:   # sequence_output * model_dim ** -0.5 (decoder_outputs holds the final norm's output)
