@@ -30,8 +30,10 @@ outputs in the low dtype, the residual stream in fp32 (fp32 + low promotes); T5D
 logits. Below fp32 without autocast (`*-true`): T5LayerNorm's fp32 upcast of its input and its normalized fp32
 copy (`x * rsqrt(var)` promotes), cast back to the weight's dtype.
 
-Described for SDPA (transformers' default for T5) on a fully trained model or a frozen one; not for eager attention,
-LoRA's adapters or a 4-bit base (nograd_t5 returns None: those passes stay priced from the training rows).
+Described for SDPA (transformers' default for T5) and for eager attention without autocast (its scores and each
+step's copy of them, the probabilities returned up to T5Block, which binds them to `_` through its next sublayer;
+the decoder's (b, 1, q, q) float causal mask); not for eager under autocast, LoRA's adapters or a 4-bit base
+(nograd_t5 returns None: those passes stay priced from the training rows).
 Measured: tests/ledger/test_eval_families.py (MemTracker around transformers' no-grad forward with the labels)."""
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ class _Tape:
 class _T5:
     """The no-grad forward's program (module docstring), sizes and dtypes of one config and batch."""
 
-    def __init__(self, cfg: dict, b: int, se: int, s: int, precision: str):
+    def __init__(self, cfg: dict, b: int, se: int, s: int, precision: str, eager: bool = False):
         n = hf_encdec.dims(cfg)
         self.b, self.se, self.s = b, se, s
         self.h, self.H, self.d, self.f, self.V = n["h"], n["H"], n["d"], n["i"], n["V"]
@@ -99,6 +101,7 @@ class _T5:
         # the weights' and the residual stream's dtype; autocast's low one (None without autocast)
         self.act, self.low = roles["act"], roles["low"] if precision.endswith("-mixed") else None
         self.lin = self.low or self.act               # the linears' outputs
+        self.eager = eager
         self.tape = _Tape()
 
     def bytes(self, elements: int, dtype: str | None = None) -> int:
@@ -188,15 +191,17 @@ class _T5:
         t.free(rel, buckets, context, memory)
         return values
 
-    def attention(self, x: str, x_dtype: str, tq: int, tk: int, kind: str, state: dict) -> str:
-        """One T5Attention under SDPA (`kind`: "encoder", "self" (the decoder's, causal), "cross"); `state` holds
-        the stack's position bias and, for the cross-attention, the encoder's output. Its o projection's output."""
+    def attention(self, x: str, x_dtype: str, tq: int, tk: int, kind: str, state: dict) -> tuple:
+        """One T5Attention (`kind`: "encoder", "self" (the decoder's, causal), "cross"); `state` holds the stack's
+        position bias and, for the cross-attention, the encoder's output. (its o projection's output, eager's
+        probabilities: returned up to T5Block, which binds them to `_` until its next sublayer returns)"""
         t, b, q = self.tape, self.b, self.q
         qm = self.linear(b * tq, self.h, q, x_dtype)
         src = x_dtype if kind != "cross" else state["enc_dtype"]
         km = self.linear(b * tk, self.h, q, src)
         vm = self.linear(b * tk, self.h, q, src)
-        if kind != "encoder" and self.cache:   # DynamicLayer.update: torch.cat copies, the cache's
+        cached = kind != "encoder" and self.cache
+        if cached:   # DynamicLayer.update: torch.cat copies, the cache's
             t.new(self.bytes(b * tk * q, self.lin))
             t.new(self.bytes(b * tk * q, self.lin))
             t.free(km, vm)
@@ -206,28 +211,61 @@ class _T5:
                 state["bias"], state["bias_dtype"] = t.new(self.bytes(self.H * tq * tk, self.lin)), self.lin
             else:
                 state["bias"], state["bias_dtype"] = self.bucket_bias(tq, tk, kind == "encoder"), self.act
-        mask, free_mask, hq = None, [], self.H * tq * tk
+        if self.eager:
+            out, probs = self.eager_core(tq, tk, kind, cached)
+        else:
+            out, probs = self.sdpa_core(tq, tk, kind, state), None
+        om = self.linear(b * tq, q, self.h, self.lin)
+        t.free(out, qm, km, vm)
+        return om, probs
+
+    def sdpa_core(self, tq: int, tk: int, kind: str, state: dict) -> str:
+        """transformers' sdpa_attention_forward: the float mask (create_position_bias_mask), the fused kernel's
+        output (b, q, H, d) and log-sum-exp (freed as the op returns); the mask freed with the call."""
+        t, hq = self.tape, self.H * tq * tk
+        free_mask = []
         if kind == "self":   # create_position_bias_mask: where(causal, bias, min), then .contiguous() (permuted)
             a1 = t.new(self.bytes(tq, "int64"))
             a2 = t.new(self.bytes(tk, "int64"))
             causal = t.new(self.bytes(tq * tk, "bool"))
             t.free(a1, a2)
             where = t.new(self.bytes(hq, state["bias_dtype"]))
-            mask = t.new(self.bytes(hq, state["bias_dtype"]))
+            free_mask.append(t.new(self.bytes(hq, state["bias_dtype"])))
             t.free(where, causal)
-            free_mask.append(mask)
         elif kind == "encoder":   # the permuted lookup made contiguous: a copy
-            mask = t.new(self.bytes(hq, state["bias_dtype"]))
-            free_mask.append(mask)
+            free_mask.append(t.new(self.bytes(hq, state["bias_dtype"])))
         if self.low is not None and state["bias_dtype"] != self.low:   # autocast's cast of the fp32 mask for SDPA
             free_mask.append(t.new(self.bytes(hq, self.low)))
-        out = t.new(self.bytes(b * tq * q, self.lin))
-        lse = t.new(self.bytes(b * self.H * tq, "float32"))
+        out = t.new(self.bytes(self.b * tq * self.q, self.lin))
+        lse = t.new(self.bytes(self.b * self.H * tq, "float32"))
         t.free(lse)
         t.free(*free_mask)
-        om = self.linear(b * tq, q, self.h, self.lin)
-        t.free(out, qm, km, vm)
-        return om
+        return out
+
+    def eager_core(self, tq: int, tk: int, kind: str, cached: bool) -> tuple:
+        """modeling_t5.py eager_attention_forward (no autocast: one dtype throughout): matmul's copy of q (a
+        transposed view; k's and v's too where they are the projections' views, not the cache's contiguous
+        copies), the scores, `* scaling` (1.0: a new tensor), `+ position_bias`, `+ attention_mask` (the decoder's
+        causal float mask), softmax (each freeing the one before), p @ v and its contiguous transpose."""
+        t, b, q = self.tape, self.b, self.q
+        scores = self.bytes(b * self.H * tq * tk, self.lin)
+        copies = [t.new(self.bytes(b * tq * q, self.lin))]
+        if not cached:
+            copies.append(t.new(self.bytes(b * tk * q, self.lin)))
+        prev = t.new(scores)
+        t.free(*copies)
+        for _ in range(3 if kind == "self" else 2):   # * scaling, + position_bias (, + attention_mask)
+            nxt = t.new(scores)
+            t.free(prev)
+            prev = nxt
+        probs = t.new(scores)
+        t.free(prev)
+        v_copy = t.new(self.bytes(b * tk * q, self.lin)) if not cached else None
+        pv = t.new(self.bytes(b * tq * q, self.lin))
+        t.free(v_copy)
+        out = t.new(self.bytes(b * tq * q, self.lin))   # .transpose(1, 2).contiguous()
+        t.free(pv)
+        return out, probs
 
     def activation(self, tokens: int) -> str:
         """The activation's output (its input, the caller's, still bound); gelu_new's chain: `0.5 * input`, then
@@ -280,26 +318,28 @@ class _T5:
         t = self.tape
         t.where = f"layer {index} self-attention"
         n1, n_dtype = self.norm(tokens, self.act)
-        o = self.attention(n1, n_dtype, tokens // self.b, tk if not decoder else tokens // self.b,
-                           "self" if decoder else "encoder", state["self"])
+        o, probs = self.attention(n1, n_dtype, tokens // self.b, tk if not decoder else tokens // self.b,
+                                  "self" if decoder else "encoder", state["self"])
         y = t.new(self.bytes(tokens * self.h))
         t.free(o, n1)
         if decoder:
             t.where = f"layer {index} cross-attention"
             n2, n_dtype = self.norm(tokens, self.act)
-            o = self.attention(n2, n_dtype, tokens // self.b, self.se, "cross", state["cross"])
+            o, cross = self.attention(n2, n_dtype, tokens // self.b, self.se, "cross", state["cross"])
             y2 = t.new(self.bytes(tokens * self.h))
-            t.free(o, n2, y)
-            y = y2
+            t.free(o, n2, y, probs)
+            y, probs = y2, cross
         t.where = f"layer {index} feed-forward"
         z = self.feed_forward(y, tokens, self.act)
-        t.free(y)
+        t.free(y, probs)
         return z
 
     def stack(self, tokens: int, decoder: bool) -> str:
         t = self.tape
         t.where = "embeddings"
         embeds = t.new(self.bytes(tokens * self.h))
+        # eager's causal float mask (create_causal_mask: (b, 1, q, q) in the embeddings' dtype), held by the decoder
+        mask = t.new(self.bytes(tokens * tokens // self.b)) if decoder and self.eager else None
         state = {"self": {}, "cross": {"enc_dtype": self.act}}
         x = embeds
         first = self.layers[0] if decoder else 0
@@ -310,7 +350,7 @@ class _T5:
             x = z
         t.where = "embeddings" if not decoder else "final norm"   # (the encoder's final norm is the step's embeddings row's)
         out, _ = self.norm(tokens, self.act)
-        t.free(x, embeds, state["self"].get("bias"), state["cross"].get("bias"))
+        t.free(x, embeds, mask, state["self"].get("bias"), state["cross"].get("bias"))
         return out
 
     def forward(self) -> list:
@@ -337,12 +377,13 @@ class _T5:
 def nograd_t5(cfg: dict, micro_batch: int, seq_len: int, target_len: int | None, attention: str, precision: str,
               lora: dict | None, dtypes: dict | None) -> list | None:
     """The moments of T5's no-grad forward (module docstring): [(where, ((bytes, count), ...))], each a set of live
-    tensors beyond the weights and the batch; None where it is not described (eager attention, LoRA, a quantized
-    base, a precision without a row here, an activation not described: gelu_new's chain under autocast, whose
+    tensors beyond the weights and the batch; None where it is not described (eager attention under autocast, LoRA,
+    a quantized base, a precision without a row here, an activation not described: gelu_new's chain under autocast, whose
     pow the device's autocast runs in fp32 or not)."""
-    if attention not in ("sdpa", "flash") or lora is not None or (dtypes or {}).get("quantized") or precision not in PRECISIONS:
+    eager = attention == "eager"
+    if lora is not None or (dtypes or {}).get("quantized") or precision not in PRECISIONS or (eager and precision.endswith("-mixed")):
         return None
     act = cfg.get("dense_act_fn")
     if act not in NATIVE + TANH_CHAIN or (act in TANH_CHAIN and precision.endswith("-mixed")):
         return None
-    return _T5(cfg, micro_batch, seq_len, target_len or seq_len, precision).forward()
+    return _T5(cfg, micro_batch, seq_len, target_len or seq_len, precision, eager).forward()
