@@ -32,14 +32,16 @@ copy (`x * rsqrt(var)` promotes), cast back to the weight's dtype.
 
 Described for SDPA (transformers' default for T5) and for eager attention without autocast (its scores and each
 step's copy of them, the probabilities returned up to T5Block, which binds them to `_` through its next sublayer;
-the decoder's (b, 1, q, q) float causal mask); not for eager under autocast, LoRA's adapters or a 4-bit base
-(nograd_t5 returns None: those passes stay priced from the training rows).
+the decoder's (b, 1, q, q) float causal mask), a model trained in full or peft's LoRA on its frozen base (each
+adapted linear's flight, `adapter`; autocast caches only the adapters' weight casts); not for eager under autocast,
+DoRA, `modules_to_save` or a 4-bit base (nograd_t5 returns None: those passes stay priced from the training rows).
 Measured: tests/ledger/test_eval_families.py (MemTracker around transformers' no-grad forward with the labels)."""
 
 from __future__ import annotations
 
 from memfit.models import hf_encdec
-from memfit.models.hf_act_eval import role_dtypes
+from memfit.models.hf_act_eval import role_dtypes, trainable_flags
+from memfit.models.hf_act_families import FAMILIES
 from memfit.models.hf_act_ops import PRECISIONS
 from memfit.recipe.costs import dtype_bytes
 
@@ -86,7 +88,8 @@ class _Tape:
 class _T5:
     """The no-grad forward's program (module docstring), sizes and dtypes of one config and batch."""
 
-    def __init__(self, cfg: dict, b: int, se: int, s: int, precision: str, eager: bool = False):
+    def __init__(self, cfg: dict, b: int, se: int, s: int, precision: str, eager: bool = False, lora: dict | None = None,
+                 dtypes: dict | None = None):
         n = hf_encdec.dims(cfg)
         self.b, self.se, self.s = b, se, s
         self.h, self.H, self.d, self.f, self.V = n["h"], n["H"], n["d"], n["i"], n["V"]
@@ -97,7 +100,9 @@ class _T5:
         self.chain = cfg.get("dense_act_fn") in TANH_CHAIN
         self.cache = bool(cfg.get("use_cache", True))
         self.rescale = bool(cfg.get("scale_decoder_outputs", cfg.get("tie_word_embeddings", True)))
-        roles = role_dtypes(precision, None)
+        roles = role_dtypes(precision, dtypes)
+        # which linears train (autocast caches their weights' casts) and which carry peft's adapters (`L:`)
+        self.flags, self.rank, self.ada = trainable_flags(FAMILIES["t5"], lora), int((lora or {}).get("r") or 0), roles["ada"]
         # the weights' and the residual stream's dtype; autocast's low one (None without autocast)
         self.act, self.low = roles["act"], roles["low"] if precision.endswith("-mixed") else None
         self.lin = self.low or self.act               # the linears' outputs
@@ -109,18 +114,57 @@ class _T5:
 
     # ----------------------------------------------------------------------------------------- the modules
 
-    def linear(self, tokens: int, n_in: int, n_out: int, x_dtype: str) -> str:
-        """A linear's output (its (tokens, n_out) mm); under autocast its input's cast (freed with the call) and
-        its weight's (cached: autocast's cache holds it to the forward's end)."""
+    def linear(self, tokens: int, n_in: int, n_out: int, x_dtype: str, key: str = "") -> str:
+        """A linear's output (its (tokens, n_out) mm; `key`: its role, hf_encdec.NAMES); under autocast its input's
+        cast (freed with the call) and its weight's (cached, autocast's cache holding it to the forward's end, where
+        the weight trains; a frozen one's is cast anew by each call, autocast_mode.cpp cached_cast). With peft's
+        adapter (`adapter`) its output is the adapter's sum."""
         t = self.tape
-        cast = None
+        cast = []
+        name = hf_encdec.NAMES.get(key, key)
         if self.low is not None:
-            t.new(self.bytes(n_in * n_out, self.low))
+            weight = t.new(self.bytes(n_in * n_out, self.low))
+            if not self.flags.get(f"W:{name}", False):
+                cast.append(weight)
             if x_dtype != self.low:
-                cast = t.new(self.bytes(tokens * n_in, self.low))
+                cast.append(t.new(self.bytes(tokens * n_in, self.low)))
         out = t.new(self.bytes(tokens * n_out, self.lin))
-        t.free(cast)
+        t.free(*cast)
+        if self.flags.get(f"L:{name}", False):
+            out = self.adapter(out, tokens, n_in, n_out, x_dtype)
         return out
+
+    def adapter(self, result: str, tokens: int, n_in: int, n_out: int, x_dtype: str) -> str:
+        """peft 0.21's lora.Linear.forward after its base layer: x cast to lora_A's dtype (bound to the return),
+        lora_A's output, lora_B's, `* scaling`, `result + it` (the sum in the wider dtype: fp32 beside a 16-bit
+        base without autocast), `.to(torch_result_dtype)`; each freeing the one before. Under autocast lora_A's
+        and lora_B's weight casts are cached (they train) and lora_A's input cast is its call's."""
+        t, r = self.tape, self.rank
+        x = t.new(self.bytes(tokens * n_in, self.ada)) if x_dtype != self.ada else None
+        x_dtype = self.ada
+        out = self.low or self.ada
+        cast = []
+        if self.low is not None:
+            t.new(self.bytes(n_in * r, self.low))
+            if x_dtype != self.low:
+                cast.append(t.new(self.bytes(tokens * n_in, self.low)))
+        a = t.new(self.bytes(tokens * r, out))
+        t.free(*cast)
+        if self.low is not None:
+            t.new(self.bytes(r * n_out, self.low))
+        bb = t.new(self.bytes(tokens * n_out, out))
+        t.free(a)
+        scaled = t.new(self.bytes(tokens * n_out, out))
+        t.free(bb)
+        wide = "float32" if "float32" in (out, self.lin) else self.lin
+        total = t.new(self.bytes(tokens * n_out, wide))
+        t.free(result, scaled)
+        if wide != self.lin:
+            back = t.new(self.bytes(tokens * n_out, self.lin))
+            t.free(total)
+            total = back
+        t.free(x)
+        return total
 
     def norm(self, tokens: int, x_dtype: str) -> tuple:
         """T5LayerNorm: `hidden_states.to(fp32).pow(2).mean(-1)` (variance bound to its return), `x * rsqrt(variance
@@ -196,10 +240,11 @@ class _T5:
         position bias and, for the cross-attention, the encoder's output. (its o projection's output, eager's
         probabilities: returned up to T5Block, which binds them to `_` until its next sublayer returns)"""
         t, b, q = self.tape, self.b, self.q
-        qm = self.linear(b * tq, self.h, q, x_dtype)
+        c = "c" if kind == "cross" else ""
+        qm = self.linear(b * tq, self.h, q, x_dtype, c + "q")
         src = x_dtype if kind != "cross" else state["enc_dtype"]
-        km = self.linear(b * tk, self.h, q, src)
-        vm = self.linear(b * tk, self.h, q, src)
+        km = self.linear(b * tk, self.h, q, src, c + "k")
+        vm = self.linear(b * tk, self.h, q, src, c + "v")
         cached = kind != "encoder" and self.cache
         if cached:   # DynamicLayer.update: torch.cat copies, the cache's
             t.new(self.bytes(b * tk * q, self.lin))
@@ -215,7 +260,7 @@ class _T5:
             out, probs = self.eager_core(tq, tk, kind, cached)
         else:
             out, probs = self.sdpa_core(tq, tk, kind, state), None
-        om = self.linear(b * tq, q, self.h, self.lin)
+        om = self.linear(b * tq, q, self.h, self.lin, c + "o")
         t.free(out, qm, km, vm)
         return om, probs
 
@@ -289,14 +334,14 @@ class _T5:
         t, f = self.tape, self.f
         normed, n_dtype = self.norm(tokens, x_dtype)
         if self.gated:
-            g = self.linear(tokens, self.h, f, n_dtype)
+            g = self.linear(tokens, self.h, f, n_dtype, "gate")
             a = self.activation(tokens)
             t.free(g)
-            u = self.linear(tokens, self.h, f, n_dtype)
+            u = self.linear(tokens, self.h, f, n_dtype, "up")
             p = t.new(self.bytes(tokens * f, self.lin))
             held = (a, u)   # hidden_gelu and hidden_linear: locals to the module's return
         else:
-            g = self.linear(tokens, self.h, f, n_dtype)
+            g = self.linear(tokens, self.h, f, n_dtype, "fc_in")
             p = self.activation(tokens)
             t.free(g)
             held = ()
@@ -305,7 +350,7 @@ class _T5:
             up = t.new(self.bytes(tokens * f))
             t.free(p)
             p, p_dtype = up, self.act
-        w = self.linear(tokens, f, self.h, p_dtype)
+        w = self.linear(tokens, f, self.h, p_dtype, "fc_out")
         t.free(p, *held)
         t.free(normed)
         out = t.new(self.bytes(tokens * self.h))   # hidden_states + forwarded_states (the residual's dtype)
@@ -364,7 +409,7 @@ class _T5:
         x = final
         if self.rescale:   # sequence_output * model_dim ** -0.5 (decoder_outputs holds the final norm's output)
             x = t.new(self.bytes(b * self.s * self.h))
-        logits = self.linear(b * self.s, self.h, self.V, self.act)
+        logits = self.linear(b * self.s, self.h, self.V, self.act, "lm_head")
         # CrossEntropyLoss: log_softmax (in fp32 under autocast, of its fp32 copy of the logits), nll_loss
         up = t.new(self.bytes(b * self.s * self.V, "float32")) if self.lin != "float32" and self.low else None
         t.new(self.bytes(b * self.s * self.V, "float32" if self.low else self.lin))
@@ -377,13 +422,15 @@ class _T5:
 def nograd_t5(cfg: dict, micro_batch: int, seq_len: int, target_len: int | None, attention: str, precision: str,
               lora: dict | None, dtypes: dict | None) -> list | None:
     """The moments of T5's no-grad forward (module docstring): [(where, ((bytes, count), ...))], each a set of live
-    tensors beyond the weights and the batch; None where it is not described (eager attention under autocast, LoRA,
-    a quantized base, a precision without a row here, an activation not described: gelu_new's chain under autocast, whose
+    tensors beyond the weights and the batch; None where it is not described (eager attention under autocast, DoRA,
+    modules_to_save, a quantized base, a precision without a row here, an activation not described: gelu_new's chain under autocast, whose
     pow the device's autocast runs in fp32 or not)."""
     eager = attention == "eager"
-    if lora is not None or (dtypes or {}).get("quantized") or precision not in PRECISIONS or (eager and precision.endswith("-mixed")):
+    if (dtypes or {}).get("quantized") or precision not in PRECISIONS or (eager and precision.endswith("-mixed")):
+        return None
+    if lora is not None and (lora.get("use_dora") or lora.get("modules_to_save")):
         return None
     act = cfg.get("dense_act_fn")
     if act not in NATIVE + TANH_CHAIN or (act in TANH_CHAIN and precision.endswith("-mixed")):
         return None
-    return _T5(cfg, micro_batch, seq_len, target_len or seq_len, precision, eager).forward()
+    return _T5(cfg, micro_batch, seq_len, target_len or seq_len, precision, eager, lora, dtypes).forward()
