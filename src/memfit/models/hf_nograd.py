@@ -104,7 +104,7 @@ def _bytes(k) -> int:
 
 def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel, bmm: bool = False) -> dict:
     """{part: bytes}: what a layer part's no-grad worst moment differs by from its training row's (its kept tensors
-    and its output). `parts`: the layer's (part, kept) in forward order (ledger.training._split); `fam` its
+    and its output). `parts`: the layer's (part, kept) in forward order (models.hf_parts.layer_parts); `fam` its
     ActivationRules; `hidden` one (b, s, h) in the residual stream's dtype; `qkv` a fused projection's whole output
     (0 where q, k and v are separate); `parallel`: attention and MLP read the layer's input side by side ("shared":
     one norm's output, Falcon-7B's layout); `bmm`: the attention's scores are made as a tensor (eager, or torch's
