@@ -145,9 +145,9 @@ def test_a_transformer_run_through_check_matches_memtracker(family, checkpointin
 def test_every_family_layer_splits_into_its_parts(family):
     """The layer parts are found by hf_activations' labels: a renamed op must not silently merge them."""
     from memfit.models import hf_activations
-    from memfit.ledger.training import _split
+    from memfit.models.hf_parts import layer_parts
 
     kept = hf_activations.saved(hf_config.normalize(hf_tiny(family)), micro_batch=2, seq_len=64)[1].kept
-    parts = dict(_split(kept, hf_activations.FAMILIES[family]))
+    parts = dict(layer_parts(kept, hf_activations.FAMILIES[family]))
     assert parts["attention"] and parts["mlp"] and parts["down_proj"], {k: len(v) for k, v in parts.items()}
     assert sum(map(len, parts.values())) == len(kept)

@@ -227,10 +227,10 @@ def test_the_docs_print_the_per_layer_table():
 def test_the_layer_splits_into_its_parts():
     """The ledger finds a layer's parts by hf_activations' labels (tests/ledger/test_peak.py does this for
     hf_measure.FAMILIES): gpt-oss's MLP part begins at the router, its down_proj part at the clamped SwiGLU."""
-    from memfit.ledger.training import _split
+    from memfit.models.hf_parts import layer_parts
 
     kept = ha.saved(hf_config.normalize(hm.tiny("gpt_oss")), micro_batch=2, seq_len=64)[1].kept
-    parts = dict(_split(kept, ha.FAMILIES["gpt_oss"]))
+    parts = dict(layer_parts(kept, ha.FAMILIES["gpt_oss"]))
     assert parts["attention"] and parts["mlp"] and parts["down_proj"], {k: len(v) for k, v in parts.items()}
     assert sum(map(len, parts.values())) == len(kept)
     assert parts["mlp"][0].label.startswith("post_attention_layernorm")

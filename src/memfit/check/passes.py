@@ -76,7 +76,7 @@ def evaluation(config, data: dict, peak: dict, optimizer, impl: str) -> dict:
     keep = train.get("keep_gradients") is True
     found = passes.evaluation_pass(step, keep, nograd)
     if config.granule:  # as step.peak: what rounding each live tensor up to the allocator's granule adds, as overhead
-        extra = passes.evaluation_pass(rounded(step, config.granule), keep, nograd)["bytes"] - found["bytes"]
+        extra = passes.evaluation_pass(rounded(step, config.granule), keep, nograd, config.granule)["bytes"] - found["bytes"]
         found["live"]["overhead"] += extra
         found["bytes"] += extra
         found["granularity"] = extra
@@ -84,47 +84,10 @@ def evaluation(config, data: dict, peak: dict, optimizer, impl: str) -> dict:
 
 
 def _nograd(model):
-    """What the model's no-grad forward holds beside the step's rows (models.hf_nograd), as ledger.passes.NoGrad;
-    None where that is not described (an encoder-decoder, an encoder, a technique's own layout)."""
+    """What the model's no-grad forward holds beside the step's rows (models.hf_nograd.nograd_forward), as
+    ledger.passes.NoGrad; None where that is not described (an encoder-decoder, an encoder, a technique's own layout)."""
     from memfit.ledger.passes import NoGrad
-    from memfit.ledger.training import layer_parts
-    from memfit.models import hf_activations as acts, hf_nograd
-    from memfit.models.hf_act_eval import layer_sizes, role_dtypes
-    from memfit.models.hf_act_families import FAMILIES
-    from memfit.models.hf_act_flights import lora_forward_flights
-    from memfit.recipe.costs import dtype_bytes
+    from memfit.models.hf_nograd import nograd_forward
 
-    run, recipe_args = model.training, dict(getattr(model, "recipe", None) or {})
-    precision = recipe_args.get("precision", "32-true")
-    blocks = acts.saved(model.cfg, micro_batch=run["micro_batch"], seq_len=run["seq_len"], attention=run["attention"],
-                        checkpointing="none", dtypes=model.dtypes, **recipe_args)
-    fam = FAMILIES.get(model.cfg.get("model_type"))
-    if fam is None or model.cfg.get("qwen_vl"):
-        # (a Qwen-VL's vision tower is its embeddings row: its no-grad forward, one tower layer at a time, is not
-        # described, and the row's saved tensors all at once would price every tower layer together)
-        return None
-    layers = [layer_parts(blk.kept, fam) for blk in blocks[1:-2] for _ in range(blk.count)]
-    unsaved = None
-    if recipe_args.get("lora") is not None:
-        # a frozen base saves less (nothing for its weights' gradients), but its no-grad forward makes the same
-        # tensors: described from the rows of the base as trained, with what the frozen rows leave out added back
-        trained = acts.saved(model.cfg, micro_batch=run["micro_batch"], seq_len=run["seq_len"], attention=run["attention"],
-                             checkpointing="none", dtypes=model.dtypes, **{**recipe_args, "lora": None})
-        full = [layer_parts(blk.kept, fam) for blk in trained[1:-2] for _ in range(blk.count)]
-        sizes, roles = layer_sizes(model.cfg, run["micro_batch"], run["seq_len"], attention=run["attention"]), role_dtypes(precision, model.dtypes)
-        hidden = dtype_bytes(sizes["b"] * sizes["s"] * sizes["h"], roles["act"])
-        quantized, mixed = bool((model.dtypes or {}).get("quantized")), precision.endswith("-mixed")
-        flights = lora_forward_flights(model.cfg, sizes, recipe_args["lora"], roles, quantized, mixed)
-        unsaved = [hf_nograd.frozen_unsaved(a, b, hidden, roles["lin"], flights) for a, b in zip(full, layers)]
-        adapted, layers = layers, full
-    found = hf_nograd.nograd_held(model.cfg, run["micro_batch"], run["seq_len"], run["attention"], precision, model.dtypes, layers)
-    if found is None:
-        return None
-    if unsaved is not None:
-        found["parts"] = [{p: d.get(p, 0) + u.get(p, 0) for p in {*d, *u}} for d, u in zip(found["parts"], unsaved)]
-        # autocast caches a cast of a weight that requires grad only: the adapters', not the frozen base's
-        found["casts"] = hf_nograd.weight_casts(adapted, trained_only=True)
-    # the head's weight cast (its row is blocks[-2], the final norm's and the head's), cached to the forward's end
-    # where the head trains: the loss runs inside the forward, labels given
-    found["head_cast"] = sum(hf_nograd.weight_casts([[("head", blocks[-2].kept)]], trained_only=unsaved is not None)[0].values())
-    return NoGrad(**found)
+    found = nograd_forward(model.cfg, model.training, dict(getattr(model, "recipe", None) or {}), model.dtypes)
+    return NoGrad(**found) if found is not None else None

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import field, replace
 
 from memfit.diagnostics.records import record
-from memfit.ledger.step import LIVE, Loss, Row, Step
+from memfit.ledger.step import LIVE, Loss, Row, Step, _up
 from memfit.recipe.costs import dtype_bytes
 
 TEACHER = "teacher"  # the row of the teacher's weights and forward (with_teacher)
@@ -105,6 +105,9 @@ class NoGrad:
     # per layer, {part: bytes of autocast's cached weight casts its rows keep}: alive from that part on to the loss
     casts: list = field(default_factory=list)
     head_cast: int = 0   # autocast's cached cast of a trained head's weight: alive from the head's call through the loss
+    # an encoder-decoder's whole forward instead (models.hf_nograd_t5): its moments, each (where, ((bytes, count),
+    # ...)) the live tensors beyond the weights and the batch; the pass's worst is the largest (the rows unused)
+    moments: list | None = None
 
 
 def _held_ids(step: Step) -> list:
@@ -157,11 +160,24 @@ def nograd_loss(nograd: NoGrad | None) -> int:
     return 0 if nograd is None else sum(nograd.cache) + _casts(nograd) + nograd.head_cast
 
 
-def forward_worst(step: Step, loss: bool = True, nograd: NoGrad | None = None) -> tuple[int, str]:
+def _worst_moment(moments: list, granule: int = 0) -> tuple[int, str]:
+    """The largest of a forward's moments (NoGrad.moments), each tensor rounded up to the allocator's `granule`."""
+    best, at = 0, ""
+    for where, sizes in moments:
+        here = sum((_up(nbytes, granule) if granule else nbytes) * count for nbytes, count in sizes)
+        if here > best:
+            best, at = here, where
+    return best, at
+
+
+def forward_worst(step: Step, loss: bool = True, nograd: NoGrad | None = None, granule: int = 0) -> tuple[int, str]:
     """The largest transient bytes of the step's forward run under no_grad, and where: a row's own tensors at once
     (`_row_transient`), or the loss: the logits, the loss's copies and what it makes (its kept tensors, here only in
     flight), the hidden states the model's forward holds while its loss runs. With `nograd` (a transformer's
-    evaluation pass), what the forward's code holds beside them (NoGrad)."""
+    evaluation pass), what the forward's code holds beside them (NoGrad); where it describes the whole forward's
+    moments, their worst (`granule`: the allocator's rounding of each tensor, 0 for none)."""
+    if nograd is not None and nograd.moments is not None:
+        return _worst_moment(nograd.moments, granule)
     size, batch = step.tensors, set(step.batch)
     held = _held_ids(step) if nograd is not None else [()] * len(step.rows)
     best, at = 0, ""
@@ -184,11 +200,11 @@ def forward_worst(step: Step, loss: bool = True, nograd: NoGrad | None = None) -
     return best, at
 
 
-def evaluation_pass(step: Step, keep_gradients: bool, nograd: NoGrad | None = None) -> dict:
+def evaluation_pass(step: Step, keep_gradients: bool, nograd: NoGrad | None = None, granule: int = 0) -> dict:
     """{"bytes", "live", "at"}: the evaluation pass's worst moment, `step` built at the evaluation batch (its rows'
     tensors; its weights and optimizer state are the training step's); `nograd`: what the model's no-grad forward
-    holds beside them (NoGrad)."""
-    transient, at = forward_worst(step, nograd=nograd)
+    holds beside them (NoGrad); `granule`: `step`'s rounding (ledger.step.rounded), applied to NoGrad.moments."""
+    transient, at = forward_worst(step, nograd=nograd, granule=granule)
     batch = sum(step.tensors[t] for t in step.batch)
     grads = sum(sum(r.grads) for r in step.rows) if keep_gradients else 0
     live = dict(zip(LIVE, (_weights(step), grads, batch, sum(step.optimizer_state), transient, step.overhead)))

@@ -52,9 +52,11 @@ Trainer's prediction_step runs it, against `memfit check` with training.eval_bat
 
 from __future__ import annotations
 
-from memfit.models import held
+from memfit.models import held, hf_activations as acts, hf_encdec, hf_parts
+from memfit.models.hf_nograd_t5 import nograd_t5
 from memfit.models.hf_act_eval import _parallel, layer_sizes, role_dtypes
 from memfit.models.hf_act_families import FAMILIES
+from memfit.models.hf_act_flights import lora_forward_flights
 from memfit.recipe.costs import dtype_bytes
 
 
@@ -107,7 +109,7 @@ def _bytes(k) -> int:
 
 def part_deltas(parts: list, fam, hidden: int, qkv: int, parallel, bmm: bool = False) -> dict:
     """{part: bytes}: what a layer part's no-grad worst moment differs by from its training row's (its kept tensors
-    and its output). `parts`: the layer's (part, kept) in forward order (ledger.training._split); `fam` its
+    and its output). `parts`: the layer's (part, kept) in forward order (models.hf_parts.layer_parts); `fam` its
     ActivationRules; `hidden` one (b, s, h) in the residual stream's dtype; `qkv` a fused projection's whole output
     (0 where q, k and v are separate); `parallel`: attention and MLP read the layer's input side by side ("shared":
     one norm's output, Falcon-7B's layout); `bmm`: the attention's scores are made as a tensor (eager, or torch's
@@ -268,6 +270,57 @@ def cache_bytes(kept: list, heads: int, kv_heads: int, cache: bool) -> tuple:
     return total, own
 
 
+def described(cfg: dict) -> bool:
+    """Whether a model's no-grad forward is described here: a causal decoder (not an encoder-decoder, an encoder,
+    Falcon's ALiBi, LLaVA, nor a Qwen-VL, whose vision tower is its embeddings row: its no-grad forward, one tower
+    layer at a time, is not described, and the row's saved tensors all at once would price every tower layer
+    together)."""
+    fam = FAMILIES.get(cfg.get("model_type"))
+    return not (fam is None or fam.head != "causal" or fam.llava or (fam.falcon and cfg.get("alibi")) or cfg.get("qwen_vl"))
+
+
+def nograd_forward(cfg: dict, run: dict, recipe_args: dict, dtypes: dict | None) -> dict | None:
+    """What a model's no-grad forward holds beside the step's rows at `run`'s micro-batch (its training keys:
+    micro_batch, seq_len, attention), as the fields of ledger.passes.NoGrad (nograd_held's, with `head_cast`; an
+    encoder-decoder's: the moments of its whole forward, `moments`); None where that is not described (`described`,
+    hf_nograd_t5.nograd_t5). `recipe_args`: the recipe's keys the rows take (precision,
+    lora, ...); `dtypes`: the model's."""
+    precision = recipe_args.get("precision", "32-true")
+    if hf_encdec.is_stacked(cfg):   # an encoder-decoder (T5): its forward's own moments (models.hf_nograd_t5)
+        moments = nograd_t5(cfg, run["micro_batch"], run["seq_len"], recipe_args.get("target_len"), run["attention"],
+                            precision, recipe_args.get("lora"), dtypes)
+        return {"moments": moments} if moments is not None else None
+    if not described(cfg):   # (decided before the rows are built: nothing to build them for)
+        return None
+    fam = FAMILIES[cfg["model_type"]]
+    shape = {"micro_batch": run["micro_batch"], "seq_len": run["seq_len"], "attention": run["attention"], "checkpointing": "none", "dtypes": dtypes}
+    blocks = acts.saved(cfg, **shape, **recipe_args)
+    layers = [hf_parts.layer_parts(blk.kept, fam) for blk in blocks[1:-2] for _ in range(blk.count)]
+    unsaved = None
+    if recipe_args.get("lora") is not None:
+        # a frozen base saves less (nothing for its weights' gradients), but its no-grad forward makes the same
+        # tensors: described from the rows of the base as trained, with what the frozen rows leave out added back
+        trained = acts.saved(cfg, **shape, **{**recipe_args, "lora": None})
+        full = [hf_parts.layer_parts(blk.kept, fam) for blk in trained[1:-2] for _ in range(blk.count)]
+        sizes, roles = layer_sizes(cfg, run["micro_batch"], run["seq_len"], attention=run["attention"]), role_dtypes(precision, dtypes)
+        hidden = dtype_bytes(sizes["b"] * sizes["s"] * sizes["h"], roles["act"])
+        quantized, mixed = bool((dtypes or {}).get("quantized")), precision.endswith("-mixed")
+        flights = lora_forward_flights(cfg, sizes, recipe_args["lora"], roles, quantized, mixed)
+        unsaved = [frozen_unsaved(a, b, hidden, roles["lin"], flights) for a, b in zip(full, layers)]
+        adapted, layers = layers, full
+    found = nograd_held(cfg, run["micro_batch"], run["seq_len"], run["attention"], precision, dtypes, layers)
+    if found is None:
+        return None
+    if unsaved is not None:
+        found["parts"] = [{p: d.get(p, 0) + u.get(p, 0) for p in {*d, *u}} for d, u in zip(found["parts"], unsaved)]
+        # autocast caches a cast of a weight that requires grad only: the adapters', not the frozen base's
+        found["casts"] = weight_casts(adapted, trained_only=True)
+    # the head's weight cast (its row is blocks[-2], the final norm's and the head's), cached to the forward's end
+    # where the head trains: the loss runs inside the forward, labels given
+    found["head_cast"] = sum(weight_casts([[("head", blocks[-2].kept)]], trained_only=unsaved is not None)[0].values())
+    return found
+
+
 def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, precision: str, dtypes: dict | None,
                 layer_parts: list) -> dict | None:
     """{"masks", "cache", "own_cache", "attention", "parts"}: what a no-grad forward holds beyond the training rows
@@ -276,14 +329,13 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
     cache copies (`cache`, a list in layer order, less what the training rows already hold unsaved (held.cache_copies): a
     layer's and all earlier ones' alive from its attention on, and at the loss; `own_cache`: those among its
     attention's kept tensors); eager attention's extra scores at the attention part (`attention`); each layer's
-    part_deltas (`parts`). `layer_parts`: each layer's (part, kept) (ledger.training._split of
+    part_deltas (`parts`). `layer_parts`: each layer's (part, kept) (models.hf_parts.layer_parts of
     models.hf_activations.saved, no checkpointing). None for a model this does not describe (an encoder-decoder, an
     encoder, Falcon's ALiBi, LLaVA). (The embeddings' output and a layer's input are the step's
     own tensors: ledger.passes holds them by id.)"""
-    mt = cfg.get("model_type")
-    fam = FAMILIES.get(mt)
-    if fam is None or fam.head != "causal" or fam.llava or (fam.falcon and cfg.get("alibi")):
+    if not described(cfg):
         return None
+    fam = FAMILIES[cfg["model_type"]]
     roles = role_dtypes(precision, dtypes)
     sizes = layer_sizes(cfg, micro_batch, seq_len, attention=attention)
     b, s, heads = sizes["b"], sizes["s"], sizes["H"]
