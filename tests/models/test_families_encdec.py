@@ -341,3 +341,17 @@ def test_the_qlora_step_peak_is_memtrackers(tmp_path, case):
     with hm.cuda_dropout():
         theirs = ref.measure(model, (batch["input_ids"], batch["labels"]), loss, opt)["bytes"]
     assert abs(ours - theirs) <= 0.05 * theirs, f"peak {ours:,} / MemTracker {theirs:,} = {ours / theirs:.3f}"
+
+
+def test_the_batch_is_the_sources_ids_and_the_targets_labels(tmp_path):
+    """A seq2seq batch holds the encoder's input_ids (micro x seq_len) and the labels (micro x target_len), int64: the
+    timeline's first moment, before the embeddings run, holds both (they were both priced at target_len)."""
+    config = {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "decoder_start_token_id": 0, **CONFIGS[1]}
+    path = tmp_path / "t5.yaml"
+    path.write_text(yaml.safe_dump({"memfit": 1, "device": {"memory": "80GiB"}, "precision": "32-true", "optimizer": "adamw",
+                                    "model": {"transformer": config},
+                                    "training": {"micro_batch": 4, "seq_len": 96, "target_len": 8, "attention": "sdpa"}}, sort_keys=False))
+    done = subprocess.run([sys.executable, "-m", "memfit", "explain", "--format", "json", str(path)], capture_output=True, text=True, timeout=120, check=False)
+    first = json.loads(done.stdout)["files"][0]["timeline"][0]
+    assert (first["module"], first["at"]) == ("shared", "pre-forward"), first
+    assert first["live"]["activations"] == 4 * 96 * 8 and first["live"]["transient"] == 4 * 8 * 8, first
