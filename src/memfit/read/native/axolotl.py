@@ -43,7 +43,7 @@ KEYS = {
     "deepspeed": (None, "parallel.zero, offload, buckets, precision (a DeepSpeed JSON)", "schemas/config.py deepspeed"),
     "fsdp_config": (None, "parallel.fsdp, parallel.offload, training.checkpointing", "schemas/fsdp.py FSDPConfig"),
     "fsdp": (None, "parallel.fsdp (deprecated list form: full_shard, shard_grad_op, offload)", "schemas/config.py fsdp"),
-    "fsdp_version": (None, "parallel.fsdp_version 1 (FSDP1) when 1; 2 or unset: memfit's FSDP2 (also read from fsdp_config)", "schemas/fsdp.py FSDPConfig.fsdp_version"),
+    "fsdp_version": (None, "parallel.fsdp_version: 2 when 2; 1 or unset: 1 (FSDP1: axolotl sets accelerate's FSDP_VERSION for 2 only; also read from fsdp_config)", "schemas/fsdp.py FSDPConfig.fsdp_version"),
     "liger_fused_linear_cross_entropy": (None, "training.fused_loss liger, with the Liger plugin listed (axolotl.integrations.liger.LigerPlugin)", "integrations/liger/args.py LigerArgs.liger_fused_linear_cross_entropy"),
     "cut_cross_entropy": (None, "training.fused_loss cut_cross_entropy, with the Cut Cross-Entropy plugin listed (axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin)", "integrations/cut_cross_entropy/args.py CutCrossEntropyArgs.cut_cross_entropy"),
     "overrides_of_model_config": (None, "model.transformer: the config.json's keys with these set over them (setattr on the model config)", "schemas/model.py ModelInputConfig.overrides_of_model_config; loaders/model.py ModelLoader._apply_model_config_overrides"),
@@ -301,10 +301,12 @@ def _fsdp(r: Reader) -> None:
     elif isinstance(legacy, (list, str)) and "shard_grad_op" in (legacy if isinstance(legacy, list) else legacy.split()):
         strategy = "shard_grad_op"
     r.set(("parallel", "fsdp"), strategy, strategy_at)
-    # fsdp_version (top level, or in fsdp_config, where axolotl moves it from): 1 is FSDP1; 2 and unset: memfit's FSDP2
+    # fsdp_version (top level, or in fsdp_config, where axolotl moves it from): 2 is FSDP2; 1 and unset FSDP1
+    # (utils/trainer.py sets accelerate's FSDP_VERSION only for 2, and accelerate's plugin defaults to 1;
+    # schemas/validation.py _resolve_fsdp_version: fsdp_config's fsdp_version, default 1)
     version, version_at = (r.get("fsdp_version", (int,), None), r.at("fsdp_version")) if "fsdp_version" in data else opt("fsdp_version", "version")
-    if version is not None and str(version) == "1":
-        r.set(("parallel", "fsdp_version"), 1, version_at)
+    if str(version) != "2":
+        r.set(("parallel", "fsdp_version"), 1, version_at or strategy_at)
     offload, offload_at = opt("offload_params", "fsdp_offload_params", default=False)
     if not offload and isinstance(legacy, (list, str)) and "offload" in (legacy if isinstance(legacy, list) else legacy.split()):
         offload, offload_at = True, r.at("fsdp")
