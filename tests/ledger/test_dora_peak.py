@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import needs
 import pytest
@@ -128,10 +130,26 @@ def test_the_gated_peak_under_dora_matches_memtracker(row, tmp_path):
     assert peak["phase"] == theirs["phase"], (peak, theirs)
 
 
+def in_a_fresh_process(check: str) -> None:
+    """Run this module's `check` in a new interpreter: a MemTracker run earlier in the same process (another test's)
+    leaves what makes autograd nodes cyclic in later steps, and these two claims are about a training loop's own
+    process."""
+    here = Path(__file__).resolve()
+    paths = os.pathsep.join(str(p) for p in (here.parent, here.parents[1] / "support", here.parents[2] / "tools"))
+    env = {**os.environ, "PYTHONPATH": paths + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", f"import test_dora_peak as t; t.{check}()"],
+                          capture_output=True, text=True, timeout=300, check=False, env=env, cwd=here.parents[2])
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+
+
 @pytest.mark.filterwarnings("ignore")
 def test_a_dora_step_without_a_tracker_leaves_no_cyclic_garbage():
     """What a training loop holds does not wait for the collector: no tensor and no autograd node is cyclic garbage
     after DoRA's forward and backward."""
+    in_a_fresh_process("no_cyclic_garbage")
+
+
+def no_cyclic_garbage():
     model, opt, x, y = step_parts()
 
     def step():
@@ -152,6 +170,10 @@ def test_memtrackers_module_hooks_keep_each_dora_identity_in_a_cycle():
     (lora_A's mm in get_lora_weight) holding what it saved: `torch.eye(in_features)` in the adapters' dtype, counted
     here from the model's own adapters; the collector-off step then peaks at 1,929,712 bytes in the backward (the
     figure docs/accuracy.md explains)."""
+    in_a_fresh_process("module_hooks_cycle")
+
+
+def module_hooks_cycle():
     model, opt, x, y = step_parts()
     for _ in range(2):
         model(input_ids=x, labels=y).loss.backward()
