@@ -4,7 +4,7 @@ the reference configs of Llama, GPT-2, Qwen3 and Mixtral (or the families named)
 their difference, the phase both ways, and the live bytes after the ops both runs make (how many differ, the largest
 difference). For reading, not a test (minutes):
 
-    cd tests/ledger && PYTHONPATH=../../src:../support:../../tools python ../support/tracker_audit.py [peak|comb|eval] [families]
+    cd tests/ledger && PYTHONPATH=../../src:../support:../../tools:. python ../support/tracker_audit.py [peak|comb|eval] [families]
 """
 
 from __future__ import annotations
