@@ -12,18 +12,25 @@ one, which the other references report, equals it. The sample: Llama, GPT-2, Qwe
 test_peak_transformers and, the same step, test_timeline_memtracker; test_combinations.measure_transformer;
 test_eval_families.measured_evaluation).
 
-Measured (torch 2.13, transformers 5.24, peft 0.21.2) over 63 reference configs (those four families' 16 fp32/bf16
-measure_hf runs, their 25 covering-design runs, 22 evaluation passes): every peak equal to the byte, in the same phase.
-What the tracker holds, away from every peak: Mixtral's experts module takes the routing weights and the hidden states,
-and the "all"-mode hook holds the routing weights' gradient (512 B at 2 x 32 tokens, 1,024 B at 2 x 64) until the
-hidden states' gradient arrives; with checkpointing enabled (transformers' enable_input_require_grads makes the
-embedding's output a leaf that requires grad) the evaluation pass's first layer hooks that leaf, whose cycle keeps it
-(262,144 B at 8 x 128) from the base model's return through the head and the loss (+14% of the live bytes there),
-where the untracked pass has freed it. The only ops one run makes and the other does not are the tracked run's
-aten.view (register_multi_grad_hook's view_as of a leaf input).
+Measured (torch 2.13, transformers 5.24, peft 0.21.2; tests/support/tracker_audit.py prints the table) over 59
+reference configs (those four families' 16 measure_hf runs, their 25 covering-design runs, 18 evaluation passes):
+every peak equal to the byte, in the same phase. What the tracker holds there, away from every peak: Mixtral's experts
+module takes the routing weights and the hidden states, and the "all"-mode hook holds the routing weights' gradient
+(512 B at 2 x 32 tokens, 1,024 B at 2 x 64) until the hidden states' gradient arrives; with checkpointing enabled
+(transformers' enable_input_require_grads makes the embeddings' output a leaf that requires grad) the evaluation
+pass's first layer hooks that leaf, which then outlives the pass (262,144 B at 8 x 128, from the base model's return
+through the head and the loss: +14% of the live bytes there). That leaf is what moved one reference: under
+gradient accumulation (tests/ledger/test_lora_input_copy.py, LoRA, full checkpointing, two micro-batches) micro-batch
+1's leaf and its gradient stayed alive through micro-batch 2, 32,768 B (2.2-2.6%) above the untracked peak: that
+reference now runs without the tracker (test_the_module_tracker_keeps_a_leaf_input_alive pins why). The only ops one
+run makes and the other does not are the tracked run's aten.view (register_multi_grad_hook's view_as of a leaf input).
 """
 
 from __future__ import annotations
+
+import contextlib
+import gc
+import weakref
 
 import needs
 import pytest
@@ -112,3 +119,27 @@ def test_the_module_tracker_moves_no_reference(case):
     for op, _, _ in both:   # what is left of the tracked run's ops: its own views, which allocate nothing
         made_on.remove(op)
     assert set(made_on) <= {"aten.view.default"}, set(made_on)
+
+
+def test_the_module_tracker_keeps_a_leaf_input_alive():
+    """Why a reference whose module input is a leaf that requires grad (the embeddings' output under checkpointing)
+    runs without ModTracker: its pre-forward hook's register_multi_grad_hook closes over the leaf's AccumulateGrad,
+    which holds the leaf, and registers that closure on the leaf itself; the cycle passes through the autograd node,
+    which Python's collector cannot see, so the leaf and its .grad outlive the loop's last reference (a loop without
+    the tracker frees them). Strict: if torch stops holding them, this fails and the references may be tracked again."""
+    from torch.distributed._tools.mod_tracker import ModTracker
+
+    def alive_after(tracker) -> tuple:
+        torch.manual_seed(0)
+        linear = torch.nn.Linear(4, 4)
+        x = torch.randn(2, 4).requires_grad_()
+        with tracker():
+            loss = linear(x).sum()
+            loss.backward()
+        refs = weakref.ref(x), weakref.ref(x.grad)
+        del loss, x
+        gc.collect()
+        return tuple(r() is not None for r in refs)
+
+    assert alive_after(contextlib.nullcontext) == (False, False)
+    assert alive_after(ModTracker) == (True, True)
