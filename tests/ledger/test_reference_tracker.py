@@ -15,11 +15,11 @@ test_eval_families.measured_evaluation).
 Measured (torch 2.13, transformers 5.24, peft 0.21.2; tests/support/tracker_audit.py prints the table) over 59
 reference configs (those four families' 16 measure_hf runs, their 25 covering-design runs, 18 evaluation passes):
 every peak equal to the byte, in the same phase. What the tracker holds there, away from every peak: Mixtral's experts
-module takes the routing weights and the hidden states, and the "all"-mode hook holds the routing weights' gradient
+module takes the routing weights and the hidden states, and the "all"-mode hook holds the routing weights' (fp32) gradient
 (512 B at 2 x 32 tokens, 1,024 B at 2 x 64) until the hidden states' gradient arrives; with checkpointing enabled
 (transformers' enable_input_require_grads makes the embeddings' output a leaf that requires grad) the evaluation
-pass's first layer hooks that leaf, which then outlives the pass (262,144 B at 8 x 128, from the base model's return
-through the head and the loss: +14% of the live bytes there). That leaf is what moved one reference: under
+pass's first layer hooks that leaf, which the tracked pass then holds from the base model's return through the head
+and the loss to its last op (262,144 B at 8 x 128: +14% of the live bytes there). That leaf is what moved one reference: under
 gradient accumulation (tests/ledger/test_lora_input_copy.py, LoRA, full checkpointing, two micro-batches) micro-batch
 1's leaf and its gradient stayed alive through micro-batch 2, 32,768 B (2.2-2.6%) above the untracked peak: that
 reference now runs without the tracker (test_the_module_tracker_keeps_a_leaf_input_alive pins why). The only ops one

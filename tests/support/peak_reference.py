@@ -88,12 +88,13 @@ def warm_step(model, opt, x, y, accumulation: int = 1, autocast=None, tracker=No
     `autocast()` where given, as the Trainer runs it; each backward outside it; gradients set to None after it), run
     twice to warm (the optimizer state exists), then once under `tracker` (a PhaseTracker over the model's parameters
     unless given), its phase set as the step goes; `modules`: MemTracker's module hooks, their stats reset between
-    micro-batches (they refuse a module called twice otherwise), else none (NoModules). Returns the tracker."""
-    import contextlib
-
+    micro-batches (they refuse a module called twice otherwise), else none (NoModules); inside `audited`, the audit's
+    choice. Returns the tracker."""
     import hf_measure
 
     context = autocast or contextlib.nullcontext
+    if _AUDIT is not None:
+        modules = _AUDIT["modules"]
 
     def step(tracker=None):
         for n in range(accumulation):

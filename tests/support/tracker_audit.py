@@ -4,7 +4,7 @@ the reference configs of Llama, GPT-2, Qwen3 and Mixtral (or the families named)
 their difference, the phase both ways, and the live bytes after the ops both runs make (how many differ, the largest
 difference). For reading, not a test (minutes):
 
-    cd tests/ledger && PYTHONPATH=../../src:../support:../../tools:. python ../support/tracker_audit.py [peak|comb|eval] [families]
+    cd tests/ledger && PYTHONPATH=../../src:../support:../../tools:. python ../support/tracker_audit.py [peak|comb|eval|warm] [families]
 """
 
 from __future__ import annotations
@@ -82,8 +82,20 @@ def evaluations(families) -> list:
     return cases
 
 
+def warm_steps(families) -> list:
+    """peak_reference.warm_step's references under autocast with full checkpointing: test_lora_input_copy's (LoRA, now
+    measured untracked: the table shows why) and test_autocast_cache's (full fine-tuning), one and two micro-batches."""
+    import test_autocast_cache as ac
+    import test_lora_input_copy as li
+
+    cases = [(f"lora_input_copy {m} {o} accumulation {a}", lambda m=m, o=o, a=a: li.measure(m, o, a))
+             for m in ("llama", "qwen2") for o in ("sgd", "adamw") for a in (1, 2)]
+    cases += [(f"autocast_cache {m} accumulation {a}", lambda m=m, a=a: ac.measure(m, a)) for m in ("llama", "bert") for a in (1, 2)]
+    return cases + [("autocast_cache llama every 2 accumulation 2", lambda: ac.measure("llama", 2, every=2))]
+
+
 if __name__ == "__main__":
-    kinds = {"peak": peak_hf, "comb": combinations, "eval": evaluations}
+    kinds = {"peak": peak_hf, "comb": combinations, "eval": evaluations, "warm": warm_steps}
     chosen = [sys.argv[1]] if len(sys.argv) > 1 else list(kinds)
     families = tuple(sys.argv[2].split(",")) if len(sys.argv) > 2 else FAMILIES
     print("| config | peak, module tracker on | off | on - off | % | phase on / off | live bytes apart at the ops both make |")
