@@ -9,11 +9,43 @@ in and a MemTracker subclass notes the phase, and what is then really accumulate
 
 from __future__ import annotations
 
+import contextlib
+import difflib
+
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
 CPU = torch.device("cpu")
 IMPLS = {"foreach": {"foreach": True}, "for_loop": {"foreach": False}, "fused": {"fused": True}}
+
+
+# set by `audited`: whether the PhaseTrackers made now run MemTracker's module tracker, and the list they join
+_AUDIT: dict | None = None
+
+
+@contextlib.contextmanager
+def audited(modules: bool):
+    """Every PhaseTracker made inside (the references of peak_reference.measure, measure_hf, test_combinations'
+    measure_transformer, test_eval_families' measured_evaluation) runs with MemTracker's module tracker (`modules`, as
+    the references run) or without it (NoModules: every byte still counted by the dispatch mode), and records the live
+    bytes after each op it sees (`tracker.trace`: [(op, bytes)]). Yields the list of those trackers."""
+    global _AUDIT
+    made: list = []
+    before, _AUDIT = _AUDIT, {"modules": modules, "trackers": made}
+    try:
+        yield made
+    finally:
+        _AUDIT = before
+
+
+def aligned_live(a: list, b: list) -> list:
+    """[(op, bytes in a, bytes in b)] at each op both traces ran in the same order (difflib's matching blocks of their op
+    names: the module tracker's own ops, a view_as per leaf input it hooks, appear in one trace only)."""
+    ops_a, ops_b = [op for op, _ in a], [op for op, _ in b]
+    out = []
+    for i, j, n in difflib.SequenceMatcher(None, ops_a, ops_b, autojunk=False).get_matching_blocks():
+        out.extend((ops_a[i + k], a[i + k][1], b[j + k][1]) for k in range(n))
+    return out
 
 
 class PhaseTracker(MemTracker):
@@ -23,6 +55,18 @@ class PhaseTracker(MemTracker):
         self.params = list(params)
         self.peak_phase = None
         self.peak_grads = 0
+        self.trace = None
+        if _AUDIT is not None:
+            self.trace = []
+            if not _AUDIT["modules"]:
+                self._mod_tracker = NoModules()
+            _AUDIT["trackers"].append(self)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if self.trace is not None:
+            self.trace.append((str(func), self._curr_mem_snap.get(CPU, {}).get("Total", 0)))
+        return out
 
     def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
         # MemTracker hooks every parameter's gradient; a frozen one (a LoRA base, a 4-bit weight)
@@ -63,14 +107,15 @@ def tracked(step, model, *external, warm: int = 2, times: int = 1, tracker=None,
 def warm_step(model, opt, x, y, accumulation: int = 1, autocast=None, tracker=None, modules: bool = True):
     """A transformers model's optimizer step of `accumulation` micro-batches (the loss in the model's forward, under
     `autocast()` where given, as the Trainer runs it; each backward outside it; gradients set to None after it), run
-    twice to warm, then once under `tracker` (tracked), its phase set as the step goes; `modules`: MemTracker's module
-    hooks, their stats reset between micro-batches (they refuse a module called twice otherwise), else none
-    (NoModules). Returns the tracker."""
-    import contextlib
-
+    twice to warm (the optimizer state exists), then once under `tracker` (a PhaseTracker over the model's parameters
+    unless given), its phase set as the step goes; `modules`: MemTracker's module hooks, their stats reset between
+    micro-batches (they refuse a module called twice otherwise), else none (NoModules); inside `audited`, the audit's
+    choice. Returns the tracker."""
     import hf_measure
 
     context = autocast or contextlib.nullcontext
+    if _AUDIT is not None:
+        modules = _AUDIT["modules"]
 
     def step(tracker=None):
         for n in range(accumulation):
