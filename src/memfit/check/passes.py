@@ -117,7 +117,8 @@ def _nograd(model):
         flights = lora_forward_flights(model.cfg, sizes, recipe_args["lora"], roles, quantized, mixed)
         unsaved = [hf_nograd.frozen_unsaved(a, b, hidden, roles["lin"], flights) for a, b in zip(full, layers)]
         adapted, layers = layers, full
-    found = hf_nograd.nograd_held(model.cfg, run["micro_batch"], run["seq_len"], run["attention"], precision, model.dtypes, layers)
+    found = hf_nograd.nograd_held(model.cfg, run["micro_batch"], run["seq_len"], run["attention"], precision, model.dtypes, layers,
+                                  adapted if unsaved is not None else None)
     if found is None:
         return None
     if unsaved is not None:
