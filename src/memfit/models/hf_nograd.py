@@ -379,7 +379,8 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
             unsaved = held.cache_copies(kept, roles, bool(fam.rope), quantized, mixed, heads if on else 0, sizes["KV"])
         if step_parts is not None:   # (what the step's own rows hold unsaved: ledger.training, from its rows' kept)
             stepped = [k for _, part in step_parts[n] for k in part]
-            unsaved += (held.cache_copies(stepped, roles, bool(fam.rope), quantized, mixed, heads if on else 0, sizes["KV"])
+            frozen = held.frozen_cache(fam, sizes, roles, quantized, mixed)
+            unsaved += (held.cache_copies(stepped, roles, bool(fam.rope), quantized, mixed, heads if on else 0, sizes["KV"], frozen)
                         - held.cache_copies(kept, roles, bool(fam.rope), quantized, mixed, heads if on else 0, sizes["KV"]))
         cache.append(max(0, total - unsaved))
         own.append(mine)
