@@ -439,7 +439,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
     # what the causal LM's forward holds unsaved through the loss: the cache's copies of k and v, the head's input
     stacked_cache = acts.t5_cache_copies(cfg, sizes, roles, model.dtypes, precision, checkpointing) if stacked else None
     kept_unsaved = _held_through_forward(rows, every, x, hidden, roles, model.dtypes, precision, checkpointing, stacked, k.fam,
-                                         stacked_cache, cfg, sizes["H"], sizes["KV"])
+                                         stacked_cache, cfg, sizes["H"], sizes["KV"], sizes)
     loss = _loss(loss, tensors[logits], T * sizes["V"], roles, kept_unsaved, hidden, precision, stacked)
     declared_stepped = list(extra.params) if extra is not None else []
     return Step(rows, tensors, batch, loss,
@@ -471,14 +471,15 @@ def _loss(rules, logits_bytes: int, logits: int, roles: dict, kept_unsaved: int,
 
 def _held_through_forward(rows: list, every: list, x: int, hidden: int, roles: dict, dtypes: dict | None, precision: str,
                           checkpointing: str, stacked: bool, fam, stacked_cache: list | None = None, cfg: dict | None = None,
-                          heads: int = 0, kv_heads: int = 0) -> int:
+                          heads: int = 0, kv_heads: int = 0, sizes: dict | None = None) -> int:
     """The bytes the forward holds unsaved at the loss (models/held.py; an encoder-decoder's cache copies:
     `stacked_cache`, hf_act_t5.t5_cache_copies); each layer row's forward moment gets the cache copies made so far."""
     cache = stacked_cache if stacked else [0] * len(every)
     if checkpointing == "none" and not stacked:
         quantized, mixed = bool((dtypes or {}).get("quantized")), precision.endswith("-mixed")
         heads = (heads if fam.cache and cfg.get("use_cache", True) else 0) if cfg is not None else 0
-        cache = [held.cache_copies(kept, roles, bool(fam.rope), quantized, mixed, heads, kv_heads) for kept in every]
+        frozen = held.frozen_cache(fam, sizes, roles, quantized, mixed) if sizes is not None else 0
+        cache = [held.cache_copies(kept, roles, bool(fam.rope), quantized, mixed, heads, kv_heads, frozen) for kept in every]
     if any(cache):
         for row in rows:
             if row.name.startswith("layer ") and row.forward_flight is not None:

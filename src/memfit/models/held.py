@@ -58,10 +58,13 @@ def projection_dtype(roles: dict, quantized: bool, mixed: bool) -> str:
 
 
 def cache_copies(kept: list, roles: dict, rotary: bool, quantized: bool, mixed: bool, heads: int = 0,
-                 kv_heads: int = 0) -> int:
+                 kv_heads: int = 0, frozen: int = 0) -> int:
     """Bytes of one layer's cache copies of k and v that the cache holds and the attention does not save (its
-    autocast casts are saved instead; outside autocast, the copies repeat_kv makes: repeated_cache_copies)."""
+    autocast casts are saved instead; outside autocast, the copies repeat_kv makes: repeated_cache_copies; where
+    the attention saves nothing, `frozen`: frozen_cache)."""
     if not mixed:
+        if frozen and heads and not any(k.label.startswith(KERNEL_SAVED) for k in kept):
+            return frozen
         return repeated_cache_copies(kept, heads, kv_heads)
     out = projection_dtype(roles, quantized, mixed)
     total = 0
@@ -95,6 +98,19 @@ def cache_casts(kept: list, roles: dict, rotary: bool, quantized: bool, mixed: b
 
 
 REPEATED = " (repeated to every query head"   # models.hf_act_layers' label of a k or v repeat_kv copied
+KERNEL_SAVED = ("attention: ", "q @ k^T")   # what an attention's kernel (sdpa's, eager's matmuls) saves, labelled
+
+
+def frozen_cache(fam, sizes: dict, roles: dict, quantized: bool, mixed: bool) -> int:
+    """One layer's key/value cache copies (DynamicLayer.update's `torch.cat`: k and v, (b, KV, s, d) each, in the
+    projections' dtype) where its attention saves none of its inputs: a frozen layer with no trained tensor before
+    it (LoRA on o_proj or the MLP alone: layer 0's attention), whose copies the cache alone holds until the model's
+    output is dropped after the loss. Outside autocast, on an unquantized base with separate q, k and v projections
+    (no latent cache, not Falcon's); 0 elsewhere. Measured (MemTracker with a dispatch-mode trace, Starcoder2 with
+    LoRA on o_proj, bf16-true 8 x 128: layer 0's two (8, 2, 128, 16) cat copies alive at the loss, unsaved)."""
+    if mixed or quantized or not fam.cache or fam.mla or fam.falcon or fam.qkv != "separate":
+        return 0
+    return 2 * dtype_bytes(sizes["b"] * sizes["KV"] * sizes["s"] * sizes["d"], roles["lin"])
 
 
 def repeated_cache_copies(kept: list, heads: int, kv_heads: int) -> int:

@@ -14,11 +14,15 @@ LLAMA = ActivationRules("rms", LLAMA_NAMES, "separate", "full", "gated", "hidden
                dropout_keys=(("attn", "attention_dropout"),))
 FAMILIES = {
     "llama": LLAMA,
-    "mistral": LLAMA,
-    "qwen2": LLAMA,
-    "qwen3": LLAMA._replace(qk_norm=True),
+    # Mistral and Mixtral attend through sliding_window in every layer when it is set (modeling_mistral.py:
+    # create_sliding_window_causal_mask), Qwen2 and Qwen3 in their layer_types' sliding layers (use_sliding_window):
+    # a window shorter than the sequence is a mask sdpa must take, as Starcoder2's (tests/ledger/test_peak_transformers
+    # .py test_a_sliding_window_shorter_than_the_sequence_matches_memtracker: 0.947 -> 1.000 of MemTracker)
+    "mistral": LLAMA._replace(window_layers=True),
+    "qwen2": LLAMA._replace(window_layers=True),
+    "qwen3": LLAMA._replace(qk_norm=True, window_layers=True),
     "gemma": LLAMA._replace(norm="gemma_rms"),
-    "mixtral": LLAMA._replace(mlp="moe"),
+    "mixtral": LLAMA._replace(mlp="moe", window_layers=True),
     "phi3": LLAMA._replace(qkv="fused", rope="partial", mlp="gated_fused", lora_default=(),
                            names={"qkv": "self_attn.qkv_proj", "o": "self_attn.o_proj", "gate_up": "mlp.gate_up_proj",
                                   "down": "mlp.down_proj", "lm_head": "lm_head"},

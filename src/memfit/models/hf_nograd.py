@@ -16,6 +16,8 @@ the layers' code still references:
 - eager attention's float masks (masking_utils.create_causal_mask / create_sliding_window_causal_mask for the eager
   interface: a (b, 1, s, s) additive mask in the embeddings' dtype, one per layer type, made before the first layer
   and held by the forward's `causal_mask_mapping` through all of them);
+- sdpa's sliding-window mask where a window is shorter than the sequence: a (1, 1, s, s) bool made before the first
+  layer and held by `causal_mask_mapping` through all of them (no padding mask given; sdpa's full layers get None);
 - eager attention's scores beside their softmax: `attn_weights = attn_weights + attention_mask` is still bound while
   `softmax(attn_weights)` writes its (b, H, s, s) result (training saves the probabilities only); gpt-oss's sinks
   (modeling_gpt_oss.py eager_attention_forward) make it three: the scores, `torch.cat([attn_weights, sinks])` and
@@ -54,7 +56,7 @@ from __future__ import annotations
 
 from memfit.models import held, hf_activations as acts, hf_encdec, hf_parts
 from memfit.models.hf_nograd_t5 import nograd_t5
-from memfit.models.hf_act_eval import _parallel, layer_sizes, role_dtypes
+from memfit.models.hf_act_eval import _parallel, _windowed, layer_sizes, role_dtypes
 from memfit.models.hf_act_families import FAMILIES
 from memfit.models.hf_act_flights import lora_forward_flights
 from memfit.recipe.costs import dtype_bytes
@@ -243,6 +245,15 @@ def frozen_unsaved(trained: list, frozen: list, hidden: int = 0, lin: str = "flo
         labels = {k.label for k in own}
         adapters = sum(_bytes(k) for k in own if any(a in k.label for a in ADAPTER))
         out[part] = sum(_bytes(k) for k in kept if k.label not in labels) - adapters
+        # a dropout's mask the frozen rows keep at this part and the trained ones at another (the parts are split by
+        # position): the step's row counts it, though model.eval() makes none (part_deltas drops the trained rows').
+        # In an adapted MLP those made after its last adapter are not yet made at that adapter's moment, which the
+        # step's row prices without them already (ledger.training, held.unmade_at_flight): left as they are there
+        last = max((n for n, k in enumerate(own) if ".lora_B: " in k.label), default=None)
+        unmade = {id(k) for k in own[last + 1:]} if part == "mlp" and last is not None else set()
+        trained_labels = {k.label for k in kept}
+        out[part] -= sum(_bytes(k) for k in own if DROPOUT in k.label and k.label not in trained_labels
+                         and not any(a in k.label for a in ADAPTER) and id(k) not in unmade)
         # (a dropout's mask beside them, the residual's: model.eval() runs no dropout, so the evaluation makes none)
         if part == "o_proj" and adapters and all(any(a in k.label for a in ADAPTER) or DROPOUT in k.label for k in own):
             cast = sum(_bytes(k) for k in own if ".lora_A: " in k.label and k.dtype != lin)
@@ -308,7 +319,8 @@ def nograd_forward(cfg: dict, run: dict, recipe_args: dict, dtypes: dict | None)
         flights = lora_forward_flights(cfg, sizes, recipe_args["lora"], roles, quantized, mixed)
         unsaved = [frozen_unsaved(a, b, hidden, roles["lin"], flights) for a, b in zip(full, layers)]
         adapted, layers = layers, full
-    found = nograd_held(cfg, run["micro_batch"], run["seq_len"], run["attention"], precision, dtypes, layers)
+    found = nograd_held(cfg, run["micro_batch"], run["seq_len"], run["attention"], precision, dtypes, layers,
+                        adapted if unsaved is not None else None)
     if found is None:
         return None
     if unsaved is not None:
@@ -322,7 +334,7 @@ def nograd_forward(cfg: dict, run: dict, recipe_args: dict, dtypes: dict | None)
 
 
 def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, precision: str, dtypes: dict | None,
-                layer_parts: list) -> dict | None:
+                layer_parts: list, step_parts: list | None = None) -> dict | None:
     """{"masks", "cache", "own_cache", "attention", "parts"}: what a no-grad forward holds beyond the training rows
     at each layer part and the loss: eager's masks and GPT-2's token embeddings beside their sum with the
     positions' (`masks`, at every layer of the decoder: freed with its forward, before the head); each layer's
@@ -330,9 +342,12 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
     layer's and all earlier ones' alive from its attention on, and at the loss; `own_cache`: those among its
     attention's kept tensors); eager attention's extra scores at the attention part (`attention`); each layer's
     part_deltas (`parts`). `layer_parts`: each layer's (part, kept) (models.hf_parts.layer_parts of
-    models.hf_activations.saved, no checkpointing). None for a model this does not describe (an encoder-decoder, an
-    encoder, Falcon's ALiBi, LLaVA). (The embeddings' output and a layer's input are the step's
-    own tensors: ledger.passes holds them by id.)"""
+    models.hf_activations.saved, no checkpointing); `step_parts`: the rows the step itself was built from where they
+    differ (LoRA's frozen base: `layer_parts` are then the base's rows as trained): the cache copies the step's rows
+    hold unsaved are those rows' (ledger.training), so the rest of each layer's cache is counted here (a frozen
+    layer 0 under LoRA on o_proj alone saves no k or v: its repeated copies, and so the cache's own, were counted by
+    neither). None for a model this does not describe (an encoder-decoder, an encoder, Falcon's ALiBi, LLaVA). (The
+    embeddings' output and a layer's input are the step's own tensors: ledger.passes holds them by id.)"""
     if not described(cfg):
         return None
     fam = FAMILIES[cfg["model_type"]]
@@ -376,6 +391,12 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
         scores = max(0, core - sum(_bytes(k) for k in attention if k.label.startswith(core_kept)))
         if fam.falcon:
             scores, masks = scores + masks, 0
+    elif _windowed(cfg, fam, attention, seq_len):
+        # sdpa with a sliding layer's window shorter than the sequence: create_sliding_window_causal_mask's bool mask
+        # (masking_utils.sdpa_mask: a (1, 1, s, s) storage expanded to the batch, no padding mask given), held by the
+        # forward's mask mapping through every layer (a full layer's mask is None: sdpa's is_causal); the float bias
+        # each layer's kernel makes of it is the attention row's
+        masks = dtype_bytes(s * s, "bool")
     if fam.mla:
         # q_b_proj's (or q_proj's) and kv_b_proj's whole outputs (q_pass, q_rot, k_pass and value_states are views
         # of them), the unscaled q cat beside the kernel's scaled copy, k_rot expanded to every head; under the math
@@ -396,7 +417,7 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
             scores += dtype_bytes(T * sizes["qb"], "float32") + dtype_bytes(T * sizes["qb"], roles["lin"])
     on = fam.cache and bool(cfg.get("use_cache", True))
     cache, own = [], []
-    for parts in layer_parts:
+    for n, parts in enumerate(layer_parts):
         kept = [k for _, part in parts for k in part]
         total, mine = cache_bytes(kept, heads, sizes["KV"], on)
         if fam.mla and on:   # the cache holds the latent: kv_a_proj's compressed kv and its rotary key, (b, 1, s, .)
@@ -409,6 +430,11 @@ def nograd_held(cfg: dict, micro_batch: int, seq_len: int, attention: str, preci
             unsaved = held.cache_casts(kept, roles, bool(fam.rope), quantized, mixed) if on else 0
         else:
             unsaved = held.cache_copies(kept, roles, bool(fam.rope), quantized, mixed, heads if on else 0, sizes["KV"])
+        if step_parts is not None:   # (what the step's own rows hold unsaved: ledger.training, from its rows' kept)
+            stepped = [k for _, part in step_parts[n] for k in part]
+            frozen = held.frozen_cache(fam, sizes, roles, quantized, mixed)
+            unsaved += (held.cache_copies(stepped, roles, bool(fam.rope), quantized, mixed, heads if on else 0, sizes["KV"], frozen)
+                        - held.cache_copies(kept, roles, bool(fam.rope), quantized, mixed, heads if on else 0, sizes["KV"]))
         cache.append(max(0, total - unsaved))
         own.append(mine)
     # GPT-2: `hidden_states = inputs_embeds + position_embeds` (modeling_gpt2.py): the token embeddings stay bound
