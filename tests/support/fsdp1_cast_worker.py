@@ -21,10 +21,14 @@ from gloo_ranks import fork_ranks  # noqa: E402
 MICRO_BATCH, SEQ_LEN, LAYERS = 2, 32, 4
 
 
-def config() -> dict:
+def config(vocab: int | None = None) -> dict:
+    """The tiny Llama; `vocab` (or the environment's FSDP_WORKER_VOCAB, which the test sets for the workers): a
+    vocabulary other than the tiny one's, making the root unit (embeddings, final norm, head) large against a layer."""
     import hf_measure
 
-    return hf_measure.without_attention_dropout(hf_measure.tiny("llama", num_hidden_layers=LAYERS))
+    vocab = vocab or int(os.environ.get("FSDP_WORKER_VOCAB", "0"))
+    extra = {"vocab_size": vocab} if vocab else {}
+    return hf_measure.without_attention_dropout(hf_measure.tiny("llama", num_hidden_layers=LAYERS, **extra))
 
 
 def body(rank, world, accumulation, orig, cache):
