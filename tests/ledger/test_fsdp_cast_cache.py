@@ -23,10 +23,10 @@ gathered unit (one layer's fp32 parameters: FSDP2 keeps a unit's all-gather outp
 FSDP1 all-gathers into the flat parameter and prefetches nothing in forward); the other 6,144 B are two moments
 compared: memfit's worst is the head's post-forward (the logits written, the root and the largest unit counted
 gathered, where FSDP1 holds the root only), while inside the last layer memfit's walk counts 592,832 B, its program
-87,040 B, 67,840 B under the real one's there (the checkpointed layer's forward temporaries when autocast caches
-nothing: open). Its loss was 732,868 B against 597,976 B: there FSDP1 holds the root unit only (65,792 B), the last
-layer resharded. With fsdp_version 1: forward 666,816 B (1.009), loss 597,188 B (0.9987: the 788 B the loss's program
-is under without FSDP too).
+87,040 B, 67,840 B under the real one's there (the checkpointed layer's no-grad forward temporaries, not FSDP's:
+open, test_fsdp1_checkpointed_layer_forward). Its loss was 732,868 B against 597,976 B: there FSDP1 holds the root
+unit only (65,792 B), the last layer resharded. With fsdp_version 1: forward 666,816 B (1.009), loss 597,188 B
+(0.9987: the 788 B the loss's program is under without FSDP too).
 FSDP2: the cache holds the casts (forward 1,049,792 B with it, 847,040 B without, 202,752 B: the three layers' casts
 cached before the peak). The peak is the last layer's all-gather copy-out: `wait_for_unshard` has dropped the previous
 layer's all-gather output from `comm_ctx.all_gather_state` but its local `prev_all_gather_state` holds it until it
@@ -159,3 +159,24 @@ def test_fsdp2_embeddings_hold_the_roots_all_gather_output(tmp_path):
     assert real["peaks"]["forward"] <= ours["forward"] <= (1 + LOSS_BAND) * real["peaks"]["forward"], \
         f"forward {ours['forward']:,} against {real['peaks']['forward']:,}"
     _loss_within_band(ours["loss"], real["peaks"]["loss"], "FSDP2, a large vocabulary")
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.xfail(strict=True, reason="a checkpointed layer's forward (no grad, reentrant) is priced as its input and "
+                   "output only (ledger/training.py _layer_rows: forward_flight the output): its inner temporaries are "
+                   "not counted (the residual after the attention and the MLP norm's fp32 output, its bf16 cast, the "
+                   "MLP's activation and projection outputs, a linear's uncached weight cast); the forward's worst moment "
+                   "is still above the real one's (the head's), and the backward recomputes the layer with more")
+def test_fsdp1_checkpointed_layer_forward(tmp_path):
+    """Under FSDP1 with autocast caching nothing, the forward's real peak is inside the last checkpointed layer (its
+    MLP's up projection, measured: 660,672 B, the program 154,880 B beside the sharded parameters 304,256 B and the
+    root's and the layer's flat parameters 65,792 + 135,680 B; not FSDP's: the layer's no-grad forward temporaries).
+    memfit's worst moment of that layer is its post-forward, 609,216 B (its program 87,040 B there: the layers'
+    inputs, the output written)."""
+    real = _run(tmp_path, 1, 1, 0)
+    ours = _memfit(tmp_path, 1)
+    last = f"model.layers.{worker.LAYERS - 1}"
+    theirs = max(b for m, b in real["by_module"].items() if m == last or m.startswith(last + "."))
+    moment = max(e["bytes"] for e in ours["timeline"] if e["module"] == last and e["phase"] == "forward")
+    print(f"FSDP1 {last}'s forward: memfit {moment:,} / MemTracker {theirs:,} (the forward's peak {real['peaks']['forward']:,})")
+    assert moment >= theirs, f"{last}'s forward moment {moment:,} below MemTracker's {theirs:,}"
