@@ -26,7 +26,9 @@ gathered, where FSDP1 holds the root only), while inside the last layer memfit's
 87,040 B, 67,840 B under the real one's there (the checkpointed layer's no-grad forward temporaries, not FSDP's:
 open, test_fsdp1_checkpointed_layer_forward). Its loss was 732,868 B against 597,976 B: there FSDP1 holds the root
 unit only (65,792 B), the last layer resharded. With fsdp_version 1: forward 666,816 B (1.009), loss 597,188 B
-(0.9987: the 788 B the loss's program is under without FSDP too).
+(0.9987: the 788 B the loss's program is under without FSDP too). Its backward's peak 1,148,872 B: memfit's was
+1,331,520 B with FSDP2's reduce-scatter input kept beside the next unit's backward, which FSDP1 has not (it
+reduce-scatters the flat gradient itself): 1,195,840 B (1.041).
 FSDP2: the cache holds the casts (forward 1,049,792 B with it, 847,040 B without, 202,752 B: the three layers' casts
 cached before the peak). The peak is the last layer's all-gather copy-out: `wait_for_unshard` has dropped the previous
 layer's all-gather output from `comm_ctx.all_gather_state` but its local `prev_all_gather_state` holds it until it
@@ -87,7 +89,7 @@ def _memfit(tmp_path, version: int | None, vocab: int = 0) -> dict:
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     timeline = json.loads(done.stdout)["files"][0]["timeline"]
-    worst = {phase: max(e["bytes"] for e in timeline if e["phase"] == phase) for phase in ("forward", "loss")}
+    worst = {phase: max(e["bytes"] for e in timeline if e["phase"] == phase) for phase in ("forward", "loss", "backward")}
     return {**worst, "timeline": [e for e in timeline if e["step"] == 2]}
 
 
@@ -109,6 +111,12 @@ def test_fsdp1_forward_holds_no_cast_cache(use_orig_params, tmp_path):
     assert ours["forward"] - theirs < cached["casts"], \
         f"forward {ours['forward']:,} above MemTracker's {theirs:,} by {ours['forward'] - theirs:,}: the cast cache ({cached['casts']:,}) counted"
     _loss_within_band(ours["loss"], cached["peaks"]["loss"], "FSDP1")
+    # the backward: FSDP1 keeps no reduce-scatter input beside the next unit's backward (it reduce-scatters the unit's
+    # flat gradient itself): memfit was 1,331,520 B against 1,148,872 B with FSDP2's (a layer's fp32 gradients,
+    # 135,680 B, above the real one's and more); within one such buffer of it now
+    back, layer_grads = cached["peaks"]["backward"], 135_680
+    print(f"FSDP1 backward: memfit {ours['backward']:,} / MemTracker {back:,}")
+    assert back <= ours["backward"] < back + layer_grads, f"backward {ours['backward']:,} against MemTracker's {back:,}"
 
 
 @pytest.mark.filterwarnings("ignore")

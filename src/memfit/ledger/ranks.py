@@ -348,7 +348,10 @@ class _FsdpUnits:
             else:  # after the last layer: the final norm and the head (the root's)
                 info = (outside, bool(order), 0, False, made)
             self.rows.setdefault(r.name, info)
-        self._reduce_scatter = fsdp["reduce_scatter"]
+        # FSDP1 reduce-scatters a unit's unsharded flat gradient itself (_runtime_utils.py _reduce_grad: its chunks,
+        # padded only where its numel is not divisible by the world size) and drops it with the post-backward: no
+        # reduce-scatter input is kept beside the next unit's backward (tests/ledger/test_fsdp_cast_cache.py)
+        self._reduce_scatter = 0 if self.fsdp1 else fsdp["reduce_scatter"]
         if not order:  # a program without layer rows (declared tensors, a Keras model): which unit runs when is not
             # known; every instant holds the largest unit gathered beside the root, the next one prefetched, at most
             # the root's and that unit's gradients unreduced and a reduce-scatter input
