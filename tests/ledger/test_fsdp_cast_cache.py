@@ -23,10 +23,12 @@ gathered unit (one layer's fp32 parameters: FSDP2 keeps a unit's all-gather outp
 FSDP1 all-gathers into the flat parameter and prefetches nothing in forward); the other 6,144 B are two moments
 compared: memfit's worst is the head's post-forward (the logits written, the root and the largest unit counted
 gathered, where FSDP1 holds the root only), while inside the last layer memfit's walk counts 592,832 B, its program
-87,040 B, 67,840 B under the real one's there (the checkpointed layer's forward temporaries when autocast caches
-nothing: open). Its loss was 732,868 B against 597,976 B: there FSDP1 holds the root unit only (65,792 B), the last
-layer resharded. With fsdp_version 1: forward 666,816 B (1.009), loss 597,188 B (0.9987: the 788 B the loss's program
-is under without FSDP too).
+87,040 B, 67,840 B under the real one's there (the checkpointed layer's no-grad forward temporaries, not FSDP's:
+open, test_fsdp1_checkpointed_layer_forward). Its loss was 732,868 B against 597,976 B: there FSDP1 holds the root
+unit only (65,792 B), the last layer resharded. With fsdp_version 1: forward 666,816 B (1.009), loss 597,188 B
+(0.9987: the 788 B the loss's program is under without FSDP too). Its backward's peak 1,148,872 B: memfit's was
+1,331,520 B with FSDP2's reduce-scatter input kept beside the next unit's backward, which FSDP1 has not (it
+reduce-scatters the flat gradient itself): 1,195,840 B (1.041).
 FSDP2: the cache holds the casts (forward 1,049,792 B with it, 847,040 B without, 202,752 B: the three layers' casts
 cached before the peak). The peak is the last layer's all-gather copy-out: `wait_for_unshard` has dropped the previous
 layer's all-gather output from `comm_ctx.all_gather_state` but its local `prev_all_gather_state` holds it until it
@@ -60,9 +62,9 @@ WORLD = 2
 LOSS_BAND = 0.005
 
 
-def _run(tmp_path, version: int, *args: int) -> dict:
-    out = tmp_path / f"fsdp{version}-{'-'.join(map(str, args))}.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1")
+def _run(tmp_path, version: int, *args: int, vocab: int = 0) -> dict:
+    out = tmp_path / f"fsdp{version}-{'-'.join(map(str, args))}-{vocab}.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1", FSDP_WORKER_VOCAB=str(vocab))
     script = os.path.join(HERE, f"fsdp{version}_cast_worker.py")
     done = subprocess.run([sys.executable, script, str(WORLD), str(out), "1", *map(str, args)],
                           capture_output=True, text=True, timeout=300, check=False, env=env)
@@ -70,10 +72,11 @@ def _run(tmp_path, version: int, *args: int) -> dict:
     return json.loads(out.read_text())[0]
 
 
-def _memfit(tmp_path, version: int | None) -> dict:
+def _memfit(tmp_path, version: int | None, vocab: int = 0) -> dict:
     """memfit's worst moment of the forward and of the loss (`memfit explain --format json`'s timeline), on the run as
-    a config file, and the warm step's timeline; `version`: parallel.fsdp_version (None: not written, the default)."""
-    (tmp_path / "config.json").write_text(json.dumps(worker.config()))
+    a config file, and the warm step's timeline; `version`: parallel.fsdp_version (None: not written, the default);
+    `vocab`: the tiny Llama's vocabulary (0: its own)."""
+    (tmp_path / "config.json").write_text(json.dumps(worker.config(vocab or None)))
     parallel = {"data": WORLD, "fsdp": "full_shard", **({"fsdp_version": version} if version else {})}
     doc = {"memfit": 1, "device": {"memory": "1 TiB", "type": "cpu"}, "model": {"hf_config": "config.json"},
            "precision": "bf16-mixed", "optimizer": "sgd",
@@ -86,7 +89,7 @@ def _memfit(tmp_path, version: int | None) -> dict:
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     timeline = json.loads(done.stdout)["files"][0]["timeline"]
-    worst = {phase: max(e["bytes"] for e in timeline if e["phase"] == phase) for phase in ("forward", "loss")}
+    worst = {phase: max(e["bytes"] for e in timeline if e["phase"] == phase) for phase in ("forward", "loss", "backward")}
     return {**worst, "timeline": [e for e in timeline if e["step"] == 2]}
 
 
@@ -108,6 +111,12 @@ def test_fsdp1_forward_holds_no_cast_cache(use_orig_params, tmp_path):
     assert ours["forward"] - theirs < cached["casts"], \
         f"forward {ours['forward']:,} above MemTracker's {theirs:,} by {ours['forward'] - theirs:,}: the cast cache ({cached['casts']:,}) counted"
     _loss_within_band(ours["loss"], cached["peaks"]["loss"], "FSDP1")
+    # the backward: FSDP1 keeps no reduce-scatter input beside the next unit's backward (it reduce-scatters the unit's
+    # flat gradient itself): memfit was 1,331,520 B against 1,148,872 B with FSDP2's (a layer's fp32 gradients,
+    # 135,680 B, above the real one's and more); within one such buffer of it now
+    back, layer_grads = cached["peaks"]["backward"], 135_680
+    print(f"FSDP1 backward: memfit {ours['backward']:,} / MemTracker {back:,}")
+    assert back <= ours["backward"] < back + layer_grads, f"backward {ours['backward']:,} against MemTracker's {back:,}"
 
 
 @pytest.mark.filterwarnings("ignore")
@@ -134,3 +143,48 @@ def test_fsdp2_forward_holds_the_cast_cache(tmp_path):
     moment = next(e["bytes"] for e in ours["timeline"] if e["module"] == at["module"] and e["at"] == "pre-forward")
     print(f"FSDP2 {at['module']}'s copy-out: memfit {moment:,} / FSDPMemTracker {theirs:,}")
     assert theirs <= moment <= (1 + LOSS_BAND) * theirs, f"{at['module']}'s pre-forward {moment:,} against {theirs:,}"
+
+
+# a vocabulary large against the layers: the root unit (embeddings, final norm, head: 4,194,560 B) 31 times a layer
+# (135,680 B)
+LARGE_VOCAB = 8192
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_fsdp2_embeddings_hold_the_roots_all_gather_output(tmp_path):
+    """FSDP2's root is all-gathered at its pre-forward, before the embeddings run: the root's parameters and its
+    all-gather output are held through the embeddings (that output until the first layer's copy-out). memfit's
+    forward counted the largest unit gathered and its output there (6,856,128 B against FSDPMemTracker's
+    10,774,208 B, 0.636); with the root's own it is within the band, and the forward's peak (the first layer's
+    copy-out, the root's output still held) as before."""
+    real = _run(tmp_path, 2, 1, 1, vocab=LARGE_VOCAB)
+    ours = _memfit(tmp_path, None, vocab=LARGE_VOCAB)
+    theirs = real["by_module"]["model.embed_tokens"]
+    moment = max(e["bytes"] for e in ours["timeline"] if e["module"] == "model.embed_tokens" and e["phase"] == "forward")
+    print(f"FSDP2 vocab {LARGE_VOCAB}: embeddings memfit {moment:,} / FSDPMemTracker {theirs:,}; forward "
+          f"{ours['forward']:,} / {real['peaks']['forward']:,}; loss {ours['loss']:,} / {real['peaks']['loss']:,}")
+    assert theirs <= moment <= (1 + LOSS_BAND) * theirs, f"the embeddings' moment {moment:,} against {theirs:,}"
+    assert real["peaks"]["forward"] <= ours["forward"] <= (1 + LOSS_BAND) * real["peaks"]["forward"], \
+        f"forward {ours['forward']:,} against {real['peaks']['forward']:,}"
+    _loss_within_band(ours["loss"], real["peaks"]["loss"], "FSDP2, a large vocabulary")
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.xfail(strict=True, reason="a checkpointed layer's forward (no grad, reentrant) is priced as its input and "
+                   "output only (ledger/training.py _layer_rows: forward_flight the output): its inner temporaries are "
+                   "not counted (the residual after the attention and the MLP norm's fp32 output, its bf16 cast, the "
+                   "MLP's activation and projection outputs, a linear's uncached weight cast); the forward's worst moment "
+                   "is still above the real one's (the head's), and the backward recomputes the layer with more")
+def test_fsdp1_checkpointed_layer_forward(tmp_path):
+    """Under FSDP1 with autocast caching nothing, the forward's real peak is inside the last checkpointed layer (its
+    MLP's up projection, measured: 660,672 B, the program 154,880 B beside the sharded parameters 304,256 B and the
+    root's and the layer's flat parameters 65,792 + 135,680 B; not FSDP's: the layer's no-grad forward temporaries).
+    memfit's worst moment of that layer is its post-forward, 609,216 B (its program 87,040 B there: the layers'
+    inputs, the output written)."""
+    real = _run(tmp_path, 1, 1, 0)
+    ours = _memfit(tmp_path, 1)
+    last = f"model.layers.{worker.LAYERS - 1}"
+    theirs = max(b for m, b in real["by_module"].items() if m == last or m.startswith(last + "."))
+    moment = max(e["bytes"] for e in ours["timeline"] if e["module"] == last and e["phase"] == "forward")
+    print(f"FSDP1 {last}'s forward: memfit {moment:,} / MemTracker {theirs:,} (the forward's peak {real['peaks']['forward']:,})")
+    assert moment >= theirs, f"{last}'s forward moment {moment:,} below MemTracker's {theirs:,}"

@@ -33,11 +33,14 @@ def body(rank, world, accumulation, cache):
         def _update_peak_stats(self, peak_state):
             super()._update_peak_stats(peak_state)
             now = self._curr_mem_snap[ref.CPU]["Total"]
+            # the innermost module running (FSDPMemTracker's names: the model's class, then its module path)
+            inner = max((m for m in self._mod_tracker.parents if m != "Global"), key=len, default="")
+            if self.phase == "forward":  # the forward's worst by innermost module (the embeddings' moment)
+                name = inner.partition(".")[2]
+                self.by_module[name] = max(self.by_module.get(name, 0), now)
             if now > self.peaks.get(self.phase, 0):
                 self.peaks[self.phase] = now
                 self.at_peak[self.phase] = {getattr(k, "value", k): v for k, v in self._curr_mem_snap[ref.CPU].items() if v}
-                # the innermost module running (FSDPMemTracker's names: the model's class, then its module path)
-                inner = max((m for m in self._mod_tracker.parents if m != "Global"), key=len, default="")
                 self.at_peak[self.phase]["module"] = inner.partition(".")[2]
 
     cfg = config()
@@ -65,7 +68,7 @@ def body(rank, world, accumulation, cache):
     x, y = batch["input_ids"], batch["labels"]
 
     tracker = Phases(model, opt)
-    tracker.peaks, tracker.at_peak = {}, {}
+    tracker.peaks, tracker.at_peak, tracker.by_module = {}, {}, {}
     # the loss (transformers computes it in the model's forward, after the head): its own phase, as memfit's timeline
     head = model.module.lm_head if hasattr(model, "module") else model.lm_head
     head.register_forward_hook(lambda *_: setattr(tracker, "phase", "loss"))
@@ -73,7 +76,7 @@ def body(rank, world, accumulation, cache):
                             lambda: torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache), tracker)
     hook.remove()
     return {"peaks": tracker.peaks, "bytes": tracker.get_tracker_snapshot("peak")[ref.CPU]["Total"], "casts": casts, "at_peak": tracker.at_peak,
-            "weight": seen}
+            "weight": seen, "by_module": tracker.by_module}
 
 
 if __name__ == "__main__":

@@ -295,7 +295,8 @@ class _FsdpUnits:
       the next unit's post-backward, `reduce_scatter_max_input_buffers` 1). The layers already reduced keep only
       their shards (the rank's `gradients`, on the host under CPU offload)."""
 
-    __slots__ = ("rows", "all_gather", "prefetch", "forward", "accumulating", "_reduce_scatter", "fsdp1", "copy_out")
+    __slots__ = ("rows", "all_gather", "prefetch", "forward", "accumulating", "_reduce_scatter", "fsdp1", "copy_out",
+                 "embedding")
 
     def __init__(self, step: Step, p, gathered: dict, fsdp: dict) -> None:
         layers = [_layer(r) for r in step.rows]
@@ -319,8 +320,15 @@ class _FsdpUnits:
         if not self.fsdp1 and self.all_gather:
             for r, i in zip(step.rows, layers):
                 if i is not None and i not in self.copy_out:
-                    self.copy_out[i] = (r.name, fsdp["root"] if not self.copy_out else self.all_gather)
+                    self.copy_out[i] = (r.name, fsdp["root_all_gather"] if not self.copy_out else self.all_gather)
             self.copy_out = dict(self.copy_out.values())
+        # FSDP2's forward before the first layer (the embeddings, the root's rows): the root gathered and its own
+        # all-gather output, kept until the first layer's copy-out; memfit's forward elsewhere counts the largest
+        # unit gathered and its output, which a root more than about twice a layer (a large vocabulary's embeddings
+        # and head) exceeds (measured: tests/ledger/test_fsdp_cast_cache.py, the embeddings' moment)
+        first = next((n for n, i in enumerate(layers) if i is not None), None)
+        root_gather = 0 if self.fsdp1 or whole is not None else fsdp["root"] + fsdp["root_all_gather"]
+        self.embedding = {r.name: max(self.forward, root_gather) for r in step.rows[:first]} if first else {}
         # each row: (parameters gathered, prefetching, the gradients already reduced, a reduce-scatter input held,
         # the gradients made by the rows after it and by it: what a later micro-batch has made by then)
         position = {i: n for n, i in enumerate(order)}
@@ -340,7 +348,10 @@ class _FsdpUnits:
             else:  # after the last layer: the final norm and the head (the root's)
                 info = (outside, bool(order), 0, False, made)
             self.rows.setdefault(r.name, info)
-        self._reduce_scatter = fsdp["reduce_scatter"]
+        # FSDP1 reduce-scatters a unit's unsharded flat gradient itself (_runtime_utils.py _reduce_grad: its chunks,
+        # padded only where its numel is not divisible by the world size) and drops it with the post-backward: no
+        # reduce-scatter input is kept beside the next unit's backward (tests/ledger/test_fsdp_cast_cache.py)
+        self._reduce_scatter = 0 if self.fsdp1 else fsdp["reduce_scatter"]
         if not order:  # a program without layer rows (declared tensors, a Keras model): which unit runs when is not
             # known; every instant holds the largest unit gathered beside the root, the next one prefetched, at most
             # the root's and that unit's gradients unreduced and a reduce-scatter input
@@ -356,7 +367,7 @@ class _FsdpUnits:
         """The bytes held beside the program at an instant of `phase` in row `at` (at its boundary `edge`, None
         inside it) whose program has made `gradients`."""
         if phase == "forward":
-            return self.forward + (self.copy_out.get(at, 0) if edge == "pre-forward" else 0)
+            return self.embedding.get(at, self.forward) + (self.copy_out.get(at, 0) if edge == "pre-forward" else 0)
         info = self.rows.get(at)
         if info is None:
             return self.forward

@@ -179,7 +179,8 @@ class RankBytes:
     # FSDP2's units as its backward walks them (ledger.ranks): the root's gathered parameters ("root"), the largest
     # wrapped unit's ("unit") and its gradients' reduce-scatter input ("reduce_scatter"), the all-gather output a
     # unit is gathered into ("all_gather", 0 on a group of one rank, where FSDP2 copies the sharded parameters
-    # straight into the unsharded ones and allocates no all-gather output) and whether the backward prefetches
+    # straight into the unsharded ones and allocates no all-gather output), the root's ("root_all_gather", held from
+    # the root's pre-forward through the embeddings to the first layer's copy-out) and whether the backward prefetches
     # the next unit into one ("prefetch": full_shard and hybrid_shard, whose units are resharded after forward)
     fsdp: dict = field(default_factory=dict)
 
@@ -599,7 +600,8 @@ def _fsdp_units(units: dict, p: Parallel, n: int) -> dict:
     others = [u for k, u in units.items() if k != "<root>"] or [{"parameters": 0, "gradients": 0}]
     u = max(others, key=lambda u: u["parameters"] + u["gradients"])
     return {"root": root["parameters"], "unit": u["parameters"], "reduce_scatter": u["gradients"],
-            "all_gather": u["parameters"] if n > 1 else 0, "prefetch": p.fsdp in ("full_shard", "hybrid_shard")}
+            "all_gather": u["parameters"] if n > 1 else 0, "root_all_gather": root["parameters"] if n > 1 else 0,
+            "prefetch": p.fsdp in ("full_shard", "hybrid_shard")}
 
 
 def _busiest_node(stages: list, world: int, per_node: int, ranks_per_stage: int) -> dict:
