@@ -385,8 +385,7 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
     emb, layer_blocks, head, loss = blocks[0], blocks[1:-2], blocks[-2], blocks[-1]
     per_layer = [blk.kept for blk in layer_blocks for _ in range(blk.count)]
     hidden = dtype_bytes(b * sizes.get("stream", s) * h, roles["act"])  # the residual stream (a sequence-parallel rank's: its slice)
-    # an encoder-decoder's encoder layers run over seq_len source tokens, its decoder's over target_len (`s`): its
-    # input ids are the source's, its labels the target's
+    # an encoder-decoder's encoder runs over seq_len source tokens (its input ids), its decoder over target_len (`s`)
     encoder_layers = hf_encdec.stacks(cfg)[0][2] if stacked else 0
     ids, labels = fresh(dtype_bytes(b * (sizes["se"] if stacked else s), "int64")), fresh(dtype_bytes(b * s, "int64"))
     enc_sizes = {**sizes, "s": sizes["se"], "T": sizes["Te"]} if stacked else sizes
