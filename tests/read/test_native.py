@@ -518,7 +518,7 @@ def test_sharding_and_target_keys_of_each_format(tmp_path, model):
     ax.write_text("base_model: ./llama-3-8b.json\nmicro_batch_size: 1\nsequence_len: 1024\nbf16: true\nfsdp_version: 1\nfsdp_config:\n  activation_checkpointing: true\n")
     doc = same_figures_as_converted(ax, "--device", "H100-80GB", "--gpus", "8")["doc"]
     assert doc["parallel"] == {"fsdp": "full_shard", "fsdp_version": 1, "data": 8}
-    # axolotl's fsdp_version unset: FSDP1 (utils/trainer.py sets accelerate's FSDP_VERSION only for 2)
+    # axolotl's fsdp_version unset: FSDP1 (schemas/validation.py check_fsdp_version_in_fsdp_config pins it to 1)
     ax.write_text("base_model: ./llama-3-8b.json\nmicro_batch_size: 1\nsequence_len: 1024\nbf16: true\nfsdp_config:\n  activation_checkpointing: true\n")
     doc = same_figures_as_converted(ax, "--device", "H100-80GB", "--gpus", "8")["doc"]
     assert doc["parallel"] == {"fsdp": "full_shard", "fsdp_version": 1, "data": 8}

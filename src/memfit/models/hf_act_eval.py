@@ -466,9 +466,10 @@ def _layer_types(cfg: dict) -> tuple:
 
 
 def _windowed(cfg: dict, fam: ActivationRules, attention: str, seq_len: int) -> bool:
-    """A sliding layer's window is a mask sdpa must take (the sequence is longer than the window)."""
+    """A sliding layer's window is a mask sdpa must take: the sequence is as long as the window or longer
+    (masking_utils._ignore_causal_mask_sdpa skips the mask only while kv_length < local_attention_size)."""
     window = cfg.get("sliding_window")
-    return (fam.window_layers and attention == "sdpa" and fam.sdpa and window is not None and seq_len > window
+    return (fam.window_layers and attention == "sdpa" and fam.sdpa and window is not None and seq_len >= window
             and "sliding_attention" in _layer_types(cfg))
 
 

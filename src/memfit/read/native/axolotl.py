@@ -43,7 +43,7 @@ KEYS = {
     "deepspeed": (None, "parallel.zero, offload, buckets, precision (a DeepSpeed JSON)", "schemas/config.py deepspeed"),
     "fsdp_config": (None, "parallel.fsdp, parallel.offload, training.checkpointing", "schemas/fsdp.py FSDPConfig"),
     "fsdp": (None, "parallel.fsdp (deprecated list form: full_shard, shard_grad_op, offload)", "schemas/config.py fsdp"),
-    "fsdp_version": (None, "parallel.fsdp_version: 2 when 2; 1 or unset: 1 (FSDP1: axolotl sets accelerate's FSDP_VERSION for 2 only; also read from fsdp_config)", "schemas/fsdp.py FSDPConfig.fsdp_version"),
+    "fsdp_version": (None, "parallel.fsdp_version: 2 when 2; 1 or unset: 1 (FSDP1: axolotl's check_fsdp_version_in_fsdp_config pins an unversioned fsdp_config to 1; also read from fsdp_config)", "schemas/fsdp.py FSDPConfig.fsdp_version"),
     "liger_fused_linear_cross_entropy": (None, "training.fused_loss liger, with the Liger plugin listed (axolotl.integrations.liger.LigerPlugin)", "integrations/liger/args.py LigerArgs.liger_fused_linear_cross_entropy"),
     "cut_cross_entropy": (None, "training.fused_loss cut_cross_entropy, with the Cut Cross-Entropy plugin listed (axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin)", "integrations/cut_cross_entropy/args.py CutCrossEntropyArgs.cut_cross_entropy"),
     "overrides_of_model_config": (None, "model.transformer: the config.json's keys with these set over them (setattr on the model config)", "schemas/model.py ModelInputConfig.overrides_of_model_config; loaders/model.py ModelLoader._apply_model_config_overrides"),
@@ -302,8 +302,8 @@ def _fsdp(r: Reader) -> None:
         strategy = "shard_grad_op"
     r.set(("parallel", "fsdp"), strategy, strategy_at)
     # fsdp_version (top level, or in fsdp_config, where axolotl moves it from): 2 is FSDP2; 1 and unset FSDP1
-    # (utils/trainer.py sets accelerate's FSDP_VERSION only for 2, and accelerate's plugin defaults to 1;
-    # schemas/validation.py _resolve_fsdp_version: fsdp_config's fsdp_version, default 1)
+    # (schemas/validation.py check_fsdp_version_in_fsdp_config pins an unversioned fsdp_config to 1, since
+    # transformers >= 5.10 would default it to 2)
     version, version_at = (r.get("fsdp_version", (int,), None), r.at("fsdp_version")) if "fsdp_version" in data else opt("fsdp_version", "version")
     if str(version) != "2":
         r.set(("parallel", "fsdp_version"), 1, version_at or strategy_at)
