@@ -576,3 +576,21 @@ def test_litgpt_optimizer_init_args_choose_the_step(tmp_path):
         peaks[name] = out["native"]["peak"]["bytes"]
     # foreach's temporary is as large as every parameter, the loop's two as large as the largest one, fused has none
     assert peaks["default"] > peaks["for_loop"] >= peaks["fused"], peaks
+
+
+def test_fsdp1_forward_prefetch_is_a_positioned_warning(tmp_path, model):
+    """FSDP1's forward_prefetch gathers the next unit during the current one's forward (not modelled: low), said at
+    the key in accelerate's launch config and in the Trainer's fsdp_config; FSDP2 has no such key."""
+    launch = tmp_path / "fsdp.yaml"
+    launch.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nnum_machines: 1\nnum_processes: 8\n"
+                      "mixed_precision: bf16\nfsdp_config:\n  fsdp_forward_prefetch: true\n")
+    out = memfit("convert", launch)
+    assert f"{launch}:7:26: warning[not-modelled] fsdp_forward_prefetch: FSDP1 all-gathers the next unit" in out.stderr + out.stdout
+    args = tmp_path / "args.yaml"
+    args.write_text("model_name_or_path: ./llama-3-8b.json\noutput_dir: out\nper_device_train_batch_size: 1\nblock_size: 1024\n"
+                    "bf16: true\nfsdp: full_shard auto_wrap\nfsdp_config:\n  version: 1\n  forward_prefetch: true\n")
+    entry, _ = figures(args, "--device", "H100-80GB", "--gpus", "8")
+    assert [(d["range"]["start"]["line"], d["code"]) for d in entry["diagnostics"] if "forward_prefetch" in d["message"]] == [(8, "not-modelled")]  # 0-based: line 9
+    args.write_text(args.read_text().replace("  version: 1\n", "  version: 2\n"))
+    entry, _ = figures(args, "--device", "H100-80GB", "--gpus", "8")
+    assert not [d for d in entry["diagnostics"] if "forward_prefetch" in d["message"]]

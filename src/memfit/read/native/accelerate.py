@@ -18,6 +18,12 @@ from memfit.diagnostics import codes
 from memfit.read.native.base import At, Reader
 
 # FSDP sharding strategy (name or accelerate's number) -> parallel.fsdp
+# FSDP1's forward_prefetch (torch/distributed/fsdp/fully_sharded_data_parallel.py): the next unit's all-gather is
+# issued before the current unit's forward runs, so two units are gathered at once in forward
+FORWARD_PREFETCH = ("{key}: FSDP1 all-gathers the next unit before the current one's forward runs, so two units' "
+                    "parameters are gathered at once in forward: the figures are low by up to one unit; memfit does "
+                    "not model it, the figures leave it out")
+
 FSDP_STRATEGY = {
     "FULL_SHARD": "full_shard", "1": "full_shard",
     "SHARD_GRAD_OP": "shard_grad_op", "2": "shard_grad_op",
@@ -63,6 +69,8 @@ def launch(r: Reader, data: dict, file: str | None) -> dict:
         version = r.get("fsdp_version", (int,), 1, data=fsdp, prefix=("fsdp_config",), file=file)
         if version in (1, 2):  # accelerate's FullyShardedDataParallelPlugin: FSDP_VERSION, default 1 (FSDP1)
             out["fsdp_version"] = (version, at("fsdp_config", "fsdp_version") if "fsdp_version" in fsdp else at("distributed_type"))
+        if version == 1 and fsdp.get("fsdp_forward_prefetch") is True:
+            r.warn(at("fsdp_config", "fsdp_forward_prefetch"), FORWARD_PREFETCH.format(key="fsdp_forward_prefetch"))
         if version == 2 and "fsdp_reshard_after_forward" in fsdp:
             reshard = r.get("fsdp_reshard_after_forward", (bool, str), True, data=fsdp, prefix=("fsdp_config",), file=file)
             strategy = "full_shard" if reshard in (True, "FULL_SHARD") else "shard_grad_op"

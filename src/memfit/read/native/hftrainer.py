@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from memfit.diagnostics import codes
 from memfit.read.native import hf
+from memfit.read.native.accelerate import FORWARD_PREFETCH
 from memfit.read.native.axolotl import optimizer
 from memfit.read.native.base import Reader, model_value
 
@@ -28,7 +29,7 @@ KEYS = {
     "optim": ("adamw_torch_fused", "optimizer, training.optimizer_impl", "TrainingArguments.optim; trainer_optimizer.py _OPTIMIZER_HANDLERS"),
     "deepspeed": (None, "a DeepSpeed JSON (or inline dict)", "TrainingArguments.deepspeed"),
     "fsdp": (None, "parallel.fsdp: full_shard, shard_grad_op, hybrid_shard, no_shard; offload", "TrainingArguments.fsdp (FSDPOption)"),
-    "fsdp_config": (None, "activation_checkpointing -> training.checkpointing full; version 1 -> parallel.fsdp_version 1 (default 2)", "TrainingArguments.fsdp_config"),
+    "fsdp_config": (None, "activation_checkpointing -> training.checkpointing full; version 1 -> parallel.fsdp_version 1 (default 2); forward_prefetch under version 1: a not-modelled warning (low by up to one unit)", "TrainingArguments.fsdp_config"),
     "attn_implementation": (None, "training.attention", "ModelArguments (run_sft); the model's default is sdpa"),
     "activation_checkpointing_kwargs": (None, "every_n_layers -> training.checkpoint_every (layers 0, N, 2N, ...)", "TrainingArguments.activation_checkpointing_kwargs; trainer.py pops every_n_layers for activation_checkpointing_enable; modeling_utils.py _set_gradient_checkpointing `layer_index % every_n_layers == 0`"),
     "gradient_checkpointing_kwargs": (None, "as activation_checkpointing_kwargs (its deprecated alias)", "TrainingArguments.__post_init__"),
@@ -132,6 +133,9 @@ def read(r: Reader, ctx) -> dict:
         key = next((k for k in ("version", "fsdp_version") if isinstance(config, dict) and k in config), None)
         if key is not None and str(config[key]) == "1":
             r.set(("parallel", "fsdp_version"), 1, r.at("fsdp_config", key))
+            prefetch = next((k for k in ("forward_prefetch", "fsdp_forward_prefetch") if config.get(k) is True), None)
+            if prefetch is not None:
+                r.warn(r.at("fsdp_config", prefetch), FORWARD_PREFETCH.format(key=prefetch))
         if isinstance(config, dict) and (config.get("activation_checkpointing") or config.get("fsdp_activation_checkpointing")):
             checkpointing = True
             r.origin(("training", "checkpointing"), r.at("fsdp_config"))
