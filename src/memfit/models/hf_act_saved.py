@@ -705,16 +705,19 @@ ENCODER_INPUTS = ("encoder embed_tokens", "encoder embedding dropout", "encoder 
 def t5_later_kept(embeddings_kept: list, encoder_layers: int) -> dict:
     """{index in the embeddings block's kept tensors: the layer whose first row keeps it instead}. Measured (T5,
     MemTracker with a dispatch-mode tracer at the encoder's backward): what the embeddings block keeps for the decoder
-    (its inputs, the encoder's final norm and output, the decoder's position biases) is freed once the decoder's
-    backward is done, and under full checkpointing the encoder's shared position bias once the second encoder
-    layer's is; the input ids (the batch's), the encoder's inputs and the cross-attention's zero bias (a leaf with its
-    gradient) stay."""
+    (its inputs, the encoder's final norm and output) is freed once the decoder's backward is done, and under full
+    checkpointing each stack's shared position bias once its second layer's backward is (the later layers'
+    checkpoints saved it; it is no argument of the first layer, which recomputes it: weakrefs to the first layers'
+    outputs, tiny T5 2+2 under full checkpointing, find the decoder's bias freed at its first layer's recomputation);
+    the input ids (the batch's), the encoder's inputs and the cross-attention's zero bias (a leaf with its gradient,
+    held by its AccumulateGrad node: alive at both first layers' recomputations) stay."""
     out = {}
     for n, k in enumerate(embeddings_kept):
         shared = k.label == f"{SHARED_BIAS} (encoder)" and encoder_layers > 1
         if k.label.endswith("input ids") or (k.label.startswith(ENCODER_INPUTS) and not shared) or k.label.endswith("(cross-attention zeros)"):
             continue
-        out[n] = 1 if shared else encoder_layers
+        # (a decoder's shared bias exists only with two decoder layers or more: _t5_checkpoint_inputs)
+        out[n] = 1 if shared else encoder_layers + 1 if k.label == f"{SHARED_BIAS} (decoder)" else encoder_layers
     return out
 
 
