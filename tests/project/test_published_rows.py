@@ -69,8 +69,9 @@ def test_published_row_is_within_its_band(name, ratio):
 
 @pytest.mark.parametrize("tokens, printed", [(128, "0.996"), (768, "0.998")])
 def test_the_unpacked_baseline_below_800_tokens(tmp_path, tokens, printed):
-    """docs/accuracy.md: the Baseline row (unpacked alpaca, fused AdamW) at a batch of 128 or 768 tokens peaks in the
-    backward at 0.996 and 0.998 of the 25.5 GiB measured; its lengths are the data's, so the row itself stays open."""
+    """The figures docs/accuracy.md prints for the Baseline row (unpacked alpaca, fused AdamW) at batches of 128 and
+    768 tokens: memfit's peak in the backward, 0.996 and 0.998 of the 25.5 GiB measured (the run's lengths are the
+    data's and unknown, so these pin what the docs say, not a measurement; the row itself stays open)."""
     import json
     import subprocess
 
