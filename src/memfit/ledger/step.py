@@ -351,12 +351,11 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
     # but saved by nobody: counted with the step's transients, so the saved activations stay the footprint's
     loose = sum(size[t] for t in batch if t not in keepers)
     batch = {t for t in batch if t in keepers}
-    buffered = 0  # in backward, a shared weight's gradient parts summed apart from its kept .grad (Step.grad_buffered)
-    carried = 0  # in backward, gradients made for an earlier row's tensors, not yet taken (Row.grads_born)
+    buffered = 0  # in backward: a shared weight's gradient parts (Step.grad_buffered), gradients held (Row.grads_born)
 
     def consider(phase, at, gradients, activations, transient, where=None):
         # (the live bytes by category, as numbers: a 70B's step has a thousand moments and one worst per phase)
-        transient += loose + buffered + carried + (step.outputs_held if phase != "forward" else 0)
+        transient += loose + buffered + (step.outputs_held if phase != "forward" else 0)
         if where is not None:  # a row's boundary, for the trace only (the timeline's)
             trace.append((phase, at, _live(params, gradients, activations, state, transient, overhead), where))
             return
@@ -441,8 +440,7 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
             consider("backward", row.name, max(held, done + sum(row.grads)), alive, flowing + row.backward_extra)
         done += sum(row.grads)
         left -= sum(size[t] for t in released.get(i, ()) if t in saved_all)
-        buffered += row.grad_started - row.grad_completed if step.grad_buffered else 0  # (Step.grad_buffered)
-        carried += sum(row.grads_born) - sum(row.grads_taken)
+        buffered += (row.grad_started - row.grad_completed if step.grad_buffered else 0) + sum(row.grads_born) - sum(row.grads_taken)
         if edges:  # the last row to run backward makes no input gradient; the step's kept tensors but the batch go
             consider("backward", row.name, max(held, done), *((left, g_in) if i and rows[i - 1].output_grad else (sum(size[t] for t in batch), 0)), "post-backward")
 
