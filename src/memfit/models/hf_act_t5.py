@@ -289,7 +289,9 @@ def t5_first_recomputed(cfg: dict, sizes: dict, roles: dict, checkpointing: str)
     dtype, which the layer's outputs hold for the later layers: not saved by the recomputed ops, alive as the
     recomputed forward's value until it stops), and the decoder's first cross-attention its zero bias (1, H, s, se).
     Measured (MemTracker with a dispatch-mode trace of the live storages, tiny T5 2+2 under bf16-mixed, at its peak in
-    the first decoder layer's recomputation): the (s, s, H) fp32 embedding output and the (1, H, s, se) bf16 zeros."""
+    the first decoder layer's recomputation): the (s, s, H) fp32 embedding output and the (1, H, s, se) bf16 zeros;
+    8 x 96 -> 24: the encoder's (se, se, H) fp32 output alive from the first encoder layer's recomputed self-attention
+    through its feed-forward's last cast, freed before that layer's backward."""
     if checkpointing != "full":
         return {"encoder": {}, "decoder": {}}
     s, H, se = sizes["s"], sizes["H"], sizes["se"]
