@@ -224,20 +224,17 @@ def step_peak(tmp_path, precision: str, checkpointing: str, b: int, source: int,
         return ours, ref.measure(model, (batch["input_ids"], batch["labels"]), loss, opt)["bytes"]
 
 
-# Both former gaps are closed (measured with a dispatch-mode tracer listing the live tensors at MemTracker's peak):
+# The former gaps are closed (measured with a dispatch-mode tracer listing the live tensors at MemTracker's peak):
 # 32-true full (8,96,24) was 1.131 (the embeddings' decoder-side tensors held through the encoder's backward, the
 # encoder's first layer's input taken for the decoder's, p @ v's v copy and q's, k's gradients counted at the
-# softmax's backward), now 1.015; bf16-mixed none (4,24,96) was 0.943 (the decoder's first layer's input, the fp32
-# copy of the logits cross_entropy makes under autocast), now 0.963.
-PEAK_GAPS: dict = {
-    # the walk held the decoder's shared position bias through its first layer's recomputation (freed by then: the
-    # later layers' checkpoints saved it; weakrefs in a real step) and was 0.970 by it; without it 0.944. MemTracker
-    # holds 190,464 B more at the first decoder layer's recomputation than at the second's, where the walk holds 56,576
-    # B less: the gradients the second layer's backward makes for tensors the first layer's backward takes (the
-    # shared bias's (1, H, s, s) fp32 147,456, the cross-attention zero bias's .grad (1, H, s, se) bf16 18,432, the
-    # encoder output's (b, se, h) fp32 24,576), not yet walked
-    ("bf16-mixed", "full", 4, 24, 96): "the decoder's gradients held between its layers' backwards (0.944)",
-}
+# softmax's backward), now 1.012; bf16-mixed none (4,24,96) was 0.943 (the decoder's first layer's input, the fp32
+# copy of the logits cross_entropy makes under autocast), now 0.963; bf16-mixed full (4,24,96) was 0.944, now 0.955:
+# at MemTracker's peak, in the first decoder layer's recomputation, the gradients the second layer's backward made for
+# what the first layer and the encoder pass it (the shared bias's (1, H, s, s) fp32 147,456, the cross-attention zero
+# bias's .grad (1, H, s, se) bf16 18,432, the encoder output's (b, se, h) fp32 24,576: the walk's held gradients,
+# hf_act_t5.t5_held_gradients) and what the recomputation makes unsaved (the relative bias's (s, s, H) fp32 embedding
+# output 147,456, the zero bias 18,432: hf_act_t5.t5_first_recomputed)
+PEAK_GAPS: dict = {}
 STEP_CASES = [(p, ck, *lengths) for p in ("32-true", "bf16-mixed") for ck in ("none", "full")
               for lengths in ((8, 96, 24), (4, 24, 96))]
 

@@ -585,7 +585,8 @@ def _signature(step: Step) -> tuple:
     rows = tuple((r.name.rsplit(" ", 1)[-1], tuple(r.params), tuple(r.grads), tuple(r.frozen),
                   tuple(size[t] for t in r.kept), size.get(r.input, 0), size.get(r.output, 0), r.view, r.inner, r.inner_kept,
                   r.output_grad, r.grad_input, r.backward_extra, r.recompute, r.forward_flight, r.backward_flight,
-                  r.flight_freed, r.recompute_moment, r.flight_first, r.after_flight, r.early_flight, r.forward_early)
+                  r.flight_freed, r.recompute_moment, r.flight_first, r.after_flight, r.early_flight, r.forward_early,
+                  tuple(r.grads_born), tuple(r.grads_taken))
                  for r in step.rows)
     return (rows, tuple(step.optimizer_state), None if step.stepped is None else tuple(step.stepped),
             tuple(size[t] for t in step.batch), step.loss.forward, step.loss.backward, tuple(size[t] for t in step.loss_kept))

@@ -117,6 +117,12 @@ class Row:
     # (Step.grad_buffered) the buffer is a tensor of its own between the two
     grad_started: int = 0
     grad_completed: int = 0
+    # gradients its backward makes for tensors an earlier row's backward takes (T5's decoder under full checkpointing:
+    # its shared position bias's, the cross-attention zero bias's, the encoder output's, models/hf_act_t5
+    # t5_held_gradients): the bytes of each, alive from the end of its backward until the end of the backward of the
+    # row whose `grads_taken` lists them (accumulated into by the rows between, in place)
+    grads_born: list = field(default_factory=list)
+    grads_taken: list = field(default_factory=list)
     # bytes of the low-dtype casts of its trained weights that autocast's cache holds beyond what the row keeps: from
     # its forward until the autocast context exits at the forward's end (aten/src/ATen/autocast_mode.cpp `cached_cast`
     # caches the cast of a leaf fp32 tensor that requires grad; `torch.autocast.__exit__` clears the cache when the
@@ -197,7 +203,7 @@ def _up(n: int, granule: int) -> int:
 # named in one of the two, so that a field added to them is placed on purpose (tests/ledger/test_step.py)
 ROUNDED = {
     "Row": ("grads", "params", "frozen", "inner", "backward_extra", "recompute", "flight_freed", "recompute_moment",
-            "grad_started", "grad_completed", "cast_cached"),
+            "grad_started", "grad_completed", "cast_cached", "grads_born", "grads_taken"),
     "Loss": ("forward", "backward", "upcast", "held"),
     "Step": ("tensors", "optimizer_state", "stepped", "forward_held", "outputs_held"),
 }
@@ -345,7 +351,7 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
     # but saved by nobody: counted with the step's transients, so the saved activations stay the footprint's
     loose = sum(size[t] for t in batch if t not in keepers)
     batch = {t for t in batch if t in keepers}
-    buffered = 0  # in backward, a shared weight's gradient parts summed apart from its kept .grad (Step.grad_buffered)
+    buffered = 0  # in backward: a shared weight's gradient parts (Step.grad_buffered), gradients held (Row.grads_born)
 
     def consider(phase, at, gradients, activations, transient, where=None):
         # (the live bytes by category, as numbers: a 70B's step has a thousand moments and one worst per phase)
@@ -434,7 +440,7 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
             consider("backward", row.name, max(held, done + sum(row.grads)), alive, flowing + row.backward_extra)
         done += sum(row.grads)
         left -= sum(size[t] for t in released.get(i, ()) if t in saved_all)
-        buffered += row.grad_started - row.grad_completed if step.grad_buffered else 0  # (Step.grad_buffered)
+        buffered += (row.grad_started - row.grad_completed if step.grad_buffered else 0) + sum(row.grads_born) - sum(row.grads_taken)
         if edges:  # the last row to run backward makes no input gradient; the step's kept tensors but the batch go
             consider("backward", row.name, max(held, done), *((left, g_in) if i and rows[i - 1].output_grad else (sum(size[t] for t in batch), 0)), "post-backward")
 

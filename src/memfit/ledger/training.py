@@ -623,6 +623,22 @@ def _every_layer(cfg: dict, common: dict, checkpointing: str, stacked: bool, per
     return every, bound
 
 
+def _t5_stack_ends(row: Row, k, i: int, names: list, encoder_layers: int, n_layers: int) -> None:
+    """T5 under full checkpointing (models/hf_act_t5): a stack's first layer recomputes its relative bias (and the
+    decoder's its cross-attention's zero bias), unsaved but alive until the recomputation ends (t5_first_recomputed);
+    the gradients the decoder's last layer's backward makes for what its first layer and the encoder pass the later
+    layers are held, accumulated into, until the first decoder layer's backward is done: alive through the layers
+    between, their recomputations included (t5_held_gradients). `names`: the layer's parts up to this row's."""
+    if row.recompute_moment is not None and i in (0, encoder_layers):
+        made = k.first_recomputed["encoder" if i < encoder_layers else "decoder"]
+        redone_bytes, flight = row.recompute_moment
+        row.recompute_moment = (redone_bytes, flight + sum(nbytes for p, nbytes in made.items() if p in names))
+    if k.held_gradients and i == n_layers - 1:
+        row.grads_born = list(k.held_gradients.get(names[-1], ()))
+    if k.held_gradients and i == encoder_layers and len(names) == 1:
+        row.grads_taken = [g for made in k.held_gradients.values() for g in made]
+
+
 def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fresh, weights, kept_ids, cfg: dict, sizes: dict,
                 enc_sizes: dict, checkpointing: str, stacked: bool, encoder_layers: int, enc_hidden: int, hidden: int,
                 n_layers: int, checkpointed=None, adapters: bool = False, cached: bool = True) -> int:
@@ -638,7 +654,7 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
     leaf that is no view."""
     kept_bytes = _kept_bytes
     fam, flights, enc_flights, dense_flights, early, a2a = k.fam, k.flights, k.enc_flights, k.dense_flights, k.early, k.a2a
-    first_decoder, decoder_flight, redone, enc_redone = k.first_decoder, k.decoder_flight, k.redone, k.enc_redone
+    redone, enc_redone = k.redone, k.enc_redone
     kernel, arrived = k.kernel, k.arrived
     b = sizes["b"]
     split_cache: dict = {}
@@ -685,10 +701,7 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
                     made = sum(part_bytes[: n + 1]) - layer_hidden
                     for later, flight in kernel[part]:
                         later_bytes = sum(kept_bytes(k) for k in kept if later and k.label.startswith(later))
-                        # (a decoder layer recomputed after a later one's backward: the gradients accumulating
-                        # through the decoder's backward, t5_flights, are alive beside it)
-                        accumulated = decoder_flight if first_decoder <= i < n_layers - 1 else 0
-                        moment = (min(made - later_bytes, bound[i]), arrived + flight + accumulated)
+                        moment = (min(made - later_bytes, bound[i]), arrived + flight)
                         if row.recompute_moment is None or sum(moment) > sum(row.recompute_moment):
                             row.recompute_moment = moment
             else:
@@ -706,8 +719,9 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
                 row.forward_flight = max(row.forward_flight, k.lora_forward[part] - unmade)
             if k.dora.get(part) and not encoder:
                 row.forward_flight = max(row.forward_flight, k.dora[part])
-            row.backward_flight = ((enc_flights if encoder else (flights if sparse else dense_flights))[part] + routed
-                                   + (decoder_flight if i >= first_decoder else 0))
+            row.backward_flight = (enc_flights if encoder else (flights if sparse else dense_flights))[part] + routed
+            if stacked:
+                _t5_stack_ends(row, k, i, [q for q, _ in parts[: n + 1]], encoder_layers, n_layers)
             composed = [t for t in kept if t.label.startswith("act: ")] if part == "mlp" else []
             if len(composed) > 1:
                 # an activation written as a chain of ops (GPT-2's gelu_new: 0.5 * x * (1 + tanh(...))): its backward

@@ -12,7 +12,6 @@ from types import SimpleNamespace
 from memfit.models import held
 from memfit.models.hf_act_eval import dropout_on, layer_conditions, trainable_flags
 from memfit.models.hf_act_families import FAMILIES
-from memfit.models.hf_act_layers import count_layers
 from memfit.models.hf_act_ops import rms_upcast
 from memfit.models.hf_act_t5 import t5_cross_math_moments, t5_flights
 from memfit.recipe.costs import dtype_bytes
@@ -28,7 +27,6 @@ def layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_size
     """What a layer's rows hold besides their kept tensors (the family's kernels, measured): the gradients in flight
     at each part's worst backward moment, the recomputation's moments, expert parallelism's all-to-all buffers."""
     h, T = sizes["h"], sizes["T"]
-    n_layers = count_layers(cfg)
     precision = recipe_args.get("precision", "32-true")
     fam = FAMILIES[cfg["model_type"]]
     flights = _layer_flights(cfg, sizes, roles, attention=run["attention"])
@@ -41,10 +39,10 @@ def layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_size
     # direction (the gradients take the same way back)
     moe = recipe_args.get("moe") or {}
     a2a = dtype_bytes((T * sizes["k"] + sizes["S"]) * h, roles["act"]) if (moe.get("expert") or 1) > 1 and sizes.get("k") else 0
-    self_math, first_decoder, decoder_flight = False, n_layers, 0
+    self_math, held_gradients, first_recomputed = False, {}, {}
     if stacked:
-        self_math, first_decoder, decoder_flight = t5_flights(cfg, sizes, roles, run["attention"], checkpointing, precision,
-                                                              recipe_args.get("lora"), flights, enc_flights)
+        self_math, held_gradients, first_recomputed = t5_flights(cfg, sizes, roles, run["attention"], checkpointing,
+                                                                 precision, recipe_args.get("lora"), flights, enc_flights)
     quantized, mixed = bool((model_dtypes or {}).get("quantized")), precision.endswith("-mixed")
     dequantized, dense_dequantized = {}, {}
     if quantized and (model_dtypes or {}).get("quantized_from") and not stacked:
@@ -69,7 +67,7 @@ def layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_size
     # (T5's softmax backward, where its attention materializes the scores: p @ v's backward has freed what only it kept)
     freed = ("p @ v:",) if stacked and self_math else ()
     return SimpleNamespace(fam=fam, flights=flights, enc_flights=enc_flights, dense_flights=dense_flights, early=early, a2a=a2a,
-                           freed=freed, first_decoder=first_decoder, decoder_flight=decoder_flight, redone=redone,
+                           freed=freed, held_gradients=held_gradients, first_recomputed=first_recomputed, redone=redone,
                            enc_redone=enc_redone, kernel=kernel, arrived=arrived, dora=dora, dequantized=dequantized,
                            dense_dequantized=dense_dequantized, after=after, enc_after=enc_after, moe_tail=moe_tail,
                            unsort=unsort,

@@ -7,7 +7,6 @@ from memfit.models import held, hf_encdec
 from memfit.models.hf_act_ops import _activation, activation_output, K, _linear
 from memfit.models.hf_act_families import FAMILIES
 from memfit.models.hf_act_eval import layer_conditions, _quantized_base, role_dtypes, trainable_flags
-from memfit.models.hf_act_layers import count_layers
 from memfit.recipe.costs import dtype_bytes
 
 
@@ -257,8 +256,8 @@ def t5_score_kernels(cfg: dict, attention: str, checkpointing: str, precision: s
 def t5_flights(cfg: dict, sizes: dict, roles: dict, attention: str, checkpointing: str, precision: str, lora: dict | None,
                flights: dict, enc_flights: dict) -> tuple:
     """T5's kernels in a layer's backward, added to the parts' gradients in flight (`flights`: the decoder's,
-    `enc_flights`: the encoder's, updated in place): (the self-attention materializes its scores, the first decoder
-    layer, the gradients through the decoder's backward under full checkpointing)."""
+    `enc_flights`: the encoder's, updated in place): (the self-attention materializes its scores, the gradients held
+    between the decoder layers' backwards: t5_held_gradients)."""
     b, s, h = sizes["b"], sizes["s"], sizes["h"]
     # where T5's attention materializes its scores (eager; SDPA's math path), its softmax's backward holds the
     # gradients of the probabilities and of the scores, (b, H, q, k) each: the self-attention's in the layer's
@@ -270,7 +269,7 @@ def t5_flights(cfg: dict, sizes: dict, roles: dict, attention: str, checkpointin
         # measured (MemTracker with a dispatch-mode tracer, T5's encoder at its first layer's softmax backward):
         # beside the two score-sized gradients are the residual stream's, v's and one more (T, h) gradient and
         # the relative bias's gradient (1, H, q, k), accumulating over the stack's layers when the bias trains
-        # (the decoder's is in decoder_flight under full checkpointing); q's and k's come after the softmax's
+        # (the decoder's is held between its layers under full checkpointing: t5_held_gradients); q's and k's come after the softmax's
         bias = trainable_flags(FAMILIES["t5"], lora)["W:embed"]
         for flight, q_len, own_bias in ((enc_flights, se, bias), (flights, s, bias and checkpointing != "full")):
             tokens = b * q_len
@@ -280,13 +279,44 @@ def t5_flights(cfg: dict, sizes: dict, roles: dict, attention: str, checkpointin
             flight["attention"] = max(flight["attention"], at_softmax)
     if cross_math:
         flights["o_proj"] += 2 * dtype_bytes(b * H * s * se, score_dtype)
-    first_decoder, decoder_flight = count_layers(cfg), 0
-    if checkpointing == "full":
-        # measured (T5, non-reentrant checkpointing): through the decoder's backward the gradients of the encoder's
-        # output and of the decoder's self- and cross-attention biases accumulate beside the residual stream's
-        first_decoder = hf_encdec.stacks(cfg)[0][2]
-        decoder_flight = dtype_bytes(b * se * h + H * s * s + H * s * se, roles["act"])
-    return self_math, first_decoder, decoder_flight
+    return self_math, t5_held_gradients(cfg, sizes, roles, checkpointing), t5_first_recomputed(cfg, sizes, roles, checkpointing)
+
+
+def t5_first_recomputed(cfg: dict, sizes: dict, roles: dict, checkpointing: str) -> dict:
+    """{part of a stack's first layer: the bytes its recomputation makes that nothing saves, alive from that part on
+    until the recomputation ends}, by stack ("encoder", "decoder"): under full checkpointing each stack's first layer
+    computes its relative position bias again inside its checkpoint (the embedding's output (q, k, H) in the bias's
+    dtype, which the layer's outputs hold for the later layers: not saved by the recomputed ops, alive as the
+    recomputed forward's value until it stops), and the decoder's first cross-attention its zero bias (1, H, s, se).
+    Measured (MemTracker with a dispatch-mode trace of the live storages, tiny T5 2+2 under bf16-mixed, at its peak in
+    the first decoder layer's recomputation): the (s, s, H) fp32 embedding output and the (1, H, s, se) bf16 zeros;
+    8 x 96 -> 24: the encoder's (se, se, H) fp32 output alive from the first encoder layer's recomputed self-attention
+    through its feed-forward's last cast, freed before that layer's backward."""
+    if checkpointing != "full":
+        return {"encoder": {}, "decoder": {}}
+    s, H, se = sizes["s"], sizes["H"], sizes["se"]
+    bias = dtype_bytes(H * s * s, roles["act"])
+    return {"encoder": {"attention": dtype_bytes(H * se * se, roles["act"])},
+            "decoder": {"attention": bias, "o_proj": dtype_bytes(H * s * se, roles["out"])}}
+
+
+def t5_held_gradients(cfg: dict, sizes: dict, roles: dict, checkpointing: str) -> dict:
+    """{the part of the decoder's last layer whose backward makes them: [the bytes of each gradient]}: under full
+    checkpointing, the gradients the later decoder layers' backward makes for what the first decoder layer and the
+    encoder pass them (_t5_checkpoint_inputs), each in its tensor's dtype, accumulated over the later layers and held
+    until the first decoder layer's backward has consumed them: the decoder's shared position bias's (1, H, s, s)
+    (its self-attention's, the part "attention"), the cross-attention zero bias's .grad (1, H, s, se) and the encoder
+    output's (b, se, h) (its cross-attention's, in the part "o_proj"; the encoder's final norm takes the last right
+    after the first decoder layer's backward). Measured (MemTracker, tiny T5 2+2 under bf16-mixed, non-reentrant
+    checkpointing): 190,464 B more at the first decoder layer's recomputation than at the second's, these three
+    (fp32, bf16, fp32)."""
+    if checkpointing != "full":
+        return {}
+    b, s, h, H, se = sizes["b"], sizes["s"], sizes["h"], sizes["H"], sizes["se"]
+    # (the shared biases exist with two decoder layers or more: _t5_checkpoint_inputs)
+    shared = hf_encdec.stacks(cfg)[1][2] > 1
+    return {"o_proj": [dtype_bytes(b * se * h, roles["act"]), *([dtype_bytes(H * s * se, roles["out"])] if shared else [])],
+            "attention": [dtype_bytes(H * s * s, roles["act"])] if shared else []}
 
 
 def t5_cross_math_moments(cfg: dict, sizes: dict, roles: dict, attention: str, checkpointing: str, precision: str,
