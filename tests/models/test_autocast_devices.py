@@ -196,11 +196,13 @@ def test_memfit_check_prices_cuda_autocast_on_a_gpu_and_cpu_autocast_with_device
         real[device] = _measured(cfg, device == "cuda", precision, **run)
         assert abs(figures[device] - real[device]) <= 0.05 * real[device], (device, figures[device], real[device])
     # the policies part where the measurement parts, by exactly as much (PhiMoE's Gumbel-sampled routing changes what
-    # the CUDA run keeps from one process to the next, by up to its (S, 1) routing-weight column per layer: 0.07% of
-    # these bytes; memfit prices that column in fp32, never below)
+    # either run keeps from one process to the next, by up to its (S, 1) fp32 routing-weight column per layer: 0.07% of
+    # these bytes; memfit prices that column in fp32, never below, so the measured CPU run may sit a column per layer
+    # under memfit's: a suite run measured 768,036 B on the CPU against memfit's 768,548, 512 B, two layers' columns)
     assert real["cuda"] > real["cpu"]
     if case == "phimoe":
-        assert figures["cuda"] - figures["cpu"] >= real["cuda"] - real["cpu"], (figures, real)
+        column = run["micro_batch"] * run["seq_len"] * 4 * cfg["num_hidden_layers"]
+        assert figures["cuda"] - figures["cpu"] >= real["cuda"] - real["cpu"] - column, (figures, real, column)
     else:
         assert figures["cuda"] - figures["cpu"] == real["cuda"] - real["cpu"], (figures, real)
 
