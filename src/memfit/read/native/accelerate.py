@@ -17,13 +17,13 @@ from __future__ import annotations
 from memfit.diagnostics import codes
 from memfit.read.native.base import At, Reader
 
-# FSDP sharding strategy (name or accelerate's number) -> parallel.fsdp
 # FSDP1's forward_prefetch (torch/distributed/fsdp/fully_sharded_data_parallel.py): the next unit's all-gather is
 # issued before the current unit's forward runs, so two units are gathered at once in forward
 FORWARD_PREFETCH = ("{key}: FSDP1 all-gathers the next unit before the current one's forward runs, so two units' "
                     "parameters are gathered at once in forward: the figures are low by up to one unit; memfit does "
                     "not model it, the figures leave it out")
 
+# FSDP sharding strategy (name or accelerate's number) -> parallel.fsdp
 FSDP_STRATEGY = {
     "FULL_SHARD": "full_shard", "1": "full_shard",
     "SHARD_GRAD_OP": "shard_grad_op", "2": "shard_grad_op",
