@@ -52,6 +52,45 @@ def test_axolotl_fused_loss_without_its_plugin_counts_the_logits(tmp_path):
     assert [d for d in entry["diagnostics"] if d["severity"] == "error" and "cut_cross_entropy" in d["message"]], entry["diagnostics"]
 
 
+def test_axolotl_cut_cross_entropy_plugin_alone_switches_it_on(tmp_path):
+    """CutCrossEntropyArgs.cut_cross_entropy defaults to True (axolotl 53dbf97d8, kept at 067b021): listing the plugin
+    is enough (56 of Axolotl's examples at 067b021 list it without the key), and `cut_cross_entropy: false` turns it
+    off again."""
+    shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
+    plugin = "plugins:\n  - axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin\n"
+    explicit, alone, off, plain = (tmp_path / f"{n}.yml" for n in ("explicit", "alone", "off", "plain"))
+    explicit.write_text(AXOLOTL + CCE)
+    alone.write_text(AXOLOTL + plugin)
+    off.write_text(AXOLOTL + plugin + "cut_cross_entropy: false\n")
+    plain.write_text(AXOLOTL)
+    out = same_figures_as_converted(alone, "--device", "H100-80GB")
+    assert out["doc"]["training"]["fused_loss"] == "cut_cross_entropy"
+    assert not [d for d in out["native"]["diagnostics"] if d["code"] == "not-modelled"], out["native"]["diagnostics"]
+    on, _ = figures(explicit, "--device", "H100-80GB")
+    assert out["native"]["peak"]["bytes"] == on["peak"]["bytes"]
+    whole, _ = figures(plain, "--device", "H100-80GB")
+    disabled, _ = figures(off, "--device", "H100-80GB")
+    assert disabled["peak"]["bytes"] == whole["peak"]["bytes"] > on["peak"]["bytes"]
+    assert not [d for d in disabled["diagnostics"] if d["code"] == "not-modelled"], disabled["diagnostics"]
+
+
+def test_axolotl_cut_cross_entropy_plugin_beside_liger_fused_loss(tmp_path):
+    """Both plugins listed, liger_fused_linear_cross_entropy true and cut_cross_entropy unset: Axolotl's conflict check
+    (utils/schemas/validation.py check_cross_entropy_conflicts) reads the raw keys and passes, then both patch the
+    forward; memfit counts Liger's and says so at the plugin."""
+    shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
+    both = tmp_path / "both.yml"
+    both.write_text(AXOLOTL + "plugins:\n  - axolotl.integrations.liger.LigerPlugin\n"
+                    "  - axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin\nliger_fused_linear_cross_entropy: true\n")
+    entry, _ = figures(both, "--device", "H100-80GB")
+    warned = [d for d in entry["diagnostics"] if "both patch" in d["message"]]
+    assert warned and warned[0]["range"]["start"]["line"] == 10, entry["diagnostics"]
+    liger = tmp_path / "liger.yml"
+    liger.write_text(AXOLOTL + LIGER)
+    alone, _ = figures(liger, "--device", "H100-80GB")
+    assert entry["peak"]["bytes"] == alone["peak"]["bytes"]
+
+
 def test_llama_factory_enable_liger_kernel(tmp_path):
     shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
     plain = tmp_path / "plain.yaml"

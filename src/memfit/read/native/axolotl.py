@@ -45,7 +45,7 @@ KEYS = {
     "fsdp": (None, "parallel.fsdp (deprecated list form: full_shard, shard_grad_op, offload)", "schemas/config.py fsdp"),
     "fsdp_version": (None, "parallel.fsdp_version: 2 when 2; 1 or unset: 1 (FSDP1: axolotl's check_fsdp_version_in_fsdp_config pins an unversioned fsdp_config to 1; also read from fsdp_config)", "schemas/fsdp.py FSDPConfig.fsdp_version"),
     "liger_fused_linear_cross_entropy": (None, "training.fused_loss liger, with the Liger plugin listed (axolotl.integrations.liger.LigerPlugin)", "integrations/liger/args.py LigerArgs.liger_fused_linear_cross_entropy"),
-    "cut_cross_entropy": (None, "training.fused_loss cut_cross_entropy, with the Cut Cross-Entropy plugin listed (axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin)", "integrations/cut_cross_entropy/args.py CutCrossEntropyArgs.cut_cross_entropy"),
+    "cut_cross_entropy": (True, "training.fused_loss cut_cross_entropy, with the Cut Cross-Entropy plugin listed (axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin): on by default once the plugin is listed, off with false", "integrations/cut_cross_entropy/args.py CutCrossEntropyArgs.cut_cross_entropy"),
     "overrides_of_model_config": (None, "model.transformer: the config.json's keys with these set over them (setattr on the model config)", "schemas/model.py ModelInputConfig.overrides_of_model_config; loaders/model.py ModelLoader._apply_model_config_overrides"),
 }
 
@@ -57,7 +57,7 @@ NO_MEMORY = ("sample_packing",)
 CONDITIONAL = {
     "xformers_attention": "training.attention sdpa, with a warning that memfit models eager, sdpa and flash attention (loaders/model.py _set_attention_config)",
     "flex_attention": "training.attention sdpa, with a warning that memfit models eager, sdpa and flash attention (loaders/model.py _set_attention_config)",
-    "plugins": "a Liger or Cut Cross-Entropy plugin without its enable keys (liger_*, cut_cross_entropy) is warned about: its kernels save less than memfit counts",
+    "plugins": "the Cut Cross-Entropy plugin alone switches cut_cross_entropy on (its default); a Liger plugin without its enable keys (liger_*) is warned about: its kernels save less than memfit counts",
     "eval_batch_size": "training.eval_batch when larger than the training micro-batch and the run evaluates (default: micro_batch_size): the evaluation pass (no_grad forward at that batch beside the weights and optimizer state); under a parallel layout: warned",
 }
 
@@ -214,7 +214,7 @@ def read(r: Reader, ctx) -> dict:
     _fused_loss(r, plugins)
     for i, plugin in enumerate(plugins):
         if isinstance(plugin, str) and ("liger" in plugin.lower() or "cut_cross_entropy" in plugin.lower()):
-            if not any(k.startswith("liger_") or k == "cut_cross_entropy" for k in data):
+            if "liger" in plugin.lower() and not any(k.startswith("liger_") for k in data):
                 r.warn(r.at("plugins", i), f"plugin {plugin.rsplit('.', 1)[-1]}: its kernels save less memory than memfit counts (enable keys: liger_*, cut_cross_entropy)")
     return trainer
 
@@ -226,6 +226,15 @@ def _fused_loss(r: Reader, plugins: list) -> None:
     if len(on) > 1:
         r.error(r.at(on[1]), codes.NATIVE_CONFIG, f"{on[0]} and {on[1]} both replace the loss over the logits: keep one")
         return
+    cce_plugin = next((i for i, p in enumerate(plugins) if isinstance(p, str) and "cut_cross_entropy" in p.lower()), None)
+    if cce_plugin is not None and "cut_cross_entropy" not in r.data:
+        # CutCrossEntropyArgs.cut_cross_entropy defaults to True (53dbf97d8, "make cce default to true when using the
+        # plugin"): listing the plugin switches it on
+        if on:
+            r.warn(r.at("plugins", cce_plugin), f"plugin CutCrossEntropyPlugin turns cut_cross_entropy on by default, beside {on[0]}: "
+                                                "both patch the model's forward; memfit counts " + on[0] + " (set cut_cross_entropy: false)")
+        else:
+            r.set(("training", "fused_loss"), "cut_cross_entropy", r.at("plugins", cce_plugin))
     for key in on:
         kind, plugin = ("liger", "liger") if key == "liger_fused_linear_cross_entropy" else ("cut_cross_entropy", "cut_cross_entropy")
         if not any(isinstance(p, str) and plugin in p.lower() for p in plugins):
