@@ -220,3 +220,21 @@ def test_trls_max_length_null_is_left_to_the_data_the_same_way(tmp_path):
     assert "the model allows 8,192 tokens); memfit gates 2,048 tokens" in warning["message"]
     assert f"the longest sequence that fits is {fit['max']:,} tokens" in warning["message"]
     assert left["peak"] == fixed["peak"]
+
+
+def test_a_distributed_recipes_key_without_gpus_says_the_world_is_the_launchs(tmp_path):
+    """A key only torchtune's distributed recipes read (here fsdp_cpu_offload, as 70B_full.yaml writes it) and no
+    --gpus: memfit checks a world of one and says at that key that the world size is the launch's; with --gpus the
+    warning is gone and the figure is one rank's."""
+    text = (CONFIGS / "llama3_1_8B_full_single_device.yaml").read_text(encoding="utf-8")
+    text = re.sub(r"(?m)^(  max_seq_len:) null", r"\1 2048", text) + "fsdp_cpu_offload: False\n"
+    line = text.count("\n")  # the appended key's line, counted from 1
+    path = tmp_path / "8B_full.yaml"
+    path.write_text(text, encoding="utf-8")
+    out = memfit("check", "--device", "H100-80GB", path)
+    assert f"{path}:{line}:1: warning[not-modelled] fsdp_cpu_offload: a distributed recipe's key" in out.stdout, out.stdout
+    assert "pass --gpus N" in out.stdout
+    (one,) = entries("check", "--format", "json", "--device", "H100-80GB", path)
+    (two,) = entries("check", "--format", "json", "--device", "H100-80GB", "--gpus", "2", path)
+    assert not [d for d in two["diagnostics"] if "distributed recipe" in d["message"]], two["diagnostics"]
+    assert two["peak"]["bytes"] < one["peak"]["bytes"]

@@ -164,6 +164,23 @@ UNMODELLED = {
 }
 
 
+# keys only torchtune's distributed recipes read (recipes/*_distributed.py: FSDP2 and the parallel dims' mesh)
+DISTRIBUTED_KEYS = ("fsdp_cpu_offload", "fsdp_reshard_after_forward", "custom_sharded_layers", "tensor_parallel_dim",
+                    "data_parallel_shard_dim", "data_parallel_replicate_dim", "context_parallel_dim")
+
+
+def _world_from_the_launch(r: Reader, gpus) -> None:
+    """A distributed recipe's config says nothing of its world size: `tune run --nproc_per_node N` does. Without
+    --gpus memfit checks a world of one, every parameter on one GPU: high, and a gate that fails a run that fits."""
+    if isinstance(gpus, int) and gpus > 1:
+        return
+    key = next((k for k in DISTRIBUTED_KEYS if k in r.data), None)
+    if key is not None:
+        r.warn(r.at(key, on_key=True), f"{key}: a distributed recipe's key; its world size is the launch's (tune run "
+                                       "--nproc_per_node N), not the config's: memfit checks a world of 1 GPU (every "
+                                       "parameter, gradient and optimizer state on it; high); pass --gpus N")
+
+
 def _teacher(r: Reader, ctx) -> None:
     """Knowledge distillation (recipes/knowledge_distillation_*.py): `teacher_model` built as the student is, its
     forward-KL loss (kd_loss) chunked as the class loss is; training.teacher (ledger/passes.py)."""
@@ -355,6 +372,7 @@ def read(r: Reader, ctx) -> dict:
         r.set(("quantization",), {"method": "nf4-torchao"}, at)
 
     gpus = ctx.conf.get("gpus")
+    _world_from_the_launch(r, gpus)
     if (gpus and gpus > 1) or "fsdp_cpu_offload" in data:
         r.set(("parallel", "fsdp"), "full_shard" if data.get("fsdp_reshard_after_forward", True) is not False else "shard_grad_op", r.at("fsdp_reshard_after_forward") if "fsdp_reshard_after_forward" in data else None)
         if r.get("fsdp_cpu_offload", (bool,), False):
