@@ -189,6 +189,7 @@ def test_bad_input_is_positioned(tmp_path, model):
     assert out.returncode == 1
     assert f"{missing}:2:13: error[model-not-found] model 'nobody/no-such-model' not found" in out.stdout
     assert str(tmp_path / "cache" / "models--nobody--no-such-model") in out.stdout
+    assert "or pass --online to fetch its config.json alone from the Hub" in out.stdout  # a Hub name: the way to fetch it
 
     assert memfit("check", "--input-format", "nope", native).returncode == 2
     assert memfit("check", "--reserve", "12XB", native).returncode == 2 and memfit("check", "--gpus", "0", native).returncode == 2

@@ -43,6 +43,8 @@ class Context:
                 f"add it to the settings' models table ([tool.memfit.models] \"{name}\" = \"path/to/config.json\" in pyproject.toml, or a memfit.toml), "
                 "put its config.json in the Hugging Face cache, or name a local directory"
             )
+            if resolve.hub_like(name) and not self.conf.online:
+                hint += "; or pass --online to fetch its config.json alone from the Hub (nothing is fetched without it)"
             self.r.error(at, codes.MODEL_NOT_FOUND, f"model {name!r} not found; looked in {'; '.join(looked)}: {hint}")
             return None
         # relative to the checked file, as a memfit config names it, when the two share a directory
