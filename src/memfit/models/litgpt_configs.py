@@ -99,7 +99,7 @@ REFUSED: dict[str, str] = {
 # transformers' eager Gemma 2 rows keep their own repeated k and v: what the two keep together is not measured
 _GEMMA2 = ("LitGPT's Gemma 2 (litgpt/config.py 26857050:1109-1163) runs its own soft-capped attention (litgpt/model.py: "
            "scores = q @ k.mT, tanh soft-cap, its own T x T masks, softmax in fp32, on k and v expanded to every head), "
-           "and LoRA's chunked head skips final_logit_softcapping; memfit prices transformers' eager Gemma 2 and "
+           "and LoRA's chunked head skips final_logit_softcapping (litgpt/lora.py 2b195c7f:546-551); memfit prices transformers' eager Gemma 2 and "
            "LitGPT's attention on the SDPA path only, so what this model keeps is not priced: write a memfit config "
            "of the run")
 REFUSED["gemma-2-2b"] = _GEMMA2
