@@ -53,6 +53,36 @@ CONFIGS: dict[str, tuple] = {
     # LLaMAMLP 5632, block_size 2048
     "TinyLlama-1.1B-intermediate-step-1431k-3T": ("tiny-llama-1.1b", "llama", 2048, 5632, 22, 32, 4, 32000, 2048, None, {}),
     "TinyLlama-1.1B-Chat-v1.0": ("tiny-llama-1.1b-chat", "llama", 2048, 5632, 22, 32, 4, 32000, 2048, None, {}),
+    # The config hub's later models, each from litgpt/config.py at 26857050fe3ff627cd714fe92f5838f51a3d5efa (the
+    # hub's HEAD; line of its dict there). The `{}` entries are the base and the -Instruct model (one dict, two names).
+    # config.py 756-773: Llama-3-8B{,-Instruct}: n_layer 32, n_head 32, 8 query groups, vocab 128000 padded to 128256,
+    # LLaMAMLP 14336, block_size 8192 (rope_base 500000: no memory)
+    "Meta-Llama-3-8B": ("Llama-3-8B", "llama", 4096, 14336, 32, 32, 8, 128256, 8192, None, {}),
+    "Meta-Llama-3-8B-Instruct": ("Llama-3-8B-Instruct", "llama", 4096, 14336, 32, 32, 8, 128256, 8192, None, {}),
+    # config.py 774-792: Llama-3.1-8B{,-Instruct}: Llama 3 8B's shapes, block_size 131072 (rope_adjustments: llama3
+    # frequency scaling of the cos/sin tables, no memory)
+    "Meta-Llama-3.1-8B": ("Llama-3.1-8B", "llama", 4096, 14336, 32, 32, 8, 128256, 131072, None, {}),
+    "Meta-Llama-3.1-8B-Instruct": ("Llama-3.1-8B-Instruct", "llama", 4096, 14336, 32, 32, 8, 128256, 131072, None, {}),
+    # config.py 852-871: Llama-3.2-1B{,-Instruct}: n_embd 2048, n_layer 16, n_head 32, 8 query groups, LLaMAMLP 8192,
+    # block_size 131072; LitGPT's GPT keeps lm_head apart from wte (config.py has no tie_embeddings for it, where
+    # transformers' Llama 3.2 ties them)
+    "Llama-3.2-1B": ("Llama-3.2-1B", "llama", 2048, 8192, 16, 32, 8, 128256, 131072, None, {}),
+    "Llama-3.2-1B-Instruct": ("Llama-3.2-1B-Instruct", "llama", 2048, 8192, 16, 32, 8, 128256, 131072, None, {}),
+    # config.py 872-891: Llama-3.2-3B{,-Instruct}: n_embd 3072, n_layer 28, n_head 24, 8 query groups, LLaMAMLP 8192
+    "Llama-3.2-3B": ("Llama-3.2-3B", "llama", 3072, 8192, 28, 24, 8, 128256, 131072, None, {}),
+    "Llama-3.2-3B-Instruct": ("Llama-3.2-3B-Instruct", "llama", 3072, 8192, 28, 24, 8, 128256, 131072, None, {}),
+    # config.py 2055-2071: Mistral-7B-v0.2 (unsloth's upload): n_layer 32, 8 query groups, vocab 32000, LLaMAMLP
+    # 14336, block_size 32768, no sliding window (none in LitGPT's dict, as in Mistral's v0.2 config.json)
+    "Mistral-7B-v0.2": ("Mistral-7B-v0.2", "mistral", 4096, 14336, 32, 32, 8, 32000, 32768, None, {"sliding_window": None}),
+    # config.py 1815-1831: Phi-3-mini-4k-instruct as LitGPT builds it: LLaMAMLP (fc_1, fc_2 and proj apart, where
+    # transformers' Phi3MLP fuses gate_up_proj), LitGPT's fused qkv with 32 query groups (multi-head), head_size 96,
+    # rotary_percentage 1.0, RMSNorm, vocab 32000 padded to 32064, block_size 4096: a Llama in memfit's families (its
+    # lora_mlp adapts fc_1, fc_2, proj: Llama's gate, up, down). Its sliding_window_size 2048 (every layer:
+    # sliding_window_indices defaults to all 1) makes litgpt/model.py build a T x T mask in each layer and pass it to
+    # SDPA (attn_mask): the windows are as long as the context or longer below 2,048 tokens, and that mask, one
+    # T x T tensor in the compute dtype per layer that SDPA's backward keeps, is not priced (32 x 512 x 512 x 2 B =
+    # 16.8 MB at the hub's 512 tokens)
+    "Phi-3-mini-4k-instruct": ("Phi-3-mini-4k-instruct", "llama", 3072, 8192, 32, 32, 32, 32064, 4096, None, {}),
 }
 
 # models of the config hub whose family memfit does not derive, and why
@@ -60,6 +90,20 @@ REFUSED: dict[str, str] = {
     "phi-2": "LitGPT's phi-2 (config.py 1327-1340) is transformers' Phi (model_type phi: a partial rotary, a shared "
              "attention norm, a biased head), a family memfit does not derive (it knows Phi-3's); write a memfit config",
 }
+# Gemma 2 (config.py 1109-1164 at 26857050: gemma-2-2b, gemma-2-9b): LitGPT's model is not transformers' Gemma 2, which
+# is what memfit's gemma2 family prices: with attention_logit_softcapping its CausalSelfAttention computes the attention
+# itself (scores = q @ k.mT * scale, tanh soft-cap, + a T x T mask it builds, softmax in fp32) on LitGPT's k and v
+# expanded to every head and q, k re-assembled by torch.cat after RoPE, and its sliding-window layers build a second
+# T x T bias; LoRA's GPT.forward with lm_head_chunk_size returns the chunks' logits without final_logit_softcapping
+# (litgpt/lora.py 2b195c7f:546-551). memfit's training.litgpt_qkv was measured on LitGPT's SDPA path only, and
+# transformers' eager Gemma 2 rows keep their own repeated k and v: what the two keep together is not measured
+_GEMMA2 = ("LitGPT's Gemma 2 (litgpt/config.py 26857050:1109-1164) runs its own soft-capped attention (litgpt/model.py: "
+           "scores = q @ k.mT, tanh soft-cap, its own T x T masks, softmax in fp32, on k and v expanded to every head), "
+           "and LoRA's chunked head skips final_logit_softcapping (litgpt/lora.py 2b195c7f:546-551); memfit prices transformers' eager Gemma 2 and "
+           "LitGPT's attention on the SDPA path only, so what this model keeps is not priced: write a memfit config "
+           "of the run")
+REFUSED["gemma-2-2b"] = _GEMMA2
+REFUSED["gemma-2-9b"] = _GEMMA2
 
 # what LitGPT's lora_* flags adapt (litgpt/lora.py: the attention's fused qkv `attn` by LoRAQKVLinear's enable_lora
 # (lora_query, lora_key, lora_value), `proj` by lora_projection, the MLP's linears by lora_mlp, `lm_head` by lora_head)
