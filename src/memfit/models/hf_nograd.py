@@ -220,7 +220,8 @@ def rotary_fp32(kept: list, hidden: int) -> int:
     return hidden + normed + q + k + v + rotary - sum(_bytes(x) for x in kept) - flight
 
 
-def frozen_unsaved(trained: list, frozen: list, hidden: int = 0, lin: str = "float32", flights: dict | None = None) -> dict:
+def frozen_unsaved(trained: list, frozen: list, hidden: int = 0, lin: str = "float32", flights: dict | None = None,
+                   q32: bool = False) -> dict:
     """{part: bytes}: what a layer's parts keep for backward when its weights train (`trained`, each (part, kept))
     and not when they are frozen (`frozen`: LoRA's base, which saves nothing for its weights' gradients: a norm's
     normalized input, a projection's or the routed tokens' input): a no-grad forward makes those tensors either way,
@@ -255,14 +256,60 @@ def frozen_unsaved(trained: list, frozen: list, hidden: int = 0, lin: str = "flo
         out[part] -= sum(_bytes(k) for k in own if DROPOUT in k.label and k.label not in trained_labels
                          and not any(a in k.label for a in ADAPTER) and id(k) not in unmade)
         # (a dropout's mask beside them, the residual's: model.eval() runs no dropout, so the evaluation makes none)
-        if part == "o_proj" and adapters and all(any(a in k.label for a in ADAPTER) or DROPOUT in k.label for k in own):
+        base_casts = sum(_bytes(k) for k in own if WEIGHT_CAST in k.label and not any(a in k.label for a in ADAPTER))
+        if part == "o_proj" and adapters and all(any(a in k.label for a in ADAPTER) or DROPOUT in k.label
+                                                 or WEIGHT_CAST in k.label for k in own):
             cast = sum(_bytes(k) for k in own if ".lora_A: " in k.label and k.dtype != lin)
-            alive = sum(_bytes(k) for k in previous if k.label in O_PROJ_ALIVE)
-            out[part] += cast + alive + hidden
+            alive = sum(dtype_bytes(_elements(k.shape), "float32") if q32 and k.label == "attention: q" else _bytes(k)
+                        for k in previous if k.label in O_PROJ_ALIVE)
+            out[part] += cast + alive + hidden - base_casts
         if part == "attention" and (flights or {}).get(part, 0) > hidden:
             out[part] -= flights[part] - hidden
         previous = kept   # (the base as trained: a frozen attention with no adapter before it saves none of them)
     return out
+
+
+def adapted_mlp(part: str, trained: list, own: list, delta: int, fam, hidden: int, lin: str, flight: int,
+                side: int = 0) -> int | None:
+    """What a LoRA-adapted dense MLP's part's (`part`: "mlp" or "down_proj") no-grad worst moment differs by from
+    its row's (`own`: the part's kept
+    tensors under LoRA, beside its forward flight: the adapter's, less what is made after it, held.unmade_at_flight;
+    `delta`: part_deltas of `trained`, the base's rows as trained), as frozen_unsaved's `mlp` entry; None where the
+    part has no adapter or is not a dense MLP. The larger of two moments:
+
+    - the base's own worst (its product or activation, as a trained base: `trained`'s kept, its output, `delta`);
+    - its last adapter's (peft tuners/lora/layer.py Linear.forward: the base's output, lora_B's and the scaled copy,
+      `flight`): the decoder layer's residual (the norm's input) and the norm's output (`x`, bound in the MLP's
+      forward), each (b, s, h) in the residual stream's dtype; x cast to the adapter's dtype where it differs (the
+      adapter's lora_A input below fp32, bound by peft's `x` through the call); in a gated MLP with separate
+      projections (LlamaMLP: `down_proj(act_fn(gate_proj(x)) * up_proj(x))`) adapted last at the up projection,
+      act_fn(gate) (the gate's own output freed once it is made); at the output projection (down_proj, c_proj) its
+      input (the product or the activation), whose fp32 copy under autocast its flight counts; what a parallel
+      layout holds beside (`side`: the attention's output, Cohere's shared norm output). Not yet made: the product,
+      the activation's later ops; lora_A's output is freed once lora_B has read it.
+    Measured (MemTracker with a dispatch-mode trace at its peak, tests/ledger/test_eval_families.py): Llama with
+    LoRA on gate_proj and up_proj, 32-true 8 x 128, peaks at layer 1 up_proj's scaled copy with the residual, the
+    norm's output, act_fn(gate) and up's three (T, i) alive (memfit was 1.165 counting the gate's output, up's sum
+    and the training rows' product); GPT-2 with LoRA on c_fc, bf16-true, at c_fc's scaled copy with ln_2's input
+    and output, c_fc's input cast to fp32 and its three (T, i) (0.906: the cast left out); Llama all-linear under
+    bf16-mixed at layer 1 down_proj's scaled copy, with the residual, the norm's output, the bf16 product, its fp32
+    copy and down's three (T, h)."""
+    if fam.mlp not in DENSE:
+        return None
+    last = [n for n, k in enumerate(own) if ".lora_B: " in k.label]
+    if not last:
+        return None
+    unmade = sum(_bytes(k) for k in held.unmade_at_flight(part, fam.mlp, own[last[-1] + 1:]))
+    row = sum(_bytes(k) for k in own) + max(hidden, flight - unmade) + delta
+    base = sum(_bytes(k) for k in trained) + hidden + delta
+    cast = max((_bytes(k) for k in own if ".lora_A: " in k.label and k.dtype != lin), default=0)
+    up = fam.names.get("up", "").rsplit(".", 1)[-1]
+    act = sum(_bytes(k) for k in trained if k.label.startswith("act * up: act_fn(gate)")) if (
+        fam.mlp == "gated" and up and own[last[-1]].label.startswith(up + ".")) else 0
+    if part == "down_proj":   # (its input, the MLP's product)
+        act = sum(_bytes(k) for k in trained if k.label.startswith(PROJECTION_INPUT))
+    cached = sum(_bytes(k) for k in own if WEIGHT_CAST in k.label and ".lora_" in k.label)   # (autocast's, held)
+    return max(base, 2 * hidden + cast + act + flight + side + cached) - row
 
 
 def cache_bytes(kept: list, heads: int, kv_heads: int, cache: bool) -> tuple:
@@ -317,13 +364,22 @@ def nograd_forward(cfg: dict, run: dict, recipe_args: dict, dtypes: dict | None)
         hidden = dtype_bytes(sizes["b"] * sizes["s"] * sizes["h"], roles["act"])
         quantized, mixed = bool((dtypes or {}).get("quantized")), precision.endswith("-mixed")
         flights = lora_forward_flights(cfg, sizes, recipe_args["lora"], roles, quantized, mixed)
-        unsaved = [frozen_unsaved(a, b, hidden, roles["lin"], flights) for a, b in zip(full, layers)]
+        # (under autocast a rotary q is fp32: `q * cos`, cos fp32, rotary_upcasts)
+        q32 = mixed and bool(fam.rope)
+        unsaved = [frozen_unsaved(a, b, hidden, roles["lin"], flights, q32) for a, b in zip(full, layers)]
         adapted, layers = layers, full
     found = nograd_held(cfg, run["micro_batch"], run["seq_len"], run["attention"], precision, dtypes, layers,
                         adapted if unsaved is not None else None)
     if found is None:
         return None
     if unsaved is not None:
+        side = hidden * (2 if fam.shared_input or _parallel(cfg) == "shared" else 1) if (_parallel(cfg) or fam.shared_input) else 0
+        for n, (trained, own) in enumerate(zip(layers, adapted)):
+            for part in ("mlp", "down_proj"):
+                moment = adapted_mlp(part, dict(trained).get(part, []), dict(own).get(part, []), found["parts"][n].get(part, 0),
+                                     fam, hidden, roles["lin"], flights.get(part, 0), side)
+                if moment is not None:
+                    unsaved[n][part] = moment
         found["parts"] = [{p: d.get(p, 0) + u.get(p, 0) for p in {*d, *u}} for d, u in zip(found["parts"], unsaved)]
         # autocast caches a cast of a weight that requires grad only: the adapters', not the frozen base's
         found["casts"] = weight_casts(adapted, trained_only=True)
