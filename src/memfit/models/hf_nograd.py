@@ -270,7 +270,7 @@ def frozen_unsaved(trained: list, frozen: list, hidden: int = 0, lin: str = "flo
 
 
 def adapted_mlp(part: str, trained: list, own: list, delta: int, fam, hidden: int, lin: str, flight: int,
-                side: int = 0) -> int | None:
+                residual: int = 0, side: int = 0) -> int | None:
     """What a LoRA-adapted dense MLP's part's (`part`: "mlp" or "down_proj") no-grad worst moment differs by from
     its row's (`own`: the part's kept
     tensors under LoRA, beside its forward flight: the adapter's, less what is made after it, held.unmade_at_flight;
@@ -279,13 +279,14 @@ def adapted_mlp(part: str, trained: list, own: list, delta: int, fam, hidden: in
 
     - the base's own worst (its product or activation, as a trained base: `trained`'s kept, its output, `delta`);
     - its last adapter's (peft tuners/lora/layer.py Linear.forward: the base's output, lora_B's and the scaled copy,
-      `flight`): the decoder layer's residual (the norm's input) and the norm's output (`x`, bound in the MLP's
-      forward), each (b, s, h) in the residual stream's dtype; x cast to the adapter's dtype where it differs (the
+      `flight`): the decoder layer's residual (the norm's input, `residual`: 0 where it is the layer's input or
+      the MLP's own input) and the norm's output (`x`, bound in the MLP's forward, `hidden`: (b, s, h) in the
+      residual stream's dtype); x cast to the adapter's dtype where it differs (the
       adapter's lora_A input below fp32, bound by peft's `x` through the call); in a gated MLP with separate
       projections (LlamaMLP: `down_proj(act_fn(gate_proj(x)) * up_proj(x))`) adapted last at the up projection,
       act_fn(gate) (the gate's own output freed once it is made); at the output projection (down_proj, c_proj) its
       input (the product or the activation), whose fp32 copy under autocast its flight counts; what a parallel
-      layout holds beside (`side`: the attention's output, Cohere's shared norm output). Not yet made: the product,
+      layout holds beside (`side`: the attention's output). Not yet made: the product,
       the activation's later ops; lora_A's output is freed once lora_B has read it.
     Measured (MemTracker with a dispatch-mode trace at its peak, tests/ledger/test_eval_families.py): Llama with
     LoRA on gate_proj and up_proj, 32-true 8 x 128, peaks at layer 1 up_proj's scaled copy with the residual, the
@@ -309,7 +310,7 @@ def adapted_mlp(part: str, trained: list, own: list, delta: int, fam, hidden: in
     if part == "down_proj":   # (its input, the MLP's product)
         act = sum(_bytes(k) for k in trained if k.label.startswith(PROJECTION_INPUT))
     cached = sum(_bytes(k) for k in own if WEIGHT_CAST in k.label and ".lora_" in k.label)   # (autocast's, held)
-    return max(base, 2 * hidden + cast + act + flight + side + cached) - row
+    return max(base, residual + hidden + cast + act + flight + side + cached) - row
 
 
 def cache_bytes(kept: list, heads: int, kv_heads: int, cache: bool) -> tuple:
@@ -373,11 +374,16 @@ def nograd_forward(cfg: dict, run: dict, recipe_args: dict, dtypes: dict | None)
     if found is None:
         return None
     if unsaved is not None:
-        side = hidden * (2 if fam.shared_input or _parallel(cfg) == "shared" else 1) if (_parallel(cfg) or fam.shared_input) else 0
+        # beside an adapted MLP: the decoder layer's residual (none of its own where the attention and the MLP run side
+        # by side, `x + attn_output + mlp_output`: the layer's input, held already; nor in OLMo 2's post-norm layout,
+        # whose MLP reads the residual itself), and the attention's output where they run side by side
+        parallel = bool(_parallel(cfg) or fam.shared_input)
+        residual = 0 if parallel or fam.sandwich == "post" else hidden
+        side = hidden if parallel else 0
         for n, (trained, own) in enumerate(zip(layers, adapted)):
             for part in ("mlp", "down_proj"):
                 moment = adapted_mlp(part, dict(trained).get(part, []), dict(own).get(part, []), found["parts"][n].get(part, 0),
-                                     fam, hidden, roles["lin"], flights.get(part, 0), side)
+                                     fam, hidden, roles["lin"], flights.get(part, 0), residual, side)
                 if moment is not None:
                     unsaved[n][part] = moment
         found["parts"] = [{p: d.get(p, 0) + u.get(p, 0) for p in {*d, *u}} for d, u in zip(found["parts"], unsaved)]
