@@ -45,8 +45,10 @@ the layers' code still references:
   frozen rows leave out what only its weights' gradients need: frozen_unsaved adds it back), and each adapter's
   own tensors (its input cast to the adapter's dtype, lora_A's output) are freed with its linear's call; an
   adapted o_proj peaks in its adapter's call (x's cast, lora_B's output and its scaled copy beside the base's
-  output, the attention's rotary q and output, the layer's norm output), the attention at its kernel, after its
-  q, k, v adapters' flight. (The loss: the head's input, where the head does not save it, is counted once, in the
+  output, the attention's rotary q (fp32 under autocast) and output, a fused q, k, v projection's whole output,
+  the layer's norm output), the attention at its kernel after its q, k, v adapters' flight or at the widest
+  adapter's own call where that is larger (adapted_projections), an adapted MLP part at its last adapter's call
+  (adapted_mlp: the residual, the norm's output, x's cast to the adapter's dtype, act_fn(gate) or the product). (The loss: the head's input, where the head does not save it, is counted once, in the
   loss's held bytes: ledger.passes.)
 
 Measured: tests/ledger/test_eval_families.py (MemTracker around transformers' no-grad forward with the labels, as the
@@ -220,21 +222,28 @@ def rotary_fp32(kept: list, hidden: int) -> int:
     return hidden + normed + q + k + v + rotary - sum(_bytes(x) for x in kept) - flight
 
 
-def frozen_unsaved(trained: list, frozen: list, hidden: int = 0, lin: str = "float32", flights: dict | None = None) -> dict:
+def frozen_unsaved(trained: list, frozen: list, hidden: int = 0, lin: str = "float32", flights: dict | None = None,
+                   q32: bool = False, fused: int = 0) -> dict:
     """{part: bytes}: what a layer's parts keep for backward when its weights train (`trained`, each (part, kept))
     and not when they are frozen (`frozen`: LoRA's base, which saves nothing for its weights' gradients: a norm's
     normalized input, a projection's or the routed tokens' input): a no-grad forward makes those tensors either way,
     so the frozen rows' no-grad moments are the trained rows' (part_deltas) with these added back; each adapter's own
     kept tensors (its input's cast, lora_A's output) are freed with its linear's call.
 
-    An adapted o_proj's part (its row keeps only its adapter's tensors, or a dropout's mask that evaluation does not
-    make) peaks in its adapter's call (peft tuners/lora/layer.py Linear.forward: `x = self._cast_input_dtype(x,
+    An adapted o_proj's part (its row keeps only its adapter's tensors, a dropout's mask that evaluation does not
+    make, or under autocast the frozen weight's cast, which a no-grad call frees with it) peaks in its adapter's call (peft tuners/lora/layer.py Linear.forward: `x = self._cast_input_dtype(x,
     lora_A.weight.dtype)`, then `result = result + lora_B(lora_A(dropout(x))) * scaling`; the row's forward flight
     counts the base's output, lora_B's and the scaled copy): x's cast to the adapter's dtype (none where `lin`, the
     linears' dtype, is the adapter's) is still bound, and so are the attention's locals (modeling_llama.py
     LlamaAttention.forward: its rotary q and the kernel's output, o_proj's input: O_PROJ_ALIVE, read off the base's
-    rows as trained, which keep them whatever the adapters) and the decoder layer's norm output (`hidden`, the
-    residual stream's dtype).
+    rows as trained, which keep them whatever the adapters; `q32`: under autocast the rotary q is fp32, `q * cos`
+    with cos fp32; where the base's o_proj keeps its own input, the kernel's output copied, that copy instead of the
+    kernel's), a fused q, k, v projection's whole output (`fused`: q, k and v are its views) and the decoder layer's
+    norm output (`hidden`, the residual stream's dtype). Measured (MemTracker with a dispatch-mode trace):
+    Starcoder2 without a window, LoRA on o_proj, bf16-mixed 8 x 128, peaks at layer 1 o_proj's scaled copy with
+    the fp32 rotary q, the kernel's output, the norm's output and the adapter's tensors alive (memfit was 0.901:
+    this moment skipped for the frozen weight's cast its row keeps); GPT-NeoX all-linear 32-true at its dense
+    adapter's with query_key_value's (T, 3h) output bound.
 
     The attention part's no-grad worst moment is its kernel (part_deltas, from its output's write), after its q, k
     and v adapters' calls: the adapters' forward flight its row counts (`flights`, hf_act_flights
@@ -255,14 +264,81 @@ def frozen_unsaved(trained: list, frozen: list, hidden: int = 0, lin: str = "flo
         out[part] -= sum(_bytes(k) for k in own if DROPOUT in k.label and k.label not in trained_labels
                          and not any(a in k.label for a in ADAPTER) and id(k) not in unmade)
         # (a dropout's mask beside them, the residual's: model.eval() runs no dropout, so the evaluation makes none)
-        if part == "o_proj" and adapters and all(any(a in k.label for a in ADAPTER) or DROPOUT in k.label for k in own):
+        base_casts = sum(_bytes(k) for k in own if WEIGHT_CAST in k.label and not any(a in k.label for a in ADAPTER))
+        if part == "o_proj" and adapters and all(any(a in k.label for a in ADAPTER) or DROPOUT in k.label
+                                                 or WEIGHT_CAST in k.label for k in own):
             cast = sum(_bytes(k) for k in own if ".lora_A: " in k.label and k.dtype != lin)
-            alive = sum(_bytes(k) for k in previous if k.label in O_PROJ_ALIVE)
-            out[part] += cast + alive + hidden
+            # (where the base's o_proj keeps its own input, the kernel's output copied, that copy is the one alive:
+            # added back above, GPT-NeoX's)
+            copied = any(k.label.endswith(": input") for k in kept)
+            alive = sum(dtype_bytes(_elements(k.shape), "float32") if q32 and k.label == "attention: q" else _bytes(k)
+                        for k in previous if k.label in O_PROJ_ALIVE and not (copied and k.label == "attention: output"))
+            out[part] += cast + alive + hidden + fused - base_casts
         if part == "attention" and (flights or {}).get(part, 0) > hidden:
             out[part] -= flights[part] - hidden
         previous = kept   # (the base as trained: a frozen attention with no adapter before it saves none of them)
     return out
+
+
+def adapted_mlp(part: str, trained: list, own: list, delta: int, fam, hidden: int, lin: str, flight: int,
+                residual: int = 0, side: int = 0) -> int | None:
+    """What a LoRA-adapted dense MLP's part's (`part`: "mlp" or "down_proj") no-grad worst moment differs by from
+    its row's (`own`: the part's kept tensors under LoRA, beside its forward flight: the adapter's, less what is made
+    after it, held.unmade_at_flight; `delta`: part_deltas of `trained`, the base's rows as trained), as
+    frozen_unsaved's entry for that part; None where the part has no adapter or is not a dense MLP. The larger of
+    two moments:
+
+    - the base's own worst (its product or activation, as a trained base: `trained`'s kept, its output, `delta`);
+    - its last adapter's (peft tuners/lora/layer.py Linear.forward: the base's output, lora_B's and the scaled copy,
+      `flight`): the decoder layer's residual (the norm's input, `residual`: 0 where it is the layer's input or
+      the MLP's own input) and the norm's output (`x`, bound in the MLP's forward, `hidden`: (b, s, h) in the
+      residual stream's dtype); x cast to the adapter's dtype where it differs (the adapter's lora_A input below
+      fp32, bound by peft's `x` through the call); in a gated MLP with separate
+      projections (LlamaMLP: `down_proj(act_fn(gate_proj(x)) * up_proj(x))`) adapted last at the up projection,
+      act_fn(gate) (the gate's own output freed once it is made); at the output projection (down_proj, c_proj) its
+      input (the product or the activation), whose fp32 copy under autocast its flight counts; what a parallel
+      layout holds beside (`side`: the attention's output). Not yet made: the product, the activation's later
+      ops; lora_A's output is freed once lora_B has read it.
+    Measured (MemTracker with a dispatch-mode trace at its peak, tests/ledger/test_eval_families.py): Llama with
+    LoRA on gate_proj and up_proj, 32-true 8 x 128, peaks at layer 1 up_proj's scaled copy with the residual, the
+    norm's output, act_fn(gate) and up's three (T, i) alive (memfit was 1.165 counting the gate's output, up's sum
+    and the training rows' product); GPT-2 with LoRA on c_fc, bf16-true, at c_fc's scaled copy with ln_2's input
+    and output, c_fc's input cast to fp32 and its three (T, i) (0.906: the cast left out); Llama all-linear under
+    bf16-mixed at layer 1 down_proj's scaled copy, with the residual, the norm's output, the bf16 product, its fp32
+    copy and down's three (T, h)."""
+    if fam.mlp not in DENSE:
+        return None
+    last = [n for n, k in enumerate(own) if ".lora_B: " in k.label]
+    if not last:
+        return None
+    unmade = sum(_bytes(k) for k in held.unmade_at_flight(part, fam.mlp, own[last[-1] + 1:]))
+    row = sum(_bytes(k) for k in own) + max(hidden, flight - unmade) + delta
+    base = sum(_bytes(k) for k in trained) + hidden + delta
+    cast = max((_bytes(k) for k in own if ".lora_A: " in k.label and k.dtype != lin), default=0)
+    up = fam.names.get("up", "").rsplit(".", 1)[-1]
+    act = sum(_bytes(k) for k in trained if k.label.startswith("act * up: act_fn(gate)")) if (
+        fam.mlp == "gated" and up and own[last[-1]].label.startswith(up + ".")) else 0
+    if part == "down_proj":   # (its input, the MLP's product)
+        act = sum(_bytes(k) for k in trained if k.label.startswith(PROJECTION_INPUT))
+    cached = sum(_bytes(k) for k in own if WEIGHT_CAST in k.label and ".lora_" in k.label)   # (autocast's, held)
+    return max(base, residual + hidden + cast + act + flight + side + cached) - row
+
+
+def adapted_projections(own: list, delta: int, unsaved: int, hidden: int, lin: str, flight: int) -> int:
+    """frozen_unsaved's `attention` entry (`unsaved`), raised where the attention's widest adapted projection's own
+    moment is above its kernel's (`own`: the part's kept tensors under LoRA; `delta`: part_deltas of the base's rows
+    as trained): peft's Linear.forward holds the base's output, lora_B's and the scaled copy (`flight`) beside the
+    layer norm's output (`hidden`) and, below fp32, that output cast to the adapter's dtype; the first projection
+    (q, or the fused q, k, v) runs with none of the others' outputs made. Measured (MemTracker with a dispatch-mode
+    trace at its peak): GPT-NeoX all-linear, bf16-true 8 x 128, peaks at layer 1 query_key_value's scaled copy,
+    its fp32 adapter's (T, 3h) output and scaled copy beside the base's bf16 output and the fp32 cast of the norm's
+    output (memfit was 0.876 counting its kernel's moment only)."""
+    if not any(".lora_B: " in k.label for k in own):
+        return unsaved
+    row = sum(_bytes(k) for k in own) + max(hidden, flight) + delta + unsaved
+    cast = max((_bytes(k) for k in own if ".lora_A: " in k.label and k.dtype != lin), default=0)
+    cached = sum(_bytes(k) for k in own if WEIGHT_CAST in k.label and ".lora_" in k.label)
+    return unsaved + max(0, hidden + cast + flight + cached - row)
 
 
 def cache_bytes(kept: list, heads: int, kv_heads: int, cache: bool) -> tuple:
@@ -317,13 +393,32 @@ def nograd_forward(cfg: dict, run: dict, recipe_args: dict, dtypes: dict | None)
         hidden = dtype_bytes(sizes["b"] * sizes["s"] * sizes["h"], roles["act"])
         quantized, mixed = bool((dtypes or {}).get("quantized")), precision.endswith("-mixed")
         flights = lora_forward_flights(cfg, sizes, recipe_args["lora"], roles, quantized, mixed)
-        unsaved = [frozen_unsaved(a, b, hidden, roles["lin"], flights) for a, b in zip(full, layers)]
+        # (under autocast a rotary q is fp32: `q * cos`, cos fp32, rotary_upcasts)
+        q32 = mixed and bool(fam.rope)
+        # a fused q, k, v projection's whole output (GPT-NeoX's query_key_value: q, k, v its views, bound in the
+        # attention's forward through its output projection)
+        fused = dtype_bytes(sizes["b"] * sizes["s"] * sizes["qkv"], roles["lin"]) if fam.qkv == "fused" else 0
+        unsaved = [frozen_unsaved(a, b, hidden, roles["lin"], flights, q32, fused) for a, b in zip(full, layers)]
         adapted, layers = layers, full
     found = nograd_held(cfg, run["micro_batch"], run["seq_len"], run["attention"], precision, dtypes, layers,
                         adapted if unsaved is not None else None)
     if found is None:
         return None
     if unsaved is not None:
+        # beside an adapted MLP: the decoder layer's residual (none of its own where the attention and the MLP run side
+        # by side, `x + attn_output + mlp_output`: the layer's input, held already; nor in OLMo 2's post-norm layout,
+        # whose MLP reads the residual itself), and the attention's output where they run side by side
+        parallel = bool(_parallel(cfg) or fam.shared_input)
+        residual = 0 if parallel or fam.sandwich == "post" else hidden
+        side = hidden if parallel else 0
+        for n, (trained, own) in enumerate(zip(layers, adapted)):
+            for part in ("mlp", "down_proj"):
+                moment = adapted_mlp(part, dict(trained).get(part, []), dict(own).get(part, []), found["parts"][n].get(part, 0),
+                                     fam, hidden, roles["lin"], flights.get(part, 0), residual, side)
+                if moment is not None:
+                    unsaved[n][part] = moment
+            unsaved[n]["attention"] = adapted_projections(dict(own).get("attention", []), found["parts"][n].get("attention", 0),
+                                                          unsaved[n].get("attention", 0), hidden, roles["lin"], flights.get("attention", 0))
         found["parts"] = [{p: d.get(p, 0) + u.get(p, 0) for p in {*d, *u}} for d, u in zip(found["parts"], unsaved)]
         # autocast caches a cast of a weight that requires grad only: the adapters', not the frozen base's
         found["casts"] = weight_casts(adapted, trained_only=True)
