@@ -300,6 +300,44 @@ def t5_first_recomputed(cfg: dict, sizes: dict, roles: dict, checkpointing: str)
             "decoder": {"attention": bias, "o_proj": dtype_bytes(H * s * se, roles["out"])}}
 
 
+def t5_relu_output(cfg: dict, sizes: dict, roles: dict) -> int:
+    """The bytes of a relu feed-forward's output (T5DenseActDense), alive through relu's own backward: relu saves its
+    result (threshold_backward reads it), which the layer's parts keep with wo's input (its "fc_out" row: the part
+    down_proj, whose backward runs first), so the walk frees it a part too early; 0 for a gated or other activation
+    (its kept tensors are the MLP part's own). Measured (MemTracker with a dispatch-mode trace, tiny T5 2+2 32-true,
+    full checkpointing, 4 x 24 -> 96: the peak is threshold_backward in the first decoder layer's backward, the
+    (4, 96, 112) fp32 relu output alive beside its gradient and threshold_backward's output)."""
+    if cfg["is_gated_act"] or cfg["dense_act_fn"] != "relu":
+        return 0
+    return dtype_bytes(sizes["T"] * sizes["i"], roles["out"])
+
+
+def t5_recompute_flights(sizes: dict, roles: dict, redone: dict, arrived: int, quantized: bool) -> dict:
+    """{part: bytes}: `redone` (hf_act_flights._recompute_flights: each part's recomputed moment, `arrived` in it) for
+    a T5 stack's layer. The gradient reaching a T5Block's output is one (T, h) tensor (the walk's own: the residual's
+    and the next layer's norm's are summed out of place, their parts freed), and where the feed-forward's output (wo's,
+    autocast's low dtype) is narrower than the residual stream, the residual add's backward casts it for wo's backward
+    (a (T, h) low copy, alive until wo's backward): that, not a second (T, h) gradient, is what has arrived. The
+    feed-forward's recomputation stops at wo's input (torch's non-reentrant checkpoint stops once the last saved tensor
+    is recomputed), with T5LayerFF's and T5DenseActDense's / T5DenseGatedActDense's locals alive and unsaved: under
+    autocast the layer_norm's output (forwarded_states, the weight's dtype; wi reads autocast's low copy of it) and
+    the activation (or product) cast to wo's weight dtype (`hidden_states.to(self.wo.weight.dtype)`, the parameters'
+    dtype, which autocast casts back to the low dtype: wo's kept copy), (T, i) each. Measured (MemTracker with a
+    dispatch-mode trace of the live storages, tiny T5 2+2, bf16-mixed, full checkpointing, relu and gated-gelu; the peak
+    is that cast back in the first decoder layer's recomputation): the (4, 96, 64) bf16 gradient cast, the (4, 96, 64)
+    fp32 norm output and the (4, 96, 112) fp32 cast, freed when the recomputation stops; none of them in fp32 or
+    bf16-true (the norm's output is wi's input, the cast a no-op)."""
+    T, h, i = sizes["T"], sizes["h"], sizes["i"]
+    act, low = roles["act"], roles["lin"]
+    cast = dtype_bytes(T * h, low) if low != act else 0
+    # (a 4-bit base's linears output the input's dtype: the activation is already in wo's weight dtype; its norm's
+    # output is what the adapters read: not measured there, left out)
+    tail = 0
+    if not quantized:
+        tail = (dtype_bytes(T * h, act) if low != act else 0) + (dtype_bytes(T * i, act) if roles["out"] != act else 0)
+    return {part: flight - arrived + cast + (tail if part == "down_proj" else 0) for part, flight in redone.items()}
+
+
 def t5_held_gradients(cfg: dict, sizes: dict, roles: dict, checkpointing: str) -> dict:
     """{the part of the decoder's last layer whose backward makes them: [the bytes of each gradient]}: under full
     checkpointing, the gradients the later decoder layers' backward makes for what the first decoder layer and the
