@@ -13,7 +13,7 @@ from memfit.models import held
 from memfit.models.hf_act_eval import dropout_on, layer_conditions, trainable_flags
 from memfit.models.hf_act_families import FAMILIES
 from memfit.models.hf_act_ops import rms_upcast
-from memfit.models.hf_act_t5 import t5_cross_math_moments, t5_flights, t5_recompute_flights, t5_relu_output
+from memfit.models.hf_act_t5 import t5_cross_math_moments, t5_flights, t5_mlp_flight, t5_recompute_flights
 from memfit.recipe.costs import dtype_bytes
 
 
@@ -34,10 +34,10 @@ def layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_size
     dense_flights = _layer_flights(cfg, sizes, roles, routed=False, attention=run["attention"])
     early = _early_flights(cfg, sizes, roles, run["attention"])
     after, enc_after = _after_flights(cfg, sizes, roles), _after_flights(cfg, enc_sizes, roles)
-    if stacked:  # T5's relu output, kept with wo's input, is alive at relu's backward (gone after it)
+    if stacked:  # T5's feed-forward backward: relu's output alive at its backward, a gated one's three gradients
         for flight, later, stack in ((flights, after, sizes), (enc_flights, enc_after, enc_sizes)):
-            relu = t5_relu_output(cfg, stack, roles)
-            flight["mlp"], later["mlp"] = flight["mlp"] + relu, later["mlp"] - relu
+            more, then = t5_mlp_flight(cfg, stack, roles)
+            flight["mlp"], later["mlp"] = flight["mlp"] + more, later["mlp"] + then
     # expert parallelism (parallel.expert): a MoE layer sends its routed rows (T·k) to the ranks holding their experts
     # and receives its own experts' rows (S) by all-to-all, and back; the buffers live while the layer runs, in each
     # direction (the gradients take the same way back)

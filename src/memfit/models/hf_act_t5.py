@@ -300,16 +300,23 @@ def t5_first_recomputed(cfg: dict, sizes: dict, roles: dict, checkpointing: str)
             "decoder": {"attention": bias, "o_proj": dtype_bytes(H * s * se, roles["out"])}}
 
 
-def t5_relu_output(cfg: dict, sizes: dict, roles: dict) -> int:
-    """The bytes of a relu feed-forward's output (T5DenseActDense), alive through relu's own backward: relu saves its
-    result (threshold_backward reads it), which the layer's parts keep with wo's input (its "fc_out" row: the part
-    down_proj, whose backward runs first), so the walk frees it a part too early; 0 for a gated or other activation
-    (its kept tensors are the MLP part's own). Measured (MemTracker with a dispatch-mode trace, tiny T5 2+2 32-true,
-    full checkpointing, 4 x 24 -> 96: the peak is threshold_backward in the first decoder layer's backward, the
-    (4, 96, 112) fp32 relu output alive beside its gradient and threshold_backward's output)."""
-    if cfg["is_gated_act"] or cfg["dense_act_fn"] != "relu":
-        return 0
-    return dtype_bytes(sizes["T"] * sizes["i"], roles["out"])
+def t5_mlp_flight(cfg: dict, sizes: dict, roles: dict) -> tuple:
+    """(bytes added to the MLP part's backward flight, to its moment after it, hf_act_flights._after_flights) of a T5
+    feed-forward. A relu one (T5DenseActDense): relu saves its result (threshold_backward reads it), which the layer's
+    parts keep with wo's input (its "fc_out" row: the part down_proj, whose backward runs first), so the walk frees it
+    a part too early: alive at relu's backward, gone after it. A gated one (T5DenseGatedActDense): act * wi_1's
+    backward holds three (T, i) gradients, wo's input's and the two products, as a gated MLP's does (the family's
+    plain MLP counts two). Measured (MemTracker with a dispatch-mode trace, tiny T5 2+2 32-true, full checkpointing,
+    4 x 24 -> 96, the peak in the first decoder layer's backward): relu: at threshold_backward, the (4, 96, 112) fp32
+    relu output beside its gradient and threshold_backward's output; gated-gelu: at act * wi_1's backward (mul), three
+    (4, 96, 112) fp32 gradients."""
+    T, i = sizes["T"], sizes["i"]
+    if cfg["is_gated_act"]:
+        return dtype_bytes(T * i, roles["lin"]), 0
+    if cfg["dense_act_fn"] != "relu":
+        return 0, 0
+    relu = dtype_bytes(T * i, roles["out"])
+    return relu, -relu
 
 
 def t5_recompute_flights(sizes: dict, roles: dict, redone: dict, arrived: int, quantized: bool) -> dict:
