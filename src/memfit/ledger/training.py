@@ -519,6 +519,14 @@ def _weight_groups(config, cfg: dict, n_layers: int, stacked: bool, norm: str | 
         per_copy = {c: v // max(t.count, 1) for c, v in t.bytes.items()}
         entry = (per_copy, t.trainable, t.elements)
         if stacked:
+            if _base_name(t.name) == hf_encdec.outer_modules(cfg)[0] + ".weight":
+                # T5's shared embedding is lm_head's weight (T5Config always ties them): the head's backward makes its
+                # gradient's first part, which autograd's input buffer holds until the decoder's and the encoder's
+                # embeddings add theirs (measured, MemTracker with a dispatch-mode trace, tiny T5 32-true and
+                # bf16-mixed under full checkpointing: the (V, h) fp32 part alive from lm_head's backward on)
+                groups["head"].append(entry)
+                tied_grad = per_copy.get("gradients", 0) if t.trainable else 0
+                continue
             index = hf_encdec.layer_index(cfg, _base_name(t.name))
             if isinstance(index, int):
                 groups.setdefault((index, _part(t.name)), []).append(entry)

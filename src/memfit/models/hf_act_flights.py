@@ -13,7 +13,7 @@ from memfit.models import held
 from memfit.models.hf_act_eval import dropout_on, layer_conditions, trainable_flags
 from memfit.models.hf_act_families import FAMILIES
 from memfit.models.hf_act_ops import rms_upcast
-from memfit.models.hf_act_t5 import t5_cross_math_moments, t5_flights
+from memfit.models.hf_act_t5 import t5_cross_math_moments, t5_flights, t5_mlp_flight, t5_recompute_flights
 from memfit.recipe.costs import dtype_bytes
 
 
@@ -34,6 +34,10 @@ def layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_size
     dense_flights = _layer_flights(cfg, sizes, roles, routed=False, attention=run["attention"])
     early = _early_flights(cfg, sizes, roles, run["attention"])
     after, enc_after = _after_flights(cfg, sizes, roles), _after_flights(cfg, enc_sizes, roles)
+    if stacked:  # T5's feed-forward backward: relu's output alive at its backward, a gated one's three gradients
+        for flight, later, stack in ((flights, after, sizes), (enc_flights, enc_after, enc_sizes)):
+            more, then = t5_mlp_flight(cfg, stack, roles)
+            flight["mlp"], later["mlp"] = flight["mlp"] + more, later["mlp"] + then
     # expert parallelism (parallel.expert): a MoE layer sends its routed rows (T·k) to the ranks holding their experts
     # and receives its own experts' rows (S) by all-to-all, and back; the buffers live while the layer runs, in each
     # direction (the gradients take the same way back)
@@ -55,6 +59,9 @@ def layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_size
     if dora and redone:  # the recomputed forward computes DoRA's weight norm again
         redone = {part: max(flight, _arrived(cfg, sizes, roles) + dora.get(part, 0)) for part, flight in redone.items()}
     enc_redone = _recompute_flights(cfg, enc_sizes, recipe_args.get("lora"), roles, quantized, mixed) if checkpointing == "full" else {}
+    if stacked:  # T5's gradient arriving at a layer, its feed-forward's locals at the recomputation's end
+        redone = t5_recompute_flights(sizes, roles, redone, _arrived(cfg, sizes, roles), quantized)
+        enc_redone = t5_recompute_flights(enc_sizes, roles, enc_redone, _arrived(cfg, enc_sizes, roles), quantized)
     # torch's math kernel, where an attention part runs it, holds its temporaries while the part is recomputed
     # ({part: its moments}; T5's recomputed cross-attention, on SDPA's math path, in its decoder's o_proj part)
     kernel = {"attention": _math_kernel_moments(cfg, sizes, roles, run["attention"], precision) if checkpointing == "full" else []}

@@ -300,6 +300,51 @@ def t5_first_recomputed(cfg: dict, sizes: dict, roles: dict, checkpointing: str)
             "decoder": {"attention": bias, "o_proj": dtype_bytes(H * s * se, roles["out"])}}
 
 
+def t5_mlp_flight(cfg: dict, sizes: dict, roles: dict) -> tuple:
+    """(bytes added to the MLP part's backward flight, to its moment after it, hf_act_flights._after_flights) of a T5
+    feed-forward. A relu one (T5DenseActDense): relu saves its result (threshold_backward reads it), which the layer's
+    parts keep with wo's input (its "fc_out" row: the part down_proj, whose backward runs first), so the walk frees it
+    a part too early: alive at relu's backward, gone after it. A gated one (T5DenseGatedActDense): act * wi_1's
+    backward holds three (T, i) gradients, wo's input's and the two products, as a gated MLP's does (the family's
+    plain MLP counts two). Measured (MemTracker with a dispatch-mode trace, tiny T5 2+2 32-true, full checkpointing,
+    4 x 24 -> 96, the peak in the first decoder layer's backward): relu: at threshold_backward, the (4, 96, 112) fp32
+    relu output beside its gradient and threshold_backward's output; gated-gelu: at act * wi_1's backward (mul), three
+    (4, 96, 112) fp32 gradients."""
+    T, i = sizes["T"], sizes["i"]
+    if cfg["is_gated_act"]:
+        return dtype_bytes(T * i, roles["lin"]), 0
+    if cfg["dense_act_fn"] != "relu":
+        return 0, 0
+    relu = dtype_bytes(T * i, roles["out"])
+    return relu, -relu
+
+
+def t5_recompute_flights(sizes: dict, roles: dict, redone: dict, arrived: int, quantized: bool) -> dict:
+    """{part: bytes}: `redone` (hf_act_flights._recompute_flights: each part's recomputed moment, `arrived` in it) for
+    a T5 stack's layer. The gradient reaching a T5Block's output is one (T, h) tensor (the walk's own: the residual's
+    and the next layer's norm's are summed out of place, their parts freed), and where the feed-forward's output (wo's,
+    autocast's low dtype) is narrower than the residual stream, the residual add's backward casts it for wo's backward
+    (a (T, h) low copy, alive until wo's backward): that, not a second (T, h) gradient, is what has arrived. The
+    feed-forward's recomputation stops at wo's input (torch's non-reentrant checkpoint stops once the last saved tensor
+    is recomputed), with T5LayerFF's and T5DenseActDense's / T5DenseGatedActDense's locals alive and unsaved: under
+    autocast the layer_norm's output (forwarded_states, the weight's dtype; wi reads autocast's low copy of it) and
+    the activation (or product) cast to wo's weight dtype (`hidden_states.to(self.wo.weight.dtype)`, the parameters'
+    dtype, which autocast casts back to the low dtype: wo's kept copy), (T, i) each. Measured (MemTracker with a
+    dispatch-mode trace of the live storages, tiny T5 2+2, bf16-mixed, full checkpointing, relu and gated-gelu; the peak
+    is that cast back in the first decoder layer's recomputation): the (4, 96, 64) bf16 gradient cast, the (4, 96, 64)
+    fp32 norm output and the (4, 96, 112) fp32 cast, freed when the recomputation stops; none of them in fp32 or
+    bf16-true (the norm's output is wi's input, the cast a no-op)."""
+    T, h, i = sizes["T"], sizes["h"], sizes["i"]
+    act, low = roles["act"], roles["lin"]
+    cast = dtype_bytes(T * h, low) if low != act else 0
+    # (a 4-bit base's linears output the input's dtype: the activation is already in wo's weight dtype; its norm's
+    # output is what the adapters read: not measured there, left out)
+    tail = 0
+    if not quantized:
+        tail = (dtype_bytes(T * h, act) if low != act else 0) + (dtype_bytes(T * i, act) if roles["out"] != act else 0)
+    return {part: flight - arrived + cast + (tail if part == "down_proj" else 0) for part, flight in redone.items()}
+
+
 def t5_held_gradients(cfg: dict, sizes: dict, roles: dict, checkpointing: str) -> dict:
     """{the part of the decoder's last layer whose backward makes them: [the bytes of each gradient]}: under full
     checkpointing, the gradients the later decoder layers' backward makes for what the first decoder layer and the
