@@ -22,9 +22,9 @@ sharded parameters 304,256 B, the root's and the layer's unsharded flat paramete
 gathered unit (one layer's fp32 parameters: FSDP2 keeps a unit's all-gather output until the next unit's copy-out;
 FSDP1 all-gathers into the flat parameter and prefetches nothing in forward); the other 6,144 B are two moments
 compared: memfit's worst is the head's post-forward (the logits written, the root and the largest unit counted
-gathered, where FSDP1 holds the root only), while inside the last layer memfit's walk counts 592,832 B, its program
-87,040 B, 67,840 B under the real one's there (the checkpointed layer's no-grad forward temporaries, not FSDP's:
-open, test_fsdp1_checkpointed_layer_forward). Its loss was 732,868 B against 597,976 B: there FSDP1 holds the root
+gathered, where FSDP1 holds the root only), while inside the last layer memfit's walk counted 592,832 B, its program
+87,040 B, 67,840 B under the real one's there (the checkpointed layer's forward temporaries, not FSDP's: now priced,
+660,416 B, test_fsdp1_checkpointed_layer_forward). Its loss was 732,868 B against 597,976 B: there FSDP1 holds the root
 unit only (65,792 B), the last layer resharded. With fsdp_version 1: forward 666,816 B (1.009), loss 597,188 B
 (0.9987: the 788 B the loss's program is under without FSDP too). Its backward's peak 1,148,872 B: memfit's was
 1,331,520 B with FSDP2's reduce-scatter input kept beside the next unit's backward, which FSDP1 has not (it
@@ -57,8 +57,9 @@ import fsdp1_cast_worker as worker  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(worker.__file__))
 WORLD = 2
-# the loss's moment and FSDP2's copy-out: memfit within this fraction of MemTracker's (its program is 788 B under the
-# real one's at the loss, with FSDP or without); a layer's all-gather output (135,680 B) is far outside it
+# the loss's moment, FSDP2's copy-out and a checkpointed layer's forward: memfit within this fraction of MemTracker's
+# (its program is 788 B under the real one's at the loss, with FSDP or without, 256 B in a layer); a layer's
+# all-gather output (135,680 B) is far outside it
 LOSS_BAND = 0.005
 
 
@@ -170,21 +171,22 @@ def test_fsdp2_embeddings_hold_the_roots_all_gather_output(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore")
-@pytest.mark.xfail(strict=True, reason="a checkpointed layer's forward (no grad, reentrant) is priced as its input and "
-                   "output only (ledger/training.py _layer_rows: forward_flight the output): its inner temporaries are "
-                   "not counted (the residual after the attention and the MLP norm's fp32 output, its bf16 cast, the "
-                   "MLP's activation and projection outputs, a linear's uncached weight cast); the forward's worst moment "
-                   "is still above the real one's (the head's), and the backward recomputes the layer with more")
 def test_fsdp1_checkpointed_layer_forward(tmp_path):
-    """Under FSDP1 with autocast caching nothing, the forward's real peak is inside the last checkpointed layer (its
-    MLP's up projection, measured: 660,672 B, the program 154,880 B beside the sharded parameters 304,256 B and the
-    root's and the layer's flat parameters 65,792 + 135,680 B; not FSDP's: the layer's no-grad forward temporaries).
-    memfit's worst moment of that layer is its post-forward, 609,216 B (its program 87,040 B there: the layers'
-    inputs, the output written)."""
+    """Under FSDP1 with autocast caching nothing, the forward's real peak is inside the last checkpointed layer: its
+    MLP's up projection (the worker's module hooks and a dispatch trace of MemTracker's live storages there,
+    660,672 B: the sharded parameters 304,256 B, the root's and the layer's flat parameters 65,792 + 135,680 B, the
+    four layers' inputs, the residual after the attention and the MLP norm's fp32 output (16,384 B each), the
+    activation's output, the up projection's weight cast and output (14,336 B each) and its input's cast (8,192 B);
+    not FSDP's: torch.utils.checkpoint's non-reentrant forward saves nothing, so the part's tensors go as soon as
+    no name holds them). memfit's worst moment of that layer was its post-forward, 609,216 B (a checkpointed part
+    priced as its output written); with the MLP part's own worst moment (models/hf_nograd.py checkpointed_flights:
+    the up projection's call where no weight cast is cached) 660,416 B, 256 B under: the position ids
+    (modeling_llama.py LlamaModel.forward, `torch.arange(...) + past_seen_tokens`, (1, s) int64), held through the
+    model's forward and not counted by memfit in any run (the same 256 B under without FSDP)."""
     real = _run(tmp_path, 1, 1, 0)
     ours = _memfit(tmp_path, 1)
     last = f"model.layers.{worker.LAYERS - 1}"
     theirs = max(b for m, b in real["by_module"].items() if m == last or m.startswith(last + "."))
     moment = max(e["bytes"] for e in ours["timeline"] if e["module"] == last and e["phase"] == "forward")
     print(f"FSDP1 {last}'s forward: memfit {moment:,} / MemTracker {theirs:,} (the forward's peak {real['peaks']['forward']:,})")
-    assert moment >= theirs, f"{last}'s forward moment {moment:,} below MemTracker's {theirs:,}"
+    assert abs(moment - theirs) <= LOSS_BAND * theirs, f"{last}'s forward moment {moment:,} against MemTracker's {theirs:,}"
