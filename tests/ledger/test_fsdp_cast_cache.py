@@ -25,16 +25,18 @@ compared: memfit's worst is the head's post-forward (the logits written, the roo
 gathered, where FSDP1 holds the root only), while inside the last layer memfit's walk counted 592,832 B, its program
 87,040 B, 67,840 B under the real one's there (the checkpointed layer's forward temporaries, not FSDP's: now priced,
 660,416 B, test_fsdp1_checkpointed_layer_forward). Its loss was 732,868 B against 597,976 B: there FSDP1 holds the root
-unit only (65,792 B), the last layer resharded. With fsdp_version 1: forward 666,816 B (1.009), loss 597,188 B
-(0.9987: the 788 B the loss's program is under without FSDP too). Its backward's peak 1,148,872 B: memfit's was
-1,331,520 B with FSDP2's reduce-scatter input kept beside the next unit's backward, which FSDP1 has not (it
-reduce-scatters the flat gradient itself): 1,195,840 B (1.041).
+unit only (65,792 B), the last layer resharded. With fsdp_version 1: forward 666,816 B (1.009; 660,416 B, 0.9996,
+with the root alone at the head and the checkpointed layer's own moment), loss 597,188 B (0.9987: the 788 B the
+loss's program is under without FSDP too). Its backward's peak 1,148,872 B: memfit's was 1,331,520 B with FSDP2's
+reduce-scatter input kept beside the next unit's backward, which FSDP1 has not (it reduce-scatters the flat gradient
+itself): 1,195,840 B (1.041); 1,150,656 B (1.0016) with the shards of the units reduced only.
 FSDP2: the cache holds the casts (forward 1,049,792 B with it, 847,040 B without, 202,752 B: the three layers' casts
 cached before the peak). The peak is the last layer's all-gather copy-out: `wait_for_unshard` has dropped the previous
 layer's all-gather output from `comm_ctx.all_gather_state` but its local `prev_all_gather_state` holds it until it
 returns, so the root's parameters, the previous layer's output, the layer's own and its unsharded parameters are live
 (65,792 + 3 x 135,680 B). memfit's forward without the cache (as every parallel.fsdp run was priced before
-fsdp_version) was 802,496 B, 0.764 of the real one; with it 1,072,832 B (1.022, its worst moment the head's), its loss
+fsdp_version) was 802,496 B, 0.764 of the real one; with it 1,072,832 B (1.022, its worst moment the head's, a unit
+above the real head's: the last layer resharded; 1,050,560 B, 1.0007, without that unit), its loss
 1,003,204 B against 1,002,968 B (1.0002), and the layer's pre-forward, where memfit now counts that previous output
 (ledger/ranks.py _FsdpUnits.copy_out), 1,050,560 B against the peak's 1,049,792 B (1.0007; 914,880 B before it).
 """
