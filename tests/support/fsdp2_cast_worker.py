@@ -21,6 +21,25 @@ from gloo_ranks import fork_ranks  # noqa: E402
 from fsdp1_cast_worker import LAYERS, MICRO_BATCH, SEQ_LEN, config  # noqa: E402,F401  (the same run as FSDP1's)
 
 
+def gloo_copy(model, world: int) -> int:
+    """Bytes of gloo's own copy of the root unit's reduce-scatter input, from torch's code: foreach_reduce
+    (_fsdp_collectives.py) allocates that input as the unit's gradients, each padded on dim 0 to the world size
+    (`_get_dim0_padded_size`), in the gradients' dtype (no reduce_dtype: the fp32 parameters'), and hands it to
+    dist.reduce_scatter_single; ProcessGroupGloo::_reduce_scatter_base -> reduce_scatter_tensor_coalesced
+    (torch/csrc/distributed/c10d/ProcessGroupGloo.cpp) clones each input (`buffers.push_back(inputTensors[i].clone())`)
+    and all-reduces the clone, copying the rank's chunk out; ProcessGroupNCCL::_reduce_scatter_base reduces from the
+    input in place (reduceScatterSingleImpl, ncclReduceScatter(input.data_ptr(), output.data_ptr(), ...)): no copy.
+    0 where the process group is not gloo."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp._fully_shard._fsdp_common import _get_dim0_padded_size
+
+    if dist.get_backend() != "gloo":
+        return 0
+    group = model._get_fsdp_state()._fsdp_param_group
+    return sum(_get_dim0_padded_size(p._orig_size, world).numel() * p.sharded_param.element_size()
+               for p in group.fsdp_params)
+
+
 def body(rank, world, accumulation, cache):
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.device_mesh import init_device_mesh
@@ -75,7 +94,7 @@ def body(rank, world, accumulation, cache):
     tracker = ref.warm_step(model, opt, x, y, accumulation,
                             lambda: torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache), tracker)
     hook.remove()
-    return {"peaks": tracker.peaks, "bytes": tracker.get_tracker_snapshot("peak")[ref.CPU]["Total"], "casts": casts, "at_peak": tracker.at_peak,
+    return {"gloo_copy": gloo_copy(model, world), "peaks": tracker.peaks, "bytes": tracker.get_tracker_snapshot("peak")[ref.CPU]["Total"], "casts": casts, "at_peak": tracker.at_peak,
             "weight": seen, "by_module": tracker.by_module}
 
 

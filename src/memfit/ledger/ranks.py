@@ -252,7 +252,7 @@ class _Shares:
             g = self.gradients
             t = _share(transient, self.state, self.all_state)
         elif self.fsdp is not None and phase != "optimizer_step" and at != "loss":
-            g = self._grads(phase, gradients)
+            g = self._grads(phase, self.fsdp.sharded(phase, at, gradients))
             t = transient + self.fsdp.held(phase, at, gradients, edge)
         else:
             g = self._grads(phase, gradients)
@@ -296,7 +296,7 @@ class _FsdpUnits:
       their shards (the rank's `gradients`, on the host under CPU offload)."""
 
     __slots__ = ("rows", "all_gather", "prefetch", "forward", "accumulating", "_reduce_scatter", "fsdp1", "copy_out",
-                 "embedding")
+                 "embedding", "tail")
 
     def __init__(self, step: Step, p, gathered: dict, fsdp: dict) -> None:
         layers = [_layer(r) for r in step.rows]
@@ -329,6 +329,13 @@ class _FsdpUnits:
         first = next((n for n, i in enumerate(layers) if i is not None), None)
         root_gather = 0 if self.fsdp1 or whole is not None else fsdp["root"] + fsdp["root_all_gather"]
         self.embedding = {r.name: max(self.forward, root_gather) for r in step.rows[:first]} if first else {}
+        # after the last layer (the final norm, the head): that layer resharded by its post-forward, the root
+        # gathered, and under FSDP2 the layer's all-gather output, which no later copy-out drops (measured:
+        # tests/ledger/test_fsdp_cast_cache.py, the head's moment, FSDP1's and FSDP2's; shard_grad_op keeps every
+        # unit gathered)
+        last = max((n for n, i in enumerate(layers) if i is not None), default=None)
+        tail = fsdp["root"] + (0 if self.fsdp1 else self.all_gather)
+        self.tail = {r.name: tail for r in step.rows[last + 1:]} if last is not None and whole is None else {}
         # each row: (parameters gathered, prefetching, the gradients already reduced, a reduce-scatter input held,
         # the gradients made by the rows after it and by it: what a later micro-batch has made by then)
         position = {i: n for n, i in enumerate(order)}
@@ -363,11 +370,23 @@ class _FsdpUnits:
         """What `held` reads of the row an instant is in (the walk's candidates keep one instant per key)."""
         return self.rows.get(at), self.copy_out.get(at, 0) if edge == "pre-forward" else 0
 
+    def sharded(self, phase: str, at, gradients: int) -> int:
+        """Of the program's `gradients` at an instant of `phase` in row `at`, those whose shards the rank holds: in
+        a backward that accumulates nothing, the units' already reduce-scattered (FSDP2's foreach_reduce and FSDP1's
+        _reduce_grad make a unit's sharded gradient from its reduce-scatter output, the optimizer's zero_grad having
+        dropped the last step's), not the root's or the running layer's, which `held` counts unsharded (measured:
+        tests/ledger/test_fsdp_cast_cache.py, FSDP1's backward peak in a layer's backward)."""
+        info = self.rows.get(at)
+        if phase != "backward" or self.accumulating or info is None:
+            return gradients
+        return min(gradients, info[2])
+
     def held(self, phase: str, at, gradients: int, edge=None) -> int:
         """The bytes held beside the program at an instant of `phase` in row `at` (at its boundary `edge`, None
         inside it) whose program has made `gradients`."""
         if phase == "forward":
-            return self.embedding.get(at, self.forward) + (self.copy_out.get(at, 0) if edge == "pre-forward" else 0)
+            gathered = self.embedding[at] if at in self.embedding else self.tail.get(at, self.forward)
+            return gathered + (self.copy_out.get(at, 0) if edge == "pre-forward" else 0)
         info = self.rows.get(at)
         if info is None:
             return self.forward

@@ -17,6 +17,7 @@ import re
 from memfit.ledger import rewrites
 from memfit.ledger.step import Loss, Row, Step
 from memfit.models import held
+from memfit.models.hf_nograd import checkpointed_flights
 from memfit.models.hf_parts import layer_parts
 from memfit.recipe.costs import dtype_bytes
 
@@ -678,8 +679,9 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
                                 [any(k.label.startswith("router") for k in kept) for _, kept in parts],
                                 any(k.label.startswith("grouped_mm") for k in every[i]),
                                 [0 if stacked else sum(kept_bytes(t) for t in held.unmade_at_flight(part, fam.mlp, kept[_through_last_adapter(kept):]))
-                                 for part, kept in parts])
-        parts, part_bytes, adapted_bytes, routers, grouped, unmade_bytes = split_cache[key]
+                                 for part, kept in parts],
+                                {} if stacked or checkpointing != "full" else checkpointed_flights(cfg, parts, hidden, cached))
+        parts, part_bytes, adapted_bytes, routers, grouped, unmade_bytes, nograd = split_cache[key]
         # a MoE model's dense layers (mlp_only_layers, decoder_sparse_step) run Llama's MLP: its flights
         sparse = not sizes.get("k") or grouped
         encoder = i < encoder_layers
@@ -691,7 +693,8 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
         for n, (part, kept) in enumerate(parts):
             y = fresh(layer_hidden)
             row = weights(Row(f"layer {i} {part}", input=x, output=y), (i, part))
-            if checkpointing == "full" and (checkpointed is None or i in checkpointed):
+            redo = checkpointing == "full" and (checkpointed is None or i in checkpointed)
+            if redo:
                 # only the boundary (the layer's input) stays kept; backward recomputes the layer
                 # first, and each part's tensors go when its backward is done
                 row.kept = [x, *later_kept.get(i, ())] if n == 0 else []
@@ -719,6 +722,10 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
                 row.kept_ops = [k.label.split(":")[0] for k in kept] + ["later"] * (len(row.kept) - len(kept))
             routed = a2a if part == "mlp" and routers[n] else 0
             row.forward_flight = layer_hidden + routed  # its output while it is written; its inner tensors are kept
+            if redo and part in nograd:
+                # a checkpointed part's forward saves nothing: its own worst moment, beside its unsaved input
+                # (models.hf_nograd.checkpointed_flights)
+                row.forward_flight = max(row.forward_flight, nograd[part] + routed)
             if part == "down_proj" and grouped and k.unsort and not encoder:
                 # grouped experts: their unsort, before the layer's output exists (hf_act_flights._unsort_forward)
                 row.forward_early = k.unsort

@@ -546,3 +546,40 @@ def weight_casts(layer_parts: list, trained_only: bool = False) -> list:
     requires grad, so a frozen base weight is cast anew by each call and freed with it."""
     return [{part: sum(_bytes(k) for k in kept if WEIGHT_CAST in k.label and (not trained_only or ".lora_" in k.label))
              for part, kept in parts} for parts in layer_parts]
+
+
+def checkpointed_flights(cfg: dict, parts: list, hidden: int, cached: bool) -> dict:
+    """{part: bytes}: what a checkpointed layer's dense MLP part holds at its worst forward moment beyond the step's
+    held tensors (the layer's input, saved as the checkpoint's boundary; autocast's cached weight casts,
+    Row.cast_cached). torch.utils.checkpoint's non-reentrant forward (transformers' default, `use_reentrant` False)
+    saves nothing for a backward: its pack hook drops what autograd would keep, so the part's tensors are freed as
+    soon as no Python name holds them, as in a no-grad forward (part_deltas: the MLP's worst moment there is its
+    product, act_fn(gate) * up made, beside the part's input, the norm's output and the weight casts cached). Where
+    autocast caches no weight cast (`cached` False: FSDP1's views of the flat parameter), the up projection's call is
+    worse: its cast of the norm's output and its weight's cast beside its output, in place of the product.
+    `parts`: the un-checkpointed layer's (part, kept) in forward order (models.hf_parts.layer_parts); `hidden` one
+    (b, s, h) in the residual stream's dtype. Measured: tests/ledger/test_fsdp_cast_cache.py (FSDP1, the tiny Llama's
+    last layer under bf16 autocast: its MLP's up projection, MemTracker's peak of the forward). Other parts (the
+    attention's kernel) and other MLPs (grouped experts, a plain MLP, attention and MLP side by side) are not
+    priced here."""
+    out, fam, parallel = {}, FAMILIES[cfg["model_type"]], _parallel(cfg)
+    if parallel or fam.shared_input or fam.mlp not in DENSE:
+        return out
+    deltas = part_deltas(parts, fam, hidden, 0, parallel)
+    for n, (part, kept) in enumerate(parts):
+        if part != "mlp" or n + 1 == len(parts):
+            continue
+        product = next((_bytes(k) for k in parts[n + 1][1] if k.label.startswith(PROJECTION_INPUT)), None)
+        if product is None or sum(1 for k in kept if k.label.startswith("act: ")) > 1:
+            continue
+        weights = [_bytes(k) for k in kept if WEIGHT_CAST in k.label]
+        inputs = [_bytes(k) for k in kept if INPUT_CAST in k.label]
+        # the product's moment (the part's kept tensors and output, as part_deltas prices a no-grad part), its
+        # weight casts left to Row.cast_cached (or freed with their linears' calls where none is cached)
+        worst = sum(_bytes(k) for k in kept) + hidden + deltas.get(part, 0) - sum(weights)
+        if not cached and weights:
+            # the last linear's call (up_proj): its output exists in place of the product, its input's and its
+            # weight's casts beside it
+            worst = max(worst, worst - product + (inputs[-1] if inputs else 0) + weights[-1])
+        out[part] = worst
+    return out
