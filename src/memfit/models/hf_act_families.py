@@ -153,10 +153,11 @@ LLAMA4_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_att
                 "lm_head": "lm_head"}
 FAMILIES["llama4_text"] = LLAMA._replace(mlp="moe_llama4", names=LLAMA4_NAMES, softmax_fp32=False, lora_default=(),
                                          lora_experts=False)
-# Qwen2-VL and Qwen2.5-VL (issue 34; modeling_qwen2_vl.py, modeling_qwen2_5_vl.py): the text model is Qwen2's layer;
+# Qwen2-VL and Qwen2.5-VL (issue 34; modeling_qwen2_vl.py, modeling_qwen2_5_vl.py): the text model is Qwen2's layer,
+# its sliding layers (use_sliding_window) Qwen2's too (tests/models/test_qwen_vl.py: 0.973 -> 0.997 of MemTracker);
 # peft 0.21 has no default target_modules for either
-FAMILIES["qwen2_vl"] = LLAMA._replace(qwen_vl=True, lora_default=())
-FAMILIES["qwen2_5_vl"] = LLAMA._replace(qwen_vl=True, lora_default=())
+FAMILIES["qwen2_vl"] = LLAMA._replace(qwen_vl=True, lora_default=(), window_layers=True)
+FAMILIES["qwen2_5_vl"] = LLAMA._replace(qwen_vl=True, lora_default=(), window_layers=True)
 MOE = ("moe", "moe_shared", "moe_phi", "moe_deepseek", "moe_oss", "moe_llama4")
 SUPPORTED = tuple(FAMILIES)
 DEFAULT_ACT = {"gpt2": "gelu_new", "bert": "gelu", "gpt_neox": "gelu", "gemma": "gelu_pytorch_tanh",
