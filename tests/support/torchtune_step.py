@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from torchtune import training
 from torchtune.models.llama3 import llama3, lora_llama3
+from torchtune.models.llama3_2 import llama3_2, lora_llama3_2
 from torchtune.modules.loss import CEWithChunkedOutputLoss
 from torchtune.modules.peft import get_adapter_params, set_trainable_params
 
@@ -41,7 +42,9 @@ def run(spec: dict) -> dict:
     torch.manual_seed(0)
     builder = dict(spec["builder"])
     with training.set_default_dtype(dtype):
-        model = lora_llama3(**builder) if spec["lora"] else llama3(**{k: v for k, v in builder.items() if not k.startswith(("lora", "apply_lora", "use_dora"))})
+        # `family` llama3_2: its builders (tie_word_embeddings: the output projection a TiedLinear of the embedding)
+        full, lora = (llama3_2, lora_llama3_2) if spec.get("family") == "llama3_2" else (llama3, lora_llama3)
+        model = lora(**builder) if spec["lora"] else full(**{k: v for k, v in builder.items() if not k.startswith(("lora", "apply_lora", "use_dora"))})
     if spec["lora"]:
         set_trainable_params(model, get_adapter_params(model))
     trainable = [p for p in model.parameters() if p.requires_grad]
