@@ -225,7 +225,10 @@ def _linear(step, model, tokens: int, vocab: int, asked: int):
     parts = _split(tokens, asked)
     tensors = dict(step.tensors)
     hidden = tensors.get(head.input, 0) if head.input is not None else 0
-    kept = [t for t in head.kept if t != head.input]
+    # what the head keeps of the logits' size is made after the projection, on the model's logits (Gemma 2's final
+    # soft-capping as transformers models it): the loss runs `model.output` alone, so none of it is made
+    whole = step.tensors.get(head.output, 0)
+    kept = [t for t in head.kept if t != head.input and step.tensors[t] != whole]
     # the index_select's copy of the hidden rows: what the projection (or its adapter) saves where the head kept its
     # input, else alive through the loss beside the model's output; index_select keeps its int64 indices
     copy_kept = head.input is not None and head.input in head.kept
