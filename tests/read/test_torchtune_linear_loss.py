@@ -1,7 +1,7 @@
 """torchtune's shipped configs with `loss: LinearCrossEntropyLoss` (the loss of 162 of torchtune main's configs)
 through the CLI: the reader maps it to `training.loss: {kind: linear, chunks: <num_output_chunks, default 8>}`
 (ledger/techniques/chunked_loss.py, measured against the class's code in tests/ledger/test_chunked_loss.py) with no
-not-modelled warning for the loss, and the figure is the chunked one: below the same config with its logits whole
+not-modelled warning for the loss (a note that every token counts as labelled: an upper bound), and the figure is the chunked one: below the same config with its logits whole
 by at least the whole logits in the model's dtype (which the loss never makes).
 
 The configs are torchtune's, verbatim, in tests/read/torchtune_configs/: recipes/configs/llama3_1/8B_full_single_device.yaml,
@@ -35,7 +35,12 @@ def test_shipped_linear_cross_entropy_configs_get_the_chunked_figure(tmp_path, n
     config = yaml.safe_load(converted.stdout)
     assert config["training"]["loss"] == {"kind": "linear", "chunks": 8}, config["training"]
     native = json.loads(memfit("check", "--format", "json", "--budget", "1TiB", source).stdout)["files"][0]
-    assert not [d for d in native["diagnostics"] if "loss" in d["message"] and d["code"] == "not-modelled"], native["diagnostics"]
+    assert not [d for d in native["diagnostics"] if "loss" in d["message"] and d["severity"] != "information"], native["diagnostics"]
+    # a note at loss._component_ (where training.loss comes from): the labels are not read, the figure a bound
+    (note,) = [d for d in native["diagnostics"] if "training.loss kind linear" in d["message"]]
+    assert note["severity"] == "information" and "upper bound" in note["message"]
+    line = next(n for n, text in enumerate(source.read_text().splitlines()) if "LinearCrossEntropyLoss" in text)
+    assert note["range"]["start"]["line"] == line, (note["range"], line)
     # the memfit config it means gives the same figure; without the loss (transformers' whole logits) a larger one
     (tmp_path / "linear.yaml").write_text(converted.stdout)
     del config["training"]["loss"]

@@ -14,6 +14,9 @@ tests/ledger/test_chunked_loss.py):
   time the output projection's backward runs; that weight's gradient comes from each chunk's matmul and is summed by
   autograd's input buffer out of place (`add.Tensor`): the sum so far, the chunk's and their sum (three of it) at
   once, beside the logits' gradient and the hidden states'.
+
+Kind chunked_head is LitGPT's (rewrite, below); kind linear torchtune's LinearCrossEntropyLoss, the output projection
+inside the loss (_linear, measured against the class's code in the same test file).
 """
 
 from __future__ import annotations
@@ -72,6 +75,12 @@ def problems(config, training: dict) -> list:
     if model is None or not hasattr(model, "cfg"):
         return [Problem(("training", "loss"), codes.NEEDS_TRANSFORMER,
                         "training.loss: a chunked loss chunks a transformer's output projection; declare the model as a transformer (hf_config)")]
+    if training["loss"].get("kind") == "linear":
+        # (a note: the figure is the bound, nothing is wrong)
+        return [Problem(("training", "loss"), codes.NOT_MODELLED,
+                        "training.loss kind linear: memfit does not read the labels, so every token counts as one whose "
+                        "label is kept (LinearCrossEntropyLoss projects only those): the figure is an upper bound where "
+                        "the data masks tokens (a prompt, padding)", severity=codes.INFORMATION, on_key=True)]
     return []
 
 
