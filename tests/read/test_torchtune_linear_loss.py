@@ -11,6 +11,7 @@ tokens) at pytorch/torchtune bd2a0fc7c31430972728494fa01aaeeb0ebf1ba1."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -52,3 +53,19 @@ def test_shipped_linear_cross_entropy_configs_get_the_chunked_figure(tmp_path, n
     logits = run["micro_batch"] * run["seq_len"] * shape["vocab_size"] * 2   # bf16, as these configs' dtype
     assert config["precision"] == "bf16-true"
     assert files["whole"]["peak"]["bytes"] - native["peak"]["bytes"] >= logits, (files["whole"]["peak"]["bytes"], native["peak"]["bytes"], logits)
+
+
+def test_a_linear_loss_with_a_teacher_is_refused(tmp_path):
+    """torchtune main's KD recipes (recipes/knowledge_distillation_single_device.py lines 282-293 at bd2a0fc7) set
+    chunks for CEWithChunkedOutputLoss and otherwise never call set_model_output, so LinearCrossEntropyLoss's forward
+    raises on the student's logits: an error at the loss, not a figure (the shipped KD config with its loss edited)."""
+    text = (CONFIGS / "llama3_2_8B_to_1B_KD_lora_single_device.yaml").read_text()
+    edited, count = re.subn(r"(?m)^(  _component_: torchtune\.modules\.loss\.)CEWithChunkedOutputLoss$", r"\1LinearCrossEntropyLoss", text)
+    assert count == 1
+    path = tmp_path / "KD_lora_single_device.yaml"
+    path.write_text(edited)
+    (entry,) = json.loads(memfit("check", "--format", "json", "--budget", "1TiB", path).stdout)["files"]
+    (error,) = [d for d in entry["diagnostics"] if d["severity"] == "error"]
+    assert "training.teacher" in error["message"] and "LinearCrossEntropyLoss never makes" in error["message"], error
+    line = next(n for n, line in enumerate(edited.splitlines()) if "LinearCrossEntropyLoss" in line)
+    assert error["range"]["start"]["line"] == line

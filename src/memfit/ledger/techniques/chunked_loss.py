@@ -75,6 +75,13 @@ def problems(config, training: dict) -> list:
     if model is None or not hasattr(model, "cfg"):
         return [Problem(("training", "loss"), codes.NEEDS_TRANSFORMER,
                         "training.loss: a chunked loss chunks a transformer's output projection; declare the model as a transformer (hf_config)")]
+    if training["loss"].get("kind") == "linear" and training.get("teacher"):
+        # torchtune main's KD recipes call the loss on the student's logits without set_model_output: the class's
+        # forward raises ("forward called before update_model"); its other branch refuses linear losses for KD
+        return [Problem(("training", "loss"), codes.SCHEMA,
+                        "training.loss kind linear with training.teacher: the forward-KL loss reads the student's whole "
+                        "logits, which LinearCrossEntropyLoss never makes (torchtune's KD recipes do not support linear "
+                        "losses); use kind chunked (CEWithChunkedOutputLoss)")]
     if training["loss"].get("kind") == "linear":
         # (a note: the figure is the bound, nothing is wrong)
         return [Problem(("training", "loss"), codes.NOT_MODELLED,
