@@ -257,7 +257,12 @@ def _linear(step, model, tokens: int, vocab: int, asked: int):
     last = parts[-1]
     tensors[head.output] = dtype_bytes(last * vocab, made)
     upcast = dtype_bytes(last * vocab, "float32") if made != "float32" else 0
-    forward = (tensors[head.output], *([upcast] if upcast else []), hidden, *([] if copy_kept else [hidden]))
+    chunk = tensors[head.output]
+    # an adapted head (LoRA's `F.linear(x, weight) + (alpha / rank) * lora_b(lora_a(x))`): the base output, the
+    # adapter's scaled output and their sum, three chunks in the head's dtype, before the chunk's log-softmax exists;
+    # where that moment is the larger, what it has beyond the chunk's logits and their copy
+    adapted = max(3 * chunk - dtype_bytes(last * vocab, "float32") - chunk - upcast, 0) if head.frozen and head.grads else 0
+    forward = (chunk, *([upcast] if upcast else []), *([adapted] if adapted else []), hidden, *([] if copy_kept else [hidden]))
     # backward runs chunk by chunk, last first (a chunk's nodes are all newer than the one before's): the last
     # chunk's loss gradients (two fp32 chunks) beside every log-softmax; then the head's moments (_linear_backward)
     loss = replace(step.loss, forward=forward, backward=(dtype_bytes(last * vocab, "float32"),) * 2)
