@@ -22,6 +22,7 @@ inside the loss (_linear, measured against the class's code in the same test fil
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import accumulate
 
 from memfit.diagnostics import codes
 from memfit.diagnostics.diagnostic import Problem
@@ -289,15 +290,16 @@ def _linear_backward(head, parts: list, vocab: int, made: str, hidden: int, toke
     buffer sums them out of place: three of the largest at once). The chunks' hidden-row gradients wait for the
     tensor_split's backward; then the scatter into a zero (tokens, hidden) gradient, the summed rows' beside it."""
     lsm = [dtype_bytes(n * vocab, "float32") for n in parts]
+    before = [0, *accumulate(lsm)]   # before[k]: the log-softmax of the chunks ahead of chunk k, still kept at it
     rows = [hidden * n // tokens for n in parts]
     grads, largest = sum(head.grads), max(head.grads, default=0)
     worst, waiting = 0, 0
     for k in range(len(parts) - 1, -1, -1):
-        summed = grads if k < len(parts) - 1 else 0   # the earlier chunks' weight gradients, summed so far
+        summed = grads if k < len(parts) - 1 else 0   # the weight gradients of the chunks already run, summed
         if summed:   # (the last chunk's log-softmax backward is the loss's moment: nothing summed yet)
-            worst = max(worst, sum(lsm[:k + 1]) + 2 * lsm[k] + summed + waiting)
-        matmul = sum(lsm[:k]) + dtype_bytes(parts[k] * vocab, made) + rows[k] + waiting + summed + grads
-        adding = sum(lsm[:k]) + rows[k] + waiting + summed + 2 * largest if summed else 0
+            worst = max(worst, before[k + 1] + 2 * lsm[k] + summed + waiting)
+        matmul = before[k] + dtype_bytes(parts[k] * vocab, made) + rows[k] + waiting + summed + grads
+        adding = before[k] + rows[k] + waiting + summed + 2 * largest if summed else 0
         worst = max(worst, matmul, adding)
         waiting += rows[k]
     tail = grads + waiting + 2 * hidden
