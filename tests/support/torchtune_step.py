@@ -7,7 +7,11 @@ single-device recipes run it, under MemTracker (peak) and saved_tensors_hooks (w
 
 What it does is the recipe's (recipes/full_finetune_single_device.py and lora_finetune_single_device.py, 0.6.1):
 - the model built under `training.set_default_dtype(dtype)` (LoRA: `set_trainable_params(model, get_adapter_params(model))`);
-- `chunks` > 0: `loss: CEWithChunkedOutputLoss(num_output_chunks=chunks)` and, as `_setup_model` does for it,
+- `linear` true: `loss: LinearCrossEntropyLoss(num_output_chunks=chunks)` (torchtune's main branch, copied into
+  torchtune_linear_loss.py with its source) and, as the recipes' `_setup` does for an `SFTLoss`,
+  `loss.set_model_output(model)`: the model returns its final norm's output, the loss runs the output projection a
+  chunk of the (unmasked) tokens at a time; `_loss_step` passes the outputs and labels unreshaped;
+- else `chunks` > 0: `loss: CEWithChunkedOutputLoss(num_output_chunks=chunks)` and, as `_setup_model` does for it,
   `model.set_num_output_chunks(chunks)`: the model returns the logits as a list of chunks (TransformerDecoder.chunked_output);
   `chunks` 0: `torch.nn.CrossEntropyLoss` on the model's `self.output(h).float()` (TransformerDecoder.unembed);
 - `_loss_step`: labels shifted with hstack and the ignore index; `loss = self._loss_fn(logits, labels); del logits`;
@@ -24,11 +28,13 @@ from pathlib import Path
 import torch
 from torchtune import training
 from torchtune.models.llama3 import llama3, lora_llama3
+from torchtune.models.llama3_2 import llama3_2, lora_llama3_2
 from torchtune.modules.loss import CEWithChunkedOutputLoss
 from torchtune.modules.peft import get_adapter_params, set_trainable_params
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peak_reference import CPU, PhaseTracker  # noqa: E402  (imports torch only)
+from torchtune_linear_loss import LinearCrossEntropyLoss, add_skip_output_layer  # noqa: E402
 
 
 def run(spec: dict) -> dict:
@@ -36,12 +42,18 @@ def run(spec: dict) -> dict:
     torch.manual_seed(0)
     builder = dict(spec["builder"])
     with training.set_default_dtype(dtype):
-        model = lora_llama3(**builder) if spec["lora"] else llama3(**{k: v for k, v in builder.items() if not k.startswith(("lora", "apply_lora", "use_dora"))})
+        # `family` llama3_2: its builders (tie_word_embeddings: the output projection a TiedLinear of the embedding)
+        full, lora = (llama3_2, lora_llama3_2) if spec.get("family") == "llama3_2" else (llama3, lora_llama3)
+        model = lora(**builder) if spec["lora"] else full(**{k: v for k, v in builder.items() if not k.startswith(("lora", "apply_lora", "use_dora"))})
     if spec["lora"]:
         set_trainable_params(model, get_adapter_params(model))
     trainable = [p for p in model.parameters() if p.requires_grad]
     chunks = spec["chunks"]
-    if chunks:
+    if spec.get("linear"):
+        add_skip_output_layer(model)
+        loss_fn = LinearCrossEntropyLoss(num_output_chunks=chunks)
+        loss_fn.set_model_output(model)
+    elif chunks:
         loss_fn = CEWithChunkedOutputLoss(num_output_chunks=chunks)
         model.set_num_output_chunks(chunks)
     else:
@@ -61,7 +73,7 @@ def run(spec: dict) -> dict:
     def loss_step(tokens, labels):
         logits = model(tokens)
         labels = torch.hstack((labels[..., 1:], ignore_labels_cache[: labels.shape[0]]))
-        if not isinstance(logits, list):
+        if not isinstance(logits, list) and not spec.get("linear"):
             labels = labels.reshape(-1)
             logits = logits.reshape(-1, logits.size(-1))
         loss = loss_fn(logits, labels)

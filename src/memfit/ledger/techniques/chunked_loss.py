@@ -14,11 +14,15 @@ tests/ledger/test_chunked_loss.py):
   time the output projection's backward runs; that weight's gradient comes from each chunk's matmul and is summed by
   autograd's input buffer out of place (`add.Tensor`): the sum so far, the chunk's and their sum (three of it) at
   once, beside the logits' gradient and the hidden states'.
+
+Kind chunked_head is LitGPT's (rewrite, below); kind linear torchtune's LinearCrossEntropyLoss, the output projection
+inside the loss (_linear, measured against the class's code in the same test file).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import accumulate
 
 from memfit.diagnostics import codes
 from memfit.diagnostics.diagnostic import Problem
@@ -28,7 +32,7 @@ from memfit.recipe.costs import dtype_bytes
 
 NAME = "chunked_loss"
 
-KINDS = ("chunked", "chunked_head")
+KINDS = ("chunked", "chunked_head", "linear")
 
 KEYS = {
     "loss": {
@@ -38,14 +42,22 @@ KEYS = {
                        "chunks in the model's dtype, each upcast to fp32 inside the loss one at a time. kind "
                        "chunked_head: LitGPT's fine-tuning loss (model(input_ids, lm_head_chunk_size=chunk_size), "
                        "chunked_cross_entropy): chunks of chunk_size tokens (default 128), the cross-entropy in the "
-                       "logits' own dtype, no fp32 copy. Absent: "
+                       "logits' own dtype, no fp32 copy. kind linear: torchtune's LinearCrossEntropyLoss (the model "
+                       "returns its final norm's output; the loss copies the rows of the tokens whose label is not "
+                       "ignored, splits them into chunks (num_output_chunks = chunks, default 8) and runs the output "
+                       "projection and an fp32 cross-entropy a chunk at a time: the whole logits never exist). memfit "
+                       "does not know the labels: every token counts as one whose label is kept, an upper bound. Absent: "
                        "transformers' loss over the whole logits.",
         "type": "object",
         "properties": {
             "kind": {"title": "Which chunked loss", "enum": list(KINDS), "description": "chunked: torchtune's CEWithChunkedOutputLoss (each chunk upcast "
                                                          "to fp32); chunked_head: LitGPT's lm_head_chunk_size with "
-                                                         "chunked_cross_entropy (each chunk in the logits' dtype)"},
-            "chunks": {"title": "Chunks", "type": "integer", "minimum": 1, "default": 8, "description": "kind chunked: the number of chunks of the sequence"},
+                                                         "chunked_cross_entropy (each chunk in the logits' dtype); "
+                                                         "linear: torchtune's LinearCrossEntropyLoss (the output "
+                                                         "projection inside the loss, a chunk of the tokens at a time; "
+                                                         "every token counted as labelled: an upper bound)"},
+            "chunks": {"title": "Chunks", "type": "integer", "minimum": 1, "default": 8, "description": "kind chunked: the number of chunks of the sequence; "
+                                                                                                       "kind linear: the number of chunks of the batch's tokens (num_output_chunks)"},
             "chunk_size": {"title": "Tokens per chunk", "type": "integer", "minimum": 1, "default": 128, "description": "kind chunked_head: the tokens of each sequence per chunk"},
         },
         "required": ["kind"],
@@ -64,6 +76,19 @@ def problems(config, training: dict) -> list:
     if model is None or not hasattr(model, "cfg"):
         return [Problem(("training", "loss"), codes.NEEDS_TRANSFORMER,
                         "training.loss: a chunked loss chunks a transformer's output projection; declare the model as a transformer (hf_config)")]
+    if training["loss"].get("kind") == "linear" and training.get("teacher"):
+        # torchtune main's KD recipes call the loss on the student's logits without set_model_output: the class's
+        # forward raises ("forward called before update_model"); its other branch refuses linear losses for KD
+        return [Problem(("training", "loss"), codes.SCHEMA,
+                        "training.loss kind linear with training.teacher: the forward-KL loss reads the student's whole "
+                        "logits, which LinearCrossEntropyLoss never makes (torchtune's KD recipes do not support linear "
+                        "losses); use kind chunked (CEWithChunkedOutputLoss)")]
+    if training["loss"].get("kind") == "linear":
+        # (a note: the figure is the bound, nothing is wrong)
+        return [Problem(("training", "loss"), codes.NOT_MODELLED,
+                        "training.loss kind linear: memfit does not read the labels, so every token counts as one whose "
+                        "label is kept (LinearCrossEntropyLoss projects only those): the figure is an upper bound where "
+                        "the data masks tokens (a prompt, padding)", severity=codes.INFORMATION, on_key=True)]
     return []
 
 
@@ -77,6 +102,8 @@ def rewrite(step, config, training: dict):
     logits = step.tensors[head.output]
     if not vocab or not b or not s:
         return step
+    if training["loss"]["kind"] == "linear":
+        return _linear(step, model, b * s, vocab, int(training["loss"].get("chunks") or 8))
     whole32 = dtype_bytes(b * s * vocab, "float32")
     tensors = step.tensors
     # the logits as the loss reads them: fp32 where a wrapper converts the model's outputs (training.outputs_dtype,
@@ -195,3 +222,85 @@ def _weight_cast(model, micro_batch: int, seq_len: int, head_trains: bool) -> in
     sizes = acts.layer_sizes(model.cfg, micro_batch, seq_len)
     return held.chunk_weight_casts(sizes["V"] * sizes["h"], acts.role_dtypes(precision, model.dtypes),
                                    precision.endswith("-mixed"), head_trains)
+
+
+def _split(tokens: int, chunks: int) -> list:
+    """The tokens of each chunk, as `tensor_split(chunks, dim=0)` makes them: the first `tokens % chunks` one larger
+    (empty chunks, where there are more chunks than tokens, make nothing and are left out)."""
+    small, larger = divmod(tokens, chunks)
+    return [n for n in [small + 1] * larger + [small] * (chunks - larger) if n]
+
+
+def _linear(step, model, tokens: int, vocab: int, asked: int):
+    """torchtune's LinearCrossEntropyLoss (torchtune main, modules/loss/cross_entropy_loss.py; module docstring of
+    the kind in docs/peak.md): `set_model_output` makes the model return its final norm's output (the head's input,
+    held by the recipe's `outputs` until the loss returns); the loss `index_select`s the rows of the tokens whose
+    label is kept (every token here: memfit does not know the labels, an upper bound), `tensor_split`s them over the
+    tokens and per chunk runs the output projection, `.float()` and `F.cross_entropy(reduction="sum")`."""
+    head = step.rows[-1]
+    made = outputs_dtype.logits_dtype(model)
+    parts = _split(tokens, asked)
+    tensors = dict(step.tensors)
+    hidden = tensors.get(head.input, 0) if head.input is not None else 0
+    # what the head keeps of the logits' size is made after the projection, on the model's logits (Gemma 2's final
+    # soft-capping as transformers models it): the loss runs `model.output` alone, so none of it is made
+    whole = step.tensors.get(head.output, 0)
+    kept = [t for t in head.kept if t != head.input and step.tensors[t] != whole]
+    # the index_select's copy of the hidden rows: what the projection (or its adapter) saves where the head kept its
+    # input, else alive through the loss beside the model's output; index_select keeps its int64 indices
+    copy_kept = head.input is not None and head.input in head.kept
+    for nbytes in ([hidden] if copy_kept else []) + ([dtype_bytes(tokens, "int64")] if head.grad_input else []):
+        tensors[max(tensors) + 1] = nbytes
+        kept.append(max(tensors))
+    # the head's output is one chunk's logits at a time; the last chunk's (the smallest) is alive at the loss's last
+    # moment in forward: its logits in the head's dtype and their fp32 copy beside every chunk's log-softmax (fp32,
+    # loss_kept, as the whole loss's)
+    last = parts[-1]
+    tensors[head.output] = dtype_bytes(last * vocab, made)
+    upcast = dtype_bytes(last * vocab, "float32") if made != "float32" else 0
+    chunk = tensors[head.output]
+    # an adapted head (LoRA's `F.linear(x, weight) + (alpha / rank) * lora_b(lora_a(x))`): the base output, the
+    # adapter's scaled output and their sum, three chunks in the head's dtype, before the chunk's log-softmax exists;
+    # where that moment is the larger, what it has beyond the chunk's logits and their copy
+    adapted = max(3 * chunk - dtype_bytes(last * vocab, "float32") - chunk - upcast, 0) if head.frozen and head.grads else 0
+    forward = (chunk, *([upcast] if upcast else []), *([adapted] if adapted else []), hidden, *([] if copy_kept else [hidden]))
+    # backward runs chunk by chunk, last first (a chunk's nodes are all newer than the one before's): the last
+    # chunk's loss gradients (two fp32 chunks) beside every log-softmax; then the head's moments (_linear_backward)
+    loss = replace(step.loss, forward=forward, backward=(dtype_bytes(last * vocab, "float32"),) * 2)
+    flight = _linear_backward(head, parts, vocab, made, hidden, tokens)
+    kept_cast = list(kept)
+    cast = _weight_cast(model, 1, tokens, bool(head.grads))
+    for _ in range(len(parts) - 1 if cast else 0):   # every further chunk's own autocast copy of a frozen head's weight
+        tensors[max(tensors) + 1] = cast
+        kept_cast.append(max(tensors))
+    rows = step.rows[:-1] + [replace(head, kept=kept_cast, backward_flight=flight)]
+    out = replace(step, rows=rows, loss=loss, tensors=tensors)
+    change = saved_bytes(out) - saved_bytes(step)
+    if model.training.get("checkpointing") == "full" and change < 0:
+        change = 0
+    return replace(out, saved_rewritten=step.saved_rewritten + change)
+
+
+def _linear_backward(head, parts: list, vocab: int, made: str, hidden: int, tokens: int) -> int:
+    """The head's worst backward moment under LinearCrossEntropyLoss, beyond the tensors the rows keep and its own
+    gradients: the chunks run backward last first, each through its cross-entropy (its log-softmax freed by its
+    node), its cast and the projection's matmul; the log-softmax of the chunks still to come stays. Per chunk: at
+    its log-softmax's backward two fp32 chunk gradients; at its matmul the logits' gradient in the head's dtype, the
+    hidden rows' gradient, and each trained weight's gradient beside the sum of the earlier chunks' (autograd's input
+    buffer sums them out of place: three of the largest at once). The chunks' hidden-row gradients wait for the
+    tensor_split's backward; then the scatter into a zero (tokens, hidden) gradient, the summed rows' beside it."""
+    lsm = [dtype_bytes(n * vocab, "float32") for n in parts]
+    before = [0, *accumulate(lsm)]   # before[k]: the log-softmax of the chunks ahead of chunk k, still kept at it
+    rows = [hidden * n // tokens for n in parts]
+    grads, largest = sum(head.grads), max(head.grads, default=0)
+    worst, waiting = 0, 0
+    for k in range(len(parts) - 1, -1, -1):
+        summed = grads if k < len(parts) - 1 else 0   # the weight gradients of the chunks already run, summed
+        if summed:   # (the last chunk's log-softmax backward is the loss's moment: nothing summed yet)
+            worst = max(worst, before[k + 1] + 2 * lsm[k] + summed + waiting)
+        matmul = before[k] + dtype_bytes(parts[k] * vocab, made) + rows[k] + waiting + summed + grads
+        adding = before[k] + rows[k] + waiting + summed + 2 * largest if summed else 0
+        worst = max(worst, matmul, adding)
+        waiting += rows[k]
+    tail = grads + waiting + 2 * hidden
+    return max(worst, tail) - grads

@@ -150,7 +150,7 @@ KEYS = {
     "ac_mode, ac_option": "(distributed recipes, ac_mode selective + ac_option N: with enable_activation_checkpointing false) training.checkpointing full, checkpoint_every N, checkpoint_offset N-1 (layers N-1, 2N-1, ...: training/_activation_checkpointing.py `_count % ac_freq == 0`); ac_option op: warned",
     "enable_activation_offloading (false)": "training.activation_offloading (OffloadActivations: saved tensors to the host but for its window)",
     "fsdp_cpu_offload (false)": "parallel.offload (distributed recipes: FSDP2 full shard over --gpus)",
-    "loss._component_, loss.num_output_chunks (8)": "training.loss {kind: chunked, chunks} for CEWithChunkedOutputLoss",
+    "loss._component_, loss.num_output_chunks (8)": "training.loss {kind: chunked, chunks} for CEWithChunkedOutputLoss, {kind: linear, chunks} for LinearCrossEntropyLoss",
     "optimizer_in_bwd (false)": "training.optimizer_in_backward",
     "fsdp_reshard_after_forward (true)": "parallel.fsdp full_shard, or shard_grad_op when false",
     "teacher_model (knowledge distillation: its _component_)": "training.teacher {transformer} (its weights in dtype, its no_grad forward and logits beside the student's)",
@@ -379,9 +379,11 @@ def read(r: Reader, ctx) -> dict:
             r.set(("parallel", "offload", "optimizer"), "cpu", r.at("fsdp_cpu_offload"))
             r.set(("parallel", "offload", "parameters"), "cpu", r.at("fsdp_cpu_offload"))
     loss = r.get("loss", (dict,), {})
-    if str(loss.get("_component_", "")).rsplit(".", 1)[-1] == "CEWithChunkedOutputLoss":
+    loss_class = str(loss.get("_component_", "")).rsplit(".", 1)[-1]
+    if loss_class in ("CEWithChunkedOutputLoss", "LinearCrossEntropyLoss"):
         chunks = r.get("num_output_chunks", (int,), 8, data=loss, prefix=("loss",))
-        r.set(("training", "loss"), {"kind": "chunked", "chunks": chunks}, r.at("loss", "_component_"))
+        kind = "chunked" if loss_class == "CEWithChunkedOutputLoss" else "linear"
+        r.set(("training", "loss"), {"kind": kind, "chunks": chunks}, r.at("loss", "_component_"))
     elif "LinearCrossEntropy" in str(loss.get("_component_", "")) or "Chunked" in str(loss.get("_component_", "")):
         r.warn(r.at("loss", "_component_"), f"loss {loss['_component_'].rsplit('.', 1)[-1]}: the logits are computed in chunks, never whole; memfit counts the full logits")
     if r.get("optimizer_in_bwd", (bool,), False):
