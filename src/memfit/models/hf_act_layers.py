@@ -542,10 +542,10 @@ def layer_rows(model_type: str, act: str | None = None, parallel: bool = True, k
 def _cross_rows(fam: ActivationRules, n: dict, act: str) -> list:
     """MllamaCrossAttentionDecoderLayer.forward (modeling_mllama.py:688-721) and MllamaTextCrossAttention.forward
     (:428-486). q from the normed text (s tokens), k and v from the projected image tokens (N per sequence: "TN" rows,
-    their gradient flag "xv"), an RMSNorm over each head of q and of k (:441, :448), a cross-attention mask always
+    their gradient flag "xv"), an RMSNorm over each head of q and of k (:441, :449), a cross-attention mask always
     given (sdpa then repeats k and v to every query head and keeps the mask as a float bias, as a sliding window's
-    mask does: _window_conditions); o_proj's output times tanh(cross_attn_attn_gate) (:708), the MLP's output times
-    the full-text-row mask, then tanh(cross_attn_mlp_gate) (:716-719). What every cross-attention layer shares (the
+    mask does: _window_conditions); o_proj's output times tanh(cross_attn_attn_gate) (:711), the MLP's output times
+    the full-text-row mask, then tanh(cross_attn_mlp_gate) (:717-718). What every cross-attention layer shares (the
     image tokens k_proj and v_proj read, the cross-attention mask, the row mask) is kept once, with the vision tower
     (hf_act_saved._mllama_kept): the base input rows of k_proj/v_proj here are never kept."""
     T, X, Q4, K4 = ("T", "h"), ("b", "s", "h"), ("b", "H", "s", "d"), ("b", "H", "N", "d")

@@ -239,8 +239,8 @@ def _qwen_vl_recompute_peak(cfg: dict, micro_batch: int, seq_len: int, attention
 
 # Llama 3.2 Vision's vision tower, projector and what its cross-attention layers share (models/mllama.py)
 def _mllama_kept(cfg: dict, micro_batch: int, seq_len: int, attention: str, checkpointing: str, roles: dict, lora) -> tuple:
-    """MllamaVisionModel.forward (modeling_mllama.py:877-1010) on micro_batch x images images of max_num_tiles tiles,
-    then multi_modal_projector (:1352): (what stays kept through the forward, [], whether the image tokens need a
+    """MllamaVisionModel.forward (modeling_mllama.py:877-1013) on micro_batch x images images of max_num_tiles tiles,
+    then multi_modal_projector (:1356): (what stays kept through the forward, [], whether the image tokens need a
     gradient). Its encoder layers are plain nn.Modules, not GradientCheckpointingLayer: transformers' checkpointing
     leaves the vision tower as it is. Under LoRA (peft freezes the model; targets reaching the vision tower are refused)
     the tower and projector keep nothing. Each tile's patches are padded to a multiple of 8 (:950), and the local and
@@ -315,14 +315,19 @@ def _mllama_kept(cfg: dict, micro_batch: int, seq_len: int, attention: str, chec
 def _mllama_shared(cfg: dict, micro_batch: int, seq_len: int, attention: str, roles: dict, lora) -> list:
     """What every cross-attention layer reads and keeps once: the projected image tokens (k_proj's and v_proj's
     input, while their weights train), the cross-attention mask as a float bias (sdpa keeps it;
-    _prepare_cross_attention_mask, modeling_mllama.py:60), the full-text-row mask (the MLP output's multiplier)."""
+    _prepare_cross_attention_mask, modeling_mllama.py:53), the full-text-row mask (the MLP output's multiplier)."""
     from memfit.models.mllama import image_tokens
 
     if not cfg["cross_attention_layers"]:
         return []
     n = int(cfg["mllama"].get("images", 1)) * image_tokens(cfg)
     lin = roles["lin"]
-    out = [] if lora else [Kept("cross-attention k_proj/v_proj: input (the projected image tokens)", (micro_batch * n, cfg["hidden_size"]), lin)]
+    # (kept while k_proj's or v_proj's weight trains, or an adapter on them reads it in its own dtype: one storage for
+    # every cross-attention layer; an adapter of another dtype keeps its own copy, with its layer)
+    cross = trainable_flags(_kind_family(FAMILIES["mllama"], "cross"), lora)
+    adapted = roles["ada"] == lin and any(cross.get(f"L:cross_attn.{m}_proj") for m in "kv")
+    out = [Kept("cross-attention k_proj/v_proj: input (the projected image tokens)", (micro_batch * n, cfg["hidden_size"]), lin)
+           ] if not lora or adapted else []
     if attention != "eager":
         out.append(Kept("cross attention: the cross-attention mask as a float bias", (micro_batch, 1, seq_len, n), lin))
     return out + [Kept("cross-attention MLP: the full-text-row mask", (micro_batch, 1, seq_len, 1), lin)]
@@ -401,6 +406,8 @@ def _evaluate_now(cfg, micro_batch, seq_len, attention, checkpointing, precision
     w = trainable_flags(fam, lora)
     parallel = _parallel(cfg)
     rows = layer_rows(mt, _act(cfg), parallel, kind)
+    if kind == "cross" and roles["ada"] == roles["lin"]:   # the adapter's input is the shared image tokens themselves
+        rows = [r for r in rows if not (r.op.startswith(("k_proj", "v_proj")) and r.what.startswith("input (cast to the adapter"))]
     # the layer input needs a gradient from the first layer on when the embeddings train; under LoRA the first
     # layer's input does not, and every later one does as soon as an earlier adapter reaches the residual stream
     vision = (_llava_kept(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape)

@@ -10,9 +10,9 @@ projected image tokens, an RMSNorm over each head of q and k, tanh gates on the 
 Images. The processor (processing_mllama.py, image_processing_mllama.py) cuts each image into up to max_image_tiles
 tiles of image_size x image_size and pads every image to max_num_tiles tiles: pixel_values is
 (batch, images, max_num_tiles, C, image_size, image_size), and the vision tower runs every tile, padding ones
-included (MllamaVisionModel.forward, modeling_mllama.py:920-1010). Each image is one <|image|> token in the text;
+included (MllamaVisionModel.forward, modeling_mllama.py:877-1013). Each image is one <|image|> token in the text;
 the text attends to its tiles' patches: images x max_num_tiles x num_patches tokens per sample, where num_patches
-is (image_size / patch_size)^2 + 1 (the class token, modeling_mllama.py:831).
+is (image_size / patch_size)^2 + 1 (the class token, modeling_mllama.py:834).
 """
 
 from __future__ import annotations
