@@ -300,6 +300,12 @@ def _mllama_training(cfg: dict, training: dict, seq_len: int, lora, data: dict) 
     if isinstance(precision, str) and precision.endswith("-mixed"):
         return [Problem(("precision",), codes.UNSUPPORTED_MODEL, f"precision {precision} is not modeled for mllama (autocast "
                         "over its vision tower is not measured): memfit models it in 32-true, bf16-true and 16-true")]
+    parallel = data.get("parallel") if isinstance(data.get("parallel"), dict) else {}
+    for key in ("tensor", "pipeline"):
+        if isinstance(parallel.get(key), int) and not isinstance(parallel[key], bool) and parallel[key] > 1:
+            return [Problem(("parallel", key), codes.UNSUPPORTED_MODEL, f"parallel.{key} {parallel[key]}: memfit does not split "
+                            f"mllama's vision tower and cross-attention layers across {key}-parallel ranks (not modeled); "
+                            "data-parallel layouts (ZeRO, FSDP) are")]
     if data.get("quantization"):
         return [Problem(("quantization",), codes.UNSUPPORTED_MODEL, "a quantized base is not modeled for mllama (bitsandbytes "
                         "would quantize its vision tower's linears too): memfit models it unquantized", on_key=True)]
