@@ -137,11 +137,13 @@ def test_lora_on_the_vision_tower_is_refused(tmp_path):
 @pytest.mark.parametrize("extra, code, where", [({"precision": "bf16-mixed"}, "unsupported-model", "precision"),
                                                 ({"training": {"micro_batch": 1, "seq_len": 40, "image_size": 448}}, "schema",
                                                  "image_size"),
-                                                ({"parallel": {"tensor": 2}}, "unsupported-model", "tensor")])
+                                                ({"parallel": {"tensor": 2}}, "unsupported-model", "tensor"),
+                                                ({"training": {"micro_batch": 1, "seq_len": 40, "checkpointing": "selective"}},
+                                                 "unsupported-model", "checkpointing")])
 def test_what_is_not_modeled_is_refused_in_place(extra, code, where, tmp_path):
     """Autocast over the vision tower (bf16-mixed: measured 0.79-0.88 of autograd's saved bytes before this refusal),
-    an image size of one's own (the processor tiles at the config's image_size) and tensor parallelism (the vision
-    tower per rank is not modeled) are refused at their key."""
+    an image size of one's own (the processor tiles at the config's image_size), tensor parallelism (the vision
+    tower per rank is not modeled) and selective checkpointing are refused at their key."""
     import subprocess
     import sys
 

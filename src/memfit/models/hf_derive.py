@@ -300,6 +300,9 @@ def _mllama_training(cfg: dict, training: dict, seq_len: int, lora, data: dict) 
     if isinstance(precision, str) and precision.endswith("-mixed"):
         return [Problem(("precision",), codes.UNSUPPORTED_MODEL, f"precision {precision} is not modeled for mllama (autocast "
                         "over its vision tower is not measured): memfit models it in 32-true, bf16-true and 16-true")]
+    if training.get("checkpointing") == "selective":
+        return [Problem(("training", "checkpointing"), codes.UNSUPPORTED_MODEL, "training.checkpointing selective is not "
+                        "modeled for mllama (its cross-attention layers' attention core and its vision tower): none or full")]
     parallel = data.get("parallel") if isinstance(data.get("parallel"), dict) else {}
     for key in ("tensor", "pipeline"):
         if isinstance(parallel.get(key), int) and not isinstance(parallel[key], bool) and parallel[key] > 1:
