@@ -47,7 +47,7 @@ def test_the_check_of_a_decoder_loads_no_other_familys_step(tmp_path):
            "training": {"micro_batch": 1, "seq_len": 16}}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     others = ["memfit.models.whisper", "memfit.models.deberta", "memfit.models.modernbert", "memfit.models.encoders",
-              "memfit.models.qwen_vl"]
+              "memfit.models.qwen_vl", "memfit.models.mllama"]
     probe = ("import runpy, sys\nsys.argv = ['memfit', 'check', '--format', 'json', sys.argv[1]]\n"
              "try:\n    runpy.run_module('memfit', run_name='__main__')\nexcept SystemExit:\n    pass\n"
              f"print(sorted(m for m in sys.modules if m in {others!r} or m.startswith('memfit.models.families.')), file=sys.stderr)\n")

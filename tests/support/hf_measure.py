@@ -304,6 +304,8 @@ def inputs(cfg: dict, micro_batch: int, seq_len: int, seed: int = 1, images: int
         return {**out, "pixel_values": pixels} if images else out
     if cfg["model_type"] in ("qwen2_vl", "qwen2_5_vl"):
         return qwen_vl_inputs(cfg, micro_batch, seq_len, g, images)
+    if cfg["model_type"] == "mllama":
+        return mllama_inputs(cfg, micro_batch, seq_len, g, images)
     if cfg["model_type"] == "whisper":
         # Whisper: log-mel frames, 2 x max_source_positions long (its convolutions halve them), and seq_len decoder tokens
         features = torch.randn(micro_batch, cfg["num_mel_bins"], 2 * cfg["max_source_positions"], generator=g)
@@ -352,6 +354,32 @@ def qwen_vl_inputs(cfg: dict, micro_batch: int, seq_len: int, g, images: int = 1
     pixels = torch.randn(micro_batch * images * gh * gw, v["in_channels"] * temporal * patch * patch, generator=g)
     grid = torch.tensor([[1, gh, gw]] * (micro_batch * images))
     return {**out, "pixel_values": pixels, "image_grid_thw": grid}
+
+
+def mllama_inputs(cfg: dict, micro_batch: int, seq_len: int, g, images: int = 1):
+    """Llama 3.2 Vision as MllamaProcessor gives a batch: one <|image|> token per image (after a text token), fp32
+    pixel_values (batch, images, max_num_tiles, C, image_size, image_size) with every image padded to max_num_tiles
+    tiles, its aspect ratio id (the last supported ratio using every tile, else the first) and tile mask, and the
+    cross-attention mask: each token from its image's token on attends to that image's tiles (the tokens before the
+    first image attend to none: the full-text-row mask zeroes their cross-attention MLP)."""
+    t, v, token = cfg.get("text_config") or {}, cfg.get("vision_config") or {}, cfg["image_token_index"]
+    vocab, tiles = t.get("vocab_size", 128256), v.get("max_num_tiles", 4)
+    size, channels = v.get("image_size", 448), v.get("num_channels", 3)
+    ratios = v.get("supported_aspect_ratios") or [[1, 1], [1, 2], [1, 3], [1, 4], [2, 1], [2, 2], [3, 1], [4, 1]]
+    full = [i for i, (h, w) in enumerate(ratios) if h * w == tiles]
+    ids = torch.randint(0, vocab, (micro_batch, seq_len), generator=g)
+    ids[ids == token] = (token + 1) % vocab
+    out = {"input_ids": ids, "labels": ids.clone()}
+    if not images:
+        return out
+    cross = torch.zeros(micro_batch, seq_len, images, tiles, dtype=torch.long)
+    for i in range(images):
+        ids[:, 1 + i] = token
+        cross[:, 1 + i:, i, :] = 1
+    pixels = torch.randn(micro_batch, images, tiles, channels, size, size, generator=g)
+    ratio = torch.full((micro_batch, images), (full[-1] if full else 0) + 1)
+    return {**out, "labels": ids.clone(), "pixel_values": pixels, "aspect_ratio_ids": ratio,
+            "aspect_ratio_mask": torch.ones(micro_batch, images, tiles, dtype=torch.long), "cross_attention_mask": cross}
 
 
 def measure(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa", checkpointing: str = "none",

@@ -118,6 +118,9 @@ ATTRIBUTE_MAPS = {
     'mixtral': {
         'num_experts': 'num_local_experts',
     },
+    'mllama': {
+        'image_token_id': 'image_token_index',
+    },
     'qwen3_moe': {
         'num_experts': 'num_local_experts',
     },

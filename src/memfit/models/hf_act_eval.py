@@ -75,7 +75,16 @@ def layer_sizes(cfg: dict, micro_batch: int, seq_len: int, rank: int = 0, attent
             "V": cfg["vocab_size"], "T": tokens, "Tl": tokens if micro_batch > 1 or FAMILIES[mt].llava else seq_len + 1,
             "E": experts, "k": k, "S": routed, "R": rank, "R2": 2 * rank,
             "ie": expert_inter, "ie2": 2 * expert_inter, "is": shared,
-            **(_mla_sizes(cfg) if FAMILIES[mt].mla else {})}
+            **(_mla_sizes(cfg) if FAMILIES[mt].mla else {}), **(_mllama_sizes(cfg, micro_batch) if FAMILIES[mt].mllama else {})}
+
+
+def _mllama_sizes(cfg: dict, micro_batch: int) -> dict:
+    """Llama 3.2 Vision: N, the image tokens each sequence's cross-attention layers attend to (every tile's patches of
+    its images: models/mllama.image_tokens), and TN = b x N."""
+    from memfit.models.mllama import image_tokens
+
+    n = int(cfg["mllama"].get("images", 1)) * image_tokens(cfg)
+    return {"N": n, "TN": micro_batch * n}
 
 
 def _mla_sizes(cfg: dict) -> dict:
@@ -347,6 +356,15 @@ def _match(name: str, targets) -> bool:
     return any(name == t or name.endswith("." + t) for t in targets)
 
 
+def _regex(pattern: str, name: str) -> bool:
+    import re
+
+    try:
+        return re.fullmatch(pattern, name) is not None
+    except re.error:
+        return False
+
+
 def trainable_flags(fam: ActivationRules, lora: dict | None) -> dict:
     """Weight flags: W:<module> (the weight trains), L:<module> (a LoRA adapter on it)."""
     modules = [m for k, m in fam.names.items() if k not in ("norm1", "norm2", "final")]
@@ -366,6 +384,8 @@ def trainable_flags(fam: ActivationRules, lora: dict | None) -> dict:
     for m in modules:
         if all_linear:
             adapted = m != fam.names["lm_head"]   # peft's all-linear leaves the output layer alone
+        elif isinstance(targets, str) and fam.mllama:   # peft: a regular expression over the whole module name
+            adapted = _regex(targets, m if m == fam.names["lm_head"] else f"model.language_model.layers.0.{m}")
         elif isinstance(targets, str):
             adapted = _match(m, [targets])
         else:
@@ -423,6 +443,32 @@ def _grads(fam: ActivationRules, w: dict, x: bool, parallel: bool) -> dict:
     g["p"] = g["g"] or g["u"]
     g["d"] = g["p"] or t("down") or t("fc_out")
     g["out"] = g["h1"] or g["d"]
+    return g
+
+
+def cross_grads(fam: ActivationRules, w: dict, x: bool, xv: bool) -> dict:
+    """A cross-attention layer's gradient flags (hf_act_layers._cross_rows): as a layer's, but k and v come from the
+    image tokens (`xv`: they need a gradient when the vision tower or the projector trains), not from the layer's
+    input."""
+    g = _grads(fam, w, x, False)
+    m = fam.names
+
+    def t(role):
+        return w.get(f"W:{m[role]}", False) or w.get(f"L:{m[role]}", False)
+
+    g["xv"] = xv
+    g["k_raw"], g["v"] = xv or t("k"), xv or t("v")
+    g["k"] = g["k_raw"] or w["W:norm"]
+    g["qk"] = g["q"] or g["k"]
+    g["attn"] = g["qk"] or g["v"]
+    g["o"] = g["attn"] or t("o")
+    g["h1"] = x or g["o"] or w["W:norm"]   # (the gate trains: tanh(gate) * o_proj's output needs a gradient)
+    g["h1n"] = g["h1"] or w["W:norm"]
+    g["n2"] = g["h1"] or w["W:norm"]
+    g["g"], g["u"] = g["n2"] or t("gate"), g["n2"] or t("up")
+    g["p"] = g["g"] or g["u"]
+    g["d"] = g["p"] or t("down")
+    g["out"] = g["h1"] or g["d"] or w["W:norm"]
     return g
 
 

@@ -158,6 +158,9 @@ FAMILIES["llama4_text"] = LLAMA._replace(mlp="moe_llama4", names=LLAMA4_NAMES, s
 # peft 0.21 has no default target_modules for either
 FAMILIES["qwen2_vl"] = LLAMA._replace(qwen_vl=True, lora_default=(), window_layers=True)
 FAMILIES["qwen2_5_vl"] = LLAMA._replace(qwen_vl=True, lora_default=(), window_layers=True)
+# Llama 3.2 Vision (modeling_mllama.py): the text model's self-attention layers are Llama's; its cross-attention layers
+# (kind "cross") and the vision tower are models/mllama.py's and hf_act_layers._cross_rows' (peft has no default targets)
+FAMILIES["mllama"] = LLAMA._replace(mllama=True, lora_default=())
 MOE = ("moe", "moe_shared", "moe_phi", "moe_deepseek", "moe_oss", "moe_llama4")
 SUPPORTED = tuple(FAMILIES)
 DEFAULT_ACT = {"gpt2": "gelu_new", "bert": "gelu", "gpt_neox": "gelu", "gemma": "gelu_pytorch_tanh",

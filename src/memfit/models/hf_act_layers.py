@@ -484,6 +484,9 @@ def layer_kinds(cfg: dict) -> list:
         moe, rope, types = set(cfg["moe_layers"]), cfg["no_rope_layers"], cfg["layer_types"]
         return [("moe" if i in moe else "dense") + ("" if rope[i] else " nope")
                 + (" chunked" if types[i] == "chunked_attention" else "") for i in range(n)]
+    if mt == "mllama":   # MllamaTextModel: cross_attention_layers are MllamaCrossAttentionDecoderLayer
+        cross = set(cfg["cross_attention_layers"])
+        return ["cross" if i in cross else "" for i in range(n)]
     if mt not in ("qwen2_moe", "qwen3_moe"):
         return [""] * n
     experts, step, dense = cfg[EXPERTS_KEY[mt]], cfg["decoder_sparse_step"], set(cfg.get("mlp_only_layers") or ())
@@ -495,10 +498,15 @@ class _BlockNames(dict):
         return self[kind.split()[0]]
 
 
-BLOCK_NAMES = _BlockNames({"": "layer", "moe": "layer", "dense": "dense layer"})  # a layer kind's block name (models.hf's too)
+BLOCK_NAMES = _BlockNames({"": "layer", "moe": "layer", "dense": "dense layer", "cross": "cross-attention layer"})  # a layer kind's block name (models.hf's too)
+
+
+CROSS_NAMES = {"q": "cross_attn.q_proj", "k": "cross_attn.k_proj", "v": "cross_attn.v_proj", "o": "cross_attn.o_proj"}
 
 
 def _kind_family(fam: ActivationRules, kind: str) -> ActivationRules:
+    if kind == "cross":   # MllamaCrossAttentionDecoderLayer: its projections under cross_attn, q/k normed per head
+        return fam._replace(names={**fam.names, **CROSS_NAMES}, qk_norm=True)
     return fam._replace(mlp="gated") if kind.split(" ")[0] == "dense" else fam
 
 
@@ -511,6 +519,8 @@ def layer_rows(model_type: str, act: str | None = None, parallel: bool = True, k
     X = ("b", "s", "h")
     if fam.falcon:
         return _falcon_rows(fam, n, act, parallel)
+    if kind == "cross":
+        return _cross_rows(fam, n, act)
     attention, mlp = _attention(fam, n), _mlp(fam, n, act)
     if model_type == "llama4_text":
         attention = _llama4_attention(fam, n, "nope" not in kind.split(), ())
@@ -527,6 +537,44 @@ def layer_rows(model_type: str, act: str | None = None, parallel: bool = True, k
     if parallel and fam.parallel_key:   # both norms read the layer input: its storage is kept once
         second = [r for r in second if not r.what.startswith("input")]
     return _norm(fam.norm, _op(ROLE["norm1"], n.get("norm1", "input_layernorm")), X, "x") + attention + second + mlp
+
+
+def _cross_rows(fam: ActivationRules, n: dict, act: str) -> list:
+    """MllamaCrossAttentionDecoderLayer.forward (modeling_mllama.py:688-721) and MllamaTextCrossAttention.forward
+    (:428-486). q from the normed text (s tokens), k and v from the projected image tokens (N per sequence: "TN" rows,
+    their gradient flag "xv"), an RMSNorm over each head of q and of k (:441, :449), a cross-attention mask always
+    given (sdpa then repeats k and v to every query head and keeps the mask as a float bias, as a sliding window's
+    mask does: _window_conditions); o_proj's output times tanh(cross_attn_attn_gate) (:711), the MLP's output times
+    the full-text-row mask, then tanh(cross_attn_mlp_gate) (:717-718). What every cross-attention layer shares (the
+    image tokens k_proj and v_proj read, the cross-attention mask, the row mask) is kept once, with the vision tower
+    (hf_act_saved._mllama_kept): the base input rows of k_proj/v_proj here are never kept."""
+    T, X, Q4, K4 = ("T", "h"), ("b", "s", "h"), ("b", "H", "s", "d"), ("b", "H", "N", "d")
+    rows = _norm(fam.norm, _op(ROLE["norm1"], "input_layernorm"), X, "x") + _linear([("q", n["q"], "q")], T, "n1")
+    rows += _norm(fam.norm, "q_norm", ("b", "H", "s", "d"), "q_raw", "lin")
+    kv = _linear([("k", n["k"], "kv"), ("v", n["v"], "kv")], ("TN", "h"), "xv")
+    rows += [r._replace(needs=("shared",)) if r.what == "input" else r for r in kv]
+    rows += _norm(fam.norm, "k_norm", ("b", "KV", "N", "d"), "k_raw", "lin")
+    soft = "probabilities (fp32)"
+    rows += [
+        K("q @ k^T", "q (q_norm's output)", Q4, "lin", "eager_core", ("k",)),
+        K("q @ k^T", "k (repeated to every query head)", K4, "lin", "eager_core", ("q",)),
+        K("softmax", soft, ("b", "H", "s", "N"), "f32", "eager_core", ("qk",)),
+        K("p @ v", "probabilities, cast to the value dtype", ("b", "H", "s", "N"), "low", "eager_core", ("v",), f"softmax: {soft}"),
+        K("p @ v", "v (repeated to every query head)", K4, "lin", "eager_core", ("qk",)),
+        K("attention", "q (q_norm's output)", Q4, "lin", "fused", ("attn",)),
+        K("attention", "k (repeated to every query head: the mask stops grouped-query sdpa)", K4, "lin", "fused", ("attn",)),
+        K("attention", "v (repeated to every query head)", K4, "lin", "fused", ("attn",)),
+        K("attention", "output", ("b", "s", "H", "d"), "lin", "fused", ("attn",)),
+        K("attention", "log-sum-exp (fp32)", ("b", "H", "s"), "f32", "fused", ("attn",)),
+    ]
+    o = [("o", n["o"], "h")]
+    rows += [r._replace(when=_and("eager_core", r.when)) for r in _linear(o, ("T", "q"), "attn", low_input=True)]
+    rows += [r._replace(when=_and("fused", r.when)) for r in _linear(o, ("T", "q"), "attn", low_input=True, source="attention: output")]
+    rows += [K("tanh(cross_attn_attn_gate) *", "tanh of the gate", (1,), "lin", None, ("o", "W:norm")),
+             K("tanh(cross_attn_attn_gate) *", "o_proj's output", X, "lin", None, ("W:norm",))]
+    rows += _norm(fam.norm, _op(ROLE["norm2"], "post_attention_layernorm"), X, "h1") + _mlp(fam, n, act)
+    return rows + [K("tanh(cross_attn_mlp_gate) *", "tanh of the gate", (1,), "lin", None, ("d", "W:norm")),
+                   K("tanh(cross_attn_mlp_gate) *", "the masked MLP output", X, "lin", None, ("W:norm",))]
 
 
 def _sandwich_rows(fam: ActivationRules, n: dict, attention: list, mlp: list) -> list:

@@ -269,5 +269,7 @@ class ActivationRules(NamedTuple):
     # columns, in the scores' dtype, after subtracting the row max: its int64 indices kept) and drops it after
     rope_half: bool = False   # gpt-oss: cos and sin are (1, s, d/2) (its _apply_rotary_emb rotates the halves; no cat)
     rope_fp32: bool = False   # Cohere: apply_rotary_pos_emb rotates fp32 copies of q and k (`q = q.float()`), cast back after
+    mllama: bool = False   # Llama 3.2 Vision: a Llama text model with cross-attention layers (the layer kind "cross",
+    # hf_act_layers._cross_rows); the vision tower and projector (_mllama_kept) kept with the embeddings
     qwen_vl: bool = False   # Qwen2-VL / Qwen2.5-VL: a Qwen2 text model rotated per sequence (mrope: cos and sin (b, s, d));
     # the vision tower and merger (_qwen_vl_kept) kept with the embeddings

@@ -17,6 +17,7 @@ from memfit.models.hf_act_layers import (
 from memfit.models.hf_act_eval import (
     _act, _boundary, check, _chunk_masked, layer_conditions, role_dtypes, _grads, _layer_blocks, _layer_types, _parallel,
     _quantized_base, _resolve, _shape, layer_sizes, _t5_sizes, trainable_flags, _window_conditions, _window_layers,
+    cross_grads,
 )
 from memfit.models.hf_act_t5 import (
     _t5_conditions, _t5_embedding_rows, _t5_encoder_output_label, _t5_flags, _t5_head_rows, t5_layer_rows, t5_quantized_base,
@@ -236,6 +237,102 @@ def _qwen_vl_recompute_peak(cfg: dict, micro_batch: int, seq_len: int, attention
                for i, again in enumerate(recomputed)) if per_block else 0
 
 
+# Llama 3.2 Vision's vision tower, projector and what its cross-attention layers share (models/mllama.py)
+def _mllama_kept(cfg: dict, micro_batch: int, seq_len: int, attention: str, checkpointing: str, roles: dict, lora) -> tuple:
+    """MllamaVisionModel.forward (modeling_mllama.py:877-1013) on micro_batch x images images of max_num_tiles tiles,
+    then multi_modal_projector (:1356): (what stays kept through the forward, [], whether the image tokens need a
+    gradient). Its encoder layers are plain nn.Modules, not GradientCheckpointingLayer: transformers' checkpointing
+    leaves the vision tower as it is. Under LoRA (peft freezes the model; targets reaching the vision tower are refused)
+    the tower and projector keep nothing. Each tile's patches are padded to a multiple of 8 (:950), and the local and
+    the global transformer both attend over all of an image's tiles (T x Pp tokens), masked by
+    _prepare_aspect_ratio_attention_mask (one (B, 1, L, L) mask for every layer, kept by sdpa)."""
+    from memfit.models.mllama import vision_sizes
+
+    images = micro_batch * int(cfg["mllama"].get("images", 1))
+    shared = _mllama_shared(cfg, micro_batch, seq_len, attention, roles, lora)
+    # under full checkpointing transformers calls enable_input_require_grads, which hooks every sub-model's input
+    # embeddings (modeling_utils.py enable_input_require_grads): the vision model's patch_embedding output then needs a
+    # gradient, and a frozen tower records what its inputs' gradients need (norms, attention, activations)
+    hooked = bool(lora) and checkpointing == "full"
+    if images == 0 or (lora and not hooked):
+        return shared, [], False
+    z = vision_sizes(cfg)
+    E, M, H, d, T, P, Pp = z["E"], z["M"], z["H"], z["d"], z["T"], z["P"], z["Pp"]
+    B, L = images, z["T"] * z["Pp"]
+    lin, f32 = roles["lin"], "float32"
+    eager = attention == "eager"
+
+    def layer(at: str, gated: bool) -> list:
+        rows = [Kept(f"{at}input_layernorm: input", (B, L, E), lin), Kept(f"{at}input_layernorm: mean", (B, L, 1), lin),
+                Kept(f"{at}input_layernorm: 1/std", (B, L, 1), lin), Kept(f"{at}q/k/v_proj: input", (B * L, E), lin)]
+        if eager:   # eager_attention_forward: q @ k^T, fp32 softmax cast back, p @ v, the heads merged by a copy
+            rows += [Kept(f"{at}q @ k^T: q", (B, H, L, d), lin), Kept(f"{at}q @ k^T: k^T", (B, H, d, L), lin),
+                     Kept(f"{at}softmax: probabilities (fp32)", (B, H, L, L), f32)]
+            if lin != f32:
+                rows.append(Kept(f"{at}p @ v: probabilities, cast to the value dtype", (B, H, L, L), lin))
+            rows += [Kept(f"{at}p @ v: v", (B, H, L, d), lin), Kept(f"{at}o_proj: input (the heads merged)", (B * L, E), lin)]
+        else:
+            rows += [Kept(f"{at}attention: {what}", (B, H, L, d), lin) for what in ("q", "k", "v", "output")]
+            rows.append(Kept(f"{at}attention: log-sum-exp (fp32)", (B, H, L), f32))
+        if gated:
+            rows += [Kept(f"{at}tanh(gate_attn)", (1,), lin), Kept(f"{at}gate_attn *: o_proj's output", (B, L, E), lin)]
+        rows += [Kept(f"{at}post_attention_layernorm: input", (B, L, E), lin), Kept(f"{at}post_attention_layernorm: mean", (B, L, 1), lin),
+                 Kept(f"{at}post_attention_layernorm: 1/std", (B, L, 1), lin), Kept(f"{at}mlp.fc1: input", (B * L, E), lin)]
+        rows += [Kept(f"{at}mlp act: input", (B, L, M), lin)]
+        rows += [Kept(f"{at}mlp act: {what}", (B, L, M), lin) for what in ACTIVATIONS[cfg["mllama"]["vision"]["hidden_act"]] or []]
+        rows.append(Kept(f"{at}mlp.fc2: input", (B * L, M), lin))
+        if gated:
+            rows += [Kept(f"{at}tanh(gate_ffn)", (1,), lin), Kept(f"{at}gate_ffn *: fc2's output", (B, L, E), lin)]
+        return rows
+
+    out = [Kept("patch_embedding (Conv2d): pixel values, in the model's dtype", (B * T, z["C"], z["size"], z["size"]), lin),
+           Kept("tile embeddings: aspect_ratio_ids (int64; one tensor for the three lookups)", (B, 1), "int64"),
+           Kept("pre_tile_positional_embedding: tanh(gate)", (1,), lin),
+           Kept("pre_tile_positional_embedding: the tile embeddings (for the gate's gradient)", (B, T, 1, E), lin),
+           Kept("gated_positional_embedding: tanh(gate)", (1,), lin), Kept("gated_positional_embedding: 1 - tanh(gate)", (1,), lin),
+           Kept("gated_positional_embedding: tanh(gate) again", (1,), lin),
+           Kept("gated_positional_embedding: the tile position embeddings (for the gate's gradient)", (B, T, P, E), lin),
+           Kept("layernorm_pre: input", (B, T, P, E), lin), Kept("layernorm_pre: mean", (B, T, P, 1), lin),
+           Kept("layernorm_pre: 1/std", (B, T, P, 1), lin)]
+    if not eager:
+        out.append(Kept("the aspect-ratio attention mask (a float bias, one for every vision layer)", (B, 1, L, L), lin))
+    for i in range(z["layers"]):
+        out += layer(f"vision layer {i} ", False)
+    out += [Kept("layernorm_post: input", (B, L, E), lin), Kept("layernorm_post: mean", (B, L, 1), lin),
+            Kept("layernorm_post: 1/std", (B, L, 1), lin), Kept("post_tile_positional_embedding: tanh(gate)", (1,), lin),
+            Kept("post_tile_positional_embedding: the tile embeddings (for the gate's gradient)", (B, T, 1, E), lin)]
+    for i in range(z["global"]):
+        out += layer(f"global layer {i} ", True)
+    out.append(Kept("multi_modal_projector: input (the last and intermediate layers' features, unpadded)",
+                    (B * T * P, z["out"]), lin))
+    if hooked:   # frozen weights: what only their gradients need is not kept (linears' inputs, the gated products)
+        weight_only = ("patch_embedding", "tile embeddings", "pre_tile", "gated_positional", "post_tile", "multi_modal")
+        out = [k for k in out if not k.label.startswith(weight_only) and not k.label.endswith(
+            ("q/k/v_proj: input", "mlp.fc1: input", "mlp.fc2: input", "o_proj's output", "fc2's output", "(the heads merged)"))]
+    return out + shared, [], True
+
+
+def _mllama_shared(cfg: dict, micro_batch: int, seq_len: int, attention: str, roles: dict, lora) -> list:
+    """What every cross-attention layer reads and keeps once: the projected image tokens (k_proj's and v_proj's
+    input, while their weights train), the cross-attention mask as a float bias (sdpa keeps it;
+    _prepare_cross_attention_mask, modeling_mllama.py:53), the full-text-row mask (the MLP output's multiplier)."""
+    from memfit.models.mllama import image_tokens
+
+    if not cfg["cross_attention_layers"]:
+        return []
+    n = int(cfg["mllama"].get("images", 1)) * image_tokens(cfg)
+    lin = roles["lin"]
+    # (kept while k_proj's or v_proj's weight trains, or an adapter on them reads it in its own dtype: one storage for
+    # every cross-attention layer; an adapter of another dtype keeps its own copy, with its layer)
+    cross = trainable_flags(_kind_family(FAMILIES["mllama"], "cross"), lora)
+    adapted = roles["ada"] == lin and any(cross.get(f"L:cross_attn.{m}_proj") for m in "kv")
+    out = [Kept("cross-attention k_proj/v_proj: input (the projected image tokens)", (micro_batch * n, cfg["hidden_size"]), lin)
+           ] if not lora or adapted else []
+    if attention != "eager":
+        out.append(Kept("cross attention: the cross-attention mask as a float bias", (micro_batch, 1, seq_len, n), lin))
+    return out + [Kept("cross-attention MLP: the full-text-row mask", (micro_batch, 1, seq_len, 1), lin)]
+
+
 class _Key:
     """A config dict (or None) keyed by its frozen value, carrying the dict itself: `_evaluate`'s memo compares
     configs by what they hold, and the evaluation reads the dict it was given."""
@@ -309,12 +406,18 @@ def _evaluate_now(cfg, micro_batch, seq_len, attention, checkpointing, precision
     w = trainable_flags(fam, lora)
     parallel = _parallel(cfg)
     rows = layer_rows(mt, _act(cfg), parallel, kind)
+    if kind == "cross" and roles["ada"] == roles["lin"]:   # the adapter's input is the shared image tokens themselves
+        rows = [r for r in rows if not (r.op.startswith(("k_proj", "v_proj")) and r.what.startswith("input (cast to the adapter"))]
     # the layer input needs a gradient from the first layer on when the embeddings train; under LoRA the first
     # layer's input does not, and every later one does as soon as an earlier adapter reaches the residual stream
     vision = (_llava_kept(cfg, micro_batch, seq_len, attention, checkpointing, precision, dtypes, lora, shape)
               if fam.llava else None)
     if fam.qwen_vl:
         vision = _qwen_vl_kept(cfg, micro_batch, seq_len, attention, checkpointing, role_dtypes(precision, dtypes), lora)
+    if fam.mllama:
+        vision = _mllama_kept(cfg, micro_batch, seq_len, attention, checkpointing, role_dtypes(precision, dtypes), lora)
+        if kind == "cross":   # the cross-attention mask always reaches sdpa (k and v repeated: _window_conditions)
+            cond = _window_conditions(cond)
     # (LLaVA: the image features scattered into the embeddings need a gradient when the tower or projector trains)
     # transformers' activation_checkpointing_enable also calls enable_input_require_grads (modeling_utils.py): a
     # hook makes the input embeddings' output require a gradient, so under full checkpointing with a frozen
@@ -323,6 +426,10 @@ def _evaluate_now(cfg, micro_batch, seq_len, attention, checkpointing, precision
     embed_out = w["W:embed"] or checkpointing == "full"
     first = _grads(fam, w, embed_out or bool(vision and vision[2]), parallel)
     later = _grads(fam, w, first["out"], parallel)
+    if kind == "cross":   # a self-attention layer comes first: its output's flag is the cross layer's input's
+        base = FAMILIES[mt]
+        x = _grads(base, trainable_flags(base, lora), embed_out, parallel)["out"]
+        first = later = cross_grads(fam, w, x, bool(vision and vision[2]))
     flags0, flags1 = {**w, **first}, {**w, **later}
     layer0 = _resolve(rows, cond, roles, sizes, flags0, shape)
     layer1 = _resolve(rows, cond, roles, sizes, flags1, shape)
@@ -723,7 +830,12 @@ def t5_later_kept(embeddings_kept: list, encoder_layers: int) -> dict:
 
 
 def batch_pixel_bytes(cfg: dict, micro_batch: int) -> int:
-    """The pixel values a vision-language batch holds all step (0: none): Qwen2-VL's processor's, fp32 (issue 34)."""
+    """The pixel values a vision-language batch holds all step (0: none): Qwen2-VL's processor's, fp32 (issue 34);
+    MllamaProcessor's (models/mllama.batch_bytes: fp32 pixels, the aspect ratios and the cross-attention mask)."""
+    if cfg.get("mllama"):
+        from memfit.models import mllama
+
+        return mllama.batch_bytes(cfg, micro_batch)
     if not cfg.get("qwen_vl"):
         return 0
     from memfit.models import qwen_vl

@@ -375,6 +375,8 @@ def validate(raw) -> list[HFProblem]:
         return _llava_problems(raw)
     if family.block in QWEN_VL_BLOCKS:   # Qwen2-VL, Qwen2.5-VL (issue 34): models/qwen_vl.py
         return _qwen_vl_problems(raw)
+    if family.block == "mllama":   # Llama 3.2 Vision: models/mllama.py
+        return _mllama_problems(raw)
     problems = _architecture_problems(raw, family)
     return problems + _shape_problems(raw, family, normalize(raw))
 
@@ -650,6 +652,60 @@ def _qwen_vl_problems(raw: dict) -> list:
     return out
 
 
+def _mllama_problems(raw: dict) -> list:
+    """The text model's and the vision tower's keys (typed as their config classes read them), and the shapes
+    transformers needs: heads dividing the widths, key/value groups, the vision features the projector reads."""
+    from memfit.diagnostics import codes
+    from memfit.models.families.mllama import TEXT_FIELDS, VISION_FIELDS
+    from memfit.models.hf_act_ops import ACTIVATIONS
+    from memfit.models.mllama import normalize as normalize_mllama
+
+    out = []
+    names = raw.get("architectures")
+    if names and names[0] not in FAMILIES["mllama"].architectures:
+        out.append(HFProblem(("architectures", 0), codes.UNSUPPORTED_MODEL, f"architecture {excerpt(names[0])} is not supported "
+                             f"for mllama; supported: {', '.join(FAMILIES['mllama'].architectures)}"))
+    for part, fields in (("text_config", TEXT_FIELDS), ("vision_config", VISION_FIELDS)):
+        for key, value in (raw.get(part) or {}).items():
+            key_ = "attention_heads" if part == "vision_config" and key == "num_attention_heads" else key
+            if key_ not in fields:
+                continue
+            kind = fields[key_][1]
+            if not _type_ok(value, kind):
+                out.append(HFProblem((part, key), codes.BAD_MODEL_CONFIG, f"{part}.{key} must be {_expected(kind)}, not {_shown(value)}"))
+            elif kind == "int" and key_ not in ("bos_token_id", "eos_token_id", "pad_token_id", "num_global_layers") and value < 1:
+                out.append(HFProblem((part, key), codes.BAD_MODEL_CONFIG, f"{part}.{key} must be at least 1, not {value}"))
+    if out:
+        return out
+    cfg = normalize_mllama(raw)
+    text, v = cfg["text_config"], cfg["vision_config"]
+    heads, kv = text["num_attention_heads"], text["num_key_value_heads"]
+    if text["hidden_size"] % heads:
+        out.append(HFProblem(("text_config", "hidden_size"), codes.SHAPE_MISMATCH, f"text_config.hidden_size {text['hidden_size']} "
+                             f"is not divisible by num_attention_heads {heads}: each head gets an equal share"))
+    if heads % kv:
+        out.append(HFProblem(("text_config", "num_key_value_heads"), codes.SHAPE_MISMATCH, f"text_config.num_attention_heads "
+                             f"{heads} is not divisible by num_key_value_heads {kv}: each key/value head serves a whole group"))
+    if v["hidden_size"] % v["attention_heads"]:
+        out.append(HFProblem(("vision_config", "hidden_size"), codes.SHAPE_MISMATCH, f"vision_config.hidden_size {v['hidden_size']} "
+                             f"is not divisible by attention_heads {v['attention_heads']}"))
+    layers = v["intermediate_layers_indices"]
+    if any(not -v["num_hidden_layers"] <= i < v["num_hidden_layers"] for i in layers):
+        out.append(HFProblem(("vision_config", "intermediate_layers_indices"), codes.BAD_MODEL_CONFIG, "vision_config."
+                             f"intermediate_layers_indices {layers} are not all layers of the {v['num_hidden_layers']}-layer "
+                             "vision transformer"))
+    elif v["vision_output_dim"] != v["hidden_size"] * (len(layers) + 1):
+        out.append(HFProblem(("vision_config", "vision_output_dim"), codes.SHAPE_MISMATCH, f"vision_config.vision_output_dim "
+                             f"{v['vision_output_dim']} is not hidden_size x (len(intermediate_layers_indices) + 1) = "
+                             f"{v['hidden_size'] * (len(layers) + 1)}: the projector reads the last and intermediate layers' "
+                             "features concatenated"))
+    for part, value in (("text_config", text["hidden_act"]), ("vision_config", v["hidden_act"])):
+        if value not in ACTIVATIONS:
+            out.append(HFProblem((part, "hidden_act"), codes.UNSUPPORTED_MODEL, f"{part}.hidden_act {excerpt(value)} is not an "
+                                 "activation memfit models"))
+    return out
+
+
 def model_view(cfg: dict) -> dict:
     """The dict models/hf.py and hf_activations.py read: a family's normalized config as it is; LLaVA's with its text
     model's keys at the top (model_type "llava") and the vision tower and projector under "llava"."""
@@ -657,6 +713,10 @@ def model_view(cfg: dict) -> dict:
         from memfit.models import qwen_vl
 
         return qwen_vl.model_view(cfg)
+    if cfg.get("model_type") == "mllama":
+        from memfit.models import mllama
+
+        return mllama.model_view(cfg)
     if cfg.get("model_type") != "llava":
         return cfg
     text = dict(cfg["text_config"])
@@ -838,6 +898,10 @@ def normalize(raw: dict) -> dict:
         from memfit.models import qwen_vl
 
         return qwen_vl.normalize(raw)
+    if family.block == "mllama":
+        from memfit.models import mllama
+
+        return mllama.normalize(raw)
     fields = family.fields
     out = {key: _copy(default) for key, (default, _) in BASE_FIELDS.items()}
     out.update({key: _copy(default) for key, (default, _) in fields.items()})

@@ -149,7 +149,7 @@ def derive(data: dict, out, path: str, tails: dict | None = None) -> list:
                                "(the tokenizer's pad token, as TRL's reward trainer does) or train with micro_batch 1")
     attention = training.get("attention", "sdpa")
     checkpointing = training.get("checkpointing", "none")
-    vision = _vision_training(cfg, training, seq_len, data.get("lora"))
+    vision = _vision_training(cfg, training, seq_len, data.get("lora"), data)
     if vision:
         return vision
     parallel = data.get("parallel") if isinstance(data.get("parallel"), dict) else {}
@@ -244,7 +244,7 @@ def _old_softmax(cfg: dict, fam, training: dict, attention: str | None, read: bo
                          f"attention's softmax; {why}: ignored", on_key=True) for k in on]
 
 
-def _vision_training(cfg: dict, training: dict, seq_len: int, lora=None) -> list:
+def _vision_training(cfg: dict, training: dict, seq_len: int, lora=None, data=None) -> list:
     """training.images_per_sample and freeze_vision_tower (and, for Qwen2-VL / Qwen2.5-VL, the images' size:
     image_size, image_min_pixels, image_max_pixels): read into the model's cfg (cfg["llava"], cfg["qwen_vl"]); problems
     where the model has no vision tower, or where the images' tokens do not fit the sequence or do not match the
@@ -257,9 +257,11 @@ def _vision_training(cfg: dict, training: dict, seq_len: int, lora=None) -> list
     block = family(cfg).block
     if block in QWEN_VL_BLOCKS:
         return _qwen_vl_training(cfg, training, seq_len, lora)
+    if block == "mllama":
+        return _mllama_training(cfg, training, seq_len, lora, data or {})
     if not block == "llava":
         return [Problem(("training", key), codes.SCHEMA, f"training.{key} is for a vision-language model (llava, qwen2_vl, "
-                        f"qwen2_5_vl); {cfg['model_type']} takes no images", on_key=True) for key in keys]
+                        f"qwen2_5_vl, mllama); {cfg['model_type']} takes no images", on_key=True) for key in keys]
     if any(key in training for key in sized):
         key = next(key for key in sized if key in training)
         return [Problem(("training", key), codes.SCHEMA, f"training.{key} sizes the images of a dynamic-resolution model "
@@ -278,6 +280,53 @@ def _vision_training(cfg: dict, training: dict, seq_len: int, lora=None) -> list
         message = (f"{own['images']} image(s) of {own['image_seq_length']} tokens each do not fit in seq_len {seq_len}: "
                    "the image tokens count in the text sequence")
         return [Problem(("training", "seq_len"), codes.SCHEMA, message)]
+    return []
+
+
+def _mllama_training(cfg: dict, training: dict, seq_len: int, lora, data: dict) -> list:
+    """Llama 3.2 Vision: the images per sample (one <|image|> token each in the text; every image padded to
+    max_num_tiles tiles of the config's image_size: models/mllama.py). The images' size is the config's, the vision
+    tower always trains with the model (freeze_vision_tower is not modeled), and LoRA reaching the vision tower or the
+    projector is refused. Measured in 32-true, bf16-true (and so 16-true): a *-mixed precision (CPU/CUDA autocast
+    over the vision tower) and a quantized base are refused, not modeled."""
+    from memfit.diagnostics import codes
+    from memfit.diagnostics.diagnostic import Problem
+    from memfit.models import mllama
+
+    own = cfg["mllama"]
+    own["images"] = training.get("images_per_sample", 1)
+    own["seq_len"] = seq_len   # (the batch's cross-attention mask: mllama.batch_bytes)
+    precision = data.get("precision")
+    if isinstance(precision, str) and precision.endswith("-mixed"):
+        return [Problem(("precision",), codes.UNSUPPORTED_MODEL, f"precision {precision} is not modeled for mllama (autocast "
+                        "over its vision tower is not measured): memfit models it in 32-true, bf16-true and 16-true")]
+    if training.get("checkpointing") == "selective":
+        return [Problem(("training", "checkpointing"), codes.UNSUPPORTED_MODEL, "training.checkpointing selective is not "
+                        "modeled for mllama (its cross-attention layers' attention core and its vision tower): none or full")]
+    parallel = data.get("parallel") if isinstance(data.get("parallel"), dict) else {}
+    for key in ("tensor", "pipeline"):
+        if isinstance(parallel.get(key), int) and not isinstance(parallel[key], bool) and parallel[key] > 1:
+            return [Problem(("parallel", key), codes.UNSUPPORTED_MODEL, f"parallel.{key} {parallel[key]}: memfit does not split "
+                            f"mllama's vision tower and cross-attention layers across {key}-parallel ranks (not modeled); "
+                            "data-parallel layouts (ZeRO, FSDP) are")]
+    if data.get("quantization"):
+        return [Problem(("quantization",), codes.UNSUPPORTED_MODEL, "a quantized base is not modeled for mllama (bitsandbytes "
+                        "would quantize its vision tower's linears too): memfit models it unquantized", on_key=True)]
+    for key in ("image_size", "image_min_pixels", "image_max_pixels", "freeze_vision_tower"):
+        if key in training:
+            why = ("mllama's processor cuts every image into max_num_tiles tiles of the config's image_size"
+                   if key != "freeze_vision_tower" else "memfit models mllama with its vision tower training, or frozen by LoRA")
+            return [Problem(("training", key), codes.SCHEMA, f"training.{key} is not modeled for mllama: {why}", on_key=True)]
+    if isinstance(lora, dict) and own["images"]:
+        reached = mllama.adapted_vision(cfg, lora)
+        if reached:
+            message = (f"lora.target_modules reach the vision tower or the projector ({reached}; peft matches a module by its "
+                       "name's last part, and all-linear takes every linear but the head): memfit models LoRA on the text model "
+                       "with the vision tower and projector frozen; name the text model's modules by a regular expression "
+                       r"(e.g. .*language_model.*\.(q_proj|v_proj))")
+            return [Problem(("lora", "target_modules"), codes.UNSUPPORTED_MODEL, message)]
+    if own["images"] > seq_len:
+        return [Problem(("training", "seq_len"), codes.SCHEMA, f"{own['images']} image tokens do not fit in seq_len {seq_len}")]
     return []
 
 

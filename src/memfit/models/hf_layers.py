@@ -371,6 +371,10 @@ def _templates(cfg: dict) -> dict:
         return {kind: _deepseek_layer(cfg, fam, kind) for kind in dict.fromkeys(kinds)}
     if fam.block == "llama4":
         return {kind: _llama4_layer(cfg, fam, kind) for kind in dict.fromkeys(kinds)}
+    if fam.block == "mllama":   # the cross-attention layers' own modules (models/mllama.py)
+        from memfit.models.mllama import cross_layer_modules
+
+        return {"": _layer(cfg, fam), "cross": [Module(*m) for m in cross_layer_modules(cfg)]}
     if fam.block not in MOE_LAYERS:
         return {"": _layer(cfg, fam)}
     return {kind: _moe_layer(cfg, fam, kind) for kind in dict.fromkeys(kinds)}
@@ -427,6 +431,13 @@ def _base(cfg: dict, fam: Family, with_pooler: bool) -> tuple[list[Module], str,
     if fam.block == "llava":   # LlavaModel: vision_tower, multi_modal_projector, language_model (a Llama)
         before = _llava_vision(cfg) + [Module("language_model.embed_tokens", "embedding", (vocab, h))]
         return before, "language_model.layers", [Module("language_model.norm", "rmsnorm", (h,))]
+    if fam.block == "mllama":   # MllamaModel: vision_model, language_model (embeddings over vocab + 8), multi_modal_projector
+        from memfit.models.mllama import vision_modules, vision_sizes
+
+        before = [Module(*m) for m in vision_modules(cfg)] + [Module("language_model.embed_tokens", "embedding", (vocab + 8, h))]
+        after = [Module("language_model.norm", "rmsnorm", (h,)),
+                 Module("multi_modal_projector", "linear", (vision_sizes(cfg)["out"], h, True))]
+        return before, "language_model.layers", after
     if fam.block in QWEN_VL_BLOCKS:   # Qwen2VLModel: visual (the vision tower and merger), language_model (a Qwen2)
         from memfit.models.qwen_vl import vision_modules
 

@@ -182,6 +182,7 @@ SUPPORTED = (
     'whisper',
     'deberta-v2',
     'modernbert',
+    'mllama',
 )
 
 

@@ -81,10 +81,17 @@ def _scale_hidden_dim(dim: int, multiple_of: int = 256) -> int:
 ALIASES = {"llama3_3_70b": "llama3_1_70b"}  # torchtune/models/llama3_3/_model_builders.py: llama3_3_70b = llama3_1_70b
 # builders memfit refuses, and why (a positioned unsupported-model at model._component_)
 REFUSED = {
-    "llama3_2_vision": "Llama 3.2 Vision (torchtune.models.llama3_2_vision) is a decoder with cross-attention layers fused in "
-                       "(fusion_interval 4: a cross-attention layer to the image after every 4 decoder layers) over a tiled vision encoder with its own projection; memfit's "
-                       "vision support is LLaVA's shape (a CLIP tower and a projector before an unchanged decoder), so it has "
-                       "neither the cross-attention layers nor the tiled encoder: write a memfit config for the text decoder",
+    # torchtune/models/llama3_2_vision/_model_builders.py (bd2a0fc): decoder_trainable False ("frozen"), encoder_trainable
+    # and fusion_trainable True ("lora") by default; recipes/*_single_device.py: set_activation_checkpointing(model,
+    # auto_wrap_policy={modules.TransformerSelfAttentionLayer}), which the CLIP encoder and the projection head use too
+    "llama3_2_vision": "Llama 3.2 Vision (torchtune.models.llama3_2_vision): memfit models it as transformers' "
+                       "MllamaForConditionalGeneration (model.hf_config, model_type mllama: the tiled vision encoder, the "
+                       "projector and the cross-attention layers), but torchtune's model differs in what it trains and keeps: "
+                       "its builders freeze the decoder and train the vision encoder and the fusion layers (decoder_trainable, "
+                       "encoder_trainable, fusion_trainable), its LoRA builders adapt the vision encoder, and "
+                       "enable_activation_checkpointing wraps every TransformerSelfAttentionLayer (the CLIP encoder's and the "
+                       "projection head's too, the cross-attention layers not), none of which memfit models or has measured: "
+                       "write a memfit config with model.hf_config (the model's config.json) for transformers' training",
 }
 
 # torchtune's LoRA module names -> the transformers module names memfit's LoRA targets
