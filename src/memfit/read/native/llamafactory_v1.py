@@ -263,11 +263,11 @@ def _world(r: Reader, micro: int, gpus: int, attention: str, dist: dict | None) 
             r.error(r.at("cp_size"), codes.NATIVE_CONFIG, "cp_size above 1 with deepspeed: LLaMA-Factory refuses it (context parallelism requires dist_config fsdp2)")
         r.warn(r.at("cp_size"), f"cp_size {cp}: Ulysses sequence parallelism splits each sequence over {cp} GPUs; memfit counts whole sequences on each GPU: the figures are high")
     if gpus % cp:
-        r.error(r.at("cp_size"), codes.NATIVE_CONFIG, f"{gpus} GPU(s) do not divide by cp_size {cp} (accelerator/interface.py: world_size must be divisible by cp_size)")
+        r.error(r.at("cp_size"), codes.NATIVE_CONFIG, f"{gpus} GPU(s) (--gpus) do not divide by cp_size {cp} (accelerator/interface.py: world_size must be divisible by cp_size)")
         cp = 1
     dp = r.get("dp_size", (int,), None) or gpus // cp
     if dp * cp != gpus:
-        r.error(r.at("dp_size"), codes.NATIVE_CONFIG, f"dp_size {dp} x cp_size {cp} is not the {gpus} GPU(s) (accelerator/interface.py: dp_size * cp_size must equal world_size)")
+        r.error(r.at("dp_size"), codes.NATIVE_CONFIG, f"dp_size {dp} x cp_size {cp} is not the {gpus} GPU(s) (--gpus; accelerator/interface.py: dp_size * cp_size must equal world_size)")
     total = r.get("global_batch_size", (int,), None)
     if total is None:
         return 1
