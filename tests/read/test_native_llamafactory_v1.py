@@ -162,3 +162,15 @@ def test_a_v0_file_reads_as_before(v1):
     assert doc["lora"] == {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"}
     out = memfit("check", "--device", "H100-80GB", native)
     assert "compute_log_probs" not in out.stdout
+
+
+def test_a_fix_edits_v1_keys_not_v0_ones(v1):
+    """check --suggest on a v1 file: the micro-batch fix replaces micro_batch_size (read/native/edits.py
+    llama-factory-v1), never inserts v0's per_device_train_batch_size, gradient_accumulation_steps or optim."""
+    native = v1 / "near.yaml"
+    native.write_text("model: Qwen/Qwen3-0.6B\nmodel_class: llm\nkernel_config:\n  name: auto\ntrain_dataset: data/v1_sft_demo.yaml\n"
+                      "micro_batch_size: 2\ncutoff_len: 2048\n")
+    out = memfit("check", "--suggest", "--device", "T4", native)
+    assert f"{native}:6:19: replace with '1'" in out.stdout, out.stdout
+    for v0 in ("per_device_train_batch_size", "gradient_accumulation_steps", "optim:"):
+        assert v0 not in out.stdout, out.stdout

@@ -155,8 +155,9 @@ def read(r: Reader, ctx) -> dict:
     if strategy in ("padding_free", "dynamic_padding_free"):
         # plugins/trainer_plugins/batching.py: the micro-batch's samples packed into one row (dynamic: up to a budget of
         # cutoff_len x micro_batch_size tokens)
-        r.set(("training", "micro_batch"), 1, strategy_at)
-        r.set(("training", "seq_len"), micro * cutoff, strategy_at)
+        # (no origin: a fix's edit of training.micro_batch is micro_batch_size's, read/native/edits.py)
+        r.set(("training", "micro_batch"), 1)
+        r.set(("training", "seq_len"), micro * cutoff)
     else:
         # normal pads to the batch's longest (at most cutoff_len); dynamic_batching keeps rows x padded length within
         # micro_batch_size x cutoff_len, the most at cutoff_len long rows
@@ -275,7 +276,7 @@ def _world(r: Reader, micro: int, gpus: int, attention: str, dist: dict | None) 
         r.error(r.at("global_batch_size"), codes.NATIVE_CONFIG, f"global_batch_size {total} is not {dp} data rank(s) x micro_batch_size {micro} x a number of micro-batches (core/utils/batching.py refuses it)")
         return 1
     accum = total // dp // micro
-    r.set(("training", "gradient_accumulation"), accum, r.at("global_batch_size"))
+    r.set(("training", "gradient_accumulation"), accum)  # no origin: a fix never writes the accumulation into global_batch_size
     return accum if "global_batch_size" in data else 1
 
 
