@@ -387,18 +387,21 @@ cutoff_len: 2048
 """
 
 
-def test_a_llama_factory_v1_config_is_said_not_read_not_passed(project):
-    """LLaMA-Factory's v1 format (USE_V1=1) is recognised by its keys and refused with a positioned error: memfit
-    does not read it, so the gate does not pass it, named alone, in a folder, or under --skip-unrecognized (the hook)."""
+def test_a_llama_factory_v1_config_is_read_by_its_own_reader(project):
+    """LLaMA-Factory's v1 format (USE_V1=1) is recognised by its keys and read (read/native/llamafactory_v1.py): named
+    alone, in a folder, or under --skip-unrecognized (the hook), a model it cannot resolve is a positioned error at
+    `model` (the gate does not pass it), and with the model mapped it gets a figure."""
     (project / "lf").mkdir()
     (project / "lf" / "train_lora_sft.yaml").write_text(LLAMA_FACTORY_V1)
     for args in (["lf/train_lora_sft.yaml"], ["--skip-unrecognized", "lf/train_lora_sft.yaml"], ["--skip-unrecognized", "lf"]):
         out = memfit("check", "--device", "H100", *args, cwd=project)
         assert out.returncode == 1, (args, out.stdout)
-        assert "lf/train_lora_sft.yaml:2:1: error[native-config] model_class: a LLaMA-Factory v1 config" in out.stdout, out.stdout
-        assert "nothing is checked" in out.stdout and "Traceback" not in out.stderr
+        assert "lf/train_lora_sft.yaml:1:8: error[model-not-found] model 'Qwen/Qwen3-4B' not found" in out.stdout, out.stdout
+        assert "Traceback" not in out.stderr
+    (project / "lf" / "memfit.toml").write_text('[models]\n"Qwen/Qwen3-4B" = "../llama-3-8b.json"\n')
     [entry] = json.loads(memfit("check", "--format", "json", "--device", "H100", "lf/train_lora_sft.yaml", cwd=project).stdout)["files"]
-    assert entry["input_format"] == "llama-factory" and [d["code"] for d in entry["diagnostics"]] == ["native-config"]
+    assert entry["input_format"] == "llama-factory" and entry["footprint"]["total"] > 0
+    assert [d["code"] for d in entry["diagnostics"]] == ["not-modelled"]  # the trainer's second loss (compute_log_probs)
     # a file that only shares the `model` key stays none of memfit's
     (project / "lf" / "train_lora_sft.yaml").write_text("model: Qwen/Qwen3-4B\ntemperature: 0.7\n")
     other = memfit("check", "--skip-unrecognized", "--device", "H100", "lf/train_lora_sft.yaml", cwd=project)

@@ -473,7 +473,7 @@ def test_diff_compares_a_native_config_the_settings_include(tmp_path, model):
     assert entry["before"] == before["footprint"] and entry["delta"]["parameters"] > 0
 
 
-@pytest.mark.parametrize("module, page", [("axolotl", "native-axolotl"), ("llamafactory", "native-llama-factory"), ("hftrainer", "native-hf-trainer"), ("torchtune", "native-torchtune"), ("deepspeed", "native-deepspeed"), ("litgpt", "native-litgpt")])
+@pytest.mark.parametrize("module, page", [("axolotl", "native-axolotl"), ("llamafactory", "native-llama-factory"), ("llamafactory_v1", "native-llama-factory"), ("hftrainer", "native-hf-trainer"), ("torchtune", "native-torchtune"), ("deepspeed", "native-deepspeed"), ("litgpt", "native-litgpt")])
 def test_each_format_page_lists_the_keys_its_reader_reads_and_warns_about(module, page):
     import importlib
 

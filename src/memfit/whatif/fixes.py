@@ -22,6 +22,7 @@ from memfit.diagnostics.diagnostic import Range
 from memfit.diagnostics.records import record
 from memfit.read import source
 from memfit.read.native.edits import spelt
+from memfit.read.native.llamafactory import v1_key
 from memfit.recipe.costs import OPTIMIZER_STATES
 from memfit.recipe.optim import OPTIMIZERS
 from memfit.whatif.fit import CLEAR, OVER, Probe, gated, inline, largest, location, locations, read
@@ -467,6 +468,8 @@ def native_edits(text: str, changes, origins: dict, fmt: str | None = None) -> l
     added at the end of the file's top-level mapping where the file does not write it; a change the format has
     no spelling of (ZeRO, FSDP, offload: the DeepSpeed JSON's or the launch config's) gets none."""
     out = []
+    if fmt == "llama-factory" and v1_key(source.load(text).data or {}) is not None:
+        fmt = "llama-factory-v1"  # its own keys (read/native/edits.py)
     for path, before, value in changes:
         native = spelt(fmt, path, value)
         at = origins.get(path)

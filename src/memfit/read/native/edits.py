@@ -20,6 +20,12 @@ SPELLING: dict[str, dict[tuple, tuple[str, dict | None]]] = {
         ("training", "checkpointing"): ("disable_gradient_checkpointing", {"full": False, "none": True}),
         ("optimizer",): ("optim", {"adamw8bit": "adamw_bnb_8bit"}),
     },
+    # LLaMA-Factory's v1 format (read/native/llamafactory_v1.py): micro_batch_size and enable_activation_checkpointing;
+    # the accumulation is derived from global_batch_size (a micro-batch fix leaves it as it is), no 8-bit optimizer
+    "llama-factory-v1": {
+        ("training", "micro_batch"): ("micro_batch_size", None),
+        ("training", "checkpointing"): ("enable_activation_checkpointing", {"full": True, "none": False}),
+    },
     "torchtune": {
         ("training", "micro_batch"): ("batch_size", None),
         ("training", "gradient_accumulation"): ("gradient_accumulation_steps", None),

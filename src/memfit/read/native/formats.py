@@ -33,7 +33,7 @@ def detect(data) -> str | None:
     from memfit.read.native.llamafactory import v1_key
 
     if v1_key(data) is not None:
-        return "llama-factory"  # its v1 format: recognised, and said not to be read (run.read)
+        return "llama-factory"  # its v1 format: read by read/native/llamafactory_v1.py (run.read)
     for fmt, required, any_of in DETECT:
         if all(k in data for k in required) and any(k in data for k in any_of):
             if fmt == "torchtune" and not (isinstance(data["model"], dict) and "_component_" in data["model"]):

@@ -72,7 +72,7 @@ STAGE_EXTRA = {
 
 # LLaMA-Factory's v1 format (USE_V1=1; src/llamafactory/v1/config/: ModelArguments `model`, `model_class`, the plugin
 # configs `peft_config`, `kernel_config`, `quant_config`, TrainingArguments `dist_config`; examples/v1/): a hub name or
-# path under `model` and these keys, no model_name_or_path. memfit does not read it (a positioned error, not a pass)
+# path under `model` and these keys, no model_name_or_path: read by read/native/llamafactory_v1.py
 V1_KEYS = ("model_class", "peft_config", "dist_config", "kernel_config", "quant_config")
 
 

@@ -309,11 +309,15 @@ def read(fmt: str, data: dict, path: str, conf: Settings) -> Native:
         return r.native
     module = importlib.import_module(f"memfit.read.native.{MODULES[fmt]}")  # only the format read
     v1 = module.v1_key(data) if fmt == "llama-factory" else None
-    if v1 is not None:
-        r.native.root = r.at(v1, on_key=True)
-        r.error(r.native.root, codes.NATIVE_CONFIG, f"{v1}: a LLaMA-Factory v1 config (USE_V1=1: `model` with {v1}); memfit reads LLaMA-Factory's v0 format "
-                "(model_name_or_path, stage, finetuning_type) and not this one, so nothing is checked: write the run in the v0 format or as a memfit config")
-        return r.native
+    if v1 is not None:  # LLaMA-Factory's v1 format (USE_V1=1): its own reader; torchrun, no accelerate launch config
+        from memfit.read.native import llamafactory_v1
+
+        idle_key = llamafactory_v1.not_training(data)
+        if idle_key is not None:
+            llamafactory_v1.refuse_idle(r, idle_key)
+            return r.native
+        ctx = Context(r, path, conf)
+        return ctx.finish(llamafactory_v1.read(r, ctx))
     ctx = Context(r, path, conf)
     ctx.read_launch()
     trainer = module.read(r, ctx)
