@@ -88,4 +88,10 @@ def test_liger_kernels_match_their_code(tmp_path, family, precision, checkpointi
     ours = checked(tmp_path, cfg, precision, checkpointing, lora, KERNELS)
     peak = ours["peak"]
     assert abs(peak["bytes"] - theirs["bytes"]) <= BAND * theirs["bytes"], (peak["bytes"], theirs["bytes"])
+    if checkpointing == "none":   # every saved tensor lives to the backward: the walk's saved activations at its peak
+        saved = peak["live"]["activations"]
+        assert abs(saved - theirs["saved"]) <= BAND * theirs["saved"], (saved, theirs["saved"])
     assert not [d for d in ours["diagnostics"] if d["severity"] != "info"], ours["diagnostics"]
+    eager = checked(tmp_path, cfg, precision, checkpointing, lora, None)
+    assert peak["bytes"] < eager["peak"]["bytes"]
+    assert ours["footprint"]["activations"] < eager["footprint"]["activations"]

@@ -349,12 +349,14 @@ def _layer_flights(cfg: dict, sizes: dict, roles: dict, routed: bool = True, att
     backward's zeros (S, h) and its out-of-place index_put (S, h), in the routing-weighted output's dtype (measured:
     tests/ledger/test_peak.py, MemTracker at aten.index_put in the experts' backward); its MLP part is the gate_up
     grouped_mm's backward (the activation's kept tensors already freed). Liger's SwiGLU (training.liger_kernels
-    swiglu): the down projection's input's gradient alone, its backward storing gate's and up's gradients over the
-    two outputs it keeps (ops/swiglu.py: `tl.store(a_ptr + col_offsets, da_row)`; measured, bf16-true under full
-    checkpointing: tests/ledger/test_liger_kernels.py)."""
+    swiglu): its backward holds the down projection's input's gradient alone, storing gate's and up's gradients over
+    the two outputs it keeps (ops/swiglu.py: `tl.store(a_ptr + col_offsets, da_row)`), so the MLP's worst moment
+    may come after it, at gate_proj's backward: up's input gradient (in the stream's dtype), gate's in the matmul's
+    and its cast to the stream's (in one dtype: their sum), beside the two stored gradients (measured, bf16-true and
+    bf16-mixed under full checkpointing, LoRA and full: tests/ledger/test_liger_kernels.py)."""
     T, h, i, q, kv = sizes["T"], sizes["h"], sizes["i"], sizes["q"], sizes["kv"]
     fam = FAMILIES[cfg["model_type"]]
-    k = 2 if fam.mlp == "plain" else 1 if fam.mlp == "gated" and liger_swiglu(cfg) else 3
+    k = 2 if fam.mlp == "plain" else 3
     act, lin = roles["act"], roles["lin"]
     res = dtype_bytes(T * h, act)
     dropout = res if dropout_on(cfg, fam, "resid") else 0
@@ -367,7 +369,8 @@ def _layer_flights(cfg: dict, sizes: dict, roles: dict, routed: bool = True, att
             scores = dtype_bytes(sizes["b"] * sizes["H"] * sizes["s"] ** 2, "float32" if cond["fa_math"] else act)
     out = {
         "down_proj": res + dropout + dtype_bytes(T * i, lin),
-        "mlp": res + dropout + dtype_bytes(T * k * i, lin),
+        "mlp": res + dropout + (max(dtype_bytes(T * i, lin), 2 * dtype_bytes(T * h, act) + dtype_bytes(T * h, lin))
+                                if fam.mlp == "gated" and liger_swiglu(cfg) else dtype_bytes(T * k * i, lin)),
         "o_proj": res + dropout + dtype_bytes(T * q, lin),
         "attention": res + dtype_bytes(T * (2 * q + 2 * kv), lin) + scores,
     }
