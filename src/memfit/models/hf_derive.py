@@ -209,8 +209,9 @@ LIGER_PRICED = {"rms_norm": "RMSNorm", "swiglu": "SwiGLU MLP"}
 def _liger_kernels(cfg: dict, fam, training: dict) -> tuple[dict, list]:
     """training.liger_kernels (ledger/techniques/liger_kernels.py): rms_norm and swiglu read into the model's cfg where
     its norm is the RMSNorm (hf_act_ops._norm "rms") and its MLP the gated one with silu (hf_act_layers._mlp), the
-    modules Liger's monkey patches replace in Llama, Mistral, Qwen2, Qwen3 and their kin; else a note that the key is
-    not priced there (rope and layer_norm are not priced: the figures keep the eager ops')."""
+    modules Liger's monkey patches replace in Llama, Mistral, Qwen2, Qwen3 and their kin; else a note (information:
+    the peak and the budget gate still run) that the key is not priced there (rope and layer_norm are not priced: the
+    figures keep the eager ops')."""
     from memfit.diagnostics import codes
     from memfit.diagnostics.diagnostic import Problem
     from memfit.models.hf_act_families import FAMILIES as ACT_FAMILIES
@@ -232,7 +233,7 @@ def _liger_kernels(cfg: dict, fam, training: dict) -> tuple[dict, list]:
                if kernel in LIGER_PRICED else "memfit does not price Liger's " + kernel)
         notes.append(Problem(("training", "liger_kernels"), codes.NOT_MODELLED,
                              f"training.liger_kernels {kernel}: {why}; the figures keep the eager modules' "
-                             f"activations (for {kernel}, probably high)", severity=codes.WARNING, on_key=True))
+                             f"activations (for {kernel}, probably high)", severity=codes.INFORMATION, on_key=True))
     return out, notes
 
 
