@@ -101,7 +101,10 @@ def test_llama_factory_enable_liger_kernel(tmp_path):
     out = same_figures_as_converted(native, "--device", "H100-80GB")
     assert out["doc"]["training"]["fused_loss"] == "liger"
     assert out["native"]["peak"]["bytes"] < whole["peak"]["bytes"]
-    assert [d for d in out["native"]["diagnostics"] if "RMSNorm" in d["message"]]
+    # apply_liger_kernel_to_llama's defaults: its RMSNorm and SwiGLU priced (training.liger_kernels), its RoPE noted
+    assert out["doc"]["training"]["liger_kernels"] == ["rope", "rms_norm", "swiglu"]
+    assert [d for d in out["native"]["diagnostics"] if d["code"] == "not-modelled" and "rope" in d["message"]]
+    assert not [d for d in out["native"]["diagnostics"] if "RMSNorm" in d["message"] or "swiglu" in d["message"]]
     dpo = tmp_path / "dpo.yaml"
     dpo.write_text(FACTORY.replace("stage: sft", "stage: dpo") + "enable_liger_kernel: true\n")
     entry, _ = figures(dpo, "--device", "H100-80GB")

@@ -20,6 +20,7 @@ TECHNIQUES = {
     "litgpt_qkv": ("litgpt_qkv",),
     "chunked_loss": ("loss",),
     "fused_loss": ("fused_loss",),
+    "liger_kernels": ("liger_kernels",),  # read by the model's rules (models/hf_derive): the program is built with them
     "outputs_dtype": ("outputs_dtype",),  # after the losses: the default loss re-priced on the converted logits
     "optimizer_in_backward": ("optimizer_in_backward",),
     "activation_offloading": ("activation_offloading",),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from memfit.models import hf_encdec
 from memfit.models.hf_act_ops import (ATTENTION_MASK_FP32, ATTENTIONS, Block, CHECKPOINTING, Conditions, ActivationRules, Kept, LOW,
-                                      PRECISIONS, SOFTMAX_SAVES_INPUT, mean_saves_input, rms_upcast)
+                                      PRECISIONS, SOFTMAX_SAVES_INPUT, liger_rms_norm, liger_swiglu, mean_saves_input, rms_upcast)
 from memfit.models.hf_act_families import FAMILIES, MOE, SUPPORTED
 from memfit.models.hf_act_layers import layer_rows, count_layers
 from memfit.recipe.autocast import DEVICE_OPS, op_dtype
@@ -157,8 +157,12 @@ def layer_conditions(cfg: dict, fam: ActivationRules, attention: str, checkpoint
         "embd_dropout": dropout_on(cfg, fam, "embd"),
         # Gemma 3's second cos/sin pair: kept by the layers of the other type; under full checkpointing only the
         # recomputed layer keeps one pair (the one counted with the embeddings)
-        "rms_upcast": rms_upcast(cfg),
-        "rms_native": not rms_upcast(cfg),
+        "rms_upcast": rms_upcast(cfg) and not liger_rms_norm(cfg),
+        "rms_native": not rms_upcast(cfg) and not liger_rms_norm(cfg),
+        "rms_eager": not liger_rms_norm(cfg),
+        "rms_liger": liger_rms_norm(cfg),
+        "swiglu_eager": not liger_swiglu(cfg),
+        "swiglu_liger": liger_swiglu(cfg),
         "mean_saves": mean_saves_input(cfg),
         "qk_norm_on": bool(fam.qk_norm_key and cfg.get(fam.qk_norm_key)) or (cfg.get("model_type") == "llama4_text" and bool(cfg.get("use_qk_norm"))),
         "temperature_on": cfg.get("model_type") == "llama4_text" and bool(cfg.get("attn_temperature_tuning")),

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from memfit.models import held
 from memfit.models.hf_act_eval import dropout_on, layer_conditions, trainable_flags
 from memfit.models.hf_act_families import FAMILIES
-from memfit.models.hf_act_ops import rms_upcast
+from memfit.models.hf_act_ops import liger_rms_norm, liger_swiglu, rms_upcast
 from memfit.models.hf_act_t5 import t5_cross_math_moments, t5_flights, t5_mlp_flight, t5_recompute_flights
 from memfit.recipe.costs import dtype_bytes
 
@@ -97,8 +97,9 @@ def final_norm_flight(cfg: dict, sizes: dict, output: int) -> int | None:
     and upcast products these are (an fp32 run holds less there: FSDP2 x tensor parallelism on gloo, fp32, peaks at
     the loss's backward, 1,518,976 B, where this moment would make the rank 1,646,624 B: tests/ledger/test_ranks.py),
     and for an RMSNorm without the upcast (training.rmsnorm_upcast false: no fp32 copy, its backward in the input's
-    dtype; not measured, so the rows' default)."""
-    if (FAMILIES[cfg["model_type"]].norm != "rms" or not rms_upcast(cfg)
+    dtype; not measured, so the rows' default) or Liger's (training.liger_kernels rms_norm: its backward writes the
+    input's gradient over the output's, tests/ledger/test_liger_kernels.py)."""
+    if (FAMILIES[cfg["model_type"]].norm != "rms" or not rms_upcast(cfg) or liger_rms_norm(cfg)
             or output == dtype_bytes(sizes["T"] * sizes["h"], "float32")):
         return None
     return output + dtype_bytes(5 * sizes["T"] * sizes["h"], "float32")
@@ -117,11 +118,13 @@ def _arrived(cfg: dict, sizes: dict, roles: dict) -> int:
     """The gradients beside a layer's own output gradient while full checkpointing recomputes the layer: the
     gradient reaching the layer's output comes as two, the residual's and the next layer's norm's (summed into the
     first in place); a 16-bit model's RMSNorm computes it in fp32 and casts it back (measured: Mistral, OLMo 2; both
-    held while the layer is recomputed)."""
+    held while the layer is recomputed), Liger's writes it over its output's gradient (training.liger_kernels
+    rms_norm: measured, tests/ledger/test_liger_kernels.py)."""
     fam = FAMILIES[cfg["model_type"]]
     T = sizes["T"]
     arrived = dtype_bytes(T * sizes["h"], roles["act"])
-    if fam.norm != "layer" and (fam.norm != "rms" or rms_upcast(cfg)) and _below_fp32(T * sizes["h"], roles["act"]):
+    if (fam.norm != "layer" and (fam.norm != "rms" or (rms_upcast(cfg) and not liger_rms_norm(cfg)))
+            and _below_fp32(T * sizes["h"], roles["act"])):
         arrived += dtype_bytes(T * sizes["h"], "float32") + dtype_bytes(T * sizes["h"], roles["act"])
     return arrived
 
@@ -207,7 +210,7 @@ def _llama4_recompute_tail(cfg: dict, sizes: dict, roles: dict) -> dict:
                + dtype_bytes(S * h, lin))                                   # routed_out
     # the layer's input and the residual after the attention: in fp32 each norm keeps its input itself (counted), and
     # so does an RMSNorm without its upcast (training.rmsnorm_upcast false: its input kept as it is)
-    upcast = 2 * dtype_bytes(T * h, act) if _below_fp32(T * h, act) and rms_upcast(cfg) else 0
+    upcast = 2 * dtype_bytes(T * h, act) if _below_fp32(T * h, act) and rms_upcast(cfg) and not liger_rms_norm(cfg) else 0
     return {"down_proj": dtype_bytes(S * h, lin) + locals_ + upcast}
 
 
@@ -352,7 +355,12 @@ def _layer_flights(cfg: dict, sizes: dict, roles: dict, routed: bool = True, att
     MoE output's gradient (T, h), expanded to every routed row and materialized (S, h), the index
     backward's zeros (S, h) and its out-of-place index_put (S, h), in the routing-weighted output's dtype (measured:
     tests/ledger/test_peak.py, MemTracker at aten.index_put in the experts' backward); its MLP part is the gate_up
-    grouped_mm's backward (the activation's kept tensors already freed)."""
+    grouped_mm's backward (the activation's kept tensors already freed). Liger's SwiGLU (training.liger_kernels
+    swiglu): its backward holds the down projection's input's gradient alone, storing gate's and up's gradients over
+    the two outputs it keeps (ops/swiglu.py: `tl.store(a_ptr + col_offsets, da_row)`), so the MLP's worst moment
+    may come after it, at gate_proj's backward: up's input gradient (in the stream's dtype), gate's in the matmul's
+    and its cast to the stream's (in one dtype: their sum), beside the two stored gradients (measured, bf16-true and
+    bf16-mixed under full checkpointing, LoRA and full: tests/ledger/test_liger_kernels.py)."""
     T, h, i, q, kv = sizes["T"], sizes["h"], sizes["i"], sizes["q"], sizes["kv"]
     fam = FAMILIES[cfg["model_type"]]
     k = 2 if fam.mlp == "plain" else 3
@@ -368,7 +376,8 @@ def _layer_flights(cfg: dict, sizes: dict, roles: dict, routed: bool = True, att
             scores = dtype_bytes(sizes["b"] * sizes["H"] * sizes["s"] ** 2, "float32" if cond["fa_math"] else act)
     out = {
         "down_proj": res + dropout + dtype_bytes(T * i, lin),
-        "mlp": res + dropout + dtype_bytes(T * k * i, lin),
+        "mlp": res + dropout + (max(dtype_bytes(T * i, lin), 2 * dtype_bytes(T * h, act) + dtype_bytes(T * h, lin))
+                                if fam.mlp == "gated" and liger_swiglu(cfg) else dtype_bytes(T * k * i, lin)),
         "o_proj": res + dropout + dtype_bytes(T * q, lin),
         "attention": res + dtype_bytes(T * (2 * q + 2 * kv), lin) + scores,
     }

@@ -281,10 +281,16 @@ def _attention(fam: ActivationRules, n: dict) -> list:
 def _mlp(fam: ActivationRules, n: dict, act: str) -> list:
     T, X = ("T", "h"), ("b", "s", "h")
     if fam.mlp == "gated":
-        return _linear([("gate", n["gate"], "i"), ("up", n["up"], "i")], T, "n2") + _activation(act, "act_fn(gate)", ("b", "s", "i"), "g", "out") + [
+        eager = _activation(act, "act_fn(gate)", ("b", "s", "i"), "g", "out") + [
             K("act * up", "act_fn(gate)", ("b", "s", "i"), activation_output(act, "out"), None, ("u",)),
-            K("act * up", "up", ("b", "s", "i"), "out", None, ("g",)),
-        ] + _linear([("down", n["down"], "h")], ("T", "i"), "p", low_input=True)
+            K("act * up", "up", ("b", "s", "i"), "out", None, ("g",))]
+        # Liger-Kernel's LigerSiLUMulFunction (training.liger_kernels swiglu; ops/swiglu.py, 0.6.4):
+        # `ctx.save_for_backward(a, b)`, gate's and up's outputs, silu recomputed in its backward
+        liger = [K("LigerSiLUMulFunction", "gate (gate_proj's output)", ("b", "s", "i"), "out", "swiglu_liger", ("g", "u")),
+                 K("LigerSiLUMulFunction", "up (up_proj's output)", ("b", "s", "i"), "out", "swiglu_liger", ("g", "u"))]
+        return (_linear([("gate", n["gate"], "i"), ("up", n["up"], "i")], T, "n2")
+                + [r._replace(when=_and("swiglu_eager", r.when)) for r in eager] + liger
+                + _linear([("down", n["down"], "h")], ("T", "i"), "p", low_input=True))
     if fam.mlp == "gated_fused":
         return _linear([("gate_up", n["gate_up"], "i2")], T, "n2") + [
             K("act_fn(gate), * up", "gate_up output (gate and up are halves of it)", ("b", "s", "i2"), "out", None, ("g",)),

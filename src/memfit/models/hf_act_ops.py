@@ -53,11 +53,26 @@ MEAN_SAVES_INPUT = "memfit_mean_saves_input"   # set (True) in a model's config 
 # set (True) in a model's config by training.softmax_saves_input and training.attention_mask_fp32
 SOFTMAX_SAVES_INPUT = "memfit_softmax_saves_input"
 ATTENTION_MASK_FP32 = "memfit_attention_mask_fp32"
+# set (True) in a model's config by training.liger_kernels (rms_norm, swiglu): Liger-Kernel's autograd functions in
+# place of the family's RMSNorm and gated MLP's act_fn(gate) * up (models/hf_derive; ledger/techniques/liger_kernels.py)
+LIGER_RMS_NORM = "memfit_liger_rms_norm"
+LIGER_SWIGLU = "memfit_liger_swiglu"
 
 
 def rms_upcast(cfg: dict) -> bool:
     """Whether the model's RMSNorm upcasts its input to fp32 (transformers' and LitGPT's from 6178c7cc on)."""
     return cfg.get(RMSNORM_UPCAST, True) is not False
+
+
+def liger_rms_norm(cfg: dict) -> bool:
+    """Whether the model's RMSNorm is Liger-Kernel's LigerRMSNormFunction (training.liger_kernels rms_norm)."""
+    return cfg.get(LIGER_RMS_NORM) is True
+
+
+def liger_swiglu(cfg: dict) -> bool:
+    """Whether the model's gated MLP multiplies through Liger-Kernel's LigerSiLUMulFunction (training.liger_kernels
+    swiglu)."""
+    return cfg.get(LIGER_SWIGLU) is True
 
 
 def mean_saves_input(cfg: dict) -> bool:
@@ -113,7 +128,12 @@ def _norm(kind: str, n: str, x: tuple, f: str, role: str = "act") -> list:
                   needs=(f,)),
                 K(n, "squares in the input's dtype (torch before 2.2: mean keeps its input)", x, role,
                   when="rms_native&mean_saves", needs=(f,)),
-                K(n, "normalized, cast back to the input dtype (weight * it)", x, role, needs=("W:norm",))]
+                K(n, "normalized, cast back to the input dtype (weight * it)", x, role, when="rms_eager", needs=("W:norm",)),
+                # Liger-Kernel's LigerRMSNormFunction (training.liger_kernels rms_norm; ops/rms_norm.py, 0.6.4):
+                # `ctx.save_for_backward(X, W, RSTD)`, the input itself and an fp32 1/rms per row (llama casting
+                # mode), whenever its node is recorded (the input or the weight needs a gradient)
+                K(n, "input (Liger's RMSNorm keeps X itself)", x, role, when="rms_liger", needs=(f, "W:norm")),
+                K(n, "1/rms per row (Liger's RSTD, fp32)", stat, "f32", when="rms_liger", needs=(f, "W:norm"))]
     if kind == "gemma_rms":
         return [K(n, "input, upcast to fp32", x, "f32", needs=(f,)),
                 K(n, "1/rms", stat, "f32", needs=(f,)),

@@ -176,7 +176,8 @@ def derive(data: dict, out, path: str, tails: dict | None = None) -> list:
     cfg, ignored = _rmsnorm_upcast(cfg, fam, training)
     cfg, unpriced = _mean_saves_input(cfg, fam, training)
     cfg, softmax = _old_softmax(cfg, fam, training, attention)
-    return hints + ignored + unpriced + softmax + _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointing, data)
+    cfg, liger = _liger_kernels(cfg, fam, training)
+    return hints + ignored + unpriced + softmax + liger + _tensors(cfg, out, where, file, micro_batch, seq_len, attention, checkpointing, data)
 
 
 def _rmsnorm_upcast(cfg: dict, fam, training: dict, read: bool = True) -> tuple[dict, list]:
@@ -198,6 +199,42 @@ def _rmsnorm_upcast(cfg: dict, fam, training: dict, read: bool = True) -> tuple[
                f"torch.rsqrt(...) as Lit-GPT wrote it before 6178c7cc); {fam.model_type}'s norm is not that "
                f"RMSNorm: ignored")
     return cfg, [Problem(("training", "rmsnorm_upcast"), codes.IGNORED_KEY, message, on_key=True)]
+
+
+# training.liger_kernels' kernels memfit prices, each with the rules that read it (the family's norm kind, its MLP
+# kind and activation) and the flag set in the model's cfg (hf_act_ops)
+LIGER_PRICED = {"rms_norm": "RMSNorm", "swiglu": "SwiGLU MLP"}
+
+
+def _liger_kernels(cfg: dict, fam, training: dict) -> tuple[dict, list]:
+    """training.liger_kernels (ledger/techniques/liger_kernels.py): rms_norm and swiglu read into the model's cfg where
+    its norm is the RMSNorm (hf_act_ops._norm "rms") and its MLP the gated one with silu (hf_act_layers._mlp), the
+    modules Liger's monkey patches replace in Llama, Mistral, Qwen2, Qwen3 and their kin; else a note (information:
+    the peak and the budget gate still run) that the key is not priced there (rope and layer_norm are not priced: the
+    figures keep the eager ops')."""
+    from memfit.diagnostics import codes
+    from memfit.diagnostics.diagnostic import Problem
+    from memfit.models.hf_act_families import FAMILIES as ACT_FAMILIES
+    from memfit.models.hf_act_ops import LIGER_RMS_NORM, LIGER_SWIGLU
+
+    kernels = training.get("liger_kernels")
+    if not isinstance(kernels, list) or not kernels:
+        return cfg, []
+    rules = ACT_FAMILIES.get(cfg.get("model_type"))
+    act = (cfg.get(rules.act_key) or "gelu") if rules is not None else None
+    reads = {"rms_norm": rules is not None and rules.norm == "rms" and not fam.stacked,
+             "swiglu": rules is not None and rules.mlp == "gated" and act in ("silu", "swish") and not fam.stacked}
+    out, notes = dict(cfg), []
+    for kernel in kernels:
+        if reads.get(kernel):
+            out[{"rms_norm": LIGER_RMS_NORM, "swiglu": LIGER_SWIGLU}[kernel]] = True
+            continue
+        why = (f"{fam.model_type} has no {LIGER_PRICED[kernel]} that Liger's patch replaces as memfit prices it"
+               if kernel in LIGER_PRICED else "memfit does not price Liger's " + kernel)
+        notes.append(Problem(("training", "liger_kernels"), codes.NOT_MODELLED,
+                             f"training.liger_kernels {kernel}: {why}; the figures keep the eager modules' "
+                             f"activations (for {kernel}, probably high)", severity=codes.INFORMATION, on_key=True))
+    return out, notes
 
 
 def _mean_saves_input(cfg: dict, fam, training: dict, read: bool = True) -> tuple[dict, list]:

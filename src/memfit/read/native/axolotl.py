@@ -45,6 +45,9 @@ KEYS = {
     "fsdp": (None, "parallel.fsdp (deprecated list form: full_shard, shard_grad_op, offload)", "schemas/config.py fsdp"),
     "fsdp_version": (None, "parallel.fsdp_version: 2 when 2; 1 or unset: 1 (FSDP1: axolotl's check_fsdp_version_in_fsdp_config pins an unversioned fsdp_config to 1; also read from fsdp_config)", "schemas/fsdp.py FSDPConfig.fsdp_version"),
     "liger_fused_linear_cross_entropy": (None, "training.fused_loss liger, with the Liger plugin listed (axolotl.integrations.liger.LigerPlugin)", "integrations/liger/args.py LigerArgs.liger_fused_linear_cross_entropy"),
+    "liger_rms_norm": (None, "training.liger_kernels rms_norm, with the Liger plugin listed (its pre_model_load passes rms_norm=cfg.liger_rms_norm to the model type's apply_liger_kernel_to_*)", "integrations/liger/args.py LigerArgs.liger_rms_norm; integrations/liger/plugin.py LigerPlugin.pre_model_load"),
+    "liger_glu_activation": (None, "training.liger_kernels swiglu, with the Liger plugin listed (swiglu=cfg.liger_glu_activation)", "integrations/liger/args.py LigerArgs.liger_glu_activation; plugin.py LigerPlugin.pre_model_load"),
+    "liger_swiglu": (None, "training.liger_kernels swiglu (liger_glu_activation's deprecated spelling)", "integrations/liger/args.py LigerArgs (liger_swiglu -> liger_glu_activation)"),
     "cut_cross_entropy": (True, "training.fused_loss cut_cross_entropy, with the Cut Cross-Entropy plugin listed (axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin): on by default once the plugin is listed, off with false", "integrations/cut_cross_entropy/args.py CutCrossEntropyArgs.cut_cross_entropy"),
     "overrides_of_model_config": (None, "model.transformer: the config.json's keys with these set over them (setattr on the model config)", "schemas/model.py ModelInputConfig.overrides_of_model_config; loaders/model.py ModelLoader._apply_model_config_overrides"),
 }
@@ -63,9 +66,6 @@ CONDITIONAL = {
 
 # keys that change memory and are not modelled -> (no-effect values, what they do)
 UNMODELLED = {
-    "liger_rms_norm": ((False,), "Liger's RMSNorm kernel saves less for backward: the figures are high, on the safe side"),
-    "liger_glu_activation": ((False,), "Liger's SwiGLU kernel recomputes the activation in backward: the figures are high, on the safe side"),
-    "liger_swiglu": ((False,), "Liger's SwiGLU kernel recomputes the activation in backward: the figures are high, on the safe side"),
     "liger_layer_norm": ((False,), "Liger's LayerNorm kernel saves less for backward: the figures are high, on the safe side"),
     "liger_cross_entropy": ((False,), "Liger's cross-entropy computes the logits' gradient in place: the figures are high, on the safe side"),
     "tiled_mlp": ((False,), "tiled MLP computes the MLP in chunks: the figures are high, on the safe side"),
@@ -212,6 +212,7 @@ def read(r: Reader, ctx) -> dict:
     r.unmodelled(UNMODELLED)
     plugins = r.get("plugins", (list,), []) or []
     _fused_loss(r, plugins)
+    _liger_kernels(r, plugins)
     for i, plugin in enumerate(plugins):
         if isinstance(plugin, str) and ("liger" in plugin.lower() or "cut_cross_entropy" in plugin.lower()):
             if "liger" in plugin.lower() and not any(k.startswith("liger_") for k in data):
@@ -242,6 +243,23 @@ def _fused_loss(r: Reader, plugins: list) -> None:
                               f"which is not listed; memfit counts the whole logits")
             continue
         r.set(("training", "fused_loss"), kind, r.at(key))
+
+
+def _liger_kernels(r: Reader, plugins: list) -> None:
+    """training.liger_kernels from the Liger plugin's keys (integrations/liger/plugin.py LigerPlugin.pre_model_load:
+    `kwargs["rms_norm"] = cfg.liger_rms_norm`, `kwargs["swiglu"] = cfg.liger_glu_activation`, handed to the model
+    type's apply_liger_kernel_to_*), when the plugin is listed."""
+    on = [(key, kernel) for key, kernel in (("liger_rms_norm", "rms_norm"), ("liger_glu_activation", "swiglu"),
+                                            ("liger_swiglu", "swiglu")) if r.get(key, (bool,), None)]
+    if not on:
+        return
+    if not any(isinstance(p, str) and "liger" in p.lower() for p in plugins):
+        for key, _ in on:
+            r.warn(r.at(key), f"{key}: Axolotl applies it through its plugin (plugins: axolotl.integrations.liger...), "
+                              f"which is not listed; memfit counts the model's own modules")
+        return
+    kernels = list(dict.fromkeys(kernel for _, kernel in on))
+    r.set(("training", "liger_kernels"), kernels, r.at(on[0][0]))
 
 
 def _attention(r: Reader):

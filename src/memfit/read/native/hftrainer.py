@@ -33,10 +33,11 @@ KEYS = {
     "attn_implementation": (None, "training.attention", "ModelArguments (run_sft); the model's default is sdpa"),
     "activation_checkpointing_kwargs": (None, "every_n_layers -> training.checkpoint_every (layers 0, N, 2N, ...)", "TrainingArguments.activation_checkpointing_kwargs; trainer.py pops every_n_layers for activation_checkpointing_enable; modeling_utils.py _set_gradient_checkpointing `layer_index % every_n_layers == 0`"),
     "gradient_checkpointing_kwargs": (None, "as activation_checkpointing_kwargs (its deprecated alias)", "TrainingArguments.__post_init__"),
+    "use_liger_kernel": (False, "training.liger_kernels rope, rms_norm, swiglu and training.fused_loss liger (_apply_liger_kernel_to_instance's defaults for the model type; the RoPE kernel is warned about, not priced)", "TrainingArguments.use_liger_kernel; integrations/liger.py apply_liger_kernel: _apply_liger_kernel_to_instance(model=base_model, **kernel_config)"),
+    "liger_kernel_config": (None, "with use_liger_kernel: rope, rms_norm, swiglu false leave that kernel out; fused_linear_cross_entropy false (or cross_entropy true) keeps the loss over the whole logits", "TrainingArguments.liger_kernel_config (the keyword arguments of apply_liger_kernel_to_<model type>)"),
 }
 UNMODELLED = {
     "torch_compile": ((False,), "torch.compile: compiled kernels save less for backward, so the figure is high, on the safe side (torchtune's README, Llama 3.2 3B full fine-tune: + compile 51.0 GiB measured vs 60.0 GiB eager, 15% less); the gate keeps the eager figure"),
-    "use_liger_kernel": ((False,), "Liger kernels save less for backward and never materialize the logits: the figures are high, on the safe side"),
     "optim_target_modules": ((), "GaLore/APOLLO target modules: the figures are high, on the safe side (GaLore/APOLLO keep a projected optimizer state)"),
     "torch_compile_mode": ((None,), "a torch.compile mode turns torch_compile on (TrainingArguments.__post_init__): torch.compile: compiled kernels save less for backward, so the figure is high, on the safe side (torchtune's README, Llama 3.2 3B full fine-tune: + compile 51.0 GiB measured vs 60.0 GiB eager, 15% less); the gate keeps the eager figure"),
     "torch_compile_backend": ((None,), "a torch.compile backend turns torch_compile on (TrainingArguments.__post_init__): torch.compile: compiled kernels save less for backward, so the figure is high, on the safe side (torchtune's README, Llama 3.2 3B full fine-tune: + compile 51.0 GiB measured vs 60.0 GiB eager, 15% less); the gate keeps the eager figure"),
@@ -56,7 +57,7 @@ CONDITIONAL = {
 NO_MEMORY = (
     "output_dir", "num_train_epochs", "max_steps", "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps",
     "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "average_tokens_across_devices", "max_grad_norm", "bf16_full_eval", "fp16_full_eval",
-    "tf32", "liger_kernel_config", "neftune_noise_alpha", "torch_empty_cache_steps",
+    "tf32", "neftune_noise_alpha", "torch_empty_cache_steps",
     "logging_strategy", "logging_steps", "logging_first_step", "log_on_each_node", "logging_nan_inf_filter", "include_num_input_tokens_seen",
     "log_level", "log_level_replica", "disable_tqdm", "report_to", "run_name", "project", "trackio_space_id", "trackio_bucket_id",
     "trackio_static_space_id", "eval_strategy", "eval_steps", "eval_delay", "prediction_loss_only", "eval_on_start", "eval_do_concat_batches",
@@ -156,4 +157,20 @@ def read(r: Reader, ctx) -> dict:
         else:
             ctx.deepspeed(data["deepspeed"], r.at("deepspeed"), trainer)
     r.unmodelled(UNMODELLED)
+    _liger(r)
     return trainer
+
+
+def _liger(r: Reader) -> None:
+    """use_liger_kernel: transformers' integrations/liger.py apply_liger_kernel hands liger_kernel_config to Liger's
+    _apply_liger_kernel_to_instance, whose apply_liger_kernel_to_<model type> defaults rope, rms_norm, swiglu and
+    fused_linear_cross_entropy on (cross_entropy off): each one the config does not turn off is read."""
+    if not r.get("use_liger_kernel", (bool,), False):
+        return
+    config = r.get("liger_kernel_config", (dict,), None) or {}
+    at = r.at("use_liger_kernel")
+    kernels = [k for k in ("rope", "rms_norm", "swiglu") if config.get(k, True) is not False]
+    if kernels:
+        r.set(("training", "liger_kernels"), kernels, at)
+    if config.get("fused_linear_cross_entropy", True) is not False and not config.get("cross_entropy"):
+        r.set(("training", "fused_loss"), "liger", at)

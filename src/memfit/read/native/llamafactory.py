@@ -37,7 +37,7 @@ KEYS = {
     "disable_gradient_checkpointing": (False, "training.checkpointing full unless true", "hparams/model_args.py; model/model_utils/checkpointing.py prepare_model_for_training"),
     "image_max_pixels": (768 * 768, "training.image_max_pixels (Qwen2-VL, Qwen2.5-VL)", "hparams/model_args.py ProcessorArguments.image_max_pixels; data/mm_plugin.py _preprocess_image"),
     "image_min_pixels": (32 * 32, "training.image_min_pixels (Qwen2-VL, Qwen2.5-VL)", "hparams/model_args.py ProcessorArguments.image_min_pixels"),
-    "enable_liger_kernel": (False, "training.fused_loss liger in the pt and sft stages (apply_liger_kernel's fused_linear_cross_entropy = not require_logits); its RoPE, RMSNorm and SwiGLU kernels are warned about (they save less than memfit counts)", "hparams/model_args.py enable_liger_kernel; model/model_utils/liger_kernel.py apply_liger_kernel; model/loader.py load_model"),
+    "enable_liger_kernel": (False, "training.fused_loss liger in the pt and sft stages (apply_liger_kernel's fused_linear_cross_entropy = not require_logits); training.liger_kernels rope, rms_norm, swiglu (apply_liger_kernel_to_<model type>'s defaults, which it passes unchanged: the RoPE kernel is warned about, not priced)", "hparams/model_args.py enable_liger_kernel; model/model_utils/liger_kernel.py apply_liger_kernel; model/loader.py load_model"),
     "freeze_vision_tower": (True, "training.freeze_vision_tower (Qwen2-VL, Qwen2.5-VL, LLaVA)", "hparams/finetuning_args.py FinetuningArguments.freeze_vision_tower; model/adapter.py"),
 }
 
@@ -192,7 +192,9 @@ def read(r: Reader, ctx) -> dict:
         # model/loader.py: apply_liger_kernel(..., require_logits=(finetuning_args.stage not in ["pt", "sft"]))
         if stage in ("pt", "sft"):
             r.set(("training", "fused_loss"), "liger", r.at("enable_liger_kernel"))
-        r.warn(r.at("enable_liger_kernel"), "enable_liger_kernel: Liger's RoPE, RMSNorm and SwiGLU kernels save less for "
-                                             "backward than memfit counts (the figure is high by their difference)"
-                                             + ("" if stage in ("pt", "sft") else f"; stage {stage} keeps the logits (no fused cross-entropy)"))
+        # model/model_utils/liger_kernel.py apply_liger_kernel: `apply_liger_kernel(**kwargs)` with kwargs empty (or
+        # only the loss's): the model type's defaults, rope, rms_norm and swiglu on
+        r.set(("training", "liger_kernels"), ["rope", "rms_norm", "swiglu"], r.at("enable_liger_kernel"))
+        if stage not in ("pt", "sft"):
+            r.warn(r.at("enable_liger_kernel"), f"enable_liger_kernel: stage {stage} keeps the logits (no fused cross-entropy)")
     return trainer

@@ -1,0 +1,68 @@
+"""Liger-Kernel's RMSNorm and SwiGLU read from the native formats that switch them on: Axolotl's `liger_rms_norm` and
+`liger_glu_activation` (its LigerPlugin listed), LLaMA-Factory's `enable_liger_kernel` (tests/read/
+test_native_fused_loss.py) and the Trainer's `use_liger_kernel` (+ `liger_kernel_config`): training.liger_kernels
+(ledger/techniques/liger_kernels.py, measured in tests/ledger/test_liger_kernels.py), the same figures as the
+conversion, and a footprint below the same run without them (Llama 3 8B, full checkpointing off: every layer's
+norms and MLP activations saved)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from test_native import MODELS, figures, same_figures_as_converted
+
+AXOLOTL = ("base_model: ./llama-3-8b.json\nsequence_len: 2048\nmicro_batch_size: 1\nbf16: true\n"
+           "adapter: lora\nlora_r: 16\nlora_target_linear: true\n")
+PLUGIN = "plugins:\n  - axolotl.integrations.liger.LigerPlugin\n"
+
+
+def _saved(entry: dict) -> int:
+    return entry["footprint"]["activations"]
+
+
+def test_axolotl_liger_rms_norm_and_glu_activation(tmp_path):
+    shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
+    plain = tmp_path / "plain.yml"
+    plain.write_text(AXOLOTL)
+    whole, _ = figures(plain, "--device", "H100-80GB")
+    saved = {}
+    for kernels, text in ((["rms_norm"], "liger_rms_norm: true\n"), (["swiglu"], "liger_glu_activation: true\n"),
+                          (["rms_norm", "swiglu"], "liger_rms_norm: true\nliger_glu_activation: true\n")):
+        native = tmp_path / f"{'_'.join(kernels)}.yml"
+        native.write_text(AXOLOTL + PLUGIN + text)
+        out = same_figures_as_converted(native, "--device", "H100-80GB")
+        assert out["doc"]["training"]["liger_kernels"] == kernels
+        assert not [d for d in out["native"]["diagnostics"] if "liger" in d["message"].lower()], out["native"]["diagnostics"]
+        saved[tuple(kernels)] = _saved(out["native"])
+        assert saved[tuple(kernels)] < _saved(whole), (kernels, saved[tuple(kernels)], _saved(whole))
+    assert saved[("rms_norm", "swiglu")] < min(saved[("rms_norm",)], saved[("swiglu",)])
+    # without its plugin Axolotl applies none of them: the eager figure, and a warning at the key
+    bare = tmp_path / "bare.yml"
+    bare.write_text(AXOLOTL + "liger_rms_norm: true\n")
+    entry, _ = figures(bare, "--device", "H100-80GB")
+    assert _saved(entry) == _saved(whole)
+    warned = [d for d in entry["diagnostics"] if "plugin" in d["message"]]
+    assert warned and warned[0]["range"]["start"]["line"] == 7, entry["diagnostics"]
+
+
+def test_the_trainer_use_liger_kernel(tmp_path):
+    shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
+    args = {"model_name_or_path": "./llama-3-8b.json", "output_dir": "out", "do_train": True, "block_size": 1024, "bf16": True}
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps(args))
+    whole, _ = figures(plain, "--device", "H100-80GB")
+    native = tmp_path / "liger.json"
+    native.write_text(json.dumps({**args, "use_liger_kernel": True}))
+    out = same_figures_as_converted(native, "--device", "H100-80GB")
+    # _apply_liger_kernel_to_instance's defaults for Llama: rope (noted, not priced), rms_norm, swiglu and the fused loss
+    assert out["doc"]["training"]["liger_kernels"] == ["rope", "rms_norm", "swiglu"]
+    assert out["doc"]["training"]["fused_loss"] == "liger"
+    assert _saved(out["native"]) < _saved(whole)
+    assert [d for d in out["native"]["diagnostics"] if d["code"] == "not-modelled" and "rope" in d["message"]]
+    native.write_text(json.dumps({**args, "use_liger_kernel": True,
+                                  "liger_kernel_config": {"rope": False, "swiglu": False, "fused_linear_cross_entropy": False}}))
+    out = same_figures_as_converted(native, "--device", "H100-80GB")
+    assert out["doc"]["training"]["liger_kernels"] == ["rms_norm"]
+    assert "fused_loss" not in out["doc"]["training"]
+    assert not [d for d in out["native"]["diagnostics"] if "liger" in d["message"].lower()], out["native"]["diagnostics"]
