@@ -66,3 +66,24 @@ def test_the_trainer_use_liger_kernel(tmp_path):
     assert out["doc"]["training"]["liger_kernels"] == ["rms_norm"]
     assert "fused_loss" not in out["doc"]["training"]
     assert not [d for d in out["native"]["diagnostics"] if "liger" in d["message"].lower()], out["native"]["diagnostics"]
+
+
+def test_liger_on_a_model_type_it_does_not_patch_is_the_models_own_run(tmp_path):
+    """Liger patches only the model types it lists (liger-kernel 0.6.4 MODEL_TYPE_TO_APPLY_LIGER_FN, for the Trainer's
+    use_liger_kernel; LLaMA-Factory's apply_liger_kernel its own list): Starcoder2 under the Trainer and SmolLM3 under
+    LLaMA-Factory run their own modules, so the figure is the plain run's, with a warning at the key."""
+    for model in ("starcoder2-7b.json", "smollm3-3b.json"):
+        shutil.copy(MODELS / model, tmp_path / model)
+    args = {"model_name_or_path": "./starcoder2-7b.json", "output_dir": "out", "do_train": True, "block_size": 1024, "bf16": True}
+    factory = ("model_name_or_path: ./smollm3-3b.json\nstage: sft\nfinetuning_type: lora\ncutoff_len: 2048\n"
+               "per_device_train_batch_size: 1\nbf16: true\n")
+    for name, plain_text, liger_text in (("trainer.json", json.dumps(args), json.dumps({**args, "use_liger_kernel": True})),
+                                         ("factory.yaml", factory, factory + "enable_liger_kernel: true\n")):
+        plain, native = tmp_path / f"plain-{name}", tmp_path / name
+        plain.write_text(plain_text)
+        native.write_text(liger_text)
+        whole, _ = figures(plain, "--device", "H100-80GB")
+        out = same_figures_as_converted(native, "--device", "H100-80GB")
+        assert "liger_kernels" not in out["doc"].get("training", {}) and "fused_loss" not in out["doc"].get("training", {}), out["doc"]
+        assert out["native"]["peak"]["bytes"] == whole["peak"]["bytes"]
+        assert [d for d in out["native"]["diagnostics"] if "Liger" in d["message"] and d["severity"] == "warning"], out["native"]["diagnostics"]

@@ -237,4 +237,6 @@ def test_a_distributed_recipes_key_without_gpus_says_the_world_is_the_launchs(tm
     (one,) = entries("check", "--format", "json", "--device", "H100-80GB", path)
     (two,) = entries("check", "--format", "json", "--device", "H100-80GB", "--gpus", "2", path)
     assert not [d for d in two["diagnostics"] if "distributed recipe" in d["message"]], two["diagnostics"]
+    (said,) = entries("check", "--format", "json", "--device", "H100-80GB", "--gpus", "1", path)  # the user said one
+    assert not [d for d in said["diagnostics"] if "distributed recipe" in d["message"]], said["diagnostics"]
     assert two["peak"]["bytes"] < one["peak"]["bytes"]

@@ -140,10 +140,6 @@ def image_tokens(cfg: dict) -> int:
     return z["T"] * z["P"]
 
 
-def cross_layers(cfg: dict) -> set:
-    return {i for i in cfg["cross_attention_layers"] if 0 <= i < cfg["num_hidden_layers"]}
-
-
 # ----------------------------------------------------------------------------------------- parameters
 
 

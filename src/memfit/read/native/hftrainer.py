@@ -157,11 +157,21 @@ def read(r: Reader, ctx) -> dict:
         else:
             ctx.deepspeed(data["deepspeed"], r.at("deepspeed"), trainer)
     r.unmodelled(UNMODELLED)
-    _liger(r)
+    _liger(r, cfg.get("model_type"))
     return trainer
 
 
-def _liger(r: Reader) -> None:
+# the model types Liger patches an instance of: liger-kernel 0.6.4 transformers/monkey_patch.py
+# MODEL_TYPE_TO_APPLY_LIGER_FN; `_apply_liger_kernel_to_instance` returns, patching nothing, for any other
+LIGER_MODEL_TYPES = frozenset({
+    "gemma", "gemma2", "gemma3_text", "gemma3", "glm4", "glm4v", "glm4v_moe", "internvl", "llama", "llama4_text", "llama4",
+    "llava", "granite", "mllama", "mllama_text_model", "mistral", "mixtral", "olmo2", "olmo3", "qwen2", "qwen3",
+    "qwen3_moe", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text", "qwen3_next", "qwen3_vl", "qwen3_vl_text",
+    "qwen3_vl_moe", "qwen3_vl_moe_text", "smollm3", "phi3", "paligemma", "falcon_h1", "smolvlm", "hunyuan_v1_dense",
+    "hunyuan_v1_moe"})
+
+
+def _liger(r: Reader, model_type) -> None:
     """use_liger_kernel: transformers' integrations/liger.py apply_liger_kernel hands liger_kernel_config to Liger's
     _apply_liger_kernel_to_instance, whose apply_liger_kernel_to_<model type> defaults rope, rms_norm, swiglu and
     fused_linear_cross_entropy on (cross_entropy off): each one the config does not turn off is read."""
@@ -169,6 +179,10 @@ def _liger(r: Reader) -> None:
         return
     config = r.get("liger_kernel_config", (dict,), None) or {}
     at = r.at("use_liger_kernel")
+    if isinstance(model_type, str) and model_type not in LIGER_MODEL_TYPES:
+        r.warn(at, f"use_liger_kernel: Liger patches no {model_type} model (liger-kernel's MODEL_TYPE_TO_APPLY_LIGER_FN "
+                   "has no entry for it), so the run is the model's own: memfit prices it so")
+        return
     kernels = [k for k in ("rope", "rms_norm", "swiglu") if config.get(k, True) is not False]
     if kernels:
         r.set(("training", "liger_kernels"), kernels, at)

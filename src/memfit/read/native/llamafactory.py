@@ -83,10 +83,19 @@ def v1_key(data: dict) -> str | None:
     return next((k for k in V1_KEYS if k in data), None)
 
 
+# the model types LLaMA-Factory's apply_liger_kernel patches (model/model_utils/liger_kernel.py at ff6d4d12e; gpt_oss
+# only with a fork of liger-kernel installed); for any other it warns "Current model does not support liger kernel"
+# and returns
+LIGER_MODEL_TYPES = frozenset({
+    "gemma", "gemma2", "gemma3", "gemma3_text", "glm", "glm4", "glm4v", "granite", "llama", "llava", "mistral", "mixtral",
+    "mllama", "olmo2", "paligemma", "phi3", "qwen2", "qwen2_vl", "qwen2_5_vl", "qwen3", "qwen3_moe", "qwen3_next",
+    "qwen3_5", "qwen3_5_moe", "gpt_oss"})
+
+
 def read(r: Reader, ctx) -> dict:
     data = r.data
     r.native.root = r.at("model_name_or_path", on_key=True)
-    ctx.model(r.get("model_name_or_path", (str,)), r.at("model_name_or_path"))
+    model_type = (ctx.model(r.get("model_name_or_path", (str,)), r.at("model_name_or_path")) or {}).get("model_type")
     stage = r.get("stage", (str,), "sft", choices=("pt", "sft", "rm", "ppo", "dpo", "kto"))
     if stage in STAGE_EXTRA:
         r.warn(r.at("stage"), f"stage {stage}: {STAGE_EXTRA[stage]}; memfit counts one model's training step")
@@ -188,7 +197,10 @@ def read(r: Reader, ctx) -> dict:
     # the launch config's FSDP is the layout memfit reads (--launch, the settings' launch): TrainingArguments' fsdp
     # key then says nothing memfit leaves out
     r.unmodelled({k: v for k, v in UNMODELLED.items() if not (k == "fsdp" and "fsdp" in ctx.launch)})
-    if r.get("enable_liger_kernel", (bool,), False):
+    if r.get("enable_liger_kernel", (bool,), False) and isinstance(model_type, str) and model_type not in LIGER_MODEL_TYPES:
+        r.warn(r.at("enable_liger_kernel"), f"enable_liger_kernel: LLaMA-Factory applies no Liger kernel to a {model_type} model "
+                                            "(apply_liger_kernel: 'Current model does not support liger kernel'): memfit prices the model's own")
+    elif r.get("enable_liger_kernel", (bool,), False):
         # model/loader.py: apply_liger_kernel(..., require_logits=(finetuning_args.stage not in ["pt", "sft"]))
         if stage in ("pt", "sft"):
             r.set(("training", "fused_loss"), "liger", r.at("enable_liger_kernel"))

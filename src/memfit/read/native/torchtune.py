@@ -179,7 +179,7 @@ DISTRIBUTED_KEYS = ("fsdp_cpu_offload", "fsdp_reshard_after_forward", "custom_sh
 def _world_from_the_launch(r: Reader, gpus) -> None:
     """A distributed recipe's config says nothing of its world size: `tune run --nproc_per_node N` does. Without
     --gpus memfit checks a world of one, every parameter on one GPU: high, and a gate that fails a run that fits."""
-    if isinstance(gpus, int) and gpus > 1:
+    if gpus is not None:  # the user said how many (--gpus 1 included)
         return
     key = next((k for k in DISTRIBUTED_KEYS if k in r.data), None)
     if key is not None:
