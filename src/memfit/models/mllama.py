@@ -17,30 +17,13 @@ is (image_size / patch_size)^2 + 1 (the class token, modeling_mllama.py:834).
 
 from __future__ import annotations
 
+from memfit.models.families import copied, part_base
 from memfit.models.families.mllama import TEXT_FIELDS, VISION_FIELDS
 
 COMPOSITE = ("text_config", "vision_config")
 ASPECT_RATIOS = [[1, 1], [1, 2], [1, 3], [1, 4], [2, 1], [2, 2], [3, 1], [4, 1]]   # MllamaVisionConfig.__post_init__
 LAYERS = [3, 7, 15, 23, 30]   # intermediate_layers_indices' default
 CROSS = [3, 8, 13, 18, 23, 28, 33, 38]   # cross_attention_layers' default
-
-
-def _copy(value):
-    if isinstance(value, dict):
-        return {k: _copy(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_copy(v) for v in value]
-    return value
-
-
-def _base(dtype=None) -> dict:
-    from memfit.models.families import BASE_FIELDS
-
-    out = {key: _copy(default) for key, (default, _) in BASE_FIELDS.items() if key != "transformers_version"}
-    out["dtype"] = dtype
-    out["id2label"] = {0: "LABEL_0", 1: "LABEL_1"}
-    out["label2id"] = {"LABEL_0": 0, "LABEL_1": 1}
-    return out
 
 
 def _dtype(value):
@@ -51,13 +34,13 @@ def normalize_text(given: dict | None) -> dict:
     """MllamaTextConfig: defaults, cross_attention_layers' default, convert_rope_params_to_dict (rope_scaling over
     rope_parameters, rope_theta 500000)."""
     given = dict(given or {})
-    out = _base(_dtype(given.get("dtype", given.get("torch_dtype"))))
-    out.update({key: _copy(default) for key, (default, _) in TEXT_FIELDS.items()})
+    out = part_base(_dtype(given.get("dtype", given.get("torch_dtype"))))
+    out.update({key: copied(default) for key, (default, _) in TEXT_FIELDS.items()})
     extra = {}
     for key, value in given.items():
         if key in ("model_type", "transformers_version", "torch_dtype", "dtype"):
             continue
-        (out if key in out else extra)[key] = _copy(value)
+        (out if key in out else extra)[key] = copied(value)
     if out["cross_attention_layers"] is None:
         out["cross_attention_layers"] = list(CROSS)
     rope = extra.pop("rope_scaling", None) or out["rope_parameters"]
@@ -75,16 +58,16 @@ def normalize_text(given: dict | None) -> dict:
 
 def normalize_vision(given: dict | None) -> dict:
     given = dict(given or {})
-    out = _base(_dtype(given.get("dtype", given.get("torch_dtype"))))
-    out.update({key: _copy(default) for key, (default, _) in VISION_FIELDS.items()})
+    out = part_base(_dtype(given.get("dtype", given.get("torch_dtype"))))
+    out.update({key: copied(default) for key, (default, _) in VISION_FIELDS.items()})
     extra = {}
     for key, value in given.items():
         if key in ("model_type", "transformers_version", "torch_dtype", "dtype"):
             continue
         key = "attention_heads" if key == "num_attention_heads" else key
-        (out if key in out else extra)[key] = _copy(value)
+        (out if key in out else extra)[key] = copied(value)
     if out["supported_aspect_ratios"] is None:
-        out["supported_aspect_ratios"] = _copy(ASPECT_RATIOS)
+        out["supported_aspect_ratios"] = copied(ASPECT_RATIOS)
     if out["intermediate_layers_indices"] is None:
         out["intermediate_layers_indices"] = list(LAYERS)
     out.update(extra)
@@ -96,10 +79,10 @@ def normalize_vision(given: dict | None) -> dict:
 
 def normalize(raw: dict) -> dict:
     """What MllamaConfig.to_dict() gives for `raw` (text_config and vision_config over their classes' defaults)."""
-    out = _base(_dtype(raw.get("dtype", raw.get("torch_dtype"))))
+    out = part_base(_dtype(raw.get("dtype", raw.get("torch_dtype"))))
     for key in ("architectures", "output_hidden_states", "return_dict", "chunk_size_feed_forward", "problem_type"):
         if key in raw:
-            out[key] = _copy(raw[key])
+            out[key] = copied(raw[key])
     out["vision_config"] = normalize_vision(raw.get("vision_config"))
     out["text_config"] = normalize_text(raw.get("text_config"))
     out["image_token_index"] = raw.get("image_token_index", raw.get("image_token_id", 128256))

@@ -19,6 +19,8 @@ from __future__ import annotations
 import importlib
 import math
 
+from memfit.models.families import copied, part_base
+
 # Qwen2VLImageProcessor's defaults (size: shortest_edge 56*56, longest_edge 28*28*1280 pixels)
 MIN_PIXELS = 56 * 56
 MAX_PIXELS = 28 * 28 * 1280
@@ -30,24 +32,6 @@ def _fields(model_type: str):
     module = importlib.import_module(f"memfit.models.families.{model_type}")
     text = importlib.import_module("memfit.models.families.qwen2_vl").TEXT_FIELDS
     return text, module.VISION_FIELDS
-
-
-def _copy(value):
-    if isinstance(value, dict):
-        return {k: _copy(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_copy(v) for v in value]
-    return value
-
-
-def _base(dtype=None) -> dict:
-    from memfit.models.families import BASE_FIELDS
-
-    out = {key: _copy(default) for key, (default, _) in BASE_FIELDS.items() if key != "transformers_version"}
-    out["dtype"] = dtype
-    out["id2label"] = {0: "LABEL_0", 1: "LABEL_1"}
-    out["label2id"] = {"LABEL_0": 0, "LABEL_1": 1}
-    return out
 
 
 def _text_given(raw: dict) -> dict:
@@ -63,16 +47,16 @@ def normalize_text(given: dict, dtype=None) -> dict:
     """Qwen2VLTextConfig: defaults, __post_init__ (the window only with use_sliding_window, key/value heads, layer types),
     convert_rope_params_to_dict (rope_scaling over rope_parameters, rope_theta 1e6, mrope read as default)."""
     text, _ = _fields("qwen2_vl")
-    out = _base(given.get("dtype", given.get("torch_dtype", dtype)))
-    out.update({key: _copy(default) for key, (default, _) in text.items()})
+    out = part_base(given.get("dtype", given.get("torch_dtype", dtype)))
+    out.update({key: copied(default) for key, (default, _) in text.items()})
     extra = {}
     for key, value in given.items():
         if key in ("model_type", "transformers_version", "torch_dtype", "dtype"):
             continue
         if key in out:
-            out[key] = _copy(value)
+            out[key] = copied(value)
         else:
-            extra[key] = _copy(value)
+            extra[key] = copied(value)
     if isinstance(out["dtype"], str) and out["dtype"].startswith("torch."):
         out["dtype"] = out["dtype"][len("torch."):]
     if not out["use_sliding_window"]:
@@ -100,8 +84,8 @@ def normalize_text(given: dict, dtype=None) -> dict:
 
 def normalize_vision(model_type: str, given: dict | None) -> dict:
     _, vision = _fields(model_type)
-    out = _base()
-    out.update({key: _copy(default) for key, (default, _) in vision.items()})
+    out = part_base()
+    out.update({key: copied(default) for key, (default, _) in vision.items()})
     extra = {}
     for key, value in (given or {}).items():
         if key in ("model_type", "transformers_version"):
@@ -110,7 +94,7 @@ def normalize_vision(model_type: str, given: dict | None) -> dict:
             key = "num_heads"
         elif key == "num_hidden_layers":
             key = "depth"
-        (out if key in out else extra)[key] = _copy(value)
+        (out if key in out else extra)[key] = copied(value)
     rope = dict(out["rope_parameters"] or {})
     rope.setdefault("rope_theta", 10000.0)
     rope.setdefault("rope_type", "axial")
@@ -131,10 +115,10 @@ def normalize(raw: dict) -> dict:
     dtype = raw.get("dtype", raw.get("torch_dtype"))
     if isinstance(dtype, str) and dtype.startswith("torch."):
         dtype = dtype[len("torch."):]
-    out = _base(dtype)
+    out = part_base(dtype)
     for key in ("architectures", "output_hidden_states", "return_dict", "chunk_size_feed_forward", "problem_type"):
         if key in raw:
-            out[key] = _copy(raw[key])
+            out[key] = copied(raw[key])
     text = normalize_text(_text_given(raw), dtype)
     if mt == "qwen2_5_vl":
         text["model_type"] = "qwen2_5_vl_text"
@@ -142,7 +126,7 @@ def normalize(raw: dict) -> dict:
     out["vision_config"] = normalize_vision(mt, raw.get("vision_config"))
     for key, (default, _) in family.fields.items():
         if key not in COMPOSITE:
-            out[key] = _copy(raw.get(key, default))
+            out[key] = copied(raw.get(key, default))
     if not out["tie_word_embeddings"] and text.get("tie_word_embeddings"):
         out["tie_word_embeddings"] = True
     out["_name_or_path"] = ""

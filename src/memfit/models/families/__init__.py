@@ -264,3 +264,23 @@ LLAVA_VISION_DEFAULTS = {'intermediate_size': 4096, 'hidden_size': 1024, 'patch_
 
 # Qwen2-VL and Qwen2.5-VL (issue 34): vision-language families whose vision tower models/qwen_vl.py describes
 QWEN_VL_BLOCKS = ("qwen2_vl", "qwen2_5_vl")
+
+
+def copied(value):
+    """A default's own copy (dicts and lists copied all the way down), so a normalized config shares nothing with the
+    tables."""
+    if isinstance(value, dict):
+        return {k: copied(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [copied(v) for v in value]
+    return value
+
+
+def part_base(dtype=None) -> dict:
+    """PretrainedConfig's base fields as a composite model's part (text_config, vision_config) writes them in its
+    to_dict(): the defaults, its dtype, and the two labels every config starts with."""
+    out = {key: copied(default) for key, (default, _) in BASE_FIELDS.items() if key != "transformers_version"}
+    out["dtype"] = dtype
+    out["id2label"] = {0: "LABEL_0", 1: "LABEL_1"}
+    out["label2id"] = {"LABEL_0": 0, "LABEL_1": 1}
+    return out
