@@ -696,8 +696,7 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
         sparse = not sizes.get("k") or grouped
         encoder = i < encoder_layers
         layer_hidden = enc_hidden if encoder else hidden
-        # (the recomputed tensors beyond the boundary: the layer's input where its first part keeps it, models' norms)
-        boundary = _boundary_kept(parts[0][1], layer_hidden) if parts else layer_hidden
+        boundary = _boundary_kept(parts[0][1], layer_hidden) if parts else layer_hidden  # the input, if kept as it is
         if stacked and i == encoder_layers:
             # the decoder's first layer reads the decoder's embeddings (b, target_len, h), not the encoder's output
             # (kept with the embeddings block for the cross-attention): under full checkpointing its boundary
