@@ -592,6 +592,16 @@ def _kept_bytes(k) -> int:
     return dtype_bytes(_elements(k.shape), k.dtype)
 
 
+def _boundary_kept(kept: list, hidden: int) -> int:
+    """The bytes of a checkpointed layer's recomputed tensors that are its input itself (kept already as the
+    checkpoint's boundary): `hidden` where the layer's first kept tensor is its input (a norm keeping its fp32
+    input in fp32), else 0: a norm that upcasts a 16-bit input keeps an fp32 copy of it, made again by the
+    recomputation beside the boundary (measured: LoRA q, v in bf16-true, a dispatch-mode trace of layer 1's
+    recomputation at MemTracker's peak: input_layernorm's fp32 copy alive beside the layer's bf16 input)."""
+    first = kept[0] if kept else None
+    return hidden if first is not None and _kept_bytes(first) == hidden and "input" in first.label else 0
+
+
 def _every_layer(cfg: dict, common: dict, checkpointing: str, stacked: bool, per_layer: list, encoder_layers: int,
                  enc_hidden: int, hidden: int) -> tuple:
     """(each layer's kept tensors as its parts run them, and under full checkpointing each layer's bound: what the
@@ -626,7 +636,7 @@ def _every_layer(cfg: dict, common: dict, checkpointing: str, stacked: bool, per
         for kept in again:
             if id(kept) not in layer_bytes:
                 layer_bytes[id(kept)] = sum(kept_bytes(k) for k in kept)
-        bound = [layer_bytes[id(kept)] - (enc_hidden if i < encoder_layers else hidden) for i, kept in enumerate(again)]
+        bound = [layer_bytes[id(kept)] - _boundary_kept(kept, enc_hidden if i < encoder_layers else hidden) for i, kept in enumerate(again)]
     else:
         every = per_layer
     return every, bound
@@ -686,6 +696,7 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
         sparse = not sizes.get("k") or grouped
         encoder = i < encoder_layers
         layer_hidden = enc_hidden if encoder else hidden
+        boundary = _boundary_kept(parts[0][1], layer_hidden) if parts else layer_hidden  # the input, if kept as it is
         if stacked and i == encoder_layers:
             # the decoder's first layer reads the decoder's embeddings (b, target_len, h), not the encoder's output
             # (kept with the embeddings block for the cross-attention): under full checkpointing its boundary
@@ -698,7 +709,7 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
                 # only the boundary (the layer's input) stays kept; backward recomputes the layer
                 # first, and each part's tensors go when its backward is done
                 row.kept = [x, *later_kept.get(i, ())] if n == 0 else []
-                row.recompute = min(sum(part_bytes[: n + 1]) - layer_hidden, bound[i])
+                row.recompute = min(sum(part_bytes[: n + 1]) - boundary, bound[i])
                 row.cast_cached = _cached_casts(kept, adapters) if row.grads and cached else 0
                 layer_redone = enc_redone if encoder else redone
                 if k.moe_tail and any(routers) and not encoder:
@@ -706,10 +717,10 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
                     layer_redone = {p: max(f, k.moe_tail.get(p, 0)) for p, f in layer_redone.items()}
                 if part in layer_redone:
                     # a LoRA linear's flight comes once its own tensors are kept, before what reads its output
-                    row.recompute_moment = (min(sum(part_bytes[:n]) + adapted_bytes[n] - layer_hidden, bound[i]), layer_redone[part])
+                    row.recompute_moment = (min(sum(part_bytes[:n]) + adapted_bytes[n] - boundary, bound[i]), layer_redone[part])
                 if kernel.get(part) and not encoder:
                     # the math kernel's moments come after the LoRA linears' (their outputs summed): the worst of them
-                    made = sum(part_bytes[: n + 1]) - layer_hidden
+                    made = sum(part_bytes[: n + 1]) - boundary
                     for later, flight in kernel[part]:
                         later_bytes = sum(kept_bytes(k) for k in kept if later and k.label.startswith(later))
                         moment = (min(made - later_bytes, bound[i]), arrived + flight)

@@ -135,7 +135,8 @@ def repeated_cache_copies(kept: list, heads: int, kv_heads: int) -> int:
     return total
 
 
-def lora_linear_flight(elements: int, roles: dict, quantized: bool, mixed: bool, input_elements: int = 0) -> int:
+def lora_linear_flight(elements: int, roles: dict, quantized: bool, mixed: bool, input_elements: int = 0,
+                       stops: bool = False) -> int:
     """What a LoRA linear holds at its worst op while it is recomputed, beyond what it keeps: `elements` = T x its
     output width. peft's Linear.forward: its base output, the adapter's output and the scaled copy at once
     (`result + lora_B(lora_A(x)) * scaling`; the adapter in its own dtype on a 16-bit base, in the low dtype under
@@ -150,8 +151,18 @@ def lora_linear_flight(elements: int, roles: dict, quantized: bool, mixed: bool,
     the sum. Measured (MemTracker with a dispatch-mode trace at its peak, Llama all-linear LoRA, bf16-mixed, full
     checkpointing, tests/ledger/test_lora_input_copy.py): the peak is layer 0's recomputation stopped at
     down_proj's lora_B, with down_proj's fp32 (T, i) input copy alive. Outside autocast the copy is lora_A's saved
-    input (models.hf_act_ops' `lora_plain` row) and no flight."""
+    input (models.hf_act_ops' `lora_plain` row) and no flight.
+
+    `stops` where this linear's lora_B saves the layer's last kept tensor (its input, lora_A's output): torch's
+    non-reentrant checkpoint ends the recomputation at that save, before lora_B's output. On a 4-bit base outside
+    autocast (peft's Linear4bit.forward, tuners/lora/bnb.py) its worst op is then `result = result.clone()`: the
+    base output (bitsandbytes' gemm_4bit, (T, out) in the input's dtype; the dequantized weight stays inside the op,
+    unseen by a dispatch mode and by MemTracker) and its clone. Measured (a dispatch-mode trace, Qwen3 QLoRA
+    bf16-true, all-linear, full checkpointing, 2 x 32): layer 1 down_proj's recomputed clone is its worst op and
+    lora_B's mm never runs."""
     copy = dtype_bytes(input_elements, roles["ada"]) if mixed and roles["ada"] != roles["lin"] else 0
+    if quantized and stops and not mixed:
+        return 2 * dtype_bytes(elements, roles["lin"])
     if quantized and mixed:
         return 3 * dtype_bytes(elements, roles["act"]) + copy
     return dtype_bytes(elements, roles["lin"]) + 2 * dtype_bytes(elements, roles["ada_low"]) + copy

@@ -176,13 +176,15 @@ def _recompute_flights(cfg: dict, sizes: dict, lora: dict | None, roles: dict, q
     (MemTracker, tests/ledger/test_combinations.py)."""
     T = sizes["T"]
     arrived = _arrived(cfg, sizes, roles)
+    # the down projection's lora_B saves the layer's last kept tensor (no norm after the MLP): the recomputation stops there
+    stops = not FAMILIES[cfg["model_type"]].sandwich
     out = {}
     for part, linears in (_adapted_linears(cfg, lora) or dict.fromkeys(_PART_LINEARS, [])).items():
         worst = 0
         for role, width in linears:
             elements = T * sizes[width]
             copy = T * sizes[_LINEAR_INPUTS[role]] if role in LOW_INPUT else 0
-            worst = max(worst, held.lora_linear_flight(elements, roles, quantized, mixed, copy))
+            worst = max(worst, held.lora_linear_flight(elements, roles, quantized, mixed, copy, stops and part == "down_proj"))
         out[part] = arrived + worst
     return out
 
