@@ -90,8 +90,9 @@ LIGER_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_tex
 # qwen3_5_moe (added in 0.8.0; the same at ead96b61). The losses are not here: in training require_logits turns the fused
 # linear cross-entropy off and Liger's cross_entropy on. liger-kernel defines no apply_liger_kernel_to_qwen3_5_text nor
 # _moe_text (to ead96b61), the names v1 looks up for those two types: its getattr raises AttributeError
-LIGER_DEFAULTS = {"qwen3": ("rope", "rms_norm", "swiglu"), "qwen3_moe": ("rope", "rms_norm", "swiglu"), "qwen3_next": ("rms_norm", "swiglu"),
-                  "qwen3_5": ("rms_norm", "swiglu"), "qwen3_5_moe": ("rms_norm", "swiglu")}
+# (as the other readers, a list of names: the model types whose function liger-kernel defines, those whose default rope is True)
+LIGER_DEFINED = ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe")
+LIGER_ROPE = ("qwen3", "qwen3_moe")
 ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash"}
 STRATEGIES = ("normal", "padding_free", "dynamic_batching", "dynamic_padding_free")
 
@@ -323,7 +324,7 @@ def _liger(r: Reader, kernel: dict, model_type: str) -> None:
     are training.liger_kernels, as the Trainer's use_liger_kernel; model_engine.py applies it with require_logits=is_train
     (kernel_config.require_logits overrides it), so training runs Liger's cross-entropy, not its fused one."""
     at = r.at("kernel_config", "name")
-    if model_type not in LIGER_DEFAULTS:
+    if model_type not in LIGER_DEFINED:
         r.warn(at, f"kernel_config liger_kernel: v1 calls liger_kernel.transformers.apply_liger_kernel_to_{model_type}, which liger-kernel does not define "
                    "(its getattr raises AttributeError at model load); memfit prices the model's own modules")
         return
@@ -332,7 +333,7 @@ def _liger(r: Reader, kernel: dict, model_type: str) -> None:
                 "returns no logits in training when the labels reach the model (lce_forward: skip_logits), and v1's trainer passes them and reads "
                 "outputs.logits (core/base_trainer.py compute_log_probs: outputs.logits.float()): the step fails")
         return
-    r.set(("training", "liger_kernels"), list(LIGER_DEFAULTS[model_type]), at)
+    r.set(("training", "liger_kernels"), ["rope", "rms_norm", "swiglu"] if model_type in LIGER_ROPE else ["rms_norm", "swiglu"], at)
     r.warn(at, "kernel_config liger_kernel: in training (require_logits) v1 turns Liger's fused linear cross-entropy off and its cross_entropy on "
                "(liger_cross_entropy in place of torch.nn.functional.cross_entropy, which the model's loss and compute_log_probs call): it keeps the "
                "logits' gradient in place of its input where memfit counts the eager loss's log-softmax: the figures are high, on the safe side")
