@@ -110,3 +110,67 @@ def test_llama_factory_enable_liger_kernel(tmp_path):
     entry, _ = figures(dpo, "--device", "H100-80GB")
     assert [d for d in entry["diagnostics"] if "keeps the logits" in d["message"]]
 
+
+
+CCE_PLUGIN = "plugins:\n  - axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin\n"
+REFUSALS = [  # (extra keys, the key at fault, Axolotl 067b021's validator, its ValueError's message)
+    (CCE_PLUGIN + "chunked_cross_entropy: true\n", "chunked_cross_entropy",
+     "integrations/cut_cross_entropy/args.py CutCrossEntropyArgs.check_chunked_cross_entropy_not_set, the plugin listed",
+     "Cut Cross Entropy does not support chunked cross entropy. Please set `chunked_cross_entropy` to `False` or disable Cut Cross Entropy."),
+    # the plugin's check reads chunked_cross_entropy alone: cut_cross_entropy false does not let it through
+    (CCE_PLUGIN + "cut_cross_entropy: false\nchunked_cross_entropy: true\n", "chunked_cross_entropy",
+     "integrations/cut_cross_entropy/args.py CutCrossEntropyArgs.check_chunked_cross_entropy_not_set, the plugin listed",
+     "Cut Cross Entropy does not support chunked cross entropy. Please set `chunked_cross_entropy` to `False` or disable Cut Cross Entropy."),
+    # the base config's check runs before the plugin's (pydantic runs the plugin class's validators last)
+    (CCE_PLUGIN + "cut_cross_entropy: true\nchunked_cross_entropy: true\n", "chunked_cross_entropy",
+     "utils/schemas/validation.py check_cross_entropy_conflicts",
+     "Only one cross entropy optimization can be enabled at a time. Found 2 enabled: cut_cross_entropy, chunked_cross_entropy. Please disable all but one."),
+    (LIGER + "cut_cross_entropy: true\n", "liger_fused_linear_cross_entropy",
+     "utils/schemas/validation.py check_cross_entropy_conflicts",
+     "Only one cross entropy optimization can be enabled at a time. Found 2 enabled: cut_cross_entropy, liger_fused_linear_cross_entropy. Please disable all but one."),
+]
+
+
+def test_axolotls_own_cross_entropy_refusals_are_errors_at_the_key(tmp_path):
+    """Axolotl's validation refuses these configs (its ValueError, quoted): memfit says so at the key, exit 1, with no
+    figure. The messages are Axolotl 067b021's, as its validators raise them on these keys (pydantic, run on the raw
+    keys)."""
+    shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
+    for i, (extra, key, where, message) in enumerate(REFUSALS):
+        native = tmp_path / f"refused{i}.yml"
+        native.write_text(AXOLOTL + extra)
+        entry, out = figures(native, "--device", "H100-80GB")
+        line = AXOLOTL.count("\n") + extra.splitlines().index(next(row for row in extra.splitlines() if row.startswith(f"{key}:")))
+        errors = [d for d in entry["diagnostics"] if d["severity"] == "error"]
+        assert out.returncode == 1 and entry["footprint"] is None, (extra, entry["diagnostics"])
+        assert [(d["code"], d["message"], d["range"]["start"]) for d in errors] == [
+            ("native-config", f"{key}: Axolotl refuses this config ({where}: \"{message}\")", {"line": line, "character": 0})], (extra, errors)
+
+
+def test_cut_cross_entropy_without_a_half_precision_is_axolotls_refusal(tmp_path):
+    """CutCrossEntropyArgs.check_dtype_is_half: cut_cross_entropy true with neither bf16 nor fp16 set (the raw keys;
+    Axolotl's bf16 default `auto` is not in the raw config) is refused; `bf16: auto` passes."""
+    shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
+    base = "base_model: ./llama-3-8b.json\nsequence_len: 1024\nmicro_batch_size: 1\n" + CCE
+    bare, auto = tmp_path / "bare.yml", tmp_path / "auto.yml"
+    bare.write_text(base)
+    auto.write_text(base + "bf16: auto\n")
+    entry, out = figures(bare, "--device", "H100-80GB")
+    assert out.returncode == 1 and [(d["code"], d["range"]["start"]["line"]) for d in entry["diagnostics"]] == [("native-config", 5)]  # cut_cross_entropy (0-based line 5)
+    assert "CutCrossEntropyArgs.check_dtype_is_half: \"Cut Cross Entropy requires fp16/bf16 training for backward pass." in entry["diagnostics"][0]["message"]
+    entry, out = figures(auto, "--device", "H100-80GB")
+    assert out.returncode == 0 and entry["footprint"] is not None, entry["diagnostics"]
+
+
+def test_chunked_cross_entropy_alone_is_a_not_modelled_warning(tmp_path):
+    """Without the Cut Cross-Entropy plugin chunked_cross_entropy runs (monkeypatch/loss/chunked.py): memfit counts the
+    whole logits upcast, a warning at the key says the figure is high; the figures are the plain run's."""
+    shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
+    plain, chunked = tmp_path / "plain.yml", tmp_path / "chunked.yml"
+    plain.write_text(AXOLOTL)
+    chunked.write_text(AXOLOTL + "chunked_cross_entropy: true\n")
+    whole, _ = figures(plain, "--device", "H100-80GB")
+    entry, out = figures(chunked, "--device", "H100-80GB")
+    assert out.returncode == 0 and entry["peak"] == whole["peak"]
+    [d] = entry["diagnostics"]
+    assert d["code"] == "not-modelled" and d["range"]["start"]["line"] == AXOLOTL.count("\n") and "high, on the safe side" in d["message"]

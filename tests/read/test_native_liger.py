@@ -87,3 +87,26 @@ def test_liger_on_a_model_type_it_does_not_patch_is_the_models_own_run(tmp_path)
         assert "liger_kernels" not in out["doc"].get("training", {}) and "fused_loss" not in out["doc"].get("training", {}), out["doc"]
         assert out["native"]["peak"]["bytes"] == whole["peak"]["bytes"]
         assert [d for d in out["native"]["diagnostics"] if "Liger" in d["message"] and d["severity"] == "warning"], out["native"]["diagnostics"]
+
+
+def test_axolotl_refuses_liger_swiglu_beside_liger_glu_activation(tmp_path):
+    """LigerArgs.check_deprecated_swiglu (axolotl 067b021 integrations/liger/args.py): with the Liger plugin listed, the
+    deprecated liger_swiglu beside liger_glu_activation is a ValueError whatever their values (`is not None`): an error
+    at liger_swiglu quoting it, exit 1; without the plugin Axolotl never validates them (the plugin's warnings instead),
+    and one of them alone is read."""
+    shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
+    message = ("liger_swiglu: Axolotl refuses this config (integrations/liger/args.py LigerArgs.check_deprecated_swiglu, the Liger plugin listed: "
+               "\"You cannot have both `liger_swiglu` and `liger_glu_activation` set.\")")
+    for values in (("true", "true"), ("false", "true")):
+        both = tmp_path / "both.yml"
+        both.write_text(AXOLOTL + PLUGIN + f"liger_swiglu: {values[0]}\nliger_glu_activation: {values[1]}\n")
+        entry, out = figures(both, "--device", "H100-80GB")
+        assert out.returncode == 1 and entry["footprint"] is None
+        assert [(d["code"], d["message"], d["range"]["start"]) for d in entry["diagnostics"]] == [("native-config", message, {"line": 9, "character": 0})]
+    unlisted = tmp_path / "unlisted.yml"
+    unlisted.write_text(AXOLOTL + "liger_swiglu: true\nliger_glu_activation: true\n")
+    entry, out = figures(unlisted, "--device", "H100-80GB")
+    assert out.returncode == 0 and not [d for d in entry["diagnostics"] if d["severity"] == "error"]
+    alone = tmp_path / "alone.yml"
+    alone.write_text(AXOLOTL + PLUGIN + "liger_swiglu: true\n")
+    assert same_figures_as_converted(alone, "--device", "H100-80GB")["doc"]["training"]["liger_kernels"] == ["swiglu"]

@@ -143,8 +143,8 @@ def test_unmodelled_plugins_are_warned_with_their_direction(v1):
                       "peft_config:\n  name: freeze\n  freeze_trainable_layers: 2\nflash_attn: flash_attention_2\ncp_size: 2\n")
     out = memfit("check", "--device", "H100-80GB", "--gpus", "2", native)
     text = out.stdout
-    assert f"{native}:4:9: warning[not-modelled] kernel_config liger_kernel: Liger's RoPE, RMSNorm and SwiGLU kernels save less" in text
-    assert "its fused cross-entropy is not used in training" in text
+    assert f"{native}:4:9: warning[not-modelled] kernel_config liger_kernel: in training (require_logits) v1 turns Liger's fused linear cross-entropy off" in text
+    assert "the figures are high, on the safe side" in text
     assert f"{native}:6:9: warning[not-modelled] optim_config muon" in text and "the figures are high" in text
     assert f"{native}:8:9: warning[not-modelled] peft_config freeze" in text
     assert f"{native}:11:10: warning[not-modelled] cp_size 2: Ulysses sequence parallelism" in text
@@ -174,3 +174,48 @@ def test_a_fix_edits_v1_keys_not_v0_ones(v1):
     assert f"{native}:6:19: replace with '1'" in out.stdout, out.stdout
     for v0 in ("per_device_train_batch_size", "gradient_accumulation_steps", "optim:"):
         assert v0 not in out.stdout, out.stdout
+
+
+def test_liger_kernel_is_the_model_types_default_kernels(v1):
+    """examples/v1/train_full/train_full_liger_kernel.yaml (copied unchanged): kernel_config liger_kernel on Qwen3 is
+    liger_kernel_ops.py LigerKernel._apply with use_kernels "auto" (apply_kernels passes none): apply_liger_kernel_to_qwen3's
+    defaults rope, rms_norm and swiglu (liger-kernel monkey_patch.py), training.liger_kernels as the Trainer's
+    use_liger_kernel reads them; in training require_logits turns the fused cross-entropy off (no training.fused_loss)
+    and Liger's cross_entropy on, warned at the key. The converted config gives the same figures; the RMSNorm and SwiGLU
+    save less than the same file without kernel_config (Liger's RMSNorm keeps no normalized copy for the final norm)."""
+    native = v1 / "train_full_liger_kernel.yaml"
+    out = same_figures_as_converted(native, "--device", "H100-80GB")
+    assert out["doc"]["training"]["liger_kernels"] == ["rope", "rms_norm", "swiglu"] and "fused_loss" not in out["doc"]["training"]
+    text = native.read_text()
+    plain = v1 / "plain.yaml"
+    plain.write_text(text.replace("kernel_config:\n  name: liger_kernel\n", ""))
+    assert plain.read_text() != text
+    without, _ = figures(plain, "--device", "H100-80GB")
+    assert out["native"]["footprint"]["activations"] < without["footprint"]["activations"]
+    line = text.splitlines().index("  name: liger_kernel")
+    warned = [d for d in out["native"]["diagnostics"] if d["code"] == "not-modelled" and d["message"].startswith("kernel_config liger_kernel: in training")]
+    assert len(warned) == 1 and warned[0]["severity"] == "warning" and warned[0]["range"]["start"] == {"line": line, "character": 8}
+    # require_logits false: the fused loss returns no logits, and v1's trainer reads them: an error at that key
+    refused = v1 / "no_logits.yaml"
+    refused.write_text(text.replace("  name: liger_kernel\n", "  name: liger_kernel\n  require_logits: false\n"))
+    entry, done = figures(refused, "--device", "H100-80GB")
+    errors = [d for d in entry["diagnostics"] if d["severity"] == "error"]
+    assert done.returncode == 1 and [(d["code"], d["range"]["start"]["line"]) for d in errors] == [("native-config", line + 1)]
+    assert errors[0]["message"].startswith("kernel_config.require_logits false: Liger's fused linear cross-entropy returns no logits in training")
+
+
+def test_liger_kernel_on_a_model_type_v1_does_not_patch_is_the_models_own_run(v1):
+    """A model type liger_kernel_ops.py's _LIGER_FN_BY_MODEL_TYPE does not list (Llama) runs unpatched ("Current model
+    does not support liger kernel"): a note at the key, no training.liger_kernels, the figures of the file without it."""
+    config = json.loads((v1 / "models" / "qwen3-0.6b.json").read_text())
+    (v1 / "models" / "llama.json").write_text(json.dumps({**config, "model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    native, plain = v1 / "llama.yaml", v1 / "llama_plain.yaml"
+    body = "model: ./models/llama.json\nmodel_class: llm\nmicro_batch_size: 1\ncutoff_len: 1024\n"
+    native.write_text(body + "kernel_config:\n  name: liger_kernel\n")
+    plain.write_text(body)
+    out = same_figures_as_converted(native, "--device", "H100-80GB")
+    assert "liger_kernels" not in out["doc"]["training"]
+    notes = [d for d in out["native"]["diagnostics"] if d["message"].startswith("liger_kernel: LLaMA-Factory v1 patches qwen3")]
+    assert len(notes) == 1 and notes[0]["severity"] == "information"
+    without, _ = figures(plain, "--device", "H100-80GB")
+    assert out["native"]["footprint"] == without["footprint"]

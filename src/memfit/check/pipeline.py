@@ -247,11 +247,13 @@ def _check_memfit(text: str, data: dict, path: str, options: Options, result: Re
     # the settings' device and host keys where the config says nothing itself (their problems go
     # on the `memfit` marker); the readers are imported only when a project has settings, so a
     # config without (every commit's hook, commonly) costs a few stats
-    conf, added = settings.effective(path, options), set()
+    conf, added, world = settings.effective(path, options), set(), []
     if conf.values:
-        from memfit.read.native.run import memfit_defaults
+        from memfit.read.native.run import memfit_defaults, memfit_world
 
-        data, added = memfit_defaults(data, conf)
+        data, added, world = memfit_world(data, conf)  # --gpus: parallel.data, or a warning where the config states another world
+        data, more = memfit_defaults(data, conf)
+        added |= more
         result.provenance = settings.provenance(conf, device=("device",) in added)
     result.data = data
     model = data.get("model")
@@ -259,7 +261,7 @@ def _check_memfit(text: str, data: dict, path: str, options: Options, result: Re
         import os
 
         result.references = [os.path.abspath(os.path.join(os.path.dirname(path), os.path.expanduser(model["hf_config"])))]
-    problems = _with_full_figure(_pipeline(data, options, result), data, options, result)
+    problems = world + _with_full_figure(_pipeline(data, options, result), data, options, result)
     if added:
         problems = [Problem(("memfit",), p.code, p.message, p.severity, True, p.file, p.at) if any(p.path[: len(a)] == a for a in added) else p for p in problems]
     unique = not any(lookup(d.code).ambiguous_keys for d in result.diagnostics)

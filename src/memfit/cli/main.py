@@ -125,7 +125,7 @@ def parser(wanted: str | None = None) -> argparse.ArgumentParser:
 
         sub.add_argument("--input-format", choices=FORMATS, metavar="NAME", help=f"read the files as this format ({', '.join(FORMATS)}); default: by their keys")
         sub.add_argument("--device", type=_device_arg, metavar="PRESET", help="the GPU preset (e.g. H100-80GB) where a config names no device")
-        sub.add_argument("--gpus", type=_count_arg, metavar="N", help="GPUs in the run (the world size) for native configs")
+        sub.add_argument("--gpus", type=_count_arg, metavar="N", help="GPUs in the run (the world size): a native config's, and a memfit config's parallel.data where it states none")
         sub.add_argument("--gpus-per-node", type=_count_arg, metavar="N", help="GPUs per node")
         sub.add_argument("--host-memory", type=_bytes_arg, metavar="BYTES", help="host RAM per node, where a config names none")
         sub.add_argument("--reserve", type=_reserve_arg, metavar="BYTES|PERCENT", help="device memory kept free, where a config names none")

@@ -79,6 +79,7 @@ NOT_TRAINING = "not-training"
 MODEL_SHADOWED = "model-shadowed"
 MEASURED_ACTIVATIONS = "measured-activations"
 PAGED_STATE = "paged-state"
+GPUS_OVERRIDDEN = "gpus-overridden"
 
 CODES: dict[str, Code] = _register(
     Code(YAML_SYNTAX, ERROR, "The file is not valid YAML", "Fix the YAML syntax at the position shown; memfit reads YAML 1.1 with core tags only."),
@@ -293,6 +294,13 @@ CODES: dict[str, Code] = _register(
         INFORMATION,
         "A paged optimizer keeps part of its state in CUDA unified memory, outside the device's peak",
         "bitsandbytes' paged optimizers allocate the state of every parameter of 100,000+ elements with cudaMallocManaged: PyTorch's allocator does not count it and the driver pages it to the host when the device is full, so memfit gates the device without it (the footprint counts it). Leave host memory for it; `training.paged_optimizer: false` counts it on the device.",
+        keeps_footprint=True,
+    ),
+    Code(
+        GPUS_OVERRIDDEN,
+        WARNING,
+        "--gpus (or the settings' gpus) is not the world size the config's parallel section states: the config wins",
+        "The figures are for the config's own world size, data x tensor x pipeline. Drop parallel.data to let --gpus set it, or pass the config's world size.",
         keeps_footprint=True,
     ),
 )

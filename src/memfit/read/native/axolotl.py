@@ -68,6 +68,7 @@ CONDITIONAL = {
 UNMODELLED = {
     "liger_layer_norm": ((False,), "Liger's LayerNorm kernel saves less for backward: the figures are high, on the safe side"),
     "liger_cross_entropy": ((False,), "Liger's cross-entropy computes the logits' gradient in place: the figures are high, on the safe side"),
+    "chunked_cross_entropy": ((False,), "Axolotl's chunked cross-entropy (monkeypatch/loss/chunked.py, torchtune's CEWithChunkedOutputLoss under torch.compile) upcasts one chunk of the logits to fp32 at a time where memfit counts the whole logits upcast: the figures are high, on the safe side"),
     "tiled_mlp": ((False,), "tiled MLP computes the MLP in chunks: the figures are high, on the safe side"),
     "unfrozen_parameters": ((), "only the parameters matching these patterns are trained: the figures are high, on the safe side (fewer gradients and less optimizer state)"),
     "peft_layers_to_transform": ((), "LoRA on some layers only: the figures are high, on the safe side (fewer adapters)"),
@@ -219,14 +220,47 @@ def read(r: Reader, ctx) -> dict:
     return trainer
 
 
+# Axolotl's cross-entropy patches, in the order its check_cross_entropy_conflicts (utils/schemas/validation.py
+# OptimizationValidationMixin, run on every config) lists them: more than one of them true is its ValueError
+CROSS_ENTROPY = ("cut_cross_entropy", "chunked_cross_entropy", "liger_cross_entropy", "liger_fused_linear_cross_entropy")
+
+
+def _refused(r: Reader, key: str, where: str, message: str) -> None:
+    """Axolotl's own validation refuses the config: its message, cited, at the key."""
+    r.error(r.at(key, on_key=True), codes.NATIVE_CONFIG, f"{key}: Axolotl refuses this config ({where}: \"{message}\")")
+
+
+def _loss_refused(r: Reader, cce_plugin: int | None) -> bool:
+    """Axolotl's validation of its cross-entropy keys (axolotl 067b021, mode="before" validators on the raw keys):
+    check_cross_entropy_conflicts first (the base config's), then, with the Cut Cross-Entropy plugin listed, its
+    CutCrossEntropyArgs (integrations/cut_cross_entropy/args.py): chunked_cross_entropy true, whatever
+    cut_cross_entropy says, then cut_cross_entropy true without bf16 or fp16 set. True when one refuses the config."""
+    enabled = [k for k in CROSS_ENTROPY if r.data.get(k)]  # truthy, as the validators read the raw keys
+    if len(enabled) > 1:
+        _refused(r, enabled[1], "utils/schemas/validation.py check_cross_entropy_conflicts", "Only one cross entropy optimization can be enabled at a time. "
+                 f"Found {len(enabled)} enabled: {', '.join(enabled)}. Please disable all but one.")
+        return True
+    if cce_plugin is None:
+        return False
+    where = "integrations/cut_cross_entropy/args.py CutCrossEntropyArgs"
+    if enabled == ["chunked_cross_entropy"]:
+        _refused(r, "chunked_cross_entropy", f"{where}.check_chunked_cross_entropy_not_set, the plugin listed", "Cut Cross Entropy does not support chunked "
+                 "cross entropy. Please set `chunked_cross_entropy` to `False` or disable Cut Cross Entropy.")
+        return True
+    if enabled == ["cut_cross_entropy"] and not (r.data.get("bf16") or r.data.get("fp16")):
+        _refused(r, "cut_cross_entropy", f"{where}.check_dtype_is_half", "Cut Cross Entropy requires fp16/bf16 training for backward pass. "
+                 "Please set `bf16` or `fp16` to `True`.")
+        return True
+    return False
+
+
 def _fused_loss(r: Reader, plugins: list) -> None:
     """training.fused_loss from the key that switches it on, when the plugin that applies it is listed
     (integrations/liger, integrations/cut_cross_entropy: the key is that plugin's argument)."""
-    on = [k for k in ("liger_fused_linear_cross_entropy", "cut_cross_entropy") if r.get(k, (bool,), None)]
-    if len(on) > 1:
-        r.error(r.at(on[1]), codes.NATIVE_CONFIG, f"{on[0]} and {on[1]} both replace the loss over the logits: keep one")
-        return
     cce_plugin = next((i for i, p in enumerate(plugins) if isinstance(p, str) and "cut_cross_entropy" in p.lower()), None)
+    if _loss_refused(r, cce_plugin):
+        return
+    on = [k for k in ("liger_fused_linear_cross_entropy", "cut_cross_entropy") if r.get(k, (bool,), None)]
     if cce_plugin is not None and "cut_cross_entropy" not in r.data:
         # CutCrossEntropyArgs.cut_cross_entropy defaults to True (53dbf97d8, "make cce default to true when using the
         # plugin"): listing the plugin switches it on
@@ -248,11 +282,17 @@ def _liger_kernels(r: Reader, plugins: list) -> None:
     """training.liger_kernels from the Liger plugin's keys (integrations/liger/plugin.py LigerPlugin.pre_model_load:
     `kwargs["rms_norm"] = cfg.liger_rms_norm`, `kwargs["swiglu"] = cfg.liger_glu_activation`, handed to the model
     type's apply_liger_kernel_to_*), when the plugin is listed."""
+    listed = any(isinstance(p, str) and "liger" in p.lower() for p in plugins)
+    if listed and r.data.get("liger_swiglu") is not None and r.data.get("liger_glu_activation") is not None:
+        # LigerArgs.check_deprecated_swiglu: the deprecated spelling beside the new one, whatever their values
+        _refused(r, "liger_swiglu", "integrations/liger/args.py LigerArgs.check_deprecated_swiglu, the Liger plugin listed",
+                 "You cannot have both `liger_swiglu` and `liger_glu_activation` set.")
+        return
     on = [(key, kernel) for key, kernel in (("liger_rms_norm", "rms_norm"), ("liger_glu_activation", "swiglu"),
                                             ("liger_swiglu", "swiglu")) if r.get(key, (bool,), None)]
     if not on:
         return
-    if not any(isinstance(p, str) and "liger" in p.lower() for p in plugins):
+    if not listed:
         for key, _ in on:
             r.warn(r.at(key), f"{key}: Axolotl applies it through its plugin (plugins: axolotl.integrations.liger...), "
                               f"which is not listed; memfit counts the model's own modules")

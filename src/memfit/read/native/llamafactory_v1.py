@@ -38,7 +38,7 @@ KEYS = {
     "quant_config.quantization_type": ("nf4", "quantization.method", "plugins/model_plugins/quantization.py BnbParams.quantization_type"),
     "quant_config.double_quantization": (True, "quantization.double_quant", "plugins/model_plugins/quantization.py BnbParams.double_quantization"),
     "quant_config.compute_dtype": ("float16", "quantization.compute_dtype", "plugins/model_plugins/quantization.py BnbParams.compute_dtype"),
-    "kernel_config": (None, "auto: nothing on CUDA (the NPU kernels only); liger_kernel and the others: warned", "plugins/model_plugins/kernels/interface.py apply_kernels, _AUTO_KERNELS"),
+    "kernel_config": (None, "auto: nothing on CUDA (the NPU kernels only); liger_kernel: training.liger_kernels (apply_liger_kernel_to_<model type>'s defaults, the model types v1 patches), Liger's cross-entropy warned; the others: warned", "plugins/model_plugins/kernels/interface.py apply_kernels, _AUTO_KERNELS; kernels/liger_kernel_ops.py LigerKernel._apply"),
     "dist_config": (None, "none: one GPU, DDP on more; fsdp2: parallel.fsdp full_shard, fsdp_version 2; deepspeed: its config_file", "config/training_args.py dist_config; plugins/trainer_plugins/distributed/interface.py"),
     "dist_config.reshard_after_forward": (True, "parallel.fsdp: true full_shard, false shard_grad_op", "plugins/trainer_plugins/distributed/fsdp2.py FSDP2Engine.__init__"),
     "dist_config.offload_params": (False, "parallel.offload parameters and optimizer: cpu (CPUOffloadPolicy)", "plugins/trainer_plugins/distributed/fsdp2.py prepare_model"),
@@ -75,7 +75,7 @@ UNMODELLED = {
 # kernel_config names (plugins/model_plugins/kernels/: KernelPlugin(...).register()) -> what memfit says
 KERNELS = {
     "auto": None,  # interface.py _AUTO_KERNELS: NPU kernels only; nothing on CUDA
-    "liger_kernel": "Liger's RoPE, RMSNorm and SwiGLU kernels save less for backward than memfit counts (the figure is high by their difference); its fused cross-entropy is not used in training (apply_kernels(require_logits=is_train): the trainer needs the logits)",
+    "liger_kernel": "training.liger_kernels: apply_liger_kernel_to_<model type>'s default kernels (RMSNorm and SwiGLU priced, RoPE a note), for the model types v1 patches; in training (require_logits) Liger's cross-entropy in place of its fused one, which keeps the logits' gradient in place of its input where memfit counts the eager loss's log-softmax: the figures are high, on the safe side",
     "flash-linear-attention": "flash-linear-attention's gated delta-rule kernels (Qwen3.5's linear attention): memfit does not model them, the figure may be high or low",
     "cuda_fused_moe": "a fused MoE kernel: memfit counts transformers' expert loop, the figure may be high or low",
     "npu_fused_moe": "an Ascend NPU kernel (it refuses a CUDA device): memfit prices the unfused model",
@@ -84,6 +84,15 @@ KERNELS = {
     "npu_fused_rope": "an Ascend NPU kernel (it refuses a CUDA device): memfit prices the unfused model",
 }
 LIGER_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")  # liger_kernel_ops.py
+# what LigerKernel._apply turns on (liger_kernel_ops.py): apply_kernels passes no use_kernels, so "auto", each
+# apply_liger_kernel_to_<model type> called with its signature's defaults: rope, rms_norm, swiglu for qwen3 and qwen3_moe
+# (liger-kernel 0.6.4 transformers/monkey_patch.py), rms_norm and swiglu (rope=False) for qwen3_next (0.6.4) and qwen3_5,
+# qwen3_5_moe (added in 0.8.0; the same at ead96b61). The losses are not here: in training require_logits turns the fused
+# linear cross-entropy off and Liger's cross_entropy on. liger-kernel defines no apply_liger_kernel_to_qwen3_5_text nor
+# _moe_text (to ead96b61), the names v1 looks up for those two types: its getattr raises AttributeError
+# (as the other readers, a list of names: the model types whose function liger-kernel defines, those whose default rope is True)
+LIGER_DEFINED = ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe")
+LIGER_ROPE = ("qwen3", "qwen3_moe")
 ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash"}
 STRATEGIES = ("normal", "padding_free", "dynamic_batching", "dynamic_padding_free")
 
@@ -304,8 +313,30 @@ def _kernels(r: Reader, ctx) -> None:
             r.error(r.at("kernel_config", "name"), codes.NATIVE_CONFIG, f"kernel_config.name {name!r}: one of {', '.join(map(repr, KERNELS))}")
         elif name == "liger_kernel" and model_type not in LIGER_MODEL_TYPES:
             r.note(r.at("kernel_config", "name"), f"liger_kernel: LLaMA-Factory v1 patches {', '.join(LIGER_MODEL_TYPES)} only; model type {model_type!r} runs unpatched, as memfit counts it")
+        elif name == "liger_kernel":
+            _liger(r, kernel, model_type)
         elif KERNELS[name]:
             r.warn(r.at("kernel_config", "name"), f"kernel_config {name}: {KERNELS[name]}")
+
+
+def _liger(r: Reader, kernel: dict, model_type: str) -> None:
+    """kernel_config liger_kernel on a model type v1 patches (liger_kernel_ops.py LigerKernel._apply): its default kernels
+    are training.liger_kernels, as the Trainer's use_liger_kernel; model_engine.py applies it with require_logits=is_train
+    (kernel_config.require_logits overrides it), so training runs Liger's cross-entropy, not its fused one."""
+    at = r.at("kernel_config", "name")
+    if model_type not in LIGER_DEFINED:
+        r.warn(at, f"kernel_config liger_kernel: v1 calls liger_kernel.transformers.apply_liger_kernel_to_{model_type}, which liger-kernel does not define "
+                   "(its getattr raises AttributeError at model load); memfit prices the model's own modules")
+        return
+    if not kernel.get("require_logits", True):
+        r.error(r.at("kernel_config", "require_logits"), codes.NATIVE_CONFIG, "kernel_config.require_logits false: Liger's fused linear cross-entropy "
+                "returns no logits in training when the labels reach the model (lce_forward: skip_logits), and v1's trainer passes them and reads "
+                "outputs.logits (core/base_trainer.py compute_log_probs: outputs.logits.float()): the step fails")
+        return
+    r.set(("training", "liger_kernels"), ["rope", "rms_norm", "swiglu"] if model_type in LIGER_ROPE else ["rms_norm", "swiglu"], at)
+    r.warn(at, "kernel_config liger_kernel: in training (require_logits) v1 turns Liger's fused linear cross-entropy off and its cross_entropy on "
+               "(liger_cross_entropy in place of torch.nn.functional.cross_entropy, which the model's loss and compute_log_probs call): it keeps the "
+               "logits' gradient in place of its input where memfit counts the eager loss's log-softmax: the figures are high, on the safe side")
 
 
 def _deepspeed(r: Reader, ctx, dist: dict, trainer: dict) -> None:

@@ -269,6 +269,46 @@ def memfit_defaults(data: dict, conf: Settings) -> tuple[dict, set]:
     return out, added
 
 
+def _count(value, default: int = 1) -> int | None:
+    """A parallel degree as the schema takes it (a positive int), the default where it is absent; None otherwise."""
+    if value is None:
+        return default
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
+def memfit_world(data: dict, conf: Settings) -> tuple[dict, set, list]:
+    """A memfit config's world size from --gpus (or the settings' gpus), as a native config's (Context.finish):
+    parallel.data = gpus / (tensor x pipeline) where the config states no parallel.data (a `parallel` section of
+    gpus ranks where it has none and gpus > 1). Where the config states parallel.data and its world size data x
+    tensor x pipeline is another, the config's own section wins (as its device wins over --device) and a
+    gpus-overridden warning at parallel.data says so; gpus that tensor x pipeline does not divide is bad-parallel
+    on the parallel key. (the data, the keys added, the problems)."""
+    from memfit.diagnostics.diagnostic import Problem
+
+    gpus = conf.get("gpus")
+    parallel = data.get("parallel")
+    if _count(gpus, 0) in (None, 0) or (parallel is None and gpus == 1) or not isinstance(parallel, (dict, type(None))):
+        return data, set(), []
+    parallel = parallel or {}
+    tensor, pipeline, stated = _count(parallel.get("tensor")), _count(parallel.get("pipeline")), parallel.get("data")
+    if tensor is None or pipeline is None or (stated is not None and _count(stated) is None):
+        return data, set(), []  # the schema's problem, at the key
+    source = f"--gpus {gpus}" if "gpus" in conf.cli or not conf.file else f"gpus = {gpus} in {settings_shown(conf.file)}"
+    if stated is not None:
+        world = stated * tensor * pipeline
+        if world == gpus:
+            return data, set(), []
+        split = f" x tensor {tensor} x pipeline {pipeline}" if tensor * pipeline > 1 else ""
+        message = (f"{source} is not this config's world size, parallel.data {stated}{split} = {world} GPU{'s' if world != 1 else ''}: "
+                   f"the config's parallel section wins, the figures are for {world} GPU{'s' if world != 1 else ''} (drop parallel.data to let {source.split(' ')[0]} set it)")
+        return data, set(), [Problem(("parallel", "data"), codes.GPUS_OVERRIDDEN, message, on_key=True)]
+    if gpus % (tensor * pipeline):
+        message = f"{source}: {gpus} GPUs do not divide into tensor x pipeline = {tensor} x {pipeline} = {tensor * pipeline}: parallel.data would not be a whole number of ranks"
+        return data, set(), [Problem(("parallel",), codes.BAD_PARALLEL, message, on_key=True)]
+    out = {**data, "parallel": {**parallel, "data": gpus // (tensor * pipeline)}}
+    return out, {("parallel", "data") if "parallel" in data else ("parallel",)}, []
+
+
 # the formats whose data-parallel runs without ZeRO or FSDP are torch DDP (the Trainer, through accelerate)
 
 MODULES = {"axolotl": "axolotl", "llama-factory": "llamafactory", "hf-trainer": "hftrainer", "torchtune": "torchtune", "deepspeed": "deepspeed", "accelerate": "accelerate", "litgpt": "litgpt"}
