@@ -833,6 +833,7 @@ FAMILY_NAME_USES = {
     "models/hf_act_layers.py": 1,  # and its layer count
     "models/hf_config.py": 6,  # config.json's key table and bounds: every name a config.json may carry
     "models/traced.py": 3,  # an unknown model's attributes: every name a config class may use
+    "models/litgpt_configs.py": 18,  # LitGPT's own Config fields (n_embd, n_layer, n_head), which GPT-2's names share
 }
 
 

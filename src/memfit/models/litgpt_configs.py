@@ -148,3 +148,87 @@ def transformer(key: str) -> dict:
         cfg["head_dim"] = head_dim
     cfg.update(own)
     return cfg
+
+
+# `litgpt pretrain` names its model by LitGPT's config name (pretrain.py setup: `Config.from_name(model_name)`) or
+# writes LitGPT's Config fields inline (`model_config:`). The config hub's pretrain files name these; each is the
+# dict of litgpt/config.py at 26857050 (its lines), read by `from_fields` as LitGPT's Config reads it
+PRETRAIN_NAMES: dict[str, dict] = {
+    # config.py 375-383: pythia-14m (config_hub/pretrain/debug.yaml): Config's defaults otherwise (vocab 50254,
+    # LayerNorm, GptNeoxMLP of 4 x n_embd, rotary_percentage 0.25, parallel residual, biases)
+    "pythia-14m": {"block_size": 512, "n_layer": 6, "n_embd": 128, "n_head": 4, "padding_multiple": 128},
+    # config.py 2178-2195: tiny-llama-1.1b (config_hub/pretrain/tinyllama.yaml)
+    "tiny-llama-1.1b": {"block_size": 2048, "vocab_size": 32000, "padding_multiple": 64, "n_layer": 22, "n_head": 32,
+                        "n_embd": 2048, "rotary_percentage": 1.0, "parallel_residual": False, "bias": False,
+                        "norm_class_name": "RMSNorm", "norm_eps": 1e-5, "mlp_class_name": "LLaMAMLP",
+                        "intermediate_size": 5632, "n_query_groups": 4},
+    # config.py 2209-2226: micro-llama-300M (config_hub/pretrain/microllama.yaml)
+    "micro-llama-300M": {"block_size": 2048, "vocab_size": 32000, "padding_multiple": 64, "n_layer": 12, "n_head": 16,
+                         "n_embd": 1024, "rotary_percentage": 1.0, "parallel_residual": False, "bias": False,
+                         "norm_class_name": "RMSNorm", "norm_eps": 1e-5, "mlp_class_name": "LLaMAMLP",
+                         "intermediate_size": 5632, "n_query_groups": 4},
+}
+
+# litgpt/config.py 26857050 Config's defaults of the fields `from_fields` reads
+FIELD_DEFAULTS = {"block_size": 4096, "n_layer": 16, "n_embd": 4096, "vocab_size": 50254, "padding_multiple": 512,
+                  "padded_vocab_size": None, "norm_class_name": "LayerNorm", "parallel_residual": True, "n_head": 32,
+                  "head_size": None, "n_query_groups": None, "rotary_percentage": 0.25, "intermediate_size": None,
+                  "bias": True, "mlp_class_name": "GptNeoxMLP", "gelu_approximate": "none"}
+# Config fields that do not change what the model holds or keeps (names, epsilons, RoPE's frequencies)
+FIELDS_WITHOUT_MEMORY = ("name", "hf_config", "norm_eps", "rope_base", "rope_condense_ratio", "rope_adjustments",
+                         "rope_interleave", "padding_multiple", "vocab_size", "padded_vocab_size", "block_size")
+# fields whose other values build parts memfit does not map from LitGPT's fields -> the value that builds none
+FIELDS_REFUSED = {"norm_qk": False, "post_attention_norm": False, "post_mlp_norm": False, "shared_attention_norm": False,
+                  "attn_bias": False, "attention_logit_softcapping": None, "sliding_window_size": None, "n_expert": 0,
+                  "scale_embeddings": False, "lm_head_bias": False, "final_logit_softcapping": None,
+                  "latent_attention": None, "norm_1": True, "norm_2": True, "attention_scores_scalar": None}
+
+
+def _find_multiple(n: int, k: int) -> int:
+    return n if n % k == 0 else n + k - (n % k)   # litgpt/utils.py find_multiple
+
+
+def from_fields(fields: dict) -> dict | str:
+    """The config.json keys (model.transformer) of LitGPT's Config fields, as Config.__post_init__ completes them
+    (head_size, padded_vocab_size, n_query_groups, intermediate_size), for the two block shapes memfit's families are:
+    LLaMA's (RMSNorm, LLaMAMLP, sequential residual, no biases, full rotary: llama) and GPT-NeoX's (LayerNorm,
+    GptNeoxMLP, biases, one key/value head per query head: gpt_neox); else a sentence saying which field is not mapped."""
+    unknown = [k for k in fields if k not in FIELD_DEFAULTS and k not in FIELDS_WITHOUT_MEMORY and k not in FIELDS_REFUSED]
+    if unknown:
+        return f"LitGPT Config field(s) {', '.join(sorted(map(str, unknown)))} are not mapped by memfit"
+    refused = [k for k, plain in FIELDS_REFUSED.items() if k in fields and fields[k] != plain]
+    if refused:
+        return f"{', '.join(refused)} build parts memfit does not map from LitGPT's fields"
+    c = {**FIELD_DEFAULTS, **{k: v for k, v in fields.items() if k in FIELD_DEFAULTS or k in ("vocab_size", "padding_multiple", "padded_vocab_size", "block_size")}}
+    ints = ("block_size", "n_layer", "n_embd", "vocab_size", "padding_multiple", "n_head")
+    if not all(isinstance(c[k], int) and not isinstance(c[k], bool) and c[k] > 0 for k in ints):
+        return f"{', '.join(ints)} are positive integers"
+    heads, width = c["n_head"], c["n_embd"]
+    head = c["head_size"] if c["head_size"] is not None else width // heads
+    if c["head_size"] is None and width % heads:
+        return f"n_embd {width} is not a multiple of n_head {heads} (LitGPT asserts it)"
+    groups = c["n_query_groups"] or heads
+    if heads % groups:
+        return f"n_head {heads} is not a multiple of n_query_groups {groups} (LitGPT asserts it)"
+    vocab = c["padded_vocab_size"] or _find_multiple(c["vocab_size"], c["padding_multiple"])
+    cfg = {"hidden_size": width, "num_hidden_layers": c["n_layer"], "num_attention_heads": heads, "vocab_size": vocab,
+           "max_position_embeddings": c["block_size"], "tie_word_embeddings": False}
+    llama = (c["norm_class_name"], c["mlp_class_name"], c["parallel_residual"], c["bias"]) == ("RMSNorm", "LLaMAMLP", False, False)
+    neox = (c["norm_class_name"], c["mlp_class_name"], c["bias"]) == ("LayerNorm", "GptNeoxMLP", True)
+    if llama and c["rotary_percentage"] == 1.0:
+        if not isinstance(c["intermediate_size"], int):
+            return "LLaMAMLP needs intermediate_size (LitGPT raises)"
+        cfg.update({"model_type": "llama", "intermediate_size": c["intermediate_size"], "num_key_value_heads": groups,
+                    "hidden_act": "silu"})
+        if head * heads != width:
+            cfg["head_dim"] = head
+        return cfg
+    if neox and groups == heads and head * heads == width and c["gelu_approximate"] == "none":
+        cfg.update({"model_type": "gpt_neox", "intermediate_size": c["intermediate_size"] or 4 * width,
+                    "rotary_pct": c["rotary_percentage"], "use_parallel_residual": bool(c["parallel_residual"]),
+                    "hidden_act": "gelu"})
+        return cfg
+    return (f"norm_class_name {c['norm_class_name']}, mlp_class_name {c['mlp_class_name']}, parallel_residual "
+            f"{c['parallel_residual']}, bias {c['bias']}, rotary_percentage {c['rotary_percentage']}: memfit maps LitGPT's "
+            "LLaMA-shaped blocks (RMSNorm, LLaMAMLP, no biases, full rotary) and GPT-NeoX-shaped ones (LayerNorm, "
+            "GptNeoxMLP, biases, multi-head)")

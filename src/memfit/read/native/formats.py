@@ -16,6 +16,7 @@ DETECT: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("deepspeed", (), ("zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size", "zero_allow_untested_optimizer")),
     ("accelerate", ("distributed_type",), ("num_processes", "compute_environment", "mixed_precision", "num_machines")),
     ("litgpt", ("checkpoint_dir",), ("train", "precision", "devices", "quantize", "lora_r", "out_dir", "eval")),
+    ("litgpt", ("model_name",), ("model_config", "initial_checkpoint_dir", "tokenizer_dir")),   # `litgpt pretrain`
 )
 
 # A cheap test before parsing (the hook, --skip-unrecognized): could the text spell any key DETECT

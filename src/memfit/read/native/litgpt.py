@@ -45,6 +45,21 @@ KEYS = {
     "optimizer": ("AdamW", "optimizer, training.optimizer_impl (a name or class_path + init_args; later LitGPT releases; init_args fused: true -> fused, foreach: false -> for_loop)", "finetune/lora.py main: torch.optim.AdamW, bnb.optim.PagedAdamW under quantize"),
 }
 
+# `litgpt pretrain --config FILE` (config_hub/pretrain/*.yaml): native key -> (default, memfit key, source in litgpt at
+# 26857050, PyPI 0.5.13: pretrain.py)
+PRETRAIN_KEYS = {
+    "model_name": (None, "model.transformer (LitGPT's config name: models/litgpt_configs.py PRETRAIN_NAMES, then its finetune table)", "pretrain.py setup: Config.from_name(model_name)"),
+    "model_config": (None, "model.transformer (LitGPT's Config fields, over model_name: LLaMA-shaped or GPT-NeoX-shaped blocks)", "pretrain.py setup"),
+    "precision": ("bf16-mixed", "precision (null: bf16-mixed, get_default_supported_precision(training=True) on a GPU with bfloat16)", "pretrain.py setup"),
+    "devices": ("auto", "parallel.fsdp hybrid_shard over devices x num_nodes (FSDPStrategy(sharding_strategy=\"HYBRID_SHARD\"), no activation checkpointing); auto: every GPU, memfit's --gpus (1 without)", "pretrain.py setup"),
+    "num_nodes": (1, "parallel.gpus_per_node devices (the world: devices x num_nodes)", "pretrain.py setup"),
+    "train.micro_batch_size": (4, "training.micro_batch", "pretrain.py setup's TrainArgs"),
+    "train.global_batch_size": (512, "training.gradient_accumulation: global_batch_size // (devices x num_nodes) // micro_batch_size", "args.py TrainArgs.gradient_accumulation_iters"),
+    "train.max_seq_length": (None, "training.seq_len (null: the model's block_size: fit cuts the token stream into max_seq_length + 1 windows, every sample full)", "pretrain.py main, fit"),
+    "train.tie_embeddings": (False, "the head shares the embedding's weight (model.transformer tie_word_embeddings)", "pretrain.py main"),
+    "optimizer": ("AdamW", "optimizer, training.optimizer_impl fused (pretrain.py main passes fused=True on CUDA)", "pretrain.py main: instantiate_torch_optimizer(optimizer, ..., fused=...)"),
+}
+
 # keys that change memory and are not modelled -> (no-effect values, what they do)
 UNMODELLED = {
     "resume": ((False,), "resuming loads the optimizer state and the model from a checkpoint on the GPU: the figures may be low by the loaded copy while it is read"),
@@ -121,7 +136,7 @@ def _lora(r: Reader, family: str) -> tuple[dict, list]:
     return spec, parts
 
 
-def _optimizer(r: Reader, quantized: bool) -> None:
+def _optimizer(r: Reader, quantized: bool) -> str:
     """AdamW (torch's, foreach on CUDA) or, under BitsandbytesPrecision, bitsandbytes' PagedAdamW (32-bit paged state:
     fp32 state1/state2, one in-place kernel per parameter); a later release's `optimizer` key by name or class_path."""
     value = r.data.get("optimizer")
@@ -145,7 +160,7 @@ def _optimizer(r: Reader, quantized: bool) -> None:
     if found is None:
         r.set(("optimizer",), "adamw", at)
         r.warn(at or r.native.root, f"optimizer {name}: memfit does not model its state; counted as AdamW")
-        return
+        return name
     kind, impl, state = found
     r.set(("optimizer",), kind, at)
     if state is not None:
@@ -157,6 +172,11 @@ def _optimizer(r: Reader, quantized: bool) -> None:
         impl, key = torch_impl(name, impl, kwargs)
         if impl is not None:
             r.set(("training", "optimizer_impl"), impl, r.at("optimizer", "init_args", key) if key else at)
+    return name
+
+
+# torch.optim's classes that take `fused` (pretrain.py's extra_kwargs are kept only where the signature has the key)
+FUSED = ("torch.optim.AdamW", "torch.optim.Adam", "torch.optim.SGD", "torch.optim.Adagrad")
 
 
 def _batch(r: Reader, ctx, script: str, devices: int) -> None:
@@ -197,6 +217,8 @@ def _seq_len(r: Reader, ctx, block: int) -> None:
 
 def read(r: Reader, ctx) -> dict:
     data = r.data
+    if "checkpoint_dir" not in data and "model_name" in data:
+        return read_pretrain(r, ctx)
     r.native.root = (r.at("checkpoint_dir", on_key=True) if "checkpoint_dir" in data
                      else r.at(next(iter(data)), on_key=True) if data else r.at())
     lora = "quantize" in data or any(key in data for key, _ in LORA_FLAGS) or any(k in data for k in ("lora_r", "lora_alpha", "lora_dropout"))
@@ -267,4 +289,124 @@ def read(r: Reader, ctx) -> dict:
     else:
         r.set(("training", "litgpt_qkv"), True)
     r.unmodelled(UNMODELLED)
+    return {}
+
+
+def _pretrain_model(r: Reader) -> dict | None:
+    """model_config's LitGPT Config fields, else model_name's (pretrain.py setup: `Config.from_name(model_name)` where
+    model_config is null; an org/ prefix is accepted, as Config.from_name does); None after a positioned error."""
+    fields = r.data.get("model_config")
+    if fields is not None:
+        at = r.at("model_config", on_key=True)
+        if not isinstance(fields, dict):
+            r.error(at, codes.NATIVE_CONFIG, "model_config takes LitGPT's Config fields (n_embd, n_layer, n_head, ...) or null")
+            return None
+        cfg = litgpt_configs.from_fields(fields)
+        if isinstance(cfg, str):
+            r.error(at, codes.UNSUPPORTED_MODEL, f"model_config: {cfg}; write a memfit config of the run")
+            return None
+        return cfg
+    value = r.data.get("model_name")
+    at = r.at("model_name")
+    name = value.rsplit("/", 1)[-1] if isinstance(value, str) else None
+    if name in litgpt_configs.PRETRAIN_NAMES:
+        return litgpt_configs.from_fields(litgpt_configs.PRETRAIN_NAMES[name])
+    if name in litgpt_configs.REFUSED:
+        r.error(at, codes.UNSUPPORTED_MODEL, f"model_name {name}: {litgpt_configs.REFUSED[name]}")
+        return None
+    key = litgpt_configs.lookup(name) if name else None
+    if key is None:
+        known = ", ".join([*litgpt_configs.PRETRAIN_NAMES, *(entry[0] for entry in litgpt_configs.CONFIGS.values())])
+        r.error(at, codes.MODEL_NOT_FOUND, f"model_name {value!r}: memfit knows LitGPT's {known}; or write the model's "
+                "Config fields under model_config")
+        return None
+    return litgpt_configs.transformer(key)
+
+
+def _pretrain_layout(r: Reader, ctx) -> int:
+    """devices x num_nodes: above one GPU, Lightning's FSDPStrategy(auto_wrap_policy={Block},
+    sharding_strategy="HYBRID_SHARD") with no activation checkpointing (pretrain.py setup); the world size."""
+    devices = r.get("devices", (int, str), "auto")
+    at = r.at("devices") if "devices" in r.data else None
+    if not isinstance(devices, int):
+        if devices != "auto":
+            r.error(at, codes.NATIVE_CONFIG, f"devices is {devices!r}: a number of GPUs or auto")
+        gpus = ctx.conf.get("gpus") if "gpus" in ctx.conf.cli else None
+        if gpus is None:
+            r.warn(at or r.native.root, "devices auto: LitGPT uses every GPU of the machine (parse_devices); memfit checks 1 GPU "
+                                        "(give the machine's count with --gpus N)")
+        devices = gpus or 1
+    nodes = r.get("num_nodes", (int,), 1)
+    world = max(devices, 1) * max(nodes, 1)
+    if world > 1:
+        r.set(("parallel", "fsdp"), "hybrid_shard", at)
+        r.set(("parallel", "fsdp_version"), 1, at)  # Lightning's FSDPStrategy: FullyShardedDataParallel (FSDP1)
+        if "gpus" not in ctx.conf.cli:
+            ctx.launch = {**ctx.launch, "gpus": (world, at)}
+        if "gpus_per_node" not in ctx.conf.cli:
+            ctx.launch = {**ctx.launch, "gpus_per_node": (max(devices, 1), at)}
+    return world
+
+
+def _pretrain_batch(r: Reader, world: int, block: int) -> None:
+    train = r.get("train", (dict,), {})
+    micro = r.get("micro_batch_size", (int,), 4, data=train, prefix=("train",))
+    r.set(("training", "micro_batch"), micro, r.at("train", "micro_batch_size") if "micro_batch_size" in train else None)
+    total = r.get("global_batch_size", (int,), 512, data=train, prefix=("train",))
+    if micro < 1 or total // world // micro < 1:
+        r.error(r.at("train", "global_batch_size") if "global_batch_size" in train else r.native.root, codes.NATIVE_CONFIG,
+                f"global_batch_size {total} over {world} device(s) is less than micro_batch_size {micro}: LitGPT's "
+                "TrainArgs.gradient_accumulation_iters asserts at least one")
+    else:
+        r.set(("training", "gradient_accumulation"), total // world // micro)
+    seq = r.get("max_seq_length", (int,), None, data=train, prefix=("train",))
+    if seq is None:
+        # main: `if train.max_seq_length: model.max_seq_length = ...`, else the block size; fit slices every window of
+        # the token stream to model.max_seq_length (input_ids = train_data[:, 0 : model.max_seq_length])
+        r.set(("training", "seq_len"), block)
+    else:
+        if seq > block:
+            r.error(r.at("train", "max_seq_length"), codes.NATIVE_CONFIG, f"train.max_seq_length {seq:,} is above the model's "
+                    f"block_size {block:,}: LitGPT's GPT raises 'Cannot attend to {seq}, block size is only {block}'")
+        r.set(("training", "seq_len"), min(seq, block), r.at("train", "max_seq_length"))
+
+
+def read_pretrain(r: Reader, ctx) -> dict:
+    """A `litgpt pretrain` config, read as pretrain.py runs it at 26857050 (PyPI litgpt 0.5.13): the model built from
+    its Config (random weights, or initial_checkpoint_dir's loaded into them), every parameter trained, the whole
+    logits and `chunked_cross_entropy(logits, targets)` (memfit's default loss), Fabric's fp32 outputs, fused AdamW on
+    CUDA, and `torch.compile(model)`, not modelled (a warning: the eager figure is gated)."""
+    data = r.data
+    r.native.root = r.at("model_name", on_key=True)
+    transformer = _pretrain_model(r)
+    if transformer is None:
+        return {}
+    train = data.get("train") if isinstance(data.get("train"), dict) else {}
+    if train.get("tie_embeddings"):
+        transformer = {**transformer, "tie_word_embeddings": True}  # main: model.transformer.wte.weight = model.lm_head.weight
+    r.set(("model", "transformer"), transformer, r.at("model_config") if data.get("model_config") is not None else r.at("model_name"))
+    precision = r.get("precision", (str, int), None)
+    precision = ALIASES.get(str(precision), precision) if precision is not None else None
+    if precision is not None and precision not in ("bf16-true", "bf16-mixed", "32-true"):
+        r.error(r.at("precision"), codes.NATIVE_CONFIG, f"precision is {precision!r}: pretrain.py takes 'bf16-true', 'bf16-mixed' or '32-true'")
+        precision = None
+    r.set(("precision",), precision or "bf16-mixed", r.at("precision") if precision else None)
+    world = _pretrain_layout(r, ctx)
+    r.set(("training", "checkpointing"), "none")
+    _pretrain_batch(r, world, transformer["max_position_embeddings"])
+    r.set(("training", "previous_outputs_held"), True)   # fit rebinds `logits` once the next forward has returned
+    if (precision or "bf16-mixed") != "64-true":
+        r.set(("training", "outputs_dtype"), "float32")   # Fabric's _FabricModule.forward: outputs to fp32
+    r.set(("training", "attention"), "sdpa")
+    r.set(("training", "litgpt_qkv"), True)
+    if _optimizer(r, False) in FUSED:
+        # main: instantiate_torch_optimizer(..., fused=fabric.device.type == "cuda"), which updates init_args
+        # (utils.py instantiate_torch_optimizer: `optimizer["init_args"].update(kwargs)`): fused whatever they say
+        r.set(("training", "optimizer_impl"), "fused")
+    r.warn(r.native.root, "litgpt pretrain compiles the model (pretrain.py main: torch.compile(model)): compiled kernels keep "
+                          "less for backward, so the figure is high, on the safe side; the gate keeps the eager figure")
+    r.unmodelled(UNMODELLED)
+    if data.get("initial_checkpoint_dir"):
+        r.warn(r.at("initial_checkpoint_dir"), "initial_checkpoint_dir: fabric.load_raw reads the checkpoint into the model; "
+                                                "the figures leave out the loaded copy while it is read")
     return {}
