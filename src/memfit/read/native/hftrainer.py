@@ -10,7 +10,7 @@ from memfit.diagnostics import codes
 from memfit.read.native import hf
 from memfit.read.native.accelerate import FORWARD_PREFETCH
 from memfit.read.native.axolotl import optimizer
-from memfit.read.native.base import Reader, model_value
+from memfit.read.native.base import COMPILED, Reader, model_value
 
 KEYS = {
     "model_name_or_path": (None, "model.hf_config", "run_clm.py ModelArguments.model_name_or_path"),
@@ -37,10 +37,10 @@ KEYS = {
     "liger_kernel_config": (None, "with use_liger_kernel: rope, rms_norm, swiglu false leave that kernel out; fused_linear_cross_entropy false (or cross_entropy true) keeps the loss over the whole logits", "TrainingArguments.liger_kernel_config (the keyword arguments of apply_liger_kernel_to_<model type>)"),
 }
 UNMODELLED = {
-    "torch_compile": ((False,), "torch.compile: compiled kernels save less for backward, so the figure is high, on the safe side (torchtune's README, Llama 3.2 3B full fine-tune: + compile 51.0 GiB measured vs 60.0 GiB eager, 15% less); the gate keeps the eager figure"),
+    "torch_compile": ((False,), COMPILED),
     "optim_target_modules": ((), "GaLore/APOLLO target modules: the figures are high, on the safe side (GaLore/APOLLO keep a projected optimizer state)"),
-    "torch_compile_mode": ((None,), "a torch.compile mode turns torch_compile on (TrainingArguments.__post_init__): torch.compile: compiled kernels save less for backward, so the figure is high, on the safe side (torchtune's README, Llama 3.2 3B full fine-tune: + compile 51.0 GiB measured vs 60.0 GiB eager, 15% less); the gate keeps the eager figure"),
-    "torch_compile_backend": ((None,), "a torch.compile backend turns torch_compile on (TrainingArguments.__post_init__): torch.compile: compiled kernels save less for backward, so the figure is high, on the safe side (torchtune's README, Llama 3.2 3B full fine-tune: + compile 51.0 GiB measured vs 60.0 GiB eager, 15% less); the gate keeps the eager figure"),
+    "torch_compile_mode": ((None,), "a torch.compile mode turns torch_compile on (TrainingArguments.__post_init__): " + COMPILED),
+    "torch_compile_backend": ((None,), "a torch.compile backend turns torch_compile on (TrainingArguments.__post_init__): " + COMPILED),
     "auto_find_batch_size": ((False,), "the Trainer halves the batch after an out-of-memory error: the batch that runs may be smaller than written (the figures are for the written one): the figures are high, on the safe side if it halves the batch"),
     "label_smoothing_factor": ((0, 0.0), "the Trainer's LabelSmoother takes a log-softmax over the logits besides the model's loss: the figures may be low by a logits-sized tensor"),
     "use_cache": ((False, None), "the forward returns a key/value cache during training: the figures may be low by the cache's bytes"),

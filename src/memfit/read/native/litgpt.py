@@ -23,7 +23,7 @@ import os
 
 from memfit.diagnostics import codes
 from memfit.models import litgpt_configs
-from memfit.read.native.base import Reader, model_value
+from memfit.read.native.base import COMPILED, Reader, model_value
 from memfit.recipe.dtypes import DTYPES, HALF, RECIPES
 from memfit.read.native.torchtune import OPTIMIZERS, torch_impl
 
@@ -403,8 +403,7 @@ def read_pretrain(r: Reader, ctx) -> dict:
         # main: instantiate_torch_optimizer(..., fused=fabric.device.type == "cuda"), which updates init_args
         # (utils.py instantiate_torch_optimizer: `optimizer["init_args"].update(kwargs)`): fused whatever they say
         r.set(("training", "optimizer_impl"), "fused")
-    r.warn(r.native.root, "litgpt pretrain compiles the model (pretrain.py main: torch.compile(model)): compiled kernels keep "
-                          "less for backward, so the figure is high, on the safe side; the gate keeps the eager figure")
+    r.warn(r.native.root, f"litgpt pretrain compiles the model (pretrain.py main: torch.compile(model)); {COMPILED}")
     r.unmodelled(UNMODELLED)
     if data.get("initial_checkpoint_dir"):
         r.warn(r.at("initial_checkpoint_dir"), "initial_checkpoint_dir: fabric.load_raw reads the checkpoint into the model; "

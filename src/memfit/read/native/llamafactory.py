@@ -8,7 +8,7 @@ from __future__ import annotations
 from memfit.diagnostics import codes
 from memfit.read.native import hf, vision
 from memfit.read.native.axolotl import optimizer
-from memfit.read.native.base import Reader
+from memfit.read.native.base import COMPILED, Reader
 
 KEYS = {
     "model_name_or_path": (None, "model.hf_config", "hparams/model_args.py BaseModelArguments.model_name_or_path"),
@@ -52,7 +52,7 @@ UNMODELLED = {
     "use_badam": ((False,), "BAdam trains one block at a time: the figures are high, on the safe side (fewer gradients and less optimizer state)"),
     "use_unsloth": ((False,), "Unsloth's kernels and checkpointing: the figures are high, on the safe side"),
     "pissa_init": ((False,), "PiSSA initialization: the figures are low while the model loads (the initialisation's SVD temporaries); the step's are the same"),
-    "torch_compile": ((False,), "torch.compile: compiled kernels save less for backward, so the figure is high, on the safe side (torchtune's README, Llama 3.2 3B full fine-tune: + compile 51.0 GiB measured vs 60.0 GiB eager, 15% less); the gate keeps the eager figure"),
+    "torch_compile": ((False,), COMPILED),
     "freeze_multi_modal_projector": ((False,), "the multi-modal projector (Qwen2-VL's merger, LLaVA's projector) frozen: memfit trains it beside the text model; the figures are high by its gradients and optimizer state"),
     "fsdp": ((None, "", False), "FSDP from TrainingArguments (use an accelerate config via --launch): the figures are high, on the safe side (counted unsharded)"),
     "neat_packing": ((False,), "packing without cross-attention: unless the attention is flash_attention_2 the collator builds a (batch, 1, cutoff_len, cutoff_len) attention mask in the compute dtype (data/collator.py prepare_4d_attention_mask), batch x cutoff_len^2 x 2 bytes more than memfit counts: the figures are low"),

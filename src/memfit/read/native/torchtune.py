@@ -18,7 +18,7 @@ import difflib
 
 from memfit.diagnostics import codes
 from memfit.models.adapter_tables import FUSED_PROJECTIONS, TORCHTUNE_FAMILIES
-from memfit.read.native.base import Reader
+from memfit.read.native.base import COMPILED, Reader
 
 # builder -> (model_type, hidden_size, intermediate_size, layers, heads, kv_heads, vocab, max_seq_len, tied, head_dim)
 BUILDERS = {
@@ -165,7 +165,7 @@ KEYS = {
 }
 KD_LOSSES = ("ForwardKLLoss", "ForwardKLWithChunkedOutputLoss")
 UNMODELLED = {
-    "compile": ((False,), "torch.compile: compiled kernels save less for backward, so the figure is high, on the safe side (torchtune's README, Llama 3.2 3B full fine-tune: + compile 51.0 GiB measured vs 60.0 GiB eager, 15% less); the gate keeps the eager figure"),
+    "compile": ((False,), COMPILED),
     "custom_sharded_layers": ((), "extra FSDP units: the figures are high, on the safe side (smaller units gathered at once)"),
     "tensor_parallel_dim": ((1,), "tensor parallelism: the figures are high, on the safe side (each GPU holds its share)"),
 }
