@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import needs
 import pytest
@@ -25,6 +26,7 @@ import hf_measure  # noqa: E402
 import llamafactory_v1_step as v1  # noqa: E402
 
 BAND = 0.05
+PEAK_MD = Path(__file__).resolve().parents[2] / "docs" / "peak.md"
 LORA = {"r": 8, "alpha": 16, "dropout": 0.05}
 # (name, checkpoint dtype, LoRA, enable_activation_checkpointing, micro_batch_size, cutoff_len)
 RUNS = [
@@ -83,6 +85,12 @@ def test_a_v1_file_matches_v1s_step(name, dtype, lora, checkpointing, micro_batc
     plain = tmp_path / "plain.yaml"
     plain.write_text(yaml.safe_dump(doc, sort_keys=False))
     [without] = json.loads(memfit("check", "--format", "json", "--device", "H100-80GB", plain))["files"]
+    # docs/peak.md's table ("A second loss from the logits") prints the three figures of this run to the byte
+    section = PEAK_MD.read_text(encoding="utf-8").split("### A second loss from the logits")[1].split("\n### ")[0]
+    cells = (f"| {theirs['bytes']:,} ({theirs['phase']}) | {ours['bytes']:,} ({ours['phase']}) | "
+             f"{ours['bytes'] / theirs['bytes']:.3f} | {without['peak']['bytes']:,} ({without['peak']['phase']}) | "
+             f"{without['peak']['bytes'] / theirs['bytes']:.3f} |")
+    assert any(line.endswith(cells) for line in section.splitlines()), cells
     if micro_batch > 1 or dtype != "float32":
         assert without["peak"]["bytes"] < (1 - BAND) * theirs["bytes"], (without["peak"]["bytes"], theirs["bytes"])
     else:   # fp32 logits (`.float()` returns them) and one sequence (its slice is contiguous): no copy, only the

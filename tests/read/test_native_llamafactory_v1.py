@@ -63,8 +63,11 @@ def test_lora_sft_reads_as_lora_on_a_bf16_base(v1):
                                "second_loss": "log_probs"}  # compute_log_probs after the model's own loss
     assert doc["optimizer"] == "adamw" and "parallel" not in doc  # one GPU: fsdp2 wraps nothing
     assert out["native"]["input_format"] == "llama-factory"
-    # the trainer's second loss is priced (training.second_loss), no longer only warned about
+    # the trainer's second loss is priced (training.second_loss), no longer only warned about: the step peaks at the
+    # trainer's log-softmax (docs/native-llama-factory.md shows 12.29 GiB)
     assert out["native"]["diagnostics"] == []
+    peak = out["native"]["peak"]
+    assert peak["phase"] == "forward" and f"{peak['bytes'] / 2**30:.2f}" == "12.29", peak["bytes"]
 
 
 def test_full_fsdp2_is_float32_on_one_gpu_and_bf16_mixed_sharded_on_eight(v1):
