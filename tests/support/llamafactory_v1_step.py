@@ -66,15 +66,18 @@ def valid_tokens(batches: list) -> int:
     return sum((b["labels"] != IGNORE_INDEX).sum().item() for b in batches)
 
 
-def build(cfg: dict, lora: dict | None, checkpointing: bool):
+def build(cfg: dict, lora: dict | None, checkpointing: bool, quantization: dict | None = None):
     """core/model_engine.py's model: the checkpoint's dtype (cfg's torch_dtype), float32 for a full fine-tune, peft
-    adapters in float32 with LoRA; gradient checkpointing as core/base_trainer.py enables it."""
+    adapters in float32 with LoRA (on a bitsandbytes 4-bit base with `quantization`: plugins/model_plugins/
+    quantization.py quantization_with_bnb, no prepare_model_for_kbit_training); gradient checkpointing as
+    core/base_trainer.py enables it."""
     import hf_measure
 
     stored = cfg.get("torch_dtype", "float32")
     precision = {"bfloat16": "bf16-true", "float16": "16-true"}.get(stored, "32-true")
     model = hf_measure.build(cfg, precision=precision if lora else "32-true",
-                             lora={**lora, "target_modules": lora.get("target_modules", "all-linear")} if lora else None)
+                             lora={**lora, "target_modules": lora.get("target_modules", "all-linear")} if lora else None,
+                             quantization=quantization)
     if lora is None:
         model = model.to(torch.float32)   # model_engine.py: a full fine-tune in float32
     if checkpointing:
@@ -84,13 +87,13 @@ def build(cfg: dict, lora: dict | None, checkpointing: bool):
 
 
 def measure(cfg: dict, *, micro_batch: int, seq_len: int, lora: dict | None = None, checkpointing: bool = True,
-            accumulation: int = 1, max_grad_norm: float = 1.0) -> dict:
+            accumulation: int = 1, max_grad_norm: float = 1.0, quantization: dict | None = None) -> dict:
     """One warm optimizer step of `accumulation` micro-batches as fit (lines 261-322) runs it, under MemTracker:
     {"bytes", "phase", "parameters", "optimizer_state"}."""
     import hf_measure
     import peak_reference as ref
 
-    model = build(cfg, lora, checkpointing)
+    model = build(cfg, lora, checkpointing, quantization)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=1e-4)   # base_trainer.py _init_optimizer (foreach on a device)
     micro_batches = [batch(cfg, micro_batch, seq_len, seed=1 + n) for n in range(accumulation)]
