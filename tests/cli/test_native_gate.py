@@ -401,7 +401,7 @@ def test_a_llama_factory_v1_config_is_read_by_its_own_reader(project):
     (project / "lf" / "memfit.toml").write_text('[models]\n"Qwen/Qwen3-4B" = "../llama-3-8b.json"\n')
     [entry] = json.loads(memfit("check", "--format", "json", "--device", "H100", "lf/train_lora_sft.yaml", cwd=project).stdout)["files"]
     assert entry["input_format"] == "llama-factory" and entry["footprint"]["total"] > 0
-    assert [d["code"] for d in entry["diagnostics"]] == ["not-modelled"]  # the trainer's second loss (compute_log_probs)
+    assert entry["diagnostics"] == []  # the trainer's second loss (compute_log_probs) priced: training.second_loss
     # a file that only shares the `model` key stays none of memfit's
     (project / "lf" / "train_lora_sft.yaml").write_text("model: Qwen/Qwen3-4B\ntemperature: 0.7\n")
     other = memfit("check", "--skip-unrecognized", "--device", "H100", "lf/train_lora_sft.yaml", cwd=project)

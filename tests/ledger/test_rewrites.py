@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ON = {"checkpoint_every": 2, "checkpoint_offset": 1, "keep_gradients": True, "quantized_saves_input": True,
       "litgpt_qkv": True, "loss": {"kind": "chunked"}, "fused_loss": "liger", "optimizer_in_backward": True,
       "activation_offloading": True, "paged_optimizer": True, "previous_outputs_held": True, "outputs_dtype": "float32",
-      "liger_kernels": ["rms_norm"]}
+      "liger_kernels": ["rms_norm"], "second_loss": "log_probs"}
 
 
 def test_the_table_is_every_technique_with_its_modules_keys():

@@ -22,6 +22,7 @@ TECHNIQUES = {
     "fused_loss": ("fused_loss",),
     "liger_kernels": ("liger_kernels",),  # read by the model's rules (models/hf_derive): the program is built with them
     "outputs_dtype": ("outputs_dtype",),  # after the losses: the default loss re-priced on the converted logits
+    "second_loss": ("second_loss",),  # on the logits as the loop receives them (after outputs_dtype)
     "optimizer_in_backward": ("optimizer_in_backward",),
     "activation_offloading": ("activation_offloading",),
     "paged_optimizer": ("paged_optimizer",),

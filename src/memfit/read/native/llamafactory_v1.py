@@ -12,7 +12,8 @@ RANK set) there is no mesh and fsdp2 wraps nothing (fsdp2.py prepare_model: "No 
 runs in the loaded dtypes; on more GPUs FSDP2's MixedPrecisionPolicy computes in bfloat16 when `bf16` (fsdp2.py
 get_mp_policy) over float32 shards. core/base_trainer.py: torch.optim.AdamW over the trainable parameters (foreach),
 gradient checkpointing on (enable_activation_checkpointing), one step of global_batch_size // (dp x micro_batch_size)
-micro-batches.
+micro-batches; SFTTrainer.compute_loss -> compute_log_probs: the model's own loss (the labels are passed), then the
+trainer's per-token log-probs from the logits (training.second_loss log_probs).
 """
 
 from __future__ import annotations
@@ -96,14 +97,6 @@ LIGER_ROPE = ("qwen3", "qwen3_moe")
 ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash"}
 STRATEGIES = ("normal", "padding_free", "dynamic_batching", "dynamic_padding_free")
 
-# core/base_trainer.py compute_log_probs: the batch's tensors (labels among them) go to the model, which computes its own
-# loss, and the trainer then upcasts the logits, copies their shifted view and takes cross_entropy(reduction="none")
-TWO_LOSSES = ("v1's trainer passes the labels to the model (its own causal-LM loss) and then computes its own log-probs from "
-              "float32 logits (core/base_trainer.py compute_log_probs: logits.float(), a shifted contiguous copy, "
-              "cross_entropy per token); memfit counts one loss: the figures are low, by up to about two float32 copies of "
-              "the logits (micro-batch x sequence x vocabulary x 4 bytes each)")
-
-
 def not_training(data: dict) -> str | None:
     """examples/v1/train_lora/export_lora.yaml: peft_config.export_dir with no train_dataset merges an adapter."""
     peft = data.get("peft_config")
@@ -179,7 +172,10 @@ def read(r: Reader, ctx) -> dict:
     _optimizer(r)
     _kernels(r, ctx)
     r.unmodelled(UNMODELLED)
-    r.warn(r.native.root, TWO_LOSSES)
+    # core/base_trainer.py compute_log_probs: the batch's tensors (labels among them) go to the model, which computes
+    # its own loss, and the trainer then upcasts the logits, copies their shifted view and takes
+    # cross_entropy(reduction="none"): the two losses' tensors at once (ledger/techniques/second_loss.py)
+    r.set(("training", "second_loss"), "log_probs")
     trainer = {
         "micro_batch": (micro, r.at("micro_batch_size") if "micro_batch_size" in data else None),
         "grad_accum": (accum, r.at("global_batch_size") if "global_batch_size" in data else None),
