@@ -1,5 +1,6 @@
 """torchtune's Llama 3.2 Vision against `memfit check` on the same torchtune config: memfit reads the model (the
-shipped 11B builders, or DeepFusionModel with torchtune's encoder and decoder component builders at tiny widths) and
+shipped 11B builders, or DeepFusionModel with torchtune's encoder and decoder component builders at tiny widths, in
+the shipped 11B_full_single_device.yaml / 11B_lora_single_device.yaml with their model mapping replaced) and
 refuses it at model._component_ with torchtune's own parameter count and what the recipe trains (the full recipes:
 DeepFusionModel's decoder_trainable / encoder_trainable / fusion_trainable; the LoRA recipes: get_adapter_params),
 naming what differs from transformers' mllama, which memfit models. torchtune 0.6.1 builds each on the meta device
@@ -19,6 +20,7 @@ import pytest
 import yaml
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
+CONFIGS = Path(__file__).resolve().parent / "torchtune_configs"
 PACKAGE = "torchtune.models.llama3_2_vision."
 ENCODER = {"patch_size": 4, "num_heads": 2, "clip_embed_dim": 32, "clip_num_layers": 4, "clip_hidden_states": [1, 2],
            "num_layers_projection": 2, "decoder_embed_dim": 64, "tile_size": 16, "max_num_tiles": 2, "in_channels": 3}
@@ -47,6 +49,12 @@ MODELS = {
         {"decoder_trainable": True, "encoder_trainable": True, "fusion_trainable": True},
         {**SHIPPED_LORA, "lora_attn_modules": ["q_proj", "k_proj", "v_proj", "output_proj"], "apply_lora_to_output": True, "use_dora": True},
         decoder_lora=True),
+    "tiny LoRA, encoder frozen, ranks apart": {
+        **tiny({"decoder_trainable": False, "encoder_trainable": False, "fusion_trainable": True}),
+        "encoder": {"_component_": PACKAGE + "lora_llama3_2_vision_encoder", "encoder_lora": False, "fusion_lora": True,
+                    **SHIPPED_LORA, "lora_rank": 4, "apply_lora_to_output": True, **ENCODER},
+        "decoder": {"_component_": PACKAGE + "lora_llama3_2_vision_decoder", "decoder_lora": False, "fusion_lora": True,
+                    **SHIPPED_LORA, "lora_rank": 16, "lora_attn_modules": ["k_proj"], **DECODER}},
     "llama3_2_vision_11b": {"_component_": PACKAGE + "llama3_2_vision_11b"},
     "lora_llama3_2_vision_11b": {"_component_": PACKAGE + "lora_llama3_2_vision_11b", "decoder_trainable": "frozen",
                                  "encoder_trainable": "lora", "fusion_trainable": "lora", **SHIPPED_LORA, "image_size": 560},
@@ -73,10 +81,11 @@ def theirs() -> dict:
 
 
 def check(tmp_path: Path, model: dict) -> dict:
-    config = {"model": model,
-              "tokenizer": {"_component_": PACKAGE + "llama3_2_vision_transform", "path": "/tmp/tokenizer.model", "max_seq_len": 64},
-              "batch_size": 2, "optimizer": {"_component_": "torch.optim.AdamW", "fused": True},
-              "enable_activation_checkpointing": True, "dtype": "bf16"}
+    """memfit check on the shipped 11B config of the model's recipe (torchtune's, verbatim, in torchtune_configs/) with
+    its model mapping replaced by this one."""
+    lora = any(str(n.get("_component_", "")).rsplit(".", 1)[-1].startswith(("lora_", "qlora_")) for n in (model, *model.values()) if isinstance(n, dict))
+    shipped = yaml.safe_load((CONFIGS / f"llama3_2_vision_11B_{'lora' if lora else 'full'}_single_device.yaml").read_text(encoding="utf-8"))
+    config = {"model": model, **{k: v for k, v in shipped.items() if k != "model"}}
     path = tmp_path / "vision.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     out = subprocess.run([sys.executable, "-m", "memfit", "check", "--format", "json", "--budget", "1GiB", str(path)],
@@ -103,3 +112,10 @@ def test_a_fusion_model_of_other_components_is_refused_at_the_component(tmp_path
     error = check(tmp_path, model)
     assert error["code"] == "unsupported-model" and error["range"]["start"]["line"] == 17, error
     assert "model.decoder: memfit reads a DeepFusionModel of torchtune's Llama 3.2 Vision component builders" in error["message"]
+
+
+def test_a_lora_builder_with_a_full_part_is_torchtunes_assertion(tmp_path):
+    model = {**MODELS["lora_llama3_2_vision_11b"], "decoder_trainable": "full"}
+    error = check(tmp_path, model)
+    assert error["code"] == "native-config" and error["range"]["start"]["line"] == 2, error
+    assert "mixed LoRA + Full" in error["message"] and "use llama3_2_vision_11b" in error["message"]

@@ -39,7 +39,8 @@ DECODER_ARGS = ("vocab_size", "num_layers", "fusion_interval", "num_special_toke
 
 def is_vision(component: str) -> bool:
     builder = component.rsplit(".", 1)[-1]
-    return component == FUSION or builder == "DeepFusionModel" or builder.removeprefix("qlora_").removeprefix("lora_").startswith("llama3_2_vision")
+    base = builder.removeprefix("qlora_").removeprefix("lora_")
+    return component == FUSION or builder == "DeepFusionModel" or base.startswith("llama3_2_vision")
 
 
 def _scale_hidden_dim(dim: int, multiple_of: int = 256) -> int:
@@ -85,7 +86,8 @@ def _decoder_layer(dec: dict, lora: dict | None, cross: bool) -> tuple[int, int]
 
 def counts(enc: dict, dec: dict, flags: dict, lora: dict | None) -> dict:
     """Parameters and trained elements of the DeepFusionModel the arguments build. `lora`: None for the full
-    builders, else {rank, dora, modules, mlp, output, encoder_lora, decoder_lora, fusion_lora}."""
+    builders, else {"encoder": spec, "decoder": spec}, a side's spec None where its component builder is not a lora_ one,
+    else {rank, dora, modules, mlp, output, main (encoder_lora / decoder_lora), fusion (fusion_lora)}."""
     E, T, C, p = enc["clip_embed_dim"], enc["max_num_tiles"], enc["in_channels"], enc["patch_size"]
     P = (enc["tile_size"] // p) ** 2 + 1
     D, V, S = dec["embed_dim"], dec["vocab_size"], dec["num_special_tokens"]
@@ -94,15 +96,18 @@ def counts(enc: dict, dec: dict, flags: dict, lora: dict | None) -> dict:
     # pre- and post-tile TilePositionalEmbedding (T x T x 1 x E, gate), ln_pre, ln_post
     tiled = {"global_token_positional_embedding": T * T * P * E, "pre_tile_pos_embed": T * T * E, "post_tile_pos_embed": T * T * E}
     clip_own = E * C * p * p + E + P * E + 1 + sum(tiled.values()) + 2 + 4 * E
-    on = (lambda key: lora if lora is not None and lora[key] else None)
-    clip_layer, clip_adapt = _clip_layer(E, on("encoder_lora"), False)
-    head_layer, head_adapt = _clip_layer(E, on("fusion_lora"), True)
+    def on(side: str, key: str, output: bool = False):
+        spec = (lora or {}).get(side)
+        return spec if spec is not None and spec[key] and (spec["output"] or not output) else None
+
+    clip_layer, clip_adapt = _clip_layer(E, on("encoder", "main"), False)
+    head_layer, head_adapt = _clip_layer(E, on("encoder", "fusion"), True)
     proj_in = E * (len(enc.get("clip_hidden_states") or []) + 1)
     head_out = proj_in * D + D
-    head_out_adapt = _lora_linear(on("fusion_lora"), proj_in, D) if lora is not None and lora["output"] else 0
-    self_layer, self_adapt = _decoder_layer(dec, on("decoder_lora"), False)
-    cross_layer, cross_adapt = _decoder_layer(dec, on("fusion_lora"), True)
-    out_adapt = _lora_linear(on("decoder_lora"), D, V) if lora is not None and lora["output"] else 0
+    head_out_adapt = _lora_linear(on("encoder", "fusion", True), proj_in, D)   # the projection head's output
+    self_layer, self_adapt = _decoder_layer(dec, on("decoder", "main"), False)
+    cross_layer, cross_adapt = _decoder_layer(dec, on("decoder", "fusion"), True)
+    out_adapt = _lora_linear(on("decoder", "main", True), D, V)                 # the decoder's output
     clip = clip_own + enc["clip_num_layers"] * clip_layer
     head = enc["num_layers_projection"] * head_layer + head_out
     decoder_own = V * D + D + V * D + dec["num_layers"] * self_layer   # embedding, norm, output, the self layers
@@ -120,22 +125,34 @@ def counts(enc: dict, dec: dict, flags: dict, lora: dict | None) -> dict:
     return {"parameters": total, "trained": trained, "tiled": tiled, "T": T, "P": P, "E": E, "S": S, "D": D}
 
 
-def _args(r: Reader, node: dict, names: tuple, prefix: tuple, at) -> dict | None:
-    out = {}
-    for key, value in node.items():
-        if key != "_component_":
-            out[key] = value
-    missing = [k for k in names if not isinstance(out.get(k), int) or isinstance(out.get(k), bool)]
+def _args(r: Reader, node: dict, names: tuple, optional: dict, prefix: tuple, at) -> dict | None:
+    """A component builder's integer arguments (names: required; optional: their defaults), read with their types."""
+    out = {k: r.get(k, (int,), None, data=node, prefix=prefix) for k in names}
+    missing = [k for k in names if out[k] is None]
     if missing:
         r.error(at, codes.NATIVE_CONFIG, f"{'.'.join(prefix)}: memfit needs {', '.join(missing)} (integers) to count this model")
         return None
+    out.update({k: r.get(k, (int,), default, data=node, prefix=prefix) for k, default in optional.items()})
     return out
+
+
+def _flags(r: Reader, model: dict, defaults: tuple) -> dict:
+    return {k: r.get(k, (bool,), default, data=model, prefix=("model",)) for k, default in defaults}
+
+
+def _lora(r: Reader, args: dict, prefix: tuple) -> dict:
+    """LoRA's arguments (the builders' defaults: rank 8, no DoRA, no MLP, no output)."""
+    get = (lambda key, kinds, default: r.get(key, kinds, default, data=args, prefix=prefix))
+    modules = [m for m in get("lora_attn_modules", (list,), []) if isinstance(m, str)]
+    return {"rank": get("lora_rank", (int,), 8), "dora": get("use_dora", (bool,), False), "modules": modules,
+            "mlp": get("apply_lora_to_mlp", (bool,), False), "output": get("apply_lora_to_output", (bool,), False)}
 
 
 def _from_fusion(r: Reader, model: dict, at):
     """DeepFusionModel with its encoder and decoder component builders nested: their arguments."""
     parts = {}
-    for key, names in (("encoder", ENCODER_ARGS), ("decoder", DECODER_ARGS)):
+    for key, names, optional in (("encoder", ENCODER_ARGS, {"max_num_tiles": 4, "in_channels": 3}),
+                                 ("decoder", DECODER_ARGS, {"num_kv_heads": None, "intermediate_dim": None})):
         node = model.get(key)
         component = node.get("_component_") if isinstance(node, dict) else None
         builder = str(component).rsplit(".", 1)[-1]
@@ -144,44 +161,48 @@ def _from_fusion(r: Reader, model: dict, at):
             r.error(where, codes.UNSUPPORTED_MODEL, f"model.{key}: memfit reads a DeepFusionModel of torchtune's Llama 3.2 Vision "
                     f"component builders (llama3_2_vision_{key} or lora_llama3_2_vision_{key}), not {component!r}")
             return None
-        args = _args(r, node, names, ("model", key), r.at("model", key, "_component_"))
+        args = _args(r, node, names, optional, ("model", key), r.at("model", key, "_component_"))
         if args is None:
             return None
-        parts[key] = (builder.startswith("lora_"), args)
-    enc, dec = parts["encoder"][1], parts["decoder"][1]
-    enc.setdefault("max_num_tiles", 4)
-    enc.setdefault("in_channels", 3)
-    dec.setdefault("num_kv_heads", None)
+        parts[key] = (builder.startswith("lora_"), args, node)
+    (enc_lora, enc, enc_node), (dec_lora, dec, dec_node) = parts["encoder"], parts["decoder"]
+    enc["clip_hidden_states"] = r.get("clip_hidden_states", (list,), [], data=enc_node, prefix=("model", "encoder"))
     dec["num_kv_heads"] = dec["num_kv_heads"] or dec["num_heads"]
-    dec["intermediate_dim"] = dec.get("intermediate_dim") or _scale_hidden_dim(dec["embed_dim"])
-    flags = {k: model.get(k, default) is True for k, default in (("decoder_trainable", False), ("encoder_trainable", False), ("fusion_trainable", True))}
+    dec["intermediate_dim"] = dec["intermediate_dim"] or _scale_hidden_dim(dec["embed_dim"])
+    flags = _flags(r, model, (("decoder_trainable", False), ("encoder_trainable", False), ("fusion_trainable", True)))
     lora = None
-    if parts["encoder"][0] or parts["decoder"][0]:
-        lora = _lora(enc if parts["encoder"][0] else dec)
-        lora.update(encoder_lora=enc.get("encoder_lora") is True, fusion_lora=bool(enc.get("fusion_lora") or dec.get("fusion_lora")),
-                    decoder_lora=dec.get("decoder_lora") is True)
+    if enc_lora or dec_lora:
+        lora = {}
+        for side, on, node in (("encoder", enc_lora, enc_node), ("decoder", dec_lora, dec_node)):
+            get = (lambda key: r.get(key, (bool,), False, data=node, prefix=("model", side)))   # noqa: B023
+            lora[side] = {**_lora(r, node, ("model", side)), "main": get(f"{side}_lora"), "fusion": get("fusion_lora")} if on else None
     return enc, dec, flags, lora
 
 
-def _lora(args: dict) -> dict:
-    return {"rank": args.get("lora_rank", 8), "dora": args.get("use_dora") is True, "modules": list(args.get("lora_attn_modules") or []),
-            "mlp": args.get("apply_lora_to_mlp") is True, "output": args.get("apply_lora_to_output") is True}
-
-
-def _from_builder(model: dict, builder: str):
+def _from_builder(r: Reader, model: dict, component: str, at):
+    builder = component.rsplit(".", 1)[-1]
     base = builder.removeprefix("qlora_").removeprefix("lora_")
     shapes = VISION_BUILDERS.get(base)
     if shapes is None:
+        r.error(at, codes.UNSUPPORTED_MODEL, f"torchtune builder {component!r}: not one memfit knows (Llama 3.2 Vision: "
+                f"{', '.join(sorted(VISION_BUILDERS))} and their lora_ / qlora_ builders)")
         return None
-    enc = {**shapes[0], "tile_size": model.get("image_size", 560)}
+    enc = {**shapes[0], "tile_size": r.get("image_size", (int,), 560, data=model, prefix=("model",))}
     dec = dict(shapes[1])
     if builder == base:
-        flags = {k: model.get(k, default) is True for k, default in (("decoder_trainable", False), ("encoder_trainable", True), ("fusion_trainable", True))}
-        return enc, dec, flags, None
-    kinds = {k: str(model.get(k, default)).lower() for k, default in (("decoder_trainable", "frozen"), ("encoder_trainable", "lora"), ("fusion_trainable", "lora"))}
-    lora = _lora(model)
-    lora.update(encoder_lora=kinds["encoder_trainable"] == "lora", fusion_lora=kinds["fusion_trainable"] == "lora",
-                decoder_lora=kinds["decoder_trainable"] == "lora")
+        return enc, dec, _flags(r, model, (("decoder_trainable", False), ("encoder_trainable", True), ("fusion_trainable", True))), None
+    defaults = (("decoder_trainable", "frozen"), ("encoder_trainable", "lora"), ("fusion_trainable", "lora"))
+    kinds = {k: str(model.get(k, default)).lower() for k, default in defaults}
+    for key, kind in kinds.items():  # LoRATrainable(kind), then the builder's assertion against "full"
+        if kind not in ("frozen", "lora"):
+            why = ("torchtune's LoRA builders assert against it (\"We've temporarily removed support for mixed LoRA + Full "
+                   f"Finetuning\"): use {base} for a full fine-tune" if kind == "full"
+                   else "torchtune's LoRATrainable takes full, lora or frozen")
+            r.error(r.at("model", key), codes.NATIVE_CONFIG, f"model.{key} {model[key]!r}: {why}")
+            return None
+    spec = _lora(r, model, ("model",))
+    lora = {side: {**spec, "main": kinds[f"{side}_trainable"] == "lora", "fusion": kinds["fusion_trainable"] == "lora"}
+            for side in ("encoder", "decoder")}
     return enc, dec, {k: v != "frozen" for k, v in kinds.items()}, lora
 
 
@@ -189,18 +210,19 @@ def refuse(r: Reader, model: dict, component: str, at) -> None:
     """A positioned unsupported-model at model._component_ with torchtune's parameter count and what its recipe
     trains, and what differs from transformers' mllama (which memfit models)."""
     builder = component.rsplit(".", 1)[-1]
-    read = _from_fusion(r, model, at) if builder == "DeepFusionModel" else _from_builder(model, builder)
+    read = _from_fusion(r, model, at) if builder == "DeepFusionModel" else _from_builder(r, model, component, at)
     if read is None:
-        if builder != "DeepFusionModel":
-            r.error(at, codes.UNSUPPORTED_MODEL, f"torchtune builder {component!r}: not one memfit knows (Llama 3.2 Vision: "
-                    f"{', '.join(sorted(VISION_BUILDERS))} and their lora_ / qlora_ builders)")
         return
     enc, dec, flags, lora = read
     n = counts(enc, dec, flags, lora)
     T, P, E, S = n["T"], n["P"], n["E"], n["S"]
     if lora is not None:
+        sides = {side: lora.get(side) or {} for side in ("encoder", "decoder")}
+        adapted = (("encoder_lora", sides["encoder"].get("main")),
+                   ("fusion_lora", sides["encoder"].get("fusion") or sides["decoder"].get("fusion")),
+                   ("decoder_lora", sides["decoder"].get("main")))
         what = (f"the LoRA recipe trains {n['trained']:,} of them, the adapters only (get_adapter_params: "
-                + ", ".join(k for k in ("encoder_lora", "fusion_lora", "decoder_lora") if lora[k]) + ")")
+                + (", ".join(name for name, on in adapted if on) or "none") + ")")
         differs = "its adapters sit on the CLIP encoder and the projection head too, which memfit's mllama LoRA does not adapt; "
     else:
         trains = [k for k in ("encoder_trainable", "decoder_trainable", "fusion_trainable") if flags[k]]
