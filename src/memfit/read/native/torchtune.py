@@ -18,6 +18,7 @@ import difflib
 
 from memfit.diagnostics import codes
 from memfit.models.adapter_tables import FUSED_PROJECTIONS, TORCHTUNE_FAMILIES
+from memfit.read.native import torchtune_vision
 from memfit.read.native.base import COMPILED, Reader
 
 # builder -> (model_type, hidden_size, intermediate_size, layers, heads, kv_heads, vocab, max_seq_len, tied, head_dim)
@@ -79,20 +80,9 @@ def _scale_hidden_dim(dim: int, multiple_of: int = 256) -> int:
 
 
 ALIASES = {"llama3_3_70b": "llama3_1_70b"}  # torchtune/models/llama3_3/_model_builders.py: llama3_3_70b = llama3_1_70b
-# builders memfit refuses, and why (a positioned unsupported-model at model._component_)
-REFUSED = {
-    # torchtune/models/llama3_2_vision/_model_builders.py (bd2a0fc): decoder_trainable False ("frozen"), encoder_trainable
-    # and fusion_trainable True ("lora") by default; recipes/*_single_device.py: set_activation_checkpointing(model,
-    # auto_wrap_policy={modules.TransformerSelfAttentionLayer}), which the CLIP encoder and the projection head use too
-    "llama3_2_vision": "Llama 3.2 Vision (torchtune.models.llama3_2_vision): memfit models it as transformers' "
-                       "MllamaForConditionalGeneration (model.hf_config, model_type mllama: the tiled vision encoder, the "
-                       "projector and the cross-attention layers), but torchtune's model differs in what it trains and keeps: "
-                       "its builders freeze the decoder and train the vision encoder and the fusion layers (decoder_trainable, "
-                       "encoder_trainable, fusion_trainable), its LoRA builders adapt the vision encoder, and "
-                       "enable_activation_checkpointing wraps every TransformerSelfAttentionLayer (the CLIP encoder's and the "
-                       "projection head's too, the cross-attention layers not), none of which memfit models or has measured: "
-                       "write a memfit config with model.hf_config (the model's config.json) for transformers' training",
-}
+# builders memfit refuses, and why (a positioned unsupported-model at model._component_); Llama 3.2 Vision
+# (llama3_2_vision_*, DeepFusionModel) is counted and refused by read/native/torchtune_vision.py
+REFUSED: dict = {}
 
 # torchtune's LoRA module names -> the transformers module names memfit's LoRA targets
 LORA_ATTN = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "output_proj": "o_proj"}
@@ -302,6 +292,9 @@ def read(r: Reader, ctx) -> dict:
     if not model:
         r.native.root = r.at(next(iter(data)), on_key=True) if data else r.at()
         r.error(r.native.root, codes.MODEL_NOT_FOUND, "no model._component_: memfit reads the model of a torchtune recipe config from it (PPO's policy and reward models are not read)")
+        return {}
+    if torchtune_vision.is_vision(component):  # counted, and refused naming what differs (read/native/torchtune_vision.py)
+        torchtune_vision.refuse(r, model, component, at)
         return {}
     transformer = _transformer(r, model, base, component, at, ("model",))
     if transformer is None:
