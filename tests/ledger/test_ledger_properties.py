@@ -86,14 +86,14 @@ def run(draw) -> dict:
 @st.composite
 def chunked_loss(draw) -> dict:
     """A transformer's run with a chunked loss (ledger/techniques/chunked_loss.py): torchtune's chunks, LitGPT's
-    chunked head or torchtune's LinearCrossEntropyLoss, which rewrite the program and the footprint's saved
+    chunked head, LitGPT full.py's chunked rows or torchtune's LinearCrossEntropyLoss, which rewrite the program and the footprint's saved
     activations in one place."""
     doc = {"memfit": 1, "device": {"memory": "1 TiB"}, "optimizer": draw(OPTIMIZERS), **draw(transformer())}
     precision = draw(PRECISIONS)
     if precision is not None:
         doc["precision"] = precision
-    kind = draw(st.sampled_from(["chunked", "chunked_head", "linear"]))
-    size = {"chunks": draw(st.integers(1, 8))} if kind != "chunked_head" else {"chunk_size": draw(st.integers(1, 32))}
+    kind = draw(st.sampled_from(["chunked", "chunked_head", "chunked_rows", "linear"]))
+    size = {"chunks": draw(st.integers(1, 8))} if kind not in ("chunked_head", "chunked_rows") else {"chunk_size": draw(st.integers(1, 32))}
     doc["training"] = {**doc["training"], "optimizer_impl": draw(IMPLS), "loss": {"kind": kind, **size}}
     return doc
 

@@ -45,11 +45,11 @@ OPEN = {
     "torchtune-3b-1-baseline.yaml": "unpacked: alpaca's samples set the length, memfit gates the 4,096-token cap",
     # the config hub's later full fine-tunes on one A10G: each published figure is below the run's own bf16 parameters,
     # gradients and AdamW state (memfit's footprint), so what was measured is not the config as written; unknown what ran
-    "litgpt-hub-llama-3.2-1B-full.yaml": "memfit 19,986,850,052 B = 2.297 x the published 8.70 GB, which is below the "
+    "litgpt-hub-llama-3.2-1B-full.yaml": "memfit 18,934,108,416 B = 2.176 x the published 8.70 GB, which is below the "
                                          "11.99 GB of bf16 parameters, gradients and AdamW state alone: what ran is unknown",
-    "litgpt-hub-llama-3.2-3B-full.yaml": "memfit 41,099,280,900 B = 2.489 x the published 16.51 GB, below the 28.85 GB of "
+    "litgpt-hub-llama-3.2-3B-full.yaml": "memfit 40,046,539,264 B = 2.426 x the published 16.51 GB, below the 28.85 GB of "
                                          "parameters, gradients and AdamW state (above an A10G's 24 GB): what ran is unknown",
-    "litgpt-hub-phi-3-full.yaml": "memfit 41,610,920,324 B = 2.446 x the published 17.01 GB, below the 30.57 GB of "
+    "litgpt-hub-phi-3-full.yaml": "memfit 41,347,722,624 B = 2.431 x the published 17.01 GB, below the 30.57 GB of "
                                   "parameters, gradients and AdamW state (above an A10G's 24 GB): what ran is unknown",
 }
 

@@ -120,7 +120,9 @@ def test_what_the_reader_makes_of_the_hub_configs():
     assert doc["model"]["transformer"]["tie_word_embeddings"] is False
     doc = yaml.safe_load(memfit("convert", HUB / "llama-2-7b-full.yaml").stdout)
     assert doc["parallel"] == {"fsdp": "full_shard", "fsdp_version": 1, "data": 4} and doc["training"]["checkpointing"] == "full"
-    assert doc["training"]["gradient_accumulation"] == 64 // 4 // 4 and "lora" not in doc and "loss" not in doc["training"]
+    assert doc["training"]["gradient_accumulation"] == 64 // 4 // 4 and "lora" not in doc
+    # full.py: model(input_ids), chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:]) at its chunk_size 128
+    assert doc["training"]["loss"] == {"kind": "chunked_rows", "chunk_size": 128}
     assert doc["training"]["outputs_dtype"] == "float32"  # full.py's fabric.setup(model) too
     doc = yaml.safe_load(memfit("convert", HUB / "stablelm-base-alpha-3b-qlora.yaml").stdout)
     assert doc["lora"]["target_modules"] == ["query_key_value"] and doc["training"]["litgpt_qkv"] == {"lora": ["query", "value"]}

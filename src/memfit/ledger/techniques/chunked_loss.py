@@ -16,7 +16,9 @@ tests/ledger/test_chunked_loss.py):
   once, beside the logits' gradient and the hidden states'.
 
 Kind chunked_head is LitGPT's (rewrite, below); kind linear torchtune's LinearCrossEntropyLoss, the output projection
-inside the loss (_linear, measured against the class's code in the same test file).
+inside the loss (_linear, measured against the class's code in the same test file); kind chunked_rows LitGPT's
+finetune/full.py loss, chunked_cross_entropy over the whole logits (_rows, measured against litgpt 0.5.13's own step:
+tests/ledger/test_litgpt_head.py).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from memfit.recipe.costs import dtype_bytes
 
 NAME = "chunked_loss"
 
-KINDS = ("chunked", "chunked_head", "linear")
+KINDS = ("chunked", "chunked_head", "linear", "chunked_rows")
 
 KEYS = {
     "loss": {
@@ -46,8 +48,12 @@ KEYS = {
                        "returns its final norm's output; the loss copies the rows of the tokens whose label is not "
                        "ignored, splits them into chunks (num_output_chunks = chunks, default 8) and runs the output "
                        "projection and an fp32 cross-entropy a chunk at a time: the whole logits never exist). memfit "
-                       "does not know the labels: every token counts as one whose label is kept, an upper bound. Absent: "
-                       "transformers' loss over the whole logits.",
+                       "does not know the labels: every token counts as one whose label is kept, an upper bound. kind "
+                       "chunked_rows: LitGPT's finetune/full.py loss (the whole logits, model(input_ids); "
+                       "chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:]) flattens each sequence's first "
+                       "seq_len - 1 positions, a copy where micro_batch > 1, and runs the cross-entropy chunk_size rows "
+                       "at a time, default 128, in the logits' own dtype). Absent: transformers' loss over the whole "
+                       "logits.",
         "type": "object",
         "properties": {
             "kind": {"title": "Which chunked loss", "enum": list(KINDS), "description": "chunked: torchtune's CEWithChunkedOutputLoss (each chunk upcast "
@@ -55,10 +61,12 @@ KEYS = {
                                                          "chunked_cross_entropy (each chunk in the logits' dtype); "
                                                          "linear: torchtune's LinearCrossEntropyLoss (the output "
                                                          "projection inside the loss, a chunk of the tokens at a time; "
-                                                         "every token counted as labelled: an upper bound)"},
+                                                         "every token counted as labelled: an upper bound); "
+                                                         "chunked_rows: LitGPT's full.py chunked_cross_entropy over the "
+                                                         "whole logits (chunk_size rows of the flattened batch at a time)"},
             "chunks": {"title": "Chunks", "type": "integer", "minimum": 1, "default": 8, "description": "kind chunked: the number of chunks of the sequence; "
                                                                                                        "kind linear: the number of chunks of the batch's tokens (num_output_chunks)"},
-            "chunk_size": {"title": "Tokens per chunk", "type": "integer", "minimum": 1, "default": 128, "description": "kind chunked_head: the tokens of each sequence per chunk"},
+            "chunk_size": {"title": "Tokens per chunk", "type": "integer", "minimum": 1, "default": 128, "description": "kind chunked_head: the tokens of each sequence per chunk; kind chunked_rows: the rows of the flattened batch (micro_batch x (seq_len - 1) tokens) per chunk"},
         },
         "required": ["kind"],
         "additionalProperties": False,
@@ -104,6 +112,8 @@ def rewrite(step, config, training: dict):
         return step
     if training["loss"]["kind"] == "linear":
         return _linear(step, model, b * s, vocab, int(training["loss"].get("chunks") or 8))
+    if training["loss"]["kind"] == "chunked_rows":
+        return _rows(step, config, training, b, s, vocab, int(training["loss"].get("chunk_size") or 128))
     whole32 = dtype_bytes(b * s * vocab, "float32")
     tensors = step.tensors
     # the logits as the loss reads them: fp32 where a wrapper converts the model's outputs (training.outputs_dtype,
@@ -222,6 +232,63 @@ def _weight_cast(model, micro_batch: int, seq_len: int, head_trains: bool) -> in
     sizes = acts.layer_sizes(model.cfg, micro_batch, seq_len)
     return held.chunk_weight_casts(sizes["V"] * sizes["h"], acts.role_dtypes(precision, model.dtypes),
                                    precision.endswith("-mixed"), head_trains)
+
+
+def _rows(step, config, training: dict, b: int, s: int, vocab: int, size: int):
+    """LitGPT's finetune/full.py loss (litgpt 0.5.13 and 3ba6da40 alike): `logits = model(input_ids)`, the whole
+    logits (fp32 through Fabric: training.outputs_dtype, `received`), held by fit's `logits` through the step
+    (training.previous_outputs_held); `chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])` (litgpt/utils.py,
+    "lm_head wasn't chunked"): `logits.reshape(-1, vocab)`, a copy of the slice where there is more than one sequence
+    (it is not contiguous) and a view of it where there is one; `logits.split(chunk_size)` over the b x (s - 1) rows;
+    per chunk `F.cross_entropy(reduction="none")`: its log-softmax (in the logits' dtype; fp32 under *-mixed autocast)
+    kept, with its total weight (a scalar of that dtype) and the targets' rows (`targets.reshape(-1)`: a copy where
+    there is more than one sequence, else a view of the loop's targets). Measured (litgpt 0.5.13's step, a dispatch
+    trace of every storage alive at each op; tests/ledger/test_litgpt_head.py):
+    - forward, at the last chunk's log-softmax: the logits, the reshaped copy (b > 1) and every chunk's log-softmax;
+      the copy is freed when the function returns (each chunk's log-softmax saves its output, not its input);
+    - backward, a chunk at a time, the last first: at a chunk's log-softmax backward, the log-softmax of it and of every
+      chunk before it, its nll_loss gradient and its own gradient (two chunks), the gradients of the chunks after it
+      (one log-softmax's worth each) waiting for the split's backward: every log-softmax's bytes and two chunks';
+    - then the split's backward concatenates the chunks' gradients (b x (s - 1) rows beside them), the slice's
+      backward copies that into a zero gradient of the whole logits (`slice_backward`: the b x s rows beside the
+      concatenation), and the conversion's backward casts it to the head's dtype (the fp32 whole and the head's
+      output-sized gradient): the head's moments before its matmul's backward (Row.early_flight), the loss's
+      tensors freed, the logits still held."""
+    model = config.model
+    head = step.rows[-1]
+    logits, seen = step.tensors[head.output], outputs_dtype.received(step, config, training)
+    made = outputs_dtype.logits_dtype(model)
+    read = made if seen == logits else "float32"   # the logits the loss reads: the fp32 copy where converted
+    mixed = run_precision(model).endswith("-mixed")
+    comp = "float32" if mixed else read   # autocast runs cross_entropy in fp32
+    rows = b * (s - 1)
+    if rows < 1:
+        return step
+    first = min(size, rows)   # the first chunk, the largest (split: every chunk of `size` rows but the last)
+    lsm, chunk = dtype_bytes(rows * vocab, comp), dtype_bytes(first * vocab, comp)
+    copy = dtype_bytes(rows * vocab, read) if b > 1 else 0
+    # under *-mixed on logits not converted, autocast's fp32 copy of a chunk is alive at its log-softmax
+    upcast = dtype_bytes(first * vocab, "float32") if comp != read else 0
+    tensors = dict(step.tensors)
+    kept = []
+    for nbytes in (lsm, dtype_bytes(rows, "int64") if b > 1 else 0, dtype_bytes(-(-rows // size), comp)):
+        tensors[max(tensors) + 1] = nbytes
+        kept.append(max(tensors))
+    # the head's input (the final norm's output) stays referenced through the loss where the head keeps no copy of it
+    # (LitGPT's GPT keeps no cache in training: nothing else of the forward is held unsaved)
+    unsaved = step.tensors.get(head.input, 0) if head.input is not None and head.input not in head.kept else 0
+    forward = (seen, *([copy] if copy else []), *([upcast] if upcast else []), *([unsaved] if unsaved else []))
+    loss = replace(step.loss, forward=forward, backward=(chunk, chunk), upcast=0, held=(unsaved,) if unsaved else ())
+    whole = dtype_bytes(b * s * vocab, read)   # slice_backward's zero gradient of the whole logits
+    shifted = dtype_bytes(rows * vocab, read)   # the split's concatenated gradient
+    cast = logits if read != made else 0   # the conversion's backward: the gradient in the head's dtype
+    early = max(2 * shifted, shifted + whole, whole + cast)
+    rows_out = step.rows[:-1] + [replace(head, early_flight=max(head.early_flight or 0, early))]
+    out = replace(step, rows=rows_out, loss=loss, tensors=tensors, loss_kept=kept)
+    change = saved_bytes(out) - saved_bytes(step)
+    if model.training.get("checkpointing") == "full" and change < 0:
+        change = 0
+    return replace(out, saved_rewritten=step.saved_rewritten + change)
 
 
 def _split(tokens: int, chunks: int) -> list:

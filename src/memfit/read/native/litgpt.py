@@ -10,9 +10,10 @@ lora.py switches on that memfit models: its step `model(input_ids, lm_head_chunk
 (training.litgpt_qkv), under `quantize: bnb.*` Lightning's BitsandbytesPrecision (quantization; the pinned
 bitsandbytes 0.42.0 keeps each 4-bit matmul's input: training.quantized_saves_input) and bitsandbytes' PagedAdamW
 (32-bit paged state). Both scripts run the model through Lightning Fabric, which hands the loop the logits in fp32
-(training.outputs_dtype). full.py computes the whole logits (`model(input_ids)`) and a chunked cross-entropy over them
-through Fabric in fp32: memfit's default loss is written (no copy of its own on fp32 logits, where full.py's
-`logits[..., :-1, :]` reshaped is one: that copy is left out of the loss's forward). Over more than one device both
+(training.outputs_dtype). full.py computes the whole logits (`model(input_ids)`), fp32 through Fabric, and
+`chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])` over them, 128 rows of the flattened batch at a time
+(training.loss chunked_rows, 128: the reshaped slice's copy where micro_batch > 1, each chunk's log-softmax, the
+backward's chunk gradients, their concatenation and the slice's zero-filled whole gradient). Over more than one device both
 scripts run FSDPStrategy(auto_wrap_policy={Block}, activation_checkpointing_policy={Block}): parallel.fsdp
 full_shard over `devices` GPUs with every block checkpointed.
 """
@@ -287,6 +288,9 @@ def read(r: Reader, ctx) -> dict:
         fused = modules.get("query") is not None and modules.get("query") == modules.get("key")
         r.set(("training", "litgpt_qkv"), {"lora": parts} if fused else True)
     else:
+        # full.py: `logits = model(input_ids)`, `chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])` with its
+        # default chunk_size=128 (litgpt/utils.py: the whole logits' rows split 128 at a time)
+        r.set(("training", "loss"), {"kind": "chunked_rows", "chunk_size": 128})
         r.set(("training", "litgpt_qkv"), True)
     r.unmodelled(UNMODELLED)
     return {}
