@@ -33,15 +33,8 @@ CASES = {
     "pythia-bf16-mixed": (_NEOX, "bf16-mixed", 2, False),
     "pythia-32-true": (_NEOX, "32-true", 1, False),
 }
-# cases outside the band (strict xfails of the band's assertion only): case -> why (memfit / measured, both in the
-# backward). Each is high by about three logits-sized fp32 tensors where chunked_cross_entropy's split backward holds
-# less: the same pricing as full.py's loss (tests/ledger/test_litgpt_head.py's full fine-tunes, 1.07-1.08)
-XFAILS: dict[str, str] = {
-    "llama-bf16-mixed": "memfit 96,195,716 B against LitGPT 0.5.13's 87,278,672 (1.102), both in the backward",
-    "llama-bf16-true-tied": "memfit 61,224,580 B against 54,671,948 (1.120), both in the backward",
-    "pythia-bf16-mixed": "memfit 93,753,412 B against 85,360,764 (1.098), both in the backward",
-    "pythia-32-true": "memfit 77,742,144 B against 66,986,116 (1.161), both in the backward",
-}
+# cases outside the band (strict xfails of the band's assertion only): case -> why (memfit / measured)
+XFAILS: dict[str, str] = {}
 _MEASURED: dict = {}
 
 

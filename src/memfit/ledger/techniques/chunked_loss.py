@@ -67,6 +67,7 @@ KEYS = {
             "chunks": {"title": "Chunks", "type": "integer", "minimum": 1, "default": 8, "description": "kind chunked: the number of chunks of the sequence; "
                                                                                                        "kind linear: the number of chunks of the batch's tokens (num_output_chunks)"},
             "chunk_size": {"title": "Tokens per chunk", "type": "integer", "minimum": 1, "default": 128, "description": "kind chunked_head: the tokens of each sequence per chunk; kind chunked_rows: the rows of the flattened batch (micro_batch x (seq_len - 1) tokens) per chunk"},
+            "shift": {"title": "Shifted in the loss", "type": "boolean", "default": True, "description": "kind chunked_rows: true, finetune/full.py's chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:]) (the slice: a copy where micro_batch > 1, and slice_backward's whole-logits gradient); false, pretrain.py's chunked_cross_entropy(logits, targets) on targets shifted by the data (micro_batch x seq_len rows, views only)"},
         },
         "required": ["kind"],
         "additionalProperties": False,
@@ -113,7 +114,8 @@ def rewrite(step, config, training: dict):
     if training["loss"]["kind"] == "linear":
         return _linear(step, model, b * s, vocab, int(training["loss"].get("chunks") or 8))
     if training["loss"]["kind"] == "chunked_rows":
-        return _rows(step, config, training, b, s, vocab, int(training["loss"].get("chunk_size") or 128))
+        return _rows(step, config, training, b, s, vocab, int(training["loss"].get("chunk_size") or 128),
+                     training["loss"].get("shift", True) is not False)
     whole32 = dtype_bytes(b * s * vocab, "float32")
     tensors = step.tensors
     # the logits as the loss reads them: fp32 where a wrapper converts the model's outputs (training.outputs_dtype,
@@ -234,7 +236,7 @@ def _weight_cast(model, micro_batch: int, seq_len: int, head_trains: bool) -> in
                                    precision.endswith("-mixed"), head_trains)
 
 
-def _rows(step, config, training: dict, b: int, s: int, vocab: int, size: int):
+def _rows(step, config, training: dict, b: int, s: int, vocab: int, size: int, shift: bool = True):
     """LitGPT's finetune/full.py loss (litgpt 0.5.13 and 3ba6da40 alike): `logits = model(input_ids)`, the whole
     logits (fp32 through Fabric: training.outputs_dtype, `received`), held by fit's `logits` through the step
     (training.previous_outputs_held); `chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])` (litgpt/utils.py,
@@ -253,7 +255,10 @@ def _rows(step, config, training: dict, b: int, s: int, vocab: int, size: int):
       backward copies that into a zero gradient of the whole logits (`slice_backward`: the b x s rows beside the
       concatenation), and the conversion's backward casts it to the head's dtype (the fp32 whole and the head's
       output-sized gradient): the head's moments before its matmul's backward (Row.early_flight), the loss's
-      tensors freed, the logits still held."""
+      tensors freed, the logits still held.
+    Unshifted (`shift` false: litgpt/pretrain.py fit, `chunked_cross_entropy(logits, targets)` with the targets shifted
+    by the data: tests/ledger/test_litgpt_pretrain.py) the b x s rows are views of the logits and the targets, and the
+    split's backward is the logits' whole gradient: no copy, no slice_backward."""
     model = config.model
     head = step.rows[-1]
     logits, seen = step.tensors[head.output], outputs_dtype.received(step, config, training)
@@ -261,17 +266,18 @@ def _rows(step, config, training: dict, b: int, s: int, vocab: int, size: int):
     read = made if seen == logits else "float32"   # the logits the loss reads: the fp32 copy where converted
     mixed = run_precision(model).endswith("-mixed")
     comp = "float32" if mixed else read   # autocast runs cross_entropy in fp32
-    rows = b * (s - 1)
+    rows = b * (s - 1) if shift else b * s
+    sliced = shift and b > 1   # the slice of more than one sequence is not contiguous: reshape copies it
     if rows < 1:
         return step
     first = min(size, rows)   # the first chunk, the largest (split: every chunk of `size` rows but the last)
     lsm, chunk = dtype_bytes(rows * vocab, comp), dtype_bytes(first * vocab, comp)
-    copy = dtype_bytes(rows * vocab, read) if b > 1 else 0
+    copy = dtype_bytes(rows * vocab, read) if sliced else 0
     # under *-mixed on logits not converted, autocast's fp32 copy of a chunk is alive at its log-softmax
     upcast = dtype_bytes(first * vocab, "float32") if comp != read else 0
     tensors = dict(step.tensors)
     kept = []
-    for nbytes in (lsm, dtype_bytes(rows, "int64") if b > 1 else 0, dtype_bytes(-(-rows // size), comp)):
+    for nbytes in (lsm, dtype_bytes(rows, "int64") if sliced else 0, dtype_bytes(-(-rows // size), comp)):
         tensors[max(tensors) + 1] = nbytes
         kept.append(max(tensors))
     # the head's input (the final norm's output) stays referenced through the loss where the head keeps no copy of it
@@ -279,10 +285,10 @@ def _rows(step, config, training: dict, b: int, s: int, vocab: int, size: int):
     unsaved = step.tensors.get(head.input, 0) if head.input is not None and head.input not in head.kept else 0
     forward = (seen, *([copy] if copy else []), *([upcast] if upcast else []), *([unsaved] if unsaved else []))
     loss = replace(step.loss, forward=forward, backward=(chunk, chunk), upcast=0, held=(unsaved,) if unsaved else ())
-    whole = dtype_bytes(b * s * vocab, read)   # slice_backward's zero gradient of the whole logits
+    whole = dtype_bytes(b * s * vocab, read) if shift else 0   # slice_backward's zero gradient of the whole logits
     shifted = dtype_bytes(rows * vocab, read)   # the split's concatenated gradient
     cast = logits if read != made else 0   # the conversion's backward: the gradient in the head's dtype
-    early = max(2 * shifted, shifted + whole, whole + cast)
+    early = max(2 * shifted, shifted + whole, whole + cast) if shift else max(2 * shifted, shifted + cast)
     rows_out = step.rows[:-1] + [replace(head, early_flight=max(head.early_flight or 0, early))]
     out = replace(step, rows=rows_out, loss=loss, tensors=tensors, loss_kept=kept)
     change = saved_bytes(out) - saved_bytes(step)

@@ -399,6 +399,8 @@ def read_pretrain(r: Reader, ctx) -> dict:
     r.set(("training", "checkpointing"), "none")
     _pretrain_batch(r, world, transformer["max_position_embeddings"])
     r.set(("training", "previous_outputs_held"), True)   # fit rebinds `logits` once the next forward has returned
+    # fit: `chunked_cross_entropy(logits, targets)`, the targets shifted by the data (train_data[:, 1 : max_seq_length + 1])
+    r.set(("training", "loss"), {"kind": "chunked_rows", "chunk_size": 128, "shift": False})
     if (precision or "bf16-mixed") != "64-true":
         r.set(("training", "outputs_dtype"), "float32")   # Fabric's _FabricModule.forward: outputs to fp32
     r.set(("training", "attention"), "sdpa")
