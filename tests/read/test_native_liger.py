@@ -110,3 +110,32 @@ def test_axolotl_refuses_liger_swiglu_beside_liger_glu_activation(tmp_path):
     alone = tmp_path / "alone.yml"
     alone.write_text(AXOLOTL + PLUGIN + "liger_swiglu: true\n")
     assert same_figures_as_converted(alone, "--device", "H100-80GB")["doc"]["training"]["liger_kernels"] == ["swiglu"]
+
+
+def test_axolotl_refuses_liger_kernels_its_validators_refuse(tmp_path):
+    """LigerArgs' other validators (axolotl 067b021 integrations/liger/args.py, the plugin listed): liger_glu_activation
+    with tiled_mlp unless tiled_mlp_use_original_mlp (check_tiled_mlp_conflict), liger_rms_norm or Liger's fused loss
+    under tensor_parallel_size > 1 (check_liger_rms_norm_tensor_parallel, check_tensor_parallel_size_liger_fused_linear_
+    cross_entropy): an error at the key quoting Axolotl, exit 1, no figure; the original-MLP switch lets it through."""
+    shutil.copy(MODELS / "llama-3-8b.json", tmp_path / "llama-3-8b.json")
+    cases = {
+        "tiled.yml": ("liger_glu_activation: true\ntiled_mlp: true\n", "tiled_mlp", "check_tiled_mlp_conflict",
+                      "You cannot have both `liger_glu_activation` and `tiled_mlp` set without `tiled_mlp_use_original_mlp: true`."),
+        "norm_tp.yml": ("liger_rms_norm: true\ntensor_parallel_size: 2\n", "liger_rms_norm", "check_liger_rms_norm_tensor_parallel",
+                        "`liger_rms_norm` is incompatible with tensor parallelism, see https://github.com/linkedin/Liger-Kernel/issues/826"),
+        "flce_tp.yml": ("liger_fused_linear_cross_entropy: true\ntensor_parallel_size: 2\n", "liger_fused_linear_cross_entropy",
+                        "check_tensor_parallel_size_liger_fused_linear_cross_entropy", "Tensor parallelism is not compatible with liger losses."),
+    }
+    for name, (keys, key, validator, quoted) in cases.items():
+        path = tmp_path / name
+        path.write_text(AXOLOTL + PLUGIN + keys)
+        entry, out = figures(path, "--device", "H100-80GB")
+        errors = [d for d in entry["diagnostics"] if d["severity"] == "error"]
+        line = (AXOLOTL + PLUGIN + keys).splitlines().index(next(row for row in keys.splitlines() if row.startswith(f"{key}:"))) + 1
+        assert out.returncode == 1 and entry["footprint"] is None, entry["diagnostics"]
+        assert [(d["code"], d["range"]["start"]["line"] + 1) for d in errors] == [("native-config", line)], errors
+        assert validator in errors[0]["message"] and quoted in errors[0]["message"], errors[0]["message"]
+    through = tmp_path / "through.yml"
+    through.write_text(AXOLOTL + PLUGIN + "liger_glu_activation: true\ntiled_mlp: true\ntiled_mlp_use_original_mlp: true\n")
+    entry, out = figures(through, "--device", "H100-80GB")
+    assert out.returncode == 0 and not [d for d in entry["diagnostics"] if d["severity"] == "error"], entry["diagnostics"]

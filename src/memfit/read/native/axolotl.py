@@ -61,6 +61,7 @@ CONDITIONAL = {
     "xformers_attention": "training.attention sdpa, with a warning that memfit models eager, sdpa and flash attention (loaders/model.py _set_attention_config)",
     "flex_attention": "training.attention sdpa, with a warning that memfit models eager, sdpa and flash attention (loaders/model.py _set_attention_config)",
     "plugins": "the Cut Cross-Entropy plugin alone switches cut_cross_entropy on (its default); a Liger plugin without its enable keys (liger_*) is warned about: its kernels save less than memfit counts",
+    "tiled_mlp_use_original_mlp": "with tiled_mlp and liger_glu_activation both true: Axolotl refuses the config unless it is true (integrations/liger/args.py LigerArgs.check_tiled_mlp_conflict)",
     "eval_batch_size": "training.eval_batch when larger than the training micro-batch and the run evaluates (default: micro_batch_size): the evaluation pass (no_grad forward at that batch beside the weights and optimizer state); under a parallel layout: warned",
 }
 
@@ -288,6 +289,8 @@ def _liger_kernels(r: Reader, plugins: list) -> None:
         _refused(r, "liger_swiglu", "integrations/liger/args.py LigerArgs.check_deprecated_swiglu, the Liger plugin listed",
                  "You cannot have both `liger_swiglu` and `liger_glu_activation` set.")
         return
+    if listed and _liger_refused(r):
+        return
     on = [(key, kernel) for key, kernel in (("liger_rms_norm", "rms_norm"), ("liger_glu_activation", "swiglu"),
                                             ("liger_swiglu", "swiglu")) if r.get(key, (bool,), None)]
     if not on:
@@ -299,6 +302,29 @@ def _liger_kernels(r: Reader, plugins: list) -> None:
         return
     kernels = list(dict.fromkeys(kernel for _, kernel in on))
     r.set(("training", "liger_kernels"), kernels, r.at(on[0][0]))
+
+
+def _liger_refused(r: Reader) -> bool:
+    """LigerArgs' other validators at axolotl 067b021 (integrations/liger/args.py, the plugin listed): the GLU kernel
+    beside tiled_mlp without its original-MLP switch; the RMSNorm kernel, or Liger's fused loss, under tensor
+    parallelism."""
+    data = r.data
+    tensor = data.get("tensor_parallel_size")
+    parallel = isinstance(tensor, int) and not isinstance(tensor, bool) and tensor > 1
+    if data.get("liger_glu_activation") is True and data.get("tiled_mlp") is True and not data.get("tiled_mlp_use_original_mlp"):
+        _refused(r, "tiled_mlp", "integrations/liger/args.py LigerArgs.check_tiled_mlp_conflict, the Liger plugin listed",
+                 "You cannot have both `liger_glu_activation` and `tiled_mlp` set without `tiled_mlp_use_original_mlp: true`.")
+        return True
+    if data.get("liger_rms_norm") and parallel:
+        _refused(r, "liger_rms_norm", "integrations/liger/args.py LigerArgs.check_liger_rms_norm_tensor_parallel, the Liger plugin listed",
+                 "`liger_rms_norm` is incompatible with tensor parallelism, see https://github.com/linkedin/Liger-Kernel/issues/826")
+        return True
+    if data.get("liger_fused_linear_cross_entropy") and parallel:
+        _refused(r, "liger_fused_linear_cross_entropy", "integrations/liger/args.py "
+                 "LigerArgs.check_tensor_parallel_size_liger_fused_linear_cross_entropy, the Liger plugin listed",
+                 "Tensor parallelism is not compatible with liger losses.")
+        return True
+    return False
 
 
 def _attention(r: Reader):
