@@ -112,3 +112,16 @@ def test_the_settings_gpus_applies_as_the_flag_does(tmp_path):
     assert kept["peak"]["ranks"] == 8
     _, flag = check(stated, "--gpus", "8")  # the command line wins over the settings file
     assert flag["diagnostics"] == []
+
+
+def test_fewer_gpus_than_the_configs_model_parallel_split_leave_the_config_as_written(tmp_path):
+    """tensor 2 without data, --gpus 1 (a project's `gpus = 1` too): the config's own split wins, as a stated
+    parallel.data does, with a gpus-overridden warning at the parallel key and exit 0: the figure of the config alone
+    (a config that passed before --gpus applied to memfit configs still passes)."""
+    bare = write(tmp_path, "tp.yaml", "parallel: {tensor: 2}\n")
+    _, alone = check(bare)
+    rc, flagged = check(bare, "--gpus", "1")
+    [d] = flagged["diagnostics"]
+    assert rc == 0 and (d["code"], d["severity"]) == ("gpus-overridden", "warning"), d
+    assert d["message"].startswith("--gpus 1 is fewer GPUs than this config's tensor 2 x pipeline 1 = 2") and d["range"]["start"]["line"] == 7
+    assert (flagged["footprint"], flagged["peak"]["bytes"], flagged["peak"]["ranks"]) == (alone["footprint"], alone["peak"]["bytes"], alone["peak"]["ranks"])

@@ -94,6 +94,8 @@ def chunked_loss(draw) -> dict:
         doc["precision"] = precision
     kind = draw(st.sampled_from(["chunked", "chunked_head", "chunked_rows", "linear"]))
     size = {"chunks": draw(st.integers(1, 8))} if kind not in ("chunked_head", "chunked_rows") else {"chunk_size": draw(st.integers(1, 32))}
+    if kind == "chunked_rows":
+        size["shift"] = draw(st.booleans())   # full.py's sliced loss, or pretrain.py's on the data's shifted targets
     doc["training"] = {**doc["training"], "optimizer_impl": draw(IMPLS), "loss": {"kind": kind, **size}}
     return doc
 

@@ -5,6 +5,7 @@ each problem is placed on the key that causes it. The step itself is measured in
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -119,3 +120,24 @@ def test_problems_are_placed_on_their_keys(tmp_path):
         errors = [d for d in found[name]["diagnostics"] if d["severity"] == "error"]
         line = next(i for i, row in enumerate(body.splitlines(), 1) if row.lstrip().startswith(f"{key}:"))
         assert [(d["range"]["start"]["line"] + 1, d["code"]) for d in errors] == [(line, code)] and words in errors[0]["message"], (name, errors)
+
+
+def test_the_settings_gpus_fill_devices_auto_and_disagreeing_flags_are_said(tmp_path):
+    """`gpus = 8` in memfit.toml fills `devices: auto` as --gpus 8 does (HYBRID_SHARD, no warning at devices); a --gpus
+    that is not devices x num_nodes is checked with a warning at devices; --gpus-per-node other than devices (LitGPT
+    shards within each node's devices ranks) is said at devices."""
+    shutil.copy(HUB / "tinyllama.yaml", tmp_path / "tinyllama.yaml")
+    (tmp_path / "memfit.toml").write_text("gpus = 8\n", encoding="utf-8")
+    doc = converted(tmp_path / "tinyllama.yaml")
+    assert doc["parallel"] == {"fsdp": "hybrid_shard", "fsdp_version": 1, "data": 8, "gpus_per_node": 8}
+    assert doc["training"]["gradient_accumulation"] == 512 // 8 // 4
+    (tmp_path / "memfit.toml").unlink()
+    two = tmp_path / "two.yaml"
+    two.write_text((HUB / "tinyllama.yaml").read_text(encoding="utf-8").replace("devices: auto", "devices: 4").replace("num_nodes: 1", "num_nodes: 2"), encoding="utf-8")
+    line = line_of(two, "devices")
+    for flags, words in ((("--gpus", "16"), "--gpus 16 is not this config's devices x num_nodes = 8"),
+                         (("--gpus-per-node", "8"), "--gpus-per-node 8: LitGPT's HYBRID_SHARD shards within each node's devices = 4")):
+        entry = check(two, flags=("--budget", "80 GiB", *flags))["two.yaml"]
+        said = [d for d in entry["diagnostics"] if d["range"]["start"]["line"] + 1 == line]
+        assert len(said) == 1 and said[0]["message"].startswith(words), entry["diagnostics"]
+    assert converted(two, "--gpus", "16")["parallel"] == {"fsdp": "hybrid_shard", "fsdp_version": 1, "data": 16, "gpus_per_node": 8}

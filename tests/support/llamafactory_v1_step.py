@@ -1,6 +1,6 @@
 """A faithful pure-torch port of LLaMA-Factory v1's SFT step (hiyouga/LLaMA-Factory at ff6d4d12e, under
 src/llamafactory/v1/), run on a tiny transformers model under MemTracker (tests/support/peak_reference.py): the
-reference memfit's figure for a v1 config is checked against (tests/read/test_llamafactory_v1_loss.py).
+reference memfit's figure for a v1 config is checked against (tests/ledger/test_second_loss.py).
 
 What the step runs, line by line (one GPU: no mesh, fsdp2 wraps nothing; cp_size 1; no deepspeed):
 - core/model_engine.py _init_model: the checkpoint in its own dtype; a full fine-tune cast `model.to(torch.float32)`;

@@ -329,26 +329,35 @@ def _pretrain_model(r: Reader) -> dict | None:
 
 def _pretrain_layout(r: Reader, ctx) -> int:
     """devices x num_nodes: above one GPU, Lightning's FSDPStrategy(auto_wrap_policy={Block},
-    sharding_strategy="HYBRID_SHARD") with no activation checkpointing (pretrain.py setup); the world size."""
+    sharding_strategy="HYBRID_SHARD") with no activation checkpointing (pretrain.py setup): sharded within each node's
+    `devices` ranks. `devices: auto` is every GPU of the machine: --gpus or the settings' gpus (1 without, said at
+    the key); a --gpus or --gpus-per-node that disagrees with the config's counts wins, with a warning. The world size."""
     devices = r.get("devices", (int, str), "auto")
     at = r.at("devices") if "devices" in r.data else None
+    nodes = max(r.get("num_nodes", (int,), 1), 1)
+    gpus = ctx.conf.get("gpus")
     if not isinstance(devices, int):
         if devices != "auto":
             r.error(at, codes.NATIVE_CONFIG, f"devices is {devices!r}: a number of GPUs or auto")
-        gpus = ctx.conf.get("gpus") if "gpus" in ctx.conf.cli else None
         if gpus is None:
             r.warn(at or r.native.root, "devices auto: LitGPT uses every GPU of the machine (parse_devices); memfit checks 1 GPU "
                                         "(give the machine's count with --gpus N)")
-        devices = gpus or 1
-    nodes = r.get("num_nodes", (int,), 1)
-    world = max(devices, 1) * max(nodes, 1)
+        devices = max(gpus or 1, 1) // nodes or 1
+    devices = max(devices, 1)
+    world = devices * nodes
+    if isinstance(gpus, int) and gpus > 0 and gpus != world and "gpus" in ctx.conf.cli:
+        r.warn(at or r.native.root, f"--gpus {gpus} is not this config's devices x num_nodes = {world}: memfit checks {gpus} GPUs "
+                                    f"({gpus // nodes or 1} a node), what LitGPT would launch with devices: {gpus // nodes or 1}")
+        world, devices = gpus, gpus // nodes or 1
+    per_node = devices
+    if "gpus_per_node" in ctx.conf.cli and ctx.conf.get("gpus_per_node") != devices and world > 1:
+        r.warn(at or r.native.root, f"--gpus-per-node {ctx.conf.get('gpus_per_node')}: LitGPT's HYBRID_SHARD shards within each "
+                                    f"node's devices = {devices} ranks; the figures are for {ctx.conf.get('gpus_per_node')} a node "
+                                    "(below the run's where more)")
     if world > 1:
         r.set(("parallel", "fsdp"), "hybrid_shard", at)
         r.set(("parallel", "fsdp_version"), 1, at)  # Lightning's FSDPStrategy: FullyShardedDataParallel (FSDP1)
-        if "gpus" not in ctx.conf.cli:
-            ctx.launch = {**ctx.launch, "gpus": (world, at)}
-        if "gpus_per_node" not in ctx.conf.cli:
-            ctx.launch = {**ctx.launch, "gpus_per_node": (max(devices, 1), at)}
+        ctx.launch = {**ctx.launch, "gpus": (world, at), "gpus_per_node": (per_node, at)}
     return world
 
 
@@ -378,7 +387,7 @@ def _pretrain_batch(r: Reader, world: int, block: int) -> None:
 def read_pretrain(r: Reader, ctx) -> dict:
     """A `litgpt pretrain` config, read as pretrain.py runs it at 26857050 (PyPI litgpt 0.5.13): the model built from
     its Config (random weights, or initial_checkpoint_dir's loaded into them), every parameter trained, the whole
-    logits and `chunked_cross_entropy(logits, targets)` (memfit's default loss), Fabric's fp32 outputs, fused AdamW on
+    logits and `chunked_cross_entropy(logits, targets)` (training.loss chunked_rows, shift false), Fabric's fp32 outputs, fused AdamW on
     CUDA, and `torch.compile(model)`, not modelled (a warning: the eager figure is gated)."""
     data = r.data
     r.native.root = r.at("model_name", on_key=True)

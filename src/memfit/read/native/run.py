@@ -281,8 +281,8 @@ def memfit_world(data: dict, conf: Settings) -> tuple[dict, set, list]:
     parallel.data = gpus / (tensor x pipeline) where the config states no parallel.data (a `parallel` section of
     gpus ranks where it has none and gpus > 1). Where the config states parallel.data and its world size data x
     tensor x pipeline is another, the config's own section wins (as its device wins over --device) and a
-    gpus-overridden warning at parallel.data says so; gpus that tensor x pipeline does not divide is bad-parallel
-    on the parallel key. (the data, the keys added, the problems)."""
+    gpus-overridden warning at parallel.data says so, and so where gpus is below tensor x pipeline (at the parallel
+    key); gpus that tensor x pipeline does not divide is bad-parallel on the parallel key. (the data, the keys added, the problems)."""
     from memfit.diagnostics.diagnostic import Problem
 
     gpus = conf.get("gpus")
@@ -302,6 +302,11 @@ def memfit_world(data: dict, conf: Settings) -> tuple[dict, set, list]:
         message = (f"{source} is not this config's world size, parallel.data {stated}{split} = {world} GPU{'s' if world != 1 else ''}: "
                    f"the config's parallel section wins, the figures are for {world} GPU{'s' if world != 1 else ''} (drop parallel.data to let {source.split(' ')[0]} set it)")
         return data, set(), [Problem(("parallel", "data"), codes.GPUS_OVERRIDDEN, message, on_key=True)]
+    if gpus < tensor * pipeline:
+        # fewer GPUs than the config's own model-parallel split: as a stated parallel.data, the config wins
+        message = (f"{source} is fewer GPUs than this config's tensor {tensor} x pipeline {pipeline} = {tensor * pipeline}: "
+                   f"the config's parallel section wins, the figures are for {tensor * pipeline} GPUs")
+        return data, set(), [Problem(("parallel",), codes.GPUS_OVERRIDDEN, message, on_key=True)]
     if gpus % (tensor * pipeline):
         message = f"{source}: {gpus} GPUs do not divide into tensor x pipeline = {tensor} x {pipeline} = {tensor * pipeline}: parallel.data would not be a whole number of ranks"
         return data, set(), [Problem(("parallel",), codes.BAD_PARALLEL, message, on_key=True)]
