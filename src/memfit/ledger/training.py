@@ -656,6 +656,11 @@ def _t5_stack_ends(row: Row, k, i: int, names: list, encoder_layers: int, n_laye
         row.grads_born = list(k.held_gradients.get(names[-1], ()))
     if k.held_gradients and i == encoder_layers and len(names) == 1:
         row.grads_taken = [g for made in k.held_gradients.values() for g in made]
+    # the encoder's shared position bias's gradient, from its last layer's backward to its first's (t5_encoder_held_gradients)
+    if k.enc_held and i == encoder_layers - 1:
+        row.grads_born = list(k.enc_held.get(names[-1], ()))
+    if k.enc_held and i == 0 and len(names) == 1:
+        row.grads_taken = [g for made in k.enc_held.values() for g in made]
 
 
 def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fresh, weights, kept_ids, cfg: dict, sizes: dict,
@@ -718,10 +723,10 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
                 if part in layer_redone:
                     # a LoRA linear's flight comes once its own tensors are kept, before what reads its output
                     row.recompute_moment = (min(sum(part_bytes[:n]) + adapted_bytes[n] - boundary, bound[i]), layer_redone[part])
-                if kernel.get(part) and not encoder:
+                if (moments := (k.enc_kernel if encoder else kernel).get(part)):
                     # the math kernel's moments come after the LoRA linears' (their outputs summed): the worst of them
                     made = sum(part_bytes[: n + 1]) - boundary
-                    for later, flight in kernel[part]:
+                    for later, flight in moments:
                         later_bytes = sum(kept_bytes(k) for k in kept if later and k.label.startswith(later))
                         moment = (min(made - later_bytes, bound[i]), arrived + flight)
                         if row.recompute_moment is None or sum(moment) > sum(row.recompute_moment):

@@ -13,7 +13,8 @@ from memfit.models import held
 from memfit.models.hf_act_eval import dropout_on, layer_conditions, trainable_flags
 from memfit.models.hf_act_families import FAMILIES
 from memfit.models.hf_act_ops import liger_rms_norm, liger_swiglu, rms_upcast
-from memfit.models.hf_act_t5 import t5_cross_math_moments, t5_flights, t5_mlp_flight, t5_recompute_flights
+from memfit.models.hf_act_t5 import t5_cross_math_moments, t5_flights, t5_mlp_flight, t5_recompute_flights, t5_self_math_moments, \
+    t5_encoder_held_gradients
 from memfit.recipe.costs import dtype_bytes
 
 
@@ -43,10 +44,11 @@ def layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_size
     # direction (the gradients take the same way back)
     moe = recipe_args.get("moe") or {}
     a2a = dtype_bytes((T * sizes["k"] + sizes["S"]) * h, roles["act"]) if (moe.get("expert") or 1) > 1 and sizes.get("k") else 0
-    self_math, held_gradients, first_recomputed = False, {}, {}
+    self_math, held_gradients, first_recomputed, enc_held = False, {}, {}, {}
     if stacked:
         self_math, held_gradients, first_recomputed = t5_flights(cfg, sizes, roles, run["attention"], checkpointing,
                                                                  precision, recipe_args.get("lora"), flights, enc_flights)
+        enc_held = t5_encoder_held_gradients(cfg, enc_sizes, roles, checkpointing, recipe_args.get("lora"))
     quantized, mixed = bool((model_dtypes or {}).get("quantized")), precision.endswith("-mixed")
     dequantized, dense_dequantized = {}, {}
     if quantized and (model_dtypes or {}).get("quantized_from") and not stacked:
@@ -65,17 +67,23 @@ def layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_size
     # torch's math kernel, where an attention part runs it, holds its temporaries while the part is recomputed
     # ({part: its moments}; T5's recomputed cross-attention, on SDPA's math path, in its decoder's o_proj part)
     kernel = {"attention": _math_kernel_moments(cfg, sizes, roles, run["attention"], precision) if checkpointing == "full" else []}
+    enc_kernel: dict = {}
+    arrived = _arrived(cfg, sizes, roles)
     if stacked:
         kernel["o_proj"] = t5_cross_math_moments(cfg, sizes, roles, run["attention"], checkpointing, precision,
                                                  recipe_args.get("lora"), quantized)
-    arrived = _arrived(cfg, sizes, roles)
+        # (T5's recomputed self-attentions on SDPA's math path, each stack's at its lengths; the walk adds `arrived` to
+        # a kernel's moment, the encoder's too)
+        args = (run["attention"], checkpointing, precision, recipe_args.get("lora"), quantized)
+        kernel["attention"] += t5_self_math_moments(cfg, sizes, roles, *args, decoder=True, arrived=arrived)
+        enc_kernel["attention"] = t5_self_math_moments(cfg, enc_sizes, roles, *args, decoder=False, arrived=arrived)
     moe_tail = _llama4_recompute_tail(cfg, sizes, roles) if checkpointing == "full" else {}
     unsort = _unsort_forward(cfg, sizes, roles, precision)
     # (T5's softmax backward, where its attention materializes the scores: p @ v's backward has freed what only it kept)
     freed = ("p @ v:",) if stacked and self_math else ()
     return SimpleNamespace(fam=fam, flights=flights, enc_flights=enc_flights, dense_flights=dense_flights, early=early, a2a=a2a,
-                           freed=freed, held_gradients=held_gradients, first_recomputed=first_recomputed, redone=redone,
-                           enc_redone=enc_redone, kernel=kernel, arrived=arrived, dora=dora, dequantized=dequantized,
+                           freed=freed, held_gradients=held_gradients, enc_held=enc_held, first_recomputed=first_recomputed, redone=redone,
+                           enc_redone=enc_redone, kernel=kernel, enc_kernel=enc_kernel, arrived=arrived, dora=dora, dequantized=dequantized,
                            dense_dequantized=dense_dequantized, after=after, enc_after=enc_after, moe_tail=moe_tail,
                            unsort=unsort,
                            lora_forward=held.forward_flights(_recompute_flights(cfg, sizes, recipe_args.get("lora"), roles, quantized, mixed),

@@ -271,7 +271,10 @@ def t5_flights(cfg: dict, sizes: dict, roles: dict, attention: str, checkpointin
         # the relative bias's gradient (1, H, q, k), accumulating over the stack's layers when the bias trains
         # (the decoder's is held between its layers under full checkpointing: t5_held_gradients); q's and k's come after the softmax's
         bias = trainable_flags(FAMILIES["t5"], lora)["W:embed"]
-        for flight, q_len, own_bias in ((enc_flights, se, bias), (flights, s, bias and checkpointing != "full")):
+        # (the encoder's, under full checkpointing with two layers or more, is held from its last layer's backward on:
+        # t5_encoder_held_gradients; measured there, at the first encoder layer's softmax backward: that one alone)
+        enc_held = checkpointing == "full" and hf_encdec.stacks(cfg)[0][2] > 1
+        for flight, q_len, own_bias in ((enc_flights, se, bias and not enc_held), (flights, s, bias and checkpointing != "full")):
             tokens = b * q_len
             at_softmax = (dtype_bytes(tokens * h, roles["act"]) + dtype_bytes(2 * tokens * sizes["kv"], roles["lin"])
                           + 2 * dtype_bytes(b * H * q_len * q_len, score_dtype)
@@ -364,6 +367,21 @@ def t5_held_gradients(cfg: dict, sizes: dict, roles: dict, checkpointing: str) -
             "attention": [dtype_bytes(H * s * s, roles["act"])] if shared else []}
 
 
+def t5_encoder_held_gradients(cfg: dict, sizes: dict, roles: dict, checkpointing: str, lora: dict | None) -> dict:
+    """{the part of the encoder's last layer whose backward makes it: [its bytes]}: under full checkpointing, the
+    gradient the later encoder layers' backward makes for the encoder's shared position bias (the (1, H, se, se)
+    permuted embedding output the first encoder layer computes and passes on, _t5_checkpoint_inputs), in the bias's
+    dtype, accumulated over those layers and held until the first encoder layer's backward has consumed it: alive
+    through that layer's recomputation (t5_held_gradients has the decoder's). Only where the bias trains (the
+    relative_attention_bias embedding: not under LoRA) and the encoder has two layers or more. Measured (MemTracker
+    with a dispatch-mode trace of the live storages, tiny T5 2+2, full checkpointing, 2 x 64 -> 32): a (1, 4, 64, 64)
+    gradient, fp32 under bf16-mixed, bf16 under bf16-true, alive at the peak in the first encoder layer's
+    recomputation."""
+    if checkpointing != "full" or not trainable_flags(FAMILIES["t5"], lora)["W:embed"] or hf_encdec.stacks(cfg)[0][2] < 2:
+        return {}
+    return {"attention": [dtype_bytes(sizes["H"] * sizes["s"] * sizes["s"], roles["act"])]}
+
+
 def t5_cross_math_moments(cfg: dict, sizes: dict, roles: dict, attention: str, checkpointing: str, precision: str,
                           lora: dict | None, quantized: bool) -> list:
     """[(the ops of a decoder layer's kept tensors not made yet, the bytes in flight beyond the kept ones)]: the
@@ -397,6 +415,52 @@ def t5_cross_math_moments(cfg: dict, sizes: dict, roles: dict, attention: str, c
     rows = t5_layer_rows(cfg, True)
     last = max(n for n, r in enumerate(rows) if r.op in core)
     return [(tuple(dict.fromkeys(r.op for r in rows[last + 1:])), flight)]
+
+
+def t5_self_math_moments(cfg: dict, sizes: dict, roles: dict, attention: str, checkpointing: str, precision: str,
+                         lora: dict | None, quantized: bool, decoder: bool, arrived: int) -> list:
+    """[(the ops of a layer's kept tensors not made yet, the bytes in flight beyond the kept ones, less `arrived`,
+    which the walk adds)]: a recomputed self-attention's two moments on SDPA's math path (full checkpointing, its
+    relative bias training: _t5_conditions), at the float mask's add to the scores and at the math path's last cast;
+    [] otherwise (a 4-bit base: not measured). From the code (transformers 5.24's modeling_t5.py,
+    integrations/sdpa_attention.py; torch 2.13's _scaled_dot_product_attention_math), alive at both and unsaved:
+    T5LayerSelfAttention / T5Attention.forward's layer_norm output (`weight * hidden`, the weight's dtype; where the
+    linears read autocast's copies of it a tensor of its own, else their kept input), the q, k and v projections'
+    outputs (what the math path saves are its copies); create_position_bias_mask's float mask (the encoder's
+    `position_bias.contiguous()`, a copy of the permuted bias; the decoder's `torch.where(causal, bias, min)`) in the
+    bias's dtype, and under autocast SDPA's low cast of it; the math path's q, k and v upcast to fp32 (from 16-bit
+    inputs) and q scaled (matmul saves its folded copy; k's scaled temporary is gone once copied). At the add: the
+    scores and the scores plus the mask, (b, H, s, s) each in the math's dtype, the probabilities and v's copy not
+    made yet. At the last cast: the probabilities' cast back to the inputs' dtype (`attn.to(origin)`), the output and
+    its cast. Beside them the gradient that reached the layer and, where the feed-forward's output is narrower than
+    the residual stream, its low cast (t5_recompute_flights); the first layer's bias (the embedding's output) is
+    t5_first_recomputed's. Measured (MemTracker with a dispatch-mode trace of the live storages, tiny T5 2+2, full
+    checkpointing, each peak in the first encoder layer's recomputation): 2 x 64 -> 32, bf16-mixed and bf16-true, at
+    the output's cast; 8 x 96 -> 24 bf16-mixed, at the add."""
+    if attention == "eager" or checkpointing != "full" or quantized:
+        return []
+    w = trainable_flags(FAMILIES["t5"], lora)
+    cond = _t5_conditions(cfg, attention, checkpointing, sizes["b"], precision, lora, bias_trains=w["W:embed"])
+    fused = "dec_fused" if decoder else "enc_fused"
+    if cond[fused]:
+        return []
+    b, s, H, q, T, h = sizes["b"], sizes["s"], sizes["H"], sizes["q"], sizes["T"], sizes["h"]
+    act, lin, low, up = roles["act"], roles["lin"], roles["low"], cond["math_upcast"]
+    math = "float32" if up else lin
+    both = ((dtype_bytes(T * h, lin) + dtype_bytes(T * h, act) if lin != act else 0)   # the gradient's cast; the norm's output
+            + dtype_bytes(3 * T * q, lin)                                               # q, k, v
+            + dtype_bytes(H * s * s, act) + (dtype_bytes(H * s * s, low) if low != act else 0)  # the mask, its cast
+            + (dtype_bytes(3 * T * q, "float32") if up else 0)                          # the upcasts
+            + dtype_bytes(T * q, math))                                                 # q scaled
+    at_add = both + 2 * dtype_bytes(b * H * s * s, math)                                # the scores, plus the mask
+    at_cast = both + (dtype_bytes(b * H * s * s, lin) + dtype_bytes(T * q, lin) if up else 0) + dtype_bytes(T * q, math)
+    g = {"q": "q", "k": "k", "qk": "qk", "v": "v", "attn": "attn"}
+    core = _t5_core("s", g, fused)
+    rows = t5_layer_rows(cfg, decoder)
+    last = max(n for n, r in enumerate(rows) if r.op in {r.op for r in core})
+    after = tuple(dict.fromkeys(r.op for r in rows[last + 1:]))
+    after_scores = tuple(dict.fromkeys(r.op for r in core if r.op != "q @ k^T")) + after
+    return [(after_scores, at_add - arrived), (after, at_cast - arrived)]
 
 
 def t5_cache_copies(cfg: dict, sizes: dict, roles: dict, dtypes: dict | None, precision: str, checkpointing: str) -> list:
