@@ -385,10 +385,15 @@ def _layer_flights(cfg: dict, sizes: dict, roles: dict, routed: bool = True, att
     }
     if fam.sandwich:
         # Gemma 2/3, OLMo 2: a norm on o_proj's and on down_proj's output is the first op their backward meets; it
-        # runs in fp32 (the norm upcasts its input) and holds three (T, h) fp32 tensors beside the arriving
-        # gradient (measured, bf16-true and 32-true, full checkpointing: MemTracker peaks at that norm's backward
-        # in layer 0, after the layer is recomputed)
-        norm = res + dropout + dtype_bytes(3 * T * h, "float32")
+        # runs in fp32 (the norm upcasts its input, `x * rsqrt(x.pow(2).mean(-1) + eps)`), and its worst moment is
+        # pow's backward (torch's derivatives.yaml pow_backward: `grad * (exponent * self.pow(exponent - 1))`, three
+        # (T, h) fp32 tensors at once: self.pow(1), its scaled copy and the product), while mean's backward's
+        # gradient (its input there, `grad.expand(...) / n`, materialized) and x's gradient from `x * rsqrt`
+        # (waiting to be summed with pow's) are alive: five (T, h) fp32 tensors beside the arriving gradient
+        # (measured: a dispatch-mode trace at MemTracker's peak, LoRA q, v, bf16-true, full checkpointing: Gemma 2
+        # peaks in PowBackward0 of layer 1's post_feedforward_layernorm, Gemma 3 of layer 0's, after the layer is
+        # recomputed; three at mul's backward before it)
+        norm = res + dropout + dtype_bytes(5 * T * h, "float32")
         out["down_proj"] = max(out["down_proj"], norm)
         out["o_proj"] = max(out["o_proj"], norm)
     if routed and sizes.get("k"):
