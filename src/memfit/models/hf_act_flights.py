@@ -69,7 +69,8 @@ def layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_size
         kernel["o_proj"] = t5_cross_math_moments(cfg, sizes, roles, run["attention"], checkpointing, precision,
                                                  recipe_args.get("lora"), quantized)
     arrived = _arrived(cfg, sizes, roles)
-    moe_tail = _llama4_recompute_tail(cfg, sizes, roles) if checkpointing == "full" else {}
+    moe_tail = ((_llama4_recompute_tail(cfg, sizes, roles) or _oss_recompute_tail(cfg, sizes, roles, recipe_args.get("lora")))
+                if checkpointing == "full" else {})
     unsort = _unsort_forward(cfg, sizes, roles, precision)
     # (T5's softmax backward, where its attention materializes the scores: p @ v's backward has freed what only it kept)
     freed = ("p @ v:",) if stacked and self_math else ()
@@ -214,6 +215,36 @@ def _llama4_recompute_tail(cfg: dict, sizes: dict, roles: dict) -> dict:
     # so does an RMSNorm without its upcast (training.rmsnorm_upcast false: its input kept as it is)
     upcast = 2 * dtype_bytes(T * h, act) if _below_fp32(T * h, act) and rms_upcast(cfg) and not liger_rms_norm(cfg) else 0
     return {"down_proj": dtype_bytes(S * h, lin) + locals_ + upcast}
+
+
+def _oss_recompute_tail(cfg: dict, sizes: dict, roles: dict, lora: dict | None) -> dict:
+    """{"down_proj": bytes}: what a gpt-oss MoE layer holds beyond its kept tensors at the worst op of its
+    recomputation (full checkpointing), taken against all of its down_proj part's kept tensors (transformers 5.24.0,
+    modeling_gpt_oss.py, integrations/moe.py grouped_mm_experts_forward). Its backward meets the experts' reshape + sum
+    first (:535): the output's gradient expanded and materialized, (S, h), beside the layer's own (T, h); then the unsort's
+    backward unpacks inv_perm and the layer is recomputed. The experts' forward runs again through the down projection's
+    bias gather (`self.down_proj_bias[expert_ids_g]`, :508), evaluated while the gate_up bias gather (:480, (S, 2·ie))
+    is still bound to `selected_biases`: alive then, unsaved, are the decoder layer's locals (the residual after the
+    attention, which in fp32 is the post-attention norm's kept input itself, and that norm's output), the router's
+    logits (GptOssMLP.forward's `_`), and the experts' locals: the sorted expert ids, histc's input copy and counts
+    (S and E of 4 bytes, as _unsort_forward), the routed tokens (S, h) and the gated output (S, ie) (kept instead
+    where the experts train), both bias gathers; the expert output and inverse permutation are not made yet.
+    Measured: a dispatch-mode trace at MemTracker's peak, LoRA q, v, bf16-true, 2 x 64: the peak is that gather in
+    layer 1's recomputation (tests/ledger/test_peak_transformers.py)."""
+    fam = FAMILIES[cfg["model_type"]]
+    if fam.mlp != "moe_oss" or not sizes.get("k"):
+        return {}
+    T, S, h, E, ie = sizes["T"], sizes["S"], sizes["h"], sizes["E"], sizes["ie"]
+    act, lin = roles["act"], roles["lin"]
+    weighted = "float32" if fam.routing_dtype == "f32" and _below_fp32(S * h, act) else act
+    grads = dtype_bytes(T * h, act) + dtype_bytes(S * h, weighted)
+    residual = dtype_bytes(T * h, act) if _below_fp32(T * h, act) and rms_upcast(cfg) and not liger_rms_norm(cfg) else 0
+    experts_train = trainable_flags(fam, lora).get("W:experts", False)
+    unsaved = 0 if experts_train else dtype_bytes(S, "int64") + dtype_bytes(S * h, act) + dtype_bytes(S * ie, act)
+    locals_ = (residual + dtype_bytes(T * h, act) + dtype_bytes(T * E, lin) + dtype_bytes(S + E, "float32") + unsaved
+               + dtype_bytes(S * 2 * ie, lin) + dtype_bytes(S * h, lin))
+    unmade = dtype_bytes(S * h, act) + dtype_bytes(S, "int64")
+    return {"down_proj": grads + locals_ - unmade}
 
 
 def _unsort_forward(cfg: dict, sizes: dict, roles: dict, precision: str) -> int:
