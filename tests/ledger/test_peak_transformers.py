@@ -244,8 +244,8 @@ def test_lora_on_o_proj_alone_holds_layer_0s_cache(family, window, precision, tm
 # takes its input (the checkpoint's boundary) off its parts' bytes only where the first kept tensor is the input itself
 # (ledger/training._boundary_kept): a norm upcasting a 16-bit input keeps an fp32 copy beside it (a dispatch-mode
 # allocation trace of layer 1's recomputation at MemTracker's peak, Llama bf16-true). Gemma 2 and 3 peak in the
-# backward of the sandwich norm after the MLP, in PowBackward0: five fp32 (b, s, h) temporaries
-# (models/hf_act_flights._layer_flights; three before), and Gemma 3's in layer 0, sliding, whose recomputation keeps
+# backward of the sandwich norm after the MLP, in PowBackward0: five fp32 (b, s, h) temporaries, before down_proj's
+# weight gradient (models/hf_act_flights._sandwich_norm_flights; three before, after it), and Gemma 3's in layer 0, sliding, whose recomputation keeps
 # input_layernorm's and k_norm's tensors (enable_input_require_grads: hf_act_eval._window_layers now knows it; before
 # 0.907 and 0.889). gpt-oss peaks inside layer 1's recomputation, at the experts' down_proj bias gather, with the
 # layer's unsaved locals and the experts' (S, h) output gradient alive (models/hf_act_flights._oss_recompute_tail):

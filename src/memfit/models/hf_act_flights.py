@@ -368,6 +368,8 @@ def _early_flights(cfg: dict, sizes: dict, roles: dict, attention: str) -> dict:
     Falcon-7B's switches, bf16-true, full checkpointing, s >> d: MemTracker peaks at _softmax_backward_data in
     layer 0's attention; with ALiBi too: 0.852 -> 0.949 of MemTracker at (2, 64))."""
     fam = FAMILIES[cfg["model_type"]]
+    if fam.sandwich:
+        return _sandwich_norm_flights(cfg, sizes, roles)
     if not fam.falcon:
         return {}
     cond = layer_conditions(cfg, fam, attention, "none", sizes["b"])
@@ -376,6 +378,25 @@ def _early_flights(cfg: dict, sizes: dict, roles: dict, attention: str) -> dict:
     T, b, H, s = sizes["T"], sizes["b"], sizes["H"], sizes["s"]
     return {"attention": (dtype_bytes(T * sizes["h"], roles["act"]) + dtype_bytes(T * sizes["q"], roles["lin"])
                           + dtype_bytes(T * sizes["kv"] + 2 * b * H * s * s, "float32"))}
+
+
+def _sandwich_norm_flights(cfg: dict, sizes: dict, roles: dict) -> dict:
+    """Gemma 2/3, OLMo 2: a norm on o_proj's and on down_proj's output is the first op their backward meets, before
+    those linears' weight gradients are made (_early_flights). It runs in fp32 (the norm upcasts its input,
+    `x * rsqrt(x.pow(2).mean(-1) + eps)`), and its worst moment is pow's backward (torch's derivatives.yaml
+    pow_backward: `grad * (exponent * self.pow(exponent - 1))`, three (T, h) fp32 tensors at once: self.pow(1), its
+    scaled copy and the product), while mean's backward's gradient (its input there, `grad.expand(...) / n`,
+    materialized) and x's gradient from `x * rsqrt` (waiting to be summed with pow's) are alive: five (T, h) fp32
+    tensors beside the arriving gradient. Measured: a dispatch-mode trace at MemTracker's peak, full checkpointing:
+    LoRA q, v bf16-true, Gemma 2 peaks in PowBackward0 of layer 1's post_feedforward_layernorm, Gemma 3 of layer 0's,
+    after the layer is recomputed; Gemma 3 full fine-tuning 32-true there too, with down_proj's weight gradient not
+    yet made (three at mul's backward before it)."""
+    T, h = sizes["T"], sizes["h"]
+    fam = FAMILIES[cfg["model_type"]]
+    res = dtype_bytes(T * h, roles["act"])
+    dropout = res if dropout_on(cfg, fam, "resid") else 0
+    norm = res + dropout + dtype_bytes(5 * T * h, "float32")
+    return {"down_proj": norm, "o_proj": norm}
 
 
 def _layer_flights(cfg: dict, sizes: dict, roles: dict, routed: bool = True, attention: str = "sdpa") -> dict:
@@ -414,19 +435,6 @@ def _layer_flights(cfg: dict, sizes: dict, roles: dict, routed: bool = True, att
         "o_proj": res + dropout + dtype_bytes(T * q, lin),
         "attention": res + dtype_bytes(T * (2 * q + 2 * kv), lin) + scores,
     }
-    if fam.sandwich:
-        # Gemma 2/3, OLMo 2: a norm on o_proj's and on down_proj's output is the first op their backward meets; it
-        # runs in fp32 (the norm upcasts its input, `x * rsqrt(x.pow(2).mean(-1) + eps)`), and its worst moment is
-        # pow's backward (torch's derivatives.yaml pow_backward: `grad * (exponent * self.pow(exponent - 1))`, three
-        # (T, h) fp32 tensors at once: self.pow(1), its scaled copy and the product), while mean's backward's
-        # gradient (its input there, `grad.expand(...) / n`, materialized) and x's gradient from `x * rsqrt`
-        # (waiting to be summed with pow's) are alive: five (T, h) fp32 tensors beside the arriving gradient
-        # (measured: a dispatch-mode trace at MemTracker's peak, LoRA q, v, bf16-true, full checkpointing: Gemma 2
-        # peaks in PowBackward0 of layer 1's post_feedforward_layernorm, Gemma 3 of layer 0's, after the layer is
-        # recomputed; three at mul's backward before it)
-        norm = res + dropout + dtype_bytes(5 * T * h, "float32")
-        out["down_proj"] = max(out["down_proj"], norm)
-        out["o_proj"] = max(out["o_proj"], norm)
     if routed and sizes.get("k"):
         # the experts run their MLP once per routed row (S = T·k, or as training.moe sets it), at the experts' width
         S, ie = sizes["S"], sizes["ie"]
