@@ -245,13 +245,15 @@ def test_lora_on_o_proj_alone_holds_layer_0s_cache(family, window, precision, tm
 # (ledger/training._boundary_kept): a norm upcasting a 16-bit input keeps an fp32 copy beside it (a dispatch-mode
 # allocation trace of layer 1's recomputation at MemTracker's peak, Llama bf16-true). Gemma 2 and 3 peak in the
 # backward of the sandwich norm after the MLP, in PowBackward0: five fp32 (b, s, h) temporaries, before down_proj's
-# weight gradient (models/hf_act_flights._sandwich_norm_flights; three before, after it), and Gemma 3's in layer 0, sliding, whose recomputation keeps
-# input_layernorm's and k_norm's tensors (enable_input_require_grads: hf_act_eval._window_layers now knows it; before
-# 0.907 and 0.889). gpt-oss peaks inside layer 1's recomputation, at the experts' down_proj bias gather, with the
+# weight gradient (models/hf_act_flights._sandwich_norm_flights; three before, after it), and Gemma 3's in layer 0,
+# sliding, whose recomputation keeps input_layernorm's and k_norm's tensors (enable_input_require_grads:
+# hf_act_eval._window_layers now knows it; before 0.907 and 0.889). gpt-oss peaks inside layer 1's recomputation, at the experts' down_proj bias gather, with the
 # layer's unsaved locals and the experts' (S, h) output gradient alive (models/hf_act_flights._oss_recompute_tail):
 # bf16-true 970,752 of 987,688 B (0.983; 894,960, 0.906, before), 32-true 1,644,448 of 1,677,768 (0.980; 0.910).
-# A run known low goes in CHECKPOINTED_LORA_LOW (strict: when it comes within the band, its entry must go)
-CHECKPOINTED_LORA = [(f, p) for f in ("llama", "mistral", "qwen2_moe", "qwen3_moe", "gemma2", "gemma3_text", "gpt_oss")
+# OLMo 2 (its post norms the same backward): bf16-true 758,848 of 762,984 B (0.995; 693,312, 0.909, before), 32-true
+# 1,058,880 of 1,050,728 (1.008). A run known low goes in CHECKPOINTED_LORA_LOW (strict: when it comes within the
+# band, its entry must go)
+CHECKPOINTED_LORA = [(f, p) for f in ("llama", "mistral", "qwen2_moe", "qwen3_moe", "gemma2", "gemma3_text", "olmo2", "gpt_oss")
                      for p in ("bf16-true", "32-true")]
 CHECKPOINTED_LORA_LOW: set = set()
 
