@@ -628,9 +628,12 @@ def _every_layer(cfg: dict, common: dict, checkpointing: str, stacked: bool, per
             # (enable_input_require_grads): under LoRA the first layer's input then needs one, so its recomputation
             # saves what the un-checkpointed first layer does not (its norm's input, the base and adapter weight
             # casts of q, k, v): that layer's parts are the recomputation's own where it adds to the same order
-            # (measured under autocast, tests/ledger/test_lora_input_copy.py; a 16-bit QLoRA run's measured peak,
-            # tests/ledger/test_combinations.py, does not hold them: left as it was there)
-            if str(common.get("precision", "")).endswith("-mixed"):
+            # (measured under autocast, tests/ledger/test_lora_input_copy.py; and in bf16-true, a dispatch-mode trace
+            # at MemTracker's peak, Gemma 3 LoRA q, v: layer 0's recomputation holds its input_layernorm's and
+            # k_norm's tensors; a 16-bit QLoRA run's measured peak, tests/ledger/test_combinations.py, does not hold
+            # them: left as it was there)
+            quantized = bool((common.get("dtypes") or {}).get("quantized"))
+            if str(common.get("precision", "")).endswith("-mixed") or not quantized:
                 every = [a if _adds_to(a, e) else e for a, e in zip(again, every)] + every[len(again):]
         layer_bytes: dict = {}  # by list: most layers share one (a fit search walks every layer of a 70B many times)
         for kept in again:

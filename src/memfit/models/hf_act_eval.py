@@ -550,7 +550,9 @@ def _window_layers(cfg, micro_batch, seq_len, attention, checkpointing, precisio
     w = trainable_flags(fam, lora)
     parallel = _parallel(cfg)
     rows = layer_rows(cfg["model_type"], _act(cfg), parallel)
-    first = _grads(fam, w, w["W:embed"], parallel)
+    # (under full checkpointing enable_input_require_grads makes the first layer's input need a gradient, as
+    # hf_act_saved._evaluate's embed_out: a sliding first layer's recomputation then keeps its norms' inputs too)
+    first = _grads(fam, w, w["W:embed"] or checkpointing == "full", parallel)
     later = _grads(fam, w, first["out"], parallel)
     return (_resolve(rows, cond, roles, sizes, {**w, **first}, shape),
             _resolve(rows, cond, roles, sizes, {**w, **later}, shape))

@@ -77,7 +77,8 @@ def layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_size
         args = (run["attention"], checkpointing, precision, recipe_args.get("lora"), quantized)
         kernel["attention"] += t5_self_math_moments(cfg, sizes, roles, *args, decoder=True, arrived=arrived)
         enc_kernel["attention"] = t5_self_math_moments(cfg, enc_sizes, roles, *args, decoder=False, arrived=arrived)
-    moe_tail = _llama4_recompute_tail(cfg, sizes, roles) if checkpointing == "full" else {}
+    moe_tail = ((_llama4_recompute_tail(cfg, sizes, roles) or _oss_recompute_tail(cfg, sizes, roles, recipe_args.get("lora")))
+                if checkpointing == "full" else {})
     unsort = _unsort_forward(cfg, sizes, roles, precision)
     # (T5's softmax backward, where its attention materializes the scores: p @ v's backward has freed what only it kept)
     freed = ("p @ v:",) if stacked and self_math else ()
@@ -224,6 +225,36 @@ def _llama4_recompute_tail(cfg: dict, sizes: dict, roles: dict) -> dict:
     return {"down_proj": dtype_bytes(S * h, lin) + locals_ + upcast}
 
 
+def _oss_recompute_tail(cfg: dict, sizes: dict, roles: dict, lora: dict | None) -> dict:
+    """{"down_proj": bytes}: what a gpt-oss MoE layer holds beyond its kept tensors at the worst op of its
+    recomputation (full checkpointing), taken against all of its down_proj part's kept tensors (transformers 5.24.0,
+    modeling_gpt_oss.py, integrations/moe.py grouped_mm_experts_forward). Its backward meets the experts' reshape + sum
+    first (:535): the output's gradient expanded and materialized, (S, h), beside the layer's own (T, h); then the unsort's
+    backward unpacks inv_perm and the layer is recomputed. The experts' forward runs again through the down projection's
+    bias gather (`self.down_proj_bias[expert_ids_g]`, :508), evaluated while the gate_up bias gather (:480, (S, 2·ie))
+    is still bound to `selected_biases`: alive then, unsaved, are the decoder layer's locals (the residual after the
+    attention, which in fp32 is the post-attention norm's kept input itself, and that norm's output), the router's
+    logits (GptOssMLP.forward's `_`), and the experts' locals: the sorted expert ids, histc's input copy and counts
+    (S and E of 4 bytes, as _unsort_forward), the routed tokens (S, h) and the gated output (S, ie) (kept instead
+    where the experts train), both bias gathers; the expert output and inverse permutation are not made yet.
+    Measured: a dispatch-mode trace at MemTracker's peak, LoRA q, v, bf16-true, 2 x 64: the peak is that gather in
+    layer 1's recomputation (tests/ledger/test_peak_transformers.py)."""
+    fam = FAMILIES[cfg["model_type"]]
+    if fam.mlp != "moe_oss" or not sizes.get("k"):
+        return {}
+    T, S, h, E, ie = sizes["T"], sizes["S"], sizes["h"], sizes["E"], sizes["ie"]
+    act, lin = roles["act"], roles["lin"]
+    weighted = "float32" if fam.routing_dtype == "f32" and _below_fp32(S * h, act) else act
+    grads = dtype_bytes(T * h, act) + dtype_bytes(S * h, weighted)
+    residual = dtype_bytes(T * h, act) if _below_fp32(T * h, act) and rms_upcast(cfg) and not liger_rms_norm(cfg) else 0
+    experts_train = trainable_flags(fam, lora).get("W:experts", False)
+    unsaved = 0 if experts_train else dtype_bytes(S, "int64") + dtype_bytes(S * h, act) + dtype_bytes(S * ie, act)
+    locals_ = (residual + dtype_bytes(T * h, act) + dtype_bytes(T * E, lin) + dtype_bytes(S + E, "float32") + unsaved
+               + dtype_bytes(S * 2 * ie, lin) + dtype_bytes(S * h, lin))
+    unmade = dtype_bytes(S * h, act) + dtype_bytes(S, "int64")
+    return {"down_proj": grads + locals_ - unmade}
+
+
 def _unsort_forward(cfg: dict, sizes: dict, roles: dict, precision: str) -> int:
     """What a mixture of experts' layer holds in the forward beyond its kept tensors at its experts' unsort
     (transformers 5.24.0, integrations/moe.py grouped_mm_experts_forward, the default experts_implementation):
@@ -345,6 +376,8 @@ def _early_flights(cfg: dict, sizes: dict, roles: dict, attention: str) -> dict:
     Falcon-7B's switches, bf16-true, full checkpointing, s >> d: MemTracker peaks at _softmax_backward_data in
     layer 0's attention; with ALiBi too: 0.852 -> 0.949 of MemTracker at (2, 64))."""
     fam = FAMILIES[cfg["model_type"]]
+    if fam.sandwich:
+        return _sandwich_norm_flights(cfg, sizes, roles)
     if not fam.falcon:
         return {}
     cond = layer_conditions(cfg, fam, attention, "none", sizes["b"])
@@ -353,6 +386,25 @@ def _early_flights(cfg: dict, sizes: dict, roles: dict, attention: str) -> dict:
     T, b, H, s = sizes["T"], sizes["b"], sizes["H"], sizes["s"]
     return {"attention": (dtype_bytes(T * sizes["h"], roles["act"]) + dtype_bytes(T * sizes["q"], roles["lin"])
                           + dtype_bytes(T * sizes["kv"] + 2 * b * H * s * s, "float32"))}
+
+
+def _sandwich_norm_flights(cfg: dict, sizes: dict, roles: dict) -> dict:
+    """Gemma 2/3, OLMo 2: a norm on o_proj's and on down_proj's output is the first op their backward meets, before
+    those linears' weight gradients are made (_early_flights). It runs in fp32 (the norm upcasts its input,
+    `x * rsqrt(x.pow(2).mean(-1) + eps)`), and its worst moment is pow's backward (torch's derivatives.yaml
+    pow_backward: `grad * (exponent * self.pow(exponent - 1))`, three (T, h) fp32 tensors at once: self.pow(1), its
+    scaled copy and the product), while mean's backward's gradient (its input there, `grad.expand(...) / n`,
+    materialized) and x's gradient from `x * rsqrt` (waiting to be summed with pow's) are alive: five (T, h) fp32
+    tensors beside the arriving gradient. Measured: a dispatch-mode trace at MemTracker's peak, full checkpointing:
+    LoRA q, v bf16-true, Gemma 2 peaks in PowBackward0 of layer 1's post_feedforward_layernorm, Gemma 3 of layer 0's,
+    after the layer is recomputed; Gemma 3 full fine-tuning 32-true there too, with down_proj's weight gradient not
+    yet made (three at mul's backward before it)."""
+    T, h = sizes["T"], sizes["h"]
+    fam = FAMILIES[cfg["model_type"]]
+    res = dtype_bytes(T * h, roles["act"])
+    dropout = res if dropout_on(cfg, fam, "resid") else 0
+    norm = res + dropout + dtype_bytes(5 * T * h, "float32")
+    return {"down_proj": norm, "o_proj": norm}
 
 
 def _layer_flights(cfg: dict, sizes: dict, roles: dict, routed: bool = True, attention: str = "sdpa") -> dict:
@@ -391,14 +443,6 @@ def _layer_flights(cfg: dict, sizes: dict, roles: dict, routed: bool = True, att
         "o_proj": res + dropout + dtype_bytes(T * q, lin),
         "attention": res + dtype_bytes(T * (2 * q + 2 * kv), lin) + scores,
     }
-    if fam.sandwich:
-        # Gemma 2/3, OLMo 2: a norm on o_proj's and on down_proj's output is the first op their backward meets; it
-        # runs in fp32 (the norm upcasts its input) and holds three (T, h) fp32 tensors beside the arriving
-        # gradient (measured, bf16-true and 32-true, full checkpointing: MemTracker peaks at that norm's backward
-        # in layer 0, after the layer is recomputed)
-        norm = res + dropout + dtype_bytes(3 * T * h, "float32")
-        out["down_proj"] = max(out["down_proj"], norm)
-        out["o_proj"] = max(out["o_proj"], norm)
     if routed and sizes.get("k"):
         # the experts run their MLP once per routed row (S = T·k, or as training.moe sets it), at the experts' width
         S, ie = sizes["S"], sizes["ie"]
