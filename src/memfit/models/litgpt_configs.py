@@ -123,6 +123,13 @@ LORA_MODULES: dict[str, dict] = {
 }
 
 
+# the families whose LitGPT model norms with its RMSNorm (norm_class_name RMSNorm, no unit offset: Gemma's adds one, and
+# multiplies by (1 + weight) in fp32 at both commits, as transformers' Gemma does): from 916a84ca (2024-07) on it
+# multiplies the fp32 normalized input by weight.float() and casts the product back (litgpt/model.py 26857050:1315-1322,
+# PyPI 0.5.13), where 3ba6da40 casts the normalized input back first (model.py 3ba6da40:409-420): training.rmsnorm_upcast
+# fp32_weight for the files read as 0.5.13 runs them
+RMS_NORM_FAMILIES = ("llama", "mistral")
+
 # the families whose config.json counts key/value heads in num_key_value_heads (GPT-NeoX has as many as queries;
 # Falcon says multi_query)
 KV_HEADS = ("llama", "mistral", "gemma")

@@ -287,13 +287,23 @@ def read(r: Reader, ctx) -> dict:
         modules = litgpt_configs.LORA_MODULES.get(family) or {}
         fused = modules.get("query") is not None and modules.get("query") == modules.get("key")
         r.set(("training", "litgpt_qkv"), {"lora": parts} if fused else True)
+        _head_norm(r, family)
     else:
         # full.py: `logits = model(input_ids)`, `chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])` with its
         # default chunk_size=128 (litgpt/utils.py: the whole logits' rows split 128 at a time)
         r.set(("training", "loss"), {"kind": "chunked_rows", "chunk_size": 128})
         r.set(("training", "litgpt_qkv"), True)
+        _head_norm(r, family)
     r.unmodelled(UNMODELLED)
     return {}
+
+
+def _head_norm(r: Reader, family: str) -> None:
+    """A file of a later release (the `optimizer` key, which the hub's files have at HEAD and not at 3ba6da40) is read as
+    LitGPT 0.5.13 runs it: its RMSNorm multiplies by weight.float() in fp32 (training.rmsnorm_upcast fp32_weight;
+    models/litgpt_configs.RMS_NORM_FAMILIES). A file without it keeps 3ba6da40's model, the published rows' commit."""
+    if "optimizer" in r.data and family in litgpt_configs.RMS_NORM_FAMILIES:
+        r.set(("training", "rmsnorm_upcast"), "fp32_weight", r.at("optimizer", on_key=True))
 
 
 def _pretrain_model(r: Reader) -> dict | None:
@@ -405,6 +415,8 @@ def read_pretrain(r: Reader, ctx) -> dict:
         r.set(("training", "outputs_dtype"), "float32")   # Fabric's _FabricModule.forward: outputs to fp32
     r.set(("training", "attention"), "sdpa")
     r.set(("training", "litgpt_qkv"), True)
+    if transformer.get("model_type") in litgpt_configs.RMS_NORM_FAMILIES:
+        r.set(("training", "rmsnorm_upcast"), "fp32_weight")   # model.py 26857050 RMSNorm: weight.float() * x_normed
     if _optimizer(r, False) in FUSED:
         # main: instantiate_torch_optimizer(..., fused=fabric.device.type == "cuda"), which updates init_args
         # (utils.py instantiate_torch_optimizer: `optimizer["init_args"].update(kwargs)`): fused whatever they say
