@@ -57,12 +57,15 @@ CASES = {
 # beside slice_backward's zero-filled whole gradient; not transformers' whole log-softmax and two logits-sized
 # gradients): 40,010,376 against 40,932,944 (0.977) and 41,714,312 against 42,899,024 (0.972), both in the backward;
 # llama-full-2 (two sequences) 59,090,560 against 60,930,640 (0.970; transformers' loss gave 67,516,036, 1.108).
-# What is left is HEAD's and the CPU's, not the loss's: full.py's step at 3ba6da40 (its source tree, the same shapes and
-# step, litgpt_port's Fabric conversion; tests/support/litgpt_head_vs_3ba6da40.py) peaks at 40,270,412 B (Llama, 1 x
-# 256, memfit 0.994) and 41,974,348 (Phi-3, 0.994); HEAD's RMSNorm multiplies by its weight in fp32 (x_normed and
-# weight.float() kept in fp32 where 3ba6da40 casts x_normed first: 132,096 B a norm, 5 norms), and on the CPU
-# scaled_dot_product_attention's output is (b, heads, s, d)-contiguous, so the attention's transpose + reshape copies
-# it for the full fine-tune's trained o_proj (131,072 B a layer; a view of CUDA's flash output)
+# HEAD's RMSNorm (model.py 26857050:1315-1322: `(x_normed * weight.float()).to(dtype)`, x_normed and weight.float()
+# kept in fp32 where 3ba6da40 casts x_normed first: 132,096 B a norm at 1 x 256, 5 norms) is priced since: the reader
+# sets training.rmsnorm_upcast fp32_weight on a file with the `optimizer` key (a later release's, as hub_file writes):
+# 40,670,856 (0.994), 42,374,792 (0.988) and 60,406,400 (0.991); the LoRA cases +4,096 B (the four fp32 weight
+# copies). What is left is not modelled: on the CPU scaled_dot_product_attention's output is
+# (b, heads, s, d)-contiguous, so the attention's transpose + reshape copies it for the full fine-tune's trained
+# o_proj (131,072 B a layer; a view of CUDA's flash output), and in Phi-3 a further 262,088 B not traced. (full.py's
+# step at 3ba6da40, its source tree, the same shapes and step, litgpt_port's Fabric conversion,
+# tests/support/litgpt_head_vs_3ba6da40.py, peaks at 40,270,412 B (Llama, 1 x 256) and 41,974,348 (Phi-3).)
 XFAILS: dict[str, str] = {}
 _MEASURED: dict = {}
 

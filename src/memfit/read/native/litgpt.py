@@ -43,7 +43,7 @@ KEYS = {
     "train.global_batch_size": ("128 (lora.py), 64 (full.py)", "training.gradient_accumulation: global_batch_size // devices // micro_batch_size", "args.py TrainArgs.gradient_accumulation_iters"),
     "train.max_seq_length": (None, "training.seq_len (null: left to the data: memfit gates the setting data_seq_len, default 2,048, says so at the key with the longest length that fits)", "finetune/lora.py fit: model.max_seq_length = min(longest, max_seq_length)"),
     "train.tie_embeddings": (None, "(an error when set: the finetune scripts' validate_args refuses it)", "finetune/lora.py, full.py validate_args"),
-    "optimizer": ("AdamW", "optimizer, training.optimizer_impl (a name or class_path + init_args; later LitGPT releases; init_args fused: true -> fused, foreach: false -> for_loop)", "finetune/lora.py main: torch.optim.AdamW, bnb.optim.PagedAdamW under quantize"),
+    "optimizer": ("AdamW", "optimizer, training.optimizer_impl (a name or class_path + init_args; later LitGPT releases; init_args fused: true -> fused, foreach: false -> for_loop); a file with it is read as 0.5.13 runs it: training.rmsnorm_upcast fp32_weight (Llama, Mistral)", "finetune/lora.py main: torch.optim.AdamW, bnb.optim.PagedAdamW under quantize; model.py 26857050 RMSNorm"),
 }
 
 # `litgpt pretrain --config FILE` (config_hub/pretrain/*.yaml): native key -> (default, memfit key, source in litgpt at
