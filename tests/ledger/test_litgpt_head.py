@@ -19,6 +19,9 @@ import needs
 import pytest
 import yaml
 
+from memfit.models import hf_activations as ha
+from memfit.models.hf_act_ops import RMSNORM_FP32_WEIGHT
+
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
 BAND = 0.05
 WIDTH, HEADS, LAYERS, VOCAB, INTERMEDIATE, BLOCK = 256, 8, 2, 4096, 688, 256
@@ -143,3 +146,26 @@ def test_litgpt_heads_step_as_memfit_checks_its_config(tmp_path_factory, case):
     ratio = peak["bytes"] / measured["bytes"]
     assert abs(peak["bytes"] - measured["bytes"]) <= BAND * measured["bytes"], (case, peak["bytes"], measured, round(ratio, 4))
     assert peak["phase"] == measured["phase"], (case, peak["phase"], measured)
+
+
+def test_head_rmsnorm_keeps_what_fp32_weight_prices():
+    """training.rmsnorm_upcast fp32_weight's rows (models/hf_act_ops._norm) against LitGPT 0.5.13's own RMSNorm under
+    saved_tensors_hooks (tests/support/litgpt_rmsnorm_saved.py): one norm's kept bytes, exact, in each precision (the
+    fp32 input, 1/rms, the fp32 normalized input, and under bf16-true weight.float()'s fp32 copy); 3ba6da40's rows
+    (the normalized input cast back, no copy) keep less under bf16-true."""
+    cfg = {"model_type": "llama", "hidden_size": WIDTH, "intermediate_size": INTERMEDIATE, "num_attention_heads": HEADS,
+           "num_key_value_heads": HEADS, "num_hidden_layers": 1, "vocab_size": VOCAB, "max_position_embeddings": BLOCK,
+           "hidden_act": "silu", "rms_norm_eps": 1e-5}
+    done = subprocess.run([litgpt_python(), str(SUPPORT / "litgpt_rmsnorm_saved.py"), str(WIDTH)], capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+
+    def norm_bytes(model: dict, precision: str) -> int:
+        blocks = ha.saved(model, micro_batch=2, seq_len=16, precision=precision)
+        (layer,) = [b for b in blocks if b.name == "layer"]
+        return sum(ha.nbytes([k]) for k in layer.kept if k.label.startswith("input_layernorm: "))
+
+    for precision, nbytes in measured.items():
+        assert norm_bytes(dict(cfg, **{RMSNORM_FP32_WEIGHT: True}), precision) == nbytes, (precision, nbytes)
+    assert norm_bytes(cfg, "bf16-true") < measured["bf16-true"]
