@@ -56,7 +56,13 @@ KEYS = {
              "properties": {"lora": {"title": "LoRA's parts of the fused qkv",
                                      "description": "The parts LoRAQKVLinear adapts (LitGPT's lora_query, lora_key, "
                                                     "lora_value that are true).",
-                                     "type": "array", "items": {"enum": list(PARTS)}}}},
+                                     "type": "array", "items": {"enum": list(PARTS)}},
+                            "window_mask": {"title": "LitGPT's sliding-window mask",
+                                            "description": "true: the model sets sliding_window_size (LitGPT's "
+                                                           "Phi-3 from 26857050 on), so each layer builds a (1, 1, s, s) "
+                                                           "mask in the compute dtype and passes it to SDPA, which "
+                                                           "keeps it for backward. Default false.",
+                                            "type": "boolean"}}},
         ],
     },
 }
@@ -126,6 +132,10 @@ def extra_kept(config, value) -> list:
         out.append(dtype_bytes(tokens * (q_width + kv_width), act))   # the whole qkv beside transformers' v
     else:
         out.append(dtype_bytes(2 * tokens * (q_width - kv_width), act))   # k and v at every head's width
+    if isinstance(value, dict) and value.get("window_mask") is True:
+        # model.py 26857050 CausalSelfAttention.forward: sliding_window_mask (T, T) in q's dtype, viewed (1, 1, T, T)
+        # and passed to F.scaled_dot_product_attention as attn_mask, which its backward keeps (one per layer)
+        out.append(dtype_bytes(run["seq_len"] * run["seq_len"], act))
     adapted = _adapted(config, value)
     if adapted and len(adapted) < len(PARTS):
         width = sum(q_width if p == "query" else kv_width for p in adapted)
