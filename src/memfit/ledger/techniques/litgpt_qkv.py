@@ -22,6 +22,9 @@ by their own code (cited at 8641822, Oct 2023, and 3ba6da40, Mar 2024; the lines
   each. The second and third parts' are taken off (lora_A's output, what lora_B's conv1d keeps, is the same bytes
   either way).
 Measured with saved_tensors_hooks on LitGPT's own code at both commits (tests/ledger/test_litgpt_qkv.py).
+- At 26857050 (PyPI 0.5.13) a model with `sliding_window_size` (Phi-3) builds `sliding_window_mask`, (T, T) in q's
+  dtype viewed (1, 1, T, T), in each layer's `CausalSelfAttention.forward` and passes it to SDPA as attn_mask, which
+  keeps it for backward: `window_mask: true`, one s x s tensor a layer (tests/ledger/test_litgpt_head.py's Phi-3 cases).
 """
 
 from __future__ import annotations
