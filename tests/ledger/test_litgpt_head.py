@@ -19,6 +19,9 @@ import needs
 import pytest
 import yaml
 
+from memfit.models import hf_activations as ha
+from memfit.models.hf_act_ops import RMSNORM_FP32_WEIGHT
+
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
 BAND = 0.05
 WIDTH, HEADS, LAYERS, VOCAB, INTERMEDIATE, BLOCK = 256, 8, 2, 4096, 688, 256
@@ -57,12 +60,18 @@ CASES = {
 # beside slice_backward's zero-filled whole gradient; not transformers' whole log-softmax and two logits-sized
 # gradients): 40,010,376 against 40,932,944 (0.977) and 41,714,312 against 42,899,024 (0.972), both in the backward;
 # llama-full-2 (two sequences) 59,090,560 against 60,930,640 (0.970; transformers' loss gave 67,516,036, 1.108).
-# What is left is HEAD's and the CPU's, not the loss's: full.py's step at 3ba6da40 (its source tree, the same shapes and
-# step, litgpt_port's Fabric conversion; tests/support/litgpt_head_vs_3ba6da40.py) peaks at 40,270,412 B (Llama, 1 x
-# 256, memfit 0.994) and 41,974,348 (Phi-3, 0.994); HEAD's RMSNorm multiplies by its weight in fp32 (x_normed and
-# weight.float() kept in fp32 where 3ba6da40 casts x_normed first: 132,096 B a norm, 5 norms), and on the CPU
-# scaled_dot_product_attention's output is (b, heads, s, d)-contiguous, so the attention's transpose + reshape copies
-# it for the full fine-tune's trained o_proj (131,072 B a layer; a view of CUDA's flash output)
+# HEAD's RMSNorm (model.py 26857050:1315-1322: `(x_normed * weight.float()).to(dtype)`, x_normed and weight.float()
+# kept in fp32 where 3ba6da40 casts x_normed first: 132,096 B a norm at 1 x 256, 5 norms) is priced since: the reader
+# sets training.rmsnorm_upcast fp32_weight on a file with the `optimizer` key (a later release's, as hub_file writes):
+# 40,670,856 (0.994), 42,374,792 (0.988) and 60,406,400 (0.991); the LoRA cases +4,096 B (the four fp32 weight
+# copies). What is left is not modelled: on the CPU scaled_dot_product_attention's output is
+# (b, heads, s, d)-contiguous, so the attention's transpose + reshape copies it for the full fine-tune's trained
+# o_proj (131,072 B a layer; a view of CUDA's flash output). Phi-3 kept a further 262,088 B: its sliding_window_size
+# 2048 makes each layer build a (1, 1, s, s) bf16 mask that SDPA keeps (131,072 B a layer), priced since (training.
+# litgpt_qkv window_mask, from the checkpoint's model_config.yaml): phi3-full 42,636,936 (0.994), phi3-lora
+# 48,668,804 (1.001). (full.py's
+# step at 3ba6da40, its source tree, the same shapes and step, litgpt_port's Fabric conversion,
+# tests/support/litgpt_head_vs_3ba6da40.py, peaks at 40,270,412 B (Llama, 1 x 256) and 41,974,348 (Phi-3).)
 XFAILS: dict[str, str] = {}
 _MEASURED: dict = {}
 
@@ -140,3 +149,26 @@ def test_litgpt_heads_step_as_memfit_checks_its_config(tmp_path_factory, case):
     ratio = peak["bytes"] / measured["bytes"]
     assert abs(peak["bytes"] - measured["bytes"]) <= BAND * measured["bytes"], (case, peak["bytes"], measured, round(ratio, 4))
     assert peak["phase"] == measured["phase"], (case, peak["phase"], measured)
+
+
+def test_head_rmsnorm_keeps_what_fp32_weight_prices():
+    """training.rmsnorm_upcast fp32_weight's rows (models/hf_act_ops._norm) against LitGPT 0.5.13's own RMSNorm under
+    saved_tensors_hooks (tests/support/litgpt_rmsnorm_saved.py): one norm's kept bytes, exact, in each precision (the
+    fp32 input, 1/rms, the fp32 normalized input, and under bf16-true weight.float()'s fp32 copy); 3ba6da40's rows
+    (the normalized input cast back, no copy) keep less under bf16-true."""
+    cfg = {"model_type": "llama", "hidden_size": WIDTH, "intermediate_size": INTERMEDIATE, "num_attention_heads": HEADS,
+           "num_key_value_heads": HEADS, "num_hidden_layers": 1, "vocab_size": VOCAB, "max_position_embeddings": BLOCK,
+           "hidden_act": "silu", "rms_norm_eps": 1e-5}
+    done = subprocess.run([litgpt_python(), str(SUPPORT / "litgpt_rmsnorm_saved.py"), str(WIDTH)], capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+
+    def norm_bytes(model: dict, precision: str) -> int:
+        blocks = ha.saved(model, micro_batch=2, seq_len=16, precision=precision)
+        (layer,) = [b for b in blocks if b.name == "layer"]
+        return sum(ha.nbytes([k]) for k in layer.kept if k.label.startswith("input_layernorm: "))
+
+    for precision, nbytes in measured.items():
+        assert norm_bytes(dict(cfg, **{RMSNORM_FP32_WEIGHT: True}), precision) == nbytes, (precision, nbytes)
+    assert norm_bytes(cfg, "bf16-true") < measured["bf16-true"]

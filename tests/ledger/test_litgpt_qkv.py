@@ -345,16 +345,17 @@ def test_mean_saves_input_is_ignored_where_the_norm_is_no_rmsnorm(tmp_path, exam
     assert keyed["peak"] == plain["peak"]
 
 
+@pytest.mark.parametrize("value", [False, "fp32_weight"])
 @pytest.mark.parametrize("example", ["flan-t5-base.yaml", "families/whisper-small-full.yaml"])
-def test_rmsnorm_upcast_is_ignored_on_t5_and_whisper(tmp_path, example):
+def test_rmsnorm_upcast_is_ignored_on_t5_and_whisper(tmp_path, example, value):
     """T5's norm rows (hf_act_t5._t5_norm) and Whisper's (its own tail, models/whisper.py) never read the key: the
     same ignored-key note as any other family whose norm is not that RMSNorm, the peak as without it (both used to
-    take it with no word)."""
+    take it with no word); so for fp32_weight (LitGPT 0.5.13's RMSNorm)."""
     source = Path(__file__).resolve().parents[2] / "examples" / example
     doc = yaml.safe_load(source.read_text())
     doc["model"]["hf_config"] = str((source.parent / doc["model"]["hf_config"]).resolve())
     found = []
-    for upcast in (None, False):
+    for upcast in (None, value):
         if upcast is not None:
             doc["training"]["rmsnorm_upcast"] = upcast
         (tmp_path / "run.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))

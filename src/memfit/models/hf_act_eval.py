@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from memfit.models import hf_encdec
 from memfit.models.hf_act_ops import (ATTENTION_MASK_FP32, ATTENTIONS, Block, CHECKPOINTING, Conditions, ActivationRules, Kept, LOW,
-                                      PRECISIONS, SOFTMAX_SAVES_INPUT, liger_rms_norm, liger_swiglu, mean_saves_input, rms_upcast)
+                                      PRECISIONS, SOFTMAX_SAVES_INPUT, liger_rms_norm, liger_swiglu, mean_saves_input, rms_fp32_weight,
+                                      rms_upcast)
 from memfit.models.hf_act_families import FAMILIES, MOE, SUPPORTED
 from memfit.models.hf_act_layers import layer_rows, count_layers
 from memfit.recipe.autocast import DEVICE_OPS, op_dtype
@@ -159,7 +160,8 @@ def layer_conditions(cfg: dict, fam: ActivationRules, attention: str, checkpoint
         # recomputed layer keeps one pair (the one counted with the embeddings)
         "rms_upcast": rms_upcast(cfg) and not liger_rms_norm(cfg),
         "rms_native": not rms_upcast(cfg) and not liger_rms_norm(cfg),
-        "rms_eager": not liger_rms_norm(cfg),
+        "rms_cast_back": not liger_rms_norm(cfg) and not rms_fp32_weight(cfg),
+        "rms_fp32_weight": not liger_rms_norm(cfg) and rms_fp32_weight(cfg),
         "rms_liger": liger_rms_norm(cfg),
         "swiglu_eager": not liger_swiglu(cfg),
         "swiglu_liger": liger_swiglu(cfg),

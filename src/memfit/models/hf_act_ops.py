@@ -49,6 +49,9 @@ def _and(*names) -> str | None:
 
 
 RMSNORM_UPCAST = "memfit_rmsnorm_upcast"   # set (False) in a model's config by training.rmsnorm_upcast: false
+# set (True) in a model's config by training.rmsnorm_upcast: fp32_weight (LitGPT 0.5.13's RMSNorm: the weight's product
+# taken in fp32 too)
+RMSNORM_FP32_WEIGHT = "memfit_rmsnorm_fp32_weight"
 MEAN_SAVES_INPUT = "memfit_mean_saves_input"   # set (True) in a model's config by training.mean_saves_input: true
 # set (True) in a model's config by training.softmax_saves_input and training.attention_mask_fp32
 SOFTMAX_SAVES_INPUT = "memfit_softmax_saves_input"
@@ -62,6 +65,12 @@ LIGER_SWIGLU = "memfit_liger_swiglu"
 def rms_upcast(cfg: dict) -> bool:
     """Whether the model's RMSNorm upcasts its input to fp32 (transformers' and LitGPT's from 6178c7cc on)."""
     return cfg.get(RMSNORM_UPCAST, True) is not False
+
+
+def rms_fp32_weight(cfg: dict) -> bool:
+    """Whether the model's RMSNorm multiplies its fp32 normalized input by an fp32 copy of its weight and casts the
+    product back (LitGPT from 916a84ca, Jul 2024, on: training.rmsnorm_upcast fp32_weight)."""
+    return cfg.get(RMSNORM_FP32_WEIGHT) is True
 
 
 def liger_rms_norm(cfg: dict) -> bool:
@@ -114,6 +123,9 @@ TRUE_DTYPE = {name: RECIPES[name].activations for name in PRECISIONS if RECIPES[
 # `norm_x = torch.mean(x * x, ...); x_normed = x * torch.rsqrt(norm_x + self.eps); return self.weight * x_normed`)
 # computes in its input's dtype: x * x and x * rsqrt keep the input itself, rsqrt its result in that dtype (the
 # "rms_native" condition, from the config's RMSNORM_UPCAST, which models/hf_derive sets from the training key).
+# LitGPT from 916a84ca on (training.rmsnorm_upcast fp32_weight, the "rms_fp32_weight" condition) multiplies in fp32:
+# `(x_normed * weight.float()).to(dtype)` keeps the fp32 normalized tensor in place of the cast-back one, and under a
+# 16-bit model (*-true) weight.float()'s fp32 copy of the weight.
 # Under torch before 2.2 (training.mean_saves_input, the "mean_saves" condition) the norm's torch.mean(x * x) also
 # keeps its input, the squares: fp32 with the upcast (x.float() * x.float(), transformers' pow(2)), else in the
 # input's dtype (torch 2.1.0's generated MeanBackward1 holds `SavedVariable self_`; 2.2.0's a sym_numel).
@@ -128,7 +140,15 @@ def _norm(kind: str, n: str, x: tuple, f: str, role: str = "act") -> list:
                   needs=(f,)),
                 K(n, "squares in the input's dtype (torch before 2.2: mean keeps its input)", x, role,
                   when="rms_native&mean_saves", needs=(f,)),
-                K(n, "normalized, cast back to the input dtype (weight * it)", x, role, when="rms_eager", needs=("W:norm",)),
+                K(n, "normalized, cast back to the input dtype (weight * it)", x, role, when="rms_cast_back", needs=("W:norm",)),
+                # LitGPT's RMSNorm from 916a84ca (Jul 2024) on (litgpt/model.py 26857050:1315-1322, PyPI 0.5.13:
+                # `(x_normed * weight.float()).to(dtype=dtype)`): the product's mul keeps the fp32 normalized tensor
+                # (for the weight's gradient) and weight.float() (for the input's), a copy of a 16-bit weight (the
+                # weight itself in fp32: under *-mixed and 32-true nothing beyond the rows above)
+                K(n, "normalized, fp32 (weight.float() * it, cast back after)", x, "f32", when="rms_fp32_weight",
+                  needs=("W:norm",)),
+                K(n, "weight.float(), an fp32 copy of the 16-bit weight", (x[-1],), "f32", when="rms_fp32_weight&true16",
+                  needs=(f,)),
                 # Liger-Kernel's LigerRMSNormFunction (training.liger_kernels rms_norm; ops/rms_norm.py, 0.6.4):
                 # `ctx.save_for_backward(X, W, RSTD)`, the input itself and an fp32 1/rms per row (llama casting
                 # mode), whenever its node is recorded (the input or the weight needs a gradient)

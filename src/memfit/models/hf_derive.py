@@ -181,23 +181,30 @@ def derive(data: dict, out, path: str, tails: dict | None = None) -> list:
 
 
 def _rmsnorm_upcast(cfg: dict, fam, training: dict, read: bool = True) -> tuple[dict, list]:
-    """training.rmsnorm_upcast: false: read into the model's cfg where its norm is the RMSNorm the key names (its rows
-    read it: hf_act_ops._norm), else an ignored-key note: a LayerNorm, Gemma's, OLMo 2's, an encoder-decoder's (T5's
-    rows come from hf_act_t5._t5_norm, which does not read it) and a family with a tail of its own (`read` false:
-    models/whisper.derive's rows, DeBERTa's, ModernBERT's)."""
+    """training.rmsnorm_upcast: false (or fp32_weight): read into the model's cfg where its norm is the RMSNorm the
+    key names (its rows read it: hf_act_ops._norm), else an ignored-key note: a LayerNorm, Gemma's, OLMo 2's, an
+    encoder-decoder's (T5's rows come from hf_act_t5._t5_norm, which does not read it) and a family with a tail of its
+    own (`read` false: models/whisper.derive's rows, DeBERTa's, ModernBERT's)."""
     from memfit.diagnostics import codes
     from memfit.diagnostics.diagnostic import Problem
     from memfit.models.hf_act_families import FAMILIES as ACT_FAMILIES
-    from memfit.models.hf_act_ops import RMSNORM_UPCAST
+    from memfit.models.hf_act_ops import RMSNORM_FP32_WEIGHT, RMSNORM_UPCAST
 
-    if training.get("rmsnorm_upcast") is not False:
+    value = training.get("rmsnorm_upcast")
+    if value is not False and value != "fp32_weight":
         return cfg, []
     if read and getattr(ACT_FAMILIES.get(cfg.get("model_type")), "norm", None) == "rms" and not fam.stacked:
-        # its RMSNorm computes in its input's dtype (hf_act_ops._norm): the model's rows read it from its config
-        return dict(cfg, **{RMSNORM_UPCAST: False}), []
-    message = (f"training.rmsnorm_upcast: false is an RMSNorm computed without its fp32 upcast (x * "
-               f"torch.rsqrt(...) as Lit-GPT wrote it before 6178c7cc); {fam.model_type}'s norm is not that "
-               f"RMSNorm: ignored")
+        # its RMSNorm computes in its input's dtype, or multiplies by its weight in fp32 (hf_act_ops._norm): the
+        # model's rows read it from its config
+        return dict(cfg, **({RMSNORM_UPCAST: False} if value is False else {RMSNORM_FP32_WEIGHT: True})), []
+    if value is False:
+        message = (f"training.rmsnorm_upcast: false is an RMSNorm computed without its fp32 upcast (x * "
+                   f"torch.rsqrt(...) as Lit-GPT wrote it before 6178c7cc); {fam.model_type}'s norm is not that "
+                   f"RMSNorm: ignored")
+    else:
+        message = (f"training.rmsnorm_upcast: fp32_weight is an RMSNorm that multiplies by an fp32 copy of its weight "
+                   f"((x_normed * weight.float()).to(dtype) as LitGPT writes it from 916a84ca on); {fam.model_type}'s "
+                   f"norm is not that RMSNorm: ignored")
     return cfg, [Problem(("training", "rmsnorm_upcast"), codes.IGNORED_KEY, message, on_key=True)]
 
 

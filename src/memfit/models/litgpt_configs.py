@@ -77,11 +77,11 @@ CONFIGS: dict[str, tuple] = {
     # config.py 1815-1831: Phi-3-mini-4k-instruct as LitGPT builds it: LLaMAMLP (fc_1, fc_2 and proj apart, where
     # transformers' Phi3MLP fuses gate_up_proj), LitGPT's fused qkv with 32 query groups (multi-head), head_size 96,
     # rotary_percentage 1.0, RMSNorm, vocab 32000 padded to 32064, block_size 4096: a Llama in memfit's families (its
-    # lora_mlp adapts fc_1, fc_2, proj: Llama's gate, up, down). Its sliding_window_size 2048 (every layer:
-    # sliding_window_indices defaults to all 1) makes litgpt/model.py build a T x T mask in each layer and pass it to
-    # SDPA (attn_mask): the windows are as long as the context or longer below 2,048 tokens, and that mask, one
-    # T x T tensor in the compute dtype per layer that SDPA's backward keeps, is not priced (32 x 512 x 512 x 2 B =
-    # 16.8 MB at the hub's 512 tokens)
+    # lora_mlp adapts fc_1, fc_2, proj: Llama's gate, up, down). Its sliding_window_size 2048 at 26857050 (every
+    # layer: sliding_window_indices defaults to all 1; none at f247be87) makes litgpt/model.py build a T x T mask in
+    # each layer and pass it to SDPA (attn_mask): the windows are as long as the context or longer below 2,048 tokens,
+    # and that mask, one T x T tensor in the compute dtype per layer that SDPA's backward keeps (32 x 512 x 512 x 2 B =
+    # 16.8 MB at the hub's 512 tokens), is priced for a file read as 0.5.13 runs it (WINDOW_MASK below)
     "Phi-3-mini-4k-instruct": ("Phi-3-mini-4k-instruct", "llama", 3072, 8192, 32, 32, 32, 32064, 4096, None, {}),
 }
 
@@ -122,6 +122,18 @@ LORA_MODULES: dict[str, dict] = {
                "mlp": ("dense_h_to_4h", "dense_4h_to_h"), "head": "lm_head"},
 }
 
+
+# the families whose LitGPT model norms with its RMSNorm (norm_class_name RMSNorm, no unit offset: Gemma's adds one, and
+# multiplies by (1 + weight) in fp32 at both commits, as transformers' Gemma does): from 916a84ca (2024-07) on it
+# multiplies the fp32 normalized input by weight.float() and casts the product back (litgpt/model.py 26857050:1315-1322,
+# PyPI 0.5.13), where 3ba6da40 casts the normalized input back first (model.py 3ba6da40:409-420): training.rmsnorm_upcast
+# fp32_weight for the files read as 0.5.13 runs them
+RMS_NORM_FAMILIES = ("llama", "mistral")
+
+# the CONFIGS entries whose LitGPT config sets sliding_window_size at 26857050 (config.py 1830: Phi-3-mini-4k-instruct,
+# 2048; none at 3ba6da40 or f247be87): each layer builds a (1, 1, s, s) mask that SDPA keeps (training.litgpt_qkv
+# window_mask, for the files read as 0.5.13 runs them)
+WINDOW_MASK = ("Phi-3-mini-4k-instruct",)
 
 # the families whose config.json counts key/value heads in num_key_value_heads (GPT-NeoX has as many as queries;
 # Falcon says multi_query)

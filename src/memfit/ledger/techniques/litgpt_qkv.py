@@ -22,6 +22,9 @@ by their own code (cited at 8641822, Oct 2023, and 3ba6da40, Mar 2024; the lines
   each. The second and third parts' are taken off (lora_A's output, what lora_B's conv1d keeps, is the same bytes
   either way).
 Measured with saved_tensors_hooks on LitGPT's own code at both commits (tests/ledger/test_litgpt_qkv.py).
+- At 26857050 (PyPI 0.5.13) a model with `sliding_window_size` (Phi-3) builds `sliding_window_mask`, (T, T) in q's
+  dtype viewed (1, 1, T, T), in each layer's `CausalSelfAttention.forward` and passes it to SDPA as attn_mask, which
+  keeps it for backward: `window_mask: true`, one s x s tensor a layer (tests/ledger/test_litgpt_head.py's Phi-3 cases).
 """
 
 from __future__ import annotations
@@ -56,7 +59,13 @@ KEYS = {
              "properties": {"lora": {"title": "LoRA's parts of the fused qkv",
                                      "description": "The parts LoRAQKVLinear adapts (LitGPT's lora_query, lora_key, "
                                                     "lora_value that are true).",
-                                     "type": "array", "items": {"enum": list(PARTS)}}}},
+                                     "type": "array", "items": {"enum": list(PARTS)}},
+                            "window_mask": {"title": "LitGPT's sliding-window mask",
+                                            "description": "true: the model sets sliding_window_size (LitGPT's "
+                                                           "Phi-3 from 26857050 on), so each layer builds a (1, 1, s, s) "
+                                                           "mask in the compute dtype and passes it to SDPA, which "
+                                                           "keeps it for backward. Default false.",
+                                            "type": "boolean"}}},
         ],
     },
 }
@@ -126,6 +135,10 @@ def extra_kept(config, value) -> list:
         out.append(dtype_bytes(tokens * (q_width + kv_width), act))   # the whole qkv beside transformers' v
     else:
         out.append(dtype_bytes(2 * tokens * (q_width - kv_width), act))   # k and v at every head's width
+    if isinstance(value, dict) and value.get("window_mask") is True:
+        # model.py 26857050 CausalSelfAttention.forward: sliding_window_mask (T, T) in q's dtype, viewed (1, 1, T, T)
+        # and passed to F.scaled_dot_product_attention as attn_mask, which its backward keeps (one per layer)
+        out.append(dtype_bytes(run["seq_len"] * run["seq_len"], act))
     adapted = _adapted(config, value)
     if adapted and len(adapted) < len(PARTS):
         width = sum(q_width if p == "query" else kv_width for p in adapted)

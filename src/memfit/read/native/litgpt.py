@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import os
 
+import yaml
+
 from memfit.diagnostics import codes
 from memfit.models import litgpt_configs
 from memfit.read.native.base import COMPILED, Reader, model_value
@@ -43,7 +45,7 @@ KEYS = {
     "train.global_batch_size": ("128 (lora.py), 64 (full.py)", "training.gradient_accumulation: global_batch_size // devices // micro_batch_size", "args.py TrainArgs.gradient_accumulation_iters"),
     "train.max_seq_length": (None, "training.seq_len (null: left to the data: memfit gates the setting data_seq_len, default 2,048, says so at the key with the longest length that fits)", "finetune/lora.py fit: model.max_seq_length = min(longest, max_seq_length)"),
     "train.tie_embeddings": (None, "(an error when set: the finetune scripts' validate_args refuses it)", "finetune/lora.py, full.py validate_args"),
-    "optimizer": ("AdamW", "optimizer, training.optimizer_impl (a name or class_path + init_args; later LitGPT releases; init_args fused: true -> fused, foreach: false -> for_loop)", "finetune/lora.py main: torch.optim.AdamW, bnb.optim.PagedAdamW under quantize"),
+    "optimizer": ("AdamW", "optimizer, training.optimizer_impl (a name or class_path + init_args; later LitGPT releases; init_args fused: true -> fused, foreach: false -> for_loop); a file with it is read as 0.5.13 runs it: training.rmsnorm_upcast fp32_weight (Llama, Mistral), training.litgpt_qkv window_mask (a model with sliding_window_size: Phi-3)", "finetune/lora.py main: torch.optim.AdamW, bnb.optim.PagedAdamW under quantize; model.py 26857050 RMSNorm, CausalSelfAttention"),
 }
 
 # `litgpt pretrain --config FILE` (config_hub/pretrain/*.yaml): native key -> (default, memfit key, source in litgpt at
@@ -287,13 +289,48 @@ def read(r: Reader, ctx) -> dict:
         modules = litgpt_configs.LORA_MODULES.get(family) or {}
         fused = modules.get("query") is not None and modules.get("query") == modules.get("key")
         r.set(("training", "litgpt_qkv"), {"lora": parts} if fused else True)
+        _head_model(r, ctx, family)
     else:
         # full.py: `logits = model(input_ids)`, `chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])` with its
         # default chunk_size=128 (litgpt/utils.py: the whole logits' rows split 128 at a time)
         r.set(("training", "loss"), {"kind": "chunked_rows", "chunk_size": 128})
         r.set(("training", "litgpt_qkv"), True)
+        _head_model(r, ctx, family)
     r.unmodelled(UNMODELLED)
     return {}
+
+
+def _head_model(r: Reader, ctx, family: str) -> None:
+    """A file of a later release (the `optimizer` key, which the hub's files have at HEAD and not at 3ba6da40) is read as
+    LitGPT 0.5.13 runs it: its RMSNorm multiplies by weight.float() in fp32 (training.rmsnorm_upcast fp32_weight;
+    models/litgpt_configs.RMS_NORM_FAMILIES), and a model with sliding_window_size (its model_config.yaml in the
+    checkpoint directory, else LitGPT's table: litgpt_configs.WINDOW_MASK) builds each layer's mask, which SDPA keeps
+    (training.litgpt_qkv window_mask). A file without it keeps 3ba6da40's model, the published rows' commit."""
+    if "optimizer" not in r.data:
+        return
+    at = r.at("optimizer", on_key=True)
+    if family in litgpt_configs.RMS_NORM_FAMILIES:
+        r.set(("training", "rmsnorm_upcast"), "fp32_weight", at)
+    if _window(ctx, r.data.get("checkpoint_dir")):
+        value = r.native.doc.get("training", {}).get("litgpt_qkv")
+        parts = value.get("lora") if isinstance(value, dict) else None
+        r.set(("training", "litgpt_qkv"), {**({"lora": parts} if parts is not None else {}), "window_mask": True}, at)
+
+
+def _window(ctx, value) -> bool:
+    """Whether LitGPT's model of checkpoint_dir sets sliding_window_size: its model_config.yaml (what LitGPT builds
+    from, `litgpt download` leaves it beside config.json), else LitGPT's table by the directory's name."""
+    if not isinstance(value, str):
+        return False
+    path = os.path.join(ctx.base, value, "model_config.yaml")
+    if os.path.isfile(path):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                fields = yaml.safe_load(handle)
+        except (OSError, yaml.YAMLError):
+            return False
+        return isinstance(fields, dict) and fields.get("sliding_window_size") is not None
+    return litgpt_configs.lookup(value.rstrip("/\\").replace("\\", "/").rsplit("/", 1)[-1]) in litgpt_configs.WINDOW_MASK
 
 
 def _pretrain_model(r: Reader) -> dict | None:
@@ -414,6 +451,8 @@ def read_pretrain(r: Reader, ctx) -> dict:
         r.set(("training", "outputs_dtype"), "float32")   # Fabric's _FabricModule.forward: outputs to fp32
     r.set(("training", "attention"), "sdpa")
     r.set(("training", "litgpt_qkv"), True)
+    if transformer.get("model_type") in litgpt_configs.RMS_NORM_FAMILIES:
+        r.set(("training", "rmsnorm_upcast"), "fp32_weight")   # model.py 26857050 RMSNorm: weight.float() * x_normed
     if _optimizer(r, False) in FUSED:
         # main: instantiate_torch_optimizer(..., fused=fabric.device.type == "cuda"), which updates init_args
         # (utils.py instantiate_torch_optimizer: `optimizer["init_args"].update(kwargs)`): fused whatever they say
