@@ -121,6 +121,8 @@ def test_axolotl_refuses_liger_kernels_its_validators_refuse(tmp_path):
     cases = {
         "tiled.yml": ("liger_glu_activation: true\ntiled_mlp: true\n", "tiled_mlp", "check_tiled_mlp_conflict",
                       "You cannot have both `liger_glu_activation` and `tiled_mlp` set without `tiled_mlp_use_original_mlp: true`."),
+        "scaling.yml": ("liger_use_token_scaling: true\n", "liger_use_token_scaling", "check_liger_use_token_scaling_flce",
+                        "`liger_use_token_scaling: true` requires `liger_fused_linear_cross_entropy` enabled."),
         "norm_tp.yml": ("liger_rms_norm: true\ntensor_parallel_size: 2\n", "liger_rms_norm", "check_liger_rms_norm_tensor_parallel",
                         "`liger_rms_norm` is incompatible with tensor parallelism, see https://github.com/linkedin/Liger-Kernel/issues/826"),
         "flce_tp.yml": ("liger_fused_linear_cross_entropy: true\ntensor_parallel_size: 2\n", "liger_fused_linear_cross_entropy",

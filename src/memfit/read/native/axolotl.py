@@ -61,6 +61,7 @@ CONDITIONAL = {
     "xformers_attention": "training.attention sdpa, with a warning that memfit models eager, sdpa and flash attention (loaders/model.py _set_attention_config)",
     "flex_attention": "training.attention sdpa, with a warning that memfit models eager, sdpa and flash attention (loaders/model.py _set_attention_config)",
     "plugins": "the Cut Cross-Entropy plugin alone switches cut_cross_entropy on (its default); a Liger plugin without its enable keys (liger_*) is warned about: its kernels save less than memfit counts",
+    "liger_use_token_scaling": "without liger_fused_linear_cross_entropy: Axolotl refuses the config (integrations/liger/args.py LigerArgs.check_liger_use_token_scaling_flce); with it, the fused loss's per-token scaling holds nothing more",
     "tiled_mlp_use_original_mlp": "with tiled_mlp and liger_glu_activation both true: Axolotl refuses the config unless it is true (integrations/liger/args.py LigerArgs.check_tiled_mlp_conflict)",
     "eval_batch_size": "training.eval_batch when larger than the training micro-batch and the run evaluates (default: micro_batch_size): the evaluation pass (no_grad forward at that batch beside the weights and optimizer state); under a parallel layout: warned",
 }
@@ -306,14 +307,18 @@ def _liger_kernels(r: Reader, plugins: list) -> None:
 
 def _liger_refused(r: Reader) -> bool:
     """LigerArgs' other validators at axolotl 067b021 (integrations/liger/args.py, the plugin listed): the GLU kernel
-    beside tiled_mlp without its original-MLP switch; the RMSNorm kernel, or Liger's fused loss, under tensor
-    parallelism."""
+    beside tiled_mlp without its original-MLP switch; token scaling without the fused loss; the RMSNorm kernel, or
+    Liger's fused loss, under tensor parallelism."""
     data = r.data
     tensor = data.get("tensor_parallel_size")
     parallel = isinstance(tensor, int) and not isinstance(tensor, bool) and tensor > 1
     if data.get("liger_glu_activation") is True and data.get("tiled_mlp") is True and not data.get("tiled_mlp_use_original_mlp"):
         _refused(r, "tiled_mlp", "integrations/liger/args.py LigerArgs.check_tiled_mlp_conflict, the Liger plugin listed",
                  "You cannot have both `liger_glu_activation` and `tiled_mlp` set without `tiled_mlp_use_original_mlp: true`.")
+        return True
+    if data.get("liger_use_token_scaling") and not data.get("liger_fused_linear_cross_entropy"):
+        _refused(r, "liger_use_token_scaling", "integrations/liger/args.py LigerArgs.check_liger_use_token_scaling_flce, the Liger plugin listed",
+                 "`liger_use_token_scaling: true` requires `liger_fused_linear_cross_entropy` enabled.")
         return True
     if data.get("liger_rms_norm") and parallel:
         _refused(r, "liger_rms_norm", "integrations/liger/args.py LigerArgs.check_liger_rms_norm_tensor_parallel, the Liger plugin listed",
