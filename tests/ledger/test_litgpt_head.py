@@ -118,17 +118,20 @@ def theirs(root: Path, case: str) -> dict:
         for name, (shape, lora, micro) in CASES.items():
             specs.append({"checkpoint_dir": str(checkpoint(root, shape)), "script": "full" if lora is None else "lora",
                           "lora": lora, "micro_batch": micro, "seq_len": BLOCK})
-        done = subprocess.run([python, str(SUPPORT / "litgpt_head_step.py"), json.dumps(specs)], capture_output=True,
-                              text=True, timeout=900, check=False)
-        if done.returncode != 0:   # not an AssertionError: the xfails (raises=AssertionError) do not take it
-            raise RuntimeError(done.stderr[-3000:])
-        lines = done.stdout.strip().splitlines()[-len(specs):]
-        _MEASURED.update(zip(CASES, (json.loads(line) for line in lines)))
+        _MEASURED.update(zip(CASES, measured_in_litgpt(python, "litgpt_head_step.py", specs)))
     return _MEASURED[case]
 
 
-def ours(root: Path, case: str) -> dict:
-    path = hub_file(root, case)
+def measured_in_litgpt(python: str, script: str, specs: list) -> list:
+    """Each spec's measurement, as tests/support/<script> prints it (one JSON line per spec) in LitGPT's interpreter."""
+    done = subprocess.run([python, str(SUPPORT / script), json.dumps(specs)], capture_output=True, text=True, timeout=900, check=False)
+    if done.returncode != 0:   # not an AssertionError: the xfails (raises=AssertionError) do not take it
+        raise RuntimeError(done.stderr[-3000:])
+    return [json.loads(line) for line in done.stdout.strip().splitlines()[-len(specs):]]
+
+
+def checked(path: Path) -> dict:
+    """`memfit check`'s json entry of a LitGPT config: read as litgpt, no error."""
     done = subprocess.run([sys.executable, "-m", "memfit", "check", "--budget", "1 TiB", "--format", "json", str(path)],
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode in (0, 1), done.stdout + done.stderr
@@ -136,6 +139,10 @@ def ours(root: Path, case: str) -> dict:
     assert entry["input_format"] == "litgpt"
     assert not [d for d in entry["diagnostics"] if d["severity"] == "error"], entry["diagnostics"]
     return entry
+
+
+def ours(root: Path, case: str) -> dict:
+    return checked(hub_file(root, case))
 
 
 @pytest.mark.filterwarnings("ignore")

@@ -7,17 +7,12 @@ peak within 5% and in the same phase; a case outside is a strict xfail with its 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-import needs
 import pytest
 import yaml
+from test_litgpt_head import checked, litgpt_python, measured_in_litgpt
 
-SUPPORT = Path(__file__).resolve().parents[1] / "support"
 BAND = 0.05
 SEQ = 256
 # LitGPT Config fields (litgpt/config.py 26857050: tiny-llama-1.1b 2178-2195 and pythia-14m 375-383, narrowed)
@@ -38,13 +33,6 @@ XFAILS: dict[str, str] = {}
 _MEASURED: dict = {}
 
 
-def litgpt_python() -> str:
-    python = os.environ.get("MEMFIT_LITGPT_PYTHON")
-    if not python:
-        needs.unavailable("MEMFIT_LITGPT_PYTHON is not set (an interpreter with litgpt 0.5.13: .ci/litgpt-requirements.txt)")
-    return python
-
-
 def pretrain_file(root: Path, case: str) -> Path:
     """The case's pretrain config as config_hub/pretrain/tinystories.yaml writes one (its keys, the model inline)."""
     fields, precision, micro, tied = CASES[case]
@@ -63,24 +51,12 @@ def theirs(case: str) -> dict:
     if not _MEASURED:
         specs = [{"fields": fields, "precision": precision, "micro_batch": micro, "seq_len": SEQ, "tie_embeddings": tied}
                  for fields, precision, micro, tied in CASES.values()]
-        done = subprocess.run([litgpt_python(), str(SUPPORT / "litgpt_pretrain_step.py"), json.dumps(specs)],
-                              capture_output=True, text=True, timeout=900, check=False)
-        if done.returncode != 0:   # not an AssertionError: the xfails (raises=AssertionError) do not take it
-            raise RuntimeError(done.stderr[-3000:])
-        lines = done.stdout.strip().splitlines()[-len(specs):]
-        _MEASURED.update(zip(CASES, (json.loads(line) for line in lines)))
+        _MEASURED.update(zip(CASES, measured_in_litgpt(litgpt_python(), "litgpt_pretrain_step.py", specs)))
     return _MEASURED[case]
 
 
 def ours(root: Path, case: str) -> dict:
-    path = pretrain_file(root, case)
-    done = subprocess.run([sys.executable, "-m", "memfit", "check", "--budget", "1 TiB", "--format", "json", str(path)],
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode in (0, 1), done.stdout + done.stderr
-    entry = json.loads(done.stdout)["files"][0]
-    assert entry["input_format"] == "litgpt"
-    assert not [d for d in entry["diagnostics"] if d["severity"] == "error"], entry["diagnostics"]
-    return entry
+    return checked(pretrain_file(root, case))
 
 
 @pytest.mark.filterwarnings("ignore")

@@ -3,28 +3,15 @@ hub's own pretrain files (tests/support/litgpt-hub-pretrain/: Lightning-AI/litgp
 litgpt 0.5.13, copied unchanged below a first line that cites them) get a figure, read as pretrain.py runs them, and
 each problem is placed on the key that causes it. The step itself is measured in tests/ledger/test_litgpt_pretrain.py."""
 
-import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
+from test_litgpt import check, memfit
 
 ROOT = Path(__file__).resolve().parents[2]
 HUB = ROOT / "tests" / "support" / "litgpt-hub-pretrain"
 HEAD = "26857050fe3ff627cd714fe92f5838f51a3d5efa"
-
-
-def memfit(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "memfit", *map(str, args)], check=False, capture_output=True, text=True, cwd=cwd, timeout=300, env=os.environ)
-
-
-def check(*paths, flags=("--budget", "80 GiB")) -> dict:
-    out = memfit("check", "--format", "json", *flags, *paths)
-    assert out.returncode in (0, 1), out.stdout + out.stderr
-    return {Path(entry["path"]).name: entry for entry in json.loads(out.stdout)["files"]}
 
 
 def converted(path, *flags) -> dict:
