@@ -293,3 +293,15 @@ def test_a_later_release_prices_the_checkpoints_sliding_window(tmp_path, window,
     training = yaml.safe_load(memfit("convert", tmp_path / "full.yaml").stdout)["training"]
     assert training["litgpt_qkv"] == expected
     assert training.get("rmsnorm_upcast") == ("fp32_weight" if optimizer else None)
+
+
+def test_a_later_mistral_v01_file_keeps_its_window_mask(tmp_path):
+    """LitGPT 26857050's Mistral-7B-v0.1 sets sliding_window_size 4096 (config.py 1992-2006): a file read as 0.5.13's
+    (the `optimizer` key) gets training.litgpt_qkv window_mask; the hub's 3ba6da40 file (no `optimizer`, no window
+    then) does not."""
+    text = (HUB / "mistral-7b-lora.yaml").read_text(encoding="utf-8")
+    later = tmp_path / "mistral-7b-lora.yaml"
+    later.write_text(text + "optimizer: AdamW\n", encoding="utf-8")
+    qkv = yaml.safe_load(memfit("convert", later).stdout)["training"]["litgpt_qkv"]
+    assert isinstance(qkv, dict) and qkv.get("window_mask") is True, qkv
+    assert "window_mask" not in str(yaml.safe_load(memfit("convert", HUB / "mistral-7b-lora.yaml").stdout)["training"]["litgpt_qkv"])

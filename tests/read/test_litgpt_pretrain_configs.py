@@ -128,3 +128,21 @@ def test_the_settings_gpus_fill_devices_auto_and_disagreeing_flags_are_said(tmp_
         said = [d for d in entry["diagnostics"] if d["range"]["start"]["line"] + 1 == line]
         assert len(said) == 1 and said[0]["message"].startswith(words), entry["diagnostics"]
     assert converted(two, "--gpus", "16")["parallel"] == {"fsdp": "hybrid_shard", "fsdp_version": 1, "data": 16, "gpus_per_node": 8}
+
+
+def test_a_sliding_window_is_the_mask_every_layer_keeps(tmp_path):
+    """model.py 26857050: a model with sliding_window_size builds each layer's (1, 1, s, s) mask, which SDPA keeps
+    (training.litgpt_qkv window_mask): by model_config's field, and by model_name for LitGPT's Mistral-7B-v0.1
+    (config.py 1992-2006: sliding_window_size 4096); tinystories' model has none. The mask adds one (s, s) bf16 tensor
+    a layer to the peak (its price is measured in tests/ledger/test_litgpt_head.py's Phi-3 cases)."""
+    text = (HUB / "tinystories.yaml").read_text(encoding="utf-8")
+    windowed = tmp_path / "windowed.yaml"
+    windowed.write_text(text.replace("  intermediate_size: 768\n", "  intermediate_size: 768\n  sliding_window_size: 128\n"), encoding="utf-8")
+    assert converted(windowed)["training"]["litgpt_qkv"] == {"window_mask": True}
+    assert converted(HUB / "tinystories.yaml")["training"]["litgpt_qkv"] is True
+    named = tmp_path / "mistral.yaml"
+    named.write_text((HUB / "tinyllama.yaml").read_text(encoding="utf-8").replace("model_name: tiny-llama-1.1b", "model_name: Mistral-7B-v0.1"), encoding="utf-8")
+    assert converted(named)["training"]["litgpt_qkv"] == {"window_mask": True}
+    found = check(HUB / "tinystories.yaml", windowed)
+    # bf16-mixed: the mask in autocast's compute dtype, one 256 x 256 a layer (not a sequence), 6 layers, kept for backward
+    assert found["windowed.yaml"]["peak"]["bytes"] - found["tinystories.yaml"]["peak"]["bytes"] == 6 * 256 * 256 * 2

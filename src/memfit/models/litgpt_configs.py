@@ -123,17 +123,19 @@ LORA_MODULES: dict[str, dict] = {
 }
 
 
-# the families whose LitGPT model norms with its RMSNorm (norm_class_name RMSNorm, no unit offset: Gemma's adds one, and
-# multiplies by (1 + weight) in fp32 at both commits, as transformers' Gemma does): from 916a84ca (2024-07) on it
+# the families whose LitGPT model norms with its RMSNorm (norm_class_name RMSNorm, no unit offset: Gemma's adds one;
+# memfit prices Gemma's norm as transformers' Gemma runs it, the (1 + weight) product in fp32, where 3ba6da40's casts the
+# normalized input back first and multiplies in the input dtype (model.py 3ba6da40:415-419): not measured, likely high
+# for a 3ba6da40 Gemma full fine-tune): from 916a84ca (2024-07) on it
 # multiplies the fp32 normalized input by weight.float() and casts the product back (litgpt/model.py 26857050:1315-1322,
 # PyPI 0.5.13), where 3ba6da40 casts the normalized input back first (model.py 3ba6da40:409-420): training.rmsnorm_upcast
 # fp32_weight for the files read as 0.5.13 runs them
 RMS_NORM_FAMILIES = ("llama", "mistral")
 
 # the CONFIGS entries whose LitGPT config sets sliding_window_size at 26857050 (config.py 1830: Phi-3-mini-4k-instruct,
-# 2048; none at 3ba6da40 or f247be87): each layer builds a (1, 1, s, s) mask that SDPA keeps (training.litgpt_qkv
-# window_mask, for the files read as 0.5.13 runs them)
-WINDOW_MASK = ("Phi-3-mini-4k-instruct",)
+# 2048; none at 3ba6da40 or f247be87; config.py 1992-2006: Mistral-7B-{,Instruct-}v0.1, 4096, every layer): each layer
+# builds a (1, 1, s, s) mask that SDPA keeps (training.litgpt_qkv window_mask, for the files read as 0.5.13 runs them)
+WINDOW_MASK = ("Phi-3-mini-4k-instruct", "Mistral-7B-v0.1", "Mistral-7B-Instruct-v0.1")
 
 # the families whose config.json counts key/value heads in num_key_value_heads (GPT-NeoX has as many as queries;
 # Falcon says multi_query)
@@ -189,9 +191,12 @@ FIELD_DEFAULTS = {"block_size": 4096, "n_layer": 16, "n_embd": 4096, "vocab_size
 # Config fields that do not change what the model holds or keeps (names, epsilons, RoPE's frequencies)
 FIELDS_WITHOUT_MEMORY = ("name", "hf_config", "norm_eps", "rope_base", "rope_condense_ratio", "rope_adjustments",
                          "rope_interleave", "padding_multiple", "vocab_size", "padded_vocab_size", "block_size")
+# read beside the model: sliding_window_size (every layer's window, sliding_window_indices left to its default) is
+# training.litgpt_qkv window_mask, the mask each layer builds and SDPA keeps (read/native/litgpt.py)
+FIELDS_BESIDE = ("sliding_window_size",)
 # fields whose other values build parts memfit does not map from LitGPT's fields -> the value that builds none
 FIELDS_REFUSED = {"norm_qk": False, "post_attention_norm": False, "post_mlp_norm": False, "shared_attention_norm": False,
-                  "attn_bias": False, "attention_logit_softcapping": None, "sliding_window_size": None, "n_expert": 0,
+                  "attn_bias": False, "attention_logit_softcapping": None, "n_expert": 0,
                   "scale_embeddings": False, "lm_head_bias": False, "final_logit_softcapping": None,
                   "latent_attention": None, "norm_1": True, "norm_2": True, "attention_scores_scalar": None}
 
@@ -205,7 +210,8 @@ def from_fields(fields: dict) -> dict | str:
     (head_size, padded_vocab_size, n_query_groups, intermediate_size), for the two block shapes memfit's families are:
     LLaMA's (RMSNorm, LLaMAMLP, sequential residual, no biases, full rotary: llama) and GPT-NeoX's (LayerNorm,
     GptNeoxMLP, biases, one key/value head per query head: gpt_neox); else a sentence saying which field is not mapped."""
-    unknown = [k for k in fields if k not in FIELD_DEFAULTS and k not in FIELDS_WITHOUT_MEMORY and k not in FIELDS_REFUSED]
+    unknown = [k for k in fields if k not in FIELD_DEFAULTS and k not in FIELDS_WITHOUT_MEMORY and k not in FIELDS_REFUSED
+               and k not in FIELDS_BESIDE]
     if unknown:
         return f"LitGPT Config field(s) {', '.join(sorted(map(str, unknown)))} are not mapped by memfit"
     refused = [k for k, plain in FIELDS_REFUSED.items() if k in fields and fields[k] != plain]

@@ -45,7 +45,7 @@ KEYS = {
     "train.global_batch_size": ("128 (lora.py), 64 (full.py)", "training.gradient_accumulation: global_batch_size // devices // micro_batch_size", "args.py TrainArgs.gradient_accumulation_iters"),
     "train.max_seq_length": (None, "training.seq_len (null: left to the data: memfit gates the setting data_seq_len, default 2,048, says so at the key with the longest length that fits)", "finetune/lora.py fit: model.max_seq_length = min(longest, max_seq_length)"),
     "train.tie_embeddings": (None, "(an error when set: the finetune scripts' validate_args refuses it)", "finetune/lora.py, full.py validate_args"),
-    "optimizer": ("AdamW", "optimizer, training.optimizer_impl (a name or class_path + init_args; later LitGPT releases; init_args fused: true -> fused, foreach: false -> for_loop); a file with it is read as 0.5.13 runs it: training.rmsnorm_upcast fp32_weight (Llama, Mistral), training.litgpt_qkv window_mask (a model with sliding_window_size: Phi-3)", "finetune/lora.py main: torch.optim.AdamW, bnb.optim.PagedAdamW under quantize; model.py 26857050 RMSNorm, CausalSelfAttention"),
+    "optimizer": ("AdamW", "optimizer, training.optimizer_impl (a name or class_path + init_args; later LitGPT releases; init_args fused: true -> fused, foreach: false -> for_loop); a file with it is read as 0.5.13 runs it: training.rmsnorm_upcast fp32_weight (Llama, Mistral), training.litgpt_qkv window_mask (a model with sliding_window_size: Phi-3, Mistral-7B-v0.1)", "finetune/lora.py main: torch.optim.AdamW, bnb.optim.PagedAdamW under quantize; model.py 26857050 RMSNorm, CausalSelfAttention"),
 }
 
 # `litgpt pretrain --config FILE` (config_hub/pretrain/*.yaml): native key -> (default, memfit key, source in litgpt at
@@ -450,7 +450,11 @@ def read_pretrain(r: Reader, ctx) -> dict:
     if (precision or "bf16-mixed") != "64-true":
         r.set(("training", "outputs_dtype"), "float32")   # Fabric's _FabricModule.forward: outputs to fp32
     r.set(("training", "attention"), "sdpa")
-    r.set(("training", "litgpt_qkv"), True)
+    # model.py 26857050: a model with sliding_window_size builds each layer's (1, 1, s, s) mask, which SDPA keeps
+    fields, name = data.get("model_config"), data.get("model_name")
+    windowed = (fields.get("sliding_window_size") is not None if isinstance(fields, dict)
+                else isinstance(name, str) and litgpt_configs.lookup(name.rsplit("/", 1)[-1]) in litgpt_configs.WINDOW_MASK)
+    r.set(("training", "litgpt_qkv"), {"window_mask": True} if windowed else True)
     if transformer.get("model_type") in litgpt_configs.RMS_NORM_FAMILIES:
         r.set(("training", "rmsnorm_upcast"), "fp32_weight")   # model.py 26857050 RMSNorm: weight.float() * x_normed
     if _optimizer(r, False) in FUSED:
