@@ -238,8 +238,9 @@ def test_lora_on_o_proj_alone_holds_layer_0s_cache(family, window, precision, tm
 
 
 # LoRA on q and v under full checkpointing, 2 x 64, against MemTracker (32-true Llama, Mistral 1,007,936 of 1,008,488 B,
-# Qwen2-MoE 0.995, Qwen3-MoE 0.992, Gemma 3 1,136,388 of 1,132,076 (1.004), Gemma 2 0.958; bf16-true Llama, Mistral
-# 630,464 of 631,016 (0.999), Qwen2-MoE 721,104 of 742,408 (0.971), Qwen3-MoE 694,608 of 718,216 (0.967), Gemma 2
+# Qwen2-MoE 1,184,608 of 1,185,160 (0.9995; 0.995 before), Qwen3-MoE 1,081,952 of 1,082,504 (0.9995; 0.992), Gemma 3
+# 1,136,388 of 1,132,076 (1.004), Gemma 2 0.958; bf16-true Llama, Mistral 630,464 of 631,016 (0.999), Qwen2-MoE 741,856
+# of 742,408 (0.999; 721,104, 0.971, before), Qwen3-MoE 717,664 of 718,216 (0.999; 694,608, 0.967), Gemma 2
 # 1,020,098 of 1,052,650 (0.969), Gemma 3 836,098 of 839,978 (0.995)). A checkpointed layer's recomputation
 # takes its input (the checkpoint's boundary) off its parts' bytes only where the first kept tensor is the input itself
 # (ledger/training._boundary_kept): a norm upcasting a 16-bit input keeps an fp32 copy beside it (a dispatch-mode
@@ -250,6 +251,10 @@ def test_lora_on_o_proj_alone_holds_layer_0s_cache(family, window, precision, tm
 # hf_act_eval._window_layers now knows it; before 0.907 and 0.889). gpt-oss peaks inside layer 1's recomputation, at the experts' down_proj bias gather, with the
 # layer's unsaved locals and the experts' (S, h) output gradient alive (models/hf_act_flights._oss_recompute_tail):
 # bf16-true 970,752 of 987,688 B (0.983; 894,960, 0.906, before), 32-true 1,644,448 of 1,677,768 (0.980; 0.910).
+# Qwen2-MoE and Qwen3-MoE peak there too, at the experts' unsort (integrations/moe.py:528-529) in layer 1's
+# recomputation, with the layer's and the experts' unsaved locals alive, and Qwen3-MoE's (S, h) output gradient
+# (its experts' sum is the layer's last op; Qwen2-MoE's shared expert gate comes after it): models/hf_act_flights
+# ._qwen_recompute_tail, a dispatch-mode trace at MemTracker's peak.
 # OLMo 2 (its post norms the same backward): bf16-true 758,848 of 762,984 B (0.995; 693,312, 0.909, before), 32-true
 # 1,058,880 of 1,050,728 (1.008). A run known low goes in CHECKPOINTED_LORA_LOW (strict: when it comes within the
 # band, its entry must go)

@@ -721,7 +721,7 @@ def _layer_rows(k, rows: list, x: int, every: list, bound, later_kept: dict, fre
                 row.cast_cached = _cached_casts(kept, adapters) if row.grads and cached else 0
                 layer_redone = enc_redone if encoder else redone
                 if k.moe_tail and any(routers) and not encoder:
-                    # a Llama 4 MoE layer: its recomputation's end (models/hf_act_flights._llama4_recompute_tail)
+                    # a Llama 4, gpt-oss or Qwen MoE layer's recomputation (models/hf_act_flights._*_recompute_tail)
                     layer_redone = {p: max(f, k.moe_tail.get(p, 0)) for p, f in layer_redone.items()}
                 if part in layer_redone:
                     # a LoRA linear's flight comes once its own tensors are kept, before what reads its output

@@ -77,8 +77,8 @@ def layer_kernels(cfg: dict, run: dict, recipe_args: dict, sizes: dict, enc_size
         args = (run["attention"], checkpointing, precision, recipe_args.get("lora"), quantized)
         kernel["attention"] += t5_self_math_moments(cfg, sizes, roles, *args, decoder=True, arrived=arrived)
         enc_kernel["attention"] = t5_self_math_moments(cfg, enc_sizes, roles, *args, decoder=False, arrived=arrived)
-    moe_tail = ((_llama4_recompute_tail(cfg, sizes, roles) or _oss_recompute_tail(cfg, sizes, roles, recipe_args.get("lora")))
-                if checkpointing == "full" else {})
+    moe_tail = ((_llama4_recompute_tail(cfg, sizes, roles) or _oss_recompute_tail(cfg, sizes, roles, recipe_args.get("lora"))
+                 or _qwen_recompute_tail(cfg, sizes, roles, recipe_args.get("lora"))) if checkpointing == "full" else {})
     unsort = _unsort_forward(cfg, sizes, roles, precision)
     # (T5's softmax backward, where its attention materializes the scores: p @ v's backward has freed what only it kept)
     freed = ("p @ v:",) if stacked and self_math else ()
@@ -253,6 +253,39 @@ def _oss_recompute_tail(cfg: dict, sizes: dict, roles: dict, lora: dict | None) 
                + dtype_bytes(S * 2 * ie, lin) + dtype_bytes(S * h, lin))
     unmade = dtype_bytes(S * h, act) + dtype_bytes(S, "int64")
     return {"down_proj": grads + locals_ - unmade}
+
+
+def _qwen_recompute_tail(cfg: dict, sizes: dict, roles: dict, lora: dict | None) -> dict:
+    """{"down_proj": bytes}: what a Qwen2-MoE or Qwen3-MoE layer holds beyond its kept tensors and its output's
+    gradient at the worst op of its recomputation (full checkpointing), taken against all of its down_proj part's kept
+    tensors (transformers 5.24.0, modeling_qwen2_moe.py, modeling_qwen3_moe.py, integrations/moe.py
+    grouped_mm_experts_forward). Alive then, unsaved: the decoder layer's residual after the attention (in fp32 the
+    post-attention norm's kept input itself) and that norm's output (the MoE block's input); the router's logits and
+    its top-k weights in their dtype (Qwen2MoeTopKRouter.forward, :327: the block's `_` and `routing_weights`); the
+    experts' locals: the sorted expert ids, histc's input copy and counts (S and E of 4 bytes, as _unsort_forward), the
+    routed tokens (S, h) (kept instead where the experts train) and the routing-weighted output `weighted_out` (:524,
+    (S, h)). Qwen3-MoE: the experts' reshape + sum is the layer's last op, so its backward comes first and materializes
+    the output's gradient, (S, h); the unsort's gather (:529) saves inv_perm before it runs, the layer's last kept
+    tensor, and the recomputation stops there: its worst op is `torch.arange` (:528, S int64) filling inv_perm, the
+    gather's output never made. Qwen2-MoE: the shared expert's gate (`sigmoid(...) * shared_expert_output`, :347) is
+    made after the experts, so its backward comes first and no (S, h) gradient is made; the recomputation runs through
+    the gather, its output (S, h) alive beside `weighted_out`, the gate's kept sigmoid (T, 1) not made yet.
+    Measured: a dispatch-mode trace at MemTracker's peak, LoRA q, v, bf16-true, 2 x 64: the peak is that op in layer 1's
+    recomputation (tests/ledger/test_peak_transformers.py)."""
+    if cfg["model_type"] not in ("qwen2_moe", "qwen3_moe") or not sizes.get("k"):
+        return {}
+    T, S, h, E, k = sizes["T"], sizes["S"], sizes["h"], sizes["E"], sizes["k"]
+    act, lin = roles["act"], roles["lin"]
+    shared = cfg["model_type"] == "qwen2_moe"
+    residual = dtype_bytes(T * h, act) if _below_fp32(T * h, act) and rms_upcast(cfg) and not liger_rms_norm(cfg) else 0
+    routed = 0 if trainable_flags(FAMILIES[cfg["model_type"]], lora).get("W:experts", False) else dtype_bytes(S * h, act)
+    locals_ = (residual + dtype_bytes(T * h, act) + dtype_bytes(T * E, lin) + dtype_bytes(T * k, lin) + dtype_bytes(S, "int64")
+               + dtype_bytes(S + E, "float32") + routed + dtype_bytes(S * h, act))
+    # Qwen2-MoE: the gather's output, the shared expert gate's sigmoid not made; Qwen3-MoE: the materialized (S, h)
+    # gradient and arange's inv_perm values
+    moment = (dtype_bytes(S * h, act) - dtype_bytes(T, act) if shared
+              else dtype_bytes(S * h, act) + dtype_bytes(S, "int64"))
+    return {"down_proj": locals_ + moment}
 
 
 def _unsort_forward(cfg: dict, sizes: dict, roles: dict, precision: str) -> int:
