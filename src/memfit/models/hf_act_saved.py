@@ -474,7 +474,6 @@ def saved(cfg: dict, *, micro_batch: int, seq_len: int, attention: str = "sdpa",
     kinds = layer_kinds(cfg)
     if checkpointing == "full":
         middle = [Block("layer", layers, [_boundary(fam, roles, sizes, shape)])]
-        embeddings = embeddings + _eager_checkpoint_masks(cfg, fam, attention, roles, sizes, shape)
     elif window is not None:   # Gemma 3: sliding layers whose window masks sdpa keep more than the global ones
         middle = _layer_blocks(cfg, layers, layer0, layer1, window)
     elif len(set(kinds)) > 1:
@@ -693,22 +692,6 @@ def _t5_evaluate(cfg, micro_batch, seq_len, target_len, attention, checkpointing
     head = _resolve(_t5_head_rows(cfg), cond, roles, sizes, top, shape)
     loss = _resolve([r for r in LOSS_ROWS if r.when == "mlm"], cond, roles, sizes, top, shape)
     return roles, sizes, enc_sizes, embeddings, (enc0, enc1), (dec0, dec1), head, loss
-
-
-def _eager_checkpoint_masks(cfg: dict, fam: ActivationRules, attention: str, roles: dict, sizes: dict, shape) -> list:
-    """Under full checkpointing with eager attention (Gemma 2's default: transformers refuses it sdpa), each layer's
-    float mask: the model builds one (b, 1, s, s) additive mask per attention type its layers use (create_causal_mask,
-    create_sliding_window_causal_mask: in the embeddings' dtype, fp32 under autocast over fp32 weights) and hands it to
-    the layer, whose non-reentrant checkpoint saves every tensor argument (_NoopSaveInputs) until that layer's
-    backward. Eager's `attn_weights + attention_mask` saves no mask itself, so without checkpointing it dies with the
-    forward. Measured (tiny Gemma 2, LoRA q, v, 2 x 64, a dispatch-mode trace at MemTracker's peak in layer 1's
-    post-feedforward norm backward): both masks alive, (2, 1, 64, 64) bf16 each at bf16-true, fp32 at bf16-mixed."""
-    if not (attention == "eager" or (attention == "sdpa" and not fam.sdpa)) or fam.head != "causal" or fam.falcon:
-        return []
-    types = sorted(set(_layer_types(cfg)) & {"full_attention", "sliding_attention"})
-    labels = {"full_attention": "the causal mask", "sliding_attention": "the sliding-window mask"}
-    return [Kept(f"checkpoint: {labels[t]} (eager's float bias, every {t.split('_')[0]} layer's argument)",
-                 shape(("b", 1, "s", "s"), sizes), roles["act"]) for t in types]
 
 
 # under full checkpointing T5's relative bias is computed inside the first layer's checkpoint (its bucket indices are
