@@ -21,7 +21,8 @@ ROW = dict(name="head", grads=[1000, 1], params=[1001], frozen=[1002], input=3, 
 LOSS = dict(forward=(1000, 1), backward=(2000,), upcast=1001, held=(1002,))
 STEP = dict(tensors={3: 1000, 4: 1, 5: 513}, batch=[3], optimizer_state=[1000], optimizer="adamw", impl="fused",
             overhead=1017, stepped=[1018], accumulating=True, loss_kept=[5], step_in_backward=True, offloaded={5},
-            kept_gradients=True, forward_held=1019, outputs_held=1020, saved_rewritten=1021, grad_buffered=True)
+            kept_gradients=True, forward_held=1019, outputs_held=1020, saved_rewritten=1021, grad_buffered=True,
+            kwargs_held=((1024, 0),))
 
 
 def _up(value):

@@ -192,6 +192,15 @@ class Step:
     # gradients kept between steps, or a later micro-batch's under accumulation: ledger/techniques/keep_gradients.py):
     # the buffer is live from the row that starts it (Row.grad_started) through the row that completes it
     grad_buffered: bool = False
+    # tensors the forward hands a checkpointed layer as keyword arguments (eager attention's float masks): held unsaved
+    # by its recomputation's closure from the forward until the backward of the lowest layer taking each: (bytes,
+    # index of that layer's first row) each (models/held.checkpoint_kwargs)
+    kwargs_held: tuple = ()
+
+
+def _kwargs_alive(step: Step, i: int) -> int:
+    """The bytes of Step.kwargs_held alive while row i runs its backward (each until its lowest layer's first row)."""
+    return sum(size for size, first in step.kwargs_held if first <= i)
 
 
 def _up(n: int, granule: int) -> int:
@@ -213,7 +222,7 @@ CARRIED = {
             "after_flight"),  # (but its first term, the bytes of the gradients made by then: rounded() rounds it)
     "Loss": (),
     "Step": ("rows", "batch", "loss", "optimizer", "impl", "overhead", "accumulating", "loss_kept", "step_in_backward",
-             "offloaded", "kept_gradients", "saved_rewritten", "grad_buffered"),  # (rows and loss: each rounded)
+             "offloaded", "kept_gradients", "saved_rewritten", "grad_buffered", "kwargs_held"),  # (rows and loss: each rounded)
 }
 
 
@@ -351,11 +360,11 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
     # but saved by nobody: counted with the step's transients, so the saved activations stay the footprint's
     loose = sum(size[t] for t in batch if t not in keepers)
     batch = {t for t in batch if t in keepers}
-    buffered = 0  # in backward: a shared weight's gradient parts (Step.grad_buffered), gradients held (Row.grads_born)
+    buffered, kwargs = 0, _kwargs_alive(step, len(rows))  # backward's held gradients (Step.grad_buffered, Row.grads_born)
 
     def consider(phase, at, gradients, activations, transient, where=None):
         # (the live bytes by category, as numbers: a 70B's step has a thousand moments and one worst per phase)
-        transient += loose + buffered + (step.outputs_held if phase != "forward" else 0)
+        transient += loose + buffered + kwargs + (step.outputs_held if phase != "forward" else 0)
         if where is not None:  # a row's boundary, for the trace only (the timeline's)
             trace.append((phase, at, _live(params, gradients, activations, state, transient, overhead), where))
             return
@@ -408,7 +417,7 @@ def phases(step: Step, trace: list | None = None, edges: bool = False) -> dict[s
     # under step_in_backward, each row's parameters in `stepped` order (their own optimizer's temporaries)
     offsets = list(accumulate(len(r.params) for r in rows)) if in_backward else None  # (each row's end)
     for i in range(len(rows) - 1, -1, -1):
-        row = rows[i]
+        row, kwargs = rows[i], _kwargs_alive(step, i)
         if not row.output_grad:
             continue
         if in_backward:

@@ -442,9 +442,17 @@ def transformer_step(config, optimizer: str | None, impl: str, declared=(), shap
                                          stacked_cache, cfg, sizes["H"], sizes["KV"], sizes)
     loss = _loss(loss, tensors[logits], T * sizes["V"], roles, kept_unsaved, hidden, precision, stacked)
     declared_stepped = list(extra.params) if extra is not None else []
-    return Step(rows, tensors, batch, loss,
-                declared_states + weights.states, optimizer, impl, config.overhead,
-                declared_stepped + weights.stepped if weights.any_master else None, loss_kept=by_loss)
+    return Step(rows, tensors, batch, loss, declared_states + weights.states, optimizer, impl, config.overhead,
+                declared_stepped + weights.stepped if weights.any_master else None, loss_kept=by_loss,
+                kwargs_held=() if stacked else _kwargs_held(cfg, k.fam, run["attention"], checkpointing, sizes, roles, rows))
+
+
+def _kwargs_held(cfg: dict, fam, attention: str, checkpointing: str, sizes: dict, roles: dict, rows: list) -> tuple:
+    """(bytes, the index of the first row of the lowest layer taking it) of each tensor a checkpointed layer holds
+    as a keyword argument (models/held.checkpoint_kwargs: eager attention's float masks; Step.kwargs_held)."""
+    def first_row(layer: int) -> int:
+        return next(i for i, row in enumerate(rows) if row.name.startswith("layer ") and row.name.split()[1] == str(layer))
+    return tuple((size, first_row(layer)) for size, layer in held.checkpoint_kwargs(cfg, fam, attention, checkpointing, sizes, roles))
 
 
 FINAL_NORM = "final norm"  # the row of a decoder's final norm (and the label prefix of what it keeps)

@@ -46,6 +46,7 @@ QLoRA bf16-true under full checkpointing peaks at layer 1's c_proj backward with
 
 from __future__ import annotations
 
+from memfit.models.hf_act_eval import _layer_types
 from memfit.recipe.costs import dtype_bytes
 
 CACHE_COPY = "(the cache's copy)"   # models.hf_activations' label of a k or v the attention reads from the cache
@@ -204,3 +205,21 @@ def unmade_at_flight(part: str, mlp: str, kept_after: list) -> list:
     if part != "mlp" or mlp not in ("plain", "gated_fused"):
         return []
     return list(kept_after)
+
+
+def checkpoint_kwargs(cfg: dict, fam, attention: str, checkpointing: str, sizes: dict, roles: dict) -> list:
+    """Under full checkpointing with eager attention (Gemma 2's default: transformers refuses it sdpa), the model's
+    float masks: one (b, 1, s, s) additive mask per attention type its layers use (create_causal_mask,
+    create_sliding_window_causal_mask: in the embeddings' dtype, fp32 under autocast over fp32 weights), handed to
+    each layer as its attention_mask keyword. GradientCheckpointingLayer checkpoints `partial(forward, self,
+    **kwargs)`, so the recomputation's closure holds the mask, unsaved (eager's `attn_weights + attention_mask` saves
+    none), until that layer's backward: each mask lives until the backward of the lowest layer taking it. (bytes,
+    that layer) each. Measured: a dispatch-mode trace at MemTracker's peak, LoRA q, v, 2 x 64: Gemma 2 in layer 1's
+    post-feedforward norm backward holds both masks (bf16-true, bf16-mixed: fp32), gpt-oss in layer 0's backward
+    the sliding one alone (layer 1's causal mask gone with layer 1's backward)."""
+    eager = attention == "eager" or (attention == "sdpa" and not fam.sdpa)
+    if checkpointing != "full" or not eager or fam.head != "causal" or fam.falcon:
+        return []
+    types = _layer_types(cfg)
+    mask = dtype_bytes(sizes["b"] * sizes["s"] * sizes["s"], roles["act"])
+    return [(mask, types.index(t)) for t in ("full_attention", "sliding_attention") if t in types]
